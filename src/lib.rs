@@ -1,0 +1,12 @@
+//! ups-doctor: finds out why distributed deep-learning training crashes, hangs or crawls.
+//!
+//! Two worlds, one wire: [`trainer`] is the only module that uses tch (libtorch) and runs inside
+//! rank processes; [`harness`], [`probe`], [`report`] and [`scenario`] run in the supervising
+//! process and talk to ranks only through processes and the [`protocol`] markers.
+
+pub mod harness;
+pub mod probe;
+pub mod protocol;
+pub mod report;
+pub mod scenario;
+pub mod trainer;

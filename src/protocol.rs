@@ -1,0 +1,237 @@
+//! The marker wire format shared by the trainer (writer) and the harness (reader).
+//!
+//! Each rank or worker writes one JSON object per line to an inherited pipe whose file descriptor
+//! number is in [`MARKER_FD_ENV`]. The harness stamps every line on arrival, so markers carry no
+//! clock of their own beyond durations measured inside the process.
+//!
+//! This module owns only the format: no tch, no IO policy. The crash handler writes the
+//! [`Marker::CrashRaw`] form by hand (it cannot allocate); [`write_crash_raw`] is that encoder, kept
+//! here so the format stays in one place.
+
+use serde::{Deserialize, Serialize};
+
+/// Environment variable naming the marker pipe's file descriptor in a child process.
+pub const MARKER_FD_ENV: &str = "UPS_DOCTOR_MARKER_FD";
+
+/// Signal the harness sends to a stuck process to ask it for a stack dump of every thread.
+pub const STACK_DUMP_SIGNAL: i32 = libc::SIGUSR1;
+
+/// Longest marker line the harness accepts; longer lines are cut and flagged.
+pub const MAX_MARKER_LINE: usize = 1 << 20;
+
+/// One event reported by a rank or worker.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "t", rename_all = "snake_case")]
+pub enum Marker {
+    /// The process is up and knows who it is.
+    Start { pid: u32, rank: u32, world_size: u32, device: String, libtorch: String, intra_op_threads: i64 },
+    /// A phase begins (`model.build/encoder`, `data.next`, `forward`, …). Per-step phases carry the
+    /// step number (0-based).
+    Begin {
+        phase: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        step: Option<u64>,
+    },
+    /// A phase ends, with its duration measured in the process.
+    End {
+        phase: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        step: Option<u64>,
+        ms: f64,
+    },
+    /// One optimizer step finished.
+    Step {
+        step: u64,
+        loss: f64,
+        /// Time spent waiting for the batch.
+        data_ms: f64,
+        /// Time in forward, backward and the optimizer.
+        compute_ms: f64,
+        samples: u64,
+    },
+    /// Training finished normally: without this marker an exit status of 0 is a false success.
+    Done { steps: u64, first_loss: f64, final_loss: f64 },
+    /// The process is about to exit with an error it caught itself.
+    Error { message: String },
+    /// Written first by the crash handler, without allocating: the raw return addresses.
+    CrashRaw { signal: i32, addrs: Vec<String> },
+    /// Written second by the crash handler: the symbolised backtrace.
+    Crash { signal: i32, frames: Vec<Frame> },
+    /// One thread's stack, in answer to [`STACK_DUMP_SIGNAL`].
+    Stack { tid: i64, thread: String, frames: Vec<Frame> },
+    /// All threads have answered a stack-dump request.
+    StackEnd { threads: u32 },
+}
+
+/// One frame of a native backtrace.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Frame {
+    pub addr: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub symbol: Option<String>,
+    /// `file:line` where debug info has it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub location: Option<String>,
+}
+
+impl Marker {
+    /// Encodes the marker as one line, newline included.
+    pub fn to_line(&self) -> String {
+        let mut line = serde_json::to_string(self).expect("markers always serialise");
+        line.push('\n');
+        line
+    }
+
+    /// Decodes one line (without its newline).
+    pub fn parse(line: &str) -> Result<Marker, serde_json::Error> {
+        serde_json::from_str(line)
+    }
+}
+
+/// Encodes a [`Marker::CrashRaw`] line into `buf` without allocating, for use in a signal
+/// handler. Returns the number of bytes written; frames that do not fit are dropped.
+pub fn write_crash_raw(buf: &mut [u8], signal: i32, addrs: &[usize]) -> usize {
+    let mut w = SliceWriter { buf, len: 0 };
+    w.put(b"{\"t\":\"crash_raw\",\"signal\":");
+    w.put_dec(signal as i64);
+    w.put(b",\"addrs\":[");
+    for (i, &a) in addrs.iter().enumerate() {
+        // Keep room for the closing `]}\n` and one more entry.
+        if w.buf.len() - w.len < 24 + 4 {
+            break;
+        }
+        if i > 0 {
+            w.put(b",");
+        }
+        w.put(b"\"0x");
+        w.put_hex(a);
+        w.put(b"\"");
+    }
+    w.put(b"]}\n");
+    w.len
+}
+
+struct SliceWriter<'a> {
+    buf: &'a mut [u8],
+    len: usize,
+}
+
+impl SliceWriter<'_> {
+    fn put(&mut self, bytes: &[u8]) {
+        let n = bytes.len().min(self.buf.len() - self.len);
+        self.buf[self.len..self.len + n].copy_from_slice(&bytes[..n]);
+        self.len += n;
+    }
+
+    fn put_dec(&mut self, mut v: i64) {
+        if v < 0 {
+            self.put(b"-");
+            v = -v;
+        }
+        let mut digits = [0u8; 20];
+        let mut i = digits.len();
+        loop {
+            i -= 1;
+            digits[i] = b'0' + (v % 10) as u8;
+            v /= 10;
+            if v == 0 {
+                break;
+            }
+        }
+        self.put(&digits[i..]);
+    }
+
+    fn put_hex(&mut self, v: usize) {
+        let mut digits = [0u8; 16];
+        let mut i = digits.len();
+        let mut v = v;
+        loop {
+            i -= 1;
+            digits[i] = b"0123456789abcdef"[v & 0xf];
+            v >>= 4;
+            if v == 0 {
+                break;
+            }
+        }
+        self.put(&digits[i..]);
+    }
+}
+
+/// The conventional name of a signal number (`SIGSEGV`), or `SIG<n>` for others.
+pub fn signal_name(sig: i32) -> String {
+    let name = match sig {
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGINT => "SIGINT",
+        libc::SIGQUIT => "SIGQUIT",
+        libc::SIGILL => "SIGILL",
+        libc::SIGTRAP => "SIGTRAP",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGFPE => "SIGFPE",
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGUSR1 => "SIGUSR1",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGUSR2 => "SIGUSR2",
+        libc::SIGPIPE => "SIGPIPE",
+        libc::SIGALRM => "SIGALRM",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGXCPU => "SIGXCPU",
+        libc::SIGSYS => "SIGSYS",
+        _ => return format!("SIG{sig}"),
+    };
+    name.to_string()
+}
+
+/// The signal number for a name such as `SIGSEGV` or `segv`; `None` if unknown.
+pub fn signal_number(name: &str) -> Option<i32> {
+    let upper = name.to_ascii_uppercase();
+    let full = if upper.starts_with("SIG") { upper } else { format!("SIG{upper}") };
+    (1..32).find(|&s| signal_name(s) == full)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn crash_raw_encoding_parses_as_a_marker() {
+        let mut buf = [0u8; 256];
+        let n = write_crash_raw(&mut buf, 11, &[0x1234, 0xdead_beef]);
+        let line = std::str::from_utf8(&buf[..n]).unwrap();
+        assert!(line.ends_with('\n'));
+        let marker = Marker::parse(line.trim_end()).unwrap();
+        assert_eq!(
+            marker,
+            Marker::CrashRaw { signal: 11, addrs: vec!["0x1234".into(), "0xdeadbeef".into()] }
+        );
+    }
+
+    #[test]
+    fn crash_raw_encoding_drops_frames_that_do_not_fit_but_stays_valid() {
+        let mut buf = [0u8; 96];
+        let addrs: Vec<usize> = (0..50).map(|i| 0x7fff_0000_0000 + i).collect();
+        let n = write_crash_raw(&mut buf, 6, &addrs);
+        let marker = Marker::parse(std::str::from_utf8(&buf[..n]).unwrap().trim_end()).unwrap();
+        match marker {
+            Marker::CrashRaw { signal, addrs } => {
+                assert_eq!(signal, 6);
+                assert!(!addrs.is_empty() && addrs.len() < 50);
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn markers_round_trip_through_lines() {
+        let m = Marker::Step { step: 3, loss: 0.5, data_ms: 1.0, compute_ms: 2.0, samples: 16 };
+        assert_eq!(Marker::parse(m.to_line().trim_end()).unwrap(), m);
+    }
+
+    #[test]
+    fn signal_names_round_trip() {
+        assert_eq!(signal_name(libc::SIGSEGV), "SIGSEGV");
+        assert_eq!(signal_number("segv"), Some(libc::SIGSEGV));
+        assert_eq!(signal_number("SIGABRT"), Some(libc::SIGABRT));
+        assert_eq!(signal_number("nope"), None);
+    }
+}
