@@ -1,0 +1,319 @@
+//! The scenario schema: plain serde data with documented defaults. No IO here.
+//!
+//! Every struct denies unknown fields; [`super::load`] turns serde's messages into errors that
+//! name the file, line:column, field and a suggestion. Defaults are the README's table.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// A training configuration plus how to launch it and what outcome it should have.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Scenario {
+    /// Defaults to the file's stem.
+    pub name: String,
+    pub description: String,
+    pub launch: Launch,
+    pub model: Model,
+    pub data: Data,
+    pub train: Train,
+    pub limits: Limits,
+    pub expect: Expect,
+    pub inject: Vec<Fault>,
+}
+
+impl Default for Scenario {
+    fn default() -> Self {
+        Scenario {
+            name: String::new(),
+            description: String::new(),
+            launch: Launch::default(),
+            model: Model::default(),
+            data: Data::default(),
+            train: Train::default(),
+            limits: Limits::default(),
+            expect: Expect::default(),
+            inject: Vec::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Launch {
+    pub mode: Mode,
+    pub world_size: u32,
+    pub device: Device,
+    pub backend: Backend,
+}
+
+impl Default for Launch {
+    fn default() -> Self {
+        Launch { mode: Mode::Single, world_size: 1, device: Device::Auto, backend: Backend::Auto }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    Single,
+    Ddp,
+    Fsdp,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Device {
+    Auto,
+    Cpu,
+    Cuda,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Backend {
+    Auto,
+    Tcp,
+    Nccl,
+}
+
+/// The UPT-style operator: encoder → stages of transformer blocks → perceiver decoder.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Model {
+    /// Blocks per stage; `[2, 2]` is two stages of two blocks.
+    pub depths: Vec<u32>,
+    pub hidden: u32,
+    pub heads: u32,
+    /// Latent tokens the encoder pools the grid into; must divide `data.grid`.
+    pub latent_tokens: u32,
+    /// Self-attention window in tokens (each token sees `window` neighbours each side); 0 = global.
+    pub window: u32,
+    /// Self-attention in the approximator blocks; off leaves MLP-only blocks.
+    pub attention: bool,
+    /// AdaLN conditioning of every block on the sample's viscosity.
+    pub conditioning: bool,
+    /// Hidden width of block MLPs as a multiple of `hidden`.
+    pub mlp_ratio: u32,
+}
+
+impl Default for Model {
+    fn default() -> Self {
+        Model {
+            depths: vec![1, 1],
+            hidden: 64,
+            heads: 4,
+            latent_tokens: 16,
+            window: 4,
+            attention: true,
+            conditioning: true,
+            mlp_ratio: 2,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Data {
+    /// Burgers trajectories generated (each with a viscosity of its own).
+    pub samples: u32,
+    /// Points of the periodic grid on [0, 1).
+    pub grid: u32,
+    /// Snapshots per trajectory; training pairs are consecutive snapshots.
+    pub timesteps: u32,
+    /// Query points the decoder is asked for per sample (a random subset of the grid).
+    pub queries: u32,
+    pub cache: Cache,
+    /// Data-loader worker processes; 0 loads in the trainer.
+    pub workers: u32,
+    pub start_method: StartMethod,
+    pub batch_size: u32,
+    /// Batches in flight per worker.
+    pub prefetch: u32,
+    /// Size of a private `/dev/shm` for the run (e.g. `"64m"`); absent = the machine's.
+    pub shm_size: Option<String>,
+}
+
+impl Default for Data {
+    fn default() -> Self {
+        Data {
+            samples: 64,
+            grid: 128,
+            timesteps: 10,
+            queries: 64,
+            cache: Cache::Memory,
+            workers: 0,
+            start_method: StartMethod::Fork,
+            batch_size: 16,
+            prefetch: 2,
+            shm_size: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Cache {
+    Memory,
+    Disk,
+    Shm,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StartMethod {
+    Fork,
+    Spawn,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Train {
+    /// Optimizer steps.
+    pub steps: u64,
+    pub lr: f64,
+    pub weight_decay: f64,
+    /// bf16 autocast for the forward pass (CUDA only).
+    pub amp: bool,
+    /// Micro-batches accumulated per optimizer step.
+    pub accum_steps: u32,
+    pub seed: u64,
+}
+
+impl Default for Train {
+    fn default() -> Self {
+        Train { steps: 200, lr: 2e-3, weight_decay: 0.01, amp: false, accum_steps: 1, seed: 0 }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// Wall-clock limit for the whole scenario.
+    pub timeout_s: f64,
+    /// A rank that sends no marker for this long is hung.
+    pub hang_after_s: f64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits { timeout_s: 600.0, hang_after_s: 60.0 }
+    }
+}
+
+/// How a rank or run ended, as a plain kind (the detail lives in the result).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OutcomeKind {
+    Passed,
+    FalseSuccess,
+    Exited,
+    Signaled,
+    Hung,
+    TimedOut,
+    LaunchFailed,
+}
+
+impl OutcomeKind {
+    pub const ALL: [OutcomeKind; 7] = [
+        OutcomeKind::Passed,
+        OutcomeKind::FalseSuccess,
+        OutcomeKind::Exited,
+        OutcomeKind::Signaled,
+        OutcomeKind::Hung,
+        OutcomeKind::TimedOut,
+        OutcomeKind::LaunchFailed,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OutcomeKind::Passed => "passed",
+            OutcomeKind::FalseSuccess => "false_success",
+            OutcomeKind::Exited => "exited",
+            OutcomeKind::Signaled => "signaled",
+            OutcomeKind::Hung => "hung",
+            OutcomeKind::TimedOut => "timed_out",
+            OutcomeKind::LaunchFailed => "launch_failed",
+        }
+    }
+}
+
+/// The outcome a scenario should have. Unset fields are not checked.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Expect {
+    pub outcome: OutcomeKind,
+    /// Signal name such as `SIGSEGV`, for `signaled`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub signal: Option<String>,
+    /// Exit code, for `exited`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// The rank that fails first.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rank: Option<u32>,
+    /// The failing rank's last phase.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    /// The failing rank's last step.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub step: Option<u64>,
+    /// Text the failing rank's error message must contain.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+impl Default for Expect {
+    fn default() -> Self {
+        Expect {
+            outcome: OutcomeKind::Passed,
+            signal: None,
+            exit_code: None,
+            rank: None,
+            phase: None,
+            step: None,
+            message: None,
+        }
+    }
+}
+
+/// A fault the trainer performs for real at a phase and step.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Fault {
+    pub fault: FaultKind,
+    /// Phase at whose beginning the fault fires (`forward`, `backward`, `optimizer`, `data.next`,
+    /// `model.build`, `model.build/encoder`, `data.generate`, `start`).
+    pub phase: String,
+    /// Step (0-based) for per-step phases; ignored by one-off phases.
+    #[serde(default)]
+    pub step: u64,
+    /// Only this rank; every rank when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rank: Option<u32>,
+    /// Only when these dotted scenario fields have one of the given values.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub when: BTreeMap<String, serde_json::Value>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FaultKind {
+    /// An invalid memory access (a real SIGSEGV).
+    Segv,
+    /// `abort()` (SIGABRT).
+    Abort,
+    /// Silent `_exit(0)` before training ends (a swallowed exception).
+    Exit0,
+    /// Prints an error and exits with status 1.
+    ExitError,
+    /// Two threads deadlock on two locks; the process blocks forever.
+    Hang,
+    /// The loss becomes NaN.
+    Nan,
+}
+
+/// Phases a fault may name. Per-step phases fire at `step`; the others fire once.
+pub const PER_STEP_PHASES: [&str; 4] = ["data.next", "forward", "backward", "optimizer"];
+pub const ONE_OFF_PHASES: [&str; 3] = ["start", "data.generate", "model.build"];

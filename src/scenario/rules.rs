@@ -1,0 +1,675 @@
+//! The checks serde cannot make: ranges, relations between fields, fault phases and conditions,
+//! and values the schema knows but the tool cannot run yet ([`not_supported_yet`]).
+//!
+//! Each rule reports the first problem as an [`Invalid`]: the dotted field to blame, a message
+//! that reads after that field, a concrete fix, and the other fields the rule read (so that a
+//! `--set` of one of those can be blamed when it caused the problem).
+
+use serde::Serialize;
+use serde_json::Value;
+
+use super::load::{self, Source};
+use super::model::{
+    Backend, Cache, Data, Device, Expect, Fault, Launch, Limits, Mode, Model, ONE_OFF_PHASES, OutcomeKind,
+    PER_STEP_PHASES, Scenario, StartMethod, Train,
+};
+use super::{path, suggest};
+use crate::protocol::{signal_name, signal_number};
+
+/// A value that serde accepted but that cannot run.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Invalid {
+    pub field: String,
+    pub message: String,
+    pub hint: Option<String>,
+    /// Other fields the rule read.
+    pub related: Vec<String>,
+    /// The problem is the key itself (an unknown `when` path), not its value.
+    pub at_key: bool,
+}
+
+impl Invalid {
+    fn new(field: impl Into<String>, message: impl Into<String>) -> Invalid {
+        Invalid {
+            field: field.into(),
+            message: message.into(),
+            hint: None,
+            related: Vec::new(),
+            at_key: false,
+        }
+    }
+
+    fn hint(mut self, hint: impl Into<String>) -> Invalid {
+        self.hint = Some(hint.into());
+        self
+    }
+
+    fn hint_opt(mut self, hint: Option<String>) -> Invalid {
+        self.hint = hint;
+        self
+    }
+
+    fn related(mut self, fields: &[&str]) -> Invalid {
+        self.related = fields.iter().map(|f| f.to_string()).collect();
+        self
+    }
+}
+
+type Checked = Result<(), Invalid>;
+
+/// Every rule, in the order a user should fix things: shapes and ranges first, then relations,
+/// then faults and expectations, and only then what is not supported yet.
+pub(crate) fn check(s: &Scenario) -> Checked {
+    check_model(&s.model)?;
+    check_data(&s.data)?;
+    check_model_fits_data(&s.model, &s.data)?;
+    check_train(&s.train)?;
+    check_limits(&s.limits)?;
+    check_launch(&s.launch)?;
+    check_expect(&s.expect)?;
+    for (index, fault) in s.inject.iter().enumerate() {
+        check_fault(s, index, fault)?;
+    }
+    not_supported_yet(s)
+}
+
+/// `field` must be at least `min`.
+fn at_least(field: &str, value: u64, min: u64, example: &str) -> Checked {
+    if value >= min {
+        return Ok(());
+    }
+    Err(Invalid::new(field, format!("must be at least {min}, found `{value}`"))
+        .hint(format!("e.g. `{example}`")))
+}
+
+/// `field` must be a finite number above zero (or at least zero with `allow_zero`).
+fn positive(field: &str, value: f64, allow_zero: bool, example: &str) -> Checked {
+    let ok = value.is_finite() && (value > 0.0 || (allow_zero && value == 0.0));
+    if ok {
+        return Ok(());
+    }
+    let bound = if allow_zero { "zero or more" } else { "more than zero" };
+    Err(Invalid::new(field, format!("must be a finite number {bound}, found `{value}`"))
+        .hint(format!("e.g. `{example}`")))
+}
+
+fn check_model(m: &Model) -> Checked {
+    if m.depths.is_empty() {
+        return Err(Invalid::new("model.depths", "the model needs at least one stage, found `[]`")
+            .hint("list the blocks per stage, e.g. `\"depths\": [1, 1]` for two stages of one block"));
+    }
+    if let Some(stage) = m.depths.iter().position(|&d| d == 0) {
+        return Err(Invalid::new(format!("model.depths[{stage}]"), format!("stage {stage} has 0 blocks"))
+            .hint("give every stage at least 1 block, or remove the stage from the list"));
+    }
+    at_least("model.hidden", m.hidden.into(), 1, "64")?;
+    at_least("model.heads", m.heads.into(), 1, "4")?;
+    if m.hidden % m.heads != 0 {
+        let below = m.hidden / m.heads * m.heads;
+        let above = below + m.heads;
+        let choices =
+            if below == 0 { format!("`hidden` {above}") } else { format!("`hidden` {below} or {above}") };
+        return Err(Invalid::new(
+            "model.hidden",
+            format!("`hidden` {} is not divisible by `heads` {}", m.hidden, m.heads),
+        )
+        .hint(format!(
+            "use {choices} (multiples of `heads` {}), or a `heads` that divides {}",
+            m.heads, m.hidden
+        ))
+        .related(&["model.heads"]));
+    }
+    at_least("model.latent_tokens", m.latent_tokens.into(), 1, "16")?;
+    at_least("model.mlp_ratio", m.mlp_ratio.into(), 1, "2")
+}
+
+fn check_data(d: &Data) -> Checked {
+    at_least("data.samples", d.samples.into(), 1, "64")?;
+    if d.grid < 8 || d.grid % 2 != 0 {
+        return Err(Invalid::new(
+            "data.grid",
+            format!("must be an even number of at least 8, found `{}`", d.grid),
+        )
+        .hint(format!("e.g. `{}`", d.grid.max(8).div_ceil(2) * 2)));
+    }
+    at_least("data.timesteps", d.timesteps.into(), 2, "10").map_err(|e| Invalid {
+        message: format!("{} (training pairs are consecutive snapshots)", e.message),
+        ..e
+    })?;
+    at_least("data.queries", d.queries.into(), 1, "64")?;
+    if d.queries > d.grid {
+        return Err(Invalid::new(
+            "data.queries",
+            format!("{} queries are more than the {} points of `grid`", d.queries, d.grid),
+        )
+        .hint(format!("use at most {} queries, or a larger `grid`", d.grid))
+        .related(&["data.grid"]));
+    }
+    at_least("data.batch_size", d.batch_size.into(), 1, "16")?;
+    at_least("data.prefetch", d.prefetch.into(), 1, "2")
+}
+
+fn check_model_fits_data(m: &Model, d: &Data) -> Checked {
+    if d.grid % m.latent_tokens != 0 {
+        let below = (1..m.latent_tokens).rev().find(|t| d.grid % t == 0);
+        let above = (m.latent_tokens + 1..=d.grid).find(|t| d.grid % t == 0);
+        let choices: Vec<String> = below.into_iter().chain(above).map(|t| t.to_string()).collect();
+        return Err(Invalid::new(
+            "model.latent_tokens",
+            format!("`data.grid` {} is not divisible by `latent_tokens` {}", d.grid, m.latent_tokens),
+        )
+        .hint(format!("use a divisor of {} such as {}", d.grid, choices.join(" or ")))
+        .related(&["data.grid"]));
+    }
+    if m.window > m.latent_tokens {
+        return Err(Invalid::new(
+            "model.window",
+            format!("`window` {} is larger than `latent_tokens` {}", m.window, m.latent_tokens),
+        )
+        .hint(format!("use a `window` of at most {}, or 0 for global attention", m.latent_tokens))
+        .related(&["model.latent_tokens"]));
+    }
+    Ok(())
+}
+
+fn check_train(t: &Train) -> Checked {
+    at_least("train.steps", t.steps, 1, "60")?;
+    positive("train.lr", t.lr, false, "0.003")?;
+    positive("train.weight_decay", t.weight_decay, true, "0.01")?;
+    at_least("train.accum_steps", t.accum_steps.into(), 1, "1")
+}
+
+fn check_limits(l: &Limits) -> Checked {
+    positive("limits.timeout_s", l.timeout_s, false, "600")?;
+    positive("limits.hang_after_s", l.hang_after_s, false, "60")
+}
+
+fn check_launch(l: &Launch) -> Checked {
+    at_least("launch.world_size", l.world_size.into(), 1, "1")?;
+    if l.mode == Mode::Single && l.world_size != 1 {
+        return Err(Invalid::new(
+            "launch.world_size",
+            format!("`mode: single` runs one rank, but `world_size` is {}", l.world_size),
+        )
+        .hint("use `world_size: 1`, or `mode: ddp` or `fsdp` for more ranks")
+        .related(&["launch.mode"]));
+    }
+    Ok(())
+}
+
+/// Conventional names of the signals ups-doctor knows, for suggestions.
+fn signal_names() -> Vec<String> {
+    (1..32).map(signal_name).filter(|n| !n[3..].starts_with(|c: char| c.is_ascii_digit())).collect()
+}
+
+fn check_expect(e: &Expect) -> Checked {
+    if let Some(signal) = &e.signal {
+        if signal_number(signal).is_none() {
+            let names = signal_names();
+            let upper = signal.to_ascii_uppercase();
+            let full = if upper.starts_with("SIG") { upper } else { format!("SIG{upper}") };
+            return Err(Invalid::new("expect.signal", format!("unknown signal `{signal}`"))
+                .hint_opt(suggest::hint(&full, &names, "a signal name")));
+        }
+        if e.outcome != OutcomeKind::Signaled {
+            return Err(Invalid::new(
+                "expect.signal",
+                format!(
+                    "`signal` applies only to `outcome: signaled`, but `outcome` is `{}`",
+                    e.outcome.as_str()
+                ),
+            )
+            .hint("set `outcome` to `signaled`, or remove `signal`")
+            .related(&["expect.outcome"]));
+        }
+    }
+    if e.exit_code.is_some() && e.outcome != OutcomeKind::Exited {
+        return Err(Invalid::new(
+            "expect.exit_code",
+            format!(
+                "`exit_code` applies only to `outcome: exited`, but `outcome` is `{}`",
+                e.outcome.as_str()
+            ),
+        )
+        .hint("set `outcome` to `exited`, or remove `exit_code`")
+        .related(&["expect.outcome"]));
+    }
+    Ok(())
+}
+
+/// Every phase a fault may name, `model.build/<component>` aside.
+fn known_phases() -> Vec<&'static str> {
+    PER_STEP_PHASES.iter().chain(ONE_OFF_PHASES.iter()).copied().collect()
+}
+
+fn check_fault(s: &Scenario, index: usize, fault: &Fault) -> Checked {
+    let at = |field: &str| format!("inject[{index}].{field}");
+    let phases = known_phases();
+    let component = fault.phase.strip_prefix("model.build/").is_some_and(|c| !c.is_empty());
+    if !component && !phases.contains(&fault.phase.as_str()) {
+        let hint = match suggest::closest(&fault.phase, &phases) {
+            Some(close) => format!("did you mean `{close}`?"),
+            None => format!("a phase is one of {}, or `model.build/<component>`", suggest::list(&phases)),
+        };
+        return Err(Invalid::new(at("phase"), format!("unknown phase `{}`", fault.phase)).hint(hint));
+    }
+    if PER_STEP_PHASES.contains(&fault.phase.as_str()) && fault.step >= s.train.steps {
+        return Err(Invalid::new(
+            at("step"),
+            format!(
+                "step {} never runs: `train.steps` is {} and steps count from 0",
+                fault.step, s.train.steps
+            ),
+        )
+        .hint(format!("use a step from 0 to {}, or raise `train.steps`", s.train.steps - 1))
+        .related(&["train.steps"]));
+    }
+    if let Some(rank) = fault.rank {
+        if rank >= s.launch.world_size {
+            let ranks = match s.launch.world_size {
+                1 => "rank 0".to_string(),
+                n => format!("a rank from 0 to {}", n - 1),
+            };
+            return Err(Invalid::new(
+                at("rank"),
+                format!("rank {rank} does not exist: `launch.world_size` is {}", s.launch.world_size),
+            )
+            .hint(format!("use {ranks}, or remove `rank` to fault on every rank"))
+            .related(&["launch.world_size"]));
+        }
+    }
+    for (key, wanted) in &fault.when {
+        check_condition(s, &at(&format!("when.{key}")), key, wanted)?;
+    }
+    Ok(())
+}
+
+/// One `when` entry: the key must name a scenario field, and every value it lists must be a
+/// value that field can have (else the condition silently never holds).
+fn check_condition(s: &Scenario, field: &str, key: &str, wanted: &Value) -> Checked {
+    let Some(current) = load::lookup(s, key).filter(|_| !key.starts_with("inject")) else {
+        let known = load::known_fields();
+        let last = key.rsplit('.').next().unwrap_or(key);
+        let same_name: Vec<&String> = known.iter().filter(|k| k.rsplit('.').next() == Some(last)).collect();
+        let hint = match (same_name.as_slice(), suggest::closest(key, &known)) {
+            ([only], _) => Some(format!("did you mean `{only}`?")),
+            (_, Some(close)) => Some(format!("did you mean `{close}`?")),
+            _ => Some("name a scenario field by its dotted path, e.g. `\"data.workers\": 2`".to_string()),
+        };
+        let mut invalid = Invalid::new(field, format!("unknown scenario field `{key}`")).hint_opt(hint);
+        invalid.at_key = true;
+        return Err(invalid);
+    };
+    if current.is_object() {
+        let known = load::known_fields();
+        let prefix = format!("{key}.");
+        let example = known.iter().find(|k| k.starts_with(&prefix)).map_or(key, |k| k.as_str());
+        return Err(Invalid::new(field, format!("`{key}` is a section, not a field"))
+            .hint(format!("name one of its fields, e.g. `{example}`")));
+    }
+    let alternatives = load::when_alternatives(&current, wanted);
+    if alternatives.is_empty() {
+        return Err(Invalid::new(field, "an empty list of values never matches")
+            .hint("give one value, or a list of the values to match"));
+    }
+    let Ok(segments) = path::parse(key) else {
+        return Ok(());
+    };
+    let Ok(scenario_value) = serde_json::to_value(s) else {
+        return Ok(());
+    };
+    for candidate in alternatives {
+        let mut probe = scenario_value.clone();
+        if path::set(&mut probe, &segments, candidate.clone()).is_err() {
+            continue;
+        }
+        if let Err((at, message)) = load::strict_from_value(probe) {
+            let problem = load::explain(&at, &message, Source::File);
+            return Err(Invalid::new(
+                field,
+                format!("`{key}` can never be `{candidate}`: {}", problem.message),
+            )
+            .hint_opt(problem.hint));
+        }
+    }
+    Ok(())
+}
+
+/// The name a unit enum variant has in scenario files (`ddp`).
+fn json_name<T: Serialize>(value: &T) -> String {
+    match serde_json::to_value(value) {
+        Ok(Value::String(name)) => name,
+        Ok(other) => other.to_string(),
+        Err(_) => String::from("?"),
+    }
+}
+
+/// Schema values that later work implements. They are refused rather than ignored, so a
+/// scenario never silently runs something other than what it says. Each check names the issue
+/// that lifts it: delete its lines when that work lands.
+pub(crate) fn not_supported_yet(s: &Scenario) -> Checked {
+    const DISTRIBUTED: &str = "distributed training (DDP/FSDP) arrives with issue #3";
+    const GPU: &str = "GPU support arrives with issue #6";
+    const WORKERS: &str = "data-loader workers arrive with issue #4";
+    let refuse = |field: &str, value: String, why: &str, hint: &str| {
+        Err(Invalid::new(field, format!("`{value}` is not supported yet: {why}")).hint(hint))
+    };
+
+    // Issue #3: distributed training.
+    if s.launch.mode != Mode::Single {
+        return refuse("launch.mode", json_name(&s.launch.mode), DISTRIBUTED, "use `mode: single` for now");
+    }
+    if s.launch.world_size > 1 {
+        return refuse(
+            "launch.world_size",
+            s.launch.world_size.to_string(),
+            DISTRIBUTED,
+            "use `world_size: 1` for now",
+        );
+    }
+    if s.launch.backend != Backend::Auto {
+        return refuse("launch.backend", json_name(&s.launch.backend), DISTRIBUTED, "use `backend: auto`");
+    }
+    // Issue #6: GPUs.
+    if s.launch.device == Device::Cuda {
+        return refuse("launch.device", json_name(&s.launch.device), GPU, "use `device: cpu` or `auto`");
+    }
+    if s.train.amp {
+        return refuse("train.amp", "true".to_string(), GPU, "set `amp` to `false`");
+    }
+    // Issue #4: data-loader workers.
+    if s.data.workers > 0 {
+        return refuse(
+            "data.workers",
+            s.data.workers.to_string(),
+            WORKERS,
+            "use `workers: 0` to load in the trainer",
+        );
+    }
+    if s.data.cache != Cache::Memory {
+        return refuse("data.cache", json_name(&s.data.cache), WORKERS, "use `cache: memory`");
+    }
+    if s.data.start_method == StartMethod::Spawn {
+        return refuse(
+            "data.start_method",
+            json_name(&s.data.start_method),
+            WORKERS,
+            "use `start_method: fork`",
+        );
+    }
+    if let Some(size) = &s.data.shm_size {
+        return refuse(
+            "data.shm_size",
+            size.clone(),
+            WORKERS,
+            "remove `shm_size` to use the machine's `/dev/shm`",
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use serde_json::json;
+
+    use super::*;
+    use crate::scenario::FaultKind;
+
+    fn fault(phase: &str, step: u64) -> Fault {
+        Fault { fault: FaultKind::Segv, phase: phase.to_string(), step, rank: None, when: BTreeMap::new() }
+    }
+
+    /// The field a scenario changed by `edit` is blamed on, with the message.
+    fn problem(edit: impl FnOnce(&mut Scenario)) -> (String, String) {
+        let mut s = Scenario::default();
+        edit(&mut s);
+        let invalid = check(&s).expect_err("the scenario should be invalid");
+        (invalid.field, invalid.message)
+    }
+
+    fn field(edit: impl FnOnce(&mut Scenario)) -> String {
+        problem(edit).0
+    }
+
+    #[test]
+    fn the_default_scenario_is_valid() {
+        assert_eq!(check(&Scenario::default()), Ok(()));
+    }
+
+    #[test]
+    fn model_depths_must_be_non_empty_with_blocks_in_every_stage() {
+        assert_eq!(field(|s| s.model.depths.clear()), "model.depths");
+        assert_eq!(
+            problem(|s| s.model.depths = vec![2, 0]),
+            ("model.depths[1]".into(), "stage 1 has 0 blocks".into())
+        );
+    }
+
+    #[test]
+    fn model_widths_must_be_positive_and_divisible() {
+        assert_eq!(field(|s| s.model.hidden = 0), "model.hidden");
+        assert_eq!(field(|s| s.model.heads = 0), "model.heads");
+        let mut s = Scenario::default();
+        s.model.hidden = 60;
+        s.model.heads = 8;
+        let invalid = check(&s).unwrap_err();
+        assert_eq!(invalid.message, "`hidden` 60 is not divisible by `heads` 8");
+        assert_eq!(
+            invalid.hint.as_deref(),
+            Some("use `hidden` 56 or 64 (multiples of `heads` 8), or a `heads` that divides 60")
+        );
+        assert_eq!(invalid.related, ["model.heads"]);
+        assert_eq!(field(|s| s.model.mlp_ratio = 0), "model.mlp_ratio");
+    }
+
+    #[test]
+    fn latent_tokens_must_divide_the_grid_and_bound_the_window() {
+        assert_eq!(field(|s| s.model.latent_tokens = 0), "model.latent_tokens");
+        let mut s = Scenario::default();
+        s.model.latent_tokens = 12;
+        let invalid = check(&s).unwrap_err();
+        assert_eq!(invalid.message, "`data.grid` 128 is not divisible by `latent_tokens` 12");
+        assert_eq!(invalid.hint.as_deref(), Some("use a divisor of 128 such as 8 or 16"));
+        assert_eq!(
+            problem(|s| s.model.window = 17),
+            ("model.window".into(), "`window` 17 is larger than `latent_tokens` 16".into())
+        );
+        assert_eq!(
+            check(&Scenario { model: Model { window: 16, ..Model::default() }, ..Scenario::default() }),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn data_sizes_must_be_in_range() {
+        assert_eq!(field(|s| s.data.samples = 0), "data.samples");
+        assert_eq!(field(|s| s.data.grid = 6), "data.grid");
+        assert_eq!(field(|s| s.data.grid = 127), "data.grid");
+        assert_eq!(field(|s| s.data.timesteps = 1), "data.timesteps");
+        assert_eq!(field(|s| s.data.queries = 0), "data.queries");
+        assert_eq!(
+            problem(|s| s.data.queries = 129),
+            ("data.queries".into(), "129 queries are more than the 128 points of `grid`".into())
+        );
+        assert_eq!(field(|s| s.data.batch_size = 0), "data.batch_size");
+        assert_eq!(field(|s| s.data.prefetch = 0), "data.prefetch");
+    }
+
+    #[test]
+    fn training_and_limits_must_be_positive_and_finite() {
+        assert_eq!(field(|s| s.train.steps = 0), "train.steps");
+        assert_eq!(field(|s| s.train.lr = 0.0), "train.lr");
+        assert_eq!(field(|s| s.train.lr = f64::NAN), "train.lr");
+        assert_eq!(field(|s| s.train.weight_decay = -0.1), "train.weight_decay");
+        assert_eq!(field(|s| s.train.weight_decay = f64::INFINITY), "train.weight_decay");
+        assert_eq!(field(|s| s.train.accum_steps = 0), "train.accum_steps");
+        assert_eq!(field(|s| s.limits.timeout_s = 0.0), "limits.timeout_s");
+        assert_eq!(field(|s| s.limits.hang_after_s = f64::INFINITY), "limits.hang_after_s");
+        let mut s = Scenario::default();
+        s.train.weight_decay = 0.0;
+        assert_eq!(check(&s), Ok(()));
+    }
+
+    #[test]
+    fn single_mode_needs_exactly_one_rank() {
+        assert_eq!(field(|s| s.launch.world_size = 0), "launch.world_size");
+        assert_eq!(
+            problem(|s| s.launch.world_size = 2),
+            ("launch.world_size".into(), "`mode: single` runs one rank, but `world_size` is 2".into())
+        );
+    }
+
+    #[test]
+    fn expected_signal_must_be_known_and_go_with_signaled() {
+        let mut s = Scenario::default();
+        s.expect.outcome = OutcomeKind::Signaled;
+        s.expect.signal = Some("SIGSEG".into());
+        let invalid = check(&s).unwrap_err();
+        assert_eq!(
+            (invalid.field.as_str(), invalid.hint.as_deref()),
+            ("expect.signal", Some("did you mean `SIGSEGV`?"))
+        );
+        s.expect.signal = Some("segv".into());
+        assert_eq!(check(&s), Ok(()));
+        s.expect.outcome = OutcomeKind::Exited;
+        assert_eq!(check(&s).unwrap_err().related, ["expect.outcome"]);
+    }
+
+    #[test]
+    fn expected_exit_code_goes_with_exited() {
+        let mut s = Scenario::default();
+        s.expect.exit_code = Some(1);
+        assert_eq!(check(&s).unwrap_err().field, "expect.exit_code");
+        s.expect.outcome = OutcomeKind::Exited;
+        assert_eq!(check(&s), Ok(()));
+    }
+
+    #[test]
+    fn fault_phases_must_be_known() {
+        for ok in ["forward", "data.next", "start", "model.build", "model.build/encoder"] {
+            let mut s = Scenario::default();
+            s.inject.push(fault(ok, 0));
+            assert_eq!(check(&s), Ok(()), "{ok}");
+        }
+        let mut s = Scenario { inject: vec![fault("forward", 0), fault("forwad", 0)], ..Scenario::default() };
+        let invalid = check(&s).unwrap_err();
+        assert_eq!(invalid.field, "inject[1].phase");
+        assert_eq!(invalid.hint.as_deref(), Some("did you mean `forward`?"));
+        s.inject = vec![fault("model.build/", 0)];
+        assert_eq!(check(&s).unwrap_err().field, "inject[0].phase");
+    }
+
+    #[test]
+    fn per_step_faults_must_fire_within_the_run() {
+        let mut s = Scenario::default();
+        s.train.steps = 60;
+        s.inject.push(fault("backward", 60));
+        let invalid = check(&s).unwrap_err();
+        assert_eq!(invalid.field, "inject[0].step");
+        assert_eq!(invalid.message, "step 60 never runs: `train.steps` is 60 and steps count from 0");
+        // One-off phases ignore the step.
+        s.inject = vec![fault("start", 60)];
+        assert_eq!(check(&s), Ok(()));
+    }
+
+    #[test]
+    fn fault_rank_must_exist() {
+        let mut s = Scenario::default();
+        s.inject.push(Fault { rank: Some(1), ..fault("forward", 0) });
+        let invalid = check(&s).unwrap_err();
+        assert_eq!(invalid.field, "inject[0].rank");
+        assert_eq!(invalid.related, ["launch.world_size"]);
+    }
+
+    #[test]
+    fn when_keys_must_be_scenario_fields() {
+        let mut s = Scenario::default();
+        let mut f = fault("forward", 0);
+        f.when.insert("model.conditionin".into(), json!(true));
+        s.inject.push(f);
+        let invalid = check(&s).unwrap_err();
+        assert_eq!(invalid.field, "inject[0].when.model.conditionin");
+        assert!(invalid.at_key);
+        assert_eq!(invalid.hint.as_deref(), Some("did you mean `model.conditioning`?"));
+
+        s.inject[0].when = BTreeMap::from([("workers".to_string(), json!(0))]);
+        assert_eq!(check(&s).unwrap_err().hint.as_deref(), Some("did you mean `data.workers`?"));
+        s.inject[0].when = BTreeMap::from([("model".to_string(), json!({}))]);
+        assert_eq!(check(&s).unwrap_err().message, "`model` is a section, not a field");
+    }
+
+    #[test]
+    fn when_values_must_be_possible_values_of_the_field() {
+        let mut s = Scenario::default();
+        let mut f = fault("forward", 0);
+        f.when.insert("launch.mode".into(), json!(["single", "dpp"]));
+        s.inject.push(f);
+        let invalid = check(&s).unwrap_err();
+        assert_eq!(invalid.message, "`launch.mode` can never be `\"dpp\"`: unknown value `dpp`");
+        assert_eq!(
+            invalid.hint.as_deref(),
+            Some("did you mean `ddp`? `launch.mode` is one of `single`, `ddp`, `fsdp`")
+        );
+
+        for ok in [json!("single"), json!(["single", "ddp"])] {
+            s.inject[0].when = BTreeMap::from([("launch.mode".to_string(), ok.clone())]);
+            assert_eq!(check(&s), Ok(()), "{ok}");
+        }
+        s.inject[0].when = BTreeMap::from([("launch.mode".to_string(), json!(null))]);
+        assert!(check(&s).is_err());
+        s.inject[0].when = BTreeMap::from([("data.shm_size".to_string(), json!(null))]);
+        assert_eq!(check(&s), Ok(()));
+        s.inject[0].when = BTreeMap::from([("model.depths".to_string(), json!([[1, 1], [2]]))]);
+        assert_eq!(check(&s), Ok(()));
+        s.inject[0].when = BTreeMap::from([("data.workers".to_string(), json!([]))]);
+        assert_eq!(check(&s).unwrap_err().message, "an empty list of values never matches");
+        s.inject[0].when = BTreeMap::from([("data.workers".to_string(), json!("2"))]);
+        assert_eq!(check(&s).unwrap_err().hint.as_deref(), Some("write `2` without quotes"));
+    }
+
+    #[test]
+    fn values_for_later_work_are_refused_not_ignored() {
+        type Edit = Box<dyn Fn(&mut Scenario)>;
+        let refused: Vec<(&str, Edit)> = vec![
+            ("launch.mode", Box::new(|s| s.launch.mode = Mode::Ddp)),
+            ("launch.mode", Box::new(|s| s.launch.mode = Mode::Fsdp)),
+            ("launch.backend", Box::new(|s| s.launch.backend = Backend::Tcp)),
+            ("launch.device", Box::new(|s| s.launch.device = Device::Cuda)),
+            ("train.amp", Box::new(|s| s.train.amp = true)),
+            ("data.workers", Box::new(|s| s.data.workers = 2)),
+            ("data.cache", Box::new(|s| s.data.cache = Cache::Shm)),
+            ("data.cache", Box::new(|s| s.data.cache = Cache::Disk)),
+            ("data.start_method", Box::new(|s| s.data.start_method = StartMethod::Spawn)),
+            ("data.shm_size", Box::new(|s| s.data.shm_size = Some("64m".into()))),
+        ];
+        for (expected, edit) in refused {
+            let mut s = Scenario::default();
+            edit(&mut s);
+            let invalid = not_supported_yet(&s).unwrap_err();
+            assert_eq!(invalid.field, expected);
+            assert!(invalid.message.contains("is not supported yet: "), "{}", invalid.message);
+            assert_eq!(check(&s).unwrap_err(), invalid, "check() must refuse it too");
+        }
+        // `mode: single` with more ranks is already an error; this line is for when DDP lands.
+        let mut s = Scenario::default();
+        s.launch.world_size = 2;
+        assert_eq!(not_supported_yet(&s).unwrap_err().field, "launch.world_size");
+        assert_eq!(
+            problem(|s| s.launch.mode = Mode::Ddp).1,
+            "`ddp` is not supported yet: distributed training (DDP/FSDP) arrives with issue #3"
+        );
+        assert_eq!(
+            problem(|s| s.launch.device = Device::Cuda).1,
+            "`cuda` is not supported yet: GPU support arrives with issue #6"
+        );
+        assert_eq!(
+            problem(|s| s.data.workers = 2).1,
+            "`2` is not supported yet: data-loader workers arrive with issue #4"
+        );
+        let mut s = Scenario::default();
+        s.launch.device = Device::Cpu;
+        assert_eq!(check(&s), Ok(()));
+    }
+}
