@@ -1,0 +1,107 @@
+//! Injected faults, performed for real by the rank process: a real invalid memory access, a real
+//! `abort()`, a real deadlock between two threads. They exist to prove the harness and bisect
+//! right and to demonstrate failure patterns; nothing here is mocked.
+
+use std::sync::{Arc, Barrier, Mutex};
+
+use crate::scenario::{Fault, FaultKind, ONE_OFF_PHASES, Scenario, when_matches};
+
+/// What the training loop must do after a fault that does not end the process by itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Effect {
+    None,
+    /// Make this step's loss NaN.
+    NanLoss,
+    /// Exit with an error carrying this description.
+    ExitError,
+}
+
+/// The faults that apply to this rank, filtered by `rank` and `when` once at start-up.
+pub struct Faults {
+    armed: Vec<Fault>,
+}
+
+impl Faults {
+    pub fn for_rank(scenario: &Scenario, rank: u32) -> Faults {
+        let armed = scenario
+            .inject
+            .iter()
+            .filter(|f| f.rank.is_none_or(|r| r == rank))
+            .filter(|f| when_matches(scenario, &f.when))
+            .cloned()
+            .collect();
+        Faults { armed }
+    }
+
+    /// Called at the beginning of every phase; performs a matching fault. Segv, abort, exit0
+    /// and hang never return.
+    pub fn at(&self, phase: &str, step: u64) -> Effect {
+        let mut effect = Effect::None;
+        for fault in &self.armed {
+            let phase_matches =
+                fault.phase == phase || (fault.phase == "model.build" && phase.starts_with("model.build/"));
+            let one_off =
+                ONE_OFF_PHASES.contains(&fault.phase.as_str()) || fault.phase.starts_with("model.build/");
+            if !phase_matches || (!one_off && fault.step != step) {
+                continue;
+            }
+            eprintln!("ups-doctor: injecting fault `{:?}` at {phase} step {step}", fault.fault);
+            match fault.fault {
+                FaultKind::Segv => inject_segv(),
+                FaultKind::Abort => inject_abort(),
+                FaultKind::Exit0 => inject_exit0(),
+                FaultKind::Hang => inject_hang(),
+                FaultKind::Nan => effect = Effect::NanLoss,
+                FaultKind::ExitError => effect = Effect::ExitError,
+            }
+        }
+        effect
+    }
+}
+
+/// A write to an unmapped address: the kernel delivers a genuine SIGSEGV (SEGV_MAPERR).
+#[inline(never)]
+pub fn inject_segv() -> ! {
+    // The first page is never mapped on Linux (vm.mmap_min_addr), so this faults every time.
+    let bad = std::hint::black_box(0x10usize) as *mut u64;
+    // SAFETY: deliberately unsound; the resulting SIGSEGV is the point of this fault.
+    unsafe { bad.write_volatile(0xdead) };
+    unreachable!("the write to {bad:?} should have faulted")
+}
+
+#[inline(never)]
+pub fn inject_abort() -> ! {
+    std::process::abort()
+}
+
+/// Like Python's `os._exit(0)` in a wrapper that swallowed an exception: exit status 0, no
+/// completion, no flush, no destructors.
+#[inline(never)]
+pub fn inject_exit0() -> ! {
+    // SAFETY: _exit has no preconditions.
+    unsafe { libc::_exit(0) }
+}
+
+/// A lock-order inversion between two threads: each holds one lock and waits for the other,
+/// forever. Stack dumps show both threads blocked in the futex wait of a mutex.
+#[inline(never)]
+pub fn inject_hang() -> ! {
+    static FIRST: Mutex<()> = Mutex::new(());
+    static SECOND: Mutex<()> = Mutex::new(());
+    let both_hold_one = Arc::new(Barrier::new(2));
+    let peer_barrier = Arc::clone(&both_hold_one);
+    let peer = std::thread::Builder::new().name("ups-hang-peer".into()).spawn(move || {
+        let _second = SECOND.lock();
+        peer_barrier.wait();
+        let _first = FIRST.lock();
+    });
+    if peer.is_err() {
+        // Without a peer thread the deadlock cannot be built; block on our own lock instead.
+        let _first = FIRST.lock();
+        let _again = FIRST.lock();
+    }
+    let _first = FIRST.lock();
+    both_hold_one.wait();
+    let _second = SECOND.lock();
+    unreachable!("the two threads should have deadlocked")
+}
