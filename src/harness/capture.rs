@@ -1,0 +1,111 @@
+//! Bounded capture of a child's stdout/stderr into a file.
+//!
+//! A reader thread drains the pipe continuously, so a noisy rank never blocks on a full pipe.
+//! The file keeps the first [`HEAD_LIMIT`] bytes; past that, bytes are counted and only the last
+//! [`TAIL_LIMIT`] are kept in memory and appended at the end, so a flood can neither fill the disk
+//! nor exhaust memory, and the beginning and the end (where the error usually is) both survive.
+
+use std::collections::VecDeque;
+use std::fs::File;
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::thread::JoinHandle;
+
+/// Bytes written to the log file before it switches to keeping only the tail.
+pub const HEAD_LIMIT: u64 = 8 << 20;
+/// Bytes of the most recent output always kept in memory.
+pub const TAIL_LIMIT: usize = 64 << 10;
+
+/// What was captured from one stream.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Captured {
+    pub total_bytes: u64,
+    pub dropped_bytes: u64,
+    /// The last [`TAIL_LIMIT`] bytes, lossily decoded.
+    pub tail: String,
+}
+
+impl Captured {
+    /// The last `n` non-empty lines of the tail.
+    pub fn last_lines(&self, n: usize) -> Vec<String> {
+        let lines: Vec<&str> = self.tail.lines().filter(|l| !l.trim().is_empty()).collect();
+        lines[lines.len().saturating_sub(n)..].iter().map(|l| l.to_string()).collect()
+    }
+}
+
+/// Starts draining `stream` into `path`.
+pub fn drain(stream: impl Read + Send + 'static, path: PathBuf) -> JoinHandle<Captured> {
+    std::thread::spawn(move || drain_blocking(stream, path))
+}
+
+fn drain_blocking(mut stream: impl Read, path: PathBuf) -> Captured {
+    let mut file = File::create(&path).ok();
+    let mut tail: VecDeque<u8> = VecDeque::with_capacity(TAIL_LIMIT);
+    let mut total = 0u64;
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        let n = match stream.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => break,
+        };
+        let chunk = &buf[..n];
+        if total < HEAD_LIMIT {
+            let room = (HEAD_LIMIT - total).min(n as u64) as usize;
+            if let Some(f) = file.as_mut() {
+                let _ = f.write_all(&chunk[..room]);
+            }
+        }
+        total += n as u64;
+        tail.extend(chunk);
+        let excess = tail.len().saturating_sub(TAIL_LIMIT);
+        tail.drain(..excess);
+    }
+    let dropped = total.saturating_sub(HEAD_LIMIT);
+    let tail_bytes: Vec<u8> = tail.into_iter().collect();
+    if dropped > 0
+        && let Some(f) = file.as_mut()
+    {
+        let kept = (tail_bytes.len() as u64).min(dropped) as usize;
+        let _ = write!(
+            f,
+            "\n[ups-doctor: output exceeded {HEAD_LIMIT} bytes; {} bytes not kept; the last {kept} bytes follow]\n",
+            dropped - kept as u64
+        );
+        let _ = f.write_all(&tail_bytes[tail_bytes.len() - kept..]);
+    }
+    Captured {
+        total_bytes: total,
+        dropped_bytes: dropped,
+        tail: String::from_utf8_lossy(&tail_bytes).into_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_flood_keeps_head_and_tail_and_bounds_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out.log");
+        let total = HEAD_LIMIT as usize + 3 * TAIL_LIMIT;
+        let mut data = vec![b'a'; total - 4];
+        data.extend_from_slice(b"END\n");
+        let captured = drain_blocking(std::io::Cursor::new(data), path.clone());
+        assert_eq!(captured.total_bytes, total as u64);
+        assert_eq!(captured.dropped_bytes, 3 * TAIL_LIMIT as u64);
+        assert!(captured.tail.ends_with("END\n"));
+        let written = std::fs::metadata(&path).unwrap().len();
+        assert!(written < HEAD_LIMIT + TAIL_LIMIT as u64 + 200, "file is bounded: {written}");
+        let text = std::fs::read(&path).unwrap();
+        assert!(text.ends_with(b"END\n"), "the tail is appended to the file");
+    }
+
+    #[test]
+    fn last_lines_skips_blank_lines() {
+        let c = Captured { tail: "a\n\nb\nc\n\n".into(), ..Default::default() };
+        assert_eq!(c.last_lines(2), vec!["b".to_string(), "c".to_string()]);
+    }
+}

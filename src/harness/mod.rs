@@ -1,0 +1,96 @@
+//! Launches ranks, reads their markers, watches for hangs and overruns, tears processes down and
+//! classifies how each ended into a [`ScenarioResult`]. Talks to ranks only through processes and
+//! [`crate::protocol`]; never uses tch.
+//!
+//! Layout: `process` and `capture` are the OS edge (spawn, signals, wait, pipes); `supervise` is
+//! the loop that drives them; `state` and `classify` are pure (markers → state → outcomes and
+//! verdict); `result` is the data written to `result.json`.
+
+mod capture;
+mod classify;
+mod process;
+mod progress;
+mod result;
+mod state;
+mod supervise;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+
+pub use classify::{Intervention, RankEnd, check_expectation, classify_rank, verdict};
+pub use progress::{Progress, ProgressMode};
+pub use result::*;
+pub use state::RankState;
+
+use crate::scenario::Scenario;
+
+/// One scenario to run, as loaded from the command line.
+#[derive(Debug, Clone)]
+pub struct ScenarioInput {
+    pub file: PathBuf,
+    pub overrides: Vec<String>,
+    pub scenario: Scenario,
+}
+
+/// Errors of the harness itself (not of the ranks, whose failures are outcomes).
+#[derive(Debug, thiserror::Error)]
+pub enum HarnessError {
+    #[error("failed to prepare `{path}`: {source}")]
+    Prepare { path: PathBuf, source: std::io::Error },
+}
+
+/// Runs one scenario under supervision. `dir` is the scenario's own folder for logs and the
+/// resolved scenario file; `rel` is how that folder is named relative to the report.
+/// Returns `None` when the user interrupted it.
+pub fn run_scenario(
+    input: &ScenarioInput,
+    program: &Path,
+    dir: &Path,
+    rel: &str,
+    progress: &mut Progress,
+    interrupted: &AtomicBool,
+) -> Result<Option<ScenarioResult>, HarnessError> {
+    let prepare = |path: &Path, source| HarnessError::Prepare { path: path.to_path_buf(), source };
+    std::fs::create_dir_all(dir).map_err(|e| prepare(dir, e))?;
+    let resolved_file = dir.join("scenario.json");
+    let json = serde_json::to_string_pretty(&input.scenario).expect("scenarios always serialise");
+    std::fs::write(&resolved_file, json + "\n").map_err(|e| prepare(&resolved_file, e))?;
+
+    let plan = supervise::ScenarioPlan {
+        scenario: &input.scenario,
+        program: program.to_path_buf(),
+        resolved_file,
+        log_dir: dir.to_path_buf(),
+    };
+    let observed = supervise::supervise(&plan, progress, interrupted);
+    if observed.interrupted {
+        return Ok(None);
+    }
+    let mut ranks: Vec<RankResult> = observed.ends.iter().map(classify_rank).collect();
+    for r in &mut ranks {
+        r.stdout_log = format!("{rel}/{}", r.stdout_log);
+        r.stderr_log = format!("{rel}/{}", r.stderr_log);
+    }
+    let (outcome, first_failure, verdict) = verdict(&input.scenario, &ranks, observed.wall_s);
+    let failed = first_failure.and_then(|f| ranks.iter().find(|r| r.rank == f));
+    let mismatches = check_expectation(&input.scenario.expect, outcome, failed);
+    let rank0 = observed.ends.first().map(|e| &e.state);
+    Ok(Some(ScenarioResult {
+        name: input.scenario.name.clone(),
+        file: input.file.display().to_string(),
+        overrides: input.overrides.clone(),
+        scenario: input.scenario.clone(),
+        outcome,
+        met_expectation: mismatches.is_empty(),
+        expectation_mismatches: mismatches,
+        verdict,
+        first_failure,
+        wall_s: observed.wall_s,
+        steps_per_s: rank0.and_then(RankState::steps_per_s),
+        samples_per_s: {
+            let rates: Vec<f64> = observed.ends.iter().filter_map(|e| e.state.samples_per_s()).collect();
+            (!rates.is_empty()).then(|| rates.iter().sum())
+        },
+        ranks,
+    }))
+}

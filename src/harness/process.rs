@@ -1,0 +1,223 @@
+//! The one seam to the operating system for rank processes: spawn in a process group of its own
+//! with a marker pipe, death-with-parent, drained output; signal the group; peek at and reap the
+//! exit status. Everything above this module is plain data and decisions.
+
+use std::ffi::OsString;
+use std::fs::File;
+use std::io::{self, BufRead, BufReader, Read};
+use std::os::fd::{FromRawFd, RawFd};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::Sender;
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use crate::protocol::{MARKER_FD_ENV, MAX_MARKER_LINE, Marker};
+
+use super::capture::{self, Captured};
+
+/// Everything needed to start one rank.
+#[derive(Debug, Clone)]
+pub struct RankSpec {
+    pub rank: u32,
+    pub program: PathBuf,
+    pub args: Vec<OsString>,
+    pub env: Vec<(String, String)>,
+    pub stdout_log: PathBuf,
+    pub stderr_log: PathBuf,
+}
+
+/// What the reader threads report to the supervising loop.
+#[derive(Debug)]
+pub enum Event {
+    Marker {
+        rank: u32,
+        at: Instant,
+        marker: Marker,
+    },
+    /// A line on the marker pipe that is not a marker.
+    BadMarker {
+        rank: u32,
+        at: Instant,
+    },
+    /// The marker pipe reached end of file: every holder of its write end is gone.
+    MarkersClosed {
+        rank: u32,
+    },
+}
+
+/// How a process ended, from its wait status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    Code(i32),
+    Signal { signal: i32, core_dumped: bool },
+}
+
+/// A running rank and the threads draining its pipes.
+pub struct RankProcess {
+    pub pid: u32,
+    child: Child,
+    stdout: Option<JoinHandle<Captured>>,
+    stderr: Option<JoinHandle<Captured>>,
+}
+
+/// Starts a rank. Its markers and pipe closure arrive on `events`.
+pub fn spawn_rank(spec: &RankSpec, events: Sender<Event>) -> io::Result<RankProcess> {
+    let (read_fd, write_fd) = pipe_cloexec()?;
+    // SAFETY: both fds were just created and are owned here.
+    let reader = unsafe { File::from_raw_fd(read_fd) };
+    let writer = unsafe { File::from_raw_fd(write_fd) };
+    let parent = std::process::id() as i32;
+
+    let mut cmd = Command::new(&spec.program);
+    cmd.args(&spec.args)
+        .envs(spec.env.iter().map(|(k, v)| (k, v)))
+        .env(MARKER_FD_ENV, write_fd.to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    // SAFETY: the closure only calls async-signal-safe functions (setpgid, prctl, getppid,
+    // fcntl, _exit), as required between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            // Own process group: signals to the group reach the rank and anything it starts,
+            // and a Ctrl-C on the terminal reaches only ups-doctor, which then tears down.
+            if libc::setpgid(0, 0) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            // Die with ups-doctor, even if it is SIGKILLed.
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if libc::getppid() != parent {
+                libc::_exit(1); // ups-doctor died between fork and prctl
+            }
+            // The marker pipe's write end is the one fd this child inherits on purpose.
+            if libc::fcntl(write_fd, libc::F_SETFD, 0) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn()?;
+    // Only the child may hold the write end, so that EOF means "the rank and its children are
+    // gone".
+    drop(writer);
+    let pid = child.id();
+    let rank = spec.rank;
+    std::thread::Builder::new()
+        .name(format!("markers-{rank}"))
+        .spawn(move || read_markers(rank, reader, events))?;
+    let stdout = child.stdout.take().map(|s| capture::drain(s, spec.stdout_log.clone()));
+    let stderr = child.stderr.take().map(|s| capture::drain(s, spec.stderr_log.clone()));
+    Ok(RankProcess { pid, child, stdout, stderr })
+}
+
+fn pipe_cloexec() -> io::Result<(RawFd, RawFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: `fds` is a valid out-array of two ints.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((fds[0], fds[1]))
+}
+
+fn read_markers(rank: u32, pipe: File, events: Sender<Event>) {
+    let mut reader = BufReader::with_capacity(1 << 16, pipe);
+    let mut buf = Vec::with_capacity(4096);
+    loop {
+        buf.clear();
+        // Bounded line read: a runaway writer cannot make us buffer without limit.
+        let n = match Read::take(&mut reader, MAX_MARKER_LINE as u64).read_until(b'\n', &mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        let at = Instant::now();
+        if buf.last() != Some(&b'\n') && n == MAX_MARKER_LINE {
+            // Skip the rest of an over-long line.
+            let _ = reader.skip_until(b'\n');
+        }
+        let line = String::from_utf8_lossy(&buf);
+        let line = line.trim_end();
+        if line.is_empty() {
+            continue;
+        }
+        let event = match Marker::parse(line) {
+            Ok(marker) => Event::Marker { rank, at, marker },
+            Err(_) => Event::BadMarker { rank, at },
+        };
+        if events.send(event).is_err() {
+            return;
+        }
+    }
+    let _ = events.send(Event::MarkersClosed { rank });
+}
+
+impl RankProcess {
+    /// Whether the rank has exited, without reaping it: the zombie keeps its process-group id
+    /// reserved, so [`RankProcess::kill_group`] after this can never hit a recycled group.
+    pub fn peek_exit(&self) -> Option<Exit> {
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: valid out-pointer; WNOWAIT leaves the child waitable.
+        let rc = unsafe {
+            libc::waitid(
+                libc::P_PID,
+                self.pid as libc::id_t,
+                &mut info,
+                libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+            )
+        };
+        // SAFETY: si_pid/si_status are valid to read for SIGCHLD-style siginfo from waitid.
+        if rc != 0 || unsafe { info.si_pid() } == 0 {
+            return None;
+        }
+        let status = unsafe { info.si_status() };
+        Some(match info.si_code {
+            libc::CLD_EXITED => Exit::Code(status),
+            libc::CLD_DUMPED => Exit::Signal { signal: status, core_dumped: true },
+            _ => Exit::Signal { signal: status, core_dumped: false },
+        })
+    }
+
+    /// Sends `signal` to the rank's whole process group. Returns whether any process got it.
+    pub fn signal_group(&self, signal: i32) -> bool {
+        // SAFETY: kill(2) on our own child's process group.
+        unsafe { libc::kill(-(self.pid as i32), signal) == 0 }
+    }
+
+    /// Sends `signal` to the rank process alone.
+    pub fn signal(&self, signal: i32) -> bool {
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(self.pid as i32, signal) == 0 }
+    }
+
+    /// Kills whatever is left of the group, reaps the rank, and collects its captured output.
+    /// Returns the exit, the output captures and whether leftover processes had to be killed.
+    pub fn reap(mut self) -> (Exit, Captured, Captured, bool) {
+        let leftovers = self.signal_group(libc::SIGKILL);
+        let status = match self.child.wait() {
+            Ok(s) => s,
+            Err(_) => std::process::ExitStatus::from_raw(0),
+        };
+        let exit = match (status.code(), status.signal()) {
+            (Some(code), _) => Exit::Code(code),
+            (None, Some(signal)) => Exit::Signal { signal, core_dumped: status.core_dumped() },
+            (None, None) => Exit::Code(-1),
+        };
+        let join = |h: Option<JoinHandle<Captured>>| h.and_then(|h| h.join().ok()).unwrap_or_default();
+        let stdout = join(self.stdout.take());
+        let stderr = join(self.stderr.take());
+        (exit, stdout, stderr, leftovers)
+    }
+}
+
+impl Drop for RankProcess {
+    /// A rank must never outlive its supervisor, whatever path dropped it.
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            self.signal_group(libc::SIGKILL);
+            let _ = self.child.wait();
+        }
+    }
+}

@@ -1,0 +1,141 @@
+//! What a run produced, as plain data: the source of truth written to `result.json`, from which
+//! every report is rendered. Nothing here does IO.
+
+use serde::{Deserialize, Serialize};
+
+use crate::probe::env::EnvSummary;
+use crate::protocol::Frame;
+use crate::scenario::{OutcomeKind, Scenario};
+
+/// Everything one `ups-doctor run` invocation produced.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunResult {
+    pub tool_version: String,
+    /// Wall-clock start, RFC 3339 (display only).
+    pub started_at: String,
+    /// The command line, for re-running.
+    pub command: Vec<String>,
+    pub environment: EnvSummary,
+    /// One entry per scenario, written as each one ends.
+    pub scenarios: Vec<ScenarioResult>,
+    /// Scenarios that were planned but not run because the user interrupted the run.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub not_run: Vec<String>,
+    #[serde(default)]
+    pub interrupted: bool,
+}
+
+/// One scenario's end: its outcome, the verdict, and every rank's evidence.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ScenarioResult {
+    pub name: String,
+    /// The scenario file, as given on the command line.
+    pub file: String,
+    /// The `--set` overrides applied on top of the file.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub overrides: Vec<String>,
+    /// The fully resolved scenario that ran.
+    pub scenario: Scenario,
+    /// The first failure's outcome, or `passed`.
+    pub outcome: OutcomeKind,
+    pub met_expectation: bool,
+    /// Why the outcome did not meet `expect`, one line per differing field.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub expectation_mismatches: Vec<String>,
+    pub verdict: Verdict,
+    /// The rank that failed first, if any failed.
+    pub first_failure: Option<u32>,
+    pub ranks: Vec<RankResult>,
+    pub wall_s: f64,
+    /// Optimizer steps per second over the training loop (rank 0), when it trained.
+    pub steps_per_s: Option<f64>,
+    /// Samples per second over the training loop, all ranks together.
+    pub samples_per_s: Option<f64>,
+}
+
+/// The verdict a reader sees first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Verdict {
+    /// One sentence: what happened, where.
+    pub headline: String,
+    /// The evidence behind it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub evidence: Vec<String>,
+    /// What this pattern usually means.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub likely_cause: Option<String>,
+    /// What to try next.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_step: Option<String>,
+}
+
+/// One rank's end and the evidence gathered about it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RankResult {
+    pub rank: u32,
+    pub pid: Option<u32>,
+    pub outcome: OutcomeKind,
+    /// Signal name (`SIGSEGV`) when killed by a signal.
+    pub signal: Option<String>,
+    pub exit_code: Option<i32>,
+    /// The last phase this rank began (from its markers).
+    pub last_phase: Option<String>,
+    pub last_step: Option<u64>,
+    /// The error the rank reported, or the last error-looking line of its stderr.
+    pub error: Option<String>,
+    /// Symbolised backtrace written by the crash handler.
+    pub backtrace: Vec<Frame>,
+    /// Raw return addresses written first by the crash handler (kept when symbolising failed).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub raw_backtrace: Vec<String>,
+    /// Stacks of every thread, dumped on request when the rank was stuck.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stacks: Vec<ThreadStack>,
+    /// Seconds since the scenario started: when the process ended (or was torn down).
+    pub ended_at_s: Option<f64>,
+    /// Seconds since the scenario started: when its last marker arrived.
+    pub last_marker_at_s: Option<f64>,
+    /// For a hung rank: seconds of silence when the hang was declared.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hang_detected_after_s: Option<f64>,
+    /// How the harness ended the process, when it had to (`SIGTERM`, `SIGKILL`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub torn_down_with: Option<String>,
+    pub steps_done: u64,
+    pub first_loss: Option<f64>,
+    pub final_loss: Option<f64>,
+    /// Fraction of step time spent waiting for data.
+    pub data_wait_fraction: Option<f64>,
+    /// Loss per step (thinned to at most a few hundred points).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub losses: Vec<(u64, f64)>,
+    /// Phases in order with their begin/end times, per-step phases folded into one `train` span.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub timeline: Vec<PhaseSpan>,
+    pub stdout_log: String,
+    pub stderr_log: String,
+    /// The last lines of stderr (and stdout if stderr is empty).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub log_tail: Vec<String>,
+    /// Markers received, and lines that were not valid markers.
+    pub markers: u64,
+    #[serde(default)]
+    pub bad_markers: u64,
+}
+
+/// One thread's stack from a stack dump.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ThreadStack {
+    pub tid: i64,
+    pub thread: String,
+    pub frames: Vec<Frame>,
+}
+
+/// A phase on a rank's timeline, in seconds since the scenario started.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PhaseSpan {
+    pub phase: String,
+    pub start_s: f64,
+    /// Absent when the phase never ended.
+    pub end_s: Option<f64>,
+}

@@ -1,0 +1,185 @@
+//! What the harness knows about a rank from its markers so far. Pure: markers in, state out.
+
+use crate::protocol::{Frame, Marker};
+use crate::scenario::PER_STEP_PHASES;
+
+use super::result::{PhaseSpan, ThreadStack};
+
+/// Losses kept per rank; longer runs are thinned to every k-th step.
+const MAX_LOSSES: usize = 500;
+
+/// Accumulated evidence about one rank. Times are seconds since the scenario started.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RankState {
+    pub markers: u64,
+    pub bad_markers: u64,
+    pub last_marker_at: Option<f64>,
+    pub pid: Option<u32>,
+    pub intra_op_threads: Option<i64>,
+    /// The last phase begun and its step.
+    pub phase: Option<String>,
+    pub step: Option<u64>,
+    pub timeline: Vec<PhaseSpan>,
+    pub steps_done: u64,
+    pub losses: Vec<(u64, f64)>,
+    loss_stride: u64,
+    pub first_loss: Option<f64>,
+    pub last_loss: Option<f64>,
+    pub data_ms: f64,
+    pub compute_ms: f64,
+    pub samples: u64,
+    /// When the first per-step phase began and the last step ended.
+    pub train_started_at: Option<f64>,
+    pub last_step_at: Option<f64>,
+    pub done: bool,
+    pub error: Option<String>,
+    pub crash_signal: Option<i32>,
+    pub raw_backtrace: Vec<String>,
+    pub backtrace: Vec<Frame>,
+    pub stacks: Vec<ThreadStack>,
+    pub stacks_complete: bool,
+}
+
+impl RankState {
+    /// Folds one marker that arrived at `at` into the state.
+    pub fn apply(&mut self, at: f64, marker: Marker) {
+        self.markers += 1;
+        self.last_marker_at = Some(at);
+        match marker {
+            Marker::Start { pid, intra_op_threads, .. } => {
+                self.pid = Some(pid);
+                self.intra_op_threads = Some(intra_op_threads);
+            }
+            Marker::Begin { phase, step } => {
+                if PER_STEP_PHASES.contains(&phase.as_str()) {
+                    if self.train_started_at.is_none() {
+                        self.train_started_at = Some(at);
+                        self.timeline.push(PhaseSpan { phase: "train".into(), start_s: at, end_s: None });
+                    }
+                } else {
+                    self.timeline.push(PhaseSpan { phase: phase.clone(), start_s: at, end_s: None });
+                }
+                self.phase = Some(phase);
+                self.step = step;
+            }
+            Marker::End { phase, .. } => {
+                if !PER_STEP_PHASES.contains(&phase.as_str())
+                    && let Some(span) = self.timeline.iter_mut().rev().find(|s| s.phase == phase)
+                {
+                    span.end_s = Some(at);
+                }
+            }
+            Marker::Step { step, loss, data_ms, compute_ms, samples } => {
+                self.steps_done = step + 1;
+                // JSON has no NaN: a non-finite loss would not survive result.json. The trainer
+                // stops on one before reporting the step, so this only guards foreign writers.
+                let Some(loss) = loss.is_finite().then_some(loss) else {
+                    return;
+                };
+                self.first_loss.get_or_insert(loss);
+                self.last_loss = Some(loss);
+                self.data_ms += data_ms;
+                self.compute_ms += compute_ms;
+                self.samples += samples;
+                self.last_step_at = Some(at);
+                self.record_loss(step, loss);
+                if let Some(span) = self.timeline.iter_mut().rev().find(|s| s.phase == "train") {
+                    span.end_s = Some(at);
+                }
+            }
+            Marker::Done { .. } => self.done = true,
+            Marker::Error { message } => self.error = Some(message),
+            Marker::CrashRaw { signal, addrs } => {
+                self.crash_signal = Some(signal);
+                self.raw_backtrace = addrs;
+            }
+            Marker::Crash { signal, frames } => {
+                self.crash_signal = Some(signal);
+                self.backtrace = frames;
+            }
+            Marker::Stack { tid, thread, frames } => {
+                self.stacks.push(ThreadStack { tid, thread, frames });
+            }
+            Marker::StackEnd { .. } => self.stacks_complete = true,
+        }
+    }
+
+    /// Counts a line on the marker pipe that was not a marker.
+    pub fn apply_bad(&mut self, at: f64) {
+        self.bad_markers += 1;
+        self.last_marker_at = Some(at);
+    }
+
+    fn record_loss(&mut self, step: u64, loss: f64) {
+        let stride = self.loss_stride.max(1);
+        if step % stride == 0 {
+            self.losses.push((step, loss));
+        }
+        if self.losses.len() >= MAX_LOSSES {
+            // Keep every other point and halve the rate from now on.
+            self.loss_stride = stride * 2;
+            let mut i = 0;
+            self.losses.retain(|_| {
+                i += 1;
+                i % 2 == 1
+            });
+        }
+    }
+
+    /// Optimizer steps per second over the training loop.
+    pub fn steps_per_s(&self) -> Option<f64> {
+        let (start, end) = (self.train_started_at?, self.last_step_at?);
+        (end > start && self.steps_done > 0).then(|| self.steps_done as f64 / (end - start))
+    }
+
+    /// Samples per second over the training loop.
+    pub fn samples_per_s(&self) -> Option<f64> {
+        let (start, end) = (self.train_started_at?, self.last_step_at?);
+        (end > start && self.samples > 0).then(|| self.samples as f64 / (end - start))
+    }
+
+    /// Fraction of step time spent waiting for data.
+    pub fn data_wait_fraction(&self) -> Option<f64> {
+        let total = self.data_ms + self.compute_ms;
+        (total > 0.0).then(|| self.data_ms / total)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn begin(phase: &str, step: Option<u64>) -> Marker {
+        Marker::Begin { phase: phase.into(), step }
+    }
+
+    #[test]
+    fn tracks_last_phase_and_folds_steps_into_one_train_span() {
+        let mut s = RankState::default();
+        s.apply(0.1, begin("data.generate", None));
+        s.apply(0.2, Marker::End { phase: "data.generate".into(), step: None, ms: 100.0 });
+        s.apply(0.3, begin("data.next", Some(0)));
+        s.apply(0.4, begin("forward", Some(0)));
+        s.apply(0.5, Marker::Step { step: 0, loss: 1.0, data_ms: 10.0, compute_ms: 30.0, samples: 8 });
+        s.apply(0.6, begin("forward", Some(1)));
+        assert_eq!(s.phase.as_deref(), Some("forward"));
+        assert_eq!(s.step, Some(1));
+        assert_eq!(s.steps_done, 1);
+        assert_eq!(s.timeline.len(), 2);
+        assert_eq!(s.timeline[0].end_s, Some(0.2));
+        assert_eq!(s.timeline[1].phase, "train");
+        assert_eq!(s.timeline[1].end_s, Some(0.5));
+        assert_eq!(s.data_wait_fraction(), Some(0.25));
+    }
+
+    #[test]
+    fn long_runs_thin_the_loss_curve() {
+        let mut s = RankState::default();
+        for step in 0..5000 {
+            s.apply(step as f64, Marker::Step { step, loss: 1.0, data_ms: 0.0, compute_ms: 1.0, samples: 1 });
+        }
+        assert!(s.losses.len() < MAX_LOSSES);
+        assert_eq!(s.losses[0].0, 0);
+        assert!(s.losses.last().unwrap().0 > 4000);
+    }
+}

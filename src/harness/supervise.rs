@@ -1,0 +1,235 @@
+//! The supervising loop for one scenario: start the ranks, fold their markers into state, notice
+//! exits, hangs and overruns, ask stuck ranks for stack dumps, then tear down with escalation
+//! (SIGTERM to the process group, then SIGKILL). Returns what was observed; deciding what it
+//! means is [`super::classify`]'s job.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use crate::protocol::STACK_DUMP_SIGNAL;
+use crate::scenario::Scenario;
+
+use super::classify::{Intervention, RankEnd};
+use super::process::{self, Event, RankProcess, RankSpec};
+use super::progress::Progress;
+use super::state::RankState;
+
+/// How long stuck ranks get to answer a stack-dump request.
+const STACK_DUMP_WAIT: Duration = Duration::from_secs(5);
+/// How long a rank gets between SIGTERM and SIGKILL.
+const TERM_GRACE: Duration = Duration::from_secs(3);
+/// How long after a rank's exit we keep waiting for markers still in its pipe (a grandchild that
+/// holds the pipe open must not stall the run).
+const PIPE_DRAIN_WAIT: Duration = Duration::from_secs(2);
+/// Poll interval of the loop; bounds how late an exit, hang or timeout is noticed.
+const TICK: Duration = Duration::from_millis(50);
+
+/// What to run for one scenario.
+pub struct ScenarioPlan<'a> {
+    pub scenario: &'a Scenario,
+    /// The `ups-doctor` binary that runs `train`.
+    pub program: PathBuf,
+    /// The resolved scenario file handed to each rank.
+    pub resolved_file: PathBuf,
+    /// Where per-rank logs go.
+    pub log_dir: PathBuf,
+}
+
+/// What supervision observed.
+pub struct Supervised {
+    pub ends: Vec<RankEnd>,
+    pub wall_s: f64,
+    pub interrupted: bool,
+}
+
+struct Slot {
+    end: RankEnd,
+    process: Option<RankProcess>,
+    exited_at: Option<Instant>,
+    markers_closed: bool,
+}
+
+impl Slot {
+    fn live(&self) -> bool {
+        self.process.is_some() && self.end.exit.is_none()
+    }
+
+    fn finished(&self) -> bool {
+        match (&self.process, self.exited_at) {
+            (None, _) => true,
+            (Some(_), None) => false,
+            (Some(_), Some(at)) => self.markers_closed || at.elapsed() >= PIPE_DRAIN_WAIT,
+        }
+    }
+}
+
+/// Runs the scenario's ranks to their end.
+pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &AtomicBool) -> Supervised {
+    let scenario = plan.scenario;
+    let world = scenario.launch.world_size;
+    let start = Instant::now();
+    let (tx, rx) = mpsc::channel();
+    let mut slots: Vec<Slot> = (0..world)
+        .map(|rank| {
+            let spec = rank_spec(plan, rank, world);
+            let mut end = RankEnd {
+                rank,
+                stdout_log: file_name(&spec.stdout_log),
+                stderr_log: file_name(&spec.stderr_log),
+                ..Default::default()
+            };
+            let process = match process::spawn_rank(&spec, tx.clone()) {
+                Ok(p) => {
+                    end.pid = Some(p.pid);
+                    Some(p)
+                }
+                Err(e) => {
+                    end.launch_error = Some(format!("failed to start `{}`: {e}", spec.program.display()));
+                    None
+                }
+            };
+            Slot { end, process, exited_at: None, markers_closed: false }
+        })
+        .collect();
+    drop(tx);
+    progress.scenario_started(&scenario.name, world);
+
+    let since = |at: Instant| at.duration_since(start).as_secs_f64();
+    let hang_after = Duration::from_secs_f64(scenario.limits.hang_after_s);
+    let timeout = Duration::from_secs_f64(scenario.limits.timeout_s);
+    let mut stack_deadline: Option<Instant> = None;
+    let mut term_sent: Option<Instant> = None;
+    let mut kill_sent = false;
+    let mut was_interrupted = false;
+
+    loop {
+        if let Ok(event) = rx.recv_timeout(TICK) {
+            apply(&mut slots, event, &since);
+            while let Ok(event) = rx.try_recv() {
+                apply(&mut slots, event, &since);
+            }
+        }
+        let now = Instant::now();
+        for slot in slots.iter_mut().filter(|s| s.live()) {
+            if let Some(exit) = slot.process.as_ref().and_then(RankProcess::peek_exit) {
+                slot.end.exit = Some(exit);
+                slot.end.ended_at_s = Some(since(now));
+                slot.exited_at = Some(now);
+            }
+        }
+        let states: Vec<&RankState> = slots.iter().map(|s| &s.end.state).collect();
+        progress.update(&scenario.name, start.elapsed(), scenario.train.steps, &states);
+        if slots.iter().all(Slot::finished) {
+            break;
+        }
+
+        if interrupted.load(Ordering::SeqCst) && !kill_sent {
+            // Ctrl-C: no dumps, no grace; the user wants their terminal back.
+            was_interrupted = true;
+            for slot in slots.iter_mut().filter(|s| s.live()) {
+                slot.process.as_ref().map(|p| p.signal_group(libc::SIGKILL));
+                slot.end.torn_down_with = Some("SIGKILL".into());
+            }
+            kill_sent = true;
+            continue;
+        }
+
+        if stack_deadline.is_none() && term_sent.is_none() {
+            // Hang: a live rank silent for `hang_after_s`. Silence counts from the spawn until
+            // the first marker, so a rank stuck before it reports anything is caught too.
+            let mut stuck = false;
+            for slot in slots.iter_mut().filter(|s| s.live()) {
+                let last = slot.end.state.last_marker_at.unwrap_or(0.0);
+                let silence = since(now) - last;
+                if silence >= hang_after.as_secs_f64() {
+                    slot.end.intervention = Some(Intervention::Hung { silence_s: silence });
+                    stuck = true;
+                }
+            }
+            if !stuck && now.duration_since(start) >= timeout {
+                for slot in slots.iter_mut().filter(|s| s.live()) {
+                    slot.end.intervention = Some(Intervention::TimedOut);
+                }
+                stuck = true;
+            }
+            if stuck {
+                for slot in slots.iter().filter(|s| s.live() && s.end.intervention.is_some()) {
+                    slot.process.as_ref().map(|p| p.signal(STACK_DUMP_SIGNAL));
+                }
+                stack_deadline = Some(now + STACK_DUMP_WAIT);
+            }
+        }
+
+        if let Some(deadline) = stack_deadline
+            && term_sent.is_none()
+        {
+            let answered = slots
+                .iter()
+                .filter(|s| s.live() && s.end.intervention.is_some())
+                .all(|s| s.end.state.stacks_complete);
+            if answered || now >= deadline {
+                for slot in slots.iter_mut().filter(|s| s.live()) {
+                    slot.process.as_ref().map(|p| p.signal_group(libc::SIGTERM));
+                    slot.end.torn_down_with = Some("SIGTERM".into());
+                }
+                term_sent = Some(now);
+            }
+        }
+        if let Some(sent) = term_sent
+            && !kill_sent
+            && now.duration_since(sent) >= TERM_GRACE
+        {
+            for slot in slots.iter_mut().filter(|s| s.live()) {
+                slot.process.as_ref().map(|p| p.signal_group(libc::SIGKILL));
+                slot.end.torn_down_with = Some("SIGKILL".into());
+            }
+            kill_sent = true;
+        }
+    }
+    progress.scenario_finished();
+
+    let ends = slots
+        .into_iter()
+        .map(|mut slot| {
+            if let Some(process) = slot.process.take() {
+                let (exit, stdout, stderr, _leftovers) = process.reap();
+                slot.end.exit.get_or_insert(exit);
+                slot.end.stdout_tail = stdout.last_lines(40);
+                slot.end.stderr_tail = stderr.last_lines(40);
+            }
+            slot.end
+        })
+        .collect();
+    Supervised { ends, wall_s: start.elapsed().as_secs_f64(), interrupted: was_interrupted }
+}
+
+fn apply(slots: &mut [Slot], event: Event, since: &impl Fn(Instant) -> f64) {
+    match event {
+        Event::Marker { rank, at, marker } => slots[rank as usize].end.state.apply(since(at), marker),
+        Event::BadMarker { rank, at } => slots[rank as usize].end.state.apply_bad(since(at)),
+        Event::MarkersClosed { rank } => slots[rank as usize].markers_closed = true,
+    }
+}
+
+fn rank_spec(plan: &ScenarioPlan, rank: u32, world: u32) -> RankSpec {
+    RankSpec {
+        rank,
+        program: plan.program.clone(),
+        args: vec![OsString::from("train"), plan.resolved_file.clone().into_os_string()],
+        env: vec![
+            ("RANK".into(), rank.to_string()),
+            ("LOCAL_RANK".into(), rank.to_string()),
+            ("WORLD_SIZE".into(), world.to_string()),
+            ("LOCAL_WORLD_SIZE".into(), world.to_string()),
+        ],
+        stdout_log: plan.log_dir.join(format!("rank{rank}.stdout.log")),
+        stderr_log: plan.log_dir.join(format!("rank{rank}.stderr.log")),
+    }
+}
+
+fn file_name(path: &std::path::Path) -> String {
+    path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+}
