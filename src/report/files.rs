@@ -1,0 +1,172 @@
+//! The file edge of the report: `result.json` and `report.md` in a run folder, each written to a
+//! temporary file in the same folder, synced and renamed over the old one, so a crash or Ctrl-C
+//! leaves either the old file or the new one, never a torn one.
+
+use std::fs;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+use crate::harness::RunResult;
+
+use super::markdown::render_markdown;
+
+/// The run's data, the source of truth every report is rendered from.
+pub const RESULT_FILE: &str = "result.json";
+/// The markdown report rendered from [`RESULT_FILE`].
+pub const REPORT_FILE: &str = "report.md";
+
+/// What can go wrong reading or writing a run folder.
+#[derive(Debug, thiserror::Error)]
+pub enum ReportError {
+    /// The run folder, or the `result.json` in it, does not exist.
+    #[error("`{}` not found: pass the folder of a run (it holds {RESULT_FILE} and {REPORT_FILE})", path.display())]
+    NotFound { path: PathBuf },
+    /// A file was given where the run folder was expected.
+    #[error("`{}` is a file: pass the folder that holds it (`{}`)", path.display(), folder(path))]
+    NotAFolder { path: PathBuf },
+    /// The run folder could not be created.
+    #[error("could not create the run folder `{}`: {source}: check its parent exists and is writable", path.display())]
+    CreateDir { path: PathBuf, source: io::Error },
+    /// A file could not be read.
+    #[error("could not read `{}`: {source}", path.display())]
+    Read { path: PathBuf, source: io::Error },
+    /// A file could not be written (or renamed into place).
+    #[error("could not write `{}`: {source}: check the folder is writable and the disk not full", path.display())]
+    Write { path: PathBuf, source: io::Error },
+    /// `result.json` is not valid JSON or not a run result.
+    #[error(
+        "`{}:{line}:{column}`: not a valid run result{}: {message}{}",
+        path.display(),
+        if field.is_empty() || field == "." { String::new() } else { format!(" at `{field}`") },
+        hint.as_deref().map(|h| format!("\nhint: {h}")).unwrap_or_default()
+    )]
+    InvalidJson {
+        path: PathBuf,
+        line: usize,
+        column: usize,
+        /// The JSON path of the offending value (`scenarios[0].outcome`), when known.
+        field: String,
+        /// serde's message, without its position.
+        message: String,
+        /// What to do about it, when there is something specific to say.
+        hint: Option<String>,
+    },
+    /// The result could not be turned into JSON.
+    #[error("could not encode the run result as JSON: {0}")]
+    Encode(#[source] serde_json::Error),
+}
+
+fn folder(path: &Path) -> String {
+    path.parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .map_or_else(|| ".".to_string(), |p| p.display().to_string())
+}
+
+/// Writes `result.json` (pretty) and `report.md` into `dir`, creating it if missing, and returns
+/// the path of `report.md`.
+///
+/// The report is rendered from the JSON just written, read back, so that it shows exactly what
+/// `ups-doctor report` would render from the folder later.
+///
+/// # Errors
+///
+/// [`ReportError::CreateDir`] when the folder cannot be created, [`ReportError::Write`] when a
+/// file cannot be written or renamed into place, [`ReportError::Encode`] when the result cannot
+/// be encoded.
+pub fn write_run(dir: &Path, run: &RunResult) -> Result<PathBuf, ReportError> {
+    fs::create_dir_all(dir).map_err(|source| ReportError::CreateDir { path: dir.to_path_buf(), source })?;
+    let mut json = serde_json::to_string_pretty(run).map_err(ReportError::Encode)?;
+    json.push('\n');
+    write_atomic(&dir.join(RESULT_FILE), json.as_bytes())?;
+    // JSON cannot hold every value a run may carry (a NaN loss is written as `null`); when the
+    // text does not read back, the report still shows what the run had.
+    let markdown = match serde_json::from_str::<RunResult>(&json) {
+        Ok(saved) => render_markdown(&saved),
+        Err(_) => render_markdown(run),
+    };
+    let report = dir.join(REPORT_FILE);
+    write_atomic(&report, markdown.as_bytes())?;
+    Ok(report)
+}
+
+/// `ups-doctor report DIR`: reads `DIR/result.json`, re-renders `DIR/report.md` and returns its
+/// path.
+///
+/// # Errors
+///
+/// [`ReportError::NotFound`] when the folder or its `result.json` is missing,
+/// [`ReportError::NotAFolder`] when `dir` is a file, [`ReportError::Read`] or
+/// [`ReportError::InvalidJson`] when `result.json` cannot be read or is not a run result,
+/// [`ReportError::Write`] when `report.md` cannot be written.
+pub fn rerender(dir: &Path) -> Result<PathBuf, ReportError> {
+    if !dir.exists() {
+        return Err(ReportError::NotFound { path: dir.to_path_buf() });
+    }
+    if !dir.is_dir() {
+        return Err(ReportError::NotAFolder { path: dir.to_path_buf() });
+    }
+    let path = dir.join(RESULT_FILE);
+    let text = match fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Err(ReportError::NotFound { path });
+        }
+        Err(source) => return Err(ReportError::Read { path, source }),
+    };
+    let run = parse(&path, &text)?;
+    let report = dir.join(REPORT_FILE);
+    write_atomic(&report, render_markdown(&run).as_bytes())?;
+    Ok(report)
+}
+
+fn parse(path: &Path, text: &str) -> Result<RunResult, ReportError> {
+    let de = &mut serde_json::Deserializer::from_str(text);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let field = e.path().to_string();
+        let inner = e.into_inner();
+        let (line, column) = (inner.line(), inner.column());
+        let full = inner.to_string();
+        let suffix = format!(" at line {line} column {column}");
+        let message = full.strip_suffix(&suffix).unwrap_or(&full).to_string();
+        ReportError::InvalidJson {
+            path: path.to_path_buf(),
+            line,
+            column,
+            field,
+            message,
+            hint: version_hint(text, inner.is_syntax() || inner.is_eof()),
+        }
+    })
+}
+
+/// Says why a result may not read: a different ups-doctor wrote it, or the file was cut short.
+fn version_hint(text: &str, broken_syntax: bool) -> Option<String> {
+    if broken_syntax {
+        return Some(format!(
+            "the file is not complete JSON; if the run was cut short, run the scenarios again \
+             to get a new {RESULT_FILE}"
+        ));
+    }
+    let value: serde_json::Value = serde_json::from_str(text).ok()?;
+    let written_by = value.get("tool_version")?.as_str()?;
+    let this = env!("CARGO_PKG_VERSION");
+    (written_by != this).then(|| {
+        format!("it was written by ups-doctor {written_by}; this is {this}: re-render it with that version")
+    })
+}
+
+/// Writes `bytes` to a temporary file next to `path`, syncs it and renames it over `path`.
+fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ReportError> {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
+    let result = (|| {
+        let mut file = fs::File::create(&tmp)?;
+        file.write_all(bytes)?;
+        file.sync_all()?;
+        fs::rename(&tmp, path)
+    })();
+    result.map_err(|source| {
+        let _ = fs::remove_file(&tmp);
+        ReportError::Write { path: path.to_path_buf(), source }
+    })
+}

@@ -1,0 +1,493 @@
+//! The markdown report, written to be pasted into a GitHub issue: verdict first, then the
+//! per-rank evidence, charts, logs and the scenario in collapsed sections, then the environment.
+//!
+//! The document is a list of blocks joined by blank lines, so every table, fence and `<details>`
+//! gets the blank lines GitHub needs around it.
+
+use crate::harness::{RankResult, RunResult, ScenarioResult, ThreadStack};
+use crate::probe::env::EnvSummary;
+use crate::protocol::Frame;
+
+use super::environment;
+use super::markup::{self, Align, DETAILS_CLOSE, code, details_open, fence, html_code};
+use super::matrix;
+use super::mermaid;
+use super::text::{self, NONE, count, plural};
+
+/// Longest text kept in a table cell.
+const CELL_MAX: usize = 120;
+/// Longest top-frame symbol shown in a stack's one-line summary.
+const SUMMARY_MAX: usize = 100;
+/// Most characters GitHub accepts in an issue or comment body.
+const GITHUB_BODY_MAX: usize = 65_536;
+
+/// The markdown report for one invocation (all scenarios), ending in a newline.
+///
+/// Pure: the same [`RunResult`] always gives the same text, so `ups-doctor report` re-renders a
+/// saved run exactly. Verdict text (headline, evidence, likely cause, next step) is markdown
+/// written by the harness and is used as it is; every other value is escaped.
+pub fn render_markdown(run: &RunResult) -> String {
+    let mut doc = Doc::default();
+    doc.push("# ups-doctor report");
+    doc.push(summary_line(run));
+    interruption(&mut doc, run);
+    if run.scenarios.len() + run.not_run.len() > 1 {
+        let rows: Vec<Vec<String>> = matrix::rows(run)
+            .into_iter()
+            .map(|row| row.into_iter().map(|c| markup::text(&c.text)).collect())
+            .collect();
+        doc.push(markup::table(&matrix::HEADER, &matrix::ALIGN, &rows));
+    }
+    for s in &run.scenarios {
+        scenario(&mut doc, s);
+    }
+    environment_section(&mut doc, &run.environment);
+    let length: usize = doc.blocks.iter().map(|b| b.chars().count() + 2).sum();
+    if length > GITHUB_BODY_MAX {
+        doc.blocks.insert(
+            2,
+            format!(
+                "> [!NOTE]\n> This report is {length} characters long; a GitHub issue takes at most \
+                 {GITHUB_BODY_MAX}. Paste the sections of the scenarios that did not meet their \
+                 expectation and attach the whole `report.md`."
+            ),
+        );
+    }
+    doc.finish()
+}
+
+/// Blocks of markdown, separated by blank lines.
+#[derive(Default)]
+struct Doc {
+    blocks: Vec<String>,
+}
+
+impl Doc {
+    fn push(&mut self, block: impl Into<String>) {
+        self.blocks.push(block.into());
+    }
+
+    fn finish(self) -> String {
+        let mut out = self.blocks.join("\n\n");
+        out.push('\n');
+        out
+    }
+}
+
+fn summary_line(run: &RunResult) -> String {
+    let total = run.scenarios.len();
+    let met = run.scenarios.iter().filter(|s| s.met_expectation).count();
+    let outcome = match (total, met) {
+        (0, _) => "No scenario finished.".to_string(),
+        (1, 1) => "Ran 1 scenario: it met its expectation.".to_string(),
+        (1, _) => "Ran 1 scenario: it did **not** meet its expectation.".to_string(),
+        (n, m) if n == m => format!("Ran {n} scenarios: all met their expectation."),
+        (n, 0) => format!("Ran {n} scenarios: **none** met its expectation."),
+        (n, m) => format!(
+            "Ran {n} scenarios: {m} met {}, **{}** did not.",
+            if m == 1 { "its expectation" } else { "their expectation" },
+            n - m
+        ),
+    };
+    let command = if run.command.is_empty() {
+        String::new()
+    } else {
+        format!(" with {}", code(&text::shell_line(&run.command)))
+    };
+    format!(
+        "{outcome} Started {}{command} (ups-doctor {}).",
+        markup::text(&run.started_at),
+        markup::text(&run.tool_version)
+    )
+}
+
+fn interruption(doc: &mut Doc, run: &RunResult) {
+    if !run.interrupted && run.not_run.is_empty() {
+        return;
+    }
+    let mut lines = vec!["> [!WARNING]".to_string()];
+    if run.interrupted {
+        lines.push(
+            "> The run was interrupted before it finished; the results below are those of the \
+             scenarios that ended."
+                .to_string(),
+        );
+    }
+    if !run.not_run.is_empty() {
+        let names: Vec<String> = run.not_run.iter().map(|n| code(n)).collect();
+        lines.push(format!(
+            "> {} did not run: {}.",
+            count(run.not_run.len(), "scenario", "scenarios"),
+            names.join(", ")
+        ));
+    }
+    doc.push(lines.join("\n"));
+}
+
+fn scenario(doc: &mut Doc, s: &ScenarioResult) {
+    doc.push(format!(
+        "## {}: {} (expectation {})",
+        markup::text(&s.name),
+        markup::text(&text::scenario_outcome(s)),
+        text::expectation_word(s.met_expectation)
+    ));
+    verdict(doc, s);
+    doc.push(rank_table(s));
+    if let Some(notes) = rank_notes(s) {
+        doc.push(notes);
+    }
+    doc.push(speed_line(s));
+    for r in &s.ranks {
+        backtrace(doc, r);
+    }
+    for r in &s.ranks {
+        stacks(doc, r);
+    }
+    if let Some(gantt) = mermaid::timeline(s) {
+        doc.push(fence("mermaid", &gantt));
+    }
+    if let Some(chart) = s.ranks.iter().min_by_key(|r| r.rank).and_then(mermaid::loss_chart) {
+        doc.push(fence("mermaid", &chart));
+    }
+    for r in &s.ranks {
+        log_tail(doc, r);
+    }
+    scenario_details(doc, s);
+}
+
+fn verdict(doc: &mut Doc, s: &ScenarioResult) {
+    let v = &s.verdict;
+    let headline = if v.headline.trim().is_empty() {
+        markup::text(&text::scenario_outcome(s))
+    } else {
+        one_line(&v.headline)
+    };
+    doc.push(format!("**{headline}**"));
+    if let Some(cause) = &v.likely_cause {
+        doc.push(format!("**Likely cause:** {}", one_line(cause)));
+    }
+    if let Some(next) = &v.next_step {
+        doc.push(format!("**Next step:** {}", one_line(next)));
+    }
+    if !v.evidence.is_empty() {
+        doc.push("Evidence:");
+        doc.push(bullets(v.evidence.iter().map(|e| one_line(e))));
+    }
+    let expected = text::describe_expect(&s.scenario.expect, code);
+    if s.met_expectation {
+        doc.push(format!("**Expected:** {expected} — met."));
+    } else if s.expectation_mismatches.is_empty() {
+        doc.push(format!("**Expected:** {expected} — **not met**."));
+    } else {
+        doc.push(format!("**Expected:** {expected} — **not met**:"));
+        doc.push(bullets(s.expectation_mismatches.iter().map(|m| one_line(m))));
+    }
+}
+
+/// Harness-written markdown on one line, so it cannot end a list item or a paragraph early.
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+fn bullets(items: impl Iterator<Item = String>) -> String {
+    items.map(|i| format!("- {i}")).collect::<Vec<_>>().join("\n")
+}
+
+fn rank_table(s: &ScenarioResult) -> String {
+    const HEADER: [&str; 9] = [
+        "rank",
+        "pid",
+        "outcome",
+        "signal / exit code",
+        "last phase",
+        "last step",
+        "steps done",
+        "loss first → final",
+        "error",
+    ];
+    const ALIGN: [Align; 9] = [
+        Align::Right,
+        Align::Right,
+        Align::Left,
+        Align::Left,
+        Align::Left,
+        Align::Right,
+        Align::Right,
+        Align::Left,
+        Align::Left,
+    ];
+    let rows: Vec<Vec<String>> = s
+        .ranks
+        .iter()
+        .map(|r| {
+            let rank = if s.first_failure == Some(r.rank) && s.ranks.len() > 1 {
+                format!("**{}** (first failure)", r.rank)
+            } else {
+                r.rank.to_string()
+            };
+            let loss = match (r.first_loss, r.final_loss) {
+                (None, None) => NONE.to_string(),
+                (first, last) => format!("{} → {}", text::loss(first), text::loss(last)),
+            };
+            vec![
+                rank,
+                opt(r.pid),
+                text::kind_label(r.outcome).to_string(),
+                markup::text(&end_status(r)),
+                r.last_phase.as_deref().map_or_else(|| NONE.to_string(), code),
+                opt(r.last_step),
+                r.steps_done.to_string(),
+                loss,
+                r.error.as_deref().map_or_else(
+                    || NONE.to_string(),
+                    |e| code(&text::truncate(&text::strip_control(e), CELL_MAX)),
+                ),
+            ]
+        })
+        .collect();
+    if rows.is_empty() {
+        return "No rank was started.".to_string();
+    }
+    markup::table(&HEADER, &ALIGN, &rows)
+}
+
+fn opt<T: ToString>(v: Option<T>) -> String {
+    v.map_or_else(|| NONE.to_string(), |v| v.to_string())
+}
+
+/// `SIGSEGV`, `exit 1`, `SIGKILL from ups-doctor`.
+fn end_status(r: &RankResult) -> String {
+    let status = match (&r.signal, r.exit_code) {
+        (Some(sig), _) => sig.clone(),
+        (None, Some(code)) => format!("exit {code}"),
+        (None, None) => NONE.to_string(),
+    };
+    match &r.torn_down_with {
+        Some(sent) if r.signal.as_deref() == Some(sent) => format!("{sent} from ups-doctor"),
+        Some(sent) => format!("{status} (after {sent} from ups-doctor)"),
+        None => status,
+    }
+}
+
+/// What the table cannot show: hangs, ranks that never spoke, unreadable markers.
+fn rank_notes(s: &ScenarioResult) -> Option<String> {
+    let mut notes = Vec::new();
+    for r in &s.ranks {
+        if let Some(silent) = r.hang_detected_after_s {
+            let last = r
+                .last_marker_at_s
+                .map(|t| format!(" (last marker at {})", text::secs(t)))
+                .unwrap_or_default();
+            notes.push(format!(
+                "Rank {} sent no marker for {}{last} and was declared hung.",
+                r.rank,
+                text::secs(silent)
+            ));
+        }
+        if r.markers == 0 && r.outcome != crate::scenario::OutcomeKind::Passed {
+            notes.push(format!(
+                "Rank {} sent no marker at all: it ended before the trainer started (see its log \
+                 tail).",
+                r.rank
+            ));
+        }
+        if r.bad_markers > 0 {
+            notes.push(format!(
+                "Rank {}: {} on the marker pipe {} not valid markers (of {}).",
+                r.rank,
+                plural(r.bad_markers as usize, "line"),
+                if r.bad_markers == 1 { "was" } else { "were" },
+                r.markers + r.bad_markers
+            ));
+        }
+    }
+    (!notes.is_empty()).then(|| bullets(notes.into_iter()))
+}
+
+fn speed_line(s: &ScenarioResult) -> String {
+    let mut parts = Vec::new();
+    if let Some(v) = s.steps_per_s {
+        parts.push(format!("{v:.2} steps/s"));
+    }
+    if let Some(v) = s.samples_per_s {
+        parts.push(format!("{v:.1} samples/s"));
+    }
+    parts.push(format!("wall time {}", text::secs(s.wall_s)));
+    let waits: Vec<String> = s
+        .ranks
+        .iter()
+        .filter_map(|r| r.data_wait_fraction.map(|f| (r.rank, f)))
+        .map(|(rank, f)| {
+            if s.ranks.len() == 1 { text::percent(f) } else { format!("{} (rank {rank})", text::percent(f)) }
+        })
+        .collect();
+    if !waits.is_empty() {
+        parts.push(format!("waiting for data {} of step time", waits.join(", ")));
+    }
+    format!("**Speed:** {}", parts.join(" · "))
+}
+
+fn backtrace(doc: &mut Doc, r: &RankResult) {
+    if r.backtrace.is_empty() && r.raw_backtrace.is_empty() {
+        return;
+    }
+    let signal = r.signal.as_deref().unwrap_or("crash");
+    doc.push(format!("### Backtrace of rank {} ({})", r.rank, markup::text(signal)));
+    if r.backtrace.is_empty() {
+        doc.push(
+            "Symbolisation failed in the crash handler; these are the raw return addresses, \
+             innermost first:",
+        );
+        let lines: Vec<String> = r.raw_backtrace.iter().map(|a| a.trim().to_string()).collect();
+        doc.push(fence("text", &numbered(lines)));
+    } else {
+        doc.push(fence("text", &frames(&r.backtrace)));
+    }
+}
+
+/// `#0  symbol  (location)`, one frame per line; a frame without a symbol shows its address.
+fn frames(frames: &[Frame]) -> String {
+    numbered(
+        frames
+            .iter()
+            .map(|f| {
+                let what = f.symbol.as_deref().unwrap_or(&f.addr);
+                match &f.location {
+                    Some(loc) => format!("{what}  ({loc})"),
+                    None => what.to_string(),
+                }
+            })
+            .collect(),
+    )
+}
+
+fn numbered(lines: Vec<String>) -> String {
+    let width = lines.len().saturating_sub(1).to_string().len();
+    lines
+        .iter()
+        .enumerate()
+        .map(|(i, l)| format!("#{i:<width$}  {}", text::strip_control(l)))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn stacks(doc: &mut Doc, r: &RankResult) {
+    if r.stacks.is_empty() {
+        return;
+    }
+    doc.push(format!("### Stacks of rank {} at the hang", r.rank));
+    doc.push(format!(
+        "{} dumped when the hang was declared, innermost frame first:",
+        count(r.stacks.len(), "thread", "threads")
+    ));
+    for t in &r.stacks {
+        doc.push(details_open(&stack_summary(t)));
+        doc.push(if t.frames.is_empty() {
+            "No frames were captured for this thread.".to_string()
+        } else {
+            fence("text", &frames(&t.frames))
+        });
+        doc.push(DETAILS_CLOSE);
+    }
+}
+
+/// `thread main (tid 7): top frame`, and when the top frame is a wait in libc or std, the first
+/// frame of the caller's own code, which is what tells two waiting threads apart.
+fn stack_summary(t: &ThreadStack) -> String {
+    let name = if t.thread.is_empty() { "(unnamed)" } else { &t.thread };
+    let shown = |f: &Frame| html_code(&text::truncate(f.symbol.as_deref().unwrap_or(&f.addr), SUMMARY_MAX));
+    let top = match t.frames.first() {
+        None => "no frames".to_string(),
+        Some(first) if is_runtime_frame(first) => {
+            match t.frames.iter().skip(1).find(|f| !is_runtime_frame(f)) {
+                Some(own) => format!("{} from {}", shown(first), shown(own)),
+                None => shown(first),
+            }
+        }
+        Some(first) => shown(first),
+    };
+    format!("thread {} (tid {}): {top}", html_code(name), t.tid)
+}
+
+/// A frame of libc, the Rust standard library or a lock implementation rather than of the code
+/// that called it. Frames without a symbol count as runtime frames.
+fn is_runtime_frame(f: &Frame) -> bool {
+    const PREFIXES: [&str; 16] = [
+        "__",
+        "std::",
+        "core::",
+        "alloc::",
+        "<std::",
+        "<core::",
+        "<alloc::",
+        "parking_lot",
+        "pthread_",
+        "syscall",
+        "futex",
+        "epoll_",
+        "poll",
+        "nanosleep",
+        "clock_nanosleep",
+        "sem_",
+    ];
+    f.symbol.as_deref().is_none_or(|s| PREFIXES.iter().any(|p| s.starts_with(p)))
+}
+
+fn log_tail(doc: &mut Doc, r: &RankResult) {
+    if r.log_tail.is_empty() {
+        return;
+    }
+    doc.push(details_open(&format!(
+        "Log tail of rank {} ({})",
+        r.rank,
+        count(r.log_tail.len(), "line", "lines")
+    )));
+    let files: Vec<String> =
+        [&r.stderr_log, &r.stdout_log].into_iter().filter(|f| !f.is_empty()).map(|f| code(f)).collect();
+    if !files.is_empty() {
+        doc.push(format!("Full logs: {}", files.join(", ")));
+    }
+    let lines: Vec<String> = r.log_tail.iter().map(|l| text::strip_control(l)).collect();
+    doc.push(fence("text", &lines.join("\n")));
+    doc.push(DETAILS_CLOSE);
+}
+
+fn scenario_details(doc: &mut Doc, s: &ScenarioResult) {
+    let rerun = text::rerun_command(s);
+    doc.push(details_open(&format!("Scenario {} (re-run with {})", html_code(&s.name), html_code(&rerun))));
+    if !s.scenario.description.trim().is_empty() {
+        doc.push(format!("> {}", one_line(&markup::text(&s.scenario.description))));
+    }
+    doc.push("Re-run it from the same checkout:");
+    doc.push(fence("sh", &rerun));
+    doc.push(
+        "Or save the resolved scenario below (overrides applied) as a `.json` file and pass it \
+         to `ups-doctor run`:",
+    );
+    let json = serde_json::to_string_pretty(&s.scenario)
+        .unwrap_or_else(|e| format!("(the scenario could not be shown: {e})"));
+    doc.push(fence("json", &json));
+    doc.push(DETAILS_CLOSE);
+}
+
+fn environment_section(doc: &mut Doc, env: &EnvSummary) {
+    doc.push("## Environment");
+    let line: Vec<String> = environment::headline(env).iter().map(|p| markup::text(p)).collect();
+    doc.push(line.join(" · "));
+    doc.push(details_open("Full environment"));
+    let rows: Vec<Vec<String>> = environment::rows(env)
+        .into_iter()
+        .map(|(label, value)| {
+            vec![markup::text(label), value.as_deref().map_or_else(|| NONE.to_string(), code)]
+        })
+        .collect();
+    doc.push(markup::table(&["what", "value"], &[Align::Left, Align::Left], &rows));
+    if env.variables.is_empty() {
+        let families: Vec<String> = environment::VARIABLE_FAMILIES.split(", ").map(code).collect();
+        doc.push(format!("No {} variable was set.", families.join(", ")));
+    } else {
+        let rows: Vec<Vec<String>> = env.variables.iter().map(|(k, v)| vec![code(k), code(v)]).collect();
+        doc.push(markup::table(&["variable", "value"], &[Align::Left, Align::Left], &rows));
+    }
+    doc.push(DETAILS_CLOSE);
+}

@@ -1,0 +1,76 @@
+//! The scenario matrix: one row per scenario (and per scenario that did not run), as plain text
+//! cells with a tone. The terminal renders it with comfy-table, the markdown report as a table,
+//! so both always show the same columns.
+
+use crate::harness::RunResult;
+use crate::scenario::OutcomeKind;
+
+use super::markup::Align;
+use super::text::{self, NONE};
+
+/// How a cell should stand out where colour is available.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Tone {
+    Plain,
+    Good,
+    Bad,
+}
+
+/// One cell: plain text (not markdown) and its tone.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Cell {
+    pub text: String,
+    pub tone: Tone,
+}
+
+impl Cell {
+    fn plain(text: impl Into<String>) -> Cell {
+        Cell { text: text.into(), tone: Tone::Plain }
+    }
+}
+
+/// Column titles of the matrix.
+pub(crate) const HEADER: [&str; 8] =
+    ["scenario", "mode", "ranks", "outcome", "where", "steps/s", "wall", "expect"];
+
+/// Column alignment: numbers to the right.
+pub(crate) const ALIGN: [Align; 8] = [
+    Align::Left,
+    Align::Left,
+    Align::Right,
+    Align::Left,
+    Align::Left,
+    Align::Right,
+    Align::Right,
+    Align::Left,
+];
+
+/// The rows of the matrix, in run order, then the scenarios that did not run.
+pub(crate) fn rows(run: &RunResult) -> Vec<Vec<Cell>> {
+    let mut rows: Vec<Vec<Cell>> = run
+        .scenarios
+        .iter()
+        .map(|s| {
+            let outcome_tone = if s.outcome == OutcomeKind::Passed { Tone::Good } else { Tone::Bad };
+            vec![
+                Cell::plain(&s.name),
+                Cell::plain(text::mode(s.scenario.launch.mode)),
+                Cell::plain(s.scenario.launch.world_size.to_string()),
+                Cell { text: text::scenario_outcome(s), tone: outcome_tone },
+                Cell::plain(text::failure_site(s).unwrap_or_else(|| NONE.to_string())),
+                Cell::plain(s.steps_per_s.map_or_else(|| NONE.to_string(), |v| format!("{v:.2}"))),
+                Cell::plain(text::secs(s.wall_s)),
+                Cell {
+                    text: text::expectation_word(s.met_expectation).to_string(),
+                    tone: if s.met_expectation { Tone::Plain } else { Tone::Bad },
+                },
+            ]
+        })
+        .collect();
+    for name in &run.not_run {
+        let mut row = vec![Cell::plain(name)];
+        row.extend([NONE, NONE, "not run", NONE, NONE, NONE, NONE].map(Cell::plain));
+        rows.push(row);
+    }
+    rows
+}

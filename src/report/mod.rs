@@ -1,0 +1,32 @@
+//! Renders a [`crate::harness::RunResult`]: the markdown report for a GitHub issue, the terminal
+//! matrix, and the run folder (`result.json` + `report.md`); also the terminal description of the
+//! machine for `ups-doctor env`.
+//!
+//! Renderers are pure functions from data to text ([`render_markdown`], [`render_matrix`],
+//! [`render_env_text`]); the
+//! only IO is the file edge ([`write_run`], [`rerender`]). `result.json` is the source of truth:
+//! the markdown is always rendered from what it holds, so `ups-doctor report DIR` reproduces it.
+//! This module never runs processes and never uses tch.
+//!
+//! Layout: `text` formats values (counts, durations, outcomes), `markup` escapes them for
+//! markdown and HTML, `matrix` is the one table shape that the terminal (`terminal`) and the
+//! markdown report (`markdown`) both show, `environment` is the same for the machine, `mermaid`
+//! draws the charts, `files` reads and writes the run folder.
+
+mod environment;
+mod files;
+mod markdown;
+mod markup;
+mod matrix;
+mod mermaid;
+mod terminal;
+mod text;
+
+#[cfg(test)]
+mod fixtures;
+#[cfg(test)]
+mod tests;
+
+pub use files::{REPORT_FILE, RESULT_FILE, ReportError, rerender, write_run};
+pub use markdown::render_markdown;
+pub use terminal::{render_env_text, render_matrix};

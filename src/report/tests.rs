@@ -1,0 +1,197 @@
+//! Snapshots of every rendered output, and the run-folder round trip.
+
+use std::fs;
+
+use super::fixtures::{self, run};
+use super::*;
+
+#[test]
+fn markdown_of_a_passing_single_rank_run() {
+    insta::assert_snapshot!(render_markdown(&run(vec![fixtures::passing()])));
+}
+
+#[test]
+fn markdown_of_a_segfault_with_backtrace() {
+    insta::assert_snapshot!(render_markdown(&run(vec![fixtures::segv()])));
+}
+
+#[test]
+fn markdown_of_a_hang_with_thread_stacks() {
+    insta::assert_snapshot!(render_markdown(&run(vec![fixtures::hung()])));
+}
+
+#[test]
+fn markdown_of_a_false_success_that_misses_its_expectation() {
+    insta::assert_snapshot!(render_markdown(&run(vec![fixtures::false_success()])));
+}
+
+#[test]
+fn markdown_of_an_interrupted_run() {
+    insta::assert_snapshot!(render_markdown(&fixtures::interrupted()));
+}
+
+#[test]
+fn matrix_of_every_kind_of_outcome() {
+    let all = run(vec![
+        fixtures::passing(),
+        fixtures::segv(),
+        fixtures::hung(),
+        fixtures::false_success(),
+        fixtures::abort_raw_only(),
+    ]);
+    insta::assert_snapshot!(render_matrix(&all, false));
+}
+
+#[test]
+fn matrix_of_an_interrupted_run_lists_what_did_not_run() {
+    insta::assert_snapshot!(render_matrix(&fixtures::interrupted(), false));
+}
+
+#[test]
+fn matrix_colours_only_when_asked() {
+    let all = run(vec![fixtures::passing(), fixtures::false_success()]);
+    assert!(!render_matrix(&all, false).contains('\u{1b}'));
+    let coloured = render_matrix(&all, true);
+    let green = "\u{1b}[38;5;10m passed ";
+    let red = "\u{1b}[38;5;9m false success ";
+    assert!(coloured.contains(green) && coloured.contains(red), "{coloured:?}");
+    assert!(coloured.contains("\u{1b}[38;5;9m NOT MET "), "{coloured:?}");
+    assert!(!coloured.contains("\u{1b}[38;5;9m met "), "{coloured:?}");
+}
+
+#[test]
+fn pipes_and_newlines_in_cells_do_not_break_the_rank_table() {
+    let mut s = fixtures::passing();
+    s.ranks[0].error = Some("expected a|b\ngot c".into());
+    let md = render_markdown(&run(vec![s]));
+    let row = md.lines().find(|l| l.starts_with("| 0 |")).expect("rank 0's row");
+    assert!(row.contains(r"`expected a\|b ⏎ got c`"), "{row}");
+    let header = md.lines().find(|l| l.starts_with("| rank |")).unwrap();
+    let unescaped = |l: &str| l.replace(r"\|", "").matches('|').count();
+    assert_eq!(unescaped(row), unescaped(header));
+}
+
+#[test]
+fn fences_outgrow_backticks_in_log_lines() {
+    let mut s = fixtures::passing();
+    s.ranks[0].log_tail = vec!["```".into(), "a ```` b".into()];
+    let md = render_markdown(&run(vec![s]));
+    assert!(md.contains("`````text\n```\na ```` b\n`````"), "{md}");
+}
+
+#[test]
+fn write_run_then_rerender_gives_the_same_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let folder = dir.path().join("runs/2025-06-02T09-14-03");
+    let original = fixtures::interrupted();
+    let report = write_run(&folder, &original).unwrap();
+    assert_eq!(report, folder.join(REPORT_FILE));
+    let written = fs::read_to_string(&report).unwrap();
+    assert_eq!(written, render_markdown(&original));
+
+    let saved: crate::harness::RunResult =
+        serde_json::from_str(&fs::read_to_string(folder.join(RESULT_FILE)).unwrap()).unwrap();
+    assert_eq!(saved.scenarios.len(), original.scenarios.len());
+    assert_eq!(saved.not_run, original.not_run);
+
+    fs::remove_file(&report).unwrap();
+    assert_eq!(rerender(&folder).unwrap(), report);
+    assert_eq!(fs::read_to_string(&report).unwrap(), written);
+    let leftovers: Vec<_> = fs::read_dir(&folder)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".tmp"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}
+
+#[test]
+fn write_run_survives_a_nan_loss() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = fixtures::passing();
+    s.ranks[0].final_loss = Some(f64::NAN);
+    s.ranks[0].losses.push((60, f64::NAN));
+    let report = write_run(dir.path(), &run(vec![s])).unwrap();
+    assert!(fs::read_to_string(report).unwrap().contains("# ups-doctor report"));
+}
+
+#[test]
+fn rerender_of_a_missing_folder_says_what_to_pass() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("no-such-run");
+    let err = rerender(&missing).unwrap_err();
+    assert!(matches!(err, ReportError::NotFound { .. }), "{err:?}");
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "`{}` not found: pass the folder of a run (it holds result.json and report.md)",
+            missing.display()
+        )
+    );
+
+    let err = rerender(dir.path()).unwrap_err();
+    assert!(
+        err.to_string().starts_with(&format!("`{}` not found", dir.path().join("result.json").display()))
+    );
+}
+
+#[test]
+fn rerender_of_a_file_asks_for_its_folder() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join(RESULT_FILE);
+    fs::write(&file, "{}").unwrap();
+    let err = rerender(&file).unwrap_err();
+    assert!(matches!(err, ReportError::NotAFolder { .. }), "{err:?}");
+    assert!(err.to_string().contains(&format!("pass the folder that holds it (`{}`)", dir.path().display())));
+}
+
+#[test]
+fn rerender_of_invalid_json_names_file_line_and_column() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(RESULT_FILE);
+    fs::write(&path, "{\n  \"tool_version\": \"0.1.0\",\n  \"started_at\": ,\n}\n").unwrap();
+    let err = rerender(dir.path()).unwrap_err();
+    let ReportError::InvalidJson { line, column, .. } = &err else { panic!("{err:?}") };
+    assert_eq!((*line, *column), (3, 17));
+    let message = err.to_string();
+    assert!(message.starts_with(&format!("`{}:3:17`: not a valid run result", path.display())), "{message}");
+    assert!(message.contains("expected value"), "{message}");
+    assert!(message.contains("hint: the file is not complete JSON"), "{message}");
+}
+
+#[test]
+fn rerender_of_a_wrong_shape_names_the_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut value = serde_json::to_value(run(vec![fixtures::passing()])).unwrap();
+    value["scenarios"][0]["outcome"] = "segfault".into();
+    fs::write(dir.path().join(RESULT_FILE), serde_json::to_string_pretty(&value).unwrap()).unwrap();
+    let message = rerender(dir.path()).unwrap_err().to_string();
+    assert!(message.contains("at `scenarios[0].outcome`: unknown variant `segfault`"), "{message}");
+    assert!(!message.contains(" at line "), "{message}");
+}
+
+#[test]
+fn a_report_too_long_for_an_issue_says_so_at_the_top() {
+    let short = render_markdown(&run(vec![fixtures::segv()]));
+    assert!(!short.contains("a GitHub issue takes at most"));
+    let long = render_markdown(&run((0..40).map(|_| fixtures::segv()).collect()));
+    let note = long.find("a GitHub issue takes at most 65536").expect("the note");
+    assert!(note < long.find("## ddp-segv-forward").unwrap());
+}
+
+#[test]
+fn env_text_lists_every_fact_then_the_variables() {
+    insta::assert_snapshot!(render_env_text(&fixtures::env()));
+}
+
+#[test]
+fn env_text_says_when_no_variable_is_set() {
+    let mut env = fixtures::env();
+    env.variables.clear();
+    env.container = None;
+    env.shm_total_bytes = None;
+    let text = render_env_text(&env);
+    assert!(text.contains("container                  none detected\n"), "{text}");
+    assert!(text.contains("/dev/shm                   not mounted\n"), "{text}");
+    assert!(text.ends_with("variables: none of NCCL_*, TORCH_*, PYTORCH_*, CUDA_*, OMP_*, MKL_*, GLOO_*, UPS_DOCTOR_* is set\n"), "{text}");
+}
