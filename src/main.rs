@@ -1,0 +1,264 @@
+//! The `ups-doctor` command line: parses arguments, dispatches, and maps every result to the
+//! documented exit status (0 every scenario met its `expect`, 1 some did not, 2 bad input,
+//! 3 internal error, 130 interrupted). The only place that knows about exit codes.
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use clap::{Parser, Subcommand};
+
+use ups_doctor::harness::{self, Progress, ProgressMode, RunResult, ScenarioInput};
+use ups_doctor::probe::env::EnvSummary;
+use ups_doctor::report;
+use ups_doctor::scenario::{self, Override};
+use ups_doctor::trainer;
+
+/// Finds out why distributed deep-learning training crashes, hangs or crawls.
+#[derive(Parser)]
+#[command(name = "ups-doctor", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run scenario files (or every *.json in a folder) and write a report.
+    Run {
+        /// Scenario files or folders [default: scenarios/].
+        paths: Vec<PathBuf>,
+        /// Override a scenario field for every scenario, e.g. `--set train.steps=20`.
+        #[arg(long = "set", value_name = "PATH=VALUE")]
+        set: Vec<Override>,
+        /// Folder for the report [default: reports/runs/<time>].
+        #[arg(long, value_name = "DIR")]
+        out: Option<PathBuf>,
+        /// Print the result as JSON on stdout (the matrix goes to stderr).
+        #[arg(long)]
+        json: bool,
+        /// No live progress.
+        #[arg(long)]
+        quiet: bool,
+    },
+    /// Re-render report.md from a run folder's result.json.
+    Report {
+        /// A run folder (it holds result.json).
+        dir: PathBuf,
+    },
+    /// Describe this machine: libtorch, CPUs, memory, /dev/shm, ulimits, cgroup limits, variables.
+    Env {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Train one rank of a scenario: the entry point the harness launches. Also works by hand or
+    /// under torchrun (reads RANK, WORLD_SIZE, LOCAL_RANK).
+    Train {
+        /// The scenario file.
+        scenario: PathBuf,
+        #[arg(long = "set", value_name = "PATH=VALUE")]
+        set: Vec<Override>,
+    },
+}
+
+/// ups-doctor's own failures, by exit status.
+#[derive(Debug)]
+enum Failure {
+    /// Exit 2: the user's input is wrong; the message says how to fix it.
+    BadInput(String),
+    /// Exit 3: ups-doctor itself failed.
+    Internal(String),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Run { paths, set, out, json, quiet } => run(paths, set, out, json, quiet),
+        Command::Report { dir } => rerender(&dir),
+        Command::Env { json } => {
+            print_env(json);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Train { scenario, set } => train(&scenario, &set),
+    };
+    result.unwrap_or_else(|failure| {
+        let (message, code) = match failure {
+            Failure::BadInput(m) => (m, 2),
+            Failure::Internal(m) => (m, 3),
+        };
+        eprintln!("error: {message}");
+        ExitCode::from(code)
+    })
+}
+
+fn rerender(dir: &Path) -> Result<ExitCode, Failure> {
+    use report::ReportError;
+    match report::rerender(dir) {
+        Ok(path) => {
+            println!("{}", path.display());
+            Ok(ExitCode::SUCCESS)
+        }
+        // Our own failure to write is internal; everything else is about the folder given.
+        Err(e @ (ReportError::Write { .. } | ReportError::CreateDir { .. } | ReportError::Encode(_))) => {
+            Err(Failure::Internal(e.to_string()))
+        }
+        Err(e) => Err(Failure::BadInput(e.to_string())),
+    }
+}
+
+fn train(file: &Path, set: &[Override]) -> Result<ExitCode, Failure> {
+    // Before anything else: the crash handlers and the stack-dump thread must exist before tch
+    // starts threads (they inherit the signal mask).
+    trainer::prepare_process();
+    let scenario = scenario::load_file(file, set).map_err(|e| Failure::BadInput(e.to_string()))?;
+    Ok(ExitCode::from(trainer::run_rank(&scenario) as u8))
+}
+
+fn print_env(json: bool) {
+    let env = EnvSummary::collect();
+    if json {
+        println!("{}", serde_json::to_string_pretty(&env).expect("env serialises"));
+    } else {
+        print!("{}", report::render_env_text(&env));
+    }
+}
+
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+static INTERRUPTS: AtomicUsize = AtomicUsize::new(0);
+
+extern "C" fn on_interrupt(_sig: i32) {
+    INTERRUPTED.store(true, Ordering::SeqCst);
+    if INTERRUPTS.fetch_add(1, Ordering::SeqCst) >= 1 {
+        // Second Ctrl-C: leave now. Ranks die with us (PR_SET_PDEATHSIG); the result so far is
+        // already on disk.
+        // SAFETY: _exit is async-signal-safe.
+        unsafe { libc::_exit(130) };
+    }
+}
+
+fn install_interrupt_handler() {
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        // SAFETY: installs a handler that only touches atomics and calls _exit.
+        unsafe { libc::signal(sig, on_interrupt as *const () as libc::sighandler_t) };
+    }
+}
+
+fn run(
+    paths: Vec<PathBuf>,
+    set: Vec<Override>,
+    out: Option<PathBuf>,
+    json: bool,
+    quiet: bool,
+) -> Result<ExitCode, Failure> {
+    let paths = if paths.is_empty() { vec![PathBuf::from("scenarios")] } else { paths };
+    let files = scenario::scenario_files(&paths).map_err(|e| Failure::BadInput(e.to_string()))?;
+    // Validate everything before running anything: a typo in the fifth file must not cost the
+    // time of the first four.
+    let mut inputs = Vec::new();
+    let mut errors = Vec::new();
+    for file in files {
+        match scenario::load_file(&file, &set) {
+            Ok(scenario) => inputs.push(ScenarioInput {
+                file,
+                overrides: set.iter().map(|o| o.raw.clone()).collect(),
+                scenario,
+            }),
+            Err(e) => errors.push(e.to_string()),
+        }
+    }
+    if !errors.is_empty() {
+        return Err(Failure::BadInput(errors.join("\nerror: ")));
+    }
+
+    let out_dir = match out {
+        Some(dir) => dir,
+        None => fresh_run_dir(Path::new("reports/runs"))
+            .map_err(|e| Failure::Internal(format!("failed to create a folder under `reports/runs`: {e}")))?,
+    };
+    let program = std::env::current_exe()
+        .map_err(|e| Failure::Internal(format!("failed to locate the ups-doctor binary: {e}")))?;
+    install_interrupt_handler();
+    let mode = if quiet { ProgressMode::Quiet } else { ProgressMode::detect() };
+    let mut progress = Progress::new(mode);
+    let mut result = RunResult {
+        tool_version: env!("CARGO_PKG_VERSION").to_string(),
+        started_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+        command: std::env::args().collect(),
+        environment: EnvSummary::collect(),
+        scenarios: Vec::new(),
+        not_run: Vec::new(),
+        interrupted: false,
+    };
+    let save = |result: &RunResult| {
+        report::write_run(&out_dir, result)
+            .map_err(|e| Failure::Internal(format!("failed to write the report: {e}")))
+    };
+    let width = inputs.len().to_string().len();
+    for (i, input) in inputs.iter().enumerate() {
+        let rel = format!("{:0width$}-{}", i + 1, sanitize(&input.scenario.name));
+        let ran =
+            harness::run_scenario(input, &program, &out_dir.join(&rel), &rel, &mut progress, &INTERRUPTED)
+                .map_err(|e| Failure::Internal(e.to_string()))?;
+        match ran {
+            Some(scenario_result) => {
+                if mode != ProgressMode::Quiet {
+                    eprintln!(
+                        "  {} {}: {}",
+                        if scenario_result.met_expectation { "✓" } else { "✗" },
+                        scenario_result.name,
+                        scenario_result.verdict.headline
+                    );
+                }
+                result.scenarios.push(scenario_result);
+                save(&result)?;
+            }
+            None => {
+                result.interrupted = true;
+                result.not_run = inputs[i..].iter().map(|s| s.scenario.name.clone()).collect();
+                save(&result)?;
+                break;
+            }
+        }
+    }
+
+    let color =
+        !json && std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+    let matrix = report::render_matrix(&result, color);
+    let report_path = out_dir.join(report::REPORT_FILE);
+    if json {
+        eprintln!("{matrix}");
+        eprintln!("report: {}", report_path.display());
+        println!("{}", serde_json::to_string_pretty(&result).expect("results serialise"));
+    } else {
+        println!("{matrix}");
+        println!("report: {}", report_path.display());
+    }
+    Ok(if result.interrupted {
+        ExitCode::from(130)
+    } else if result.scenarios.iter().all(|s| s.met_expectation) {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+/// `reports/runs/2026-11-20T23-40-12Z`, with `-2`, `-3`, … when that exists already.
+fn fresh_run_dir(parent: &Path) -> std::io::Result<PathBuf> {
+    std::fs::create_dir_all(parent)?;
+    let stamp = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string().replace(':', "-");
+    for n in 1.. {
+        let dir = if n == 1 { parent.join(&stamp) } else { parent.join(format!("{stamp}-{n}")) };
+        match std::fs::create_dir(&dir) {
+            Ok(()) => return Ok(dir),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    unreachable!("the loop returns")
+}
+
+/// A scenario name as a folder name.
+fn sanitize(name: &str) -> String {
+    name.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' }).collect()
+}

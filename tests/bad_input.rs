@@ -1,0 +1,76 @@
+//! Bad input through the real binary: exit status 2, nothing run, and a message that names the
+//! file, line:column, field and fix. Messages are snapshot-tested as the user sees them.
+
+mod util;
+
+use util::Sandbox;
+
+/// Runs `ups-doctor run scenarios/<name>.json ARGS` in a sandbox holding `body`, expects exit 2
+/// and returns stderr.
+fn rejected(name: &str, body: &str, args: &[&str]) -> String {
+    let sb = Sandbox::new();
+    sb.scenario(name, body);
+    let out = sb.cmd().arg("run").arg(format!("scenarios/{name}.json")).args(args).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(2), "stderr:\n{stderr}");
+    assert!(out.stdout.is_empty(), "nothing runs on bad input");
+    assert!(!sb.path().join("reports").exists(), "no report folder for a run that never started");
+    stderr
+}
+
+#[test]
+fn unknown_field_with_a_did_you_mean() {
+    let stderr = rejected("typo", "{\n  \"data\": {\n    \"worker\": 4\n  }\n}\n", &[]);
+    insta::assert_snapshot!(stderr);
+}
+
+#[test]
+fn wrong_type() {
+    let stderr = rejected("type", r#"{ "train": { "steps": "ten" } }"#, &[]);
+    insta::assert_snapshot!(stderr);
+}
+
+#[test]
+fn impossible_value() {
+    let stderr = rejected("heads", "{\n  \"model\": { \"hidden\": 60, \"heads\": 8 }\n}\n", &[]);
+    insta::assert_snapshot!(stderr);
+}
+
+#[test]
+fn empty_depths() {
+    let stderr = rejected("depths", "{\n  \"model\": { \"depths\": [] }\n}\n", &[]);
+    insta::assert_snapshot!(stderr);
+}
+
+#[test]
+fn not_supported_yet() {
+    let stderr = rejected("ddp", r#"{ "launch": { "mode": "ddp", "world_size": 2 } }"#, &[]);
+    insta::assert_snapshot!(stderr);
+}
+
+#[test]
+fn bad_override() {
+    let stderr = rejected("ok", "{}", &["--set", "data.workes=2"]);
+    insta::assert_snapshot!(stderr);
+}
+
+#[test]
+fn every_bad_file_is_reported_before_anything_runs() {
+    let sb = Sandbox::new();
+    sb.scenario("a-good", "{}");
+    sb.scenario("b-bad", r#"{ "modle": {} }"#);
+    sb.scenario("c-bad", r#"{ "expect": { "outcome": "crashed" } }"#);
+    let out = sb.cmd().args(["run", "scenarios"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("b-bad.json") && stderr.contains("c-bad.json"), "{stderr}");
+    assert!(!stderr.contains("a-good.json"), "{stderr}");
+}
+
+#[test]
+fn a_missing_path_is_bad_input() {
+    let sb = Sandbox::new();
+    let out = sb.cmd().args(["run", "nope.json"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    insta::assert_snapshot!(String::from_utf8_lossy(&out.stderr));
+}

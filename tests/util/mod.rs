@@ -1,0 +1,133 @@
+//! Runs the real `ups-doctor` binary against purpose-built scenarios in a temporary folder.
+
+#![allow(dead_code, reason = "each test binary uses a different part of this helper")]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// The binary under test.
+pub fn bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_ups-doctor"))
+}
+
+/// A scratch folder holding scenario files and the run's report folder.
+pub struct Sandbox {
+    pub dir: tempfile::TempDir,
+}
+
+impl Sandbox {
+    pub fn new() -> Sandbox {
+        Sandbox { dir: tempfile::tempdir().expect("temp dir") }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Writes `scenarios/<name>.json` with `body` and returns its path.
+    pub fn scenario(&self, name: &str, body: &str) -> PathBuf {
+        let dir = self.path().join("scenarios");
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join(format!("{name}.json"));
+        std::fs::write(&file, body).unwrap();
+        file
+    }
+
+    pub fn out(&self) -> PathBuf {
+        self.path().join("out")
+    }
+
+    /// `ups-doctor` with the sandbox as working directory.
+    pub fn cmd(&self) -> Command {
+        let mut cmd = Command::new(bin());
+        cmd.current_dir(self.path()).env("NO_COLOR", "1");
+        cmd
+    }
+
+    /// `ups-doctor run FILES --out OUT --json --quiet ARGS`.
+    pub fn run(&self, files: &[&Path], args: &[&str]) -> RunOutput {
+        let output = self
+            .cmd()
+            .arg("run")
+            .args(files)
+            .arg("--out")
+            .arg(self.out())
+            .args(["--json", "--quiet"])
+            .args(args)
+            .output()
+            .expect("ups-doctor starts");
+        let result = serde_json::from_slice(&output.stdout).unwrap_or(Value::Null);
+        RunOutput { output, result }
+    }
+}
+
+pub struct RunOutput {
+    pub output: Output,
+    /// The `--json` result printed on stdout (`Null` if none).
+    pub result: Value,
+}
+
+impl RunOutput {
+    pub fn code(&self) -> i32 {
+        self.output.status.code().unwrap_or(-1)
+    }
+
+    pub fn stderr(&self) -> String {
+        String::from_utf8_lossy(&self.output.stderr).into_owned()
+    }
+
+    /// The only scenario's result.
+    pub fn scenario(&self) -> &Value {
+        let scenarios = self.result["scenarios"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no result on stdout; stderr:\n{}", self.stderr()));
+        assert_eq!(scenarios.len(), 1, "one scenario expected");
+        &scenarios[0]
+    }
+
+    pub fn rank(&self, rank: usize) -> &Value {
+        &self.scenario()["ranks"][rank]
+    }
+}
+
+/// A tiny configuration that trains in about a second on a busy 2-core machine; `extra` is
+/// spliced into the top-level object (`"inject": [...], "expect": {...}`).
+pub fn tiny(extra: &str) -> String {
+    let sep = if extra.trim().is_empty() { "" } else { "," };
+    format!(
+        r#"{{
+  "model": {{ "depths": [1], "hidden": 32, "heads": 2, "latent_tokens": 8, "window": 2 }},
+  "data": {{ "samples": 16, "grid": 64, "timesteps": 4, "queries": 32, "batch_size": 8 }},
+  "train": {{ "steps": 8 }},
+  "limits": {{ "timeout_s": 120, "hang_after_s": 60 }}{sep}
+  {extra}
+}}"#
+    )
+}
+
+/// Whether a process with this pid exists (zombies count as gone).
+pub fn alive(pid: u64) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => {
+            let state = stat.rsplit(')').next().and_then(|s| s.split_whitespace().next());
+            state != Some("Z")
+        }
+        Err(_) => false,
+    }
+}
+
+/// Polls `cond` until it holds or `limit` passes; returns whether it held. The limit is a
+/// generous upper bound, never an expectation about speed.
+pub fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    cond()
+}
