@@ -131,6 +131,15 @@ impl Sampler {
     }
 }
 
+/// Global gradient-norm limit: transformer blocks' first AdamW steps overshoot without it.
+const GRAD_CLIP_NORM: f64 = 1.0;
+
+/// Linear learning-rate warm-up over the first tenth of training (at most 50 steps).
+fn warmup_factor(step: u64, steps: u64) -> f64 {
+    let warmup = (steps / 10).clamp(1, 50);
+    ((step + 1) as f64 / warmup as f64).min(1.0)
+}
+
 /// Enters a phase: emits `begin`, then fires any fault scheduled there.
 fn enter(faults: &Faults, name: &str, step: Option<u64>) -> Result<(Phase, bool), TrainError> {
     let phase = Phase::begin(name, step);
@@ -220,6 +229,8 @@ pub fn train(scenario: &Scenario, env: RankEnv) -> Result<Summary, TrainError> {
             compute_ms += phase.end();
         }
         let (phase, _) = enter(&faults, "optimizer", Some(step))?;
+        opt.set_lr(t.lr * warmup_factor(step, t.steps));
+        opt.clip_grad_norm(GRAD_CLIP_NORM);
         opt.step();
         opt.zero_grad();
         compute_ms += phase.end();
