@@ -146,6 +146,7 @@ pub fn segv() -> ScenarioResult {
         step: 3,
         rank: Some(1),
         when: Default::default(),
+        probability: 1.0,
     }];
 
     let timeline = |end: Option<f64>| {

@@ -756,6 +756,7 @@ fn template() -> Scenario {
         step: 3,
         rank: Some(0),
         when: BTreeMap::new(),
+        probability: 1.0,
     }];
     scenario
 }

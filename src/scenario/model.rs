@@ -292,9 +292,22 @@ pub struct Fault {
     /// Only this rank; every rank when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rank: Option<u32>,
-    /// Only when these dotted scenario fields have one of the given values.
+    /// Only when these dotted scenario fields have the given value; a list gives alternatives
+    /// (for a list-valued field such as `model.depths`, a list of lists).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub when: BTreeMap<String, serde_json::Value>,
+    /// Chance that the fault fires in a given run, decided once per process from the operating
+    /// system's randomness (never from `train.seed`): a flaky failure.
+    #[serde(default = "always", skip_serializing_if = "is_always")]
+    pub probability: f64,
+}
+
+fn always() -> f64 {
+    1.0
+}
+
+fn is_always(p: &f64) -> bool {
+    *p == 1.0
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

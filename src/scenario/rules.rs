@@ -278,6 +278,13 @@ fn check_fault(s: &Scenario, index: usize, fault: &Fault) -> Checked {
             .related(&["launch.world_size"]));
         }
     }
+    if !(fault.probability > 0.0 && fault.probability <= 1.0) {
+        return Err(Invalid::new(
+            at("probability"),
+            format!("probability {} is not in (0, 1]", fault.probability),
+        )
+        .hint("use e.g. `0.5` for a fault that fires in about half the runs, or leave it out (1)"));
+    }
     for (key, wanted) in &fault.when {
         check_condition(s, &at(&format!("when.{key}")), key, wanted)?;
     }
@@ -418,7 +425,7 @@ mod tests {
     use crate::scenario::FaultKind;
 
     fn fault(phase: &str, step: u64) -> Fault {
-        Fault { fault: FaultKind::Segv, phase: phase.to_string(), step, rank: None, when: BTreeMap::new() }
+        Fault { fault: FaultKind::Segv, phase: phase.to_string(), step, rank: None, when: BTreeMap::new(), probability: 1.0 }
     }
 
     /// The field a scenario changed by `edit` is blamed on, with the message.

@@ -28,6 +28,7 @@ impl Faults {
             .iter()
             .filter(|f| f.rank.is_none_or(|r| r == rank))
             .filter(|f| when_matches(scenario, &f.when))
+            .filter(|f| f.probability >= 1.0 || os_random_unit() < f.probability)
             .cloned()
             .collect();
         Faults { armed }
@@ -57,6 +58,20 @@ impl Faults {
         }
         effect
     }
+}
+
+/// A uniform number in [0, 1) from the kernel's randomness: a flaky fault must not follow
+/// `train.seed`, or every run with the same seed would fail the same way.
+fn os_random_unit() -> f64 {
+    let mut bytes = [0u8; 8];
+    // SAFETY: getrandom writes at most `bytes.len()` bytes into the buffer.
+    let n = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
+    if n != bytes.len() as isize {
+        // No kernel randomness: fall back to the clock's nanoseconds, still independent of the seed.
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+        return f64::from(nanos % 1_000_000) / 1_000_000.0;
+    }
+    (u64::from_le_bytes(bytes) >> 11) as f64 / (1u64 << 53) as f64
 }
 
 /// A write to an unmapped address: the kernel delivers a genuine SIGSEGV (SEGV_MAPERR).
