@@ -79,11 +79,13 @@ pub fn generate(samples: i64, grid: i64, timesteps: i64) -> Trajectories {
         }
     }
     let u = Tensor::stack(&snapshots, 1); // (S, T, G)
+    // Population statistics: with a single sample the unbiased std of the viscosity is NaN, and a
+    // NaN condition poisons the whole model (bisect cuts `data.samples` down to 1).
     let mean = u.mean(Kind::Double);
-    let std = u.std(true).clamp_min(1e-8);
+    let std = u.std(false).clamp_min(1e-8);
     let u = ((u - mean) / std).to_kind(Kind::Float);
     let nu_feature =
-        ((&log_nu - log_nu.mean(Kind::Double)) / log_nu.std(true).clamp_min(1e-8)).to_kind(Kind::Float);
+        ((&log_nu - log_nu.mean(Kind::Double)) / log_nu.std(false).clamp_min(1e-8)).to_kind(Kind::Float);
     Trajectories { u, nu_feature, nu: nu.to_kind(Kind::Float) }
 }
 
@@ -107,6 +109,15 @@ mod tests {
         assert_eq!(a.u.size(), vec![4, 3, 64]);
         assert!(a.u.equal(&b.u));
         assert!(!a.u.equal(&c.u));
+    }
+
+    #[test]
+    fn a_single_sample_gives_finite_features() {
+        let _rng = RNG.lock().unwrap_or_else(|e| e.into_inner());
+        tch::manual_seed(3);
+        let t = generate(1, 16, 2);
+        assert_eq!(i64::try_from(t.u.isfinite().all()).unwrap(), 1);
+        assert_eq!(i64::try_from(t.nu_feature.isfinite().all()).unwrap(), 1);
     }
 
     #[test]
