@@ -4,6 +4,7 @@
 //! rank processes; [`harness`], [`probe`], [`report`] and [`scenario`] run in the supervising
 //! process and talk to ranks only through processes and the [`protocol`] markers.
 
+pub mod bisect;
 pub mod harness;
 pub mod probe;
 pub mod protocol;

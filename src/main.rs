@@ -42,6 +42,37 @@ enum Command {
         #[arg(long)]
         quiet: bool,
     },
+    /// Cut a failing scenario down to a 1-minimal configuration that still fails the same way.
+    Bisect {
+        /// The failing scenario file.
+        scenario: PathBuf,
+        #[arg(long = "set", value_name = "PATH=VALUE")]
+        set: Vec<Override>,
+        /// Most real runs to spend (cached results are free).
+        #[arg(long, default_value_t = 60)]
+        budget: usize,
+        /// Confidence required before a cut is believed to make a flaky failure pass.
+        #[arg(long, default_value_t = 0.95)]
+        confidence: f64,
+        /// Runs of the original scenario that confirm the failure and estimate its rate.
+        #[arg(long, default_value_t = 2)]
+        confirm: usize,
+        /// Independent probes run in parallel.
+        #[arg(long, default_value_t = 1)]
+        jobs: usize,
+        /// Folder for the report [default: reports/runs/<time>-bisect].
+        #[arg(long, value_name = "DIR")]
+        out: Option<PathBuf>,
+        /// Folder of cached probe results, shared by bisects of the same scenario.
+        #[arg(long, value_name = "DIR", default_value = "reports/runs/.bisect-cache")]
+        cache: PathBuf,
+        /// Print bisect.json on stdout.
+        #[arg(long)]
+        json: bool,
+        /// No progress lines.
+        #[arg(long)]
+        quiet: bool,
+    },
     /// Re-render report.md from a run folder's result.json.
     Report {
         /// A run folder (it holds result.json).
@@ -76,6 +107,9 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run { paths, set, out, json, quiet } => run(paths, set, out, json, quiet),
         Command::Report { dir } => rerender(&dir),
+        Command::Bisect { scenario, set, budget, confidence, confirm, jobs, out, cache, json, quiet } => {
+            bisect(BisectArgs { scenario, set, budget, confidence, confirm, jobs, out, cache, json, quiet })
+        }
         Command::Env { json } => {
             print_env(json);
             Ok(ExitCode::SUCCESS)
@@ -89,6 +123,97 @@ fn main() -> ExitCode {
         };
         eprintln!("error: {message}");
         ExitCode::from(code)
+    })
+}
+
+struct BisectArgs {
+    scenario: PathBuf,
+    set: Vec<Override>,
+    budget: usize,
+    confidence: f64,
+    confirm: usize,
+    jobs: usize,
+    out: Option<PathBuf>,
+    cache: PathBuf,
+    json: bool,
+    quiet: bool,
+}
+
+fn bisect(args: BisectArgs) -> Result<ExitCode, Failure> {
+    if !(args.confidence > 0.0 && args.confidence < 1.0) {
+        return Err(Failure::BadInput(format!(
+            "--confidence {} is not between 0 and 1 (exclusive); e.g. `--confidence 0.95`",
+            args.confidence
+        )));
+    }
+    for (flag, value) in [("--budget", args.budget), ("--confirm", args.confirm), ("--jobs", args.jobs)] {
+        if value == 0 {
+            return Err(Failure::BadInput(format!("{flag} must be at least 1")));
+        }
+    }
+    let scenario =
+        scenario::load_file(&args.scenario, &args.set).map_err(|e| Failure::BadInput(e.to_string()))?;
+    let out_dir = match args.out {
+        Some(dir) => dir,
+        None => fresh_run_dir(Path::new("reports/runs"), &format!("-bisect-{}", sanitize(&scenario.name)))
+            .map_err(|e| Failure::Internal(format!("failed to create a folder under `reports/runs`: {e}")))?,
+    };
+    let program = std::env::current_exe()
+        .map_err(|e| Failure::Internal(format!("failed to locate the ups-doctor binary: {e}")))?;
+    install_interrupt_handler();
+    if !args.quiet {
+        eprintln!(
+            "bisecting {} (budget {} runs, {} in parallel)",
+            args.scenario.display(),
+            args.budget,
+            args.jobs
+        );
+    }
+    let request = ups_doctor::bisect::Request {
+        file: args.scenario.clone(),
+        overrides: args.set.iter().map(|o| o.raw.clone()).collect(),
+        scenario,
+        options: ups_doctor::bisect::Options {
+            budget: args.budget,
+            confidence: args.confidence,
+            confirm_runs: args.confirm,
+        },
+        jobs: args.jobs,
+        out_dir: out_dir.clone(),
+        cache_dir: args.cache,
+        show_progress: !args.quiet,
+    };
+    let record = ups_doctor::bisect::run_session(&request, &program, &INTERRUPTED)
+        .map_err(|e| Failure::Internal(e.to_string()))?;
+    if INTERRUPTED.load(Ordering::SeqCst) {
+        eprintln!("interrupted; partial bisect written to {}", out_dir.display());
+        return Ok(ExitCode::from(130));
+    }
+    let summary = match (&record.signature, record.boundary.is_empty()) {
+        (None, _) => "the scenario did not fail: nothing to bisect".to_string(),
+        (Some(sig), _) => format!(
+            "{} still happens with [{}]; passes when any of [{}] is cut",
+            sig.describe(),
+            record.minimal_delta.join(", "),
+            record.boundary.join(", ")
+        ),
+    };
+    let report = out_dir.join("bisect.md");
+    if args.json {
+        eprintln!("{summary}\nreport: {}", report.display());
+        println!("{}", serde_json::to_string_pretty(&record).expect("records serialise"));
+    } else {
+        println!(
+            "{summary}\n{} real runs, confidence {:.2}\nreport: {}",
+            record.runs,
+            record.confidence,
+            report.display()
+        );
+    }
+    Ok(if record.signature.is_some() && !record.budget_exhausted {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
     })
 }
 
@@ -173,7 +298,7 @@ fn run(
 
     let out_dir = match out {
         Some(dir) => dir,
-        None => fresh_run_dir(Path::new("reports/runs"))
+        None => fresh_run_dir(Path::new("reports/runs"), "")
             .map_err(|e| Failure::Internal(format!("failed to create a folder under `reports/runs`: {e}")))?,
     };
     let program = std::env::current_exe()
@@ -243,10 +368,11 @@ fn run(
     })
 }
 
-/// `reports/runs/2026-11-20T23-40-12Z`, with `-2`, `-3`, … when that exists already.
-fn fresh_run_dir(parent: &Path) -> std::io::Result<PathBuf> {
+/// `reports/runs/2026-11-20T23-40-12Z<suffix>`, with `-2`, `-3`, … when that exists already.
+fn fresh_run_dir(parent: &Path, suffix: &str) -> std::io::Result<PathBuf> {
     std::fs::create_dir_all(parent)?;
-    let stamp = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string().replace(':', "-");
+    let stamp = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string().replace(':', "-")
+        + suffix;
     for n in 1.. {
         let dir = if n == 1 { parent.join(&stamp) } else { parent.join(format!("{stamp}-{n}")) };
         match std::fs::create_dir(&dir) {

@@ -13,6 +13,7 @@
 //! markdown report (`markdown`) both show, `environment` is the same for the machine, `mermaid`
 //! draws the charts, `files` reads and writes the run folder.
 
+mod bisect;
 mod environment;
 mod files;
 mod markdown;
@@ -27,6 +28,7 @@ mod fixtures;
 #[cfg(test)]
 mod tests;
 
+pub use bisect::render_bisect;
 pub use files::{REPORT_FILE, RESULT_FILE, ReportError, rerender, write_run};
 pub use markdown::render_markdown;
 pub use terminal::{render_env_text, render_matrix};

@@ -28,7 +28,7 @@ impl Faults {
             .iter()
             .filter(|f| f.rank.is_none_or(|r| r == rank))
             .filter(|f| when_matches(scenario, &f.when))
-            .filter(|f| f.probability >= 1.0 || os_random_unit() < f.probability)
+            .filter(|f| f.probability >= 1.0 || draw() < f.probability)
             .cloned()
             .collect();
         Faults { armed }
@@ -60,6 +60,47 @@ impl Faults {
     }
 }
 
+/// Environment variable naming a counter file: when set, each draw takes the next number of a
+/// fixed pseudo-random sequence shared by every process using that file, so a test of a flaky
+/// failure sees the same coin flips every time (the failure is still flaky from one run to the
+/// next). Unset, draws come from the kernel.
+pub const FAULT_SEQUENCE_ENV: &str = "UPS_DOCTOR_FAULT_SEQUENCE";
+
+/// A uniform number in [0, 1) deciding whether a fault with a probability fires in this run.
+fn draw() -> f64 {
+    std::env::var_os(FAULT_SEQUENCE_ENV)
+        .and_then(|path| next_in_sequence(std::path::Path::new(&path)).ok())
+        .map(|n| (splitmix64(n) >> 11) as f64 / (1u64 << 53) as f64)
+        .unwrap_or_else(os_random_unit)
+}
+
+/// Takes the next counter value from `path` under an exclusive lock.
+fn next_in_sequence(path: &std::path::Path) -> std::io::Result<u64> {
+    use std::io::{Read, Seek, Write};
+    use std::os::fd::AsRawFd;
+    let mut file =
+        std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path)?;
+    // SAFETY: flock on an open fd; the lock is released when the file closes.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let mut text = String::new();
+    file.read_to_string(&mut text)?;
+    let n: u64 = text.trim().parse().unwrap_or(0);
+    file.set_len(0)?;
+    file.rewind()?;
+    write!(file, "{}", n + 1)?;
+    Ok(n)
+}
+
+/// SplitMix64: a well-mixed 64-bit value for each counter value.
+fn splitmix64(n: u64) -> u64 {
+    let mut z = n.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
 /// A uniform number in [0, 1) from the kernel's randomness: a flaky fault must not follow
 /// `train.seed`, or every run with the same seed would fail the same way.
 fn os_random_unit() -> f64 {
@@ -68,7 +109,9 @@ fn os_random_unit() -> f64 {
     let n = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
     if n != bytes.len() as isize {
         // No kernel randomness: fall back to the clock's nanoseconds, still independent of the seed.
-        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
         return f64::from(nanos % 1_000_000) / 1_000_000.0;
     }
     (u64::from_le_bytes(bytes) >> 11) as f64 / (1u64 << 53) as f64

@@ -1,0 +1,176 @@
+//! The oracle that runs candidates for real: each probe is a full supervised scenario run (real
+//! ranks, real faults, real classification), in a folder of its own so its logs stay inspectable.
+//! Independent probes run in parallel on up to `jobs` threads.
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use crate::harness::{self, Progress, ProgressMode, ScenarioInput, ScenarioResult};
+use crate::scenario::{OutcomeKind, Scenario};
+
+use super::search::Oracle;
+use super::signature::{Observation, Signature};
+use super::space::{config_hash, describe_delta};
+
+/// What one real run of a candidate produced, for the probe table.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct RunRecord {
+    pub index: usize,
+    pub hash: String,
+    pub delta: Vec<String>,
+    pub observation: Observation,
+    pub headline: String,
+    pub wall_s: f64,
+    /// The probe's folder, relative to the bisect folder.
+    pub dir: String,
+}
+
+/// Runs candidates as real supervised scenarios.
+pub struct ProcessOracle<'a> {
+    program: PathBuf,
+    base: Scenario,
+    dir: PathBuf,
+    jobs: usize,
+    budget: usize,
+    interrupted: &'a AtomicBool,
+    pub records: Vec<RunRecord>,
+    /// Set when a probe could not even be prepared (disk full, …): the search then sees failures
+    /// of kind `launch_failed`, and the caller reports this error.
+    pub internal_error: Option<String>,
+    show_progress: bool,
+}
+
+impl<'a> ProcessOracle<'a> {
+    pub fn new(
+        program: &Path,
+        base: &Scenario,
+        dir: &Path,
+        jobs: usize,
+        budget: usize,
+        show_progress: bool,
+        interrupted: &'a AtomicBool,
+    ) -> ProcessOracle<'a> {
+        ProcessOracle {
+            program: program.to_path_buf(),
+            base: base.clone(),
+            dir: dir.to_path_buf(),
+            jobs: jobs.max(1),
+            budget,
+            interrupted,
+            records: Vec::new(),
+            internal_error: None,
+            show_progress,
+        }
+    }
+
+    fn run_one(&self, index: usize, candidate: &Scenario) -> Result<(ScenarioResult, f64), String> {
+        let rel = format!("probes/{index:03}");
+        let input = ScenarioInput {
+            file: PathBuf::from("(bisect candidate)"),
+            overrides: Vec::new(),
+            scenario: candidate.clone(),
+        };
+        let started = Instant::now();
+        let mut quiet = Progress::new(ProgressMode::Quiet);
+        let result = harness::run_scenario(
+            &input,
+            &self.program,
+            &self.dir.join(&rel),
+            &rel,
+            &mut quiet,
+            self.interrupted,
+        )
+        .map_err(|e| e.to_string())?;
+        match result {
+            Some(r) => Ok((r, started.elapsed().as_secs_f64())),
+            None => Err("interrupted".to_string()),
+        }
+    }
+}
+
+impl Oracle for ProcessOracle<'_> {
+    fn run(&mut self, candidates: &[Scenario]) -> Vec<Observation> {
+        let first = self.records.len() + 1;
+        let slots: Vec<Mutex<Option<Result<(ScenarioResult, f64), String>>>> =
+            candidates.iter().map(|_| Mutex::new(None)).collect();
+        let next = Mutex::new(0usize);
+        std::thread::scope(|scope| {
+            for _ in 0..self.jobs.min(candidates.len()) {
+                scope.spawn(|| {
+                    loop {
+                        let i = {
+                            let mut n = next.lock().unwrap_or_else(|e| e.into_inner());
+                            let i = *n;
+                            *n += 1;
+                            i
+                        };
+                        if i >= candidates.len() || self.interrupted.load(Ordering::SeqCst) {
+                            return;
+                        }
+                        let out = self.run_one(first + i, &candidates[i]);
+                        *slots[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(out);
+                    }
+                });
+            }
+        });
+        let mut observations = Vec::with_capacity(candidates.len());
+        for (i, (candidate, slot)) in candidates.iter().zip(slots).enumerate() {
+            let index = first + i;
+            let delta = describe_delta(&self.base, candidate);
+            let (observation, headline, wall_s) = match slot.into_inner().unwrap_or_else(|e| e.into_inner()) {
+                Some(Ok((result, wall_s))) => {
+                    (signature_of(&result), result.verdict.headline.clone(), wall_s)
+                }
+                Some(Err(e)) => {
+                    if e != "interrupted" {
+                        self.internal_error.get_or_insert(e.clone());
+                    }
+                    (Some(launch_failure()), format!("not run: {e}"), 0.0)
+                }
+                None => (Some(launch_failure()), "not run: interrupted".to_string(), 0.0),
+            };
+            if self.show_progress {
+                let what =
+                    if delta.is_empty() { "the original scenario".to_string() } else { delta.join(", ") };
+                let seen = observation.as_ref().map_or("passed".to_string(), Signature::describe);
+                eprintln!("  run {index:>3}/{}  {what}  →  {seen}  ({wall_s:.1} s)", self.budget);
+            }
+            self.records.push(RunRecord {
+                index,
+                hash: config_hash(candidate),
+                delta,
+                observation: observation.clone(),
+                headline,
+                wall_s,
+                dir: format!("probes/{index:03}"),
+            });
+            observations.push(observation);
+        }
+        observations
+    }
+}
+
+fn launch_failure() -> Signature {
+    Signature {
+        outcome: OutcomeKind::LaunchFailed,
+        signal: None,
+        exit_code: None,
+        role: "rank".into(),
+        phase: None,
+    }
+}
+
+/// The failure signature of a run: the first failing rank's class, signal or exit code, and
+/// phase. `None` when it passed.
+pub fn signature_of(result: &ScenarioResult) -> Observation {
+    let failed = result.first_failure.and_then(|f| result.ranks.iter().find(|r| r.rank == f))?;
+    Some(Signature {
+        outcome: failed.outcome,
+        signal: failed.signal.clone(),
+        exit_code: (failed.outcome == OutcomeKind::Exited).then_some(failed.exit_code).flatten(),
+        role: "rank".into(),
+        phase: failed.last_phase.clone(),
+    })
+}

@@ -1,0 +1,146 @@
+//! One `ups-doctor bisect`: load the result cache, search with real runs, save everything.
+//! The IO edge around the pure search.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+
+use crate::probe::env::EnvSummary;
+use crate::scenario::{Expect, Scenario};
+
+use super::executor::ProcessOracle;
+use super::record::{BisectRecord, DifferentFailure, ProbeRow};
+use super::search::{self, Cache, Options};
+use super::space::config_hash;
+
+/// What to bisect and how.
+pub struct Request {
+    pub file: PathBuf,
+    pub overrides: Vec<String>,
+    pub scenario: Scenario,
+    pub options: Options,
+    pub jobs: usize,
+    /// The bisect's report folder.
+    pub out_dir: PathBuf,
+    /// Where cached observations live between bisects.
+    pub cache_dir: PathBuf,
+    pub show_progress: bool,
+}
+
+/// Errors of the bisect machinery itself.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    #[error("failed to write `{path}`: {source}")]
+    Write { path: PathBuf, source: std::io::Error },
+    #[error("a probe could not be run: {0}")]
+    Probe(String),
+}
+
+/// Runs the bisect and writes `bisect.json`, `bisect.md` and `minimal.json` into the out folder.
+pub fn run(
+    request: &Request,
+    program: &Path,
+    interrupted: &AtomicBool,
+) -> Result<BisectRecord, SessionError> {
+    let base = &request.scenario;
+    let cache_file = request.cache_dir.join(format!("{}.json", config_hash(base)));
+    let mut cache: Cache = std::fs::read_to_string(&cache_file)
+        .ok()
+        .and_then(|text| serde_json::from_str(&text).ok())
+        .unwrap_or_default();
+    let mut oracle = ProcessOracle::new(
+        program,
+        base,
+        &request.out_dir,
+        request.jobs,
+        request.options.budget,
+        request.show_progress,
+        interrupted,
+    );
+    let outcome = search::bisect(base, &mut oracle, &mut cache, &request.options);
+    // Save the cache first: even if writing the report fails, a re-run resumes.
+    write(&cache_file, &serde_json::to_string(&cache).expect("the cache serialises"))?;
+    if let Some(e) = oracle.internal_error.take() {
+        return Err(SessionError::Probe(e));
+    }
+
+    let mut real_runs = oracle.records.iter();
+    let probes = outcome
+        .probes
+        .iter()
+        .map(|p| {
+            let run = if p.cached { None } else { real_runs.next() };
+            ProbeRow {
+                stage: p.phase.to_string(),
+                delta: p.delta.clone(),
+                observation: p.observation.clone(),
+                verdict: p.verdict,
+                cached: p.cached,
+                wall_s: run.map(|r| r.wall_s),
+                dir: run.map(|r| r.dir.clone()),
+            }
+        })
+        .collect();
+
+    let mut minimal = outcome.minimal.clone();
+    if let Some(sig) = &outcome.signature {
+        minimal.name = format!("{}-minimal", base.name);
+        minimal.description = format!(
+            "1-minimal reproduction found by `ups-doctor bisect` of `{}`: {}.",
+            request.file.display(),
+            sig.describe()
+        );
+        minimal.expect = Expect {
+            outcome: sig.outcome,
+            signal: sig.signal.clone(),
+            exit_code: sig.exit_code,
+            phase: sig.phase.clone(),
+            ..Expect::default()
+        };
+    }
+    let record = BisectRecord {
+        tool_version: env!("CARGO_PKG_VERSION").to_string(),
+        started_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+        command: std::env::args().collect(),
+        file: request.file.display().to_string(),
+        overrides: request.overrides.clone(),
+        original: base.clone(),
+        signature: outcome.signature.clone(),
+        flaky: outcome.failure_rate,
+        is_flaky: outcome.flaky,
+        confidence: outcome.confidence,
+        runs: outcome.runs,
+        budget: request.options.budget,
+        budget_exhausted: outcome.budget_exhausted,
+        unknown: outcome.unknown.clone(),
+        minimal,
+        minimal_delta: outcome.minimal_delta.clone(),
+        boundary: outcome.boundary.iter().filter(|b| b.passes).map(|b| b.component.clone()).collect(),
+        boundary_detail: outcome.boundary.clone(),
+        different_failures: outcome
+            .different_failures
+            .iter()
+            .map(|(delta, signature)| DifferentFailure { delta: delta.clone(), signature: signature.clone() })
+            .collect(),
+        probes,
+        environment: EnvSummary::collect(),
+    };
+    let dir = &request.out_dir;
+    write(&dir.join("bisect.json"), &serde_json::to_string_pretty(&record).expect("records serialise"))?;
+    write(
+        &dir.join("minimal.json"),
+        &serde_json::to_string_pretty(&record.minimal).expect("scenarios serialise"),
+    )?;
+    write(&dir.join("bisect.md"), &crate::report::render_bisect(&record))?;
+    Ok(record)
+}
+
+/// Writes then renames, so a crash never leaves a torn file.
+fn write(path: &Path, text: &str) -> Result<(), SessionError> {
+    let err = |source| SessionError::Write { path: path.to_path_buf(), source };
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).map_err(err)?;
+    }
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, format!("{text}\n")).map_err(err)?;
+    std::fs::rename(&tmp, path).map_err(err)
+}

@@ -1,0 +1,95 @@
+//! What "the same failure" means to bisect.
+//!
+//! A cut is only taken when the cut-down scenario fails *the same way* as the original: the same
+//! outcome class, the same signal or exit code, in a process of the same role, in the same phase.
+//! "Any failure" is not enough: a cut that turns a segfault in `forward` into a hang in
+//! `data.next` has found a different bug, and is reported as such instead of being followed.
+
+use serde::{Deserialize, Serialize};
+
+use crate::scenario::OutcomeKind;
+
+/// The identity of a failure, as far as bisect compares failures.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Signature {
+    /// How the failing process ended.
+    pub outcome: OutcomeKind,
+    /// The signal's name (`SIGSEGV`), for `signaled`.
+    pub signal: Option<String>,
+    /// The exit status, for `exited`.
+    pub exit_code: Option<i32>,
+    /// The role of the failing process: `rank` today, `worker` once data-loader workers land.
+    pub role: String,
+    /// The failing process's last phase (`forward`, `model.build/conditioner`).
+    pub phase: Option<String>,
+}
+
+impl Signature {
+    /// One line for reports: "signaled SIGSEGV in rank at `forward`",
+    /// "exited with code 1 in rank at `backward`", "hung in worker".
+    pub fn describe(&self) -> String {
+        let mut out = match self.outcome {
+            OutcomeKind::FalseSuccess => "false success".to_string(),
+            OutcomeKind::TimedOut => "timed out".to_string(),
+            OutcomeKind::LaunchFailed => "launch failed".to_string(),
+            other => other.as_str().to_string(),
+        };
+        if let Some(signal) = &self.signal {
+            out.push(' ');
+            out.push_str(signal);
+        }
+        if let Some(code) = self.exit_code {
+            out.push_str(&format!(" with code {code}"));
+        }
+        if !self.role.is_empty() {
+            out.push_str(" in ");
+            out.push_str(&self.role);
+        }
+        if let Some(phase) = &self.phase {
+            out.push_str(&format!(" at `{phase}`"));
+        }
+        out
+    }
+}
+
+/// What one run of a candidate showed: `None` means the run passed, `Some` the failure it had.
+pub type Observation = Option<Signature>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn signature(outcome: OutcomeKind) -> Signature {
+        Signature { outcome, signal: None, exit_code: None, role: "rank".into(), phase: None }
+    }
+
+    #[test]
+    fn describe_reads_as_one_phrase() {
+        let segv = Signature {
+            signal: Some("SIGSEGV".into()),
+            phase: Some("forward".into()),
+            ..signature(OutcomeKind::Signaled)
+        };
+        assert_eq!(segv.describe(), "signaled SIGSEGV in rank at `forward`");
+        let exited = Signature {
+            exit_code: Some(1),
+            phase: Some("backward".into()),
+            ..signature(OutcomeKind::Exited)
+        };
+        assert_eq!(exited.describe(), "exited with code 1 in rank at `backward`");
+        assert_eq!(signature(OutcomeKind::TimedOut).describe(), "timed out in rank");
+        assert_eq!(
+            Signature { role: "worker".into(), ..signature(OutcomeKind::Hung) }.describe(),
+            "hung in worker"
+        );
+    }
+
+    #[test]
+    fn signatures_that_differ_in_any_part_are_different_failures() {
+        let a = Signature { phase: Some("forward".into()), ..signature(OutcomeKind::Hung) };
+        let b = Signature { phase: Some("backward".into()), ..signature(OutcomeKind::Hung) };
+        assert_ne!(a, b);
+        assert_ne!(a, Signature { role: "worker".into(), ..a.clone() });
+        assert_eq!(a, a.clone());
+    }
+}

@@ -1,0 +1,212 @@
+//! `ups-doctor bisect` against planted faults, with the real binary, trainer and processes.
+//! Faults are made conditional with `when` (or by the phase they fire in), so the answer is
+//! known; the run counts are the issue's bounds.
+
+mod util;
+
+use serde_json::Value;
+use util::Sandbox;
+
+/// A configuration with at least 8 cuttable components (attention, conditioning, window,
+/// accumulation, MLP ratio, a second stage, stage depths, steps, batch, samples, timesteps,
+/// queries, width, heads) that still runs in well under a second.
+fn base(extra: &str) -> String {
+    format!(
+        r#"{{
+  "model": {{ "depths": [2, 2], "hidden": 32, "heads": 2, "latent_tokens": 8, "window": 2, "mlp_ratio": 2 }},
+  "data": {{ "samples": 16, "grid": 64, "timesteps": 4, "queries": 32, "batch_size": 8 }},
+  "train": {{ "steps": 6, "accum_steps": 2 }},
+  "limits": {{ "timeout_s": 120, "hang_after_s": 60 }},
+  {extra}
+}}"#
+    )
+}
+
+struct Bisected {
+    code: i32,
+    record: Value,
+    stderr: String,
+}
+
+fn bisect(sb: &Sandbox, file: &std::path::Path, args: &[&str]) -> Bisected {
+    let out = sb
+        .cmd()
+        .arg("bisect")
+        .arg(file)
+        .arg("--out")
+        .arg(sb.out())
+        .args(["--json", "--quiet", "--cache"])
+        .arg(sb.path().join("cache"))
+        .args(args)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let record = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("no bisect.json on stdout ({e}):\n{stderr}"));
+    Bisected { code: out.status.code().unwrap_or(-1), record, stderr }
+}
+
+fn strings(v: &Value) -> Vec<String> {
+    v.as_array()
+        .map(|a| a.iter().filter_map(|x| x.as_str().map(str::to_string)).collect())
+        .unwrap_or_default()
+}
+
+fn runs(b: &Bisected) -> u64 {
+    b.record["runs"].as_u64().unwrap()
+}
+
+#[test]
+fn a_single_cause_among_many_components_is_found_within_twelve_runs() {
+    let sb = Sandbox::new();
+    let file = sb.scenario(
+        "single",
+        &base(
+            r#""inject": [{"fault": "segv", "phase": "model.build/conditioner"}],
+                 "expect": {"outcome": "signaled"}"#,
+        ),
+    );
+    let b = bisect(&sb, &file, &[]);
+    assert_eq!(b.code, 0, "{}", b.stderr);
+    let r = &b.record;
+    assert_eq!(r["signature"]["signal"], "SIGSEGV");
+    assert_eq!(r["minimal"]["model"]["conditioning"], true);
+    assert_eq!(strings(&r["boundary"]), vec!["model.conditioning"], "{r:#}");
+    // Everything else was cut to its minimum.
+    assert_eq!(r["minimal"]["model"]["attention"], false);
+    assert_eq!(r["minimal"]["model"]["depths"], serde_json::json!([1]));
+    assert_eq!(r["minimal"]["train"]["steps"], 1);
+    assert!(runs(&b) <= 12, "{} runs", runs(&b));
+    // The minimal scenario is a ready reproduction.
+    let minimal = sb.out().join("minimal.json");
+    let rerun = sb.run(&[&minimal], &[]);
+    assert_eq!(rerun.code(), 0, "minimal.json must reproduce and meet its expect: {}", rerun.stderr());
+    let report = std::fs::read_to_string(sb.out().join("bisect.md")).unwrap();
+    assert!(report.contains("model.conditioning") && report.contains("## Probes"), "{report}");
+}
+
+#[test]
+fn a_two_component_interaction_is_found_within_twenty_five_runs() {
+    let sb = Sandbox::new();
+    let file = sb.scenario(
+        "pair",
+        &base(r#""inject": [{"fault": "segv", "phase": "model.build/conditioner", "when": {"model.attention": true}}],
+                 "expect": {"outcome": "signaled"}"#),
+    );
+    let b = bisect(&sb, &file, &[]);
+    assert_eq!(b.code, 0, "{}", b.stderr);
+    let mut boundary = strings(&b.record["boundary"]);
+    boundary.sort();
+    assert_eq!(boundary, vec!["model.attention", "model.conditioning"], "{:#}", b.record);
+    assert!(runs(&b) <= 25, "{} runs", runs(&b));
+}
+
+#[test]
+fn a_numeric_threshold_is_cut_to_exactly_that_threshold() {
+    let sb = Sandbox::new();
+    // Fires only when stage 0 has a second block (2+ blocks), and only at step 3 (4+ steps).
+    let file = sb.scenario(
+        "threshold",
+        &base(r#""inject": [{"fault": "abort", "phase": "forward", "step": 3, "when": {"model.depths": [[2, 2], [2], [3], [4], [2, 1]]}}],
+                 "expect": {"outcome": "signaled"}"#),
+    );
+    let b = bisect(&sb, &file, &["--budget", "80"]);
+    assert_eq!(b.code, 0, "{}", b.stderr);
+    let minimal = &b.record["minimal"];
+    assert_eq!(minimal["train"]["steps"], 4, "{:#}", b.record);
+    assert_eq!(minimal["model"]["depths"], serde_json::json!([2]), "{:#}", b.record);
+}
+
+#[test]
+fn a_stage_depth_threshold_from_the_phase_itself() {
+    let sb = Sandbox::new();
+    // `model.build/stage0.block1` exists only with 2+ blocks in stage 0.
+    let file = sb.scenario(
+        "depth",
+        &base(
+            r#""inject": [{"fault": "segv", "phase": "model.build/stage0.block1"}],
+                 "expect": {"outcome": "signaled"}"#,
+        ),
+    );
+    let b = bisect(&sb, &file, &["--set", "model.depths=[4, 2]"]);
+    assert_eq!(b.code, 0, "{}", b.stderr);
+    assert_eq!(b.record["minimal"]["model"]["depths"], serde_json::json!([2]), "{:#}", b.record);
+}
+
+#[test]
+fn a_cut_that_fails_differently_is_not_taken() {
+    let sb = Sandbox::new();
+    // The failure under study needs conditioning; cutting attention causes another failure.
+    let file = sb.scenario(
+        "different",
+        &base(
+            r#""inject": [
+                   {"fault": "segv", "phase": "model.build/conditioner"},
+                   {"fault": "abort", "phase": "model.build/encoder", "when": {"model.attention": false}}],
+                 "expect": {"outcome": "signaled"}"#,
+        ),
+    );
+    let b = bisect(&sb, &file, &[]);
+    assert_eq!(b.code, 0, "{}", b.stderr);
+    let r = &b.record;
+    assert_eq!(r["signature"]["signal"], "SIGSEGV");
+    assert_eq!(r["minimal"]["model"]["attention"], true, "the attention cut changes the failure: {r:#}");
+    let different = r["different_failures"].as_array().expect("different failures are recorded");
+    assert!(different.iter().any(|d| d["signature"]["signal"] == "SIGABRT"), "{r:#}");
+}
+
+#[test]
+fn a_flaky_failure_is_still_found_with_its_rate_and_confidence() {
+    let sb = Sandbox::new();
+    let file = sb.scenario(
+        "flaky",
+        &base(
+            r#""inject": [{"fault": "segv", "phase": "model.build/conditioner", "probability": 0.5}],
+                 "expect": {"outcome": "signaled"}"#,
+        ),
+    );
+    // A fixed sequence of coin flips: flaky from run to run, the same in every test run.
+    let sequence = sb.path().join("coin-flips");
+    let out = sb
+        .cmd()
+        .env("UPS_DOCTOR_FAULT_SEQUENCE", &sequence)
+        .arg("bisect")
+        .arg(&file)
+        .arg("--out")
+        .arg(sb.out())
+        .args(["--json", "--quiet", "--confirm", "8", "--confidence", "0.99", "--budget", "150", "--cache"])
+        .arg(sb.path().join("cache"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["is_flaky"], true, "{r:#}");
+    let rate = r["flaky"].as_f64().unwrap();
+    assert!(rate > 0.0 && rate < 1.0, "observed failure rate {rate}");
+    assert!(r["confidence"].as_f64().unwrap() >= 0.99, "{r:#}");
+    assert_eq!(strings(&r["boundary"]), vec!["model.conditioning"], "{r:#}");
+}
+
+#[test]
+fn a_rerun_resumes_from_the_cache() {
+    let sb = Sandbox::new();
+    let file = sb.scenario(
+        "resume",
+        &base(r#""inject": [{"fault": "segv", "phase": "model.build/conditioner"}], "expect": {"outcome": "signaled"}"#),
+    );
+    let first = bisect(&sb, &file, &[]);
+    assert!(runs(&first) > 0);
+    let again = bisect(&sb, &file, &[]);
+    assert_eq!(runs(&again), 0, "every probe is answered from the cache");
+    assert_eq!(first.record["minimal"], again.record["minimal"]);
+}
+
+#[test]
+fn a_scenario_that_passes_has_nothing_to_bisect() {
+    let sb = Sandbox::new();
+    let file = sb.scenario("fine", &base(r#""expect": {"outcome": "passed"}"#));
+    let b = bisect(&sb, &file, &["--confirm", "1"]);
+    assert_eq!(b.code, 1);
+    assert!(b.record["signature"].is_null());
+}
