@@ -27,6 +27,9 @@ pub struct RunRecord {
     pub dir: String,
 }
 
+/// Where a worker thread leaves one candidate's run.
+type Slot = Mutex<Option<Result<(ScenarioResult, f64), String>>>;
+
 /// Runs candidates as real supervised scenarios.
 pub struct ProcessOracle<'a> {
     program: PathBuf,
@@ -93,8 +96,7 @@ impl<'a> ProcessOracle<'a> {
 impl Oracle for ProcessOracle<'_> {
     fn run(&mut self, candidates: &[Scenario]) -> Vec<Observation> {
         let first = self.records.len() + 1;
-        let slots: Vec<Mutex<Option<Result<(ScenarioResult, f64), String>>>> =
-            candidates.iter().map(|_| Mutex::new(None)).collect();
+        let slots: Vec<Slot> = candidates.iter().map(|_| Mutex::new(None)).collect();
         let next = Mutex::new(0usize);
         std::thread::scope(|scope| {
             for _ in 0..self.jobs.min(candidates.len()) {

@@ -61,7 +61,7 @@ impl EnvSummary {
             shm_total_bytes: shm_total,
             shm_used_bytes: shm_used,
             open_files_limit: rlimit(libc::RLIMIT_NOFILE, |v| v.to_string()),
-            locked_memory_limit: rlimit(libc::RLIMIT_MEMLOCK, |v| human_bytes(v as u64)),
+            locked_memory_limit: rlimit(libc::RLIMIT_MEMLOCK, human_bytes),
             cgroup_memory_max: cgroup.as_ref().and_then(|d| read_trim(&format!("{d}/memory.max"))),
             cgroup_cpu_max: cgroup.as_ref().and_then(|d| read_trim(&format!("{d}/cpu.max"))),
             container: detect_container(),

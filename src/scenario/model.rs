@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 /// A training configuration plus how to launch it and what outcome it should have.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
+#[derive(Default)]
 pub struct Scenario {
     /// Defaults to the file's stem.
     pub name: String,
@@ -21,22 +22,6 @@ pub struct Scenario {
     pub limits: Limits,
     pub expect: Expect,
     pub inject: Vec<Fault>,
-}
-
-impl Default for Scenario {
-    fn default() -> Self {
-        Scenario {
-            name: String::new(),
-            description: String::new(),
-            launch: Launch::default(),
-            model: Model::default(),
-            data: Data::default(),
-            train: Train::default(),
-            limits: Limits::default(),
-            expect: Expect::default(),
-            inject: Vec::new(),
-        }
-    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

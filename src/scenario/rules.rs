@@ -425,7 +425,14 @@ mod tests {
     use crate::scenario::FaultKind;
 
     fn fault(phase: &str, step: u64) -> Fault {
-        Fault { fault: FaultKind::Segv, phase: phase.to_string(), step, rank: None, when: BTreeMap::new(), probability: 1.0 }
+        Fault {
+            fault: FaultKind::Segv,
+            phase: phase.to_string(),
+            step,
+            rank: None,
+            when: BTreeMap::new(),
+            probability: 1.0,
+        }
     }
 
     /// The field a scenario changed by `edit` is blamed on, with the message.

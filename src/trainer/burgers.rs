@@ -42,7 +42,7 @@ pub fn generate(samples: i64, grid: i64, timesteps: i64) -> Trajectories {
     let arg = x.view([1, 1, grid]) * k.view([1, INIT_MODES, 1]) * (2.0 * PI) + phase.unsqueeze(-1);
     let mut u = (amp.unsqueeze(-1) * arg.sin()).sum_dim_intlist(1, false, Kind::Double);
     let peak = u.abs().amax(-1, true).clamp_min(1e-6);
-    u = u / peak;
+    u /= peak;
 
     let log_nu = Tensor::rand([samples], opts) * (NU_MAX.log10() - NU_MIN.log10()) + NU_MIN.log10();
     let nu = Tensor::from(10.0f64).pow(&log_nu);
@@ -137,6 +137,6 @@ mod tests {
         assert_eq!(i64::try_from(grew).unwrap(), 0, "energy must not grow");
         let nu_min = f64::try_from(t.nu.min()).unwrap();
         let nu_max = f64::try_from(t.nu.max()).unwrap();
-        assert!(nu_min >= NU_MIN as f64 * 0.999 && nu_max <= NU_MAX as f64 * 1.001);
+        assert!(nu_min >= NU_MIN * 0.999 && nu_max <= NU_MAX * 1.001);
     }
 }

@@ -89,7 +89,7 @@ impl SelfAttention {
         let (q, k, v) = (qkv.get(0), qkv.get(1), qkv.get(2));
         let mut scores = q.matmul(&k.transpose(-2, -1)) / (dh as f64).sqrt();
         if let Some(mask) = &self.mask {
-            scores = scores + mask;
+            scores += mask;
         }
         let y = scores.softmax(-1, Kind::Float).matmul(&v); // (B, heads, T, dh)
         self.out.forward(&y.transpose(1, 2).contiguous().view([b, t, h]))

@@ -215,7 +215,7 @@ pub fn train(scenario: &Scenario, env: RankEnv) -> Result<Summary, TrainError> {
             let pred = model.forward(&batch.u, &sampler.x, &batch.nu, &batch.xq);
             let mut loss = pred.f_mse_loss(&batch.target, Reduction::Mean)?;
             if nan {
-                loss = loss * f64::NAN;
+                loss *= f64::NAN;
             }
             let value = f64::try_from(&loss)?;
             compute_ms += phase.end();
