@@ -23,7 +23,7 @@ pub fn render_bisect(r: &BisectRecord) -> String {
     } else {
         r.minimal_delta.iter().map(|d| code(d)).collect::<Vec<_>>().join(", ")
     };
-    out.push(format!("**The failure ({}) still happens with {fails_with}.**", text(&sig.describe())));
+    out.push(format!("**The failure ({}) still happens with {fails_with}.**", sig.describe()));
     let boundary: Vec<String> = r.boundary_detail.iter().filter(|b| b.passes).map(|b| code(&b.cut)).collect();
     out.push(if boundary.is_empty() {
         "No single further cut makes it pass: every remaining component is at its minimum.".to_string()
@@ -35,15 +35,13 @@ pub fn render_bisect(r: &BisectRecord) -> String {
     });
     let confidence = if r.is_flaky {
         format!(
-            "The original fails in {} of runs (flaky): every \"passes\" above held for enough runs to be believed at {} confidence.",
+            "The original fails in {} of runs (flaky): each \"passes\" was held for enough runs that the boundary's claims hold together at {} confidence.",
             percent(r.flaky),
             percent(r.confidence)
         )
     } else {
-        format!(
-            "The failure reproduced in every confirming run; \"passes\" judgements are held at {} confidence.",
-            percent(r.confidence)
-        )
+        "The failure reproduced in every confirming run, so it is treated as deterministic: one passing run decides a cut."
+            .to_string()
     };
     out.push(format!("{confidence} {} of a budget of {}.", plural(r.runs, "real run"), r.budget));
     if r.budget_exhausted {
@@ -63,7 +61,7 @@ pub fn render_bisect(r: &BisectRecord) -> String {
             .map(|d| {
                 vec![
                     d.delta.iter().map(|x| code(x)).collect::<Vec<_>>().join(", "),
-                    text(&d.signature.describe()),
+                    d.signature.describe(),
                 ]
             })
             .collect();
@@ -111,7 +109,7 @@ pub fn render_bisect(r: &BisectRecord) -> String {
                 } else {
                     p.delta.iter().map(|d| code(d)).collect::<Vec<_>>().join(", ")
                 },
-                p.observation.as_ref().map_or("passed".to_string(), |s| text(&s.describe())),
+                p.observation.as_ref().map_or("passed".to_string(), |s| s.describe()),
                 match p.verdict {
                     ProbeVerdict::Same => "same failure".into(),
                     ProbeVerdict::Passed => "passed".into(),
@@ -142,4 +140,107 @@ fn footer(r: &BisectRecord) -> String {
         text(&r.environment.os),
         text(&r.environment.libtorch_version)
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bisect::{BoundaryEntry, DifferentFailure, ProbeRow, Signature};
+    use crate::scenario::{OutcomeKind, Scenario};
+
+    fn segv() -> Signature {
+        Signature {
+            outcome: OutcomeKind::Signaled,
+            signal: Some("SIGSEGV".into()),
+            exit_code: None,
+            role: "rank".into(),
+            phase: Some("model.build/conditioner".into()),
+        }
+    }
+
+    fn record() -> BisectRecord {
+        let original = Scenario { name: "segv-needs-conditioning".into(), ..Scenario::default() };
+        let mut minimal = original.clone();
+        minimal.model.attention = false;
+        minimal.model.depths = vec![1];
+        let probe = |stage: &str, delta: &[&str], observation: Option<Signature>, verdict, cached| ProbeRow {
+            stage: stage.into(),
+            delta: delta.iter().map(|d| d.to_string()).collect(),
+            observation,
+            verdict,
+            cached,
+            wall_s: (!cached).then_some(0.5),
+            dir: (!cached).then(|| "probes/001".into()),
+        };
+        BisectRecord {
+            tool_version: "0.1.0".into(),
+            started_at: "2026-11-20T12:00:00Z".into(),
+            command: vec!["ups-doctor".into(), "bisect".into(), "scenarios/x.json".into()],
+            file: "scenarios/x.json".into(),
+            overrides: Vec::new(),
+            original,
+            signature: Some(segv()),
+            flaky: 0.5,
+            is_flaky: true,
+            confidence: 0.97,
+            runs: 4,
+            budget: 60,
+            budget_exhausted: false,
+            unknown: Vec::new(),
+            minimal,
+            minimal_delta: vec!["model.attention=false".into(), "model.depths=[1]".into()],
+            boundary: vec!["model.conditioning".into()],
+            boundary_detail: vec![BoundaryEntry {
+                component: "model.conditioning".into(),
+                cut: "model.conditioning=false".into(),
+                passes: true,
+                runs: 6,
+            }],
+            different_failures: vec![DifferentFailure {
+                delta: vec!["data.samples=1".into()],
+                signature: Signature {
+                    outcome: OutcomeKind::Exited,
+                    signal: None,
+                    exit_code: Some(1),
+                    role: "rank".into(),
+                    phase: Some("forward".into()),
+                },
+            }],
+            probes: vec![
+                probe("confirm", &[], Some(segv()), ProbeVerdict::Same, false),
+                probe("ddmin", &["model.conditioning=false"], None, ProbeVerdict::Passed, true),
+            ],
+            environment: crate::probe::env::EnvSummary {
+                tool_version: "0.1.0".into(),
+                hostname: "host".into(),
+                os: "Debian GNU/Linux 12".into(),
+                kernel: "6.1".into(),
+                arch: "x86_64".into(),
+                cpus: 2,
+                memory_total_bytes: None,
+                libtorch_version: "2.11.0+cu130".into(),
+                libtorch_lib: "/lib".into(),
+                shm_total_bytes: None,
+                shm_used_bytes: None,
+                open_files_limit: None,
+                locked_memory_limit: None,
+                cgroup_memory_max: None,
+                cgroup_cpu_max: None,
+                container: None,
+                variables: Vec::new(),
+            },
+        }
+    }
+
+    #[test]
+    fn flaky_bisect_with_a_different_failure() {
+        insta::assert_snapshot!(render_bisect(&record()));
+    }
+
+    #[test]
+    fn a_scenario_that_did_not_fail() {
+        let mut r = record();
+        r.signature = None;
+        insta::assert_snapshot!(render_bisect(&r));
+    }
 }
