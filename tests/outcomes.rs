@@ -201,3 +201,19 @@ fn a_missed_expectation_exits_one_and_says_why() {
     assert_eq!(run.code(), 1);
     assert_eq!(run.scenario()["expectation_mismatches"][0], "expected signal `SIGSEGV`, got `SIGABRT`");
 }
+
+#[test]
+fn a_run_past_timeout_s_is_timed_out_and_torn_down() {
+    let sb = Sandbox::new();
+    // Progressing (markers every step), so not hung; far too many steps for the time limit.
+    let file = sb.scenario("slow", &tiny(r#""expect": {"outcome": "timed_out"}"#));
+    let run = sb.run(&[&file], &["--set", "train.steps=1000000", "--set", "limits.timeout_s=3"]);
+    assert_eq!(run.code(), 0, "stderr:\n{}", run.stderr());
+    let r = run.rank(0);
+    assert_eq!(r["outcome"], "timed_out");
+    assert!(r["steps_done"].as_u64().unwrap() > 0, "it was making progress");
+    assert!(["SIGTERM", "SIGKILL"].contains(&r["torn_down_with"].as_str().unwrap()));
+    assert!(!alive(r["pid"].as_u64().unwrap()));
+    let headline = run.scenario()["verdict"]["headline"].as_str().unwrap();
+    assert!(headline.contains("time limit of 3 s"), "{headline}");
+}
