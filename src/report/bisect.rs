@@ -59,10 +59,7 @@ pub fn render_bisect(r: &BisectRecord) -> String {
             .different_failures
             .iter()
             .map(|d| {
-                vec![
-                    d.delta.iter().map(|x| code(x)).collect::<Vec<_>>().join(", "),
-                    d.signature.describe(),
-                ]
+                vec![d.delta.iter().map(|x| code(x)).collect::<Vec<_>>().join(", "), d.signature.describe()]
             })
             .collect();
         out.push(format!(

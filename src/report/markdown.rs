@@ -346,19 +346,44 @@ fn backtrace(doc: &mut Doc, r: &RankResult) {
 }
 
 /// `#0  symbol  (location)`, one frame per line; a frame without a symbol shows its address.
+/// The process start-up machinery below the program's own entry (`…::main` on the main thread,
+/// `__rust_begin_short_backtrace` on a spawned one) is folded into one line: it is the same in
+/// every backtrace, and `result.json` keeps it.
 fn frames(frames: &[Frame]) -> String {
-    numbered(
-        frames
-            .iter()
-            .map(|f| {
-                let what = f.symbol.as_deref().unwrap_or(&f.addr);
-                match &f.location {
-                    Some(loc) => format!("{what}  ({loc})"),
-                    None => what.to_string(),
-                }
-            })
-            .collect(),
-    )
+    let shown = startup_boundary(frames).unwrap_or(frames.len());
+    let mut lines: Vec<String> = frames[..shown]
+        .iter()
+        .map(|f| {
+            let what = f.symbol.as_deref().unwrap_or(&f.addr);
+            match &f.location {
+                Some(loc) => format!("{what}  ({loc})"),
+                None => what.to_string(),
+            }
+        })
+        .collect();
+    let mut text = numbered(std::mem::take(&mut lines));
+    if shown < frames.len() {
+        text.push_str(&format!(
+            "\n…   {} of process and thread start-up (in result.json)",
+            text::plural(frames.len() - shown, "more frame")
+        ));
+    }
+    text
+}
+
+/// Where the start-up frames begin: after the first `…::main` of the program (kept), or at a
+/// spawned thread's `__rust_begin_short_backtrace` (dropped with everything below it).
+fn startup_boundary(frames: &[Frame]) -> Option<usize> {
+    frames.iter().enumerate().find_map(|(i, f)| {
+        let s = f.symbol.as_deref()?;
+        if s.contains("__rust_begin_short_backtrace") {
+            Some(i)
+        } else if s.ends_with("::main") && !s.starts_with("std::") && !s.starts_with("core::") {
+            Some(i + 1)
+        } else {
+            None
+        }
+    })
 }
 
 fn numbered(lines: Vec<String>) -> String {
@@ -490,4 +515,55 @@ fn environment_section(doc: &mut Doc, env: &EnvSummary) {
         doc.push(markup::table(&["variable", "value"], &[Align::Left, Align::Left], &rows));
     }
     doc.push(DETAILS_CLOSE);
+}
+
+#[cfg(test)]
+mod startup_frames {
+    use super::*;
+
+    fn frame(symbol: &str) -> Frame {
+        Frame { addr: "0x1".into(), symbol: Some(symbol.into()), location: None }
+    }
+
+    #[test]
+    fn main_thread_start_up_is_folded_after_the_programs_main() {
+        let fs: Vec<Frame> = [
+            "inject_segv",
+            "train",
+            "ups_doctor::main",
+            "core::ops::function::FnOnce::call_once",
+            "main",
+            "_start",
+        ]
+        .map(frame)
+        .to_vec();
+        let text = frames(&fs);
+        assert!(text.contains("#2  ups_doctor::main"), "{text}");
+        assert!(!text.contains("_start") && !text.contains("call_once"), "{text}");
+        assert!(
+            text.ends_with("…   3 more frames of process and thread start-up (in result.json)"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn spawned_thread_start_up_is_folded_at_begin_short_backtrace() {
+        let fs: Vec<Frame> = [
+            "futex_wait",
+            "inject_hang::{{closure}}",
+            "std::sys::backtrace::__rust_begin_short_backtrace",
+            "start_thread",
+            "clone3",
+        ]
+        .map(frame)
+        .to_vec();
+        let text = frames(&fs);
+        assert!(text.contains("#1  inject_hang::{{closure}}") && !text.contains("clone3"), "{text}");
+    }
+
+    #[test]
+    fn a_backtrace_without_start_up_frames_is_kept_whole() {
+        let fs: Vec<Frame> = ["a", "b"].map(frame).to_vec();
+        assert_eq!(frames(&fs), "#0  a\n#1  b");
+    }
 }
