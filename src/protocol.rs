@@ -39,6 +39,9 @@ pub enum Marker {
         step: Option<u64>,
         ms: f64,
     },
+    /// A long phase is still making progress (`done` of `total` units), so silence from it is
+    /// not mistaken for a hang. Not a heartbeat: only the working code path sends it.
+    Progress { phase: String, done: u64, total: u64 },
     /// One optimizer step finished.
     Step {
         step: u64,

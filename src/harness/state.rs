@@ -87,6 +87,8 @@ impl RankState {
                     span.end_s = Some(at);
                 }
             }
+            // Arrival time is all a progress marker is for (it moved `last_marker_at` above).
+            Marker::Progress { .. } => {}
             Marker::Done { .. } => self.done = true,
             Marker::Error { message } => self.error = Some(message),
             Marker::CrashRaw { signal, addrs } => {

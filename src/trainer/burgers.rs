@@ -31,7 +31,8 @@ pub struct Trajectories {
 }
 
 /// Solves `samples` trajectories on `grid` points and keeps `timesteps` snapshots of each.
-pub fn generate(samples: i64, grid: i64, timesteps: i64) -> Trajectories {
+/// `progress(done, total)` is called after each snapshot.
+pub fn generate(samples: i64, grid: i64, timesteps: i64, progress: &mut dyn FnMut(u64, u64)) -> Trajectories {
     let opts = (Kind::Double, tch::Device::Cpu);
     let x = Tensor::arange(grid, opts) / grid as f64;
 
@@ -76,6 +77,7 @@ pub fn generate(samples: i64, grid: i64, timesteps: i64) -> Trajectories {
         uh = (&uh + &n0 * (DT / 2.0)) * &decay_full + &n1 * (DT / 2.0);
         if step % every == 0 {
             snapshots.push(uh.fft_irfft(grid, -1, "backward"));
+            progress(snapshots.len() as u64, timesteps as u64);
         }
     }
     let u = Tensor::stack(&snapshots, 1); // (S, T, G)
@@ -101,11 +103,11 @@ mod tests {
     fn same_seed_same_data_and_different_seed_different_data() {
         let _rng = RNG.lock().unwrap_or_else(|e| e.into_inner());
         tch::manual_seed(7);
-        let a = generate(4, 64, 3);
+        let a = generate(4, 64, 3, &mut |_, _| {});
         tch::manual_seed(7);
-        let b = generate(4, 64, 3);
+        let b = generate(4, 64, 3, &mut |_, _| {});
         tch::manual_seed(8);
-        let c = generate(4, 64, 3);
+        let c = generate(4, 64, 3, &mut |_, _| {});
         assert_eq!(a.u.size(), vec![4, 3, 64]);
         assert!(a.u.equal(&b.u));
         assert!(!a.u.equal(&c.u));
@@ -115,7 +117,7 @@ mod tests {
     fn a_single_sample_gives_finite_features() {
         let _rng = RNG.lock().unwrap_or_else(|e| e.into_inner());
         tch::manual_seed(3);
-        let t = generate(1, 16, 2);
+        let t = generate(1, 16, 2, &mut |_, _| {});
         assert_eq!(i64::try_from(t.u.isfinite().all()).unwrap(), 1);
         assert_eq!(i64::try_from(t.nu_feature.isfinite().all()).unwrap(), 1);
     }
@@ -125,7 +127,7 @@ mod tests {
         // Periodic Burgers conserves the mean of u; diffusion decreases the energy.
         let _rng = RNG.lock().unwrap_or_else(|e| e.into_inner());
         tch::manual_seed(1);
-        let t = generate(8, 128, 5);
+        let t = generate(8, 128, 5, &mut |_, _| {});
         assert_eq!(i64::try_from(t.u.isfinite().all()).unwrap(), 1);
         let mean_per_time = t.u.mean_dim(-1, false, Kind::Double); // (S, T)
         let drift = (&mean_per_time - mean_per_time.select(1, 0).unsqueeze(1)).abs().max();

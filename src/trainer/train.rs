@@ -174,7 +174,9 @@ pub fn train(scenario: &Scenario, env: RankEnv) -> Result<Summary, TrainError> {
     tch::manual_seed(scenario.train.seed as i64);
     let d = &scenario.data;
     let (phase, _) = enter(&faults, "data.generate", None)?;
-    let data = burgers::generate(d.samples as i64, d.grid as i64, d.timesteps as i64);
+    let data = burgers::generate(d.samples as i64, d.grid as i64, d.timesteps as i64, &mut |done, total| {
+        markers::emit(&Marker::Progress { phase: "data.generate".into(), done, total })
+    });
     phase.end();
     let sampler = Sampler::new(&data, d.batch_size as i64, d.queries as i64);
 
