@@ -1,5 +1,7 @@
 //! Gives the `ups-doctor` binary an rpath to libtorch, so it runs without `LD_LIBRARY_PATH`
-//! (torch-sys links libtorch but sets no rpath), and records the libtorch version for reports.
+//! (torch-sys links libtorch but sets no rpath), records the libtorch version for reports, and
+//! compiles the C++ shim over libtorch's `c10d::TCPStore` (`csrc/store_shim.cpp`, used by
+//! `trainer::dist::store`) against the same libtorch's headers.
 
 use std::env;
 use std::fs;
@@ -7,6 +9,9 @@ use std::path::Path;
 
 fn main() {
     println!("cargo:rerun-if-env-changed=LIBTORCH");
+    println!("cargo:rerun-if-env-changed=LIBTORCH_INCLUDE");
+    println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-changed=csrc/store_shim.cpp");
     let lib = env::var("DEP_TCH_LIBTORCH_LIB")
         .expect("torch-sys did not export DEP_TCH_LIBTORCH_LIB: is torch-sys a direct dependency?");
     println!("cargo:rustc-link-arg=-Wl,-rpath,{lib}");
@@ -23,4 +28,27 @@ fn main() {
         .unwrap_or_else(|| "unknown".to_string());
     println!("cargo:rustc-env=UPS_DOCTOR_LIBTORCH_VERSION={version}");
     println!("cargo:rustc-env=UPS_DOCTOR_LIBTORCH_LIB={lib}");
+    compile_store_shim(Path::new(&lib));
+}
+
+/// Builds `csrc/store_shim.cpp` into a static library linked into the crate. Headers come from
+/// `LIBTORCH_INCLUDE/include` when set (torch-sys honours the same variable), else from the
+/// `include` folder next to libtorch's `lib`. libtorch itself is already linked by torch-sys.
+fn compile_store_shim(lib: &Path) {
+    let include = match env::var_os("LIBTORCH_INCLUDE") {
+        Some(dir) => Path::new(&dir).join("include"),
+        None => lib.parent().unwrap_or(lib).join("include"),
+    };
+    let api_include = include.join("torch/csrc/api/include");
+    cc::Build::new()
+        .cpp(true)
+        .file("csrc/store_shim.cpp")
+        // -isystem, not -I: libtorch's headers are not ours to warn about.
+        .flag("-isystem")
+        .flag(include.to_string_lossy().as_ref())
+        .flag("-isystem")
+        .flag(api_include.to_string_lossy().as_ref())
+        .flag("-std=c++17")
+        .define("_GLIBCXX_USE_CXX11_ABI", "1")
+        .compile("ups_store_shim");
 }

@@ -53,7 +53,14 @@ pub enum Marker {
         samples: u64,
     },
     /// Training finished normally: without this marker an exit status of 0 is a false success.
-    Done { steps: u64, first_loss: f64, final_loss: f64 },
+    Done {
+        steps: u64,
+        first_loss: f64,
+        final_loss: f64,
+        /// A hash of every parameter's bytes: equal on all ranks when DDP kept them in sync.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        checksum: Option<String>,
+    },
     /// The process is about to exit with an error it caught itself.
     Error { message: String },
     /// Written first by the crash handler, without allocating: the raw return addresses.

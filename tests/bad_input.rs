@@ -44,7 +44,7 @@ fn empty_depths() {
 
 #[test]
 fn not_supported_yet() {
-    let stderr = rejected("ddp", r#"{ "launch": { "mode": "ddp", "world_size": 2 } }"#, &[]);
+    let stderr = rejected("fsdp", r#"{ "launch": { "mode": "fsdp", "world_size": 2 } }"#, &[]);
     insta::assert_snapshot!(stderr);
 }
 

@@ -73,7 +73,9 @@ pub fn classify_rank(end: &RankEnd) -> RankResult {
             _ => None,
         },
         torn_down_with: end.torn_down_with.clone(),
+        collateral: false,
         steps_done: s.steps_done,
+        params_checksum: s.checksum.clone(),
         first_loss: s.first_loss,
         final_loss: s.last_loss,
         data_wait_fraction: s.data_wait_fraction(),
@@ -228,7 +230,7 @@ pub fn verdict(
             }
             (
                 format!("{who} hung {at}: no progress for {silence:.1} s."),
-                Some(hang_cause(failed)),
+                Some(out_of_step(failed, ranks).unwrap_or_else(|| hang_cause(failed))),
                 Some(
                     "The thread stacks below show where each thread waits; a thread holding a lock while \
                      waiting for another is the usual culprit."
@@ -258,6 +260,34 @@ pub fn verdict(
         ),
         OutcomeKind::Passed => unreachable!("a passed rank is not a failure"),
     };
+    let mut headline = headline;
+    let first_at = failure_time(failed);
+    let mut collateral: Vec<&RankResult> =
+        ranks.iter().filter(|r| r.rank != failed.rank && r.outcome != OutcomeKind::Passed).collect();
+    collateral.sort_by(|a, b| failure_time(a).total_cmp(&failure_time(b)));
+    for other in &collateral {
+        let how = match (other.outcome, &other.torn_down_with) {
+            (_, Some(sent)) if other.outcome != OutcomeKind::Hung => format!("was torn down with {sent}"),
+            (OutcomeKind::Signaled, _) => {
+                format!("was killed by {}", other.signal.as_deref().unwrap_or("a signal"))
+            }
+            (OutcomeKind::Exited, _) => format!("exited with status {}", other.exit_code.unwrap_or(-1)),
+            (kind, _) => kind.as_str().replace('_', " "),
+        };
+        let later = failure_time(other) - first_at;
+        let later =
+            if later.is_finite() && later >= 0.0 { format!(" {later:.2} s later") } else { String::new() };
+        let error = other.error.as_deref().map(|e| format!(": {e}")).unwrap_or_default();
+        evidence.push(format!("collateral: rank {} {how} {}{later}{error}", other.rank, location(other)));
+    }
+    if !collateral.is_empty() {
+        let ranks: Vec<String> = collateral.iter().map(|r| r.rank.to_string()).collect();
+        headline.push_str(&format!(
+            " {} {} failed after it (collateral).",
+            if ranks.len() == 1 { "Rank" } else { "Ranks" },
+            ranks.join(", ")
+        ));
+    }
     (failed.outcome, Some(failed.rank), Verdict { headline, evidence, likely_cause, next_step })
 }
 
@@ -287,6 +317,30 @@ fn signal_cause(signal: i32) -> String {
         libc::SIGILL => "An illegal instruction: code built for a newer CPU than this one, or a corrupted binary.".into(),
         _ => format!("The process was ended by {}.", signal_name(signal)),
     }
+}
+
+/// When stuck ranks wait in different places (one at the end of training, another in a
+/// collective of step N), they are out of step: one rank ran fewer steps or skipped a collective.
+fn out_of_step(failed: &RankResult, ranks: &[RankResult]) -> Option<String> {
+    let stuck: Vec<&RankResult> = ranks.iter().filter(|r| r.outcome == OutcomeKind::Hung).collect();
+    let differs = stuck
+        .iter()
+        .any(|r| (r.last_phase.as_ref(), r.steps_done) != (failed.last_phase.as_ref(), failed.steps_done));
+    if stuck.len() < 2 || !differs {
+        return None;
+    }
+    let places: Vec<String> = stuck
+        .iter()
+        .map(|r| format!("rank {} after {} steps {}", r.rank, r.steps_done, location(r)))
+        .collect();
+    Some(format!(
+        "The ranks are out of step: {}. Each waits for a collective the others will never join, so all \
+         block until a timeout (NCCL's watchdog would fire after 10 minutes). A rank ran fewer steps or \
+         skipped a collective: uneven data shards, an early `break`/`continue` on one rank, or a condition \
+         that differs between ranks. Rank {} stopped first.",
+        places.join("; "),
+        failed.rank
+    ))
 }
 
 fn hang_cause(rank: &RankResult) -> String {
@@ -433,6 +487,33 @@ mod tests {
         assert_eq!((outcome, first), (OutcomeKind::Signaled, Some(0)));
         assert_eq!(v.headline, "Rank 0 was killed by SIGSEGV in `forward` at step 3.");
         assert!(v.likely_cause.unwrap().contains("exitcode: -11"));
+    }
+
+    #[test]
+    fn the_first_failure_is_the_culprit_and_later_failures_are_collateral() {
+        let mut culprit = end(Some(Exit::Signal { signal: libc::SIGSEGV, core_dumped: false }));
+        culprit.rank = 1;
+        culprit.ended_at_s = Some(2.0);
+        culprit.state.phase = Some("forward".into());
+        culprit.state.step = Some(3);
+        let mut peer = end(Some(Exit::Code(1)));
+        peer.rank = 0;
+        peer.ended_at_s = Some(2.4);
+        peer.state.phase = Some("allreduce".into());
+        peer.state.step = Some(3);
+        peer.state.error = Some("Connection closed by peer [127.0.0.1]:4000".into());
+        let ranks = vec![classify_rank(&peer), classify_rank(&culprit)];
+        let (outcome, first, v) = verdict(&Scenario::default(), &ranks, 3.0);
+        assert_eq!((outcome, first), (OutcomeKind::Signaled, Some(1)));
+        assert_eq!(
+            v.headline,
+            "Rank 1 was killed by SIGSEGV in `forward` at step 3. Rank 0 failed after it (collateral)."
+        );
+        let line = v.evidence.iter().find(|e| e.starts_with("collateral")).unwrap();
+        assert_eq!(
+            line,
+            "collateral: rank 0 exited with status 1 in `allreduce` at step 3 0.40 s later: Connection closed by peer [127.0.0.1]:4000"
+        );
     }
 
     #[test]

@@ -22,7 +22,7 @@ pub use progress::{Progress, ProgressMode};
 pub use result::*;
 pub use state::RankState;
 
-use crate::scenario::Scenario;
+use crate::scenario::{OutcomeKind, Scenario};
 
 /// One scenario to run, as loaded from the command line.
 #[derive(Debug, Clone)]
@@ -72,6 +72,9 @@ pub fn run_scenario(
         r.stderr_log = format!("{rel}/{}", r.stderr_log);
     }
     let (outcome, first_failure, verdict) = verdict(&input.scenario, &ranks, observed.wall_s);
+    for r in &mut ranks {
+        r.collateral = first_failure.is_some_and(|f| f != r.rank) && r.outcome != OutcomeKind::Passed;
+    }
     let failed = first_failure.and_then(|f| ranks.iter().find(|r| r.rank == f));
     let mismatches = check_expectation(&input.scenario.expect, outcome, failed);
     let rank0 = observed.ends.first().map(|e| &e.state);

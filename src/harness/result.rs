@@ -98,10 +98,18 @@ pub struct RankResult {
     /// For a hung rank: seconds of silence when the hang was declared.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hang_detected_after_s: Option<f64>,
+    /// Failed only after another rank failed first (a peer gone, a collective broken), or was
+    /// torn down because of it: a consequence, not the cause.
+    #[serde(default)]
+    pub collateral: bool,
     /// How the harness ended the process, when it had to (`SIGTERM`, `SIGKILL`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub torn_down_with: Option<String>,
     pub steps_done: u64,
+    /// Hash of the rank's parameters after training (equal on every rank when DDP kept them in
+    /// sync).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub params_checksum: Option<String>,
     pub first_loss: Option<f64>,
     pub final_loss: Option<f64>,
     /// Fraction of step time spent waiting for data.

@@ -32,6 +32,8 @@ pub struct RankState {
     pub train_started_at: Option<f64>,
     pub last_step_at: Option<f64>,
     pub done: bool,
+    /// The parameter checksum the rank reported at the end of training.
+    pub checksum: Option<String>,
     pub error: Option<String>,
     pub crash_signal: Option<i32>,
     pub raw_backtrace: Vec<String>,
@@ -89,7 +91,10 @@ impl RankState {
             }
             // Arrival time is all a progress marker is for (it moved `last_marker_at` above).
             Marker::Progress { .. } => {}
-            Marker::Done { .. } => self.done = true,
+            Marker::Done { checksum, .. } => {
+                self.done = true;
+                self.checksum = checksum;
+            }
             Marker::Error { message } => self.error = Some(message),
             Marker::CrashRaw { signal, addrs } => {
                 self.crash_signal = Some(signal);

@@ -21,6 +21,9 @@ use super::state::RankState;
 const STACK_DUMP_WAIT: Duration = Duration::from_secs(5);
 /// How long a rank gets between SIGTERM and SIGKILL.
 const TERM_GRACE: Duration = Duration::from_secs(3);
+/// After the first rank fails, how long the others get to notice and end on their own (their
+/// own error is the collateral evidence) before they are asked for stacks and torn down.
+const COLLATERAL_GRACE: Duration = Duration::from_secs(5);
 /// How long after a rank's exit we keep waiting for markers still in its pipe (a grandchild that
 /// holds the pipe open must not stall the run).
 const PIPE_DRAIN_WAIT: Duration = Duration::from_secs(2);
@@ -50,6 +53,8 @@ struct Slot {
     process: Option<RankProcess>,
     exited_at: Option<Instant>,
     markers_closed: bool,
+    /// A stack dump was requested from this rank.
+    dump_requested: bool,
 }
 
 impl Slot {
@@ -72,9 +77,10 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
     let world = scenario.launch.world_size;
     let start = Instant::now();
     let (tx, rx) = mpsc::channel();
+    let master_port = free_port();
     let mut slots: Vec<Slot> = (0..world)
         .map(|rank| {
-            let spec = rank_spec(plan, rank, world);
+            let spec = rank_spec(plan, rank, world, master_port);
             let mut end = RankEnd {
                 rank,
                 stdout_log: file_name(&spec.stdout_log),
@@ -91,7 +97,7 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
                     None
                 }
             };
-            Slot { end, process, exited_at: None, markers_closed: false }
+            Slot { end, process, exited_at: None, markers_closed: false, dump_requested: false }
         })
         .collect();
     drop(tx);
@@ -104,6 +110,7 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
     let mut term_sent: Option<Instant> = None;
     let mut kill_sent = false;
     let mut was_interrupted = false;
+    let mut first_failure_at: Option<Instant> = None;
 
     loop {
         if let Ok(event) = rx.recv_timeout(TICK) {
@@ -119,6 +126,9 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
                 slot.end.ended_at_s = Some(since(now));
                 slot.exited_at = Some(now);
             }
+        }
+        if first_failure_at.is_none() && slots.iter().any(failed_on_its_own) {
+            first_failure_at = Some(now);
         }
         let states: Vec<&RankState> = slots.iter().map(|s| &s.end.state).collect();
         progress.update(&scenario.name, start.elapsed(), scenario.train.steps, &states);
@@ -140,24 +150,35 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
         if stack_deadline.is_none() && term_sent.is_none() {
             // Hang: a live rank silent for `hang_after_s`. Silence counts from the spawn until
             // the first marker, so a rank stuck before it reports anything is caught too.
-            let mut stuck = false;
-            for slot in slots.iter_mut().filter(|s| s.live()) {
-                let last = slot.end.state.last_marker_at.unwrap_or(0.0);
-                let silence = since(now) - last;
-                if silence >= hang_after.as_secs_f64() {
-                    slot.end.intervention = Some(Intervention::Hung { silence_s: silence });
-                    stuck = true;
+            let silence = |slot: &Slot| since(now) - slot.end.state.last_marker_at.unwrap_or(0.0);
+            let limit = hang_after.as_secs_f64();
+            let mut stuck = slots.iter().any(|s| s.live() && silence(s) >= limit);
+            if stuck {
+                // Ranks get stuck together (one waits for another in a collective) but cross the
+                // limit at different moments: once one is hung, every rank silent for half the
+                // limit is stuck as well. Ranks still reporting are torn down as collateral.
+                for slot in slots.iter_mut().filter(|s| s.live()) {
+                    let quiet = silence(slot);
+                    if quiet >= limit / 2.0 {
+                        slot.end.intervention = Some(Intervention::Hung { silence_s: quiet });
+                    }
                 }
             }
             if !stuck && now.duration_since(start) >= timeout {
+                stuck = true;
                 for slot in slots.iter_mut().filter(|s| s.live()) {
                     slot.end.intervention = Some(Intervention::TimedOut);
                 }
-                stuck = true;
             }
-            if stuck {
-                for slot in slots.iter().filter(|s| s.live() && s.end.intervention.is_some()) {
+            // A rank failed and the grace for the others is over: dump whoever is left (the
+            // stacks show where a collateral rank was waiting), then tear down.
+            let grace_over = first_failure_at.is_some_and(|t| now.duration_since(t) >= COLLATERAL_GRACE);
+            if stuck || grace_over {
+                for slot in
+                    slots.iter_mut().filter(|s| s.live() && (grace_over || s.end.intervention.is_some()))
+                {
                     slot.process.as_ref().map(|p| p.signal(STACK_DUMP_SIGNAL));
+                    slot.dump_requested = true;
                 }
                 stack_deadline = Some(now + STACK_DUMP_WAIT);
             }
@@ -166,10 +187,8 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
         if let Some(deadline) = stack_deadline
             && term_sent.is_none()
         {
-            let answered = slots
-                .iter()
-                .filter(|s| s.live() && s.end.intervention.is_some())
-                .all(|s| s.end.state.stacks_complete);
+            let answered =
+                slots.iter().filter(|s| s.live() && s.dump_requested).all(|s| s.end.state.stacks_complete);
             if answered || now >= deadline {
                 for slot in slots.iter_mut().filter(|s| s.live()) {
                     slot.process.as_ref().map(|p| p.signal_group(libc::SIGTERM));
@@ -214,7 +233,31 @@ fn apply(slots: &mut [Slot], event: Event, since: &impl Fn(Instant) -> f64) {
     }
 }
 
-fn rank_spec(plan: &ScenarioPlan, rank: u32, world: u32) -> RankSpec {
+/// Whether this rank has ended by itself in a way that is not a success.
+fn failed_on_its_own(slot: &Slot) -> bool {
+    if slot.end.launch_error.is_some() {
+        return true;
+    }
+    match slot.end.exit {
+        Some(process::Exit::Code(0)) => !slot.end.state.done,
+        Some(_) => slot.end.torn_down_with.is_none(),
+        None => false,
+    }
+}
+
+/// A port that was free a moment ago, for the rendezvous store (rank 0 binds it). The race with
+/// other programs is the same one torchrun's `--master-port 0` accepts.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map_or(29500, |a| a.port())
+}
+
+fn rank_spec(plan: &ScenarioPlan, rank: u32, world: u32, master_port: u16) -> RankSpec {
+    let mut env: Vec<(String, String)> = Vec::new();
+    // Like torchrun: several ranks on one machine each get one intra-op thread unless the user
+    // chose otherwise; OpenMP's spinning barriers collapse when ranks oversubscribe the cores.
+    if world > 1 && std::env::var_os("OMP_NUM_THREADS").is_none() {
+        env.push(("OMP_NUM_THREADS".into(), "1".into()));
+    }
     RankSpec {
         rank,
         program: plan.program.clone(),
@@ -224,7 +267,12 @@ fn rank_spec(plan: &ScenarioPlan, rank: u32, world: u32) -> RankSpec {
             ("LOCAL_RANK".into(), rank.to_string()),
             ("WORLD_SIZE".into(), world.to_string()),
             ("LOCAL_WORLD_SIZE".into(), world.to_string()),
-        ],
+            ("MASTER_ADDR".into(), "127.0.0.1".into()),
+            ("MASTER_PORT".into(), master_port.to_string()),
+        ]
+        .into_iter()
+        .chain(env)
+        .collect(),
         stdout_log: plan.log_dir.join(format!("rank{rank}.stdout.log")),
         stderr_log: plan.log_dir.join(format!("rank{rank}.stderr.log")),
     }

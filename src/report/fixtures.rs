@@ -72,6 +72,8 @@ fn rank(rank: u32, steps: u64) -> RankResult {
         last_marker_at_s: Some(5.40),
         hang_detected_after_s: None,
         torn_down_with: None,
+        collateral: false,
+        params_checksum: None,
         steps_done: steps,
         first_loss: losses.first().map(|l| l.1),
         final_loss: losses.last().map(|l| l.1),
@@ -163,6 +165,7 @@ pub fn segv() -> ScenarioResult {
     r0.signal = Some("SIGTERM".into());
     r0.exit_code = None;
     r0.torn_down_with = Some("SIGTERM".into());
+    r0.collateral = true;
     r0.last_phase = Some("allreduce".into());
     r0.last_step = Some(3);
     r0.error = Some(

@@ -222,6 +222,8 @@ fn rank_table(s: &ScenarioResult) -> String {
         .map(|r| {
             let rank = if s.first_failure == Some(r.rank) && s.ranks.len() > 1 {
                 format!("**{}** (first failure)", r.rank)
+            } else if r.collateral {
+                format!("{} (collateral)", r.rank)
             } else {
                 r.rank.to_string()
             };

@@ -1286,7 +1286,10 @@ mod tests {
 
         #[test]
         fn not_supported_yet_mode() {
-            insta::assert_snapshot!(error("{\n  \"launch\": {\"mode\": \"ddp\", \"world_size\": 2}\n}", &[]));
+            insta::assert_snapshot!(error(
+                "{\n  \"launch\": {\"mode\": \"fsdp\", \"world_size\": 2}\n}",
+                &[]
+            ));
         }
 
         #[test]

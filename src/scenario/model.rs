@@ -164,11 +164,22 @@ pub struct Train {
     /// Micro-batches accumulated per optimizer step.
     pub accum_steps: u32,
     pub seed: u64,
+    /// DDP: reduce parameters that got no gradient as zeros instead of failing like PyTorch's
+    /// Reducer does without `find_unused_parameters=True`.
+    pub find_unused_parameters: bool,
 }
 
 impl Default for Train {
     fn default() -> Self {
-        Train { steps: 200, lr: 2e-3, weight_decay: 0.01, amp: false, accum_steps: 1, seed: 0 }
+        Train {
+            steps: 200,
+            lr: 2e-3,
+            weight_decay: 0.01,
+            amp: false,
+            accum_steps: 1,
+            seed: 0,
+            find_unused_parameters: false,
+        }
     }
 }
 
@@ -310,6 +321,12 @@ pub enum FaultKind {
     Hang,
     /// The loss becomes NaN.
     Nan,
+    /// The forward skips the last block on this step, so its parameters get no gradient (DDP's
+    /// "parameters that were not used in producing loss").
+    UnusedParam,
+    /// This rank stops one step early (at `step`) and waits for the others at the end: ranks out
+    /// of step, so the others block in a collective.
+    UnevenSteps,
 }
 
 /// Phases a fault may name. Per-step phases fire at `step`; the others fire once.

@@ -10,8 +10,8 @@ use serde_json::Value;
 
 use super::load::{self, Source};
 use super::model::{
-    Backend, Cache, Data, Device, Expect, Fault, Launch, Limits, Mode, Model, ONE_OFF_PHASES, OutcomeKind,
-    PER_STEP_PHASES, Scenario, StartMethod, Train,
+    Backend, Cache, Data, Device, Expect, Fault, FaultKind, Launch, Limits, Mode, Model, ONE_OFF_PHASES,
+    OutcomeKind, PER_STEP_PHASES, Scenario, StartMethod, Train,
 };
 use super::{path, suggest};
 use crate::protocol::{signal_name, signal_number};
@@ -278,6 +278,20 @@ fn check_fault(s: &Scenario, index: usize, fault: &Fault) -> Checked {
             .related(&["launch.world_size"]));
         }
     }
+    let acts_in = match fault.fault {
+        FaultKind::UnevenSteps => Some("data.next"),
+        FaultKind::UnusedParam => Some("forward"),
+        _ => None,
+    };
+    if let Some(only) = acts_in
+        && fault.phase != only
+    {
+        return Err(Invalid::new(
+            at("phase"),
+            format!("fault `{}` acts in phase `{only}`, not `{}`", json_name(&fault.fault), fault.phase),
+        )
+        .hint(format!("use `\"phase\": \"{only}\"` with the step where it should happen")));
+    }
     if !(fault.probability > 0.0 && fault.probability <= 1.0) {
         return Err(Invalid::new(
             at("probability"),
@@ -355,27 +369,24 @@ fn json_name<T: Serialize>(value: &T) -> String {
 /// scenario never silently runs something other than what it says. Each check names the issue
 /// that lifts it: delete its lines when that work lands.
 pub(crate) fn not_supported_yet(s: &Scenario) -> Checked {
-    const DISTRIBUTED: &str = "distributed training (DDP/FSDP) arrives with issue #3";
+    const DISTRIBUTED: &str = "FSDP and the NCCL backend arrive with issue #3 (DDP over `tcp` works)";
     const GPU: &str = "GPU support arrives with issue #6";
     const WORKERS: &str = "data-loader workers arrive with issue #4";
     let refuse = |field: &str, value: String, why: &str, hint: &str| {
         Err(Invalid::new(field, format!("`{value}` is not supported yet: {why}")).hint(hint))
     };
 
-    // Issue #3: distributed training.
-    if s.launch.mode != Mode::Single {
-        return refuse("launch.mode", json_name(&s.launch.mode), DISTRIBUTED, "use `mode: single` for now");
+    // Issue #3: distributed training. DDP over the `tcp` backend works; FSDP and NCCL are next.
+    if s.launch.mode == Mode::Fsdp {
+        return refuse("launch.mode", json_name(&s.launch.mode), DISTRIBUTED, "use `mode: ddp` for now");
     }
-    if s.launch.world_size > 1 {
+    if s.launch.backend == Backend::Nccl {
         return refuse(
-            "launch.world_size",
-            s.launch.world_size.to_string(),
+            "launch.backend",
+            json_name(&s.launch.backend),
             DISTRIBUTED,
-            "use `world_size: 1` for now",
+            "use `backend: tcp` or `auto`",
         );
-    }
-    if s.launch.backend != Backend::Auto {
-        return refuse("launch.backend", json_name(&s.launch.backend), DISTRIBUTED, "use `backend: auto`");
     }
     // Issue #6: GPUs.
     if s.launch.device == Device::Cuda {
@@ -644,12 +655,20 @@ mod tests {
     }
 
     #[test]
+    fn ddp_over_tcp_is_accepted() {
+        let mut s = Scenario::default();
+        s.launch.mode = Mode::Ddp;
+        s.launch.world_size = 2;
+        s.launch.backend = Backend::Tcp;
+        assert_eq!(check(&s), Ok(()));
+    }
+
+    #[test]
     fn values_for_later_work_are_refused_not_ignored() {
         type Edit = Box<dyn Fn(&mut Scenario)>;
         let refused: Vec<(&str, Edit)> = vec![
-            ("launch.mode", Box::new(|s| s.launch.mode = Mode::Ddp)),
             ("launch.mode", Box::new(|s| s.launch.mode = Mode::Fsdp)),
-            ("launch.backend", Box::new(|s| s.launch.backend = Backend::Tcp)),
+            ("launch.backend", Box::new(|s| s.launch.backend = Backend::Nccl)),
             ("launch.device", Box::new(|s| s.launch.device = Device::Cuda)),
             ("train.amp", Box::new(|s| s.train.amp = true)),
             ("data.workers", Box::new(|s| s.data.workers = 2)),
@@ -666,13 +685,15 @@ mod tests {
             assert!(invalid.message.contains("is not supported yet: "), "{}", invalid.message);
             assert_eq!(check(&s).unwrap_err(), invalid, "check() must refuse it too");
         }
-        // `mode: single` with more ranks is already an error; this line is for when DDP lands.
+        // DDP has landed: more ranks are refused only by `mode: single` (a plain rule), not as
+        // later work.
         let mut s = Scenario::default();
         s.launch.world_size = 2;
-        assert_eq!(not_supported_yet(&s).unwrap_err().field, "launch.world_size");
+        assert_eq!(not_supported_yet(&s), Ok(()));
+        assert_eq!(check(&s).unwrap_err().field, "launch.world_size");
         assert_eq!(
-            problem(|s| s.launch.mode = Mode::Ddp).1,
-            "`ddp` is not supported yet: distributed training (DDP/FSDP) arrives with issue #3"
+            problem(|s| s.launch.mode = Mode::Fsdp).1,
+            "`fsdp` is not supported yet: FSDP and the NCCL backend arrive with issue #3 (DDP over `tcp` works)"
         );
         assert_eq!(
             problem(|s| s.launch.device = Device::Cuda).1,

@@ -14,6 +14,10 @@ pub enum Effect {
     NanLoss,
     /// Exit with an error carrying this description.
     ExitError,
+    /// Skip the last block in this forward.
+    UnusedParam,
+    /// Stop the training loop here and go to the end-of-training barrier.
+    StopEarly,
 }
 
 /// The faults that apply to this rank, filtered by `rank` and `when` once at start-up.
@@ -54,6 +58,8 @@ impl Faults {
                 FaultKind::Hang => inject_hang(),
                 FaultKind::Nan => effect = Effect::NanLoss,
                 FaultKind::ExitError => effect = Effect::ExitError,
+                FaultKind::UnusedParam => effect = Effect::UnusedParam,
+                FaultKind::UnevenSteps => effect = Effect::StopEarly,
             }
         }
         effect

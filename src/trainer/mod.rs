@@ -7,6 +7,8 @@
 
 pub mod burgers;
 pub mod crash;
+pub mod ddp;
+pub mod dist;
 pub mod faults;
 pub mod markers;
 pub mod model;

@@ -289,10 +289,13 @@ impl Operator {
     }
 
     /// `u`: `(B, G)` at time t on grid `x`, `nu`: `(B,)`, `xq`: `(B, Q)` → prediction `(B, Q)` at t+1.
-    pub fn forward(&self, u: &Tensor, x: &Tensor, nu: &Tensor, xq: &Tensor) -> Tensor {
+    /// `skip_last_block` leaves the last block out (its parameters then get no gradient).
+    pub fn forward(&self, u: &Tensor, x: &Tensor, nu: &Tensor, xq: &Tensor, skip_last_block: bool) -> Tensor {
         let cond = self.conditioner.as_ref().map(|c| c.forward(nu));
         let mut tokens = self.encoder.forward(u, x);
-        for block in self.stages.iter().flatten() {
+        let blocks: Vec<&Block> = self.stages.iter().flatten().collect();
+        let used = if skip_last_block { blocks.len().saturating_sub(1) } else { blocks.len() };
+        for block in &blocks[..used] {
             tokens = block.forward(&tokens, cond.as_ref());
         }
         self.decoder.forward(&tokens, xq)

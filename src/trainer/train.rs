@@ -1,25 +1,30 @@
 //! The training loop: data → model → AdamW steps, with a marker at every phase and faults fired at
 //! the beginning of the phase they name.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tch::nn::OptimizerConfig;
 use tch::{Device, Kind, Reduction, Tensor, nn};
 
 use crate::protocol::Marker;
-use crate::scenario::Scenario;
+use crate::scenario::{Mode, Scenario};
 
 use super::burgers::{self, Trajectories};
+use super::ddp::{Ddp, params_checksum};
+use super::dist::{Collective, DistError, Store, connect_tcp};
 use super::faults::{Effect, Faults};
 use super::markers::{self, Phase};
 use super::model::Operator;
 
 /// Who this process is, from the torchrun environment (defaults: rank 0 of 1).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RankEnv {
     pub rank: u32,
     pub world_size: u32,
     pub local_rank: u32,
+    /// The rendezvous store's address (`MASTER_ADDR`, `MASTER_PORT`; torchrun's defaults).
+    pub master_addr: String,
+    pub master_port: u16,
 }
 
 impl RankEnv {
@@ -38,6 +43,10 @@ impl RankEnv {
             rank: read("RANK", 0)?,
             world_size: read("WORLD_SIZE", 1)?,
             local_rank: read("LOCAL_RANK", 0)?,
+            master_addr: std::env::var("MASTER_ADDR").unwrap_or_else(|_| "127.0.0.1".into()),
+            master_port: read("MASTER_PORT", 29500)?.try_into().map_err(|_| {
+                TrainError::Environment("`MASTER_PORT` is not a port number (1-65535)".into())
+            })?,
         };
         if env.rank >= env.world_size {
             return Err(TrainError::Environment(format!(
@@ -62,6 +71,10 @@ pub enum TrainError {
     Unsupported(String),
     #[error("libtorch error: {0}")]
     Torch(#[from] tch::TchError),
+    #[error("{0}")]
+    Dist(#[from] DistError),
+    #[error("{0}")]
+    Ddp(String),
 }
 
 /// How a finished training went.
@@ -81,7 +94,12 @@ struct Batch {
     target: Tensor,
 }
 
-/// Draws random `(trajectory, time)` pairs and random query points.
+/// Draws `(trajectory, time)` pairs epoch by epoch and random query points.
+///
+/// Every rank draws the same global batch (`batch × world` pairs from the same seeded epoch
+/// permutation, last incomplete batch dropped, like `DistributedSampler` with `drop_last`) and
+/// keeps its own contiguous slice: within an epoch no two ranks see the same pair, and a run on
+/// `world` ranks sees exactly the batches of a one-rank run with a `world` times larger batch.
 struct Sampler {
     /// `(samples * timesteps, grid)`.
     frames: Tensor,
@@ -91,10 +109,15 @@ struct Sampler {
     timesteps: i64,
     batch: i64,
     queries: i64,
+    rank: i64,
+    world: i64,
+    /// This epoch's permutation of the pairs, and how far it has been consumed.
+    order: Tensor,
+    cursor: i64,
 }
 
 impl Sampler {
-    fn new(data: &Trajectories, batch: i64, queries: i64) -> Sampler {
+    fn new(data: &Trajectories, batch: i64, queries: i64, rank: i64, world: i64) -> Sampler {
         let (samples, timesteps, grid) = data.u.size3().expect("u is (S, T, G)");
         Sampler {
             frames: data.u.reshape([samples * timesteps, grid]),
@@ -104,24 +127,42 @@ impl Sampler {
             timesteps,
             batch,
             queries,
+            rank,
+            world,
+            order: Tensor::empty([0], (Kind::Int64, Device::Cpu)),
+            cursor: 0,
         }
     }
 
-    fn next(&self) -> Batch {
+    fn next(&mut self) -> Batch {
         let opts = (Kind::Int64, Device::Cpu);
         let pairs = self.samples * (self.timesteps - 1);
-        let pick = Tensor::randint(pairs, [self.batch], opts);
+        let global = self.batch * self.world;
+        let pick = if pairs >= global {
+            if self.cursor + global > self.order.size()[0] {
+                self.order = Tensor::randperm(pairs, opts);
+                self.cursor = 0;
+            }
+            let pick = self.order.narrow(0, self.cursor, global);
+            self.cursor += global;
+            pick
+        } else {
+            // Fewer pairs than one global batch: draw with replacement.
+            Tensor::randint(pairs, [global], opts)
+        };
+        let grid = self.x.size()[0];
+        let q = Tensor::rand([global, grid], (Kind::Float, Device::Cpu)).argsort(-1, false).narrow(
+            1,
+            0,
+            self.queries,
+        );
+        let mine = |t: &Tensor| t.narrow(0, self.rank * self.batch, self.batch);
+        let (pick, q) = (mine(&pick), mine(&q));
         let s = pick.divide_scalar_mode(self.timesteps - 1, "floor");
         let t = pick.remainder(self.timesteps - 1);
         let row = &s * self.timesteps + &t;
         let u = self.frames.index_select(0, &row);
         let next = self.frames.index_select(0, &(&row + 1));
-        let grid = self.x.size()[0];
-        let q = Tensor::rand([self.batch, grid], (Kind::Float, Device::Cpu)).argsort(-1, false).narrow(
-            1,
-            0,
-            self.queries,
-        );
         Batch {
             target: next.gather(1, &q, false),
             xq: self.x.expand([self.batch, grid], true).gather(1, &q, false),
@@ -140,24 +181,65 @@ fn warmup_factor(step: u64, steps: u64) -> f64 {
     ((step + 1) as f64 / warmup as f64).min(1.0)
 }
 
-/// Enters a phase: emits `begin`, then fires any fault scheduled there.
-fn enter(faults: &Faults, name: &str, step: Option<u64>) -> Result<(Phase, bool), TrainError> {
+/// Enters a phase: emits `begin`, then fires any fault scheduled there. Exit faults never
+/// return; `exit_error` becomes an error; other effects are returned for the loop to perform.
+fn enter(faults: &Faults, name: &str, step: Option<u64>) -> Result<(Phase, Effect), TrainError> {
     let phase = Phase::begin(name, step);
     match faults.at(name, step.unwrap_or(0)) {
-        Effect::None => Ok((phase, false)),
-        Effect::NanLoss => Ok((phase, true)),
         Effect::ExitError => Err(TrainError::Injected { phase: name.to_string(), step: step.unwrap_or(0) }),
+        effect => Ok((phase, effect)),
     }
+}
+
+/// The collective backend of a multi-rank run, connected through the rendezvous store.
+fn init_distributed(
+    scenario: &Scenario,
+    env: &RankEnv,
+    faults: &Faults,
+) -> Result<(Store, Box<dyn Collective>), TrainError> {
+    let (phase, _) = enter(faults, "dist.init", None)?;
+    let timeout = Duration::from_secs_f64(scenario.limits.timeout_s);
+    let store =
+        Store::connect(&env.master_addr, env.master_port, env.rank == 0, env.world_size as usize, timeout)?;
+    let coll = connect_tcp(&store, env.rank as usize, env.world_size as usize, &env.master_addr, timeout)?;
+    phase.end();
+    Ok((store, coll))
+}
+
+/// Waits until every rank has reached the end of training (through the store, like torch's
+/// store-based barrier), so a rank that finished early waits for the others instead of
+/// breaking their collectives by leaving. Rank 0 hosts the store, so it leaves last: only once
+/// every other rank has said it is past the barrier.
+fn end_of_training_barrier(store: &Store, rank: u32, world: u32, faults: &Faults) -> Result<(), TrainError> {
+    let (phase, _) = enter(faults, "dist.barrier", None)?;
+    let wait_for = |key: &str| -> Result<(), TrainError> {
+        while store.add(key, 0)? < i64::from(world) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
+    };
+    store.add("ups-doctor/finished", 1)?;
+    wait_for("ups-doctor/finished")?;
+    store.add("ups-doctor/departed", 1)?;
+    if rank == 0 {
+        wait_for("ups-doctor/departed")?;
+    }
+    phase.end();
+    Ok(())
 }
 
 /// Trains the scenario's model on this rank. Markers report every phase; the caller turns an
 /// error into an `error` marker and exit status 1.
 pub fn train(scenario: &Scenario, env: RankEnv) -> Result<Summary, TrainError> {
-    if env.world_size > 1 {
-        return Err(TrainError::Unsupported(format!(
-            "`WORLD_SIZE={}`: multi-rank training is not supported yet (distributed training arrives with issue #3)",
+    let mode = scenario.launch.mode;
+    if mode == Mode::Single && env.world_size > 1 {
+        return Err(TrainError::Environment(format!(
+            "`WORLD_SIZE={}` but the scenario's `launch.mode` is `single`; use `ddp` for more than one rank",
             env.world_size
         )));
+    }
+    if mode == Mode::Fsdp {
+        return Err(TrainError::Unsupported("`launch.mode: fsdp` is not supported yet".into()));
     }
     markers::emit(&Marker::Start {
         pid: std::process::id(),
@@ -170,6 +252,7 @@ pub fn train(scenario: &Scenario, env: RankEnv) -> Result<Summary, TrainError> {
     let faults = Faults::for_rank(scenario, env.rank);
     let (start, _) = enter(&faults, "start", None)?;
     start.end();
+    let mut dist = if mode == Mode::Ddp { Some(init_distributed(scenario, &env, &faults)?) } else { None };
 
     tch::manual_seed(scenario.train.seed as i64);
     let d = &scenario.data;
@@ -178,7 +261,8 @@ pub fn train(scenario: &Scenario, env: RankEnv) -> Result<Summary, TrainError> {
         markers::emit(&Marker::Progress { phase: "data.generate".into(), done, total })
     });
     phase.end();
-    let sampler = Sampler::new(&data, d.batch_size as i64, d.queries as i64);
+    let mut sampler =
+        Sampler::new(&data, d.batch_size as i64, d.queries as i64, env.rank as i64, env.world_size as i64);
 
     let vs = nn::VarStore::new(Device::Cpu);
     let mut build_error = None;
@@ -201,22 +285,40 @@ pub fn train(scenario: &Scenario, env: RankEnv) -> Result<Summary, TrainError> {
         return Err(e);
     }
     let t = &scenario.train;
+    let mut ddp = match dist.as_mut() {
+        Some((_, coll)) => {
+            let (phase, _) = enter(&faults, "ddp.init", None)?;
+            let ddp = Ddp::new(&vs, coll.as_mut(), t.find_unused_parameters)?;
+            phase.end();
+            Some(ddp)
+        }
+        None => None,
+    };
     let mut opt = nn::AdamW { wd: t.weight_decay, ..Default::default() }.build(&vs, t.lr)?;
 
     let accum = t.accum_steps.max(1) as u64;
     let mut losses = Vec::with_capacity(t.steps as usize);
     let loop_start = Instant::now();
-    for step in 0..t.steps {
+    let mut steps_done = 0;
+    'training: for step in 0..t.steps {
         let (mut data_ms, mut compute_ms, mut loss_sum) = (0.0, 0.0, 0.0);
         for _ in 0..accum {
-            let (phase, _) = enter(&faults, "data.next", Some(step))?;
+            let (phase, effect) = enter(&faults, "data.next", Some(step))?;
+            if effect == Effect::StopEarly {
+                phase.end();
+                break 'training;
+            }
             let batch = sampler.next();
             data_ms += phase.end();
 
-            let (phase, nan) = enter(&faults, "forward", Some(step))?;
-            let pred = model.forward(&batch.u, &sampler.x, &batch.nu, &batch.xq);
+            let (phase, effect) = enter(&faults, "forward", Some(step))?;
+            if let Some(ddp) = ddp.as_mut() {
+                ddp.before_forward(env.rank as usize)?;
+            }
+            let skip_last_block = effect == Effect::UnusedParam;
+            let pred = model.forward(&batch.u, &sampler.x, &batch.nu, &batch.xq, skip_last_block);
             let mut loss = pred.f_mse_loss(&batch.target, Reduction::Mean)?;
-            if nan {
+            if effect == Effect::NanLoss {
                 loss *= f64::NAN;
             }
             let value = f64::try_from(&loss)?;
@@ -230,6 +332,16 @@ pub fn train(scenario: &Scenario, env: RankEnv) -> Result<Summary, TrainError> {
             (loss / accum as f64).f_backward()?;
             compute_ms += phase.end();
         }
+        let mut loss = loss_sum / accum as f64;
+        if let (Some(ddp), Some((_, coll))) = (ddp.as_mut(), dist.as_mut()) {
+            let (phase, _) = enter(&faults, "allreduce", Some(step))?;
+            ddp.sync_gradients(coll.as_mut())?;
+            // Report the global loss, as a one-rank run on the global batch would.
+            let mut global = Tensor::from_slice(&[loss as f32]);
+            coll.all_reduce_sum(&mut global)?;
+            loss = f64::try_from(global)? / f64::from(env.world_size);
+            compute_ms += phase.end();
+        }
         let (phase, _) = enter(&faults, "optimizer", Some(step))?;
         opt.set_lr(t.lr * warmup_factor(step, t.steps));
         opt.clip_grad_norm(GRAD_CLIP_NORM);
@@ -237,8 +349,8 @@ pub fn train(scenario: &Scenario, env: RankEnv) -> Result<Summary, TrainError> {
         opt.zero_grad();
         compute_ms += phase.end();
 
-        let loss = loss_sum / accum as f64;
         losses.push(loss);
+        steps_done = step + 1;
         markers::emit(&Marker::Step {
             step,
             loss,
@@ -251,8 +363,15 @@ pub fn train(scenario: &Scenario, env: RankEnv) -> Result<Summary, TrainError> {
             println!("step {}/{}  loss {loss:.5}  {rate:.1} steps/s", step + 1, t.steps);
         }
     }
+    if let Some((store, _)) = dist.as_ref() {
+        end_of_training_barrier(store, env.rank, env.world_size, &faults)?;
+    }
+    let checksum = match &ddp {
+        Some(ddp) => ddp.checksum(),
+        None => params_checksum(vs.trainable_variables().iter()),
+    };
     let summary = Summary {
-        steps: t.steps,
+        steps: steps_done,
         first_loss: losses.first().copied().unwrap_or(f64::NAN),
         final_loss: losses.last().copied().unwrap_or(f64::NAN),
         losses,
@@ -261,6 +380,7 @@ pub fn train(scenario: &Scenario, env: RankEnv) -> Result<Summary, TrainError> {
         steps: summary.steps,
         first_loss: summary.first_loss,
         final_loss: summary.final_loss,
+        checksum: Some(checksum),
     });
     Ok(summary)
 }

@@ -1,0 +1,25 @@
+//! Distributed plumbing for rank processes: rendezvous through libtorch's own `c10d::TCPStore`
+//! ([`store`]), the [`Collective`] trait every backend implements ([`collective`]), and the CPU
+//! `tcp` backend with ring algorithms written here ([`tcp`]).
+//!
+//! Theory of operation: rank 0 hosts a [`Store`] on `MASTER_ADDR:MASTER_PORT` and every rank
+//! connects to it, exactly as torchrun-launched PyTorch ranks do, so ranks can be launched by the
+//! harness, torchrun or Slurm alike. [`connect_tcp`] then has each rank listen on an ephemeral port,
+//! publish that address in the store and connect to its ring neighbours; collectives run over those
+//! sockets with bounded waits, and failures read like Gloo's (`Timed out waiting …ms for recv
+//! operation to complete`, `Connection closed by peer […]:…`) so users can search for them.
+//!
+//! This module moves bytes between ranks and nothing else: it knows nothing of models, DDP or
+//! FSDP (built on top of [`Collective`]), and it emits no markers; callers wrap its calls in the
+//! phases they report.
+
+pub mod collective;
+pub mod store;
+pub mod tcp;
+
+#[cfg(test)]
+mod tests;
+
+pub use collective::{Collective, Direction, DistError};
+pub use store::Store;
+pub use tcp::connect_tcp;
