@@ -191,7 +191,12 @@ fn bisect(args: BisectArgs) -> Result<ExitCode, Failure> {
     }
     let summary = match (&record.signature, record.boundary.is_empty()) {
         (None, _) => "the scenario did not fail: nothing to bisect".to_string(),
-        (Some(sig), _) => format!(
+        (Some(sig), true) => format!(
+            "{} still happens with [{}]; no remaining component can be cut further (each is at its minimum, or cutting it makes the scenario invalid)",
+            sig.describe(),
+            record.minimal_delta.join(", ")
+        ),
+        (Some(sig), false) => format!(
             "{} still happens with [{}]; passes when any of [{}] is cut",
             sig.describe(),
             record.minimal_delta.join(", "),

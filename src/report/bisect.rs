@@ -26,7 +26,9 @@ pub fn render_bisect(r: &BisectRecord) -> String {
     out.push(format!("**The failure ({}) still happens with {fails_with}.**", sig.describe()));
     let boundary: Vec<String> = r.boundary_detail.iter().filter(|b| b.passes).map(|b| code(&b.cut)).collect();
     out.push(if boundary.is_empty() {
-        "No single further cut makes it pass: every remaining component is at its minimum.".to_string()
+        "No remaining component can be cut further: each is at its minimum, or cutting it would make the \
+         scenario invalid (for example, an injected fault that names rank 1 needs two ranks)."
+            .to_string()
     } else {
         format!(
             "It passes once any one of these is applied: {}. Those components are where the failure starts.",
