@@ -51,9 +51,10 @@ const KEY_PREFIX: &str = "ups_doctor/tcp";
 /// e.g. `127.0.0.1` on one machine), publishes it in `store`, and connects to its ring
 /// neighbours. `timeout` bounds connecting and every later collective's waits; waits on the
 /// store are bounded by the store's own timeout. Returns once every rank is connected (a
-/// barrier over the new links), after which no rank needs the store for this group. World size 1 needs
-/// neither sockets nor the store. Ranks calling this repeatedly on one store get a fresh
-/// generation of keys each time, as long as every rank makes the same calls in the same order.
+/// barrier over the new links), after which no rank needs the store for this group. World
+/// size 1 needs neither sockets nor the store. Ranks calling this repeatedly on one store get a
+/// fresh generation of keys each time, as long as every rank makes the same calls in the same
+/// order.
 pub fn connect_tcp(
     store: &Store,
     rank: usize,
