@@ -206,7 +206,7 @@ impl Scanner<'_> {
         }
     }
 
-    /// The character of a `\uXXXX` escape (after the `u`), joining surrogate pairs.
+    /// The character of a `\u` escape with its four hex digits (after the `u`), joining surrogate pairs.
     fn unicode_escape(&mut self) -> Option<char> {
         let high = self.hex4()?;
         if !(0xD800..0xDC00).contains(&high) {
