@@ -13,6 +13,11 @@ use serde::{Deserialize, Serialize};
 /// Environment variable naming the marker pipe's file descriptor in a child process.
 pub const MARKER_FD_ENV: &str = "UPS_DOCTOR_MARKER_FD";
 
+/// Environment variable carrying the scenario's run id to every rank and worker. Every
+/// `/dev/shm` segment a run creates is named `ups-doctor-<run id>-…`, so the harness can find and
+/// remove them after the run, crashed or not.
+pub const RUN_ID_ENV: &str = "UPS_DOCTOR_RUN_ID";
+
 /// Signal the harness sends to a stuck process to ask it for a stack dump of every thread.
 pub const STACK_DUMP_SIGNAL: i32 = libc::SIGUSR1;
 
@@ -71,6 +76,10 @@ pub enum Marker {
     Stack { tid: i64, thread: String, frames: Vec<Frame> },
     /// All threads have answered a stack-dump request.
     StackEnd { threads: u32 },
+    /// The rank started data-loader worker `id` as process `pid` (`fork` or `spawn`).
+    Worker { id: u32, pid: u32, start_method: String },
+    /// The dataset cache is ready: its size and where it lives (`memory`, `disk`, `shm`).
+    Dataset { bytes: u64, cache: String },
 }
 
 /// One frame of a native backtrace.

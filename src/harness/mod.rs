@@ -61,6 +61,7 @@ pub fn run_scenario(
         program: program.to_path_buf(),
         resolved_file,
         log_dir: dir.to_path_buf(),
+        run_id: supervise::new_run_id(),
     };
     let observed = supervise::supervise(&plan, progress, interrupted);
     if observed.interrupted {

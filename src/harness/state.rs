@@ -1,5 +1,7 @@
 //! What the harness knows about a rank from its markers so far. Pure: markers in, state out.
 
+use serde::{Deserialize, Serialize};
+
 use crate::protocol::{Frame, Marker};
 use crate::scenario::PER_STEP_PHASES;
 
@@ -40,6 +42,26 @@ pub struct RankState {
     pub backtrace: Vec<Frame>,
     pub stacks: Vec<ThreadStack>,
     pub stacks_complete: bool,
+    /// Data-loader workers this rank started, in start order.
+    pub workers: Vec<WorkerInfo>,
+    pub dataset: Option<DatasetInfo>,
+}
+
+/// A data-loader worker process of a rank.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkerInfo {
+    pub id: u32,
+    pub pid: u32,
+    pub start_method: String,
+    /// Seconds since the scenario started.
+    pub started_at_s: f64,
+}
+
+/// The rank's dataset cache.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DatasetInfo {
+    pub bytes: u64,
+    pub cache: String,
 }
 
 impl RankState {
@@ -108,6 +130,10 @@ impl RankState {
                 self.stacks.push(ThreadStack { tid, thread, frames });
             }
             Marker::StackEnd { .. } => self.stacks_complete = true,
+            Marker::Worker { id, pid, start_method } => {
+                self.workers.push(WorkerInfo { id, pid, start_method, started_at_s: at })
+            }
+            Marker::Dataset { bytes, cache } => self.dataset = Some(DatasetInfo { bytes, cache }),
         }
     }
 

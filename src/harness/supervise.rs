@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use crate::protocol::STACK_DUMP_SIGNAL;
+use crate::protocol::{RUN_ID_ENV, STACK_DUMP_SIGNAL};
 use crate::scenario::Scenario;
 
 use super::classify::{Intervention, RankEnd};
@@ -39,6 +39,18 @@ pub struct ScenarioPlan<'a> {
     pub resolved_file: PathBuf,
     /// Where per-rank logs go.
     pub log_dir: PathBuf,
+    /// Unique to this scenario run (see [`RUN_ID_ENV`]); from [`new_run_id`].
+    pub run_id: String,
+}
+
+/// A run id unique on this machine: the harness's pid, a per-process counter and the time.
+pub fn new_run_id() -> String {
+    static COUNTER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    format!("{}-{n}-{nanos:08x}", std::process::id())
 }
 
 /// What supervision observed.
@@ -269,6 +281,7 @@ fn rank_spec(plan: &ScenarioPlan, rank: u32, world: u32, master_port: u16) -> Ra
             ("LOCAL_WORLD_SIZE".into(), world.to_string()),
             ("MASTER_ADDR".into(), "127.0.0.1".into()),
             ("MASTER_PORT".into(), master_port.to_string()),
+            (RUN_ID_ENV.into(), plan.run_id.clone()),
         ]
         .into_iter()
         .chain(env)
