@@ -65,6 +65,9 @@ pub enum Marker {
         /// A hash of every parameter's bytes: equal on all ranks when DDP kept them in sync.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         checksum: Option<String>,
+        /// Bytes of optimizer state this rank holds (FSDP: its shard's only).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        optimizer_state_bytes: Option<u64>,
     },
     /// The process is about to exit with an error it caught itself.
     Error { message: String },

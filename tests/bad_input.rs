@@ -44,7 +44,7 @@ fn empty_depths() {
 
 #[test]
 fn not_supported_yet() {
-    let stderr = rejected("fsdp", r#"{ "launch": { "mode": "fsdp", "world_size": 2 } }"#, &[]);
+    let stderr = rejected("amp", r#"{ "train": { "amp": true } }"#, &[]);
     insta::assert_snapshot!(stderr);
 }
 

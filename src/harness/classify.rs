@@ -76,6 +76,7 @@ pub fn classify_rank(end: &RankEnd) -> RankResult {
         collateral: false,
         steps_done: s.steps_done,
         params_checksum: s.checksum.clone(),
+        optimizer_state_bytes: s.optimizer_state_bytes,
         first_loss: s.first_loss,
         final_loss: s.last_loss,
         data_wait_fraction: s.data_wait_fraction(),

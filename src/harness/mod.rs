@@ -39,6 +39,21 @@ pub enum HarnessError {
     Prepare { path: PathBuf, source: std::io::Error },
 }
 
+/// The scenario the ranks get: checkpoints go under the scenario's own folder unless the file
+/// gave an absolute `checkpoint_dir`, and a relative `resume` is taken from where ups-doctor was
+/// started (the user typed it there).
+fn with_absolute_paths(s: &Scenario, cwd: &Path, scenario_dir: &Path) -> Scenario {
+    let mut s = s.clone();
+    let t = &mut s.train;
+    if t.checkpoint_every > 0 || t.resume.is_some() {
+        t.checkpoint_dir = scenario_dir.join(&t.checkpoint_dir).to_string_lossy().into_owned();
+    }
+    if let Some(resume) = t.resume.as_mut() {
+        *resume = cwd.join(&*resume).to_string_lossy().into_owned();
+    }
+    s
+}
+
 /// Runs one scenario under supervision. `dir` is the scenario's own folder for logs and the
 /// resolved scenario file; `rel` is how that folder is named relative to the report.
 /// Returns `None` when the user interrupted it.
@@ -53,7 +68,9 @@ pub fn run_scenario(
     let prepare = |path: &Path, source| HarnessError::Prepare { path: path.to_path_buf(), source };
     std::fs::create_dir_all(dir).map_err(|e| prepare(dir, e))?;
     let resolved_file = dir.join("scenario.json");
-    let json = serde_json::to_string_pretty(&input.scenario).expect("scenarios always serialise");
+    let here = std::env::current_dir().map_err(|e| prepare(Path::new("."), e))?;
+    let resolved = with_absolute_paths(&input.scenario, &here, &here.join(dir));
+    let json = serde_json::to_string_pretty(&resolved).expect("scenarios always serialise");
     std::fs::write(&resolved_file, json + "\n").map_err(|e| prepare(&resolved_file, e))?;
 
     let plan = supervise::ScenarioPlan {

@@ -110,6 +110,9 @@ pub struct RankResult {
     /// sync).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub params_checksum: Option<String>,
+    /// Bytes of optimizer state the rank held (FSDP: its shard's only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub optimizer_state_bytes: Option<u64>,
     pub first_loss: Option<f64>,
     pub final_loss: Option<f64>,
     /// Fraction of step time spent waiting for data.

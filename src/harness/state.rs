@@ -3,7 +3,6 @@
 use serde::{Deserialize, Serialize};
 
 use crate::protocol::{Frame, Marker};
-use crate::scenario::PER_STEP_PHASES;
 
 use super::result::{PhaseSpan, ThreadStack};
 
@@ -36,6 +35,7 @@ pub struct RankState {
     pub done: bool,
     /// The parameter checksum the rank reported at the end of training.
     pub checksum: Option<String>,
+    pub optimizer_state_bytes: Option<u64>,
     pub error: Option<String>,
     pub crash_signal: Option<i32>,
     pub raw_backtrace: Vec<String>,
@@ -64,6 +64,12 @@ pub struct DatasetInfo {
     pub cache: String,
 }
 
+/// Phases repeated every step (`data.next`, `forward`, `allreduce`, …) are drawn as one `train`
+/// span in the timeline; checkpoint saves stand out on their own.
+fn collapses_into_train(phase: &str, step: Option<u64>) -> bool {
+    step.is_some() && !phase.starts_with("checkpoint.")
+}
+
 impl RankState {
     /// Folds one marker that arrived at `at` into the state.
     pub fn apply(&mut self, at: f64, marker: Marker) {
@@ -75,7 +81,7 @@ impl RankState {
                 self.intra_op_threads = Some(intra_op_threads);
             }
             Marker::Begin { phase, step } => {
-                if PER_STEP_PHASES.contains(&phase.as_str()) {
+                if collapses_into_train(&phase, step) {
                     if self.train_started_at.is_none() {
                         self.train_started_at = Some(at);
                         self.timeline.push(PhaseSpan { phase: "train".into(), start_s: at, end_s: None });
@@ -86,8 +92,8 @@ impl RankState {
                 self.phase = Some(phase);
                 self.step = step;
             }
-            Marker::End { phase, .. } => {
-                if !PER_STEP_PHASES.contains(&phase.as_str())
+            Marker::End { phase, step, .. } => {
+                if !collapses_into_train(&phase, step)
                     && let Some(span) = self.timeline.iter_mut().rev().find(|s| s.phase == phase)
                 {
                     span.end_s = Some(at);
@@ -113,9 +119,10 @@ impl RankState {
             }
             // Arrival time is all a progress marker is for (it moved `last_marker_at` above).
             Marker::Progress { .. } => {}
-            Marker::Done { checksum, .. } => {
+            Marker::Done { checksum, optimizer_state_bytes, .. } => {
                 self.done = true;
                 self.checksum = checksum;
+                self.optimizer_state_bytes = optimizer_state_bytes;
             }
             Marker::Error { message } => self.error = Some(message),
             Marker::CrashRaw { signal, addrs } => {

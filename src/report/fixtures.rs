@@ -74,6 +74,7 @@ fn rank(rank: u32, steps: u64) -> RankResult {
         torn_down_with: None,
         collateral: false,
         params_checksum: None,
+        optimizer_state_bytes: None,
         steps_done: steps,
         first_loss: losses.first().map(|l| l.1),
         final_loss: losses.last().map(|l| l.1),
@@ -123,7 +124,11 @@ pub fn passing() -> ScenarioResult {
             next_step: None,
         },
         first_failure: None,
-        ranks: vec![rank(0, 60)],
+        ranks: vec![RankResult {
+            params_checksum: Some("5d1c0f7e9a2b4c68".into()),
+            optimizer_state_bytes: Some(1_262_592),
+            ..rank(0, 60)
+        }],
         wall_s: 5.61,
         steps_per_s: Some(13.04),
         samples_per_s: Some(208.6),

@@ -137,6 +137,9 @@ fn scenario(doc: &mut Doc, s: &ScenarioResult) {
         doc.push(notes);
     }
     doc.push(speed_line(s));
+    if let Some(line) = parameters_line(s) {
+        doc.push(line);
+    }
     for r in &s.ranks {
         backtrace(doc, r);
     }
@@ -327,6 +330,37 @@ fn speed_line(s: &ScenarioResult) -> String {
         parts.push(format!("waiting for data {} of step time", waits.join(", ")));
     }
     format!("**Speed:** {}", parts.join(" · "))
+}
+
+/// Multi-rank runs: whether the ranks ended with the same parameters, and the optimizer state
+/// each held (FSDP shards it, so it is about 1/world of DDP's).
+fn parameters_line(s: &ScenarioResult) -> Option<String> {
+    let mut parts = Vec::new();
+    let sums: Vec<(u32, &str)> =
+        s.ranks.iter().filter_map(|r| r.params_checksum.as_deref().map(|c| (r.rank, c))).collect();
+    if s.ranks.len() > 1 && sums.len() == s.ranks.len() {
+        if sums.iter().all(|(_, c)| *c == sums[0].1) {
+            parts.push(format!("identical on all {} ranks (checksum `{}`)", s.ranks.len(), sums[0].1));
+        } else {
+            let each: Vec<String> = sums.iter().map(|(r, c)| format!("rank {r} `{c}`")).collect();
+            parts.push(format!("**differ across ranks**: {}", each.join(", ")));
+        }
+    }
+    let states: Vec<(u32, u64)> =
+        s.ranks.iter().filter_map(|r| r.optimizer_state_bytes.map(|b| (r.rank, b))).collect();
+    if !states.is_empty() {
+        let first = states[0].1;
+        let state = if states.iter().all(|(_, b)| *b == first) {
+            let per = if s.ranks.len() > 1 { " per rank" } else { "" };
+            format!("optimizer state {}{per}", text::bytes(first))
+        } else {
+            let each: Vec<String> =
+                states.iter().map(|(r, b)| format!("{} (rank {r})", text::bytes(*b))).collect();
+            format!("optimizer state {}", each.join(", "))
+        };
+        parts.push(state);
+    }
+    (!parts.is_empty()).then(|| format!("**Parameters:** {}", parts.join(" · ")))
 }
 
 fn backtrace(doc: &mut Doc, r: &RankResult) {

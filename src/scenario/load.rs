@@ -1285,11 +1285,8 @@ mod tests {
         }
 
         #[test]
-        fn not_supported_yet_mode() {
-            insta::assert_snapshot!(error(
-                "{\n  \"launch\": {\"mode\": \"fsdp\", \"world_size\": 2}\n}",
-                &[]
-            ));
+        fn not_supported_yet_device() {
+            insta::assert_snapshot!(error("{\n  \"launch\": {\"device\": \"cuda\"}\n}", &[]));
         }
 
         #[test]

@@ -167,6 +167,15 @@ pub struct Train {
     /// DDP: reduce parameters that got no gradient as zeros instead of failing like PyTorch's
     /// Reducer does without `find_unused_parameters=True`.
     pub find_unused_parameters: bool,
+    /// Save a checkpoint after every this many steps (0: never).
+    pub checkpoint_every: u64,
+    /// Where checkpoints go; relative paths are taken from the scenario's run directory (the
+    /// working directory under `ups-doctor train`).
+    pub checkpoint_dir: String,
+    /// A checkpoint to resume from: one `step-N` directory, or a checkpoint directory (its latest
+    /// complete checkpoint). Relative like `checkpoint_dir`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resume: Option<String>,
 }
 
 impl Default for Train {
@@ -179,6 +188,9 @@ impl Default for Train {
             accum_steps: 1,
             seed: 0,
             find_unused_parameters: false,
+            checkpoint_every: 0,
+            checkpoint_dir: "checkpoints".into(),
+            resume: None,
         }
     }
 }
@@ -327,8 +339,16 @@ pub enum FaultKind {
     /// This rank stops one step early (at `step`) and waits for the others at the end: ranks out
     /// of step, so the others block in a collective.
     UnevenSteps,
+    /// The encoder keeps a running mean of its input in a frozen parameter and updates it in
+    /// place during forward at this step: allowed on a plain parameter (single, DDP), refused by
+    /// libtorch when the parameter is a view of an FSDP flat parameter.
+    InplaceView,
 }
 
 /// Phases a fault may name. Per-step phases fire at `step`; the others fire once.
 pub const PER_STEP_PHASES: [&str; 4] = ["data.next", "forward", "backward", "optimizer"];
 pub const ONE_OFF_PHASES: [&str; 3] = ["start", "data.generate", "model.build"];
+/// Checkpoint phases fire at the step being saved: `checkpoint.save` begins the save,
+/// `checkpoint.commit` begins once this rank's file is written, before the ranks agree that the
+/// save is complete and rank 0 renames it into place.
+pub const CHECKPOINT_PHASES: [&str; 2] = ["checkpoint.save", "checkpoint.commit"];

@@ -10,8 +10,8 @@ use serde_json::Value;
 
 use super::load::{self, Source};
 use super::model::{
-    Backend, Cache, Data, Device, Expect, Fault, FaultKind, Launch, Limits, Mode, Model, ONE_OFF_PHASES,
-    OutcomeKind, PER_STEP_PHASES, Scenario, StartMethod, Train,
+    Backend, CHECKPOINT_PHASES, Cache, Data, Device, Expect, Fault, FaultKind, Launch, Limits, Mode, Model,
+    ONE_OFF_PHASES, OutcomeKind, PER_STEP_PHASES, Scenario, StartMethod, Train,
 };
 use super::{path, suggest};
 use crate::protocol::{signal_name, signal_number};
@@ -239,7 +239,7 @@ fn check_expect(e: &Expect) -> Checked {
 
 /// Every phase a fault may name, `model.build/<component>` aside.
 fn known_phases() -> Vec<&'static str> {
-    PER_STEP_PHASES.iter().chain(ONE_OFF_PHASES.iter()).copied().collect()
+    PER_STEP_PHASES.iter().chain(ONE_OFF_PHASES.iter()).chain(CHECKPOINT_PHASES.iter()).copied().collect()
 }
 
 fn check_fault(s: &Scenario, index: usize, fault: &Fault) -> Checked {
@@ -280,7 +280,7 @@ fn check_fault(s: &Scenario, index: usize, fault: &Fault) -> Checked {
     }
     let acts_in = match fault.fault {
         FaultKind::UnevenSteps => Some("data.next"),
-        FaultKind::UnusedParam => Some("forward"),
+        FaultKind::UnusedParam | FaultKind::InplaceView => Some("forward"),
         _ => None,
     };
     if let Some(only) = acts_in
@@ -369,17 +369,14 @@ fn json_name<T: Serialize>(value: &T) -> String {
 /// scenario never silently runs something other than what it says. Each check names the issue
 /// that lifts it: delete its lines when that work lands.
 pub(crate) fn not_supported_yet(s: &Scenario) -> Checked {
-    const DISTRIBUTED: &str = "FSDP and the NCCL backend arrive with issue #3 (DDP over `tcp` works)";
+    const DISTRIBUTED: &str = "the NCCL backend arrives with issue #3 (DDP and FSDP over `tcp` work)";
     const GPU: &str = "GPU support arrives with issue #6";
     const WORKERS: &str = "data-loader workers arrive with issue #4";
     let refuse = |field: &str, value: String, why: &str, hint: &str| {
         Err(Invalid::new(field, format!("`{value}` is not supported yet: {why}")).hint(hint))
     };
 
-    // Issue #3: distributed training. DDP over the `tcp` backend works; FSDP and NCCL are next.
-    if s.launch.mode == Mode::Fsdp {
-        return refuse("launch.mode", json_name(&s.launch.mode), DISTRIBUTED, "use `mode: ddp` for now");
-    }
+    // Issue #3: distributed training. DDP and FSDP over the `tcp` backend work; NCCL is next.
     if s.launch.backend == Backend::Nccl {
         return refuse(
             "launch.backend",
@@ -667,7 +664,6 @@ mod tests {
     fn values_for_later_work_are_refused_not_ignored() {
         type Edit = Box<dyn Fn(&mut Scenario)>;
         let refused: Vec<(&str, Edit)> = vec![
-            ("launch.mode", Box::new(|s| s.launch.mode = Mode::Fsdp)),
             ("launch.backend", Box::new(|s| s.launch.backend = Backend::Nccl)),
             ("launch.device", Box::new(|s| s.launch.device = Device::Cuda)),
             ("train.amp", Box::new(|s| s.train.amp = true)),
@@ -691,10 +687,8 @@ mod tests {
         s.launch.world_size = 2;
         assert_eq!(not_supported_yet(&s), Ok(()));
         assert_eq!(check(&s).unwrap_err().field, "launch.world_size");
-        assert_eq!(
-            problem(|s| s.launch.mode = Mode::Fsdp).1,
-            "`fsdp` is not supported yet: FSDP and the NCCL backend arrive with issue #3 (DDP over `tcp` works)"
-        );
+        s.launch.mode = Mode::Fsdp;
+        assert_eq!(check(&s), Ok(()), "FSDP has landed");
         assert_eq!(
             problem(|s| s.launch.device = Device::Cuda).1,
             "`cuda` is not supported yet: GPU support arrives with issue #6"

@@ -13,47 +13,30 @@ const BUCKET_BYTES: usize = 25 << 20;
 
 /// The model's parameters in a stable order (sorted by name) and the gradient reducer.
 pub struct Ddp {
+    /// The parameters that require grad, by name.
     params: Vec<(String, Tensor)>,
+    /// Every variable, frozen ones included, for the end-of-training checksum.
+    checksum_over: Vec<Tensor>,
     find_unused: bool,
     /// Indices of parameters that got no gradient in the last iteration, when that is an error.
     unused_last_iteration: Option<Vec<usize>>,
 }
 
 impl Ddp {
-    /// Checks that every rank has the same parameters, then makes them rank 0's.
+    /// Checks that every rank has the same parameters, then makes them rank 0's. Only parameters
+    /// that require grad take part in gradient reduction, as in PyTorch.
     pub fn new(vs: &nn::VarStore, coll: &mut dyn Collective, find_unused: bool) -> Result<Ddp, TrainError> {
-        let mut params: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
-        params.sort_by(|a, b| a.0.cmp(&b.0));
-        let describe = |ps: &[(String, Tensor)]| -> String {
-            ps.iter().map(|(name, t)| format!("{name}:{:?}", t.size())).collect::<Vec<_>>().join(";")
-        };
-        let all = coll.all_gather_bytes(describe(&params).as_bytes())?;
-        let rank = coll.rank();
-        let counts: Vec<usize> =
-            all.iter().map(|b| if b.is_empty() { 0 } else { b.split(|&c| c == b';').count() }).collect();
-        if let Some(other) = counts.iter().position(|&c| c != counts[rank]) {
-            return Err(TrainError::Ddp(format!(
-                "DDP expects same model across all ranks, but Rank {rank} has {} params, while rank {other} has inconsistent {} params.",
-                counts[rank], counts[other]
-            )));
-        }
-        if let Some(other) = all.iter().position(|b| b != &all[rank]) {
-            let mine = String::from_utf8_lossy(&all[rank]).into_owned();
-            let theirs = String::from_utf8_lossy(&all[other]).into_owned();
-            let (a, b) = mine
-                .split(';')
-                .zip(theirs.split(';'))
-                .find(|(a, b)| a != b)
-                .map_or((mine.clone(), theirs.clone()), |(a, b)| (a.to_string(), b.to_string()));
-            return Err(TrainError::Ddp(format!(
-                "DDP expects same model across all ranks, but rank {rank}'s parameter `{a}` does not match rank {other}'s `{b}`."
-            )));
-        }
-        for (_, p) in &params {
-            let mut data = p.detach();
-            coll.broadcast(&mut data, 0)?;
-        }
-        Ok(Ddp { params, find_unused, unused_last_iteration: None })
+        let mut all: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
+        all.sort_by(|a, b| a.0.cmp(&b.0));
+        verify_and_broadcast(&all, coll)?;
+        let checksum_over = all.iter().map(|(_, t)| t.shallow_clone()).collect();
+        let params = all.into_iter().filter(|(_, t)| t.requires_grad()).collect();
+        Ok(Ddp { params, checksum_over, find_unused, unused_last_iteration: None })
+    }
+
+    /// The parameters that are reduced and optimised, sorted by name.
+    pub fn params(&self) -> Vec<Tensor> {
+        self.params.iter().map(|(_, t)| t.shallow_clone()).collect()
     }
 
     /// Called before each forward: raises the Reducer's error if the last iteration left
@@ -114,8 +97,46 @@ impl Ddp {
 
     /// A checksum of every parameter's bytes, to compare ranks after training.
     pub fn checksum(&self) -> String {
-        params_checksum(self.params.iter().map(|(_, t)| t))
+        params_checksum(self.checksum_over.iter())
     }
+}
+
+/// Checks that every rank built the same model (PyTorch's texts on a mismatch), then
+/// overwrites every rank's parameters with rank 0's. `params` is sorted by name.
+pub(crate) fn verify_and_broadcast(
+    params: &[(String, Tensor)],
+    coll: &mut dyn Collective,
+) -> Result<(), TrainError> {
+    let describe = |ps: &[(String, Tensor)]| -> String {
+        ps.iter().map(|(name, t)| format!("{name}:{:?}", t.size())).collect::<Vec<_>>().join(";")
+    };
+    let all = coll.all_gather_bytes(describe(params).as_bytes())?;
+    let rank = coll.rank();
+    let counts: Vec<usize> =
+        all.iter().map(|b| if b.is_empty() { 0 } else { b.split(|&c| c == b';').count() }).collect();
+    if let Some(other) = counts.iter().position(|&c| c != counts[rank]) {
+        return Err(TrainError::Ddp(format!(
+            "DDP expects same model across all ranks, but Rank {rank} has {} params, while rank {other} has inconsistent {} params.",
+            counts[rank], counts[other]
+        )));
+    }
+    if let Some(other) = all.iter().position(|b| b != &all[rank]) {
+        let mine = String::from_utf8_lossy(&all[rank]).into_owned();
+        let theirs = String::from_utf8_lossy(&all[other]).into_owned();
+        let (a, b) = mine
+            .split(';')
+            .zip(theirs.split(';'))
+            .find(|(a, b)| a != b)
+            .map_or((mine.clone(), theirs.clone()), |(a, b)| (a.to_string(), b.to_string()));
+        return Err(TrainError::Ddp(format!(
+            "DDP expects same model across all ranks, but rank {rank}'s parameter `{a}` does not match rank {other}'s `{b}`."
+        )));
+    }
+    for (_, p) in params {
+        let mut data = p.detach();
+        coll.broadcast(&mut data, 0)?;
+    }
+    Ok(())
 }
 
 /// All-reduces one bucket of gradients as one flat buffer, averaged, and writes it back.

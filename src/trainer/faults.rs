@@ -18,6 +18,16 @@ pub enum Effect {
     UnusedParam,
     /// Stop the training loop here and go to the end-of-training barrier.
     StopEarly,
+    /// Update the encoder's running-mean parameter in place during this forward.
+    InplaceView,
+}
+
+impl Faults {
+    /// Whether any fault of the scenario (on any rank: every rank must build the same model)
+    /// needs the encoder's running-mean parameter.
+    pub fn needs_running_mean(scenario: &Scenario) -> bool {
+        scenario.inject.iter().any(|f| f.fault == FaultKind::InplaceView)
+    }
 }
 
 /// The faults that apply to this rank, filtered by `rank` and `when` once at start-up.
@@ -60,6 +70,7 @@ impl Faults {
                 FaultKind::ExitError => effect = Effect::ExitError,
                 FaultKind::UnusedParam => effect = Effect::UnusedParam,
                 FaultKind::UnevenSteps => effect = Effect::StopEarly,
+                FaultKind::InplaceView => effect = Effect::InplaceView,
             }
         }
         effect

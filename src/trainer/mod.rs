@@ -6,12 +6,15 @@
 //! dropped), so `ups-doctor train` can be run by hand or under torchrun.
 
 pub mod burgers;
+pub mod checkpoint;
 pub mod crash;
 pub mod ddp;
 pub mod dist;
 pub mod faults;
+pub mod fsdp;
 pub mod markers;
 pub mod model;
+pub mod optim;
 pub mod train;
 
 use crate::protocol::Marker;

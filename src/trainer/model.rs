@@ -29,10 +29,13 @@ pub struct Encoder {
     proj_out: nn::Linear,
     pos: Tensor,
     tokens: i64,
+    /// A running mean of the input, kept in a frozen parameter (no gradient) and updated in place
+    /// during forward; only built for the `inplace_view` fault, which performs that update.
+    running_mean: Option<Tensor>,
 }
 
 impl Encoder {
-    pub fn new(p: &nn::Path, cfg: &ModelConfig) -> Encoder {
+    pub fn new(p: &nn::Path, cfg: &ModelConfig, running_mean: bool) -> Encoder {
         let h = cfg.hidden as i64;
         let tokens = cfg.latent_tokens as i64;
         Encoder {
@@ -40,7 +43,22 @@ impl Encoder {
             proj_out: nn::linear(p / "proj_out", h, h, Default::default()),
             pos: p.var("pos", &[tokens, h], nn::Init::Randn { mean: 0.0, stdev: 0.02 }),
             tokens,
+            running_mean: running_mean.then(|| p.zeros_no_train("running_mean", &[1])),
         }
+    }
+
+    /// Updates the running mean of `u` in place, with autograd on, the way a component that keeps
+    /// statistics in a parameter does. Fine on a frozen leaf (single, DDP); under FSDP the
+    /// parameter is a view of a flat parameter that requires grad, and libtorch refuses.
+    pub fn update_running_mean(&self, u: &Tensor) -> Result<(), tch::TchError> {
+        // Tensor operands, not scalar ones: tch checks libtorch's error of a `*_scalar_` op only
+        // after dropping the scalar, and that drop panics on it.
+        if let Some(running) = &self.running_mean {
+            let mut running = running.shallow_clone();
+            let _ = running.f_mul_(&Tensor::from(0.9f32))?;
+            let _ = running.f_add_(&(u.mean(Kind::Float) * 0.1))?;
+        }
+        Ok(())
     }
 
     /// `u`: `(B, G)` values on the grid `x`: `(G,)` → `(B, T, H)`.
@@ -51,6 +69,25 @@ impl Encoder {
         // Supernode pooling: contiguous groups of grid points become one token each.
         let pooled = h.view([b, self.tokens, g / self.tokens, -1]).mean_dim(2, false, Kind::Float);
         self.proj_out.forward(&pooled) + &self.pos
+    }
+}
+
+/// Collects a model part's parameter tensors under their variable names (`prefix.weight`, …).
+type Params<'a> = Vec<(String, &'a mut Tensor)>;
+
+fn linear_params<'a>(l: &'a mut nn::Linear, prefix: &str, out: &mut Params<'a>) {
+    out.push((format!("{prefix}.weight"), &mut l.ws));
+    if let Some(b) = l.bs.as_mut() {
+        out.push((format!("{prefix}.bias"), b));
+    }
+}
+
+fn layer_norm_params<'a>(l: &'a mut nn::LayerNorm, prefix: &str, out: &mut Params<'a>) {
+    if let Some(w) = l.ws.as_mut() {
+        out.push((format!("{prefix}.weight"), w));
+    }
+    if let Some(b) = l.bs.as_mut() {
+        out.push((format!("{prefix}.bias"), b));
     }
 }
 
@@ -258,13 +295,16 @@ pub fn unit_names(cfg: &ModelConfig) -> Vec<String> {
 impl Operator {
     /// Builds the model unit by unit; `on_unit` is called before each unit is built (the trainer
     /// emits a `model.build/<unit>` phase and fires faults there).
+    /// `running_mean` adds the encoder's frozen running-mean parameter (see
+    /// [`Encoder::update_running_mean`]).
     pub fn build(
         p: &nn::Path,
         cfg: &ModelConfig,
+        running_mean: bool,
         mut on_unit: impl FnMut(&str, &mut dyn FnMut()),
     ) -> Operator {
         let mut encoder = None;
-        on_unit("encoder", &mut || encoder = Some(Encoder::new(&(p / "encoder"), cfg)));
+        on_unit("encoder", &mut || encoder = Some(Encoder::new(&(p / "encoder"), cfg, running_mean)));
         let mut conditioner = None;
         if cfg.conditioning {
             on_unit("conditioner", &mut || conditioner = Some(Conditioner::new(&(p / "conditioner"), cfg)));
@@ -286,6 +326,50 @@ impl Operator {
             stages,
             decoder: decoder.expect("on_unit must run the build of `decoder`"),
         }
+    }
+
+    /// Every parameter tensor the forward pass reads, under its `VarStore` name, so FSDP can
+    /// replace each with a view of its unit's gathered flat parameter.
+    pub fn params_mut(&mut self) -> Vec<(String, &mut Tensor)> {
+        let mut out = Params::new();
+        let e = &mut self.encoder;
+        linear_params(&mut e.proj_in, "encoder.proj_in", &mut out);
+        linear_params(&mut e.proj_out, "encoder.proj_out", &mut out);
+        out.push(("encoder.pos".into(), &mut e.pos));
+        if let Some(r) = e.running_mean.as_mut() {
+            out.push(("encoder.running_mean".into(), r));
+        }
+        if let Some(c) = self.conditioner.as_mut() {
+            linear_params(&mut c.fc1, "conditioner.fc1", &mut out);
+            linear_params(&mut c.fc2, "conditioner.fc2", &mut out);
+        }
+        for (s, blocks) in self.stages.iter_mut().enumerate() {
+            for (b, block) in blocks.iter_mut().enumerate() {
+                let p = format!("stage{s}.block{b}");
+                for (name, n) in [("norm1", block.norm1.as_mut()), ("norm2", Some(&mut block.norm2))] {
+                    if let Some(n) = n {
+                        layer_norm_params(&mut n.norm, &format!("{p}.{name}.norm"), &mut out);
+                        if let Some(m) = n.modulation.as_mut() {
+                            linear_params(m, &format!("{p}.{name}.modulation"), &mut out);
+                        }
+                    }
+                }
+                if let Some(a) = block.attn.as_mut() {
+                    linear_params(&mut a.qkv, &format!("{p}.attn.qkv"), &mut out);
+                    linear_params(&mut a.out, &format!("{p}.attn.out"), &mut out);
+                }
+                linear_params(&mut block.fc1, &format!("{p}.fc1"), &mut out);
+                linear_params(&mut block.fc2, &format!("{p}.fc2"), &mut out);
+            }
+        }
+        let d = &mut self.decoder;
+        linear_params(&mut d.query, "decoder.query", &mut out);
+        layer_norm_params(&mut d.norm, "decoder.norm", &mut out);
+        linear_params(&mut d.kv, "decoder.kv", &mut out);
+        linear_params(&mut d.out, "decoder.out", &mut out);
+        linear_params(&mut d.fc1, "decoder.fc1", &mut out);
+        linear_params(&mut d.fc2, "decoder.fc2", &mut out);
+        out
     }
 
     /// `u`: `(B, G)` at time t on grid `x`, `nu`: `(B,)`, `xq`: `(B, Q)` → prediction `(B, Q)` at t+1.

@@ -10,11 +10,14 @@ use crate::protocol::Marker;
 use crate::scenario::{Mode, Scenario};
 
 use super::burgers::{self, Trajectories};
+use super::checkpoint;
 use super::ddp::{Ddp, params_checksum};
 use super::dist::{Collective, DistError, Store, connect_tcp};
 use super::faults::{Effect, Faults};
+use super::fsdp::Fsdp;
 use super::markers::{self, Phase};
 use super::model::Operator;
+use super::optim::{self, AdamW};
 
 /// Who this process is, from the torchrun environment (defaults: rank 0 of 1).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -75,6 +78,8 @@ pub enum TrainError {
     Dist(#[from] DistError),
     #[error("{0}")]
     Ddp(String),
+    #[error("{0}")]
+    Checkpoint(#[from] checkpoint::CheckpointError),
 }
 
 /// How a finished training went.
@@ -228,18 +233,23 @@ fn end_of_training_barrier(store: &Store, rank: u32, world: u32, faults: &Faults
     Ok(())
 }
 
+/// How this rank's parameters are shared with the others.
+enum Parallel {
+    /// One rank: the model's own trainable parameters, sorted by name.
+    Single(Vec<(String, Tensor)>),
+    Ddp(Ddp),
+    Fsdp(Fsdp),
+}
+
 /// Trains the scenario's model on this rank. Markers report every phase; the caller turns an
 /// error into an `error` marker and exit status 1.
 pub fn train(scenario: &Scenario, env: RankEnv) -> Result<Summary, TrainError> {
     let mode = scenario.launch.mode;
     if mode == Mode::Single && env.world_size > 1 {
         return Err(TrainError::Environment(format!(
-            "`WORLD_SIZE={}` but the scenario's `launch.mode` is `single`; use `ddp` for more than one rank",
+            "`WORLD_SIZE={}` but the scenario's `launch.mode` is `single`; use `ddp` or `fsdp` for more than one rank",
             env.world_size
         )));
-    }
-    if mode == Mode::Fsdp {
-        return Err(TrainError::Unsupported("`launch.mode: fsdp` is not supported yet".into()));
     }
     markers::emit(&Marker::Start {
         pid: std::process::id(),
@@ -252,7 +262,7 @@ pub fn train(scenario: &Scenario, env: RankEnv) -> Result<Summary, TrainError> {
     let faults = Faults::for_rank(scenario, env.rank);
     let (start, _) = enter(&faults, "start", None)?;
     start.end();
-    let mut dist = if mode == Mode::Ddp { Some(init_distributed(scenario, &env, &faults)?) } else { None };
+    let mut dist = if mode != Mode::Single { Some(init_distributed(scenario, &env, &faults)?) } else { None };
 
     tch::manual_seed(scenario.train.seed as i64);
     let d = &scenario.data;
@@ -266,7 +276,8 @@ pub fn train(scenario: &Scenario, env: RankEnv) -> Result<Summary, TrainError> {
 
     let vs = nn::VarStore::new(Device::Cpu);
     let mut build_error = None;
-    let model = Operator::build(&vs.root(), &scenario.model, |unit, build| {
+    let running_mean = Faults::needs_running_mean(scenario);
+    let mut model = Operator::build(&vs.root(), &scenario.model, running_mean, |unit, build| {
         if build_error.is_some() {
             return build();
         }
@@ -285,23 +296,79 @@ pub fn train(scenario: &Scenario, env: RankEnv) -> Result<Summary, TrainError> {
         return Err(e);
     }
     let t = &scenario.train;
-    let mut ddp = match dist.as_mut() {
-        Some((_, coll)) => {
+    let mut par = match (mode, dist.as_mut()) {
+        (Mode::Ddp, Some((_, coll))) => {
             let (phase, _) = enter(&faults, "ddp.init", None)?;
             let ddp = Ddp::new(&vs, coll.as_mut(), t.find_unused_parameters)?;
             phase.end();
-            Some(ddp)
+            Parallel::Ddp(ddp)
         }
-        None => None,
+        (Mode::Fsdp, Some((_, coll))) => {
+            let (phase, _) = enter(&faults, "fsdp.init", None)?;
+            let fsdp = Fsdp::new(&vs, coll.as_mut())?;
+            phase.end();
+            Parallel::Fsdp(fsdp)
+        }
+        _ => {
+            let mut params: Vec<(String, Tensor)> =
+                vs.variables().into_iter().filter(|(_, t)| t.requires_grad()).collect();
+            params.sort_by(|a, b| a.0.cmp(&b.0));
+            Parallel::Single(params)
+        }
     };
-    let mut opt = nn::AdamW { wd: t.weight_decay, ..Default::default() }.build(&vs, t.lr)?;
+    // What the optimizer updates (whole parameters, or this rank's FSDP shards) and what a
+    // checkpoint of this rank holds (every variable by name, or the shards by unit).
+    let opt_params: Vec<Tensor> = match &par {
+        Parallel::Single(p) => p.iter().map(|(_, t)| t.shallow_clone()).collect(),
+        Parallel::Ddp(ddp) => ddp.params(),
+        Parallel::Fsdp(fsdp) => fsdp.shards(),
+    };
+    let saved: Vec<(String, Tensor)> = match &par {
+        Parallel::Fsdp(fsdp) => {
+            fsdp.layout().into_iter().zip(fsdp.shards()).map(|((unit, ..), t)| (unit, t)).collect()
+        }
+        _ => {
+            let mut all: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
+            all.sort_by(|a, b| a.0.cmp(&b.0));
+            all
+        }
+    };
+    let mut opt = AdamW::new(&opt_params, t.weight_decay);
+    // libtorch's optimizer `zero_grad` sets `.grad` back to undefined (`set_to_none`), which tch
+    // offers no other way to do; DDP's unused-parameter detection needs exactly that. This
+    // optimizer is never stepped.
+    let mut grad_reset = nn::Sgd::default().build(&vs, 0.0)?;
 
     let accum = t.accum_steps.max(1) as u64;
     let mut losses = Vec::with_capacity(t.steps as usize);
+    let mut first_step = 0;
+    let mut batches_drawn = 0u64;
+    if let Some(from) = &t.resume {
+        let (phase, _) = enter(&faults, "checkpoint.load", None)?;
+        let path = checkpoint::resolve(std::path::Path::new(from))?;
+        let meta = checkpoint::read_meta(&path, mode_name(mode), env.world_size)?;
+        let file_rank = if mode == Mode::Fsdp { env.rank } else { 0 };
+        checkpoint::read_rank_file(&path, file_rank, &saved, &mut opt)?;
+        // The data order continues where it stopped: replay the sampler's draws.
+        for _ in 0..meta.batches_drawn {
+            sampler.next();
+        }
+        batches_drawn = meta.batches_drawn;
+        first_step = meta.step;
+        losses = meta.losses;
+        println!("resumed from {} at step {first_step}", path.display());
+        phase.end();
+    }
+
     let loop_start = Instant::now();
-    let mut steps_done = 0;
-    'training: for step in 0..t.steps {
+    let mut steps_done = first_step;
+    'training: for step in first_step..t.steps {
         let (mut data_ms, mut compute_ms, mut loss_sum) = (0.0, 0.0, 0.0);
+        if let (Parallel::Fsdp(fsdp), Some((_, coll))) = (&mut par, dist.as_mut()) {
+            let (phase, _) = enter(&faults, "allgather", Some(step))?;
+            fsdp.gather(&mut model, coll.as_mut())?;
+            compute_ms += phase.end();
+        }
         for _ in 0..accum {
             let (phase, effect) = enter(&faults, "data.next", Some(step))?;
             if effect == Effect::StopEarly {
@@ -309,11 +376,15 @@ pub fn train(scenario: &Scenario, env: RankEnv) -> Result<Summary, TrainError> {
                 break 'training;
             }
             let batch = sampler.next();
+            batches_drawn += 1;
             data_ms += phase.end();
 
             let (phase, effect) = enter(&faults, "forward", Some(step))?;
-            if let Some(ddp) = ddp.as_mut() {
+            if let Parallel::Ddp(ddp) = &mut par {
                 ddp.before_forward(env.rank as usize)?;
+            }
+            if effect == Effect::InplaceView {
+                model.encoder.update_running_mean(&batch.u)?;
             }
             let skip_last_block = effect == Effect::UnusedParam;
             let pred = model.forward(&batch.u, &sampler.x, &batch.nu, &batch.xq, skip_last_block);
@@ -333,20 +404,35 @@ pub fn train(scenario: &Scenario, env: RankEnv) -> Result<Summary, TrainError> {
             compute_ms += phase.end();
         }
         let mut loss = loss_sum / accum as f64;
-        if let (Some(ddp), Some((_, coll))) = (ddp.as_mut(), dist.as_mut()) {
-            let (phase, _) = enter(&faults, "allreduce", Some(step))?;
-            ddp.sync_gradients(coll.as_mut())?;
-            // Report the global loss, as a one-rank run on the global batch would.
-            let mut global = Tensor::from_slice(&[loss as f32]);
-            coll.all_reduce_sum(&mut global)?;
-            loss = f64::try_from(global)? / f64::from(env.world_size);
-            compute_ms += phase.end();
-        }
+        let grads: Vec<Tensor> = match (&mut par, dist.as_mut()) {
+            (Parallel::Single(p), _) => p.iter().map(|(_, t)| t.grad()).collect(),
+            (Parallel::Ddp(ddp), Some((_, coll))) => {
+                let (phase, _) = enter(&faults, "allreduce", Some(step))?;
+                ddp.sync_gradients(coll.as_mut())?;
+                loss = global_loss(coll.as_mut(), loss)?;
+                compute_ms += phase.end();
+                ddp.params().iter().map(Tensor::grad).collect()
+            }
+            (Parallel::Fsdp(fsdp), Some((_, coll))) => {
+                let (phase, _) = enter(&faults, "reduce_scatter", Some(step))?;
+                let grads = fsdp.shard_grads(coll.as_mut())?;
+                loss = global_loss(coll.as_mut(), loss)?;
+                compute_ms += phase.end();
+                grads
+            }
+            _ => unreachable!("ddp and fsdp always have a collective"),
+        };
         let (phase, _) = enter(&faults, "optimizer", Some(step))?;
-        opt.set_lr(t.lr * warmup_factor(step, t.steps));
-        opt.clip_grad_norm(GRAD_CLIP_NORM);
-        opt.step();
-        opt.zero_grad();
+        let mut norm_sq = optim::squared_norm(&grads);
+        if let (Parallel::Fsdp(_), Some((_, coll))) = (&par, dist.as_mut()) {
+            // Each rank holds a slice of the gradient: the global norm sums their squares.
+            let mut total = Tensor::from_slice(&[norm_sq as f32]);
+            coll.all_reduce_sum(&mut total)?;
+            norm_sq = f64::try_from(total)?;
+        }
+        optim::clip_to(&grads, norm_sq.sqrt(), GRAD_CLIP_NORM);
+        opt.step(&opt_params, &grads, t.lr * warmup_factor(step, t.steps));
+        grad_reset.zero_grad();
         compute_ms += phase.end();
 
         losses.push(loss);
@@ -359,16 +445,32 @@ pub fn train(scenario: &Scenario, env: RankEnv) -> Result<Summary, TrainError> {
             samples: d.batch_size as u64 * accum,
         });
         if (step + 1) % (t.steps / 10).max(1) == 0 || step + 1 == t.steps {
-            let rate = (step + 1) as f64 / loop_start.elapsed().as_secs_f64();
+            let rate = (step + 1 - first_step) as f64 / loop_start.elapsed().as_secs_f64();
             println!("step {}/{}  loss {loss:.5}  {rate:.1} steps/s", step + 1, t.steps);
+        }
+        if t.checkpoint_every > 0 && steps_done % t.checkpoint_every == 0 {
+            let meta = checkpoint::Meta {
+                format: checkpoint::FORMAT,
+                step: steps_done,
+                mode: mode_name(mode).into(),
+                world_size: env.world_size,
+                files: match mode {
+                    Mode::Fsdp => (0..env.world_size).map(|r| format!("rank{r}.ot")).collect(),
+                    _ => vec!["rank0.ot".into()],
+                },
+                batches_drawn,
+                losses: losses.clone(),
+            };
+            save_checkpoint(t, &env, &faults, &meta, &saved, &opt, dist.as_mut().map(|(_, c)| c))?;
         }
     }
     if let Some((store, _)) = dist.as_ref() {
         end_of_training_barrier(store, env.rank, env.world_size, &faults)?;
     }
-    let checksum = match &ddp {
-        Some(ddp) => ddp.checksum(),
-        None => params_checksum(vs.trainable_variables().iter()),
+    let checksum = match (&par, dist.as_mut()) {
+        (Parallel::Ddp(ddp), _) => ddp.checksum(),
+        (Parallel::Fsdp(fsdp), Some((_, coll))) => fsdp.checksum(coll.as_mut())?,
+        _ => params_checksum(saved.iter().map(|(_, t)| t)),
     };
     let summary = Summary {
         steps: steps_done,
@@ -381,6 +483,63 @@ pub fn train(scenario: &Scenario, env: RankEnv) -> Result<Summary, TrainError> {
         first_loss: summary.first_loss,
         final_loss: summary.final_loss,
         checksum: Some(checksum),
+        optimizer_state_bytes: Some(opt.state_bytes()),
     });
     Ok(summary)
+}
+
+/// The scenario's `launch.mode` as written in files.
+fn mode_name(mode: Mode) -> &'static str {
+    match mode {
+        Mode::Single => "single",
+        Mode::Ddp => "ddp",
+        Mode::Fsdp => "fsdp",
+    }
+}
+
+/// The mean of every rank's loss: what a one-rank run on the global batch would report.
+fn global_loss(coll: &mut dyn Collective, loss: f64) -> Result<f64, TrainError> {
+    let mut global = Tensor::from_slice(&[loss as f32]);
+    coll.all_reduce_sum(&mut global)?;
+    Ok(f64::try_from(global)? / coll.world_size() as f64)
+}
+
+/// Saves a checkpoint: rank 0 (or, under FSDP, every rank) writes its file into a temporary
+/// directory, every rank waits for the others, then rank 0 renames it into place.
+fn save_checkpoint(
+    t: &crate::scenario::Train,
+    env: &RankEnv,
+    faults: &Faults,
+    meta: &checkpoint::Meta,
+    saved: &[(String, Tensor)],
+    opt: &AdamW,
+    mut coll: Option<&mut Box<dyn Collective>>,
+) -> Result<(), TrainError> {
+    let dir = std::path::Path::new(&t.checkpoint_dir);
+    let step = meta.step;
+    let (phase, _) = enter(faults, "checkpoint.save", Some(step))?;
+    if env.rank == 0 {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| checkpoint::CheckpointError::Io { path: dir.into(), what: e.to_string() })?;
+        checkpoint::begin_save(dir, step)?;
+    }
+    if let Some(coll) = coll.as_mut() {
+        coll.barrier()?;
+    }
+    if env.rank == 0 || meta.mode == "fsdp" {
+        checkpoint::write_rank_file(dir, step, env.rank, saved, opt)?;
+    }
+    // From here until rank 0 renames the directory, a rank that dies leaves the save incomplete:
+    // the others fail in this barrier and nothing is renamed.
+    let (commit, _) = enter(faults, "checkpoint.commit", Some(step))?;
+    if let Some(coll) = coll.as_mut() {
+        coll.barrier()?;
+    }
+    if env.rank == 0 {
+        let done = checkpoint::commit(dir, meta)?;
+        println!("checkpoint saved: {}", done.display());
+    }
+    commit.end();
+    phase.end();
+    Ok(())
 }
