@@ -1,6 +1,7 @@
 //! Distributed plumbing for rank processes: rendezvous through libtorch's own `c10d::TCPStore`
-//! ([`store`]), the [`Collective`] trait every backend implements ([`collective`]), and the CPU
-//! `tcp` backend with ring algorithms written here ([`tcp`]).
+//! ([`store`]), the [`Collective`] trait every backend implements ([`collective`]), the CPU
+//! `tcp` backend with ring algorithms written here ([`tcp`]), the CUDA `nccl` backend over NCCL
+//! ([`nccl`]), and which of the two a rank uses ([`resolve`]).
 //!
 //! Theory of operation: rank 0 hosts a [`Store`] on `MASTER_ADDR:MASTER_PORT` and every rank
 //! connects to it, exactly as torchrun-launched PyTorch ranks do, so ranks can be launched by the
