@@ -177,7 +177,8 @@ fn nccl_on_cpu_ranks_is_refused_before_anything_runs() {
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(
         stderr.contains(
-            "`launch.backend`: `nccl` needs CUDA tensors, but `device` is `cpu`: NCCL cannot reduce CPU memory"
+            "`launch.backend`: `nccl` needs CUDA tensors, but `device` is `cpu`: NCCL cannot reduce CPU \
+             memory"
         ),
         "{stderr}"
     );

@@ -155,13 +155,13 @@ mod tests {
     fn loaded_library_dir_reads_the_path_column_of_proc_maps() {
         let maps = "\
 7f0000000000-7f0000001000 r--p 00000000 08:01 123 /usr/lib/x86_64-linux-gnu/libc.so.6
-7f0000002000-7f0000003000 r-xp 00001000 08:01 456 /opt/torch/.venv/lib/python3.12/site-packages/torch/lib/libtorch_cpu.so
+7f0000002000-7f0000003000 r-xp 00001000 08:01 456 /opt/venv/site-packages/torch/lib/libtorch_cpu.so
 7f0000004000-7f0000005000 rw-p 00000000 00:00 0 
 7f0000006000-7f0000007000 r--p 00000000 08:01 789 /tmp/dir with space/lib/libtorch_cpu.so
 ";
         assert_eq!(
             loaded_library_dir(maps, "libtorch_cpu.so"),
-            Some(PathBuf::from("/opt/torch/.venv/lib/python3.12/site-packages/torch/lib"))
+            Some(PathBuf::from("/opt/venv/site-packages/torch/lib"))
         );
         assert_eq!(
             loaded_library_dir(&maps.lines().skip(2).collect::<Vec<_>>().join("\n"), "libtorch_cpu.so"),

@@ -274,13 +274,13 @@ impl NcclLib {
     }
 
     /// A fresh unique id (rank 0's part of the rendezvous). Needs no GPU.
-    pub fn unique_id(&self) -> Result<ncclUniqueId, String> {
+    pub fn unique_id(&self) -> Result<ncclUniqueId, (u32, String)> {
         let mut id = ncclUniqueId { internal: [0; 128] };
         // SAFETY: writes one ncclUniqueId.
         let rc = unsafe { (self.get_unique_id)(&mut id) };
         if rc != NCCL_SUCCESS {
             let last = self.last_error(std::ptr::null_mut()).map(|t| format!(": {t}")).unwrap_or_default();
-            return Err(format!("ncclGetUniqueId failed: {}{last}", self.error_string(rc)));
+            return Err((rc, format!("ncclGetUniqueId failed: {}{last}", self.error_string(rc))));
         }
         Ok(id)
     }
@@ -421,7 +421,7 @@ pub fn connect_nccl(
     let generation = u64::try_from((joined - 1).max(0)).unwrap_or(0) / world_size as u64;
     let key = format!("{KEY_PREFIX}/{generation}/unique_id");
     let id = if rank == 0 {
-        let id = lib.unique_id().map_err(|message| DistError::Nccl { rank, code: 0, message })?;
+        let id = lib.unique_id().map_err(|(code, message)| DistError::Nccl { rank, code, message })?;
         store.set(&key, &id.internal.map(|b| b as u8))?;
         id
     } else {
@@ -903,7 +903,13 @@ mod tests {
     #[test]
     fn duplicate_gpu_is_recognised_in_nccls_own_text_and_explained() {
         let hint = explain(DUPLICATE).expect("recognised");
-        assert!(hint.starts_with("two ranks were given the same GPU: world_size exceeds the GPUs on this machine, or LOCAL_RANK is wrong"), "{hint}");
+        assert!(
+            hint.starts_with(
+                "two ranks were given the same GPU: world_size exceeds the GPUs on this machine, or \
+                 LOCAL_RANK is wrong"
+            ),
+            "{hint}"
+        );
         assert_eq!(explain("NET/Socket : Connection closed by remote peer"), None);
 
         let message = nccl_message(
@@ -918,7 +924,8 @@ mod tests {
         assert_eq!(
             message,
             format!(
-                "NCCL error in ncclCommInitRankConfig on rank 1 (cuda:0): {INVALID_USAGE}, NCCL version 2.28.9\n\
+                "NCCL error in ncclCommInitRankConfig on rank 1 (cuda:0): {INVALID_USAGE}, NCCL version \
+                 2.28.9\n\
                  ncclInvalidUsage: This usually reflects invalid usage of NCCL library.\n\
                  Last error:\n{DUPLICATE}\nhint: {hint}"
             )
@@ -926,6 +933,25 @@ mod tests {
         // Without a last error there is nothing to explain.
         let bare = nccl_message("ncclAllReduce", 0, 0, "unhandled system error", "2.28.9", 2, None);
         assert!(bare.ends_with("unexpected exit of a remote peer.") && !bare.contains("hint"), "{bare}");
+    }
+
+    #[test]
+    fn a_collective_timeout_reads_like_pytorchs_nccl_watchdog() {
+        let e = DistError::Watchdog {
+            rank: 0,
+            seq: 3,
+            op_type: "ALLREDUCE",
+            numel_in: 10,
+            numel_out: 10,
+            timeout_ms: 5000,
+            ran_ms: 5001,
+            context: "More.".into(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=3, OpType=ALLREDUCE, \
+             NumelIn=10, NumelOut=10, Timeout(ms)=5000) ran for 5001 milliseconds before timing out. More."
+        );
     }
 
     #[test]
@@ -1018,7 +1044,8 @@ mod tests {
             assert_eq!(
                 text,
                 "the nccl backend cannot run on rank 0: there is no NVIDIA driver (libcuda.so.1 cannot be \
-                 loaded)\nhint: run NCCL ranks on a machine with NVIDIA GPUs, or use `backend: tcp` for CPU ranks"
+                 loaded)\nhint: run NCCL ranks on a machine with NVIDIA GPUs, or use `backend: tcp` for CPU \
+                 ranks"
             );
         }
     }
