@@ -223,23 +223,22 @@ impl NcclLib {
         // SAFETY: each pointer is the NCCL function of that name, whose C signature (nccl.h of
         // NCCL 2.28) the target type spells out.
         let (get_version, lib) = unsafe {
-            use std::mem::transmute as t;
-            let get_version: unsafe extern "C" fn(*mut c_int) -> u32 = t(ptrs[0]);
+            let get_version: unsafe extern "C" fn(*mut c_int) -> u32 = fn_ptr(ptrs[0]);
             let lib = NcclLib {
                 path: path.unwrap_or_else(|| PathBuf::from(origin)),
                 version: 0,
-                get_error_string: t(ptrs[1]),
-                get_last_error: t(ptrs[2]),
-                get_unique_id: t(ptrs[3]),
-                comm_init_rank_config: t(ptrs[4]),
-                comm_get_async_error: t(ptrs[5]),
-                comm_finalize: t(ptrs[6]),
-                comm_destroy: t(ptrs[7]),
-                comm_abort: t(ptrs[8]),
-                all_reduce: t(ptrs[9]),
-                all_gather: t(ptrs[10]),
-                reduce_scatter: t(ptrs[11]),
-                broadcast: t(ptrs[12]),
+                get_error_string: fn_ptr(ptrs[1]),
+                get_last_error: fn_ptr(ptrs[2]),
+                get_unique_id: fn_ptr(ptrs[3]),
+                comm_init_rank_config: fn_ptr(ptrs[4]),
+                comm_get_async_error: fn_ptr(ptrs[5]),
+                comm_finalize: fn_ptr(ptrs[6]),
+                comm_destroy: fn_ptr(ptrs[7]),
+                comm_abort: fn_ptr(ptrs[8]),
+                all_reduce: fn_ptr(ptrs[9]),
+                all_gather: fn_ptr(ptrs[10]),
+                reduce_scatter: fn_ptr(ptrs[11]),
+                broadcast: fn_ptr(ptrs[12]),
             };
             (get_version, lib)
         };
@@ -284,6 +283,16 @@ impl NcclLib {
         }
         Ok(id)
     }
+}
+
+/// Reinterprets a symbol's address as the function pointer type `F`.
+///
+/// # Safety
+/// `F` must be a function pointer type matching the symbol's C signature.
+unsafe fn fn_ptr<F: Copy>(symbol: *mut c_void) -> F {
+    assert_eq!(std::mem::size_of::<F>(), std::mem::size_of::<*mut c_void>(), "F is a function pointer");
+    // SAFETY: same size (checked), and the caller promises the type.
+    unsafe { std::mem::transmute_copy(&symbol) }
 }
 
 fn c_name(name: &str) -> CString {
