@@ -166,3 +166,46 @@ fn a_rank_that_cannot_reach_the_store_names_the_address_and_the_timeout() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains(&format!("127.0.0.1:{port}")) && stderr.contains("3 s"), "{stderr}");
 }
+
+#[test]
+fn nccl_on_cpu_ranks_is_refused_before_anything_runs() {
+    let sb = Sandbox::new();
+    let body = tiny(r#""launch": {"mode": "ddp", "world_size": 2, "device": "cpu", "backend": "nccl"}"#);
+    sb.scenario("nccl-cpu", &body);
+    let out = sb.cmd().args(["run", "scenarios/nccl-cpu.json"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(
+            "`launch.backend`: `nccl` needs CUDA tensors, but `device` is `cpu`: NCCL cannot reduce CPU \
+             memory"
+        ),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("hint: use `backend: tcp` (or `auto`, which picks `tcp` for CPU ranks)"),
+        "{stderr}"
+    );
+    assert!(!sb.path().join("reports").exists(), "nothing ran");
+}
+
+#[test]
+fn nccl_chosen_while_ranks_train_on_the_cpu_fails_at_dist_init_saying_why() {
+    // `device: auto` loads (the device is decided on the machine), but until the model moves to
+    // CUDA every rank trains on the CPU, where NCCL cannot work: each rank says so at `dist.init`.
+    let sb = Sandbox::new();
+    let file =
+        sb.scenario("nccl-auto", &tiny(r#""launch": {"mode": "ddp", "world_size": 2, "backend": "nccl"}"#));
+    let run = sb.run(&[&file], &[]);
+    assert_eq!(run.code(), 1, "stderr:\n{}", run.stderr());
+    for rank in 0..2 {
+        let r = run.rank(rank);
+        assert_eq!(r["outcome"], "exited", "rank {rank}: {r}");
+        assert_eq!(r["last_phase"], "dist.init", "rank {rank}: {r}");
+        let error = r["error"].as_str().unwrap();
+        assert!(
+            error.starts_with("`launch.backend: nccl` needs CUDA tensors, but this rank trains on the CPU"),
+            "{error}"
+        );
+    }
+}

@@ -194,6 +194,14 @@ fn check_launch(l: &Launch) -> Checked {
         .hint("use `world_size: 1`, or `mode: ddp` or `fsdp` for more ranks")
         .related(&["launch.mode"]));
     }
+    if l.backend == Backend::Nccl && l.device == Device::Cpu {
+        return Err(Invalid::new(
+            "launch.backend",
+            "`nccl` needs CUDA tensors, but `device` is `cpu`: NCCL cannot reduce CPU memory",
+        )
+        .hint("use `backend: tcp` (or `auto`, which picks `tcp` for CPU ranks)")
+        .related(&["launch.device"]));
+    }
     Ok(())
 }
 
@@ -369,22 +377,12 @@ fn json_name<T: Serialize>(value: &T) -> String {
 /// scenario never silently runs something other than what it says. Each check names the issue
 /// that lifts it: delete its lines when that work lands.
 pub(crate) fn not_supported_yet(s: &Scenario) -> Checked {
-    const DISTRIBUTED: &str = "the NCCL backend arrives with issue #3 (DDP and FSDP over `tcp` work)";
     const GPU: &str = "GPU support arrives with issue #6";
     const WORKERS: &str = "data-loader workers arrive with issue #4";
     let refuse = |field: &str, value: String, why: &str, hint: &str| {
         Err(Invalid::new(field, format!("`{value}` is not supported yet: {why}")).hint(hint))
     };
 
-    // Issue #3: distributed training. DDP and FSDP over the `tcp` backend work; NCCL is next.
-    if s.launch.backend == Backend::Nccl {
-        return refuse(
-            "launch.backend",
-            json_name(&s.launch.backend),
-            DISTRIBUTED,
-            "use `backend: tcp` or `auto`",
-        );
-    }
     // Issue #6: GPUs.
     if s.launch.device == Device::Cuda {
         return refuse("launch.device", json_name(&s.launch.device), GPU, "use `device: cpu` or `auto`");
@@ -661,10 +659,33 @@ mod tests {
     }
 
     #[test]
+    fn nccl_on_cpu_ranks_is_refused_naming_the_backend_and_the_fix() {
+        let mut s = Scenario::default();
+        s.launch.mode = Mode::Ddp;
+        s.launch.world_size = 2;
+        s.launch.backend = Backend::Nccl;
+        s.launch.device = Device::Cpu;
+        let invalid = check(&s).unwrap_err();
+        assert_eq!(invalid.field, "launch.backend");
+        assert_eq!(
+            invalid.message,
+            "`nccl` needs CUDA tensors, but `device` is `cpu`: NCCL cannot reduce CPU memory"
+        );
+        assert_eq!(
+            invalid.hint.as_deref(),
+            Some("use `backend: tcp` (or `auto`, which picks `tcp` for CPU ranks)")
+        );
+        assert_eq!(invalid.related, ["launch.device"]);
+        // The device is decided on the machine (`auto`): the NCCL backend itself is no longer later work.
+        s.launch.device = Device::Auto;
+        assert_eq!(check(&s), Ok(()));
+        assert_eq!(not_supported_yet(&s), Ok(()));
+    }
+
+    #[test]
     fn values_for_later_work_are_refused_not_ignored() {
         type Edit = Box<dyn Fn(&mut Scenario)>;
         let refused: Vec<(&str, Edit)> = vec![
-            ("launch.backend", Box::new(|s| s.launch.backend = Backend::Nccl)),
             ("launch.device", Box::new(|s| s.launch.device = Device::Cuda)),
             ("train.amp", Box::new(|s| s.train.amp = true)),
             ("data.workers", Box::new(|s| s.data.workers = 2)),

@@ -8,6 +8,7 @@
 pub mod burgers;
 pub mod checkpoint;
 pub mod crash;
+pub mod cuda;
 pub mod ddp;
 pub mod dist;
 pub mod faults;
@@ -29,6 +30,8 @@ pub fn prepare_process() {
 /// Runs one rank of the scenario and returns the process exit status: 0 when training completed,
 /// 1 when it stopped with an error (reported as an `error` marker and on stderr).
 pub fn run_rank(scenario: &Scenario) -> i32 {
+    // Before tch is asked about CUDA: registers libtorch's CUDA hooks when libtorch_cuda.so loads.
+    cuda::probe();
     let result = train::RankEnv::from_env().and_then(|env| train::train(scenario, env));
     match result {
         Ok(summary) => {

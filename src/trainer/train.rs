@@ -12,7 +12,7 @@ use crate::scenario::{Mode, Scenario};
 use super::burgers::{self, Trajectories};
 use super::checkpoint;
 use super::ddp::{Ddp, params_checksum};
-use super::dist::{Collective, DistError, Store, connect_tcp};
+use super::dist::{self, Collective, DistError, Store, connect_nccl, connect_tcp};
 use super::faults::{Effect, Faults};
 use super::fsdp::Fsdp;
 use super::markers::{self, Phase};
@@ -196,17 +196,30 @@ fn enter(faults: &Faults, name: &str, step: Option<u64>) -> Result<(Phase, Effec
     }
 }
 
-/// The collective backend of a multi-rank run, connected through the rendezvous store.
+/// The collective backend of a multi-rank run whose tensors live on `device`, connected through
+/// the rendezvous store.
 fn init_distributed(
     scenario: &Scenario,
     env: &RankEnv,
     faults: &Faults,
+    device: Device,
 ) -> Result<(Store, Box<dyn Collective>), TrainError> {
     let (phase, _) = enter(faults, "dist.init", None)?;
+    let backend = dist::resolve(scenario.launch.backend, device);
+    if backend == dist::Backend::Nccl && !device.is_cuda() {
+        return Err(TrainError::Unsupported(
+            "`launch.backend: nccl` needs CUDA tensors, but this rank trains on the CPU (training on \
+             CUDA arrives with issue #6); use `backend: tcp` or `auto`"
+                .into(),
+        ));
+    }
     let timeout = Duration::from_secs_f64(scenario.limits.timeout_s);
-    let store =
-        Store::connect(&env.master_addr, env.master_port, env.rank == 0, env.world_size as usize, timeout)?;
-    let coll = connect_tcp(&store, env.rank as usize, env.world_size as usize, &env.master_addr, timeout)?;
+    let (rank, world) = (env.rank as usize, env.world_size as usize);
+    let store = Store::connect(&env.master_addr, env.master_port, env.rank == 0, world, timeout)?;
+    let coll = match (backend, device) {
+        (dist::Backend::Nccl, Device::Cuda(gpu)) => connect_nccl(&store, rank, world, gpu, timeout)?,
+        _ => connect_tcp(&store, rank, world, &env.master_addr, timeout)?,
+    };
     phase.end();
     Ok((store, coll))
 }
@@ -262,7 +275,12 @@ pub fn train(scenario: &Scenario, env: RankEnv) -> Result<Summary, TrainError> {
     let faults = Faults::for_rank(scenario, env.rank);
     let (start, _) = enter(&faults, "start", None)?;
     start.end();
-    let mut dist = if mode != Mode::Single { Some(init_distributed(scenario, &env, &faults)?) } else { None };
+    // The model trains on the CPU until issue #6 moves it to `launch.device`.
+    let mut dist = if mode != Mode::Single {
+        Some(init_distributed(scenario, &env, &faults, Device::Cpu)?)
+    } else {
+        None
+    };
 
     tch::manual_seed(scenario.train.seed as i64);
     let d = &scenario.data;

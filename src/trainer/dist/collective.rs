@@ -125,12 +125,60 @@ pub enum DistError {
         message: String,
     },
     /// An earlier collective failed part-way; the links are closed and cannot be trusted.
-    #[error("the tcp process group of rank {rank} is unusable after an earlier error: {first}")]
+    #[error("the {backend} process group of rank {rank} is unusable after an earlier error: {first}")]
     Broken {
+        /// `tcp` or `nccl`.
+        backend: &'static str,
         /// This rank.
         rank: usize,
         /// The first error's message.
         first: String,
+    },
+    /// The `nccl` backend cannot run here (no NCCL library, no NVIDIA driver, no such GPU);
+    /// nothing was sent.
+    #[error("the nccl backend cannot run on rank {rank}: {message}\nhint: {hint}")]
+    Unavailable {
+        /// This rank.
+        rank: usize,
+        /// What is missing, with the paths or values involved.
+        message: String,
+        /// What to do about it.
+        hint: String,
+    },
+    /// An NCCL call failed. The message reads like PyTorch's `NCCL error in: …`, with
+    /// `ncclGetErrorString`'s text, NCCL's last error and, for errors users meet, an explanation.
+    #[error("{message}")]
+    Nccl {
+        /// This rank.
+        rank: usize,
+        /// The `ncclResult_t` code.
+        code: u32,
+        /// The full message.
+        message: String,
+    },
+    /// An NCCL collective did not complete within the timeout, worded like PyTorch's NCCL
+    /// watchdog; the communicator was aborted.
+    #[error(
+        "[Rank {rank}] Watchdog caught collective operation timeout: WorkNCCL(SeqNum={seq}, \
+         OpType={op_type}, NumelIn={numel_in}, NumelOut={numel_out}, Timeout(ms)={timeout_ms}) ran for \
+         {ran_ms} milliseconds before timing out. {context}"
+    )]
+    Watchdog {
+        /// This rank.
+        rank: usize,
+        /// 1-based number of the collective on this communicator.
+        seq: u64,
+        /// PyTorch's `OpType` name, e.g. `ALLREDUCE`.
+        op_type: &'static str,
+        /// Elements sent and received.
+        numel_in: usize,
+        numel_out: usize,
+        /// The timeout that ran out.
+        timeout_ms: u128,
+        /// How long the collective had run when it was aborted.
+        ran_ms: u128,
+        /// What that means and what was done.
+        context: String,
     },
 }
 
@@ -180,6 +228,18 @@ impl RawSpan {
         t: &Tensor,
         kind: Option<Kind>,
     ) -> Result<RawSpan, DistError> {
+        RawSpan::on(op, name, t, kind, Device::Cpu)
+    }
+
+    /// Like [`RawSpan::of`] for a tensor that must be on `device`. For a CUDA device the span is
+    /// device memory: it may be handed to CUDA libraries, never dereferenced on the host.
+    pub(crate) fn on(
+        op: &'static str,
+        name: &str,
+        t: &Tensor,
+        kind: Option<Kind>,
+        device: Device,
+    ) -> Result<RawSpan, DistError> {
         let invalid = |message: String| DistError::InvalidArgument { op, message };
         if !t.defined() {
             return Err(invalid(format!("`{name}` is an undefined tensor")));
@@ -195,8 +255,12 @@ impl RawSpan {
             }
             _ => {}
         }
-        if t.device() != Device::Cpu {
-            return Err(invalid(format!("`{name}` must be on the CPU, got {:?}", t.device())));
+        if t.device() != device {
+            let wanted = match device {
+                Device::Cuda(i) => format!("on cuda:{i} (this rank's GPU)"),
+                _ => "on the CPU".to_string(),
+            };
+            return Err(invalid(format!("`{name}` must be {wanted}, got {:?}", t.device())));
         }
         if !t.is_contiguous() {
             return Err(invalid(format!(

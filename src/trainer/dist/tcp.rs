@@ -772,7 +772,7 @@ impl TcpCollective {
     /// Starts a collective: refuses a broken group and numbers the call.
     fn begin(&mut self, op: Op, arg: u64, total: Option<u64>) -> Result<Call, DistError> {
         if let Some(first) = &self.broken {
-            return Err(DistError::Broken { rank: self.rank, first: first.clone() });
+            return Err(DistError::Broken { backend: "tcp", rank: self.rank, first: first.clone() });
         }
         self.seq += 1;
         Ok(Call { op, seq: self.seq, arg, total })

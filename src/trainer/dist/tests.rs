@@ -461,3 +461,16 @@ fn ranks_running_different_collectives_are_reported_out_of_step() {
     });
     assert_one_reports(&results, "the ranks are out of step");
 }
+
+#[test]
+fn auto_resolves_to_nccl_on_cuda_and_tcp_elsewhere_explicit_choices_stay() {
+    use super::{Backend, resolve};
+    use crate::scenario::Backend as Requested;
+    use tch::Device;
+    assert_eq!(resolve(Requested::Auto, Device::Cuda(0)), Backend::Nccl);
+    assert_eq!(resolve(Requested::Auto, Device::Cuda(3)), Backend::Nccl);
+    assert_eq!(resolve(Requested::Auto, Device::Cpu), Backend::Tcp);
+    assert_eq!(resolve(Requested::Tcp, Device::Cuda(0)), Backend::Tcp);
+    assert_eq!(resolve(Requested::Nccl, Device::Cpu), Backend::Nccl);
+    assert_eq!(resolve(Requested::Tcp, Device::Cpu), Backend::Tcp);
+}
