@@ -8,6 +8,8 @@
 
 mod capture;
 mod classify;
+mod memory;
+mod namespace;
 mod process;
 mod progress;
 mod result;
@@ -37,6 +39,8 @@ pub struct ScenarioInput {
 pub enum HarnessError {
     #[error("failed to prepare `{path}`: {source}")]
     Prepare { path: PathBuf, source: std::io::Error },
+    #[error(transparent)]
+    PrivateShm(#[from] namespace::NamespaceError),
 }
 
 /// Runs one scenario under supervision. `dir` is the scenario's own folder for logs and the
@@ -56,14 +60,29 @@ pub fn run_scenario(
     let json = serde_json::to_string_pretty(&input.scenario).expect("scenarios always serialise");
     std::fs::write(&resolved_file, json + "\n").map_err(|e| prepare(&resolved_file, e))?;
 
+    // Validation has checked the size; a value that slipped past it is refused here too.
+    let private_shm = match &input.scenario.data.shm_size {
+        Some(label) => {
+            let bytes = crate::scenario::parse_size(label).map_err(|why| namespace::NamespaceError {
+                size: label.clone(),
+                step: "parse",
+                source: std::io::Error::new(std::io::ErrorKind::InvalidInput, why),
+            })?;
+            Some(namespace::PrivateShm::create(bytes, label)?)
+        }
+        None => None,
+    };
     let plan = supervise::ScenarioPlan {
         scenario: &input.scenario,
         program: program.to_path_buf(),
         resolved_file,
         log_dir: dir.to_path_buf(),
         run_id: supervise::new_run_id(),
+        private_shm: private_shm.as_ref(),
     };
     let observed = supervise::supervise(&plan, progress, interrupted);
+    // The namespace holder goes now; the private /dev/shm goes with it.
+    drop(private_shm);
     if observed.interrupted {
         return Ok(None);
     }
@@ -95,6 +114,8 @@ pub fn run_scenario(
             let rates: Vec<f64> = observed.ends.iter().filter_map(|e| e.state.samples_per_s()).collect();
             (!rates.is_empty()).then(|| rates.iter().sum())
         },
+        memory: Some(observed.memory),
+        leftovers: observed.leftovers,
         ranks,
     }))
 }

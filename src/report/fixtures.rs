@@ -1,7 +1,7 @@
 //! Hand-built run results for the report tests: one per shape of failure the report must explain.
 //! Values are fixed (no clocks, pids or paths from the machine), so snapshots are stable.
 
-use crate::harness::{PhaseSpan, RankResult, RunResult, ScenarioResult, ThreadStack, Verdict};
+use crate::harness::{Leftovers, PhaseSpan, RankResult, RunResult, ScenarioResult, ThreadStack, Verdict};
 use crate::probe::env::EnvSummary;
 use crate::protocol::Frame;
 use crate::scenario::{Expect, Fault, FaultKind, Mode, OutcomeKind, Scenario};
@@ -127,6 +127,8 @@ pub fn passing() -> ScenarioResult {
         wall_s: 5.61,
         steps_per_s: Some(13.04),
         samples_per_s: Some(208.6),
+        memory: None,
+        leftovers: Leftovers::default(),
     }
 }
 
@@ -149,6 +151,7 @@ pub fn segv() -> ScenarioResult {
         rank: Some(1),
         when: Default::default(),
         probability: 1.0,
+        size: None,
     }];
 
     let timeline = |end: Option<f64>| {
@@ -242,6 +245,8 @@ pub fn segv() -> ScenarioResult {
         wall_s: 3.85,
         steps_per_s: Some(2.11),
         samples_per_s: Some(67.5),
+        memory: None,
+        leftovers: Leftovers::default(),
     }
 }
 
@@ -332,6 +337,8 @@ pub fn hung() -> ScenarioResult {
         wall_s: 13.02,
         steps_per_s: Some(3.18),
         samples_per_s: Some(50.9),
+        memory: None,
+        leftovers: Leftovers::default(),
     }
 }
 
@@ -390,6 +397,8 @@ pub fn false_success() -> ScenarioResult {
         wall_s: 2.41,
         steps_per_s: None,
         samples_per_s: None,
+        memory: None,
+        leftovers: Leftovers::default(),
     }
 }
 
@@ -427,6 +436,8 @@ pub fn abort_raw_only() -> ScenarioResult {
         wall_s: 1.2,
         steps_per_s: Some(3.4),
         samples_per_s: Some(54.4),
+        memory: None,
+        leftovers: Leftovers::default(),
     }
 }
 
