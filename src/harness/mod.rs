@@ -19,7 +19,9 @@ mod supervise;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 
-pub use classify::{Intervention, RankEnd, check_expectation, classify_rank, verdict};
+pub use classify::{
+    Intervention, RankEnd, annotate, check_expectation, classify_rank, input_bound, used_of, verdict,
+};
 pub use progress::{Progress, ProgressMode};
 pub use result::*;
 pub use state::RankState;
@@ -91,7 +93,15 @@ pub fn run_scenario(
         r.stdout_log = format!("{rel}/{}", r.stdout_log);
         r.stderr_log = format!("{rel}/{}", r.stderr_log);
     }
-    let (outcome, first_failure, verdict) = verdict(&input.scenario, &ranks, observed.wall_s);
+    let (outcome, first_failure, mut verdict) = verdict(&input.scenario, &ranks, observed.wall_s);
+    annotate(
+        &mut verdict,
+        &input.scenario,
+        &ranks,
+        first_failure,
+        Some(&observed.memory),
+        &observed.leftovers,
+    );
     for r in &mut ranks {
         r.collateral = first_failure.is_some_and(|f| f != r.rank) && r.outcome != OutcomeKind::Passed;
     }
