@@ -164,3 +164,35 @@ fn an_invalid_shm_size_is_bad_input_naming_the_field() {
     assert!(stderr.contains("data.shm_size") && stderr.contains("unknown unit `megs`"), "{stderr}");
     assert!(stderr.contains("\"64m\""), "the accepted forms are named: {stderr}");
 }
+
+#[test]
+fn without_the_right_to_make_a_mount_namespace_shm_size_says_so() {
+    // As root, setpriv drops CAP_SYS_ADMIN for the run; a user without it is refused anyway.
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let setpriv = Path::new("/usr/bin/setpriv");
+    if root && !setpriv.exists() {
+        return;
+    }
+    let sb = Sandbox::new();
+    let file = sb.scenario("bus", &tiny(""));
+    let mut cmd = if root {
+        let mut c = std::process::Command::new(setpriv);
+        c.args(["--bounding-set", "-sys_admin", "--inh-caps", "-sys_admin"]).arg(util::bin());
+        c
+    } else {
+        std::process::Command::new(util::bin())
+    };
+    let out = cmd
+        .arg("run")
+        .arg(&file)
+        .arg("--out")
+        .arg(sb.out())
+        .args(["--quiet", "--set", "data.shm_size=8m"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "stderr:\n{stderr}");
+    assert!(stderr.contains("`unshare(CLONE_NEWNS)` failed: Operation not permitted"), "{stderr}");
+    assert!(stderr.contains("needs root or CAP_SYS_ADMIN"), "{stderr}");
+}
