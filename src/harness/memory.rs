@@ -216,6 +216,19 @@ pub fn new_segments(before: &[Segment], after: &[Segment], run_id: &str) -> Vec<
         .collect()
 }
 
+/// Segments of earlier ups-doctor runs whose harness is gone: run ids start with the harness's
+/// pid (`ups-doctor-<pid>-<n>-<nanos>-…`), and `alive` says whether a pid still runs. A live
+/// pid, even a reused one, keeps its segments: only the dead are swept.
+pub fn orphaned_segments<'a>(segments: &'a [Segment], alive: impl Fn(u32) -> bool) -> Vec<&'a Segment> {
+    segments
+        .iter()
+        .filter(|s| {
+            let pid = s.name.strip_prefix("ups-doctor-").and_then(|rest| rest.split('-').next());
+            pid.and_then(|p| p.parse::<u32>().ok()).is_some_and(|pid| !alive(pid))
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -304,6 +317,17 @@ mod tests {
         let report = rec.finish(&[&rank0], &[Some(10)]);
         assert_eq!(report.datasets[0].private_copies, 1);
         assert_eq!(report.datasets[0].worker_peak_uss_bytes, [121 * MIB]);
+    }
+
+    #[test]
+    fn only_segments_of_dead_harnesses_are_orphans() {
+        let all =
+            [seg("ups-doctor-100-0-ab-leak-0", 1), seg("ups-doctor-200-1-cd-ring", 2), seg("torch_5", 3)];
+        let orphans = orphaned_segments(&all, |pid| pid == 200);
+        assert_eq!(
+            orphans.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(),
+            ["ups-doctor-100-0-ab-leak-0"]
+        );
     }
 
     fn seg(name: &str, inode: u64) -> Segment {

@@ -268,6 +268,10 @@ pub struct LeftoverSegment {
     pub allocated_bytes: u64,
     /// Named `ups-doctor-<run id>-…`: created by this run's ranks or workers.
     pub ours: bool,
+    /// Left by an earlier ups-doctor run whose process is gone (its run id names a dead pid);
+    /// found and removed when this run started.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub earlier_run: bool,
     /// ups-doctor removed it (ours), or it went with the run's private `/dev/shm`.
     pub removed: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -14,7 +14,7 @@ use crate::protocol::{RUN_ID_ENV, STACK_DUMP_SIGNAL};
 use crate::scenario::Scenario;
 
 use super::classify::{Intervention, RankEnd};
-use super::memory::{MemoryRecorder, ProcSample, ShmSample, new_segments, ours_bytes};
+use super::memory::{MemoryRecorder, ProcSample, ShmSample, new_segments, orphaned_segments, ours_bytes};
 use super::namespace::PrivateShm;
 use super::process::{self, Event, RankProcess, RankSpec};
 use super::progress::Progress;
@@ -100,6 +100,7 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
     let world = scenario.launch.world_size;
     let start = Instant::now();
     let shm_dir = plan.private_shm.map_or_else(|| PathBuf::from("/dev/shm"), PrivateShm::dir);
+    let swept = sweep_orphaned_segments();
     let shm_before = shm::segments(&shm_dir);
     let shm_sample = || {
         let ours = ours_bytes(&shm::segments(&shm_dir), &plan.run_id);
@@ -262,7 +263,8 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
             slot.end
         })
         .collect();
-    let shm = remove_leftover_segments(&shm_dir, &shm_before, &plan.run_id, plan.private_shm.is_some());
+    let mut shm = swept;
+    shm.extend(remove_leftover_segments(&shm_dir, &shm_before, &plan.run_id, plan.private_shm.is_some()));
     Supervised {
         ends,
         wall_s: start.elapsed().as_secs_f64(),
@@ -330,6 +332,29 @@ fn kill_leftover_processes(slots: &[Slot], run_id: &str) -> Vec<LeftoverProcess>
     found
 }
 
+/// Removes the machine's `/dev/shm` segments of ups-doctor runs whose harness died before it
+/// could clean up (killed with SIGKILL, say), so that none outlives the next run.
+fn sweep_orphaned_segments() -> Vec<LeftoverSegment> {
+    let dir = std::path::Path::new("/dev/shm");
+    let all = shm::segments(dir);
+    let alive = |pid: u32| std::path::Path::new(&format!("/proc/{pid}")).exists();
+    orphaned_segments(&all, alive)
+        .into_iter()
+        .map(|seg| {
+            let error = shm::remove(dir, &seg.name).err().map(|e| e.to_string());
+            LeftoverSegment {
+                name: seg.name.clone(),
+                size_bytes: seg.size,
+                allocated_bytes: seg.allocated,
+                ours: false,
+                earlier_run: true,
+                removed: error.is_none(),
+                error,
+            }
+        })
+        .collect()
+}
+
 /// Files created in `/dev/shm` during the run: this run's own are removed, others reported.
 fn remove_leftover_segments(
     dir: &std::path::Path,
@@ -354,6 +379,7 @@ fn remove_leftover_segments(
                 size_bytes: seg.size,
                 allocated_bytes: seg.allocated,
                 ours,
+                earlier_run: false,
                 removed,
                 error,
             }

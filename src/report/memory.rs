@@ -142,7 +142,9 @@ pub(crate) fn leftover_blocks(s: &ScenarioResult) -> Vec<String> {
         } else {
             format!("{} long, {} in memory", human_bytes(seg.size_bytes), human_bytes(seg.allocated_bytes))
         };
-        let what = if seg.ours {
+        let what = if seg.earlier_run {
+            "left by an earlier ups-doctor run that ended without cleaning up".to_string()
+        } else if seg.ours {
             "created by this run and not removed by it".to_string()
         } else {
             "created during the run by a process that does not name its segments like ups-doctor".to_string()
@@ -150,6 +152,7 @@ pub(crate) fn leftover_blocks(s: &ScenarioResult) -> Vec<String> {
         let fate = match (&seg.error, seg.ours, seg.removed) {
             (Some(e), _, _) => format!("**could not be removed**: {}", markup::text(e)),
             (None, true, true) => "**removed by ups-doctor**".to_string(),
+            (None, false, true) if seg.earlier_run => "**removed by ups-doctor**".to_string(),
             (None, false, true) if private => "discarded with the run's private `/dev/shm`".to_string(),
             _ => "left in place".to_string(),
         };
