@@ -219,7 +219,7 @@ pub fn new_segments(before: &[Segment], after: &[Segment], run_id: &str) -> Vec<
 /// Segments of earlier ups-doctor runs whose harness is gone: run ids start with the harness's
 /// pid (`ups-doctor-<pid>-<n>-<nanos>-…`), and `alive` says whether a pid still runs. A live
 /// pid, even a reused one, keeps its segments: only the dead are swept.
-pub fn orphaned_segments<'a>(segments: &'a [Segment], alive: impl Fn(u32) -> bool) -> Vec<&'a Segment> {
+pub fn orphaned_segments(segments: &[Segment], alive: impl Fn(u32) -> bool) -> Vec<&Segment> {
     segments
         .iter()
         .filter(|s| {

@@ -29,7 +29,9 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         return Err(format!("unknown unit `{unit}` in `{text}`"));
     }
     let bytes = value * scale as f64;
-    if !(bytes >= 1.0) || !bytes.is_finite() || bytes > u64::MAX as f64 / 2.0 {
+    // NaN fails every comparison, so it is refused with the rest.
+    let in_range = bytes.is_finite() && (1.0..=u64::MAX as f64 / 2.0).contains(&bytes);
+    if !in_range {
         return Err(format!("`{text}` is not a size of at least 1 byte"));
     }
     Ok(bytes.round() as u64)
