@@ -4,8 +4,10 @@
 use crate::protocol::{signal_name, signal_number};
 use crate::scenario::{Expect, OutcomeKind, Scenario};
 
+use crate::probe::env::human_bytes;
+
 use super::process::Exit;
-use super::result::{RankResult, Verdict};
+use super::result::{Leftovers, MemoryReport, RankResult, ShmAt, Verdict};
 use super::state::RankState;
 
 /// Why the harness ended a rank itself.
@@ -292,6 +294,149 @@ pub fn verdict(
     (failed.outcome, Some(failed.rank), Verdict { headline, evidence, likely_cause, next_step })
 }
 
+/// A run spending at least this share of its step time waiting for data is input-bound.
+pub const INPUT_BOUND_SHARE: f64 = 0.5;
+/// `/dev/shm` this full (used / total) counts as full when a bus error is judged.
+const SHM_FULL_SHARE: f64 = 0.95;
+
+/// What the memory samples and the leftovers add to a verdict: the `/dev/shm` figure behind a
+/// bus error, an input-bound run, and what the run left behind.
+pub fn annotate(
+    verdict: &mut Verdict,
+    scenario: &Scenario,
+    ranks: &[RankResult],
+    first_failure: Option<u32>,
+    memory: Option<&MemoryReport>,
+    leftovers: &Leftovers,
+) {
+    let failed = first_failure.and_then(|f| ranks.iter().find(|r| r.rank == f));
+    if let (Some(failed), Some(memory)) = (failed, memory)
+        && let Some((evidence, cause, next)) = bus_error_cause(scenario, failed, memory)
+    {
+        verdict.evidence.push(evidence);
+        if let Some(cause) = cause {
+            verdict.likely_cause = Some(cause);
+            verdict.next_step = Some(next);
+        }
+    }
+    if let Some(line) = input_bound(ranks) {
+        if first_failure.is_none() {
+            verdict.headline.push_str(&format!(" Input-bound: {line}."));
+            verdict.next_step.get_or_insert_with(|| INPUT_BOUND_ADVICE.to_string());
+        }
+        verdict.evidence.push(format!("input-bound: {line}; {INPUT_BOUND_ADVICE_SHORT}"));
+    }
+    let ours: Vec<_> = leftovers.shm.iter().filter(|s| s.ours).collect();
+    if !ours.is_empty() {
+        let bytes: u64 = ours.iter().map(|s| s.allocated_bytes).sum();
+        let removed = ours.iter().all(|s| s.removed);
+        verdict.evidence.push(format!(
+            "left {} in `/dev/shm` ({}){}",
+            if ours.len() == 1 { "1 segment".to_string() } else { format!("{} segments", ours.len()) },
+            human_bytes(bytes),
+            if removed { ", removed by ups-doctor" } else { "; ups-doctor could not remove all of them" }
+        ));
+    }
+    if !leftovers.processes.is_empty() {
+        let n = leftovers.processes.len();
+        verdict.evidence.push(format!(
+            "{} of the run {} still alive after the ranks ended: {}",
+            if n == 1 { "1 process".to_string() } else { format!("{n} processes") },
+            if n == 1 { "was" } else { "were" },
+            if leftovers.processes.iter().all(|p| p.killed) {
+                "killed by ups-doctor"
+            } else {
+                "not all could be killed"
+            }
+        ));
+    }
+}
+
+const INPUT_BOUND_ADVICE_SHORT: &str = "try more workers (`data.workers`) or a larger `data.prefetch`";
+const INPUT_BOUND_ADVICE: &str = "The ranks wait for batches more than they compute: try more workers \
+     (`data.workers`), a larger `data.prefetch`, or a faster cache (`data.cache`); a bigger batch only \
+     makes each wait longer.";
+
+/// `78% of step time waiting for data` (all ranks together), when that is at least
+/// [`INPUT_BOUND_SHARE`].
+pub fn input_bound(ranks: &[RankResult]) -> Option<String> {
+    let shares: Vec<f64> = ranks.iter().filter_map(|r| r.data_wait_fraction).collect();
+    if shares.is_empty() {
+        return None;
+    }
+    let share = shares.iter().sum::<f64>() / shares.len() as f64;
+    (share >= INPUT_BOUND_SHARE).then(|| format!("{:.0}% of step time waiting for data", share * 100.0))
+}
+
+/// For a rank killed by SIGBUS, or one whose data-loader worker was: the `/dev/shm` figure at
+/// that moment (evidence), and when `/dev/shm` was full, PyTorch's diagnosis and what to do.
+fn bus_error_cause(
+    scenario: &Scenario,
+    failed: &RankResult,
+    memory: &MemoryReport,
+) -> Option<(String, Option<String>, String)> {
+    let worker_pid = failed.error.as_deref().and_then(bus_error_worker_pid);
+    if failed.signal.as_deref() != Some("SIGBUS") && worker_pid.is_none() {
+        return None;
+    }
+    let at: &ShmAt = memory.shm.at_rank_end.iter().find(|a| a.rank == failed.rank)?;
+    let who = match worker_pid {
+        Some(pid) => {
+            let id = memory.processes.iter().find(|p| p.pid == pid).and_then(|p| p.worker);
+            match id {
+                Some(id) => format!("worker {id} of rank {} (pid {pid})", failed.rank),
+                None => format!("a data-loader worker of rank {} (pid {pid})", failed.rank),
+            }
+        }
+        None => format!("rank {}", failed.rank),
+    };
+    let whose = match &scenario.data.shm_size {
+        Some(size) if memory.shm.private => {
+            format!("the run's private `/dev/shm` (`data.shm_size` = `{size}`)")
+        }
+        _ => "the machine's `/dev/shm`".to_string(),
+    };
+    let percent = if at.total_bytes > 0 { at.used_bytes as f64 / at.total_bytes as f64 } else { 0.0 };
+    let evidence = format!(
+        "{whose} was at {} ({:.0}%) when {who} was killed by SIGBUS at {:.2} s",
+        used_of(at.used_bytes, at.total_bytes),
+        percent * 100.0,
+        at.t_s
+    );
+    let next = "Give `/dev/shm` more room: raise `data.shm_size` here, Docker's `--shm-size` (its default \
+                is 64 MB) or a Kubernetes `emptyDir` with `medium: Memory`; or keep the dataset cache out \
+                of shared memory (`data.cache: disk`), or use fewer `data.workers` or a smaller \
+                `data.prefetch`."
+        .to_string();
+    let cause = (percent >= SHM_FULL_SHARE).then(|| {
+        format!(
+            "Out of shared memory: {whose} was full ({}) and the next page written to a shared \
+             segment could not be backed, so the kernel sent SIGBUS to {who}. PyTorch reports the same \
+             situation as \"DataLoader worker (pid N) is killed by signal: Bus error. It is possible that \
+             dataloader's workers are out of shared memory. Please try to raise your shared memory limit.\"",
+            used_of(at.used_bytes, at.total_bytes)
+        )
+    });
+    Some((evidence, cause, next))
+}
+
+/// The worker pid in PyTorch's `DataLoader worker (pid N) is killed by signal: Bus error.`
+fn bus_error_worker_pid(error: &str) -> Option<u32> {
+    if !error.contains("Bus error") {
+        return None;
+    }
+    let rest = &error[error.find("worker (pid ")? + "worker (pid ".len()..];
+    rest[..rest.find(')')?].trim().parse().ok()
+}
+
+/// `8.0 of 64.0 MiB`: both figures in the unit that suits the total.
+pub fn used_of(used: u64, total: u64) -> String {
+    let (div, unit) =
+        if total >= 10 << 30 { ((1u64 << 30) as f64, "GiB") } else { ((1u64 << 20) as f64, "MiB") };
+    let digits = if unit == "GiB" { 2 } else { 1 };
+    format!("{:.digits$} of {:.digits$} {unit}", used as f64 / div, total as f64 / div)
+}
+
 fn failure_time(rank: &RankResult) -> f64 {
     match rank.outcome {
         OutcomeKind::Hung => rank.last_marker_at_s.unwrap_or(0.0),
@@ -515,6 +660,99 @@ mod tests {
             line,
             "collateral: rank 0 exited with status 1 in `allreduce` at step 3 0.40 s later: Connection closed by peer [127.0.0.1]:4000"
         );
+    }
+
+    fn memory_at_end(rank: u32, used: u64, total: u64) -> MemoryReport {
+        let mut m = MemoryReport::default();
+        m.shm.private = true;
+        m.shm.at_rank_end.push(ShmAt { rank, t_s: 2.02, used_bytes: used, total_bytes: total });
+        m
+    }
+
+    #[test]
+    fn a_bus_error_with_dev_shm_full_is_out_of_shared_memory() {
+        let mut e = end(Some(Exit::Signal { signal: libc::SIGBUS, core_dumped: false }));
+        e.state.phase = Some("forward".into());
+        e.state.step = Some(2);
+        let ranks = vec![classify_rank(&e)];
+        let mut scenario = Scenario::default();
+        scenario.data.shm_size = Some("8m".into());
+        let (_, first, mut v) = verdict(&scenario, &ranks, 2.1);
+        annotate(
+            &mut v,
+            &scenario,
+            &ranks,
+            first,
+            Some(&memory_at_end(0, 8 << 20, 8 << 20)),
+            &Leftovers::default(),
+        );
+        assert!(v.evidence.contains(
+            &"the run's private `/dev/shm` (`data.shm_size` = `8m`) was at 8.0 of 8.0 MiB (100%) when rank 0 \
+              was killed by SIGBUS at 2.02 s"
+                .to_string()
+        ), "{:#?}", v.evidence);
+        let cause = v.likely_cause.unwrap();
+        assert!(cause.starts_with("Out of shared memory"), "{cause}");
+        assert!(cause.contains("Please try to raise your shared memory limit."), "{cause}");
+        assert!(v.next_step.unwrap().contains("raise `data.shm_size`"));
+
+        // Room left in /dev/shm: the figure is evidence, the generic SIGBUS cause stays.
+        let (_, first, mut v) = verdict(&scenario, &ranks, 2.1);
+        let before = v.likely_cause.clone();
+        annotate(
+            &mut v,
+            &scenario,
+            &ranks,
+            first,
+            Some(&memory_at_end(0, 1 << 20, 8 << 20)),
+            &Leftovers::default(),
+        );
+        assert_eq!(v.likely_cause, before);
+        assert!(v.evidence.iter().any(|e| e.contains("at 1.0 of 8.0 MiB (12%)")));
+    }
+
+    #[test]
+    fn a_worker_bus_error_names_the_worker() {
+        let mut e = end(Some(Exit::Code(1)));
+        e.state.error = Some(
+            "DataLoader worker (pid 4242) is killed by signal: Bus error. It is possible that dataloader's \
+             workers are out of shared memory."
+                .into(),
+        );
+        let ranks = vec![classify_rank(&e)];
+        let mut memory = memory_at_end(0, 64 << 20, 64 << 20);
+        memory.shm.private = false;
+        memory.processes.push(crate::harness::ProcessMemory {
+            rank: 0,
+            role: "worker".into(),
+            worker: Some(3),
+            pid: 4242,
+            command: "ups-doctor".into(),
+            peak_rss_bytes: 0,
+            peak_pss_bytes: 0,
+            peak_uss_bytes: 0,
+            peak_shared_bytes: 0,
+        });
+        let (_, first, mut v) = verdict(&Scenario::default(), &ranks, 2.1);
+        annotate(&mut v, &Scenario::default(), &ranks, first, Some(&memory), &Leftovers::default());
+        assert!(v.likely_cause.unwrap().contains("SIGBUS to worker 3 of rank 0 (pid 4242)"));
+        assert!(v.evidence.iter().any(|e| e.starts_with("the machine's `/dev/shm` was at 64.0 of 64.0 MiB")));
+    }
+
+    #[test]
+    fn a_run_waiting_mostly_for_data_is_input_bound() {
+        let mut e = end(Some(Exit::Code(0)));
+        e.state.done = true;
+        e.state.data_ms = 78.0;
+        e.state.compute_ms = 22.0;
+        let ranks = vec![classify_rank(&e)];
+        let (_, first, mut v) = verdict(&Scenario::default(), &ranks, 1.0);
+        annotate(&mut v, &Scenario::default(), &ranks, first, None, &Leftovers::default());
+        assert!(v.headline.ends_with(" Input-bound: 78% of step time waiting for data."), "{}", v.headline);
+        assert!(v.next_step.unwrap().contains("more workers"));
+        let mut quick = e.clone();
+        quick.state.data_ms = 10.0;
+        assert_eq!(input_bound(&[classify_rank(&quick)]), None);
     }
 
     #[test]

@@ -8,6 +8,8 @@
 
 mod capture;
 mod classify;
+mod memory;
+mod namespace;
 mod process;
 mod progress;
 mod result;
@@ -17,7 +19,9 @@ mod supervise;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 
-pub use classify::{Intervention, RankEnd, check_expectation, classify_rank, verdict};
+pub use classify::{
+    Intervention, RankEnd, annotate, check_expectation, classify_rank, input_bound, used_of, verdict,
+};
 pub use progress::{Progress, ProgressMode};
 pub use result::*;
 pub use state::RankState;
@@ -37,6 +41,8 @@ pub struct ScenarioInput {
 pub enum HarnessError {
     #[error("failed to prepare `{path}`: {source}")]
     Prepare { path: PathBuf, source: std::io::Error },
+    #[error(transparent)]
+    PrivateShm(#[from] namespace::NamespaceError),
 }
 
 /// The scenario the ranks get: checkpoints go under the scenario's own folder unless the file
@@ -73,14 +79,29 @@ pub fn run_scenario(
     let json = serde_json::to_string_pretty(&resolved).expect("scenarios always serialise");
     std::fs::write(&resolved_file, json + "\n").map_err(|e| prepare(&resolved_file, e))?;
 
+    // Validation has checked the size; a value that slipped past it is refused here too.
+    let private_shm = match &input.scenario.data.shm_size {
+        Some(label) => {
+            let bytes = crate::scenario::parse_size(label).map_err(|why| namespace::NamespaceError {
+                size: label.clone(),
+                step: "parse",
+                source: std::io::Error::new(std::io::ErrorKind::InvalidInput, why),
+            })?;
+            Some(namespace::PrivateShm::create(bytes, label)?)
+        }
+        None => None,
+    };
     let plan = supervise::ScenarioPlan {
         scenario: &input.scenario,
         program: program.to_path_buf(),
         resolved_file,
         log_dir: dir.to_path_buf(),
         run_id: supervise::new_run_id(),
+        private_shm: private_shm.as_ref(),
     };
     let observed = supervise::supervise(&plan, progress, interrupted);
+    // The namespace holder goes now; the private /dev/shm goes with it.
+    drop(private_shm);
     if observed.interrupted {
         return Ok(None);
     }
@@ -89,7 +110,15 @@ pub fn run_scenario(
         r.stdout_log = format!("{rel}/{}", r.stdout_log);
         r.stderr_log = format!("{rel}/{}", r.stderr_log);
     }
-    let (outcome, first_failure, verdict) = verdict(&input.scenario, &ranks, observed.wall_s);
+    let (outcome, first_failure, mut verdict) = verdict(&input.scenario, &ranks, observed.wall_s);
+    annotate(
+        &mut verdict,
+        &input.scenario,
+        &ranks,
+        first_failure,
+        Some(&observed.memory),
+        &observed.leftovers,
+    );
     for r in &mut ranks {
         r.collateral = first_failure.is_some_and(|f| f != r.rank) && r.outcome != OutcomeKind::Passed;
     }
@@ -112,6 +141,8 @@ pub fn run_scenario(
             let rates: Vec<f64> = observed.ends.iter().filter_map(|e| e.state.samples_per_s()).collect();
             (!rates.is_empty()).then(|| rates.iter().sum())
         },
+        memory: Some(observed.memory),
+        leftovers: observed.leftovers,
         ranks,
     }))
 }

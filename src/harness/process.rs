@@ -2,7 +2,7 @@
 //! with a marker pipe, death-with-parent, drained output; signal the group; peek at and reap the
 //! exit status. Everything above this module is plain data and decisions.
 
-use std::ffi::OsString;
+use std::ffi::{CString, OsString};
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read};
 use std::os::fd::{FromRawFd, RawFd};
@@ -26,6 +26,9 @@ pub struct RankSpec {
     pub env: Vec<(String, String)>,
     pub stdout_log: PathBuf,
     pub stderr_log: PathBuf,
+    /// A mount namespace to join before exec (the scenario's private `/dev/shm`), with the
+    /// working directory to return to after joining (`setns` moves to the namespace's root).
+    pub mount_ns: Option<(RawFd, CString)>,
 }
 
 /// What the reader threads report to the supervising loop.
@@ -69,6 +72,7 @@ pub fn spawn_rank(spec: &RankSpec, events: Sender<Event>) -> io::Result<RankProc
     let reader = unsafe { File::from_raw_fd(read_fd) };
     let writer = unsafe { File::from_raw_fd(write_fd) };
     let parent = std::process::id() as i32;
+    let mount_ns = spec.mount_ns.clone();
 
     let mut cmd = Command::new(&spec.program);
     cmd.args(&spec.args)
@@ -78,7 +82,7 @@ pub fn spawn_rank(spec: &RankSpec, events: Sender<Event>) -> io::Result<RankProc
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     // SAFETY: the closure only calls async-signal-safe functions (setpgid, prctl, getppid,
-    // fcntl, _exit), as required between fork and exec.
+    // fcntl, setns, chdir, _exit), as required between fork and exec.
     unsafe {
         cmd.pre_exec(move || {
             // Own process group: signals to the group reach the rank and anything it starts,
@@ -96,6 +100,12 @@ pub fn spawn_rank(spec: &RankSpec, events: Sender<Event>) -> io::Result<RankProc
             // The marker pipe's write end is the one fd this child inherits on purpose.
             if libc::fcntl(write_fd, libc::F_SETFD, 0) != 0 {
                 return Err(io::Error::last_os_error());
+            }
+            // Join the scenario's mount namespace: its `/dev/shm` is the private one.
+            if let Some((ns, cwd)) = &mount_ns {
+                if libc::setns(*ns, libc::CLONE_NEWNS) != 0 || libc::chdir(cwd.as_ptr()) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
             }
             Ok(())
         });

@@ -51,6 +51,12 @@ pub struct ScenarioResult {
     pub steps_per_s: Option<f64>,
     /// Samples per second over the training loop, all ranks together.
     pub samples_per_s: Option<f64>,
+    /// Memory and `/dev/shm` sampled through the run (absent in results of older versions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<MemoryReport>,
+    /// `/dev/shm` files and processes the run left behind, and what ups-doctor did about them.
+    #[serde(default)]
+    pub leftovers: Leftovers,
 }
 
 /// The verdict a reader sees first.
@@ -149,4 +155,141 @@ pub struct PhaseSpan {
     pub start_s: f64,
     /// Absent when the phase never ended.
     pub end_s: Option<f64>,
+}
+
+/// Memory and `/dev/shm`, sampled through the run for every rank and worker.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct MemoryReport {
+    /// Seconds between samples.
+    pub interval_s: f64,
+    pub samples: u64,
+    /// Peak figures of every process of the run, rank by rank, the rank first.
+    pub processes: Vec<ProcessMemory>,
+    /// Totals over time, thinned to at most [`MemoryReport::MAX_POINTS`] (each point the
+    /// largest value of the samples it stands for).
+    pub series: Vec<MemoryPoint>,
+    pub shm: ShmUsage,
+    /// For each rank that reported its dataset cache: how much is shared and how much duplicated.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub datasets: Vec<DatasetSharing>,
+}
+
+impl MemoryReport {
+    pub const MAX_POINTS: usize = 100;
+}
+
+/// One process's peak memory, in bytes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProcessMemory {
+    pub rank: u32,
+    /// `rank` (the rank process), `worker` (a data-loader worker it reported) or `child`
+    /// (another process in its process group).
+    pub role: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker: Option<u32>,
+    pub pid: u32,
+    pub command: String,
+    pub peak_rss_bytes: u64,
+    pub peak_pss_bytes: u64,
+    pub peak_uss_bytes: u64,
+    pub peak_shared_bytes: u64,
+}
+
+/// Totals at one moment.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MemoryPoint {
+    /// Seconds since the scenario started.
+    pub t_s: f64,
+    /// PSS of each rank together with its workers, indexed by rank.
+    pub pss_bytes: Vec<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shm_used_bytes: Option<u64>,
+}
+
+/// `/dev/shm` during the run.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ShmUsage {
+    /// The run had a `/dev/shm` of its own (`data.shm_size`).
+    pub private: bool,
+    pub total_bytes: Option<u64>,
+    pub peak_used_bytes: Option<u64>,
+    /// The most memory this run's own segments (`ups-doctor-<run id>-…`) held at once.
+    pub peak_ours_bytes: u64,
+    /// `/dev/shm` at the moment each rank was seen to end.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub at_rank_end: Vec<ShmAt>,
+}
+
+/// `/dev/shm` use at one moment.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ShmAt {
+    pub rank: u32,
+    pub t_s: f64,
+    pub used_bytes: u64,
+    pub total_bytes: u64,
+}
+
+/// A rank's dataset cache against its workers' private memory.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DatasetSharing {
+    pub rank: u32,
+    pub bytes: u64,
+    /// `memory`, `disk` or `shm`.
+    pub cache: String,
+    pub workers: u32,
+    /// Workers whose private memory (USS) is large enough to hold their own copy of the cache.
+    pub private_copies: u32,
+    /// Bytes held more than once: one cache per private copy.
+    pub duplicated_bytes: u64,
+    /// Bytes of the cache that workers share (copy-on-write after fork, or in `/dev/shm`).
+    pub shared_bytes: u64,
+    pub worker_peak_uss_bytes: Vec<u64>,
+}
+
+/// What the run left behind, found after every rank ended.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Leftovers {
+    /// Files created in `/dev/shm` during the run and still there at its end.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shm: Vec<LeftoverSegment>,
+    /// Processes of the run still alive after their rank ended.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub processes: Vec<LeftoverProcess>,
+}
+
+impl Leftovers {
+    pub fn is_empty(&self) -> bool {
+        self.shm.is_empty() && self.processes.is_empty()
+    }
+}
+
+/// A `/dev/shm` file left behind.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LeftoverSegment {
+    pub name: String,
+    pub size_bytes: u64,
+    pub allocated_bytes: u64,
+    /// Named `ups-doctor-<run id>-…`: created by this run's ranks or workers.
+    pub ours: bool,
+    /// Left by an earlier ups-doctor run whose process is gone (its run id names a dead pid);
+    /// found and removed when this run started.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub earlier_run: bool,
+    /// ups-doctor removed it (ours), or it went with the run's private `/dev/shm`.
+    pub removed: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// A process of the run still alive after its rank ended.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LeftoverProcess {
+    pub pid: u32,
+    pub command: String,
+    /// The rank whose process group or run id it carries.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rank: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker: Option<u32>,
+    pub killed: bool,
 }

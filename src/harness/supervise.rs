@@ -9,12 +9,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use crate::probe::{memory, shm};
 use crate::protocol::{RUN_ID_ENV, STACK_DUMP_SIGNAL};
 use crate::scenario::Scenario;
 
 use super::classify::{Intervention, RankEnd};
+use super::memory::{MemoryRecorder, ProcSample, ShmSample, new_segments, orphaned_segments, ours_bytes};
+use super::namespace::PrivateShm;
 use super::process::{self, Event, RankProcess, RankSpec};
 use super::progress::Progress;
+use super::result::{LeftoverProcess, LeftoverSegment, Leftovers, MemoryReport};
 use super::state::RankState;
 
 /// How long stuck ranks get to answer a stack-dump request.
@@ -29,6 +33,10 @@ const COLLATERAL_GRACE: Duration = Duration::from_secs(5);
 const PIPE_DRAIN_WAIT: Duration = Duration::from_secs(2);
 /// Poll interval of the loop; bounds how late an exit, hang or timeout is noticed.
 const TICK: Duration = Duration::from_millis(50);
+/// How often memory and `/dev/shm` are sampled.
+pub const SAMPLE_INTERVAL: Duration = Duration::from_millis(250);
+/// How long killed leftover processes get to disappear before they are reported as surviving.
+const LEFTOVER_KILL_WAIT: Duration = Duration::from_secs(2);
 
 /// What to run for one scenario.
 pub struct ScenarioPlan<'a> {
@@ -41,6 +49,8 @@ pub struct ScenarioPlan<'a> {
     pub log_dir: PathBuf,
     /// Unique to this scenario run (see [`RUN_ID_ENV`]); from [`new_run_id`].
     pub run_id: String,
+    /// The scenario's private `/dev/shm` (`data.shm_size`), which every rank joins.
+    pub private_shm: Option<&'a PrivateShm>,
 }
 
 /// A run id unique on this machine: the harness's pid, a per-process counter and the time.
@@ -57,6 +67,8 @@ pub struct Supervised {
     pub ends: Vec<RankEnd>,
     pub wall_s: f64,
     pub interrupted: bool,
+    pub memory: MemoryReport,
+    pub leftovers: Leftovers,
 }
 
 struct Slot {
@@ -87,6 +99,15 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
     let scenario = plan.scenario;
     let world = scenario.launch.world_size;
     let start = Instant::now();
+    let shm_dir = plan.private_shm.map_or_else(|| PathBuf::from("/dev/shm"), PrivateShm::dir);
+    let swept = sweep_orphaned_segments();
+    let shm_before = shm::segments(&shm_dir);
+    let shm_sample = || {
+        let ours = ours_bytes(&shm::segments(&shm_dir), &plan.run_id);
+        ShmSample { usage: shm::usage(&shm_dir), ours }
+    };
+    let mut recorder = MemoryRecorder::new(world, SAMPLE_INTERVAL.as_secs_f64(), plan.private_shm.is_some());
+    let mut next_sample = start;
     let (tx, rx) = mpsc::channel();
     let master_port = free_port();
     let mut slots: Vec<Slot> = (0..world)
@@ -136,7 +157,12 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
                 slot.end.exit = Some(exit);
                 slot.end.ended_at_s = Some(since(now));
                 slot.exited_at = Some(now);
+                recorder.rank_ended(slot.end.rank, since(now), shm_sample());
             }
+        }
+        if now >= next_sample {
+            recorder.record(since(now), &sample_processes(&slots), shm_sample());
+            next_sample = now + SAMPLE_INTERVAL;
         }
         if first_failure_at.is_none() && slots.iter().any(failed_on_its_own) {
             first_failure_at = Some(now);
@@ -220,6 +246,10 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
         }
     }
     progress.scenario_finished();
+    let states: Vec<&RankState> = slots.iter().map(|s| &s.end.state).collect();
+    let pids: Vec<Option<u32>> = slots.iter().map(|s| s.end.pid).collect();
+    let memory = recorder.finish(&states, &pids);
+    let processes = kill_leftover_processes(&slots, &plan.run_id);
 
     let ends = slots
         .into_iter()
@@ -233,7 +263,128 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
             slot.end
         })
         .collect();
-    Supervised { ends, wall_s: start.elapsed().as_secs_f64(), interrupted: was_interrupted }
+    let mut shm = swept;
+    shm.extend(remove_leftover_segments(&shm_dir, &shm_before, &plan.run_id, plan.private_shm.is_some()));
+    Supervised {
+        ends,
+        wall_s: start.elapsed().as_secs_f64(),
+        interrupted: was_interrupted,
+        memory,
+        leftovers: Leftovers { shm, processes },
+    }
+}
+
+/// The rank a process belongs to: by process group (a rank leads its own), or because its rank
+/// reported it as a worker.
+fn rank_of(slots: &[Slot], p: &memory::ProcStat) -> Option<u32> {
+    slots
+        .iter()
+        .find(|s| s.process.is_some() && s.end.pid == Some(p.pgid))
+        .or_else(|| slots.iter().find(|s| s.end.state.workers.iter().any(|w| w.pid == p.pid)))
+        .map(|s| s.end.rank)
+}
+
+/// Memory of every live process of every rank.
+fn sample_processes(slots: &[Slot]) -> Vec<ProcSample> {
+    memory::processes()
+        .into_iter()
+        .filter(|p| !p.zombie())
+        .filter_map(|p| {
+            let rank = rank_of(slots, &p)?;
+            let mem = memory::read_smaps_rollup(p.pid)?;
+            Some(ProcSample { pid: p.pid, rank, command: p.command, mem })
+        })
+        .collect()
+}
+
+/// Processes of the run still alive once every rank has ended (a worker that outlived its
+/// rank, a child that left the process group but kept the run id): killed, and reported.
+fn kill_leftover_processes(slots: &[Slot], run_id: &str) -> Vec<LeftoverProcess> {
+    let me = std::process::id();
+    let mut found: Vec<LeftoverProcess> = memory::processes()
+        .into_iter()
+        .filter(|p| !p.zombie() && p.pid != me)
+        .filter_map(|p| {
+            let rank = rank_of(slots, &p);
+            if rank.is_none() && !memory::environ_has(p.pid, RUN_ID_ENV, run_id) {
+                return None;
+            }
+            let worker =
+                slots.iter().flat_map(|s| s.end.state.workers.iter()).find(|w| w.pid == p.pid).map(|w| w.id);
+            Some(LeftoverProcess { pid: p.pid, command: p.command, rank, worker, killed: false })
+        })
+        .collect();
+    for p in &found {
+        // SAFETY: kill(2) on a process of this run.
+        unsafe { libc::kill(p.pid as i32, libc::SIGKILL) };
+    }
+    let deadline = Instant::now() + LEFTOVER_KILL_WAIT;
+    loop {
+        let table = memory::processes();
+        for p in &mut found {
+            p.killed = table.iter().find(|t| t.pid == p.pid).is_none_or(memory::ProcStat::zombie);
+        }
+        if found.iter().all(|p| p.killed) || Instant::now() >= deadline {
+            break;
+        }
+        std::thread::sleep(TICK);
+    }
+    found
+}
+
+/// Removes the machine's `/dev/shm` segments of ups-doctor runs whose harness died before it
+/// could clean up (killed with SIGKILL, say), so that none outlives the next run.
+fn sweep_orphaned_segments() -> Vec<LeftoverSegment> {
+    let dir = std::path::Path::new("/dev/shm");
+    let all = shm::segments(dir);
+    let alive = |pid: u32| std::path::Path::new(&format!("/proc/{pid}")).exists();
+    orphaned_segments(&all, alive)
+        .into_iter()
+        .map(|seg| {
+            let error = shm::remove(dir, &seg.name).err().map(|e| e.to_string());
+            LeftoverSegment {
+                name: seg.name.clone(),
+                size_bytes: seg.size,
+                allocated_bytes: seg.allocated,
+                ours: false,
+                earlier_run: true,
+                removed: error.is_none(),
+                error,
+            }
+        })
+        .collect()
+}
+
+/// Files created in `/dev/shm` during the run: this run's own are removed, others reported.
+fn remove_leftover_segments(
+    dir: &std::path::Path,
+    before: &[shm::Segment],
+    run_id: &str,
+    private: bool,
+) -> Vec<LeftoverSegment> {
+    new_segments(before, &shm::segments(dir), run_id)
+        .into_iter()
+        .map(|(seg, ours)| {
+            let (removed, error) = if ours {
+                match shm::remove(dir, &seg.name) {
+                    Ok(()) => (true, None),
+                    Err(e) => (false, Some(e.to_string())),
+                }
+            } else {
+                // A private /dev/shm is discarded with the run, whoever wrote into it.
+                (private, None)
+            };
+            LeftoverSegment {
+                name: seg.name,
+                size_bytes: seg.size,
+                allocated_bytes: seg.allocated,
+                ours,
+                earlier_run: false,
+                removed,
+                error,
+            }
+        })
+        .collect()
 }
 
 fn apply(slots: &mut [Slot], event: Event, since: &impl Fn(Instant) -> f64) {
@@ -287,6 +438,11 @@ fn rank_spec(plan: &ScenarioPlan, rank: u32, world: u32, master_port: u16) -> Ra
         .collect(),
         stdout_log: plan.log_dir.join(format!("rank{rank}.stdout.log")),
         stderr_log: plan.log_dir.join(format!("rank{rank}.stderr.log")),
+        mount_ns: plan.private_shm.map(|shm| {
+            use std::os::unix::ffi::OsStrExt;
+            let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
+            (shm.ns_fd(), std::ffi::CString::new(cwd.as_os_str().as_bytes()).unwrap_or_default())
+        }),
     }
 }
 

@@ -1,7 +1,11 @@
 //! Hand-built run results for the report tests: one per shape of failure the report must explain.
 //! Values are fixed (no clocks, pids or paths from the machine), so snapshots are stable.
 
-use crate::harness::{PhaseSpan, RankResult, RunResult, ScenarioResult, ThreadStack, Verdict};
+use crate::harness::{
+    DatasetSharing, LeftoverProcess, LeftoverSegment, Leftovers, MemoryPoint, MemoryReport, PhaseSpan,
+    ProcessMemory, RankResult, RunResult, ScenarioResult, ShmAt, ShmUsage, ThreadStack, Verdict, annotate,
+    verdict,
+};
 use crate::probe::env::EnvSummary;
 use crate::protocol::Frame;
 use crate::scenario::{Expect, Fault, FaultKind, Mode, OutcomeKind, Scenario};
@@ -105,6 +109,41 @@ fn scenario(name: &str, mode: Mode, world_size: u32, expect: Expect) -> Scenario
     s
 }
 
+/// A process's peaks, in MiB; shared is RSS minus USS.
+fn process(
+    rank: u32,
+    role: &str,
+    worker: Option<u32>,
+    pid: u32,
+    rss: u64,
+    pss: u64,
+    uss: u64,
+) -> ProcessMemory {
+    ProcessMemory {
+        rank,
+        role: role.into(),
+        worker,
+        pid,
+        command: "ups-doctor".into(),
+        peak_rss_bytes: rss * MIB,
+        peak_pss_bytes: pss * MIB,
+        peak_uss_bytes: uss * MIB,
+        peak_shared_bytes: (rss - uss) * MIB,
+    }
+}
+
+/// Points of (seconds, PSS per rank in MiB, /dev/shm used in MiB).
+fn series(points: &[(f64, &[u64], u64)]) -> Vec<MemoryPoint> {
+    points
+        .iter()
+        .map(|(t, pss, shm)| MemoryPoint {
+            t_s: *t,
+            pss_bytes: pss.iter().map(|p| p * MIB).collect(),
+            shm_used_bytes: Some(shm * MIB),
+        })
+        .collect()
+}
+
 /// A single-rank CPU run that trains and passes.
 pub fn passing() -> ScenarioResult {
     let mut sc = scenario("single-cpu-baseline", Mode::Single, 1, Expect::default());
@@ -132,6 +171,26 @@ pub fn passing() -> ScenarioResult {
         wall_s: 5.61,
         steps_per_s: Some(13.04),
         samples_per_s: Some(208.6),
+        memory: Some(MemoryReport {
+            interval_s: 0.25,
+            samples: 22,
+            processes: vec![process(0, "rank", None, 41000, 412, 298, 279)],
+            series: series(&[(0.25, &[38], 1), (1.5, &[220], 1), (3.0, &[298], 2), (5.25, &[291], 1)]),
+            shm: ShmUsage {
+                private: false,
+                total_bytes: Some(64 * MIB),
+                peak_used_bytes: Some(3 * MIB / 2),
+                peak_ours_bytes: 0,
+                at_rank_end: vec![ShmAt {
+                    rank: 0,
+                    t_s: 5.42,
+                    used_bytes: 3 * MIB / 2,
+                    total_bytes: 64 * MIB,
+                }],
+            },
+            datasets: Vec::new(),
+        }),
+        leftovers: Leftovers::default(),
     }
 }
 
@@ -154,6 +213,7 @@ pub fn segv() -> ScenarioResult {
         rank: Some(1),
         when: Default::default(),
         probability: 1.0,
+        size: None,
     }];
 
     let timeline = |end: Option<f64>| {
@@ -247,6 +307,8 @@ pub fn segv() -> ScenarioResult {
         wall_s: 3.85,
         steps_per_s: Some(2.11),
         samples_per_s: Some(67.5),
+        memory: None,
+        leftovers: Leftovers::default(),
     }
 }
 
@@ -337,6 +399,8 @@ pub fn hung() -> ScenarioResult {
         wall_s: 13.02,
         steps_per_s: Some(3.18),
         samples_per_s: Some(50.9),
+        memory: None,
+        leftovers: Leftovers::default(),
     }
 }
 
@@ -395,6 +459,8 @@ pub fn false_success() -> ScenarioResult {
         wall_s: 2.41,
         steps_per_s: None,
         samples_per_s: None,
+        memory: None,
+        leftovers: Leftovers::default(),
     }
 }
 
@@ -432,7 +498,130 @@ pub fn abort_raw_only() -> ScenarioResult {
         wall_s: 1.2,
         steps_per_s: Some(3.4),
         samples_per_s: Some(54.4),
+        memory: None,
+        leftovers: Leftovers::default(),
     }
+}
+
+/// Two workers in a 64 MB `/dev/shm`: rank 0 dies of SIGBUS with `/dev/shm` full, its workers
+/// each held a private copy of the dataset, one outlived it, and a segment was left behind. The
+/// verdict is the harness's own, so its wording is snapshot-tested here.
+pub fn shm_bus_error() -> ScenarioResult {
+    let expect =
+        Expect { outcome: OutcomeKind::Signaled, signal: Some("SIGBUS".into()), ..Expect::default() };
+    let mut sc = scenario("shm-64m-bus-error", Mode::Single, 1, expect);
+    sc.data.shm_size = Some("64m".into());
+    sc.data.workers = 2;
+    sc.inject = vec![Fault {
+        fault: FaultKind::LeakShm,
+        phase: "forward".into(),
+        step: 2,
+        rank: None,
+        when: Default::default(),
+        probability: 1.0,
+        size: Some("96m".into()),
+    }];
+    let mut r0 = rank(0, 2);
+    r0.outcome = OutcomeKind::Signaled;
+    r0.signal = Some("SIGBUS".into());
+    r0.exit_code = None;
+    r0.last_phase = Some("forward".into());
+    r0.last_step = Some(2);
+    r0.ended_at_s = Some(2.02);
+    r0.last_marker_at_s = Some(1.98);
+    r0.losses.truncate(2);
+    r0.timeline.pop();
+    r0.timeline.push(span("train", 0.74, None));
+    r0.log_tail = vec!["ups-doctor: injecting fault `LeakShm` at forward step 2".into(), "Bus error".into()];
+    let ranks = vec![r0];
+    let memory = MemoryReport {
+        interval_s: 0.25,
+        samples: 8,
+        processes: vec![
+            process(0, "rank", None, 41000, 420, 302, 280),
+            process(0, "worker", Some(0), 41003, 160, 131, 125),
+            process(0, "worker", Some(1), 41004, 158, 130, 124),
+        ],
+        series: series(&[(0.25, &[40], 0), (0.75, &[420], 2), (1.25, &[560], 20), (1.75, &[563], 64)]),
+        shm: ShmUsage {
+            private: true,
+            total_bytes: Some(64 * MIB),
+            peak_used_bytes: Some(64 * MIB),
+            peak_ours_bytes: 64 * MIB,
+            at_rank_end: vec![ShmAt { rank: 0, t_s: 2.02, used_bytes: 64 * MIB, total_bytes: 64 * MIB }],
+        },
+        datasets: vec![DatasetSharing {
+            rank: 0,
+            bytes: 120 * MIB,
+            cache: "memory".into(),
+            workers: 2,
+            private_copies: 2,
+            duplicated_bytes: 240 * MIB,
+            shared_bytes: 0,
+            worker_peak_uss_bytes: vec![125 * MIB, 124 * MIB],
+        }],
+    };
+    let leftovers = Leftovers {
+        shm: vec![
+            LeftoverSegment {
+                name: "ups-doctor-41000-0-1f54b1f9-leak-0".into(),
+                size_bytes: 96 * MIB,
+                allocated_bytes: 64 * MIB,
+                ours: true,
+                earlier_run: false,
+                removed: true,
+                error: None,
+            },
+            LeftoverSegment {
+                name: "torch_41003_2_1".into(),
+                size_bytes: MIB,
+                allocated_bytes: MIB,
+                ours: false,
+                earlier_run: false,
+                removed: true,
+                error: None,
+            },
+        ],
+        processes: vec![LeftoverProcess {
+            pid: 41004,
+            command: "ups-doctor".into(),
+            rank: Some(0),
+            worker: Some(1),
+            killed: true,
+        }],
+    };
+    let (outcome, first_failure, mut v) = verdict(&sc, &ranks, 2.1);
+    annotate(&mut v, &sc, &ranks, first_failure, Some(&memory), &leftovers);
+    ScenarioResult {
+        name: sc.name.clone(),
+        file: "scenarios/shm-64m-bus-error.json".into(),
+        overrides: Vec::new(),
+        scenario: sc,
+        outcome,
+        met_expectation: true,
+        expectation_mismatches: Vec::new(),
+        verdict: v,
+        first_failure,
+        ranks,
+        wall_s: 2.1,
+        steps_per_s: Some(1.6),
+        samples_per_s: Some(25.6),
+        memory: Some(memory),
+        leftovers,
+    }
+}
+
+/// A passing run that waits for data most of each step; verdict from the harness.
+pub fn input_bound() -> ScenarioResult {
+    let mut s = passing();
+    s.name = "input-bound".into();
+    s.scenario.name = s.name.clone();
+    s.ranks[0].data_wait_fraction = Some(0.78);
+    let (outcome, first, mut v) = verdict(&s.scenario, &s.ranks, s.wall_s);
+    annotate(&mut v, &s.scenario, &s.ranks, first, s.memory.as_ref(), &s.leftovers);
+    s.outcome = outcome;
+    s.verdict = v;
+    s
 }
 
 /// A run the user interrupted: two scenarios ended, two never started.

@@ -11,6 +11,7 @@ use crate::protocol::Frame;
 use super::environment;
 use super::markup::{self, Align, DETAILS_CLOSE, code, details_open, fence, html_code};
 use super::matrix;
+use super::memory;
 use super::mermaid;
 use super::text::{self, NONE, count, plural};
 
@@ -151,6 +152,9 @@ fn scenario(doc: &mut Doc, s: &ScenarioResult) {
     }
     if let Some(chart) = s.ranks.iter().min_by_key(|r| r.rank).and_then(mermaid::loss_chart) {
         doc.push(fence("mermaid", &chart));
+    }
+    for block in memory::memory_blocks(s).into_iter().chain(memory::leftover_blocks(s)) {
+        doc.push(block);
     }
     for r in &s.ranks {
         log_tail(doc, r);

@@ -3,7 +3,7 @@
 
 use std::fmt::Write;
 
-use crate::harness::{RankResult, ScenarioResult};
+use crate::harness::{MemoryReport, RankResult, ScenarioResult};
 
 use super::text::sig;
 
@@ -63,6 +63,32 @@ pub(crate) fn loss_chart(r: &RankResult) -> Option<String> {
         r.rank,
         values.join(", ")
     ))
+}
+
+/// A line chart over time of each rank's PSS (with its workers) and of `/dev/shm` used, in MiB,
+/// when there are at least two samples. xychart has no legend: the caller lists the lines.
+pub(crate) fn memory_chart(m: &MemoryReport, ranks: usize) -> Option<String> {
+    if m.series.len() < 2 {
+        return None;
+    }
+    let mib = |b: u64| sig(b as f64 / f64::from(1 << 20), 4);
+    let (first, last) = (m.series[0].t_s, m.series[m.series.len() - 1].t_s);
+    let mut out = format!(
+        "xychart-beta\n    title \"Memory (MiB): PSS per rank, /dev/shm used\"\n    x-axis \"seconds since the \
+         scenario started\" {} --> {}\n    y-axis \"MiB\"",
+        sig(first, 3),
+        sig(last, 3)
+    );
+    for rank in 0..ranks {
+        let values: Vec<String> =
+            m.series.iter().map(|p| mib(p.pss_bytes.get(rank).copied().unwrap_or(0))).collect();
+        out.push_str(&format!("\n    line [{}]", values.join(", ")));
+    }
+    if m.series.iter().any(|p| p.shm_used_bytes.is_some()) {
+        let values: Vec<String> = m.series.iter().map(|p| mib(p.shm_used_bytes.unwrap_or(0))).collect();
+        out.push_str(&format!("\n    line [{}]", values.join(", ")));
+    }
+    Some(out)
 }
 
 fn ms(s: f64) -> i64 {

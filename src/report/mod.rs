@@ -10,8 +10,9 @@
 //!
 //! Layout: `text` formats values (counts, durations, outcomes), `markup` escapes them for
 //! markdown and HTML, `matrix` is the one table shape that the terminal (`terminal`) and the
-//! markdown report (`markdown`) both show, `environment` is the same for the machine, `mermaid`
-//! draws the charts, `files` reads and writes the run folder.
+//! markdown report (`markdown`) both show, `environment` is the same for the machine, `memory`
+//! writes the memory and leftovers sections, `mermaid` draws the charts, `files` reads and writes
+//! the run folder.
 
 mod bisect;
 mod environment;
@@ -19,6 +20,7 @@ mod files;
 mod markdown;
 mod markup;
 mod matrix;
+mod memory;
 mod mermaid;
 mod terminal;
 mod text;

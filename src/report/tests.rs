@@ -26,6 +26,23 @@ fn markdown_of_a_false_success_that_misses_its_expectation() {
 }
 
 #[test]
+fn markdown_of_a_bus_error_in_a_full_dev_shm_with_leftovers() {
+    insta::assert_snapshot!(render_markdown(&run(vec![fixtures::shm_bus_error()])));
+}
+
+#[test]
+fn markdown_of_an_input_bound_run() {
+    let md = render_markdown(&run(vec![fixtures::input_bound()]));
+    let headline = md.lines().find(|l| l.starts_with("**Passed")).expect("the headline");
+    assert!(headline.ends_with("Input-bound: 78% of step time waiting for data.**"), "{headline}");
+    assert!(
+        md.contains("**Next step:** The ranks wait for batches more than they compute: try more workers"),
+        "{md}"
+    );
+    assert!(md.contains("208.6 samples/s"), "{md}");
+}
+
+#[test]
 fn markdown_of_an_interrupted_run() {
     insta::assert_snapshot!(render_markdown(&fixtures::interrupted()));
 }
@@ -38,6 +55,7 @@ fn matrix_of_every_kind_of_outcome() {
         fixtures::hung(),
         fixtures::false_success(),
         fixtures::abort_raw_only(),
+        fixtures::shm_bus_error(),
     ]);
     insta::assert_snapshot!(render_matrix(&all, false));
 }

@@ -757,6 +757,7 @@ fn template() -> Scenario {
         rank: Some(0),
         when: BTreeMap::new(),
         probability: 1.0,
+        size: None,
     }];
     scenario
 }

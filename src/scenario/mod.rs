@@ -9,7 +9,9 @@ mod locate;
 mod model;
 mod path;
 mod rules;
+mod size;
 mod suggest;
 
 pub use load::*;
 pub use model::*;
+pub use size::{SIZE_FORMS, parse_size};

@@ -308,6 +308,9 @@ pub struct Fault {
     /// system's randomness (never from `train.seed`): a flaky failure.
     #[serde(default = "always", skip_serializing_if = "is_always")]
     pub probability: f64,
+    /// Size of the segment `leak_shm` creates (`"16m"`, like `data.shm_size`); 32 MiB when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<String>,
 }
 
 fn always() -> f64 {
@@ -343,7 +346,13 @@ pub enum FaultKind {
     /// place during forward at this step: allowed on a plain parameter (single, DDP), refused by
     /// libtorch when the parameter is a view of an FSDP flat parameter.
     InplaceView,
+    /// Creates a `/dev/shm` segment of `size`, writes every page and never removes it: a leaked
+    /// segment, and a real SIGBUS when `/dev/shm` is too small for it.
+    LeakShm,
 }
+
+/// Size of a `leak_shm` segment when the fault names none.
+pub const DEFAULT_LEAK_SIZE: u64 = 32 << 20;
 
 /// Phases a fault may name. Per-step phases fire at `step`; the others fire once.
 pub const PER_STEP_PHASES: [&str; 4] = ["data.next", "forward", "backward", "optimizer"];

@@ -13,6 +13,7 @@ use super::model::{
     Backend, CHECKPOINT_PHASES, Cache, Data, Device, Expect, Fault, FaultKind, Launch, Limits, Mode, Model,
     ONE_OFF_PHASES, OutcomeKind, PER_STEP_PHASES, Scenario, StartMethod, Train,
 };
+use super::size::{SIZE_FORMS, parse_size};
 use super::{path, suggest};
 use crate::protocol::{signal_name, signal_number};
 
@@ -62,6 +63,7 @@ type Checked = Result<(), Invalid>;
 pub(crate) fn check(s: &Scenario) -> Checked {
     check_model(&s.model)?;
     check_data(&s.data)?;
+    check_shm_size(&s.data)?;
     check_model_fits_data(&s.model, &s.data)?;
     check_train(&s.train)?;
     check_limits(&s.limits)?;
@@ -147,6 +149,17 @@ fn check_data(d: &Data) -> Checked {
     }
     at_least("data.batch_size", d.batch_size.into(), 1, "16")?;
     at_least("data.prefetch", d.prefetch.into(), 1, "2")
+}
+
+/// `data.shm_size` must be a size Docker's `--shm-size` would take.
+fn check_shm_size(d: &Data) -> Checked {
+    let Some(size) = &d.shm_size else {
+        return Ok(());
+    };
+    parse_size(size).map(|_| ()).map_err(|why| {
+        Invalid::new("data.shm_size", why)
+            .hint(format!("write {SIZE_FORMS}; or remove `shm_size` to use the machine's `/dev/shm`"))
+    })
 }
 
 fn check_model_fits_data(m: &Model, d: &Data) -> Checked {
@@ -300,6 +313,18 @@ fn check_fault(s: &Scenario, index: usize, fault: &Fault) -> Checked {
         )
         .hint(format!("use `\"phase\": \"{only}\"` with the step where it should happen")));
     }
+    if let Some(size) = &fault.size {
+        if fault.fault != FaultKind::LeakShm {
+            return Err(Invalid::new(
+                at("size"),
+                format!("`size` applies only to `leak_shm`, not `{}`", json_name(&fault.fault)),
+            )
+            .hint("remove `size`, or use `\"fault\": \"leak_shm\"`"));
+        }
+        if let Err(why) = parse_size(size) {
+            return Err(Invalid::new(at("size"), why).hint(format!("write {SIZE_FORMS}")));
+        }
+    }
     if !(fault.probability > 0.0 && fault.probability <= 1.0) {
         return Err(Invalid::new(
             at("probability"),
@@ -410,14 +435,6 @@ pub(crate) fn not_supported_yet(s: &Scenario) -> Checked {
             "use `start_method: fork`",
         );
     }
-    if let Some(size) = &s.data.shm_size {
-        return refuse(
-            "data.shm_size",
-            size.clone(),
-            WORKERS,
-            "remove `shm_size` to use the machine's `/dev/shm`",
-        );
-    }
     Ok(())
 }
 
@@ -438,6 +455,7 @@ mod tests {
             rank: None,
             when: BTreeMap::new(),
             probability: 1.0,
+            size: None,
         }
     }
 
@@ -650,6 +668,32 @@ mod tests {
     }
 
     #[test]
+    fn shm_size_must_be_a_docker_style_size() {
+        for ok in ["64m", "1g", "67108864", "8M"] {
+            let mut s = Scenario::default();
+            s.data.shm_size = Some(ok.into());
+            assert_eq!(check(&s), Ok(()), "{ok}");
+        }
+        let mut s = Scenario::default();
+        s.data.shm_size = Some("64 megs".into());
+        let invalid = check(&s).unwrap_err();
+        assert_eq!(invalid.field, "data.shm_size");
+        assert_eq!(invalid.message, "unknown unit `megs` in `64 megs`");
+        assert!(invalid.hint.unwrap().contains("`\"64m\"`"));
+    }
+
+    #[test]
+    fn fault_size_is_for_leak_shm_only() {
+        let mut s = Scenario::default();
+        s.inject.push(Fault { fault: FaultKind::LeakShm, size: Some("16m".into()), ..fault("start", 0) });
+        assert_eq!(check(&s), Ok(()));
+        s.inject[0].size = Some("lots".into());
+        assert_eq!(check(&s).unwrap_err().field, "inject[0].size");
+        s.inject[0] = Fault { size: Some("16m".into()), ..fault("start", 0) };
+        assert_eq!(check(&s).unwrap_err().message, "`size` applies only to `leak_shm`, not `segv`");
+    }
+
+    #[test]
     fn ddp_over_tcp_is_accepted() {
         let mut s = Scenario::default();
         s.launch.mode = Mode::Ddp;
@@ -692,7 +736,6 @@ mod tests {
             ("data.cache", Box::new(|s| s.data.cache = Cache::Shm)),
             ("data.cache", Box::new(|s| s.data.cache = Cache::Disk)),
             ("data.start_method", Box::new(|s| s.data.start_method = StartMethod::Spawn)),
-            ("data.shm_size", Box::new(|s| s.data.shm_size = Some("64m".into()))),
         ];
         for (expected, edit) in refused {
             let mut s = Scenario::default();

@@ -4,7 +4,10 @@
 
 use std::sync::{Arc, Barrier, Mutex};
 
-use crate::scenario::{Fault, FaultKind, ONE_OFF_PHASES, Scenario, when_matches};
+use crate::protocol::RUN_ID_ENV;
+use crate::scenario::{
+    DEFAULT_LEAK_SIZE, Fault, FaultKind, ONE_OFF_PHASES, Scenario, parse_size, when_matches,
+};
 
 /// What the training loop must do after a fault that does not end the process by itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,6 +36,7 @@ impl Faults {
 /// The faults that apply to this rank, filtered by `rank` and `when` once at start-up.
 pub struct Faults {
     armed: Vec<Fault>,
+    rank: u32,
 }
 
 impl Faults {
@@ -45,7 +49,7 @@ impl Faults {
             .filter(|f| f.probability >= 1.0 || draw() < f.probability)
             .cloned()
             .collect();
-        Faults { armed }
+        Faults { armed, rank }
     }
 
     /// Called at the beginning of every phase; performs a matching fault. Segv, abort, exit0
@@ -71,6 +75,14 @@ impl Faults {
                 FaultKind::UnusedParam => effect = Effect::UnusedParam,
                 FaultKind::UnevenSteps => effect = Effect::StopEarly,
                 FaultKind::InplaceView => effect = Effect::InplaceView,
+                FaultKind::LeakShm => {
+                    let size =
+                        fault.size.as_deref().and_then(|s| parse_size(s).ok()).unwrap_or(DEFAULT_LEAK_SIZE);
+                    if let Err(e) = inject_leak_shm(self.rank, size) {
+                        eprintln!("ups-doctor: leak_shm could not create its segment: {e}");
+                        effect = Effect::ExitError;
+                    }
+                }
             }
         }
         effect
@@ -155,6 +167,44 @@ pub fn inject_abort() -> ! {
 pub fn inject_exit0() -> ! {
     // SAFETY: _exit has no preconditions.
     unsafe { libc::_exit(0) }
+}
+
+/// Creates `/dev/shm/ups-doctor-<run id>-leak-<rank>` of `size` bytes, writes one byte into every
+/// page through a shared mapping, and never unlinks it. When `/dev/shm` cannot back a page the
+/// write raises a genuine SIGBUS, exactly as a data-loader worker's does in a 64 MB container.
+#[inline(never)]
+pub fn inject_leak_shm(rank: u32, size: u64) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let run_id = std::env::var(RUN_ID_ENV).unwrap_or_else(|_| format!("pid{}", std::process::id()));
+    let path = std::path::PathBuf::from(format!("/dev/shm/ups-doctor-{run_id}-leak-{rank}"));
+    let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path)?;
+    // Sparse: the size costs nothing until the pages are written below.
+    file.set_len(size)?;
+    let len = size as usize;
+    // SAFETY: a fresh shared mapping of a file we own, `len` bytes long; unmapped below.
+    let base = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            file.as_raw_fd(),
+            0,
+        )
+    };
+    if base == libc::MAP_FAILED {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: page size is always available.
+    let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+    for offset in (0..len).step_by(page) {
+        // SAFETY: inside the mapping. A page tmpfs cannot back faults with SIGBUS here: the point.
+        unsafe { (base as *mut u8).add(offset).write_volatile(1) };
+    }
+    // SAFETY: the mapping made above.
+    unsafe { libc::munmap(base, len) };
+    eprintln!("ups-doctor: leaked {size} bytes in `{}`", path.display());
+    Ok(())
 }
 
 /// A lock-order inversion between two threads: each holds one lock and waits for the other,

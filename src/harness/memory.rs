@@ -1,0 +1,352 @@
+//! Folds memory samples into per-process peaks and a thinned series, judges whether a dataset
+//! cache is shared or duplicated across workers, and sorts `/dev/shm` files into leftovers.
+//! Pure: the procfs and `/dev/shm` reads happen in [`crate::probe`], driven by `supervise`.
+
+use std::collections::{BTreeMap, HashSet};
+
+use crate::probe::memory::Rollup;
+use crate::probe::shm::{Segment, Usage};
+
+use super::result::{DatasetSharing, MemoryPoint, MemoryReport, ProcessMemory, ShmAt, ShmUsage};
+use super::state::RankState;
+
+/// A worker whose private memory reaches this share of the dataset holds a copy of its own.
+const PRIVATE_COPY_SHARE: f64 = 0.8;
+
+/// One process's memory at one sample.
+#[derive(Debug, Clone)]
+pub struct ProcSample {
+    pub pid: u32,
+    pub rank: u32,
+    pub command: String,
+    pub mem: Rollup,
+}
+
+/// `/dev/shm` at one sample: the filesystem, and what this run's own segments hold.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ShmSample {
+    pub usage: Option<Usage>,
+    pub ours: u64,
+}
+
+/// Accumulates samples during a run; [`MemoryRecorder::finish`] makes the report.
+#[derive(Debug)]
+pub struct MemoryRecorder {
+    world: u32,
+    interval_s: f64,
+    samples: u64,
+    /// Keyed by (rank, pid): the peaks and the command.
+    peaks: BTreeMap<(u32, u32), (String, Rollup)>,
+    points: Vec<MemoryPoint>,
+    shm: ShmUsage,
+}
+
+impl MemoryRecorder {
+    pub fn new(world: u32, interval_s: f64, private_shm: bool) -> MemoryRecorder {
+        MemoryRecorder {
+            world,
+            interval_s,
+            samples: 0,
+            peaks: BTreeMap::new(),
+            points: Vec::new(),
+            shm: ShmUsage { private: private_shm, ..ShmUsage::default() },
+        }
+    }
+
+    /// Adds one sample of every process of the run and of `/dev/shm`, taken at `t_s`.
+    pub fn record(&mut self, t_s: f64, procs: &[ProcSample], shm: ShmSample) {
+        self.samples += 1;
+        let mut pss = vec![0u64; self.world as usize];
+        for p in procs {
+            if let Some(total) = pss.get_mut(p.rank as usize) {
+                *total += p.mem.pss;
+            }
+            let entry =
+                self.peaks.entry((p.rank, p.pid)).or_insert_with(|| (p.command.clone(), Rollup::default()));
+            entry.0.clone_from(&p.command);
+            let peak = &mut entry.1;
+            peak.rss = peak.rss.max(p.mem.rss);
+            peak.pss = peak.pss.max(p.mem.pss);
+            peak.uss = peak.uss.max(p.mem.uss);
+            peak.shared = peak.shared.max(p.mem.shared);
+        }
+        self.note_shm(shm);
+        self.points.push(MemoryPoint { t_s, pss_bytes: pss, shm_used_bytes: shm.usage.map(|u| u.used) });
+    }
+
+    /// Records `/dev/shm` at the moment `rank` was seen to end: the figure a bus error is
+    /// judged by.
+    pub fn rank_ended(&mut self, rank: u32, t_s: f64, shm: ShmSample) {
+        self.note_shm(shm);
+        if let Some(u) = shm.usage {
+            self.shm.at_rank_end.push(ShmAt { rank, t_s, used_bytes: u.used, total_bytes: u.total });
+        }
+    }
+
+    fn note_shm(&mut self, shm: ShmSample) {
+        if let Some(u) = shm.usage {
+            self.shm.total_bytes = Some(u.total);
+            self.shm.peak_used_bytes = Some(self.shm.peak_used_bytes.unwrap_or(0).max(u.used));
+        }
+        self.shm.peak_ours_bytes = self.shm.peak_ours_bytes.max(shm.ours);
+    }
+
+    /// The report, with every process labelled from its rank's markers (`ranks[r]` is rank r).
+    pub fn finish(self, ranks: &[&RankState], rank_pids: &[Option<u32>]) -> MemoryReport {
+        let mut processes: Vec<ProcessMemory> = self
+            .peaks
+            .into_iter()
+            .map(|((rank, pid), (command, peak))| {
+                let state = ranks.get(rank as usize);
+                let worker = state.and_then(|s| s.workers.iter().find(|w| w.pid == pid)).map(|w| w.id);
+                let is_rank = rank_pids.get(rank as usize).copied().flatten() == Some(pid);
+                let role = if is_rank {
+                    "rank"
+                } else if worker.is_some() {
+                    "worker"
+                } else {
+                    "child"
+                };
+                ProcessMemory {
+                    rank,
+                    role: role.to_string(),
+                    worker,
+                    pid,
+                    command,
+                    peak_rss_bytes: peak.rss,
+                    peak_pss_bytes: peak.pss,
+                    peak_uss_bytes: peak.uss,
+                    peak_shared_bytes: peak.shared,
+                }
+            })
+            .collect();
+        let order = |p: &ProcessMemory| (p.rank, p.role != "rank", p.worker.unwrap_or(u32::MAX), p.pid);
+        processes.sort_by_key(order);
+        let datasets = ranks
+            .iter()
+            .enumerate()
+            .filter_map(|(rank, state)| {
+                let dataset = state.dataset.as_ref()?;
+                let uss: Vec<u64> = state
+                    .workers
+                    .iter()
+                    .map(|w| processes.iter().find(|p| p.pid == w.pid).map_or(0, |p| p.peak_uss_bytes))
+                    .collect();
+                Some(dataset_sharing(rank as u32, dataset.bytes, &dataset.cache, uss))
+            })
+            .collect();
+        MemoryReport {
+            interval_s: self.interval_s,
+            samples: self.samples,
+            processes,
+            series: thin(self.points, MemoryReport::MAX_POINTS),
+            shm: self.shm,
+            datasets,
+        }
+    }
+}
+
+/// Whether each worker holds a private copy of a `bytes` dataset, from its peak USS: a worker
+/// that only reads pages it shares (copy-on-write after fork, or a cache in `/dev/shm`) has a
+/// USS far below the dataset's size.
+pub fn dataset_sharing(rank: u32, bytes: u64, cache: &str, worker_uss: Vec<u64>) -> DatasetSharing {
+    let workers = worker_uss.len() as u32;
+    let copies = if bytes == 0 {
+        0
+    } else {
+        worker_uss.iter().filter(|&&u| u as f64 >= bytes as f64 * PRIVATE_COPY_SHARE).count() as u32
+    };
+    DatasetSharing {
+        rank,
+        bytes,
+        cache: cache.to_string(),
+        workers,
+        private_copies: copies,
+        duplicated_bytes: u64::from(copies) * bytes,
+        shared_bytes: if workers > copies { bytes } else { 0 },
+        worker_peak_uss_bytes: worker_uss,
+    }
+}
+
+/// At most `max` points; each stands for a run of consecutive samples and keeps their largest
+/// values (a short spike must stay visible), at the time of the run's last sample.
+fn thin(points: Vec<MemoryPoint>, max: usize) -> Vec<MemoryPoint> {
+    if points.len() <= max {
+        return points;
+    }
+    let chunk = points.len().div_ceil(max);
+    points
+        .chunks(chunk)
+        .map(|c| {
+            let last = c.last().expect("chunks are not empty");
+            let width = last.pss_bytes.len();
+            MemoryPoint {
+                t_s: last.t_s,
+                pss_bytes: (0..width).map(|i| c.iter().map(|p| p.pss_bytes[i]).max().unwrap_or(0)).collect(),
+                shm_used_bytes: c.iter().filter_map(|p| p.shm_used_bytes).max(),
+            }
+        })
+        .collect()
+}
+
+/// The prefix of every `/dev/shm` name this run creates.
+pub fn segment_prefix(run_id: &str) -> String {
+    format!("ups-doctor-{run_id}-")
+}
+
+/// Bytes held by this run's own segments.
+pub fn ours_bytes(segments: &[Segment], run_id: &str) -> u64 {
+    let prefix = segment_prefix(run_id);
+    segments.iter().filter(|s| s.name.starts_with(&prefix)).map(|s| s.allocated).sum()
+}
+
+/// Files in `/dev/shm` at the end that were not there at the start, each with whether it is
+/// this run's own. Segments of other ups-doctor runs (another run id) are theirs to clean up
+/// and are left out.
+pub fn new_segments(before: &[Segment], after: &[Segment], run_id: &str) -> Vec<(Segment, bool)> {
+    let known: HashSet<(&str, u64)> = before.iter().map(|s| (s.name.as_str(), s.inode)).collect();
+    let prefix = segment_prefix(run_id);
+    after
+        .iter()
+        .filter(|s| !known.contains(&(s.name.as_str(), s.inode)))
+        .filter_map(|s| {
+            let ours = s.name.starts_with(&prefix);
+            (ours || !s.name.starts_with("ups-doctor-")).then(|| (s.clone(), ours))
+        })
+        .collect()
+}
+
+/// Segments of earlier ups-doctor runs whose harness is gone: run ids start with the harness's
+/// pid (`ups-doctor-<pid>-<n>-<nanos>-…`), and `alive` says whether a pid still runs. A live
+/// pid, even a reused one, keeps its segments: only the dead are swept.
+pub fn orphaned_segments(segments: &[Segment], alive: impl Fn(u32) -> bool) -> Vec<&Segment> {
+    segments
+        .iter()
+        .filter(|s| {
+            let pid = s.name.strip_prefix("ups-doctor-").and_then(|rest| rest.split('-').next());
+            pid.and_then(|p| p.parse::<u32>().ok()).is_some_and(|pid| !alive(pid))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::harness::state::{DatasetInfo, WorkerInfo};
+
+    const MIB: u64 = 1 << 20;
+
+    fn mem(rss: u64, pss: u64, uss: u64) -> Rollup {
+        Rollup { rss: rss * MIB, pss: pss * MIB, uss: uss * MIB, shared: (rss - uss) * MIB }
+    }
+
+    fn sample(pid: u32, rank: u32, m: Rollup) -> ProcSample {
+        ProcSample { pid, rank, command: "ups-doctor".into(), mem: m }
+    }
+
+    fn shm(used: u64, ours: u64) -> ShmSample {
+        ShmSample { usage: Some(Usage { total: 64 * MIB, used: used * MIB }), ours: ours * MIB }
+    }
+
+    #[test]
+    fn peaks_are_per_process_and_totals_per_rank() {
+        let mut rec = MemoryRecorder::new(2, 0.25, true);
+        rec.record(0.25, &[sample(10, 0, mem(100, 80, 60)), sample(20, 1, mem(90, 70, 50))], shm(1, 0));
+        rec.record(
+            0.5,
+            &[
+                sample(10, 0, mem(120, 90, 70)),
+                sample(11, 0, mem(40, 20, 10)),
+                sample(20, 1, mem(80, 60, 40)),
+            ],
+            shm(9, 8),
+        );
+        rec.rank_ended(1, 0.6, shm(64, 63));
+        let mut rank0 = RankState::default();
+        rank0.workers.push(WorkerInfo { id: 0, pid: 11, start_method: "fork".into(), started_at_s: 0.3 });
+        let rank1 = RankState::default();
+        let report = rec.finish(&[&rank0, &rank1], &[Some(10), Some(20)]);
+        assert_eq!(report.samples, 2);
+        let roles: Vec<(u32, &str, Option<u32>, u64)> = report
+            .processes
+            .iter()
+            .map(|p| (p.pid, p.role.as_str(), p.worker, p.peak_pss_bytes / MIB))
+            .collect();
+        assert_eq!(roles, [(10, "rank", None, 90), (11, "worker", Some(0), 20), (20, "rank", None, 70)]);
+        assert_eq!(report.series[1].pss_bytes, [110 * MIB, 60 * MIB]);
+        assert_eq!(report.shm.peak_used_bytes, Some(64 * MIB));
+        assert_eq!(report.shm.peak_ours_bytes, 63 * MIB);
+        assert_eq!(
+            report.shm.at_rank_end,
+            [ShmAt { rank: 1, t_s: 0.6, used_bytes: 64 * MIB, total_bytes: 64 * MIB }]
+        );
+        assert!(report.shm.private);
+    }
+
+    #[test]
+    fn long_series_are_thinned_keeping_the_spikes() {
+        let mut rec = MemoryRecorder::new(1, 0.25, false);
+        for i in 0..1000u64 {
+            let spike = if i == 501 { 500 } else { 100 };
+            rec.record(i as f64 * 0.25, &[sample(10, 0, mem(spike, spike, spike))], shm(i % 7, 0));
+        }
+        let report = rec.finish(&[&RankState::default()], &[Some(10)]);
+        assert!(report.series.len() <= MemoryReport::MAX_POINTS, "{}", report.series.len());
+        assert!(report.series.iter().any(|p| p.pss_bytes[0] == 500 * MIB));
+        assert_eq!(report.series.last().unwrap().t_s, 999.0 * 0.25);
+        assert_eq!(report.processes[0].peak_rss_bytes, 500 * MIB);
+    }
+
+    #[test]
+    fn workers_with_their_own_copy_duplicate_the_cache() {
+        let d = dataset_sharing(0, 120 * MIB, "memory", vec![125 * MIB, 124 * MIB, 126 * MIB, 123 * MIB]);
+        assert_eq!((d.private_copies, d.duplicated_bytes, d.shared_bytes), (4, 480 * MIB, 0));
+        let shared = dataset_sharing(0, 120 * MIB, "shm", vec![3 * MIB, 2 * MIB]);
+        assert_eq!((shared.private_copies, shared.duplicated_bytes, shared.shared_bytes), (0, 0, 120 * MIB));
+        let none = dataset_sharing(0, 120 * MIB, "memory", Vec::new());
+        assert_eq!((none.workers, none.duplicated_bytes, none.shared_bytes), (0, 0, 0));
+    }
+
+    #[test]
+    fn the_dataset_marker_and_worker_uss_make_the_sharing_line() {
+        let mut rec = MemoryRecorder::new(1, 0.25, false);
+        rec.record(0.25, &[sample(10, 0, mem(300, 200, 150)), sample(11, 0, mem(130, 125, 121))], shm(0, 0));
+        let mut rank0 = RankState::default();
+        rank0.dataset = Some(DatasetInfo { bytes: 120 * MIB, cache: "memory".into() });
+        rank0.workers.push(WorkerInfo { id: 0, pid: 11, start_method: "spawn".into(), started_at_s: 0.1 });
+        let report = rec.finish(&[&rank0], &[Some(10)]);
+        assert_eq!(report.datasets[0].private_copies, 1);
+        assert_eq!(report.datasets[0].worker_peak_uss_bytes, [121 * MIB]);
+    }
+
+    #[test]
+    fn only_segments_of_dead_harnesses_are_orphans() {
+        let all =
+            [seg("ups-doctor-100-0-ab-leak-0", 1), seg("ups-doctor-200-1-cd-ring", 2), seg("torch_5", 3)];
+        let orphans = orphaned_segments(&all, |pid| pid == 200);
+        assert_eq!(
+            orphans.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(),
+            ["ups-doctor-100-0-ab-leak-0"]
+        );
+    }
+
+    fn seg(name: &str, inode: u64) -> Segment {
+        Segment { name: name.into(), size: MIB, allocated: MIB, inode }
+    }
+
+    #[test]
+    fn new_segments_are_ours_by_run_id_and_others_runs_are_left_out() {
+        let before = [seg("old", 1), seg("reused", 2)];
+        let after = [
+            seg("old", 1),
+            seg("reused", 3),
+            seg("ups-doctor-7-0-ab-leak-0", 4),
+            seg("ups-doctor-9-0-cd-ring", 5),
+            seg("torch_123", 6),
+        ];
+        let segments = new_segments(&before, &after, "7-0-ab");
+        let found: Vec<(&str, bool)> = segments.iter().map(|(s, o)| (s.name.as_str(), *o)).collect();
+        assert_eq!(found, [("reused", false), ("ups-doctor-7-0-ab-leak-0", true), ("torch_123", false)]);
+        assert_eq!(ours_bytes(&after, "7-0-ab"), MIB);
+    }
+}

@@ -1,0 +1,85 @@
+//! `/dev/shm` as the run sees it: its size and use (statvfs) and the files in it. With a private
+//! `/dev/shm` the folder is reached through the namespace holder's `/proc/<pid>/root`.
+
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+
+/// Size and use of a filesystem, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Usage {
+    pub total: u64,
+    pub used: u64,
+}
+
+/// One file in `/dev/shm`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Segment {
+    pub name: String,
+    /// Its length (`st_size`).
+    pub size: u64,
+    /// The memory it holds (`st_blocks`): less than `size` when sparse or cut short.
+    pub allocated: u64,
+    pub inode: u64,
+}
+
+/// `statvfs` of `dir`: total and used bytes.
+pub fn usage(dir: &Path) -> Option<Usage> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: a plain-data out-struct.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a valid NUL-terminated path and `st` a valid out-pointer.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    let frsize = st.f_frsize as u64;
+    let total = st.f_blocks as u64 * frsize;
+    Some(Usage { total, used: total.saturating_sub(st.f_bfree as u64 * frsize) })
+}
+
+/// The regular files directly in `dir`, sorted by name (nothing when it cannot be read).
+pub fn segments(dir: &Path) -> Vec<Segment> {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut out: Vec<Segment> = entries
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let meta = e.metadata().ok().filter(|m| m.is_file())?;
+            Some(Segment {
+                name: e.file_name().to_string_lossy().into_owned(),
+                size: meta.len(),
+                allocated: meta.blocks() * 512,
+                inode: meta.ino(),
+            })
+        })
+        .collect();
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    out
+}
+
+/// Removes `dir/name`.
+pub fn remove(dir: &Path, name: &str) -> std::io::Result<()> {
+    fs::remove_file(dir.join(name))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_in_a_folder_is_listed_with_its_sizes() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join("b"), vec![1u8; 10_000]).unwrap();
+        fs::create_dir(dir.path().join("sub")).unwrap();
+        let list = segments(dir.path());
+        assert_eq!(list.len(), 1);
+        assert_eq!((list[0].name.as_str(), list[0].size), ("b", 10_000));
+        assert!(list[0].allocated >= 10_000);
+        let u = usage(dir.path()).unwrap();
+        assert!(u.total >= u.used && u.total > 0);
+        remove(dir.path(), "b").unwrap();
+        assert!(segments(dir.path()).is_empty());
+    }
+}

@@ -1,0 +1,65 @@
+//! Sizes written the way Docker's `--shm-size` takes them: `"64m"`, `"1g"`, `"512k"`, a plain
+//! byte count, with binary units (1k = 1024 bytes). Pure.
+
+/// The forms [`parse_size`] accepts, for error hints.
+pub const SIZE_FORMS: &str = "a number of bytes (`67108864`) or a number with a unit `k`, `m`, `g` \
+     (binary: 1k = 1024), e.g. `\"64m\"`, `\"1g\"`, `\"1.5g\"`";
+
+/// Bytes in a size such as `64m`, `1g`, `1.5g`, `64MiB`, `64 MB` or `67108864`; the error says
+/// what was wrong, to be read after the field's name.
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let trimmed = text.trim();
+    let split = trimmed.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(trimmed.len());
+    let (number, unit) = trimmed.split_at(split);
+    if number.is_empty() {
+        return Err(format!("`{text}` does not start with a number"));
+    }
+    let value: f64 = number.parse().map_err(|_| format!("`{number}` in `{text}` is not a number"))?;
+    let unit = unit.trim().to_ascii_lowercase();
+    let scale: u64 = match unit.trim_end_matches('b').trim_end_matches('i') {
+        "" => 1,
+        "k" => 1 << 10,
+        "m" => 1 << 20,
+        "g" => 1 << 30,
+        "t" => 1 << 40,
+        _ => return Err(format!("unknown unit `{}` in `{text}`", unit)),
+    };
+    // `ib`/`b` alone are fine after a unit letter, but `i` without a letter (`64i`) is not.
+    if unit.starts_with('i') {
+        return Err(format!("unknown unit `{unit}` in `{text}`"));
+    }
+    let bytes = value * scale as f64;
+    // NaN fails every comparison, so it is refused with the rest.
+    let in_range = bytes.is_finite() && (1.0..=u64::MAX as f64 / 2.0).contains(&bytes);
+    if !in_range {
+        return Err(format!("`{text}` is not a size of at least 1 byte"));
+    }
+    Ok(bytes.round() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn docker_style_sizes_are_binary() {
+        assert_eq!(parse_size("64m"), Ok(64 << 20));
+        assert_eq!(parse_size("1g"), Ok(1 << 30));
+        assert_eq!(parse_size("1.5g"), Ok(3 << 29));
+        assert_eq!(parse_size("512k"), Ok(512 << 10));
+        assert_eq!(parse_size("64MiB"), Ok(64 << 20));
+        assert_eq!(parse_size("64 MB"), Ok(64 << 20));
+        assert_eq!(parse_size("67108864"), Ok(64 << 20));
+        assert_eq!(parse_size("100b"), Ok(100));
+    }
+
+    #[test]
+    fn nonsense_says_what_is_wrong() {
+        assert_eq!(parse_size("m64"), Err("`m64` does not start with a number".into()));
+        assert_eq!(parse_size("64x"), Err("unknown unit `x` in `64x`".into()));
+        assert_eq!(parse_size("64i"), Err("unknown unit `i` in `64i`".into()));
+        assert_eq!(parse_size("1.2.3m"), Err("`1.2.3` in `1.2.3m` is not a number".into()));
+        assert_eq!(parse_size("0"), Err("`0` is not a size of at least 1 byte".into()));
+        assert_eq!(parse_size(""), Err("`` does not start with a number".into()));
+    }
+}

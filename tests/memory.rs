@@ -1,0 +1,218 @@
+//! Memory and `/dev/shm` forensics through the real binary: samples of the real rank process,
+//! a real leaked segment found and removed, a real SIGBUS in a private 8 MiB `/dev/shm`.
+
+mod util;
+
+use std::path::Path;
+
+use serde_json::Value;
+use util::{Sandbox, tiny};
+
+const MIB: u64 = 1 << 20;
+
+/// The run id of a leftover segment named `ups-doctor-<run id>-leak-<rank>`.
+fn run_id_of(segment: &str) -> String {
+    segment
+        .strip_prefix("ups-doctor-")
+        .and_then(|rest| rest.rsplit_once("-leak-"))
+        .map(|(id, _)| id.to_string())
+        .unwrap_or_else(|| panic!("not a leak segment name: {segment}"))
+}
+
+/// Files in the machine's `/dev/shm` named for this run id.
+fn segments_of_run(run_id: &str) -> Vec<String> {
+    let prefix = format!("ups-doctor-{run_id}-");
+    std::fs::read_dir("/dev/shm")
+        .map(|entries| {
+            entries
+                .filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with(&prefix))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn report(sb: &Sandbox) -> String {
+    std::fs::read_to_string(sb.out().join("report.md")).unwrap()
+}
+
+fn only_leftover_segment(scenario: &Value) -> &Value {
+    let shm = scenario["leftovers"]["shm"].as_array().expect("leftover segments listed");
+    let ours: Vec<&Value> = shm.iter().filter(|s| s["ours"] == true).collect();
+    assert_eq!(ours.len(), 1, "{shm:#?}");
+    ours[0]
+}
+
+#[test]
+fn memory_of_the_rank_is_sampled_with_pss_within_rss() {
+    let sb = Sandbox::new();
+    let file = sb.scenario("ok", &tiny(""));
+    let run = sb.run(&[&file], &[]);
+    assert_eq!(run.code(), 0, "stderr:\n{}", run.stderr());
+    let memory = &run.scenario()["memory"];
+    assert!(memory["samples"].as_u64().unwrap() >= 1, "{memory:#}");
+    let rank = memory["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["role"] == "rank")
+        .unwrap_or_else(|| panic!("the rank process was sampled: {memory:#}"));
+    assert_eq!(rank["pid"], run.rank(0)["pid"]);
+    let (rss, pss, uss) = (
+        rank["peak_rss_bytes"].as_u64().unwrap(),
+        rank["peak_pss_bytes"].as_u64().unwrap(),
+        rank["peak_uss_bytes"].as_u64().unwrap(),
+    );
+    // A libtorch process maps tens of MiB at least; the bound only guards against zeros.
+    assert!(pss > MIB && pss <= rss && uss <= rss, "rss {rss} pss {pss} uss {uss}");
+    let series = memory["series"].as_array().unwrap();
+    assert!(!series.is_empty() && series.len() <= 100);
+    assert!(memory["shm"]["total_bytes"].as_u64().unwrap() > 0);
+    let md = report(&sb);
+    assert!(md.contains("### Memory") && md.contains("| rank 0 |"), "{md}");
+    // Other tests on this machine may create or sweep /dev/shm files meanwhile; the section is
+    // there either way.
+    assert!(md.contains("### Leftovers"), "{md}");
+}
+
+#[test]
+fn a_leaked_segment_is_found_reported_and_removed() {
+    let sb = Sandbox::new();
+    let file = sb.scenario(
+        "leak",
+        &tiny(r#""inject": [{"fault": "leak_shm", "phase": "forward", "step": 1, "size": "2m"}]"#),
+    );
+    let run = sb.run(&[&file], &[]);
+    assert_eq!(run.code(), 0, "training passes despite the leak; stderr:\n{}", run.stderr());
+    let seg = only_leftover_segment(run.scenario());
+    let name = seg["name"].as_str().unwrap();
+    assert_eq!(seg["size_bytes"], 2 * MIB);
+    assert_eq!(seg["allocated_bytes"], 2 * MIB, "every page was written");
+    assert_eq!(seg["removed"], true);
+    assert!(!Path::new("/dev/shm").join(name).exists(), "{name} is gone after the run");
+    assert!(run.scenario()["memory"]["shm"]["peak_ours_bytes"].as_u64().unwrap() >= 2 * MIB);
+    let md = report(&sb);
+    assert!(md.contains(&format!("`/dev/shm/{name}` (2.0 MiB): created by this run")), "{md}");
+    assert!(md.contains("**removed by ups-doctor**"), "{md}");
+}
+
+#[test]
+fn a_segment_too_big_for_a_private_8m_dev_shm_is_a_real_sigbus() {
+    let sb = Sandbox::new();
+    let file = sb.scenario(
+        "bus",
+        &tiny(
+            r#""inject": [{"fault": "leak_shm", "phase": "forward", "step": 1, "size": "16m"}],
+               "expect": {"outcome": "signaled", "signal": "SIGBUS", "phase": "forward", "step": 1}"#,
+        ),
+    );
+    let run = sb.run(&[&file], &["--set", "data.shm_size=8m"]);
+    if run.code() == 3 && run.stderr().contains("Operation not permitted") {
+        eprintln!("skipped: this machine does not permit mount namespaces:\n{}", run.stderr());
+        return;
+    }
+    assert_eq!(run.code(), 0, "stderr:\n{}", run.stderr());
+    let r = run.rank(0);
+    assert_eq!(r["signal"], "SIGBUS");
+    let shm = &run.scenario()["memory"]["shm"];
+    assert_eq!(shm["private"], true);
+    assert_eq!(shm["total_bytes"], 8 * MIB, "the private /dev/shm has the size asked for");
+    let at = &shm["at_rank_end"][0];
+    assert_eq!((at["used_bytes"].as_u64(), at["total_bytes"].as_u64()), (Some(8 * MIB), Some(8 * MIB)));
+    let verdict = &run.scenario()["verdict"];
+    let cause = verdict["likely_cause"].as_str().unwrap();
+    assert!(cause.contains("Please try to raise your shared memory limit."), "{cause}");
+    assert!(verdict["next_step"].as_str().unwrap().contains("raise `data.shm_size`"));
+    let md = report(&sb);
+    assert!(md.contains("was at 8.0 of 8.0 MiB (100%) when rank 0 was killed by SIGBUS"), "{md}");
+    // The machine's own /dev/shm never saw the segment, and nothing of the run is left.
+    let seg = only_leftover_segment(run.scenario());
+    assert_eq!(seg["removed"], true);
+    assert!(segments_of_run(&run_id_of(seg["name"].as_str().unwrap())).is_empty());
+}
+
+#[test]
+fn no_segment_of_a_crashed_run_survives_it() {
+    let sb = Sandbox::new();
+    let file = sb.scenario(
+        "leak-then-segv",
+        &tiny(
+            r#""inject": [{"fault": "leak_shm", "phase": "forward", "step": 1, "size": "1m"},
+                          {"fault": "segv", "phase": "backward", "step": 2}],
+               "expect": {"outcome": "signaled", "signal": "SIGSEGV"}"#,
+        ),
+    );
+    let run = sb.run(&[&file], &[]);
+    assert_eq!(run.code(), 0, "stderr:\n{}", run.stderr());
+    let seg = only_leftover_segment(run.scenario());
+    assert_eq!(seg["removed"], true);
+    let run_id = run_id_of(seg["name"].as_str().unwrap());
+    assert_eq!(segments_of_run(&run_id), Vec::<String>::new(), "run {run_id} left segments behind");
+    assert!(
+        run.scenario()["verdict"]["evidence"].to_string().contains("removed by ups-doctor"),
+        "{:#}",
+        run.scenario()["verdict"]
+    );
+}
+
+#[test]
+fn an_invalid_shm_size_is_bad_input_naming_the_field() {
+    let sb = Sandbox::new();
+    let file = sb.scenario("bad", &tiny(""));
+    let run = sb.run(&[&file], &["--set", "data.shm_size=64 megs"]);
+    assert_eq!(run.code(), 2, "stderr:\n{}", run.stderr());
+    let stderr = run.stderr();
+    assert!(stderr.contains("data.shm_size") && stderr.contains("unknown unit `megs`"), "{stderr}");
+    assert!(stderr.contains("\"64m\""), "the accepted forms are named: {stderr}");
+}
+
+#[test]
+fn without_the_right_to_make_a_mount_namespace_shm_size_says_so() {
+    // As root, setpriv drops CAP_SYS_ADMIN for the run; a user without it is refused anyway.
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let setpriv = Path::new("/usr/bin/setpriv");
+    if root && !setpriv.exists() {
+        return;
+    }
+    let sb = Sandbox::new();
+    let file = sb.scenario("bus", &tiny(""));
+    let mut cmd = if root {
+        let mut c = std::process::Command::new(setpriv);
+        c.args(["--bounding-set", "-sys_admin", "--inh-caps", "-sys_admin"]).arg(util::bin());
+        c
+    } else {
+        std::process::Command::new(util::bin())
+    };
+    let out = cmd
+        .arg("run")
+        .arg(&file)
+        .arg("--out")
+        .arg(sb.out())
+        .args(["--quiet", "--set", "data.shm_size=8m"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "stderr:\n{stderr}");
+    assert!(stderr.contains("`unshare(CLONE_NEWNS)` failed: Operation not permitted"), "{stderr}");
+    assert!(stderr.contains("needs root or CAP_SYS_ADMIN"), "{stderr}");
+}
+
+#[test]
+fn segments_of_an_ups_doctor_that_died_are_swept_by_the_next_run() {
+    // A pid that just exited stands for an ups-doctor killed before it could clean up.
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let dead = child.id();
+    child.wait().unwrap();
+    let name = format!("ups-doctor-{dead}-0-00000000-leak-0");
+    let path = Path::new("/dev/shm").join(&name);
+    std::fs::write(&path, vec![1u8; 4096]).unwrap();
+    let sb = Sandbox::new();
+    let file = sb.scenario("ok", &tiny(""));
+    let run = sb.run(&[&file], &[]);
+    let exists = path.exists();
+    let _ = std::fs::remove_file(&path);
+    assert_eq!(run.code(), 0, "stderr:\n{}", run.stderr());
+    assert!(!exists, "{name} outlived the next run");
+}
