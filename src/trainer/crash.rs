@@ -47,6 +47,22 @@ pub fn install() {
         .expect("spawning the stack-dump thread");
 }
 
+/// In a data-loader worker: after `fork` only the calling thread exists, so the stack-dump
+/// thread is started again (signal mask, handlers and alternate stack are inherited); a bus
+/// error is then also announced the way PyTorch's workers do.
+pub fn become_loader_worker() {
+    let forked = std::fs::read_dir("/proc/self/task")
+        .map(|d| d.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i64>().ok()).count())
+        .unwrap_or(1)
+        == 1;
+    if forked {
+        let _ = std::thread::Builder::new().name("ups-stack-dump".into()).spawn(stack_dump_loop);
+    }
+    IN_LOADER_WORKER.store(true, Ordering::SeqCst);
+}
+
+static IN_LOADER_WORKER: AtomicBool = AtomicBool::new(false);
+
 fn block_stack_dump_signal() {
     // SAFETY: plain sigset manipulation on a local set.
     unsafe {
@@ -137,6 +153,12 @@ static IN_FATAL: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn on_fatal_signal(sig: i32, _info: *mut libc::siginfo_t, _ctx: *mut c_void) {
     if !IN_FATAL.swap(true, Ordering::SeqCst) {
+        if sig == libc::SIGBUS && IN_LOADER_WORKER.load(Ordering::SeqCst) {
+            let msg: &[u8] = b"ERROR: Unexpected bus error encountered in worker. This might be caused by \
+                               insufficient shared memory (shm).\n";
+            // SAFETY: write(2) is async-signal-safe.
+            unsafe { libc::write(2, msg.as_ptr().cast(), msg.len()) };
+        }
         let mut addrs = [0usize; MAX_FRAMES];
         let n = capture_raw(&mut addrs);
         let fd = markers::raw_fd();

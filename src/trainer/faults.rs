@@ -18,6 +18,8 @@ pub enum Effect {
     UnusedParam,
     /// Stop the training loop here and go to the end-of-training barrier.
     StopEarly,
+    /// Send SIGKILL to data-loader worker 0.
+    KillWorker,
 }
 
 /// The faults that apply to this rank, filtered by `rank` and `when` once at start-up.
@@ -60,6 +62,7 @@ impl Faults {
                 FaultKind::ExitError => effect = Effect::ExitError,
                 FaultKind::UnusedParam => effect = Effect::UnusedParam,
                 FaultKind::UnevenSteps => effect = Effect::StopEarly,
+                FaultKind::WorkerKill => effect = Effect::KillWorker,
             }
         }
         effect

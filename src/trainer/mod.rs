@@ -10,6 +10,7 @@ pub mod crash;
 pub mod ddp;
 pub mod dist;
 pub mod faults;
+pub mod loader;
 pub mod markers;
 pub mod model;
 pub mod train;
