@@ -5,7 +5,7 @@ use crate::protocol::{signal_name, signal_number};
 use crate::scenario::{Expect, OutcomeKind, Scenario};
 
 use super::process::Exit;
-use super::result::{RankResult, Verdict};
+use super::result::{RankResult, ThreadStack, Verdict};
 use super::state::RankState;
 
 /// Why the harness ended a rank itself.
@@ -358,10 +358,24 @@ fn hang_cause(rank: &RankResult) -> String {
             })
         })
         .count();
-    let in_gomp = rank
-        .stacks
-        .iter()
-        .any(|t| t.frames.iter().any(|f| f.symbol.as_deref().is_some_and(|s| s.contains("gomp_"))));
+    let gomp = |t: &&ThreadStack| {
+        t.frames
+            .iter()
+            .any(|f| f.symbol.as_deref().is_some_and(|s| s.contains("gomp_") || s.contains("libgomp")))
+    };
+    let in_gomp = rank.stacks.iter().any(|t| gomp(&t));
+    // Loader workers' main threads are named `loader-w<id>`; the rank's own idle OpenMP threads
+    // also wait in libgomp, so only a worker there points at fork.
+    if let Some(worker) = rank.stacks.iter().filter(|t| t.thread.starts_with("loader-w")).find(gomp) {
+        return format!(
+            "Data-loader worker `{}` (tid {}) is stuck in an OpenMP (libgomp) barrier: it was forked after the \
+             trainer's intra-op thread pool had run, and the pool's threads do not exist in the child, so its \
+             first parallel op waits for them forever (fork after multi-threaded work deadlocks). Call \
+             `torch.set_num_threads(1)` first in the worker (`data.worker_threads: one`), or use \
+             `start_method: spawn`.",
+            worker.thread, worker.tid
+        );
+    }
     if waiting_on_lock >= 2 {
         format!(
             "{waiting_on_lock} threads are blocked acquiring locks: a deadlock, typically two threads taking \

@@ -124,10 +124,25 @@ fn symbolise(addrs: &[usize]) -> Vec<Frame> {
             resolved = true;
         });
         if !resolved {
-            frames.push(Frame { addr: format!("{addr:#x}"), symbol: None, location: None });
+            frames.push(Frame { addr: format!("{addr:#x}"), symbol: object_offset(lookup), location: None });
         }
     }
     trim_handler_frames(frames)
+}
+
+/// For an address no symbol covers (a stripped library such as libtorch's bundled libgomp):
+/// `<libgomp-a34b3233.so.1+0x1b2c3>`, the object it lies in and the offset, which still tells
+/// the reader which library a thread is stuck in.
+fn object_offset(addr: usize) -> Option<String> {
+    // SAFETY: dladdr only reads the dynamic linker's tables; `info` is a valid out-pointer.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    if unsafe { libc::dladdr(addr as *const c_void, &mut info) } == 0 || info.dli_fname.is_null() {
+        return None;
+    }
+    // SAFETY: dladdr set dli_fname to a NUL-terminated path owned by the dynamic linker.
+    let path = unsafe { std::ffi::CStr::from_ptr(info.dli_fname) }.to_string_lossy().into_owned();
+    let name = path.rsplit('/').next().unwrap_or(&path).to_string();
+    Some(format!("<{name}+{:#x}>", addr.wrapping_sub(info.dli_fbase as usize)))
 }
 
 /// Drops the frames of our own capture machinery (the unwinder, the handler and the kernel's
@@ -143,7 +158,9 @@ fn trim_handler_frames(frames: Vec<Frame>) -> Vec<Frame> {
         return frames;
     };
     let mut rest = handler + 1;
-    if frames.get(rest).is_some_and(|f| f.symbol.as_deref().is_none_or(|s| s.contains("restore_rt"))) {
+    // The trampoline has no symbol of its own (at most our `<libc.so.6+0x…>` placeholder).
+    let unnamed = |s: &str| s.contains("restore_rt") || s.starts_with('<');
+    if frames.get(rest).is_some_and(|f| f.symbol.as_deref().is_none_or(unnamed)) {
         rest += 1;
     }
     frames.into_iter().skip(rest).collect()
@@ -175,6 +192,8 @@ extern "C" fn on_fatal_signal(sig: i32, _info: *mut libc::siginfo_t, _ctx: *mut 
             unsafe { libc::write(fd, line.as_ptr().cast(), line.len()) };
         }
     }
+    // Our /dev/shm segments would outlive us otherwise (only the owning process removes them).
+    super::loader::shm::unlink_registered();
     // Die by the same signal with the default action, so the exit status is the real one.
     // SAFETY: signal(2), sigprocmask(2) and raise(3) are async-signal-safe.
     unsafe {

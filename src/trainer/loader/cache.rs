@@ -72,7 +72,7 @@ pub fn build(
         CacheKind::Disk => std::env::temp_dir().join(format!("ups-doctor-{}-r{rank}-cache", shm::run_id())),
     };
     let map = Mapping::create(&path, bytes)?;
-    let guard = Unlink(path.clone());
+    let guard = Unlink::new(path.clone());
     // SAFETY: the mapping is `bytes` long, exactly the two arrays.
     let mut view = unsafe { view_of(map.ptr(), dims, data.u_mean, data.u_std) };
     view.frames.copy_(&data.u.view([dims.samples * dims.timesteps, dims.grid]));

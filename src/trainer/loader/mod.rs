@@ -192,7 +192,7 @@ impl Pool {
         let ring_path = shm::segment_path(rank, "ring");
         let ring = Mapping::create(&ring_path, slots * layout.slot_bytes)
             .map_err(io_err(format!("create the batch ring `{}`", ring_path.display())))?;
-        let ring_file = Unlink(ring_path.clone());
+        let ring_file = Unlink::new(ring_path.clone());
         let mut pool = Pool {
             workers: Vec::new(),
             layout,
