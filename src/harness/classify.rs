@@ -200,6 +200,35 @@ pub fn verdict(
                 ),
             )
         }
+        OutcomeKind::Exited if failed.error.as_deref().and_then(worker_death).is_some() => {
+            let death = failed.error.as_deref().and_then(worker_death).expect("checked by the guard");
+            let code = failed.exit_code.unwrap_or(-1);
+            let r = failed.rank;
+            evidence.push(format!(
+                "culprit: data-loader worker {} (pid {}) of rank {r} {}",
+                death.id, death.pid, death.how
+            ));
+            evidence.push(format!(
+                "consequence: rank {r} noticed at once and exited with status {code}: {}",
+                failed.error.as_deref().unwrap_or_default()
+            ));
+            if !failed.backtrace.is_empty() {
+                evidence
+                    .push("the native backtrace below is the worker's, written by its crash handler".into());
+            }
+            (
+                format!(
+                    "Data-loader worker {} (pid {}) of rank {r} died first ({}); rank {r} failed as a consequence {at}.",
+                    death.id, death.pid, death.how
+                ),
+                Some(worker_death_cause(&death.how)),
+                Some(
+                    "The worker's log lines are in the rank's stderr (workers share it); `--set data.workers=0` \
+                     shows whether the failure needs worker processes."
+                        .to_string(),
+                ),
+            )
+        }
         OutcomeKind::Exited => {
             let code = failed.exit_code.unwrap_or(-1);
             let msg = failed.error.clone().map(|e| format!(": {e}")).unwrap_or_default();
@@ -289,6 +318,44 @@ pub fn verdict(
         ));
     }
     (failed.outcome, Some(failed.rank), Verdict { headline, evidence, likely_cause, next_step })
+}
+
+/// A data-loader worker's death as the rank reported it (PyTorch's DataLoader wording, then
+/// `[data-loader worker ID of rank R, METHOD]`).
+struct WorkerDeath {
+    id: u32,
+    pid: u32,
+    /// `is killed by signal: Killed.` or `exited unexpectedly with exit code 1.`
+    how: String,
+}
+
+fn worker_death(error: &str) -> Option<WorkerDeath> {
+    let rest = &error[error.find("DataLoader worker (pid ")? + "DataLoader worker (pid ".len()..];
+    let (pid, rest) = rest.split_once(") ")?;
+    let how = rest.split(['.', '[']).next()?.trim().to_string() + ".";
+    let tag = &error[error.find("[data-loader worker ")? + "[data-loader worker ".len()..];
+    let id = tag.split_whitespace().next()?.parse().ok()?;
+    Some(WorkerDeath { id, pid: pid.parse().ok()?, how })
+}
+
+fn worker_death_cause(how: &str) -> String {
+    if how.contains("Bus error") {
+        "A worker touched a page of shared memory that could not be backed: `/dev/shm` is full or too small \
+         (Docker's default is 64 MB) for the batches in flight (`workers × prefetch` slots) or the dataset cache."
+            .into()
+    } else if how.contains("Killed") {
+        "The worker was killed with SIGKILL from outside, most often by the kernel's OOM killer (each worker's \
+         memory counts, including a duplicated dataset) or a cgroup limit; PyTorch's DataLoader raises the same \
+         error in the main process."
+            .into()
+    } else if how.contains("signal") {
+        "The worker crashed in native code while building a batch; the rank only sees that its worker is gone."
+            .into()
+    } else {
+        "The worker exited on its own (an error in the dataset code, or a swallowed exception); its message is in \
+         the log tail."
+            .into()
+    }
 }
 
 fn failure_time(rank: &RankResult) -> f64 {
@@ -527,6 +594,36 @@ mod tests {
         assert_eq!(
             line,
             "collateral: rank 0 exited with status 1 in `allreduce` at step 3 0.40 s later: Connection closed by peer [127.0.0.1]:4000"
+        );
+    }
+
+    #[test]
+    fn a_dead_worker_is_the_culprit_and_the_rank_error_its_consequence() {
+        let mut e = end(Some(Exit::Code(1)));
+        e.rank = 1;
+        e.state.phase = Some("data.next".into());
+        e.state.step = Some(4);
+        e.state.error = Some(
+            "DataLoader worker (pid 4242) is killed by signal: Killed. [data-loader worker 0 of rank 1, fork]".into(),
+        );
+        let (outcome, first, v) = verdict(&Scenario::default(), &[classify_rank(&e)], 2.0);
+        assert_eq!((outcome, first), (OutcomeKind::Exited, Some(1)));
+        assert_eq!(
+            v.headline,
+            "Data-loader worker 0 (pid 4242) of rank 1 died first (is killed by signal: Killed.); rank 1 failed as \
+             a consequence in `data.next` at step 4."
+        );
+        assert!(
+            v.evidence.iter().any(|l| l.starts_with("culprit: data-loader worker 0 (pid 4242) of rank 1"))
+        );
+        assert!(v.likely_cause.unwrap().contains("OOM killer"));
+        let exited = worker_death(
+            "DataLoader worker (pid 7) exited unexpectedly with exit code 1. [data-loader worker 3 of rank 0, spawn]",
+        )
+        .unwrap();
+        assert_eq!(
+            (exited.id, exited.pid, exited.how.as_str()),
+            (3, 7, "exited unexpectedly with exit code 1.")
         );
     }
 
