@@ -86,6 +86,7 @@ pub fn classify_rank(end: &RankEnd) -> RankResult {
         log_tail,
         markers: s.markers,
         bad_markers: s.bad_markers,
+        workers: s.workers.clone(),
     }
 }
 
