@@ -232,7 +232,7 @@ pub fn train(scenario: &Scenario, env: RankEnv) -> Result<Summary, TrainError> {
             if effect == Effect::KillWorker {
                 loader.kill_worker(0);
             }
-            let batch = loader.next()?;
+            let batch = loader.next_batch()?;
             data_ms += phase.end();
 
             let (phase, effect) = enter(&faults, "forward", Some(step))?;

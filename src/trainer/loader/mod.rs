@@ -115,7 +115,7 @@ impl Loader {
     }
 
     /// The next batch, in order.
-    pub fn next(&mut self) -> Result<Batch, LoaderError> {
+    pub fn next_batch(&mut self) -> Result<Batch, LoaderError> {
         match self.pool.as_mut() {
             None => Ok(make_batch(&self.view, &self.dims, &self.sampler.next_spec())),
             Some(pool) => pool.next(&mut self.sampler),
