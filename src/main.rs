@@ -91,6 +91,12 @@ enum Command {
         #[arg(long = "set", value_name = "PATH=VALUE")]
         set: Vec<Override>,
     },
+    /// A data-loader worker started by `train` with `start_method: spawn` (internal).
+    #[command(hide = true)]
+    LoaderWorker {
+        /// The worker's configuration, as JSON.
+        config: String,
+    },
 }
 
 /// ups-doctor's own failures, by exit status.
@@ -115,6 +121,10 @@ fn main() -> ExitCode {
             Ok(ExitCode::SUCCESS)
         }
         Command::Train { scenario, set } => train(&scenario, &set),
+        Command::LoaderWorker { config } => {
+            trainer::prepare_process();
+            Ok(ExitCode::from(trainer::loader::worker::run_spawned(&config) as u8))
+        }
     };
     result.unwrap_or_else(|failure| {
         let (message, code) = match failure {

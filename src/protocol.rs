@@ -18,6 +18,11 @@ pub const MARKER_FD_ENV: &str = "UPS_DOCTOR_MARKER_FD";
 /// remove them after the run, crashed or not.
 pub const RUN_ID_ENV: &str = "UPS_DOCTOR_RUN_ID";
 
+/// Words before the `/dev/shm` figure (`USED of TOTAL bytes`) that a rank appends to a dead
+/// worker's error message: it measures the moment it notices, before removing its ring, and the
+/// harness reads the figure back for the bus-error verdict.
+pub const SHM_HELD: &str = "/dev/shm held";
+
 /// Signal the harness sends to a stuck process to ask it for a stack dump of every thread.
 pub const STACK_DUMP_SIGNAL: i32 = libc::SIGUSR1;
 

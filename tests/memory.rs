@@ -216,3 +216,44 @@ fn segments_of_an_ups_doctor_that_died_are_swept_by_the_next_run() {
     assert_eq!(run.code(), 0, "stderr:\n{}", run.stderr());
     assert!(!exists, "{name} outlived the next run");
 }
+
+#[test]
+fn a_worker_that_overflows_a_small_dev_shm_is_named_with_the_figure_at_its_death() {
+    let sb = Sandbox::new();
+    // Four workers with four batches in flight each need a 16 MiB ring: the first write past
+    // 8 MiB is a real SIGBUS in whichever worker makes it.
+    let file = sb.scenario(
+        "worker-bus",
+        r#"{
+  "model": { "depths": [1], "hidden": 32, "heads": 2, "latent_tokens": 8, "window": 2 },
+  "data": { "samples": 16, "grid": 4096, "timesteps": 4, "queries": 32, "batch_size": 64,
+            "workers": 4, "prefetch": 4, "cache": "shm", "shm_size": "8m" },
+  "train": { "steps": 10 },
+  "limits": { "timeout_s": 120, "hang_after_s": 60 },
+  "expect": { "outcome": "exited", "message": "is killed by signal: Bus error" }
+}"#,
+    );
+    let run = sb.run(&[&file], &[]);
+    assert_eq!(run.code(), 0, "stderr:\n{}", run.stderr());
+    let r0 = run.rank(0);
+    let error = r0["error"].as_str().unwrap();
+    let pid: u64 = error["DataLoader worker (pid ".len()..].split(')').next().unwrap().parse().unwrap();
+    let worker = r0["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["pid"] == pid)
+        .unwrap_or_else(|| panic!("the dead worker {pid} is one of the rank's: {r0}"));
+    let id = worker["id"].as_u64().unwrap();
+    assert!(error.contains(&format!("[data-loader worker {id} of rank 0, fork; /dev/shm held")), "{error}");
+    let verdict = &run.scenario()["verdict"];
+    let evidence = verdict["evidence"].to_string();
+    assert!(
+        evidence.contains(&format!(
+            "was at 8.0 of 8.0 MiB (100%) when worker {id} of rank 0 (pid {pid}) was killed by SIGBUS"
+        )),
+        "{evidence}"
+    );
+    assert!(verdict["likely_cause"].as_str().unwrap().contains("out of shared memory"), "{verdict}");
+    assert!(verdict["next_step"].as_str().unwrap().contains("raise `data.shm_size`"), "{verdict}");
+}

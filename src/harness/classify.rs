@@ -7,7 +7,7 @@ use crate::scenario::{Expect, OutcomeKind, Scenario};
 use crate::probe::env::human_bytes;
 
 use super::process::Exit;
-use super::result::{Leftovers, MemoryReport, RankResult, ShmAt, Verdict};
+use super::result::{Leftovers, MemoryReport, RankResult, ShmAt, ThreadStack, Verdict};
 use super::state::RankState;
 
 /// Why the harness ended a rank itself.
@@ -89,6 +89,7 @@ pub fn classify_rank(end: &RankEnd) -> RankResult {
         log_tail,
         markers: s.markers,
         bad_markers: s.bad_markers,
+        workers: s.workers.clone(),
     }
 }
 
@@ -199,6 +200,35 @@ pub fn verdict(
                 Some(
                     "Look for exception handlers that exit with 0 around the training loop; the log tail \
                      below shows the last output before the exit."
+                        .to_string(),
+                ),
+            )
+        }
+        OutcomeKind::Exited if failed.error.as_deref().and_then(worker_death).is_some() => {
+            let death = failed.error.as_deref().and_then(worker_death).expect("checked by the guard");
+            let code = failed.exit_code.unwrap_or(-1);
+            let r = failed.rank;
+            evidence.push(format!(
+                "culprit: data-loader worker {} (pid {}) of rank {r} {}",
+                death.id, death.pid, death.how
+            ));
+            evidence.push(format!(
+                "consequence: rank {r} noticed at once and exited with status {code}: {}",
+                failed.error.as_deref().unwrap_or_default()
+            ));
+            if !failed.backtrace.is_empty() {
+                evidence
+                    .push("the native backtrace below is the worker's, written by its crash handler".into());
+            }
+            (
+                format!(
+                    "Data-loader worker {} (pid {}) of rank {r} died first ({}); rank {r} failed as a consequence {at}.",
+                    death.id, death.pid, death.how
+                ),
+                Some(worker_death_cause(&death.how)),
+                Some(
+                    "The worker's log lines are in the rank's stderr (workers share it); `--set data.workers=0` \
+                     shows whether the failure needs worker processes."
                         .to_string(),
                 ),
             )
@@ -379,7 +409,14 @@ fn bus_error_cause(
     if failed.signal.as_deref() != Some("SIGBUS") && worker_pid.is_none() {
         return None;
     }
-    let at: &ShmAt = memory.shm.at_rank_end.iter().find(|a| a.rank == failed.rank)?;
+    let at_end: &ShmAt = memory.shm.at_rank_end.iter().find(|a| a.rank == failed.rank)?;
+    // The rank measures `/dev/shm` the moment it notices a dead worker, before it removes its
+    // ring: that figure, not the one after the rank cleaned up, is the one at the failure.
+    let noticed = failed.error.as_deref().and_then(shm_held_when_noticed);
+    let at = &match noticed {
+        Some((used, total)) => ShmAt { used_bytes: used, total_bytes: total, ..at_end.clone() },
+        None => at_end.clone(),
+    };
     let who = match worker_pid {
         Some(pid) => {
             let id = memory.processes.iter().find(|p| p.pid == pid).and_then(|p| p.worker);
@@ -420,6 +457,16 @@ fn bus_error_cause(
     Some((evidence, cause, next))
 }
 
+/// `(used, total)` from the rank's `… /dev/shm held USED of TOTAL bytes]` tag.
+fn shm_held_when_noticed(error: &str) -> Option<(u64, u64)> {
+    let rest = &error[error.find(crate::protocol::SHM_HELD)? + crate::protocol::SHM_HELD.len()..];
+    let mut words = rest.split_whitespace();
+    let used = words.next()?.parse().ok()?;
+    (words.next()? == "of").then_some(())?;
+    let total = words.next()?.parse().ok()?;
+    Some((used, total))
+}
+
 /// The worker pid in PyTorch's `DataLoader worker (pid N) is killed by signal: Bus error.`
 fn bus_error_worker_pid(error: &str) -> Option<u32> {
     if !error.contains("Bus error") {
@@ -435,6 +482,44 @@ pub fn used_of(used: u64, total: u64) -> String {
         if total >= 10 << 30 { ((1u64 << 30) as f64, "GiB") } else { ((1u64 << 20) as f64, "MiB") };
     let digits = if unit == "GiB" { 2 } else { 1 };
     format!("{:.digits$} of {:.digits$} {unit}", used as f64 / div, total as f64 / div)
+}
+
+/// A data-loader worker's death as the rank reported it (PyTorch's DataLoader wording, then
+/// `[data-loader worker ID of rank R, METHOD]`).
+struct WorkerDeath {
+    id: u32,
+    pid: u32,
+    /// `is killed by signal: Killed.` or `exited unexpectedly with exit code 1.`
+    how: String,
+}
+
+fn worker_death(error: &str) -> Option<WorkerDeath> {
+    let rest = &error[error.find("DataLoader worker (pid ")? + "DataLoader worker (pid ".len()..];
+    let (pid, rest) = rest.split_once(") ")?;
+    let how = rest.split(['.', '[']).next()?.trim().to_string() + ".";
+    let tag = &error[error.find("[data-loader worker ")? + "[data-loader worker ".len()..];
+    let id = tag.split_whitespace().next()?.parse().ok()?;
+    Some(WorkerDeath { id, pid: pid.parse().ok()?, how })
+}
+
+fn worker_death_cause(how: &str) -> String {
+    if how.contains("Bus error") {
+        "A worker touched a page of shared memory that could not be backed: `/dev/shm` is full or too small \
+         (Docker's default is 64 MB) for the batches in flight (`workers × prefetch` slots) or the dataset cache."
+            .into()
+    } else if how.contains("Killed") {
+        "The worker was killed with SIGKILL from outside, most often by the kernel's OOM killer (each worker's \
+         memory counts, including a duplicated dataset) or a cgroup limit; PyTorch's DataLoader raises the same \
+         error in the main process."
+            .into()
+    } else if how.contains("signal") {
+        "The worker crashed in native code while building a batch; the rank only sees that its worker is gone."
+            .into()
+    } else {
+        "The worker exited on its own (an error in the dataset code, or a swallowed exception); its message is in \
+         the log tail."
+            .into()
+    }
 }
 
 fn failure_time(rank: &RankResult) -> f64 {
@@ -504,10 +589,24 @@ fn hang_cause(rank: &RankResult) -> String {
             })
         })
         .count();
-    let in_gomp = rank
-        .stacks
-        .iter()
-        .any(|t| t.frames.iter().any(|f| f.symbol.as_deref().is_some_and(|s| s.contains("gomp_"))));
+    let gomp = |t: &&ThreadStack| {
+        t.frames
+            .iter()
+            .any(|f| f.symbol.as_deref().is_some_and(|s| s.contains("gomp_") || s.contains("libgomp")))
+    };
+    let in_gomp = rank.stacks.iter().any(|t| gomp(&t));
+    // Loader workers' main threads are named `loader-w<id>`; the rank's own idle OpenMP threads
+    // also wait in libgomp, so only a worker there points at fork.
+    if let Some(worker) = rank.stacks.iter().filter(|t| t.thread.starts_with("loader-w")).find(gomp) {
+        return format!(
+            "Data-loader worker `{}` (tid {}) is stuck in an OpenMP (libgomp) barrier: it was forked after the \
+             trainer's intra-op thread pool had run, and the pool's threads do not exist in the child, so its \
+             first parallel op waits for them forever (fork after multi-threaded work deadlocks). Call \
+             `torch.set_num_threads(1)` first in the worker (`data.worker_threads: one`), or use \
+             `start_method: spawn`.",
+            worker.thread, worker.tid
+        );
+    }
     if waiting_on_lock >= 2 {
         format!(
             "{waiting_on_lock} threads are blocked acquiring locks: a deadlock, typically two threads taking \
@@ -753,6 +852,36 @@ mod tests {
         let mut quick = e.clone();
         quick.state.data_ms = 10.0;
         assert_eq!(input_bound(&[classify_rank(&quick)]), None);
+    }
+
+    #[test]
+    fn a_dead_worker_is_the_culprit_and_the_rank_error_its_consequence() {
+        let mut e = end(Some(Exit::Code(1)));
+        e.rank = 1;
+        e.state.phase = Some("data.next".into());
+        e.state.step = Some(4);
+        e.state.error = Some(
+            "DataLoader worker (pid 4242) is killed by signal: Killed. [data-loader worker 0 of rank 1, fork]".into(),
+        );
+        let (outcome, first, v) = verdict(&Scenario::default(), &[classify_rank(&e)], 2.0);
+        assert_eq!((outcome, first), (OutcomeKind::Exited, Some(1)));
+        assert_eq!(
+            v.headline,
+            "Data-loader worker 0 (pid 4242) of rank 1 died first (is killed by signal: Killed.); rank 1 failed as \
+             a consequence in `data.next` at step 4."
+        );
+        assert!(
+            v.evidence.iter().any(|l| l.starts_with("culprit: data-loader worker 0 (pid 4242) of rank 1"))
+        );
+        assert!(v.likely_cause.unwrap().contains("OOM killer"));
+        let exited = worker_death(
+            "DataLoader worker (pid 7) exited unexpectedly with exit code 1. [data-loader worker 3 of rank 0, spawn]",
+        )
+        .unwrap();
+        assert_eq!(
+            (exited.id, exited.pid, exited.how.as_str()),
+            (3, 7, "exited unexpectedly with exit code 1.")
+        );
     }
 
     #[test]

@@ -196,10 +196,33 @@ impl RankProcess {
         unsafe { libc::kill(-(self.pid as i32), signal) == 0 }
     }
 
-    /// Sends `signal` to the rank process alone.
-    pub fn signal(&self, signal: i32) -> bool {
-        // SAFETY: kill(2) on our own child.
-        unsafe { libc::kill(self.pid as i32, signal) == 0 }
+    /// The live (not zombie) processes of the rank's process group: the rank and the data-loader
+    /// workers it started.
+    pub fn live_group_members(&self) -> Vec<u32> {
+        let pgid = self.pid.to_string();
+        let Ok(dir) = std::fs::read_dir("/proc") else {
+            return vec![self.pid];
+        };
+        let mut pids: Vec<u32> = dir
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+            .filter(|pid| {
+                let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+                    return false;
+                };
+                // After the `(comm)` field: state, ppid, pgrp.
+                let mut rest = stat.rsplit(')').next().unwrap_or("").split_whitespace();
+                let state = rest.next();
+                state != Some("Z") && rest.nth(1) == Some(pgid.as_str())
+            })
+            .collect();
+        pids.sort_unstable();
+        pids
+    }
+
+    /// Sends `signal` to one process of the rank's group.
+    pub fn signal_member(&self, pid: u32, signal: i32) -> bool {
+        // SAFETY: kill(2) on a process of our own child's group.
+        unsafe { libc::kill(pid as i32, signal) == 0 }
     }
 
     /// Kills whatever is left of the group, reaps the rank, and collects its captured output.

@@ -138,6 +138,9 @@ pub struct RankResult {
     pub markers: u64,
     #[serde(default)]
     pub bad_markers: u64,
+    /// Data-loader worker processes the rank started, in start order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub workers: Vec<super::state::WorkerInfo>,
 }
 
 /// One thread's stack from a stack dump.

@@ -42,6 +42,8 @@ pub struct RankState {
     pub backtrace: Vec<Frame>,
     pub stacks: Vec<ThreadStack>,
     pub stacks_complete: bool,
+    /// `stack_end` markers received: one per process (rank or worker) that finished its dump.
+    pub stack_ends: u32,
     /// Data-loader workers this rank started, in start order.
     pub workers: Vec<WorkerInfo>,
     pub dataset: Option<DatasetInfo>,
@@ -136,7 +138,10 @@ impl RankState {
             Marker::Stack { tid, thread, frames } => {
                 self.stacks.push(ThreadStack { tid, thread, frames });
             }
-            Marker::StackEnd { .. } => self.stacks_complete = true,
+            Marker::StackEnd { .. } => {
+                self.stacks_complete = true;
+                self.stack_ends += 1;
+            }
             Marker::Worker { id, pid, start_method } => {
                 self.workers.push(WorkerInfo { id, pid, start_method, started_at_s: at })
             }

@@ -78,6 +78,8 @@ struct Slot {
     markers_closed: bool,
     /// A stack dump was requested from this rank.
     dump_requested: bool,
+    /// How many processes of its group (the rank and its loader workers) were asked.
+    dumps_requested: u32,
 }
 
 impl Slot {
@@ -129,7 +131,14 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
                     None
                 }
             };
-            Slot { end, process, exited_at: None, markers_closed: false, dump_requested: false }
+            Slot {
+                end,
+                process,
+                exited_at: None,
+                markers_closed: false,
+                dump_requested: false,
+                dumps_requested: 0,
+            }
         })
         .collect();
     drop(tx);
@@ -214,7 +223,13 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
                 for slot in
                     slots.iter_mut().filter(|s| s.live() && (grace_over || s.end.intervention.is_some()))
                 {
-                    slot.process.as_ref().map(|p| p.signal(STACK_DUMP_SIGNAL));
+                    // Every process of the rank's group: a rank often waits on a stuck worker.
+                    if let Some(p) = slot.process.as_ref() {
+                        let members = p.live_group_members();
+                        slot.dumps_requested =
+                            members.iter().filter(|&&pid| p.signal_member(pid, STACK_DUMP_SIGNAL)).count()
+                                as u32;
+                    }
                     slot.dump_requested = true;
                 }
                 stack_deadline = Some(now + STACK_DUMP_WAIT);
@@ -224,8 +239,10 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
         if let Some(deadline) = stack_deadline
             && term_sent.is_none()
         {
-            let answered =
-                slots.iter().filter(|s| s.live() && s.dump_requested).all(|s| s.end.state.stacks_complete);
+            let answered = slots
+                .iter()
+                .filter(|s| s.live() && s.dump_requested)
+                .all(|s| s.end.state.stacks_complete && s.end.state.stack_ends >= s.dumps_requested);
             if answered || now >= deadline {
                 for slot in slots.iter_mut().filter(|s| s.live()) {
                     slot.process.as_ref().map(|p| p.signal_group(libc::SIGTERM));

@@ -98,6 +98,7 @@ fn rank(rank: u32, steps: u64) -> RankResult {
         ],
         markers: 250,
         bad_markers: 0,
+        workers: Vec::new(),
     }
 }
 

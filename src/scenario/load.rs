@@ -1291,8 +1291,8 @@ mod tests {
         }
 
         #[test]
-        fn not_supported_yet_workers_by_set() {
-            insta::assert_snapshot!(error("{}", &["data.workers=2"]));
+        fn worker_threads_inherit_without_workers_by_set() {
+            insta::assert_snapshot!(error("{}", &["data.worker_threads=inherit"]));
         }
 
         #[test]

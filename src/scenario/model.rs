@@ -118,6 +118,9 @@ pub struct Data {
     pub prefetch: u32,
     /// Size of a private `/dev/shm` for the run (e.g. `"64m"`); absent = the machine's.
     pub shm_size: Option<String>,
+    /// Intra-op threads of a worker: `one` (set first thing, the fix) or `inherit` (keep the
+    /// trainer's: a forked worker then deadlocks in libgomp, REFERENCE.md).
+    pub worker_threads: WorkerThreads,
 }
 
 impl Default for Data {
@@ -133,6 +136,7 @@ impl Default for Data {
             batch_size: 16,
             prefetch: 2,
             shm_size: None,
+            worker_threads: WorkerThreads::One,
         }
     }
 }
@@ -150,6 +154,13 @@ pub enum Cache {
 pub enum StartMethod {
     Fork,
     Spawn,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkerThreads {
+    One,
+    Inherit,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -349,6 +360,10 @@ pub enum FaultKind {
     /// Creates a `/dev/shm` segment of `size`, writes every page and never removes it: a leaked
     /// segment, and a real SIGBUS when `/dev/shm` is too small for it.
     LeakShm,
+    // Data-loader faults (issue #4).
+    /// At the beginning of `data.next`, the trainer sends SIGKILL to its worker 0 (as the OOM
+    /// killer would).
+    WorkerKill,
 }
 
 /// Size of a `leak_shm` segment when the fault names none.
@@ -361,3 +376,6 @@ pub const ONE_OFF_PHASES: [&str; 3] = ["start", "data.generate", "model.build"];
 /// `checkpoint.commit` begins once this rank's file is written, before the ranks agree that the
 /// save is complete and rank 0 renames it into place.
 pub const CHECKPOINT_PHASES: [&str; 2] = ["checkpoint.save", "checkpoint.commit"];
+/// Phases inside data-loader workers: `worker.batch` fires in the worker building the batch of
+/// `step` (segv, abort, exit0, exit_error, hang).
+pub const WORKER_PHASES: [&str; 1] = ["worker.batch"];

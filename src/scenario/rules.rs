@@ -10,8 +10,8 @@ use serde_json::Value;
 
 use super::load::{self, Source};
 use super::model::{
-    Backend, CHECKPOINT_PHASES, Cache, Data, Device, Expect, Fault, FaultKind, Launch, Limits, Mode, Model,
-    ONE_OFF_PHASES, OutcomeKind, PER_STEP_PHASES, Scenario, StartMethod, Train,
+    Backend, CHECKPOINT_PHASES, Data, Device, Expect, Fault, FaultKind, Launch, Limits, Mode, Model,
+    ONE_OFF_PHASES, OutcomeKind, PER_STEP_PHASES, Scenario, StartMethod, Train, WORKER_PHASES, WorkerThreads,
 };
 use super::size::{SIZE_FORMS, parse_size};
 use super::{path, suggest};
@@ -148,7 +148,40 @@ fn check_data(d: &Data) -> Checked {
         .related(&["data.grid"]));
     }
     at_least("data.batch_size", d.batch_size.into(), 1, "16")?;
-    at_least("data.prefetch", d.prefetch.into(), 1, "2")
+    at_least("data.prefetch", d.prefetch.into(), 1, "2")?;
+    check_workers(d)
+}
+
+/// Most data-loader workers per rank: each is a process with its own slots in the ring.
+const MAX_WORKERS: u32 = 64;
+
+fn check_workers(d: &Data) -> Checked {
+    if d.workers > MAX_WORKERS {
+        return Err(Invalid::new(
+            "data.workers",
+            format!("{} workers per rank is more than the {MAX_WORKERS} ups-doctor starts", d.workers),
+        )
+        .hint("use at most 64; a handful per rank is what saturates a CPU input pipeline"));
+    }
+    if d.worker_threads == WorkerThreads::Inherit {
+        if d.workers == 0 {
+            return Err(Invalid::new(
+                "data.worker_threads",
+                "`inherit` is about worker processes, but `workers` is 0 (batches are built in the trainer)",
+            )
+            .hint("set `workers` to 1 or more, or remove `worker_threads`")
+            .related(&["data.workers"]));
+        }
+        if d.start_method == StartMethod::Spawn {
+            return Err(Invalid::new(
+                "data.worker_threads",
+                "`inherit` only matters with `start_method: fork` (a spawned worker inherits no thread pool)",
+            )
+            .hint("use `start_method: fork` to reproduce the fork-after-threads deadlock, or remove `worker_threads`")
+            .related(&["data.start_method"]));
+        }
+    }
+    Ok(())
 }
 
 /// `data.shm_size` must be a size Docker's `--shm-size` would take.
@@ -260,7 +293,7 @@ fn check_expect(e: &Expect) -> Checked {
 
 /// Every phase a fault may name, `model.build/<component>` aside.
 fn known_phases() -> Vec<&'static str> {
-    PER_STEP_PHASES.iter().chain(ONE_OFF_PHASES.iter()).chain(CHECKPOINT_PHASES.iter()).copied().collect()
+    PER_STEP_PHASES.into_iter().chain(ONE_OFF_PHASES).chain(CHECKPOINT_PHASES).chain(WORKER_PHASES).collect()
 }
 
 fn check_fault(s: &Scenario, index: usize, fault: &Fault) -> Checked {
@@ -274,7 +307,9 @@ fn check_fault(s: &Scenario, index: usize, fault: &Fault) -> Checked {
         };
         return Err(Invalid::new(at("phase"), format!("unknown phase `{}`", fault.phase)).hint(hint));
     }
-    if PER_STEP_PHASES.contains(&fault.phase.as_str()) && fault.step >= s.train.steps {
+    let per_step =
+        PER_STEP_PHASES.contains(&fault.phase.as_str()) || WORKER_PHASES.contains(&fault.phase.as_str());
+    if per_step && fault.step >= s.train.steps {
         return Err(Invalid::new(
             at("step"),
             format!(
@@ -299,8 +334,9 @@ fn check_fault(s: &Scenario, index: usize, fault: &Fault) -> Checked {
             .related(&["launch.world_size"]));
         }
     }
+    check_loader_fault(s, index, fault)?;
     let acts_in = match fault.fault {
-        FaultKind::UnevenSteps => Some("data.next"),
+        FaultKind::UnevenSteps | FaultKind::WorkerKill => Some("data.next"),
         FaultKind::UnusedParam | FaultKind::InplaceView => Some("forward"),
         _ => None,
     };
@@ -334,6 +370,37 @@ fn check_fault(s: &Scenario, index: usize, fault: &Fault) -> Checked {
     }
     for (key, wanted) in &fault.when {
         check_condition(s, &at(&format!("when.{key}")), key, wanted)?;
+    }
+    Ok(())
+}
+
+/// Faults that need data-loader workers, and what a worker can do.
+fn check_loader_fault(s: &Scenario, index: usize, fault: &Fault) -> Checked {
+    let at = |field: &str| format!("inject[{index}].{field}");
+    let in_worker = WORKER_PHASES.contains(&fault.phase.as_str());
+    if (in_worker || fault.fault == FaultKind::WorkerKill) && s.data.workers == 0 {
+        let what = if in_worker {
+            format!("phase `{}` happens in data-loader workers", fault.phase)
+        } else {
+            "fault `worker_kill` kills a data-loader worker".to_string()
+        };
+        return Err(Invalid::new(at("fault"), format!("{what}, but `data.workers` is 0"))
+            .hint("set `data.workers` to 1 or more")
+            .related(&["data.workers"]));
+    }
+    let worker_can =
+        [FaultKind::Segv, FaultKind::Abort, FaultKind::Exit0, FaultKind::ExitError, FaultKind::Hang];
+    if in_worker && !worker_can.contains(&fault.fault) {
+        let names: Vec<String> = worker_can.iter().map(json_name).collect();
+        return Err(Invalid::new(
+            at("fault"),
+            format!(
+                "fault `{}` cannot happen in a worker (phase `{}`)",
+                json_name(&fault.fault),
+                fault.phase
+            ),
+        )
+        .hint(format!("in `{}` use one of {}", fault.phase, names.join(", "))));
     }
     Ok(())
 }
@@ -403,7 +470,6 @@ fn json_name<T: Serialize>(value: &T) -> String {
 /// that lifts it: delete its lines when that work lands.
 pub(crate) fn not_supported_yet(s: &Scenario) -> Checked {
     const GPU: &str = "GPU support arrives with issue #6";
-    const WORKERS: &str = "data-loader workers arrive with issue #4";
     let refuse = |field: &str, value: String, why: &str, hint: &str| {
         Err(Invalid::new(field, format!("`{value}` is not supported yet: {why}")).hint(hint))
     };
@@ -414,26 +480,6 @@ pub(crate) fn not_supported_yet(s: &Scenario) -> Checked {
     }
     if s.train.amp {
         return refuse("train.amp", "true".to_string(), GPU, "set `amp` to `false`");
-    }
-    // Issue #4: data-loader workers.
-    if s.data.workers > 0 {
-        return refuse(
-            "data.workers",
-            s.data.workers.to_string(),
-            WORKERS,
-            "use `workers: 0` to load in the trainer",
-        );
-    }
-    if s.data.cache != Cache::Memory {
-        return refuse("data.cache", json_name(&s.data.cache), WORKERS, "use `cache: memory`");
-    }
-    if s.data.start_method == StartMethod::Spawn {
-        return refuse(
-            "data.start_method",
-            json_name(&s.data.start_method),
-            WORKERS,
-            "use `start_method: fork`",
-        );
     }
     Ok(())
 }
@@ -732,10 +778,6 @@ mod tests {
         let refused: Vec<(&str, Edit)> = vec![
             ("launch.device", Box::new(|s| s.launch.device = Device::Cuda)),
             ("train.amp", Box::new(|s| s.train.amp = true)),
-            ("data.workers", Box::new(|s| s.data.workers = 2)),
-            ("data.cache", Box::new(|s| s.data.cache = Cache::Shm)),
-            ("data.cache", Box::new(|s| s.data.cache = Cache::Disk)),
-            ("data.start_method", Box::new(|s| s.data.start_method = StartMethod::Spawn)),
         ];
         for (expected, edit) in refused {
             let mut s = Scenario::default();
@@ -757,12 +799,66 @@ mod tests {
             problem(|s| s.launch.device = Device::Cuda).1,
             "`cuda` is not supported yet: GPU support arrives with issue #6"
         );
-        assert_eq!(
-            problem(|s| s.data.workers = 2).1,
-            "`2` is not supported yet: data-loader workers arrive with issue #4"
-        );
         let mut s = Scenario::default();
         s.launch.device = Device::Cpu;
         assert_eq!(check(&s), Ok(()));
+    }
+
+    #[test]
+    fn loader_workers_caches_and_start_methods_are_accepted() {
+        use crate::scenario::Cache;
+        for cache in [Cache::Memory, Cache::Disk, Cache::Shm] {
+            for method in [StartMethod::Fork, StartMethod::Spawn] {
+                let mut s = Scenario::default();
+                (s.data.workers, s.data.cache, s.data.start_method) = (2, cache, method);
+                assert_eq!(check(&s), Ok(()), "{cache:?} {method:?}");
+            }
+        }
+        assert_eq!(field(|s| s.data.workers = 65), "data.workers");
+    }
+
+    #[test]
+    fn inherited_worker_threads_need_forked_workers() {
+        let (field, message) = problem(|s| s.data.worker_threads = WorkerThreads::Inherit);
+        assert_eq!(field, "data.worker_threads");
+        assert!(message.contains("`workers` is 0"), "{message}");
+        let spawn = problem(|s| {
+            (s.data.workers, s.data.start_method, s.data.worker_threads) =
+                (2, StartMethod::Spawn, WorkerThreads::Inherit)
+        });
+        assert!(spawn.1.contains("only matters with `start_method: fork`"), "{}", spawn.1);
+        let mut s = Scenario::default();
+        (s.data.workers, s.data.worker_threads) = (1, WorkerThreads::Inherit);
+        assert_eq!(check(&s), Ok(()));
+    }
+
+    #[test]
+    fn loader_faults_need_workers_and_a_phase_they_act_in() {
+        let mut s = Scenario::default();
+        s.inject.push(Fault { fault: FaultKind::WorkerKill, ..fault("data.next", 3) });
+        let invalid = check(&s).unwrap_err();
+        assert_eq!(
+            (invalid.field.as_str(), invalid.related.as_slice()),
+            ("inject[0].fault", &["data.workers".to_string()][..])
+        );
+        s.data.workers = 2;
+        assert_eq!(check(&s), Ok(()));
+        s.inject[0].phase = "forward".into();
+        assert_eq!(
+            check(&s).unwrap_err().message,
+            "fault `worker_kill` acts in phase `data.next`, not `forward`"
+        );
+        s.inject = vec![fault("worker.batch", 2)];
+        assert_eq!(check(&s), Ok(()));
+        s.inject[0].fault = FaultKind::Nan;
+        assert_eq!(
+            check(&s).unwrap_err().message,
+            "fault `nan` cannot happen in a worker (phase `worker.batch`)"
+        );
+        s.inject = vec![fault("worker.batch", 200)];
+        assert_eq!(check(&s).unwrap_err().field, "inject[0].step");
+        s.data.workers = 0;
+        s.inject = vec![fault("worker.batch", 2)];
+        assert!(check(&s).unwrap_err().message.contains("happens in data-loader workers"));
     }
 }

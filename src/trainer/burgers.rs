@@ -20,10 +20,13 @@ const DT: f64 = 1e-3;
 /// Fourier modes in the initial condition.
 const INIT_MODES: i64 = 4;
 
-/// Generated trajectories, normalised for training.
+/// Generated trajectories, raw, with the statistics the data loader normalises them with.
 pub struct Trajectories {
-    /// `(samples, timesteps, grid)`, zero mean and unit variance over the whole set.
+    /// `(samples, timesteps, grid)`, `f32`, as solved (the loader normalises each batch).
     pub u: Tensor,
+    /// Mean and (population) standard deviation of `u` over the whole set.
+    pub u_mean: f64,
+    pub u_std: f64,
     /// `(samples,)` standardised `log10 ν`, the conditioning input.
     pub nu_feature: Tensor,
     /// `(samples,)` raw viscosities.
@@ -83,12 +86,22 @@ pub fn generate(samples: i64, grid: i64, timesteps: i64, progress: &mut dyn FnMu
     let u = Tensor::stack(&snapshots, 1); // (S, T, G)
     // Population statistics: with a single sample the unbiased std of the viscosity is NaN, and a
     // NaN condition poisons the whole model (bisect cuts `data.samples` down to 1).
-    let mean = u.mean(Kind::Double);
-    let std = u.std(false).clamp_min(1e-8);
-    let u = ((u - mean) / std).to_kind(Kind::Float);
+    // A spawned loader worker regenerates this set with one intra-op thread while the trainer has
+    // several: the statistics are summed in a fixed order so both get the same bits.
+    let (u_mean, u_std) = sequential_mean_std(&u);
+    let u = u.to_kind(Kind::Float);
     let nu_feature =
         ((&log_nu - log_nu.mean(Kind::Double)) / log_nu.std(false).clamp_min(1e-8)).to_kind(Kind::Float);
-    Trajectories { u, nu_feature, nu: nu.to_kind(Kind::Float) }
+    Trajectories { u, u_mean, u_std: u_std.max(1e-8), nu_feature, nu: nu.to_kind(Kind::Float) }
+}
+
+/// Mean and population standard deviation, summed left to right (independent of thread count).
+fn sequential_mean_std(t: &Tensor) -> (f64, f64) {
+    let values = Vec::<f64>::try_from(t.flatten(0, -1)).expect("a double tensor");
+    let n = values.len().max(1) as f64;
+    let mean = values.iter().sum::<f64>() / n;
+    let var = values.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / n;
+    (mean, var.sqrt())
 }
 
 #[cfg(test)]

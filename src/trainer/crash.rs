@@ -47,6 +47,22 @@ pub fn install() {
         .expect("spawning the stack-dump thread");
 }
 
+/// In a data-loader worker: after `fork` only the calling thread exists, so the stack-dump
+/// thread is started again (signal mask, handlers and alternate stack are inherited); a bus
+/// error is then also announced the way PyTorch's workers do.
+pub fn become_loader_worker() {
+    let forked = std::fs::read_dir("/proc/self/task")
+        .map(|d| d.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i64>().ok()).count())
+        .unwrap_or(1)
+        == 1;
+    if forked {
+        let _ = std::thread::Builder::new().name("ups-stack-dump".into()).spawn(stack_dump_loop);
+    }
+    IN_LOADER_WORKER.store(true, Ordering::SeqCst);
+}
+
+static IN_LOADER_WORKER: AtomicBool = AtomicBool::new(false);
+
 fn block_stack_dump_signal() {
     // SAFETY: plain sigset manipulation on a local set.
     unsafe {
@@ -108,10 +124,25 @@ fn symbolise(addrs: &[usize]) -> Vec<Frame> {
             resolved = true;
         });
         if !resolved {
-            frames.push(Frame { addr: format!("{addr:#x}"), symbol: None, location: None });
+            frames.push(Frame { addr: format!("{addr:#x}"), symbol: object_offset(lookup), location: None });
         }
     }
     trim_handler_frames(frames)
+}
+
+/// For an address no symbol covers (a stripped library such as libtorch's bundled libgomp):
+/// `<libgomp-a34b3233.so.1+0x1b2c3>`, the object it lies in and the offset, which still tells
+/// the reader which library a thread is stuck in.
+fn object_offset(addr: usize) -> Option<String> {
+    // SAFETY: dladdr only reads the dynamic linker's tables; `info` is a valid out-pointer.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    if unsafe { libc::dladdr(addr as *const c_void, &mut info) } == 0 || info.dli_fname.is_null() {
+        return None;
+    }
+    // SAFETY: dladdr set dli_fname to a NUL-terminated path owned by the dynamic linker.
+    let path = unsafe { std::ffi::CStr::from_ptr(info.dli_fname) }.to_string_lossy().into_owned();
+    let name = path.rsplit('/').next().unwrap_or(&path).to_string();
+    Some(format!("<{name}+{:#x}>", addr.wrapping_sub(info.dli_fbase as usize)))
 }
 
 /// Drops the frames of our own capture machinery (the unwinder, the handler and the kernel's
@@ -127,7 +158,9 @@ fn trim_handler_frames(frames: Vec<Frame>) -> Vec<Frame> {
         return frames;
     };
     let mut rest = handler + 1;
-    if frames.get(rest).is_some_and(|f| f.symbol.as_deref().is_none_or(|s| s.contains("restore_rt"))) {
+    // The trampoline has no symbol of its own (at most our `<libc.so.6+0x…>` placeholder).
+    let unnamed = |s: &str| s.contains("restore_rt") || s.starts_with('<');
+    if frames.get(rest).is_some_and(|f| f.symbol.as_deref().is_none_or(unnamed)) {
         rest += 1;
     }
     frames.into_iter().skip(rest).collect()
@@ -137,6 +170,12 @@ static IN_FATAL: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn on_fatal_signal(sig: i32, _info: *mut libc::siginfo_t, _ctx: *mut c_void) {
     if !IN_FATAL.swap(true, Ordering::SeqCst) {
+        if sig == libc::SIGBUS && IN_LOADER_WORKER.load(Ordering::SeqCst) {
+            let msg: &[u8] = b"ERROR: Unexpected bus error encountered in worker. This might be caused by \
+                               insufficient shared memory (shm).\n";
+            // SAFETY: write(2) is async-signal-safe.
+            unsafe { libc::write(2, msg.as_ptr().cast(), msg.len()) };
+        }
         let mut addrs = [0usize; MAX_FRAMES];
         let n = capture_raw(&mut addrs);
         let fd = markers::raw_fd();
@@ -153,6 +192,8 @@ extern "C" fn on_fatal_signal(sig: i32, _info: *mut libc::siginfo_t, _ctx: *mut 
             unsafe { libc::write(fd, line.as_ptr().cast(), line.len()) };
         }
     }
+    // Our /dev/shm segments would outlive us otherwise (only the owning process removes them).
+    super::loader::shm::unlink_registered();
     // Die by the same signal with the default action, so the exit status is the real one.
     // SAFETY: signal(2), sigprocmask(2) and raise(3) are async-signal-safe.
     unsafe {

@@ -23,6 +23,8 @@ pub enum Effect {
     StopEarly,
     /// Update the encoder's running-mean parameter in place during this forward.
     InplaceView,
+    /// Send SIGKILL to data-loader worker 0.
+    KillWorker,
 }
 
 impl Faults {
@@ -83,6 +85,7 @@ impl Faults {
                         effect = Effect::ExitError;
                     }
                 }
+                FaultKind::WorkerKill => effect = Effect::KillWorker,
             }
         }
         effect

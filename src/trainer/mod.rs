@@ -13,6 +13,7 @@ pub mod ddp;
 pub mod dist;
 pub mod faults;
 pub mod fsdp;
+pub mod loader;
 pub mod markers;
 pub mod model;
 pub mod optim;

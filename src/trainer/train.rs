@@ -4,17 +4,18 @@
 use std::time::{Duration, Instant};
 
 use tch::nn::OptimizerConfig;
-use tch::{Device, Kind, Reduction, Tensor, nn};
+use tch::{Device, Reduction, Tensor, nn};
 
 use crate::protocol::Marker;
 use crate::scenario::{Mode, Scenario};
 
-use super::burgers::{self, Trajectories};
+use super::burgers;
 use super::checkpoint;
 use super::ddp::{Ddp, params_checksum};
 use super::dist::{self, Collective, DistError, Store, connect_nccl, connect_tcp};
 use super::faults::{Effect, Faults};
 use super::fsdp::Fsdp;
+use super::loader::{Loader, LoaderError};
 use super::markers::{self, Phase};
 use super::model::Operator;
 use super::optim::{self, AdamW};
@@ -80,6 +81,8 @@ pub enum TrainError {
     Ddp(String),
     #[error("{0}")]
     Checkpoint(#[from] checkpoint::CheckpointError),
+    #[error("{0}")]
+    Loader(#[from] LoaderError),
 }
 
 /// How a finished training went.
@@ -89,92 +92,6 @@ pub struct Summary {
     pub first_loss: f64,
     pub final_loss: f64,
     pub losses: Vec<f64>,
-}
-
-/// One batch: inputs on the whole grid, targets at the query points.
-struct Batch {
-    u: Tensor,
-    nu: Tensor,
-    xq: Tensor,
-    target: Tensor,
-}
-
-/// Draws `(trajectory, time)` pairs epoch by epoch and random query points.
-///
-/// Every rank draws the same global batch (`batch × world` pairs from the same seeded epoch
-/// permutation, last incomplete batch dropped, like `DistributedSampler` with `drop_last`) and
-/// keeps its own contiguous slice: within an epoch no two ranks see the same pair, and a run on
-/// `world` ranks sees exactly the batches of a one-rank run with a `world` times larger batch.
-struct Sampler {
-    /// `(samples * timesteps, grid)`.
-    frames: Tensor,
-    nu: Tensor,
-    x: Tensor,
-    samples: i64,
-    timesteps: i64,
-    batch: i64,
-    queries: i64,
-    rank: i64,
-    world: i64,
-    /// This epoch's permutation of the pairs, and how far it has been consumed.
-    order: Tensor,
-    cursor: i64,
-}
-
-impl Sampler {
-    fn new(data: &Trajectories, batch: i64, queries: i64, rank: i64, world: i64) -> Sampler {
-        let (samples, timesteps, grid) = data.u.size3().expect("u is (S, T, G)");
-        Sampler {
-            frames: data.u.reshape([samples * timesteps, grid]),
-            nu: data.nu_feature.shallow_clone(),
-            x: Tensor::arange(grid, (Kind::Float, Device::Cpu)) / grid as f64,
-            samples,
-            timesteps,
-            batch,
-            queries,
-            rank,
-            world,
-            order: Tensor::empty([0], (Kind::Int64, Device::Cpu)),
-            cursor: 0,
-        }
-    }
-
-    fn next(&mut self) -> Batch {
-        let opts = (Kind::Int64, Device::Cpu);
-        let pairs = self.samples * (self.timesteps - 1);
-        let global = self.batch * self.world;
-        let pick = if pairs >= global {
-            if self.cursor + global > self.order.size()[0] {
-                self.order = Tensor::randperm(pairs, opts);
-                self.cursor = 0;
-            }
-            let pick = self.order.narrow(0, self.cursor, global);
-            self.cursor += global;
-            pick
-        } else {
-            // Fewer pairs than one global batch: draw with replacement.
-            Tensor::randint(pairs, [global], opts)
-        };
-        let grid = self.x.size()[0];
-        let q = Tensor::rand([global, grid], (Kind::Float, Device::Cpu)).argsort(-1, false).narrow(
-            1,
-            0,
-            self.queries,
-        );
-        let mine = |t: &Tensor| t.narrow(0, self.rank * self.batch, self.batch);
-        let (pick, q) = (mine(&pick), mine(&q));
-        let s = pick.divide_scalar_mode(self.timesteps - 1, "floor");
-        let t = pick.remainder(self.timesteps - 1);
-        let row = &s * self.timesteps + &t;
-        let u = self.frames.index_select(0, &row);
-        let next = self.frames.index_select(0, &(&row + 1));
-        Batch {
-            target: next.gather(1, &q, false),
-            xq: self.x.expand([self.batch, grid], true).gather(1, &q, false),
-            nu: self.nu.index_select(0, &s),
-            u,
-        }
-    }
 }
 
 /// Global gradient-norm limit: transformer blocks' first AdamW steps overshoot without it.
@@ -289,8 +206,6 @@ pub fn train(scenario: &Scenario, env: RankEnv) -> Result<Summary, TrainError> {
         markers::emit(&Marker::Progress { phase: "data.generate".into(), done, total })
     });
     phase.end();
-    let mut sampler =
-        Sampler::new(&data, d.batch_size as i64, d.queries as i64, env.rank as i64, env.world_size as i64);
 
     let vs = nn::VarStore::new(Device::Cpu);
     let mut build_error = None;
@@ -367,16 +282,19 @@ pub fn train(scenario: &Scenario, env: RankEnv) -> Result<Summary, TrainError> {
         let meta = checkpoint::read_meta(&path, mode_name(mode), env.world_size)?;
         let file_rank = if mode == Mode::Fsdp { env.rank } else { 0 };
         checkpoint::read_rank_file(&path, file_rank, &saved, &mut opt)?;
-        // The data order continues where it stopped: replay the sampler's draws.
-        for _ in 0..meta.batches_drawn {
-            sampler.next();
-        }
+        // The data order continues where it stopped: the loader replays the sampler's decisions.
         batches_drawn = meta.batches_drawn;
         first_step = meta.step;
         losses = meta.losses;
         println!("resumed from {} at step {first_step}", path.display());
         phase.end();
     }
+    // The data path: the cache and the loader's workers, like a DataLoader iterator created
+    // right before the loop.
+    let (phase, _) = enter(&faults, "data.loader", None)?;
+    let batches = t.steps * accum;
+    let mut loader = Loader::start(scenario, env.rank, env.world_size, &data, batches, batches_drawn)?;
+    phase.end();
 
     let loop_start = Instant::now();
     let mut steps_done = first_step;
@@ -393,7 +311,10 @@ pub fn train(scenario: &Scenario, env: RankEnv) -> Result<Summary, TrainError> {
                 phase.end();
                 break 'training;
             }
-            let batch = sampler.next();
+            if effect == Effect::KillWorker {
+                loader.kill_worker(0);
+            }
+            let batch = loader.next_batch()?;
             batches_drawn += 1;
             data_ms += phase.end();
 
@@ -405,7 +326,7 @@ pub fn train(scenario: &Scenario, env: RankEnv) -> Result<Summary, TrainError> {
                 model.encoder.update_running_mean(&batch.u)?;
             }
             let skip_last_block = effect == Effect::UnusedParam;
-            let pred = model.forward(&batch.u, &sampler.x, &batch.nu, &batch.xq, skip_last_block);
+            let pred = model.forward(&batch.u, loader.x(), &batch.nu, &batch.xq, skip_last_block);
             let mut loss = pred.f_mse_loss(&batch.target, Reduction::Mean)?;
             if effect == Effect::NanLoss {
                 loss *= f64::NAN;

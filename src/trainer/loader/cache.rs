@@ -1,0 +1,81 @@
+//! The dataset cache: the generated trajectories, where `data.cache` says.
+//!
+//! - `memory`: tensors in the trainer's heap. Forked workers read them through copy-on-write
+//!   pages; spawned workers cannot reach them and build a copy each (REFERENCE.md failure 5).
+//! - `disk`: a file in the temporary folder, mapped by the trainer and every worker.
+//! - `shm`: one `/dev/shm` segment, written once by the trainer and mapped read-only by every
+//!   worker: one copy for all.
+//!
+//! A file holds the raw trajectories `(S·T·G)` and then the viscosity feature `(S)`, as `f32`.
+
+use std::io;
+use std::path::PathBuf;
+
+use tch::{Device, Kind, Tensor};
+
+use crate::scenario::Cache as CacheKind;
+use crate::trainer::burgers::Trajectories;
+
+use super::batch::{DatasetView, Dims};
+use super::shm::{self, Mapping, Unlink};
+
+/// The cache as the trainer holds it. The view built on it must be dropped first.
+pub enum Cache {
+    Memory,
+    /// The mapping, and the guard that removes the file.
+    File {
+        map: Mapping,
+        _file: Unlink,
+        path: PathBuf,
+    },
+}
+
+/// A view of the dataset arrays laid out in a cache file.
+///
+/// # Safety
+/// `ptr` must point to `cache_floats()` floats of trajectories followed by those of the
+/// viscosity feature, alive for as long as the view.
+pub unsafe fn view_of(ptr: *const u8, dims: Dims, mean: f64, std: f64) -> DatasetView {
+    let (u_floats, _) = dims.cache_floats();
+    let rows = dims.samples * dims.timesteps;
+    // SAFETY: guaranteed by the caller.
+    unsafe {
+        DatasetView {
+            frames: Tensor::from_blob(ptr, &[rows, dims.grid], &[dims.grid, 1], Kind::Float, Device::Cpu),
+            nu: Tensor::from_blob(ptr.add(4 * u_floats), &[dims.samples], &[1], Kind::Float, Device::Cpu),
+            mean,
+            std,
+        }
+    }
+}
+
+/// Puts the generated data where `kind` says; returns the cache, a view of it and its size.
+pub fn build(
+    kind: CacheKind,
+    data: &Trajectories,
+    dims: Dims,
+    rank: u32,
+) -> io::Result<(Cache, DatasetView, u64)> {
+    let (u_floats, nu_floats) = dims.cache_floats();
+    let bytes = 4 * (u_floats + nu_floats);
+    let path = match kind {
+        CacheKind::Memory => {
+            let view = DatasetView {
+                frames: data.u.view([dims.samples * dims.timesteps, dims.grid]),
+                nu: data.nu_feature.shallow_clone(),
+                mean: data.u_mean,
+                std: data.u_std,
+            };
+            return Ok((Cache::Memory, view, bytes as u64));
+        }
+        CacheKind::Shm => shm::segment_path(rank, "cache"),
+        CacheKind::Disk => std::env::temp_dir().join(format!("ups-doctor-{}-r{rank}-cache", shm::run_id())),
+    };
+    let map = Mapping::create(&path, bytes)?;
+    let guard = Unlink::new(path.clone());
+    // SAFETY: the mapping is `bytes` long, exactly the two arrays.
+    let mut view = unsafe { view_of(map.ptr(), dims, data.u_mean, data.u_std) };
+    view.frames.copy_(&data.u.view([dims.samples * dims.timesteps, dims.grid]));
+    view.nu.copy_(&data.nu_feature);
+    Ok((Cache::File { map, _file: guard, path }, view, bytes as u64))
+}

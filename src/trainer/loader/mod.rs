@@ -1,0 +1,421 @@
+//! The data loader: turns the dataset cache into batches, in the trainer (`workers: 0`) or in
+//! worker processes started by `fork` or `spawn`, like PyTorch's DataLoader.
+//!
+//! Theory of operation:
+//! - The trainer decides every batch ([`batch::Sampler`]); batch `k` goes to worker `k mod N`,
+//!   and is consumed in order, so every worker count gives the same batches.
+//! - The ring is one `/dev/shm` segment with `workers × prefetch` slots; worker `w` owns slots
+//!   `w·prefetch ..`, so at most `prefetch` of its batches are in flight. A slot is a 64-byte
+//!   header (the batch's seq) and the four batch tensors back to back.
+//! - Per worker, two pipes: tasks (spec + slot) from the trainer, done records (seq + slot) back.
+//!   The trainer waits for a slot with `poll` on every worker's done pipe; a worker holds the only
+//!   write end of its pipe, so its death reads as end-of-file at once, whoever was being waited
+//!   for. The trainer then reaps it and fails with PyTorch's words for how it died.
+//! - A ready slot is wrapped with `Tensor::from_blob` and copied out (the worker may refill it
+//!   as soon as it is released; on a GPU this copy would be the pinned-memory one), then the next
+//!   task goes to that worker at once. Workers live until the loader drops (they persist across
+//!   epochs); dropping it closes the task pipes, reaps the workers and removes the segments.
+
+pub mod batch;
+pub mod cache;
+pub mod shm;
+pub mod worker;
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{self, Write};
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::time::{Duration, Instant};
+
+use crate::protocol::Marker;
+use crate::scenario::{Scenario, StartMethod};
+
+use super::burgers::Trajectories;
+use super::markers;
+use batch::{Batch, DatasetView, Dims, Sampler, make_batch};
+use shm::{Mapping, Unlink};
+use worker::{CacheSource, DONE_RECORD, ForkContext, SlotLayout, WorkerConfig};
+
+/// Why the loader cannot deliver a batch.
+#[derive(Debug, thiserror::Error)]
+pub enum LoaderError {
+    /// PyTorch's text for the death, then which worker it was and what `/dev/shm` held when the
+    /// rank noticed (the rank removes its ring right after, so the harness cannot see it later).
+    #[error("{text} [data-loader worker {id} of rank {rank}, {method}{shm}]")]
+    WorkerDied { id: u32, pid: u32, rank: u32, method: &'static str, text: String, shm: String },
+    #[error("failed to {what}: {source}")]
+    Io { what: String, source: io::Error },
+}
+
+fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> LoaderError {
+    let what = what.into();
+    move |source| LoaderError::Io { what, source }
+}
+
+/// PyTorch's DataLoader message for a worker that ended with this wait status.
+pub fn death_text(pid: u32, status: i32) -> String {
+    if libc::WIFSIGNALED(status) {
+        let sig = libc::WTERMSIG(status);
+        if sig == libc::SIGBUS {
+            return format!(
+                "DataLoader worker (pid {pid}) is killed by signal: Bus error. It is possible that dataloader's \
+                 workers are out of shared memory. Please try to raise your shared memory limit."
+            );
+        }
+        // SAFETY: strsignal returns a pointer to a static or thread-local string.
+        let name = unsafe { std::ffi::CStr::from_ptr(libc::strsignal(sig)) }.to_string_lossy().into_owned();
+        format!("DataLoader worker (pid {pid}) is killed by signal: {name}.")
+    } else {
+        format!(
+            "DataLoader worker (pid {pid}) exited unexpectedly with exit code {}.",
+            libc::WEXITSTATUS(status)
+        )
+    }
+}
+
+/// Delivers this rank's batches.
+pub struct Loader {
+    sampler: Sampler,
+    dims: Dims,
+    /// `(grid,)` positions of the grid points, the model's input coordinates.
+    x: tch::Tensor,
+    // Field order is drop order: workers stop before the view and the cache they read go away.
+    pool: Option<Pool>,
+    view: DatasetView,
+    _cache: cache::Cache,
+}
+
+impl Loader {
+    /// Builds the cache and starts the workers. `accum` micro-batches make one step; `total` is
+    /// how many batches the run consumes at most; the first `skip` of them were consumed by the
+    /// run this one resumes (their decisions are replayed, nothing is built).
+    pub fn start(
+        scenario: &Scenario,
+        rank: u32,
+        world: u32,
+        data: &Trajectories,
+        total: u64,
+        skip: u64,
+    ) -> Result<Loader, LoaderError> {
+        let d = &scenario.data;
+        let dims = Dims::of(d);
+        let what = format!("create the `{}` dataset cache", cache_name(scenario));
+        let (cache, view, bytes) = cache::build(d.cache, data, dims, rank).map_err(io_err(what))?;
+        markers::emit(&Marker::Dataset { bytes, cache: cache_name(scenario).into() });
+        let mut sampler = Sampler::new(dims, rank, world, scenario.train.seed, scenario.train.accum_steps);
+        for _ in 0..skip {
+            sampler.next_spec();
+        }
+        let x = tch::Tensor::arange(dims.grid, (tch::Kind::Float, tch::Device::Cpu)) / dims.grid as f64;
+        let pool = if d.workers == 0 {
+            None
+        } else {
+            Some(Pool::start(scenario, rank, &view, &cache, dims, total, skip)?)
+        };
+        Ok(Loader { sampler, dims, x, pool, view, _cache: cache })
+    }
+
+    /// The grid coordinates.
+    pub fn x(&self) -> &tch::Tensor {
+        &self.x
+    }
+
+    /// The next batch, in order.
+    pub fn next_batch(&mut self) -> Result<Batch, LoaderError> {
+        match self.pool.as_mut() {
+            None => Ok(make_batch(&self.view, &self.dims, &self.sampler.next_spec())),
+            Some(pool) => pool.next(&mut self.sampler),
+        }
+    }
+
+    /// Sends SIGKILL to worker `id` (the `worker_kill` fault: like the OOM killer choosing it).
+    pub fn kill_worker(&self, id: u32) {
+        if let Some(w) = self.pool.as_ref().and_then(|p| p.workers.get(id as usize)) {
+            eprintln!("ups-doctor: sending SIGKILL to data-loader worker {id} (pid {})", w.pid);
+            // SAFETY: kill(2) on our own child, not yet reaped (its pid cannot be reused).
+            unsafe { libc::kill(w.pid as i32, libc::SIGKILL) };
+        }
+    }
+}
+
+fn cache_name(s: &Scenario) -> &'static str {
+    match s.data.cache {
+        crate::scenario::Cache::Memory => "memory",
+        crate::scenario::Cache::Disk => "disk",
+        crate::scenario::Cache::Shm => "shm",
+    }
+}
+
+struct WorkerHandle {
+    pid: u32,
+    /// Closed to tell the worker to exit.
+    tasks: Option<File>,
+    done: File,
+    /// Bytes of a done record that arrived split.
+    partial: Vec<u8>,
+    reaped: bool,
+}
+
+/// The worker processes and the ring they fill.
+struct Pool {
+    workers: Vec<WorkerHandle>,
+    layout: SlotLayout,
+    prefetch: u64,
+    rank: u32,
+    method: StartMethod,
+    /// Next batch to hand out, next to issue, and how many the run needs.
+    consumed: u64,
+    issued: u64,
+    total: u64,
+    /// Finished batches not yet consumed: seq → slot.
+    ready: HashMap<u64, u32>,
+    // Dropped after the workers are reaped (see `Drop`).
+    ring: Mapping,
+    _ring_file: Unlink,
+}
+
+fn pipe() -> io::Result<(RawFd, RawFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: valid out-array of two ints.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((fds[0], fds[1]))
+}
+
+impl Pool {
+    fn start(
+        scenario: &Scenario,
+        rank: u32,
+        view: &DatasetView,
+        cache: &cache::Cache,
+        dims: Dims,
+        total: u64,
+        first: u64,
+    ) -> Result<Pool, LoaderError> {
+        let d = &scenario.data;
+        let layout = SlotLayout::new(dims);
+        let slots = d.workers as usize * d.prefetch as usize;
+        let ring_path = shm::segment_path(rank, "ring");
+        let ring = Mapping::create(&ring_path, slots * layout.slot_bytes)
+            .map_err(io_err(format!("create the batch ring `{}`", ring_path.display())))?;
+        let ring_file = Unlink::new(ring_path.clone());
+        let mut pool = Pool {
+            workers: Vec::new(),
+            layout,
+            prefetch: d.prefetch.into(),
+            rank,
+            method: d.start_method,
+            consumed: first,
+            issued: first,
+            total,
+            ready: HashMap::new(),
+            ring,
+            _ring_file: ring_file,
+        };
+        let method = match d.start_method {
+            StartMethod::Fork => "fork",
+            StartMethod::Spawn => "spawn",
+        };
+        for id in 0..d.workers {
+            let (task_r, task_w) = pipe().map_err(io_err("create a worker's task pipe"))?;
+            let (done_r, done_w) = pipe().map_err(io_err("create a worker's done pipe"))?;
+            let started = match d.start_method {
+                StartMethod::Fork => {
+                    let ctx = ForkContext { scenario, rank, view, layout, ring: pool.ring.ptr() };
+                    worker::fork_worker(&ctx, id, (task_r, done_w))
+                }
+                StartMethod::Spawn => worker::spawn_worker(&WorkerConfig {
+                    id,
+                    rank,
+                    scenario: scenario.clone(),
+                    layout,
+                    ring: ring_path.clone(),
+                    cache: match cache {
+                        cache::Cache::Memory => CacheSource::Regenerate,
+                        cache::Cache::File { path, .. } => CacheSource::File(path.clone()),
+                    },
+                    mean: view.mean,
+                    std: view.std,
+                    task_fd: task_r,
+                    done_fd: done_w,
+                }),
+            };
+            // SAFETY: all four were just created here; the worker has its own copies of its ends.
+            let (tasks, done) = unsafe {
+                libc::close(task_r);
+                libc::close(done_w);
+                (File::from_raw_fd(task_w), File::from_raw_fd(done_r))
+            };
+            let pid = started.map_err(io_err(format!("start data-loader worker {id} by {method}")))?;
+            markers::emit(&Marker::Worker { id, pid, start_method: method.into() });
+            pool.workers.push(WorkerHandle {
+                pid,
+                tasks: Some(tasks),
+                done,
+                partial: Vec::new(),
+                reaped: false,
+            });
+        }
+        Ok(pool)
+    }
+
+    fn method_name(&self) -> &'static str {
+        match self.method {
+            StartMethod::Fork => "fork",
+            StartMethod::Spawn => "spawn",
+        }
+    }
+
+    /// Keeps every worker `prefetch` batches ahead of the trainer.
+    fn fill(&mut self, sampler: &mut Sampler) -> Result<(), LoaderError> {
+        let n = self.workers.len() as u64;
+        while self.issued < self.total && self.issued < self.consumed + n * self.prefetch {
+            let spec = sampler.next_spec();
+            debug_assert_eq!(spec.seq, self.issued);
+            let w = (spec.seq % n) as usize;
+            let slot = (w as u64 * self.prefetch + (spec.seq / n) % self.prefetch) as u32;
+            let task = worker::encode_task(&spec, slot);
+            let pipe = self.workers[w].tasks.as_mut().expect("open until drop");
+            if pipe.write_all(&task).is_err() {
+                // EPIPE: the worker is gone; its done pipe says how.
+                return Err(self.wait_for_death(w));
+            }
+            self.issued += 1;
+        }
+        Ok(())
+    }
+
+    fn next(&mut self, sampler: &mut Sampler) -> Result<Batch, LoaderError> {
+        self.fill(sampler)?;
+        // A worker that died while the trainer computed is reported now, even if this batch
+        // is ready.
+        self.poll(0)?;
+        let seq = self.consumed;
+        let slot = loop {
+            if let Some(slot) = self.ready.remove(&seq) {
+                break slot;
+            }
+            self.poll(-1)?;
+        };
+        // SAFETY: the slot lies in the ring, which outlives the views; the worker finished it.
+        let batch = unsafe {
+            let written = self.layout.seq_cell(self.ring.ptr(), slot).read_volatile();
+            assert_eq!(written, seq, "slot {slot} holds batch {written}, expected {seq}");
+            let [u, nu, xq, target] = self.layout.views(self.ring.ptr(), slot);
+            Batch { u: u.copy(), nu: nu.copy(), xq: xq.copy(), target: target.copy() }
+        };
+        self.consumed += 1;
+        self.fill(sampler)?;
+        Ok(batch)
+    }
+
+    /// Waits up to `timeout_ms` (-1: until something happens) for done records or deaths.
+    fn poll(&mut self, timeout_ms: i32) -> Result<(), LoaderError> {
+        let mut fds: Vec<libc::pollfd> = self
+            .workers
+            .iter()
+            .map(|w| libc::pollfd { fd: w.done.as_raw_fd(), events: libc::POLLIN, revents: 0 })
+            .collect();
+        loop {
+            // SAFETY: `fds` is a valid array of pollfd.
+            let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
+            if n >= 0 {
+                break;
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(io_err("wait for data-loader workers")(e));
+            }
+        }
+        for (w, p) in fds.iter().enumerate() {
+            if p.revents != 0 {
+                self.drain(w)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads what worker `w` sent; end of file means it died.
+    fn drain(&mut self, w: usize) -> Result<(), LoaderError> {
+        let mut buf = [0u8; DONE_RECORD * 64];
+        let worker = &mut self.workers[w];
+        // SAFETY: reading into a local buffer from an fd poll said is readable (or hung up).
+        let n = unsafe { libc::read(worker.done.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+        if n == 0 {
+            return Err(self.wait_for_death(w));
+        }
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            return if e.kind() == io::ErrorKind::Interrupted {
+                Ok(())
+            } else {
+                Err(io_err("read a done pipe")(e))
+            };
+        }
+        worker.partial.extend_from_slice(&buf[..n as usize]);
+        let whole = worker.partial.len() / DONE_RECORD * DONE_RECORD;
+        for record in worker.partial[..whole].chunks_exact(DONE_RECORD) {
+            let seq = u64::from_le_bytes(record[..8].try_into().expect("8 bytes"));
+            let slot = u32::from_le_bytes(record[8..12].try_into().expect("4 bytes"));
+            self.ready.insert(seq, slot);
+        }
+        worker.partial.drain(..whole);
+        Ok(())
+    }
+
+    /// Reaps worker `w`, which closed its pipe, and words its death like PyTorch.
+    fn wait_for_death(&mut self, w: usize) -> LoaderError {
+        let pid = self.workers[w].pid;
+        // It closed its pipe because it is exiting; give the kernel a moment to finish that.
+        let status = wait_pid(pid, Duration::from_secs(5));
+        self.workers[w].reaped = status.is_some();
+        let text = match status {
+            Some(status) => death_text(pid, status),
+            None => format!("DataLoader worker (pid {pid}) closed its pipe but did not exit."),
+        };
+        let bus_error = status.is_some_and(|s| libc::WIFSIGNALED(s) && libc::WTERMSIG(s) == libc::SIGBUS);
+        let shm = crate::probe::shm::usage(std::path::Path::new("/dev/shm"))
+            .filter(|_| bus_error)
+            .map(|u| format!("; {} {} of {} bytes", crate::protocol::SHM_HELD, u.used, u.total))
+            .unwrap_or_default();
+        LoaderError::WorkerDied { id: w as u32, pid, rank: self.rank, method: self.method_name(), text, shm }
+    }
+}
+
+/// `waitpid` for up to `limit`; the wait status, or `None` if it is still running.
+fn wait_pid(pid: u32, limit: Duration) -> Option<i32> {
+    let deadline = Instant::now() + limit;
+    loop {
+        let mut status = 0;
+        // SAFETY: waitpid on our own child with a valid out-pointer.
+        let rc = unsafe { libc::waitpid(pid as i32, &mut status, libc::WNOHANG) };
+        if rc == pid as i32 {
+            return Some(status);
+        }
+        if rc < 0 || Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+impl Drop for Pool {
+    /// Closes every task pipe (workers exit at end of file), reaps the workers (SIGKILL for one
+    /// that does not leave within 2 s, e.g. deadlocked), then the ring goes.
+    fn drop(&mut self) {
+        for w in &mut self.workers {
+            w.tasks = None;
+        }
+        for w in self.workers.iter_mut().filter(|w| !w.reaped) {
+            if wait_pid(w.pid, Duration::from_secs(2)).is_none() {
+                // SAFETY: kill(2) and waitpid(2) on our own unreaped child.
+                unsafe {
+                    libc::kill(w.pid as i32, libc::SIGKILL);
+                    libc::waitpid(w.pid as i32, std::ptr::null_mut(), 0);
+                }
+            }
+            w.reaped = true;
+        }
+    }
+}
