@@ -51,7 +51,8 @@ int guarded(char** err, F&& f) {
 extern "C" {
 
 int ups_store_new(const char* host, uint16_t port, int is_server, uint64_t world_size,
-                  int64_t timeout_ms, int use_libuv, void** out, uint16_t* out_port, char** err) {
+                  int64_t timeout_ms, int use_libuv, int listen_fd, void** out, uint16_t* out_port,
+                  char** err) {
   return guarded(err, [&] {
     // libtorch leaves logging set-up to its host; Python's torch calls this at import. Without
     // it TORCH_CPP_LOG_LEVEL is ignored and users cannot quiet c10d's retry warnings as they can
@@ -67,6 +68,11 @@ int ups_store_new(const char* host, uint16_t port, int is_server, uint64_t world
     opts.waitWorkers = false;
     opts.timeout = std::chrono::milliseconds(timeout_ms);
     opts.useLibUV = use_libuv != 0;
+    // The server would listen on every interface; a socket the caller bound (to MASTER_ADDR)
+    // keeps it where the caller chose, as torchrun's `master_listen_fd` does.
+    if (listen_fd >= 0) {
+      opts.masterListenFd = listen_fd;
+    }
     auto* store = new c10d::TCPStore(std::string(host), opts);
     *out_port = store->getPort();
     *out = store;

@@ -26,6 +26,7 @@ mod ffi {
             world_size: u64,
             timeout_ms: i64,
             use_libuv: c_int,
+            listen_fd: c_int,
             out: *mut *mut c_void,
             out_port: *mut u16,
             err: *mut *mut c_char,
@@ -105,6 +106,17 @@ impl Store {
                 message,
             })?;
         }
+        // Rank 0 binds the listening socket itself, on `host` only (loopback by default), and
+        // hands it to the store, whose server would otherwise listen on every interface.
+        let listen_fd =
+            if is_server {
+                let listener = std::net::TcpListener::bind((host, port)).map_err(|e| {
+                    DistError::StoreServe { addr: addr.clone(), port, message: e.to_string() }
+                })?;
+                std::os::fd::IntoRawFd::into_raw_fd(listener)
+            } else {
+                -1
+            };
         let timeout_ms = i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX);
         let mut raw: *mut c_void = ptr::null_mut();
         let mut actual_port: u16 = 0;
@@ -120,6 +132,7 @@ impl Store {
                 // libuv is TCPStore's default server backend since PyTorch 2.4 and is built into
                 // the wheel's libtorch_cpu; keep what Python users get.
                 1,
+                listen_fd,
                 &mut raw,
                 &mut actual_port,
                 &mut err,

@@ -151,6 +151,32 @@ fn store_host_on_a_busy_port_fails_naming_the_port() {
     assert!(err.to_string().contains(&format!("127.0.0.1:{port}")), "{err}");
 }
 
+/// Local addresses of the listening TCP sockets on `port`, from the kernel's tables, as
+/// `(hex address, is IPv6)`.
+fn listening_on(port: u16) -> Vec<(String, bool)> {
+    let mut found = Vec::new();
+    for (file, v6) in [("/proc/net/tcp", false), ("/proc/net/tcp6", true)] {
+        let table = std::fs::read_to_string(file).unwrap_or_default();
+        for line in table.lines().skip(1) {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            let (Some(local), Some(state)) = (cols.get(1), cols.get(3)) else { continue };
+            let Some((addr, p)) = local.split_once(':') else { continue };
+            if *state == "0A" && u16::from_str_radix(p, 16) == Ok(port) {
+                found.push((addr.to_string(), v6));
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn the_store_listens_on_the_given_host_only() {
+    let store = Store::connect("127.0.0.1", 0, true, 1, Duration::from_secs(5)).expect("host the store");
+    let listening = listening_on(store.port());
+    // 127.0.0.1 in /proc/net/tcp's little-endian hex; never the wildcard 0.0.0.0 or `::`.
+    assert_eq!(listening, vec![("0100007F".to_string(), false)], "port {}", store.port());
+}
+
 #[test]
 fn all_reduce_sum_is_the_sum_and_bit_identical_on_every_rank() {
     let sizes = [0usize, 1, 2, 3, 5, 7, 64, 1001, 300_007];
