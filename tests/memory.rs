@@ -257,3 +257,97 @@ fn a_worker_that_overflows_a_small_dev_shm_is_named_with_the_figure_at_its_death
     assert!(verdict["likely_cause"].as_str().unwrap().contains("out of shared memory"), "{verdict}");
     assert!(verdict["next_step"].as_str().unwrap().contains("raise `data.shm_size`"), "{verdict}");
 }
+
+/// A dataset cache of 128 × 501 × 1024 floats (trajectories) and 128 (viscosity): 250.5 MiB,
+/// about four times the private memory of a spawned worker with libtorch loaded (near 60 MiB),
+/// so a copy of it cannot hide in a worker's own memory nor be imagined from it. 501 snapshots
+/// of the 500 solver steps cost no more solving than 4 would.
+fn spawned_workers_over(cache: &str) -> String {
+    format!(
+        r#"{{
+  "model": {{ "depths": [1], "hidden": 32, "heads": 2, "latent_tokens": 8, "window": 2 }},
+  "data": {{ "samples": 128, "grid": 1024, "timesteps": 501, "queries": 32, "batch_size": 8,
+            "workers": 2, "start_method": "spawn", "cache": "{cache}" }},
+  "train": {{ "steps": 30 }},
+  "limits": {{ "timeout_s": 300, "hang_after_s": 120 }}
+}}"#
+    )
+}
+
+/// The `datasets` entry of rank 0, after checking that each of its two workers was sampled
+/// once it had libtorch loaded: an unsampled worker would read as a USS of 0, "far below" any
+/// cache, and pass for sharing.
+fn dataset_of_two_sampled_workers(scenario: &Value) -> &Value {
+    let memory = &scenario["memory"];
+    let datasets = memory["datasets"].as_array().expect("datasets listed");
+    assert_eq!(datasets.len(), 1, "{memory:#}");
+    let d = &datasets[0];
+    assert_eq!(d["bytes"], 4 * (128 * 501 * 1024 + 128), "{d}");
+    assert_eq!(d["workers"], 2, "{d}");
+    let workers = scenario["ranks"][0]["workers"].as_array().unwrap();
+    assert_eq!(workers.len(), 2);
+    for (w, uss) in workers.iter().zip(d["worker_peak_uss_bytes"].as_array().unwrap()) {
+        assert_eq!(w["start_method"], "spawn");
+        let p = memory["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["pid"] == w["pid"])
+            .unwrap_or_else(|| panic!("worker {w} was sampled: {memory:#}"));
+        assert_eq!((p["role"].as_str(), &p["worker"]), (Some("worker"), &w["id"]));
+        assert_eq!(&p["peak_uss_bytes"], uss, "the sharing line uses the worker's own peak");
+        // A process that has loaded libtorch holds tens of MiB of its own (relocated data).
+        assert!(uss.as_u64().unwrap() >= 16 * MIB, "worker {w} sampled only before libtorch: {uss}");
+    }
+    d
+}
+
+#[test]
+fn spawned_workers_share_an_shm_cache_and_each_copy_a_memory_cache() {
+    let sb = Sandbox::new();
+    let shm = sb.scenario("spawn-shm", &spawned_workers_over("shm"));
+    let memory = sb.scenario("spawn-memory", &spawned_workers_over("memory"));
+    let run = sb.run(&[&shm, &memory], &[]);
+    assert_eq!(run.code(), 0, "stderr:\n{}", run.stderr());
+    let scenarios = run.result["scenarios"].as_array().unwrap();
+    for s in scenarios {
+        assert_eq!(s["ranks"][0]["outcome"], "passed", "{}: {:#}", s["name"], s["verdict"]);
+    }
+
+    // shm: the workers map the rank's one segment; their private memory stays at a libtorch
+    // process's own, far below the cache.
+    let shared = dataset_of_two_sampled_workers(&scenarios[0]);
+    let bytes = shared["bytes"].as_u64().unwrap();
+    assert_eq!(shared["cache"], "shm");
+    assert_eq!((&shared["private_copies"], &shared["duplicated_bytes"]), (&0.into(), &0.into()), "{shared}");
+    assert_eq!(shared["shared_bytes"], bytes);
+    for uss in shared["worker_peak_uss_bytes"].as_array().unwrap() {
+        assert!(uss.as_u64().unwrap() < bytes / 2, "a worker of the shm cache holds {uss} of its own");
+    }
+
+    // memory: a spawned worker cannot reach the rank's heap and builds the whole set again.
+    let copied = dataset_of_two_sampled_workers(&scenarios[1]);
+    assert_eq!(copied["cache"], "memory");
+    assert_eq!(copied["private_copies"], 2, "{copied}");
+    assert_eq!(copied["duplicated_bytes"], 2 * bytes);
+    assert_eq!(copied["shared_bytes"], 0);
+    for uss in copied["worker_peak_uss_bytes"].as_array().unwrap() {
+        assert!(uss.as_u64().unwrap() >= bytes, "a worker of the memory cache holds only {uss}");
+    }
+
+    let md = report(&sb);
+    assert!(
+        md.contains(
+            "rank 0: the 250.5 MiB cache (`cache: shm`) is shared by its 2 workers: none of them holds \
+             a private copy, nothing is duplicated"
+        ),
+        "{md}"
+    );
+    assert!(
+        md.contains(
+            "rank 0: 2 workers each hold a private copy of the 250.5 MiB cache (`cache: memory`): \
+             501.0 MiB duplicated"
+        ),
+        "{md}"
+    );
+}
