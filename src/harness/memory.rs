@@ -12,6 +12,10 @@ use super::state::RankState;
 
 /// A worker whose private memory reaches this share of the dataset holds a copy of its own.
 const PRIVATE_COPY_SHARE: f64 = 0.8;
+/// Smallest cache whose sharing USS can show: a worker that loaded libtorch holds about 60 MiB of
+/// its own (measured: 58 MiB USS for a spawned worker of the debug build), so a smaller cache is
+/// lost in it and a worker would look like it held a private copy whatever it did.
+const MIN_JUDGED_BYTES: u64 = 64 << 20;
 
 /// One process's memory at one sample.
 #[derive(Debug, Clone)]
@@ -151,7 +155,8 @@ impl MemoryRecorder {
 /// USS far below the dataset's size.
 pub fn dataset_sharing(rank: u32, bytes: u64, cache: &str, worker_uss: Vec<u64>) -> DatasetSharing {
     let workers = worker_uss.len() as u32;
-    let copies = if bytes == 0 {
+    let judged = bytes >= MIN_JUDGED_BYTES;
+    let copies = if bytes == 0 || !judged {
         0
     } else {
         worker_uss.iter().filter(|&&u| u as f64 >= bytes as f64 * PRIVATE_COPY_SHARE).count() as u32
@@ -163,8 +168,9 @@ pub fn dataset_sharing(rank: u32, bytes: u64, cache: &str, worker_uss: Vec<u64>)
         workers,
         private_copies: copies,
         duplicated_bytes: u64::from(copies) * bytes,
-        shared_bytes: if workers > copies { bytes } else { 0 },
+        shared_bytes: if judged && workers > copies { bytes } else { 0 },
         worker_peak_uss_bytes: worker_uss,
+        judged,
     }
 }
 
@@ -303,6 +309,10 @@ mod tests {
         assert_eq!((d.private_copies, d.duplicated_bytes, d.shared_bytes), (4, 480 * MIB, 0));
         let shared = dataset_sharing(0, 120 * MIB, "shm", vec![3 * MIB, 2 * MIB]);
         assert_eq!((shared.private_copies, shared.duplicated_bytes, shared.shared_bytes), (0, 0, 120 * MIB));
+        // 16 KiB against a worker's ~58 MiB of its own: nothing can be told either way.
+        let tiny = dataset_sharing(0, 16 << 10, "shm", vec![58 * MIB, 59 * MIB]);
+        assert!(!tiny.judged);
+        assert_eq!((tiny.private_copies, tiny.duplicated_bytes, tiny.shared_bytes), (0, 0, 0));
         let none = dataset_sharing(0, 120 * MIB, "memory", Vec::new());
         assert_eq!((none.workers, none.duplicated_bytes, none.shared_bytes), (0, 0, 0));
     }

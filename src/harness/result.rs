@@ -247,6 +247,14 @@ pub struct DatasetSharing {
     /// Bytes of the cache that workers share (copy-on-write after fork, or in `/dev/shm`).
     pub shared_bytes: u64,
     pub worker_peak_uss_bytes: Vec<u64>,
+    /// False when the cache is too small next to a worker's own memory to tell from USS whether
+    /// it is shared (the three counts above are then 0).
+    #[serde(default = "judged_default")]
+    pub judged: bool,
+}
+
+fn judged_default() -> bool {
+    true
 }
 
 /// What the run left behind, found after every rank ended.

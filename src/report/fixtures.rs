@@ -560,6 +560,7 @@ pub fn shm_bus_error() -> ScenarioResult {
             duplicated_bytes: 240 * MIB,
             shared_bytes: 0,
             worker_peak_uss_bytes: vec![125 * MIB, 124 * MIB],
+            judged: true,
         }],
     };
     let leftovers = Leftovers {

@@ -96,6 +96,12 @@ pub(crate) fn dataset_line(d: &DatasetSharing) -> String {
     let uss = format!("peak USS of the workers: {}", uss.join(", "));
     match (d.workers, d.private_copies) {
         (0, _) => format!("rank {}: {cache} lives in the rank itself (no workers).", d.rank),
+        (w, _) if !d.judged => format!(
+            "rank {}: {cache} is too small next to a worker's own memory to tell from USS whether its {} \
+             share it ({uss}).",
+            d.rank,
+            count(w as usize, "worker", "workers")
+        ),
         (w, c) if c == w => format!(
             "rank {}: {} each hold a private copy of {cache}: {} duplicated ({uss}).",
             d.rank,
