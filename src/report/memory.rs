@@ -97,8 +97,8 @@ pub(crate) fn dataset_line(d: &DatasetSharing) -> String {
     match (d.workers, d.private_copies) {
         (0, _) => format!("rank {}: {cache} lives in the rank itself (no workers).", d.rank),
         (w, _) if !d.judged => format!(
-            "rank {}: {cache} is too small next to a worker's own memory to tell from USS whether its {} \
-             share it ({uss}).",
+            "rank {}: {cache} is too small next to a worker's own memory to tell from USS whether it is \
+             shared by its {} ({uss}).",
             d.rank,
             count(w as usize, "worker", "workers")
         ),
