@@ -5,7 +5,7 @@
 //! gets the blank lines GitHub needs around it.
 
 use crate::harness::{RankResult, RunResult, ScenarioResult, ThreadStack};
-use crate::probe::env::EnvSummary;
+use crate::probe::env::{EnvSummary, human_bytes};
 use crate::protocol::Frame;
 
 use super::environment;
@@ -356,10 +356,10 @@ fn parameters_line(s: &ScenarioResult) -> Option<String> {
         let first = states[0].1;
         let state = if states.iter().all(|(_, b)| *b == first) {
             let per = if s.ranks.len() > 1 { " per rank" } else { "" };
-            format!("optimizer state {}{per}", text::bytes(first))
+            format!("optimizer state {}{per}", human_bytes(first))
         } else {
             let each: Vec<String> =
-                states.iter().map(|(r, b)| format!("{} (rank {r})", text::bytes(*b))).collect();
+                states.iter().map(|(r, b)| format!("{} (rank {r})", human_bytes(*b))).collect();
             format!("optimizer state {}", each.join(", "))
         };
         parts.push(state);

@@ -66,21 +66,6 @@ pub(crate) fn percent(fraction: f64) -> String {
     if p != 0.0 && p.abs() < 1.0 { format!("{p:.1}%") } else { format!("{p:.0}%") }
 }
 
-/// A byte count in binary units with three significant digits: `512 B`, `1.5 MiB`, `2 GiB`.
-pub(crate) fn bytes(n: u64) -> String {
-    const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
-    if n < 1024 {
-        return format!("{n} B");
-    }
-    let mut v = n as f64 / 1024.0;
-    let mut unit = 0;
-    while v >= 1024.0 && unit + 1 < UNITS.len() {
-        v /= 1024.0;
-        unit += 1;
-    }
-    format!("{} {}", sig(v, 3), UNITS[unit])
-}
-
 /// Cuts `s` to at most `max` characters, ending in `…` when it was longer.
 pub(crate) fn truncate(s: &str, max: usize) -> String {
     if s.chars().count() <= max {
