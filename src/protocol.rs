@@ -13,6 +13,16 @@ use serde::{Deserialize, Serialize};
 /// Environment variable naming the marker pipe's file descriptor in a child process.
 pub const MARKER_FD_ENV: &str = "UPS_DOCTOR_MARKER_FD";
 
+/// Environment variable with the inode of the marker pipe named by [`MARKER_FD_ENV`]: a process
+/// that inherited the variable but not the fd (a `spawn`ed worker, a child started with
+/// `close_fds`) finds another file or none under that number, and must not write to it.
+pub const MARKER_INO_ENV: &str = "UPS_DOCTOR_MARKER_INO";
+
+/// Environment variable naming a FIFO that every process of a launcher-style run writes its
+/// markers to (a launcher such as torchrun closes inherited fds in its ranks). Each line then
+/// carries the writer's `rank` (and `pid`), which the harness reads to route it.
+pub const MARKER_PATH_ENV: &str = "UPS_DOCTOR_MARKER_PATH";
+
 /// Environment variable carrying the scenario's run id to every rank and worker. Every
 /// `/dev/shm` segment a run creates is named `ups-doctor-<run id>-…`, so the harness can find and
 /// remove them after the run, crashed or not.
@@ -33,8 +43,19 @@ pub const MAX_MARKER_LINE: usize = 1 << 20;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "t", rename_all = "snake_case")]
 pub enum Marker {
-    /// The process is up and knows who it is.
-    Start { pid: u32, rank: u32, world_size: u32, device: String, libtorch: String, intra_op_threads: i64 },
+    /// The process is up and knows who it is. The Python helper (`python/ups_doctor.py`) sends
+    /// what it knows; `device`, `libtorch` and the thread count may be missing there.
+    Start {
+        pid: u32,
+        rank: u32,
+        world_size: u32,
+        #[serde(default)]
+        device: String,
+        #[serde(default)]
+        libtorch: String,
+        #[serde(default)]
+        intra_op_threads: i64,
+    },
     /// A phase begins (`model.build/encoder`, `data.next`, `forward`, …). Per-step phases carry the
     /// step number (0-based).
     Begin {
@@ -53,19 +74,28 @@ pub enum Marker {
     /// not mistaken for a hang. Not a heartbeat: only the working code path sends it.
     Progress { phase: String, done: u64, total: u64 },
     /// One optimizer step finished.
+    /// Fields other than `step` may be absent (an external program that reports only its step):
+    /// the loss is then not a number and is not kept.
     Step {
         step: u64,
+        #[serde(default = "not_a_number", deserialize_with = "number_or_null")]
         loss: f64,
         /// Time spent waiting for the batch.
+        #[serde(default)]
         data_ms: f64,
         /// Time in forward, backward and the optimizer.
+        #[serde(default)]
         compute_ms: f64,
+        #[serde(default)]
         samples: u64,
     },
     /// Training finished normally: without this marker an exit status of 0 is a false success.
     Done {
+        #[serde(default)]
         steps: u64,
+        #[serde(default = "not_a_number", deserialize_with = "number_or_null")]
         first_loss: f64,
+        #[serde(default = "not_a_number", deserialize_with = "number_or_null")]
         final_loss: f64,
         /// A hash of every parameter's bytes: equal on all ranks when DDP kept them in sync.
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -88,6 +118,15 @@ pub enum Marker {
     Worker { id: u32, pid: u32, start_method: String },
     /// The dataset cache is ready: its size and where it lives (`memory`, `disk`, `shm`).
     Dataset { bytes: u64, cache: String },
+}
+
+fn not_a_number() -> f64 {
+    f64::NAN
+}
+
+/// JSON has no NaN: a writer without a value sends `null` (or leaves the field out).
+fn number_or_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
 }
 
 /// One frame of a native backtrace.

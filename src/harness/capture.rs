@@ -23,6 +23,8 @@ pub struct Captured {
     pub dropped_bytes: u64,
     /// The last [`TAIL_LIMIT`] bytes, lossily decoded.
     pub tail: String,
+    /// A line matched the watched pattern.
+    pub matched: bool,
 }
 
 impl Captured {
@@ -33,12 +35,39 @@ impl Captured {
     }
 }
 
-/// Starts draining `stream` into `path`.
-pub fn drain(stream: impl Read + Send + 'static, path: PathBuf) -> JoinHandle<Captured> {
-    std::thread::spawn(move || drain_blocking(stream, path))
+/// What to watch for while draining, besides keeping the bytes.
+#[derive(Default)]
+pub struct Watch {
+    /// Called when output arrives, at most every [`ACTIVITY_EVERY`] (output counts as a sign of
+    /// life for programs without markers).
+    pub on_output: Option<Box<dyn FnMut() + Send>>,
+    /// A line matching this sets [`Captured::matched`] (`expect.completes_when.stdout`).
+    pub pattern: Option<regex::Regex>,
 }
 
-fn drain_blocking(mut stream: impl Read, path: PathBuf) -> Captured {
+/// The least time between two activity reports of one stream.
+pub const ACTIVITY_EVERY: std::time::Duration = std::time::Duration::from_millis(200);
+/// The longest line the pattern is tried on; longer lines are cut.
+const MAX_WATCHED_LINE: usize = 64 << 10;
+
+/// Starts draining `stream` into `path`, reporting activity and pattern matches.
+pub fn drain_watching(
+    stream: impl Read + Send + 'static,
+    path: PathBuf,
+    watch: Watch,
+) -> JoinHandle<Captured> {
+    std::thread::spawn(move || drain_blocking_watching(stream, path, watch))
+}
+
+#[cfg(test)]
+fn drain_blocking(stream: impl Read, path: PathBuf) -> Captured {
+    drain_blocking_watching(stream, path, Watch::default())
+}
+
+fn drain_blocking_watching(mut stream: impl Read, path: PathBuf, mut watch: Watch) -> Captured {
+    let mut matched = false;
+    let mut line: Vec<u8> = Vec::new();
+    let mut reported: Option<std::time::Instant> = None;
     let mut file = File::create(&path).ok();
     let mut tail: VecDeque<u8> = VecDeque::with_capacity(TAIL_LIMIT);
     let mut total = 0u64;
@@ -51,6 +80,22 @@ fn drain_blocking(mut stream: impl Read, path: PathBuf) -> Captured {
             Err(_) => break,
         };
         let chunk = &buf[..n];
+        if let Some(report) = watch.on_output.as_mut()
+            && reported.is_none_or(|at| at.elapsed() >= ACTIVITY_EVERY)
+        {
+            report();
+            reported = Some(std::time::Instant::now());
+        }
+        if let Some(pattern) = watch.pattern.as_ref().filter(|_| !matched) {
+            for &byte in chunk {
+                if byte == b'\n' {
+                    matched |= pattern.is_match(String::from_utf8_lossy(&line).trim_end_matches('\r'));
+                    line.clear();
+                } else if line.len() < MAX_WATCHED_LINE {
+                    line.push(byte);
+                }
+            }
+        }
         if total < HEAD_LIMIT {
             let room = (HEAD_LIMIT - total).min(n as u64) as usize;
             if let Some(f) = file.as_mut() {
@@ -61,6 +106,9 @@ fn drain_blocking(mut stream: impl Read, path: PathBuf) -> Captured {
         tail.extend(chunk);
         let excess = tail.len().saturating_sub(TAIL_LIMIT);
         tail.drain(..excess);
+    }
+    if let Some(pattern) = watch.pattern.as_ref().filter(|_| !matched && !line.is_empty()) {
+        matched = pattern.is_match(String::from_utf8_lossy(&line).trim_end_matches('\r'));
     }
     let dropped = total.saturating_sub(HEAD_LIMIT);
     let tail_bytes: Vec<u8> = tail.into_iter().collect();
@@ -79,6 +127,7 @@ fn drain_blocking(mut stream: impl Read, path: PathBuf) -> Captured {
         total_bytes: total,
         dropped_bytes: dropped,
         tail: String::from_utf8_lossy(&tail_bytes).into_owned(),
+        matched,
     }
 }
 
@@ -101,6 +150,41 @@ mod tests {
         assert!(written < HEAD_LIMIT + TAIL_LIMIT as u64 + 200, "file is bounded: {written}");
         let text = std::fs::read(&path).unwrap();
         assert!(text.ends_with(b"END\n"), "the tail is appended to the file");
+    }
+
+    #[test]
+    fn a_watched_pattern_matches_whole_lines_across_reads_and_activity_is_reported() {
+        struct Chunks(Vec<&'static [u8]>);
+        impl Read for Chunks {
+            fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+                if self.0.is_empty() {
+                    return Ok(0);
+                }
+                let chunk = self.0.remove(0);
+                buf[..chunk.len()].copy_from_slice(chunk);
+                Ok(chunk.len())
+            }
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let seen = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let counter = seen.clone();
+        let watch =
+            |pattern: &str| Watch { on_output: None, pattern: Some(regex::Regex::new(pattern).unwrap()) };
+        let input = || Chunks(vec![b"step 1\ntraining fin", b"ished in 3 s\r\n", b"tail without newline"]);
+        let path = dir.path().join("a.log");
+        assert!(
+            drain_blocking_watching(input(), path.clone(), watch("^training finished in \\d+ s$")).matched
+        );
+        assert!(drain_blocking_watching(input(), path.clone(), watch("^tail without")).matched);
+        assert!(!drain_blocking_watching(input(), path.clone(), watch("^finished")).matched);
+        let activity = Watch {
+            on_output: Some(Box::new(move || {
+                counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            })),
+            pattern: None,
+        };
+        drain_blocking_watching(input(), path, activity);
+        assert_eq!(seen.load(std::sync::atomic::Ordering::SeqCst), 1, "throttled to one report");
     }
 
     #[test]

@@ -34,20 +34,34 @@ pub struct RankEnd {
     pub stderr_log: String,
     pub stderr_tail: Vec<String>,
     pub stdout_tail: Vec<String>,
+    /// External commands: whether the completion evidence (`expect.completes_when`) was seen;
+    /// `None` for the built-in trainer, whose evidence is its `done` marker.
+    pub completed: Option<bool>,
+    /// External commands: when the rank last wrote output.
+    pub last_output_at: Option<f64>,
+    /// Where the exit status came from, when the rank was not our child.
+    pub exit_source: Option<String>,
+    pub quotes: Vec<super::result::Quote>,
+    pub dumps: Vec<super::result::ProcessDump>,
 }
 
 /// Classifies one rank's end.
 pub fn classify_rank(end: &RankEnd) -> RankResult {
     let s = &end.state;
+    let completed = end.completed.unwrap_or(s.done);
     let (outcome, signal, exit_code) = match (&end.launch_error, end.intervention, end.exit) {
         (Some(_), _, _) => (OutcomeKind::LaunchFailed, None, None),
         (None, Some(Intervention::Hung { .. }), _) => (OutcomeKind::Hung, None, None),
         (None, Some(Intervention::TimedOut), _) => (OutcomeKind::TimedOut, None, None),
-        (None, None, Some(Exit::Code(0))) if s.done => (OutcomeKind::Passed, None, Some(0)),
+        (None, None, Some(Exit::Code(0))) if completed => (OutcomeKind::Passed, None, Some(0)),
         (None, None, Some(Exit::Code(0))) => (OutcomeKind::FalseSuccess, None, Some(0)),
         (None, None, Some(Exit::Code(c))) => (OutcomeKind::Exited, None, Some(c)),
         (None, None, Some(Exit::Signal { signal, .. })) => {
             (OutcomeKind::Signaled, Some(signal_name(signal)), None)
+        }
+        // A launcher's rank that ended unseen: it ran, but how it ended is unknown.
+        (None, None, None) if end.pid.is_some() && end.exit_source.is_some() => {
+            (OutcomeKind::Exited, None, None)
         }
         (None, None, None) => (OutcomeKind::LaunchFailed, None, None),
     };
@@ -90,6 +104,10 @@ pub fn classify_rank(end: &RankEnd) -> RankResult {
         markers: s.markers,
         bad_markers: s.bad_markers,
         workers: s.workers.clone(),
+        exit_source: end.exit_source.clone(),
+        last_output_at_s: end.last_output_at,
+        quotes: end.quotes.clone(),
+        dumps: end.dumps.clone(),
     }
 }
 
@@ -108,7 +126,7 @@ fn last_error_line(lines: &[String]) -> Option<String> {
 }
 
 /// `in `forward` at step 3`, `in `model.build/encoder``, or `before its first marker`.
-fn location(rank: &RankResult) -> String {
+pub(super) fn location(rank: &RankResult) -> String {
     match (&rank.last_phase, rank.last_step) {
         (Some(p), Some(s)) => format!("in `{p}` at step {s}"),
         (Some(p), None) => format!("in `{p}`"),
@@ -127,6 +145,9 @@ pub fn verdict(
         .iter()
         .filter(|r| r.outcome != OutcomeKind::Passed)
         .min_by(|a, b| failure_time(a).total_cmp(&failure_time(b)));
+    if scenario.is_external() {
+        return super::verdict_ext::verdict(scenario, ranks, first, wall_s);
+    }
     let Some(failed) = first else {
         let r0 = ranks.first();
         let steps = r0.map_or(0, |r| r.steps_done);
@@ -294,6 +315,17 @@ pub fn verdict(
         OutcomeKind::Passed => unreachable!("a passed rank is not a failure"),
     };
     let mut headline = headline;
+    add_collateral(failed, ranks, &mut headline, &mut evidence);
+    (failed.outcome, Some(failed.rank), Verdict { headline, evidence, likely_cause, next_step })
+}
+
+/// Names the ranks that failed after the first one (collateral) in the headline and evidence.
+pub(super) fn add_collateral(
+    failed: &RankResult,
+    ranks: &[RankResult],
+    headline: &mut String,
+    evidence: &mut Vec<String>,
+) {
     let first_at = failure_time(failed);
     let mut collateral: Vec<&RankResult> =
         ranks.iter().filter(|r| r.rank != failed.rank && r.outcome != OutcomeKind::Passed).collect();
@@ -304,7 +336,10 @@ pub fn verdict(
             (OutcomeKind::Signaled, _) => {
                 format!("was killed by {}", other.signal.as_deref().unwrap_or("a signal"))
             }
-            (OutcomeKind::Exited, _) => format!("exited with status {}", other.exit_code.unwrap_or(-1)),
+            (OutcomeKind::Exited, _) => match other.exit_code {
+                Some(code) => format!("exited with status {code}"),
+                None => "ended (its exit status was not observed)".to_string(),
+            },
             (kind, _) => kind.as_str().replace('_', " "),
         };
         let later = failure_time(other) - first_at;
@@ -321,7 +356,6 @@ pub fn verdict(
             ranks.join(", ")
         ));
     }
-    (failed.outcome, Some(failed.rank), Verdict { headline, evidence, likely_cause, next_step })
 }
 
 /// A run spending at least this share of its step time waiting for data is input-bound.
@@ -340,7 +374,12 @@ pub fn annotate(
     leftovers: &Leftovers,
 ) {
     let failed = first_failure.and_then(|f| ranks.iter().find(|r| r.rank == f));
-    if let (Some(failed), Some(memory)) = (failed, memory)
+    if scenario.is_external()
+        && let (Some(failed), Some(memory)) = (failed, memory)
+        && let Some(line) = super::verdict_ext::shm_evidence(scenario, failed, memory)
+    {
+        verdict.evidence.push(line);
+    } else if let (Some(failed), Some(memory)) = (failed, memory)
         && let Some((evidence, cause, next)) = bus_error_cause(scenario, failed, memory)
     {
         verdict.evidence.push(evidence);
@@ -522,14 +561,14 @@ fn worker_death_cause(how: &str) -> String {
     }
 }
 
-fn failure_time(rank: &RankResult) -> f64 {
+pub(super) fn failure_time(rank: &RankResult) -> f64 {
     match rank.outcome {
         OutcomeKind::Hung => rank.last_marker_at_s.unwrap_or(0.0),
         _ => rank.ended_at_s.or(rank.last_marker_at_s).unwrap_or(f64::INFINITY),
     }
 }
 
-fn signal_cause(signal: i32) -> String {
+pub(super) fn signal_cause(signal: i32) -> String {
     match signal {
         libc::SIGSEGV => "An invalid memory access in native code (libtorch, a CUDA/NCCL library, an extension, \
                           or memory shared between processes). Python prints no traceback for it and torchrun \

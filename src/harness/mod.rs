@@ -8,13 +8,16 @@
 
 mod capture;
 mod classify;
+mod external;
 mod memory;
 mod namespace;
 mod process;
 mod progress;
+mod quotes;
 mod result;
 mod state;
 mod supervise;
+mod verdict_ext;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
@@ -98,6 +101,7 @@ pub fn run_scenario(
         log_dir: dir.to_path_buf(),
         run_id: supervise::new_run_id(),
         private_shm: private_shm.as_ref(),
+        scenario_dir: here.join(input.file.parent().unwrap_or(Path::new("."))),
     };
     let observed = supervise::supervise(&plan, progress, interrupted);
     // The namespace holder goes now; the private /dev/shm goes with it.
@@ -143,6 +147,7 @@ pub fn run_scenario(
         },
         memory: Some(observed.memory),
         leftovers: observed.leftovers,
+        external: observed.external,
         ranks,
     }))
 }

@@ -13,7 +13,7 @@ use std::sync::mpsc::Sender;
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use crate::protocol::{MARKER_FD_ENV, MAX_MARKER_LINE, Marker};
+use crate::protocol::{MARKER_FD_ENV, MARKER_INO_ENV, MAX_MARKER_LINE, Marker};
 
 use super::capture::{self, Captured};
 
@@ -29,6 +29,15 @@ pub struct RankSpec {
     /// A mount namespace to join before exec (the scenario's private `/dev/shm`), with the
     /// working directory to return to after joining (`setns` moves to the namespace's root).
     pub mount_ns: Option<(RawFd, CString)>,
+    /// Hand the process a marker pipe (`UPS_DOCTOR_MARKER_FD`); a launcher gets none (its ranks
+    /// write to the run's FIFO instead).
+    pub marker_pipe: bool,
+    /// Variables not to pass on from ups-doctor's own environment.
+    pub env_remove: Vec<String>,
+    /// Report output as activity ([`Event::Output`]); for programs that may send no markers.
+    pub report_output: bool,
+    /// A stdout line matching this sets the capture's `matched`.
+    pub stdout_pattern: Option<regex::Regex>,
 }
 
 /// What the reader threads report to the supervising loop.
@@ -47,6 +56,11 @@ pub enum Event {
     /// The marker pipe reached end of file: every holder of its write end is gone.
     MarkersClosed {
         rank: u32,
+    },
+    /// The rank wrote to stdout or stderr (throttled, see [`capture::ACTIVITY_EVERY`]).
+    Output {
+        rank: u32,
+        at: Instant,
     },
 }
 
@@ -74,13 +88,20 @@ pub fn spawn_rank(spec: &RankSpec, events: Sender<Event>) -> io::Result<RankProc
     let parent = std::process::id() as i32;
     let mount_ns = spec.mount_ns.clone();
 
+    let marker_pipe = spec.marker_pipe;
     let mut cmd = Command::new(&spec.program);
-    cmd.args(&spec.args)
-        .envs(spec.env.iter().map(|(k, v)| (k, v)))
-        .env(MARKER_FD_ENV, write_fd.to_string())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+    for name in &spec.env_remove {
+        cmd.env_remove(name);
+    }
+    cmd.args(&spec.args).envs(spec.env.iter().map(|(k, v)| (k, v)));
+    if marker_pipe {
+        use std::os::unix::fs::MetadataExt;
+        let inode = writer.metadata().map(|m| m.ino()).unwrap_or(0);
+        cmd.env(MARKER_FD_ENV, write_fd.to_string()).env(MARKER_INO_ENV, inode.to_string());
+    } else {
+        cmd.env_remove(MARKER_FD_ENV).env_remove(MARKER_INO_ENV);
+    }
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
     // SAFETY: the closure only calls async-signal-safe functions (setpgid, prctl, getppid,
     // fcntl, setns, chdir, _exit), as required between fork and exec.
     unsafe {
@@ -98,7 +119,7 @@ pub fn spawn_rank(spec: &RankSpec, events: Sender<Event>) -> io::Result<RankProc
                 libc::_exit(1); // ups-doctor died between fork and prctl
             }
             // The marker pipe's write end is the one fd this child inherits on purpose.
-            if libc::fcntl(write_fd, libc::F_SETFD, 0) != 0 {
+            if marker_pipe && libc::fcntl(write_fd, libc::F_SETFD, 0) != 0 {
                 return Err(io::Error::last_os_error());
             }
             // Join the scenario's mount namespace: its `/dev/shm` is the private one.
@@ -116,11 +137,26 @@ pub fn spawn_rank(spec: &RankSpec, events: Sender<Event>) -> io::Result<RankProc
     drop(writer);
     let pid = child.id();
     let rank = spec.rank;
+    let events_for_output = events.clone();
     std::thread::Builder::new()
         .name(format!("markers-{rank}"))
         .spawn(move || read_markers(rank, reader, events))?;
-    let stdout = child.stdout.take().map(|s| capture::drain(s, spec.stdout_log.clone()));
-    let stderr = child.stderr.take().map(|s| capture::drain(s, spec.stderr_log.clone()));
+    let watch = |pattern: Option<regex::Regex>| capture::Watch {
+        on_output: spec.report_output.then(|| {
+            let events = events_for_output.clone();
+            Box::new(move || {
+                let _ = events.send(Event::Output { rank, at: Instant::now() });
+            }) as Box<dyn FnMut() + Send>
+        }),
+        pattern,
+    };
+    let stdout = child
+        .stdout
+        .take()
+        .map(|s| capture::drain_watching(s, spec.stdout_log.clone(), watch(spec.stdout_pattern.clone())));
+    let stderr =
+        child.stderr.take().map(|s| capture::drain_watching(s, spec.stderr_log.clone(), watch(None)));
+    drop(events_for_output);
     Ok(RankProcess { pid, child, stdout, stderr })
 }
 
@@ -131,6 +167,57 @@ fn pipe_cloexec() -> io::Result<(RawFd, RawFd)> {
         return Err(io::Error::last_os_error());
     }
     Ok((fds[0], fds[1]))
+}
+
+/// Creates the FIFO of a launcher-style run at `path` and opens it for reading. It is opened
+/// read-write, so the open never waits for a writer and the read end never sees end of file while
+/// ranks come and go; the run ends by its processes, not by the FIFO.
+pub fn open_marker_fifo(path: &std::path::Path) -> io::Result<File> {
+    use std::os::unix::ffi::OsStrExt;
+    let c_path = CString::new(path.as_os_str().as_bytes()).map_err(io::Error::other)?;
+    let _ = std::fs::remove_file(path);
+    // SAFETY: a valid C string; mode 0600: only this user's processes may write markers.
+    if unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: as above; the fd is owned by the returned File.
+    let fd = unsafe { libc::open(c_path.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(unsafe { File::from_raw_fd(fd) })
+}
+
+/// Reads a launcher-style run's FIFO: every line carries its writer's `rank`, which routes it.
+/// Lines of ranks outside `0..world` or without a rank are dropped. The thread ends when the
+/// receiver is gone.
+pub fn read_tagged_markers(fifo: File, world: u32, events: Sender<Event>) {
+    let mut reader = BufReader::with_capacity(1 << 16, fifo);
+    let mut buf = Vec::with_capacity(4096);
+    loop {
+        buf.clear();
+        match Read::take(&mut reader, MAX_MARKER_LINE as u64).read_until(b'\n', &mut buf) {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+        let at = Instant::now();
+        let line = String::from_utf8_lossy(&buf);
+        let Some(rank) = serde_json::from_str::<serde_json::Value>(line.trim_end())
+            .ok()
+            .and_then(|v| v.get("rank")?.as_u64())
+            .filter(|&r| r < u64::from(world))
+        else {
+            continue;
+        };
+        let rank = rank as u32;
+        let event = match Marker::parse(line.trim_end()) {
+            Ok(marker) => Event::Marker { rank, at, marker },
+            Err(_) => Event::BadMarker { rank, at },
+        };
+        if events.send(event).is_err() {
+            return;
+        }
+    }
 }
 
 fn read_markers(rank: u32, pipe: File, events: Sender<Event>) {

@@ -57,6 +57,82 @@ pub struct ScenarioResult {
     /// `/dev/shm` files and processes the run left behind, and what ups-doctor did about them.
     #[serde(default)]
     pub leftovers: Leftovers,
+    /// An external command's run: the argv and how it launched (absent for the built-in trainer).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub external: Option<ExternalRun>,
+}
+
+/// How an external command ran.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExternalRun {
+    /// The argv with placeholders filled in.
+    pub argv: Vec<String>,
+    /// `per_rank` or `launcher`.
+    pub style: String,
+    /// Whether any rank sent a marker (through `python/ups_doctor.py` or its own writer).
+    pub markers_seen: bool,
+    /// How completion was judged: `exit status`, `done marker`, or `stdout matches …`.
+    pub completion: String,
+    /// The launcher process of a `launcher` run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub launcher: Option<LauncherEnd>,
+    /// Where py-spy was found (absent: not installed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub py_spy: Option<String>,
+}
+
+/// The launcher process (torchrun) of a `launcher` run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LauncherEnd {
+    pub pid: Option<u32>,
+    pub exit_code: Option<i32>,
+    pub signal: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub launch_error: Option<String>,
+    pub stdout_log: String,
+    pub stderr_log: String,
+    /// Its own last error lines (torchrun's "Root Cause (first observed failure)" block, the
+    /// ranks' tracebacks, which share its output).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub quotes: Vec<Quote>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub log_tail: Vec<String>,
+}
+
+/// Lines quoted verbatim from a program's output.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Quote {
+    /// What they are: `Python traceback`, `DataLoader`, `torchrun: Root Cause`, `Python fault handler`.
+    pub title: String,
+    pub lines: Vec<String>,
+}
+
+/// What one process of a stuck external rank was doing.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProcessDump {
+    pub pid: u32,
+    /// `rank 0`, `rank 0, worker process`.
+    pub role: String,
+    /// `py-spy dump --native` output.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub py_spy: Option<String>,
+    /// Why there is no py-spy output.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    pub threads: Vec<KernelThread>,
+}
+
+/// A thread as the kernel sees it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KernelThread {
+    pub tid: u32,
+    pub name: String,
+    /// `/proc/PID/task/TID/wchan`: where in the kernel it sleeps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wchan: Option<String>,
+    /// `/proc/PID/task/TID/syscall`: the system call it is in (`202 (futex)`), or `running`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub syscall: Option<String>,
 }
 
 /// The verdict a reader sees first.
@@ -141,6 +217,21 @@ pub struct RankResult {
     /// Data-loader worker processes the rank started, in start order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub workers: Vec<super::state::WorkerInfo>,
+    /// External commands: where the exit status came from when the rank was not ups-doctor's own
+    /// child (a launcher's rank): `procfs` (read while it was a zombie), `torchrun` (its error
+    /// summary) or `unknown`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_source: Option<String>,
+    /// External commands: seconds since the scenario started when the rank last wrote output.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_output_at_s: Option<f64>,
+    /// External commands: the program's own last error lines (traceback tail, DataLoader
+    /// messages, Python's fault handler), quoted next to the verdict.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub quotes: Vec<Quote>,
+    /// External commands: what each process of a stuck rank was doing (py-spy, procfs).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dumps: Vec<ProcessDump>,
 }
 
 /// One thread's stack from a stack dump.

@@ -9,17 +9,21 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
 use crate::probe::{memory, shm};
-use crate::protocol::{RUN_ID_ENV, STACK_DUMP_SIGNAL};
-use crate::scenario::Scenario;
+use crate::protocol::{MARKER_PATH_ENV, RUN_ID_ENV, STACK_DUMP_SIGNAL, signal_name};
+use crate::scenario::{CompletesWhen, LaunchStyle, Scenario};
 
 use super::classify::{Intervention, RankEnd};
 use super::memory::{MemoryRecorder, ProcSample, ShmSample, new_segments, orphaned_segments, ours_bytes};
 use super::namespace::PrivateShm;
 use super::process::{self, Event, RankProcess, RankSpec};
 use super::progress::Progress;
-use super::result::{LeftoverProcess, LeftoverSegment, Leftovers, MemoryReport};
+use super::result::{ExternalRun, LauncherEnd, LeftoverProcess, LeftoverSegment, Leftovers, MemoryReport};
 use super::state::RankState;
+use super::{external, quotes};
 
 /// How long stuck ranks get to answer a stack-dump request.
 const STACK_DUMP_WAIT: Duration = Duration::from_secs(5);
@@ -51,6 +55,8 @@ pub struct ScenarioPlan<'a> {
     pub run_id: String,
     /// The scenario's private `/dev/shm` (`data.shm_size`), which every rank joins.
     pub private_shm: Option<&'a PrivateShm>,
+    /// The scenario file's folder, absolute (`{scenario_dir}` in a command).
+    pub scenario_dir: PathBuf,
 }
 
 /// A run id unique on this machine: the harness's pid, a per-process counter and the time.
@@ -69,6 +75,7 @@ pub struct Supervised {
     pub interrupted: bool,
     pub memory: MemoryReport,
     pub leftovers: Leftovers,
+    pub external: Option<ExternalRun>,
 }
 
 struct Slot {
@@ -80,14 +87,21 @@ struct Slot {
     dump_requested: bool,
     /// How many processes of its group (the rank and its loader workers) were asked.
     dumps_requested: u32,
+    /// A launcher's rank, found in its process tree: the pid, not our child.
+    found: Option<u32>,
+    /// The found rank is gone (a zombie, or no longer in /proc).
+    found_gone: bool,
 }
 
 impl Slot {
     fn live(&self) -> bool {
-        self.process.is_some() && self.end.exit.is_none()
+        (self.process.is_some() && self.end.exit.is_none()) || (self.found.is_some() && !self.found_gone)
     }
 
     fn finished(&self) -> bool {
+        if self.found.is_some() {
+            return self.found_gone;
+        }
         match (&self.process, self.exited_at) {
             (None, _) => true,
             (Some(_), None) => false,
@@ -96,10 +110,87 @@ impl Slot {
     }
 }
 
+/// How often the exit of a launcher's rank is looked for in procfs: it is a zombie only until
+/// the launcher reaps it (torchrun polls its workers every 0.1 s).
+const ZOMBIE_POLL: Duration = Duration::from_millis(2);
+
+/// The launcher of a `launcher`-style run and what watches its ranks.
+struct Launcher {
+    process: Option<RankProcess>,
+    launch_error: Option<String>,
+    exit: Option<process::Exit>,
+    exited_at: Option<Instant>,
+    /// Rank pids whose exit the zombie poller watches, and what it saw.
+    watched: Arc<Mutex<Vec<u32>>>,
+    exits: Arc<Mutex<BTreeMap<u32, process::Exit>>>,
+    stop: Arc<AtomicBool>,
+    fifo: PathBuf,
+    stdout_log: PathBuf,
+    stderr_log: PathBuf,
+}
+
+impl Launcher {
+    fn live(&self) -> bool {
+        self.process.is_some() && self.exit.is_none()
+    }
+}
+
+/// Reads the exit status of watched processes while they are zombies, until `stop`.
+fn poll_zombies(
+    watched: Arc<Mutex<Vec<u32>>>,
+    exits: Arc<Mutex<BTreeMap<u32, process::Exit>>>,
+    stop: Arc<AtomicBool>,
+) {
+    while !stop.load(Ordering::Relaxed) {
+        let pids: Vec<u32> = watched.lock().map(|w| w.clone()).unwrap_or_default();
+        for pid in pids {
+            if let Some(exit) = external::zombie_exit(pid) {
+                if let Ok(mut exits) = exits.lock() {
+                    exits.entry(pid).or_insert(exit);
+                }
+                if let Ok(mut w) = watched.lock() {
+                    w.retain(|&p| p != pid);
+                }
+            }
+        }
+        std::thread::sleep(ZOMBIE_POLL);
+    }
+}
+
+/// Sends `signal` to whatever the slot runs: its own process group, or a launcher's rank.
+fn signal_slot(slot: &Slot, signal: i32) {
+    if let Some(p) = slot.process.as_ref() {
+        p.signal_group(signal);
+    } else if let Some(pid) = slot.found.filter(|_| !slot.found_gone) {
+        external::signal_found(pid, signal);
+    }
+}
+
+/// The live processes of a slot: its group (rank and loader workers).
+fn slot_members(slot: &Slot) -> Vec<u32> {
+    if let Some(p) = slot.process.as_ref() {
+        return p.live_group_members();
+    }
+    let Some(pid) = slot.found else { return Vec::new() };
+    let pgid = external::pgid_of(pid).unwrap_or(pid);
+    let mut members: Vec<u32> = memory::processes()
+        .into_iter()
+        .filter(|p| !p.zombie() && (p.pid == pid || (pgid == pid && p.pgid == pgid)))
+        .map(|p| p.pid)
+        .collect();
+    members.sort_unstable();
+    members
+}
+
 /// Runs the scenario's ranks to their end.
 pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &AtomicBool) -> Supervised {
     let scenario = plan.scenario;
     let world = scenario.launch.world_size;
+    let is_external = scenario.is_external();
+    let launcher_style = is_external && scenario.launch.style == LaunchStyle::Launcher;
+    let argv = if is_external { external::argv(scenario, &plan.scenario_dir) } else { Vec::new() };
+    let program_path = argv.first().and_then(|p| external::find_program(p));
+    let py_spy = external::find_py_spy(program_path.as_deref());
     let start = Instant::now();
     let shm_dir = plan.private_shm.map_or_else(|| PathBuf::from("/dev/shm"), PrivateShm::dir);
     let swept = sweep_orphaned_segments();
@@ -112,35 +203,82 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
     let mut next_sample = start;
     let (tx, rx) = mpsc::channel();
     let master_port = free_port();
-    let mut slots: Vec<Slot> = (0..world)
-        .map(|rank| {
-            let spec = rank_spec(plan, rank, world, master_port);
-            let mut end = RankEnd {
-                rank,
-                stdout_log: file_name(&spec.stdout_log),
-                stderr_log: file_name(&spec.stderr_log),
-                ..Default::default()
-            };
-            let process = match process::spawn_rank(&spec, tx.clone()) {
-                Ok(p) => {
-                    end.pid = Some(p.pid);
-                    Some(p)
-                }
-                Err(e) => {
-                    end.launch_error = Some(format!("failed to start `{}`: {e}", spec.program.display()));
-                    None
-                }
-            };
-            Slot {
-                end,
-                process,
-                exited_at: None,
-                markers_closed: false,
-                dump_requested: false,
-                dumps_requested: 0,
+    let new_slot = |rank: u32, stdout: &std::path::Path, stderr: &std::path::Path| Slot {
+        end: RankEnd {
+            rank,
+            stdout_log: file_name(stdout),
+            stderr_log: file_name(stderr),
+            ..Default::default()
+        },
+        process: None,
+        exited_at: None,
+        markers_closed: false,
+        dump_requested: false,
+        dumps_requested: 0,
+        found: None,
+        found_gone: false,
+    };
+    let mut launcher: Option<Launcher> = None;
+    let mut slots: Vec<Slot> = if launcher_style {
+        let spec = launcher_spec(plan, &argv);
+        let fifo = plan.log_dir.join("markers.fifo");
+        let mut l = Launcher {
+            process: None,
+            launch_error: None,
+            exit: None,
+            exited_at: None,
+            watched: Arc::default(),
+            exits: Arc::default(),
+            stop: Arc::default(),
+            fifo: fifo.clone(),
+            stdout_log: spec.stdout_log.clone(),
+            stderr_log: spec.stderr_log.clone(),
+        };
+        match process::open_marker_fifo(&fifo) {
+            Ok(file) => {
+                let events = tx.clone();
+                let _ = std::thread::Builder::new()
+                    .name("markers-fifo".into())
+                    .spawn(move || process::read_tagged_markers(file, world, events));
             }
-        })
-        .collect();
+            Err(e) => {
+                l.launch_error = Some(format!("cannot create the marker FIFO `{}`: {e}", fifo.display()))
+            }
+        }
+        if l.launch_error.is_none() {
+            match process::spawn_rank(&spec, tx.clone()) {
+                Ok(p) => l.process = Some(p),
+                Err(e) => l.launch_error = Some(launch_error_text(&argv, &e)),
+            }
+        }
+        let (watched, exits, stop) = (l.watched.clone(), l.exits.clone(), l.stop.clone());
+        let _ = std::thread::Builder::new()
+            .name("zombies".into())
+            .spawn(move || poll_zombies(watched, exits, stop));
+        launcher = Some(l);
+        (0..world).map(|rank| new_slot(rank, &spec.stdout_log, &spec.stderr_log)).collect()
+    } else {
+        (0..world)
+            .map(|rank| {
+                let spec = rank_spec(plan, rank, world, master_port, &argv);
+                let mut slot = new_slot(rank, &spec.stdout_log, &spec.stderr_log);
+                match process::spawn_rank(&spec, tx.clone()) {
+                    Ok(p) => {
+                        slot.end.pid = Some(p.pid);
+                        slot.process = Some(p);
+                    }
+                    Err(e) => {
+                        slot.end.launch_error = Some(if is_external {
+                            launch_error_text(&argv, &e)
+                        } else {
+                            format!("failed to start `{}`: {e}", spec.program.display())
+                        })
+                    }
+                }
+                slot
+            })
+            .collect()
+    };
     drop(tx);
     progress.scenario_started(&scenario.name, world);
 
@@ -152,6 +290,16 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
     let mut kill_sent = false;
     let mut was_interrupted = false;
     let mut first_failure_at: Option<Instant> = None;
+    let needs_done = !is_external || scenario.expect.completes_when == Some(CompletesWhen::Done);
+    let signal_all = |slots: &mut [Slot], launcher: &Option<Launcher>, signal: i32, name: &str| {
+        for slot in slots.iter_mut().filter(|s| s.live()) {
+            signal_slot(slot, signal);
+            slot.end.torn_down_with = Some(name.into());
+        }
+        if let Some(p) = launcher.as_ref().filter(|l| l.live()).and_then(|l| l.process.as_ref()) {
+            p.signal_group(signal);
+        }
+    };
 
     loop {
         if let Ok(event) = rx.recv_timeout(TICK) {
@@ -161,7 +309,7 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
             }
         }
         let now = Instant::now();
-        for slot in slots.iter_mut().filter(|s| s.live()) {
+        for slot in slots.iter_mut().filter(|s| s.live() && s.process.is_some()) {
             if let Some(exit) = slot.process.as_ref().and_then(RankProcess::peek_exit) {
                 slot.end.exit = Some(exit);
                 slot.end.ended_at_s = Some(since(now));
@@ -169,36 +317,76 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
                 recorder.rank_ended(slot.end.rank, since(now), shm_sample());
             }
         }
+        if let Some(l) = launcher.as_mut() {
+            if l.live()
+                && let Some(exit) = l.process.as_ref().and_then(RankProcess::peek_exit)
+            {
+                l.exit = Some(exit);
+                l.exited_at = Some(now);
+            }
+            if l.live() && slots.iter().any(|s| s.found.is_none()) {
+                let root = l.process.as_ref().map_or(0, |p| p.pid);
+                for (rank, pid) in external::discover_ranks(root) {
+                    if let Some(slot) = slots.get_mut(rank as usize).filter(|s| s.found.is_none()) {
+                        slot.found = Some(pid);
+                        slot.end.pid = Some(pid);
+                        if let Ok(mut w) = l.watched.lock() {
+                            w.push(pid);
+                        }
+                    }
+                }
+            }
+            let exits = l.exits.lock().map(|e| e.clone()).unwrap_or_default();
+            for slot in slots.iter_mut().filter(|s| s.found.is_some() && !s.found_gone) {
+                let pid = slot.found.unwrap_or(0);
+                let seen = exits.get(&pid).copied().or_else(|| external::zombie_exit(pid));
+                if seen.is_some() || !external::alive(pid) {
+                    slot.found_gone = true;
+                    slot.end.exit = seen;
+                    slot.end.exit_source = Some(if seen.is_some() { "procfs" } else { "unknown" }.into());
+                    slot.end.ended_at_s = Some(since(now));
+                    slot.exited_at = Some(now);
+                    recorder.rank_ended(slot.end.rank, since(now), shm_sample());
+                }
+            }
+        }
         if now >= next_sample {
             recorder.record(since(now), &sample_processes(&slots), shm_sample());
             next_sample = now + SAMPLE_INTERVAL;
         }
-        if first_failure_at.is_none() && slots.iter().any(failed_on_its_own) {
+        if first_failure_at.is_none() && slots.iter().any(|s| failed_on_its_own(s, needs_done)) {
             first_failure_at = Some(now);
         }
         let states: Vec<&RankState> = slots.iter().map(|s| &s.end.state).collect();
         progress.update(&scenario.name, start.elapsed(), scenario.train.steps, &states);
-        if slots.iter().all(Slot::finished) {
+        let launcher_done = launcher.as_ref().is_none_or(|l| !l.live());
+        if launcher_done && slots.iter().all(Slot::finished) {
             break;
         }
 
         if interrupted.load(Ordering::SeqCst) && !kill_sent {
             // Ctrl-C: no dumps, no grace; the user wants their terminal back.
             was_interrupted = true;
-            for slot in slots.iter_mut().filter(|s| s.live()) {
-                slot.process.as_ref().map(|p| p.signal_group(libc::SIGKILL));
-                slot.end.torn_down_with = Some("SIGKILL".into());
-            }
+            signal_all(&mut slots, &launcher, libc::SIGKILL, "SIGKILL");
             kill_sent = true;
             continue;
         }
 
         if stack_deadline.is_none() && term_sent.is_none() {
             // Hang: a live rank silent for `hang_after_s`. Silence counts from the spawn until
-            // the first marker, so a rank stuck before it reports anything is caught too.
-            let silence = |slot: &Slot| since(now) - slot.end.state.last_marker_at.unwrap_or(0.0);
+            // the first marker, so a rank stuck before it reports anything is caught too. An
+            // external program may send no markers: its output counts as a sign of life too.
+            let silence = |slot: &Slot| {
+                let last = slot.end.state.last_marker_at.unwrap_or(0.0);
+                let last = if is_external { last.max(slot.end.last_output_at.unwrap_or(0.0)) } else { last };
+                since(now) - last
+            };
             let limit = hang_after.as_secs_f64();
             let mut stuck = slots.iter().any(|s| s.live() && silence(s) >= limit);
+            if launcher_style && !stuck && slots.iter().all(|s| s.found.is_none()) {
+                // Nothing found yet: the launcher itself may be what hangs.
+                stuck = launcher.as_ref().is_some_and(|l| l.live()) && since(now) >= limit;
+            }
             if stuck {
                 // Ranks get stuck together (one waits for another in a collective) but cross the
                 // limit at different moments: once one is hung, every rank silent for half the
@@ -223,16 +411,31 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
                 for slot in
                     slots.iter_mut().filter(|s| s.live() && (grace_over || s.end.intervention.is_some()))
                 {
-                    // Every process of the rank's group: a rank often waits on a stuck worker.
-                    if let Some(p) = slot.process.as_ref() {
-                        let members = p.live_group_members();
+                    let members = slot_members(slot);
+                    if is_external {
+                        // A foreign program has no handler for our stack-dump signal (SIGUSR1
+                        // would kill it): look from outside instead.
+                        let rank_pid = slot.end.pid;
+                        slot.end.dumps = members
+                            .iter()
+                            .map(|&pid| {
+                                let role = if Some(pid) == rank_pid {
+                                    format!("rank {}", slot.end.rank)
+                                } else {
+                                    format!("rank {}, child process (DataLoader worker?)", slot.end.rank)
+                                };
+                                external::py_spy_dump(py_spy.as_deref(), pid, &role)
+                            })
+                            .collect();
+                    } else if let Some(p) = slot.process.as_ref() {
+                        // Every process of the rank's group: a rank often waits on a stuck worker.
                         slot.dumps_requested =
                             members.iter().filter(|&&pid| p.signal_member(pid, STACK_DUMP_SIGNAL)).count()
                                 as u32;
                     }
                     slot.dump_requested = true;
                 }
-                stack_deadline = Some(now + STACK_DUMP_WAIT);
+                stack_deadline = Some(if is_external { now } else { now + STACK_DUMP_WAIT });
             }
         }
 
@@ -244,10 +447,7 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
                 .filter(|s| s.live() && s.dump_requested)
                 .all(|s| s.end.state.stacks_complete && s.end.state.stack_ends >= s.dumps_requested);
             if answered || now >= deadline {
-                for slot in slots.iter_mut().filter(|s| s.live()) {
-                    slot.process.as_ref().map(|p| p.signal_group(libc::SIGTERM));
-                    slot.end.torn_down_with = Some("SIGTERM".into());
-                }
+                signal_all(&mut slots, &launcher, libc::SIGTERM, "SIGTERM");
                 term_sent = Some(now);
             }
         }
@@ -255,10 +455,7 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
             && !kill_sent
             && now.duration_since(sent) >= TERM_GRACE
         {
-            for slot in slots.iter_mut().filter(|s| s.live()) {
-                slot.process.as_ref().map(|p| p.signal_group(libc::SIGKILL));
-                slot.end.torn_down_with = Some("SIGKILL".into());
-            }
+            signal_all(&mut slots, &launcher, libc::SIGKILL, "SIGKILL");
             kill_sent = true;
         }
     }
@@ -266,20 +463,114 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
     let states: Vec<&RankState> = slots.iter().map(|s| &s.end.state).collect();
     let pids: Vec<Option<u32>> = slots.iter().map(|s| s.end.pid).collect();
     let memory = recorder.finish(&states, &pids);
+
+    let pattern_matched = std::cell::Cell::new(false);
+    let mut launcher_end = None;
+    if let Some(mut l) = launcher.take() {
+        l.stop.store(true, Ordering::Relaxed);
+        let (exit, stdout, stderr) = match l.process.take() {
+            Some(p) => {
+                let pid = p.pid;
+                let (exit, stdout, stderr, _) = p.reap();
+                (Some((pid, l.exit.unwrap_or(exit))), stdout, stderr)
+            }
+            None => (None, Default::default(), Default::default()),
+        };
+        pattern_matched.set(stdout.matched);
+        let mut lines = stderr.last_lines(400);
+        lines.extend(stdout.last_lines(100));
+        let failures = external::torchrun_failures(&lines);
+        let launcher_name = argv.first().cloned().unwrap_or_default();
+        for slot in &mut slots {
+            let from_torchrun = failures.iter().find(|f| f.rank == slot.end.rank);
+            match (slot.found, slot.end.exit, from_torchrun) {
+                (Some(_), None, Some(f)) => {
+                    slot.end.exit = Some(f.exit);
+                    slot.end.exit_source = Some("torchrun".into());
+                }
+                (Some(_), None, None) if exit.is_some_and(|(_, e)| e == process::Exit::Code(0)) => {
+                    // torchrun ends with status 0 only when every rank did.
+                    slot.end.exit = Some(process::Exit::Code(0));
+                    slot.end.exit_source = Some("launcher status 0".into());
+                }
+                (None, _, _) => {
+                    let how = match (exit, &l.launch_error) {
+                        (_, Some(e)) => e.clone(),
+                        (Some((_, e)), _) => format!("the launcher `{launcher_name}` {}", describe_exit(e)),
+                        (None, None) => format!("the launcher `{launcher_name}` did not run"),
+                    };
+                    slot.end.launch_error = Some(format!(
+                        "no process with `RANK={}` appeared under the launcher; {how}",
+                        slot.end.rank
+                    ));
+                }
+                _ => {}
+            }
+        }
+        let _ = std::fs::remove_file(&l.fifo);
+        launcher_end = Some(LauncherEnd {
+            pid: exit.map(|(pid, _)| pid),
+            exit_code: exit.and_then(|(_, e)| match e {
+                process::Exit::Code(c) => Some(c),
+                _ => None,
+            }),
+            signal: exit.and_then(|(_, e)| match e {
+                process::Exit::Signal { signal, .. } => Some(signal_name(signal)),
+                _ => None,
+            }),
+            launch_error: l.launch_error.clone(),
+            stdout_log: file_name(&l.stdout_log),
+            stderr_log: file_name(&l.stderr_log),
+            quotes: quotes::program_quotes(&lines),
+            log_tail: if stderr.tail.trim().is_empty() {
+                stdout.last_lines(40)
+            } else {
+                stderr.last_lines(40)
+            },
+        });
+    }
     let processes = kill_leftover_processes(&slots, &plan.run_id);
 
-    let ends = slots
+    let tail_lines = if is_external { 400 } else { 40 };
+    let mut ends: Vec<RankEnd> = slots
         .into_iter()
         .map(|mut slot| {
             if let Some(process) = slot.process.take() {
                 let (exit, stdout, stderr, _leftovers) = process.reap();
                 slot.end.exit.get_or_insert(exit);
-                slot.end.stdout_tail = stdout.last_lines(40);
-                slot.end.stderr_tail = stderr.last_lines(40);
+                pattern_matched.set(pattern_matched.get() || stdout.matched);
+                if is_external {
+                    let mut lines = stderr.last_lines(tail_lines);
+                    lines.extend(stdout.last_lines(100));
+                    slot.end.quotes = quotes::program_quotes(&lines);
+                }
+                slot.end.stdout_tail = stdout.last_lines(tail_lines);
+                slot.end.stderr_tail = stderr.last_lines(tail_lines);
             }
             slot.end
         })
         .collect();
+    if is_external {
+        for end in &mut ends {
+            end.completed = Some(match &scenario.expect.completes_when {
+                None => true,
+                Some(CompletesWhen::Done) => end.state.done,
+                Some(CompletesWhen::Stdout(_)) => pattern_matched.get(),
+            });
+        }
+    }
+    let external_run = is_external.then(|| ExternalRun {
+        argv: argv.clone(),
+        style: if launcher_style { "launcher" } else { "per_rank" }.to_string(),
+        markers_seen: ends.iter().any(|e| e.state.markers > 0),
+        completion: match &scenario.expect.completes_when {
+            None => "exit status".to_string(),
+            Some(CompletesWhen::Done) => "done marker".to_string(),
+            Some(CompletesWhen::Stdout(p)) => format!("stdout matches `{p}`"),
+        },
+        launcher: launcher_end,
+        py_spy: py_spy.as_ref().map(|p| p.display().to_string()),
+    });
     let mut shm = swept;
     shm.extend(remove_leftover_segments(&shm_dir, &shm_before, &plan.run_id, plan.private_shm.is_some()));
     Supervised {
@@ -288,6 +579,27 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
         interrupted: was_interrupted,
         memory,
         leftovers: Leftovers { shm, processes },
+        external: external_run,
+    }
+}
+
+/// `exited with status 1`, `was killed by SIGKILL`.
+fn describe_exit(exit: process::Exit) -> String {
+    match exit {
+        process::Exit::Code(c) => format!("exited with status {c}"),
+        process::Exit::Signal { signal, .. } => format!("was killed by {}", signal_name(signal)),
+    }
+}
+
+/// A command that could not start, with the fix for the usual cause.
+fn launch_error_text(argv: &[String], err: &std::io::Error) -> String {
+    let program = argv.first().map_or("", String::as_str);
+    if err.kind() == std::io::ErrorKind::NotFound && !program.contains('/') {
+        format!(
+            "failed to start `{program}`: not found on `PATH`; put the folder that holds it (e.g. your venv's `bin`) on `PATH`, or give its path in `command`"
+        )
+    } else {
+        format!("failed to start `{program}`: {err}")
     }
 }
 
@@ -296,7 +608,7 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
 fn rank_of(slots: &[Slot], p: &memory::ProcStat) -> Option<u32> {
     slots
         .iter()
-        .find(|s| s.process.is_some() && s.end.pid == Some(p.pgid))
+        .find(|s| (s.process.is_some() || s.found.is_some()) && s.end.pid == Some(p.pgid))
         .or_else(|| slots.iter().find(|s| s.end.state.workers.iter().any(|w| w.pid == p.pid)))
         .map(|s| s.end.rank)
 }
@@ -406,19 +718,38 @@ fn remove_leftover_segments(
 
 fn apply(slots: &mut [Slot], event: Event, since: &impl Fn(Instant) -> f64) {
     match event {
-        Event::Marker { rank, at, marker } => slots[rank as usize].end.state.apply(since(at), marker),
-        Event::BadMarker { rank, at } => slots[rank as usize].end.state.apply_bad(since(at)),
-        Event::MarkersClosed { rank } => slots[rank as usize].markers_closed = true,
+        Event::Marker { rank, at, marker } => {
+            if let Some(slot) = slots.get_mut(rank as usize) {
+                slot.end.state.apply(since(at), marker);
+            }
+        }
+        Event::BadMarker { rank, at } => {
+            if let Some(slot) = slots.get_mut(rank as usize) {
+                slot.end.state.apply_bad(since(at));
+            }
+        }
+        Event::MarkersClosed { rank } => {
+            if let Some(slot) = slots.get_mut(rank as usize) {
+                slot.markers_closed = true;
+            }
+        }
+        // A launcher's output (its rank number is past the ranks) is every rank's: they share it.
+        Event::Output { rank, at } => match slots.get_mut(rank as usize) {
+            Some(slot) => slot.end.last_output_at = Some(since(at)),
+            None => slots.iter_mut().for_each(|slot| slot.end.last_output_at = Some(since(at))),
+        },
     }
 }
 
-/// Whether this rank has ended by itself in a way that is not a success.
-fn failed_on_its_own(slot: &Slot) -> bool {
+/// Whether this rank has ended by itself in a way that is not a success. An exit status of 0
+/// counts as one only where completion is the `done` marker (an output pattern is judged once
+/// all output is in).
+fn failed_on_its_own(slot: &Slot, needs_done: bool) -> bool {
     if slot.end.launch_error.is_some() {
         return true;
     }
     match slot.end.exit {
-        Some(process::Exit::Code(0)) => !slot.end.state.done,
+        Some(process::Exit::Code(0)) => needs_done && !slot.end.state.done,
         Some(_) => slot.end.torn_down_with.is_none(),
         None => false,
     }
@@ -430,17 +761,26 @@ fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map_or(29500, |a| a.port())
 }
 
-fn rank_spec(plan: &ScenarioPlan, rank: u32, world: u32, master_port: u16) -> RankSpec {
+/// How one rank is started: `ups-doctor train` with the resolved scenario, or a copy of the
+/// external command (`argv`, already rendered).
+fn rank_spec(plan: &ScenarioPlan, rank: u32, world: u32, master_port: u16, argv: &[String]) -> RankSpec {
     let mut env: Vec<(String, String)> = Vec::new();
     // Like torchrun: several ranks on one machine each get one intra-op thread unless the user
     // chose otherwise; OpenMP's spinning barriers collapse when ranks oversubscribe the cores.
     if world > 1 && std::env::var_os("OMP_NUM_THREADS").is_none() {
         env.push(("OMP_NUM_THREADS".into(), "1".into()));
     }
+    let external = !argv.is_empty();
+    let (program, args) = if external {
+        env.extend(external::python_env());
+        (PathBuf::from(&argv[0]), argv[1..].iter().map(OsString::from).collect())
+    } else {
+        (plan.program.clone(), vec![OsString::from("train"), plan.resolved_file.clone().into_os_string()])
+    };
     RankSpec {
         rank,
-        program: plan.program.clone(),
-        args: vec![OsString::from("train"), plan.resolved_file.clone().into_os_string()],
+        program,
+        args,
         env: vec![
             ("RANK".into(), rank.to_string()),
             ("LOCAL_RANK".into(), rank.to_string()),
@@ -455,12 +795,51 @@ fn rank_spec(plan: &ScenarioPlan, rank: u32, world: u32, master_port: u16) -> Ra
         .collect(),
         stdout_log: plan.log_dir.join(format!("rank{rank}.stdout.log")),
         stderr_log: plan.log_dir.join(format!("rank{rank}.stderr.log")),
-        mount_ns: plan.private_shm.map(|shm| {
-            use std::os::unix::ffi::OsStrExt;
-            let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
-            (shm.ns_fd(), std::ffi::CString::new(cwd.as_os_str().as_bytes()).unwrap_or_default())
-        }),
+        mount_ns: mount_ns(plan),
+        marker_pipe: true,
+        env_remove: Vec::new(),
+        report_output: external,
+        stdout_pattern: if external { stdout_pattern(plan.scenario) } else { None },
     }
+}
+
+/// How a launcher-style command (torchrun) is started: once, without a rank's environment; its
+/// ranks find the marker FIFO through `UPS_DOCTOR_MARKER_PATH`.
+fn launcher_spec(plan: &ScenarioPlan, argv: &[String]) -> RankSpec {
+    let mut env = vec![
+        (RUN_ID_ENV.to_string(), plan.run_id.clone()),
+        (MARKER_PATH_ENV.to_string(), plan.log_dir.join("markers.fifo").display().to_string()),
+    ];
+    env.extend(external::python_env());
+    RankSpec {
+        rank: plan.scenario.launch.world_size,
+        program: PathBuf::from(argv.first().map_or("", String::as_str)),
+        args: argv.iter().skip(1).map(OsString::from).collect(),
+        env,
+        stdout_log: plan.log_dir.join("launcher.stdout.log"),
+        stderr_log: plan.log_dir.join("launcher.stderr.log"),
+        mount_ns: mount_ns(plan),
+        marker_pipe: false,
+        env_remove: external::RANK_ENV.iter().map(|v| v.to_string()).collect(),
+        report_output: true,
+        stdout_pattern: stdout_pattern(plan.scenario),
+    }
+}
+
+fn stdout_pattern(scenario: &Scenario) -> Option<regex::Regex> {
+    match &scenario.expect.completes_when {
+        Some(CompletesWhen::Stdout(p)) => regex::Regex::new(p).ok(),
+        _ => None,
+    }
+}
+
+/// The scenario's private `/dev/shm` namespace to join, with the directory to return to.
+fn mount_ns(plan: &ScenarioPlan) -> Option<(std::os::fd::RawFd, std::ffi::CString)> {
+    plan.private_shm.map(|shm| {
+        use std::os::unix::ffi::OsStrExt;
+        let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
+        (shm.ns_fd(), std::ffi::CString::new(cwd.as_os_str().as_bytes()).unwrap_or_default())
+    })
 }
 
 fn file_name(path: &std::path::Path) -> String {

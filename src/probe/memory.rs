@@ -100,6 +100,16 @@ pub fn environ_has(pid: u32, key: &str, value: &str) -> bool {
     bytes.split(|&b| b == 0).any(|entry| entry == wanted.as_bytes())
 }
 
+/// The value of `key` in `/proc/<pid>/environ` (the environment the process started with).
+pub fn environ_var(pid: u32, key: &str) -> Option<String> {
+    let bytes = fs::read(format!("/proc/{pid}/environ")).ok()?;
+    let prefix = format!("{key}=");
+    bytes
+        .split(|&b| b == 0)
+        .find_map(|entry| entry.strip_prefix(prefix.as_bytes()))
+        .map(|v| String::from_utf8_lossy(v).into_owned())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

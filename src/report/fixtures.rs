@@ -99,6 +99,10 @@ fn rank(rank: u32, steps: u64) -> RankResult {
         markers: 250,
         bad_markers: 0,
         workers: Vec::new(),
+        exit_source: None,
+        last_output_at_s: None,
+        quotes: Vec::new(),
+        dumps: Vec::new(),
     }
 }
 
@@ -192,6 +196,7 @@ pub fn passing() -> ScenarioResult {
             datasets: Vec::new(),
         }),
         leftovers: Leftovers::default(),
+        external: None,
     }
 }
 
@@ -310,6 +315,7 @@ pub fn segv() -> ScenarioResult {
         samples_per_s: Some(67.5),
         memory: None,
         leftovers: Leftovers::default(),
+        external: None,
     }
 }
 
@@ -402,6 +408,7 @@ pub fn hung() -> ScenarioResult {
         samples_per_s: Some(50.9),
         memory: None,
         leftovers: Leftovers::default(),
+        external: None,
     }
 }
 
@@ -462,6 +469,7 @@ pub fn false_success() -> ScenarioResult {
         samples_per_s: None,
         memory: None,
         leftovers: Leftovers::default(),
+        external: None,
     }
 }
 
@@ -501,6 +509,7 @@ pub fn abort_raw_only() -> ScenarioResult {
         samples_per_s: Some(54.4),
         memory: None,
         leftovers: Leftovers::default(),
+        external: None,
     }
 }
 
@@ -610,6 +619,7 @@ pub fn shm_bus_error() -> ScenarioResult {
         samples_per_s: Some(25.6),
         memory: Some(memory),
         leftovers,
+        external: None,
     }
 }
 

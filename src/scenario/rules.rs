@@ -471,13 +471,7 @@ fn check_external(s: &Scenario) -> Checked {
     at_least("launch.world_size", s.launch.world_size.into(), 1, "2")?;
     check_expect(&s.expect)?;
     check_completes_when(s)?;
-    check_command(s)?;
-    // Lifted by the harness part of issue 7 (its next commit).
-    Err(Invalid::new(
-        "command",
-        "`command` is not supported yet: running external programs arrives with issue #7",
-    )
-    .hint("remove `command` to run the built-in trainer"))
+    check_command(s)
 }
 
 /// With `command`, the fields only the built-in trainer reads are refused (not ignored), so a
@@ -1164,12 +1158,8 @@ mod tests {
 
     /// The first problem of an external scenario, past the placeholder/param checks.
     fn external_problem(s: &Scenario) -> Invalid {
-        let invalid = check(s).unwrap_err();
-        assert_ne!(invalid.message, NOT_YET, "expected a problem before the not-yet refusal");
-        invalid
+        check(s).unwrap_err()
     }
-
-    const NOT_YET: &str = "`command` is not supported yet: running external programs arrives with issue #7";
 
     #[test]
     fn a_command_with_used_params_passes_every_check() {
@@ -1184,7 +1174,7 @@ mod tests {
             ],
             json!({"workers": {"value": 8, "cuts": [8, 4, 1, 0]}, "depths": {"value": [2, 2], "min": 1}}),
         );
-        assert_eq!(check(&s).unwrap_err().message, NOT_YET);
+        assert_eq!(check(&s), Ok(()));
     }
 
     #[test]
@@ -1197,7 +1187,7 @@ mod tests {
         let s = external(&["python", "${HOME}/train.py"], json!({}));
         assert!(external_problem(&s).hint.unwrap().contains("no environment variable is expanded"));
         let s = external(&["python", "train.py", "{{literal}}"], json!({}));
-        assert_eq!(check(&s).unwrap_err().message, NOT_YET);
+        assert_eq!(check(&s), Ok(()));
     }
 
     #[test]
@@ -1258,7 +1248,7 @@ mod tests {
             assert_eq!((invalid.field.as_str(), invalid.message.as_str()), (field, message));
         }
         let s = external(&["python", "{lr}"], json!({"lr": {"value": 0.5, "cuts": [0.1, 0]}}));
-        assert_eq!(check(&s).unwrap_err().message, NOT_YET, "integer cuts of a float param are numbers");
+        assert_eq!(check(&s), Ok(()), "integer cuts of a float param are numbers");
     }
 
     #[test]
@@ -1281,7 +1271,7 @@ mod tests {
         let mut s = external(&["python", "train.py"], json!({}));
         s.data.shm_size = Some("16m".into());
         s.launch.world_size = 2;
-        assert_eq!(check(&s).unwrap_err().message, NOT_YET);
+        assert_eq!(check(&s), Ok(()));
         s.command = Some(vec![]);
         assert_eq!(check(&s).unwrap_err().field, "command");
         s.command = Some(vec![" ".into()]);
@@ -1314,6 +1304,6 @@ mod tests {
             invalid.message
         );
         s.expect.completes_when = Some(CompletesWhen::Stdout("^finished \\d+ steps".into()));
-        assert_eq!(check(&s).unwrap_err().message, NOT_YET);
+        assert_eq!(check(&s), Ok(()));
     }
 }

@@ -1,0 +1,419 @@
+//! External training commands at the OS edge: the argv and environment a command runs with,
+//! where its program and `py-spy` are, the rank processes a launcher starts (found by the `RANK`
+//! in their environment), how a process we cannot wait for ended (procfs while it is a zombie),
+//! and what a stuck process is doing (py-spy, each thread's wait channel and system call).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use crate::probe::memory;
+use crate::scenario::{Scenario, render_with};
+
+use super::process::Exit;
+use super::result::{KernelThread, ProcessDump};
+
+/// The command's argv with every placeholder filled in.
+pub fn argv(scenario: &Scenario, scenario_dir: &Path) -> Vec<String> {
+    let command = scenario.command.as_deref().unwrap_or_default();
+    render_with(command, |name| match name {
+        "world_size" => Some(scenario.launch.world_size.to_string()),
+        "scenario_dir" => Some(scenario_dir.display().to_string()),
+        _ => scenario.params.get(name).map(|p| p.value.render()),
+    })
+}
+
+/// Variables set for every process of a command unless the user set them: unbuffered Python
+/// output (so the last lines before a crash are not lost in a buffer, and output shows activity),
+/// and Python's fault handler (a Python stack on SIGSEGV, SIGBUS, SIGABRT).
+pub fn python_env() -> Vec<(String, String)> {
+    [("PYTHONUNBUFFERED", "1"), ("PYTHONFAULTHANDLER", "1")]
+        .into_iter()
+        .filter(|(k, _)| std::env::var_os(k).is_none())
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// The torchrun variables a launcher must not inherit from ups-doctor's own environment (its
+/// ranks get their own from it; a stray `RANK` would also make the launcher look like a rank).
+pub const RANK_ENV: [&str; 8] = [
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+];
+
+/// Where `program` is: itself when it names a path, else the first executable of that name on
+/// `PATH` (as `execvp` would pick it).
+pub fn find_program(program: &str) -> Option<PathBuf> {
+    if program.contains('/') {
+        let path = PathBuf::from(program);
+        return path.is_file().then_some(path);
+    }
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path).map(|dir| dir.join(program)).find(|p| is_executable(p))
+}
+
+fn is_executable(path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    path.metadata().is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+/// `py-spy`: on `PATH`, or next to the command's program (a venv's `bin/python` or
+/// `bin/torchrun` has its `bin/py-spy` beside it).
+pub fn find_py_spy(program: Option<&Path>) -> Option<PathBuf> {
+    find_program("py-spy").or_else(|| {
+        let beside = program?.parent()?.join("py-spy");
+        is_executable(&beside).then_some(beside)
+    })
+}
+
+/// How long one `py-spy dump` may take.
+const PY_SPY_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Every thread of `pid` as py-spy sees it (Python and native frames), or why not.
+pub fn py_spy_dump(py_spy: Option<&Path>, pid: u32, role: &str) -> ProcessDump {
+    let threads = kernel_threads(pid);
+    let (text, error) = match py_spy {
+        None => (
+            None,
+            Some("py-spy is not installed (not on `PATH`, not next to the program): `pip install py-spy` for Python stacks".to_string()),
+        ),
+        Some(py_spy) => match run_with_timeout(
+            Command::new(py_spy).args(["dump", "--native", "--pid", &pid.to_string()]),
+            PY_SPY_TIMEOUT,
+        ) {
+            Ok((true, out, _)) => (Some(out), None),
+            Ok((false, out, err)) => {
+                let why = format!("{}\n{}", out.trim(), err.trim()).trim().to_string();
+                (None, Some(format!("`py-spy dump --native --pid {pid}` failed: {why}")))
+            }
+            Err(e) => (None, Some(format!("cannot run `{}`: {e}", py_spy.display()))),
+        },
+    };
+    ProcessDump { pid, role: role.to_string(), py_spy: text, error, threads }
+}
+
+/// Runs a short command, killing it after `limit`. Returns (success, stdout, stderr).
+fn run_with_timeout(cmd: &mut Command, limit: Duration) -> std::io::Result<(bool, String, String)> {
+    let mut child = cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()?;
+    let out = child.stdout.take().map(|s| std::thread::spawn(move || read_all(s)));
+    let err = child.stderr.take().map(|s| std::thread::spawn(move || read_all(s)));
+    let deadline = std::time::Instant::now() + limit;
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break status;
+        }
+        if std::time::Instant::now() >= deadline {
+            let _ = child.kill();
+            break child.wait()?;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let join = |h: Option<std::thread::JoinHandle<String>>| h.and_then(|h| h.join().ok()).unwrap_or_default();
+    Ok((status.success(), join(out), join(err)))
+}
+
+fn read_all(mut r: impl std::io::Read) -> String {
+    let mut buf = Vec::new();
+    let _ = r.read_to_end(&mut buf);
+    String::from_utf8_lossy(&buf).into_owned()
+}
+
+/// Each thread's name, kernel wait channel and current system call, from procfs.
+pub fn kernel_threads(pid: u32) -> Vec<KernelThread> {
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    let mut tids: Vec<u32> = dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect();
+    tids.sort_unstable();
+    tids.into_iter()
+        .map(|tid| {
+            let read = |file: &str| {
+                std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/{file}"))
+                    .map(|s| s.trim().to_string())
+                    .ok()
+            };
+            KernelThread {
+                tid,
+                name: read("comm").unwrap_or_default(),
+                wchan: read("wchan").filter(|w| !w.is_empty() && w != "0"),
+                syscall: read("syscall").map(|s| describe_syscall(&s)),
+            }
+        })
+        .collect()
+}
+
+/// `/proc/PID/task/TID/syscall` in words: `202 (futex)`, `running`, or as read.
+fn describe_syscall(raw: &str) -> String {
+    let first = raw.split_whitespace().next().unwrap_or(raw);
+    match first.parse::<i64>() {
+        Ok(n) => match syscall_name(n) {
+            Some(name) => format!("{n} ({name})"),
+            None => n.to_string(),
+        },
+        Err(_) => first.to_string(),
+    }
+}
+
+/// Names of the x86-64 system calls a blocked training process usually sits in.
+fn syscall_name(n: i64) -> Option<&'static str> {
+    if !cfg!(target_arch = "x86_64") {
+        return None;
+    }
+    Some(match n {
+        0 => "read",
+        1 => "write",
+        7 => "poll",
+        23 => "select",
+        35 => "nanosleep",
+        43 => "accept",
+        45 => "recvfrom",
+        44 => "sendto",
+        47 => "recvmsg",
+        61 => "wait4",
+        202 => "futex",
+        230 => "clock_nanosleep",
+        232 => "epoll_wait",
+        270 => "pselect6",
+        271 => "ppoll",
+        281 => "epoll_pwait",
+        288 => "accept4",
+        _ => return None,
+    })
+}
+
+/// A process's parent and whether it is a zombie, from `/proc/PID/stat`.
+fn stat_fields(pid: u32) -> Option<Vec<String>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After the `(comm)` field, which may contain spaces and parentheses.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    Some(rest.split_whitespace().map(str::to_string).collect())
+}
+
+/// How a process that is not our child ended, read while it is a zombie (field 52 of
+/// `/proc/PID/stat`, the wait status, since Linux 3.5). `None` while it runs or once it is gone.
+pub fn zombie_exit(pid: u32) -> Option<Exit> {
+    let fields = stat_fields(pid)?;
+    if fields.first().map(String::as_str) != Some("Z") {
+        return None;
+    }
+    // Fields after `(comm)` start at field 3 (state): field 52 is index 49.
+    let status: i32 = fields.get(49)?.parse().ok()?;
+    Some(decode_wait_status(status))
+}
+
+/// A raw wait status as [`Exit`].
+pub fn decode_wait_status(status: i32) -> Exit {
+    if status & 0x7f == 0 {
+        Exit::Code((status >> 8) & 0xff)
+    } else {
+        Exit::Signal { signal: status & 0x7f, core_dumped: status & 0x80 != 0 }
+    }
+}
+
+/// Whether `pid` still exists and is not a zombie.
+pub fn alive(pid: u32) -> bool {
+    stat_fields(pid).is_some_and(|f| f.first().map(String::as_str) != Some("Z"))
+}
+
+/// The process group of `pid`.
+pub fn pgid_of(pid: u32) -> Option<u32> {
+    stat_fields(pid)?.get(2)?.parse().ok()
+}
+
+/// Sends `signal` to a rank a launcher started: to its process group when it leads one (torchrun
+/// starts every rank in a session of its own), else to the process alone.
+pub fn signal_found(pid: u32, signal: i32) -> bool {
+    let target = if pgid_of(pid) == Some(pid) { -(pid as i32) } else { pid as i32 };
+    // SAFETY: kill(2) on a process of this run.
+    unsafe { libc::kill(target, signal) == 0 }
+}
+
+/// The rank processes in the process tree under `root`: for each `RANK`, the topmost process
+/// whose environment has it (its DataLoader workers, below it, inherit the same variable).
+pub fn discover_ranks(root: u32) -> BTreeMap<u32, u32> {
+    let table = memory::processes();
+    let children: BTreeMap<u32, Vec<u32>> = table.iter().fold(BTreeMap::new(), |mut map, p| {
+        map.entry(p.ppid).or_default().push(p.pid);
+        map
+    });
+    let mut found = BTreeMap::new();
+    let mut queue = vec![root];
+    while let Some(pid) = queue.pop() {
+        for &child in children.get(&pid).into_iter().flatten() {
+            match memory::environ_var(child, "RANK").and_then(|r| r.parse::<u32>().ok()) {
+                // A rank's own subtree is its workers, not more ranks.
+                Some(rank) => {
+                    found.entry(rank).or_insert(child);
+                }
+                None => queue.push(child),
+            }
+        }
+    }
+    found
+}
+
+/// One failed rank in torchrun's error summary.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TorchrunFailure {
+    pub rank: u32,
+    pub exit: Exit,
+    pub pid: Option<u32>,
+    /// Listed under "Root Cause (first observed failure)".
+    pub root_cause: bool,
+}
+
+/// The failures torchrun's elastic agent lists in its summary (`Root Cause (first observed
+/// failure):` and `Failures:` blocks, each entry with `rank : R (local_rank: L)` and
+/// `exitcode : -11 (pid: N)`).
+pub fn torchrun_failures(lines: &[String]) -> Vec<TorchrunFailure> {
+    let mut out: Vec<TorchrunFailure> = Vec::new();
+    let mut root_cause = false;
+    let mut rank: Option<u32> = None;
+    for line in lines {
+        let text = line.trim();
+        if text.starts_with("Root Cause") {
+            root_cause = true;
+        } else if text.starts_with("Failures:") {
+            root_cause = false;
+        }
+        let Some((key, value)) = text.split_once(':') else { continue };
+        match key.trim() {
+            "rank" => rank = value.split_whitespace().next().and_then(|r| r.parse().ok()),
+            "exitcode" => {
+                let Some(r) = rank.take() else { continue };
+                let mut words = value.split_whitespace();
+                let Some(code) = words.next().and_then(|c| c.parse::<i32>().ok()) else { continue };
+                let pid = value
+                    .split("pid:")
+                    .nth(1)
+                    .and_then(|p| p.trim().trim_end_matches(')').trim().parse().ok());
+                let exit = if code < 0 {
+                    Exit::Signal { signal: -code, core_dumped: false }
+                } else {
+                    Exit::Code(code)
+                };
+                if !out.iter().any(|f| f.rank == r) {
+                    out.push(TorchrunFailure { rank: r, exit, pid, root_cause });
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wait_statuses_decode_like_waitpid() {
+        assert_eq!(decode_wait_status(0), Exit::Code(0));
+        assert_eq!(decode_wait_status(1 << 8), Exit::Code(1));
+        assert_eq!(decode_wait_status(11), Exit::Signal { signal: 11, core_dumped: false });
+        assert_eq!(decode_wait_status(0x80 | 6), Exit::Signal { signal: 6, core_dumped: true });
+    }
+
+    #[test]
+    fn torchruns_summary_gives_each_failed_ranks_exit() {
+        let text = "\
+[W ... torch/distributed/elastic/multiprocessing/api.py:908] Sending process 1001 closing signal SIGTERM
+Traceback (most recent call last):
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+/x/train.py FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-01-01_00:00:01
+  host      : box
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 1001)
+  error_file: <N/A>
+  traceback : Signal 15 (SIGTERM) received by PID 1001
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-01-01_00:00:00
+  host      : box
+  rank      : 1 (local_rank: 1)
+  exitcode  : -11 (pid: 1002)
+  error_file: <N/A>
+  traceback : Signal 11 (SIGSEGV) received by PID 1002
+============================================================";
+        let lines: Vec<String> = text.lines().map(String::from).collect();
+        let failures = torchrun_failures(&lines);
+        assert_eq!(
+            failures,
+            vec![
+                TorchrunFailure {
+                    rank: 0,
+                    exit: Exit::Signal { signal: 15, core_dumped: false },
+                    pid: Some(1001),
+                    root_cause: false
+                },
+                TorchrunFailure {
+                    rank: 1,
+                    exit: Exit::Signal { signal: 11, core_dumped: false },
+                    pid: Some(1002),
+                    root_cause: true
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn a_command_renders_params_and_built_in_placeholders() {
+        let s: Scenario = serde_json::from_value(serde_json::json!({
+            "command": ["torchrun", "--nproc_per_node", "{world_size}", "{scenario_dir}/t.py", "--d={depths}", "{pin}"],
+            "params": {"depths": [2, 2], "pin": {"value": false}},
+            "launch": {"world_size": 2, "style": "launcher"}
+        }))
+        .unwrap();
+        assert_eq!(
+            argv(&s, Path::new("/s")),
+            ["torchrun", "--nproc_per_node", "2", "/s/t.py", "--d=2,2", "false"]
+        );
+    }
+
+    #[test]
+    fn programs_are_found_on_path_or_by_their_path() {
+        assert!(find_program("sh").is_some());
+        assert_eq!(find_program("/bin/sh"), Some(PathBuf::from("/bin/sh")));
+        assert_eq!(find_program("ups-doctor-no-such-program"), None);
+    }
+
+    #[test]
+    fn a_live_process_has_threads_with_a_syscall_and_this_one_is_no_zombie() {
+        let me = std::process::id();
+        let threads = kernel_threads(me);
+        assert!(!threads.is_empty());
+        assert!(threads.iter().all(|t| t.syscall.is_some()));
+        assert_eq!(zombie_exit(me), None);
+        assert!(alive(me));
+    }
+
+    #[test]
+    fn a_zombies_exit_status_is_read_from_procfs() {
+        let child = Command::new("sh").args(["-c", "exit 3"]).spawn().unwrap();
+        let pid = child.id();
+        // Not reaped yet: it stays a zombie until waited for.
+        let mut seen = None;
+        for _ in 0..500 {
+            seen = zombie_exit(pid);
+            if seen.is_some() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(seen, Some(Exit::Code(3)));
+        drop(child.wait_with_output());
+    }
+}

@@ -1,0 +1,219 @@
+//! The program's own words: finds the lines of an external program's output worth quoting next
+//! to the verdict (the tail of the last Python traceback, PyTorch DataLoader's worker messages,
+//! torchrun's "Root Cause (first observed failure)" block, Python's fault handler), and reads
+//! which DataLoader worker failed from them. Pure: lines in, quotes out.
+
+use super::result::Quote;
+
+/// Lines kept of a traceback (its tail: the exception and the frames nearest to it).
+const TRACEBACK_LINES: usize = 25;
+/// Lines kept of a fault-handler dump or a torchrun block.
+const BLOCK_LINES: usize = 20;
+
+/// The quotes found in `lines` (a process's stderr, then stdout), most telling first.
+pub fn program_quotes(lines: &[String]) -> Vec<Quote> {
+    let mut quotes = Vec::new();
+    if let Some(block) = torchrun_root_cause(lines) {
+        quotes.push(Quote { title: "torchrun: Root Cause (first observed failure)".into(), lines: block });
+    }
+    let loader: Vec<String> = lines
+        .iter()
+        .filter(|l| is_dataloader_message(l))
+        .map(|l| l.trim_end().to_string())
+        .fold(Vec::new(), |mut kept, l| {
+            if !kept.contains(&l) {
+                kept.push(l);
+            }
+            kept
+        });
+    if !loader.is_empty() {
+        let skip = loader.len().saturating_sub(6);
+        quotes.push(Quote { title: "DataLoader".into(), lines: loader[skip..].to_vec() });
+    }
+    if let Some(block) = last_traceback(lines) {
+        quotes.push(Quote { title: "Python traceback (tail)".into(), lines: block });
+    }
+    if let Some(block) = fault_handler(lines) {
+        quotes.push(Quote { title: "Python fault handler".into(), lines: block });
+    }
+    quotes
+}
+
+fn is_dataloader_message(line: &str) -> bool {
+    [
+        "DataLoader worker (pid",
+        "in DataLoader worker process",
+        "Unexpected bus error encountered in worker",
+        "unable to allocate shared memory(shm)",
+        "dataloader's workers are out of shared memory",
+    ]
+    .iter()
+    .any(|needle| line.contains(needle))
+}
+
+/// The last `Traceback (most recent call last):` through the end of that traceback, tail only.
+fn last_traceback(lines: &[String]) -> Option<Vec<String>> {
+    let start =
+        lines.iter().rposition(|l| l.trim_start().starts_with("Traceback (most recent call last):"))?;
+    // The traceback (and a chained one printed before it) ends where a launcher's log line or a
+    // separator begins.
+    let end = lines[start + 1..]
+        .iter()
+        .position(|l| is_log_line(l) || l.starts_with("====="))
+        .map_or(lines.len(), |n| start + 1 + n);
+    let block = &lines[start..end];
+    let skip = block.len().saturating_sub(TRACEBACK_LINES);
+    let mut out: Vec<String> = Vec::new();
+    if skip > 0 {
+        out.push(block[0].clone());
+        out.push(format!("  … {skip} lines …"));
+        out.extend(block[skip + 1..].iter().cloned());
+    } else {
+        out.extend(block.iter().cloned());
+    }
+    Some(out)
+}
+
+/// A logging line of torchrun or PyTorch's C++ side (`[W…`, `W0101 12:00:00.000`, `E…`).
+fn is_log_line(line: &str) -> bool {
+    let b = line.as_bytes();
+    let glog = b.len() > 5 && matches!(b[0], b'W' | b'E' | b'I') && b[1..5].iter().all(u8::is_ascii_digit);
+    glog || line.starts_with("[W") || line.starts_with("[E") || line.starts_with("[I")
+}
+
+/// torchrun's block from `Root Cause (first observed failure):` to its closing `=====` line.
+fn torchrun_root_cause(lines: &[String]) -> Option<Vec<String>> {
+    let start = lines.iter().rposition(|l| l.contains("Root Cause (first observed failure)"))?;
+    let block: Vec<String> = lines[start..]
+        .iter()
+        .take_while(|l| !l.starts_with("====="))
+        .take(BLOCK_LINES)
+        .map(|l| l.trim_end().to_string())
+        .collect();
+    Some(block)
+}
+
+/// `Fatal Python error: Segmentation fault` and the stack faulthandler prints after it.
+fn fault_handler(lines: &[String]) -> Option<Vec<String>> {
+    let start = lines.iter().rposition(|l| l.starts_with("Fatal Python error:"))?;
+    Some(lines[start..].iter().take(BLOCK_LINES).map(|l| l.trim_end().to_string()).collect())
+}
+
+/// A failed DataLoader worker, as PyTorch's messages name it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoaderFailure {
+    /// `Caught RuntimeError in DataLoader worker process 1.`
+    pub worker: Option<u32>,
+    /// `DataLoader worker (pid 1234) …`, or the pid in a `/torch_<pid>_…` shared-memory file.
+    pub pid: Option<u32>,
+    /// What happened, in PyTorch's words (`unable to allocate shared memory(shm) for file
+    /// </torch_1234_…>: …`, `is killed by signal: Bus error.`).
+    pub what: String,
+    /// The failure was shared memory running out.
+    pub out_of_shm: bool,
+}
+
+/// The DataLoader worker failure in `text` (a rank's error message, or its output), if any.
+pub fn loader_failure(text: &[String]) -> Option<LoaderFailure> {
+    let worker = text.iter().rev().find_map(|l| {
+        let rest = &l[l.find("in DataLoader worker process ")? + "in DataLoader worker process ".len()..];
+        rest.trim_end_matches(|c: char| !c.is_ascii_digit())
+            .split(|c: char| !c.is_ascii_digit())
+            .next()?
+            .parse()
+            .ok()
+    });
+    let shm = text.iter().rev().find(|l| l.contains("unable to allocate shared memory(shm)"));
+    let killed = text.iter().rev().find(|l| l.contains("DataLoader worker (pid"));
+    let bus = text
+        .iter()
+        .any(|l| l.contains("Unexpected bus error encountered in worker") || l.contains("Bus error"));
+    let (what, pid) = if let Some(line) = shm {
+        let what = line[line.find("unable to allocate").unwrap_or(0)..].trim().to_string();
+        let pid = line.split("/torch_").nth(1).and_then(|rest| rest.split('_').next()?.parse().ok());
+        (what, pid)
+    } else if let Some(line) = killed {
+        let rest = &line[line.find("DataLoader worker (pid").unwrap_or(0)..];
+        let pid = rest
+            .trim_start_matches("DataLoader worker (pid")
+            .trim_start_matches(['s', ' '])
+            .split(|c: char| !c.is_ascii_digit())
+            .next()
+            .and_then(|p| p.parse().ok());
+        let what = rest.split_once(") ").map_or(rest, |(_, how)| how).trim().to_string();
+        (what, pid)
+    } else if worker.is_some() {
+        let last = text.iter().rev().find(|l| !l.trim().is_empty()).cloned().unwrap_or_default();
+        (last.trim().to_string(), None)
+    } else {
+        return None;
+    };
+    Some(LoaderFailure { worker, pid, out_of_shm: shm.is_some() || bus, what })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lines(text: &str) -> Vec<String> {
+        text.lines().map(String::from).collect()
+    }
+
+    /// What PyTorch 2.11 prints when a worker cannot allocate its batch in `/dev/shm`.
+    const SHM: &str = "\
+step 0
+Traceback (most recent call last):
+  File \"/t/shm_loader.py\", line 40, in <module>
+    for step, batch in enumerate(loader):
+  File \"/v/torch/utils/data/dataloader.py\", line 1515, in _process_data
+    data.reraise()
+RuntimeError: Caught RuntimeError in DataLoader worker process 1.
+Original Traceback (most recent call last):
+  File \"/v/torch/utils/data/_utils/collate.py\", line 210, in collate_tensor_fn
+    storage = elem._typed_storage()._new_shared(numel, device=elem.device)
+RuntimeError: unable to allocate shared memory(shm) for file </torch_4242_1827363_0>: Resource exhausted (12)
+";
+
+    #[test]
+    fn a_dataloader_shm_failure_names_the_worker_and_its_pid() {
+        let l = lines(SHM);
+        let failure = loader_failure(&l).unwrap();
+        assert_eq!((failure.worker, failure.pid, failure.out_of_shm), (Some(1), Some(4242), true));
+        assert!(failure.what.starts_with("unable to allocate shared memory(shm) for file </torch_4242_"));
+        let quotes = program_quotes(&l);
+        let titles: Vec<&str> = quotes.iter().map(|q| q.title.as_str()).collect();
+        assert_eq!(titles, ["DataLoader", "Python traceback (tail)"]);
+        assert_eq!(quotes[1].lines.first().map(String::as_str), Some("Traceback (most recent call last):"));
+        assert!(quotes[1].lines.last().unwrap().contains("Resource exhausted (12)"));
+    }
+
+    #[test]
+    fn a_killed_worker_and_torchruns_root_cause_are_quoted() {
+        let l = lines(
+            "RuntimeError: DataLoader worker (pid 77) is killed by signal: Bus error. It is possible that dataloader's workers are out of shared memory.\n\
+             ============================================================\n\
+             Root Cause (first observed failure):\n[0]:\n  rank      : 1 (local_rank: 1)\n  exitcode  : -11 (pid: 9)\n\
+             ============================================================",
+        );
+        let failure = loader_failure(&l).unwrap();
+        assert_eq!((failure.worker, failure.pid, failure.out_of_shm), (None, Some(77), true));
+        assert!(failure.what.starts_with("is killed by signal: Bus error."));
+        let quotes = program_quotes(&l);
+        assert_eq!(quotes[0].title, "torchrun: Root Cause (first observed failure)");
+        assert_eq!(quotes[0].lines.len(), 4);
+        assert!(loader_failure(&lines("Traceback (most recent call last):\nValueError: x")).is_none());
+    }
+
+    #[test]
+    fn long_tracebacks_keep_their_head_and_tail() {
+        let mut text = String::from("Traceback (most recent call last):\n");
+        for i in 0..40 {
+            text.push_str(&format!("  File \"f{i}.py\", line 1\n"));
+        }
+        text.push_str("ValueError: boom\nW0101 00:00:00.000 torchrun log line\n");
+        let quote = last_traceback(&lines(&text)).unwrap();
+        assert_eq!(quote.len(), TRACEBACK_LINES + 1);
+        assert_eq!(quote[1], "  … 17 lines …");
+        assert_eq!(quote.last().unwrap(), "ValueError: boom");
+    }
+}
