@@ -57,6 +57,12 @@ pub enum Event {
     MarkersClosed {
         rank: u32,
     },
+    /// The rank process has exited (it is not reaped yet): sent the moment the kernel says so,
+    /// so that which rank ended first does not depend on the supervising loop's tick.
+    Exited {
+        rank: u32,
+        at: Instant,
+    },
     /// The rank wrote to stdout or stderr (throttled, see [`capture::ACTIVITY_EVERY`]).
     Output {
         rank: u32,
@@ -138,6 +144,17 @@ pub fn spawn_rank(spec: &RankSpec, events: Sender<Event>) -> io::Result<RankProc
     let pid = child.id();
     let rank = spec.rank;
     let events_for_output = events.clone();
+    let events_for_exit = events.clone();
+    std::thread::Builder::new().name(format!("exit-{rank}")).spawn(move || {
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: valid out-pointer; WNOWAIT leaves the child for `reap` (and its group id
+        // reserved); blocking here costs only this thread.
+        let rc =
+            unsafe { libc::waitid(libc::P_PID, pid as libc::id_t, &mut info, libc::WEXITED | libc::WNOWAIT) };
+        if rc == 0 {
+            let _ = events_for_exit.send(Event::Exited { rank, at: Instant::now() });
+        }
+    })?;
     std::thread::Builder::new()
         .name(format!("markers-{rank}"))
         .spawn(move || read_markers(rank, reader, events))?;

@@ -52,15 +52,26 @@ fn is_dataloader_message(line: &str) -> bool {
 }
 
 /// The last `Traceback (most recent call last):` through the end of that traceback, tail only.
+/// torchrun's own `ChildFailedError` traceback says only that a child failed: an earlier one (a
+/// rank's) is preferred.
 fn last_traceback(lines: &[String]) -> Option<Vec<String>> {
-    let start =
-        lines.iter().rposition(|l| l.trim_start().starts_with("Traceback (most recent call last):"))?;
-    // The traceback (and a chained one printed before it) ends where a launcher's log line or a
-    // separator begins.
-    let end = lines[start + 1..]
+    let starts: Vec<usize> = lines
         .iter()
-        .position(|l| is_log_line(l) || l.starts_with("====="))
-        .map_or(lines.len(), |n| start + 1 + n);
+        .enumerate()
+        .filter(|(_, l)| l.trim_start().starts_with("Traceback (most recent call last):"))
+        .map(|(i, _)| i)
+        .collect();
+    // A traceback ends where a launcher's log line or a separator begins.
+    let ends_at = |start: usize| {
+        lines[start + 1..]
+            .iter()
+            .position(|l| is_log_line(l) || l.starts_with("====="))
+            .map_or(lines.len(), |n| start + 1 + n)
+    };
+    let own =
+        |start: &&usize| !lines[**start..ends_at(**start)].iter().any(|l| l.contains("ChildFailedError"));
+    let start = *starts.iter().rev().find(own).or(starts.last())?;
+    let end = ends_at(start);
     let block = &lines[start..end];
     let skip = block.len().saturating_sub(TRACEBACK_LINES);
     let mut out: Vec<String> = Vec::new();
@@ -93,10 +104,30 @@ fn torchrun_root_cause(lines: &[String]) -> Option<Vec<String>> {
     Some(block)
 }
 
-/// `Fatal Python error: Segmentation fault` and the stack faulthandler prints after it.
+/// `Fatal Python error: Segmentation fault` and the stack faulthandler prints after it (up to
+/// its list of extension modules, or another process's line).
 fn fault_handler(lines: &[String]) -> Option<Vec<String>> {
     let start = lines.iter().rposition(|l| l.starts_with("Fatal Python error:"))?;
-    Some(lines[start..].iter().take(BLOCK_LINES).map(|l| l.trim_end().to_string()).collect())
+    Some(
+        lines[start..]
+            .iter()
+            .take_while(|l| !l.starts_with("Extension modules:") && !l.starts_with("[rank"))
+            .take(BLOCK_LINES)
+            .map(|l| l.trim_end().to_string())
+            .collect(),
+    )
+}
+
+/// A rank's own lines in a launcher's output: PyTorch prefixes what a rank's uncaught exception
+/// prints with `[rankN]: `.
+pub fn rank_lines(lines: &[String], rank: u32) -> Vec<String> {
+    let prefix = format!("[rank{rank}]:");
+    lines
+        .iter()
+        .filter_map(|l| {
+            l.strip_prefix(&prefix).map(|rest| rest.strip_prefix(' ').unwrap_or(rest).to_string())
+        })
+        .collect()
 }
 
 /// A failed DataLoader worker, as PyTorch's messages name it.
@@ -202,6 +233,26 @@ RuntimeError: unable to allocate shared memory(shm) for file </torch_4242_182736
         assert_eq!(quotes[0].title, "torchrun: Root Cause (first observed failure)");
         assert_eq!(quotes[0].lines.len(), 4);
         assert!(loader_failure(&lines("Traceback (most recent call last):\nValueError: x")).is_none());
+    }
+
+    #[test]
+    fn torchruns_own_traceback_gives_way_to_a_ranks() {
+        let l = lines(
+            "[rank0]: Traceback (most recent call last):\n[rank0]:   File \"t.py\", line 3\n[rank0]: RuntimeError: Connection closed by peer\n\
+             Traceback (most recent call last):\n  File \"r.py\", line 1\nValueError: a rank's own error\n\
+             Traceback (most recent call last):\n  File \"torchrun\", line 8\ntorch.distributed.elastic.multiprocessing.errors.ChildFailedError:",
+        );
+        assert_eq!(
+            last_traceback(&l).unwrap().last().map(String::as_str),
+            Some("ValueError: a rank's own error")
+        );
+        let rank0 = rank_lines(&l, 0);
+        assert_eq!(rank0.len(), 3);
+        assert_eq!(
+            last_traceback(&rank0).unwrap().last().map(String::as_str),
+            Some("RuntimeError: Connection closed by peer")
+        );
+        assert!(rank_lines(&l, 1).is_empty());
     }
 
     #[test]

@@ -91,6 +91,8 @@ struct Slot {
     found: Option<u32>,
     /// The found rank is gone (a zombie, or no longer in /proc).
     found_gone: bool,
+    /// When the process was seen to exit, by the thread waiting for it.
+    exit_seen_at: Option<f64>,
 }
 
 impl Slot {
@@ -122,7 +124,7 @@ struct Launcher {
     exited_at: Option<Instant>,
     /// Rank pids whose exit the zombie poller watches, and what it saw.
     watched: Arc<Mutex<Vec<u32>>>,
-    exits: Arc<Mutex<BTreeMap<u32, process::Exit>>>,
+    exits: Arc<Mutex<BTreeMap<u32, (process::Exit, Instant)>>>,
     stop: Arc<AtomicBool>,
     fifo: PathBuf,
     stdout_log: PathBuf,
@@ -135,10 +137,11 @@ impl Launcher {
     }
 }
 
-/// Reads the exit status of watched processes while they are zombies, until `stop`.
+/// Reads the exit status of watched processes while they are zombies, and when it was first
+/// seen (which rank ended first is decided by these times), until `stop`.
 fn poll_zombies(
     watched: Arc<Mutex<Vec<u32>>>,
-    exits: Arc<Mutex<BTreeMap<u32, process::Exit>>>,
+    exits: Arc<Mutex<BTreeMap<u32, (process::Exit, Instant)>>>,
     stop: Arc<AtomicBool>,
 ) {
     while !stop.load(Ordering::Relaxed) {
@@ -146,7 +149,7 @@ fn poll_zombies(
         for pid in pids {
             if let Some(exit) = external::zombie_exit(pid) {
                 if let Ok(mut exits) = exits.lock() {
-                    exits.entry(pid).or_insert(exit);
+                    exits.entry(pid).or_insert((exit, Instant::now()));
                 }
                 if let Ok(mut w) = watched.lock() {
                     w.retain(|&p| p != pid);
@@ -217,10 +220,11 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
         dumps_requested: 0,
         found: None,
         found_gone: false,
+        exit_seen_at: None,
     };
     let mut launcher: Option<Launcher> = None;
     let mut slots: Vec<Slot> = if launcher_style {
-        let spec = launcher_spec(plan, &argv);
+        let spec = launcher_spec(plan, &argv, master_port);
         let fifo = plan.log_dir.join("markers.fifo");
         let mut l = Launcher {
             process: None,
@@ -311,10 +315,11 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
         let now = Instant::now();
         for slot in slots.iter_mut().filter(|s| s.live() && s.process.is_some()) {
             if let Some(exit) = slot.process.as_ref().and_then(RankProcess::peek_exit) {
+                let at = slot.exit_seen_at.unwrap_or(since(now));
                 slot.end.exit = Some(exit);
-                slot.end.ended_at_s = Some(since(now));
+                slot.end.ended_at_s = Some(at);
                 slot.exited_at = Some(now);
-                recorder.rank_ended(slot.end.rank, since(now), shm_sample());
+                recorder.rank_ended(slot.end.rank, at, shm_sample());
             }
         }
         if let Some(l) = launcher.as_mut() {
@@ -339,14 +344,16 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
             let exits = l.exits.lock().map(|e| e.clone()).unwrap_or_default();
             for slot in slots.iter_mut().filter(|s| s.found.is_some() && !s.found_gone) {
                 let pid = slot.found.unwrap_or(0);
-                let seen = exits.get(&pid).copied().or_else(|| external::zombie_exit(pid));
+                let seen =
+                    exits.get(&pid).copied().or_else(|| external::zombie_exit(pid).map(|exit| (exit, now)));
                 if seen.is_some() || !external::alive(pid) {
+                    let at = seen.map_or(now, |(_, at)| at);
                     slot.found_gone = true;
-                    slot.end.exit = seen;
+                    slot.end.exit = seen.map(|(exit, _)| exit);
                     slot.end.exit_source = Some(if seen.is_some() { "procfs" } else { "unknown" }.into());
-                    slot.end.ended_at_s = Some(since(now));
+                    slot.end.ended_at_s = Some(since(at));
                     slot.exited_at = Some(now);
-                    recorder.rank_ended(slot.end.rank, since(now), shm_sample());
+                    recorder.rank_ended(slot.end.rank, since(at), shm_sample());
                 }
             }
         }
@@ -480,6 +487,9 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
         let mut lines = stderr.last_lines(400);
         lines.extend(stdout.last_lines(100));
         let failures = external::torchrun_failures(&lines);
+        for slot in &mut slots {
+            slot.end.quotes = quotes::program_quotes(&quotes::rank_lines(&lines, slot.end.rank));
+        }
         let launcher_name = argv.first().cloned().unwrap_or_default();
         for slot in &mut slots {
             let from_torchrun = failures.iter().find(|f| f.rank == slot.end.rank);
@@ -733,6 +743,11 @@ fn apply(slots: &mut [Slot], event: Event, since: &impl Fn(Instant) -> f64) {
                 slot.markers_closed = true;
             }
         }
+        Event::Exited { rank, at } => {
+            if let Some(slot) = slots.get_mut(rank as usize) {
+                slot.exit_seen_at.get_or_insert(since(at));
+            }
+        }
         // A launcher's output (its rank number is past the ranks) is every rank's: they share it.
         Event::Output { rank, at } => match slots.get_mut(rank as usize) {
             Some(slot) => slot.end.last_output_at = Some(since(at)),
@@ -805,11 +820,17 @@ fn rank_spec(plan: &ScenarioPlan, rank: u32, world: u32, master_port: u16, argv:
 
 /// How a launcher-style command (torchrun) is started: once, without a rank's environment; its
 /// ranks find the marker FIFO through `UPS_DOCTOR_MARKER_PATH`.
-fn launcher_spec(plan: &ScenarioPlan, argv: &[String]) -> RankSpec {
+fn launcher_spec(plan: &ScenarioPlan, argv: &[String], master_port: u16) -> RankSpec {
     let mut env = vec![
         (RUN_ID_ENV.to_string(), plan.run_id.clone()),
         (MARKER_PATH_ENV.to_string(), plan.log_dir.join("markers.fifo").display().to_string()),
     ];
+    // torchrun's `--master-port` defaults to 29500, which two runs at once (or anything else on
+    // the machine) would share: a free port, through the variable torchrun reads its default
+    // from, unless the user chose one.
+    if std::env::var_os("PET_MASTER_PORT").is_none() {
+        env.push(("PET_MASTER_PORT".to_string(), master_port.to_string()));
+    }
     env.extend(external::python_env());
     RankSpec {
         rank: plan.scenario.launch.world_size,

@@ -13,7 +13,14 @@ use super::result::{RankResult, Verdict};
 /// `python train.py`: the program and its first argument, for sentences.
 fn program(scenario: &Scenario) -> String {
     let argv = scenario.command.as_deref().unwrap_or_default();
-    argv.iter().take(2).cloned().collect::<Vec<_>>().join(" ")
+    let base = |a: &String| a.rsplit('/').next().unwrap_or(a).to_string();
+    let script = argv.iter().skip(1).position(|a| a.ends_with(".py")).map(|i| i + 1);
+    match (argv.first(), script) {
+        (Some(p), Some(1)) => format!("{} {}", base(p), base(&argv[1])),
+        (Some(p), Some(i)) => format!("{} … {}", base(p), base(&argv[i])),
+        (Some(p), None) => base(p),
+        _ => String::new(),
+    }
 }
 
 /// How the harness knows what this rank was doing: its last marker, or without markers its last
@@ -198,7 +205,7 @@ pub fn verdict(
             )
         }
         OutcomeKind::LaunchFailed => (
-            format!("{who} could not be started: {}", failed.error.clone().unwrap_or_else(|| "unknown error".into())),
+            format!("{who} could not be started: {}.", failed.error.clone().unwrap_or_else(|| "unknown error".into())),
             None,
             Some("Check `command`: the program must be on `PATH` (or given by its path) and its arguments right.".into()),
         ),
@@ -232,7 +239,7 @@ pub fn shm_evidence(
     };
     let percent = if total > 0 { used as f64 * 100.0 / total as f64 } else { 0.0 };
     Some(format!(
-        "{whose} peaked at {} ({percent:.0}%) during the run, sampled every {} ms",
+        "{whose} peaked at {} ({percent:.0}%) during the run (sampled every {} ms; an allocation that failed took no room, so the segment that did not fit is not in this figure)",
         super::classify::used_of(used, total),
         (memory.interval_s * 1000.0).round()
     ))

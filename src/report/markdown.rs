@@ -8,6 +8,8 @@ use crate::harness::{RankResult, RunResult, ScenarioResult, ThreadStack};
 use crate::probe::env::{EnvSummary, human_bytes};
 use crate::protocol::Frame;
 
+mod external;
+
 use super::environment;
 use super::markup::{self, Align, DETAILS_CLOSE, code, details_open, fence, html_code};
 use super::matrix;
@@ -133,6 +135,7 @@ fn scenario(doc: &mut Doc, s: &ScenarioResult) {
         text::expectation_word(s.met_expectation)
     ));
     verdict(doc, s);
+    external::program_words(doc, s);
     doc.push(rank_table(s));
     if let Some(notes) = rank_notes(s) {
         doc.push(notes);
@@ -147,6 +150,9 @@ fn scenario(doc: &mut Doc, s: &ScenarioResult) {
     for r in &s.ranks {
         stacks(doc, r);
     }
+    for r in &s.ranks {
+        external::dumps(doc, r);
+    }
     if let Some(gantt) = mermaid::timeline(s) {
         doc.push(fence("mermaid", &gantt));
     }
@@ -156,6 +162,7 @@ fn scenario(doc: &mut Doc, s: &ScenarioResult) {
     for block in memory::memory_blocks(s).into_iter().chain(memory::leftover_blocks(s)) {
         doc.push(block);
     }
+    external::launcher_log_tail(doc, s);
     for r in &s.ranks {
         log_tail(doc, r);
     }

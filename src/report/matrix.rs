@@ -54,7 +54,7 @@ pub(crate) fn rows(run: &RunResult) -> Vec<Vec<Cell>> {
             let outcome_tone = if s.outcome == OutcomeKind::Passed { Tone::Good } else { Tone::Bad };
             vec![
                 Cell::plain(&s.name),
-                Cell::plain(text::mode(s.scenario.launch.mode)),
+                Cell::plain(text::launch_label(&s.scenario)),
                 Cell::plain(s.scenario.launch.world_size.to_string()),
                 Cell { text: text::scenario_outcome(s), tone: outcome_tone },
                 Cell::plain(text::failure_site(s).unwrap_or_else(|| NONE.to_string())),

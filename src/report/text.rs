@@ -131,6 +131,16 @@ pub(crate) fn mode(m: Mode) -> &'static str {
     }
 }
 
+/// The matrix's `mode` cell: the built-in trainer's mode, or how a command was launched
+/// (`per_rank`, `launcher`).
+pub(crate) fn launch_label(s: &crate::scenario::Scenario) -> &'static str {
+    match (s.is_external(), s.launch.style) {
+        (false, _) => mode(s.launch.mode),
+        (true, crate::scenario::LaunchStyle::PerRank) => "per_rank",
+        (true, crate::scenario::LaunchStyle::Launcher) => "launcher",
+    }
+}
+
 /// A short label for an outcome kind, for table cells next to a signal / exit-code column.
 pub(crate) fn kind_label(kind: OutcomeKind) -> &'static str {
     match kind {

@@ -131,3 +131,37 @@ pub fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
     }
     cond()
 }
+
+/// The Python of the PyTorch 2.11 venv the tests of external programs run in: `UPS_DOCTOR_PYTHON`,
+/// else the cache's default. Never skipped: a missing venv fails the test with the fix.
+pub fn venv_python() -> PathBuf {
+    if let Some(python) = std::env::var_os("UPS_DOCTOR_PYTHON") {
+        return PathBuf::from(python);
+    }
+    let cache = std::env::var_os("UPS_DOCTOR_CACHE").map(PathBuf::from).unwrap_or_else(|| {
+        let base = std::env::var_os("XDG_CACHE_HOME")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").expect("HOME is set")).join(".cache"));
+        base.join("ups-doctor")
+    });
+    let python = cache.join("pytorch-2.11.0/bin/python");
+    assert!(
+        python.is_file(),
+        "no PyTorch venv at {} and UPS_DOCTOR_PYTHON is not set: run ./x test or ./x pytorch",
+        python.display()
+    );
+    python
+}
+
+/// `PATH` with the venv's `bin` first, so that `python` and `torchrun` in a command are its own.
+pub fn venv_path() -> std::ffi::OsString {
+    let python = venv_python();
+    let bin = python.parent().expect("python is in a bin folder").to_path_buf();
+    let rest = std::env::var_os("PATH").unwrap_or_default();
+    std::env::join_paths(std::iter::once(bin).chain(std::env::split_paths(&rest))).expect("PATH joins")
+}
+
+/// This repository's root (for `tests/programs/` and `python/`).
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}

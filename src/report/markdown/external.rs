@@ -1,0 +1,108 @@
+//! The parts of a scenario's section that only external commands have: the command that ran, the
+//! program's own last error lines next to the verdict, what stuck processes were doing (py-spy,
+//! kernel wait channels) and the launcher's log.
+
+use crate::harness::{ExternalRun, RankResult, ScenarioResult};
+
+use super::super::markup::{DETAILS_CLOSE, code, details_open, fence};
+use super::super::text::{count, strip_control};
+use super::Doc;
+
+/// The command line, how completion was judged, whether markers came, and the program's own
+/// error lines (per rank, then the launcher's), quoted verbatim.
+pub(super) fn program_words(doc: &mut Doc, s: &ScenarioResult) {
+    let Some(ext) = &s.external else { return };
+    doc.push(command_line(ext));
+    for r in &s.ranks {
+        for q in &r.quotes {
+            doc.push(format!("Rank {}, {}:", r.rank, q.title));
+            doc.push(quote_fence(&q.lines));
+        }
+    }
+    if let Some(l) = &ext.launcher {
+        for q in &l.quotes {
+            doc.push(format!("Launcher output, {}:", q.title));
+            doc.push(quote_fence(&q.lines));
+        }
+    }
+}
+
+fn quote_fence(lines: &[String]) -> String {
+    let lines: Vec<String> = lines.iter().map(|l| strip_control(l)).collect();
+    fence("text", &lines.join("\n"))
+}
+
+fn command_line(ext: &ExternalRun) -> String {
+    let mut line = format!("Command ({}): {}", ext.style, code(&ext.argv.join(" ")));
+    line.push_str(&format!("; completion judged by {}", ext.completion));
+    if !ext.markers_seen {
+        line.push_str(
+            "; **markers were absent** (the program does not use `python/ups_doctor.py`): phases and steps are \
+             unknown, and hangs are judged by output activity",
+        );
+    }
+    if let Some(l) = &ext.launcher {
+        let how = match (&l.launch_error, l.exit_code, &l.signal) {
+            (Some(e), _, _) => format!("could not start: {e}"),
+            (None, Some(c), _) => format!("exited with status {c}"),
+            (None, None, Some(sig)) => format!("was killed by {sig}"),
+            (None, None, None) => "did not end".to_string(),
+        };
+        line.push_str(&format!("; the launcher (pid {}) {how}", l.pid.map_or("?".into(), |p| p.to_string())));
+    }
+    line.push('.');
+    line
+}
+
+/// py-spy's stacks and each thread's kernel state, for every process of a stuck rank.
+pub(super) fn dumps(doc: &mut Doc, r: &RankResult) {
+    if r.dumps.is_empty() {
+        return;
+    }
+    doc.push(format!("### What rank {} was doing when it was stopped", r.rank));
+    for d in &r.dumps {
+        doc.push(details_open(&format!(
+            "{} (pid {}): {}",
+            d.role,
+            d.pid,
+            count(d.threads.len(), "thread", "threads")
+        )));
+        match (&d.py_spy, &d.error) {
+            (Some(text), _) => doc.push(fence("text", &strip_control(text))),
+            (None, Some(why)) => doc.push(format!("No Python stacks: {}", why.lines().next().unwrap_or(""))),
+            (None, None) => {}
+        }
+        let rows: Vec<String> = d
+            .threads
+            .iter()
+            .map(|t| {
+                format!(
+                    "{} {} wchan={} syscall={}",
+                    t.tid,
+                    t.name,
+                    t.wchan.as_deref().unwrap_or("-"),
+                    t.syscall.as_deref().unwrap_or("-")
+                )
+            })
+            .collect();
+        doc.push("Threads (tid, name, kernel wait channel, system call) from `/proc/PID/task`:");
+        doc.push(fence("text", &rows.join("\n")));
+        doc.push(DETAILS_CLOSE);
+    }
+}
+
+/// The launcher's own log tail (its ranks share its output).
+pub(super) fn launcher_log_tail(doc: &mut Doc, s: &ScenarioResult) {
+    let Some(l) = s.external.as_ref().and_then(|e| e.launcher.as_ref()) else { return };
+    if l.log_tail.is_empty() {
+        return;
+    }
+    doc.push(details_open(&format!(
+        "Log tail of the launcher ({})",
+        count(l.log_tail.len(), "line", "lines")
+    )));
+    doc.push(format!("Full logs: {}, {}", code(&l.stderr_log), code(&l.stdout_log)));
+    let lines: Vec<String> = l.log_tail.iter().map(|x| strip_control(x)).collect();
+    doc.push(fence("text", &lines.join("\n")));
+    doc.push(DETAILS_CLOSE);
+}

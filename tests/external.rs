@@ -1,0 +1,262 @@
+//! External training commands under the harness: real Python programs with real PyTorch 2.11
+//! (CPU, gloo) from the test venv, started per rank or by torchrun, with markers through
+//! `python/ups_doctor.py`, real signals, a real private `/dev/shm` and real py-spy.
+
+mod util;
+
+use std::path::Path;
+
+use serde_json::Value;
+use util::{RunOutput, Sandbox, repo, venv_path};
+
+/// `ups-doctor run` with the venv's `bin` first on `PATH`.
+fn run(sb: &Sandbox, files: &[&Path]) -> RunOutput {
+    let output = sb
+        .cmd()
+        .env("PATH", venv_path())
+        .arg("run")
+        .args(files)
+        .arg("--out")
+        .arg(sb.out())
+        .args(["--json", "--quiet"])
+        .output()
+        .expect("ups-doctor starts");
+    let result = serde_json::from_slice(&output.stdout).unwrap_or(Value::Null);
+    RunOutput { output, result }
+}
+
+fn program(name: &str) -> String {
+    repo().join("tests/programs").join(name).display().to_string()
+}
+
+fn scenarios(run: &RunOutput) -> &Vec<Value> {
+    run.result["scenarios"].as_array().unwrap_or_else(|| panic!("no result; stderr:\n{}", run.stderr()))
+}
+
+fn report(sb: &Sandbox) -> String {
+    std::fs::read_to_string(sb.out().join("report.md")).unwrap()
+}
+
+const LIMITS: &str = r#""limits": {"timeout_s": 300, "hang_after_s": 120}"#;
+
+#[test]
+fn a_two_rank_ddp_program_passes_per_rank_and_under_torchrun_with_markers_from_every_rank() {
+    let sb = Sandbox::new();
+    let ddp = program("ddp.py");
+    let per_rank = sb.scenario(
+        "ddp-per-rank",
+        &format!(
+            r#"{{"command": ["python", "{ddp}", "--steps", "{{steps}}"], "params": {{"steps": 6}},
+                "launch": {{"world_size": 2}}, {LIMITS}, "expect": {{"completes_when": "done"}}}}"#
+        ),
+    );
+    let torchrun = sb.scenario(
+        "ddp-torchrun",
+        &format!(
+            r#"{{"command": ["torchrun", "--nproc_per_node", "{{world_size}}", "{ddp}", "--steps", "{{steps}}"],
+                "params": {{"steps": 6}}, "launch": {{"world_size": 2, "style": "launcher"}}, {LIMITS},
+                "expect": {{"completes_when": {{"stdout": "^training finished$"}}}}}}"#
+        ),
+    );
+    let run = run(&sb, &[&per_rank, &torchrun]);
+    assert_eq!(run.code(), 0, "stderr:\n{}", run.stderr());
+    for s in scenarios(&run) {
+        assert_eq!(s["outcome"], "passed", "{}", s["verdict"]);
+        for r in s["ranks"].as_array().unwrap() {
+            assert_eq!(r["outcome"], "passed");
+            assert_eq!(r["steps_done"], 6, "rank {} reported every step through the helper", r["rank"]);
+            assert!(r["markers"].as_u64().unwrap() > 20, "{}", r["markers"]);
+            let phases: Vec<&str> =
+                r["timeline"].as_array().unwrap().iter().filter_map(|p| p["phase"].as_str()).collect();
+            assert!(phases.contains(&"dist.init") && phases.contains(&"train"), "{phases:?}");
+        }
+    }
+    let launcher = &scenarios(&run)[1];
+    assert_eq!(launcher["external"]["style"], "launcher");
+    assert_eq!(launcher["external"]["launcher"]["exit_code"], 0);
+    // The ranks were torchrun's children, found by RANK in their environment: not the launcher.
+    let pids: Vec<u64> =
+        launcher["ranks"].as_array().unwrap().iter().map(|r| r["pid"].as_u64().unwrap()).collect();
+    assert!(!pids.contains(&launcher["external"]["launcher"]["pid"].as_u64().unwrap()));
+    assert_ne!(pids[0], pids[1]);
+}
+
+#[test]
+fn rank_1_segfaulting_is_the_first_failure_and_rank_0_collateral_per_rank_and_under_torchrun() {
+    let sb = Sandbox::new();
+    let ddp = program("ddp.py");
+    let expect =
+        r#""expect": {"outcome": "signaled", "signal": "SIGSEGV", "rank": 1, "phase": "forward", "step": 3}"#;
+    let per_rank = sb.scenario(
+        "segv-per-rank",
+        &format!(
+            r#"{{"command": ["python", "{ddp}", "--segv-rank", "1", "--segv-step", "3"],
+                "launch": {{"world_size": 2}}, {LIMITS}, {expect}}}"#
+        ),
+    );
+    let torchrun = sb.scenario(
+        "segv-torchrun",
+        &format!(
+            r#"{{"command": ["torchrun", "--nproc_per_node", "2", "{ddp}", "--segv-rank", "1", "--segv-step", "3"],
+                "launch": {{"world_size": 2, "style": "launcher"}}, {LIMITS}, {expect}}}"#
+        ),
+    );
+    let run = run(&sb, &[&per_rank, &torchrun]);
+    let summary: Vec<String> = scenarios(&run)
+        .iter()
+        .map(|s| format!("{}: {} {} {}", s["name"], s["verdict"], s["expectation_mismatches"], s["ranks"]))
+        .collect();
+    assert_eq!(run.code(), 0, "both meet their expectation:\n{}", summary.join("\n"));
+    for s in scenarios(&run) {
+        assert_eq!(s["first_failure"], 1, "{}", s["verdict"]);
+        let r1 = &s["ranks"][1];
+        assert_eq!((r1["outcome"].as_str(), r1["signal"].as_str()), (Some("signaled"), Some("SIGSEGV")));
+        let r0 = &s["ranks"][0];
+        assert_eq!(r0["collateral"], true, "{r0}");
+        assert_ne!(r0["outcome"], "passed");
+        assert!(s["verdict"]["headline"].as_str().unwrap().contains("Rank 0 failed after it (collateral)"));
+    }
+    let per_rank = &scenarios(&run)[0];
+    let fault = per_rank["ranks"][1]["quotes"].as_array().unwrap();
+    assert!(
+        fault.iter().any(|q| q["title"] == "Python fault handler"
+            && q["lines"].as_array().unwrap().iter().any(|l| l.as_str().unwrap().contains("ddp.py"))),
+        "faulthandler's stack names the program's line: {fault:#?}"
+    );
+    let torchrun = &scenarios(&run)[1];
+    let source = torchrun["ranks"][1]["exit_source"].as_str().unwrap();
+    assert!(source == "procfs" || source == "torchrun", "{source}");
+    let quotes = torchrun["external"]["launcher"]["quotes"].as_array().unwrap();
+    let root = quotes
+        .iter()
+        .find(|q| q["title"] == "torchrun: Root Cause (first observed failure)")
+        .unwrap_or_else(|| panic!("torchrun's summary is quoted: {quotes:#?}"));
+    let root: Vec<&str> = root["lines"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
+    assert!(root.iter().any(|l| l.contains("rank      : 1 (local_rank: 1)")), "{root:?}");
+    assert!(root.iter().any(|l| l.contains("exitcode  : -11")), "{root:?}");
+    let md = report(&sb);
+    assert!(md.contains("Launcher output, torchrun: Root Cause (first observed failure):"), "{md}");
+}
+
+#[test]
+fn a_dataloader_worker_out_of_a_16m_private_dev_shm_is_named_with_its_rank_and_pytorchs_words() {
+    let sb = Sandbox::new();
+    let loader = program("shm_loader.py");
+    let file = sb.scenario(
+        "shm",
+        &format!(
+            r#"{{"command": ["python", "{loader}", "--big-rank", "1", "--sample-mib", "4", "--batch", "4"],
+                "launch": {{"world_size": 2}}, "data": {{"shm_size": "16m"}}, {LIMITS},
+                "expect": {{"outcome": "exited", "rank": 1, "message": "unable to allocate shared memory(shm)"}}}}"#
+        ),
+    );
+    let run = run(&sb, &[&file]);
+    if run.code() == 3 && run.stderr().contains("Operation not permitted") {
+        eprintln!("skipped: this machine does not permit mount namespaces:\n{}", run.stderr());
+        return;
+    }
+    assert_eq!(run.code(), 0, "stderr:\n{}", run.stderr());
+    let s = run.scenario();
+    assert_eq!(s["ranks"][0]["outcome"], "passed", "rank 0's small samples fit");
+    let r1 = &s["ranks"][1];
+    // Worker 1 builds batch 1, the first big one; its pid is in PyTorch's shm file name and in
+    // the helper's `worker` marker.
+    let worker1 = r1["workers"].as_array().unwrap().iter().find(|w| w["id"] == 1).expect("worker 1 reported");
+    let pid = worker1["pid"].as_u64().unwrap();
+    let headline = s["verdict"]["headline"].as_str().unwrap();
+    assert!(
+        headline.starts_with(&format!("DataLoader worker 1 (pid {pid}) of rank 1 failed first")),
+        "{headline}"
+    );
+    assert!(
+        headline.contains(&format!("unable to allocate shared memory(shm) for file </torch_{pid}_")),
+        "{headline}"
+    );
+    let evidence = s["verdict"]["evidence"].to_string();
+    assert!(
+        evidence.contains("the run's private `/dev/shm` (`data.shm_size` = `16m`) peaked at"),
+        "{evidence}"
+    );
+    assert!(evidence.contains("of 16.0 MiB"), "{evidence}");
+    let md = report(&sb);
+    assert!(md.contains("Rank 1, DataLoader:"), "{md}");
+    assert!(md.contains("Caught RuntimeError in DataLoader worker process 1."), "{md}");
+}
+
+#[test]
+fn without_markers_output_decides_false_success_and_a_hang_is_looked_at_with_py_spy() {
+    let sb = Sandbox::new();
+    let plain = program("plain.py");
+    let swallow = sb.scenario(
+        "swallow",
+        &format!(
+            r#"{{"command": ["python", "{plain}", "--mode", "swallow"],
+                "expect": {{"outcome": "false_success", "completes_when": {{"stdout": "^training finished"}}}}}}"#
+        ),
+    );
+    let finish = sb.scenario(
+        "finish",
+        &format!(
+            r#"{{"command": ["python", "{plain}", "--mode", "{{mode}}"], "params": {{"mode": "finish"}},
+                "launch": {{"world_size": 2}}, "expect": {{"completes_when": {{"stdout": "^training finished"}}}}}}"#
+        ),
+    );
+    let deadlock = sb.scenario(
+        "deadlock",
+        &format!(
+            r#"{{"command": ["python", "{plain}", "--mode", "deadlock"],
+                "limits": {{"hang_after_s": 4}}, "expect": {{"outcome": "hung"}}}}"#
+        ),
+    );
+    let run = run(&sb, &[&swallow, &finish, &deadlock]);
+    assert_eq!(run.code(), 0, "every expectation met; stderr:\n{}", run.stderr());
+    let s = scenarios(&run);
+    assert_eq!(s[0]["ranks"][0]["exit_code"], 0);
+    assert_eq!(s[1]["outcome"], "passed");
+    assert_eq!(s[1]["external"]["markers_seen"], false);
+    let dumps = s[2]["ranks"][0]["dumps"].as_array().unwrap();
+    assert_eq!(dumps.len(), 1);
+    let py_spy = dumps[0]["py_spy"].as_str().unwrap_or_else(|| panic!("py-spy ran: {}", dumps[0]));
+    assert!(py_spy.contains("plain.py:"), "the stack reaches the program's line:\n{py_spy}");
+    let main = &dumps[0]["threads"][0];
+    assert_eq!(main["syscall"].as_str().map(|s| s.contains("futex")), Some(true), "{main}");
+    let md = report(&sb);
+    assert!(md.contains("**markers were absent**"), "{md}");
+    assert!(md.contains("### What rank 0 was doing when it was stopped"), "{md}");
+}
+
+#[test]
+fn an_unknown_placeholder_is_bad_input_naming_file_field_and_fix() {
+    let sb = Sandbox::new();
+    let file = sb.scenario(
+        "typo",
+        "{\n  \"command\": [\"python\", \"train.py\", \"{wokers}\"],\n  \"params\": {\"workers\": 2}\n}",
+    );
+    let run = run(&sb, &[&file]);
+    assert_eq!(run.code(), 2);
+    let stderr = run.stderr();
+    assert!(stderr.contains("typo.json:2:37: `command[2]`: unknown placeholder `{wokers}`"), "{stderr}");
+    assert!(stderr.contains("did you mean `{workers}`?"), "{stderr}");
+}
+
+#[test]
+fn a_program_not_on_path_fails_to_launch_with_the_fix() {
+    let sb = Sandbox::new();
+    let file = sb.scenario(
+        "missing",
+        r#"{"command": ["ups-doctor-no-such-python", "train.py"], "expect": {"outcome": "launch_failed"}}"#,
+    );
+    let run = run(&sb, &[&file]);
+    assert_eq!(run.code(), 0, "stderr:\n{}", run.stderr());
+    let error = run.rank(0)["error"].as_str().unwrap().to_string();
+    assert!(error.contains("not found on `PATH`"), "{error}");
+}
+
+#[test]
+fn the_shipped_external_scenarios_meet_their_expectations() {
+    let sb = Sandbox::new();
+    let folder = repo().join("scenarios/external");
+    let run = run(&sb, &[&folder]);
+    assert_eq!(run.code(), 0, "stderr:\n{}", run.stderr());
+    assert!(scenarios(&run).len() >= 3);
+}
