@@ -61,11 +61,15 @@ fn last_traceback(lines: &[String]) -> Option<Vec<String>> {
         .filter(|(_, l)| l.trim_start().starts_with("Traceback (most recent call last):"))
         .map(|(i, _)| i)
         .collect();
-    // A traceback ends where a launcher's log line or a separator begins.
+    // A traceback ends where a launcher's log line, a separator or the next traceback begins.
     let ends_at = |start: usize| {
         lines[start + 1..]
             .iter()
-            .position(|l| is_log_line(l) || l.starts_with("====="))
+            .position(|l| {
+                is_log_line(l)
+                    || l.starts_with("=====")
+                    || l.starts_with("Traceback (most recent call last):")
+            })
             .map_or(lines.len(), |n| start + 1 + n)
     };
     let own =
