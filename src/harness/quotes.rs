@@ -30,7 +30,9 @@ pub fn program_quotes(lines: &[String]) -> Vec<Quote> {
         let skip = loader.len().saturating_sub(6);
         quotes.push(Quote { title: "DataLoader".into(), lines: loader[skip..].to_vec() });
     }
-    if let Some(block) = last_traceback(lines) {
+    // torchrun's own `ChildFailedError` traceback only says a child failed: its Root Cause block
+    // above says which, and how.
+    if let Some(block) = last_traceback(lines).filter(|b| !b.iter().any(|l| l.contains("ChildFailedError"))) {
         quotes.push(Quote { title: "Python traceback (tail)".into(), lines: block });
     }
     if let Some(block) = fault_handler(lines) {
