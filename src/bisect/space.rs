@@ -264,6 +264,7 @@ pub fn derive(scenario: &Scenario) -> Vec<Component> {
         numeric("data.samples", data.samples.into(), 1),
         numeric("data.timesteps", data.timesteps.into(), 2),
         numeric("data.queries", data.queries.into(), 1),
+        numeric("data.augment_passes", data.augment_passes.into(), 0),
         numeric("model.hidden", model.hidden.into(), model.heads.max(1).into()),
         numeric("model.heads", model.heads.into(), 1),
         numeric("model.mlp_ratio", model.mlp_ratio.into(), 1),

@@ -109,6 +109,10 @@ pub struct Data {
     pub timesteps: u32,
     /// Query points the decoder is asked for per sample (a random subset of the grid).
     pub queries: u32,
+    /// Augmentation passes per sample: each translates input and target by a random sub-grid
+    /// amount through an FFT pair (Burgers on a periodic grid is translation-equivariant). The
+    /// knob that makes building batches as costly as a real input pipeline.
+    pub augment_passes: u32,
     pub cache: Cache,
     /// Data-loader worker processes; 0 loads in the trainer.
     pub workers: u32,
@@ -130,6 +134,7 @@ impl Default for Data {
             grid: 128,
             timesteps: 10,
             queries: 64,
+            augment_passes: 0,
             cache: Cache::Memory,
             workers: 0,
             start_method: StartMethod::Fork,

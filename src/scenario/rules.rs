@@ -147,10 +147,20 @@ fn check_data(d: &Data) -> Checked {
         .hint(format!("use at most {} queries, or a larger `grid`", d.grid))
         .related(&["data.grid"]));
     }
+    if d.augment_passes > MAX_AUGMENT_PASSES {
+        return Err(Invalid::new(
+            "data.augment_passes",
+            format!("must be at most {MAX_AUGMENT_PASSES}, found `{}`", d.augment_passes),
+        )
+        .hint("a few dozen passes already make batch building dominate a step; e.g. `32`"));
+    }
     at_least("data.batch_size", d.batch_size.into(), 1, "16")?;
     at_least("data.prefetch", d.prefetch.into(), 1, "2")?;
     check_workers(d)
 }
+
+/// Most augmentation passes per sample: beyond that a run measures nothing but FFTs.
+const MAX_AUGMENT_PASSES: u32 = 1024;
 
 /// Most data-loader workers per rank: each is a process with its own slots in the ring.
 const MAX_WORKERS: u32 = 64;
@@ -573,6 +583,7 @@ mod tests {
         assert_eq!(field(|s| s.data.grid = 127), "data.grid");
         assert_eq!(field(|s| s.data.timesteps = 1), "data.timesteps");
         assert_eq!(field(|s| s.data.queries = 0), "data.queries");
+        assert_eq!(field(|s| s.data.augment_passes = 1025), "data.augment_passes");
         assert_eq!(
             problem(|s| s.data.queries = 129),
             ("data.queries".into(), "129 queries are more than the 128 points of `grid`".into())
