@@ -80,8 +80,11 @@ enum Command {
     },
     /// Describe this machine: libtorch, CPUs, memory, /dev/shm, ulimits, cgroup limits, variables.
     Env {
-        #[arg(long)]
+        #[arg(long, conflicts_with = "markdown")]
         json: bool,
+        /// The report's `## Environment` section, to paste into an issue.
+        #[arg(long)]
+        markdown: bool,
     },
     /// Train one rank of a scenario: the entry point the harness launches. Also works by hand or
     /// under torchrun (reads RANK, WORLD_SIZE, LOCAL_RANK).
@@ -116,8 +119,8 @@ fn main() -> ExitCode {
         Command::Bisect { scenario, set, budget, confidence, confirm, jobs, out, cache, json, quiet } => {
             bisect(BisectArgs { scenario, set, budget, confidence, confirm, jobs, out, cache, json, quiet })
         }
-        Command::Env { json } => {
-            print_env(json);
+        Command::Env { json, markdown } => {
+            print_env(json, markdown);
             Ok(ExitCode::SUCCESS)
         }
         Command::Train { scenario, set } => train(&scenario, &set),
@@ -255,10 +258,12 @@ fn train(file: &Path, set: &[Override]) -> Result<ExitCode, Failure> {
     Ok(ExitCode::from(trainer::run_rank(&scenario) as u8))
 }
 
-fn print_env(json: bool) {
+fn print_env(json: bool, markdown: bool) {
     let env = EnvSummary::collect();
     if json {
         println!("{}", serde_json::to_string_pretty(&env).expect("env serialises"));
+    } else if markdown {
+        print!("{}", report::render_env_markdown(&env));
     } else {
         print!("{}", report::render_env_text(&env));
     }

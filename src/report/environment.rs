@@ -27,7 +27,26 @@ pub(crate) fn rows(env: &EnvSummary) -> Vec<(&'static str, Option<String>)> {
         ("cgroup memory.max", env.cgroup_memory_max.clone()),
         ("cgroup cpu.max", env.cgroup_cpu_max.clone()),
         ("container", Some(env.container.clone().unwrap_or_else(|| "none detected".into()))),
+        ("Python", Some(python(env))),
+        ("Python torch", env.python.as_ref().and_then(|p| p.problem.is_none().then(|| {
+            p.torch_version.clone().unwrap_or_else(|| "not installed".into())
+        }))),
+        ("Python start method", env.python.as_ref().and_then(|p| p.start_method.as_ref()).map(|m| {
+            format!("{m} (multiprocessing's default: DataLoader workers use it unless given a multiprocessing_context)")
+        })),
     ]
+}
+
+/// `3.11.7 (/usr/bin/python3)`, or why there is no answer.
+fn python(env: &EnvSummary) -> String {
+    match &env.python {
+        None => "none on PATH (neither python3 nor python)".into(),
+        Some(p) => match (&p.version, &p.problem) {
+            (_, Some(problem)) => format!("{}: {problem}", p.executable),
+            (Some(v), None) => format!("{v} ({})", p.executable),
+            (None, None) => p.executable.clone(),
+        },
+    }
 }
 
 /// `/dev/shm` use: `1.5 MiB used of 64.0 MiB`, or `None` when it is not mounted.

@@ -6,7 +6,7 @@ use crate::harness::{
     ProcessMemory, RankResult, RunResult, ScenarioResult, ShmAt, ShmUsage, ThreadStack, Verdict, annotate,
     verdict,
 };
-use crate::probe::env::EnvSummary;
+use crate::probe::env::{EnvSummary, PythonEnv};
 use crate::protocol::Frame;
 use crate::scenario::{Expect, Fault, FaultKind, Mode, OutcomeKind, Scenario};
 
@@ -34,6 +34,13 @@ pub fn env() -> EnvSummary {
             ("OMP_NUM_THREADS".into(), "4".into()),
             ("TORCH_SHOW_CPP_STACKTRACES".into(), "1".into()),
         ],
+        python: Some(PythonEnv {
+            executable: "/opt/venv/bin/python3".into(),
+            version: Some("3.12.3".into()),
+            torch_version: Some("2.11.0+cu130".into()),
+            start_method: Some("fork".into()),
+            problem: None,
+        }),
     }
 }
 

@@ -535,6 +535,14 @@ fn scenario_details(doc: &mut Doc, s: &ScenarioResult) {
     doc.push(DETAILS_CLOSE);
 }
 
+/// `ups-doctor env --markdown`: the report's `## Environment` section on its own, to paste into
+/// an issue.
+pub fn render_env_markdown(env: &EnvSummary) -> String {
+    let mut doc = Doc { blocks: Vec::new() };
+    environment_section(&mut doc, env);
+    doc.finish()
+}
+
 fn environment_section(doc: &mut Doc, env: &EnvSummary) {
     doc.push("## Environment");
     let line: Vec<String> = environment::headline(env).iter().map(|p| markup::text(p)).collect();

@@ -203,6 +203,13 @@ fn env_text_lists_every_fact_then_the_variables() {
 }
 
 #[test]
+fn env_as_markdown_is_the_reports_environment_section() {
+    let md = super::render_env_markdown(&fixtures::env());
+    assert!(md.starts_with("## Environment\n"));
+    assert!(render_markdown(&fixtures::run(Vec::new())).contains(md.trim_end()));
+}
+
+#[test]
 fn env_text_says_when_no_variable_is_set() {
     let mut env = fixtures::env();
     env.variables.clear();
