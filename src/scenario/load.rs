@@ -27,7 +27,7 @@ use std::str::FromStr;
 use serde_json::Value;
 
 use super::locate::{self, Position};
-use super::model::{Expect, Fault, FaultKind, OutcomeKind, Scenario};
+use super::model::{CompletesWhen, Expect, Fault, FaultKind, LaunchStyle, OutcomeKind, Scenario};
 use super::path::{self, Segment};
 use super::{rules, suggest};
 
@@ -749,7 +749,9 @@ fn template() -> Scenario {
         phase: Some("forward".to_string()),
         step: Some(3),
         message: Some("text of the error".to_string()),
+        completes_when: Some(CompletesWhen::Stdout("^training finished".to_string())),
     };
+    scenario.launch.style = LaunchStyle::Launcher;
     scenario.inject = vec![Fault {
         fault: FaultKind::Segv,
         phase: "forward".to_string(),
@@ -805,6 +807,9 @@ pub(super) fn known_fields() -> Vec<String> {
     let mut out = Vec::new();
     if let Value::Object(mut fields) = template_value() {
         fields.remove("inject");
+        // A command's argv and params are the user's own, not fields a condition can name.
+        fields.remove("command");
+        fields.remove("params");
         walk("", &Value::Object(fields), &mut out);
     }
     out
@@ -828,6 +833,7 @@ fn apply_overrides(
             let hint = Some("write a dotted path such as `data.workers` or `inject[0].step`".to_string());
             ScenarioError::new(origin, Problem::new(None, why, hint)).by(Some(o))
         })?;
+        let segments = param_value_path(&value, segments, &o.value);
         path::set(&mut value, &segments, o.value.clone()).map_err(|(field, message, hint)| {
             ScenarioError::new(origin, Problem::new(Some(field), message, hint)).by(Some(o))
         })?;
@@ -837,6 +843,19 @@ fn apply_overrides(
         let culprit = problem.field.as_deref().and_then(|f| override_of(f, overrides)).or(overrides.last());
         ScenarioError::new(origin, problem).by(culprit)
     })
+}
+
+/// `--set params.NAME=VALUE` on a param written as an object (`{"value": 8, "cuts": […]}`) sets
+/// its `value`, so its `min` or `cuts` survive; an object value replaces the whole param.
+fn param_value_path(scenario: &Value, segments: Vec<Segment>, new: &Value) -> Vec<Segment> {
+    let is_param = matches!(segments.as_slice(), [Segment::Key(p), Segment::Key(_)] if p == "params");
+    let object_now = path::get(scenario, &segments).is_some_and(Value::is_object);
+    if is_param && object_now && !new.is_object() {
+        let mut segments = segments;
+        segments.push(Segment::Key("value".to_string()));
+        return segments;
+    }
+    segments
 }
 
 /// The last override that set `field`, a field inside it, or a section containing it.
@@ -1070,6 +1089,22 @@ mod tests {
     }
 
     #[test]
+    fn set_on_an_object_param_keeps_its_cuts() {
+        let file = r#"{"command": ["python", "t.py", "{workers}", "{pin}"],
+                       "params": {"workers": {"value": 8, "cuts": [8, 4, 1, 0]}, "pin": true}}"#;
+        let overrides: Vec<Override> = ["params.workers=4", "params.pin=false"].map(set).to_vec();
+        // Past the placeholder checks, the only refusal left is the not-yet one of `command`.
+        let e = load_str(file, origin(), &overrides).unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("command"), "{e}");
+        let mut value: Value = serde_json::from_str(file).unwrap();
+        for o in &overrides {
+            let segments = param_value_path(&value, path::parse(&o.path).unwrap(), &o.value);
+            path::set(&mut value, &segments, o.value.clone()).unwrap();
+        }
+        assert_eq!(value["params"], json!({"workers": {"value": 4, "cuts": [8, 4, 1, 0]}, "pin": false}));
+    }
+
+    #[test]
     fn lookup_reads_dotted_paths_including_unset_options() {
         let mut s = Scenario::default();
         s.launch.mode = Mode::Ddp;
@@ -1293,6 +1328,38 @@ mod tests {
         #[test]
         fn worker_threads_inherit_without_workers_by_set() {
             insta::assert_snapshot!(error("{}", &["data.worker_threads=inherit"]));
+        }
+
+        #[test]
+        fn external_command_with_an_unknown_placeholder() {
+            insta::assert_snapshot!(error(
+                "{\n  \"command\": [\"python\", \"train.py\",\n    \"--workers\", \"{wokers}\"],\n  \"params\": {\"workers\": 2}\n}",
+                &[]
+            ));
+        }
+
+        #[test]
+        fn external_param_declared_but_unused() {
+            insta::assert_snapshot!(error(
+                "{\n  \"command\": [\"python\", \"train.py\"],\n  \"params\": {\n    \"pin_memory\": true\n  }\n}",
+                &[]
+            ));
+        }
+
+        #[test]
+        fn external_param_object_with_a_misspelt_field() {
+            insta::assert_snapshot!(error(
+                "{\n  \"command\": [\"python\", \"train.py\", \"{workers}\"],\n  \"params\": {\"workers\": {\"valu\": 8, \"cuts\": [8, 4]}}\n}",
+                &[]
+            ));
+        }
+
+        #[test]
+        fn external_command_with_a_built_in_trainer_field() {
+            insta::assert_snapshot!(error(
+                "{\n  \"command\": [\"python\", \"train.py\"],\n  \"model\": {\"depths\": [2]}\n}",
+                &[]
+            ));
         }
 
         #[test]

@@ -2,8 +2,10 @@
 //!
 //! `model` is the schema (plain serde data with defaults); `load` reads files strictly (unknown
 //! fields, wrong types and impossible values are errors that name file, line:column, field and a
-//! fix), applies `--set` overrides and validates. Nothing here starts processes.
+//! fix), applies `--set` overrides and validates; `command` holds the params and placeholders of
+//! external training commands. Nothing here starts processes.
 
+mod command;
 mod load;
 mod locate;
 mod model;
@@ -12,6 +14,7 @@ mod rules;
 mod size;
 mod suggest;
 
+pub use command::{BUILTIN_PLACEHOLDERS, Piece, is_identifier, pieces, placeholders, render_with};
 pub use load::*;
 pub use model::*;
 pub use size::{SIZE_FORMS, parse_size};

@@ -7,6 +7,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+pub use super::command::{Param, ParamValue};
+
 /// A training configuration plus how to launch it and what outcome it should have.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -22,6 +24,21 @@ pub struct Scenario {
     pub limits: Limits,
     pub expect: Expect,
     pub inject: Vec<Fault>,
+    /// An external training program (argv, never a shell string) run instead of the built-in
+    /// trainer; `{name}` placeholders in its arguments are replaced by `params` (see
+    /// [`super::command`]). Absent: the built-in trainer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub command: Option<Vec<String>>,
+    /// The external program's own knobs, substituted into `command`; bisect cuts them.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub params: BTreeMap<String, Param>,
+}
+
+impl Scenario {
+    /// Whether the ranks run the user's `command` rather than the built-in trainer.
+    pub fn is_external(&self) -> bool {
+        self.command.is_some()
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -31,11 +48,40 @@ pub struct Launch {
     pub world_size: u32,
     pub device: Device,
     pub backend: Backend,
+    /// How an external `command` is started: one copy per rank, or once as a launcher (torchrun)
+    /// that starts the ranks itself. Only with `command`.
+    #[serde(skip_serializing_if = "LaunchStyle::is_per_rank")]
+    pub style: LaunchStyle,
 }
 
 impl Default for Launch {
     fn default() -> Self {
-        Launch { mode: Mode::Single, world_size: 1, device: Device::Auto, backend: Backend::Auto }
+        Launch {
+            mode: Mode::Single,
+            world_size: 1,
+            device: Device::Auto,
+            backend: Backend::Auto,
+            style: LaunchStyle::PerRank,
+        }
+    }
+}
+
+/// How an external command becomes ranks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LaunchStyle {
+    /// The harness starts `world_size` copies of `command`, each with torchrun's environment
+    /// (`RANK`, `LOCAL_RANK`, `WORLD_SIZE`, …), exactly as it starts the built-in trainer.
+    #[default]
+    PerRank,
+    /// The harness starts `command` once (`torchrun --nproc_per_node 2 train.py`) and finds the
+    /// rank processes in its process tree by the `RANK` in their environment.
+    Launcher,
+}
+
+impl LaunchStyle {
+    fn is_per_rank(&self) -> bool {
+        *self == LaunchStyle::PerRank
     }
 }
 
@@ -286,6 +332,21 @@ pub struct Expect {
     /// Text the failing rank's error message must contain.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// External commands: what shows that the program really finished, so that an exit status
+    /// of 0 without it is `false_success`. Absent: the exit status alone decides.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub completes_when: Option<CompletesWhen>,
+}
+
+/// The evidence that an external program finished its work.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum CompletesWhen {
+    /// Every rank sent the helper's `done` marker (`ups_doctor.done()`).
+    Done,
+    /// A line of the program's standard output matches this regular expression (any rank's
+    /// output; under a launcher, the launcher's output, which its ranks share).
+    Stdout(String),
 }
 
 impl Default for Expect {
@@ -298,6 +359,7 @@ impl Default for Expect {
             phase: None,
             step: None,
             message: None,
+            completes_when: None,
         }
     }
 }

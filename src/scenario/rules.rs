@@ -8,11 +8,13 @@
 use serde::Serialize;
 use serde_json::Value;
 
+use super::command::{self, BUILTIN_PLACEHOLDERS, Param, ParamValue};
 use super::load::{self, Source};
 use super::model::{
     Backend, CHECKPOINT_PHASES, Data, Device, Expect, Fault, FaultKind, Launch, Limits, Mode, Model,
     ONE_OFF_PHASES, OutcomeKind, PER_STEP_PHASES, Scenario, StartMethod, Train, WORKER_PHASES, WorkerThreads,
 };
+use super::model::{CompletesWhen, LaunchStyle};
 use super::size::{SIZE_FORMS, parse_size};
 use super::{path, suggest};
 use crate::protocol::{signal_name, signal_number};
@@ -61,6 +63,10 @@ type Checked = Result<(), Invalid>;
 /// Every rule, in the order a user should fix things: shapes and ranges first, then relations,
 /// then faults and expectations, and only then what is not supported yet.
 pub(crate) fn check(s: &Scenario) -> Checked {
+    if s.is_external() {
+        return check_external(s);
+    }
+    check_builtin_has_no_command_fields(s)?;
     check_model(&s.model)?;
     check_data(&s.data)?;
     check_shm_size(&s.data)?;
@@ -461,6 +467,292 @@ fn check_condition(s: &Scenario, field: &str, key: &str, wanted: &Value) -> Chec
                 format!("`{key}` can never be `{candidate}`: {}", problem.message),
             )
             .hint_opt(problem.hint));
+        }
+    }
+    Ok(())
+}
+
+/// A scenario with `command`: the built-in trainer's fields must stay unset, the command and its
+/// params must fit together, and the launch, limits and expectation must make sense.
+fn check_external(s: &Scenario) -> Checked {
+    check_builtin_fields_unset(s)?;
+    check_shm_size(&s.data)?;
+    check_limits(&s.limits)?;
+    at_least("launch.world_size", s.launch.world_size.into(), 1, "2")?;
+    check_expect(&s.expect)?;
+    check_completes_when(s)?;
+    check_command(s)?;
+    // Lifted by the harness part of issue 7 (its next commit).
+    Err(Invalid::new(
+        "command",
+        "`command` is not supported yet: running external programs arrives with issue #7",
+    )
+    .hint("remove `command` to run the built-in trainer"))
+}
+
+/// With `command`, the fields only the built-in trainer reads are refused (not ignored), so a
+/// scenario never looks like it configures something that does not happen. `data.shm_size` is
+/// the exception: the private `/dev/shm` is the harness's, and works for any program.
+fn check_builtin_fields_unset(s: &Scenario) -> Checked {
+    let defaults = Scenario::default();
+    let hint = "remove it: your program's own settings go into `params`, substituted into `command`";
+    let sections: [(&str, Value, Value); 3] = [
+        ("model", to_json(&s.model), to_json(&defaults.model)),
+        ("data", to_json(&s.data), to_json(&defaults.data)),
+        ("train", to_json(&s.train), to_json(&defaults.train)),
+    ];
+    for (section, ours, default) in sections {
+        if let Some(field) = first_difference(section, &ours, &default, &["data.shm_size"]) {
+            return Err(Invalid::new(
+                field.clone(),
+                "only the built-in trainer reads this, and it does not run when `command` is given",
+            )
+            .hint(hint));
+        }
+    }
+    let launch = [
+        (
+            "launch.mode",
+            s.launch.mode != defaults.launch.mode,
+            "the ranks of a command are `launch.world_size` copies (or what its launcher starts); there is no mode to pick",
+        ),
+        ("launch.device", s.launch.device != defaults.launch.device, "a command picks its own device"),
+        (
+            "launch.backend",
+            s.launch.backend != defaults.launch.backend,
+            "a command picks its own process-group backend",
+        ),
+    ];
+    if let Some((field, _, why)) = launch.into_iter().find(|(_, set, _)| *set) {
+        return Err(Invalid::new(field, format!("`{field}` is for the built-in trainer: {why}"))
+            .hint("remove it; set `launch.world_size` and, for torchrun, `launch.style: launcher`"));
+    }
+    if !s.inject.is_empty() {
+        return Err(Invalid::new(
+            "inject",
+            "faults are injected by the built-in trainer, which does not run when `command` is given",
+        )
+        .hint("remove `inject`; run your program the way it fails, or give it a param that makes it fail"));
+    }
+    Ok(())
+}
+
+fn to_json<T: Serialize>(value: &T) -> Value {
+    serde_json::to_value(value).unwrap_or(Value::Null)
+}
+
+/// The first dotted field (under `prefix`) where `ours` differs from `default`, skipping `except`.
+fn first_difference(prefix: &str, ours: &Value, default: &Value, except: &[&str]) -> Option<String> {
+    match (ours, default) {
+        (Value::Object(a), Value::Object(b)) => {
+            let keys: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+            keys.into_iter().find_map(|key| {
+                let field = format!("{prefix}.{key}");
+                if except.contains(&field.as_str()) {
+                    return None;
+                }
+                let null = Value::Null;
+                first_difference(&field, a.get(key).unwrap_or(&null), b.get(key).unwrap_or(&null), except)
+            })
+        }
+        (a, b) if a == b => None,
+        _ => Some(prefix.to_string()),
+    }
+}
+
+/// The built-in trainer's scenarios must not carry what only a command uses.
+fn check_builtin_has_no_command_fields(s: &Scenario) -> Checked {
+    const ADD: &str = "add `command` (the program and its arguments, e.g. `[\"python\", \"train.py\"]`)";
+    if let Some(name) = s.params.keys().next() {
+        return Err(Invalid::new(
+            format!("params.{name}"),
+            "`params` are substituted into `command`, but there is no `command` (the built-in trainer runs)",
+        )
+        .hint(format!("{ADD}, or remove `params`")));
+    }
+    if s.launch.style == LaunchStyle::Launcher {
+        return Err(Invalid::new(
+            "launch.style",
+            "`launcher` starts a `command` that starts the ranks, but there is no `command`",
+        )
+        .hint(format!("{ADD}, or remove `style`")));
+    }
+    if s.expect.completes_when.is_some() {
+        return Err(Invalid::new(
+            "expect.completes_when",
+            "the built-in trainer always reports completion with its `done` marker; `completes_when` is for a `command`",
+        )
+        .hint("remove `completes_when`"));
+    }
+    Ok(())
+}
+
+fn check_completes_when(s: &Scenario) -> Checked {
+    if let Some(CompletesWhen::Stdout(pattern)) = &s.expect.completes_when {
+        if let Err(err) = regex::Regex::new(pattern) {
+            let why = err.to_string();
+            let last = why.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("").trim();
+            return Err(Invalid::new(
+                "expect.completes_when.stdout",
+                format!("`{pattern}` is not a regular expression: {}", last.trim_start_matches("error: ")),
+            )
+            .hint("write a regular expression (Rust `regex` syntax) such as `\"^training finished\"`; escape `\\\\`, `(` and `[` with `\\\\`"));
+        }
+        if pattern.is_empty() {
+            return Err(Invalid::new("expect.completes_when.stdout", "an empty pattern matches any output")
+                .hint(
+                    "give a line your program prints only when it finished, e.g. `\"^training finished\"`",
+                ));
+        }
+    }
+    Ok(())
+}
+
+/// The argv, its placeholders and the params.
+fn check_command(s: &Scenario) -> Checked {
+    let argv = s.command.as_deref().unwrap_or_default();
+    if argv.is_empty() {
+        return Err(Invalid::new("command", "the command is empty")
+            .hint("give the program and its arguments as a list, e.g. `[\"python\", \"train.py\"]`"));
+    }
+    if argv[0].trim().is_empty() {
+        return Err(Invalid::new("command[0]", "the program name is empty").hint(
+            "name the program first, e.g. `\"python\"` or `\"torchrun\"` (found on `PATH`) or a path",
+        ));
+    }
+    for (name, param) in &s.params {
+        check_param(name, param)?;
+    }
+    let mut known: Vec<String> = s.params.keys().cloned().collect();
+    known.extend(BUILTIN_PLACEHOLDERS.iter().map(|b| b.to_string()));
+    for (index, name) in command::placeholders(argv) {
+        if known.contains(&name) {
+            continue;
+        }
+        let field = format!("command[{index}]");
+        let arg = &argv[index];
+        let hint = if arg.contains(&format!("${{{name}}}")) {
+            format!(
+                "the command is not run by a shell, so no environment variable is expanded: declare `{name}` in `params`, or write the value itself"
+            )
+        } else if let Some(close) = suggest::closest(&name, &known) {
+            format!("did you mean `{{{close}}}`?")
+        } else {
+            format!(
+                "declare it in `params` (e.g. `\"params\": {{\"{name}\": 4}}`), or write `{{{{{name}}}}}` for a literal `{{{name}}}`; built-in placeholders are {}",
+                suggest::list(&BUILTIN_PLACEHOLDERS.map(|b| format!("{{{b}}}")))
+            )
+        };
+        return Err(Invalid::new(field, format!("unknown placeholder `{{{name}}}` in `{arg}`")).hint(hint));
+    }
+    let used: Vec<String> = command::placeholders(argv).into_iter().map(|(_, n)| n).collect();
+    if let Some(name) = s.params.keys().find(|n| !used.contains(n)) {
+        let mut invalid = Invalid::new(
+            format!("params.{name}"),
+            format!("param `{name}` is not used: no `{{{name}}}` in `command`"),
+        )
+        .hint(format!(
+            "pass it to the program, e.g. `\"--{}\", \"{{{name}}}\"` in `command`, or remove the param",
+            name.replace('_', "-")
+        ));
+        invalid.at_key = true;
+        return Err(invalid);
+    }
+    Ok(())
+}
+
+/// A param's name, and its `min` and `cuts` against its value.
+fn check_param(name: &str, param: &Param) -> Checked {
+    let field = format!("params.{name}");
+    if !command::is_identifier(name) {
+        let mut invalid = Invalid::new(field, format!("`{name}` cannot be a placeholder name"))
+            .hint("use letters, digits and `_`, starting with a letter or `_` (e.g. `pin_memory`)");
+        invalid.at_key = true;
+        return Err(invalid);
+    }
+    if BUILTIN_PLACEHOLDERS.contains(&name) {
+        let mut invalid = Invalid::new(field, format!("`{{{name}}}` is a built-in placeholder"))
+            .hint("give the param another name");
+        invalid.at_key = true;
+        return Err(invalid);
+    }
+    if param.min.is_some() && param.cuts.is_some() {
+        return Err(Invalid::new(format!("{field}.min"), "a param has either `min` or `cuts`, not both")
+            .hint("keep `cuts` to list every value bisect may try, or `min` to let it halve down to that"));
+    }
+    if let Some(min) = param.min {
+        let at = format!("{field}.min");
+        match &param.value {
+            ParamValue::Int(value) => {
+                if min.fract() != 0.0 || !min.is_finite() {
+                    return Err(Invalid::new(
+                        at,
+                        format!("`min` of an integer param must be an integer, found `{min}`"),
+                    )
+                    .hint(format!("e.g. `\"min\": {}`", min.floor().max(0.0))));
+                }
+                if min > *value as f64 {
+                    return Err(Invalid::new(at, format!("`min` {min} is above the value {value}"))
+                        .hint(format!("use a `min` of at most {value}")));
+                }
+            }
+            ParamValue::Float(value) => {
+                if !min.is_finite() || min > *value {
+                    return Err(Invalid::new(at, format!("`min` {min} is above the value {value}"))
+                        .hint(format!("use a `min` of at most {value}")));
+                }
+            }
+            ParamValue::List(items) => {
+                if min.fract() != 0.0 || !(0.0..=items.len() as f64).contains(&min) {
+                    return Err(Invalid::new(
+                        at,
+                        format!("`min` of a list param is the fewest items to keep: an integer from 0 to {}, found `{min}`", items.len()),
+                    )
+                    .hint("e.g. `\"min\": 1`"));
+                }
+            }
+            other => {
+                return Err(Invalid::new(
+                    at,
+                    format!("`min` applies to numbers and lists, not to {}", other.kind()),
+                )
+                .hint(match other {
+                    ParamValue::Bool(_) => "remove `min`: bisect cuts a boolean by switching it off",
+                    _ => "remove `min`, or list the values bisect may try in `cuts`",
+                }));
+            }
+        }
+    }
+    if let Some(cuts) = &param.cuts {
+        let at = format!("{field}.cuts");
+        if matches!(param.value, ParamValue::Bool(_)) {
+            return Err(Invalid::new(at, "a boolean param has no `cuts`: bisect switches it off")
+                .hint("remove `cuts`"));
+        }
+        if cuts.is_empty() {
+            return Err(Invalid::new(at, "an empty list of cuts gives bisect nothing to try")
+                .hint("list the values to try in order, e.g. `[8, 4, 1, 0]`, or remove `cuts`"));
+        }
+        for (index, cut) in cuts.iter().enumerate() {
+            let fits = matches!(
+                (&param.value, cut),
+                (ParamValue::Int(_), ParamValue::Int(_))
+                    | (ParamValue::Float(_), ParamValue::Float(_) | ParamValue::Int(_))
+                    | (ParamValue::Text(_), ParamValue::Text(_))
+                    | (ParamValue::List(_), ParamValue::List(_))
+            );
+            if !fits {
+                return Err(Invalid::new(
+                    format!("{at}[{index}]"),
+                    format!(
+                        "`{cut}` is {}, but the param's value `{}` is {}",
+                        cut.kind(),
+                        param.value,
+                        param.value.kind()
+                    ),
+                )
+                .hint(format!("give every cut as {}", param.value.kind())));
+            }
         }
     }
     Ok(())
@@ -871,5 +1163,168 @@ mod tests {
         s.data.workers = 0;
         s.inject = vec![fault("worker.batch", 2)];
         assert!(check(&s).unwrap_err().message.contains("happens in data-loader workers"));
+    }
+
+    fn external(command: &[&str], params: serde_json::Value) -> Scenario {
+        Scenario {
+            command: Some(command.iter().map(|a| a.to_string()).collect()),
+            params: serde_json::from_value(params).unwrap(),
+            ..Scenario::default()
+        }
+    }
+
+    /// The first problem of an external scenario, past the placeholder/param checks.
+    fn external_problem(s: &Scenario) -> Invalid {
+        let invalid = check(s).unwrap_err();
+        assert_ne!(invalid.message, NOT_YET, "expected a problem before the not-yet refusal");
+        invalid
+    }
+
+    const NOT_YET: &str = "`command` is not supported yet: running external programs arrives with issue #7";
+
+    #[test]
+    fn a_command_with_used_params_passes_every_check() {
+        let s = external(
+            &[
+                "python",
+                "{scenario_dir}/train.py",
+                "--workers={workers}",
+                "--depths",
+                "{depths}",
+                "--nproc={world_size}",
+            ],
+            json!({"workers": {"value": 8, "cuts": [8, 4, 1, 0]}, "depths": {"value": [2, 2], "min": 1}}),
+        );
+        assert_eq!(check(&s).unwrap_err().message, NOT_YET);
+    }
+
+    #[test]
+    fn unknown_placeholders_are_named_with_a_fix() {
+        let s = external(&["python", "train.py", "--workers", "{wokers}"], json!({"workers": 2}));
+        let invalid = external_problem(&s);
+        assert_eq!(invalid.field, "command[3]");
+        assert_eq!(invalid.message, "unknown placeholder `{wokers}` in `{wokers}`");
+        assert_eq!(invalid.hint.as_deref(), Some("did you mean `{workers}`?"));
+        let s = external(&["python", "${HOME}/train.py"], json!({}));
+        assert!(external_problem(&s).hint.unwrap().contains("no environment variable is expanded"));
+        let s = external(&["python", "train.py", "{{literal}}"], json!({}));
+        assert_eq!(check(&s).unwrap_err().message, NOT_YET);
+    }
+
+    #[test]
+    fn declared_params_must_be_used() {
+        let s = external(&["python", "train.py"], json!({"pin_memory": true}));
+        let invalid = external_problem(&s);
+        assert_eq!((invalid.field.as_str(), invalid.at_key), ("params.pin_memory", true));
+        assert_eq!(invalid.message, "param `pin_memory` is not used: no `{pin_memory}` in `command`");
+        assert!(invalid.hint.unwrap().contains("`\"--pin-memory\", \"{pin_memory}\"`"));
+    }
+
+    #[test]
+    fn param_names_min_and_cuts_are_checked_against_the_value() {
+        let cases = [
+            (json!({"a-b": 1}), "params.a-b", "`a-b` cannot be a placeholder name"),
+            (json!({"world_size": 1}), "params.world_size", "`{world_size}` is a built-in placeholder"),
+            (json!({"w": {"value": 4, "min": 5}}), "params.w.min", "`min` 5 is above the value 4"),
+            (
+                json!({"w": {"value": 4, "min": 0.5}}),
+                "params.w.min",
+                "`min` of an integer param must be an integer, found `0.5`",
+            ),
+            (
+                json!({"w": {"value": true, "min": 0}}),
+                "params.w.min",
+                "`min` applies to numbers and lists, not to a boolean",
+            ),
+            (
+                json!({"w": {"value": [1, 2], "min": 3}}),
+                "params.w.min",
+                "`min` of a list param is the fewest items to keep: an integer from 0 to 2, found `3`",
+            ),
+            (
+                json!({"w": {"value": 4, "min": 0, "cuts": [0]}}),
+                "params.w.min",
+                "a param has either `min` or `cuts`, not both",
+            ),
+            (
+                json!({"w": {"value": 8, "cuts": [4, "1"]}}),
+                "params.w.cuts[1]",
+                "`\"1\"` is a string, but the param's value `8` is an integer",
+            ),
+            (
+                json!({"w": {"value": 8, "cuts": []}}),
+                "params.w.cuts",
+                "an empty list of cuts gives bisect nothing to try",
+            ),
+            (
+                json!({"w": {"value": false, "cuts": [true]}}),
+                "params.w.cuts",
+                "a boolean param has no `cuts`: bisect switches it off",
+            ),
+        ];
+        for (params, field, message) in cases {
+            let name = params.as_object().unwrap().keys().next().unwrap().clone();
+            let s = external(&["python", "train.py", &format!("{{{name}}}")], params);
+            let invalid = external_problem(&s);
+            assert_eq!((invalid.field.as_str(), invalid.message.as_str()), (field, message));
+        }
+        let s = external(&["python", "{lr}"], json!({"lr": {"value": 0.5, "cuts": [0.1, 0]}}));
+        assert_eq!(check(&s).unwrap_err().message, NOT_YET, "integer cuts of a float param are numbers");
+    }
+
+    #[test]
+    fn the_built_in_trainers_fields_are_refused_with_a_command() {
+        type Edit = Box<dyn Fn(&mut Scenario)>;
+        let edits: Vec<(&str, Edit)> = vec![
+            ("model.depths", Box::new(|s| s.model.depths = vec![2])),
+            ("data.workers", Box::new(|s| s.data.workers = 2)),
+            ("train.steps", Box::new(|s| s.train.steps = 5)),
+            ("launch.mode", Box::new(|s| s.launch.mode = Mode::Ddp)),
+            ("launch.backend", Box::new(|s| s.launch.backend = Backend::Tcp)),
+            ("inject", Box::new(|s| s.inject.push(fault("forward", 0)))),
+        ];
+        for (field, edit) in edits {
+            let mut s = external(&["python", "train.py"], json!({}));
+            edit(&mut s);
+            assert_eq!(external_problem(&s).field, field);
+        }
+        // The private /dev/shm and several ranks work for any program.
+        let mut s = external(&["python", "train.py"], json!({}));
+        s.data.shm_size = Some("16m".into());
+        s.launch.world_size = 2;
+        assert_eq!(check(&s).unwrap_err().message, NOT_YET);
+        s.command = Some(vec![]);
+        assert_eq!(check(&s).unwrap_err().field, "command");
+        s.command = Some(vec![" ".into()]);
+        assert_eq!(check(&s).unwrap_err().field, "command[0]");
+    }
+
+    #[test]
+    fn command_fields_without_a_command_are_refused() {
+        use crate::scenario::{CompletesWhen, LaunchStyle};
+        let s = Scenario { params: serde_json::from_value(json!({"x": 1})).unwrap(), ..Scenario::default() };
+        assert_eq!(check(&s).unwrap_err().field, "params.x");
+        let mut s = Scenario::default();
+        s.launch.style = LaunchStyle::Launcher;
+        assert_eq!(check(&s).unwrap_err().field, "launch.style");
+        let mut s = Scenario::default();
+        s.expect.completes_when = Some(CompletesWhen::Done);
+        assert_eq!(check(&s).unwrap_err().field, "expect.completes_when");
+    }
+
+    #[test]
+    fn completes_when_stdout_must_be_a_regular_expression() {
+        use crate::scenario::CompletesWhen;
+        let mut s = external(&["python", "train.py"], json!({}));
+        s.expect.completes_when = Some(CompletesWhen::Stdout("finished (".into()));
+        let invalid = external_problem(&s);
+        assert_eq!(invalid.field, "expect.completes_when.stdout");
+        assert!(
+            invalid.message.starts_with("`finished (` is not a regular expression: "),
+            "{}",
+            invalid.message
+        );
+        s.expect.completes_when = Some(CompletesWhen::Stdout("^finished \\d+ steps".into()));
+        assert_eq!(check(&s).unwrap_err().message, NOT_YET);
     }
 }
