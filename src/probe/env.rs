@@ -32,6 +32,10 @@ pub struct EnvSummary {
     pub container: Option<String>,
     /// `NCCL_*`, `TORCH_*`, `CUDA_*`, `OMP_*`, `MKL_*`, `GLOO_*`, `UPS_DOCTOR_*` as set.
     pub variables: Vec<(String, String)>,
+    /// Driver, CUDA, NCCL and GPUs ([`super::gpu_env`]); filled by the commands that can ask a
+    /// child process about libtorch's CUDA, absent in results of older versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<super::gpu_env::GpuEnv>,
 }
 
 const VARIABLE_PREFIXES: [&str; 8] =
@@ -66,6 +70,7 @@ impl EnvSummary {
             cgroup_cpu_max: cgroup.as_ref().and_then(|d| read_trim(&format!("{d}/cpu.max"))),
             container: detect_container(),
             variables,
+            gpu: None,
         }
     }
 }

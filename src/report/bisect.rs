@@ -227,6 +227,7 @@ mod tests {
                 cgroup_cpu_max: None,
                 container: None,
                 variables: Vec::new(),
+                gpu: None,
             },
         }
     }

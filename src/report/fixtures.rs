@@ -34,6 +34,7 @@ pub fn env() -> EnvSummary {
             ("OMP_NUM_THREADS".into(), "4".into()),
             ("TORCH_SHOW_CPP_STACKTRACES".into(), "1".into()),
         ],
+        gpu: None,
     }
 }
 
@@ -63,6 +64,7 @@ fn rank(rank: u32, steps: u64) -> RankResult {
     RankResult {
         rank,
         pid: Some(41000 + rank),
+        device: Some("cpu".into()),
         outcome: OutcomeKind::Passed,
         signal: None,
         exit_code: Some(0),
@@ -192,6 +194,7 @@ pub fn passing() -> ScenarioResult {
             datasets: Vec::new(),
         }),
         leftovers: Leftovers::default(),
+        gpu: None,
     }
 }
 
@@ -310,6 +313,7 @@ pub fn segv() -> ScenarioResult {
         samples_per_s: Some(67.5),
         memory: None,
         leftovers: Leftovers::default(),
+        gpu: None,
     }
 }
 
@@ -402,6 +406,7 @@ pub fn hung() -> ScenarioResult {
         samples_per_s: Some(50.9),
         memory: None,
         leftovers: Leftovers::default(),
+        gpu: None,
     }
 }
 
@@ -462,6 +467,7 @@ pub fn false_success() -> ScenarioResult {
         samples_per_s: None,
         memory: None,
         leftovers: Leftovers::default(),
+        gpu: None,
     }
 }
 
@@ -501,6 +507,7 @@ pub fn abort_raw_only() -> ScenarioResult {
         samples_per_s: Some(54.4),
         memory: None,
         leftovers: Leftovers::default(),
+        gpu: None,
     }
 }
 
@@ -610,6 +617,7 @@ pub fn shm_bus_error() -> ScenarioResult {
         samples_per_s: Some(25.6),
         memory: Some(memory),
         leftovers,
+        gpu: None,
     }
 }
 
