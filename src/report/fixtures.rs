@@ -641,3 +641,21 @@ pub fn interrupted() -> RunResult {
     run.not_run = vec!["fsdp-inplace-view".into(), "shm-64m-bus-error".into()];
     run
 }
+
+/// A GPU report folded from the recorded-shape NVML samples of one H100 training run (rank 0 is
+/// pid 4242).
+pub fn gpu_report() -> crate::harness::GpuReport {
+    let samples: Vec<crate::harness::GpuSample> =
+        serde_json::from_str(include_str!("../harness/fixtures/nvml-h100-training.json")).unwrap();
+    let info = vec![crate::probe::nvml::GpuInfo {
+        index: 0,
+        name: "NVIDIA H100 80GB HBM3".into(),
+        uuid: "GPU-0".into(),
+        memory_total_bytes: 80 << 30,
+    }];
+    let mut rec = crate::harness::GpuRecorder::new(0.2, info, Vec::new());
+    for s in samples {
+        rec.record(s);
+    }
+    rec.finish(&[&crate::harness::RankState::default()], &[Some(4242)])
+}
