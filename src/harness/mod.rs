@@ -8,6 +8,7 @@
 
 mod capture;
 mod classify;
+mod gpu;
 mod memory;
 mod namespace;
 mod process;
@@ -21,6 +22,10 @@ use std::sync::atomic::AtomicBool;
 
 pub use classify::{
     Intervention, RankEnd, annotate, check_expectation, classify_rank, input_bound, used_of, verdict,
+};
+pub use gpu::{
+    ClockReason, GpuPoint, GpuPointValues, GpuProcessPeak, GpuRecorder, GpuReport, GpuSample, GpuSummary,
+    Stat, annotate_gpu, clock_reason_names,
 };
 pub use progress::{Progress, ProgressMode};
 pub use result::*;
@@ -119,6 +124,7 @@ pub fn run_scenario(
         Some(&observed.memory),
         &observed.leftovers,
     );
+    annotate_gpu(&mut verdict, &input.scenario, &ranks, observed.gpu.as_ref());
     for r in &mut ranks {
         r.collateral = first_failure.is_some_and(|f| f != r.rank) && r.outcome != OutcomeKind::Passed;
     }
@@ -143,6 +149,7 @@ pub fn run_scenario(
         },
         memory: Some(observed.memory),
         leftovers: observed.leftovers,
+        gpu: observed.gpu,
         ranks,
     }))
 }

@@ -9,11 +9,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use crate::probe::nvml::{Nvml, Sampler};
 use crate::probe::{memory, shm};
 use crate::protocol::{RUN_ID_ENV, STACK_DUMP_SIGNAL};
 use crate::scenario::Scenario;
 
 use super::classify::{Intervention, RankEnd};
+use super::gpu::{GpuRecorder, GpuReport, GpuSample};
 use super::memory::{MemoryRecorder, ProcSample, ShmSample, new_segments, orphaned_segments, ours_bytes};
 use super::namespace::PrivateShm;
 use super::process::{self, Event, RankProcess, RankSpec};
@@ -69,6 +71,56 @@ pub struct Supervised {
     pub interrupted: bool,
     pub memory: MemoryReport,
     pub leftovers: Leftovers,
+    pub gpu: Option<GpuReport>,
+}
+
+/// GPU sampling for one scenario.
+enum GpuWatch {
+    /// The ranks train on the CPU by choice (`device: cpu`), or `limits.gpu_sample_ms` is 0.
+    Off,
+    /// Why NVML cannot be used.
+    Unavailable(String),
+    On {
+        sampler: Sampler,
+        recorder: GpuRecorder,
+        every: Duration,
+        next: Instant,
+    },
+}
+
+impl GpuWatch {
+    fn start(scenario: &Scenario, now: Instant) -> GpuWatch {
+        let ms = scenario.limits.gpu_sample_ms;
+        if scenario.launch.device == crate::scenario::Device::Cpu || ms == 0 {
+            return GpuWatch::Off;
+        }
+        match Sampler::new() {
+            Err(why) => GpuWatch::Unavailable(why),
+            Ok(sampler) => {
+                let every = Duration::from_millis(ms);
+                let info = Nvml::get().and_then(Nvml::driver_info).map(|d| d.gpus).unwrap_or_default();
+                let recorder = GpuRecorder::new(every.as_secs_f64(), info, sampler.gpm_missing.clone());
+                GpuWatch::On { sampler, recorder, every, next: now }
+            }
+        }
+    }
+
+    fn tick(&mut self, now: Instant, t_s: f64) {
+        if let GpuWatch::On { sampler, recorder, every, next } = self
+            && now >= *next
+        {
+            recorder.record(GpuSample { t_s, gpus: sampler.sample() });
+            *next = now + *every;
+        }
+    }
+
+    fn finish(self, states: &[&RankState], pids: &[Option<u32>]) -> Option<GpuReport> {
+        match self {
+            GpuWatch::Off => None,
+            GpuWatch::Unavailable(why) => Some(GpuReport::unavailable(why)),
+            GpuWatch::On { recorder, .. } => Some(recorder.finish(states, pids)),
+        }
+    }
 }
 
 struct Slot {
@@ -110,6 +162,7 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
     };
     let mut recorder = MemoryRecorder::new(world, SAMPLE_INTERVAL.as_secs_f64(), plan.private_shm.is_some());
     let mut next_sample = start;
+    let mut gpu = GpuWatch::start(scenario, start);
     let (tx, rx) = mpsc::channel();
     let master_port = free_port();
     let mut slots: Vec<Slot> = (0..world)
@@ -173,6 +226,7 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
             recorder.record(since(now), &sample_processes(&slots), shm_sample());
             next_sample = now + SAMPLE_INTERVAL;
         }
+        gpu.tick(now, since(now));
         if first_failure_at.is_none() && slots.iter().any(failed_on_its_own) {
             first_failure_at = Some(now);
         }
@@ -266,6 +320,7 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
     let states: Vec<&RankState> = slots.iter().map(|s| &s.end.state).collect();
     let pids: Vec<Option<u32>> = slots.iter().map(|s| s.end.pid).collect();
     let memory = recorder.finish(&states, &pids);
+    let gpu = gpu.finish(&states, &pids);
     let processes = kill_leftover_processes(&slots, &plan.run_id);
 
     let ends = slots
@@ -288,6 +343,7 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
         interrupted: was_interrupted,
         memory,
         leftovers: Leftovers { shm, processes },
+        gpu,
     }
 }
 

@@ -32,6 +32,10 @@ pub struct EnvSummary {
     pub container: Option<String>,
     /// `NCCL_*`, `TORCH_*`, `CUDA_*`, `OMP_*`, `MKL_*`, `GLOO_*`, `UPS_DOCTOR_*` as set.
     pub variables: Vec<(String, String)>,
+    /// Driver, CUDA, NCCL and GPUs ([`super::gpu_env`]); filled by the commands that can ask a
+    /// child process about libtorch's CUDA, absent in results of older versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<super::gpu_env::GpuEnv>,
     /// The Python on `PATH` (what a training command's `python` runs); `None` when there is none.
     #[serde(default)]
     pub python: Option<PythonEnv>,
@@ -166,6 +170,7 @@ impl EnvSummary {
             container: detect_container(),
             variables,
             python: PythonEnv::probe(),
+            gpu: None,
         }
     }
 }

@@ -228,6 +228,7 @@ mod tests {
                 container: None,
                 variables: Vec::new(),
                 python: None,
+                gpu: None,
             },
         }
     }

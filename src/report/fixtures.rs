@@ -41,6 +41,7 @@ pub fn env() -> EnvSummary {
             start_method: Some("fork".into()),
             problem: None,
         }),
+        gpu: None,
     }
 }
 
@@ -70,6 +71,7 @@ fn rank(rank: u32, steps: u64) -> RankResult {
     RankResult {
         rank,
         pid: Some(41000 + rank),
+        device: Some("cpu".into()),
         outcome: OutcomeKind::Passed,
         signal: None,
         exit_code: Some(0),
@@ -199,6 +201,7 @@ pub fn passing() -> ScenarioResult {
             datasets: Vec::new(),
         }),
         leftovers: Leftovers::default(),
+        gpu: None,
     }
 }
 
@@ -317,6 +320,7 @@ pub fn segv() -> ScenarioResult {
         samples_per_s: Some(67.5),
         memory: None,
         leftovers: Leftovers::default(),
+        gpu: None,
     }
 }
 
@@ -409,6 +413,7 @@ pub fn hung() -> ScenarioResult {
         samples_per_s: Some(50.9),
         memory: None,
         leftovers: Leftovers::default(),
+        gpu: None,
     }
 }
 
@@ -469,6 +474,7 @@ pub fn false_success() -> ScenarioResult {
         samples_per_s: None,
         memory: None,
         leftovers: Leftovers::default(),
+        gpu: None,
     }
 }
 
@@ -508,6 +514,7 @@ pub fn abort_raw_only() -> ScenarioResult {
         samples_per_s: Some(54.4),
         memory: None,
         leftovers: Leftovers::default(),
+        gpu: None,
     }
 }
 
@@ -617,6 +624,7 @@ pub fn shm_bus_error() -> ScenarioResult {
         samples_per_s: Some(25.6),
         memory: Some(memory),
         leftovers,
+        gpu: None,
     }
 }
 
@@ -639,4 +647,22 @@ pub fn interrupted() -> RunResult {
     run.interrupted = true;
     run.not_run = vec!["fsdp-inplace-view".into(), "shm-64m-bus-error".into()];
     run
+}
+
+/// A GPU report folded from the recorded-shape NVML samples of one H100 training run (rank 0 is
+/// pid 4242).
+pub fn gpu_report() -> crate::harness::GpuReport {
+    let samples: Vec<crate::harness::GpuSample> =
+        serde_json::from_str(include_str!("../harness/fixtures/nvml-h100-training.json")).unwrap();
+    let info = vec![crate::probe::nvml::GpuInfo {
+        index: 0,
+        name: "NVIDIA H100 80GB HBM3".into(),
+        uuid: "GPU-0".into(),
+        memory_total_bytes: 80 << 30,
+    }];
+    let mut rec = crate::harness::GpuRecorder::new(0.2, info, Vec::new());
+    for s in samples {
+        rec.record(s);
+    }
+    rec.finish(&[&crate::harness::RankState::default()], &[Some(4242)])
 }

@@ -9,6 +9,7 @@ use crate::probe::env::{EnvSummary, human_bytes};
 use crate::protocol::Frame;
 
 use super::environment;
+use super::gpu;
 use super::markup::{self, Align, DETAILS_CLOSE, code, details_open, fence, html_code};
 use super::matrix;
 use super::memory;
@@ -37,7 +38,7 @@ pub fn render_markdown(run: &RunResult) -> String {
             .into_iter()
             .map(|row| row.into_iter().map(|c| markup::text(&c.text)).collect())
             .collect();
-        doc.push(markup::table(&matrix::HEADER, &matrix::ALIGN, &rows));
+        doc.push(markup::table(&matrix::header(run), &matrix::align(run), &rows));
     }
     for s in &run.scenarios {
         scenario(&mut doc, s);
@@ -152,6 +153,9 @@ fn scenario(doc: &mut Doc, s: &ScenarioResult) {
     }
     if let Some(chart) = s.ranks.iter().min_by_key(|r| r.rank).and_then(mermaid::loss_chart) {
         doc.push(fence("mermaid", &chart));
+    }
+    for block in gpu::gpu_blocks(s) {
+        doc.push(block);
     }
     for block in memory::memory_blocks(s).into_iter().chain(memory::leftover_blocks(s)) {
         doc.push(block);

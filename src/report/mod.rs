@@ -17,6 +17,7 @@
 mod bisect;
 mod environment;
 mod files;
+mod gpu;
 mod markdown;
 mod markup;
 mod matrix;

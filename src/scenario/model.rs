@@ -171,6 +171,9 @@ pub struct Data {
     /// Intra-op threads of a worker: `one` (set first thing, the fix) or `inherit` (keep the
     /// trainer's: a forked worker then deadlocks in libgomp, REFERENCE.md).
     pub worker_threads: WorkerThreads,
+    /// Where the `memory` cache's tensors live: `cpu`, or `cuda` (the rank's GPU; workers then
+    /// build batches from GPU memory, REFERENCE.md failure 2's "CUDA-contaminated cache").
+    pub cache_device: CacheDevice,
 }
 
 impl Default for Data {
@@ -188,6 +191,7 @@ impl Default for Data {
             prefetch: 2,
             shm_size: None,
             worker_threads: WorkerThreads::One,
+            cache_device: CacheDevice::Cpu,
         }
     }
 }
@@ -209,6 +213,13 @@ pub enum StartMethod {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+pub enum CacheDevice {
+    Cpu,
+    Cuda,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum WorkerThreads {
     One,
     Inherit,
@@ -221,7 +232,7 @@ pub struct Train {
     pub steps: u64,
     pub lr: f64,
     pub weight_decay: f64,
-    /// bf16 autocast for the forward pass (CUDA only).
+    /// bf16 autocast for the forward pass, on the rank's device (CUDA, or the CPU).
     pub amp: bool,
     /// Micro-batches accumulated per optimizer step.
     pub accum_steps: u32,
@@ -264,11 +275,13 @@ pub struct Limits {
     pub timeout_s: f64,
     /// A rank that sends no marker for this long is hung.
     pub hang_after_s: f64,
+    /// Milliseconds between NVML samples of the GPUs; 0 turns GPU sampling off.
+    pub gpu_sample_ms: u64,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { timeout_s: 600.0, hang_after_s: 60.0 }
+        Limits { timeout_s: 600.0, hang_after_s: 60.0, gpu_sample_ms: 200 }
     }
 }
 

@@ -211,8 +211,10 @@ pub fn make_batch(data: &DatasetView, dims: &Dims, spec: &BatchSpec) -> Batch {
     for i in 0..n as u64 {
         query_points(spec.seed, spec.first + i, dims.grid, dims.queries, &mut q);
     }
-    let q = Tensor::from_slice(&q).view([n, dims.queries]);
-    let pick = Tensor::from_slice(&spec.pairs);
+    // Indices live where the data does (a `cache_device: cuda` cache is on the GPU).
+    let on = data.frames.device();
+    let q = Tensor::from_slice(&q).view([n, dims.queries]).to_device(on);
+    let pick = Tensor::from_slice(&spec.pairs).to_device(on);
     let s = pick.divide_scalar_mode(dims.timesteps - 1, "floor");
     let row = &s * dims.timesteps + pick.remainder(dims.timesteps - 1);
     let mut now = data.frames.index_select(0, &row);
