@@ -1,7 +1,8 @@
 //! Gives the `ups-doctor` binary an rpath to libtorch, so it runs without `LD_LIBRARY_PATH`
 //! (torch-sys links libtorch but sets no rpath), records the libtorch version for reports, and
-//! compiles the C++ shim over libtorch's `c10d::TCPStore` (`csrc/store_shim.cpp`, used by
-//! `trainer::dist::store`) against the same libtorch's headers.
+//! compiles the C++ shims over libtorch's `c10d::TCPStore` (`csrc/store_shim.cpp`, used by
+//! `trainer::dist::store`) and its autocast state (`csrc/autocast_shim.cpp`, `trainer::amp`)
+//! against the same libtorch's headers.
 
 use std::env;
 use std::fs;
@@ -12,6 +13,7 @@ fn main() {
     println!("cargo:rerun-if-env-changed=LIBTORCH_INCLUDE");
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=csrc/store_shim.cpp");
+    println!("cargo:rerun-if-changed=csrc/autocast_shim.cpp");
     let lib = env::var("DEP_TCH_LIBTORCH_LIB")
         .expect("torch-sys did not export DEP_TCH_LIBTORCH_LIB: is torch-sys a direct dependency?");
     println!("cargo:rustc-link-arg=-Wl,-rpath,{lib}");
@@ -31,7 +33,8 @@ fn main() {
     compile_store_shim(Path::new(&lib));
 }
 
-/// Builds `csrc/store_shim.cpp` into a static library linked into the crate. Headers come from
+/// Builds `csrc/store_shim.cpp` and `csrc/autocast_shim.cpp` into a static library linked into
+/// the crate. Headers come from
 /// `LIBTORCH_INCLUDE/include` when set (torch-sys honours the same variable), else from the
 /// `include` folder next to libtorch's `lib`. libtorch itself is already linked by torch-sys.
 fn compile_store_shim(lib: &Path) {
@@ -43,6 +46,7 @@ fn compile_store_shim(lib: &Path) {
     cc::Build::new()
         .cpp(true)
         .file("csrc/store_shim.cpp")
+        .file("csrc/autocast_shim.cpp")
         // -isystem, not -I: libtorch's headers are not ours to warn about.
         .flag("-isystem")
         .flag(include.to_string_lossy().as_ref())

@@ -11,6 +11,7 @@ use clap::{Parser, Subcommand};
 
 use ups_doctor::harness::{self, Progress, ProgressMode, RunResult, ScenarioInput};
 use ups_doctor::probe::env::EnvSummary;
+use ups_doctor::probe::gpu_env::GpuEnv;
 use ups_doctor::report;
 use ups_doctor::scenario::{self, Override};
 use ups_doctor::trainer;
@@ -80,8 +81,11 @@ enum Command {
     },
     /// Describe this machine: libtorch, CPUs, memory, /dev/shm, ulimits, cgroup limits, variables.
     Env {
-        #[arg(long)]
+        #[arg(long, conflicts_with = "markdown")]
         json: bool,
+        /// The report's `## Environment` section, to paste into an issue.
+        #[arg(long)]
+        markdown: bool,
     },
     /// Train one rank of a scenario: the entry point the harness launches. Also works by hand or
     /// under torchrun (reads RANK, WORLD_SIZE, LOCAL_RANK).
@@ -90,6 +94,19 @@ enum Command {
         scenario: PathBuf,
         #[arg(long = "set", value_name = "PATH=VALUE")]
         set: Vec<Override>,
+    },
+    /// What libtorch can do with CUDA here, as JSON: the child `run` and `env` ask (internal).
+    #[command(hide = true)]
+    CudaProbe,
+    /// Prints NVML readings of every GPU as JSON lines, to record test fixtures (internal).
+    #[command(hide = true)]
+    NvmlRecord {
+        /// Readings to take.
+        #[arg(long, default_value_t = 20)]
+        count: u32,
+        /// Milliseconds between readings.
+        #[arg(long, default_value_t = 200)]
+        every_ms: u64,
     },
     /// A data-loader worker started by `train` with `start_method: spawn` (internal).
     #[command(hide = true)]
@@ -116,10 +133,15 @@ fn main() -> ExitCode {
         Command::Bisect { scenario, set, budget, confidence, confirm, jobs, out, cache, json, quiet } => {
             bisect(BisectArgs { scenario, set, budget, confidence, confirm, jobs, out, cache, json, quiet })
         }
-        Command::Env { json } => {
-            print_env(json);
+        Command::Env { json, markdown } => {
+            print_env(json, markdown);
             Ok(ExitCode::SUCCESS)
         }
+        Command::CudaProbe => {
+            println!("{}", serde_json::to_string(&trainer::cuda::support()).expect("serialises"));
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::NvmlRecord { count, every_ms } => nvml_record(count, every_ms),
         Command::Train { scenario, set } => train(&scenario, &set),
         Command::LoaderWorker { config } => {
             trainer::prepare_process();
@@ -163,6 +185,11 @@ fn bisect(args: BisectArgs) -> Result<ExitCode, Failure> {
     }
     let scenario =
         scenario::load_file(&args.scenario, &args.set).map_err(|e| Failure::BadInput(e.to_string()))?;
+    check_gpus(&[ScenarioInput {
+        file: args.scenario.clone(),
+        overrides: Vec::new(),
+        scenario: scenario.clone(),
+    }])?;
     let out_dir = match args.out {
         Some(dir) => dir,
         None => fresh_run_dir(Path::new("reports/runs"), &format!("-bisect-{}", sanitize(&scenario.name)))
@@ -255,10 +282,75 @@ fn train(file: &Path, set: &[Override]) -> Result<ExitCode, Failure> {
     Ok(ExitCode::from(trainer::run_rank(&scenario) as u8))
 }
 
-fn print_env(json: bool) {
-    let env = EnvSummary::collect();
+/// The machine, with its GPUs (NVML here, libtorch's CUDA through a child `cuda-probe`).
+fn collect_env() -> EnvSummary {
+    let mut env = EnvSummary::collect();
+    if let Ok(program) = std::env::current_exe() {
+        env.gpu = Some(GpuEnv::collect(&program));
+    }
+    env
+}
+
+fn nvml_record(count: u32, every_ms: u64) -> Result<ExitCode, Failure> {
+    let mut sampler = ups_doctor::probe::nvml::Sampler::new()
+        .map_err(|e| Failure::BadInput(format!("no GPU to record: {e}")))?;
+    let start = std::time::Instant::now();
+    for _ in 0..count {
+        let sample = harness::GpuSample { t_s: start.elapsed().as_secs_f64(), gpus: sampler.sample() };
+        println!("{}", serde_json::to_string(&sample).expect("serialises"));
+        std::thread::sleep(std::time::Duration::from_millis(every_ms));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Scenarios that ask for CUDA ranks must find a GPU for each of them before anything runs
+/// (unless `UPS_DOCTOR_FORCE_GPU` asks to launch anyway). The machine is asked once, through a
+/// child `cuda-probe`, and only when some scenario needs it.
+fn check_gpus(inputs: &[ScenarioInput]) -> Result<(), Failure> {
+    let cuda: Vec<&ScenarioInput> =
+        inputs.iter().filter(|i| i.scenario.launch.device == scenario::Device::Cuda).collect();
+    if cuda.is_empty() || trainer::device::forced() {
+        return Ok(());
+    }
+    let program = std::env::current_exe()
+        .map_err(|e| Failure::Internal(format!("failed to locate the ups-doctor binary: {e}")))?;
+    let support = ups_doctor::probe::gpu_env::cuda_support(&program).map_err(Failure::Internal)?;
+    let force = trainer::device::FORCE_GPU_ENV;
+    let errors: Vec<String> = cuda
+        .iter()
+        .filter_map(|i| {
+            let file = i.file.display();
+            let n = support.device_count;
+            let ranks = i.scenario.launch.world_size as usize;
+            if n == 0 {
+                Some(format!(
+                    "{file}: `launch.device`: `cuda`, but this machine has no GPU CUDA can use: {}\n  hint: use \
+                     `device: auto` to train on the CPU where there is no GPU, or run it on a machine with an \
+                     NVIDIA GPU ({force}=1 launches anyway, and each rank fails at start)",
+                    support.why_not.as_deref().unwrap_or("CUDA sees no GPU")
+                ))
+            } else if ranks > n {
+                Some(format!(
+                    "{file}: `launch.world_size`: {ranks} CUDA ranks, but this machine has {n} GPU{}: every CUDA \
+                     rank needs a GPU of its own (NCCL refuses two ranks on one GPU)\n  hint: use `world_size: {n}` \
+                     or fewer, or `device: cpu` ranks ({force}=1 launches anyway, ranks sharing GPUs, to see \
+                     NCCL's own `Duplicate GPU detected` error)",
+                    if n == 1 { "" } else { "s" }
+                ))
+            } else {
+                None
+            }
+        })
+        .collect();
+    if errors.is_empty() { Ok(()) } else { Err(Failure::BadInput(errors.join("\nerror: "))) }
+}
+
+fn print_env(json: bool, markdown: bool) {
+    let env = collect_env();
     if json {
         println!("{}", serde_json::to_string_pretty(&env).expect("env serialises"));
+    } else if markdown {
+        print!("{}", report::render_env_markdown(&env));
     } else {
         print!("{}", report::render_env_text(&env));
     }
@@ -310,6 +402,7 @@ fn run(
     if !errors.is_empty() {
         return Err(Failure::BadInput(errors.join("\nerror: ")));
     }
+    check_gpus(&inputs)?;
 
     let out_dir = match out {
         Some(dir) => dir,
@@ -325,7 +418,7 @@ fn run(
         tool_version: env!("CARGO_PKG_VERSION").to_string(),
         started_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
         command: std::env::args().collect(),
-        environment: EnvSummary::collect(),
+        environment: collect_env(),
         scenarios: Vec::new(),
         not_run: Vec::new(),
         interrupted: false,

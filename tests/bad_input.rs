@@ -43,8 +43,9 @@ fn empty_depths() {
 }
 
 #[test]
-fn not_supported_yet() {
-    let stderr = rejected("amp", r#"{ "train": { "amp": true } }"#, &[]);
+fn a_cuda_cache_on_cpu_ranks() {
+    let stderr =
+        rejected("cache", r#"{ "launch": { "device": "cpu" }, "data": { "cache_device": "cuda" } }"#, &[]);
     insta::assert_snapshot!(stderr);
 }
 

@@ -18,7 +18,9 @@ use std::fmt::Write as _;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use crate::scenario::{self, Backend, Cache, Device, Mode, PER_STEP_PHASES, Scenario, StartMethod};
+use crate::scenario::{
+    self, Backend, Cache, Device, Mode, PER_STEP_PHASES, ParamValue, Scenario, StartMethod,
+};
 
 /// One thing bisect can take away from the scenario.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -45,6 +47,11 @@ pub enum Kind {
     Stage { index: usize },
     /// The depth of stage `index`, from `from` blocks down to 1.
     StageDepth { index: usize, from: u64 },
+    /// A list param (`params.depths`): cutting keeps only its first items, down to `min` of them.
+    Prefix { field: String, items: Vec<Value>, min: u64 },
+    /// A param with its own ladder (`"cuts": [8, 4, 1, 0]`): `values[0]` is the original value,
+    /// then each cut in the order given; the last is the full cut.
+    Choices { field: String, values: Vec<Value> },
 }
 
 /// A configuration: for each component id, its setting. A missing id means [`Setting::Original`].
@@ -66,22 +73,30 @@ impl Component {
     /// The setting that cuts this component as far as it goes.
     pub fn cut_setting(&self) -> Setting {
         match &self.kind {
-            Kind::Numeric { min, .. } => Setting::Value(*min),
+            Kind::Numeric { min, .. } | Kind::Prefix { min, .. } => Setting::Value(*min),
             Kind::StageDepth { .. } => Setting::Value(1),
+            Kind::Choices { .. } => Setting::Value(0),
             Kind::Ladder { .. } | Kind::Toggle { .. } | Kind::Stage { .. } => Setting::Cut,
         }
     }
 
     /// Whether the component can be lowered in steps (and so is searched by halving).
     pub fn is_numeric(&self) -> bool {
-        matches!(self.kind, Kind::Numeric { .. } | Kind::StageDepth { .. })
+        matches!(
+            self.kind,
+            Kind::Numeric { .. } | Kind::StageDepth { .. } | Kind::Prefix { .. } | Kind::Choices { .. }
+        )
     }
 
-    /// The value a numeric component has under `setting` (`None` for on/off components).
+    /// The value a numeric component has under `setting` (`None` for on/off components). For a
+    /// list param it is the number of items kept; for a param with its own cuts, how many cuts
+    /// are left to take (0: the last cut, `values.len() - 1`: the original).
     pub fn value(&self, setting: &Setting) -> Option<u64> {
         let (from, min) = match &self.kind {
             Kind::Numeric { from, min, .. } => (*from, *min),
             Kind::StageDepth { from, .. } => (*from, 1),
+            Kind::Prefix { items, min, .. } => (items.len() as u64, *min),
+            Kind::Choices { values, .. } => (values.len().saturating_sub(1) as u64, 0),
             Kind::Ladder { .. } | Kind::Toggle { .. } | Kind::Stage { .. } => return None,
         };
         Some(match setting {
@@ -110,6 +125,10 @@ impl Component {
             }
             Kind::Numeric { from, min, .. } => Some(Domain::Range { min: *min, max: *from }),
             Kind::StageDepth { from, .. } => Some(Domain::Range { min: 1, max: *from }),
+            Kind::Prefix { items, min, .. } => Some(Domain::Range { min: *min, max: items.len() as u64 }),
+            Kind::Choices { values, .. } => {
+                Some(Domain::Range { min: 0, max: values.len().saturating_sub(1) as u64 })
+            }
             Kind::Ladder { .. } | Kind::Toggle { .. } | Kind::Stage { .. } => None,
         }
     }
@@ -183,6 +202,9 @@ pub fn derive(scenario: &Scenario) -> Vec<Component> {
         id: id.to_string(),
         kind: Kind::Ladder { sets: sets.into_iter().map(|(f, v)| (f.to_string(), v)).collect() },
     };
+    if scenario.is_external() {
+        return derive_external(scenario);
+    }
     let (launch, data, model, train) = (&scenario.launch, &scenario.data, &scenario.model, &scenario.train);
     if launch.mode != Mode::Single {
         let mut sets = vec![("launch.mode", json!("single")), ("launch.world_size", json!(1))];
@@ -264,6 +286,7 @@ pub fn derive(scenario: &Scenario) -> Vec<Component> {
         numeric("data.samples", data.samples.into(), 1),
         numeric("data.timesteps", data.timesteps.into(), 2),
         numeric("data.queries", data.queries.into(), 1),
+        numeric("data.augment_passes", data.augment_passes.into(), 0),
         numeric("model.hidden", model.hidden.into(), model.heads.max(1).into()),
         numeric("model.heads", model.heads.into(), 1),
         numeric("model.mlp_ratio", model.mlp_ratio.into(), 1),
@@ -272,12 +295,77 @@ pub fn derive(scenario: &Scenario) -> Vec<Component> {
         numerics.into_iter().filter(|c| matches!(c.kind, Kind::Numeric { from, min, .. } if from > min)),
     );
 
-    // A cut that is invalid even on its own can never be taken.
+    keep_valid_cuts(scenario, all)
+}
+
+/// A cut that is invalid even on its own can never be taken.
+fn keep_valid_cuts(scenario: &Scenario, mut all: Vec<Component>) -> Vec<Component> {
     all.retain(|c| {
         let alone = Assignment::from([(c.id.clone(), c.cut_setting())]);
         apply(scenario, std::slice::from_ref(c), &alone).is_ok_and(|s| s != *scenario)
     });
     all
+}
+
+/// The components of a scenario that runs the user's `command`: one rank instead of several and
+/// the machine's `/dev/shm` instead of a small one (the ladder), then the program's own `params`
+/// in name order. A param is cut by its own `cuts` when it gives them; otherwise a boolean that
+/// is on switches off, an integer halves down to its `min` (default 0) and a list of numbers
+/// keeps fewer of its first items, down to `min` of them (default 1). Strings, numbers with a
+/// fraction and booleans that are off are left alone unless they give `cuts`.
+fn derive_external(scenario: &Scenario) -> Vec<Component> {
+    let mut all = Vec::new();
+    if scenario.launch.world_size > 1 {
+        all.push(Component {
+            id: "launch.world_size".into(),
+            kind: Kind::Ladder { sets: vec![("launch.world_size".into(), json!(1))] },
+        });
+    }
+    if scenario.data.shm_size.is_some() {
+        all.push(Component {
+            id: "data.shm_size".into(),
+            kind: Kind::Ladder { sets: vec![("data.shm_size".into(), Value::Null)] },
+        });
+    }
+    for (name, param) in &scenario.params {
+        let field = format!("params.{name}");
+        let kind = match (&param.cuts, &param.value) {
+            (Some(cuts), value) => {
+                let original = value.to_json();
+                let mut values = vec![original.clone()];
+                values.extend(cuts.iter().map(ParamValue::to_json).filter(|v| *v != original));
+                if values.len() < 2 {
+                    continue;
+                }
+                Kind::Choices { field: field.clone(), values }
+            }
+            (None, ParamValue::Bool(true)) => Kind::Toggle { field: field.clone(), off: json!(false) },
+            (None, ParamValue::Int(v)) => {
+                let min = param.min.unwrap_or(0.0);
+                let (Ok(from), true) = (u64::try_from(*v), min >= 0.0 && min.fract() == 0.0) else {
+                    continue;
+                };
+                if from <= min as u64 {
+                    continue;
+                }
+                Kind::Numeric { field: field.clone(), from, min: min as u64 }
+            }
+            (None, ParamValue::List(items)) => {
+                let min = param.min.filter(|m| *m >= 0.0).map_or(1, |m| m.ceil() as u64);
+                if items.len() as u64 <= min {
+                    continue;
+                }
+                Kind::Prefix {
+                    field: field.clone(),
+                    items: items.iter().cloned().map(Value::Number).collect(),
+                    min,
+                }
+            }
+            (None, ParamValue::Bool(false) | ParamValue::Float(_) | ParamValue::Text(_)) => continue,
+        };
+        all.push(Component { id: field, kind });
+    }
+    keep_valid_cuts(scenario, all)
 }
 
 /// Builds the candidate scenario for `assignment` (ids not in it stay original). Relations a cut
@@ -321,6 +409,15 @@ pub fn apply(base: &Scenario, components: &[Component], assignment: &Assignment)
                 let slot =
                     depths.get_mut(*index).ok_or_else(|| format!("no stage {index} in `model.depths`"))?;
                 *slot = v;
+            }
+            Kind::Prefix { field, items, .. } => {
+                let keep = component.value(setting).unwrap_or_default() as usize;
+                set_field(&mut value, field, Value::Array(items[..keep.min(items.len())].to_vec()))?;
+            }
+            Kind::Choices { field, values } => {
+                let left = component.value(setting).unwrap_or_default() as usize;
+                let at = values.len().saturating_sub(1).saturating_sub(left);
+                set_field(&mut value, field, values[at].clone())?;
             }
         }
     }
@@ -378,7 +475,7 @@ fn run_relevant(s: &Scenario) -> Value {
 pub fn describe_delta(base: &Scenario, candidate: &Scenario) -> Vec<String> {
     let (before, after) = (run_relevant(base), run_relevant(candidate));
     let mut out = Vec::new();
-    for section in ["launch", "model", "data", "train", "limits", "inject"] {
+    for section in ["launch", "model", "data", "train", "limits", "inject", "params"] {
         diff(
             section,
             before.get(section).unwrap_or(&Value::Null),

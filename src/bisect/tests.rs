@@ -124,6 +124,7 @@ fn at_original(base: &Scenario, s: &Scenario, component: &Component) -> bool {
         Kind::Toggle { field, .. } | Kind::Numeric { field, .. } => lookup(s, field) == lookup(base, field),
         Kind::Stage { index } => s.model.depths.len() > *index,
         Kind::StageDepth { index, from } => s.model.depths.get(*index).map(|d| u64::from(*d)) == Some(*from),
+        Kind::Prefix { field, .. } | Kind::Choices { field, .. } => lookup(s, field) == lookup(base, field),
     }
 }
 
@@ -777,4 +778,125 @@ fn the_outcome_serialises_for_the_report() {
     assert_eq!(value["probes"][0]["phase"], json!("confirm"));
     assert_eq!(value["components"][0]["kind"]["type"], json!("toggle"));
     assert_eq!(value["boundary"][0]["passes"], json!(true));
+}
+
+// ---------------------------------------------------------------------------------------------
+// External commands: bisect over `params`
+
+/// A torchrun-launched program with the knobs of a typical training script.
+fn external(params: serde_json::Value) -> Scenario {
+    let names: Vec<String> =
+        params.as_object().expect("an object").keys().map(|k| format!("--{k}={{{k}}}")).collect();
+    let mut command = vec!["python".to_string(), "train.py".to_string()];
+    command.extend(names);
+    serde_json::from_value(json!({
+        "name": "external",
+        "launch": { "world_size": 2 },
+        "command": command,
+        "params": params,
+    }))
+    .expect("a scenario with a command")
+}
+
+/// The param `name` of a candidate, as JSON (bare, whatever form the original used).
+fn param(s: &Scenario, name: &str) -> serde_json::Value {
+    s.params.get(name).map(|p| p.value.to_json()).unwrap_or_default()
+}
+
+#[test]
+fn params_become_components_by_their_type_and_their_own_cuts() {
+    let s = external(json!({
+        "pin_memory": true,
+        "amp": false,
+        "workers": 4,
+        "batch": { "value": 64, "min": 8 },
+        "depths": [2, 2, 6],
+        "precision": { "value": "bf16", "cuts": ["fp32"] },
+        "prefetch": { "value": 8, "cuts": [8, 4, 1, 0] },
+        "lr": 0.5,
+        "negative": -3,
+    }));
+    let components = derive(&s);
+    assert_eq!(
+        ids(&components),
+        [
+            "launch.world_size",
+            "params.batch",
+            "params.depths",
+            "params.pin_memory",
+            "params.precision",
+            "params.prefetch",
+            "params.workers",
+        ],
+        "the built-in trainer's fields are no components of a command; off booleans, plain floats \
+         and negative numbers are left alone"
+    );
+    let kind = |id: &str| components.iter().find(|c| c.id == id).map(|c| c.kind.clone()).unwrap();
+    assert_eq!(kind("params.batch"), Kind::Numeric { field: "params.batch".into(), from: 64, min: 8 });
+    assert_eq!(kind("params.workers"), Kind::Numeric { field: "params.workers".into(), from: 4, min: 0 });
+    assert_eq!(
+        kind("params.pin_memory"),
+        Kind::Toggle { field: "params.pin_memory".into(), off: json!(false) }
+    );
+    assert_eq!(
+        kind("params.prefetch"),
+        Kind::Choices {
+            field: "params.prefetch".into(),
+            values: vec![json!(8), json!(4), json!(1), json!(0)]
+        }
+    );
+
+    // Each cut, alone, writes the param's cut value; the rest keep theirs.
+    let cut = |id: &str, setting: Setting| {
+        let candidate = apply(&s, &components, &Assignment::from([(id.to_string(), setting)])).unwrap();
+        assert_valid(&candidate);
+        candidate
+    };
+    let all_cut = |id: &str| cut(id, components.iter().find(|c| c.id == id).unwrap().cut_setting());
+    assert_eq!(param(&all_cut("params.depths"), "depths"), json!([2]));
+    assert_eq!(param(&cut("params.depths", Setting::Value(2)), "depths"), json!([2, 2]));
+    assert_eq!(param(&all_cut("params.prefetch"), "prefetch"), json!(0));
+    assert_eq!(param(&cut("params.prefetch", Setting::Value(2)), "prefetch"), json!(4));
+    assert_eq!(param(&all_cut("params.precision"), "precision"), json!("fp32"));
+    assert_eq!(param(&all_cut("params.batch"), "batch"), json!(8));
+    let one_rank = all_cut("launch.world_size");
+    assert_eq!((one_rank.launch.world_size, param(&one_rank, "batch")), (1, json!(64)));
+    assert_eq!(
+        describe_delta(&s, &all_cut("params.pin_memory")),
+        ["params.pin_memory=false"],
+        "a delta reads as a --set argument"
+    );
+}
+
+#[test]
+fn a_failure_that_needs_workers_and_pinned_memory_is_cut_to_exactly_those() {
+    // The program fails only when it has loader workers and pins memory, whatever else it does.
+    let s = external(json!({
+        "pin_memory": true,
+        "workers": 8,
+        "persistent_workers": true,
+        "depths": [2, 2],
+        "batch": { "value": 32, "min": 1 },
+        "compile": true,
+    }));
+    let decide = |c: &Scenario| {
+        let workers = param(c, "workers").as_u64().unwrap_or(0);
+        (workers > 0 && param(c, "pin_memory") == json!(true)).then(|| segv("data.next"))
+    };
+    let (outcome, runs) = run(&s, &Options::default(), decide);
+    assert_one_minimal(&s, &outcome, decide);
+    assert_eq!(
+        outcome.minimal_delta,
+        [
+            "launch.world_size=1",
+            "params.batch=1",
+            "params.compile=false",
+            "params.depths=[2]",
+            "params.persistent_workers=false",
+            "params.workers=1"
+        ]
+    );
+    let boundary: Vec<&str> = outcome.boundary.iter().map(|b| b.cut.as_str()).collect();
+    assert_eq!(boundary, ["params.pin_memory=false", "params.workers=0"]);
+    assert!(runs <= 25, "{runs} runs");
 }

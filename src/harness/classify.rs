@@ -73,6 +73,7 @@ pub fn classify_rank(end: &RankEnd) -> RankResult {
     RankResult {
         rank: end.rank,
         pid: end.pid.or(s.pid),
+        device: s.device.clone(),
         outcome,
         signal,
         exit_code,

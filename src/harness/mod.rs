@@ -9,6 +9,7 @@
 mod capture;
 mod classify;
 mod external;
+mod gpu;
 mod memory;
 mod namespace;
 mod process;
@@ -24,6 +25,10 @@ use std::sync::atomic::AtomicBool;
 
 pub use classify::{
     Intervention, RankEnd, annotate, check_expectation, classify_rank, input_bound, used_of, verdict,
+};
+pub use gpu::{
+    ClockReason, GpuPoint, GpuPointValues, GpuProcessPeak, GpuRecorder, GpuReport, GpuSample, GpuSummary,
+    Stat, annotate_gpu, clock_reason_names,
 };
 pub use progress::{Progress, ProgressMode};
 pub use result::*;
@@ -123,6 +128,7 @@ pub fn run_scenario(
         Some(&observed.memory),
         &observed.leftovers,
     );
+    annotate_gpu(&mut verdict, &input.scenario, &ranks, observed.gpu.as_ref());
     for r in &mut ranks {
         r.collateral = first_failure.is_some_and(|f| f != r.rank) && r.outcome != OutcomeKind::Passed;
     }
@@ -148,6 +154,7 @@ pub fn run_scenario(
         memory: Some(observed.memory),
         leftovers: observed.leftovers,
         external: observed.external,
+        gpu: observed.gpu,
         ranks,
     }))
 }

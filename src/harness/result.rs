@@ -57,6 +57,10 @@ pub struct ScenarioResult {
     /// `/dev/shm` files and processes the run left behind, and what ups-doctor did about them.
     #[serde(default)]
     pub leftovers: Leftovers,
+    /// GPU activity sampled through the run (NVML), or why it could not be; absent when the
+    /// scenario's ranks train on the CPU by choice (`device: cpu`) or sampling is off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<super::gpu::GpuReport>,
     /// An external command's run: the argv and how it launched (absent for the built-in trainer).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub external: Option<ExternalRun>,
@@ -156,6 +160,9 @@ pub struct Verdict {
 pub struct RankResult {
     pub rank: u32,
     pub pid: Option<u32>,
+    /// The device the rank trained on (`cpu`, `cuda:0`; `none` when it found none it could use).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<String>,
     pub outcome: OutcomeKind,
     /// Signal name (`SIGSEGV`) when killed by a signal.
     pub signal: Option<String>,

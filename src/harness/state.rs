@@ -17,6 +17,8 @@ pub struct RankState {
     pub last_marker_at: Option<f64>,
     pub pid: Option<u32>,
     pub intra_op_threads: Option<i64>,
+    /// The device the rank trains on (`cpu`, `cuda:0`), from its `start` marker.
+    pub device: Option<String>,
     /// The last phase begun and its step.
     pub phase: Option<String>,
     pub step: Option<u64>,
@@ -78,8 +80,9 @@ impl RankState {
         self.markers += 1;
         self.last_marker_at = Some(at);
         match marker {
-            Marker::Start { pid, intra_op_threads, .. } => {
+            Marker::Start { pid, intra_op_threads, device, .. } => {
                 self.pid = Some(pid);
+                self.device = Some(device);
                 self.intra_op_threads = Some(intra_op_threads);
             }
             Marker::Begin { phase, step } => {

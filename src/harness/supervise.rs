@@ -12,11 +12,13 @@ use std::time::{Duration, Instant};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
+use crate::probe::nvml::{Nvml, Sampler};
 use crate::probe::{memory, shm};
 use crate::protocol::{MARKER_PATH_ENV, RUN_ID_ENV, STACK_DUMP_SIGNAL, signal_name};
 use crate::scenario::{CompletesWhen, LaunchStyle, Scenario};
 
 use super::classify::{Intervention, RankEnd};
+use super::gpu::{GpuRecorder, GpuReport, GpuSample};
 use super::memory::{MemoryRecorder, ProcSample, ShmSample, new_segments, orphaned_segments, ours_bytes};
 use super::namespace::PrivateShm;
 use super::process::{self, Event, RankProcess, RankSpec};
@@ -76,6 +78,56 @@ pub struct Supervised {
     pub memory: MemoryReport,
     pub leftovers: Leftovers,
     pub external: Option<ExternalRun>,
+    pub gpu: Option<GpuReport>,
+}
+
+/// GPU sampling for one scenario.
+enum GpuWatch {
+    /// The ranks train on the CPU by choice (`device: cpu`), or `limits.gpu_sample_ms` is 0.
+    Off,
+    /// Why NVML cannot be used.
+    Unavailable(String),
+    On {
+        sampler: Sampler,
+        recorder: GpuRecorder,
+        every: Duration,
+        next: Instant,
+    },
+}
+
+impl GpuWatch {
+    fn start(scenario: &Scenario, now: Instant) -> GpuWatch {
+        let ms = scenario.limits.gpu_sample_ms;
+        if scenario.launch.device == crate::scenario::Device::Cpu || ms == 0 {
+            return GpuWatch::Off;
+        }
+        match Sampler::new() {
+            Err(why) => GpuWatch::Unavailable(why),
+            Ok(sampler) => {
+                let every = Duration::from_millis(ms);
+                let info = Nvml::get().and_then(Nvml::driver_info).map(|d| d.gpus).unwrap_or_default();
+                let recorder = GpuRecorder::new(every.as_secs_f64(), info, sampler.gpm_missing.clone());
+                GpuWatch::On { sampler, recorder, every, next: now }
+            }
+        }
+    }
+
+    fn tick(&mut self, now: Instant, t_s: f64) {
+        if let GpuWatch::On { sampler, recorder, every, next } = self
+            && now >= *next
+        {
+            recorder.record(GpuSample { t_s, gpus: sampler.sample() });
+            *next = now + *every;
+        }
+    }
+
+    fn finish(self, states: &[&RankState], pids: &[Option<u32>]) -> Option<GpuReport> {
+        match self {
+            GpuWatch::Off => None,
+            GpuWatch::Unavailable(why) => Some(GpuReport::unavailable(why)),
+            GpuWatch::On { recorder, .. } => Some(recorder.finish(states, pids)),
+        }
+    }
 }
 
 struct Slot {
@@ -204,6 +256,7 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
     };
     let mut recorder = MemoryRecorder::new(world, SAMPLE_INTERVAL.as_secs_f64(), plan.private_shm.is_some());
     let mut next_sample = start;
+    let mut gpu = GpuWatch::start(scenario, start);
     let (tx, rx) = mpsc::channel();
     let master_port = free_port();
     let new_slot = |rank: u32, stdout: &std::path::Path, stderr: &std::path::Path| Slot {
@@ -361,6 +414,7 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
             recorder.record(since(now), &sample_processes(&slots), shm_sample());
             next_sample = now + SAMPLE_INTERVAL;
         }
+        gpu.tick(now, since(now));
         if first_failure_at.is_none() && slots.iter().any(|s| failed_on_its_own(s, needs_done)) {
             first_failure_at = Some(now);
         }
@@ -470,6 +524,7 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
     let states: Vec<&RankState> = slots.iter().map(|s| &s.end.state).collect();
     let pids: Vec<Option<u32>> = slots.iter().map(|s| s.end.pid).collect();
     let memory = recorder.finish(&states, &pids);
+    let gpu = gpu.finish(&states, &pids);
 
     let pattern_matched = std::cell::Cell::new(false);
     let mut launcher_end = None;
@@ -590,6 +645,7 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
         memory,
         leftovers: Leftovers { shm, processes },
         external: external_run,
+        gpu,
     }
 }
 

@@ -32,6 +32,109 @@ pub struct EnvSummary {
     pub container: Option<String>,
     /// `NCCL_*`, `TORCH_*`, `CUDA_*`, `OMP_*`, `MKL_*`, `GLOO_*`, `UPS_DOCTOR_*` as set.
     pub variables: Vec<(String, String)>,
+    /// Driver, CUDA, NCCL and GPUs ([`super::gpu_env`]); filled by the commands that can ask a
+    /// child process about libtorch's CUDA, absent in results of older versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<super::gpu_env::GpuEnv>,
+    /// The Python on `PATH` (what a training command's `python` runs); `None` when there is none.
+    #[serde(default)]
+    pub python: Option<PythonEnv>,
+}
+
+/// What PyTorch's `collect_env` reports about Python, plus what decides DataLoader workers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PythonEnv {
+    /// The interpreter as found on `PATH` (`python3`, else `python`).
+    pub executable: String,
+    pub version: Option<String>,
+    /// The installed `torch` distribution's version (`2.11.0+cu130`); `None` when not installed.
+    pub torch_version: Option<String>,
+    /// `multiprocessing`'s default start method there: what a DataLoader uses for its workers
+    /// unless given a `multiprocessing_context` (`fork` on Linux before Python 3.14).
+    pub start_method: Option<String>,
+    /// Why the facts above are missing, when the interpreter could not be asked.
+    pub problem: Option<String>,
+}
+
+/// Asks the interpreter for its facts without importing torch (slow, and not needed for a
+/// version): `importlib.metadata` reads the installed distribution.
+const PYTHON_PROBE: &str = "import sys, json, multiprocessing as mp\n\
+try:\n    from importlib.metadata import version\n    t = version('torch')\n\
+except Exception:\n    t = None\n\
+print(json.dumps({'version': sys.version.split()[0], 'torch': t, \
+'start_method': mp.get_context().get_start_method()}))";
+
+/// How long a Python interpreter may take to answer [`PYTHON_PROBE`].
+const PYTHON_PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The first of `names` found as an executable file on `PATH`.
+pub fn find_on_path(names: &[&str]) -> Option<std::path::PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let path = std::env::var_os("PATH")?;
+    names.iter().find_map(|name| {
+        std::env::split_paths(&path).map(|dir| dir.join(name)).find(|candidate| {
+            fs::metadata(candidate).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+    })
+}
+
+impl PythonEnv {
+    /// Asks the `python3` (else `python`) on `PATH`; `None` when there is neither.
+    pub fn probe() -> Option<PythonEnv> {
+        let exe = find_on_path(&["python3", "python"])?;
+        let mut env = PythonEnv {
+            executable: exe.display().to_string(),
+            version: None,
+            torch_version: None,
+            start_method: None,
+            problem: None,
+        };
+        match run_bounded(&exe, PYTHON_PROBE_TIMEOUT) {
+            Ok(out) => match serde_json::from_str::<serde_json::Value>(out.trim()) {
+                Ok(v) => {
+                    let field = |k: &str| v.get(k).and_then(|x| x.as_str()).map(str::to_string);
+                    env.version = field("version");
+                    env.torch_version = field("torch");
+                    env.start_method = field("start_method");
+                }
+                Err(_) => env.problem = Some(format!("it printed {:?}, not its facts", out.trim())),
+            },
+            Err(problem) => env.problem = Some(problem),
+        }
+        Some(env)
+    }
+}
+
+/// Runs `exe -c PYTHON_PROBE` and returns its stdout; an error after `timeout` (it is killed).
+fn run_bounded(exe: &Path, timeout: std::time::Duration) -> Result<String, String> {
+    use std::io::Read;
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(exe)
+        .args(["-c", PYTHON_PROBE])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("could not start it: {e}"))?;
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => {
+                let mut out = String::new();
+                let _ = child.stdout.take().map(|mut s| s.read_to_string(&mut out));
+                return if status.success() { Ok(out) } else { Err(format!("it exited with {status}")) };
+            }
+            Ok(None) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            Ok(None) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("it did not answer within {}", humantime::format_duration(timeout)));
+            }
+            Err(e) => return Err(format!("waiting for it failed: {e}")),
+        }
+    }
 }
 
 const VARIABLE_PREFIXES: [&str; 8] =
@@ -66,6 +169,8 @@ impl EnvSummary {
             cgroup_cpu_max: cgroup.as_ref().and_then(|d| read_trim(&format!("{d}/cpu.max"))),
             container: detect_container(),
             variables,
+            python: PythonEnv::probe(),
+            gpu: None,
         }
     }
 }
@@ -160,5 +265,24 @@ mod tests {
         assert!(env.cpus >= 1);
         assert!(env.memory_total_bytes.unwrap_or(0) > 0);
         assert!(!env.kernel.is_empty());
+    }
+
+    #[test]
+    fn python_on_path_is_asked_for_its_version_and_start_method() {
+        // This machine has a python3 (the set-up needs one), so the probe must answer.
+        let python = PythonEnv::probe().expect("python3 on PATH");
+        assert_eq!(python.problem, None);
+        assert!(python.version.as_deref().is_some_and(|v| v.starts_with('3')), "{python:?}");
+        assert!(["fork", "spawn", "forkserver"].contains(&python.start_method.as_deref().unwrap_or("")));
+    }
+
+    #[test]
+    fn a_python_that_does_not_answer_is_killed_and_said_so() {
+        let dir = tempfile::tempdir().unwrap();
+        let exe = dir.path().join("python3");
+        fs::write(&exe, "#!/bin/sh\nexec sleep 30\n").unwrap();
+        fs::set_permissions(&exe, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        let err = run_bounded(&exe, std::time::Duration::from_millis(300)).unwrap_err();
+        assert_eq!(err, "it did not answer within 300ms");
     }
 }

@@ -227,6 +227,8 @@ mod tests {
                 cgroup_cpu_max: None,
                 container: None,
                 variables: Vec::new(),
+                python: None,
+                gpu: None,
             },
         }
     }

@@ -2,6 +2,7 @@
 //! the terminal output of `ups-doctor env`, so both list the same facts in the same order.
 
 use crate::probe::env::{EnvSummary, human_bytes};
+use crate::probe::gpu_env::{self, GpuEnv};
 
 use super::text::count;
 
@@ -11,7 +12,7 @@ pub(crate) const VARIABLE_FAMILIES: &str =
 
 /// `(label, value)` for every fact; `None` where the machine did not say.
 pub(crate) fn rows(env: &EnvSummary) -> Vec<(&'static str, Option<String>)> {
-    vec![
+    let mut rows = vec![
         ("ups-doctor", Some(env.tool_version.clone())),
         ("host", Some(env.hostname.clone()).filter(|h| !h.is_empty())),
         ("OS", Some(env.os.clone())),
@@ -27,7 +28,77 @@ pub(crate) fn rows(env: &EnvSummary) -> Vec<(&'static str, Option<String>)> {
         ("cgroup memory.max", env.cgroup_memory_max.clone()),
         ("cgroup cpu.max", env.cgroup_cpu_max.clone()),
         ("container", Some(env.container.clone().unwrap_or_else(|| "none detected".into()))),
+        ("Python", Some(python(env))),
+        ("Python torch", env.python.as_ref().and_then(|p| p.problem.is_none().then(|| {
+            p.torch_version.clone().unwrap_or_else(|| "not installed".into())
+        }))),
+        ("Python start method", env.python.as_ref().and_then(|p| p.start_method.as_ref()).map(|m| {
+            format!("{m} (multiprocessing's default: DataLoader workers use it unless given a multiprocessing_context)")
+        })),
+    ];
+    if let Some(gpu) = &env.gpu {
+        rows.extend(gpu_rows(gpu));
+    }
+    rows
+}
+
+/// The GPU facts: NVML and the driver, the GPUs, libtorch's CUDA and NCCL.
+fn gpu_rows(gpu: &GpuEnv) -> Vec<(&'static str, Option<String>)> {
+    let driver = gpu.driver.as_ref();
+    let cuda = gpu.cuda.as_ref();
+    let gpus = driver.map(|d| {
+        if d.gpus.is_empty() {
+            return "none".to_string();
+        }
+        let each: Vec<String> = d
+            .gpus
+            .iter()
+            .map(|g| format!("{}: {} ({})", g.index, g.name, human_bytes(g.memory_total_bytes)))
+            .collect();
+        each.join("; ")
+    });
+    vec![
+        (
+            "NVML",
+            Some(match &gpu.nvml_error {
+                Some(e) => format!("unavailable: {e}"),
+                None => "available".to_string(),
+            }),
+        ),
+        ("NVIDIA driver", driver.map(|d| d.driver_version.clone())),
+        ("CUDA (driver API)", driver.and_then(|d| d.cuda_driver_version.clone())),
+        ("GPUs (NVML)", gpus),
+        ("CUDA (libtorch build)", cuda.and_then(|c| c.cuda_runtime.clone())),
+        (
+            "GPUs CUDA sees (libtorch)",
+            Some(match (cuda, &gpu.cuda_error) {
+                (Some(c), _) if c.device_count > 0 => c.device_count.to_string(),
+                (Some(c), _) => format!("0: {}", c.why_not.as_deref().unwrap_or("no GPU")),
+                (None, Some(e)) => format!("unknown: {e}"),
+                (None, None) => "unknown".to_string(),
+            }),
+        ),
+        (
+            "NCCL",
+            cuda.map(|c| match (&c.nccl_version, &c.nccl_error) {
+                (Some(v), _) => v.clone(),
+                (None, Some(e)) => format!("unavailable: {e}"),
+                (None, None) => "unknown".to_string(),
+            }),
+        ),
     ]
+}
+
+/// `3.11.7 (/usr/bin/python3)`, or why there is no answer.
+fn python(env: &EnvSummary) -> String {
+    match &env.python {
+        None => "none on PATH (neither python3 nor python)".into(),
+        Some(p) => match (&p.version, &p.problem) {
+            (_, Some(problem)) => format!("{}: {problem}", p.executable),
+            (Some(v), None) => format!("{v} ({})", p.executable),
+            (None, None) => p.executable.clone(),
+        },
+    }
 }
 
 /// `/dev/shm` use: `1.5 MiB used of 64.0 MiB`, or `None` when it is not mounted.
@@ -55,4 +126,7 @@ pub(crate) fn headline(env: &EnvSummary) -> Vec<String> {
             None => "no container detected".to_string(),
         },
     ]
+    .into_iter()
+    .chain(env.gpu.as_ref().map(gpu_env::headline))
+    .collect()
 }

@@ -6,7 +6,7 @@ use crate::harness::{
     ProcessMemory, RankResult, RunResult, ScenarioResult, ShmAt, ShmUsage, ThreadStack, Verdict, annotate,
     verdict,
 };
-use crate::probe::env::EnvSummary;
+use crate::probe::env::{EnvSummary, PythonEnv};
 use crate::protocol::Frame;
 use crate::scenario::{Expect, Fault, FaultKind, Mode, OutcomeKind, Scenario};
 
@@ -34,6 +34,14 @@ pub fn env() -> EnvSummary {
             ("OMP_NUM_THREADS".into(), "4".into()),
             ("TORCH_SHOW_CPP_STACKTRACES".into(), "1".into()),
         ],
+        python: Some(PythonEnv {
+            executable: "/opt/venv/bin/python3".into(),
+            version: Some("3.12.3".into()),
+            torch_version: Some("2.11.0+cu130".into()),
+            start_method: Some("fork".into()),
+            problem: None,
+        }),
+        gpu: None,
     }
 }
 
@@ -63,6 +71,7 @@ fn rank(rank: u32, steps: u64) -> RankResult {
     RankResult {
         rank,
         pid: Some(41000 + rank),
+        device: Some("cpu".into()),
         outcome: OutcomeKind::Passed,
         signal: None,
         exit_code: Some(0),
@@ -197,6 +206,7 @@ pub fn passing() -> ScenarioResult {
         }),
         leftovers: Leftovers::default(),
         external: None,
+        gpu: None,
     }
 }
 
@@ -316,6 +326,7 @@ pub fn segv() -> ScenarioResult {
         memory: None,
         leftovers: Leftovers::default(),
         external: None,
+        gpu: None,
     }
 }
 
@@ -409,6 +420,7 @@ pub fn hung() -> ScenarioResult {
         memory: None,
         leftovers: Leftovers::default(),
         external: None,
+        gpu: None,
     }
 }
 
@@ -470,6 +482,7 @@ pub fn false_success() -> ScenarioResult {
         memory: None,
         leftovers: Leftovers::default(),
         external: None,
+        gpu: None,
     }
 }
 
@@ -510,6 +523,7 @@ pub fn abort_raw_only() -> ScenarioResult {
         memory: None,
         leftovers: Leftovers::default(),
         external: None,
+        gpu: None,
     }
 }
 
@@ -620,6 +634,7 @@ pub fn shm_bus_error() -> ScenarioResult {
         memory: Some(memory),
         leftovers,
         external: None,
+        gpu: None,
     }
 }
 
@@ -642,4 +657,22 @@ pub fn interrupted() -> RunResult {
     run.interrupted = true;
     run.not_run = vec!["fsdp-inplace-view".into(), "shm-64m-bus-error".into()];
     run
+}
+
+/// A GPU report folded from the recorded-shape NVML samples of one H100 training run (rank 0 is
+/// pid 4242).
+pub fn gpu_report() -> crate::harness::GpuReport {
+    let samples: Vec<crate::harness::GpuSample> =
+        serde_json::from_str(include_str!("../harness/fixtures/nvml-h100-training.json")).unwrap();
+    let info = vec![crate::probe::nvml::GpuInfo {
+        index: 0,
+        name: "NVIDIA H100 80GB HBM3".into(),
+        uuid: "GPU-0".into(),
+        memory_total_bytes: 80 << 30,
+    }];
+    let mut rec = crate::harness::GpuRecorder::new(0.2, info, Vec::new());
+    for s in samples {
+        rec.record(s);
+    }
+    rec.finish(&[&crate::harness::RankState::default()], &[Some(4242)])
 }

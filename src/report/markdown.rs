@@ -11,6 +11,7 @@ use crate::protocol::Frame;
 mod external;
 
 use super::environment;
+use super::gpu;
 use super::markup::{self, Align, DETAILS_CLOSE, code, details_open, fence, html_code};
 use super::matrix;
 use super::memory;
@@ -39,7 +40,7 @@ pub fn render_markdown(run: &RunResult) -> String {
             .into_iter()
             .map(|row| row.into_iter().map(|c| markup::text(&c.text)).collect())
             .collect();
-        doc.push(markup::table(&matrix::HEADER, &matrix::ALIGN, &rows));
+        doc.push(markup::table(&matrix::header(run), &matrix::align(run), &rows));
     }
     for s in &run.scenarios {
         scenario(&mut doc, s);
@@ -158,6 +159,9 @@ fn scenario(doc: &mut Doc, s: &ScenarioResult) {
     }
     if let Some(chart) = s.ranks.iter().min_by_key(|r| r.rank).and_then(mermaid::loss_chart) {
         doc.push(fence("mermaid", &chart));
+    }
+    for block in gpu::gpu_blocks(s) {
+        doc.push(block);
     }
     for block in memory::memory_blocks(s).into_iter().chain(memory::leftover_blocks(s)) {
         doc.push(block);
@@ -540,6 +544,14 @@ fn scenario_details(doc: &mut Doc, s: &ScenarioResult) {
         .unwrap_or_else(|e| format!("(the scenario could not be shown: {e})"));
     doc.push(fence("json", &json));
     doc.push(DETAILS_CLOSE);
+}
+
+/// `ups-doctor env --markdown`: the report's `## Environment` section on its own, to paste into
+/// an issue.
+pub fn render_env_markdown(env: &EnvSummary) -> String {
+    let mut doc = Doc { blocks: Vec::new() };
+    environment_section(&mut doc, env);
+    doc.finish()
 }
 
 fn environment_section(doc: &mut Doc, env: &EnvSummary) {

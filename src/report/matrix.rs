@@ -45,14 +45,54 @@ pub(crate) const ALIGN: [Align; 8] = [
     Align::Left,
 ];
 
+/// Title of the column added when some scenario sampled a GPU: median and peak utilisation.
+const GPU_TITLE: &str = "GPU util (median / peak)";
+/// Where it goes: after `steps/s`.
+const GPU_AT: usize = 6;
+
+/// Whether the matrix has the GPU column: only runs that sampled a GPU show it.
+fn gpu_column(run: &RunResult) -> bool {
+    run.scenarios
+        .iter()
+        .any(|s| s.gpu.as_ref().is_some_and(|g| g.main_gpu().is_some_and(|m| m.util_percent.is_some())))
+}
+
+/// Column titles of this run's matrix.
+pub(crate) fn header(run: &RunResult) -> Vec<&'static str> {
+    let mut h = HEADER.to_vec();
+    if gpu_column(run) {
+        h.insert(GPU_AT, GPU_TITLE);
+    }
+    h
+}
+
+/// Column alignment of this run's matrix.
+pub(crate) fn align(run: &RunResult) -> Vec<Align> {
+    let mut a = ALIGN.to_vec();
+    if gpu_column(run) {
+        a.insert(GPU_AT, Align::Right);
+    }
+    a
+}
+
+/// `91% / 100%`: the main GPU's median and peak utilisation.
+fn gpu_cell(s: &crate::harness::ScenarioResult) -> String {
+    s.gpu
+        .as_ref()
+        .and_then(|g| g.main_gpu())
+        .and_then(|m| m.util_percent)
+        .map_or_else(|| NONE.to_string(), |u| format!("{:.0}% / {:.0}%", u.median, u.peak))
+}
+
 /// The rows of the matrix, in run order, then the scenarios that did not run.
 pub(crate) fn rows(run: &RunResult) -> Vec<Vec<Cell>> {
+    let gpu = gpu_column(run);
     let mut rows: Vec<Vec<Cell>> = run
         .scenarios
         .iter()
         .map(|s| {
             let outcome_tone = if s.outcome == OutcomeKind::Passed { Tone::Good } else { Tone::Bad };
-            vec![
+            let mut row = vec![
                 Cell::plain(&s.name),
                 Cell::plain(text::launch_label(&s.scenario)),
                 Cell::plain(s.scenario.launch.world_size.to_string()),
@@ -64,12 +104,19 @@ pub(crate) fn rows(run: &RunResult) -> Vec<Vec<Cell>> {
                     text: text::expectation_word(s.met_expectation).to_string(),
                     tone: if s.met_expectation { Tone::Plain } else { Tone::Bad },
                 },
-            ]
+            ];
+            if gpu {
+                row.insert(GPU_AT, Cell::plain(gpu_cell(s)));
+            }
+            row
         })
         .collect();
     for name in &run.not_run {
         let mut row = vec![Cell::plain(name)];
         row.extend([NONE, NONE, "not run", NONE, NONE, NONE, NONE].map(Cell::plain));
+        if gpu {
+            row.insert(GPU_AT, Cell::plain(NONE));
+        }
         rows.push(row);
     }
     rows

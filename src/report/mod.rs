@@ -17,6 +17,7 @@
 mod bisect;
 mod environment;
 mod files;
+mod gpu;
 mod markdown;
 mod markup;
 mod matrix;
@@ -32,5 +33,5 @@ mod tests;
 
 pub use bisect::render_bisect;
 pub use files::{REPORT_FILE, RESULT_FILE, ReportError, rerender, write_run};
-pub use markdown::render_markdown;
+pub use markdown::{render_env_markdown, render_markdown};
 pub use terminal::{render_env_text, render_matrix};

@@ -25,7 +25,7 @@ pub fn render_matrix(run: &RunResult, color: bool) -> String {
     table
         .load_preset(presets::UTF8_FULL_CONDENSED)
         .set_content_arrangement(ContentArrangement::Disabled)
-        .set_header(matrix::HEADER);
+        .set_header(matrix::header(run));
     if color {
         table.enforce_styling();
     } else {
@@ -41,7 +41,7 @@ pub fn render_matrix(run: &RunResult, color: bool) -> String {
             }
         }));
     }
-    for (i, align) in matrix::ALIGN.iter().enumerate() {
+    for (i, align) in matrix::align(run).iter().enumerate() {
         if let (Some(column), Align::Right) = (table.column_mut(i), align) {
             column.set_cell_alignment(CellAlignment::Right);
         }

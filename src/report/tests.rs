@@ -203,6 +203,13 @@ fn env_text_lists_every_fact_then_the_variables() {
 }
 
 #[test]
+fn env_as_markdown_is_the_reports_environment_section() {
+    let md = super::render_env_markdown(&fixtures::env());
+    assert!(md.starts_with("## Environment\n"));
+    assert!(render_markdown(&fixtures::run(Vec::new())).contains(md.trim_end()));
+}
+
+#[test]
 fn env_text_says_when_no_variable_is_set() {
     let mut env = fixtures::env();
     env.variables.clear();
@@ -212,4 +219,29 @@ fn env_text_says_when_no_variable_is_set() {
     assert!(text.contains("container                  none detected\n"), "{text}");
     assert!(text.contains("/dev/shm                   not mounted\n"), "{text}");
     assert!(text.ends_with("variables: none of NCCL_*, TORCH_*, PYTORCH_*, CUDA_*, OMP_*, MKL_*, GLOO_*, UPS_DOCTOR_* is set\n"), "{text}");
+}
+
+#[test]
+fn gpu_section_matrix_column_and_the_unavailable_line() {
+    let mut on_gpu = fixtures::passing();
+    on_gpu.name = "single-cuda".into();
+    on_gpu.scenario.name = "single-cuda".into();
+    on_gpu.file = "scenarios/gpu/single-cuda.json".into();
+    on_gpu.scenario.launch.device = crate::scenario::Device::Cuda;
+    on_gpu.ranks[0].pid = Some(4242);
+    on_gpu.ranks[0].device = Some("cuda:0".into());
+    on_gpu.gpu = Some(fixtures::gpu_report());
+    let mut on_cpu = fixtures::passing();
+    on_cpu.gpu = Some(crate::harness::GpuReport::unavailable(
+        "libnvidia-ml.so.1 not found: no NVIDIA driver on this machine (cannot open shared object file: No \
+         such file or directory)",
+    ));
+    let both = run(vec![on_gpu, on_cpu]);
+    let md = render_markdown(&both);
+    assert!(md.contains(
+        "**GPU:** metrics unavailable: libnvidia-ml.so.1 not found: no NVIDIA driver on this machine (cannot \
+         open shared object file: No such file or directory). The ranks trained on the CPU."
+    ));
+    insta::assert_snapshot!("markdown_of_a_gpu_run", md);
+    insta::assert_snapshot!("matrix_with_gpu_utilisation", render_matrix(&both, false));
 }

@@ -1321,8 +1321,11 @@ mod tests {
         }
 
         #[test]
-        fn not_supported_yet_device() {
-            insta::assert_snapshot!(error("{\n  \"launch\": {\"device\": \"cuda\"}\n}", &[]));
+        fn cuda_cache_on_cpu_ranks() {
+            insta::assert_snapshot!(error(
+                "{\n  \"launch\": {\"device\": \"cpu\"},\n  \"data\": {\"cache_device\": \"cuda\"}\n}",
+                &[]
+            ));
         }
 
         #[test]

@@ -155,6 +155,10 @@ pub struct Data {
     pub timesteps: u32,
     /// Query points the decoder is asked for per sample (a random subset of the grid).
     pub queries: u32,
+    /// Augmentation passes per sample: each translates input and target by a random sub-grid
+    /// amount through an FFT pair (Burgers on a periodic grid is translation-equivariant). The
+    /// knob that makes building batches as costly as a real input pipeline.
+    pub augment_passes: u32,
     pub cache: Cache,
     /// Data-loader worker processes; 0 loads in the trainer.
     pub workers: u32,
@@ -167,6 +171,9 @@ pub struct Data {
     /// Intra-op threads of a worker: `one` (set first thing, the fix) or `inherit` (keep the
     /// trainer's: a forked worker then deadlocks in libgomp, REFERENCE.md).
     pub worker_threads: WorkerThreads,
+    /// Where the `memory` cache's tensors live: `cpu`, or `cuda` (the rank's GPU; workers then
+    /// build batches from GPU memory, REFERENCE.md failure 2's "CUDA-contaminated cache").
+    pub cache_device: CacheDevice,
 }
 
 impl Default for Data {
@@ -176,6 +183,7 @@ impl Default for Data {
             grid: 128,
             timesteps: 10,
             queries: 64,
+            augment_passes: 0,
             cache: Cache::Memory,
             workers: 0,
             start_method: StartMethod::Fork,
@@ -183,6 +191,7 @@ impl Default for Data {
             prefetch: 2,
             shm_size: None,
             worker_threads: WorkerThreads::One,
+            cache_device: CacheDevice::Cpu,
         }
     }
 }
@@ -204,6 +213,13 @@ pub enum StartMethod {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+pub enum CacheDevice {
+    Cpu,
+    Cuda,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum WorkerThreads {
     One,
     Inherit,
@@ -216,7 +232,7 @@ pub struct Train {
     pub steps: u64,
     pub lr: f64,
     pub weight_decay: f64,
-    /// bf16 autocast for the forward pass (CUDA only).
+    /// bf16 autocast for the forward pass, on the rank's device (CUDA, or the CPU).
     pub amp: bool,
     /// Micro-batches accumulated per optimizer step.
     pub accum_steps: u32,
@@ -259,11 +275,13 @@ pub struct Limits {
     pub timeout_s: f64,
     /// A rank that sends no marker for this long is hung.
     pub hang_after_s: f64,
+    /// Milliseconds between NVML samples of the GPUs; 0 turns GPU sampling off.
+    pub gpu_sample_ms: u64,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { timeout_s: 600.0, hang_after_s: 60.0 }
+        Limits { timeout_s: 600.0, hang_after_s: 60.0, gpu_sample_ms: 200 }
     }
 }
 

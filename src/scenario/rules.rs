@@ -11,8 +11,9 @@ use serde_json::Value;
 use super::command::{self, BUILTIN_PLACEHOLDERS, Param, ParamValue};
 use super::load::{self, Source};
 use super::model::{
-    Backend, CHECKPOINT_PHASES, Data, Device, Expect, Fault, FaultKind, Launch, Limits, Mode, Model,
-    ONE_OFF_PHASES, OutcomeKind, PER_STEP_PHASES, Scenario, StartMethod, Train, WORKER_PHASES, WorkerThreads,
+    Backend, CHECKPOINT_PHASES, Cache, CacheDevice, Data, Device, Expect, Fault, FaultKind, Launch, Limits,
+    Mode, Model, ONE_OFF_PHASES, OutcomeKind, PER_STEP_PHASES, Scenario, StartMethod, Train, WORKER_PHASES,
+    WorkerThreads,
 };
 use super::model::{CompletesWhen, LaunchStyle};
 use super::size::{SIZE_FORMS, parse_size};
@@ -74,6 +75,7 @@ pub(crate) fn check(s: &Scenario) -> Checked {
     check_train(&s.train)?;
     check_limits(&s.limits)?;
     check_launch(&s.launch)?;
+    check_cache_device(&s.data, &s.launch)?;
     check_expect(&s.expect)?;
     for (index, fault) in s.inject.iter().enumerate() {
         check_fault(s, index, fault)?;
@@ -153,10 +155,20 @@ fn check_data(d: &Data) -> Checked {
         .hint(format!("use at most {} queries, or a larger `grid`", d.grid))
         .related(&["data.grid"]));
     }
+    if d.augment_passes > MAX_AUGMENT_PASSES {
+        return Err(Invalid::new(
+            "data.augment_passes",
+            format!("must be at most {MAX_AUGMENT_PASSES}, found `{}`", d.augment_passes),
+        )
+        .hint("a few dozen passes already make batch building dominate a step; e.g. `32`"));
+    }
     at_least("data.batch_size", d.batch_size.into(), 1, "16")?;
     at_least("data.prefetch", d.prefetch.into(), 1, "2")?;
     check_workers(d)
 }
+
+/// Most augmentation passes per sample: beyond that a run measures nothing but FFTs.
+const MAX_AUGMENT_PASSES: u32 = 1024;
 
 /// Most data-loader workers per rank: each is a process with its own slots in the ring.
 const MAX_WORKERS: u32 = 64;
@@ -233,7 +245,48 @@ fn check_train(t: &Train) -> Checked {
 
 fn check_limits(l: &Limits) -> Checked {
     positive("limits.timeout_s", l.timeout_s, false, "600")?;
-    positive("limits.hang_after_s", l.hang_after_s, false, "60")
+    positive("limits.hang_after_s", l.hang_after_s, false, "60")?;
+    if l.gpu_sample_ms != 0 && !(MIN_GPU_SAMPLE_MS..=MAX_GPU_SAMPLE_MS).contains(&l.gpu_sample_ms) {
+        return Err(Invalid::new(
+            "limits.gpu_sample_ms",
+            format!(
+                "must be 0 (no GPU sampling) or between {MIN_GPU_SAMPLE_MS} and {MAX_GPU_SAMPLE_MS}, found `{}`",
+                l.gpu_sample_ms
+            ),
+        )
+        .hint("e.g. `200`: NVML refreshes utilisation about every 1/6 s, so faster sampling repeats readings"));
+    }
+    Ok(())
+}
+
+/// Fastest GPU sampling: each sample is a round of NVML calls per GPU in the harness's loop.
+const MIN_GPU_SAMPLE_MS: u64 = 20;
+/// Slowest GPU sampling that still draws a useful chart of a minutes-long run.
+const MAX_GPU_SAMPLE_MS: u64 = 60_000;
+
+/// A dataset cache on the GPU needs a rank that can have a GPU and tensors in process memory.
+fn check_cache_device(d: &Data, l: &Launch) -> Checked {
+    if d.cache_device != CacheDevice::Cuda {
+        return Ok(());
+    }
+    if l.device == Device::Cpu {
+        return Err(Invalid::new(
+            "data.cache_device",
+            "`cuda` puts the dataset cache on the rank's GPU, but `launch.device` is `cpu`",
+        )
+        .hint("use `device: cuda` (or `auto`), or `cache_device: cpu`")
+        .related(&["launch.device"]));
+    }
+    if d.cache != Cache::Memory {
+        let kind = json_name(&d.cache);
+        return Err(Invalid::new(
+            "data.cache_device",
+            format!("`cuda` keeps the cache in GPU memory, but `cache: {kind}` keeps it in a host file"),
+        )
+        .hint("use `cache: memory` with `cache_device: cuda`, or `cache_device: cpu`")
+        .related(&["data.cache"]));
+    }
+    Ok(())
 }
 
 fn check_launch(l: &Launch) -> Checked {
@@ -754,19 +807,10 @@ fn json_name<T: Serialize>(value: &T) -> String {
 /// Schema values that later work implements. They are refused rather than ignored, so a
 /// scenario never silently runs something other than what it says. Each check names the issue
 /// that lifts it: delete its lines when that work lands.
-pub(crate) fn not_supported_yet(s: &Scenario) -> Checked {
-    const GPU: &str = "GPU support arrives with issue #6";
-    let refuse = |field: &str, value: String, why: &str, hint: &str| {
-        Err(Invalid::new(field, format!("`{value}` is not supported yet: {why}")).hint(hint))
-    };
-
-    // Issue #6: GPUs.
-    if s.launch.device == Device::Cuda {
-        return refuse("launch.device", json_name(&s.launch.device), GPU, "use `device: cpu` or `auto`");
-    }
-    if s.train.amp {
-        return refuse("train.amp", "true".to_string(), GPU, "set `amp` to `false`");
-    }
+pub(crate) fn not_supported_yet(_s: &Scenario) -> Checked {
+    // Issue #6 lifted the last refusals (`launch.device: cuda`, `train.amp`): whether a GPU is
+    // really there is a fact of the machine, checked before launch (`ups-doctor run`) and by
+    // each rank, not a property of the file.
     Ok(())
 }
 
@@ -859,6 +903,7 @@ mod tests {
         assert_eq!(field(|s| s.data.grid = 127), "data.grid");
         assert_eq!(field(|s| s.data.timesteps = 1), "data.timesteps");
         assert_eq!(field(|s| s.data.queries = 0), "data.queries");
+        assert_eq!(field(|s| s.data.augment_passes = 1025), "data.augment_passes");
         assert_eq!(
             problem(|s| s.data.queries = 129),
             ("data.queries".into(), "129 queries are more than the 128 points of `grid`".into())
@@ -1059,35 +1104,50 @@ mod tests {
     }
 
     #[test]
-    fn values_for_later_work_are_refused_not_ignored() {
-        type Edit = Box<dyn Fn(&mut Scenario)>;
-        let refused: Vec<(&str, Edit)> = vec![
-            ("launch.device", Box::new(|s| s.launch.device = Device::Cuda)),
-            ("train.amp", Box::new(|s| s.train.amp = true)),
-        ];
-        for (expected, edit) in refused {
-            let mut s = Scenario::default();
-            edit(&mut s);
-            let invalid = not_supported_yet(&s).unwrap_err();
-            assert_eq!(invalid.field, expected);
-            assert!(invalid.message.contains("is not supported yet: "), "{}", invalid.message);
-            assert_eq!(check(&s).unwrap_err(), invalid, "check() must refuse it too");
-        }
-        // DDP has landed: more ranks are refused only by `mode: single` (a plain rule), not as
-        // later work.
+    fn cuda_ranks_and_amp_are_accepted_in_files() {
         let mut s = Scenario::default();
-        s.launch.world_size = 2;
-        assert_eq!(not_supported_yet(&s), Ok(()));
-        assert_eq!(check(&s).unwrap_err().field, "launch.world_size");
-        s.launch.mode = Mode::Fsdp;
-        assert_eq!(check(&s), Ok(()), "FSDP has landed");
-        assert_eq!(
-            problem(|s| s.launch.device = Device::Cuda).1,
-            "`cuda` is not supported yet: GPU support arrives with issue #6"
-        );
-        let mut s = Scenario::default();
-        s.launch.device = Device::Cpu;
+        s.launch.device = Device::Cuda;
+        s.train.amp = true;
         assert_eq!(check(&s), Ok(()));
+        // More ranks are refused only by `mode: single` (a plain rule), not as later work.
+        s.launch.world_size = 2;
+        assert_eq!(check(&s).unwrap_err().field, "launch.world_size");
+        s.launch.mode = Mode::Ddp;
+        assert_eq!(check(&s), Ok(()));
+    }
+
+    #[test]
+    fn a_cuda_cache_needs_a_gpu_rank_and_the_memory_cache() {
+        use crate::scenario::Cache;
+        let mut s = Scenario::default();
+        s.data.cache_device = CacheDevice::Cuda;
+        assert_eq!(check(&s), Ok(()), "`device: auto` may have a GPU");
+        s.launch.device = Device::Cpu;
+        let invalid = check(&s).unwrap_err();
+        assert_eq!(
+            (invalid.field.as_str(), invalid.related.as_slice()),
+            ("data.cache_device", &["launch.device".to_string()][..])
+        );
+        s.launch.device = Device::Cuda;
+        s.data.cache = Cache::Shm;
+        let invalid = check(&s).unwrap_err();
+        assert_eq!(
+            invalid.message,
+            "`cuda` keeps the cache in GPU memory, but `cache: shm` keeps it in a host file"
+        );
+        assert_eq!(invalid.related, ["data.cache"]);
+    }
+
+    #[test]
+    fn gpu_sampling_is_off_or_a_sensible_interval() {
+        assert_eq!(check(&Scenario::default()), Ok(()));
+        let mut s = Scenario::default();
+        s.limits.gpu_sample_ms = 0;
+        assert_eq!(check(&s), Ok(()));
+        for bad in [1, 19, 60_001] {
+            s.limits.gpu_sample_ms = bad;
+            assert_eq!(check(&s).unwrap_err().field, "limits.gpu_sample_ms", "{bad}");
+        }
     }
 
     #[test]

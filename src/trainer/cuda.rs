@@ -43,6 +43,35 @@ pub fn probe() -> &'static CudaProbe {
     PROBE.get_or_init(|| probe_in(&torch_lib_dirs()))
 }
 
+/// What `ups-doctor cuda-probe` reports: the probe, libtorch's CUDA runtime and NCCL.
+pub fn support() -> crate::probe::gpu_env::CudaSupport {
+    let p = probe();
+    let nccl = super::dist::nccl::NcclLib::get();
+    crate::probe::gpu_env::CudaSupport {
+        libtorch_cuda: p.libtorch_cuda.as_ref().map(|l| l.display().to_string()),
+        device_count: p.device_count,
+        why_not: p.why_not.clone(),
+        cuda_runtime: runtime_version(),
+        nccl_version: nccl.as_ref().ok().map(|l| l.version_text()),
+        nccl_error: nccl.err(),
+    }
+}
+
+/// The CUDA runtime libtorch loaded (`libcudart`, which even its CPU library links), as `13.0`;
+/// `None` for a libtorch without one. Needs no driver.
+pub fn runtime_version() -> Option<String> {
+    // SAFETY: looks a symbol up in the libraries already loaded; no library is opened.
+    let sym = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"cudaRuntimeGetVersion".as_ptr()) };
+    if sym.is_null() {
+        return None;
+    }
+    // SAFETY: `cudaError_t cudaRuntimeGetVersion(int*)` from cuda_runtime_api.h.
+    let get: unsafe extern "C" fn(*mut libc::c_int) -> libc::c_int = unsafe { std::mem::transmute(sym) };
+    let mut v: libc::c_int = 0;
+    // SAFETY: a valid out-pointer; the call needs no driver.
+    (unsafe { get(&mut v) } == 0 && v > 0).then(|| format!("{}.{}", v / 1000, v % 1000 / 10))
+}
+
 fn probe_in(dirs: &[PathBuf]) -> CudaProbe {
     let unavailable =
         |libtorch_cuda, why: String| CudaProbe { libtorch_cuda, device_count: 0, why_not: Some(why) };
@@ -188,6 +217,13 @@ mod tests {
             "{why}"
         );
         assert!(why.contains(&empty.path().display().to_string()), "{why}");
+    }
+
+    #[test]
+    fn libtorchs_cuda_runtime_is_known_without_a_driver() {
+        // PyPI's torch 2.11 is the CUDA 13.0 build; its CPU library links libcudart.so.13.
+        let v = runtime_version().expect("libtorch_cpu links libcudart");
+        assert!(v.starts_with("13."), "{v}");
     }
 
     #[test]

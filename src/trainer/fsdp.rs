@@ -53,6 +53,8 @@ struct Unit {
 pub struct Fsdp {
     units: Vec<Unit>,
     world: i64,
+    /// Where the parameters live (the rank's device); gathered and reduced buffers go there too.
+    device: Device,
 }
 
 impl Fsdp {
@@ -64,6 +66,7 @@ impl Fsdp {
         verify_and_broadcast(&params, coll)?;
         let world = coll.world_size() as i64;
         let rank = coll.rank() as i64;
+        let device = params.first().map_or(Device::Cpu, |(_, t)| t.device());
         let mut units: Vec<Unit> = Vec::new();
         for (name, t) in &params {
             let unit = unit_of(name);
@@ -90,19 +93,19 @@ impl Fsdp {
                 u.members.iter().map(|(n, _)| by_name[n.as_str()].detach().reshape([-1])).collect();
             if u.padded > u.numel {
                 u.sizes.push(u.padded - u.numel);
-                pieces.push(Tensor::zeros([u.padded - u.numel], (Kind::Float, Device::Cpu)));
+                pieces.push(Tensor::zeros([u.padded - u.numel], (Kind::Float, device)));
             }
             let chunk = u.padded / world;
             u.shard = Tensor::cat(&pieces, 0).narrow(0, rank * chunk, chunk).copy();
         }
-        Ok(Fsdp { units, world })
+        Ok(Fsdp { units, world, device })
     }
 
     /// All-gathers every unit's flat parameter and points the model's parameters at views of it.
     pub fn gather(&mut self, model: &mut Operator, coll: &mut dyn Collective) -> Result<(), TrainError> {
         let mut views: HashMap<String, Tensor> = HashMap::new();
         for u in &mut self.units {
-            let mut full = Tensor::empty([u.padded], (Kind::Float, Device::Cpu));
+            let mut full = Tensor::empty([u.padded], (Kind::Float, self.device));
             coll.all_gather(&u.shard, &mut full)?;
             u.flat = full.set_requires_grad(true);
             for ((name, shape), part) in u.members.iter().zip(u.flat.split_with_sizes(&u.sizes, 0)) {
@@ -129,9 +132,9 @@ impl Fsdp {
             let g = if g.defined() {
                 g.contiguous()
             } else {
-                Tensor::zeros([u.padded], (Kind::Float, Device::Cpu))
+                Tensor::zeros([u.padded], (Kind::Float, self.device))
             };
-            let mut out = Tensor::zeros([u.padded / self.world], (Kind::Float, Device::Cpu));
+            let mut out = Tensor::zeros([u.padded / self.world], (Kind::Float, self.device));
             coll.reduce_scatter_sum(&g, &mut out)?;
             grads.push(out / self.world as f64);
         }
@@ -153,7 +156,7 @@ impl Fsdp {
     pub fn checksum(&self, coll: &mut dyn Collective) -> Result<String, TrainError> {
         let mut full = Vec::with_capacity(self.units.len());
         for u in &self.units {
-            let mut t = Tensor::empty([u.padded], (Kind::Float, Device::Cpu));
+            let mut t = Tensor::empty([u.padded], (Kind::Float, self.device));
             coll.all_gather(&u.shard, &mut t)?;
             full.push(t.narrow(0, 0, u.numel));
         }

@@ -5,11 +5,13 @@
 //! [`crate::protocol`] markers, and behaves the same without a harness (markers are then
 //! dropped), so `ups-doctor train` can be run by hand or under torchrun.
 
+pub mod amp;
 pub mod burgers;
 pub mod checkpoint;
 pub mod crash;
 pub mod cuda;
 pub mod ddp;
+pub mod device;
 pub mod dist;
 pub mod faults;
 pub mod fsdp;

@@ -9,9 +9,11 @@ use tch::{Device, Reduction, Tensor, nn};
 use crate::protocol::Marker;
 use crate::scenario::{Mode, Scenario};
 
+use super::amp;
 use super::burgers;
 use super::checkpoint;
 use super::ddp::{Ddp, params_checksum};
+use super::device;
 use super::dist::{self, Collective, DistError, Store, connect_nccl, connect_tcp};
 use super::faults::{Effect, Faults};
 use super::fsdp::Fsdp;
@@ -26,6 +28,8 @@ pub struct RankEnv {
     pub rank: u32,
     pub world_size: u32,
     pub local_rank: u32,
+    /// Ranks on this machine (`LOCAL_WORLD_SIZE`; `WORLD_SIZE` when unset).
+    pub local_world_size: u32,
     /// The rendezvous store's address (`MASTER_ADDR`, `MASTER_PORT`; torchrun's defaults).
     pub master_addr: String,
     pub master_port: u16,
@@ -47,6 +51,7 @@ impl RankEnv {
             rank: read("RANK", 0)?,
             world_size: read("WORLD_SIZE", 1)?,
             local_rank: read("LOCAL_RANK", 0)?,
+            local_world_size: read("LOCAL_WORLD_SIZE", read("WORLD_SIZE", 1)?)?,
             master_addr: std::env::var("MASTER_ADDR").unwrap_or_else(|_| "127.0.0.1".into()),
             master_port: read("MASTER_PORT", 29500)?.try_into().map_err(|_| {
                 TrainError::Environment("`MASTER_PORT` is not a port number (1-65535)".into())
@@ -73,6 +78,8 @@ pub enum TrainError {
     Environment(String),
     #[error("{0}")]
     Unsupported(String),
+    #[error("{0}")]
+    Device(String),
     #[error("libtorch error: {0}")]
     Torch(#[from] tch::TchError),
     #[error("{0}")]
@@ -125,8 +132,8 @@ fn init_distributed(
     let backend = dist::resolve(scenario.launch.backend, device);
     if backend == dist::Backend::Nccl && !device.is_cuda() {
         return Err(TrainError::Unsupported(
-            "`launch.backend: nccl` needs CUDA tensors, but this rank trains on the CPU (training on \
-             CUDA arrives with issue #6); use `backend: tcp` or `auto`"
+            "`launch.backend: nccl` needs CUDA tensors, but this rank trains on the CPU (`device: auto` \
+             found no GPU for it); use `device: cuda` on a GPU machine, or `backend: tcp` or `auto`"
                 .into(),
         ));
     }
@@ -181,23 +188,27 @@ pub fn train(scenario: &Scenario, env: RankEnv) -> Result<Summary, TrainError> {
             env.world_size
         )));
     }
+    let probe = super::cuda::probe();
+    let gpus = device::Gpus { count: probe.device_count, why_not: probe.why_not.clone() };
+    let chosen =
+        device::choose(scenario.launch.device, &gpus, env.local_rank, env.local_world_size, device::forced());
     markers::emit(&Marker::Start {
         pid: std::process::id(),
         rank: env.rank,
         world_size: env.world_size,
-        device: "cpu".into(),
+        device: chosen.as_ref().map_or_else(|_| "none".to_string(), |d| device::name(*d)),
         libtorch: env!("UPS_DOCTOR_LIBTORCH_VERSION").into(),
         intra_op_threads: tch::get_num_threads() as i64,
     });
     let faults = Faults::for_rank(scenario, env.rank);
     let (start, _) = enter(&faults, "start", None)?;
+    let device = chosen.map_err(TrainError::Device)?;
+    if let Device::Cuda(gpu) = device {
+        println!("training on cuda:{gpu} ({} GPU(s) visible){}", gpus.count, amp_note(scenario));
+    }
     start.end();
-    // The model trains on the CPU until issue #6 moves it to `launch.device`.
-    let mut dist = if mode != Mode::Single {
-        Some(init_distributed(scenario, &env, &faults, Device::Cpu)?)
-    } else {
-        None
-    };
+    let mut dist =
+        if mode != Mode::Single { Some(init_distributed(scenario, &env, &faults, device)?) } else { None };
 
     tch::manual_seed(scenario.train.seed as i64);
     let d = &scenario.data;
@@ -207,7 +218,7 @@ pub fn train(scenario: &Scenario, env: RankEnv) -> Result<Summary, TrainError> {
     });
     phase.end();
 
-    let vs = nn::VarStore::new(Device::Cpu);
+    let vs = nn::VarStore::new(device);
     let mut build_error = None;
     let running_mean = Faults::needs_running_mean(scenario);
     let mut model = Operator::build(&vs.root(), &scenario.model, running_mean, |unit, build| {
@@ -293,7 +304,8 @@ pub fn train(scenario: &Scenario, env: RankEnv) -> Result<Summary, TrainError> {
     // right before the loop.
     let (phase, _) = enter(&faults, "data.loader", None)?;
     let batches = t.steps * accum;
-    let mut loader = Loader::start(scenario, env.rank, env.world_size, &data, batches, batches_drawn)?;
+    let mut loader =
+        Loader::start(scenario, env.rank, env.world_size, &data, batches, batches_drawn, device)?;
     phase.end();
 
     let loop_start = Instant::now();
@@ -326,8 +338,10 @@ pub fn train(scenario: &Scenario, env: RankEnv) -> Result<Summary, TrainError> {
                 model.encoder.update_running_mean(&batch.u)?;
             }
             let skip_last_block = effect == Effect::UnusedParam;
-            let pred = model.forward(&batch.u, loader.x(), &batch.nu, &batch.xq, skip_last_block);
-            let mut loss = pred.f_mse_loss(&batch.target, Reduction::Mean)?;
+            let mut loss = amp::autocast(t.amp, device, || {
+                let pred = model.forward(&batch.u, loader.x(), &batch.nu, &batch.xq, skip_last_block);
+                pred.f_mse_loss(&batch.target, Reduction::Mean)
+            })?;
             if effect == Effect::NanLoss {
                 loss *= f64::NAN;
             }
@@ -348,14 +362,14 @@ pub fn train(scenario: &Scenario, env: RankEnv) -> Result<Summary, TrainError> {
             (Parallel::Ddp(ddp), Some((_, coll))) => {
                 let (phase, _) = enter(&faults, "allreduce", Some(step))?;
                 ddp.sync_gradients(coll.as_mut())?;
-                loss = global_loss(coll.as_mut(), loss)?;
+                loss = global_loss(coll.as_mut(), loss, device)?;
                 compute_ms += phase.end();
                 ddp.params().iter().map(Tensor::grad).collect()
             }
             (Parallel::Fsdp(fsdp), Some((_, coll))) => {
                 let (phase, _) = enter(&faults, "reduce_scatter", Some(step))?;
                 let grads = fsdp.shard_grads(coll.as_mut())?;
-                loss = global_loss(coll.as_mut(), loss)?;
+                loss = global_loss(coll.as_mut(), loss, device)?;
                 compute_ms += phase.end();
                 grads
             }
@@ -365,7 +379,7 @@ pub fn train(scenario: &Scenario, env: RankEnv) -> Result<Summary, TrainError> {
         let mut norm_sq = optim::squared_norm(&grads);
         if let (Parallel::Fsdp(_), Some((_, coll))) = (&par, dist.as_mut()) {
             // Each rank holds a slice of the gradient: the global norm sums their squares.
-            let mut total = Tensor::from_slice(&[norm_sq as f32]);
+            let mut total = Tensor::from_slice(&[norm_sq as f32]).to_device(device);
             coll.all_reduce_sum(&mut total)?;
             norm_sq = f64::try_from(total)?;
         }
@@ -437,8 +451,8 @@ fn mode_name(mode: Mode) -> &'static str {
 }
 
 /// The mean of every rank's loss: what a one-rank run on the global batch would report.
-fn global_loss(coll: &mut dyn Collective, loss: f64) -> Result<f64, TrainError> {
-    let mut global = Tensor::from_slice(&[loss as f32]);
+fn global_loss(coll: &mut dyn Collective, loss: f64, device: Device) -> Result<f64, TrainError> {
+    let mut global = Tensor::from_slice(&[loss as f32]).to_device(device);
     coll.all_reduce_sum(&mut global)?;
     Ok(f64::try_from(global)? / coll.world_size() as f64)
 }
@@ -481,4 +495,9 @@ fn save_checkpoint(
     commit.end();
     phase.end();
     Ok(())
+}
+
+/// `, bf16 autocast` when the scenario asks for it.
+fn amp_note(scenario: &Scenario) -> &'static str {
+    if scenario.train.amp { ", bf16 autocast" } else { "" }
 }

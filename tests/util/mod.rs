@@ -9,8 +9,12 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 /// The binary under test.
+/// The binary under test: the one cargo built, or `UPS_DOCTOR_BIN` when test binaries run on
+/// another machine than the one that built them (`scripts/gpu-check.sh`).
 pub fn bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_ups-doctor"))
+    std::env::var_os("UPS_DOCTOR_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_ups-doctor")))
 }
 
 /// A scratch folder holding scenario files and the run's report folder.

@@ -19,6 +19,8 @@ pub struct Dims {
     pub queries: i64,
     /// Samples per batch on this rank.
     pub batch: i64,
+    /// Augmentation passes per sample (`data.augment_passes`).
+    pub augment: i64,
 }
 
 impl Dims {
@@ -29,6 +31,7 @@ impl Dims {
             grid: d.grid.into(),
             queries: d.queries.into(),
             batch: d.batch_size.into(),
+            augment: d.augment_passes.into(),
         }
     }
 
@@ -177,19 +180,59 @@ fn query_points(seed: u64, index: u64, grid: i64, queries: i64, out: &mut Vec<i6
     out.extend_from_slice(&points[..queries as usize]);
 }
 
+/// Translates every row of `x (n, G)` by `shift (n,)` grid points (fractional) around the
+/// periodic grid, exactly, through the Fourier series: `x(· − s)`.
+fn translate(x: &Tensor, shift: &Tensor) -> Tensor {
+    let g = x.size()[1];
+    let k = Tensor::arange(g / 2 + 1, (Kind::Float, x.device()));
+    let angle = shift.unsqueeze(1) * k.unsqueeze(0) * (-2.0 * std::f64::consts::PI / g as f64);
+    let phase = Tensor::polar(&angle.ones_like(), &angle);
+    (x.fft_rfft(None, -1, "backward") * phase).fft_irfft(g, -1, "backward")
+}
+
+/// Random sub-grid translations of the sample at `index` in the global batch, one per pass, in
+/// grid points.
+fn augment_shifts(seed: u64, index: u64, grid: i64, passes: i64, out: &mut Vec<f32>) {
+    let mut rng = SplitMix(seed ^ SplitMix(index ^ 0xa116_0000_0000_0000).next_u64());
+    for _ in 0..passes {
+        out.push((rng.next_u64() >> 40) as f32 / (1u64 << 24) as f32 * grid as f32);
+    }
+}
+
 /// Builds one batch: samples query points, gathers inputs and targets, normalises them.
+///
+/// With `augment` passes, each pass translates the sample's input and next snapshot by the same
+/// random sub-grid amount (through an rfft/irfft pair). Burgers' equation on a periodic grid is
+/// translation-equivariant, so every translated pair is as true as the original; the passes are
+/// there to make building a batch as costly as a real input pipeline's augmentations.
 pub fn make_batch(data: &DatasetView, dims: &Dims, spec: &BatchSpec) -> Batch {
     let n = spec.pairs.len() as i64;
     let mut q = Vec::with_capacity((n * dims.queries) as usize);
     for i in 0..n as u64 {
         query_points(spec.seed, spec.first + i, dims.grid, dims.queries, &mut q);
     }
-    let q = Tensor::from_slice(&q).view([n, dims.queries]);
-    let pick = Tensor::from_slice(&spec.pairs);
+    // Indices live where the data does (a `cache_device: cuda` cache is on the GPU).
+    let on = data.frames.device();
+    let q = Tensor::from_slice(&q).view([n, dims.queries]).to_device(on);
+    let pick = Tensor::from_slice(&spec.pairs).to_device(on);
     let s = pick.divide_scalar_mode(dims.timesteps - 1, "floor");
     let row = &s * dims.timesteps + pick.remainder(dims.timesteps - 1);
-    let u = (data.frames.index_select(0, &row) - data.mean) / data.std;
-    let next = data.frames.index_select(0, &(&row + 1)).gather(1, &q, false);
+    let mut now = data.frames.index_select(0, &row);
+    let mut next = data.frames.index_select(0, &(&row + 1));
+    if dims.augment > 0 {
+        let mut shifts = Vec::with_capacity((n * dims.augment) as usize);
+        for i in 0..n as u64 {
+            augment_shifts(spec.seed, spec.first + i, dims.grid, dims.augment, &mut shifts);
+        }
+        let shifts = Tensor::from_slice(&shifts).view([n, dims.augment]);
+        for p in 0..dims.augment {
+            let shift = shifts.select(1, p);
+            now = translate(&now, &shift);
+            next = translate(&next, &shift);
+        }
+    }
+    let u = (now - data.mean) / data.std;
+    let next = next.gather(1, &q, false);
     Batch {
         target: (next - data.mean) / data.std,
         xq: q.to_kind(Kind::Float) / dims.grid as f64,
@@ -203,7 +246,7 @@ mod tests {
     use super::*;
 
     fn dims(batch: i64) -> Dims {
-        Dims { samples: 6, timesteps: 4, grid: 16, queries: 5, batch }
+        Dims { samples: 6, timesteps: 4, grid: 16, queries: 5, batch, augment: 0 }
     }
 
     #[test]
@@ -258,5 +301,50 @@ mod tests {
         let x = (f64::try_from(a.xq.get(0).get(0)).unwrap() * 16.0).round() as i64;
         let want = (((row + 1) * 16 + x) as f64 - 1.0) / 2.0;
         assert_eq!(f64::try_from(a.target.get(0).get(0)).unwrap(), want);
+    }
+
+    #[test]
+    fn a_whole_grid_translation_is_a_roll() {
+        let x = Tensor::randn([3, 16], (Kind::Float, tch::Device::Cpu));
+        let moved = translate(&x, &Tensor::from_slice(&[1f32, 5.0, 16.0]));
+        for (i, by) in [1, 5, 16].into_iter().enumerate() {
+            let want = x.get(i as i64).roll([by], [0]);
+            assert!(moved.get(i as i64).allclose(&want, 1e-5, 1e-5, false), "shift {by}");
+        }
+        // Fractional shifts compose: a half step twice is one step (for a signal without a
+        // Nyquist component, which a fractional shift cannot keep real).
+        let grid = Tensor::arange(16, (Kind::Float, tch::Device::Cpu)) * (2.0 * std::f64::consts::PI / 16.0);
+        let smooth = Tensor::stack(&[grid.sin(), (&grid * 3.0).cos(), (&grid * 7.0).sin() + 0.5], 0);
+        let half = Tensor::from_slice(&[0.5f32, 0.5, 0.5]);
+        let twice = translate(&translate(&smooth, &half), &half);
+        assert!(twice.allclose(&smooth.roll([1], [1]), 1e-4, 1e-4, false));
+    }
+
+    #[test]
+    fn augmented_batches_stay_a_pure_function_of_the_spec_and_translate_input_and_target_together() {
+        let d = Dims { augment: 3, ..dims(3) };
+        // Every frame is the same smooth wave moved one point per snapshot.
+        let x = Tensor::arange(d.grid, (Kind::Float, tch::Device::Cpu)) * (2.0 * std::f64::consts::PI / 16.0);
+        let frames = Tensor::stack(
+            &(0..d.samples * d.timesteps)
+                .map(|r| (&x - r as f64 * 2.0 * std::f64::consts::PI / 16.0).sin())
+                .collect::<Vec<_>>(),
+            0,
+        );
+        let view = DatasetView {
+            frames,
+            nu: Tensor::zeros([6], (Kind::Float, tch::Device::Cpu)),
+            mean: 0.0,
+            std: 1.0,
+        };
+        let spec = Sampler::new(d, 0, 1, 1, 1).next_spec();
+        let (a, b) = (make_batch(&view, &d, &spec), make_batch(&view, &d, &spec));
+        assert!(a.u.equal(&b.u) && a.target.equal(&b.target));
+        let plain = make_batch(&view, &Dims { augment: 0, ..d }, &spec);
+        assert!(!a.u.allclose(&plain.u, 1e-3, 1e-3, false), "the passes moved the input");
+        // The pair still obeys the data's law: the target is the input moved one point.
+        let idx = (&a.xq * d.grid as f64).round().to_kind(Kind::Int64);
+        let expect = a.u.roll([1], [1]).gather(1, &idx, false);
+        assert!(a.target.allclose(&expect, 1e-4, 1e-4, false));
     }
 }

@@ -2,6 +2,10 @@
 //!
 //! - `memory`: tensors in the trainer's heap. Forked workers read them through copy-on-write
 //!   pages; spawned workers cannot reach them and build a copy each (REFERENCE.md failure 5).
+//!   With `data.cache_device: cuda` the tensors live on the rank's GPU instead: the trainer
+//!   builds batches there, a forked worker that touches them fails (CUDA cannot be used in a
+//!   child forked after CUDA was initialised), and each spawned worker initialises CUDA and puts a
+//!   copy of its own on the GPU (REFERENCE.md failure 2's "CUDA-contaminated cache").
 //! - `disk`: a file in the temporary folder, mapped by the trainer and every worker.
 //! - `shm`: one `/dev/shm` segment, written once by the trainer and mapped read-only by every
 //!   worker: one copy for all.
@@ -50,19 +54,21 @@ pub unsafe fn view_of(ptr: *const u8, dims: Dims, mean: f64, std: f64) -> Datase
 }
 
 /// Puts the generated data where `kind` says; returns the cache, a view of it and its size.
+/// `on` is where a `memory` cache's tensors live (`data.cache_device`: the CPU, or the rank's GPU).
 pub fn build(
     kind: CacheKind,
     data: &Trajectories,
     dims: Dims,
     rank: u32,
+    on: Device,
 ) -> io::Result<(Cache, DatasetView, u64)> {
     let (u_floats, nu_floats) = dims.cache_floats();
     let bytes = 4 * (u_floats + nu_floats);
     let path = match kind {
         CacheKind::Memory => {
             let view = DatasetView {
-                frames: data.u.view([dims.samples * dims.timesteps, dims.grid]),
-                nu: data.nu_feature.shallow_clone(),
+                frames: data.u.view([dims.samples * dims.timesteps, dims.grid]).to_device(on),
+                nu: data.nu_feature.to_device(on),
                 mean: data.u_mean,
                 std: data.u_std,
             };

@@ -12,8 +12,9 @@
 //!   write end of its pipe, so its death reads as end-of-file at once, whoever was being waited
 //!   for. The trainer then reaps it and fails with PyTorch's words for how it died.
 //! - A ready slot is wrapped with `Tensor::from_blob` and copied out (the worker may refill it
-//!   as soon as it is released; on a GPU this copy would be the pinned-memory one), then the next
-//!   task goes to that worker at once. Workers live until the loader drops (they persist across
+//!   as soon as it is released), then the next task goes to that worker at once. On a CUDA rank
+//!   that copy goes into pinned (page-locked) host memory, and the batch moves to the GPU with a
+//!   non-blocking copy, as `DataLoader(pin_memory=True)` and `.to(device, non_blocking=True)` do. Workers live until the loader drops (they persist across
 //!   epochs); dropping it closes the task pipes, reaps the workers and removes the segments.
 
 pub mod batch;
@@ -34,7 +35,7 @@ use super::burgers::Trajectories;
 use super::markers;
 use batch::{Batch, DatasetView, Dims, Sampler, make_batch};
 use shm::{Mapping, Unlink};
-use worker::{CacheSource, DONE_RECORD, ForkContext, SlotLayout, WorkerConfig};
+use worker::{CacheSource, DONE_RECORD, ERROR_SEQ, ForkContext, SlotLayout, WorkerConfig};
 
 /// Why the loader cannot deliver a batch.
 #[derive(Debug, thiserror::Error)]
@@ -77,6 +78,8 @@ pub fn death_text(pid: u32, status: i32) -> String {
 pub struct Loader {
     sampler: Sampler,
     dims: Dims,
+    /// The rank's device: every batch is handed out there.
+    device: tch::Device,
     /// `(grid,)` positions of the grid points, the model's input coordinates.
     x: tch::Tensor,
     // Field order is drop order: workers stop before the view and the cache they read go away.
@@ -96,23 +99,34 @@ impl Loader {
         data: &Trajectories,
         total: u64,
         skip: u64,
+        device: tch::Device,
     ) -> Result<Loader, LoaderError> {
         let d = &scenario.data;
         let dims = Dims::of(d);
         let what = format!("create the `{}` dataset cache", cache_name(scenario));
-        let (cache, view, bytes) = cache::build(d.cache, data, dims, rank).map_err(io_err(what))?;
+        let cache_on = match (d.cache_device, device) {
+            (crate::scenario::CacheDevice::Cuda, tch::Device::Cuda(_)) => device,
+            (crate::scenario::CacheDevice::Cuda, _) => {
+                println!(
+                    "`data.cache_device: cuda`, but this rank trains on the CPU: the cache stays on the CPU"
+                );
+                tch::Device::Cpu
+            }
+            _ => tch::Device::Cpu,
+        };
+        let (cache, view, bytes) = cache::build(d.cache, data, dims, rank, cache_on).map_err(io_err(what))?;
         markers::emit(&Marker::Dataset { bytes, cache: cache_name(scenario).into() });
         let mut sampler = Sampler::new(dims, rank, world, scenario.train.seed, scenario.train.accum_steps);
         for _ in 0..skip {
             sampler.next_spec();
         }
-        let x = tch::Tensor::arange(dims.grid, (tch::Kind::Float, tch::Device::Cpu)) / dims.grid as f64;
+        let x = tch::Tensor::arange(dims.grid, (tch::Kind::Float, device)) / dims.grid as f64;
         let pool = if d.workers == 0 {
             None
         } else {
             Some(Pool::start(scenario, rank, &view, &cache, dims, total, skip)?)
         };
-        Ok(Loader { sampler, dims, x, pool, view, _cache: cache })
+        Ok(Loader { sampler, dims, device, x, pool, view, _cache: cache })
     }
 
     /// The grid coordinates.
@@ -120,12 +134,13 @@ impl Loader {
         &self.x
     }
 
-    /// The next batch, in order.
+    /// The next batch, in order, on the rank's device.
     pub fn next_batch(&mut self) -> Result<Batch, LoaderError> {
-        match self.pool.as_mut() {
-            None => Ok(make_batch(&self.view, &self.dims, &self.sampler.next_spec())),
-            Some(pool) => pool.next(&mut self.sampler),
-        }
+        let batch = match self.pool.as_mut() {
+            None => make_batch(&self.view, &self.dims, &self.sampler.next_spec()),
+            Some(pool) => pool.next(&mut self.sampler, self.device)?,
+        };
+        Ok(to_device(batch, self.device))
     }
 
     /// Sends SIGKILL to worker `id` (the `worker_kill` fault: like the OOM killer choosing it).
@@ -135,6 +150,25 @@ impl Loader {
             // SAFETY: kill(2) on our own child, not yet reaped (its pid cannot be reused).
             unsafe { libc::kill(w.pid as i32, libc::SIGKILL) };
         }
+    }
+}
+
+/// Moves a batch to `device`: from pinned host memory with non-blocking copies on CUDA (the
+/// pinned block is not reused before its copy is done: libtorch's pinned-memory allocator records
+/// the copy), as it is when it is already there.
+fn to_device(batch: Batch, device: tch::Device) -> Batch {
+    if batch.u.device() == device {
+        return batch;
+    }
+    let move_one = |t: tch::Tensor| {
+        let host = if device.is_cuda() && !t.is_pinned(device) { t.pin_memory(device) } else { t };
+        host.to_device_(device, tch::Kind::Float, true, false)
+    };
+    Batch {
+        u: move_one(batch.u),
+        nu: move_one(batch.nu),
+        xq: move_one(batch.xq),
+        target: move_one(batch.target),
     }
 }
 
@@ -153,6 +187,8 @@ struct WorkerHandle {
     done: File,
     /// Bytes of a done record that arrived split.
     partial: Vec<u8>,
+    /// The error the worker sent before it exited (an error record), if it sent one.
+    error: Option<String>,
     reaped: bool,
 }
 
@@ -231,9 +267,10 @@ impl Pool {
                     scenario: scenario.clone(),
                     layout,
                     ring: ring_path.clone(),
-                    cache: match cache {
-                        cache::Cache::Memory => CacheSource::Regenerate,
-                        cache::Cache::File { path, .. } => CacheSource::File(path.clone()),
+                    cache: match (cache, view.frames.device()) {
+                        (cache::Cache::Memory, tch::Device::Cuda(gpu)) => CacheSource::RegenerateOnGpu(gpu),
+                        (cache::Cache::Memory, _) => CacheSource::Regenerate,
+                        (cache::Cache::File { path, .. }, _) => CacheSource::File(path.clone()),
                     },
                     mean: view.mean,
                     std: view.std,
@@ -254,6 +291,7 @@ impl Pool {
                 tasks: Some(tasks),
                 done,
                 partial: Vec::new(),
+                error: None,
                 reaped: false,
             });
         }
@@ -286,7 +324,8 @@ impl Pool {
         Ok(())
     }
 
-    fn next(&mut self, sampler: &mut Sampler) -> Result<Batch, LoaderError> {
+    /// The next batch from the ring, copied out of its slot: into pinned memory for a CUDA rank.
+    fn next(&mut self, sampler: &mut Sampler, device: tch::Device) -> Result<Batch, LoaderError> {
         self.fill(sampler)?;
         // A worker that died while the trainer computed is reported now, even if this batch
         // is ready.
@@ -303,7 +342,8 @@ impl Pool {
             let written = self.layout.seq_cell(self.ring.ptr(), slot).read_volatile();
             assert_eq!(written, seq, "slot {slot} holds batch {written}, expected {seq}");
             let [u, nu, xq, target] = self.layout.views(self.ring.ptr(), slot);
-            Batch { u: u.copy(), nu: nu.copy(), xq: xq.copy(), target: target.copy() }
+            let out = |t: tch::Tensor| if device.is_cuda() { t.pin_memory(device) } else { t.copy() };
+            Batch { u: out(u), nu: out(nu), xq: out(xq), target: out(target) }
         };
         self.consumed += 1;
         self.fill(sampler)?;
@@ -354,14 +394,54 @@ impl Pool {
             };
         }
         worker.partial.extend_from_slice(&buf[..n as usize]);
-        let whole = worker.partial.len() / DONE_RECORD * DONE_RECORD;
-        for record in worker.partial[..whole].chunks_exact(DONE_RECORD) {
+        self.parse_records(w);
+        Ok(())
+    }
+
+    /// Takes the complete records out of worker `w`'s buffer: done records make slots ready, an
+    /// error record (seq [`ERROR_SEQ`], then its message) is kept for [`Pool::wait_for_death`].
+    fn parse_records(&mut self, w: usize) {
+        let worker = &mut self.workers[w];
+        let mut at = 0;
+        while worker.partial.len() - at >= DONE_RECORD {
+            let record = &worker.partial[at..at + DONE_RECORD];
             let seq = u64::from_le_bytes(record[..8].try_into().expect("8 bytes"));
             let slot = u32::from_le_bytes(record[8..12].try_into().expect("4 bytes"));
-            self.ready.insert(seq, slot);
+            if seq == ERROR_SEQ {
+                let end = at + DONE_RECORD + slot as usize;
+                if worker.partial.len() < end {
+                    break; // the message is still on its way
+                }
+                worker.error =
+                    Some(String::from_utf8_lossy(&worker.partial[at + DONE_RECORD..end]).into_owned());
+                at = end;
+            } else {
+                self.ready.insert(seq, slot);
+                at += DONE_RECORD;
+            }
         }
-        worker.partial.drain(..whole);
-        Ok(())
+        worker.partial.drain(..at);
+    }
+
+    /// Reads what a dead worker left in its pipe (its error record), without ever blocking.
+    fn drain_dead(&mut self, w: usize) {
+        let fd = self.workers[w].done.as_raw_fd();
+        let mut buf = [0u8; 4096];
+        for _ in 0..64 {
+            let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+            // SAFETY: one valid pollfd; a read into a local buffer of an fd poll said is readable.
+            let n = unsafe {
+                if libc::poll(&mut p, 1, 0) <= 0 {
+                    break;
+                }
+                libc::read(fd, buf.as_mut_ptr().cast(), buf.len())
+            };
+            if n <= 0 {
+                break;
+            }
+            self.workers[w].partial.extend_from_slice(&buf[..n as usize]);
+        }
+        self.parse_records(w);
     }
 
     /// Reaps worker `w`, which closed its pipe, and words its death like PyTorch.
@@ -370,9 +450,15 @@ impl Pool {
         // It closed its pipe because it is exiting; give the kernel a moment to finish that.
         let status = wait_pid(pid, Duration::from_secs(5));
         self.workers[w].reaped = status.is_some();
-        let text = match status {
-            Some(status) => death_text(pid, status),
-            None => format!("DataLoader worker (pid {pid}) closed its pipe but did not exit."),
+        self.drain_dead(w);
+        let text = match (status, self.workers[w].error.take()) {
+            // PyTorch re-raises a worker's exception in the main process: "Caught RuntimeError in
+            // DataLoader worker process 0."
+            (_, Some(error)) => {
+                format!("Caught an error in DataLoader worker process {w} (pid {pid}): {error}")
+            }
+            (Some(status), None) => death_text(pid, status),
+            (None, None) => format!("DataLoader worker (pid {pid}) closed its pipe but did not exit."),
         };
         let bus_error = status.is_some_and(|s| libc::WIFSIGNALED(s) && libc::WTERMSIG(s) == libc::SIGBUS);
         let shm = crate::probe::shm::usage(std::path::Path::new("/dev/shm"))

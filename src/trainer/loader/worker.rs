@@ -8,7 +8,10 @@
 //!
 //! First thing, a worker sets one intra-op thread (libgomp deadlocks in a child forked after
 //! the parent's thread pool ran; see REFERENCE.md), unless `data.worker_threads` is `inherit`.
-//! It never touches CUDA. Forked workers get the stack-dump thread back (fork copies only the
+//! It touches CUDA only when the dataset cache lives there (`data.cache_device: cuda`). When
+//! building a batch fails (a libtorch error, such as CUDA's in a forked child), the worker sends
+//! the error on its done pipe before it exits, and the rank raises it as PyTorch re-raises a
+//! worker's exception. Forked workers get the stack-dump thread back (fork copies only the
 //! calling thread), so a stuck worker can be asked for its stack like a rank.
 
 use std::ffi::OsString;
@@ -32,6 +35,8 @@ use super::shm::Mapping;
 const TASK_HEADER: usize = 40;
 /// Bytes of a done record: seq (u64), slot (u32), padding.
 pub const DONE_RECORD: usize = 16;
+/// The seq of an error record: its slot field is the length of the UTF-8 message that follows.
+pub const ERROR_SEQ: u64 = u64::MAX;
 /// Bytes before a slot's payload: the seq it holds, padded to a cache line.
 const SLOT_HEADER: usize = 64;
 
@@ -85,6 +90,8 @@ impl SlotLayout {
 pub enum CacheSource {
     /// `cache: memory`: the trainer's copy is in its own memory, out of reach: build another.
     Regenerate,
+    /// `cache: memory` with `cache_device: cuda`: build another and put it on this GPU.
+    RegenerateOnGpu(usize),
     /// `cache: disk` or `shm`: map this file read-only.
     File(PathBuf),
 }
@@ -162,11 +169,19 @@ fn serve(
             );
             return 1;
         }
-        let batch = make_batch(view, &layout.dims, &spec);
-        // SAFETY: the trainer gave this slot to this task alone; the ring outlives the loop.
-        let [u, nu, xq, target] = unsafe { layout.views(ring, slot) };
-        for (mut dst, src) in [(u, &batch.u), (nu, &batch.nu), (xq, &batch.xq), (target, &batch.target)] {
-            dst.copy_(src);
+        let built = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let batch = make_batch(view, &layout.dims, &spec);
+            // SAFETY: the trainer gave this slot to this task alone; the ring outlives the loop.
+            let [u, nu, xq, target] = unsafe { layout.views(ring, slot) };
+            for (mut dst, src) in [(u, &batch.u), (nu, &batch.nu), (xq, &batch.xq), (target, &batch.target)] {
+                dst.copy_(src);
+            }
+        }));
+        if let Err(payload) = built {
+            let text = panic_text(payload.as_ref());
+            eprintln!("error: data-loader worker {id} failed to build batch {}: {text}", spec.seq);
+            let _ = done.write_all(&error_record(&text));
+            return 1;
         }
         // SAFETY: as above; the pipe write below publishes the slot.
         unsafe { layout.seq_cell(ring, slot).write_volatile(spec.seq) };
@@ -177,6 +192,33 @@ fn serve(
             return 1; // the trainer is gone
         }
     }
+}
+
+/// An error record for the done pipe.
+pub fn error_record(text: &str) -> Vec<u8> {
+    let text = &text.as_bytes()[..text.len().min(4096)];
+    let mut out = vec![0u8; DONE_RECORD];
+    out[..8].copy_from_slice(&ERROR_SEQ.to_le_bytes());
+    out[8..12].copy_from_slice(&(text.len() as u32).to_le_bytes());
+    out.extend_from_slice(text);
+    out
+}
+
+/// The message of a panic: libtorch's own text when a tch call failed (`Torch("…")`), without
+/// its C++ backtrace.
+pub fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    let raw = payload
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "a panic without a message".to_string());
+    let Some(start) = raw.find("Torch(\"") else {
+        return raw;
+    };
+    let inner = &raw[start + 7..];
+    let inner = inner.rfind("\")").map_or(inner, |end| &inner[..end]);
+    let text = inner.replace("\\n", "\n").replace("\\\"", "\"");
+    text.lines().next().unwrap_or_default().trim().to_string()
 }
 
 /// What every worker does first: die with the rank, one intra-op thread, a recognisable name.
@@ -292,15 +334,21 @@ pub fn run_spawned(config_json: &str) -> i32 {
     // The mapping (or the regenerated set) must outlive the view built on it.
     let mut _cache_map = None;
     let view = match &config.cache {
-        CacheSource::Regenerate => {
+        CacheSource::Regenerate | CacheSource::RegenerateOnGpu(_) => {
             // REFERENCE.md failure 5: with the cache in the trainer's memory, every spawned
             // worker holds a full copy of the dataset of its own.
             let d = &config.scenario.data;
             tch::manual_seed(config.scenario.train.seed as i64);
             let data = burgers::generate(d.samples.into(), d.grid.into(), d.timesteps.into(), &mut |_, _| {});
+            // With `cache_device: cuda` the copy goes to the GPU: this worker initialises CUDA
+            // and holds a context and a dataset of its own there.
+            let on = match config.cache {
+                CacheSource::RegenerateOnGpu(gpu) => Device::Cuda(gpu),
+                _ => Device::Cpu,
+            };
             DatasetView {
-                frames: data.u.view([dims.samples * dims.timesteps, dims.grid]),
-                nu: data.nu_feature,
+                frames: data.u.view([dims.samples * dims.timesteps, dims.grid]).to_device(on),
+                nu: data.nu_feature.to_device(on),
                 mean: data.u_mean,
                 std: data.u_std,
             }
@@ -329,4 +377,29 @@ pub fn run_spawned(config_json: &str) -> i32 {
     };
     let faults = Faults::for_rank(&config.scenario, config.rank);
     serve(config.id, &faults, &view, &config.layout, ring.ptr(), (config.task_fd, config.done_fd))
+}
+
+#[cfg(test)]
+mod error_tests {
+    use super::*;
+
+    #[test]
+    fn a_tch_panic_becomes_libtorchs_first_line() {
+        let payload: Box<dyn std::any::Any + Send> = Box::new(
+            "called `Result::unwrap()` on an `Err` value: Torch(\"CUDA error: initialization error\\nCUDA kernel \
+             errors might be asynchronously reported\\nException raised from ...\")"
+                .to_string(),
+        );
+        assert_eq!(panic_text(payload.as_ref()), "CUDA error: initialization error");
+        let plain: Box<dyn std::any::Any + Send> = Box::new("boom");
+        assert_eq!(panic_text(plain.as_ref()), "boom");
+    }
+
+    #[test]
+    fn an_error_record_carries_its_length_after_the_error_seq() {
+        let r = error_record("bad");
+        assert_eq!(u64::from_le_bytes(r[..8].try_into().unwrap()), ERROR_SEQ);
+        assert_eq!(u32::from_le_bytes(r[8..12].try_into().unwrap()), 3);
+        assert_eq!(&r[DONE_RECORD..], b"bad");
+    }
 }

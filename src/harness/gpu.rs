@@ -1,0 +1,659 @@
+//! Folds NVML samples into what the report shows: per GPU the median and peak utilisation, SM
+//! activity (GPM), memory, clocks, power, temperature and why clocks were held down; per process
+//! of the run the GPU memory it held; a thinned series for the charts. Also the GPU facts the
+//! verdict adds (a worker that touched CUDA after fork, ranks that shared a GPU, workers that hold
+//! GPU memory of their own). Pure: the NVML calls happen in [`crate::probe::nvml`], driven by
+//! `supervise`.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::probe::env::human_bytes;
+use crate::probe::nvml::{GpuInfo, GpuReading};
+use crate::scenario::{CacheDevice, Scenario, StartMethod};
+
+use super::result::{RankResult, Verdict};
+use super::state::RankState;
+
+/// GPU activity during a scenario, or why there is none.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct GpuReport {
+    /// Why the GPUs were not sampled (no NVIDIA driver, …); everything else is empty then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unavailable: Option<String>,
+    /// Seconds between samples.
+    pub interval_s: f64,
+    pub samples: u64,
+    pub gpus: Vec<GpuSummary>,
+    /// GPU memory of every process NVML listed, the run's labelled by rank and worker.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub processes: Vec<GpuProcessPeak>,
+    /// At most [`GpuReport::MAX_POINTS`] points; each the largest values of the samples it stands for.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub series: Vec<GpuPoint>,
+}
+
+impl GpuReport {
+    pub const MAX_POINTS: usize = 100;
+
+    /// A report that says why there are no GPU metrics.
+    pub fn unavailable(why: impl Into<String>) -> GpuReport {
+        GpuReport { unavailable: Some(why.into()), ..GpuReport::default() }
+    }
+
+    /// The GPU the summary line talks about: the first one a process of the run used, else the
+    /// first one.
+    pub fn main_gpu(&self) -> Option<&GpuSummary> {
+        self.gpus.iter().find(|g| g.used_by_run).or(self.gpus.first())
+    }
+}
+
+/// Median, peak and mean of a quantity over the samples that count.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Stat {
+    pub median: f64,
+    pub peak: f64,
+    pub mean: f64,
+}
+
+impl Stat {
+    /// `None` for no values.
+    pub fn of(values: &[f64]) -> Option<Stat> {
+        if values.is_empty() {
+            return None;
+        }
+        let mut sorted = values.to_vec();
+        sorted.sort_by(f64::total_cmp);
+        let n = sorted.len();
+        let median = if n % 2 == 1 { sorted[n / 2] } else { (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0 };
+        Some(Stat { median, peak: sorted[n - 1], mean: sorted.iter().sum::<f64>() / n as f64 })
+    }
+}
+
+/// One GPU over the run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GpuSummary {
+    pub index: u32,
+    pub name: String,
+    pub memory_total_bytes: u64,
+    /// A process of the run held memory on this GPU in at least one sample.
+    pub used_by_run: bool,
+    /// Samples the statistics below are over: those in which a process of the run was on this GPU
+    /// (all samples when none was).
+    pub samples_counted: u64,
+    /// NVML "utilization": percent of time a kernel was running.
+    pub util_percent: Option<Stat>,
+    /// GPM: percent of SMs busy, where the GPU has GPM.
+    pub sm_active_percent: Option<Stat>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tensor_active_percent: Option<Stat>,
+    /// Why there is no SM activity (the GPU has no GPM counters, …).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sm_activity_missing: Option<String>,
+    pub memory_used_peak_bytes: Option<u64>,
+    pub sm_clock_mhz: Option<Stat>,
+    pub power_w: Option<Stat>,
+    pub temperature_peak_c: Option<u32>,
+    /// Why clocks were held below their maximum, with the share of counted samples.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub clock_reasons: Vec<ClockReason>,
+}
+
+/// A reason NVML gave for clocks below their maximum, and how often.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClockReason {
+    /// NVML's name without prefix, e.g. `sw_power_cap`.
+    pub reason: String,
+    /// Share of the counted samples (0–1) that had it.
+    pub share: f64,
+}
+
+/// A process's peak GPU memory on one GPU.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GpuProcessPeak {
+    pub gpu: u32,
+    pub pid: u32,
+    /// `rank`, `worker` (a data-loader worker of `rank`) or `other` (not a process of this run).
+    pub role: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rank: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker: Option<u32>,
+    pub peak_memory_bytes: Option<u64>,
+}
+
+/// All GPUs at one moment.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GpuPoint {
+    /// Seconds since the scenario started.
+    pub t_s: f64,
+    /// In the order of [`GpuReport::gpus`].
+    pub gpus: Vec<GpuPointValues>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct GpuPointValues {
+    pub util_percent: Option<f64>,
+    pub sm_active_percent: Option<f64>,
+    pub memory_used_bytes: Option<u64>,
+}
+
+/// NVML's clock event reasons (`nvmlClocksEventReason…`), bit and name.
+pub const CLOCK_REASONS: [(u64, &str); 9] = [
+    (0x1, "gpu_idle"),
+    (0x2, "applications_clocks_setting"),
+    (0x4, "sw_power_cap"),
+    (0x8, "hw_slowdown"),
+    (0x10, "sync_boost"),
+    (0x20, "sw_thermal_slowdown"),
+    (0x40, "hw_thermal_slowdown"),
+    (0x80, "hw_power_brake_slowdown"),
+    (0x100, "display_clock_setting"),
+];
+
+/// The names of the reasons set in `mask`, in bit order; unknown bits as `0x…`.
+pub fn clock_reason_names(mask: u64) -> Vec<String> {
+    let mut names: Vec<String> =
+        CLOCK_REASONS.iter().filter(|(bit, _)| mask & bit != 0).map(|(_, n)| n.to_string()).collect();
+    let known: u64 = CLOCK_REASONS.iter().map(|(b, _)| b).sum();
+    if mask & !known != 0 {
+        names.push(format!("{:#x}", mask & !known));
+    }
+    names
+}
+
+/// A sample as taken: when, and every GPU's reading.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GpuSample {
+    pub t_s: f64,
+    pub gpus: Vec<GpuReading>,
+}
+
+/// Accumulates samples during a run; [`GpuRecorder::finish`] makes the report.
+#[derive(Debug)]
+pub struct GpuRecorder {
+    interval_s: f64,
+    info: Vec<GpuInfo>,
+    gpm_missing: Vec<(u32, String)>,
+    samples: Vec<GpuSample>,
+}
+
+impl GpuRecorder {
+    pub fn new(interval_s: f64, info: Vec<GpuInfo>, gpm_missing: Vec<(u32, String)>) -> GpuRecorder {
+        GpuRecorder { interval_s, info, gpm_missing, samples: Vec::new() }
+    }
+
+    pub fn record(&mut self, sample: GpuSample) {
+        self.samples.push(sample);
+    }
+
+    /// The report, with processes labelled from the ranks' pids (`rank_pids[r]`) and the workers
+    /// their markers reported.
+    pub fn finish(self, ranks: &[&RankState], rank_pids: &[Option<u32>]) -> GpuReport {
+        let label = |pid: u32| -> (String, Option<u32>, Option<u32>) {
+            if let Some(r) = rank_pids.iter().position(|p| *p == Some(pid)) {
+                return ("rank".into(), Some(r as u32), None);
+            }
+            for (r, state) in ranks.iter().enumerate() {
+                if let Some(w) = state.workers.iter().find(|w| w.pid == pid) {
+                    return ("worker".into(), Some(r as u32), Some(w.id));
+                }
+            }
+            ("other".into(), None, None)
+        };
+        let of_run = |pid: u32| label(pid).0 != "other";
+        let indexes: Vec<u32> = match self.samples.first() {
+            Some(s) => s.gpus.iter().map(|g| g.index).collect(),
+            None => self.info.iter().map(|g| g.index).collect(),
+        };
+        let mut peaks: BTreeMap<(u32, u32), Option<u64>> = BTreeMap::new();
+        for s in &self.samples {
+            for g in &s.gpus {
+                for p in &g.processes {
+                    let peak = peaks.entry((g.index, p.pid)).or_insert(None);
+                    *peak = match (*peak, p.memory_bytes) {
+                        (Some(a), Some(b)) => Some(a.max(b)),
+                        (a, b) => a.or(b),
+                    };
+                }
+            }
+        }
+        let gpus = indexes
+            .iter()
+            .map(|&index| {
+                let readings: Vec<&GpuReading> =
+                    self.samples.iter().filter_map(|s| s.gpus.iter().find(|g| g.index == index)).collect();
+                let used: Vec<&GpuReading> =
+                    readings.iter().copied().filter(|r| r.processes.iter().any(|p| of_run(p.pid))).collect();
+                let counted = if used.is_empty() { readings.clone() } else { used.clone() };
+                let stat = |f: &dyn Fn(&GpuReading) -> Option<f64>| {
+                    Stat::of(&counted.iter().filter_map(|r| f(r)).collect::<Vec<_>>())
+                };
+                let info = self.info.iter().find(|i| i.index == index);
+                let n = counted.len().max(1) as f64;
+                let clock_reasons = CLOCK_REASONS
+                    .iter()
+                    .filter_map(|(bit, name)| {
+                        let hits =
+                            counted.iter().filter(|r| r.clock_reasons.is_some_and(|m| m & bit != 0)).count();
+                        (hits > 0).then(|| ClockReason { reason: name.to_string(), share: hits as f64 / n })
+                    })
+                    .collect();
+                let sm_active = stat(&|r| r.sm_active_percent);
+                GpuSummary {
+                    index,
+                    name: info.map(|i| i.name.clone()).unwrap_or_default(),
+                    memory_total_bytes: info
+                        .map(|i| i.memory_total_bytes)
+                        .or_else(|| readings.iter().find_map(|r| r.memory_total_bytes))
+                        .unwrap_or(0),
+                    used_by_run: !used.is_empty(),
+                    samples_counted: counted.len() as u64,
+                    util_percent: stat(&|r| r.util_percent.map(f64::from)),
+                    sm_active_percent: sm_active,
+                    tensor_active_percent: stat(&|r| r.tensor_active_percent),
+                    sm_activity_missing: match sm_active {
+                        Some(_) => None,
+                        None => Some(
+                            self.gpm_missing
+                                .iter()
+                                .find(|(i, _)| *i == index)
+                                .map(|(_, why)| why.clone())
+                                .unwrap_or_else(|| "NVML returned no GPM metrics".to_string()),
+                        ),
+                    },
+                    memory_used_peak_bytes: readings.iter().filter_map(|r| r.memory_used_bytes).max(),
+                    sm_clock_mhz: stat(&|r| r.sm_clock_mhz.map(f64::from)),
+                    power_w: stat(&|r| r.power_mw.map(|mw| f64::from(mw) / 1000.0)),
+                    temperature_peak_c: readings.iter().filter_map(|r| r.temperature_c).max(),
+                    clock_reasons,
+                }
+            })
+            .collect();
+        let processes = peaks
+            .into_iter()
+            .map(|((gpu, pid), peak)| {
+                let (role, rank, worker) = label(pid);
+                GpuProcessPeak { gpu, pid, role, rank, worker, peak_memory_bytes: peak }
+            })
+            .collect();
+        let points: Vec<GpuPoint> = self
+            .samples
+            .iter()
+            .map(|s| GpuPoint {
+                t_s: s.t_s,
+                gpus: indexes
+                    .iter()
+                    .map(|&i| {
+                        let r = s.gpus.iter().find(|g| g.index == i);
+                        GpuPointValues {
+                            util_percent: r.and_then(|r| r.util_percent).map(f64::from),
+                            sm_active_percent: r.and_then(|r| r.sm_active_percent),
+                            memory_used_bytes: r.and_then(|r| r.memory_used_bytes),
+                        }
+                    })
+                    .collect(),
+            })
+            .collect();
+        GpuReport {
+            unavailable: None,
+            interval_s: self.interval_s,
+            samples: self.samples.len() as u64,
+            gpus,
+            processes,
+            series: thin(points, GpuReport::MAX_POINTS),
+        }
+    }
+}
+
+/// At most `max` points; each keeps the largest values of the samples it stands for, at the time
+/// of the last of them.
+fn thin(points: Vec<GpuPoint>, max: usize) -> Vec<GpuPoint> {
+    if points.len() <= max {
+        return points;
+    }
+    let chunk = points.len().div_ceil(max);
+    let fmax = |a: Option<f64>, b: Option<f64>| match (a, b) {
+        (Some(a), Some(b)) => Some(a.max(b)),
+        (a, b) => a.or(b),
+    };
+    points
+        .chunks(chunk)
+        .map(|c| {
+            let last = c.last().expect("chunks are not empty");
+            let gpus = (0..last.gpus.len())
+                .map(|i| {
+                    c.iter().filter_map(|p| p.gpus.get(i)).fold(GpuPointValues::default(), |acc, v| {
+                        GpuPointValues {
+                            util_percent: fmax(acc.util_percent, v.util_percent),
+                            sm_active_percent: fmax(acc.sm_active_percent, v.sm_active_percent),
+                            memory_used_bytes: acc.memory_used_bytes.max(v.memory_used_bytes),
+                        }
+                    })
+                })
+                .collect();
+            GpuPoint { t_s: last.t_s, gpus }
+        })
+        .collect()
+}
+
+/// What libtorch says when a forked child touches CUDA that its parent had initialised.
+pub const CUDA_AFTER_FORK: &str = "CUDA error: initialization error";
+/// PyTorch's words for the same situation, which users search for.
+pub const PYTORCH_FORK_TEXT: &str = "Cannot re-initialize CUDA in forked subprocess. To use CUDA with \
+     multiprocessing, you must use the 'spawn' start method";
+
+/// Adds to the verdict what the GPU side shows: a worker that touched CUDA after fork, ranks that
+/// shared a GPU, loader workers that hold GPU memory of their own.
+pub fn annotate_gpu(
+    verdict: &mut Verdict,
+    scenario: &Scenario,
+    ranks: &[RankResult],
+    gpu: Option<&GpuReport>,
+) {
+    let said = |r: &RankResult, text: &str| {
+        r.error.as_deref().is_some_and(|e| e.contains(text)) || r.log_tail.iter().any(|l| l.contains(text))
+    };
+    if let Some(r) = ranks.iter().find(|r| said(r, CUDA_AFTER_FORK)) {
+        let forked = scenario.data.workers > 0 && scenario.data.start_method == StartMethod::Fork;
+        if forked {
+            verdict.evidence.push(format!(
+                "rank {}'s data-loader worker failed with libtorch's `{CUDA_AFTER_FORK}`: it was forked after the \
+                 rank had initialised CUDA, and it touched CUDA (the dataset cache lives on the GPU, \
+                 `data.cache_device: {}`)",
+                r.rank,
+                if scenario.data.cache_device == CacheDevice::Cuda { "cuda" } else { "cpu" }
+            ));
+            verdict.likely_cause = Some(format!(
+                "CUDA cannot be used in a process forked from one that already initialised it. PyTorch says: \
+                 `{PYTORCH_FORK_TEXT}`."
+            ));
+            verdict.next_step = Some(
+                "use `data.start_method: spawn`, or keep the dataset on the CPU (`data.cache_device: cpu`) and \
+                 let the rank move each batch to the GPU (pinned memory, non-blocking copy)"
+                    .to_string(),
+            );
+        }
+    }
+    if ranks.iter().any(|r| said(r, "Duplicate GPU detected")) {
+        verdict.likely_cause = Some(
+            "two ranks were given the same GPU: NCCL needs one GPU per rank (`world_size` exceeds the GPUs of \
+             this machine, or `LOCAL_RANK` does not pick a GPU of its own)"
+                .to_string(),
+        );
+        verdict.next_step = Some(
+            "run at most one CUDA rank per GPU (`world_size` ≤ GPUs), or use `device: cpu` ranks for a \
+             multi-rank reproduction on one GPU"
+                .to_string(),
+        );
+    }
+    let Some(gpu) = gpu else {
+        return;
+    };
+    let workers: Vec<&GpuProcessPeak> = gpu.processes.iter().filter(|p| p.role == "worker").collect();
+    if !workers.is_empty() {
+        let each: Vec<String> = workers
+            .iter()
+            .map(|p| {
+                format!(
+                    "rank {} · worker {} {}",
+                    p.rank.unwrap_or(0),
+                    p.worker.unwrap_or(0),
+                    p.peak_memory_bytes.map_or_else(|| "(size not reported)".to_string(), human_bytes)
+                )
+            })
+            .collect();
+        let why = if scenario.data.cache_device == CacheDevice::Cuda {
+            " because the dataset cache lives on the GPU (`data.cache_device: cuda`): each spawned worker \
+             initialised CUDA, holds a context and its own copy of the cache there, and copies every batch back \
+             to host memory for the rank to copy to the GPU again (REFERENCE.md failure 2, a \
+             \"CUDA-contaminated cache\")"
+        } else {
+            ""
+        };
+        verdict.evidence.push(format!(
+            "{} held GPU memory{why}: {}",
+            if workers.len() == 1 { "a data-loader worker" } else { "data-loader workers" },
+            each.join(", ")
+        ));
+        if verdict.next_step.is_none() {
+            verdict.next_step = Some(
+                "keep the dataset cache on the CPU (`data.cache_device: cpu`, or `cache: shm` to share it) so \
+                 workers never touch CUDA; the rank moves batches to the GPU"
+                    .to_string(),
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::harness::state::WorkerInfo;
+    use crate::probe::nvml::GpuProcess;
+
+    const GIB: u64 = 1 << 30;
+
+    /// An H100 under a training loop: readings shaped like NVML's (utilisation in whole percent,
+    /// power in mW, GPM SM activity below utilisation because kernels do not fill every SM).
+    fn fixture() -> Vec<GpuSample> {
+        let text = include_str!("fixtures/nvml-h100-training.json");
+        serde_json::from_str(text).expect("the fixture parses")
+    }
+
+    fn h100() -> Vec<GpuInfo> {
+        vec![GpuInfo {
+            index: 0,
+            name: "NVIDIA H100 80GB HBM3".into(),
+            uuid: "GPU-0".into(),
+            memory_total_bytes: 80 * GIB,
+        }]
+    }
+
+    fn recorder(samples: Vec<GpuSample>) -> GpuRecorder {
+        let mut rec = GpuRecorder::new(0.2, h100(), Vec::new());
+        for s in samples {
+            rec.record(s);
+        }
+        rec
+    }
+
+    #[test]
+    fn statistics_count_only_samples_in_which_the_run_held_the_gpu() {
+        let rank = RankState::default();
+        let report = recorder(fixture()).finish(&[&rank], &[Some(4242)]);
+        let g = &report.gpus[0];
+        assert!(g.used_by_run);
+        // 12 samples, of which the first 2 (the rank still generating data on the CPU) and the
+        // last (after exit) have no process of the run on the GPU.
+        assert_eq!((report.samples, g.samples_counted), (12, 9));
+        let util = g.util_percent.unwrap();
+        assert_eq!((util.median, util.peak), (91.0, 100.0));
+        let sm = g.sm_active_percent.unwrap();
+        assert_eq!((sm.median, sm.peak), (42.5, 61.0));
+        assert_eq!(g.memory_used_peak_bytes, Some(3_221_225_472));
+        assert_eq!(g.temperature_peak_c, Some(41));
+        assert_eq!(g.power_w.unwrap().peak, 312.5);
+        assert_eq!(g.sm_activity_missing, None);
+        // sw_power_cap in 3 of the 9 counted samples; the idle bit only outside them.
+        assert_eq!(g.clock_reasons, [ClockReason { reason: "sw_power_cap".into(), share: 3.0 / 9.0 }]);
+        assert_eq!(
+            report.processes,
+            [
+                GpuProcessPeak {
+                    gpu: 0,
+                    pid: 999,
+                    role: "other".into(),
+                    rank: None,
+                    worker: None,
+                    peak_memory_bytes: Some(512 << 20)
+                },
+                GpuProcessPeak {
+                    gpu: 0,
+                    pid: 4242,
+                    role: "rank".into(),
+                    rank: Some(0),
+                    worker: None,
+                    peak_memory_bytes: Some(2_684_354_560)
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn medians_of_even_counts_average_the_middle_pair() {
+        assert_eq!(Stat::of(&[1.0, 3.0, 2.0, 10.0]).unwrap(), Stat { median: 2.5, peak: 10.0, mean: 4.0 });
+        assert_eq!(Stat::of(&[]), None);
+    }
+
+    #[test]
+    fn clock_reasons_decode_every_known_bit_and_show_the_rest() {
+        assert_eq!(clock_reason_names(0x1 | 0x4), ["gpu_idle", "sw_power_cap"]);
+        assert_eq!(clock_reason_names(0x40 | 0x1000), ["hw_thermal_slowdown", "0x1000"]);
+        assert!(clock_reason_names(0).is_empty());
+    }
+
+    #[test]
+    fn without_gpm_the_report_says_why_sm_activity_is_missing() {
+        let mut samples = fixture();
+        for s in &mut samples {
+            for g in &mut s.gpus {
+                g.sm_active_percent = None;
+                g.tensor_active_percent = None;
+            }
+        }
+        let mut rec = GpuRecorder::new(
+            0.2,
+            h100(),
+            vec![(0, "this GPU has no GPM counters (they need Hopper or newer)".into())],
+        );
+        for s in samples {
+            rec.record(s);
+        }
+        let g = &rec.finish(&[&RankState::default()], &[Some(4242)]).gpus[0];
+        assert_eq!(g.sm_active_percent, None);
+        assert_eq!(
+            g.sm_activity_missing.as_deref(),
+            Some("this GPU has no GPM counters (they need Hopper or newer)")
+        );
+    }
+
+    #[test]
+    fn workers_are_labelled_and_a_run_never_on_the_gpu_counts_every_sample() {
+        let mut samples = fixture();
+        for s in &mut samples {
+            for g in &mut s.gpus {
+                for p in &mut g.processes {
+                    if p.pid == 4242 {
+                        p.pid = 5000;
+                    }
+                }
+            }
+        }
+        samples[5].gpus[0].processes.push(GpuProcess { pid: 5001, memory_bytes: Some(600 << 20) });
+        let mut rank = RankState::default();
+        rank.workers.push(WorkerInfo { id: 1, pid: 5001, start_method: "spawn".into(), started_at_s: 1.0 });
+        let report = recorder(samples.clone()).finish(&[&rank], &[Some(4242)]);
+        let w = report.processes.iter().find(|p| p.pid == 5001).unwrap();
+        assert_eq!((w.role.as_str(), w.rank, w.worker), ("worker", Some(0), Some(1)));
+        // The worker was on the GPU in one sample: that one counts.
+        assert_eq!(report.gpus[0].samples_counted, 1);
+        let none = recorder(samples).finish(&[&RankState::default()], &[Some(1)]);
+        assert!(!none.gpus[0].used_by_run);
+        assert_eq!(none.gpus[0].samples_counted, 12);
+    }
+
+    #[test]
+    fn long_series_are_thinned_keeping_peaks() {
+        let base = fixture();
+        let mut rec = GpuRecorder::new(0.2, h100(), Vec::new());
+        for i in 0..1000 {
+            let mut s = base[i % base.len()].clone();
+            s.t_s = i as f64 * 0.2;
+            if i == 777 {
+                s.gpus[0].util_percent = Some(100);
+            }
+            rec.record(s);
+        }
+        let report = rec.finish(&[&RankState::default()], &[Some(4242)]);
+        assert!(report.series.len() <= GpuReport::MAX_POINTS);
+        assert!(report.series.iter().any(|p| p.gpus[0].util_percent == Some(100.0)));
+        assert_eq!(report.series.last().unwrap().t_s, 999.0 * 0.2);
+    }
+
+    fn rank_with(error: &str) -> RankResult {
+        let mut r: RankResult = serde_json::from_value(serde_json::json!({
+            "rank": 0, "pid": 1, "outcome": "exited", "signal": null, "exit_code": 1, "last_phase": "data.next",
+            "last_step": 0, "error": error, "backtrace": [], "ended_at_s": 1.0, "last_marker_at_s": 1.0,
+            "steps_done": 0, "first_loss": null, "final_loss": null, "data_wait_fraction": null,
+            "stdout_log": "", "stderr_log": "", "markers": 3
+        }))
+        .unwrap();
+        r.log_tail = vec![error.to_string()];
+        r
+    }
+
+    fn verdict() -> Verdict {
+        Verdict {
+            headline: "rank 0 exited".into(),
+            evidence: Vec::new(),
+            likely_cause: None,
+            next_step: None,
+        }
+    }
+
+    #[test]
+    fn a_forked_worker_touching_cuda_is_explained_in_pytorchs_words() {
+        let mut s = Scenario::default();
+        (s.data.workers, s.data.cache_device) = (2, CacheDevice::Cuda);
+        let mut v = verdict();
+        let r = rank_with(
+            "Caught an error in DataLoader worker process 0 (pid 77): CUDA error: initialization error \
+             [data-loader worker 0 of rank 0, fork]",
+        );
+        annotate_gpu(&mut v, &s, &[r], None);
+        assert!(v.likely_cause.as_deref().unwrap().contains(PYTORCH_FORK_TEXT));
+        assert!(v.next_step.as_deref().unwrap().starts_with("use `data.start_method: spawn`"));
+        assert!(v.evidence[0].contains("`data.cache_device: cuda`"), "{:?}", v.evidence);
+    }
+
+    #[test]
+    fn ranks_sharing_a_gpu_are_named_as_the_cause() {
+        let mut v = verdict();
+        let r = rank_with(
+            "NCCL error in ncclCommInitRankConfig on rank 1 (cuda:0): invalid usage\nLast error:\nDuplicate GPU detected : rank 1 and rank 0 both on CUDA device 1000",
+        );
+        annotate_gpu(&mut v, &Scenario::default(), &[r], None);
+        assert!(v.likely_cause.unwrap().starts_with("two ranks were given the same GPU"));
+    }
+
+    #[test]
+    fn workers_holding_gpu_memory_point_at_the_cuda_cache() {
+        let mut s = Scenario::default();
+        (s.data.workers, s.data.start_method, s.data.cache_device) =
+            (2, StartMethod::Spawn, CacheDevice::Cuda);
+        let gpu = GpuReport {
+            processes: vec![GpuProcessPeak {
+                gpu: 0,
+                pid: 8,
+                role: "worker".into(),
+                rank: Some(0),
+                worker: Some(1),
+                peak_memory_bytes: Some(520 << 20),
+            }],
+            ..GpuReport::default()
+        };
+        let mut v = verdict();
+        annotate_gpu(&mut v, &s, &[], Some(&gpu));
+        assert!(
+            v.evidence[0].starts_with(
+                "a data-loader worker held GPU memory because the dataset cache lives on the GPU"
+            ),
+            "{}",
+            v.evidence[0]
+        );
+        assert!(v.evidence[0].ends_with("rank 0 · worker 1 520.0 MiB"), "{}", v.evidence[0]);
+        assert!(v.next_step.is_some());
+    }
+}

@@ -1,0 +1,146 @@
+//! The GPU part of `ups-doctor env` and of every report's environment: the NVIDIA driver and the
+//! CUDA version it provides, its GPUs with their memory (NVML, read here), and what libtorch can
+//! do with them: its CUDA build, the GPUs CUDA sees, NCCL (a [`CudaSupport`] measured by a child
+//! `ups-doctor cuda-probe`, because only the trainer side may load libtorch's CUDA libraries; the
+//! harness stays free of them).
+//!
+//! Kept apart from [`super::env::EnvSummary`]'s other facts, which it joins as `gpu`.
+
+use std::io::Read;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use super::nvml::{DriverInfo, Nvml};
+
+/// What libtorch, as this binary loads it, can do with CUDA: the output of `ups-doctor
+/// cuda-probe`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CudaSupport {
+    /// The `libtorch_cuda.so` that was loaded, when one was.
+    pub libtorch_cuda: Option<String>,
+    /// GPUs CUDA sees (0 when CUDA is unusable).
+    pub device_count: usize,
+    /// Why CUDA is unusable.
+    pub why_not: Option<String>,
+    /// The CUDA runtime libtorch was built with and loads (`libcudart`), e.g. `13.0`.
+    pub cuda_runtime: Option<String>,
+    /// NCCL as the `nccl` backend would load it, e.g. `2.28.9`, or why it cannot.
+    pub nccl_version: Option<String>,
+    pub nccl_error: Option<String>,
+}
+
+/// The GPU facts of this machine.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct GpuEnv {
+    /// The driver and its GPUs, from NVML.
+    pub driver: Option<DriverInfo>,
+    /// Why NVML could not be used (no driver, …).
+    pub nvml_error: Option<String>,
+    /// libtorch's side, from `ups-doctor cuda-probe`.
+    pub cuda: Option<CudaSupport>,
+    /// Why that probe gave no answer.
+    pub cuda_error: Option<String>,
+}
+
+/// How long the child probe may take: loading libtorch's CUDA libraries and creating a context
+/// takes seconds on a GPU machine.
+const PROBE_LIMIT: Duration = Duration::from_secs(120);
+
+impl GpuEnv {
+    /// Reads NVML here and asks `program cuda-probe` about libtorch's CUDA.
+    pub fn collect(program: &Path) -> GpuEnv {
+        let (driver, nvml_error) = match Nvml::get().and_then(Nvml::driver_info) {
+            Ok(d) => (Some(d), None),
+            Err(e) => (None, Some(e)),
+        };
+        let (cuda, cuda_error) = match cuda_support(program) {
+            Ok(c) => (Some(c), None),
+            Err(e) => (None, Some(e)),
+        };
+        GpuEnv { driver, nvml_error, cuda, cuda_error }
+    }
+}
+
+/// Runs `program cuda-probe` and reads its answer.
+pub fn cuda_support(program: &Path) -> Result<CudaSupport, String> {
+    let mut child = Command::new(program)
+        .arg("cuda-probe")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("failed to start `{} cuda-probe`: {e}", program.display()))?;
+    let mut stdout = child.stdout.take().expect("piped");
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stdout.read_to_string(&mut text);
+        text
+    });
+    let started = Instant::now();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if started.elapsed() < PROBE_LIMIT => std::thread::sleep(Duration::from_millis(20)),
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("`cuda-probe` did not answer within {} s", PROBE_LIMIT.as_secs()));
+            }
+        }
+    };
+    let text = reader.join().unwrap_or_default();
+    if !status.success() {
+        let mut err = String::new();
+        if let Some(mut e) = child.stderr.take() {
+            let _ = e.read_to_string(&mut err);
+        }
+        return Err(format!("`cuda-probe` failed ({status}): {}", err.trim()));
+    }
+    serde_json::from_str(&text)
+        .map_err(|e| format!("`cuda-probe` answered something unreadable ({e}): {text}"))
+}
+
+/// One line about the machine's GPUs for the report's headline: `1 GPU (NVIDIA H100 80GB HBM3,
+/// 79.6 GiB), driver 580.65.06` or `no NVIDIA driver`.
+pub fn headline(gpu: &GpuEnv) -> String {
+    match &gpu.driver {
+        Some(d) if !d.gpus.is_empty() => {
+            let names: Vec<String> = d
+                .gpus
+                .iter()
+                .map(|g| format!("{}, {}", g.name, super::env::human_bytes(g.memory_total_bytes)))
+                .collect();
+            let count =
+                if d.gpus.len() == 1 { "1 GPU".to_string() } else { format!("{} GPUs", d.gpus.len()) };
+            format!("{count} ({}), driver {}", names.join("; "), d.driver_version)
+        }
+        Some(d) => format!("no GPU, driver {}", d.driver_version),
+        None => "no NVIDIA driver".to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::probe::nvml::GpuInfo;
+
+    #[test]
+    fn the_headline_names_gpus_and_driver_or_says_there_is_none() {
+        let mut env = GpuEnv::default();
+        assert_eq!(headline(&env), "no NVIDIA driver");
+        env.driver = Some(DriverInfo {
+            driver_version: "580.65.06".into(),
+            cuda_driver_version: Some("13.0".into()),
+            gpus: vec![GpuInfo {
+                index: 0,
+                name: "NVIDIA H100 80GB HBM3".into(),
+                uuid: "GPU-1".into(),
+                memory_total_bytes: 85_520_809_984,
+            }],
+        });
+        assert_eq!(headline(&env), "1 GPU (NVIDIA H100 80GB HBM3, 79.6 GiB), driver 580.65.06");
+    }
+}
