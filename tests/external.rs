@@ -260,3 +260,69 @@ fn the_shipped_external_scenarios_meet_their_expectations() {
     assert_eq!(run.code(), 0, "stderr:\n{}", run.stderr());
     assert!(scenarios(&run).len() >= 3);
 }
+
+#[test]
+fn bisect_over_params_finds_that_only_workers_with_pinned_memory_fail_and_is_one_minimal() {
+    let sb = Sandbox::new();
+    // The program sits next to the scenario and is named through `{scenario_dir}`, so the
+    // probes (run from the bisect's folder) and minimal.json must all resolve it there.
+    let dir = sb.path().join("scenarios");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(program("flaky_pin.py"), dir.join("flaky_pin.py")).unwrap();
+    let helper = repo().join("python");
+    let file = sb.scenario(
+        "pin",
+        &format!(
+            r#"{{"command": ["python", "{{scenario_dir}}/flaky_pin.py", "--workers", "{{workers}}",
+                             "--pin-memory", "{{pin_memory}}", "--depths", "{{depths}}", "--steps", "{{steps}}"],
+                "params": {{"workers": 4, "pin_memory": true, "depths": [2, 2, 1], "steps": {{"value": 4, "min": 1}}}},
+                {LIMITS},
+                "expect": {{"outcome": "exited", "completes_when": {{"stdout": "^training finished"}}}}}}"#
+        ),
+    );
+    let out = sb
+        .cmd()
+        .env("PATH", venv_path())
+        .env("PYTHONPATH", &helper)
+        .arg("bisect")
+        .arg(&file)
+        .arg("--out")
+        .arg(sb.out())
+        .args(["--json", "--quiet", "--cache"])
+        .arg(sb.path().join("cache"))
+        .output()
+        .expect("ups-doctor starts");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let record: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {stderr}"));
+    assert_eq!(record["signature"]["outcome"], "exited", "{record:#}");
+    // 1-minimal: one worker, pinning on, everything else at its minimum...
+    let params = &record["minimal"]["params"];
+    assert_eq!(
+        (&params["workers"], &params["pin_memory"], &params["depths"], &params["steps"]),
+        (&Value::from(1), &Value::from(true), &serde_json::json!([2]), &Value::from(1)),
+        "{record:#}"
+    );
+    // ...and cutting either of the two makes it pass.
+    let boundary: Vec<&str> =
+        record["boundary"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
+    assert_eq!(boundary, ["params.pin_memory", "params.workers"], "{record:#}");
+    let cuts: Vec<&str> =
+        record["boundary_detail"].as_array().unwrap().iter().filter_map(|b| b["cut"].as_str()).collect();
+    assert_eq!(cuts, ["params.pin_memory=false", "params.workers=0"]);
+    assert!(record["runs"].as_u64().unwrap() <= 25, "{}", record["runs"]);
+
+    // minimal.json, in the bisect's folder, reproduces the failure and meets its expect.
+    let rerun = sb
+        .cmd()
+        .env("PATH", venv_path())
+        .env("PYTHONPATH", &helper)
+        .arg("run")
+        .arg(sb.out().join("minimal.json"))
+        .args(["--out"])
+        .arg(sb.path().join("rerun"))
+        .args(["--json", "--quiet"])
+        .output()
+        .unwrap();
+    assert_eq!(rerun.status.code(), Some(0), "{}", String::from_utf8_lossy(&rerun.stderr));
+}

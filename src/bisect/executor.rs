@@ -33,6 +33,8 @@ type Slot = Mutex<Option<Result<(ScenarioResult, f64), String>>>;
 /// Runs candidates as real supervised scenarios.
 pub struct ProcessOracle<'a> {
     program: PathBuf,
+    /// The bisected scenario's file: a command's `{scenario_dir}` is its folder for every probe.
+    file: PathBuf,
     base: Scenario,
     dir: PathBuf,
     jobs: usize,
@@ -46,8 +48,10 @@ pub struct ProcessOracle<'a> {
 }
 
 impl<'a> ProcessOracle<'a> {
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         program: &Path,
+        file: &Path,
         base: &Scenario,
         dir: &Path,
         jobs: usize,
@@ -57,6 +61,7 @@ impl<'a> ProcessOracle<'a> {
     ) -> ProcessOracle<'a> {
         ProcessOracle {
             program: program.to_path_buf(),
+            file: file.to_path_buf(),
             base: base.clone(),
             dir: dir.to_path_buf(),
             jobs: jobs.max(1),
@@ -70,11 +75,8 @@ impl<'a> ProcessOracle<'a> {
 
     fn run_one(&self, index: usize, candidate: &Scenario) -> Result<(ScenarioResult, f64), String> {
         let rel = format!("probes/{index:03}");
-        let input = ScenarioInput {
-            file: PathBuf::from("(bisect candidate)"),
-            overrides: Vec::new(),
-            scenario: candidate.clone(),
-        };
+        let input =
+            ScenarioInput { file: self.file.clone(), overrides: Vec::new(), scenario: candidate.clone() };
         let started = Instant::now();
         let mut quiet = Progress::new(ProgressMode::Quiet);
         let result = harness::run_scenario(

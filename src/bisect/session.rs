@@ -49,6 +49,7 @@ pub fn run(
         .unwrap_or_default();
     let mut oracle = ProcessOracle::new(
         program,
+        &request.file,
         base,
         &request.out_dir,
         request.jobs,
@@ -94,8 +95,19 @@ pub fn run(
             signal: sig.signal.clone(),
             exit_code: sig.exit_code,
             phase: sig.phase.clone(),
+            // What "finished" means for an external program is part of the failure's definition.
+            completes_when: base.expect.completes_when.clone(),
             ..Expect::default()
         };
+    }
+    // `minimal.json` lives in the bisect's folder: a command's `{scenario_dir}` must still name
+    // the original scenario's folder when it is run from there.
+    if let Some(command) = minimal.command.as_mut() {
+        let dir =
+            std::env::current_dir().unwrap_or_default().join(request.file.parent().unwrap_or(Path::new(".")));
+        for arg in command.iter_mut().filter(|a| !a.contains("{{")) {
+            *arg = arg.replace("{scenario_dir}", &dir.display().to_string());
+        }
     }
     let record = BisectRecord {
         tool_version: env!("CARGO_PKG_VERSION").to_string(),
