@@ -146,6 +146,9 @@ pub fn verdict(
         .iter()
         .filter(|r| r.outcome != OutcomeKind::Passed)
         .min_by(|a, b| failure_time(a).total_cmp(&failure_time(b)));
+    // Ranks stuck out of step: the odd rank is known by where it waits, not by whose last marker
+    // happened to arrive first (that is scheduling).
+    let first = odd_rank_of_a_hang(ranks).or(first);
     if scenario.is_external() {
         return super::verdict_ext::verdict(scenario, ranks, first, wall_s);
     }
@@ -590,6 +593,38 @@ pub(super) fn signal_cause(signal: i32) -> String {
     }
 }
 
+/// The only rank of `picked`, if there is exactly one.
+fn alone(picked: Vec<&RankResult>) -> Option<&RankResult> {
+    if picked.len() == 1 { picked.first().copied() } else { None }
+}
+
+/// Phases where a stuck rank waits for the other ranks.
+const COLLECTIVE_PHASES: [&str; 5] =
+    ["dist.init", "dist.barrier", "allreduce", "allgather", "reduce_scatter"];
+
+/// When every failing rank hung and they wait in different places, the one that caused it: the
+/// only rank stuck outside a collective (it holds the others up), else the only rank furthest
+/// along, out of the training loop (`dist.barrier`, after its last step) or in a later step's
+/// collective: it ran fewer steps or skipped a collective, and the others wait for it in one it
+/// never joins. `None` when no single rank stands out.
+fn odd_rank_of_a_hang(ranks: &[RankResult]) -> Option<&RankResult> {
+    let failed: Vec<&RankResult> = ranks.iter().filter(|r| r.outcome != OutcomeKind::Passed).collect();
+    if failed.len() < 2 || failed.iter().any(|r| r.outcome != OutcomeKind::Hung) {
+        return None;
+    }
+    let waits = |r: &RankResult| r.last_phase.as_deref().is_some_and(|p| COLLECTIVE_PHASES.contains(&p));
+    let outside: Vec<&RankResult> = failed.iter().copied().filter(|r| !waits(r)).collect();
+    if !outside.is_empty() {
+        return alone(outside);
+    }
+    let along = |r: &RankResult| (r.last_phase.as_deref() == Some("dist.barrier"), r.last_step.unwrap_or(0));
+    let furthest = failed.iter().map(|r| along(r)).max()?;
+    if failed.iter().all(|r| along(r) == furthest) {
+        return None;
+    }
+    alone(failed.into_iter().filter(|r| along(r) == furthest).collect())
+}
+
 /// When stuck ranks wait in different places (one at the end of training, another in a
 /// collective of step N), they are out of step: one rank ran fewer steps or skipped a collective.
 fn out_of_step(failed: &RankResult, ranks: &[RankResult]) -> Option<String> {
@@ -799,6 +834,42 @@ mod tests {
             line,
             "collateral: rank 0 exited with status 1 in `allreduce` at step 3 0.40 s later: Connection closed by peer [127.0.0.1]:4000"
         );
+    }
+
+    fn hung_at(rank: u32, phase: &str, step: u64, last_marker_at_s: f64) -> RankResult {
+        let mut e = end(Some(Exit::Signal { signal: libc::SIGKILL, core_dumped: false }));
+        e.rank = rank;
+        e.intervention = Some(Intervention::Hung { silence_s: 10.0 });
+        e.state.phase = Some(phase.into());
+        e.state.step = Some(step);
+        e.state.last_marker_at = Some(last_marker_at_s);
+        classify_rank(&e)
+    }
+
+    #[test]
+    fn the_odd_rank_of_an_out_of_step_hang_is_named_by_where_it_waits_whoever_spoke_last() {
+        // Rank 1 ran fewer steps and waits in the final barrier; rank 0 waits in step 4's
+        // all-reduce. Which last marker arrived first is scheduling: both orders name rank 1.
+        for (barrier_at, allreduce_at) in [(1.00, 1.02), (1.02, 1.00)] {
+            let ranks =
+                vec![hung_at(0, "allreduce", 4, allreduce_at), hung_at(1, "dist.barrier", 3, barrier_at)];
+            let (outcome, first, v) = verdict(&Scenario::default(), &ranks, 12.0);
+            assert_eq!((outcome, first), (OutcomeKind::Hung, Some(1)), "{barrier_at} vs {allreduce_at}");
+            assert!(v.likely_cause.unwrap().contains("Rank 1 stopped first"));
+        }
+        // A rank that skipped a collective is a step ahead of the others.
+        let ranks = vec![
+            hung_at(0, "allreduce", 4, 1.0),
+            hung_at(1, "allreduce", 5, 1.1),
+            hung_at(2, "allreduce", 4, 1.2),
+        ];
+        assert_eq!(verdict(&Scenario::default(), &ranks, 12.0).1, Some(1));
+        // A rank stuck by itself (outside any collective) holds the others up.
+        let ranks = vec![hung_at(0, "allreduce", 4, 1.0), hung_at(1, "data.next", 4, 1.5)];
+        assert_eq!(verdict(&Scenario::default(), &ranks, 12.0).1, Some(1));
+        // Nobody stands out: the earliest last marker decides, as for any failure.
+        let ranks = vec![hung_at(0, "allreduce", 4, 1.3), hung_at(1, "allreduce", 4, 1.1)];
+        assert_eq!(verdict(&Scenario::default(), &ranks, 12.0).1, Some(1));
     }
 
     fn memory_at_end(rank: u32, used: u64, total: u64) -> MemoryReport {
