@@ -73,6 +73,10 @@ enum Command {
         /// No progress lines.
         #[arg(long)]
         quiet: bool,
+        /// `ladder` (big cuts first) or `ddmin` (no ladder): for bench/, which measures the
+        /// runs the ladder saves.
+        #[arg(long, hide = true, value_enum, default_value_t = StrategyArg::Ladder)]
+        strategy: StrategyArg,
     },
     /// Re-render report.md from a run folder's result.json.
     Report {
@@ -94,6 +98,9 @@ enum Command {
         scenario: PathBuf,
         #[arg(long = "set", value_name = "PATH=VALUE")]
         set: Vec<Override>,
+        /// Run only the data path (no model) and print its throughput: for bench/.
+        #[arg(long, hide = true)]
+        loader_only: bool,
     },
     /// What libtorch can do with CUDA here, as JSON: the child `run` and `env` ask (internal).
     #[command(hide = true)]
@@ -116,6 +123,12 @@ enum Command {
     },
 }
 
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum StrategyArg {
+    Ladder,
+    Ddmin,
+}
+
 /// ups-doctor's own failures, by exit status.
 #[derive(Debug)]
 enum Failure {
@@ -130,8 +143,36 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run { paths, set, out, json, quiet } => run(paths, set, out, json, quiet),
         Command::Report { dir } => rerender(&dir),
-        Command::Bisect { scenario, set, budget, confidence, confirm, jobs, out, cache, json, quiet } => {
-            bisect(BisectArgs { scenario, set, budget, confidence, confirm, jobs, out, cache, json, quiet })
+        Command::Bisect {
+            scenario,
+            set,
+            budget,
+            confidence,
+            confirm,
+            jobs,
+            out,
+            cache,
+            json,
+            quiet,
+            strategy,
+        } => {
+            let strategy = match strategy {
+                StrategyArg::Ladder => ups_doctor::bisect::Strategy::Ladder,
+                StrategyArg::Ddmin => ups_doctor::bisect::Strategy::Ddmin,
+            };
+            bisect(BisectArgs {
+                scenario,
+                set,
+                budget,
+                confidence,
+                confirm,
+                jobs,
+                out,
+                cache,
+                json,
+                quiet,
+                strategy,
+            })
         }
         Command::Env { json, markdown } => {
             print_env(json, markdown);
@@ -142,7 +183,7 @@ fn main() -> ExitCode {
             Ok(ExitCode::SUCCESS)
         }
         Command::NvmlRecord { count, every_ms } => nvml_record(count, every_ms),
-        Command::Train { scenario, set } => train(&scenario, &set),
+        Command::Train { scenario, set, loader_only } => train(&scenario, &set, loader_only),
         Command::LoaderWorker { config } => {
             trainer::prepare_process();
             Ok(ExitCode::from(trainer::loader::worker::run_spawned(&config) as u8))
@@ -169,6 +210,7 @@ struct BisectArgs {
     cache: PathBuf,
     json: bool,
     quiet: bool,
+    strategy: ups_doctor::bisect::Strategy,
 }
 
 fn bisect(args: BisectArgs) -> Result<ExitCode, Failure> {
@@ -214,6 +256,7 @@ fn bisect(args: BisectArgs) -> Result<ExitCode, Failure> {
             budget: args.budget,
             confidence: args.confidence,
             confirm_runs: args.confirm,
+            strategy: args.strategy,
         },
         jobs: args.jobs,
         out_dir: out_dir.clone(),
@@ -274,12 +317,13 @@ fn rerender(dir: &Path) -> Result<ExitCode, Failure> {
     }
 }
 
-fn train(file: &Path, set: &[Override]) -> Result<ExitCode, Failure> {
+fn train(file: &Path, set: &[Override], loader_only: bool) -> Result<ExitCode, Failure> {
     // Before anything else: the crash handlers and the stack-dump thread must exist before tch
     // starts threads (they inherit the signal mask).
     trainer::prepare_process();
     let scenario = scenario::load_file(file, set).map_err(|e| Failure::BadInput(e.to_string()))?;
-    Ok(ExitCode::from(trainer::run_rank(&scenario) as u8))
+    let status = if loader_only { trainer::run_loader_only(&scenario) } else { trainer::run_rank(&scenario) };
+    Ok(ExitCode::from(status as u8))
 }
 
 /// The machine, with its GPUs (NVML here, libtorch's CUDA through a child `cuda-probe`).

@@ -18,7 +18,7 @@ pub mod space;
 mod tests;
 
 pub use record::{BisectRecord, DifferentFailure, ProbeRow};
-pub use search::{BoundaryEntry, Cache, Options, Oracle, Outcome, Probe, ProbeVerdict, bisect};
+pub use search::{BoundaryEntry, Cache, Options, Oracle, Outcome, Probe, ProbeVerdict, Strategy, bisect};
 pub use session::{Request, SessionError, run as run_session};
 pub use signature::{Observation, Signature};
 pub use space::{Assignment, Component, Kind, Setting, apply, config_hash, derive, describe_delta};

@@ -66,12 +66,25 @@ pub struct Options {
     /// Runs of the original scenario before searching, to pick the signature and estimate how
     /// flaky it is. Honoured exactly (observations already in the cache count).
     pub confirm_runs: usize,
+    /// Whether big cuts go first on a ladder (the product) or join delta debugging (to measure
+    /// what the ladder saves; bench/).
+    pub strategy: Strategy,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Options { budget: 60, confidence: 0.95, confirm_runs: 3 }
+        Options { budget: 60, confidence: 0.95, confirm_runs: 3, strategy: Strategy::Ladder }
     }
+}
+
+/// How the big cuts (mode, world size, workers, …) are searched.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Strategy {
+    /// Each alone, first, in ladder order; then delta debugging over the rest.
+    #[default]
+    Ladder,
+    /// No ladder: they are components of delta debugging like any on/off feature.
+    Ddmin,
 }
 
 /// One observation the search used, in the order it was made or found.
@@ -584,7 +597,9 @@ impl Search<'_> {
         if self.exhausted {
             return Err(Exhausted);
         }
-        self.ladder()?;
+        if self.opts.strategy == Strategy::Ladder {
+            self.ladder()?;
+        }
         self.delta_debug()?;
         for index in 0..self.components.len() {
             self.halve(index)?;
@@ -643,8 +658,9 @@ impl Search<'_> {
     }
 
     fn delta_debug(&mut self) -> Result<(), Exhausted> {
+        let ladder = self.opts.strategy == Strategy::Ladder;
         let pool: Vec<usize> = (0..self.components.len())
-            .filter(|&i| !matches!(self.components[i].kind, Kind::Ladder { .. }))
+            .filter(|&i| !(ladder && matches!(self.components[i].kind, Kind::Ladder { .. })))
             .filter(|&i| !self.components[i].is_at_minimum(&self.setting(i)))
             .collect();
         if pool.is_empty() {

@@ -570,7 +570,7 @@ fn a_flaky_fault_is_found_with_its_rate_and_the_stated_confidence() {
         })],
     );
     for confirm_runs in [3, 6] {
-        let opts = Options { budget: 80, confidence: 0.95, confirm_runs };
+        let opts = Options { budget: 80, confidence: 0.95, confirm_runs, ..Options::default() };
         let (mut found, mut most, mut rates) = (0, 0, Vec::new());
         for seed in 1..=40 {
             let (outcome, runs) = simulated(&base, &opts, seed);
@@ -632,7 +632,7 @@ fn a_pass_of_a_flaky_failure_needs_the_runs_its_rate_asks_for() {
         seen += 1;
         (seen % 2 == 1).then(|| segv("forward"))
     });
-    let opts = Options { budget: 16, confidence: 0.95, confirm_runs: 8 };
+    let opts = Options { budget: 16, confidence: 0.95, confirm_runs: 8, ..Options::default() };
     let outcome = bisect(&base, &mut oracle, &mut Cache::new(), &opts);
     assert_eq!(outcome.failure_rate, 0.5);
     assert!(outcome.flaky);
@@ -767,6 +767,28 @@ fn the_ladder_takes_big_cuts_that_keep_the_failure_and_leaves_the_others() {
     );
     assert!(runs <= 20, "{runs} runs");
     eprintln!("ladder case: {runs} runs");
+}
+
+#[test]
+fn without_the_ladder_big_cuts_are_delta_debugged_to_the_same_minimal_configuration() {
+    let mut base = roomy();
+    base.launch.mode = crate::scenario::Mode::Ddp;
+    base.launch.world_size = 4;
+    base.data.workers = 2;
+    let base = with_faults(
+        base,
+        vec![json!({ "fault": "segv", "phase": "data.next", "step": 1, "when": { "data.workers": 2 } })],
+    );
+    let decide = |s: &Scenario| simulate(s, &mut Rng(1));
+    let (laddered, _) = simulated(&base, &Options::default(), 1);
+    let opts = Options { strategy: Strategy::Ddmin, ..Options::default() };
+    let (plain, _) = simulated(&base, &opts, 1);
+    assert!(plain.probes.iter().all(|p| p.phase != "ladder"), "no ladder probes without the ladder");
+    assert!(laddered.probes.iter().any(|p| p.phase == "ladder"));
+    assert_eq!(plain.minimal, laddered.minimal);
+    assert_eq!(plain.minimal.launch.mode, crate::scenario::Mode::Single);
+    assert_eq!(plain.minimal.data.workers, 2);
+    assert_one_minimal(&base, &plain, decide);
 }
 
 #[test]

@@ -16,6 +16,7 @@ pub mod dist;
 pub mod faults;
 pub mod fsdp;
 pub mod loader;
+pub mod loader_only;
 pub mod markers;
 pub mod model;
 pub mod optim;
@@ -38,14 +39,48 @@ pub fn run_rank(scenario: &Scenario) -> i32 {
     let result = train::RankEnv::from_env().and_then(|env| train::train(scenario, env));
     match result {
         Ok(summary) => {
+            // The trainer's own timing, so a run by hand and one under the harness (whose
+            // stdout goes to the rank's log) can be compared on the same clock (bench/).
             println!(
-                "done: {} steps, loss {:.5} -> {:.5}",
-                summary.steps, summary.first_loss, summary.final_loss
+                "done: {} steps, loss {:.5} -> {:.5}; {} steps in {:.3} s, {:.3} steps/s (data {:.3} s, compute {:.3} s)",
+                summary.steps,
+                summary.first_loss,
+                summary.final_loss,
+                summary.steps_run,
+                summary.loop_s,
+                summary.steps_run as f64 / summary.loop_s.max(1e-9),
+                summary.data_s,
+                summary.compute_s
             );
             0
         }
         Err(e) => {
             markers::emit(&Marker::Error { message: e.to_string() });
+            eprintln!("error: {e}");
+            1
+        }
+    }
+}
+
+/// Runs only the scenario's data path (`train --loader-only`, for bench/) and prints what it
+/// measured on one line; returns the process exit status like [`run_rank`].
+pub fn run_loader_only(scenario: &Scenario) -> i32 {
+    match train::RankEnv::from_env().and_then(|env| loader_only::run(scenario, env)) {
+        Ok(s) => {
+            println!(
+                "loader-only: {} batches of {} samples in {:.3} s, first batch after {:.3} s, \
+                 {:.1} samples/s after the first {} batches; dataset checksum {:#018x}",
+                s.batches,
+                s.batch_size,
+                s.total_s,
+                s.first_batch_s,
+                s.steady_samples_per_s(),
+                s.warm,
+                s.checksum
+            );
+            0
+        }
+        Err(e) => {
             eprintln!("error: {e}");
             1
         }

@@ -99,6 +99,13 @@ pub struct Summary {
     pub first_loss: f64,
     pub final_loss: f64,
     pub losses: Vec<f64>,
+    /// Steps run by this process (fewer than `steps` after a resume).
+    pub steps_run: u64,
+    /// The trainer's own clock over the steps this process ran: the whole loop (first step's
+    /// start to last step's end), and the parts of it spent waiting for data and computing.
+    pub loop_s: f64,
+    pub data_s: f64,
+    pub compute_s: f64,
 }
 
 /// Global gradient-norm limit: transformer blocks' first AdamW steps overshoot without it.
@@ -310,6 +317,7 @@ pub fn train(scenario: &Scenario, env: RankEnv) -> Result<Summary, TrainError> {
 
     let loop_start = Instant::now();
     let mut steps_done = first_step;
+    let (mut data_total_ms, mut compute_total_ms) = (0.0, 0.0);
     'training: for step in first_step..t.steps {
         let (mut data_ms, mut compute_ms, mut loss_sum) = (0.0, 0.0, 0.0);
         if let (Parallel::Fsdp(fsdp), Some((_, coll))) = (&mut par, dist.as_mut()) {
@@ -390,6 +398,8 @@ pub fn train(scenario: &Scenario, env: RankEnv) -> Result<Summary, TrainError> {
 
         losses.push(loss);
         steps_done = step + 1;
+        data_total_ms += data_ms;
+        compute_total_ms += compute_ms;
         markers::emit(&Marker::Step {
             step,
             loss,
@@ -417,6 +427,7 @@ pub fn train(scenario: &Scenario, env: RankEnv) -> Result<Summary, TrainError> {
             save_checkpoint(t, &env, &faults, &meta, &saved, &opt, dist.as_mut().map(|(_, c)| c))?;
         }
     }
+    let loop_s = loop_start.elapsed().as_secs_f64();
     if let Some((store, _)) = dist.as_ref() {
         end_of_training_barrier(store, env.rank, env.world_size, &faults)?;
     }
@@ -430,6 +441,10 @@ pub fn train(scenario: &Scenario, env: RankEnv) -> Result<Summary, TrainError> {
         first_loss: losses.first().copied().unwrap_or(f64::NAN),
         final_loss: losses.last().copied().unwrap_or(f64::NAN),
         losses,
+        steps_run: steps_done - first_step,
+        loop_s,
+        data_s: data_total_ms / 1e3,
+        compute_s: compute_total_ms / 1e3,
     };
     markers::emit(&Marker::Done {
         steps: summary.steps,

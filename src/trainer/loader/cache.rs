@@ -85,3 +85,16 @@ pub fn build(
     view.nu.copy_(&data.nu_feature);
     Ok((Cache::File { map, _file: guard, path }, view, bytes as u64))
 }
+
+/// A fingerprint of the cache's contents: its 32-bit words (the `f32` bits of the trajectories,
+/// then of the viscosity feature, in file order) weighted by `2·i + 1`, summed mod 2⁶⁴. Exact and
+/// position-dependent, and cheap to compute with numpy too, so a Python peer can show it holds
+/// the same samples (bench/peers/upsdata.py).
+pub fn checksum(data: &Trajectories) -> u64 {
+    let words = |t: &Tensor| Vec::<f32>::try_from(t.flatten(0, -1)).expect("the cache holds f32 tensors");
+    let (u, nu) = (words(&data.u), words(&data.nu_feature));
+    u.iter()
+        .chain(&nu)
+        .enumerate()
+        .fold(0u64, |sum, (i, v)| sum.wrapping_add(u64::from(v.to_bits()).wrapping_mul(2 * i as u64 + 1)))
+}
