@@ -20,6 +20,10 @@ pub struct BisectRecord {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub overrides: Vec<String>,
     pub original: Scenario,
+    /// Ids of the components derived from `original`, in the order the search tries them (what a
+    /// one-factor-at-a-time search would run once each).
+    #[serde(default)]
+    pub components: Vec<String>,
     /// The failure under study; `None` when the scenario did not fail while confirming.
     pub signature: Option<Signature>,
     /// Observed failure rate of the original scenario while confirming (1.0: every run).

@@ -116,6 +116,7 @@ pub fn run(
         file: request.file.display().to_string(),
         overrides: request.overrides.clone(),
         original: base.clone(),
+        components: outcome.components.iter().map(|c| c.id.clone()).collect(),
         signature: outcome.signature.clone(),
         flaky: outcome.failure_rate,
         is_flaky: outcome.flaky,

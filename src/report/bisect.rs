@@ -178,6 +178,7 @@ mod tests {
             file: "scenarios/x.json".into(),
             overrides: Vec::new(),
             original,
+            components: vec!["model.attention".into(), "model.conditioning".into(), "model.depths[0]".into()],
             signature: Some(segv()),
             flaky: 0.5,
             is_flaky: true,
