@@ -20,17 +20,17 @@ import json
 import os
 import platform
 import re
-import shlex
-import signal
-import statistics
 import subprocess
 import sys
-import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from measure import (  # noqa: E402
+    REPO, BenchError, Runner, cell, display_path, interleave, parse, per_round_ratio, shell, stats)
+from readings import readings  # noqa: E402
+
 PEERS = REPO / "bench" / "peers"
 CASES = REPO / "bench" / "cases"
 
@@ -50,7 +50,7 @@ PARAMS_RE = re.compile(r"parameters: (\d+); intra-op threads: (\d+)")
 SIZES = {
     "full": {
         "pairs": 5,
-        "harness": {"steps": 300},
+        "harness": {"steps": 600},
         # 512 trajectories × 126 snapshots × 128 points: a 33 MB cache that is quick to generate
         # (the solver's cost grows with samples × grid, the cache with the snapshots too).
         "loader": {"samples": 512, "grid": 128, "timesteps": 126, "queries": 64, "batch": 32, "augment": 16,
@@ -77,166 +77,6 @@ SIZES = {
         "bisect": "some",
     },
 }
-
-
-class BenchError(Exception):
-    pass
-
-
-# ---------------------------------------------------------------------------------------------
-# Measuring
-
-
-def proc_children():
-    """ppid → [pid] over every process on the machine."""
-    children = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        # The command name may hold spaces and parentheses: fields start after the last ')'.
-        fields = stat[stat.rindex(b")") + 2:].split()
-        children.setdefault(int(fields[1]), []).append(int(entry.name))
-    return children
-
-
-def tree_pss_bytes(root):
-    """Total PSS of `root` and every descendant, from /proc/<pid>/smaps_rollup."""
-    children = proc_children()
-    todo, total = [root], 0
-    while todo:
-        pid = todo.pop()
-        todo.extend(children.get(pid, []))
-        try:
-            with open(f"/proc/{pid}/smaps_rollup") as f:
-                for line in f:
-                    if line.startswith("Pss:"):
-                        total += int(line.split()[1]) * 1024
-                        break
-        except OSError:
-            pass
-    return total
-
-
-class PssSampler(threading.Thread):
-    """Samples the total PSS of a process tree every `interval` seconds; keeps the peak."""
-
-    def __init__(self, root, interval=0.1):
-        super().__init__(daemon=True)
-        self.root, self.interval, self.peak = root, interval, 0
-        self.stop = threading.Event()
-
-    def run(self):
-        while not self.stop.is_set():
-            self.peak = max(self.peak, tree_pss_bytes(self.root))
-            self.stop.wait(self.interval)
-
-
-class Runner:
-    """Runs commands, keeps their output under the work folder, fails loudly."""
-
-    def __init__(self, work):
-        self.work = work
-        self.count = 0
-        (work / "logs").mkdir(parents=True, exist_ok=True)
-
-    def run(self, cmd, env=None, label="run", sample_memory=False, expect_rc=(0,), timeout=600):
-        self.count += 1
-        log = self.work / "logs" / f"{self.count:04d}-{re.sub(r'[^A-Za-z0-9_.-]+', '_', label)}"
-        full_env = dict(os.environ, **(env or {}))
-        started = time.perf_counter()
-        proc = subprocess.Popen([str(c) for c in cmd], cwd=REPO, env=full_env, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, start_new_session=True)
-        sampler = None
-        if sample_memory:
-            sampler = PssSampler(proc.pid)
-            sampler.start()
-        try:
-            out, err = proc.communicate(timeout=timeout)
-        except BaseException:
-            # Interrupted or too slow: nothing of ours may outlive the bench.
-            kill_group(proc)
-            raise
-        finally:
-            if sampler:
-                sampler.stop.set()
-                sampler.join()
-        wall = time.perf_counter() - started
-        kill_group(proc)  # a straggler left in the group (none expected)
-        log.with_suffix(".out").write_text(out)
-        log.with_suffix(".err").write_text(err)
-        log.with_suffix(".cmd").write_text(shell(cmd, env) + "\n")
-        if proc.returncode not in expect_rc:
-            tail = "\n".join((err or out).strip().splitlines()[-15:])
-            raise BenchError(f"`{shell(cmd, env)}` exited with {proc.returncode} (expected {list(expect_rc)}); "
-                             f"output in {log}.out/.err:\n{tail}")
-        return {"stdout": out, "stderr": err, "wall_s": wall, "peak_pss": sampler.peak if sampler else None,
-                "log": str(log)}
-
-
-def kill_group(proc):
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def shell(cmd, env=None):
-    prefix = " ".join(f"{k}={shlex.quote(str(v))}" for k, v in (env or {}).items())
-    words = " ".join(shlex.quote(display_path(c)) for c in cmd)
-    return f"{prefix} {words}".strip()
-
-
-def display_path(c):
-    s = str(c)
-    root = str(REPO) + "/"
-    return s[len(root):] if s.startswith(root) else s
-
-
-def parse(regex, text, what):
-    m = regex.search(text)
-    if not m:
-        raise BenchError(f"no `{what}` line in the output:\n{text[-2000:]}")
-    return m
-
-
-def stats(values):
-    values = [v for v in values if v is not None]
-    if not values:
-        return None
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
-
-
-def interleave(contenders, rounds, warmup, progress):
-    """Runs `contenders` (name → zero-argument function returning a dict of figures) round-robin:
-    `warmup` rounds thrown away, then `rounds` kept. Returns name → list of figure dicts."""
-    kept = {name: [] for name in contenders}
-    total = warmup + rounds
-    for r in range(total):
-        for name, fn in contenders.items():
-            figures = fn()
-            tag = "warm-up" if r < warmup else f"round {r - warmup + 1}/{rounds}"
-            progress(f"{tag} {name}: " + ", ".join(f"{k} {fmt(v)}" for k, v in figures.items()
-                                                   if isinstance(v, (int, float))))
-            if r >= warmup:
-                kept[name].append(figures)
-    return kept
-
-
-def fmt(v):
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return str(v)
-
-
-def per_round_ratio(results, a, b, key):
-    """Median and min–max over rounds of results[a][i][key] / results[b][i][key]."""
-    ratios = [x[key] / y[key] for x, y in zip(results[a], results[b]) if x.get(key) and y.get(key)]
-    return stats(ratios)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -472,6 +312,13 @@ class Bench:
                                     "(PyTorch duplicates the dataset per worker)", mr, "≤ 0.5", mr["median"] <= 0.5))
         if len(checksums) != 1:
             raise BenchError(f"the loaders did not see the same samples: dataset checksums {checksums}")
+        # What PyTorch's runtime costs before any data: the main process and every spawned worker
+        # pay it.
+        baseline_cmd = [self.python, "-c", "import time, torch; time.sleep(1)"]
+        baseline = stats([self.runner.run(baseline_cmd, env, "loader-import-torch", sample_memory=True)["peak_pss"]
+                          / 2**20 for _ in range(3)])
+        self.results["loader_import_torch_pss_mib"] = baseline
+        text += [f"`import torch` alone (`{shell(baseline_cmd)}`, 3 runs): {cell(baseline)} MiB PSS.", ""]
         text += [f"Every run saw the same dataset: checksum `{next(iter(checksums))}`.", ""]
         self.sections.append(("loader", text))
 
@@ -781,11 +628,11 @@ class Bench:
             "scenario; the same search without the ladder (`--strategy ddmin`, a hidden switch: the big cuts "
             "become ordinary delta-debugging components); and one-factor-at-a-time (OFAT): the confirm runs "
             "plus one run per component, each cut alone from the original, i.e. `2 + len(components)` from "
-            "`bisect.json`. OFAT only says which single cuts make the failure go away: it neither finds "
-            "the smallest failing values (thresholds) nor reduces the rest, and it misses interactions "
-            "(cutting either part of a pair makes the failure go away, so both look necessary, but OFAT "
-            "never tries removing everything else). Its count is a lower bound on what a hand-made OFAT "
-            "that also looked for thresholds would cost. Probes run two at a time (`--jobs 2`); the run "
+            "`bisect.json`. OFAT only says which single cuts make the failure go away. It gives no minimal "
+            "failing configuration (it never tries the harmless cuts together, which can interact), no "
+            "thresholds (a numeric component is only tried at its minimum), and it misses a failure that "
+            "needs either of two components (no single cut removes it). Its count is a lower bound on what a "
+            "hand-made OFAT that also looked for thresholds would cost. Probes run two at a time (`--jobs 2`); the run "
             "counts do not depend on that, the wall times do. \"Same minimal configuration\" ignores "
             "`data.start_method` once `data.workers` is 0 (it then does nothing).",
             "",
@@ -852,16 +699,6 @@ class Bench:
         Path(self.args.out).write_text("\n".join(lines))
 
 
-def cell(s, digits=None):
-    if not s:
-        return "–"
-    def f(v):
-        if digits is not None:
-            return f"{v:.{digits}f}"
-        return f"{v:.4g}" if abs(v) < 1e4 else f"{v:,.0f}"
-    return f"{f(s['median'])} ({f(s['min'])}–{f(s['max'])})"
-
-
 def comparable(delta):
     """A minimal configuration's delta without `data.start_method`, which does nothing once
     `data.workers` is 0 (bisect does not cut what cannot matter, so either setting may remain)."""
@@ -895,138 +732,6 @@ def scenario_start(out):
     """The scenario's start on the wall clock: its resolved scenario.json is written just before the
     ranks are spawned (and the harness's clock starts)."""
     return next(out.glob("*/scenario.json")).stat().st_mtime
-
-
-def readings(key, bench):
-    """What the figures say, including where ups-doctor is behind and why."""
-    r = bench.results.get(key)
-    if r is None:
-        return []
-    out = ["**Reading.** "]
-    if key == "harness":
-        ratio, spread = r["ratio"]["median"], (r["ratio"]["min"], r["ratio"]["max"])
-        out[0] += (f"Under the harness the trainer ran at {ratio:.1%} of its bare speed (rounds: "
-                   f"{spread[0]:.1%} to {spread[1]:.1%}). ")
-        if ratio >= 0.98:
-            out[0] += ("The harness costs the trainer nothing beyond noise: the rank's part is about ten small "
-                       "marker writes per step into a pipe; sampling and the watchdog run in the harness process. ")
-        else:
-            out[0] += ("That is below the 0.98 goal. What the harness adds runs beside the trainer on the same "
-                       "cores: every 250 ms it reads `/proc/<pid>/smaps_rollup` of the rank's process tree and "
-                       "`statvfs` of `/dev/shm`, it wakes every 50 ms, and the rank writes about ten marker lines "
-                       "per step into a pipe. When the trainer's intra-op threads occupy every core, each such "
-                       "wake-up preempts one of them, and an OpenMP barrier then waits for it. ")
-            if spread[1] >= 0.98:
-                out[0] += "Some rounds did meet it, so part of the gap is the machine's noise. "
-        rh = r["ratio_harness_clock"]["median"]
-        out[0] += (f"On the harness's own clock (marker arrival times) the ratio is {rh:.1%}: both clocks span the "
-                   "same loop.")
-    elif key == "loader":
-        med = lambda tag, name, k: stats([x[k] for x in r[tag]["rounds"][name]])["median"]  # noqa: E731
-        parts, behind = [], []
-        for tag, g in r.items():
-            ratio = per_round_ratio(g["rounds"], g["ours"], g["peer"], "samples_per_s")["median"]
-            parts.append(f"{tag} {ratio:.2f}×")
-            if ratio < 1.0:
-                behind.append(tag)
-        out[0] += ("Throughput, ups-doctor ÷ PyTorch doing the same vectorised batch work: " + ", ".join(parts) + ". ")
-        if behind:
-            out[0] += (f"ups-doctor is behind at {', '.join(behind)}: there the work per batch dominates and "
-                       "both sides run the same libtorch kernels, so the transport cannot make up for it. ")
-        out[0] += (
-            "With no workers both run the same kernels in one process and the difference is the interpreter "
-            "around them (and the query points: ours are drawn in Rust, the peer sorts random keys with torch). "
-            "With workers it is the transport: ups-doctor's workers write each batch into a slot of one "
-            "`/dev/shm` ring and send 16 bytes down a pipe, and the trainer copies the batch out once; "
-            "PyTorch's workers move every tensor of every batch into a new shared-memory segment and send "
-            "its handle through a multiprocessing queue, and the main process maps and unpickles it. "
-            "The per-sample dataset most PyTorch code uses pays the interpreter and small-tensor overhead "
-            "per sample (every augmentation pass on one row instead of a batch): that is where the largest "
-            "gaps are, and it is the idiom's cost, not the DataLoader's. ")
-        if "w0" in r and "w4-spawn" in r:
-            g4 = r["w4-spawn"]
-            p0 = med("w0", r["w0"]["peer"], "peak_pss_mib")
-            o0 = med("w0", r["w0"]["ours"], "peak_pss_mib")
-            p4 = med("w4-spawn", g4["peer"], "peak_pss_mib")
-            o4 = med("w4-spawn", g4["ours"], "peak_pss_mib")
-            out[0] += (
-                f"Memory: `import torch` alone puts PyTorch's main process at {p0:.0f} MiB PSS against "
-                f"{o0:.0f} MiB for ups-doctor's (the full CUDA wheel's libraries are loaded even on CPU; "
-                "ups-doctor links only libtorch's CPU library). Each spawned PyTorch worker imports torch again: "
-                f"about {(p4 - p0) / 4:.0f} MiB PSS per worker here, against {(o4 - o0) / 4:.0f} MiB for "
-                "ups-doctor's spawned workers (the same binary re-executed: its libtorch pages are shared), "
-                f"and a first batch after {med('w4-spawn', g4['peer'], 'first_batch_s'):.1f} s against "
-                f"{med('w4-spawn', g4['ours'], 'first_batch_s'):.1f} s. ")
-            if g4.get("dup"):
-                dup = med("w4-spawn", g4["dup"], "peak_pss_mib")
-                mem = med("w4-spawn", "ups-doctor, memory cache (each worker regenerates it)", "peak_pss_mib")
-                out[0] += (
-                    f"A numpy dataset is pickled into every spawned worker ({dup:.0f} MiB against {p4:.0f} MiB "
-                    "with tensors, which torch moves to shared memory on its own); ups-doctor's `memory` cache "
-                    f"with `spawn` is the same duplication ({mem:.0f} MiB against {o4:.0f} MiB with `shm`, and "
-                    "the workers regenerate the data before their first batch), which is why `shm` is the "
-                    "cache to use with `spawn`. ")
-            out[0] += ("Peak PSS includes data generation in the main process (the solver's temporaries), "
-                       "the same on both sides.")
-    elif key == "step":
-        parts = []
-        for label, v in r.items():
-            ratio = per_round_ratio(v["rounds"], "ups-doctor", "PyTorch eager", "step_ms")["median"]
-            parts.append(f"{label}: {ratio:.2f}")
-        out[0] += "Step time, ups-doctor ÷ PyTorch eager: " + "; ".join(parts) + ". "
-        out[0] += (
-            "Both dispatch the same libtorch kernels; what differs is around them. PyTorch eager pays the "
-            "Python interpreter on every op (a few microseconds each, hundreds of ops per step for this model), "
-            "which matters most for a small model; tch calls the same ATen ops from Rust. "
-            "Our AdamW is written out per tensor in Rust (about ten tensor ops per parameter tensor, "
-            "each allocating a temporary), as is PyTorch's default CPU AdamW; and our clipping reads "
-            "each gradient's squared norm back to the host, where PyTorch's `clip_grad_norm_` stacks the norms "
-            "first. With a wider model the kernels dominate and the two converge; a ratio above 1 there is "
-            "our optimizer's extra temporaries and host reads, not the model.")
-    elif key == "ddp":
-        sc = per_round_ratio(r, "ups-doctor ddp-2", "ups-doctor single", "steps_per_s")["median"]
-        sp = per_round_ratio(r, "PyTorch DDP-2 (gloo, torchrun)", "PyTorch single", "steps_per_s")["median"]
-        sf = per_round_ratio(r, "ups-doctor fsdp-2", "ups-doctor single", "steps_per_s")["median"]
-        out[0] += (f"Two ranks give ups-doctor {sc:.2f}× its single-rank speed with DDP and {sf:.2f}× with FSDP; "
-                   f"PyTorch gets {sp:.2f}× with DDP. ")
-        out[0] += (
-            "Per step, DDP adds one all-reduce of the whole model's gradients (0.5 MB here) over loopback; "
-            "our ring sends it in two phases after backward has finished, where PyTorch's Reducer starts "
-            "reducing buckets during backward; on this small model the gradient fits one bucket either way, so "
-            "overlap gains little. Our FSDP adds an all-gather before and a reduce-scatter after every step, "
-            "plus a host read of the global gradient norm, which is why it scales less than DDP on a model this "
-            "small. On two cores, two ranks also share the machine with the harness (ups-doctor) or the "
-            "torchrun agent (PyTorch).")
-    elif key == "detect":
-        crash = stats([x["noticed_s"] for x in r["crash"]])["median"]
-        rep = stats([x["report_s"] for x in r["crash"]])["median"]
-        hang = stats([x["verdict_s"] for x in r["hang"]])["median"]
-        limit = r["hang"][0]["limit_s"]
-        record = stats([x["crash_record_to_noticed_s"] for x in r["crash"]])["median"]
-        out[0] += (
-            f"A crash is seen {crash:.2f} s after it happens ({crash - record:.2f} s of it inside the rank: its "
-            f"crash handler symbolises the backtrace before re-raising the signal; {record:.3f} s from the "
-            f"backtrace's arrival to the harness reaping the rank, within its 50 ms poll), comparable to torchrun's "
-            f"0.1 s monitor interval, and the report with the backtrace, the first failure and the collateral "
-            f"rank is written {rep:.1f} s after the crash (the collateral rank ends on its own first). "
-            f"A hang is declared {hang:.2f} s after the last marker for `hang_after_s` = {limit:g}: late by "
-            "at most one poll interval, against NCCL's 10-minute default watchdog.")
-    elif key == "bisect":
-        rows = list(r.values())
-        ladder = sum(x["ladder"]["runs"] for x in rows)
-        plain = sum(x["ddmin"]["runs"] for x in rows)
-        ofat = sum(x["ladder"]["confirm"] + len(x["ladder"]["components"]) for x in rows)
-        wl = sum(x["ladder"]["wall_s"] for x in rows)
-        wp = sum(x["ddmin"]["wall_s"] for x in rows)
-        out[0] += (
-            f"Over these cases bisect used {ladder} runs with the ladder, {plain} without it, against {ofat} for "
-            f"OFAT, and took {wl:.0f} s with the ladder against {wp:.0f} s without. Delta debugging finds a "
-            "single cause among n components in about 2·log₂ n runs where OFAT spends n; cases with thresholds "
-            "cost bisect more runs (halving each numeric component that must stay), which OFAT would not have "
-            "found at all. The ladder's saving is mostly in wall time rather than run count: its big cuts are "
-            "one run each, and once DDP and the workers are cut, every later probe is a single-rank run "
-            "without workers, which starts and ends faster.")
-    return out + [""]
 
 
 def machine_facts(bench):
@@ -1086,7 +791,7 @@ def main():
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H-%M-%SZ")
     args.work = args.work or str(REPO / "reports" / "runs" / f"bench-{stamp}")
     bench = Bench(args)
-    bench.progress(f"bench: {', '.join(order)}; {bench.pairs} rounds after a warm-up; raw output in "
+    bench.progress(f"bench: {', '.join(order)}; {bench.pairs} measured round(s) after a warm-up; raw output in "
                    f"{display_path(bench.work)}")
     machine = machine_facts(bench)
     try:
