@@ -8,6 +8,7 @@ use std::time::Instant;
 use crate::scenario::Scenario;
 
 use super::burgers;
+use super::device;
 use super::loader::{Loader, cache};
 use super::train::{RankEnv, TrainError};
 
@@ -37,6 +38,12 @@ impl LoaderSummary {
 
 /// Runs the scenario's data path for `train.steps × train.accum_steps` batches.
 pub fn run(scenario: &Scenario, env: RankEnv) -> Result<LoaderSummary, TrainError> {
+    // Batches go to the device training would use, so a GPU rank's copy to it is measured too.
+    let probe = super::cuda::probe();
+    let gpus = device::Gpus { count: probe.device_count, why_not: probe.why_not.clone() };
+    let on =
+        device::choose(scenario.launch.device, &gpus, env.local_rank, env.local_world_size, device::forced())
+            .map_err(TrainError::Device)?;
     tch::manual_seed(scenario.train.seed as i64);
     let d = &scenario.data;
     let data = burgers::generate(d.samples as i64, d.grid as i64, d.timesteps as i64, &mut |_, _| {});
@@ -44,7 +51,7 @@ pub fn run(scenario: &Scenario, env: RankEnv) -> Result<LoaderSummary, TrainErro
     let batches = scenario.train.steps * u64::from(scenario.train.accum_steps.max(1));
     let warm = (u64::from(d.workers) * u64::from(d.prefetch)).clamp(1, batches.saturating_sub(1).max(1));
     let start = Instant::now();
-    let mut loader = Loader::start(scenario, env.rank, env.world_size, &data, batches, 0)?;
+    let mut loader = Loader::start(scenario, env.rank, env.world_size, &data, batches, 0, on)?;
     let (mut first, mut warm_at) = (None, None);
     for k in 1..=batches {
         drop(loader.next_batch()?);

@@ -65,8 +65,6 @@ pub fn run_rank(scenario: &Scenario) -> i32 {
 /// Runs only the scenario's data path (`train --loader-only`, for bench/) and prints what it
 /// measured on one line; returns the process exit status like [`run_rank`].
 pub fn run_loader_only(scenario: &Scenario) -> i32 {
-    // As in training: the process then holds the same libraries.
-    cuda::probe();
     match train::RankEnv::from_env().and_then(|env| loader_only::run(scenario, env)) {
         Ok(s) => {
             println!(
