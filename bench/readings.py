@@ -25,6 +25,10 @@ def readings(key, bench):
                        "wake-up preempts one of them, and an OpenMP barrier then waits for it. ")
             if spread[1] >= 0.98:
                 out[0] += "Some rounds did meet it, so part of the gap is the machine's noise. "
+            rp = r["ratio_piped"]["median"]
+            out[0] += (f"The rank's own share, markers into a pipe that another process drains, is {rp:.1%} of "
+                       f"bare: {'most' if (1 - rp) > (1 - ratio) / 2 else 'the smaller part'} of the gap; the "
+                       "rest is the harness's sampling and watchdog beside the trainer. ")
         rh = r["ratio_harness_clock"]["median"]
         out[0] += (f"On the harness's own clock (marker arrival times) the ratio is {rh:.1%}: both clocks span the "
                    "same loop.")
@@ -105,6 +109,13 @@ def readings(key, bench):
         vs = per_round_ratio(r, "ups-doctor ddp-2", "PyTorch DDP-2 (gloo, torchrun)", "steps_per_s")["median"]
         out[0] += (f"Two ranks give ups-doctor {sc:.2f}× its single-rank speed with DDP and {sf:.2f}× with FSDP; "
                    f"PyTorch gets {sp:.2f}× with DDP; ups-doctor's DDP runs at {vs:.2f}× PyTorch's. ")
+        if vs > 1.1:
+            out[0] += ("Why PyTorch's DDP step is slower than ours here was not profiled; what it does beyond a "
+                       "single rank is DDP's per-parameter autograd hooks, copying gradients into and out of its "
+                       "bucket, and Gloo's all-reduce (both sides also all-reduce the loss for logging). ")
+        elif vs < 0.9:
+            out[0] += ("ups-doctor's DDP is behind PyTorch's here: its all-reduce starts only after backward and "
+                       "runs over its own TCP ring, where Gloo's is tuned and DDP can start during backward. ")
         if max(sc, sp) < 1.3:
             out[0] += (
                 "Neither scales well here: each rank computes half the batch in a few milliseconds, and the "
