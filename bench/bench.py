@@ -820,6 +820,10 @@ def main():
     except BenchError as e:
         print(f"bench: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        # The command running was killed with its process group (Runner.run); nothing is left.
+        print(f"bench: interrupted; figures so far in {display_path(bench.work / 'results.json')}", file=sys.stderr)
+        return 130
     finally:
         (bench.work / "results.json").write_text(json.dumps(bench.results, indent=1, default=str))
     machine["load average at end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
