@@ -21,6 +21,7 @@ import os
 import platform
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -809,6 +810,10 @@ def main():
         p.error(f"no ups-doctor binary at {args.binary}: run `./x release` (bench/run does)")
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H-%M-%SZ")
     args.work = args.work or str(REPO / "reports" / "runs" / f"bench-{stamp}")
+    # Ctrl-C and SIGTERM end the command running with its process group (Runner.run), even when
+    # this process was started with SIGINT ignored (a background job of a script).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     bench = Bench(args)
     bench.progress(f"bench: {', '.join(order)}; {bench.pairs} measured round(s) after a warm-up; raw output in "
                    f"{display_path(bench.work)}")
