@@ -495,7 +495,9 @@ class Bench:
             "torchrun with Gloo (DDP's bucketed all-reduce overlapped with backward). steps/s on rank 0's "
             "own clock (its `done:` line) over the whole loop. PyTorch FSDP is not in the table: "
             "ups-doctor's FSDP is FSDP1-style on CPU, and PyTorch's FSDP on CPU with Gloo is a different "
-            "implementation (FSDP2, DTensor) whose comparison would say little about ours.",
+            "implementation (FSDP2, DTensor) whose comparison would say little about ours. PyTorch's ranks "
+            "leave with `os._exit(0)` after a final barrier: on this machine a rank sometimes aborted in Gloo's "
+            "teardown (`terminate called without an active exception`) after its work was done.",
             "",
             "```sh",
         ]
