@@ -685,7 +685,7 @@ class Bench:
             lines += [f"> **{self.args.note}**", ""]
         lines += [
             "ups-doctor against the PyTorch peers a user would pick instead, on the same machine in the same "
-            f"run. Made by `{shell(['bench/run', *sys.argv[1:]])}` in {elapsed / 60:.1f} min "
+            f"run. Made by `{shell(['bench/run', *shown_args()])}` in {elapsed / 60:.1f} min "
             f"({'quick mode: sizes cut down, for trying the bench, not for reading' if self.args.quick else 'full sizes'}).",
             "",
             "## Machine",
@@ -719,6 +719,23 @@ class Bench:
                          f"{'–' if met is None else ('yes' if met else '**no**')} |")
         lines.append("")
         Path(self.args.out).write_text("\n".join(lines))
+
+
+def shown_args():
+    """The command line as it made the report, without the text of `--note` (shown above it)."""
+    args, skip = [], False
+    for a in sys.argv[1:]:
+        if skip:
+            skip = False
+            continue
+        if a == "--note":
+            args += ["--note", "TEXT"]
+            skip = True
+        elif a.startswith("--note="):
+            args += ["--note", "TEXT"]
+        else:
+            args.append(a)
+    return args
 
 
 def comparable(delta):

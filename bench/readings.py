@@ -26,9 +26,15 @@ def readings(key, bench):
             if spread[1] >= 0.98:
                 out[0] += "Some rounds did meet it, so part of the gap is the machine's noise. "
             rp = r["ratio_piped"]["median"]
-            out[0] += (f"The rank's own share, markers into a pipe that another process drains, is {rp:.1%} of "
-                       f"bare: {'most' if (1 - rp) > (1 - ratio) / 2 else 'the smaller part'} of the gap; the "
-                       "rest is the harness's sampling and watchdog beside the trainer. ")
+            if rp >= 1.0:
+                out[0] += (f"The rank's own share, markers into a pipe that another process drains, costs nothing "
+                           f"measurable ({rp:.1%} of bare), so the gap is the harness's sampling and watchdog "
+                           "beside the trainer. ")
+            else:
+                share = "most" if (1 - rp) > (1 - ratio) / 2 else "the smaller part"
+                out[0] += (f"The rank's own share, markers into a pipe that another process drains, is {rp:.1%} of "
+                           f"bare: {share} of the gap; the rest is the harness's sampling and watchdog beside the "
+                           "trainer. ")
         rh = r["ratio_harness_clock"]["median"]
         out[0] += (f"On the harness's own clock (marker arrival times) the ratio is {rh:.1%}: both clocks span the "
                    "same loop.")
