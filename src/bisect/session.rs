@@ -139,10 +139,7 @@ pub fn run(
     };
     let dir = &request.out_dir;
     write(&dir.join("bisect.json"), &serde_json::to_string_pretty(&record).expect("records serialise"))?;
-    write(
-        &dir.join("minimal.json"),
-        &serde_json::to_string_pretty(&record.minimal).expect("scenarios serialise"),
-    )?;
+    write(&dir.join("minimal.json"), &record.minimal.file_json())?;
     write(&dir.join("bisect.md"), &crate::report::render_bisect(&record))?;
     Ok(record)
 }

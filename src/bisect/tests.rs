@@ -922,3 +922,18 @@ fn a_failure_that_needs_workers_and_pinned_memory_is_cut_to_exactly_those() {
     assert_eq!(boundary, ["params.pin_memory=false", "params.workers=0"]);
     assert!(runs <= 25, "{runs} runs");
 }
+
+#[test]
+fn a_saved_external_scenario_leaves_out_the_built_in_trainers_fields_and_loads_back() {
+    let s = external(json!({"workers": 2}));
+    let saved: serde_json::Value = serde_json::from_str(&s.file_json()).unwrap();
+    assert!(["model", "data", "train"].iter().all(|k| saved.get(k).is_none()), "{saved:#}");
+    assert_eq!(saved["launch"], json!({"world_size": 2}));
+    let back: Scenario = serde_json::from_value(saved).unwrap();
+    assert_eq!(back, s);
+    let whole = Scenario::default().file_json();
+    assert!(
+        whole.starts_with("{\n  \"name\"") && whole.contains("\"model\""),
+        "built-in scenarios stay whole"
+    );
+}

@@ -71,7 +71,7 @@ pub fn render_bisect(r: &BisectRecord) -> String {
     }
     out.push(format!(
         "## Minimal failing scenario\n\nSaved as `minimal.json` next to this report; `ups-doctor run minimal.json` reproduces it (its `expect` is the failure).\n\n{}",
-        fence("json", &serde_json::to_string_pretty(&r.minimal).unwrap_or_default())
+        fence("json", &r.minimal.file_json())
     ));
     let boundary_rows: Vec<Vec<String>> = r
         .boundary_detail

@@ -39,6 +39,28 @@ impl Scenario {
     pub fn is_external(&self) -> bool {
         self.command.is_some()
     }
+
+    /// The scenario as a file would say it, pretty JSON: for a `command`, the built-in trainer's
+    /// fields that are at their defaults (all of them, once loaded) are left out, so a saved
+    /// scenario shows what the program runs with and nothing that does not apply (its keys are
+    /// then in alphabetical order). Built-in scenarios are written whole, in schema order.
+    pub fn file_json(&self) -> String {
+        if !self.is_external() {
+            return serde_json::to_string_pretty(self).unwrap_or_default();
+        }
+        let mut value = serde_json::to_value(self).unwrap_or(serde_json::Value::Null);
+        let defaults = serde_json::to_value(Scenario::default()).unwrap_or(serde_json::Value::Null);
+        if let Some(object) = value.as_object_mut() {
+            for section in ["launch", "model", "data", "train"] {
+                let Some(fields) = object.get_mut(section).and_then(|v| v.as_object_mut()) else { continue };
+                fields.retain(|k, v| k == "world_size" || defaults[section].get(k) != Some(v));
+                if fields.is_empty() {
+                    object.remove(section);
+                }
+            }
+        }
+        serde_json::to_string_pretty(&value).unwrap_or_default()
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
