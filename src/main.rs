@@ -458,14 +458,11 @@ fn run(
     install_interrupt_handler();
     let mode = if quiet { ProgressMode::Quiet } else { ProgressMode::detect() };
     let mut progress = Progress::new(mode);
-    // Asking Python and libtorch's CUDA about the machine takes child processes (up to a second):
-    // it happens beside the first scenario, and the result is filled in before it is first saved.
-    let mut environment = Some(std::thread::spawn(collect_env));
     let mut result = RunResult {
         tool_version: env!("CARGO_PKG_VERSION").to_string(),
         started_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
         command: std::env::args().collect(),
-        environment: EnvSummary::default(),
+        environment: collect_env(),
         scenarios: Vec::new(),
         not_run: Vec::new(),
         interrupted: false,
@@ -480,9 +477,6 @@ fn run(
         let ran =
             harness::run_scenario(input, &program, &out_dir.join(&rel), &rel, &mut progress, &INTERRUPTED)
                 .map_err(|e| Failure::Internal(e.to_string()))?;
-        if let Some(collecting) = environment.take() {
-            result.environment = collecting.join().unwrap_or_else(|_| EnvSummary::collect());
-        }
         match ran {
             Some(scenario_result) => {
                 if mode != ProgressMode::Quiet {
