@@ -392,10 +392,22 @@ Root Cause (first observed failure):
 
     #[test]
     fn a_live_process_has_threads_with_a_syscall_and_this_one_is_no_zombie() {
+        // A thread of our own that waits in the kernel until told to go. (Other tests' threads in
+        // this process come and go while it is read, so only this one is judged.)
+        let (go, wait) = std::sync::mpsc::channel::<()>();
+        let (tell, tid) = std::sync::mpsc::channel();
+        let parked = std::thread::spawn(move || {
+            // SAFETY: gettid has no preconditions.
+            tell.send(unsafe { libc::gettid() } as u32).unwrap();
+            wait.recv().ok();
+        });
+        let tid = tid.recv().unwrap();
         let me = std::process::id();
         let threads = kernel_threads(me);
-        assert!(!threads.is_empty());
-        assert!(threads.iter().all(|t| t.syscall.is_some()));
+        let thread = threads.iter().find(|t| t.tid == tid).expect("the parked thread is listed");
+        assert!(thread.syscall.is_some(), "{thread:?}");
+        go.send(()).unwrap();
+        parked.join().unwrap();
         assert_eq!(zombie_exit(me), None);
         assert!(alive(me));
     }
