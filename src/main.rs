@@ -44,40 +44,7 @@ enum Command {
         quiet: bool,
     },
     /// Cut a failing scenario down to a 1-minimal configuration that still fails the same way.
-    Bisect {
-        /// The failing scenario file.
-        scenario: PathBuf,
-        #[arg(long = "set", value_name = "PATH=VALUE")]
-        set: Vec<Override>,
-        /// Most real runs to spend (cached results are free).
-        #[arg(long, default_value_t = 60)]
-        budget: usize,
-        /// Confidence required before a cut is believed to make a flaky failure pass.
-        #[arg(long, default_value_t = 0.95)]
-        confidence: f64,
-        /// Runs of the original scenario that confirm the failure and estimate its rate.
-        #[arg(long, default_value_t = 2)]
-        confirm: usize,
-        /// Independent probes run in parallel.
-        #[arg(long, default_value_t = 1)]
-        jobs: usize,
-        /// Folder for the report [default: reports/runs/<time>-bisect].
-        #[arg(long, value_name = "DIR")]
-        out: Option<PathBuf>,
-        /// Folder of cached probe results, shared by bisects of the same scenario.
-        #[arg(long, value_name = "DIR", default_value = "reports/runs/.bisect-cache")]
-        cache: PathBuf,
-        /// Print bisect.json on stdout.
-        #[arg(long)]
-        json: bool,
-        /// No progress lines.
-        #[arg(long)]
-        quiet: bool,
-        /// `ladder` (big cuts first) or `ddmin` (no ladder): for bench/, which measures the
-        /// runs the ladder saves.
-        #[arg(long, hide = true, value_enum, default_value_t = StrategyArg::Ladder)]
-        strategy: StrategyArg,
-    },
+    Bisect(BisectArgs),
     /// Re-render report.md from a run folder's result.json.
     Report {
         /// A run folder (it holds result.json).
@@ -143,37 +110,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run { paths, set, out, json, quiet } => run(paths, set, out, json, quiet),
         Command::Report { dir } => rerender(&dir),
-        Command::Bisect {
-            scenario,
-            set,
-            budget,
-            confidence,
-            confirm,
-            jobs,
-            out,
-            cache,
-            json,
-            quiet,
-            strategy,
-        } => {
-            let strategy = match strategy {
-                StrategyArg::Ladder => ups_doctor::bisect::Strategy::Ladder,
-                StrategyArg::Ddmin => ups_doctor::bisect::Strategy::Ddmin,
-            };
-            bisect(BisectArgs {
-                scenario,
-                set,
-                budget,
-                confidence,
-                confirm,
-                jobs,
-                out,
-                cache,
-                json,
-                quiet,
-                strategy,
-            })
-        }
+        Command::Bisect(args) => bisect(args),
         Command::Env { json, markdown } => {
             print_env(json, markdown);
             Ok(ExitCode::SUCCESS)
@@ -199,18 +136,40 @@ fn main() -> ExitCode {
     })
 }
 
+#[derive(clap::Args)]
 struct BisectArgs {
+    /// The failing scenario file.
     scenario: PathBuf,
+    #[arg(long = "set", value_name = "PATH=VALUE")]
     set: Vec<Override>,
+    /// Most real runs to spend (cached results are free).
+    #[arg(long, default_value_t = 60)]
     budget: usize,
+    /// Confidence required before a cut is believed to make a flaky failure pass.
+    #[arg(long, default_value_t = 0.95)]
     confidence: f64,
+    /// Runs of the original scenario that confirm the failure and estimate its rate.
+    #[arg(long, default_value_t = 2)]
     confirm: usize,
+    /// Independent probes run in parallel.
+    #[arg(long, default_value_t = 1)]
     jobs: usize,
+    /// Folder for the report [default: reports/runs/<time>-bisect].
+    #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
+    /// Folder of cached probe results, shared by bisects of the same scenario.
+    #[arg(long, value_name = "DIR", default_value = "reports/runs/.bisect-cache")]
     cache: PathBuf,
+    /// Print bisect.json on stdout.
+    #[arg(long)]
     json: bool,
+    /// No progress lines.
+    #[arg(long)]
     quiet: bool,
-    strategy: ups_doctor::bisect::Strategy,
+    /// `ladder` (big cuts first) or `ddmin` (no ladder): for bench/, which measures the
+    /// runs the ladder saves.
+    #[arg(long, hide = true, value_enum, default_value_t = StrategyArg::Ladder)]
+    strategy: StrategyArg,
 }
 
 fn bisect(args: BisectArgs) -> Result<ExitCode, Failure> {
@@ -256,7 +215,10 @@ fn bisect(args: BisectArgs) -> Result<ExitCode, Failure> {
             budget: args.budget,
             confidence: args.confidence,
             confirm_runs: args.confirm,
-            strategy: args.strategy,
+            strategy: match args.strategy {
+                StrategyArg::Ladder => ups_doctor::bisect::Strategy::Ladder,
+                StrategyArg::Ddmin => ups_doctor::bisect::Strategy::Ddmin,
+            },
         },
         jobs: args.jobs,
         out_dir: out_dir.clone(),
