@@ -5,10 +5,10 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
-use crate::probe::memory;
+use crate::probe::{memory, run};
 use crate::scenario::{Scenario, render_with};
 
 use super::process::Exit;
@@ -55,13 +55,7 @@ pub fn find_program(program: &str) -> Option<PathBuf> {
         let path = PathBuf::from(program);
         return path.is_file().then_some(path);
     }
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path).map(|dir| dir.join(program)).find(|p| is_executable(p))
-}
-
-fn is_executable(path: &Path) -> bool {
-    use std::os::unix::fs::PermissionsExt;
-    path.metadata().is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    run::find_on_path(program)
 }
 
 /// `py-spy`: on `PATH`, or next to the command's program (a venv's `bin/python` or
@@ -69,7 +63,7 @@ fn is_executable(path: &Path) -> bool {
 pub fn find_py_spy(program: Option<&Path>) -> Option<PathBuf> {
     find_program("py-spy").or_else(|| {
         let beside = program?.parent()?.join("py-spy");
-        is_executable(&beside).then_some(beside)
+        run::is_executable(&beside).then_some(beside)
     })
 }
 
@@ -84,45 +78,26 @@ pub fn py_spy_dump(py_spy: Option<&Path>, pid: u32, role: &str) -> ProcessDump {
             None,
             Some("py-spy is not installed (not on `PATH`, not next to the program): `pip install py-spy` for Python stacks".to_string()),
         ),
-        Some(py_spy) => match run_with_timeout(
-            Command::new(py_spy).args(["dump", "--native", "--pid", &pid.to_string()]),
-            PY_SPY_TIMEOUT,
-        ) {
-            Ok((true, out, _)) => (Some(out), None),
-            Ok((false, out, err)) => {
-                let why = format!("{}\n{}", out.trim(), err.trim()).trim().to_string();
-                (None, Some(format!("`py-spy dump --native --pid {pid}` failed: {why}")))
+        Some(py_spy) => {
+            match run::bounded(Command::new(py_spy).args(["dump", "--native", "--pid", &pid.to_string()]), PY_SPY_TIMEOUT)
+            {
+                Ok(Some(done)) if done.status.success() => (Some(done.stdout), None),
+                Ok(Some(done)) => {
+                    let why = format!("{}\n{}", done.stdout.trim(), done.stderr.trim()).trim().to_string();
+                    (None, Some(format!("`py-spy dump --native --pid {pid}` failed: {why}")))
+                }
+                Ok(None) => (
+                    None,
+                    Some(format!(
+                        "`py-spy dump --native --pid {pid}` did not answer within {}",
+                        humantime::format_duration(PY_SPY_TIMEOUT)
+                    )),
+                ),
+                Err(e) => (None, Some(format!("cannot run `{}`: {e}", py_spy.display()))),
             }
-            Err(e) => (None, Some(format!("cannot run `{}`: {e}", py_spy.display()))),
-        },
+        }
     };
     ProcessDump { pid, role: role.to_string(), py_spy: text, error, threads }
-}
-
-/// Runs a short command, killing it after `limit`. Returns (success, stdout, stderr).
-fn run_with_timeout(cmd: &mut Command, limit: Duration) -> std::io::Result<(bool, String, String)> {
-    let mut child = cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()?;
-    let out = child.stdout.take().map(|s| std::thread::spawn(move || read_all(s)));
-    let err = child.stderr.take().map(|s| std::thread::spawn(move || read_all(s)));
-    let deadline = std::time::Instant::now() + limit;
-    let status = loop {
-        if let Some(status) = child.try_wait()? {
-            break status;
-        }
-        if std::time::Instant::now() >= deadline {
-            let _ = child.kill();
-            break child.wait()?;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let join = |h: Option<std::thread::JoinHandle<String>>| h.and_then(|h| h.join().ok()).unwrap_or_default();
-    Ok((status.success(), join(out), join(err)))
-}
-
-fn read_all(mut r: impl std::io::Read) -> String {
-    let mut buf = Vec::new();
-    let _ = r.read_to_end(&mut buf);
-    String::from_utf8_lossy(&buf).into_owned()
 }
 
 /// Each thread's name, kernel wait channel and current system call, from procfs.

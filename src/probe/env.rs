@@ -67,21 +67,10 @@ print(json.dumps({'version': sys.version.split()[0], 'torch': t, \
 /// How long a Python interpreter may take to answer [`PYTHON_PROBE`].
 const PYTHON_PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// The first of `names` found as an executable file on `PATH`.
-pub fn find_on_path(names: &[&str]) -> Option<std::path::PathBuf> {
-    use std::os::unix::fs::PermissionsExt;
-    let path = std::env::var_os("PATH")?;
-    names.iter().find_map(|name| {
-        std::env::split_paths(&path).map(|dir| dir.join(name)).find(|candidate| {
-            fs::metadata(candidate).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-        })
-    })
-}
-
 impl PythonEnv {
     /// Asks the `python3` (else `python`) on `PATH`; `None` when there is neither.
     pub fn probe() -> Option<PythonEnv> {
-        let exe = find_on_path(&["python3", "python"])?;
+        let exe = super::run::find_on_path("python3").or_else(|| super::run::find_on_path("python"))?;
         let mut env = PythonEnv {
             executable: exe.display().to_string(),
             version: None,
@@ -89,7 +78,7 @@ impl PythonEnv {
             start_method: None,
             problem: None,
         };
-        match run_bounded(&exe, PYTHON_PROBE_TIMEOUT) {
+        match ask(&exe, PYTHON_PROBE_TIMEOUT) {
             Ok(out) => match serde_json::from_str::<serde_json::Value>(out.trim()) {
                 Ok(v) => {
                     let field = |k: &str| v.get(k).and_then(|x| x.as_str()).map(str::to_string);
@@ -106,34 +95,13 @@ impl PythonEnv {
 }
 
 /// Runs `exe -c PYTHON_PROBE` and returns its stdout; an error after `timeout` (it is killed).
-fn run_bounded(exe: &Path, timeout: std::time::Duration) -> Result<String, String> {
-    use std::io::Read;
-    use std::process::{Command, Stdio};
-    let mut child = Command::new(exe)
-        .args(["-c", PYTHON_PROBE])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .map_err(|e| format!("could not start it: {e}"))?;
-    let deadline = std::time::Instant::now() + timeout;
-    loop {
-        match child.try_wait() {
-            Ok(Some(status)) => {
-                let mut out = String::new();
-                let _ = child.stdout.take().map(|mut s| s.read_to_string(&mut out));
-                return if status.success() { Ok(out) } else { Err(format!("it exited with {status}")) };
-            }
-            Ok(None) if std::time::Instant::now() < deadline => {
-                std::thread::sleep(std::time::Duration::from_millis(10));
-            }
-            Ok(None) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(format!("it did not answer within {}", humantime::format_duration(timeout)));
-            }
-            Err(e) => return Err(format!("waiting for it failed: {e}")),
-        }
+fn ask(exe: &Path, timeout: std::time::Duration) -> Result<String, String> {
+    let mut cmd = std::process::Command::new(exe);
+    match super::run::bounded(cmd.args(["-c", PYTHON_PROBE]), timeout) {
+        Ok(Some(done)) if done.status.success() => Ok(done.stdout),
+        Ok(Some(done)) => Err(format!("it exited with {}", done.status)),
+        Ok(None) => Err(format!("it did not answer within {}", humantime::format_duration(timeout))),
+        Err(e) => Err(format!("could not start it: {e}")),
     }
 }
 
@@ -282,7 +250,7 @@ mod tests {
         let exe = dir.path().join("python3");
         fs::write(&exe, "#!/bin/sh\nexec sleep 30\n").unwrap();
         fs::set_permissions(&exe, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-        let err = run_bounded(&exe, std::time::Duration::from_millis(300)).unwrap_err();
+        let err = ask(&exe, std::time::Duration::from_millis(300)).unwrap_err();
         assert_eq!(err, "it did not answer within 300ms");
     }
 }

@@ -6,10 +6,9 @@
 //!
 //! Kept apart from [`super::env::EnvSummary`]'s other facts, which it joins as `gpu`.
 
-use std::io::Read;
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
@@ -66,41 +65,14 @@ impl GpuEnv {
 
 /// Runs `program cuda-probe` and reads its answer.
 pub fn cuda_support(program: &Path) -> Result<CudaSupport, String> {
-    let mut child = Command::new(program)
-        .arg("cuda-probe")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("failed to start `{} cuda-probe`: {e}", program.display()))?;
-    let mut stdout = child.stdout.take().expect("piped");
-    let reader = std::thread::spawn(move || {
-        let mut text = String::new();
-        let _ = stdout.read_to_string(&mut text);
-        text
-    });
-    let started = Instant::now();
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(status)) => break status,
-            Ok(None) if started.elapsed() < PROBE_LIMIT => std::thread::sleep(Duration::from_millis(20)),
-            _ => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(format!("`cuda-probe` did not answer within {} s", PROBE_LIMIT.as_secs()));
-            }
-        }
-    };
-    let text = reader.join().unwrap_or_default();
-    if !status.success() {
-        let mut err = String::new();
-        if let Some(mut e) = child.stderr.take() {
-            let _ = e.read_to_string(&mut err);
-        }
-        return Err(format!("`cuda-probe` failed ({status}): {}", err.trim()));
+    let done = super::run::bounded(Command::new(program).arg("cuda-probe"), PROBE_LIMIT)
+        .map_err(|e| format!("failed to start `{} cuda-probe`: {e}", program.display()))?
+        .ok_or_else(|| format!("`cuda-probe` did not answer within {} s", PROBE_LIMIT.as_secs()))?;
+    if !done.status.success() {
+        return Err(format!("`cuda-probe` failed ({}): {}", done.status, done.stderr.trim()));
     }
-    serde_json::from_str(&text)
-        .map_err(|e| format!("`cuda-probe` answered something unreadable ({e}): {text}"))
+    serde_json::from_str(&done.stdout)
+        .map_err(|e| format!("`cuda-probe` answered something unreadable ({e}): {}", done.stdout))
 }
 
 /// One line about the machine's GPUs for the report's headline: `1 GPU (NVIDIA H100 80GB HBM3,
