@@ -155,6 +155,8 @@ pub fn run_scenario(
         leftovers: observed.leftovers,
         external: observed.external,
         gpu: observed.gpu,
+        cgroup: None,
+        oom_kills: Vec::new(),
         ranks,
     }))
 }

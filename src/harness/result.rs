@@ -64,6 +64,75 @@ pub struct ScenarioResult {
     /// An external command's run: the argv and how it launched (absent for the built-in trainer).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub external: Option<ExternalRun>,
+    /// The cgroup the scenario's processes ran in, with its memory limit and OOM-kill counter;
+    /// absent where none could be made (and none was asked for) or in results of older versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cgroup: Option<CgroupReport>,
+    /// Processes of the scenario the kernel's OOM killer ended, as the cgroup and the kernel log
+    /// recorded them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub oom_kills: Vec<OomKill>,
+}
+
+/// Which cgroup hierarchy the scenario's cgroup lives in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CgroupVersion {
+    /// cgroup v1's memory controller (`memory.limit_in_bytes`, `memory.oom_control`).
+    V1,
+    /// cgroup v2's unified hierarchy (`memory.max`, `memory.events`).
+    V2,
+}
+
+/// The cgroup made for one scenario: every process of the scenario runs in it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CgroupReport {
+    /// Its path under the cgroup mount, e.g. `/sys/fs/cgroup/memory/ups-doctor/<run id>`.
+    pub path: String,
+    pub version: CgroupVersion,
+    /// `launch.memory_limit` in bytes, when the scenario set one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit_bytes: Option<u64>,
+    /// The highest memory use the cgroup recorded (v1 `memory.max_usage_in_bytes`, v2
+    /// `memory.peak`), when the kernel keeps it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_bytes: Option<u64>,
+    /// How many processes the OOM killer ended in this cgroup during the scenario (v1
+    /// `memory.oom_control` `oom_kill`, v2 `memory.events` `oom_kill`).
+    pub oom_kills: u64,
+}
+
+/// Where an OOM kill was seen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OomSource {
+    /// The kernel log (`/dev/kmsg`) named the pid: `Killed process PID (comm) … anon-rss:…`.
+    Kmsg,
+    /// The cgroup's `oom_kill` counter rose while this SIGKILLed process was its only candidate;
+    /// the kernel log was not readable or did not name it.
+    Cgroup,
+}
+
+/// One process of the scenario ended by the OOM killer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OomKill {
+    pub pid: u32,
+    /// The rank it belonged to (itself or one of its workers), when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rank: Option<u32>,
+    /// The data-loader worker it was, when it was one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker: Option<u32>,
+    /// Seconds since the scenario started, when the kill was seen.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at_s: Option<f64>,
+    pub source: OomSource,
+    /// The process name the kernel printed (`comm`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub process_name: Option<String>,
+    /// Its anonymous resident memory when killed, as the kernel printed it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub anon_rss_bytes: Option<u64>,
 }
 
 /// How an external command ran.

@@ -206,6 +206,8 @@ pub fn passing() -> ScenarioResult {
         }),
         leftovers: Leftovers::default(),
         external: None,
+        cgroup: None,
+        oom_kills: Vec::new(),
         gpu: None,
     }
 }
@@ -326,6 +328,8 @@ pub fn segv() -> ScenarioResult {
         memory: None,
         leftovers: Leftovers::default(),
         external: None,
+        cgroup: None,
+        oom_kills: Vec::new(),
         gpu: None,
     }
 }
@@ -420,6 +424,8 @@ pub fn hung() -> ScenarioResult {
         memory: None,
         leftovers: Leftovers::default(),
         external: None,
+        cgroup: None,
+        oom_kills: Vec::new(),
         gpu: None,
     }
 }
@@ -482,6 +488,8 @@ pub fn false_success() -> ScenarioResult {
         memory: None,
         leftovers: Leftovers::default(),
         external: None,
+        cgroup: None,
+        oom_kills: Vec::new(),
         gpu: None,
     }
 }
@@ -523,6 +531,8 @@ pub fn abort_raw_only() -> ScenarioResult {
         memory: None,
         leftovers: Leftovers::default(),
         external: None,
+        cgroup: None,
+        oom_kills: Vec::new(),
         gpu: None,
     }
 }
@@ -634,6 +644,8 @@ pub fn shm_bus_error() -> ScenarioResult {
         memory: Some(memory),
         leftovers,
         external: None,
+        cgroup: None,
+        oom_kills: Vec::new(),
         gpu: None,
     }
 }
