@@ -87,10 +87,18 @@ fn a_sigkilled_ups_doctor_leaves_no_process_and_no_dev_shm_file_of_a_ddp_run_wit
             pids = scenario_cgroup(harness).map(|c| members(&c)).unwrap_or_default();
             pids.len() >= 6 && shm_files_of(harness).is_empty()
         });
-        assert!(training, "trial {trial}: ranks and workers never all ran: {pids:?} {:?}", shm_files_of(harness));
+        assert!(
+            training,
+            "trial {trial}: ranks and workers never all ran: {pids:?} {:?}",
+            shm_files_of(harness)
+        );
         sigkill(&mut child);
         let gone = eventually(Duration::from_secs(60), || pids.iter().all(|&p| !alive(p.into())));
-        assert!(gone, "trial {trial}: still alive: {:?}", pids.iter().filter(|&&p| alive(p.into())).collect::<Vec<_>>());
+        assert!(
+            gone,
+            "trial {trial}: still alive: {:?}",
+            pids.iter().filter(|&&p| alive(p.into())).collect::<Vec<_>>()
+        );
         assert_eq!(shm_files_of(harness), Vec::<String>::new(), "trial {trial}");
     }
 }
@@ -113,7 +121,9 @@ fn a_sigkilled_ups_doctor_leaves_no_rank_of_a_silent_torchrun_program_once_the_n
         (file, dir)
     };
     let rank_pids = |dir: &Path| -> Option<Vec<u32>> {
-        (0..2).map(|r| std::fs::read_to_string(dir.join(format!("rank{r}.pid"))).ok()?.trim().parse().ok()).collect()
+        (0..2)
+            .map(|r| std::fs::read_to_string(dir.join(format!("rank{r}.pid"))).ok()?.trim().parse().ok())
+            .collect()
     };
     let mut previous: Option<Vec<u32>> = None;
     for trial in 0..TRIALS {
@@ -141,7 +151,10 @@ fn a_sigkilled_ups_doctor_leaves_no_rank_of_a_silent_torchrun_program_once_the_n
     let run = sb.run(&[&plain], &[]);
     assert_eq!(run.code(), 0, "{}", run.stderr());
     let ranks = previous.unwrap();
-    assert!(ranks.iter().all(|&p| !alive(p.into())), "ranks {ranks:?} of the last killed run are still alive");
+    assert!(
+        ranks.iter().all(|&p| !alive(p.into())),
+        "ranks {ranks:?} of the last killed run are still alive"
+    );
     let orphans: Vec<u64> = run.scenario()["leftovers"]["processes"]
         .as_array()
         .unwrap()

@@ -43,7 +43,10 @@ fn spawned_workers_each_copying_a_memory_cache_are_oom_killed_and_the_kill_names
     }
     // The rank saw it the way PyTorch words it.
     let error = s["ranks"][0]["error"].as_str().unwrap_or_default();
-    assert!(error.contains(&format!("DataLoader worker (pid {}) is killed by signal: Killed.", kills[0]["pid"])), "{error}");
+    assert!(
+        error.contains(&format!("DataLoader worker (pid {}) is killed by signal: Killed.", kills[0]["pid"])),
+        "{error}"
+    );
 }
 
 #[test]
@@ -106,11 +109,19 @@ fn a_rank_sigkilled_by_hand_is_not_an_oom_kill() {
   "inject": [{"fault": "hang", "phase": "forward", "step": 1}]"#,
         ),
     );
-    let mut child = sb
+    let child = sb
         .cmd()
         .arg("run")
         .arg(&file)
-        .args(["--set", "limits.hang_after_s=600", "--set", "limits.timeout_s=900", "--json", "--quiet", "--out"])
+        .args([
+            "--set",
+            "limits.hang_after_s=600",
+            "--set",
+            "limits.timeout_s=900",
+            "--json",
+            "--quiet",
+            "--out",
+        ])
         .arg(sb.out())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -145,7 +156,12 @@ fn a_memory_limit_that_is_no_size_is_bad_input_at_its_position() {
     assert!(err.contains("`launch.memory_limit`"), "{err}");
     let run = sb.run(&[&file], &["--set", "launch.memory_limit=1m"]);
     assert_eq!(run.code(), 2);
-    assert!(run.stderr().contains("--set launch.memory_limit=1m: `launch.memory_limit`: `1m` is less than 64 MiB"), "{}", run.stderr());
+    assert!(
+        run.stderr()
+            .contains("--set launch.memory_limit=1m: `launch.memory_limit`: `1m` is less than 64 MiB"),
+        "{}",
+        run.stderr()
+    );
 }
 
 #[test]
@@ -180,8 +196,14 @@ fn a_memory_limit_where_no_memory_cgroup_can_be_made_is_bad_input_naming_file_an
     let v2_without_memory = std::fs::read_to_string(v2.join("cgroup.controllers"))
         .is_ok_and(|c| !c.split_whitespace().any(|x| x == "memory"));
     if v2_without_memory {
-        let output =
-            sb.cmd().env("UPS_DOCTOR_CGROUP_PARENT", v2).arg("run").arg(&file).arg("--quiet").output().unwrap();
+        let output = sb
+            .cmd()
+            .env("UPS_DOCTOR_CGROUP_PARENT", v2)
+            .arg("run")
+            .arg(&file)
+            .arg("--quiet")
+            .output()
+            .unwrap();
         let err = String::from_utf8_lossy(&output.stderr);
         assert_eq!(output.status.code(), Some(2), "{err}");
         assert!(err.contains("does not give its children the memory controller"), "{err}");

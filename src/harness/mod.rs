@@ -57,13 +57,19 @@ pub enum HarnessError {
     MemoryLimit { file: PathBuf, limit: String, why: String },
 }
 
-/// The scenario's cgroup (with `launch.memory_limit` when set), and the processes of earlier,
-/// dead ups-doctor runs found in their orphaned cgroups and killed on the way. Without a limit a
-/// cgroup that cannot be made is not an error: the scenario runs without one, and the reason is
-/// returned for the result.
-fn scenario_cgroup(
-    input: &ScenarioInput,
-) -> Result<(Option<os::cgroup::ScenarioCgroup>, Option<String>, Vec<LeftoverProcess>), HarnessError> {
+/// Where a scenario's processes are contained.
+struct Containment {
+    /// Its cgroup, with `launch.memory_limit` when set.
+    cgroup: Option<os::cgroup::ScenarioCgroup>,
+    /// Why there is none.
+    unavailable: Option<String>,
+    /// Processes of earlier, dead ups-doctor runs found in their orphaned cgroups and killed.
+    orphans: Vec<LeftoverProcess>,
+}
+
+/// The scenario's cgroup, sweeping orphaned ones on the way. Without a limit a cgroup that
+/// cannot be made is not an error: the scenario runs without one, and the reason is kept.
+fn scenario_cgroup(input: &ScenarioInput) -> Result<Containment, HarnessError> {
     static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let limit = input.scenario.launch.memory_limit.as_ref();
     let refuse = |why: String| HarnessError::MemoryLimit {
@@ -78,7 +84,9 @@ fn scenario_cgroup(
     };
     let parent = match os::cgroup::parent() {
         Ok(p) => p,
-        Err(why) if bytes.is_none() => return Ok((None, Some(why), Vec::new())),
+        Err(why) if bytes.is_none() => {
+            return Ok(Containment { cgroup: None, unavailable: Some(why), orphans: Vec::new() });
+        }
         Err(why) => return Err(refuse(why)),
     };
     let orphans = os::cgroup::sweep_orphans(&parent)
@@ -94,8 +102,8 @@ fn scenario_cgroup(
         .collect();
     let tag = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed).to_string();
     match os::cgroup::ScenarioCgroup::create(&parent, bytes, &tag) {
-        Ok(cg) => Ok((Some(cg), None, orphans)),
-        Err(why) if bytes.is_none() => Ok((None, Some(why), orphans)),
+        Ok(cg) => Ok(Containment { cgroup: Some(cg), unavailable: None, orphans }),
+        Err(why) if bytes.is_none() => Ok(Containment { cgroup: None, unavailable: Some(why), orphans }),
         Err(why) => Err(refuse(why)),
     }
 }
@@ -146,7 +154,7 @@ pub fn run_scenario(
         }
         None => None,
     };
-    let (cgroup, cgroup_unavailable, orphans) = scenario_cgroup(input)?;
+    let Containment { cgroup, unavailable: cgroup_unavailable, orphans } = scenario_cgroup(input)?;
     let plan = supervise::ScenarioPlan {
         cgroup: cgroup.as_ref(),
         scenario: &input.scenario,

@@ -43,7 +43,11 @@ impl OomWatch {
     }
 
     /// The cgroup's figures and the OOM kills, once every process of the scenario has ended.
-    pub fn finish(mut self, cgroup: Option<&ScenarioCgroup>, ends: &[RankEnd]) -> (Option<CgroupReport>, Vec<OomKill>) {
+    pub fn finish(
+        mut self,
+        cgroup: Option<&ScenarioCgroup>,
+        ends: &[RankEnd],
+    ) -> (Option<CgroupReport>, Vec<OomKill>) {
         let Some(cgroup) = cgroup else {
             return (None, Vec::new());
         };
@@ -70,7 +74,15 @@ impl OomWatch {
                 .into_iter()
                 .map(|pid| {
                     let (rank, worker) = who(pid);
-                    OomKill { pid, rank, worker, at_s: None, source: OomSource::Cgroup, process_name: None, anon_rss_bytes: None }
+                    OomKill {
+                        pid,
+                        rank,
+                        worker,
+                        at_s: None,
+                        source: OomSource::Cgroup,
+                        process_name: None,
+                        anon_rss_bytes: None,
+                    }
                 })
                 .collect(),
         };
@@ -178,7 +190,8 @@ mod tests {
         assert_eq!(from_counter(0, &[end(0, 20, killed)]), Vec::<u32>::new());
         assert_eq!(from_counter(1, &[end(0, 20, killed), end(1, 22, killed)]), Vec::<u32>::new());
         let mut rank = end(0, 20, Some(Exit::Code(1)));
-        rank.stderr_tail = vec!["RuntimeError: DataLoader worker (pid 31) is killed by signal: Killed.".into()];
+        rank.stderr_tail =
+            vec!["RuntimeError: DataLoader worker (pid 31) is killed by signal: Killed.".into()];
         assert_eq!(from_counter(1, &[rank]), [31]);
     }
 }

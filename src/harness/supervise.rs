@@ -26,7 +26,8 @@ use super::os::cgroup::ScenarioCgroup;
 use super::process::{self, Event, RankProcess, RankSpec};
 use super::progress::Progress;
 use super::result::{
-    CgroupReport, ExternalRun, LauncherEnd, LeftoverProcess, LeftoverSegment, Leftovers, MemoryReport, OomKill,
+    CgroupReport, ExternalRun, LauncherEnd, LeftoverProcess, LeftoverSegment, Leftovers, MemoryReport,
+    OomKill,
 };
 use super::state::RankState;
 use super::{external, quotes};
@@ -721,7 +722,14 @@ fn kill_leftover_processes(slots: &[Slot], run_id: &str) -> Vec<LeftoverProcess>
             }
             let worker =
                 slots.iter().flat_map(|s| s.end.state.workers.iter()).find(|w| w.pid == p.pid).map(|w| w.id);
-            Some(LeftoverProcess { pid: p.pid, command: p.command, rank, worker, killed: false, earlier_run: false })
+            Some(LeftoverProcess {
+                pid: p.pid,
+                command: p.command,
+                rank,
+                worker,
+                killed: false,
+                earlier_run: false,
+            })
         })
         .collect();
     for p in &found {
@@ -773,7 +781,9 @@ fn kill_cgroup_leftovers(cgroup: Option<&ScenarioCgroup>, slots: &[Slot]) -> Vec
         std::thread::sleep(TICK);
     }
     let still = cgroup.members();
-    left.into_iter().map(|p| LeftoverProcess { killed: signalled.contains(&p.pid) && !still.contains(&p.pid), ..p }).collect()
+    left.into_iter()
+        .map(|p| LeftoverProcess { killed: signalled.contains(&p.pid) && !still.contains(&p.pid), ..p })
+        .collect()
 }
 
 /// Removes the machine's `/dev/shm` segments of ups-doctor runs whose harness died before it

@@ -476,8 +476,14 @@ fn check_loader_fault(s: &Scenario, index: usize, fault: &Fault) -> Checked {
             .hint("set `data.workers` to 1 or more")
             .related(&["data.workers"]));
     }
-    let worker_can =
-        [FaultKind::Segv, FaultKind::Abort, FaultKind::Exit0, FaultKind::ExitError, FaultKind::Hang, FaultKind::Oom];
+    let worker_can = [
+        FaultKind::Segv,
+        FaultKind::Abort,
+        FaultKind::Exit0,
+        FaultKind::ExitError,
+        FaultKind::Hang,
+        FaultKind::Oom,
+    ];
     if in_worker && !worker_can.contains(&fault.fault) {
         let names: Vec<String> = worker_can.iter().map(json_name).collect();
         return Err(Invalid::new(

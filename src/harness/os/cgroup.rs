@@ -77,7 +77,8 @@ pub fn parent() -> Result<Parent, String> {
     let Some(inside) = path.strip_prefix(root.trim_end_matches('/')) else {
         return Err(format!("this process's cgroup `{path}` is outside the mounted part `{root}`"));
     };
-    let dir = PathBuf::from(format!("{}/{}", mount_point.trim_end_matches('/'), inside.trim_start_matches('/')));
+    let dir =
+        PathBuf::from(format!("{}/{}", mount_point.trim_end_matches('/'), inside.trim_start_matches('/')));
     Ok(Parent { dir, version, kernel_path: Some(path) })
 }
 
@@ -158,8 +159,10 @@ impl ScenarioCgroup {
         let start = start_time(me).ok_or("cannot read ups-doctor's own start time")?;
         let name = format!("{PREFIX}{me}.{start}.{tag}");
         let dir = parent.dir.join(&name);
-        std::fs::create_dir(&dir).map_err(|e| format!("cannot create the cgroup `{}`: {e}", dir.display()))?;
-        let procs = CString::new(dir.join("cgroup.procs").as_os_str().as_bytes()).map_err(|e| e.to_string())?;
+        std::fs::create_dir(&dir)
+            .map_err(|e| format!("cannot create the cgroup `{}`: {e}", dir.display()))?;
+        let procs =
+            CString::new(dir.join("cgroup.procs").as_os_str().as_bytes()).map_err(|e| e.to_string())?;
         let mut cg = ScenarioCgroup {
             kernel_path: parent.kernel_path.as_ref().map(|p| format!("{}/{name}", p.trim_end_matches('/'))),
             dir,

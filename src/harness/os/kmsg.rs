@@ -22,7 +22,8 @@ impl KernelLog {
     /// (unprivileged, `kernel.dmesg_restrict`, no such device in a container).
     pub fn open_at_end() -> io::Result<KernelLog> {
         // SAFETY: a valid C string; the fd is owned by the returned value.
-        let fd = unsafe { libc::open(c"/dev/kmsg".as_ptr(), libc::O_RDONLY | libc::O_NONBLOCK | libc::O_CLOEXEC) };
+        let fd =
+            unsafe { libc::open(c"/dev/kmsg".as_ptr(), libc::O_RDONLY | libc::O_NONBLOCK | libc::O_CLOEXEC) };
         if fd < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -156,7 +157,8 @@ mod tests {
 
     #[test]
     fn a_kill_without_its_summary_line_has_no_cgroup() {
-        let records = [Record { ts_us: 5, text: "Out of memory: Killed process 77 (python) anon-rss:4kB".into() }];
+        let records =
+            [Record { ts_us: 5, text: "Out of memory: Killed process 77 (python) anon-rss:4kB".into() }];
         let kills = oom_kills_in(&records);
         assert_eq!(kills[0].pid, 77);
         assert_eq!(kills[0].command, "python");

@@ -117,7 +117,8 @@ impl Loader {
             }
             _ => tch::Device::Cpu,
         };
-        let (mut cache, view, bytes) = cache::build(d.cache, data, dims, rank, cache_on).map_err(io_err(what))?;
+        let (mut cache, view, bytes) =
+            cache::build(d.cache, data, dims, rank, cache_on).map_err(io_err(what))?;
         markers::emit(&Marker::Dataset { bytes, cache: cache_name(scenario).into() });
         let mut sampler = Sampler::new(dims, rank, world, scenario.train.seed, scenario.train.accum_steps);
         for _ in 0..skip {
