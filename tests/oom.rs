@@ -164,6 +164,13 @@ fn a_memory_limit_that_is_no_size_is_bad_input_at_its_position() {
     );
 }
 
+/// `ups-doctor run FILE --json` with scenario cgroups made under `parent`.
+fn run_under(sb: &Sandbox, parent: &std::path::Path, file: &std::path::Path) -> std::process::Output {
+    let mut cmd = sb.cmd();
+    cmd.env("UPS_DOCTOR_CGROUP_PARENT", parent).arg("run").arg(file).arg("--out").arg(sb.out());
+    cmd.args(["--json", "--quiet"]).output().unwrap()
+}
+
 #[test]
 fn a_memory_limit_where_no_memory_cgroup_can_be_made_is_bad_input_naming_file_and_field() {
     let sb = Sandbox::new();
@@ -171,16 +178,7 @@ fn a_memory_limit_where_no_memory_cgroup_can_be_made_is_bad_input_naming_file_an
     // A parent that is no cgroup at all: nothing can be made under it.
     let not_a_cgroup = sb.path().join("not-a-cgroup");
     std::fs::create_dir(&not_a_cgroup).unwrap();
-    let output = sb
-        .cmd()
-        .env("UPS_DOCTOR_CGROUP_PARENT", &not_a_cgroup)
-        .arg("run")
-        .arg(&file)
-        .arg("--out")
-        .arg(sb.out())
-        .arg("--quiet")
-        .output()
-        .unwrap();
+    let output = run_under(&sb, &not_a_cgroup, &file);
     let err = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(2), "{err}");
     assert!(
@@ -196,14 +194,7 @@ fn a_memory_limit_where_no_memory_cgroup_can_be_made_is_bad_input_naming_file_an
     let v2_without_memory = std::fs::read_to_string(v2.join("cgroup.controllers"))
         .is_ok_and(|c| !c.split_whitespace().any(|x| x == "memory"));
     if v2_without_memory {
-        let output = sb
-            .cmd()
-            .env("UPS_DOCTOR_CGROUP_PARENT", v2)
-            .arg("run")
-            .arg(&file)
-            .arg("--quiet")
-            .output()
-            .unwrap();
+        let output = run_under(&sb, v2, &file);
         let err = String::from_utf8_lossy(&output.stderr);
         assert_eq!(output.status.code(), Some(2), "{err}");
         assert!(err.contains("does not give its children the memory controller"), "{err}");
@@ -216,16 +207,7 @@ fn without_a_limit_a_scenario_where_no_cgroup_can_be_made_runs_and_says_why() {
     let file = sb.scenario("plain", &tiny(""));
     let not_a_cgroup = sb.path().join("not-a-cgroup");
     std::fs::create_dir(&not_a_cgroup).unwrap();
-    let output = sb
-        .cmd()
-        .env("UPS_DOCTOR_CGROUP_PARENT", &not_a_cgroup)
-        .arg("run")
-        .arg(&file)
-        .arg("--out")
-        .arg(sb.out())
-        .args(["--json", "--quiet"])
-        .output()
-        .unwrap();
+    let output = run_under(&sb, &not_a_cgroup, &file);
     assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
     let result: Value = serde_json::from_slice(&output.stdout).unwrap();
     let s = &result["scenarios"][0];
