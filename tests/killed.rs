@@ -77,9 +77,11 @@ fn a_sigkilled_ups_doctor_leaves_no_process_and_no_dev_shm_file_of_a_ddp_run_wit
   "limits": { "timeout_s": 900, "hang_after_s": 600 }
 }"#,
     );
+    let mut harnesses = Vec::new();
     for trial in 0..TRIALS {
         let mut child = start(&sb, &file, &format!("out{trial}"));
         let harness = child.id();
+        harnesses.push(harness);
         // Training: both ranks and their four workers are in the cgroup, and the rings exist (a
         // worker is only started once its rank's ring does) and have lost their names.
         let mut pids = Vec::new();
@@ -101,6 +103,11 @@ fn a_sigkilled_ups_doctor_leaves_no_process_and_no_dev_shm_file_of_a_ddp_run_wit
         );
         assert_eq!(shm_files_of(harness), Vec::<String>::new(), "trial {trial}");
     }
+    // The empty cgroups of the killed runs are removed by the next run.
+    let plain = sb.scenario("plain", &util::tiny(""));
+    assert_eq!(sb.run(&[&plain], &[]).code(), 0);
+    let left: Vec<PathBuf> = harnesses.iter().filter_map(|&h| scenario_cgroup(h)).collect();
+    assert!(left.is_empty(), "{left:?}");
 }
 
 #[test]
