@@ -186,11 +186,13 @@ fn bisect(args: BisectArgs) -> Result<ExitCode, Failure> {
     }
     let scenario =
         scenario::load_file(&args.scenario, &args.set).map_err(|e| Failure::BadInput(e.to_string()))?;
-    check_gpus(&[ScenarioInput {
+    let input = [ScenarioInput {
         file: args.scenario.clone(),
-        overrides: Vec::new(),
+        overrides: args.set.iter().map(|o| o.raw.clone()).collect(),
         scenario: scenario.clone(),
-    }])?;
+    }];
+    check_gpus(&input)?;
+    check_memory_limits(&input)?;
     let out_dir = match args.out {
         Some(dir) => dir,
         None => fresh_run_dir(Path::new("reports/runs"), &format!("-bisect-{}", sanitize(&scenario.name)))

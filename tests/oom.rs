@@ -188,6 +188,12 @@ fn a_memory_limit_where_no_memory_cgroup_can_be_made_is_bad_input_naming_file_an
         "{err}"
     );
     assert!(!sb.out().join("1-limit").exists(), "nothing ran");
+    // bisect checks the same before its first probe.
+    let output =
+        sb.cmd().env("UPS_DOCTOR_CGROUP_PARENT", &not_a_cgroup).arg("bisect").arg(&file).output().unwrap();
+    let err = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{err}");
+    assert!(err.contains("`launch.memory_limit`: cannot limit the scenario's memory"), "{err}");
     // A cgroup v2 hierarchy whose controllers are all bound to v1 (this machine's
     // /sys/fs/cgroup/unified) has groups, but none can get the memory controller.
     let v2 = std::path::Path::new("/sys/fs/cgroup/unified");
