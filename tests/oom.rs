@@ -88,6 +88,39 @@ fn a_rank_allocating_past_the_limit_is_oom_killed_and_attributed_to_its_rank() {
 }
 
 #[test]
+fn an_external_program_past_the_limit_is_oom_killed_and_attributed_to_its_rank() {
+    let sb = Sandbox::new();
+    let hog = repo().join("tests/programs/hog.py").display().to_string();
+    let file = sb.scenario(
+        "hog",
+        &format!(
+            r#"{{"command": ["python", "{hog}"], "launch": {{"world_size": 1, "memory_limit": "256m"}},
+  "limits": {{"timeout_s": 300, "hang_after_s": 120}}}}"#
+        ),
+    );
+    let output = sb
+        .cmd()
+        .env("PATH", util::venv_path())
+        .arg("run")
+        .arg(&file)
+        .arg("--out")
+        .arg(sb.out())
+        .args(["--json", "--quiet"])
+        .output()
+        .unwrap();
+    let result: Value = serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|_| panic!("{}", String::from_utf8_lossy(&output.stderr)));
+    let s = &result["scenarios"][0];
+    assert_eq!(s["ranks"][0]["signal"], "SIGKILL", "{s}");
+    assert_eq!(s["cgroup"]["limit_bytes"], 256u64 << 20);
+    assert_eq!(s["cgroup"]["oom_kills"], 1);
+    let kills = oom_kills(s);
+    assert_eq!(kills.len(), 1, "{kills:#?}");
+    assert_eq!(kills[0]["pid"], s["ranks"][0]["pid"]);
+    assert_eq!(kills[0]["rank"], 0);
+}
+
+#[test]
 fn a_worker_sigkilled_by_its_rank_is_not_an_oom_kill() {
     let sb = Sandbox::new();
     let file = repo().join("scenarios/loader-worker-killed.json");
