@@ -27,6 +27,7 @@ pub(crate) fn memory_blocks(s: &ScenarioResult) -> Vec<String> {
         blocks.push(peak_table(&m.processes));
     }
     blocks.push(shm_line(s, m));
+    blocks.extend(cgroup_line(s));
     for d in &m.datasets {
         blocks.push(format!("**Dataset:** {}", dataset_line(d)));
     }
@@ -69,6 +70,57 @@ fn peak_table(processes: &[ProcessMemory]) -> String {
         &[Align::Left, Align::Right, Align::Right, Align::Right, Align::Right, Align::Right],
         &rows,
     )
+}
+
+/// The memory limit and what the OOM killer did under it, or why the scenario had no cgroup;
+/// nothing for an unlimited scenario in a cgroup that saw no OOM kill.
+fn cgroup_line(s: &ScenarioResult) -> Option<String> {
+    if let Some(why) = &s.cgroup_unavailable {
+        return Some(format!(
+            "**No cgroup:** the scenario's processes ran without a cgroup of their own ({}); teardown \
+             found them by process group and run id only.",
+            markup::text(why)
+        ));
+    }
+    let cg = s.cgroup.as_ref()?;
+    if cg.limit_bytes.is_none() && s.oom_kills.is_empty() && cg.oom_kills == 0 {
+        return None;
+    }
+    let mut line = match cg.limit_bytes {
+        Some(limit) => format!("**Memory limit:** {} for all the scenario's processes", human_bytes(limit)),
+        None => "**Memory:** no limit".to_string(),
+    };
+    if let Some(peak) = cg.peak_bytes {
+        line.push_str(&format!("; their cgroup's peak was {}", human_bytes(peak)));
+    }
+    let killed: Vec<String> = s
+        .oom_kills
+        .iter()
+        .map(|k| {
+            let who = match (k.rank, k.worker) {
+                (Some(r), Some(w)) => format!("worker {w} of rank {r}"),
+                (Some(r), None) => format!("rank {r}"),
+                _ => "a process".to_string(),
+            };
+            let mut what = vec![format!("pid {}", k.pid)];
+            what.extend(k.process_name.as_ref().map(|n| code(n)));
+            what.extend(k.anon_rss_bytes.map(|b| format!("{} anonymous RSS", human_bytes(b))));
+            format!("{who} ({})", what.join(", "))
+        })
+        .collect();
+    match (cg.oom_kills, killed.is_empty()) {
+        (0, _) => line.push_str("; the OOM killer ended none of them."),
+        (n, true) => line.push_str(&format!(
+            "; the cgroup counted {} by the OOM killer, which could not be tied to a process of the scenario.",
+            plural(n as usize, "kill")
+        )),
+        (n, false) => line.push_str(&format!(
+            "; the OOM killer ended {}: {}.",
+            plural(n as usize, "process"),
+            killed.join("; ")
+        )),
+    }
+    Some(line)
 }
 
 fn shm_line(s: &ScenarioResult, m: &MemoryReport) -> String {
@@ -184,4 +236,43 @@ pub(crate) fn leftover_blocks(s: &ScenarioResult) -> Vec<String> {
     }
     blocks.push(lines.join("\n"));
     blocks
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::harness::{CgroupReport, CgroupVersion, OomKill, OomSource};
+    use crate::report::fixtures;
+
+    #[test]
+    fn the_memory_limit_line_names_each_oom_kill_and_a_missing_cgroup() {
+        let mut s = fixtures::passing();
+        let mib = 1u64 << 20;
+        let mut lines = vec![format!("{:?}", cgroup_line(&s))];
+        s.cgroup = Some(CgroupReport {
+            path: "/sys/fs/cgroup/memory/ups-doctor.1.2.0".into(),
+            version: CgroupVersion::V1,
+            limit_bytes: Some(640 * mib),
+            peak_bytes: Some(640 * mib),
+            oom_kills: 1,
+        });
+        s.oom_kills = vec![OomKill {
+            pid: 41007,
+            rank: Some(0),
+            worker: Some(1),
+            at_s: Some(8.1),
+            source: OomSource::Kmsg,
+            process_name: Some("loader-w1".into()),
+            anon_rss_bytes: Some(289 * mib),
+        }];
+        lines.extend(cgroup_line(&s));
+        s.oom_kills.clear();
+        lines.extend(cgroup_line(&s));
+        s.cgroup.as_mut().unwrap().oom_kills = 0;
+        lines.extend(cgroup_line(&s));
+        s.cgroup = None;
+        s.cgroup_unavailable = Some("`/tmp/x` is not in a cgroup file system".into());
+        lines.extend(cgroup_line(&s));
+        insta::assert_snapshot!(lines.join("\n\n"));
+    }
 }
