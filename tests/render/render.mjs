@@ -20,7 +20,7 @@
 // Exit status 0 when there is no defect, 1 when there is one, 2 on a usage or set-up error.
 import { readFileSync, mkdirSync } from "node:fs";
 import { createRequire } from "node:module";
-import { basename } from "node:path";
+import { basename, dirname, resolve } from "node:path";
 import { micromark } from "micromark";
 import { gfm, gfmHtml } from "micromark-extension-gfm";
 import puppeteer from "puppeteer-core";
@@ -242,8 +242,10 @@ try {
         for (const d of new Set(found)) defect(file, `${version.name}, ${theme.name} theme: ${d}`);
         if (shots) {
           mkdirSync(shots, { recursive: true });
-          const stem = `${basename(file, ".md")}-${version.name.replace(" ", "")}-${theme.name}`;
-          await page.screenshot({ path: `${shots}/${stem}.png`, fullPage: true });
+          const stem = `${basename(dirname(resolve(file)))}-${basename(file, ".md")}-${version.name.replace(" ", "")}-${theme.name}`;
+          // The top of the report: what a reader of the issue sees first.
+          const height = await page.evaluate(() => document.querySelector("article").scrollHeight);
+          await page.screenshot({ path: `${shots}/${stem}.png`, clip: { x: 0, y: 0, width: 812, height: Math.min(height + 32, 1400) } });
           let i = 0;
           for (const svg of await page.$$("article svg")) {
             await svg.screenshot({ path: `${shots}/${stem}-chart${++i}.png` });
