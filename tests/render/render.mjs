@@ -96,41 +96,52 @@ function blocks(src) {
 
 const browser = await puppeteer.launch({
   executablePath: chromium,
+  // A busy machine (CI, parallel tests) can take minutes over a long report; never give up early.
+  protocolTimeout: 0,
   headless: true,
   // Root (CI) cannot use chromium's sandbox; the page renders only our own files.
   args: process.getuid && process.getuid() === 0 ? ["--no-sandbox"] : [],
 });
 try {
-  const page = await browser.newPage();
-  await page.emulateTimezone(tz);
-  await page.setViewport({ width: 1012, height: 800, deviceScaleFactor: 1 });
-  for (const file of files) {
+  // Each file once: its size, its raw HTML, its HTML.
+  const docs = files.map((file) => {
     const src = readFileSync(file, "utf8");
     const chars = [...src].length;
     if (paste.has(file) && chars > GITHUB_BODY_MAX) {
       defect(file, `${chars} characters: a GitHub comment holds at most ${GITHUB_BODY_MAX}`);
     }
     rawHtml(file, src);
-    const html = micromark(src, { allowDangerousHtml: true, extensions: [gfm()], htmlExtensions: [gfmHtml()] });
-    for (const version of MERMAIDS) {
-      for (const theme of THEMES) {
-        await page.setContent(
-          `<!doctype html><html><head><meta charset="utf-8"><style>
-            body { background: ${theme.background}; color: ${theme.text}; margin: 0;
-                   font: 14px -apple-system, "Segoe UI", "Noto Sans", Helvetica, Arial, sans-serif; }
-            /* GitHub's issue comment column */
-            article { width: 780px; padding: 16px; }
-            table { border-collapse: collapse; display: block; max-width: 100%; overflow: auto; }
-            td, th { border: 1px solid #3d444d; padding: 6px 13px; }
-            code { font: 12px ui-monospace, SFMono-Regular, Menlo, monospace; }
-          </style></head><body><article>${html}</article></body></html>`,
-        );
-        await page.addScriptTag({ path: version.path });
+    return { file, html: micromark(src, { allowDangerousHtml: true, extensions: [gfm()], htmlExtensions: [gfmHtml()] }) };
+  });
+  // One page per mermaid version and theme (mermaid loaded once), every file rendered in it.
+  for (const version of MERMAIDS) {
+    for (const theme of THEMES) {
+      const page = await browser.newPage();
+      await page.emulateTimezone(tz);
+      await page.setViewport({ width: 1012, height: 800, deviceScaleFactor: 1 });
+      await page.setContent(
+        `<!doctype html><html><head><meta charset="utf-8"><style>
+          body { background: ${theme.background}; color: ${theme.text}; margin: 0;
+                 font: 14px -apple-system, "Segoe UI", "Noto Sans", Helvetica, Arial, sans-serif; }
+          /* GitHub's issue comment column */
+          article { width: 780px; padding: 16px; }
+          table { border-collapse: collapse; display: block; max-width: 100%; overflow: auto; }
+          td, th { border: 1px solid #3d444d; padding: 6px 13px; }
+          code { font: 12px ui-monospace, SFMono-Regular, Menlo, monospace; }
+        </style></head><body><article></article></body></html>`,
+      );
+      await page.addScriptTag({ path: version.path });
+      await page.evaluate((theme) => {
+        globalThis.mermaid.initialize({ startOnLoad: false, theme: theme.mermaid, securityLevel: "strict" });
+      }, theme);
+      for (const { file, html } of docs) {
+        await page.evaluate((html) => {
+          document.querySelector("article").innerHTML = html;
+        }, html);
         const found = await page.evaluate(
           async (theme, elements, tz) => {
             const out = [];
             const mermaid = globalThis.mermaid;
-            mermaid.initialize({ startOnLoad: false, theme: theme.mermaid, securityLevel: "strict" });
             const article = document.querySelector("article");
             // Elements GitHub would strip, and emphasis that quoted text broke.
             for (const el of article.querySelectorAll("*")) {
@@ -252,6 +263,7 @@ try {
           }
         }
       }
+      await page.close();
     }
   }
 } finally {
