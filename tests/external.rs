@@ -33,16 +33,8 @@ fn scenarios(run: &RunOutput) -> &Vec<Value> {
     run.result["scenarios"].as_array().unwrap_or_else(|| panic!("no result; stderr:\n{}", run.stderr()))
 }
 
-/// `report.md` followed by every scenario's full report (`N-name/report.md`, written when the run
-/// had several scenarios and `report.md` is their summary).
 fn report(sb: &Sandbox) -> String {
-    let mut text = std::fs::read_to_string(sb.out().join("report.md")).unwrap();
-    let mut folders: Vec<_> = std::fs::read_dir(sb.out()).unwrap().flatten().map(|e| e.path()).collect();
-    folders.sort();
-    for full in folders.iter().map(|f| f.join("report.md")).filter(|f| f.is_file()) {
-        text.push_str(&std::fs::read_to_string(full).unwrap());
-    }
-    text
+    sb.reports()
 }
 
 const LIMITS: &str = r#""limits": {"timeout_s": 300, "hang_after_s": 120}"#;
