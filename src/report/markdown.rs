@@ -96,12 +96,18 @@ pub fn is_summary(run: &RunResult) -> bool {
 /// Where the full report of scenario `index` goes, relative to the run folder: in the scenario's
 /// own folder (the one its rank logs are in), as `report.md`.
 pub fn scenario_report_path(run: &RunResult, index: usize) -> String {
+    let log_folder = |s: &ScenarioResult| {
+        s.ranks.iter().flat_map(|r| [&r.stdout_log, &r.stderr_log]).find_map(|log| {
+            let parent = std::path::Path::new(log.as_str()).parent()?;
+            (!parent.as_os_str().is_empty() && parent.is_relative()).then(|| parent.display().to_string())
+        })
+    };
     let s = &run.scenarios[index];
-    let from_logs = s.ranks.iter().flat_map(|r| [&r.stdout_log, &r.stderr_log]).find_map(|log| {
-        let parent = std::path::Path::new(log.as_str()).parent()?;
-        (!parent.as_os_str().is_empty() && parent.is_relative()).then(|| parent.display().to_string())
+    // The logs' folder when it is this scenario's alone; else the name `run` gives it.
+    let own = log_folder(s).filter(|f| {
+        run.scenarios.iter().enumerate().all(|(i, other)| i == index || log_folder(other).as_ref() != Some(f))
     });
-    let folder = from_logs.unwrap_or_else(|| {
+    let folder = own.unwrap_or_else(|| {
         let width = run.scenarios.len().to_string().len();
         let name: String = s
             .name

@@ -101,32 +101,23 @@ pub(crate) fn harness(s: &str, quotes: &[&str], quote_max: usize) -> String {
 /// same length) as (text before, span, text after).
 fn code_span_at(s: &str) -> Option<(&str, &str, &str)> {
     let bytes = s.as_bytes();
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] != b'`' {
-            i += 1;
-            continue;
-        }
-        let open = i;
-        while i < bytes.len() && bytes[i] == b'`' {
-            i += 1;
-        }
-        let len = i - open;
-        let mut j = i;
-        while j < bytes.len() {
-            if bytes[j] != b'`' {
-                j += 1;
-                continue;
+    // The next backtick run at or after `from`: (start, end).
+    let next_run = |from: usize| {
+        let start = from + bytes[from..].iter().position(|&b| b == b'`')?;
+        let end = start + bytes[start..].iter().take_while(|&&b| b == b'`').count();
+        Some((start, end))
+    };
+    let mut from = 0;
+    while let Some((open, open_end)) = next_run(from) {
+        let mut at = open_end;
+        while let Some((close, close_end)) = next_run(at) {
+            if close_end - close == open_end - open {
+                return Some((&s[..open], &s[open..close_end], &s[close_end..]));
             }
-            let close = j;
-            while j < bytes.len() && bytes[j] == b'`' {
-                j += 1;
-            }
-            if j - close == len {
-                return Some((&s[..open], &s[open..j], &s[j..]));
-            }
+            at = close_end;
         }
         // No closing run: these backticks are text; look for a later opener.
+        from = open_end;
     }
     None
 }

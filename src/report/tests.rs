@@ -260,3 +260,13 @@ fn gpu_section_matrix_column_and_the_unavailable_line() {
     insta::assert_snapshot!("markdown_of_a_gpu_run", super::render_scenario_markdown(&both, 0));
     insta::assert_snapshot!("matrix_with_gpu_utilisation", render_matrix(&both, false));
 }
+
+#[test]
+fn issue_text_is_the_summary_and_names_the_failed_scenarios_reports_to_attach() {
+    let mut passing = fixtures::passing();
+    passing.name = "train-cpu".into();
+    let both = run(vec![fixtures::segv(), passing]);
+    let issue = super::issue_text(&both);
+    assert_eq!(issue.paste, render_markdown(&both));
+    insta::assert_snapshot!(issue.attach.join("\n"));
+}
