@@ -31,7 +31,10 @@ fn render(files: &[PathBuf], paste: &[PathBuf]) -> (bool, String) {
         dir.display()
     );
     let chromium = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
-    assert!(Path::new(&chromium).exists(), "no chromium at {chromium}: run ./x test (apt-get install chromium)");
+    assert!(
+        Path::new(&chromium).exists(),
+        "no chromium at {chromium}: run ./x test (apt-get install chromium)"
+    );
     let mut cmd = Command::new("node");
     cmd.current_dir(&dir).arg("render.mjs").args(["--tz", "Africa/Monrovia"]).env("CHROMIUM", &chromium);
     if let Some(shots) = std::env::var_os("UPS_DOCTOR_RENDER_SHOTS") {
@@ -71,13 +74,21 @@ fn real_reports_render_on_github_without_a_defect() {
     let run = sb
         .cmd()
         .arg("run")
-        .args(["fsdp-inplace-view", "ddp-rank1-segv", "loader-worker-killed", "train-cpu"].map(|n| scenarios.join(format!("{n}.json"))))
+        .args(
+            ["fsdp-inplace-view", "ddp-rank1-segv", "loader-worker-killed", "train-cpu"]
+                .map(|n| scenarios.join(format!("{n}.json"))),
+        )
         .arg("--out")
         .arg(&shipped)
         .arg("--quiet")
         .output()
         .unwrap();
-    assert_eq!(run.status.code(), Some(0), "every expectation is met:\n{}", String::from_utf8_lossy(&run.stderr));
+    assert_eq!(
+        run.status.code(),
+        Some(0),
+        "every expectation is met:\n{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
 
     // What a user pastes: report.md itself, with the failed scenarios' full reports to attach.
     let issue = sb.cmd().arg("report").arg(&shipped).arg("--issue").output().unwrap();
@@ -85,13 +96,21 @@ fn real_reports_render_on_github_without_a_defect() {
     let summary = std::fs::read_to_string(shipped.join("report.md")).unwrap();
     assert_eq!(String::from_utf8_lossy(&issue.stdout), summary);
     let told = String::from_utf8_lossy(&issue.stderr);
-    for attach in ["1-fsdp-inplace-view/report.md", "2-ddp-rank1-segv/report.md", "3-loader-worker-killed/report.md", "result.json"] {
+    for attach in [
+        "1-fsdp-inplace-view/report.md",
+        "2-ddp-rank1-segv/report.md",
+        "3-loader-worker-killed/report.md",
+        "result.json",
+    ] {
         assert!(told.contains(&shipped.join(attach).display().to_string()), "{attach} to attach:\n{told}");
         assert!(shipped.join(attach).is_file(), "{attach}");
     }
     assert!(!told.contains("4-train-cpu"), "a passing scenario is not attached:\n{told}");
     assert!(shipped.join("4-train-cpu/report.md").is_file());
-    assert!(summary.contains("Output 0 of ViewBackward0"), "the summary holds the failing verdicts:\n{summary}");
+    assert!(
+        summary.contains("Output 0 of ViewBackward0"),
+        "the summary holds the failing verdicts:\n{summary}"
+    );
 
     // An external program with real PyTorch under torchrun.
     let external = sb.path().join("external");

@@ -49,7 +49,8 @@ impl Sandbox {
     pub fn reports(&self) -> String {
         let out = self.out();
         let mut text = std::fs::read_to_string(out.join("report.md")).unwrap();
-        let mut folders: Vec<PathBuf> = std::fs::read_dir(&out).unwrap().flatten().map(|e| e.path()).collect();
+        let mut folders: Vec<PathBuf> =
+            std::fs::read_dir(&out).unwrap().flatten().map(|e| e.path()).collect();
         folders.sort();
         for full in folders.iter().map(|f| f.join("report.md")).filter(|f| f.is_file()) {
             text.push_str(&std::fs::read_to_string(full).unwrap());
