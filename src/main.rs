@@ -368,6 +368,32 @@ fn check_gpus(inputs: &[ScenarioInput]) -> Result<(), Failure> {
     if errors.is_empty() { Ok(()) } else { Err(Failure::BadInput(errors.join("\nerror: "))) }
 }
 
+/// Scenarios with `launch.memory_limit` need a memory cgroup: one is made and removed before
+/// anything runs, so a machine that cannot make one is bad input (exit 2) that names the field,
+/// not a failure halfway through the run.
+fn check_memory_limits(inputs: &[ScenarioInput]) -> Result<(), Failure> {
+    let errors: Vec<String> = inputs
+        .iter()
+        .filter_map(|i| {
+            let limit = i.scenario.launch.memory_limit.as_ref()?;
+            let bytes = scenario::parse_size(limit).ok()?;
+            let why = harness::os::cgroup::check_memory_limit(bytes).err()?;
+            let field = "launch.memory_limit";
+            let at = match i.overrides.iter().rev().find(|o| o.starts_with(&format!("{field}="))) {
+                Some(raw) => format!("{}: --set {raw}", i.file.display()),
+                None => scenario::field_location(&i.file, field),
+            };
+            Some(format!(
+                "{at}: `{field}`: cannot limit the scenario's memory to {limit} here: {why}\n  hint: a memory limit \
+                 needs a cgroup ups-doctor can create: run as root where cgroup v1's memory controller is mounted, \
+                 or in a cgroup v2 group delegated to you with the memory controller (`systemd-run --user --scope \
+                 -p Delegate=yes ups-doctor run …`); or remove `memory_limit`"
+            ))
+        })
+        .collect();
+    if errors.is_empty() { Ok(()) } else { Err(Failure::BadInput(errors.join("\nerror: "))) }
+}
+
 fn print_env(json: bool, markdown: bool) {
     let env = collect_env();
     if json {
@@ -426,6 +452,7 @@ fn run(
         return Err(Failure::BadInput(errors.join("\nerror: ")));
     }
     check_gpus(&inputs)?;
+    check_memory_limits(&inputs)?;
 
     let out_dir = match out {
         Some(dir) => dir,

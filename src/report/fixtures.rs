@@ -208,6 +208,7 @@ pub fn passing() -> ScenarioResult {
         external: None,
         cgroup: None,
         oom_kills: Vec::new(),
+        cgroup_unavailable: None,
         gpu: None,
     }
 }
@@ -330,6 +331,7 @@ pub fn segv() -> ScenarioResult {
         external: None,
         cgroup: None,
         oom_kills: Vec::new(),
+        cgroup_unavailable: None,
         gpu: None,
     }
 }
@@ -426,6 +428,7 @@ pub fn hung() -> ScenarioResult {
         external: None,
         cgroup: None,
         oom_kills: Vec::new(),
+        cgroup_unavailable: None,
         gpu: None,
     }
 }
@@ -490,6 +493,7 @@ pub fn false_success() -> ScenarioResult {
         external: None,
         cgroup: None,
         oom_kills: Vec::new(),
+        cgroup_unavailable: None,
         gpu: None,
     }
 }
@@ -533,6 +537,7 @@ pub fn abort_raw_only() -> ScenarioResult {
         external: None,
         cgroup: None,
         oom_kills: Vec::new(),
+        cgroup_unavailable: None,
         gpu: None,
     }
 }
@@ -623,6 +628,7 @@ pub fn shm_bus_error() -> ScenarioResult {
             rank: Some(0),
             worker: Some(1),
             killed: true,
+            earlier_run: false,
         }],
     };
     let (outcome, first_failure, mut v) = verdict(&sc, &ranks, 2.1);
@@ -646,6 +652,7 @@ pub fn shm_bus_error() -> ScenarioResult {
         external: None,
         cgroup: None,
         oom_kills: Vec::new(),
+        cgroup_unavailable: None,
         gpu: None,
     }
 }

@@ -179,8 +179,13 @@ pub(crate) fn leftover_blocks(s: &ScenarioResult) -> Vec<String> {
             (Some(r), None) => format!(", rank {r}"),
             _ => String::new(),
         };
+        let what = if p.earlier_run {
+            "was left running by an earlier ups-doctor run that was killed; found in its cgroup"
+        } else {
+            "was still alive after its rank ended"
+        };
         lines.push(format!(
-            "- process {} ({}{whose}) was still alive after its rank ended: {}.",
+            "- process {} ({}{whose}) {what}: {}.",
             p.pid,
             code(&p.command),
             if p.killed { "**killed by ups-doctor**" } else { "**could not be killed**" }

@@ -183,3 +183,16 @@ pub fn venv_path() -> std::ffi::OsString {
 pub fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
+
+/// Child processes of `pid`, from procfs.
+pub fn children_of(pid: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/stat")).ok().is_some_and(|stat| {
+                let after = stat.rsplit(')').next().unwrap_or("");
+                after.split_whitespace().nth(1).and_then(|pp| pp.parse::<u32>().ok()) == Some(pid)
+            })
+        })
+        .collect()
+}
