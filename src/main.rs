@@ -45,10 +45,14 @@ enum Command {
     },
     /// Cut a failing scenario down to a 1-minimal configuration that still fails the same way.
     Bisect(BisectArgs),
-    /// Re-render report.md from a run folder's result.json.
+    /// Re-render report.md (and each scenario's full report) from a run folder's result.json.
     Report {
         /// A run folder (it holds result.json).
         dir: PathBuf,
+        /// Print the report to paste into a GitHub issue (at most 65,536 characters) on stdout,
+        /// and on stderr the files to attach with it.
+        #[arg(long)]
+        issue: bool,
     },
     /// Describe this machine: libtorch, CPUs, memory, /dev/shm, ulimits, cgroup limits, variables.
     Env {
@@ -109,7 +113,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run { paths, set, out, json, quiet } => run(paths, set, out, json, quiet),
-        Command::Report { dir } => rerender(&dir),
+        Command::Report { dir, issue } => rerender(&dir, issue),
         Command::Bisect(args) => bisect(args),
         Command::Env { json, markdown } => {
             print_env(json, markdown);
@@ -266,10 +270,23 @@ fn bisect(args: BisectArgs) -> Result<ExitCode, Failure> {
     })
 }
 
-fn rerender(dir: &Path) -> Result<ExitCode, Failure> {
+fn rerender(dir: &Path, issue: bool) -> Result<ExitCode, Failure> {
     use report::ReportError;
-    match report::rerender(dir) {
-        Ok(path) => {
+    match report::rerender(dir).and_then(|path| Ok((path, report::read_run(dir)?))) {
+        Ok((path, run)) if issue => {
+            let text = report::issue_text(&run);
+            print!("{}", text.paste);
+            eprintln!(
+                "ups-doctor: paste the {} characters above (from {}) into the issue and attach:",
+                text.paste.chars().count(),
+                path.display()
+            );
+            for file in &text.attach {
+                eprintln!("  {}", dir.join(file).display());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Ok((path, _)) => {
             println!("{}", path.display());
             Ok(ExitCode::SUCCESS)
         }

@@ -44,6 +44,20 @@ impl Sandbox {
         self.path().join("out")
     }
 
+    /// The run's `report.md` followed by every scenario's full report (`N-name/report.md`,
+    /// written when the run had several scenarios and `report.md` is their summary).
+    pub fn reports(&self) -> String {
+        let out = self.out();
+        let mut text = std::fs::read_to_string(out.join("report.md")).unwrap();
+        let mut folders: Vec<PathBuf> =
+            std::fs::read_dir(&out).unwrap().flatten().map(|e| e.path()).collect();
+        folders.sort();
+        for full in folders.iter().map(|f| f.join("report.md")).filter(|f| f.is_file()) {
+            text.push_str(&std::fs::read_to_string(full).unwrap());
+        }
+        text
+    }
+
     /// `ups-doctor` with the sandbox as working directory.
     pub fn cmd(&self) -> Command {
         let mut cmd = Command::new(bin());
