@@ -47,7 +47,7 @@ fn spawned_workers_each_copying_a_memory_cache_are_oom_killed_and_the_kill_names
         error.contains(&format!("DataLoader worker (pid {}) is killed by signal: Killed.", kills[0]["pid"])),
         "{error}"
     );
-    let md = std::fs::read_to_string(sb.out().join("report.md")).unwrap();
+    let md = sb.reports();
     assert!(md.contains("**Memory limit:** 640.0 MiB for all the scenario's processes"), "{md}");
     assert!(
         md.contains(&format!(
@@ -261,6 +261,6 @@ fn without_a_limit_a_scenario_where_no_cgroup_can_be_made_runs_and_says_why() {
     let s = &result["scenarios"][0];
     assert!(s.get("cgroup").is_none(), "{s}");
     assert!(s["cgroup_unavailable"].as_str().unwrap().contains("is not in a cgroup file system"), "{s}");
-    let md = std::fs::read_to_string(sb.out().join("report.md")).unwrap();
+    let md = sb.reports();
     assert!(md.contains("**No cgroup:** the scenario's processes ran without a cgroup of their own"), "{md}");
 }
