@@ -133,10 +133,11 @@ pub struct Observed<'a> {
 
 impl<'a> Evidence<'a> {
     pub fn gather(o: &Observed<'a>) -> Self {
-        let ranks = o.ranks.iter().map(|r| rank_evidence(r, o.oom_kills)).collect();
+        let foreign = o.scenario.is_external();
+        let ranks = o.ranks.iter().map(|r| rank_evidence(r, foreign, o.oom_kills)).collect();
         Evidence {
             scenario: o.scenario,
-            foreign: o.scenario.is_external(),
+            foreign,
             ranks,
             memory: o.memory,
             leftovers: o.leftovers,
@@ -156,17 +157,21 @@ impl<'a> Evidence<'a> {
     }
 }
 
-fn rank_evidence<'a>(r: &'a RankResult, oom_kills: &[OomKill]) -> RankEvidence<'a> {
+fn rank_evidence<'a>(r: &'a RankResult, foreign: bool, oom_kills: &[OomKill]) -> RankEvidence<'a> {
     let mut text: Vec<String> = r.error.iter().cloned().collect();
     for q in &r.quotes {
         text.extend(q.lines.iter().cloned());
     }
     text.extend(r.log_tail.iter().cloned());
     let text: Vec<String> = text.iter().map(|l| strip_rank_prefix(l).to_string()).collect();
-    // The program's own output first: the marker's `error` is one line of it, without the
-    // frame it was raised in.
-    let key = key_line(&text[usize::from(r.error.is_some())..])
-        .or_else(|| r.error.as_ref().map(|e| KeyLine { text: e.trim().to_string(), at: None }));
+    // The built-in trainer reports its error in a marker. A program's own output comes first:
+    // the helper's `error` marker is one line of it, without the frame it was raised in.
+    let from_marker = || r.error.as_ref().map(|e| KeyLine { text: e.trim().to_string(), at: None });
+    let key = if foreign {
+        key_line(&text[usize::from(r.error.is_some())..]).or_else(from_marker)
+    } else {
+        from_marker().or_else(|| key_line(&text))
+    };
     let mut threads: Vec<Thread> = r.stacks.iter().map(in_process_thread).collect();
     for dump in &r.dumps {
         let in_child = dump.role.contains("child") || dump.role.contains("worker");

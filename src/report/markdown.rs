@@ -181,6 +181,13 @@ fn verdict(doc: &mut Doc, s: &ScenarioResult) {
         one_line(&v.headline)
     };
     doc.push(format!("**{headline}**"));
+    if let Some(key) = &v.key_line {
+        doc.push(format!("**Key line:** {}", code(&text::strip_control(key))));
+    }
+    if let Some(pattern) = &v.pattern {
+        let reference = v.reference.as_deref().map(|r| format!(" — see <{r}>")).unwrap_or_default();
+        doc.push(format!("**Pattern:** {} (listed in ups-doctor's `docs/patterns.md`){reference}", code(pattern)));
+    }
     if let Some(cause) = &v.likely_cause {
         doc.push(format!("**Likely cause:** {}", one_line(cause)));
     }
