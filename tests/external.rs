@@ -11,18 +11,7 @@ use util::{RunOutput, Sandbox, repo, venv_path};
 
 /// `ups-doctor run` with the venv's `bin` first on `PATH`.
 fn run(sb: &Sandbox, files: &[&Path]) -> RunOutput {
-    let output = sb
-        .cmd()
-        .env("PATH", venv_path())
-        .arg("run")
-        .args(files)
-        .arg("--out")
-        .arg(sb.out())
-        .args(["--json", "--quiet"])
-        .output()
-        .expect("ups-doctor starts");
-    let result = serde_json::from_slice(&output.stdout).unwrap_or(Value::Null);
-    RunOutput { output, result }
+    sb.run_in_venv(files)
 }
 
 fn program(name: &str) -> String {
@@ -127,6 +116,11 @@ fn rank_1_segfaulting_is_the_first_failure_and_rank_0_collateral_per_rank_and_un
         "faulthandler's stack names the program's line: {fault:#?}"
     );
     let torchrun = &scenarios(&run)[1];
+    let evidence = torchrun["verdict"]["evidence"].to_string();
+    assert!(
+        evidence.contains("torchrun's summary names rank 1 (local_rank: 1) as the root cause (first observed failure), exitcode -11"),
+        "{evidence}"
+    );
     let source = torchrun["ranks"][1]["exit_source"].as_str().unwrap();
     assert!(source == "procfs" || source == "torchrun", "{source}");
     let quotes = torchrun["external"]["launcher"]["quotes"].as_array().unwrap();

@@ -157,6 +157,7 @@ fn a_worker_forked_with_inherited_threads_deadlocks_in_libgomp() {
     assert!(frames.contains("libgomp"), "worker frames: {frames}");
     let cause = run.scenario()["verdict"]["likely_cause"].as_str().unwrap();
     assert!(cause.contains("loader-w0") && cause.contains("libgomp"), "{cause}");
+    assert_eq!(run.scenario()["verdict"]["pattern"], "fork-after-threads");
     let pids = worker_pids(r);
     assert!(pids.iter().all(|&p| !alive(p)), "no worker outlives the run: {pids:?}");
     assert_eq!(leftovers(pid), Vec::<String>::new());

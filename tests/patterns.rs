@@ -8,21 +8,18 @@ mod util;
 use std::path::Path;
 
 use serde_json::Value;
-use util::{RunOutput, Sandbox, repo, venv_path};
+use util::{RunOutput, Sandbox, repo};
 
-fn run(sb: &Sandbox, files: &[&Path]) -> RunOutput {
-    let output = sb
-        .cmd()
-        .env("PATH", venv_path())
-        .arg("run")
-        .args(files)
-        .arg("--out")
-        .arg(sb.out())
-        .args(["--json", "--quiet"])
-        .output()
-        .expect("ups-doctor starts");
-    let result = serde_json::from_slice(&output.stdout).unwrap_or(Value::Null);
-    RunOutput { output, result }
+/// Runs the scenarios and checks that each had the outcome it expects.
+fn run(sb: &Sandbox, files: &[std::path::PathBuf]) -> RunOutput {
+    let paths: Vec<&Path> = files.iter().map(|p| p.as_path()).collect();
+    let run = sb.run_in_venv(&paths);
+    let summary: Vec<String> = run.result["scenarios"]
+        .as_array()
+        .map(|a| a.iter().map(|s| format!("{}: {:#}", s["name"], s["verdict"])).collect())
+        .unwrap_or_default();
+    assert_eq!(run.code(), 0, "every outcome as expected; stderr:\n{}\n{}", run.stderr(), summary.join("\n"));
+    run
 }
 
 /// A scenario running `tests/programs/patterns.py --case CASE` on `ranks` ranks, expecting
@@ -63,13 +60,7 @@ fn errors_of_real_programs_are_named_by_pattern_with_culprit_and_key_line() {
         case(&sb, "worker_kill", 1, "exited", 120),
         case(&sb, "rank_kill", 2, "signaled", 120),
     ];
-    let paths: Vec<&Path> = files.iter().map(|p| p.as_path()).collect();
-    let run = run(&sb, &paths);
-    let summary: Vec<String> = run.result["scenarios"]
-        .as_array()
-        .map(|a| a.iter().map(|s| format!("{}: {:#}", s["name"], s["verdict"])).collect())
-        .unwrap_or_default();
-    assert_eq!(run.code(), 0, "every outcome as expected; stderr:\n{}\n{}", run.stderr(), summary.join("\n"));
+    let run = run(&sb, &files);
 
     // DDP with a parameter that never takes part in the loss: both ranks raise on the next
     // forward; whichever exits first is the culprit, and the key line is the exception, not
@@ -140,13 +131,7 @@ fn hangs_of_real_programs_are_named_from_py_spy_stacks() {
     let sb = Sandbox::new();
     // Generous: torch's import alone takes seconds on a busy machine, and prints nothing.
     let files = [case(&sb, "out_of_step", 2, "hung", 30), case(&sb, "fork_threads", 1, "hung", 30)];
-    let paths: Vec<&Path> = files.iter().map(|p| p.as_path()).collect();
-    let run = run(&sb, &paths);
-    let summary: Vec<String> = run.result["scenarios"]
-        .as_array()
-        .map(|a| a.iter().map(|s| format!("{}: {:#}", s["name"], s["verdict"])).collect())
-        .unwrap_or_default();
-    assert_eq!(run.code(), 0, "every outcome as expected; stderr:\n{}\n{}", run.stderr(), summary.join("\n"));
+    let run = run(&sb, &files);
 
     // Rank 0 ran a step fewer and waits in dist.barrier(); rank 1 waits in DDP's all-reduce.
     let s = by_name(&run, "out_of_step");

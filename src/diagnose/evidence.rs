@@ -51,8 +51,12 @@ pub struct Thread {
     /// The rank's own process, or a child of it (a DataLoader worker, a forked child).
     pub in_child: bool,
     pub pid: Option<u32>,
+    pub tid: Option<u32>,
     pub name: String,
     pub frames: Vec<StackFrame>,
+    /// Where the kernel has it waiting: its system call (`202 (futex)`) or wait channel, when it
+    /// was looked at from outside.
+    pub wait: Option<String>,
 }
 
 /// Who ended a rank.
@@ -147,6 +151,22 @@ impl<'a> Evidence<'a> {
         }
     }
 
+    /// torchrun's own account of the first failure (its "Root Cause" block), in one line.
+    pub fn launcher_summary(&self) -> Option<String> {
+        let quote = self.launcher?.quotes.iter().find(|q| q.title.starts_with("torchrun: Root Cause"))?;
+        let field = |name: &str| {
+            quote.lines.iter().find_map(|l| {
+                let (key, value) = l.split_once(':')?;
+                (key.trim() == name).then(|| value.trim().to_string())
+            })
+        };
+        Some(format!(
+            "torchrun's summary names rank {} as the root cause (first observed failure), exitcode {}",
+            field("rank")?,
+            field("exitcode")?
+        ))
+    }
+
     pub fn rank(&self, rank: u32) -> Option<&RankEvidence<'a>> {
         self.ranks.iter().find(|r| r.rank() == rank)
     }
@@ -176,8 +196,10 @@ fn rank_evidence<'a>(r: &'a RankResult, foreign: bool, oom_kills: &[OomKill]) ->
     for dump in &r.dumps {
         let in_child = dump.role.contains("child") || dump.role.contains("worker");
         if let Some(text) = &dump.py_spy {
-            for (name, frames) in py_spy_threads(text) {
-                threads.push(Thread { in_child, pid: Some(dump.pid), name, frames });
+            for (tid, name, frames) in py_spy_threads(text) {
+                let kernel = dump.threads.iter().find(|k| Some(k.tid) == tid);
+                let wait = kernel.and_then(|k| k.syscall.clone().or_else(|| k.wchan.clone()));
+                threads.push(Thread { in_child, pid: Some(dump.pid), tid, name, frames, wait });
             }
         }
     }
@@ -213,6 +235,8 @@ fn in_process_thread(t: &ThreadStack) -> Thread {
     Thread {
         in_child: t.thread.starts_with("loader-w"),
         pid: None,
+        tid: u32::try_from(t.tid).ok(),
+        wait: None,
         name: t.thread.clone(),
         frames: t
             .frames
@@ -225,16 +249,20 @@ fn in_process_thread(t: &ThreadStack) -> Thread {
     }
 }
 
+/// A thread of a py-spy dump: its id, its name, its frames innermost first.
+pub type PySpyThread = (Option<u32>, String, Vec<StackFrame>);
+
 /// The threads of a `py-spy dump --native` text: `Thread 123 (idle): "MainThread"` followed by
 /// indented frames `    function (place)`, innermost first.
-pub fn py_spy_threads(text: &str) -> Vec<(String, Vec<StackFrame>)> {
-    let mut out: Vec<(String, Vec<StackFrame>)> = Vec::new();
+pub fn py_spy_threads(text: &str) -> Vec<PySpyThread> {
+    let mut out: Vec<PySpyThread> = Vec::new();
     for line in text.lines() {
         if let Some(rest) = line.strip_prefix("Thread ") {
+            let tid = rest.split_whitespace().next().and_then(|t| t.parse().ok());
             let name = rest.split_once('"').map_or(rest, |(_, n)| n.trim_end_matches('"')).to_string();
-            out.push((name, Vec::new()));
+            out.push((tid, name, Vec::new()));
         } else if line.starts_with("    ")
-            && let Some((_, frames)) = out.last_mut()
+            && let Some((_, _, frames)) = out.last_mut()
         {
             let frame = line.trim();
             let (function, place) = match frame.rfind(" (") {
@@ -254,6 +282,8 @@ pub fn py_spy_threads(text: &str) -> Vec<(String, Vec<StackFrame>)> {
 /// Python's fault handler's first line with the frame it names; else the `what():` of an uncaught
 /// C++ exception; else the last line that reads like an error.
 pub fn key_line(lines: &[String]) -> Option<KeyLine> {
+    let lines: Vec<String> = lines.iter().map(|l| strip_rank_prefix(l).to_string()).collect();
+    let lines = lines.as_slice();
     python_exception(lines).or_else(|| fault_handler(lines)).or_else(|| cpp_exception(lines)).or_else(|| {
         last_error_line(lines).map(|text| KeyLine { text: text.trim().to_string(), at: None })
     })
@@ -356,7 +386,9 @@ mod tests {
 
     #[test]
     fn the_key_line_of_a_ddp_error_is_its_exception_not_the_trailing_hint() {
-        let key = key_line(&lines(DDP_UNUSED)).unwrap();
+        // As the launcher printed it, `[rank0]:` prefixes and all.
+        let raw: Vec<String> = DDP_UNUSED.lines().map(String::from).collect();
+        let key = key_line(&raw).unwrap();
         assert!(
             key.text.starts_with("RuntimeError: Expected to have finished reduction in the prior iteration"),
             "{key:?}"
@@ -389,12 +421,12 @@ mod tests {
                     Thread 11341 (idle): \"Thread-1\"\n    futex_wait (libc.so.6)\n";
         let threads = py_spy_threads(dump);
         assert_eq!(threads.len(), 2);
-        assert_eq!(threads[0].0, "MainThread");
+        assert_eq!((threads[0].0, threads[0].1.as_str()), (Some(11340), "MainThread"));
         assert_eq!(
-            threads[0].1[1],
+            threads[0].2[1],
             StackFrame { function: "GOMP_parallel".into(), place: Some("libgomp.so.1".into()) }
         );
-        assert_eq!(threads[0].1[2].place.as_deref(), Some("patterns.py:86"));
-        assert_eq!(threads[1].1.len(), 1);
+        assert_eq!(threads[0].2[2].place.as_deref(), Some("patterns.py:86"));
+        assert_eq!(threads[1].2.len(), 1);
     }
 }

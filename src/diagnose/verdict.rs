@@ -238,6 +238,7 @@ fn failure(ev: &Evidence, failed: &RankEvidence) -> (String, Vec<String>, Option
     let mut evidence = vec![last_sign(ev, r)];
     if ev.foreign {
         evidence.extend(exit_source(r));
+        evidence.extend(ev.launcher_summary());
     }
     let quoted = "The program's own last error lines are quoted below the verdict.";
     match r.outcome {
@@ -430,7 +431,10 @@ fn add_collateral(ev: &Evidence, failed: &RankEvidence, verdict: &mut Verdict) {
         };
         let later = failure_time(o) - first_at;
         let later = if later.is_finite() && later >= 0.0 { format!(" {later:.2} s later") } else { String::new() };
-        let error = o.error.as_deref().map(|e| format!(": {e}")).unwrap_or_default();
+        let error = match &other.key {
+            Some(k) if ev.foreign => format!(": {}", k.text),
+            _ => o.error.as_deref().map(|e| format!(": {e}")).unwrap_or_default(),
+        };
         let at = if ev.foreign && o.markers == 0 { String::new() } else { format!(" {}", location(o)) };
         verdict.evidence.push(format!("collateral: rank {} {how}{at}{later}{error}", o.rank));
     }

@@ -137,13 +137,17 @@ pub fn odd_rank_by_markers(ranks: &[RankResult]) -> Option<&RankResult> {
 
 /// From stacks: each hung rank's collective; the odd one is the rank whose wait no other rank
 /// shares, `dist.barrier()` first (it left its loop early), or the one waiting in none.
-fn odd_rank_by_stacks<'e>(ev: &'e Evidence) -> Option<(u32, Vec<(u32, Option<&'static str>)>)> {
+fn odd_rank_by_stacks<'e>(ev: &'e Evidence) -> Option<(u32, Vec<(u32, Option<&'static str>)>, Vec<String>)> {
     let hung: Vec<&RankEvidence> = ev.ranks.iter().filter(|r| r.failed()).collect();
     if hung.len() < 2 || hung.iter().any(|r| r.result.outcome != OutcomeKind::Hung) {
         return None;
     }
     let waits: Vec<(u32, Option<&'static str>)> =
         hung.iter().map(|r| (r.rank(), main_thread(r).and_then(|t| collective_of(&t.frames)))).collect();
+    let kernel: Vec<String> = hung
+        .iter()
+        .filter_map(|r| Some(format!("rank {}'s main thread sits in {}", r.rank(), main_thread(r)?.wait.as_deref()?)))
+        .collect();
     if waits.iter().filter(|(_, c)| c.is_some()).count() < 1 || waits.iter().all(|(_, c)| *c == waits[0].1) {
         return None;
     }
@@ -154,7 +158,7 @@ fn odd_rank_by_stacks<'e>(ev: &'e Evidence) -> Option<(u32, Vec<(u32, Option<&'s
         .find(|(_, c)| c.is_none())
         .or_else(|| unique.iter().find(|(_, c)| *c == Some("`dist.barrier()`")))
         .or(unique.first())?;
-    Some((odd.0, waits.clone()))
+    Some((odd.0, waits.clone(), kernel))
 }
 
 pub fn ranks_out_of_step(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Finding> {
@@ -176,7 +180,7 @@ pub fn ranks_out_of_step(ev: &Evidence, first: Option<&RankEvidence>) -> Option<
         ));
         return Some(f);
     }
-    let (odd, waits) = odd_rank_by_stacks(ev)?;
+    let (odd, waits, kernel) = odd_rank_by_stacks(ev)?;
     let places: Vec<String> = waits
         .iter()
         .map(|(r, c)| match c {
@@ -195,6 +199,9 @@ pub fn ranks_out_of_step(ev: &Evidence, first: Option<&RankEvidence>) -> Option<
         }
     ));
     f.evidence.push(format!("from py-spy stacks of each rank's main thread: {}", places.join("; ")));
+    if !kernel.is_empty() {
+        f.evidence.push(format!("the kernel: {}", kernel.join("; ")));
+    }
     f.cause = Some(format!("The ranks are out of step: {}. {}", places.join("; "), RANKS_OUT_OF_STEP.explanation));
     Some(f)
 }

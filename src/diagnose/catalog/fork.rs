@@ -51,7 +51,13 @@ pub fn fork_after_threads(ev: &Evidence, first: Option<&RankEvidence>) -> Option
         .find_map(|r| r.threads.iter().find(|t| t.in_child && t.frames.iter().any(in_openmp)).map(|t| (r, t)))?;
     let mut f = Finding::of(&FORK_AFTER_THREADS);
     f.culprit = Some(rank.rank());
-    let frame = thread.frames.iter().find(|fr| in_openmp(fr)).expect("found above");
+    // A frame in libgomp itself reads best (`GOMP_parallel`, `gomp_team_barrier_wait_end`).
+    let frame = thread
+        .frames
+        .iter()
+        .find(|fr| fr.mentions("libgomp"))
+        .or_else(|| thread.frames.iter().find(|fr| in_openmp(fr)))
+        .expect("found above");
     let place = frame.place.as_deref().map(|p| format!(" ({p})")).unwrap_or_default();
     let own = thread
         .frames

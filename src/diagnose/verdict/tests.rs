@@ -113,6 +113,11 @@ fn a_rank_that_only_lost_its_peer_is_collateral_even_when_it_ended_first() {
     assert!(v.headline.starts_with("Rank 1 was killed by SIGKILL from outside; no OOM event was recorded."), "{}", v.headline);
     assert!(!v.headline.contains("OOM killer"), "{}", v.headline);
     assert!(v.evidence.iter().any(|e| e.starts_with("rank 0 lost its peer")), "{:#?}", v.evidence);
+    assert!(
+        v.evidence.contains(&"collateral: rank 0 exited with status 1: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:4000".to_string()),
+        "{:#?}",
+        v.evidence
+    );
     assert!(!v.headline.contains("marker"), "no trainer texts for a program: {}", v.headline);
 }
 
@@ -163,7 +168,12 @@ fn hung_with_stack(rank: u32, frames: &str) -> RankResult {
         role: format!("rank {rank}"),
         py_spy: Some(format!("Process {}: python t.py\n\nThread 1 (idle): \"MainThread\"\n{frames}", 1000 + rank)),
         error: None,
-        threads: Vec::new(),
+        threads: vec![crate::harness::result::KernelThread {
+            tid: 1,
+            name: "python".into(),
+            wchan: Some("futex_wait_queue".into()),
+            syscall: Some("202 (futex)".into()),
+        }],
     });
     r
 }
@@ -180,6 +190,11 @@ fn ranks_out_of_step_are_named_from_py_spy_stacks_without_markers() {
     assert!(v.headline.contains("rank 0 waits in `dist.barrier()`"), "{}", v.headline);
     assert!(v.headline.contains("rank 1 waits in DDP's gradient all-reduce (`Reducer::finalize_backward`"), "{}", v.headline);
     assert!(!format!("{v:?}").contains("trainer"), "no trainer texts for a program: {v:#?}");
+    assert!(
+        v.evidence.contains(&"the kernel: rank 0's main thread sits in 202 (futex); rank 1's main thread sits in 202 (futex)".to_string()),
+        "{:#?}",
+        v.evidence
+    );
 }
 
 #[test]
