@@ -20,11 +20,17 @@ pub struct KeyLine {
 }
 
 impl KeyLine {
-    /// `ValueError: x (train.py:66 in __getitem__)`.
+    /// `ValueError: x (train.py:66 in __getitem__)`; a message of several sentences (PyTorch's
+    /// DDP errors run to a paragraph) is cut after its first sentence.
     pub fn render(&self) -> String {
+        const LONG: usize = 200;
+        let text = match self.text.find(". ") {
+            Some(end) if self.text.len() > LONG && end + 1 < LONG => format!("{} …", &self.text[..=end]),
+            _ => self.text.clone(),
+        };
         match &self.at {
-            Some(at) => format!("{} ({at})", self.text),
-            None => self.text.clone(),
+            Some(at) => format!("{text} ({at})"),
+            None => text,
         }
     }
 }
@@ -395,6 +401,11 @@ mod tests {
         );
         assert_eq!(key.at.as_deref(), Some("patterns.py:53 in train"));
         assert!(last_error_line(&lines(DDP_UNUSED)).is_some_and(|l| !l.contains("TORCH_DISTRIBUTED_DEBUG")));
+        assert_eq!(
+            key.render(),
+            "RuntimeError: Expected to have finished reduction in the prior iteration before starting a new one. … \
+             (patterns.py:53 in train)"
+        );
     }
 
     #[test]
