@@ -77,6 +77,12 @@ fn errors_of_real_programs_are_named_by_pattern_with_culprit_and_key_line() {
     assert!(key.contains("(patterns.py:") && key.ends_with("in train)"), "{key}");
     assert!(!key.contains("TORCH_DISTRIBUTED_DEBUG"), "{key}");
     assert!(text(s, "next_step").contains("find_unused_parameters=True"));
+    let md = std::fs::read_to_string(sb.out().join("report.md")).unwrap();
+    assert!(
+        md.contains("**Key line:** `RuntimeError: Expected to have finished reduction in the prior iteration before starting a new one. … (patterns.py:"),
+        "{md}"
+    );
+    assert!(md.contains("**Pattern:** `ddp-unused-parameters`"), "{md}");
 
     // Rank 1 leaves before init_process_group; rank 0 waits at the rendezvous and gives up.
     let s = by_name(&run, "early_exit");
@@ -153,4 +159,9 @@ fn hangs_of_real_programs_are_named_from_py_spy_stacks() {
     assert!(headline.starts_with("Fork after threads: a child process of rank 0 (pid "), "{headline}");
     assert!(headline.contains("deadlocked in OpenMP"), "{headline}");
     assert!(headline.contains("patterns.py:"), "the child's own line: {headline}");
+
+    let md = std::fs::read_to_string(sb.out().join("report.md")).unwrap();
+    assert!(md.contains("**Pattern:** `ranks-out-of-step`"), "{md}");
+    assert!(!md.contains("before the trainer started"), "no trainer texts for a program: {md}");
+    assert!(md.contains("Rank 0 sent no marker and wrote no output for"), "{md}");
 }
