@@ -111,7 +111,10 @@ fn an_unused_parameter_fails_on_the_next_forward_unless_find_unused_parameters()
     let verdict = &run.scenario()["verdict"];
     assert_eq!(verdict["pattern"], "ddp-unused-parameters");
     let headline = verdict["headline"].as_str().unwrap();
-    assert!(headline.starts_with("DDP found unused parameters:") && headline.contains("stage0.block0"), "{headline}");
+    assert!(
+        headline.starts_with("DDP found unused parameters:") && headline.contains("stage0.block0"),
+        "{headline}"
+    );
     assert!(verdict["next_step"].as_str().unwrap().contains("find_unused_parameters"));
 
     let handled = sb.run(&[&file], &["--set", "train.find_unused_parameters=true"]);

@@ -70,10 +70,16 @@ fn errors_of_real_programs_are_named_by_pattern_with_culprit_and_key_line() {
     let culprit = s["first_failure"].as_u64().unwrap();
     assert!(culprit <= 1);
     let headline = text(s, "headline");
-    assert!(headline.starts_with(&format!("DDP found unused parameters: rank {culprit} raised")), "{headline}");
+    assert!(
+        headline.starts_with(&format!("DDP found unused parameters: rank {culprit} raised")),
+        "{headline}"
+    );
     assert!(headline.contains("parameter indices without a gradient: 2 3"), "{headline}");
     let key = text(s, "key_line");
-    assert!(key.starts_with("RuntimeError: Expected to have finished reduction in the prior iteration"), "{key}");
+    assert!(
+        key.starts_with("RuntimeError: Expected to have finished reduction in the prior iteration"),
+        "{key}"
+    );
     assert!(key.contains("(patterns.py:") && key.ends_with("in train)"), "{key}");
     assert!(!key.contains("TORCH_DISTRIBUTED_DEBUG"), "{key}");
     assert!(text(s, "next_step").contains("find_unused_parameters=True"));
@@ -111,6 +117,7 @@ fn errors_of_real_programs_are_named_by_pattern_with_culprit_and_key_line() {
     let s = by_name(&run, "worker_kill");
     assert_eq!(text(s, "pattern"), "worker-killed-by-signal");
     let headline = text(s, "headline");
+    assert!(headline.starts_with("A DataLoader worker (pid "), "{headline}");
     assert!(headline.contains("is killed by signal: Killed."), "{headline}");
     assert!(!headline.contains("OOM"), "{headline}");
     assert!(text(s, "likely_cause").contains("no OOM event was recorded"), "{}", text(s, "likely_cause"));

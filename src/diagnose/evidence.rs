@@ -290,9 +290,10 @@ pub fn py_spy_threads(text: &str) -> Vec<PySpyThread> {
 pub fn key_line(lines: &[String]) -> Option<KeyLine> {
     let lines: Vec<String> = lines.iter().map(|l| strip_rank_prefix(l).to_string()).collect();
     let lines = lines.as_slice();
-    python_exception(lines).or_else(|| fault_handler(lines)).or_else(|| cpp_exception(lines)).or_else(|| {
-        last_error_line(lines).map(|text| KeyLine { text: text.trim().to_string(), at: None })
-    })
+    python_exception(lines)
+        .or_else(|| fault_handler(lines))
+        .or_else(|| cpp_exception(lines))
+        .or_else(|| last_error_line(lines).map(|text| KeyLine { text: text.trim().to_string(), at: None }))
 }
 
 fn python_exception(lines: &[String]) -> Option<KeyLine> {
@@ -350,7 +351,10 @@ fn fault_handler(lines: &[String]) -> Option<KeyLine> {
 fn cpp_exception(lines: &[String]) -> Option<KeyLine> {
     let start = lines.iter().rposition(|l| l.contains("terminate called after throwing"))?;
     let what = lines[start..].iter().find_map(|l| l.split_once("what():").map(|(_, w)| w.trim().to_string()));
-    Some(KeyLine { text: what.filter(|w| !w.is_empty()).unwrap_or_else(|| lines[start].trim().to_string()), at: None })
+    Some(KeyLine {
+        text: what.filter(|w| !w.is_empty()).unwrap_or_else(|| lines[start].trim().to_string()),
+        at: None,
+    })
 }
 
 /// Lines that follow an error without being it: PyTorch's debugging hints, log lines.
@@ -419,7 +423,10 @@ mod tests {
         let segv = "Fatal Python error: Segmentation fault\n\nCurrent thread 0x00007f (most recent call first):\n  \
                     File \"/usr/lib/python3.11/ctypes/__init__.py\", line 519 in string_at\n  \
                     File \"/t/ddp.py\", line 44 in <module>\n\nExtension modules: numpy";
-        assert_eq!(key_line(&lines(segv)).unwrap().render(), "Fatal Python error: Segmentation fault (ddp.py:44 in <module>)");
+        assert_eq!(
+            key_line(&lines(segv)).unwrap().render(),
+            "Fatal Python error: Segmentation fault (ddp.py:44 in <module>)"
+        );
         let cpp = "terminate called after throwing an instance of 'c10::Error'\n  what():  CUDA error: initialization error\nException raised from c10_cuda_check_implementation";
         assert_eq!(key_line(&lines(cpp)).unwrap().text, "CUDA error: initialization error");
     }

@@ -37,7 +37,11 @@ pub fn judge(o: &Observed) -> Judgement {
         first = Some(r);
     }
     let Some(failed) = first else {
-        return Judgement { outcome: OutcomeKind::Passed, first_failure: None, verdict: passed(&ev, o.wall_s, finding) };
+        return Judgement {
+            outcome: OutcomeKind::Passed,
+            first_failure: None,
+            verdict: passed(&ev, o.wall_s, finding),
+        };
     };
     let (headline, evidence, likely_cause, next_step) = failure(&ev, failed);
     let mut verdict = Verdict { headline, evidence, likely_cause, next_step, ..Default::default() };
@@ -110,7 +114,10 @@ fn passed(ev: &Evidence, wall_s: f64, finding: Option<Finding>) -> Verdict {
             );
         }
         Verdict {
-            headline: format!("Passed: {n} {noun} of `{}` finished in {wall_s:.1} s{steps}.", program(ev.scenario)),
+            headline: format!(
+                "Passed: {n} {noun} of `{}` finished in {wall_s:.1} s{steps}.",
+                program(ev.scenario)
+            ),
             evidence,
             ..Default::default()
         }
@@ -119,7 +126,10 @@ fn passed(ev: &Evidence, wall_s: f64, finding: Option<Finding>) -> Verdict {
             Some((a, b)) => format!(", loss {a:.4} → {b:.4}"),
             None => String::new(),
         };
-        Verdict { headline: format!("Passed: {n} {noun} trained {steps} steps in {wall_s:.1} s{loss}."), ..Default::default() }
+        Verdict {
+            headline: format!("Passed: {n} {noun} trained {steps} steps in {wall_s:.1} s{loss}."),
+            ..Default::default()
+        }
     };
     if let Some(f) = finding {
         verdict.pattern = Some(f.pattern.id.to_string());
@@ -257,13 +267,17 @@ fn failure(ev: &Evidence, failed: &RankEvidence) -> (String, Vec<String>, Option
                 ));
             }
             if r.quotes.iter().any(|q| q.title == "Python fault handler") {
-                evidence.push("Python's fault handler printed the Python stack at the crash (quoted below)".into());
+                evidence.push(
+                    "Python's fault handler printed the Python stack at the crash (quoted below)".into(),
+                );
             }
             let headline = match &failed.ended_by {
                 EndedBy::Outside { signal } if signal == "SIGKILL" => {
                     format!("{who} was killed by SIGKILL from outside{at}; {}.", no_oom_event(ev))
                 }
-                EndedBy::Outside { signal } => format!("{who} was killed by {signal} from outside{at} (not sent by ups-doctor)."),
+                EndedBy::Outside { signal } => {
+                    format!("{who} was killed by {signal} from outside{at} (not sent by ups-doctor).")
+                }
                 _ => format!("{who} was killed by {sig}{at}."),
             };
             let next = if ev.foreign {
@@ -281,7 +295,10 @@ fn failure(ev: &Evidence, failed: &RankEvidence) -> (String, Vec<String>, Option
         }
         OutcomeKind::FalseSuccess => {
             evidence.push(if ev.foreign {
-                format!("exit status 0, but completion is judged by {}, and that was not seen", completion(scenario))
+                format!(
+                    "exit status 0, but completion is judged by {}, and that was not seen",
+                    completion(scenario)
+                )
             } else {
                 "exit status 0, but no `done` marker: training never reported completion".into()
             });
@@ -301,7 +318,10 @@ fn failure(ev: &Evidence, failed: &RankEvidence) -> (String, Vec<String>, Option
             } else {
                 "The error message and the log tail below say what went wrong.".to_string()
             };
-            let cause = failed.key.as_ref().map(|_| "The process reported this error itself before exiting.".to_string());
+            let cause = failed
+                .key
+                .as_ref()
+                .map(|_| "The process reported this error itself before exiting.".to_string());
             (format!("{who} exited with {code}{at}{msg}"), evidence, cause, Some(next))
         }
         OutcomeKind::Hung => {
@@ -328,7 +348,8 @@ fn failure(ev: &Evidence, failed: &RankEvidence) -> (String, Vec<String>, Option
                     scenario.limits.hang_after_s
                 ));
                 if !r.stacks.is_empty() {
-                    evidence.push(format!("stacks of {} threads dumped from inside the process", r.stacks.len()));
+                    evidence
+                        .push(format!("stacks of {} threads dumped from inside the process", r.stacks.len()));
                 }
                 if let Some(how) = &r.torn_down_with {
                     evidence.push(format!("torn down with {how} after the stack dump"));
@@ -347,10 +368,16 @@ fn failure(ev: &Evidence, failed: &RankEvidence) -> (String, Vec<String>, Option
                 "The thread stacks below show where each thread waits; a thread holding a lock while waiting for \
                  another is the usual culprit."
             };
-            (format!("{who} hung{at}: no progress for {silence:.1} s."), evidence, Some(cause), Some(next.to_string()))
+            (
+                format!("{who} hung{at}: no progress for {silence:.1} s."),
+                evidence,
+                Some(cause),
+                Some(next.to_string()),
+            )
         }
         OutcomeKind::TimedOut => {
-            evidence.push(format!("still running after `limits.timeout_s` = {} s", scenario.limits.timeout_s));
+            evidence
+                .push(format!("still running after `limits.timeout_s` = {} s", scenario.limits.timeout_s));
             let (cause, next) = if ev.foreign {
                 (
                     "It kept making progress (markers or output), just not fast enough.",
@@ -396,7 +423,8 @@ fn hang_cause(rank: &RankEvidence) -> String {
             })
         })
         .count();
-    let in_gomp = rank.threads.iter().any(|t| t.frames.iter().any(|f| f.mentions("gomp_") || f.mentions("libgomp")));
+    let in_gomp =
+        rank.threads.iter().any(|t| t.frames.iter().any(|f| f.mentions("gomp_") || f.mentions("libgomp")));
     if waiting_on_lock >= 2 {
         format!(
             "{waiting_on_lock} threads are blocked acquiring locks: a deadlock, typically two threads taking \
@@ -422,7 +450,9 @@ fn add_collateral(ev: &Evidence, failed: &RankEvidence, verdict: &mut Verdict) {
         let o = other.result;
         let how = match (o.outcome, &o.torn_down_with) {
             (_, Some(sent)) if o.outcome != OutcomeKind::Hung => format!("was torn down with {sent}"),
-            (OutcomeKind::Signaled, _) => format!("was killed by {}", o.signal.as_deref().unwrap_or("a signal")),
+            (OutcomeKind::Signaled, _) => {
+                format!("was killed by {}", o.signal.as_deref().unwrap_or("a signal"))
+            }
             (OutcomeKind::Exited, _) => match o.exit_code {
                 Some(code) => format!("exited with status {code}"),
                 None => "ended (its exit status was not observed)".to_string(),
@@ -430,7 +460,8 @@ fn add_collateral(ev: &Evidence, failed: &RankEvidence, verdict: &mut Verdict) {
             (kind, _) => kind.as_str().replace('_', " "),
         };
         let later = failure_time(o) - first_at;
-        let later = if later.is_finite() && later >= 0.0 { format!(" {later:.2} s later") } else { String::new() };
+        let later =
+            if later.is_finite() && later >= 0.0 { format!(" {later:.2} s later") } else { String::new() };
         let error = match &other.key {
             Some(k) if ev.foreign => format!(": {}", k.text),
             _ => o.error.as_deref().map(|e| format!(": {e}")).unwrap_or_default(),

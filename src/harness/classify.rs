@@ -71,10 +71,11 @@ pub fn classify_rank(end: &RankEnd) -> RankResult {
         }
         (None, None, None) => (OutcomeKind::LaunchFailed, None, None),
     };
-    let error =
-        end.launch_error.clone().or_else(|| s.error.clone()).or_else(|| {
-            (outcome != OutcomeKind::Passed).then(|| error_line(&end.stderr_tail)).flatten()
-        });
+    let error = end
+        .launch_error
+        .clone()
+        .or_else(|| s.error.clone())
+        .or_else(|| (outcome != OutcomeKind::Passed).then(|| error_line(&end.stderr_tail)).flatten());
     let log_tail = if end.stderr_tail.is_empty() { end.stdout_tail.clone() } else { end.stderr_tail.clone() };
     RankResult {
         rank: end.rank,

@@ -341,11 +341,7 @@ fn thin(points: Vec<GpuPoint>, max: usize) -> Vec<GpuPoint> {
 /// Adds to the verdict what the GPU side shows: loader workers that hold GPU memory of their own.
 /// (A worker that touched CUDA after fork and ranks that shared a GPU are patterns of
 /// [`crate::diagnose`].)
-pub fn annotate_gpu(
-    verdict: &mut Verdict,
-    scenario: &Scenario,
-    gpu: Option<&GpuReport>,
-) {
+pub fn annotate_gpu(verdict: &mut Verdict, scenario: &Scenario, gpu: Option<&GpuReport>) {
     let Some(gpu) = gpu else {
         return;
     };

@@ -186,7 +186,10 @@ fn verdict(doc: &mut Doc, s: &ScenarioResult) {
     }
     if let Some(pattern) = &v.pattern {
         let reference = v.reference.as_deref().map(|r| format!(" — see <{r}>")).unwrap_or_default();
-        doc.push(format!("**Pattern:** {} (listed in ups-doctor's `docs/patterns.md`){reference}", code(pattern)));
+        doc.push(format!(
+            "**Pattern:** {} (listed in ups-doctor's `docs/patterns.md`){reference}",
+            code(pattern)
+        ));
     }
     if let Some(cause) = &v.likely_cause {
         doc.push(format!("**Likely cause:** {}", one_line(cause)));
@@ -315,7 +318,11 @@ fn rank_notes(s: &ScenarioResult) -> Option<String> {
                     text::secs(silent)
                 )
             } else {
-                format!("Rank {} sent no marker for {}{last} and was declared hung.", r.rank, text::secs(silent))
+                format!(
+                    "Rank {} sent no marker for {}{last} and was declared hung.",
+                    r.rank,
+                    text::secs(silent)
+                )
             });
         }
         if !foreign && r.markers == 0 && r.outcome != crate::scenario::OutcomeKind::Passed {

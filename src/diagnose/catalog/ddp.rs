@@ -74,14 +74,22 @@ pub fn unused_parameters(ev: &Evidence, first: Option<&RankEvidence>) -> Option<
         ),
         (None, None) => "which parameters is not in the output".to_string(),
     };
-    let key = r.key.as_ref().map(|k| k.at.as_ref().map(|a| format!(" ({a})")).unwrap_or_default()).unwrap_or_default();
+    let key = r
+        .key
+        .as_ref()
+        .map(|k| k.at.as_ref().map(|a| format!(" ({a})")).unwrap_or_default())
+        .unwrap_or_default();
     f.headline = Some(format!(
         "DDP found unused parameters: rank {} raised `Expected to have finished reduction in the prior iteration \
          before starting a new one` on the next forward{key}; {which}.",
         r.rank()
     ));
     if let Some(i) = indices {
-        f.evidence.push(format!("rank {}: `Parameter indices which did not receive grad for rank {}: {i}`", r.rank(), r.rank()));
+        f.evidence.push(format!(
+            "rank {}: `Parameter indices which did not receive grad for rank {}: {i}`",
+            r.rank(),
+            r.rank()
+        ));
     }
     if ev.foreign {
         f.next_step = Some(DDP_UNUSED_PARAMETERS.next_step.to_string());
@@ -100,7 +108,11 @@ pub fn model_mismatch(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Fin
     let r = first_saying(ev, "DDP expects same model across all ranks")?;
     let mut f = Finding::of(&DDP_MODEL_MISMATCH);
     f.culprit = Some(r.rank());
-    f.evidence.push(format!("rank {}: `{}`", r.rank(), r.line_with("DDP expects same model").unwrap_or_default().trim()));
+    f.evidence.push(format!(
+        "rank {}: `{}`",
+        r.rank(),
+        r.line_with("DDP expects same model").unwrap_or_default().trim()
+    ));
     Some(f)
 }
 

@@ -106,7 +106,8 @@ fn main_thread<'e>(rank: &'e RankEvidence) -> Option<&'e Thread> {
 }
 
 /// Phases where a stuck rank waits for the other ranks.
-const COLLECTIVE_PHASES: [&str; 5] = ["dist.init", "dist.barrier", "allreduce", "allgather", "reduce_scatter"];
+const COLLECTIVE_PHASES: [&str; 5] =
+    ["dist.init", "dist.barrier", "allreduce", "allgather", "reduce_scatter"];
 
 /// The only rank of `picked`, if there is exactly one.
 fn alone(picked: Vec<&RankResult>) -> Option<&RankResult> {
@@ -135,9 +136,17 @@ pub fn odd_rank_by_markers(ranks: &[RankResult]) -> Option<&RankResult> {
     alone(failed.into_iter().filter(|r| along(r) == furthest).collect())
 }
 
+/// What the stacks of hung ranks show: the odd rank, each rank's collective, and where the
+/// kernel has each main thread.
+struct StackWaits {
+    odd: u32,
+    waits: Vec<(u32, Option<&'static str>)>,
+    kernel: Vec<String>,
+}
+
 /// From stacks: each hung rank's collective; the odd one is the rank whose wait no other rank
 /// shares, `dist.barrier()` first (it left its loop early), or the one waiting in none.
-fn odd_rank_by_stacks<'e>(ev: &'e Evidence) -> Option<(u32, Vec<(u32, Option<&'static str>)>, Vec<String>)> {
+fn odd_rank_by_stacks(ev: &Evidence) -> Option<StackWaits> {
     let hung: Vec<&RankEvidence> = ev.ranks.iter().filter(|r| r.failed()).collect();
     if hung.len() < 2 || hung.iter().any(|r| r.result.outcome != OutcomeKind::Hung) {
         return None;
@@ -146,7 +155,9 @@ fn odd_rank_by_stacks<'e>(ev: &'e Evidence) -> Option<(u32, Vec<(u32, Option<&'s
         hung.iter().map(|r| (r.rank(), main_thread(r).and_then(|t| collective_of(&t.frames)))).collect();
     let kernel: Vec<String> = hung
         .iter()
-        .filter_map(|r| Some(format!("rank {}'s main thread sits in {}", r.rank(), main_thread(r)?.wait.as_deref()?)))
+        .filter_map(|r| {
+            Some(format!("rank {}'s main thread sits in {}", r.rank(), main_thread(r)?.wait.as_deref()?))
+        })
         .collect();
     if waits.iter().filter(|(_, c)| c.is_some()).count() < 1 || waits.iter().all(|(_, c)| *c == waits[0].1) {
         return None;
@@ -158,7 +169,7 @@ fn odd_rank_by_stacks<'e>(ev: &'e Evidence) -> Option<(u32, Vec<(u32, Option<&'s
         .find(|(_, c)| c.is_none())
         .or_else(|| unique.iter().find(|(_, c)| *c == Some("`dist.barrier()`")))
         .or(unique.first())?;
-    Some((odd.0, waits.clone(), kernel))
+    Some(StackWaits { odd: odd.0, waits: waits.clone(), kernel })
 }
 
 pub fn ranks_out_of_step(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Finding> {
@@ -180,7 +191,7 @@ pub fn ranks_out_of_step(ev: &Evidence, first: Option<&RankEvidence>) -> Option<
         ));
         return Some(f);
     }
-    let (odd, waits, kernel) = odd_rank_by_stacks(ev)?;
+    let StackWaits { odd, waits, kernel } = odd_rank_by_stacks(ev)?;
     let places: Vec<String> = waits
         .iter()
         .map(|(r, c)| match c {
@@ -193,7 +204,8 @@ pub fn ranks_out_of_step(ev: &Evidence, first: Option<&RankEvidence>) -> Option<
         "Ranks out of step: {}. Rank {odd} is the odd one: it {}.",
         places.join(", "),
         match waits.iter().find(|(r, _)| *r == odd).and_then(|(_, c)| *c) {
-            Some("`dist.barrier()`") => "left its training loop early (a step fewer?) while the others still train",
+            Some("`dist.barrier()`") =>
+                "left its training loop early (a step fewer?) while the others still train",
             Some(_) => "waits in a collective no other rank is in",
             None => "is stuck outside any collective and holds the others up",
         }
@@ -202,13 +214,15 @@ pub fn ranks_out_of_step(ev: &Evidence, first: Option<&RankEvidence>) -> Option<
     if !kernel.is_empty() {
         f.evidence.push(format!("the kernel: {}", kernel.join("; ")));
     }
-    f.cause = Some(format!("The ranks are out of step: {}. {}", places.join("; "), RANKS_OUT_OF_STEP.explanation));
+    f.cause =
+        Some(format!("The ranks are out of step: {}. {}", places.join("; "), RANKS_OUT_OF_STEP.explanation));
     Some(f)
 }
 
 /// The rank's line saying its peer went away.
 pub fn lost_peer_line<'e>(rank: &'e RankEvidence) -> Option<&'e str> {
-    const NEEDLES: [&str; 3] = ["Connection reset by peer", "Connection closed by peer", "connection closed by peer"];
+    const NEEDLES: [&str; 3] =
+        ["Connection reset by peer", "Connection closed by peer", "connection closed by peer"];
     let key = rank.key.as_ref().map(|k| k.text.as_str()).or(rank.result.error.as_deref())?;
     NEEDLES.iter().any(|n| key.contains(n)).then_some(key)
 }
@@ -304,7 +318,9 @@ pub fn rendezvous_incomplete(ev: &Evidence, first: Option<&RankEvidence>) -> Opt
     let why = if !gone.is_empty() {
         gone.join("; ")
     } else if let Some((n, m)) = joined {
-        format!("only {n} of {m} ranks joined, and no rank of this run left early: a rank may have been given another world size or address")
+        format!(
+            "only {n} of {m} ranks joined, and no rank of this run left early: a rank may have been given another world size or address"
+        )
     } else {
         "no other rank is known to have left: check `WORLD_SIZE`, `MASTER_ADDR` and `MASTER_PORT` on every rank".to_string()
     };

@@ -39,16 +39,17 @@ pub const CUDA_AFTER_FORK: &str = "CUDA error: initialization error";
 pub const PYTORCH_FORK_TEXT: &str = "Cannot re-initialize CUDA in forked subprocess";
 
 fn in_openmp(f: &StackFrame) -> bool {
-    f.mentions("libgomp") || f.function.starts_with("GOMP_") || f.function.starts_with("gomp_") || f.function.contains("_omp_fn")
+    f.mentions("libgomp")
+        || f.function.starts_with("GOMP_")
+        || f.function.starts_with("gomp_")
+        || f.function.contains("_omp_fn")
 }
 
 pub fn fork_after_threads(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Finding> {
     first?;
-    let (rank, thread): (&RankEvidence, &Thread) = ev
-        .ranks
-        .iter()
-        .filter(|r| r.failed())
-        .find_map(|r| r.threads.iter().find(|t| t.in_child && t.frames.iter().any(in_openmp)).map(|t| (r, t)))?;
+    let (rank, thread): (&RankEvidence, &Thread) = ev.ranks.iter().filter(|r| r.failed()).find_map(|r| {
+        r.threads.iter().find(|t| t.in_child && t.frames.iter().any(in_openmp)).map(|t| (r, t))
+    })?;
     let mut f = Finding::of(&FORK_AFTER_THREADS);
     f.culprit = Some(rank.rank());
     // A frame in libgomp itself reads best (`GOMP_parallel`, `gomp_team_barrier_wait_end`).
@@ -69,10 +70,8 @@ pub fn fork_after_threads(ev: &Evidence, first: Option<&RankEvidence>) -> Option
         Some(pid) => format!("a child process of rank {} (pid {pid})", rank.rank()),
         None => format!("data-loader worker `{}` of rank {}", thread.name, rank.rank()),
     };
-    f.headline = Some(format!(
-        "Fork after threads: {who} deadlocked in OpenMP at `{}`{place}{own}.",
-        frame.function
-    ));
+    f.headline =
+        Some(format!("Fork after threads: {who} deadlocked in OpenMP at `{}`{place}{own}.", frame.function));
     f.evidence.push(format!(
         "{who}: thread `{}` waits in `{}`{place}; the stack has {} frames, innermost first",
         thread.name,

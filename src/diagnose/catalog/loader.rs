@@ -135,15 +135,18 @@ pub struct LoaderFailure {
 
 fn number_after(line: &str, label: &str) -> Option<u32> {
     let rest = &line[line.find(label)? + label.len()..];
-    rest.trim_start_matches(|c: char| !c.is_ascii_digit()).split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+    rest.trim_start_matches(|c: char| !c.is_ascii_digit())
+        .split(|c: char| !c.is_ascii_digit())
+        .next()?
+        .parse()
+        .ok()
 }
 
 /// The DataLoader worker failure in `text` (a rank's error message, or its output), if any.
 pub fn loader_failure(text: &[String]) -> Option<LoaderFailure> {
-    let worker = text
-        .iter()
-        .rev()
-        .find_map(|l| number_after(l, "in DataLoader worker process ").or_else(|| number_after(l, "[data-loader worker ")));
+    let worker = text.iter().rev().find_map(|l| {
+        number_after(l, "in DataLoader worker process ").or_else(|| number_after(l, "[data-loader worker "))
+    });
     let shm = text.iter().rev().find(|l| l.contains("unable to allocate shared memory(shm)"));
     let killed = text
         .iter()
@@ -184,7 +187,9 @@ fn worker_name(l: &LoaderFailure) -> String {
 
 /// `exited with status 1`, and ` in `data.next` at step 4` where markers can say where.
 fn consequence(r: &RankResult, foreign: bool) -> (String, String) {
-    let code = r.exit_code.map_or("exited with an unobserved status".to_string(), |c| format!("exited with status {c}"));
+    let code = r
+        .exit_code
+        .map_or("exited with an unobserved status".to_string(), |c| format!("exited with status {c}"));
     let at = if foreign && r.markers == 0 { String::new() } else { format!(" {}", location(r)) };
     (code, at)
 }
@@ -192,7 +197,11 @@ fn consequence(r: &RankResult, foreign: bool) -> (String, String) {
 fn worker_headline(l: &LoaderFailure, r: &RankResult, foreign: bool) -> String {
     let (code, at) = consequence(r, foreign);
     let rank = r.rank;
-    format!("{} of rank {rank} failed first ({}); rank {rank} {code} as a consequence{at}.", worker_name(l), l.what)
+    format!(
+        "{} of rank {rank} failed first ({}); rank {rank} {code} as a consequence{at}.",
+        worker_name(l),
+        l.what
+    )
 }
 
 pub fn worker_exception(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Finding> {
@@ -235,10 +244,14 @@ pub fn worker_killed(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Find
     let how = l.what.as_str();
     f.cause = Some(if how.contains("Killed") || how.contains("exited unexpectedly") {
         let no_oom = match ev.cgroup {
-            Some(_) => "no OOM kill was recorded for it (the scenario's memory cgroup counted none)".to_string(),
-            None => "no OOM event was recorded for it (the scenario ran without a memory cgroup of its own, so \
+            Some(_) => {
+                "no OOM kill was recorded for it (the scenario's memory cgroup counted none)".to_string()
+            }
+            None => {
+                "no OOM event was recorded for it (the scenario ran without a memory cgroup of its own, so \
                      only the kernel log could have shown one)"
-                .to_string(),
+                    .to_string()
+            }
         };
         format!(
             "The worker ended without an exception{}; {no_oom}. Something outside the program sent it SIGKILL \
@@ -321,7 +334,9 @@ fn bus_error_cause(
 
 fn whose_shm(scenario: &Scenario, memory: &MemoryReport) -> String {
     match &scenario.data.shm_size {
-        Some(size) if memory.shm.private => format!("the run's private `/dev/shm` (`data.shm_size` = `{size}`)"),
+        Some(size) if memory.shm.private => {
+            format!("the run's private `/dev/shm` (`data.shm_size` = `{size}`)")
+        }
         _ => "the machine's `/dev/shm`".to_string(),
     }
 }
@@ -458,12 +473,18 @@ mod tests {
              RuntimeError: DataLoader worker (pid(s) 11292) exited unexpectedly",
         );
         let l = loader_failure(&killed).unwrap();
-        assert_eq!((l.worker, l.pid, l.died, l.what.as_str()), (None, Some(11292), true, "is killed by signal: Killed."));
+        assert_eq!(
+            (l.worker, l.pid, l.died, l.what.as_str()),
+            (None, Some(11292), true, "is killed by signal: Killed.")
+        );
         let built_in = lines(
             "DataLoader worker (pid 7) exited unexpectedly with exit code 1. [data-loader worker 3 of rank 0, spawn]",
         );
         let l = loader_failure(&built_in).unwrap();
-        assert_eq!((l.worker, l.pid, l.what.as_str()), (Some(3), Some(7), "exited unexpectedly with exit code 1."));
+        assert_eq!(
+            (l.worker, l.pid, l.what.as_str()),
+            (Some(3), Some(7), "exited unexpectedly with exit code 1.")
+        );
         assert!(loader_failure(&lines("Traceback (most recent call last):\nValueError: x")).is_none());
     }
 }

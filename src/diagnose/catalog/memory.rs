@@ -34,7 +34,9 @@ fn who(k: &OomKill, ev: &Evidence) -> String {
     let pid = k.pid;
     match (k.worker, k.rank) {
         (Some(w), Some(r)) => format!("DataLoader worker {w} (pid {pid}) of rank {r}"),
-        (None, Some(r)) if ev.rank(r).and_then(|e| e.result.pid) == Some(pid) => format!("Rank {r} (pid {pid})"),
+        (None, Some(r)) if ev.rank(r).and_then(|e| e.result.pid) == Some(pid) => {
+            format!("Rank {r} (pid {pid})")
+        }
         (None, Some(r)) => format!("A process of rank {r} (pid {pid})"),
         (_, None) => format!("Process {pid} of the scenario"),
     }
@@ -42,18 +44,23 @@ fn who(k: &OomKill, ev: &Evidence) -> String {
 
 pub fn oom_kill(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Finding> {
     first?;
-    let kill = ev.oom_kills.iter().min_by(|a, b| {
-        a.at_s.unwrap_or(f64::INFINITY).total_cmp(&b.at_s.unwrap_or(f64::INFINITY))
-    })?;
+    let kill = ev
+        .oom_kills
+        .iter()
+        .min_by(|a, b| a.at_s.unwrap_or(f64::INFINITY).total_cmp(&b.at_s.unwrap_or(f64::INFINITY)))?;
     let mut f = Finding::of(&OOM_KILL);
     f.culprit = kill.rank;
     let limit = ev.cgroup.and_then(|c| c.limit_bytes);
     let held_pss: u64 = ev.memory.map_or(0, |m| m.processes.iter().map(|p| p.peak_pss_bytes).sum());
     let held = ev.cgroup.and_then(|c| c.peak_bytes).or((held_pss > 0).then_some(held_pss));
     let figures = match (limit, held) {
-        (Some(l), Some(h)) => format!(": cgroup limit {}, the scenario's processes held {}", size(l), size(h)),
+        (Some(l), Some(h)) => {
+            format!(": cgroup limit {}, the scenario's processes held {}", size(l), size(h))
+        }
         (Some(l), None) => format!(": cgroup limit {}", size(l)),
-        (None, Some(h)) => format!(" (no memory limit of ups-doctor's; the scenario's processes held {})", size(h)),
+        (None, Some(h)) => {
+            format!(" (no memory limit of ups-doctor's; the scenario's processes held {})", size(h))
+        }
         (None, None) => String::new(),
     };
     let consequence = kill

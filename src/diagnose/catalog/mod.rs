@@ -52,7 +52,15 @@ pub struct Finding {
 
 impl Finding {
     fn of(pattern: &'static Pattern) -> Self {
-        Finding { pattern, culprit: None, headline: None, evidence: Vec::new(), cause: None, next_step: None, appendix: None }
+        Finding {
+            pattern,
+            culprit: None,
+            headline: None,
+            evidence: Vec::new(),
+            cause: None,
+            next_step: None,
+            appendix: None,
+        }
     }
 }
 

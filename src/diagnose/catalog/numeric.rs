@@ -20,7 +20,10 @@ pub const NAN_LOSS: Pattern = Pattern {
 fn says_nan(line: &str) -> bool {
     let lower = line.to_ascii_lowercase();
     lower.contains("loss")
-        && (lower.contains("non-finite") || lower.contains(" nan") || lower.contains("nan ") || lower.contains("(nan)"))
+        && (lower.contains("non-finite")
+            || lower.contains(" nan")
+            || lower.contains("nan ")
+            || lower.contains("(nan)"))
 }
 
 pub fn nan_loss(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Finding> {

@@ -8,7 +8,12 @@ fn ids_are_unique_kebab_case_and_every_pattern_has_its_texts() {
     let mut ids: Vec<&str> = ALL.iter().map(|p| p.id).collect();
     for p in ALL {
         assert!(p.id.bytes().all(|b| b.is_ascii_lowercase() || b == b'-'), "{}", p.id);
-        assert!(!p.title.is_empty() && !p.matches.is_empty() && !p.explanation.is_empty() && !p.next_step.is_empty());
+        assert!(
+            !p.title.is_empty()
+                && !p.matches.is_empty()
+                && !p.explanation.is_empty()
+                && !p.next_step.is_empty()
+        );
         assert!(p.reference.starts_with("https://"), "{}: {}", p.id, p.reference);
     }
     ids.sort_unstable();

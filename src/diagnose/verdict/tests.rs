@@ -3,11 +3,11 @@
 
 use super::*;
 use crate::diagnose::evidence::Observed;
+use crate::harness::Exit;
 use crate::harness::result::{
     CgroupReport, CgroupVersion, Leftovers, MemoryReport, OomKill, OomSource, ProcessMemory, Quote, ShmAt,
 };
 use crate::harness::{Intervention, RankEnd, classify_rank};
-use crate::harness::Exit;
 use crate::protocol::Frame;
 
 fn end(exit: Option<Exit>) -> RankEnd {
@@ -25,7 +25,14 @@ struct Case {
 
 impl Case {
     fn new(ranks: Vec<RankResult>) -> Self {
-        Case { scenario: Scenario::default(), ranks, memory: None, leftovers: Leftovers::default(), oom_kills: Vec::new(), cgroup: None }
+        Case {
+            scenario: Scenario::default(),
+            ranks,
+            memory: None,
+            leftovers: Leftovers::default(),
+            oom_kills: Vec::new(),
+            cgroup: None,
+        }
     }
 
     fn judge(&self) -> (OutcomeKind, Option<u32>, Verdict) {
@@ -60,7 +67,10 @@ fn program_rank(rank: u32, exit: Exit, ended_at: f64, stderr: &str) -> RankResul
 }
 
 fn external() -> Scenario {
-    serde_json::from_value(serde_json::json!({"command": ["python", "train.py"], "launch": {"world_size": 2}})).unwrap()
+    serde_json::from_value(
+        serde_json::json!({"command": ["python", "train.py"], "launch": {"world_size": 2}}),
+    )
+    .unwrap()
 }
 
 #[test]
@@ -68,7 +78,8 @@ fn verdict_names_the_signal_phase_and_step() {
     let mut e = end(Some(Exit::Signal { signal: libc::SIGSEGV, core_dumped: false }));
     e.state.phase = Some("forward".into());
     e.state.step = Some(3);
-    e.state.backtrace = vec![Frame { addr: "0x1".into(), symbol: Some("inject_segv".into()), location: None }];
+    e.state.backtrace =
+        vec![Frame { addr: "0x1".into(), symbol: Some("inject_segv".into()), location: None }];
     let (outcome, first, v) = verdict(&[classify_rank(&e)]);
     assert_eq!((outcome, first), (OutcomeKind::Signaled, Some(0)));
     assert_eq!(v.headline, "Rank 0 was killed by SIGSEGV in `forward` at step 3.");
@@ -92,7 +103,10 @@ fn the_first_failure_is_the_culprit_and_later_failures_are_collateral() {
     let ranks = vec![classify_rank(&peer), classify_rank(&culprit)];
     let (outcome, first, v) = verdict(&ranks);
     assert_eq!((outcome, first), (OutcomeKind::Signaled, Some(1)));
-    assert_eq!(v.headline, "Rank 1 was killed by SIGSEGV in `forward` at step 3. Rank 0 failed after it (collateral).");
+    assert_eq!(
+        v.headline,
+        "Rank 1 was killed by SIGSEGV in `forward` at step 3. Rank 0 failed after it (collateral)."
+    );
     let line = v.evidence.iter().find(|e| e.starts_with("collateral")).unwrap();
     assert_eq!(
         line,
@@ -103,14 +117,23 @@ fn the_first_failure_is_the_culprit_and_later_failures_are_collateral() {
 #[test]
 fn a_rank_that_only_lost_its_peer_is_collateral_even_when_it_ended_first() {
     // Rank 0 noticed the closed connection before rank 1's end was seen: still collateral.
-    let lost = program_rank(0, Exit::Code(1), 1.0, "Traceback (most recent call last):\n  File \"/t/train.py\", line 9, in <module>\nRuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:4000");
+    let lost = program_rank(
+        0,
+        Exit::Code(1),
+        1.0,
+        "Traceback (most recent call last):\n  File \"/t/train.py\", line 9, in <module>\nRuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:4000",
+    );
     let killed = program_rank(1, Exit::Signal { signal: libc::SIGKILL, core_dumped: false }, 1.2, "");
     let mut case = Case::new(vec![lost, killed]);
     case.scenario = external();
     let (_, first, v) = case.judge();
     assert_eq!(first, Some(1));
     assert_eq!(v.pattern.as_deref(), Some("peer-lost"));
-    assert!(v.headline.starts_with("Rank 1 was killed by SIGKILL from outside; no OOM event was recorded."), "{}", v.headline);
+    assert!(
+        v.headline.starts_with("Rank 1 was killed by SIGKILL from outside; no OOM event was recorded."),
+        "{}",
+        v.headline
+    );
     assert!(!v.headline.contains("OOM killer"), "{}", v.headline);
     assert!(v.evidence.iter().any(|e| e.starts_with("rank 0 lost its peer")), "{:#?}", v.evidence);
     assert!(
@@ -144,7 +167,11 @@ fn the_odd_rank_of_an_out_of_step_hang_is_named_by_where_it_waits_whoever_spoke_
         assert!(v.likely_cause.unwrap().contains("Rank 1 stopped first"));
     }
     // A rank that skipped a collective is a step ahead of the others.
-    let ranks = vec![hung_at(0, "allreduce", 4, 1.0), hung_at(1, "allreduce", 5, 1.1), hung_at(2, "allreduce", 4, 1.2)];
+    let ranks = vec![
+        hung_at(0, "allreduce", 4, 1.0),
+        hung_at(1, "allreduce", 5, 1.1),
+        hung_at(2, "allreduce", 4, 1.2),
+    ];
     assert_eq!(verdict(&ranks).1, Some(1));
     // A rank stuck by itself (outside any collective) holds the others up.
     let ranks = vec![hung_at(0, "allreduce", 4, 1.0), hung_at(1, "data.next", 4, 1.5)];
@@ -166,7 +193,10 @@ fn hung_with_stack(rank: u32, frames: &str) -> RankResult {
     r.dumps.push(crate::harness::result::ProcessDump {
         pid: 1000 + rank,
         role: format!("rank {rank}"),
-        py_spy: Some(format!("Process {}: python t.py\n\nThread 1 (idle): \"MainThread\"\n{frames}", 1000 + rank)),
+        py_spy: Some(format!(
+            "Process {}: python t.py\n\nThread 1 (idle): \"MainThread\"\n{frames}",
+            1000 + rank
+        )),
         error: None,
         threads: vec![crate::harness::result::KernelThread {
             tid: 1,
@@ -188,10 +218,17 @@ fn ranks_out_of_step_are_named_from_py_spy_stacks_without_markers() {
     assert_eq!((outcome, first), (OutcomeKind::Hung, Some(0)));
     assert_eq!(v.pattern.as_deref(), Some("ranks-out-of-step"));
     assert!(v.headline.contains("rank 0 waits in `dist.barrier()`"), "{}", v.headline);
-    assert!(v.headline.contains("rank 1 waits in DDP's gradient all-reduce (`Reducer::finalize_backward`"), "{}", v.headline);
+    assert!(
+        v.headline.contains("rank 1 waits in DDP's gradient all-reduce (`Reducer::finalize_backward`"),
+        "{}",
+        v.headline
+    );
     assert!(!format!("{v:?}").contains("trainer"), "no trainer texts for a program: {v:#?}");
     assert!(
-        v.evidence.contains(&"the kernel: rank 0's main thread sits in 202 (futex); rank 1's main thread sits in 202 (futex)".to_string()),
+        v.evidence.contains(
+            &"the kernel: rank 0's main thread sits in 202 (futex); rank 1's main thread sits in 202 (futex)"
+                .to_string()
+        ),
         "{:#?}",
         v.evidence
     );
@@ -200,12 +237,20 @@ fn ranks_out_of_step_are_named_from_py_spy_stacks_without_markers() {
 #[test]
 fn an_unused_ddp_parameter_quotes_the_exception_not_the_hint_and_says_find_unused_parameters() {
     let text = include_str!("../fixtures/ddp_unused.txt");
-    let mut case = Case::new(vec![program_rank(0, Exit::Code(1), 3.0, text), program_rank(1, Exit::Code(1), 3.1, &text.replace("[rank0]", "[rank1]"))]);
+    let mut case = Case::new(vec![
+        program_rank(0, Exit::Code(1), 3.0, text),
+        program_rank(1, Exit::Code(1), 3.1, &text.replace("[rank0]", "[rank1]")),
+    ]);
     case.scenario = external();
     let (_, first, v) = case.judge();
     assert_eq!(first, Some(0));
     assert_eq!(v.pattern.as_deref(), Some("ddp-unused-parameters"));
-    assert!(v.headline.starts_with("DDP found unused parameters: rank 0 raised `Expected to have finished reduction"), "{}", v.headline);
+    assert!(
+        v.headline
+            .starts_with("DDP found unused parameters: rank 0 raised `Expected to have finished reduction"),
+        "{}",
+        v.headline
+    );
     assert!(v.headline.contains("parameter indices without a gradient: 2 3"), "{}", v.headline);
     assert!(v.next_step.as_deref().unwrap().contains("find_unused_parameters=True"));
     let key = v.key_line.unwrap();
@@ -234,7 +279,8 @@ fn a_rank_gone_before_the_rendezvous_is_named_with_the_survivors_store_timeout()
 
 #[test]
 fn a_dataloader_workers_exception_names_the_dataset_line_and_index() {
-    let mut case = Case::new(vec![program_rank(0, Exit::Code(1), 3.0, include_str!("../fixtures/dataset_error.txt"))]);
+    let mut case =
+        Case::new(vec![program_rank(0, Exit::Code(1), 3.0, include_str!("../fixtures/dataset_error.txt"))]);
     case.scenario = external();
     let (_, _, v) = case.judge();
     assert_eq!(v.pattern.as_deref(), Some("dataloader-worker-exception"));
@@ -273,6 +319,20 @@ fn gpu_only_patterns_are_recognised_from_pytorchs_recorded_texts() {
         assert!(v.headline.starts_with(headline), "{}", v.headline);
         assert!(v.reference.as_deref().is_some_and(|r| r.starts_with("https://")));
     }
+}
+
+#[test]
+fn ranks_that_built_different_models_are_named_from_ddps_check() {
+    let text = "Traceback (most recent call last):\n  File \"/t/train.py\", line 30, in <module>\n    \
+                model = DistributedDataParallel(net)\nRuntimeError: DDP expects same model across all ranks, but Rank 1 \
+                has 4 params, while rank 0 has inconsistent 6 params.";
+    let mut case =
+        Case::new(vec![program_rank(0, Exit::Code(0), 9.0, ""), program_rank(1, Exit::Code(1), 2.0, text)]);
+    case.scenario = external();
+    let (_, first, v) = case.judge();
+    assert_eq!(first, Some(1));
+    assert_eq!(v.pattern.as_deref(), Some("ddp-model-mismatch"));
+    assert!(v.key_line.unwrap().ends_with("inconsistent 6 params. (train.py:30 in <module>)"));
 }
 
 fn memory_at_end(rank: u32, used: u64, total: u64) -> MemoryReport {
@@ -368,8 +428,10 @@ fn a_worker_killed_by_hand_is_not_called_an_oom_kill() {
     e.rank = 1;
     e.state.phase = Some("data.next".into());
     e.state.step = Some(4);
-    e.state.error =
-        Some("DataLoader worker (pid 4242) is killed by signal: Killed. [data-loader worker 0 of rank 1, fork]".into());
+    e.state.error = Some(
+        "DataLoader worker (pid 4242) is killed by signal: Killed. [data-loader worker 0 of rank 1, fork]"
+            .into(),
+    );
     let (outcome, first, v) = verdict(&[classify_rank(&e)]);
     assert_eq!((outcome, first), (OutcomeKind::Exited, Some(1)));
     assert_eq!(v.pattern.as_deref(), Some("worker-killed-by-signal"));
@@ -394,14 +456,15 @@ fn oom_case(kill: OomKill) -> Case {
     killed_rank.pid = Some(600);
     killed_rank.ended_at_s = Some(4.5);
     let mut case = Case::new(vec![classify_rank(&e), classify_rank(&killed_rank)]);
-    let mut memory = MemoryReport::default();
-    memory.processes = vec![
-        process(0, None, 500, 300 << 20),
-        process(0, Some(0), 501, 520 << 20),
-        process(0, Some(2), 502, 700 << 20),
-        process(1, None, 600, 500 << 20),
-    ];
-    case.memory = Some(memory);
+    case.memory = Some(MemoryReport {
+        processes: vec![
+            process(0, None, 500, 300 << 20),
+            process(0, Some(0), 501, 520 << 20),
+            process(0, Some(2), 502, 700 << 20),
+            process(1, None, 600, 500 << 20),
+        ],
+        ..Default::default()
+    });
     case.cgroup = Some(CgroupReport {
         path: "/sys/fs/cgroup/memory/ups-doctor/x".into(),
         version: CgroupVersion::V1,
@@ -435,24 +498,61 @@ fn an_oom_killed_worker_and_an_oom_killed_rank_are_named_with_the_cgroup_figures
         "{}",
         v.headline
     );
-    assert!(v.evidence.contains(&"the kernel log: `Killed process 502 (pt_data_worker)`, anon-rss 690.0 MiB".to_string()), "{:#?}", v.evidence);
+    assert!(
+        v.evidence.contains(
+            &"the kernel log: `Killed process 502 (pt_data_worker)`, anon-rss 690.0 MiB".to_string()
+        ),
+        "{:#?}",
+        v.evidence
+    );
     let holders = v.evidence.iter().find(|e| e.starts_with("who held the memory")).unwrap();
-    assert!(holders.starts_with("who held the memory (peak PSS): rank 0 worker 2 (pid 502) 700.0 MiB, rank 0 worker 0"), "{holders}");
+    assert!(
+        holders.starts_with(
+            "who held the memory (peak PSS): rank 0 worker 2 (pid 502) 700.0 MiB, rank 0 worker 0"
+        ),
+        "{holders}"
+    );
 
-    let rank = OomKill { pid: 600, rank: Some(1), worker: None, at_s: Some(4.4), source: OomSource::Cgroup, process_name: None, anon_rss_bytes: None };
+    let rank = OomKill {
+        pid: 600,
+        rank: Some(1),
+        worker: None,
+        at_s: Some(4.4),
+        source: OomSource::Cgroup,
+        process_name: None,
+        anon_rss_bytes: None,
+    };
     let (_, first, v) = oom_case(rank).judge();
     assert_eq!(first, Some(1));
-    assert!(v.headline.starts_with("Rank 1 (pid 600) was killed by the OOM killer: cgroup limit 2.0 GiB"), "{}", v.headline);
-    assert!(v.evidence.iter().any(|e| e.starts_with("the cgroup's `oom_kill` counter rose to 1 while pid 600")));
+    assert!(
+        v.headline.starts_with("Rank 1 (pid 600) was killed by the OOM killer: cgroup limit 2.0 GiB"),
+        "{}",
+        v.headline
+    );
+    assert!(
+        v.evidence.iter().any(|e| e.starts_with("the cgroup's `oom_kill` counter rose to 1 while pid 600"))
+    );
 
     // The same SIGKILLs with no OOM event recorded: never called an OOM kill.
-    let mut none = oom_case(OomKill { pid: 1, rank: None, worker: None, at_s: None, source: OomSource::Cgroup, process_name: None, anon_rss_bytes: None });
+    let mut none = oom_case(OomKill {
+        pid: 1,
+        rank: None,
+        worker: None,
+        at_s: None,
+        source: OomSource::Cgroup,
+        process_name: None,
+        anon_rss_bytes: None,
+    });
     none.oom_kills.clear();
     none.cgroup.as_mut().unwrap().oom_kills = 0;
     let (_, _, v) = none.judge();
     assert_ne!(v.pattern.as_deref(), Some("oom-kill"));
     assert!(!v.headline.contains("OOM killer"), "{}", v.headline);
-    assert!(v.likely_cause.unwrap().contains("no OOM kill was recorded for it (the scenario's memory cgroup counted none)"));
+    assert!(
+        v.likely_cause
+            .unwrap()
+            .contains("no OOM kill was recorded for it (the scenario's memory cgroup counted none)")
+    );
 }
 
 #[test]
@@ -483,7 +583,11 @@ fn leftovers_and_quotes_of_a_passed_run() {
     let (outcome, _, v) = case.judge();
     assert_eq!(outcome, OutcomeKind::Passed);
     assert_eq!(v.pattern.as_deref(), Some("leaked-shm"));
-    assert!(v.evidence.iter().any(|l| l == "left 1 segment in `/dev/shm` (4.0 KiB), removed by ups-doctor"), "{:#?}", v.evidence);
+    assert!(
+        v.evidence.iter().any(|l| l == "left 1 segment in `/dev/shm` (4.0 KiB), removed by ups-doctor"),
+        "{:#?}",
+        v.evidence
+    );
     let _ = Quote { title: String::new(), lines: Vec::new() };
 }
 
