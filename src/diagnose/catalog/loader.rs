@@ -199,7 +199,7 @@ fn worker_headline(l: &LoaderFailure, r: &RankResult, foreign: bool) -> String {
     let rank = r.rank;
     format!(
         "{} of rank {rank} failed first ({}); rank {rank} {code} as a consequence{at}.",
-        worker_name(l),
+        worker_name(l).replacen("a DataLoader", "A DataLoader", 1),
         l.what
     )
 }
