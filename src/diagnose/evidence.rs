@@ -226,6 +226,23 @@ fn rank_evidence<'a>(r: &'a RankResult, foreign: bool, oom_kills: &[OomKill]) ->
     RankEvidence { result: r, text, key, threads, ended_by }
 }
 
+/// `in `forward` at step 3`, `in `model.build/encoder``, or `before its first marker`.
+pub fn location(rank: &RankResult) -> String {
+    match (&rank.last_phase, rank.last_step) {
+        (Some(p), Some(s)) => format!("in `{p}` at step {s}"),
+        (Some(p), None) => format!("in `{p}`"),
+        (None, _) => "before its first marker".to_string(),
+    }
+}
+
+/// When a rank failed: a hung rank when its last marker came, any other when it ended.
+pub fn failure_time(rank: &RankResult) -> f64 {
+    match rank.outcome {
+        OutcomeKind::Hung => rank.last_marker_at_s.or(rank.last_output_at_s).unwrap_or(0.0),
+        _ => rank.ended_at_s.or(rank.last_marker_at_s).unwrap_or(f64::INFINITY),
+    }
+}
+
 /// A line of a launcher's output without PyTorch's `[rank3]: ` prefix.
 fn strip_rank_prefix(line: &str) -> &str {
     if let Some(rest) = line.strip_prefix("[rank")

@@ -60,6 +60,21 @@ fn diagnose_does_no_io_and_imports_no_module_that_imports_it() {
             );
         }
     }
+    // Inside diagnose the layers go one way: evidence ← catalog ← verdict.
+    for file in &files {
+        let text = std::fs::read_to_string(file).unwrap();
+        let code = product_code(&text);
+        let name = file.display().to_string();
+        if name.contains("/catalog/") {
+            assert!(
+                !code.contains("diagnose::verdict"),
+                "{name} imports verdict, which imports the catalogue"
+            );
+        }
+        if name.ends_with("evidence.rs") {
+            assert!(!code.contains("catalog") && !code.contains("verdict::"), "{name} imports a later layer");
+        }
+    }
     // The modules diagnose imports do not import it back.
     for back in [
         "harness/result.rs",

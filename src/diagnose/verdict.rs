@@ -7,7 +7,7 @@ use crate::protocol::signal_number;
 use crate::scenario::{CompletesWhen, OutcomeKind, Scenario};
 
 use super::catalog::{self, Finding};
-use super::evidence::{EndedBy, Evidence, Observed, RankEvidence};
+use super::evidence::{EndedBy, Evidence, Observed, RankEvidence, failure_time, location};
 
 /// The scenario's outcome (the culprit's, or passed), the culprit, and the verdict.
 #[derive(Debug, Clone)]
@@ -143,23 +143,6 @@ fn passed(ev: &Evidence, wall_s: f64, finding: Option<Finding>) -> Verdict {
         push_new(&mut verdict.evidence, line);
     }
     verdict
-}
-
-/// `in `forward` at step 3`, `in `model.build/encoder``, or `before its first marker`.
-pub fn location(rank: &RankResult) -> String {
-    match (&rank.last_phase, rank.last_step) {
-        (Some(p), Some(s)) => format!("in `{p}` at step {s}"),
-        (Some(p), None) => format!("in `{p}`"),
-        (None, _) => "before its first marker".to_string(),
-    }
-}
-
-/// When a rank failed: a hung rank when its last marker came, any other when it ended.
-pub fn failure_time(rank: &RankResult) -> f64 {
-    match rank.outcome {
-        OutcomeKind::Hung => rank.last_marker_at_s.or(rank.last_output_at_s).unwrap_or(0.0),
-        _ => rank.ended_at_s.or(rank.last_marker_at_s).unwrap_or(f64::INFINITY),
-    }
 }
 
 /// How the judge knows what a program's rank was doing: its last marker, or without markers its

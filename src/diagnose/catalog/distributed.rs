@@ -2,8 +2,7 @@
 //! completed, NCCL's watchdog, two ranks on one GPU.
 
 use super::{Finding, Pattern};
-use crate::diagnose::evidence::{Evidence, RankEvidence, Thread};
-use crate::diagnose::verdict::{failure_time, location};
+use crate::diagnose::evidence::{Evidence, RankEvidence, Thread, failure_time, location};
 use crate::harness::result::RankResult;
 use crate::scenario::OutcomeKind;
 

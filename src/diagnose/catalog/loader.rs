@@ -2,8 +2,7 @@
 //! memory exhausted or left behind, and an input-bound run.
 
 use super::{Finding, Pattern};
-use crate::diagnose::evidence::{Evidence, RankEvidence};
-use crate::diagnose::verdict::location;
+use crate::diagnose::evidence::{Evidence, RankEvidence, location};
 use crate::harness::result::{MemoryReport, RankResult, ShmAt};
 use crate::probe::env::human_bytes;
 use crate::scenario::Scenario;

@@ -4,6 +4,7 @@ use super::{Finding, Pattern};
 use crate::diagnose::evidence::{Evidence, RankEvidence};
 use crate::harness::result::{OomKill, OomSource};
 use crate::probe::env::human_bytes;
+use crate::scenario::OutcomeKind;
 
 /// `2.0 GiB`, `1.98 GiB`: sizes near a limit need the second digit.
 fn size(bytes: u64) -> String {
@@ -13,7 +14,6 @@ fn size(bytes: u64) -> String {
     let two = format!("{:.2}", bytes as f64 / (1u64 << 30) as f64);
     format!("{} GiB", two.strip_suffix('0').unwrap_or(&two))
 }
-use crate::scenario::OutcomeKind;
 
 pub const OOM_KILL: Pattern = Pattern {
     id: "oom-kill",
