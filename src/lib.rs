@@ -2,9 +2,11 @@
 //!
 //! Two worlds, one wire: [`trainer`] is the only module that uses tch (libtorch) and runs inside
 //! rank processes; [`harness`], [`probe`], [`report`] and [`scenario`] run in the supervising
-//! process and talk to ranks only through processes and the [`protocol`] markers.
+//! process and talk to ranks only through processes and the [`protocol`] markers; [`diagnose`] judges
+//! what they left, without IO.
 
 pub mod bisect;
+pub mod diagnose;
 pub mod harness;
 pub mod probe;
 pub mod protocol;

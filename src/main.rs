@@ -488,11 +488,13 @@ fn run(
         match ran {
             Some(scenario_result) => {
                 if mode != ProgressMode::Quiet {
+                    let pattern = scenario_result.verdict.pattern.as_deref();
                     eprintln!(
-                        "  {} {}: {}",
+                        "  {} {}: {}{}",
                         if scenario_result.met_expectation { "✓" } else { "✗" },
                         scenario_result.name,
-                        scenario_result.verdict.headline
+                        scenario_result.verdict.headline,
+                        pattern.map(|p| format!(" [{p}]")).unwrap_or_default()
                     );
                 }
                 result.scenarios.push(scenario_result);

@@ -65,6 +65,7 @@ fn a_rank_that_segfaults_is_the_culprit_and_its_peer_is_collateral() {
     let evidence = s["verdict"]["evidence"].to_string();
     assert!(evidence.contains("collateral: rank 0"), "{evidence}");
     assert!(s["verdict"]["headline"].as_str().unwrap().starts_with("Rank 1 was killed by SIGSEGV"));
+    assert_eq!(s["verdict"]["pattern"], "native-crash");
     for r in [r0, r1] {
         assert!(!alive(r["pid"].as_u64().unwrap()), "no rank outlives the run");
     }
@@ -90,6 +91,7 @@ fn ranks_out_of_step_hang_and_the_odd_rank_is_named() {
     assert!(!r0["stacks"].as_array().unwrap().is_empty(), "stacks of the stuck ranks");
     let cause = run.scenario()["verdict"]["likely_cause"].as_str().unwrap();
     assert!(cause.contains("out of step") && cause.contains("Rank 1 stopped first"), "{cause}");
+    assert_eq!(run.scenario()["verdict"]["pattern"], "ranks-out-of-step");
 }
 
 #[test]
@@ -106,6 +108,14 @@ fn an_unused_parameter_fails_on_the_next_forward_unless_find_unused_parameters()
     assert!(error.starts_with("Expected to have finished reduction in the prior iteration"), "{error}");
     assert!(error.contains("Parameter indices which did not receive grad for rank 0: "), "{error}");
     assert!(error.contains("stage0.block0"), "names the parameters: {error}");
+    let verdict = &run.scenario()["verdict"];
+    assert_eq!(verdict["pattern"], "ddp-unused-parameters");
+    let headline = verdict["headline"].as_str().unwrap();
+    assert!(
+        headline.starts_with("DDP found unused parameters:") && headline.contains("stage0.block0"),
+        "{headline}"
+    );
+    assert!(verdict["next_step"].as_str().unwrap().contains("find_unused_parameters"));
 
     let handled = sb.run(&[&file], &["--set", "train.find_unused_parameters=true"]);
     assert_eq!(handled.code(), 0, "stderr:\n{}", handled.stderr());

@@ -11,18 +11,7 @@ use util::{RunOutput, Sandbox, repo, venv_path};
 
 /// `ups-doctor run` with the venv's `bin` first on `PATH`.
 fn run(sb: &Sandbox, files: &[&Path]) -> RunOutput {
-    let output = sb
-        .cmd()
-        .env("PATH", venv_path())
-        .arg("run")
-        .args(files)
-        .arg("--out")
-        .arg(sb.out())
-        .args(["--json", "--quiet"])
-        .output()
-        .expect("ups-doctor starts");
-    let result = serde_json::from_slice(&output.stdout).unwrap_or(Value::Null);
-    RunOutput { output, result }
+    sb.run_in_venv(files)
 }
 
 fn program(name: &str) -> String {
@@ -117,6 +106,9 @@ fn rank_1_segfaulting_is_the_first_failure_and_rank_0_collateral_per_rank_and_un
         assert!(s["verdict"]["headline"].as_str().unwrap().contains("Rank 0 failed after it (collateral)"));
     }
     let per_rank = &scenarios(&run)[0];
+    assert_eq!(per_rank["verdict"]["pattern"], "native-crash");
+    let key = per_rank["verdict"]["key_line"].as_str().unwrap_or_default();
+    assert!(key.starts_with("Fatal Python error: Segmentation fault (ddp.py:"), "{key}");
     let fault = per_rank["ranks"][1]["quotes"].as_array().unwrap();
     assert!(
         fault.iter().any(|q| q["title"] == "Python fault handler"
@@ -124,6 +116,11 @@ fn rank_1_segfaulting_is_the_first_failure_and_rank_0_collateral_per_rank_and_un
         "faulthandler's stack names the program's line: {fault:#?}"
     );
     let torchrun = &scenarios(&run)[1];
+    let evidence = torchrun["verdict"]["evidence"].to_string();
+    assert!(
+        evidence.contains("torchrun's summary names rank 1 (local_rank: 1) as the root cause (first observed failure), exitcode -11"),
+        "{evidence}"
+    );
     let source = torchrun["ranks"][1]["exit_source"].as_str().unwrap();
     assert!(source == "procfs" || source == "torchrun", "{source}");
     let quotes = torchrun["external"]["launcher"]["quotes"].as_array().unwrap();
@@ -167,6 +164,7 @@ fn a_dataloader_worker_out_of_a_16m_private_dev_shm_is_named_with_its_rank_and_p
     let worker1 = r1["workers"].as_array().unwrap().iter().find(|w| w["id"] == 1).expect("worker 1 reported");
     let pid = worker1["pid"].as_u64().unwrap();
     let headline = s["verdict"]["headline"].as_str().unwrap();
+    assert_eq!(s["verdict"]["pattern"], "shm-exhausted");
     assert!(
         headline.starts_with(&format!("DataLoader worker 1 (pid {pid}) of rank 1 failed first")),
         "{headline}"
@@ -215,6 +213,7 @@ fn without_markers_output_decides_false_success_and_a_hang_is_looked_at_with_py_
     assert_eq!(run.code(), 0, "every expectation met; stderr:\n{}", run.stderr());
     let s = scenarios(&run);
     assert_eq!(s[0]["ranks"][0]["exit_code"], 0);
+    assert_eq!(s[0]["verdict"]["pattern"], "false-success");
     assert_eq!(s[1]["outcome"], "passed");
     assert_eq!(s[1]["external"]["markers_seen"], false);
     let dumps = s[2]["ranks"][0]["dumps"].as_array().unwrap();

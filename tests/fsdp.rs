@@ -78,6 +78,12 @@ fn an_in_place_update_of_a_parameter_fails_under_fsdp_only() {
             "libtorch's own text: {error}"
         );
     }
+    let verdict = &fsdp.scenario()["verdict"];
+    assert_eq!(verdict["pattern"], "fsdp-inplace-view", "{verdict:#}");
+    assert!(
+        verdict["headline"].as_str().unwrap().contains("modified a view of a parameter in place"),
+        "{verdict:#}"
+    );
     // The same component, the same fault: fine where parameters are plain tensors.
     for (mode, world) in [("ddp", "2"), ("single", "1")] {
         let run = sb.run(

@@ -249,7 +249,7 @@ fn gpu_more_cuda_ranks_than_gpus_are_refused_and_forced_ones_meet_nccls_duplicat
     let errors = s["ranks"].to_string();
     assert!(errors.contains("Duplicate GPU detected"), "{errors}");
     assert!(
-        s["verdict"]["likely_cause"].as_str().unwrap().starts_with("two ranks were given the same GPU"),
+        s["verdict"]["likely_cause"].as_str().unwrap().starts_with("Two ranks were given the same GPU"),
         "{s}"
     );
 }

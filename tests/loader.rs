@@ -103,9 +103,12 @@ fn a_killed_worker_fails_the_rank_with_pytorchs_text_naming_its_pid_and_id() {
     );
     let headline = run.scenario()["verdict"]["headline"].as_str().unwrap();
     assert!(
-        headline.starts_with(&format!("Data-loader worker 0 (pid {}) of rank 0 died first", pids[0])),
+        headline.starts_with(&format!("DataLoader worker 0 (pid {}) of rank 0 failed first", pids[0])),
         "{headline}"
     );
+    // Killed with SIGKILL by the fault, not by the kernel: never called an OOM kill.
+    assert_eq!(run.scenario()["verdict"]["pattern"], "worker-killed-by-signal");
+    assert!(!headline.contains("OOM"), "{headline}");
     assert!(pids.iter().all(|&p| !alive(p)), "no worker outlives the run: {pids:?}");
     assert_eq!(leftovers(pid), Vec::<String>::new());
 }
@@ -154,6 +157,7 @@ fn a_worker_forked_with_inherited_threads_deadlocks_in_libgomp() {
     assert!(frames.contains("libgomp"), "worker frames: {frames}");
     let cause = run.scenario()["verdict"]["likely_cause"].as_str().unwrap();
     assert!(cause.contains("loader-w0") && cause.contains("libgomp"), "{cause}");
+    assert_eq!(run.scenario()["verdict"]["pattern"], "fork-after-threads");
     let pids = worker_pids(r);
     assert!(pids.iter().all(|&p| !alive(p)), "no worker outlives the run: {pids:?}");
     assert_eq!(leftovers(pid), Vec::<String>::new());

@@ -95,6 +95,7 @@ fn a_leaked_segment_is_found_reported_and_removed() {
     let md = report(&sb);
     assert!(md.contains(&format!("`/dev/shm/{name}` (2.0 MiB): created by this run")), "{md}");
     assert!(md.contains("**removed by ups-doctor**"), "{md}");
+    assert_eq!(run.scenario()["verdict"]["pattern"], "leaked-shm");
 }
 
 #[test]
@@ -121,6 +122,7 @@ fn a_segment_too_big_for_a_private_8m_dev_shm_is_a_real_sigbus() {
     let at = &shm["at_rank_end"][0];
     assert_eq!((at["used_bytes"].as_u64(), at["total_bytes"].as_u64()), (Some(8 * MIB), Some(8 * MIB)));
     let verdict = &run.scenario()["verdict"];
+    assert_eq!(verdict["pattern"], "shm-exhausted", "{verdict:#}");
     let cause = verdict["likely_cause"].as_str().unwrap();
     assert!(cause.contains("Please try to raise your shared memory limit."), "{cause}");
     assert!(verdict["next_step"].as_str().unwrap().contains("raise `data.shm_size`"));

@@ -120,6 +120,9 @@ fn nan_loss_stops_training_with_an_error() {
     let r = run.rank(0);
     assert_eq!(r["outcome"], "exited");
     assert!(r["error"].as_str().unwrap().contains("non-finite"));
+    assert_eq!(run.scenario()["verdict"]["pattern"], "nan-loss");
+    let headline = run.scenario()["verdict"]["headline"].as_str().unwrap();
+    assert!(headline.starts_with("Rank 0's loss became NaN: `loss became non-finite"), "{headline}");
     assert_eq!(run.scenario()["met_expectation"], false);
     let mismatches = run.scenario()["expectation_mismatches"].to_string();
     assert!(mismatches.contains("expected outcome `passed`, got `exited`"), "{mismatches}");

@@ -11,9 +11,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::probe::env::human_bytes;
 use crate::probe::nvml::{GpuInfo, GpuReading};
-use crate::scenario::{CacheDevice, Scenario, StartMethod};
+use crate::scenario::{CacheDevice, Scenario};
 
-use super::result::{RankResult, Verdict};
+use super::result::Verdict;
 use super::state::RankState;
 
 /// GPU activity during a scenario, or why there is none.
@@ -338,56 +338,10 @@ fn thin(points: Vec<GpuPoint>, max: usize) -> Vec<GpuPoint> {
         .collect()
 }
 
-/// What libtorch says when a forked child touches CUDA that its parent had initialised.
-pub const CUDA_AFTER_FORK: &str = "CUDA error: initialization error";
-/// PyTorch's words for the same situation, which users search for.
-pub const PYTORCH_FORK_TEXT: &str = "Cannot re-initialize CUDA in forked subprocess. To use CUDA with \
-     multiprocessing, you must use the 'spawn' start method";
-
-/// Adds to the verdict what the GPU side shows: a worker that touched CUDA after fork, ranks that
-/// shared a GPU, loader workers that hold GPU memory of their own.
-pub fn annotate_gpu(
-    verdict: &mut Verdict,
-    scenario: &Scenario,
-    ranks: &[RankResult],
-    gpu: Option<&GpuReport>,
-) {
-    let said = |r: &RankResult, text: &str| {
-        r.error.as_deref().is_some_and(|e| e.contains(text)) || r.log_tail.iter().any(|l| l.contains(text))
-    };
-    if let Some(r) = ranks.iter().find(|r| said(r, CUDA_AFTER_FORK)) {
-        let forked = scenario.data.workers > 0 && scenario.data.start_method == StartMethod::Fork;
-        if forked {
-            verdict.evidence.push(format!(
-                "rank {}'s data-loader worker failed with libtorch's `{CUDA_AFTER_FORK}`: it was forked after the \
-                 rank had initialised CUDA, and it touched CUDA (the dataset cache lives on the GPU, \
-                 `data.cache_device: {}`)",
-                r.rank,
-                if scenario.data.cache_device == CacheDevice::Cuda { "cuda" } else { "cpu" }
-            ));
-            verdict.likely_cause = Some(format!(
-                "CUDA cannot be used in a process forked from one that already initialised it. PyTorch says: \
-                 `{PYTORCH_FORK_TEXT}`."
-            ));
-            verdict.next_step = Some(
-                "use `data.start_method: spawn`, or keep the dataset on the CPU (`data.cache_device: cpu`) and \
-                 let the rank move each batch to the GPU (pinned memory, non-blocking copy)"
-                    .to_string(),
-            );
-        }
-    }
-    if ranks.iter().any(|r| said(r, "Duplicate GPU detected")) {
-        verdict.likely_cause = Some(
-            "two ranks were given the same GPU: NCCL needs one GPU per rank (`world_size` exceeds the GPUs of \
-             this machine, or `LOCAL_RANK` does not pick a GPU of its own)"
-                .to_string(),
-        );
-        verdict.next_step = Some(
-            "run at most one CUDA rank per GPU (`world_size` ≤ GPUs), or use `device: cpu` ranks for a \
-             multi-rank reproduction on one GPU"
-                .to_string(),
-        );
-    }
+/// Adds to the verdict what the GPU side shows: loader workers that hold GPU memory of their own.
+/// (A worker that touched CUDA after fork and ranks that shared a GPU are patterns of
+/// [`crate::diagnose`].)
+pub fn annotate_gpu(verdict: &mut Verdict, scenario: &Scenario, gpu: Option<&GpuReport>) {
     let Some(gpu) = gpu else {
         return;
     };
@@ -582,57 +536,15 @@ mod tests {
         assert_eq!(report.series.last().unwrap().t_s, 999.0 * 0.2);
     }
 
-    fn rank_with(error: &str) -> RankResult {
-        let mut r: RankResult = serde_json::from_value(serde_json::json!({
-            "rank": 0, "pid": 1, "outcome": "exited", "signal": null, "exit_code": 1, "last_phase": "data.next",
-            "last_step": 0, "error": error, "backtrace": [], "ended_at_s": 1.0, "last_marker_at_s": 1.0,
-            "steps_done": 0, "first_loss": null, "final_loss": null, "data_wait_fraction": null,
-            "stdout_log": "", "stderr_log": "", "markers": 3
-        }))
-        .unwrap();
-        r.log_tail = vec![error.to_string()];
-        r
-    }
-
     fn verdict() -> Verdict {
-        Verdict {
-            headline: "rank 0 exited".into(),
-            evidence: Vec::new(),
-            likely_cause: None,
-            next_step: None,
-        }
-    }
-
-    #[test]
-    fn a_forked_worker_touching_cuda_is_explained_in_pytorchs_words() {
-        let mut s = Scenario::default();
-        (s.data.workers, s.data.cache_device) = (2, CacheDevice::Cuda);
-        let mut v = verdict();
-        let r = rank_with(
-            "Caught an error in DataLoader worker process 0 (pid 77): CUDA error: initialization error \
-             [data-loader worker 0 of rank 0, fork]",
-        );
-        annotate_gpu(&mut v, &s, &[r], None);
-        assert!(v.likely_cause.as_deref().unwrap().contains(PYTORCH_FORK_TEXT));
-        assert!(v.next_step.as_deref().unwrap().starts_with("use `data.start_method: spawn`"));
-        assert!(v.evidence[0].contains("`data.cache_device: cuda`"), "{:?}", v.evidence);
-    }
-
-    #[test]
-    fn ranks_sharing_a_gpu_are_named_as_the_cause() {
-        let mut v = verdict();
-        let r = rank_with(
-            "NCCL error in ncclCommInitRankConfig on rank 1 (cuda:0): invalid usage\nLast error:\nDuplicate GPU detected : rank 1 and rank 0 both on CUDA device 1000",
-        );
-        annotate_gpu(&mut v, &Scenario::default(), &[r], None);
-        assert!(v.likely_cause.unwrap().starts_with("two ranks were given the same GPU"));
+        Verdict { headline: "rank 0 exited".into(), ..Default::default() }
     }
 
     #[test]
     fn workers_holding_gpu_memory_point_at_the_cuda_cache() {
         let mut s = Scenario::default();
         (s.data.workers, s.data.start_method, s.data.cache_device) =
-            (2, StartMethod::Spawn, CacheDevice::Cuda);
+            (2, crate::scenario::StartMethod::Spawn, CacheDevice::Cuda);
         let gpu = GpuReport {
             processes: vec![GpuProcessPeak {
                 gpu: 0,
@@ -645,7 +557,7 @@ mod tests {
             ..GpuReport::default()
         };
         let mut v = verdict();
-        annotate_gpu(&mut v, &s, &[], Some(&gpu));
+        annotate_gpu(&mut v, &s, Some(&gpu));
         assert!(
             v.evidence[0].starts_with(
                 "a data-loader worker held GPU memory because the dataset cache lives on the GPU"

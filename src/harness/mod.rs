@@ -17,21 +17,19 @@ pub mod os;
 mod process;
 mod progress;
 mod quotes;
-mod result;
+pub mod result;
 mod state;
 mod supervise;
-mod verdict_ext;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 
-pub use classify::{
-    Intervention, RankEnd, annotate, check_expectation, classify_rank, input_bound, used_of, verdict,
-};
+pub use classify::{Intervention, RankEnd, check_expectation, classify_rank};
 pub use gpu::{
     ClockReason, GpuPoint, GpuPointValues, GpuProcessPeak, GpuRecorder, GpuReport, GpuSample, GpuSummary,
     Stat, annotate_gpu, clock_reason_names,
 };
+pub use process::Exit;
 pub use progress::{Progress, ProgressMode};
 pub use result::*;
 pub use state::RankState;
@@ -179,16 +177,18 @@ pub fn run_scenario(
         r.stdout_log = format!("{rel}/{}", r.stdout_log);
         r.stderr_log = format!("{rel}/{}", r.stderr_log);
     }
-    let (outcome, first_failure, mut verdict) = verdict(&input.scenario, &ranks, observed.wall_s);
-    annotate(
-        &mut verdict,
-        &input.scenario,
-        &ranks,
-        first_failure,
-        Some(&observed.memory),
-        &observed.leftovers,
-    );
-    annotate_gpu(&mut verdict, &input.scenario, &ranks, observed.gpu.as_ref());
+    let crate::diagnose::Judgement { outcome, first_failure, mut verdict } =
+        crate::diagnose::judge(&crate::diagnose::Observed {
+            scenario: &input.scenario,
+            ranks: &ranks,
+            wall_s: observed.wall_s,
+            memory: Some(&observed.memory),
+            leftovers: &observed.leftovers,
+            oom_kills: &observed.oom_kills,
+            cgroup: observed.cgroup.as_ref(),
+            launcher: observed.external.as_ref().and_then(|e| e.launcher.as_ref()),
+        });
+    annotate_gpu(&mut verdict, &input.scenario, observed.gpu.as_ref());
     for r in &mut ranks {
         r.collateral = first_failure.is_some_and(|f| f != r.rank) && r.outcome != OutcomeKind::Passed;
     }

@@ -1,7 +1,7 @@
 //! The program's own words: finds the lines of an external program's output worth quoting next
 //! to the verdict (the tail of the last Python traceback, PyTorch DataLoader's worker messages,
-//! torchrun's "Root Cause (first observed failure)" block, Python's fault handler), and reads
-//! which DataLoader worker failed from them. Pure: lines in, quotes out.
+//! torchrun's "Root Cause (first observed failure)" block, Python's fault handler). Pure: lines in,
+//! quotes out; what they mean is [`crate::diagnose`]'s to judge.
 
 use super::result::Quote;
 
@@ -136,58 +136,6 @@ pub fn rank_lines(lines: &[String], rank: u32) -> Vec<String> {
         .collect()
 }
 
-/// A failed DataLoader worker, as PyTorch's messages name it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct LoaderFailure {
-    /// `Caught RuntimeError in DataLoader worker process 1.`
-    pub worker: Option<u32>,
-    /// `DataLoader worker (pid 1234) …`, or the pid in a `/torch_<pid>_…` shared-memory file.
-    pub pid: Option<u32>,
-    /// What happened, in PyTorch's words (`unable to allocate shared memory(shm) for file
-    /// </torch_1234_…>: …`, `is killed by signal: Bus error.`).
-    pub what: String,
-    /// The failure was shared memory running out.
-    pub out_of_shm: bool,
-}
-
-/// The DataLoader worker failure in `text` (a rank's error message, or its output), if any.
-pub fn loader_failure(text: &[String]) -> Option<LoaderFailure> {
-    let worker = text.iter().rev().find_map(|l| {
-        let rest = &l[l.find("in DataLoader worker process ")? + "in DataLoader worker process ".len()..];
-        rest.trim_end_matches(|c: char| !c.is_ascii_digit())
-            .split(|c: char| !c.is_ascii_digit())
-            .next()?
-            .parse()
-            .ok()
-    });
-    let shm = text.iter().rev().find(|l| l.contains("unable to allocate shared memory(shm)"));
-    let killed = text.iter().rev().find(|l| l.contains("DataLoader worker (pid"));
-    let bus = text
-        .iter()
-        .any(|l| l.contains("Unexpected bus error encountered in worker") || l.contains("Bus error"));
-    let (what, pid) = if let Some(line) = shm {
-        let what = line[line.find("unable to allocate").unwrap_or(0)..].trim().to_string();
-        let pid = line.split("/torch_").nth(1).and_then(|rest| rest.split('_').next()?.parse().ok());
-        (what, pid)
-    } else if let Some(line) = killed {
-        let rest = &line[line.find("DataLoader worker (pid").unwrap_or(0)..];
-        let pid = rest
-            .trim_start_matches("DataLoader worker (pid")
-            .trim_start_matches(['s', ' '])
-            .split(|c: char| !c.is_ascii_digit())
-            .next()
-            .and_then(|p| p.parse().ok());
-        let what = rest.split_once(") ").map_or(rest, |(_, how)| how).trim().to_string();
-        (what, pid)
-    } else if worker.is_some() {
-        let last = text.iter().rev().find(|l| !l.trim().is_empty()).cloned().unwrap_or_default();
-        (last.trim().to_string(), None)
-    } else {
-        return None;
-    };
-    Some(LoaderFailure { worker, pid, out_of_shm: shm.is_some() || bus, what })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -212,11 +160,8 @@ RuntimeError: unable to allocate shared memory(shm) for file </torch_4242_182736
 ";
 
     #[test]
-    fn a_dataloader_shm_failure_names_the_worker_and_its_pid() {
+    fn a_dataloader_shm_failure_is_quoted_with_its_traceback() {
         let l = lines(SHM);
-        let failure = loader_failure(&l).unwrap();
-        assert_eq!((failure.worker, failure.pid, failure.out_of_shm), (Some(1), Some(4242), true));
-        assert!(failure.what.starts_with("unable to allocate shared memory(shm) for file </torch_4242_"));
         let quotes = program_quotes(&l);
         let titles: Vec<&str> = quotes.iter().map(|q| q.title.as_str()).collect();
         assert_eq!(titles, ["DataLoader", "Python traceback (tail)"]);
@@ -225,20 +170,16 @@ RuntimeError: unable to allocate shared memory(shm) for file </torch_4242_182736
     }
 
     #[test]
-    fn a_killed_worker_and_torchruns_root_cause_are_quoted() {
+    fn a_killed_workers_message_and_torchruns_root_cause_are_quoted() {
         let l = lines(
             "RuntimeError: DataLoader worker (pid 77) is killed by signal: Bus error. It is possible that dataloader's workers are out of shared memory.\n\
              ============================================================\n\
              Root Cause (first observed failure):\n[0]:\n  rank      : 1 (local_rank: 1)\n  exitcode  : -11 (pid: 9)\n\
              ============================================================",
         );
-        let failure = loader_failure(&l).unwrap();
-        assert_eq!((failure.worker, failure.pid, failure.out_of_shm), (None, Some(77), true));
-        assert!(failure.what.starts_with("is killed by signal: Bus error."));
         let quotes = program_quotes(&l);
         assert_eq!(quotes[0].title, "torchrun: Root Cause (first observed failure)");
         assert_eq!(quotes[0].lines.len(), 4);
-        assert!(loader_failure(&lines("Traceback (most recent call last):\nValueError: x")).is_none());
     }
 
     #[test]

@@ -213,7 +213,7 @@ pub struct KernelThread {
 }
 
 /// The verdict a reader sees first.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Verdict {
     /// One sentence: what happened, where.
     pub headline: String,
@@ -226,6 +226,17 @@ pub struct Verdict {
     /// What to try next.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_step: Option<String>,
+    /// The known failure pattern the evidence established (its stable id, listed in
+    /// `docs/patterns.md`), absent when none did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pattern: Option<String>,
+    /// The culprit's key error line, with the innermost frame in the program's own code:
+    /// `ValueError: bad sample (train.py:66 in __getitem__)`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_line: Option<String>,
+    /// The PyTorch document or issue that explains the pattern.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reference: Option<String>,
 }
 
 /// One rank's end and the evidence gathered about it.

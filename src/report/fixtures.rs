@@ -3,8 +3,7 @@
 
 use crate::harness::{
     DatasetSharing, LeftoverProcess, LeftoverSegment, Leftovers, MemoryPoint, MemoryReport, PhaseSpan,
-    ProcessMemory, RankResult, RunResult, ScenarioResult, ShmAt, ShmUsage, ThreadStack, Verdict, annotate,
-    verdict,
+    ProcessMemory, RankResult, RunResult, ScenarioResult, ShmAt, ShmUsage, ThreadStack, Verdict,
 };
 use crate::probe::env::{EnvSummary, PythonEnv};
 use crate::protocol::Frame;
@@ -175,6 +174,7 @@ pub fn passing() -> ScenarioResult {
             evidence: Vec::new(),
             likely_cause: None,
             next_step: None,
+            ..Default::default()
         },
         first_failure: None,
         ranks: vec![RankResult {
@@ -320,6 +320,7 @@ pub fn segv() -> ScenarioResult {
                  configuration that still crashes"
                     .into(),
             ),
+            ..Default::default()
         },
         first_failure: Some(1),
         ranks: vec![r0, r1],
@@ -417,6 +418,7 @@ pub fn hung() -> ScenarioResult {
             next_step: Some(
                 "read the two stacks below: the frames under the lock calls show which locks".into(),
             ),
+            ..Default::default()
         },
         first_failure: Some(0),
         ranks: vec![r0],
@@ -482,6 +484,7 @@ pub fn false_success() -> ScenarioResult {
                     .into(),
             ),
             next_step: None,
+            ..Default::default()
         },
         first_failure: Some(1),
         ranks: vec![r0, r1],
@@ -526,6 +529,7 @@ pub fn abort_raw_only() -> ScenarioResult {
             evidence: Vec::new(),
             likely_cause: None,
             next_step: None,
+            ..Default::default()
         },
         first_failure: Some(0),
         ranks: vec![r0],
@@ -631,8 +635,7 @@ pub fn shm_bus_error() -> ScenarioResult {
             earlier_run: false,
         }],
     };
-    let (outcome, first_failure, mut v) = verdict(&sc, &ranks, 2.1);
-    annotate(&mut v, &sc, &ranks, first_failure, Some(&memory), &leftovers);
+    let (outcome, first_failure, v) = judged(&sc, &ranks, 2.1, Some(&memory), &leftovers);
     ScenarioResult {
         name: sc.name.clone(),
         file: "scenarios/shm-64m-bus-error.json".into(),
@@ -663,11 +666,31 @@ pub fn input_bound() -> ScenarioResult {
     s.name = "input-bound".into();
     s.scenario.name = s.name.clone();
     s.ranks[0].data_wait_fraction = Some(0.78);
-    let (outcome, first, mut v) = verdict(&s.scenario, &s.ranks, s.wall_s);
-    annotate(&mut v, &s.scenario, &s.ranks, first, s.memory.as_ref(), &s.leftovers);
+    let (outcome, _, v) = judged(&s.scenario, &s.ranks, s.wall_s, s.memory.as_ref(), &s.leftovers);
     s.outcome = outcome;
     s.verdict = v;
     s
+}
+
+/// The judge's verdict on fixture ranks, as a run would have it.
+fn judged(
+    sc: &Scenario,
+    ranks: &[RankResult],
+    wall_s: f64,
+    memory: Option<&MemoryReport>,
+    leftovers: &Leftovers,
+) -> (OutcomeKind, Option<u32>, Verdict) {
+    let j = crate::diagnose::judge(&crate::diagnose::Observed {
+        scenario: sc,
+        ranks,
+        wall_s,
+        memory,
+        leftovers,
+        oom_kills: &[],
+        cgroup: None,
+        launcher: None,
+    });
+    (j.outcome, j.first_failure, j.verdict)
 }
 
 /// A run the user interrupted: two scenarios ended, two never started.

@@ -337,6 +337,16 @@ fn verdict(doc: &mut Doc, s: &ScenarioResult) {
         inline(&v.headline)
     };
     doc.push(format!("**{headline}**"));
+    if let Some(key) = &v.key_line {
+        doc.push(format!("**Key line:** {}", code(&text::strip_control(key))));
+    }
+    if let Some(pattern) = &v.pattern {
+        let reference = v.reference.as_deref().map(|r| format!(" — see <{r}>")).unwrap_or_default();
+        doc.push(format!(
+            "**Pattern:** {} (listed in ups-doctor's `docs/patterns.md`){reference}",
+            code(pattern)
+        ));
+    }
     if let Some(cause) = &v.likely_cause {
         doc.push(format!("**Likely cause:** {}", inline(cause)));
     }
@@ -442,19 +452,30 @@ fn end_status(r: &RankResult) -> String {
 /// What the table cannot show: hangs, ranks that never spoke, unreadable markers.
 fn rank_notes(s: &ScenarioResult) -> Option<String> {
     let mut notes = Vec::new();
+    // A program's own ranks have no trainer and may send no markers at all: their silence is
+    // judged by output too, and said once in the command line.
+    let foreign = s.external.is_some();
     for r in &s.ranks {
         if let Some(silent) = r.hang_detected_after_s {
             let last = r
                 .last_marker_at_s
                 .map(|t| format!(" (last marker at {})", text::secs(t)))
                 .unwrap_or_default();
-            notes.push(format!(
-                "Rank {} sent no marker for {}{last} and was declared hung.",
-                r.rank,
-                text::secs(silent)
-            ));
+            notes.push(if foreign {
+                format!(
+                    "Rank {} sent no marker and wrote no output for {}{last} and was declared hung.",
+                    r.rank,
+                    text::secs(silent)
+                )
+            } else {
+                format!(
+                    "Rank {} sent no marker for {}{last} and was declared hung.",
+                    r.rank,
+                    text::secs(silent)
+                )
+            });
         }
-        if r.markers == 0 && r.outcome != crate::scenario::OutcomeKind::Passed {
+        if !foreign && r.markers == 0 && r.outcome != crate::scenario::OutcomeKind::Passed {
             notes.push(format!(
                 "Rank {} sent no marker at all: it ended before the trainer started (see its log \
                  tail).",

@@ -1,7 +1,8 @@
 //! The report's memory sections: peaks per process, `/dev/shm` during the run, whether the
 //! dataset cache is shared or duplicated across workers, and what the run left behind. Pure.
 
-use crate::harness::{DatasetSharing, Leftovers, MemoryReport, ProcessMemory, ScenarioResult, used_of};
+use crate::diagnose::used_of;
+use crate::harness::{DatasetSharing, Leftovers, MemoryReport, ProcessMemory, ScenarioResult};
 use crate::probe::env::human_bytes;
 
 use super::markup::{self, Align, code, fence};

@@ -67,8 +67,19 @@ impl Sandbox {
 
     /// `ups-doctor run FILES --out OUT --json --quiet ARGS`.
     pub fn run(&self, files: &[&Path], args: &[&str]) -> RunOutput {
-        let output = self
-            .cmd()
+        self.run_with(self.cmd(), files, args)
+    }
+
+    /// `ups-doctor run FILES …` with the PyTorch venv's `bin` first on `PATH`, for external
+    /// commands (`python`, `torchrun`, `py-spy` are the venv's).
+    pub fn run_in_venv(&self, files: &[&Path]) -> RunOutput {
+        let mut cmd = self.cmd();
+        cmd.env("PATH", venv_path());
+        self.run_with(cmd, files, &[])
+    }
+
+    fn run_with(&self, mut cmd: Command, files: &[&Path], args: &[&str]) -> RunOutput {
+        let output = cmd
             .arg("run")
             .args(files)
             .arg("--out")

@@ -1,0 +1,95 @@
+//! A rank that crashed in native code, and one that claimed success without finishing.
+
+use super::{Finding, Pattern};
+use crate::diagnose::evidence::{Evidence, RankEvidence};
+use crate::scenario::OutcomeKind;
+
+pub const NATIVE_CRASH: Pattern = Pattern {
+    id: "native-crash",
+    title: "Native crash",
+    matches: "the first rank to fail was killed by SIGSEGV, SIGBUS, SIGILL, SIGFPE or SIGABRT raised in \
+              the process itself; the first frame in the program's own code comes from the crash handler's \
+              backtrace (built-in trainer) or Python's fault handler (`PYTHONFAULTHANDLER`, set by ups-doctor)",
+    explanation: "The process crashed in native code (libtorch, a CUDA/NCCL library, an extension, or memory \
+                  shared between processes). Python prints no traceback for it and torchrun only reports \
+                  `exitcode: -11` and `Signal 11 (SIGSEGV) received by PID`.",
+    next_step: "Read the stack from the top: the first frame in your own code is where to look. Then cut the \
+                program down (`ups-doctor bisect`, or remove components one at a time) to find what the crash \
+                needs.",
+    reference: "https://pytorch.org/docs/stable/elastic/errors.html",
+};
+
+pub const FALSE_SUCCESS: Pattern = Pattern {
+    id: "false-success",
+    title: "False success",
+    matches: "a rank exited with status 0 without its completion evidence (the built-in trainer's `done` \
+              marker; for a program, `expect.completes_when`)",
+    explanation: "Something ended the process with status 0 before training completed, like a wrapper calling \
+                  `os._exit(0)` or `sys.exit(0)` after catching an exception: the real error was swallowed.",
+    next_step: "Look for exception handlers that exit with 0 around the training loop; the log tail shows the \
+                last output before the exit.",
+    reference: "https://docs.python.org/3/library/os.html#os._exit",
+};
+
+const CRASH_SIGNALS: [&str; 5] = ["SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE", "SIGABRT"];
+
+pub fn native_crash(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Finding> {
+    let first = first?;
+    let r = first.result;
+    let sig = r.signal.as_deref().filter(|s| CRASH_SIGNALS.contains(s))?;
+    if r.outcome != OutcomeKind::Signaled {
+        return None;
+    }
+    let mut f = Finding::of(&NATIVE_CRASH);
+    let own = if ev.foreign {
+        first.key.as_ref().filter(|k| k.text.starts_with("Fatal Python error")).and_then(|k| k.at.clone())
+    } else {
+        r.backtrace.iter().find(|fr| fr.symbol.as_deref().is_some_and(|s| s.contains("ups_doctor::"))).map(
+            |fr| match &fr.location {
+                Some(l) => format!("{} at {l}", fr.symbol.as_deref().unwrap_or(&fr.addr)),
+                None => fr.symbol.clone().unwrap_or_else(|| fr.addr.clone()),
+            },
+        )
+    };
+    f.evidence.push(match &own {
+        Some(place) => format!("first frame in the program's own code: `{place}`"),
+        None if ev.foreign => {
+            "Python's fault handler named no frame of the program's own code (the crash came \
+                               from a thread or library without Python frames)"
+                .to_string()
+        }
+        None => format!(
+            "the crash handler's backtrace has {} frames, none in the trainer's own code",
+            r.backtrace.len()
+        ),
+    });
+    if sig == "SIGABRT" {
+        f.cause = Some(format!(
+            "{} `abort()`: a failed assertion or an uncaught C++ exception (its `what():` line is the key line when \
+             it was printed).",
+            NATIVE_CRASH.explanation
+        ));
+    }
+    Some(f)
+}
+
+pub fn false_success(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Finding> {
+    let first = first?;
+    if first.result.outcome != OutcomeKind::FalseSuccess {
+        return None;
+    }
+    let mut f = Finding::of(&FALSE_SUCCESS);
+    if ev.foreign {
+        f.cause = Some(
+            "Something ended the program with status 0 before it finished, like a wrapper calling `os._exit(0)` \
+             or `sys.exit(0)` after catching an exception: the real error was swallowed."
+                .into(),
+        );
+        f.next_step = Some(
+            "Look for exception handlers that exit with 0 around the training loop. The program's own last error \
+             lines are quoted below the verdict."
+                .into(),
+        );
+    }
+    Some(f)
+}

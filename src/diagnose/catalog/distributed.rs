@@ -1,0 +1,361 @@
+//! Ranks that do not meet: out of step in their collectives, a peer gone, a rendezvous that never
+//! completed, NCCL's watchdog, two ranks on one GPU.
+
+use super::{Finding, Pattern};
+use crate::diagnose::evidence::{Evidence, RankEvidence, Thread, failure_time, location};
+use crate::harness::result::RankResult;
+use crate::scenario::OutcomeKind;
+
+pub const RANKS_OUT_OF_STEP: Pattern = Pattern {
+    id: "ranks-out-of-step",
+    title: "Ranks out of step",
+    matches: "every failing rank hung, waiting in different collectives: from markers (one rank in \
+              `dist.barrier` after its last step, another in step N's all-reduce) or from stacks (`barrier`, \
+              `all_reduce`, `broadcast`, DDP's `Reducer::finalize_backward`, NCCL/gloo waits)",
+    explanation: "Each rank waits for a collective the others will never join, so all block until a timeout \
+                  (NCCL's watchdog fires after 10 minutes, gloo's after 30). A rank ran fewer steps or skipped \
+                  a collective: uneven data shards, an early `break`/`continue` on one rank, or a condition that \
+                  differs between ranks.",
+    next_step: "Make every rank run the same number of steps and the same collectives: equal shards \
+                (`DistributedSampler(drop_last=True)`), no rank-dependent `break`, or DDP's `join()` context \
+                manager for uneven inputs.",
+    reference: "https://pytorch.org/docs/stable/distributed.algorithms.join.html",
+};
+
+pub const PEER_LOST: Pattern = Pattern {
+    id: "peer-lost",
+    title: "Peer lost (collateral)",
+    matches: "a rank's error is `Connection reset by peer` or `Connection closed by peer` after another rank \
+              ended: that rank is collateral, the one that ended first is the culprit",
+    explanation: "The rank's collective failed because the process at the other end of the connection was \
+                  gone: its error is a consequence, not the cause.",
+    next_step: "Look at the rank that ended first: its own end (signal, exit status, error) is the cause.",
+    reference: "https://pytorch.org/docs/stable/distributed.html#debugging-torch-distributed-applications",
+};
+
+pub const RENDEZVOUS_INCOMPLETE: Pattern = Pattern {
+    id: "rendezvous-incomplete",
+    title: "Rendezvous never completed",
+    matches: "a rank failed or hung in `init_process_group` (a store timeout such as `Timed out after N \
+              seconds waiting for clients. 1/2 clients joined.`, `DistStoreError`, `The client socket has timed \
+              out`, stacks in the rendezvous, or the built-in trainer's `dist.init` phase) while another rank \
+              had exited or never started",
+    explanation: "`init_process_group` waits until all `WORLD_SIZE` ranks have joined the store; a rank that \
+                  exited before it, never started, or was given another world size or address leaves the \
+                  others waiting until the store's timeout (30 minutes by default).",
+    next_step: "Find why the missing rank left or never arrived (its own output comes first); check that every \
+                rank gets the same `WORLD_SIZE`, `MASTER_ADDR` and `MASTER_PORT`. A short `timeout=` in \
+                `init_process_group` makes the wait fail fast.",
+    reference: "https://pytorch.org/docs/stable/distributed.html#torch.distributed.init_process_group",
+};
+
+pub const NCCL_WATCHDOG_TIMEOUT: Pattern = Pattern {
+    id: "nccl-watchdog-timeout",
+    title: "NCCL watchdog timeout",
+    matches: "`Watchdog caught collective operation timeout: WorkNCCL(SeqNum=…, OpType=…, …)` in a rank's \
+              output",
+    explanation: "A NCCL collective did not complete within the process group's timeout (10 minutes by \
+                  default): another rank never joined it (ranks out of step, a rank stuck or gone), so the \
+                  watchdog aborted the communicator and the process.",
+    next_step: "Find the rank that did not reach the collective with this SeqNum: the others' last steps and \
+                stacks say where each waited. `TORCH_NCCL_TRACE_BUFFER_SIZE` enables the NCCL flight recorder \
+                for the next run.",
+    reference: "https://pytorch.org/docs/stable/torch_nccl_environment_variables.html",
+};
+
+pub const DUPLICATE_GPU: Pattern = Pattern {
+    id: "duplicate-gpu",
+    title: "Two ranks on one GPU",
+    matches: "NCCL's `Duplicate GPU detected : rank 1 and rank 0 both on CUDA device …`",
+    explanation: "Two ranks were given the same GPU: NCCL needs one GPU per rank (`world_size` exceeds the GPUs \
+                  of this machine, or `LOCAL_RANK` does not pick a GPU of its own).",
+    next_step: "Run at most one CUDA rank per GPU (`world_size` ≤ GPUs; `torch.cuda.set_device(LOCAL_RANK)`), \
+                or use CPU ranks (gloo) for a multi-rank reproduction on one GPU.",
+    reference: "https://pytorch.org/docs/stable/notes/ddp.html",
+};
+
+/// Which collective a stack waits in, innermost frame first.
+pub fn collective_of(frames: &[crate::diagnose::evidence::StackFrame]) -> Option<&'static str> {
+    frames.iter().find_map(|f| {
+        let func = f.function.as_str();
+        Some(if func.contains("finalize_backward") {
+            "DDP's gradient all-reduce (`Reducer::finalize_backward`, inside `loss.backward()`)"
+        } else if func == "barrier" || func.ends_with("::barrier") {
+            "`dist.barrier()`"
+        } else if func == "all_reduce" || func.contains("allreduce") {
+            "`all_reduce`"
+        } else if func == "broadcast" || func.contains("::broadcast") {
+            "`broadcast`"
+        } else if func == "all_gather" || func.contains("allgather") {
+            "`all_gather`"
+        } else if func.contains("reduce_scatter") {
+            "`reduce_scatter`"
+        } else if func.contains("ProcessGroupNCCL") || func.contains("gloo::") {
+            "a NCCL/gloo wait"
+        } else {
+            return None;
+        })
+    })
+}
+
+/// The rank's own main thread (not a child's), as the stacks show it.
+fn main_thread<'e>(rank: &'e RankEvidence) -> Option<&'e Thread> {
+    let own: Vec<&Thread> = rank.threads.iter().filter(|t| !t.in_child).collect();
+    own.iter().find(|t| t.name == "MainThread" || t.name == "main").or(own.first()).copied()
+}
+
+/// Phases where a stuck rank waits for the other ranks.
+const COLLECTIVE_PHASES: [&str; 5] =
+    ["dist.init", "dist.barrier", "allreduce", "allgather", "reduce_scatter"];
+
+/// The only rank of `picked`, if there is exactly one.
+fn alone(picked: Vec<&RankResult>) -> Option<&RankResult> {
+    if picked.len() == 1 { picked.first().copied() } else { None }
+}
+
+/// From markers: when every failing rank hung and they wait in different places, the one that
+/// caused it: the only rank stuck outside a collective (it holds the others up), else the only
+/// rank furthest along, out of the training loop (`dist.barrier`, after its last step) or in a
+/// later step's collective. `None` when no single rank stands out.
+pub fn odd_rank_by_markers(ranks: &[RankResult]) -> Option<&RankResult> {
+    let failed: Vec<&RankResult> = ranks.iter().filter(|r| r.outcome != OutcomeKind::Passed).collect();
+    if failed.len() < 2 || failed.iter().any(|r| r.outcome != OutcomeKind::Hung || r.markers == 0) {
+        return None;
+    }
+    let waits = |r: &RankResult| r.last_phase.as_deref().is_some_and(|p| COLLECTIVE_PHASES.contains(&p));
+    let outside: Vec<&RankResult> = failed.iter().copied().filter(|r| !waits(r)).collect();
+    if !outside.is_empty() {
+        return alone(outside);
+    }
+    let along = |r: &RankResult| (r.last_phase.as_deref() == Some("dist.barrier"), r.last_step.unwrap_or(0));
+    let furthest = failed.iter().map(|r| along(r)).max()?;
+    if failed.iter().all(|r| along(r) == furthest) {
+        return None;
+    }
+    alone(failed.into_iter().filter(|r| along(r) == furthest).collect())
+}
+
+/// What the stacks of hung ranks show: the odd rank, each rank's collective, and where the
+/// kernel has each main thread.
+struct StackWaits {
+    odd: u32,
+    waits: Vec<(u32, Option<&'static str>)>,
+    kernel: Vec<String>,
+}
+
+/// From stacks: each hung rank's collective; the odd one is the rank whose wait no other rank
+/// shares, `dist.barrier()` first (it left its loop early), or the one waiting in none.
+fn odd_rank_by_stacks(ev: &Evidence) -> Option<StackWaits> {
+    let hung: Vec<&RankEvidence> = ev.ranks.iter().filter(|r| r.failed()).collect();
+    if hung.len() < 2 || hung.iter().any(|r| r.result.outcome != OutcomeKind::Hung) {
+        return None;
+    }
+    let waits: Vec<(u32, Option<&'static str>)> =
+        hung.iter().map(|r| (r.rank(), main_thread(r).and_then(|t| collective_of(&t.frames)))).collect();
+    let kernel: Vec<String> = hung
+        .iter()
+        .filter_map(|r| {
+            Some(format!("rank {}'s main thread sits in {}", r.rank(), main_thread(r)?.wait.as_deref()?))
+        })
+        .collect();
+    if waits.iter().filter(|(_, c)| c.is_some()).count() < 1 || waits.iter().all(|(_, c)| *c == waits[0].1) {
+        return None;
+    }
+    let count = |c: Option<&str>| waits.iter().filter(|(_, o)| *o == c).count();
+    let unique: Vec<&(u32, Option<&str>)> = waits.iter().filter(|(_, c)| count(*c) == 1).collect();
+    let odd = unique
+        .iter()
+        .find(|(_, c)| c.is_none())
+        .or_else(|| unique.iter().find(|(_, c)| *c == Some("`dist.barrier()`")))
+        .or(unique.first())?;
+    Some(StackWaits { odd: odd.0, waits: waits.clone(), kernel })
+}
+
+pub fn ranks_out_of_step(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Finding> {
+    first?;
+    let mut f = Finding::of(&RANKS_OUT_OF_STEP);
+    let ranks: Vec<RankResult> = ev.ranks.iter().map(|r| r.result.clone()).collect();
+    if let Some(odd) = odd_rank_by_markers(&ranks) {
+        let stuck: Vec<&RankResult> = ranks.iter().filter(|r| r.outcome == OutcomeKind::Hung).collect();
+        let places: Vec<String> = stuck
+            .iter()
+            .map(|r| format!("rank {} after {} steps {}", r.rank, r.steps_done, location(r)))
+            .collect();
+        f.culprit = Some(odd.rank);
+        f.cause = Some(format!(
+            "The ranks are out of step: {}. {} Rank {} stopped first.",
+            places.join("; "),
+            RANKS_OUT_OF_STEP.explanation,
+            odd.rank
+        ));
+        return Some(f);
+    }
+    let StackWaits { odd, waits, kernel } = odd_rank_by_stacks(ev)?;
+    let places: Vec<String> = waits
+        .iter()
+        .map(|(r, c)| match c {
+            Some(c) => format!("rank {r} waits in {c}"),
+            None => format!("rank {r} waits in no collective"),
+        })
+        .collect();
+    f.culprit = Some(odd);
+    f.headline = Some(format!(
+        "Ranks out of step: {}. Rank {odd} is the odd one: it {}.",
+        places.join(", "),
+        match waits.iter().find(|(r, _)| *r == odd).and_then(|(_, c)| *c) {
+            Some("`dist.barrier()`") =>
+                "left its training loop early (a step fewer?) while the others still train",
+            Some(_) => "waits in a collective no other rank is in",
+            None => "is stuck outside any collective and holds the others up",
+        }
+    ));
+    f.evidence.push(format!("from py-spy stacks of each rank's main thread: {}", places.join("; ")));
+    if !kernel.is_empty() {
+        f.evidence.push(format!("the kernel: {}", kernel.join("; ")));
+    }
+    f.cause =
+        Some(format!("The ranks are out of step: {}. {}", places.join("; "), RANKS_OUT_OF_STEP.explanation));
+    Some(f)
+}
+
+/// The rank's line saying its peer went away.
+pub fn lost_peer_line<'e>(rank: &'e RankEvidence) -> Option<&'e str> {
+    const NEEDLES: [&str; 3] =
+        ["Connection reset by peer", "Connection closed by peer", "connection closed by peer"];
+    let key = rank.key.as_ref().map(|k| k.text.as_str()).or(rank.result.error.as_deref())?;
+    NEEDLES.iter().any(|n| key.contains(n)).then_some(key)
+}
+
+pub fn peer_lost(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Finding> {
+    let first = first?;
+    let lost: Vec<&RankEvidence> =
+        ev.ranks.iter().filter(|r| r.rank() != first.rank() && lost_peer_line(r).is_some()).collect();
+    if lost.is_empty() {
+        return None;
+    }
+    let mut f = Finding::of(&PEER_LOST);
+    for r in &lost {
+        f.evidence.push(format!(
+            "rank {} lost its peer: `{}`: collateral of rank {}'s end",
+            r.rank(),
+            lost_peer_line(r).unwrap_or_default(),
+            first.rank()
+        ));
+    }
+    let names: Vec<String> = lost.iter().map(|r| r.rank().to_string()).collect();
+    f.cause = Some(format!(
+        "Rank {}'s error is only the loss of its peer: the connection to rank {} closed when rank {} ended. {}",
+        names.join(", "),
+        first.rank(),
+        first.rank(),
+        PEER_LOST.next_step
+    ));
+    Some(f)
+}
+
+/// `1/2 clients joined` → (1, 2).
+fn clients_joined(text: &str) -> Option<(u32, u32)> {
+    let before = text.split(" clients joined").next()?;
+    let frac = before.rsplit(' ').next()?;
+    let (a, b) = frac.split_once('/')?;
+    Some((a.parse().ok()?, b.parse().ok()?))
+}
+
+fn at_rendezvous(rank: &RankEvidence) -> bool {
+    const NEEDLES: [&str; 5] = [
+        "waiting for clients",
+        "clients joined",
+        "DistStoreError",
+        "The client socket has timed out",
+        "Socket Timeout",
+    ];
+    let said = rank.key.as_ref().is_some_and(|k| NEEDLES.iter().any(|n| k.text.contains(n)));
+    let stuck = rank.result.outcome == OutcomeKind::Hung
+        && (main_thread(rank).is_some_and(|t| {
+            t.frames.iter().any(|f| {
+                f.function.contains("init_process_group")
+                    || f.function.contains("rendezvous")
+                    || f.function.contains("TCPStore")
+            })
+        }) || rank.result.last_phase.as_deref() == Some("dist.init"));
+    said || stuck
+}
+
+pub fn rendezvous_incomplete(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Finding> {
+    first?;
+    let waiting = ev.ranks.iter().find(|r| r.failed() && at_rendezvous(r))?;
+    let waited_until = failure_time(waiting.result);
+    let absent: Vec<&RankEvidence> = ev
+        .ranks
+        .iter()
+        .filter(|r| {
+            r.rank() != waiting.rank()
+                && (r.result.outcome == OutcomeKind::LaunchFailed
+                    || (r.result.ended_at_s.is_some_and(|t| t <= waited_until) && !at_rendezvous(r)))
+        })
+        .collect();
+    let mut f = Finding::of(&RENDEZVOUS_INCOMPLETE);
+    let gone: Vec<String> = absent
+        .iter()
+        .map(|r| {
+            let res = r.result;
+            let how = match (res.outcome, res.exit_code, res.signal.as_deref()) {
+                (OutcomeKind::LaunchFailed, _, _) => "never started".to_string(),
+                (_, Some(c), _) => format!("exited with status {c}"),
+                (_, _, Some(s)) => format!("was killed by {s}"),
+                _ => "ended".to_string(),
+            };
+            let at = res.ended_at_s.map(|t| format!(" at {t:.1} s")).unwrap_or_default();
+            format!("rank {} {how}{at} without joining", r.rank())
+        })
+        .collect();
+    let joined = waiting.key.as_ref().and_then(|k| clients_joined(&k.text));
+    if let Some((n, m)) = joined {
+        f.evidence.push(format!("the store saw {n} of {m} ranks join"));
+    }
+    let said = waiting.key.as_ref().map(|k| format!(": `{}`", k.text)).unwrap_or_default();
+    let why = if !gone.is_empty() {
+        gone.join("; ")
+    } else if let Some((n, m)) = joined {
+        format!(
+            "only {n} of {m} ranks joined, and no rank of this run left early: a rank may have been given another world size or address"
+        )
+    } else {
+        "no other rank is known to have left: check `WORLD_SIZE`, `MASTER_ADDR` and `MASTER_PORT` on every rank".to_string()
+    };
+    f.culprit = absent.iter().find(|r| r.failed()).map(|r| r.rank());
+    f.headline = Some(format!(
+        "The rendezvous never completed: {why}; rank {} waited in `init_process_group` and {}{said}.",
+        waiting.rank(),
+        if waiting.result.outcome == OutcomeKind::Hung { "was stopped" } else { "gave up" },
+    ));
+    Some(f)
+}
+
+pub fn nccl_watchdog(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Finding> {
+    first?;
+    let (rank, line) = ev.ranks.iter().find_map(|r| {
+        r.line_with("Watchdog caught collective operation timeout").map(|l| (r.rank(), l.to_string()))
+    })?;
+    let field = |name: &str| {
+        let rest = &line[line.find(&format!("{name}="))? + name.len() + 1..];
+        Some(rest.split([',', ')']).next()?.trim().to_string())
+    };
+    let mut f = Finding::of(&NCCL_WATCHDOG_TIMEOUT);
+    let op = field("OpType").unwrap_or_else(|| "a collective".into());
+    let seq = field("SeqNum").map(|s| format!(" (SeqNum={s})")).unwrap_or_default();
+    let ms = field("Timeout(ms)").map(|t| format!(" after {t} ms")).unwrap_or_default();
+    f.headline = Some(format!(
+        "Rank {rank}'s NCCL watchdog timed out in {op}{seq}{ms}: another rank never joined that collective."
+    ));
+    f.evidence.push(format!("rank {rank}: `{}`", line.trim()));
+    Some(f)
+}
+
+pub fn duplicate_gpu(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Finding> {
+    first?;
+    let line = ev.ranks.iter().find_map(|r| r.line_with("Duplicate GPU detected"))?;
+    let mut f = Finding::of(&DUPLICATE_GPU);
+    f.evidence.push(format!("NCCL: `{}`", line.trim()));
+    Some(f)
+}

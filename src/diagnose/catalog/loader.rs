@@ -1,0 +1,490 @@
+//! DataLoader workers and `/dev/shm`: a worker's exception, a worker killed by a signal, shared
+//! memory exhausted or left behind, and an input-bound run.
+
+use super::{Finding, Pattern};
+use crate::diagnose::evidence::{Evidence, RankEvidence, location};
+use crate::harness::result::{MemoryReport, RankResult, ShmAt};
+use crate::probe::env::human_bytes;
+use crate::scenario::Scenario;
+
+pub const DATALOADER_WORKER_EXCEPTION: Pattern = Pattern {
+    id: "dataloader-worker-exception",
+    title: "DataLoader worker exception",
+    matches: "`Caught <Error> in DataLoader worker process N.` and the worker's `Original Traceback`: the \
+              key line is the dataset's own error with its file:line (and the sample index when the message \
+              shows it)",
+    explanation: "The dataset's code raised while a worker built a batch; the worker sent the exception to the \
+                  main process, which re-raised it: the rank's error is the worker's.",
+    next_step: "Fix the dataset at the line named; `num_workers=0` runs the dataset in the main process, where \
+                a debugger can stop at the failing sample.",
+    reference: "https://pytorch.org/docs/stable/data.html#multi-process-data-loading",
+};
+
+pub const WORKER_KILLED_BY_SIGNAL: Pattern = Pattern {
+    id: "worker-killed-by-signal",
+    title: "DataLoader worker killed by a signal",
+    matches: "`DataLoader worker (pid N) is killed by signal: …` or `DataLoader worker (pid(s) N) exited \
+              unexpectedly` without an OOM kill or a full `/dev/shm` recorded for it",
+    explanation: "A worker process died without raising an exception: a crash in native code, or a signal from \
+                  outside (SIGKILL). PyTorch's DataLoader only sees that the worker is gone and fails the rank.",
+    next_step: "The signal says which: `Segmentation fault` is a native crash in the dataset's code or a \
+                library it calls; `Killed` is a SIGKILL from outside (the OOM killer, a job scheduler, a \
+                person): check the memory figures and the kernel log (`dmesg`).",
+    reference: "https://pytorch.org/docs/stable/data.html#multi-process-data-loading",
+};
+
+pub const SHM_EXHAUSTED: Pattern = Pattern {
+    id: "shm-exhausted",
+    title: "/dev/shm exhausted",
+    matches: "SIGBUS in a rank or worker while `/dev/shm` was full, or PyTorch's `unable to allocate shared \
+              memory(shm)` / `Unexpected bus error encountered in worker`",
+    explanation: "DataLoader workers hand every batch to the main process through `/dev/shm`; when it is full \
+                  (Docker's default is 64 MB) PyTorch cannot allocate the batch's segment, or a page written \
+                  to one cannot be backed and the kernel sends SIGBUS.",
+    next_step: "Give `/dev/shm` more room (Docker's `--shm-size`, a Kubernetes `emptyDir` with `medium: \
+                Memory`, `data.shm_size` here), or use fewer workers, a smaller batch or `prefetch_factor`.",
+    reference: "https://github.com/pytorch/pytorch#docker-image",
+};
+
+pub const LEAKED_SHM: Pattern = Pattern {
+    id: "leaked-shm",
+    title: "Leaked /dev/shm segments",
+    matches: "files the run created in `/dev/shm` were still there after every rank ended",
+    explanation: "Shared-memory segments outlive the processes that made them unless unlinked: a crashed \
+                  worker, a killed rank or a missing cleanup leaves them, and each holds memory until removed \
+                  (Python warns `There appear to be N leaked shared_memory objects`).",
+    next_step: "Unlink segments once both sides have opened them (`SharedMemory.unlink()`), and clean up in a \
+                `finally`; ups-doctor removes its own run's leftovers and lists them in the report.",
+    reference: "https://docs.python.org/3/library/multiprocessing.shared_memory.html",
+};
+
+pub const INPUT_BOUND: Pattern = Pattern {
+    id: "input-bound",
+    title: "Input-bound",
+    matches: "the ranks spent at least half of their step time waiting for data (from `data.next` markers)",
+    explanation: "The ranks wait for batches more than they compute: the data pipeline, not the model, sets \
+                  the speed, and a bigger batch only makes each wait longer.",
+    next_step: "Try more workers (`num_workers`, `data.workers`), a larger prefetch, or a faster cache \
+                (in memory or `/dev/shm` instead of disk).",
+    reference: "https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html",
+};
+
+/// A run spending at least this share of its step time waiting for data is input-bound.
+pub const INPUT_BOUND_SHARE: f64 = 0.5;
+/// `/dev/shm` this full (used / total) counts as full when a bus error is judged.
+pub const SHM_FULL_SHARE: f64 = 0.95;
+
+/// `78% of step time waiting for data` (all ranks together), when that is at least
+/// [`INPUT_BOUND_SHARE`].
+pub fn input_bound(ranks: &[RankResult]) -> Option<String> {
+    let shares: Vec<f64> = ranks.iter().filter_map(|r| r.data_wait_fraction).collect();
+    if shares.is_empty() {
+        return None;
+    }
+    let share = shares.iter().sum::<f64>() / shares.len() as f64;
+    (share >= INPUT_BOUND_SHARE).then(|| format!("{:.0}% of step time waiting for data", share * 100.0))
+}
+
+pub fn input_bound_run(ev: &Evidence, _: Option<&RankEvidence>) -> Option<Finding> {
+    let ranks: Vec<RankResult> = ev.ranks.iter().map(|r| r.result.clone()).collect();
+    let line = input_bound(&ranks)?;
+    let mut f = Finding::of(&INPUT_BOUND);
+    f.appendix = Some(format!(" Input-bound: {line}."));
+    f.cause = None;
+    f.next_step = Some(
+        "The ranks wait for batches more than they compute: try more workers (`data.workers`), a larger \
+         `data.prefetch`, or a faster cache (`data.cache`); a bigger batch only makes each wait longer."
+            .into(),
+    );
+    Some(f)
+}
+
+pub fn leaked_shm(ev: &Evidence, _: Option<&RankEvidence>) -> Option<Finding> {
+    ev.leftovers.shm.iter().any(|s| s.ours).then(|| {
+        let mut f = Finding::of(&LEAKED_SHM);
+        f.cause = Some(LEAKED_SHM.explanation.to_string());
+        f
+    })
+}
+
+/// `8.0 of 64.0 MiB`: both figures in the unit that suits the total.
+pub fn used_of(used: u64, total: u64) -> String {
+    let (div, unit) =
+        if total >= 10 << 30 { ((1u64 << 30) as f64, "GiB") } else { ((1u64 << 20) as f64, "MiB") };
+    let digits = if unit == "GiB" { 2 } else { 1 };
+    format!("{:.digits$} of {:.digits$} {unit}", used as f64 / div, total as f64 / div)
+}
+
+/// A failed DataLoader worker, as PyTorch's messages (and the built-in trainer's tag
+/// `[data-loader worker ID of rank R, METHOD]`) name it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoaderFailure {
+    /// `Caught RuntimeError in DataLoader worker process 1.`, or the built-in trainer's tag.
+    pub worker: Option<u32>,
+    /// `DataLoader worker (pid 1234) …`, or the pid in a `/torch_<pid>_…` shared-memory file.
+    pub pid: Option<u32>,
+    /// What happened, in PyTorch's words (`unable to allocate shared memory(shm) for file
+    /// </torch_1234_…>: …`, `is killed by signal: Bus error.`).
+    pub what: String,
+    /// The failure was shared memory running out.
+    pub out_of_shm: bool,
+    /// The worker died (a signal, an unexpected exit) rather than raising an exception.
+    pub died: bool,
+}
+
+fn number_after(line: &str, label: &str) -> Option<u32> {
+    let rest = &line[line.find(label)? + label.len()..];
+    rest.trim_start_matches(|c: char| !c.is_ascii_digit())
+        .split(|c: char| !c.is_ascii_digit())
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// The DataLoader worker failure in `text` (a rank's error message, or its output), if any.
+pub fn loader_failure(text: &[String]) -> Option<LoaderFailure> {
+    let worker = text.iter().rev().find_map(|l| {
+        number_after(l, "in DataLoader worker process ").or_else(|| number_after(l, "[data-loader worker "))
+    });
+    let shm = text.iter().rev().find(|l| l.contains("unable to allocate shared memory(shm)"));
+    let killed = text
+        .iter()
+        .rev()
+        .find(|l| l.contains("DataLoader worker (pid") && l.contains("is killed by signal"))
+        .or_else(|| text.iter().rev().find(|l| l.contains("DataLoader worker (pid")));
+    let bus = text
+        .iter()
+        .any(|l| l.contains("Unexpected bus error encountered in worker") || l.contains("Bus error"));
+    let (what, pid, died) = if let Some(line) = shm {
+        let what = line[line.find("unable to allocate").unwrap_or(0)..].trim().to_string();
+        let pid = line.split("/torch_").nth(1).and_then(|rest| rest.split('_').next()?.parse().ok());
+        (what, pid, false)
+    } else if let Some(line) = killed {
+        let rest = &line[line.find("DataLoader worker (pid").unwrap_or(0)..];
+        let pid = number_after(rest, "(pid");
+        let what = rest.split_once(") ").map_or(rest, |(_, how)| how);
+        let what = what.split(" [").next().unwrap_or(what).trim().to_string();
+        (what, pid, true)
+    } else if worker.is_some() {
+        let last = text.iter().rev().find(|l| !l.trim().is_empty()).cloned().unwrap_or_default();
+        (last.trim().to_string(), None, false)
+    } else {
+        return None;
+    };
+    Some(LoaderFailure { worker, pid, out_of_shm: shm.is_some() || bus, what, died })
+}
+
+/// `DataLoader worker 1 (pid 42)`, as far as it is known.
+fn worker_name(l: &LoaderFailure) -> String {
+    match (l.worker, l.pid) {
+        (Some(id), Some(pid)) => format!("DataLoader worker {id} (pid {pid})"),
+        (Some(id), None) => format!("DataLoader worker {id}"),
+        (None, Some(pid)) => format!("a DataLoader worker (pid {pid})"),
+        (None, None) => "a DataLoader worker".to_string(),
+    }
+}
+
+/// `exited with status 1`, and ` in `data.next` at step 4` where markers can say where.
+fn consequence(r: &RankResult, foreign: bool) -> (String, String) {
+    let code = r
+        .exit_code
+        .map_or("exited with an unobserved status".to_string(), |c| format!("exited with status {c}"));
+    let at = if foreign && r.markers == 0 { String::new() } else { format!(" {}", location(r)) };
+    (code, at)
+}
+
+fn worker_headline(l: &LoaderFailure, r: &RankResult, foreign: bool) -> String {
+    let (code, at) = consequence(r, foreign);
+    let rank = r.rank;
+    format!(
+        "{} of rank {rank} failed first ({}); rank {rank} {code} as a consequence{at}.",
+        worker_name(l).replacen("a DataLoader", "A DataLoader", 1),
+        l.what
+    )
+}
+
+pub fn worker_exception(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Finding> {
+    let first = first?;
+    let l = loader_failure(&first.text)?;
+    if l.died || l.out_of_shm {
+        return None;
+    }
+    let key = first.key.as_ref()?;
+    let mut f = Finding::of(&DATALOADER_WORKER_EXCEPTION);
+    let index = number_after(&key.text, "index ").map(|i| format!(", sample index {i}")).unwrap_or_default();
+    let at = key.at.as_ref().map(|a| format!(" at `{a}`")).unwrap_or_default();
+    let (code, loc) = consequence(first.result, ev.foreign);
+    let r = first.rank();
+    f.headline = Some(format!(
+        "{} of rank {r} raised `{}` in the dataset{at}{index}; rank {r} {code} as a consequence{loc}.",
+        worker_name(&l),
+        key.text
+    ));
+    f.evidence.push(format!("culprit: {} of rank {r}: `{}`", worker_name(&l), key.render()));
+    Some(f)
+}
+
+pub fn worker_killed(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Finding> {
+    let first = first?;
+    let l = loader_failure(&first.text)?;
+    if !l.died || l.out_of_shm {
+        return None;
+    }
+    let r = first.rank();
+    let mut f = Finding::of(&WORKER_KILLED_BY_SIGNAL);
+    f.culprit = Some(r);
+    f.headline = Some(worker_headline(&l, first.result, ev.foreign));
+    f.evidence.push(format!("culprit: {} of rank {r} {}", worker_name(&l), l.what));
+    let (code, _) = consequence(first.result, ev.foreign);
+    f.evidence.push(format!("consequence: rank {r} noticed at once and {code}"));
+    if !first.result.backtrace.is_empty() {
+        f.evidence.push("the native backtrace below is the worker's, written by its crash handler".into());
+    }
+    let how = l.what.as_str();
+    f.cause = Some(if how.contains("Killed") || how.contains("exited unexpectedly") {
+        let no_oom = match ev.cgroup {
+            Some(_) => {
+                "no OOM kill was recorded for it (the scenario's memory cgroup counted none)".to_string()
+            }
+            None => {
+                "no OOM event was recorded for it (the scenario ran without a memory cgroup of its own, so \
+                     only the kernel log could have shown one)"
+                    .to_string()
+            }
+        };
+        format!(
+            "The worker ended without an exception{}; {no_oom}. Something outside the program sent it SIGKILL \
+             or it crashed: an OOM kill is not established by the evidence here.",
+            if how.contains("Killed") { ", killed by SIGKILL" } else { "" }
+        )
+    } else if how.contains("signal") {
+        "The worker crashed in native code while building a batch; the rank only sees that its worker is gone."
+            .into()
+    } else {
+        "The worker exited on its own (an error in the dataset code, or a swallowed exception); its message is \
+         in the log tail."
+            .into()
+    });
+    f.next_step = Some(if ev.foreign {
+        "The worker's own output is in the rank's stderr (workers share it); `num_workers=0` shows whether the \
+         failure needs worker processes."
+            .into()
+    } else {
+        "The worker's log lines are in the rank's stderr (workers share it); `--set data.workers=0` shows whether \
+         the failure needs worker processes."
+            .into()
+    });
+    Some(f)
+}
+
+/// For a rank killed by SIGBUS, or one whose data-loader worker was: the `/dev/shm` figure at
+/// that moment (evidence), and when `/dev/shm` was full, PyTorch's diagnosis and what to do.
+fn bus_error_cause(
+    scenario: &Scenario,
+    failed: &RankResult,
+    memory: &MemoryReport,
+) -> Option<(String, Option<String>, String)> {
+    let worker_pid = failed.error.as_deref().and_then(bus_error_worker_pid);
+    if failed.signal.as_deref() != Some("SIGBUS") && worker_pid.is_none() {
+        return None;
+    }
+    let at_end: &ShmAt = memory.shm.at_rank_end.iter().find(|a| a.rank == failed.rank)?;
+    // The rank measures `/dev/shm` the moment it notices a dead worker, before it removes its
+    // ring: that figure, not the one after the rank cleaned up, is the one at the failure.
+    let noticed = failed.error.as_deref().and_then(shm_held_when_noticed);
+    let at = &match noticed {
+        Some((used, total)) => ShmAt { used_bytes: used, total_bytes: total, ..at_end.clone() },
+        None => at_end.clone(),
+    };
+    let who = match worker_pid {
+        Some(pid) => {
+            let id = memory.processes.iter().find(|p| p.pid == pid).and_then(|p| p.worker);
+            match id {
+                Some(id) => format!("worker {id} of rank {} (pid {pid})", failed.rank),
+                None => format!("a data-loader worker of rank {} (pid {pid})", failed.rank),
+            }
+        }
+        None => format!("rank {}", failed.rank),
+    };
+    let whose = whose_shm(scenario, memory);
+    let percent = if at.total_bytes > 0 { at.used_bytes as f64 / at.total_bytes as f64 } else { 0.0 };
+    let evidence = format!(
+        "{whose} was at {} ({:.0}%) when {who} was killed by SIGBUS at {:.2} s",
+        used_of(at.used_bytes, at.total_bytes),
+        percent * 100.0,
+        at.t_s
+    );
+    let next = "Give `/dev/shm` more room: raise `data.shm_size` here, Docker's `--shm-size` (its default \
+                is 64 MB) or a Kubernetes `emptyDir` with `medium: Memory`; or keep the dataset cache out \
+                of shared memory (`data.cache: disk`), or use fewer `data.workers` or a smaller \
+                `data.prefetch`."
+        .to_string();
+    let cause = (percent >= SHM_FULL_SHARE).then(|| {
+        format!(
+            "Out of shared memory: {whose} was full ({}) and the next page written to a shared \
+             segment could not be backed, so the kernel sent SIGBUS to {who}. PyTorch reports the same \
+             situation as \"DataLoader worker (pid N) is killed by signal: Bus error. It is possible that \
+             dataloader's workers are out of shared memory. Please try to raise your shared memory limit.\"",
+            used_of(at.used_bytes, at.total_bytes)
+        )
+    });
+    Some((evidence, cause, next))
+}
+
+fn whose_shm(scenario: &Scenario, memory: &MemoryReport) -> String {
+    match &scenario.data.shm_size {
+        Some(size) if memory.shm.private => {
+            format!("the run's private `/dev/shm` (`data.shm_size` = `{size}`)")
+        }
+        _ => "the machine's `/dev/shm`".to_string(),
+    }
+}
+
+/// `(used, total)` from the rank's `… /dev/shm held USED of TOTAL bytes]` tag.
+fn shm_held_when_noticed(error: &str) -> Option<(u64, u64)> {
+    let rest = &error[error.find(crate::protocol::SHM_HELD)? + crate::protocol::SHM_HELD.len()..];
+    let mut words = rest.split_whitespace();
+    let used = words.next()?.parse().ok()?;
+    (words.next()? == "of").then_some(())?;
+    let total = words.next()?.parse().ok()?;
+    Some((used, total))
+}
+
+/// The worker pid in PyTorch's `DataLoader worker (pid N) is killed by signal: Bus error.`
+fn bus_error_worker_pid(error: &str) -> Option<u32> {
+    if !error.contains("Bus error") {
+        return None;
+    }
+    number_after(error, "worker (pid ")
+}
+
+/// For a program's rank that failed for lack of shared memory (PyTorch's message, or SIGBUS): the
+/// `/dev/shm` figure, its peak over the run (the failed segment is gone by the time the rank ends).
+fn peak_shm_line(ev: &Evidence, failed: &RankEvidence, memory: &MemoryReport) -> Option<(String, f64)> {
+    let out_of_shm = loader_failure(&failed.text).is_some_and(|l| l.out_of_shm)
+        || failed.result.signal.as_deref() == Some("SIGBUS");
+    if !out_of_shm {
+        return None;
+    }
+    let (used, total) = (memory.shm.peak_used_bytes?, memory.shm.total_bytes?);
+    let percent = if total > 0 { used as f64 / total as f64 } else { 0.0 };
+    Some((
+        format!(
+            "{} peaked at {} ({:.0}%) during the run (sampled every {} ms; an allocation that failed took no room, \
+             so the segment that did not fit is not in this figure)",
+            whose_shm(ev.scenario, memory),
+            used_of(used, total),
+            percent * 100.0,
+            (memory.interval_s * 1000.0).round()
+        ),
+        percent,
+    ))
+}
+
+pub fn shm_exhausted(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Finding> {
+    let first = first?;
+    let mut f = Finding::of(&SHM_EXHAUSTED);
+    if !ev.foreign {
+        let (evidence, cause, next) = bus_error_cause(ev.scenario, first.result, ev.memory?)?;
+        let cause = cause?;
+        f.evidence.push(evidence);
+        f.cause = Some(cause);
+        f.next_step = Some(next);
+        if let Some(l) = loader_failure(&first.text).filter(|l| l.died) {
+            f.headline = Some(worker_headline(&l, first.result, ev.foreign));
+        }
+        return Some(f);
+    }
+    let peak = ev.memory.and_then(|m| peak_shm_line(ev, first, m));
+    match loader_failure(&first.text).filter(|l| l.out_of_shm) {
+        Some(l) => {
+            f.headline = Some(worker_headline(&l, first.result, ev.foreign));
+            f.evidence.push(format!("culprit: {} of rank {}: {}", worker_name(&l), first.rank(), l.what));
+        }
+        // A SIGBUS alone is shared memory only when the figure shows it full.
+        None if peak.as_ref().is_some_and(|(_, p)| *p >= SHM_FULL_SHARE) => {}
+        None => return None,
+    }
+    f.evidence.extend(peak.map(|(line, _)| line));
+    Some(f)
+}
+
+/// Evidence about `/dev/shm` for any verdict: the figure behind a bus error, what the run left
+/// behind.
+pub fn shm_lines(ev: &Evidence, failed: Option<&RankEvidence>) -> Vec<String> {
+    let mut out = Vec::new();
+    if let (Some(failed), Some(memory)) = (failed, ev.memory) {
+        let line = if ev.foreign {
+            peak_shm_line(ev, failed, memory).map(|(l, _)| l)
+        } else {
+            bus_error_cause(ev.scenario, failed.result, memory).map(|(l, _, _)| l)
+        };
+        out.extend(line);
+    }
+    let ours: Vec<_> = ev.leftovers.shm.iter().filter(|s| s.ours).collect();
+    if !ours.is_empty() {
+        let bytes: u64 = ours.iter().map(|s| s.allocated_bytes).sum();
+        let removed = ours.iter().all(|s| s.removed);
+        out.push(format!(
+            "left {} in `/dev/shm` ({}){}",
+            if ours.len() == 1 { "1 segment".to_string() } else { format!("{} segments", ours.len()) },
+            human_bytes(bytes),
+            if removed { ", removed by ups-doctor" } else { "; ups-doctor could not remove all of them" }
+        ));
+    }
+    // Processes of an earlier, dead run (killed in its orphaned cgroup) are not this run's.
+    let procs: Vec<_> = ev.leftovers.processes.iter().filter(|p| !p.earlier_run).collect();
+    if !procs.is_empty() {
+        let n = procs.len();
+        out.push(format!(
+            "{} of the run {} still alive after the ranks ended: {}",
+            if n == 1 { "1 process".to_string() } else { format!("{n} processes") },
+            if n == 1 { "was" } else { "were" },
+            if procs.iter().all(|p| p.killed) { "killed by ups-doctor" } else { "not all could be killed" }
+        ));
+    }
+    let ranks: Vec<RankResult> = ev.ranks.iter().map(|r| r.result.clone()).collect();
+    if let Some(line) = input_bound(&ranks) {
+        out.push(format!(
+            "input-bound: {line}; try more workers (`data.workers`) or a larger `data.prefetch`"
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lines(text: &str) -> Vec<String> {
+        text.lines().map(String::from).collect()
+    }
+
+    #[test]
+    fn pytorchs_worker_messages_name_the_worker_its_pid_and_what_happened() {
+        let shm = lines(
+            "RuntimeError: Caught RuntimeError in DataLoader worker process 1.\nOriginal Traceback (most recent call last):\n\
+             RuntimeError: unable to allocate shared memory(shm) for file </torch_4242_1827363_0>: Resource exhausted (12)",
+        );
+        let l = loader_failure(&shm).unwrap();
+        assert_eq!((l.worker, l.pid, l.out_of_shm, l.died), (Some(1), Some(4242), true, false));
+        let killed = lines(
+            "RuntimeError: DataLoader worker (pid 11292) is killed by signal: Killed. \n\nTraceback (most recent call last):\n\
+             RuntimeError: DataLoader worker (pid(s) 11292) exited unexpectedly",
+        );
+        let l = loader_failure(&killed).unwrap();
+        assert_eq!(
+            (l.worker, l.pid, l.died, l.what.as_str()),
+            (None, Some(11292), true, "is killed by signal: Killed.")
+        );
+        let built_in = lines(
+            "DataLoader worker (pid 7) exited unexpectedly with exit code 1. [data-loader worker 3 of rank 0, spawn]",
+        );
+        let l = loader_failure(&built_in).unwrap();
+        assert_eq!(
+            (l.worker, l.pid, l.what.as_str()),
+            (Some(3), Some(7), "exited unexpectedly with exit code 1.")
+        );
+        assert!(loader_failure(&lines("Traceback (most recent call last):\nValueError: x")).is_none());
+    }
+}

@@ -1,0 +1,135 @@
+//! The known failure patterns, one family per file. Each [`Pattern`] has a stable id (the
+//! verdict's `pattern` in `result.json`), what it matches, the explanation, the next step and a
+//! reference; `docs/patterns.md` lists them all for users and a test keeps the two in step. A
+//! detector states its pattern only when the evidence establishes it. Pure.
+
+mod crash;
+mod ddp;
+mod distributed;
+mod fork;
+mod loader;
+mod memory;
+mod numeric;
+
+use super::evidence::{Evidence, RankEvidence};
+
+pub use distributed::odd_rank_by_markers;
+pub use loader::{SHM_FULL_SHARE, input_bound, used_of};
+
+/// A known failure pattern.
+#[derive(Debug, PartialEq)]
+pub struct Pattern {
+    /// Stable id, kebab-case: `ddp-unused-parameters`.
+    pub id: &'static str,
+    pub title: &'static str,
+    /// What in the evidence it matches.
+    pub matches: &'static str,
+    /// What it means, in general.
+    pub explanation: &'static str,
+    /// What to do.
+    pub next_step: &'static str,
+    /// The PyTorch document or issue that explains it.
+    pub reference: &'static str,
+}
+
+/// A pattern found in one scenario's evidence.
+#[derive(Debug, Clone)]
+pub struct Finding {
+    pub pattern: &'static Pattern,
+    /// The rank the pattern blames, when the pattern decides it (ranks out of step: the odd
+    /// rank; an OOM kill: the killed one's rank).
+    pub culprit: Option<u32>,
+    /// A headline replacing the outcome's generic one (collateral ranks are appended after it).
+    pub headline: Option<String>,
+    pub evidence: Vec<String>,
+    /// The explanation for this case; the pattern's own when `None`.
+    pub cause: Option<String>,
+    /// The next step for this case; the pattern's own when `None`.
+    pub next_step: Option<String>,
+    /// Appended to the outcome's headline (a passed run that was input-bound).
+    pub appendix: Option<String>,
+}
+
+impl Finding {
+    fn of(pattern: &'static Pattern) -> Self {
+        Finding {
+            pattern,
+            culprit: None,
+            headline: None,
+            evidence: Vec::new(),
+            cause: None,
+            next_step: None,
+            appendix: None,
+        }
+    }
+}
+
+/// Every pattern, in the order `docs/patterns.md` lists them.
+pub const ALL: &[&Pattern] = &[
+    &crash::NATIVE_CRASH,
+    &crash::FALSE_SUCCESS,
+    &memory::OOM_KILL,
+    &distributed::RANKS_OUT_OF_STEP,
+    &distributed::PEER_LOST,
+    &distributed::RENDEZVOUS_INCOMPLETE,
+    &distributed::NCCL_WATCHDOG_TIMEOUT,
+    &distributed::DUPLICATE_GPU,
+    &ddp::DDP_UNUSED_PARAMETERS,
+    &ddp::DDP_MODEL_MISMATCH,
+    &ddp::FSDP_INPLACE_VIEW,
+    &loader::DATALOADER_WORKER_EXCEPTION,
+    &loader::WORKER_KILLED_BY_SIGNAL,
+    &loader::SHM_EXHAUSTED,
+    &fork::FORK_AFTER_THREADS,
+    &fork::CUDA_IN_FORKED_CHILD,
+    &numeric::NAN_LOSS,
+    &loader::INPUT_BOUND,
+    &loader::LEAKED_SHM,
+];
+
+/// A detector: the evidence and the provisional culprit (the first rank to fail, if any).
+type Detector = fn(&Evidence, Option<&RankEvidence>) -> Option<Finding>;
+
+/// Detectors of a failed run, most specific first: the first that matches names the pattern.
+const FAILURE_DETECTORS: &[Detector] = &[
+    memory::oom_kill,
+    distributed::duplicate_gpu,
+    fork::cuda_in_forked_child,
+    distributed::nccl_watchdog,
+    ddp::unused_parameters,
+    ddp::model_mismatch,
+    ddp::fsdp_inplace_view,
+    loader::shm_exhausted,
+    loader::worker_exception,
+    loader::worker_killed,
+    fork::fork_after_threads,
+    distributed::rendezvous_incomplete,
+    distributed::ranks_out_of_step,
+    crash::native_crash,
+    crash::false_success,
+    numeric::nan_loss,
+    distributed::peer_lost,
+];
+
+/// Detectors of a run where every rank passed.
+const PASSED_DETECTORS: &[Detector] = &[numeric::nan_loss, loader::input_bound_run, loader::leaked_shm];
+
+/// The pattern the evidence establishes, if any.
+pub fn find(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Finding> {
+    let detectors = if first.is_some() { FAILURE_DETECTORS } else { PASSED_DETECTORS };
+    detectors.iter().find_map(|detect| detect(ev, first))
+}
+
+/// Whether a rank's failure is only the loss of a peer (`Connection reset by peer`): collateral
+/// whenever another rank failed for a reason of its own.
+pub fn lost_its_peer(rank: &RankEvidence) -> bool {
+    distributed::lost_peer_line(rank).is_some()
+}
+
+/// Evidence lines about `/dev/shm` and leftovers that belong in any verdict (not a pattern).
+pub fn shm_evidence(ev: &Evidence, failed: Option<&RankEvidence>) -> Vec<String> {
+    loader::shm_lines(ev, failed)
+}
+
+#[cfg(test)]
+mod tests;

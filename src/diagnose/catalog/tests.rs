@@ -1,0 +1,69 @@
+//! The catalogue against its user document: every pattern listed in `docs/patterns.md` with its
+//! id, explanation, next step and reference, and nothing listed that the code does not know.
+
+use super::ALL;
+
+#[test]
+fn ids_are_unique_kebab_case_and_every_pattern_has_its_texts() {
+    let mut ids: Vec<&str> = ALL.iter().map(|p| p.id).collect();
+    for p in ALL {
+        assert!(p.id.bytes().all(|b| b.is_ascii_lowercase() || b == b'-'), "{}", p.id);
+        assert!(
+            !p.title.is_empty()
+                && !p.matches.is_empty()
+                && !p.explanation.is_empty()
+                && !p.next_step.is_empty()
+        );
+        assert!(p.reference.starts_with("https://"), "{}: {}", p.id, p.reference);
+    }
+    ids.sort_unstable();
+    let n = ids.len();
+    ids.dedup();
+    assert_eq!(ids.len(), n, "duplicate ids");
+}
+
+/// One collapsed line, as the document writes a text.
+fn line(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// What `docs/patterns.md` says about each pattern, generated from the catalogue.
+pub fn document() -> String {
+    let mut out = String::from(
+        "# Failure patterns\n\n\
+         <!-- Generated from src/diagnose/catalog/ by `UPS_DOCTOR_WRITE_PATTERNS=1 cargo test --lib \
+         patterns_document`; a test fails when the two differ. -->\n\n\
+         ups-doctor names one of these patterns in a verdict (`pattern` in `result.json`, \"Pattern\" in the \
+         report) only when the run's evidence establishes it; otherwise the verdict says what was seen and \
+         what was not. The same judge reads the built-in trainer's runs and your own program's.\n\n",
+    );
+    for p in ALL {
+        out.push_str(&format!("- [`{}`](#{}): {}\n", p.id, p.id, p.title));
+    }
+    for p in ALL {
+        out.push_str(&format!(
+            "\n## {id}\n\n**{title}**\n\n- **Matches:** {}\n- **What it means:** {}\n- **Next step:** {}\n- **Reference:** <{}>\n",
+            line(p.matches),
+            line(p.explanation),
+            line(p.next_step),
+            p.reference,
+            id = p.id,
+            title = p.title,
+        ));
+    }
+    out
+}
+
+#[test]
+fn patterns_document_lists_every_pattern_of_the_catalogue() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/patterns.md");
+    let want = document();
+    if std::env::var_os("UPS_DOCTOR_WRITE_PATTERNS").is_some() {
+        std::fs::write(&path, &want).unwrap();
+    }
+    let have = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        have == want,
+        "docs/patterns.md differs from the catalogue: rerun with UPS_DOCTOR_WRITE_PATTERNS=1 and review the diff"
+    );
+}

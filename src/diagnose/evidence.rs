@@ -1,0 +1,467 @@
+//! What every process of a scenario left, normalised so that a pattern reads it the same way for
+//! the built-in trainer and for a user's own program: how each rank ended and who ended it, the
+//! key error line (not PyTorch's trailing hints), stack frames from in-process dumps and from
+//! `py-spy dump --native` alike, and the OOM kills, `/dev/shm` and memory figures beside them.
+//! Pure: results in, evidence out.
+
+use crate::harness::result::{
+    CgroupReport, LauncherEnd, Leftovers, MemoryReport, OomKill, RankResult, ThreadStack,
+};
+use crate::scenario::{OutcomeKind, Scenario};
+
+/// The line that says what went wrong, and where in the user's code.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KeyLine {
+    /// `ValueError: corrupt sample at index 5`, `Fatal Python error: Segmentation fault`, the
+    /// `what():` of a C++ exception.
+    pub text: String,
+    /// The innermost frame in the user's own code: `train.py:66 in __getitem__`.
+    pub at: Option<String>,
+}
+
+impl KeyLine {
+    /// `ValueError: x (train.py:66 in __getitem__)`; a message of several sentences (PyTorch's
+    /// DDP errors run to a paragraph) is cut after its first sentence.
+    pub fn render(&self) -> String {
+        const LONG: usize = 200;
+        let text = match self.text.find(". ") {
+            Some(end) if self.text.len() > LONG && end + 1 < LONG => format!("{} …", &self.text[..=end]),
+            _ => self.text.clone(),
+        };
+        match &self.at {
+            Some(at) => format!("{text} ({at})"),
+            None => text,
+        }
+    }
+}
+
+/// One stack frame, whichever tool wrote it: innermost first in a [`Thread`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct StackFrame {
+    /// `c10d::Reducer::finalize_backward`, `barrier`, `0x7f30…` for an anonymous one.
+    pub function: String,
+    /// The library (`libgomp.so.1`) or the source position (`torch/_tensor.py:581`).
+    pub place: Option<String>,
+}
+
+impl StackFrame {
+    /// Whether the function or its place contains `needle`.
+    pub fn mentions(&self, needle: &str) -> bool {
+        self.function.contains(needle) || self.place.as_deref().is_some_and(|p| p.contains(needle))
+    }
+}
+
+/// One thread of one process of a rank.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Thread {
+    /// The rank's own process, or a child of it (a DataLoader worker, a forked child).
+    pub in_child: bool,
+    pub pid: Option<u32>,
+    pub tid: Option<u32>,
+    pub name: String,
+    pub frames: Vec<StackFrame>,
+    /// Where the kernel has it waiting: its system call (`202 (futex)`) or wait channel, when it
+    /// was looked at from outside.
+    pub wait: Option<String>,
+}
+
+/// Who ended a rank.
+#[derive(Debug, Clone, PartialEq)]
+pub enum EndedBy {
+    /// It exited by itself (any status) or crashed on its own signal.
+    Itself,
+    /// ups-doctor tore it down (after a hang, an overrun, or another rank's failure).
+    Teardown { signal: String },
+    /// The kernel's OOM killer, as the cgroup or the kernel log recorded it.
+    OomKiller,
+    /// A signal nobody in the run is known to have sent (SIGKILL, SIGTERM from outside).
+    Outside { signal: String },
+    /// It could not be started, or how it ended was not observed.
+    Unknown,
+}
+
+/// One rank and what it left.
+#[derive(Debug, Clone)]
+pub struct RankEvidence<'a> {
+    pub result: &'a RankResult,
+    /// What it printed that matters, `[rankN]:` prefixes removed: its error, the quoted blocks,
+    /// its log tail.
+    pub text: Vec<String>,
+    pub key: Option<KeyLine>,
+    pub threads: Vec<Thread>,
+    pub ended_by: EndedBy,
+}
+
+impl RankEvidence<'_> {
+    pub fn rank(&self) -> u32 {
+        self.result.rank
+    }
+
+    /// Whether any line it printed contains `needle`.
+    pub fn said(&self, needle: &str) -> bool {
+        self.text.iter().any(|l| l.contains(needle))
+    }
+
+    /// The first line it printed that contains `needle`.
+    pub fn line_with(&self, needle: &str) -> Option<&str> {
+        self.text.iter().find(|l| l.contains(needle)).map(String::as_str)
+    }
+
+    pub fn failed(&self) -> bool {
+        self.result.outcome != OutcomeKind::Passed
+    }
+}
+
+/// Everything the judge reads about one scenario.
+#[derive(Debug, Clone)]
+pub struct Evidence<'a> {
+    pub scenario: &'a Scenario,
+    /// A user's own program (not the built-in trainer): texts about markers and the trainer's
+    /// phases do not apply.
+    pub foreign: bool,
+    pub ranks: Vec<RankEvidence<'a>>,
+    pub memory: Option<&'a MemoryReport>,
+    pub leftovers: &'a Leftovers,
+    pub oom_kills: &'a [OomKill],
+    pub cgroup: Option<&'a CgroupReport>,
+    pub launcher: Option<&'a LauncherEnd>,
+}
+
+/// What the judge is given: the scenario and every rank's result with what was measured around
+/// them.
+#[derive(Debug, Clone, Copy)]
+pub struct Observed<'a> {
+    pub scenario: &'a Scenario,
+    pub ranks: &'a [RankResult],
+    pub wall_s: f64,
+    pub memory: Option<&'a MemoryReport>,
+    pub leftovers: &'a Leftovers,
+    pub oom_kills: &'a [OomKill],
+    pub cgroup: Option<&'a CgroupReport>,
+    pub launcher: Option<&'a LauncherEnd>,
+}
+
+impl<'a> Evidence<'a> {
+    pub fn gather(o: &Observed<'a>) -> Self {
+        let foreign = o.scenario.is_external();
+        let ranks = o.ranks.iter().map(|r| rank_evidence(r, foreign, o.oom_kills)).collect();
+        Evidence {
+            scenario: o.scenario,
+            foreign,
+            ranks,
+            memory: o.memory,
+            leftovers: o.leftovers,
+            oom_kills: o.oom_kills,
+            cgroup: o.cgroup,
+            launcher: o.launcher,
+        }
+    }
+
+    /// torchrun's own account of the first failure (its "Root Cause" block), in one line.
+    pub fn launcher_summary(&self) -> Option<String> {
+        let quote = self.launcher?.quotes.iter().find(|q| q.title.starts_with("torchrun: Root Cause"))?;
+        let field = |name: &str| {
+            quote.lines.iter().find_map(|l| {
+                let (key, value) = l.split_once(':')?;
+                (key.trim() == name).then(|| value.trim().to_string())
+            })
+        };
+        Some(format!(
+            "torchrun's summary names rank {} as the root cause (first observed failure), exitcode {}",
+            field("rank")?,
+            field("exitcode")?
+        ))
+    }
+
+    pub fn rank(&self, rank: u32) -> Option<&RankEvidence<'a>> {
+        self.ranks.iter().find(|r| r.rank() == rank)
+    }
+
+    /// OOM kills of `rank`'s processes (itself or its workers).
+    pub fn oom_kills_of(&self, rank: u32) -> impl Iterator<Item = &OomKill> {
+        self.oom_kills.iter().filter(move |k| k.rank == Some(rank))
+    }
+}
+
+fn rank_evidence<'a>(r: &'a RankResult, foreign: bool, oom_kills: &[OomKill]) -> RankEvidence<'a> {
+    let mut text: Vec<String> = r.error.iter().cloned().collect();
+    for q in &r.quotes {
+        text.extend(q.lines.iter().cloned());
+    }
+    text.extend(r.log_tail.iter().cloned());
+    let text: Vec<String> = text.iter().map(|l| strip_rank_prefix(l).to_string()).collect();
+    // The built-in trainer reports its error in a marker. A program's own output comes first:
+    // the helper's `error` marker is one line of it, without the frame it was raised in.
+    let from_marker = || r.error.as_ref().map(|e| KeyLine { text: e.trim().to_string(), at: None });
+    let key = if foreign {
+        key_line(&text[usize::from(r.error.is_some())..]).or_else(from_marker)
+    } else {
+        from_marker().or_else(|| key_line(&text))
+    };
+    let mut threads: Vec<Thread> = r.stacks.iter().map(in_process_thread).collect();
+    for dump in &r.dumps {
+        let in_child = dump.role.contains("child") || dump.role.contains("worker");
+        if let Some(text) = &dump.py_spy {
+            for (tid, name, frames) in py_spy_threads(text) {
+                let kernel = dump.threads.iter().find(|k| Some(k.tid) == tid);
+                let wait = kernel.and_then(|k| k.syscall.clone().or_else(|| k.wchan.clone()));
+                threads.push(Thread { in_child, pid: Some(dump.pid), tid, name, frames, wait });
+            }
+        }
+    }
+    let killed_by_oom = r.pid.is_some_and(|pid| oom_kills.iter().any(|k| k.pid == pid));
+    let ended_by = match (r.outcome, &r.torn_down_with, r.signal.as_deref()) {
+        (_, _, _) if killed_by_oom => EndedBy::OomKiller,
+        (OutcomeKind::LaunchFailed, _, _) => EndedBy::Unknown,
+        (OutcomeKind::Hung | OutcomeKind::TimedOut, Some(sent), _) => {
+            EndedBy::Teardown { signal: sent.clone() }
+        }
+        (_, Some(sent), _) => EndedBy::Teardown { signal: sent.clone() },
+        (OutcomeKind::Signaled, None, Some(sig @ ("SIGKILL" | "SIGTERM" | "SIGINT" | "SIGHUP"))) => {
+            EndedBy::Outside { signal: sig.to_string() }
+        }
+        (OutcomeKind::Exited, None, None) if r.exit_code.is_none() => EndedBy::Unknown,
+        _ => EndedBy::Itself,
+    };
+    RankEvidence { result: r, text, key, threads, ended_by }
+}
+
+/// `in `forward` at step 3`, `in `model.build/encoder``, or `before its first marker`.
+pub fn location(rank: &RankResult) -> String {
+    match (&rank.last_phase, rank.last_step) {
+        (Some(p), Some(s)) => format!("in `{p}` at step {s}"),
+        (Some(p), None) => format!("in `{p}`"),
+        (None, _) => "before its first marker".to_string(),
+    }
+}
+
+/// When a rank failed: a hung rank when its last marker came, any other when it ended.
+pub fn failure_time(rank: &RankResult) -> f64 {
+    match rank.outcome {
+        OutcomeKind::Hung => rank.last_marker_at_s.or(rank.last_output_at_s).unwrap_or(0.0),
+        _ => rank.ended_at_s.or(rank.last_marker_at_s).unwrap_or(f64::INFINITY),
+    }
+}
+
+/// A line of a launcher's output without PyTorch's `[rank3]: ` prefix.
+fn strip_rank_prefix(line: &str) -> &str {
+    if let Some(rest) = line.strip_prefix("[rank")
+        && let Some((digits, rest)) = rest.split_once("]:")
+        && digits.bytes().all(|b| b.is_ascii_digit())
+    {
+        return rest.strip_prefix(' ').unwrap_or(rest);
+    }
+    line
+}
+
+fn in_process_thread(t: &ThreadStack) -> Thread {
+    Thread {
+        in_child: t.thread.starts_with("loader-w"),
+        pid: None,
+        tid: u32::try_from(t.tid).ok(),
+        wait: None,
+        name: t.thread.clone(),
+        frames: t
+            .frames
+            .iter()
+            .map(|f| StackFrame {
+                function: f.symbol.clone().unwrap_or_else(|| f.addr.clone()),
+                place: f.location.clone(),
+            })
+            .collect(),
+    }
+}
+
+/// A thread of a py-spy dump: its id, its name, its frames innermost first.
+pub type PySpyThread = (Option<u32>, String, Vec<StackFrame>);
+
+/// The threads of a `py-spy dump --native` text: `Thread 123 (idle): "MainThread"` followed by
+/// indented frames `    function (place)`, innermost first.
+pub fn py_spy_threads(text: &str) -> Vec<PySpyThread> {
+    let mut out: Vec<PySpyThread> = Vec::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("Thread ") {
+            let tid = rest.split_whitespace().next().and_then(|t| t.parse().ok());
+            let name = rest.split_once('"').map_or(rest, |(_, n)| n.trim_end_matches('"')).to_string();
+            out.push((tid, name, Vec::new()));
+        } else if line.starts_with("    ")
+            && let Some((_, _, frames)) = out.last_mut()
+        {
+            let frame = line.trim();
+            let (function, place) = match frame.rfind(" (") {
+                Some(i) if frame.ends_with(')') => {
+                    (frame[..i].to_string(), Some(frame[i + 2..frame.len() - 1].to_string()))
+                }
+                _ => (frame.to_string(), None),
+            };
+            frames.push(StackFrame { function, place });
+        }
+    }
+    out
+}
+
+/// The key error line of what a process printed: the exception line of its last Python traceback
+/// (not the hint PyTorch prints after it) with the innermost frame in the user's code; else
+/// Python's fault handler's first line with the frame it names; else the `what():` of an uncaught
+/// C++ exception; else the last line that reads like an error.
+pub fn key_line(lines: &[String]) -> Option<KeyLine> {
+    let lines: Vec<String> = lines.iter().map(|l| strip_rank_prefix(l).to_string()).collect();
+    let lines = lines.as_slice();
+    python_exception(lines)
+        .or_else(|| fault_handler(lines))
+        .or_else(|| cpp_exception(lines))
+        .or_else(|| last_error_line(lines).map(|text| KeyLine { text: text.trim().to_string(), at: None }))
+}
+
+fn python_exception(lines: &[String]) -> Option<KeyLine> {
+    let start = lines.iter().rposition(|l| l.trim_start().ends_with("Traceback (most recent call last):"))?;
+    let mut at = None;
+    for line in &lines[start + 1..] {
+        let trimmed = line.trim_start();
+        if let Some(frame) = trimmed.strip_prefix("File \"") {
+            if let Some(place) = user_frame(frame) {
+                at = Some(place);
+            }
+            continue;
+        }
+        if line.starts_with(' ') || line.trim().is_empty() || trimmed.starts_with('^') {
+            continue;
+        }
+        return Some(KeyLine { text: line.trim().to_string(), at });
+    }
+    None
+}
+
+/// `patterns.py:66 in __getitem__` from `path", line 66, in __getitem__` when the path is the
+/// user's own (not the standard library's or an installed package's).
+fn user_frame(frame: &str) -> Option<String> {
+    let (path, rest) = frame.split_once('"')?;
+    if !is_user_path(path) {
+        return None;
+    }
+    let line = rest.split("line ").nth(1)?.split(|c: char| !c.is_ascii_digit()).next()?;
+    let func = rest.split(", in ").nth(1).or_else(|| rest.split(" in ").nth(1)).map(str::trim);
+    let file = path.rsplit('/').next().unwrap_or(path);
+    Some(match func {
+        Some(f) => format!("{file}:{line} in {f}"),
+        None => format!("{file}:{line}"),
+    })
+}
+
+fn is_user_path(path: &str) -> bool {
+    const NOT_USER: [&str; 6] =
+        ["site-packages", "dist-packages", "/lib/python3", "<frozen", "/usr/lib/", "<string>"];
+    !NOT_USER.iter().any(|n| path.contains(n))
+}
+
+/// `Fatal Python error: Segmentation fault` and the first of the user's frames under it.
+fn fault_handler(lines: &[String]) -> Option<KeyLine> {
+    let start = lines.iter().rposition(|l| l.starts_with("Fatal Python error:"))?;
+    let at = lines[start + 1..]
+        .iter()
+        .take_while(|l| !l.starts_with("Extension modules:"))
+        .filter_map(|l| l.trim_start().strip_prefix("File \"").and_then(user_frame))
+        .next();
+    Some(KeyLine { text: lines[start].trim().to_string(), at })
+}
+
+fn cpp_exception(lines: &[String]) -> Option<KeyLine> {
+    let start = lines.iter().rposition(|l| l.contains("terminate called after throwing"))?;
+    let what = lines[start..].iter().find_map(|l| l.split_once("what():").map(|(_, w)| w.trim().to_string()));
+    Some(KeyLine {
+        text: what.filter(|w| !w.is_empty()).unwrap_or_else(|| lines[start].trim().to_string()),
+        at: None,
+    })
+}
+
+/// Lines that follow an error without being it: PyTorch's debugging hints, log lines.
+fn is_hint(line: &str) -> bool {
+    const HINTS: [&str; 4] = [
+        "TORCH_DISTRIBUTED_DEBUG",
+        "CUDA_LAUNCH_BLOCKING",
+        "TORCH_USE_CUDA_DSA",
+        "For debugging consider passing",
+    ];
+    HINTS.iter().any(|h| line.contains(h))
+}
+
+/// The last line that reads like an error message, hints excluded.
+pub fn last_error_line(lines: &[String]) -> Option<String> {
+    const NEEDLES: [&str; 7] =
+        ["error", "exception", "panicked", "terminate called", "what():", "fatal", "traceback"];
+    lines
+        .iter()
+        .rev()
+        .filter(|l| !is_hint(l))
+        .find(|l| {
+            let lower = l.to_ascii_lowercase();
+            NEEDLES.iter().any(|n| lower.contains(n))
+        })
+        .cloned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lines(text: &str) -> Vec<String> {
+        text.lines().map(|l| strip_rank_prefix(l).to_string()).collect()
+    }
+
+    /// PyTorch 2.11's DDP error for an unused parameter, as rank 0 printed it (recorded).
+    pub const DDP_UNUSED: &str = include_str!("fixtures/ddp_unused.txt");
+
+    #[test]
+    fn the_key_line_of_a_ddp_error_is_its_exception_not_the_trailing_hint() {
+        // As the launcher printed it, `[rank0]:` prefixes and all.
+        let raw: Vec<String> = DDP_UNUSED.lines().map(String::from).collect();
+        let key = key_line(&raw).unwrap();
+        assert!(
+            key.text.starts_with("RuntimeError: Expected to have finished reduction in the prior iteration"),
+            "{key:?}"
+        );
+        assert_eq!(key.at.as_deref(), Some("patterns.py:53 in train"));
+        assert!(last_error_line(&lines(DDP_UNUSED)).is_some_and(|l| !l.contains("TORCH_DISTRIBUTED_DEBUG")));
+        assert_eq!(
+            key.render(),
+            "RuntimeError: Expected to have finished reduction in the prior iteration before starting a new one. … \
+             (patterns.py:53 in train)"
+        );
+    }
+
+    #[test]
+    fn a_dataloader_workers_traceback_gives_the_datasets_line() {
+        let key = key_line(&lines(include_str!("fixtures/dataset_error.txt"))).unwrap();
+        assert_eq!(key.render(), "ValueError: corrupt sample at index 5 (patterns.py:66 in __getitem__)");
+    }
+
+    #[test]
+    fn fault_handler_and_cpp_exceptions_have_key_lines_too() {
+        let segv = "Fatal Python error: Segmentation fault\n\nCurrent thread 0x00007f (most recent call first):\n  \
+                    File \"/usr/lib/python3.11/ctypes/__init__.py\", line 519 in string_at\n  \
+                    File \"/t/ddp.py\", line 44 in <module>\n\nExtension modules: numpy";
+        assert_eq!(
+            key_line(&lines(segv)).unwrap().render(),
+            "Fatal Python error: Segmentation fault (ddp.py:44 in <module>)"
+        );
+        let cpp = "terminate called after throwing an instance of 'c10::Error'\n  what():  CUDA error: initialization error\nException raised from c10_cuda_check_implementation";
+        assert_eq!(key_line(&lines(cpp)).unwrap().text, "CUDA error: initialization error");
+    }
+
+    #[test]
+    fn py_spy_native_dumps_become_frames() {
+        let dump = "Process 11340: python patterns.py\nPython v3.11.7 (/usr/bin/python3.11)\n\n\
+                    Thread 11340 (active): \"MainThread\"\n    sched_yield (libc.so.6)\n    \
+                    GOMP_parallel (libgomp.so.1)\n    <module> (patterns.py:86)\n    0x7f300dc4524a (libc.so.6)\n\
+                    Thread 11341 (idle): \"Thread-1\"\n    futex_wait (libc.so.6)\n";
+        let threads = py_spy_threads(dump);
+        assert_eq!(threads.len(), 2);
+        assert_eq!((threads[0].0, threads[0].1.as_str()), (Some(11340), "MainThread"));
+        assert_eq!(
+            threads[0].2[1],
+            StackFrame { function: "GOMP_parallel".into(), place: Some("libgomp.so.1".into()) }
+        );
+        assert_eq!(threads[0].2[2].place.as_deref(), Some("patterns.py:86"));
+        assert_eq!(threads[1].2.len(), 1);
+    }
+}

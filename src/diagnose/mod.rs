@@ -1,0 +1,16 @@
+//! The judge: what every process of a scenario left (evidence) → the culprit, the collateral and
+//! the known failure pattern (verdict), the same way for the built-in trainer and for a user's own
+//! program. Pure: no IO, no processes, no filesystem; it reads only the result types
+//! (`harness::result`), the scenario and the marker protocol, and nothing under `harness` other
+//! than `result` imports it back, so there is no import circle.
+
+pub mod catalog;
+pub mod evidence;
+mod verdict;
+
+pub use catalog::{ALL as PATTERNS, Pattern, SHM_FULL_SHARE, input_bound, used_of};
+pub use evidence::{KeyLine, Observed, key_line, last_error_line};
+pub use verdict::{Judgement, judge};
+
+#[cfg(test)]
+mod purity;

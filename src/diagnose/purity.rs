@@ -1,0 +1,94 @@
+//! `diagnose/` stays pure and out of import circles: its sources (tests aside) name no IO, no
+//! processes and no filesystem, and reach into `harness` only for the result types, which do not
+//! import `diagnose` back.
+
+use std::path::{Path, PathBuf};
+
+fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            sources(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs")
+            && !path.ends_with("tests.rs")
+            && !path.ends_with("purity.rs")
+        {
+            out.push(path);
+        }
+    }
+}
+
+/// The source without its `#[cfg(test)] mod tests { … }` block (always last in a file).
+fn product_code(text: &str) -> &str {
+    text.split("#[cfg(test)]\nmod tests {").next().unwrap_or(text)
+}
+
+#[test]
+fn diagnose_does_no_io_and_imports_no_module_that_imports_it() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    sources(&root.join("diagnose"), &mut files);
+    assert!(files.len() >= 10, "{files:?}");
+    const IO: [&str; 10] = [
+        "std::fs",
+        "std::process",
+        "std::net",
+        "std::io",
+        "std::env",
+        "libc::",
+        "nix::",
+        "procfs::",
+        "File::",
+        "Command::",
+    ];
+    for file in &files {
+        let text = std::fs::read_to_string(file).unwrap();
+        let code = product_code(&text);
+        for needle in IO {
+            // `libc::SIGKILL` and friends are numbers, not calls.
+            let hits = code.matches(needle).count()
+                - if needle == "libc::" { code.matches("libc::SIG").count() } else { 0 };
+            assert_eq!(hits, 0, "{} uses `{needle}`", file.display());
+        }
+        for (i, _) in code.match_indices("crate::harness::") {
+            let rest = &code[i + "crate::harness::".len()..];
+            assert!(
+                rest.starts_with("result::"),
+                "{} reaches into harness beyond its result types: {}",
+                file.display(),
+                &rest[..40.min(rest.len())]
+            );
+        }
+    }
+    // Inside diagnose the layers go one way: evidence ← catalog ← verdict.
+    for file in &files {
+        let text = std::fs::read_to_string(file).unwrap();
+        let code = product_code(&text);
+        let name = file.display().to_string();
+        if name.contains("/catalog/") {
+            assert!(
+                !code.contains("diagnose::verdict"),
+                "{name} imports verdict, which imports the catalogue"
+            );
+        }
+        if name.ends_with("evidence.rs") {
+            assert!(!code.contains("catalog") && !code.contains("verdict::"), "{name} imports a later layer");
+        }
+    }
+    // The modules diagnose imports do not import it back.
+    for back in [
+        "harness/result.rs",
+        "harness/state.rs",
+        "harness/gpu.rs",
+        "scenario/model.rs",
+        "protocol.rs",
+        "probe/env.rs",
+    ] {
+        let text = std::fs::read_to_string(root.join(back)).unwrap();
+        let code = text.lines().filter(|l| !l.trim_start().starts_with("//"));
+        assert!(
+            !code.into_iter().any(|l| l.contains("diagnose")),
+            "{back} imports diagnose: an import circle"
+        );
+    }
+}

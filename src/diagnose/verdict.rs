@@ -1,0 +1,466 @@
+//! Picks the culprit, the collateral and the pattern, and words the verdict: one path for the
+//! built-in trainer and for a user's own program (whose texts never speak of markers it does not
+//! send or of a trainer it does not have). Pure.
+
+use crate::harness::result::{RankResult, Verdict};
+use crate::protocol::signal_number;
+use crate::scenario::{CompletesWhen, OutcomeKind, Scenario};
+
+use super::catalog::{self, Finding};
+use super::evidence::{EndedBy, Evidence, Observed, RankEvidence, failure_time, location};
+
+/// The scenario's outcome (the culprit's, or passed), the culprit, and the verdict.
+#[derive(Debug, Clone)]
+pub struct Judgement {
+    pub outcome: OutcomeKind,
+    pub first_failure: Option<u32>,
+    pub verdict: Verdict,
+}
+
+/// Judges one scenario from what was observed.
+pub fn judge(o: &Observed) -> Judgement {
+    let ev = Evidence::gather(o);
+    let failing: Vec<&RankEvidence> = ev.ranks.iter().filter(|r| r.failed()).collect();
+    // A rank that only lost its peer is collateral whenever another failed for its own reason.
+    let own: Vec<&RankEvidence> = failing.iter().copied().filter(|r| !catalog::lost_its_peer(r)).collect();
+    let pool = if own.is_empty() { failing } else { own };
+    let mut first = pool.into_iter().min_by(|a, b| failure_time(a.result).total_cmp(&failure_time(b.result)));
+    // Ranks stuck out of step: the odd rank is known by where it waits, not by whose last marker
+    // happened to arrive first (that is scheduling).
+    if let Some(odd) = catalog::odd_rank_by_markers(o.ranks) {
+        first = ev.rank(odd.rank);
+    }
+    let finding = catalog::find(&ev, first);
+    if let Some(c) = finding.as_ref().and_then(|f| f.culprit)
+        && let Some(r) = ev.rank(c).filter(|r| r.failed())
+    {
+        first = Some(r);
+    }
+    let Some(failed) = first else {
+        return Judgement {
+            outcome: OutcomeKind::Passed,
+            first_failure: None,
+            verdict: passed(&ev, o.wall_s, finding),
+        };
+    };
+    let (headline, evidence, likely_cause, next_step) = failure(&ev, failed);
+    let mut verdict = Verdict { headline, evidence, likely_cause, next_step, ..Default::default() };
+    if let Some(f) = finding {
+        apply(&mut verdict, f);
+    }
+    add_collateral(&ev, failed, &mut verdict);
+    for line in catalog::shm_evidence(&ev, Some(failed)) {
+        push_new(&mut verdict.evidence, line);
+    }
+    verdict.key_line = failed.key.as_ref().map(|k| k.render());
+    Judgement { outcome: failed.result.outcome, first_failure: Some(failed.rank()), verdict }
+}
+
+fn push_new(lines: &mut Vec<String>, line: String) {
+    if !lines.contains(&line) {
+        lines.push(line);
+    }
+}
+
+/// The pattern's id, headline, evidence, explanation, next step and reference.
+fn apply(verdict: &mut Verdict, f: Finding) {
+    verdict.pattern = Some(f.pattern.id.to_string());
+    verdict.reference = Some(f.pattern.reference.to_string());
+    if let Some(h) = f.headline {
+        verdict.headline = h;
+    }
+    if let Some(a) = f.appendix {
+        verdict.headline.push_str(&a);
+    }
+    for line in f.evidence {
+        push_new(&mut verdict.evidence, line);
+    }
+    verdict.likely_cause = Some(f.cause.unwrap_or_else(|| f.pattern.explanation.to_string()));
+    verdict.next_step = Some(f.next_step.unwrap_or_else(|| f.pattern.next_step.to_string()));
+}
+
+/// `python train.py`: the program and its first argument, for sentences.
+fn program(scenario: &Scenario) -> String {
+    let argv = scenario.command.as_deref().unwrap_or_default();
+    let base = |a: &String| a.rsplit('/').next().unwrap_or(a).to_string();
+    let script = argv.iter().skip(1).position(|a| a.ends_with(".py")).map(|i| i + 1);
+    match (argv.first(), script) {
+        (Some(p), Some(1)) => format!("{} {}", base(p), base(&argv[1])),
+        (Some(p), Some(i)) => format!("{} … {}", base(p), base(&argv[i])),
+        (Some(p), None) => base(p),
+        _ => String::new(),
+    }
+}
+
+fn completion(scenario: &Scenario) -> String {
+    match &scenario.expect.completes_when {
+        None => "exit status 0".to_string(),
+        Some(CompletesWhen::Done) => "exit status 0 and the helper's `done` marker".to_string(),
+        Some(CompletesWhen::Stdout(p)) => format!("exit status 0 and a stdout line matching `{p}`"),
+    }
+}
+
+fn passed(ev: &Evidence, wall_s: f64, finding: Option<Finding>) -> Verdict {
+    let ranks: Vec<&RankResult> = ev.ranks.iter().map(|r| r.result).collect();
+    let n = ranks.len();
+    let noun = if n == 1 { "rank" } else { "ranks" };
+    let steps = ranks.first().map_or(0, |r| r.steps_done);
+    let mut verdict = if ev.foreign {
+        let steps = if steps > 0 { format!(", {steps} steps reported") } else { String::new() };
+        let mut evidence = vec![format!("completion judged by {}", completion(ev.scenario))];
+        if ranks.iter().all(|r| r.markers == 0) {
+            evidence.push(
+                "no markers: the program does not use `python/ups_doctor.py`, so phases and steps are unknown".into(),
+            );
+        }
+        Verdict {
+            headline: format!(
+                "Passed: {n} {noun} of `{}` finished in {wall_s:.1} s{steps}.",
+                program(ev.scenario)
+            ),
+            evidence,
+            ..Default::default()
+        }
+    } else {
+        let loss = match ranks.first().and_then(|r| Some((r.first_loss?, r.final_loss?))) {
+            Some((a, b)) => format!(", loss {a:.4} → {b:.4}"),
+            None => String::new(),
+        };
+        Verdict {
+            headline: format!("Passed: {n} {noun} trained {steps} steps in {wall_s:.1} s{loss}."),
+            ..Default::default()
+        }
+    };
+    if let Some(f) = finding {
+        verdict.pattern = Some(f.pattern.id.to_string());
+        verdict.reference = Some(f.pattern.reference.to_string());
+        verdict.headline.push_str(f.appendix.as_deref().unwrap_or_default());
+        verdict.evidence.extend(f.evidence);
+        verdict.likely_cause = f.cause;
+        verdict.next_step = Some(f.next_step.unwrap_or_else(|| f.pattern.next_step.to_string()));
+    }
+    for line in catalog::shm_evidence(ev, None) {
+        push_new(&mut verdict.evidence, line);
+    }
+    verdict
+}
+
+/// How the judge knows what a program's rank was doing: its last marker, or without markers its
+/// last output.
+fn last_sign(ev: &Evidence, rank: &RankResult) -> String {
+    if !ev.foreign {
+        return match rank.last_marker_at_s {
+            Some(t) => format!(
+                "last marker from rank {} at {t:.2} s: {}; {} of {} steps done",
+                rank.rank,
+                location(rank).trim_start_matches("in "),
+                rank.steps_done,
+                ev.scenario.train.steps
+            ),
+            None => format!("rank {} sent no marker at all", rank.rank),
+        };
+    }
+    match (rank.last_marker_at_s, rank.last_output_at_s) {
+        (Some(t), _) => format!(
+            "last marker from rank {} at {t:.2} s: {}; {} steps reported",
+            rank.rank,
+            location(rank).trim_start_matches("in "),
+            rank.steps_done
+        ),
+        (None, Some(t)) => format!(
+            "rank {} sent no markers (the program does not use `python/ups_doctor.py`): its last output was at {t:.2} s{}",
+            rank.rank,
+            rank.log_tail.last().map(|l| format!(": `{}`", l.trim())).unwrap_or_default()
+        ),
+        (None, None) => format!("rank {} sent no markers and wrote no output", rank.rank),
+    }
+}
+
+fn exit_source(rank: &RankResult) -> Option<String> {
+    rank.exit_source.as_deref().map(|source| match source {
+        "procfs" => format!(
+            "rank {}'s exit status was read from `/proc/{}/stat` while it was a zombie (it is the launcher's child, not ups-doctor's)",
+            rank.rank,
+            rank.pid.map_or("?".into(), |p| p.to_string())
+        ),
+        "torchrun" => format!("rank {}'s exit status is the one torchrun's error summary gives", rank.rank),
+        "launcher status 0" => format!("rank {} ended while the launcher exited with status 0, which torchrun does only when every rank did", rank.rank),
+        _ => format!("rank {}'s exit status was not observed (it was reaped by its launcher before ups-doctor saw it)", rank.rank),
+    })
+}
+
+/// What is known about OOM kills, for a SIGKILL that has none recorded.
+fn no_oom_event(ev: &Evidence) -> &'static str {
+    if ev.cgroup.is_some() {
+        "no OOM event was recorded (the scenario's memory cgroup counted no OOM kill)"
+    } else {
+        "no OOM event was recorded"
+    }
+}
+
+fn signal_cause(ev: &Evidence, signal: i32) -> String {
+    match signal {
+        libc::SIGSEGV => "An invalid memory access in native code (libtorch, a CUDA/NCCL library, an extension, \
+                          or memory shared between processes). Python prints no traceback for it and torchrun \
+                          only reports `exitcode: -11`."
+            .into(),
+        libc::SIGBUS => "A memory-mapped page could not be backed, most often because `/dev/shm` is full \
+                         (Docker's default is 64 MB) while data-loader workers pass batches through shared memory."
+            .into(),
+        libc::SIGABRT => "`abort()`: a failed assertion or an uncaught C++ exception (look for \
+                          `terminate called after throwing` in the log tail)."
+            .into(),
+        libc::SIGKILL => format!(
+            "Killed with SIGKILL by something other than ups-doctor, and {}: the evidence does not show an OOM \
+             kill. A job scheduler, a watchdog, a person or the OOM killer (when its event could not be seen) can \
+             send SIGKILL; `dmesg` shows whether the kernel did.",
+            no_oom_event(ev)
+        ),
+        libc::SIGFPE => "An arithmetic trap in native code, such as an integer division by zero.".into(),
+        libc::SIGILL => "An illegal instruction: code built for a newer CPU than this one, or a corrupted binary.".into(),
+        _ => format!("The process was ended by {}.", crate::protocol::signal_name(signal)),
+    }
+}
+
+/// Headline, evidence, cause and next step for the culprit's outcome, before any pattern.
+fn failure(ev: &Evidence, failed: &RankEvidence) -> (String, Vec<String>, Option<String>, Option<String>) {
+    let r = failed.result;
+    let scenario = ev.scenario;
+    let who = format!("Rank {}", r.rank);
+    let at = if ev.foreign && r.markers == 0 { String::new() } else { format!(" {}", location(r)) };
+    let mut evidence = vec![last_sign(ev, r)];
+    if ev.foreign {
+        evidence.extend(exit_source(r));
+        evidence.extend(ev.launcher_summary());
+    }
+    let quoted = "The program's own last error lines are quoted below the verdict.";
+    match r.outcome {
+        OutcomeKind::Signaled => {
+            let sig = r.signal.clone().unwrap_or_default();
+            let num = signal_number(&sig).unwrap_or(0);
+            evidence.push(format!(
+                "killed by {sig} (torchrun would print `exitcode: -{num}` and `Signal {num} ({sig}) received by PID {}`)",
+                r.pid.map_or("?".into(), |p| p.to_string())
+            ));
+            if !r.backtrace.is_empty() {
+                evidence.push(format!(
+                    "native backtrace of {} frames captured by the crash handler; frame #0: `{}`",
+                    r.backtrace.len(),
+                    r.backtrace[0].symbol.as_deref().unwrap_or(&r.backtrace[0].addr)
+                ));
+            }
+            if r.quotes.iter().any(|q| q.title == "Python fault handler") {
+                evidence.push(
+                    "Python's fault handler printed the Python stack at the crash (quoted below)".into(),
+                );
+            }
+            let headline = match &failed.ended_by {
+                EndedBy::Outside { signal } if signal == "SIGKILL" => {
+                    format!("{who} was killed by SIGKILL from outside{at}; {}.", no_oom_event(ev))
+                }
+                EndedBy::Outside { signal } => {
+                    format!("{who} was killed by {signal} from outside{at} (not sent by ups-doctor).")
+                }
+                _ => format!("{who} was killed by {sig}{at}."),
+            };
+            let next = if ev.foreign {
+                format!(
+                    "{quoted} The fault handler's stack shows the Python line that called into native code; then cut \
+                     the program's params one at a time (`ups-doctor bisect`) to find what the crash needs."
+                )
+            } else {
+                "Read the backtrace below from the top: the first frame in your own code is where to look. Then \
+                 remove components one at a time (e.g. `--set model.attention=false`, a smaller `model.depths`) to \
+                 find the one the crash needs."
+                    .to_string()
+            };
+            (headline, evidence, Some(signal_cause(ev, num)), Some(next))
+        }
+        OutcomeKind::FalseSuccess => {
+            evidence.push(if ev.foreign {
+                format!(
+                    "exit status 0, but completion is judged by {}, and that was not seen",
+                    completion(scenario)
+                )
+            } else {
+                "exit status 0, but no `done` marker: training never reported completion".into()
+            });
+            let headline = if ev.foreign {
+                format!("{who} exited with status 0{at} without the completion evidence: a false success.")
+            } else {
+                format!("{who} exited with status 0{at} without finishing training: a false success.")
+            };
+            (headline, evidence, None, None)
+        }
+        OutcomeKind::Exited => {
+            let code = r.exit_code.map_or("an unobserved status".to_string(), |c| format!("status {c}"));
+            evidence.push(format!("exit {code}"));
+            let msg = failed.key.as_ref().map(|k| format!(": {}", k.render())).unwrap_or_default();
+            let next = if ev.foreign {
+                quoted.to_string()
+            } else {
+                "The error message and the log tail below say what went wrong.".to_string()
+            };
+            let cause = failed
+                .key
+                .as_ref()
+                .map(|_| "The process reported this error itself before exiting.".to_string());
+            (format!("{who} exited with {code}{at}{msg}"), evidence, cause, Some(next))
+        }
+        OutcomeKind::Hung => {
+            let silence = r.hang_detected_after_s.unwrap_or(f64::NAN);
+            if ev.foreign {
+                evidence.push(format!(
+                    "no marker and no output for {silence:.1} s (limit `limits.hang_after_s` = {} s)",
+                    scenario.limits.hang_after_s
+                ));
+                let with_py_spy = r.dumps.iter().filter(|d| d.py_spy.is_some()).count();
+                evidence.push(match (r.dumps.len(), with_py_spy) {
+                    (0, _) => "no process of the rank was left to look at".to_string(),
+                    (n, 0) => format!(
+                        "{n} process(es) looked at from outside: each thread's kernel wait channel and system call (no py-spy stacks: {})",
+                        r.dumps[0].error.as_deref().unwrap_or("py-spy failed")
+                    ),
+                    (n, k) => format!(
+                        "{n} process(es) looked at from outside: py-spy stacks of {k}, and each thread's kernel wait channel and system call"
+                    ),
+                });
+            } else {
+                evidence.push(format!(
+                    "no marker for {silence:.1} s (limit `limits.hang_after_s` = {} s)",
+                    scenario.limits.hang_after_s
+                ));
+                if !r.stacks.is_empty() {
+                    evidence
+                        .push(format!("stacks of {} threads dumped from inside the process", r.stacks.len()));
+                }
+                if let Some(how) = &r.torn_down_with {
+                    evidence.push(format!("torn down with {how} after the stack dump"));
+                }
+            }
+            let cause = if ev.foreign {
+                "The program stopped making progress without exiting: a collective waiting for a rank that will \
+                 never join, a deadlock, or a DataLoader worker that stopped."
+                    .to_string()
+            } else {
+                hang_cause(failed)
+            };
+            let next = if ev.foreign {
+                "The stacks below show where each thread waits (`futex`: a lock or condition; `recvfrom`/`poll`: a peer)."
+            } else {
+                "The thread stacks below show where each thread waits; a thread holding a lock while waiting for \
+                 another is the usual culprit."
+            };
+            (
+                format!("{who} hung{at}: no progress for {silence:.1} s."),
+                evidence,
+                Some(cause),
+                Some(next.to_string()),
+            )
+        }
+        OutcomeKind::TimedOut => {
+            evidence
+                .push(format!("still running after `limits.timeout_s` = {} s", scenario.limits.timeout_s));
+            let (cause, next) = if ev.foreign {
+                (
+                    "It kept making progress (markers or output), just not fast enough.",
+                    "Raise `limits.timeout_s`, or make the run shorter through its params.",
+                )
+            } else {
+                (
+                    "It kept making progress, just not fast enough: the run is slower than the limit assumes.",
+                    "Raise `limits.timeout_s` or reduce `train.steps`; compare steps/s with a known-good run.",
+                )
+            };
+            (
+                format!("{who} ran past the time limit of {} s{at}.", scenario.limits.timeout_s),
+                evidence,
+                Some(cause.into()),
+                Some(next.into()),
+            )
+        }
+        OutcomeKind::LaunchFailed => {
+            let why = r.error.clone().unwrap_or_else(|| "unknown error".into());
+            let next = if ev.foreign {
+                "Check `command`: the program must be on `PATH` (or given by its path) and its arguments right."
+            } else {
+                "Check that the ups-doctor binary and libtorch are installed (see the README's set-up)."
+            };
+            (format!("{who} could not be started: {why}"), Vec::new(), None, Some(next.into()))
+        }
+        OutcomeKind::Passed => unreachable!("a passed rank is not a failure"),
+    }
+}
+
+/// The built-in trainer's stuck rank, from its in-process stacks.
+fn hang_cause(rank: &RankEvidence) -> String {
+    let waiting_on_lock = rank
+        .threads
+        .iter()
+        .filter(|t| {
+            t.frames.iter().take(8).any(|f| {
+                f.function.contains("futex")
+                    || f.function.contains("Mutex")
+                    || f.function.contains("mutex")
+                    || f.function.contains("lock_contended")
+            })
+        })
+        .count();
+    let in_gomp =
+        rank.threads.iter().any(|t| t.frames.iter().any(|f| f.mentions("gomp_") || f.mentions("libgomp")));
+    if waiting_on_lock >= 2 {
+        format!(
+            "{waiting_on_lock} threads are blocked acquiring locks: a deadlock, typically two threads taking \
+             the same locks in opposite order."
+        )
+    } else if in_gomp {
+        "Threads are waiting in an OpenMP barrier: typical of a process forked after libtorch's thread pool \
+         started (fork after multi-threaded work deadlocks; use `spawn` or one thread in the child)."
+            .into()
+    } else {
+        "A call that never returns: a deadlock, a collective waiting for a peer that is gone, or blocking I/O."
+            .into()
+    }
+}
+
+/// Names the ranks that failed after the culprit (collateral) in the headline and evidence.
+fn add_collateral(ev: &Evidence, failed: &RankEvidence, verdict: &mut Verdict) {
+    let first_at = failure_time(failed.result);
+    let mut collateral: Vec<&RankEvidence> =
+        ev.ranks.iter().filter(|r| r.rank() != failed.rank() && r.failed()).collect();
+    collateral.sort_by(|a, b| failure_time(a.result).total_cmp(&failure_time(b.result)));
+    for other in &collateral {
+        let o = other.result;
+        let how = match (o.outcome, &o.torn_down_with) {
+            (_, Some(sent)) if o.outcome != OutcomeKind::Hung => format!("was torn down with {sent}"),
+            (OutcomeKind::Signaled, _) => {
+                format!("was killed by {}", o.signal.as_deref().unwrap_or("a signal"))
+            }
+            (OutcomeKind::Exited, _) => match o.exit_code {
+                Some(code) => format!("exited with status {code}"),
+                None => "ended (its exit status was not observed)".to_string(),
+            },
+            (kind, _) => kind.as_str().replace('_', " "),
+        };
+        let later = failure_time(o) - first_at;
+        let later =
+            if later.is_finite() && later >= 0.0 { format!(" {later:.2} s later") } else { String::new() };
+        let error = match &other.key {
+            Some(k) if ev.foreign => format!(": {}", k.text),
+            _ => o.error.as_deref().map(|e| format!(": {e}")).unwrap_or_default(),
+        };
+        let at = if ev.foreign && o.markers == 0 { String::new() } else { format!(" {}", location(o)) };
+        verdict.evidence.push(format!("collateral: rank {} {how}{at}{later}{error}", o.rank));
+    }
+    if !collateral.is_empty() {
+        let ranks: Vec<String> = collateral.iter().map(|r| r.rank().to_string()).collect();
+        verdict.headline.push_str(&format!(
+            " {} {} failed after it (collateral).",
+            if ranks.len() == 1 { "Rank" } else { "Ranks" },
+            ranks.join(", ")
+        ));
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,618 @@
+//! The verdict from fixtures: culprit, collateral, pattern and wording, for the built-in trainer
+//! and for a program's own output (PyTorch's recorded texts).
+
+use super::*;
+use crate::diagnose::evidence::Observed;
+use crate::harness::Exit;
+use crate::harness::result::{
+    CgroupReport, CgroupVersion, Leftovers, MemoryReport, OomKill, OomSource, ProcessMemory, Quote, ShmAt,
+};
+use crate::harness::{Intervention, RankEnd, classify_rank};
+use crate::protocol::Frame;
+
+fn end(exit: Option<Exit>) -> RankEnd {
+    RankEnd { exit, ..Default::default() }
+}
+
+struct Case {
+    scenario: Scenario,
+    ranks: Vec<RankResult>,
+    memory: Option<MemoryReport>,
+    leftovers: Leftovers,
+    oom_kills: Vec<OomKill>,
+    cgroup: Option<CgroupReport>,
+}
+
+impl Case {
+    fn new(ranks: Vec<RankResult>) -> Self {
+        Case {
+            scenario: Scenario::default(),
+            ranks,
+            memory: None,
+            leftovers: Leftovers::default(),
+            oom_kills: Vec::new(),
+            cgroup: None,
+        }
+    }
+
+    fn judge(&self) -> (OutcomeKind, Option<u32>, Verdict) {
+        let j = judge(&Observed {
+            scenario: &self.scenario,
+            ranks: &self.ranks,
+            wall_s: 2.0,
+            memory: self.memory.as_ref(),
+            leftovers: &self.leftovers,
+            oom_kills: &self.oom_kills,
+            cgroup: self.cgroup.as_ref(),
+            launcher: None,
+        });
+        (j.outcome, j.first_failure, j.verdict)
+    }
+}
+
+fn verdict(ranks: &[RankResult]) -> (OutcomeKind, Option<u32>, Verdict) {
+    Case::new(ranks.to_vec()).judge()
+}
+
+/// A program's rank (no markers) that exited with `code` after printing `stderr`.
+fn program_rank(rank: u32, exit: Exit, ended_at: f64, stderr: &str) -> RankResult {
+    let mut e = end(Some(exit));
+    e.rank = rank;
+    e.pid = Some(1000 + rank);
+    e.ended_at_s = Some(ended_at);
+    e.completed = Some(true);
+    e.last_output_at = Some(ended_at);
+    e.stderr_tail = stderr.lines().map(String::from).collect();
+    classify_rank(&e)
+}
+
+fn external() -> Scenario {
+    serde_json::from_value(
+        serde_json::json!({"command": ["python", "train.py"], "launch": {"world_size": 2}}),
+    )
+    .unwrap()
+}
+
+#[test]
+fn verdict_names_the_signal_phase_and_step() {
+    let mut e = end(Some(Exit::Signal { signal: libc::SIGSEGV, core_dumped: false }));
+    e.state.phase = Some("forward".into());
+    e.state.step = Some(3);
+    e.state.backtrace =
+        vec![Frame { addr: "0x1".into(), symbol: Some("inject_segv".into()), location: None }];
+    let (outcome, first, v) = verdict(&[classify_rank(&e)]);
+    assert_eq!((outcome, first), (OutcomeKind::Signaled, Some(0)));
+    assert_eq!(v.headline, "Rank 0 was killed by SIGSEGV in `forward` at step 3.");
+    assert_eq!(v.pattern.as_deref(), Some("native-crash"));
+    assert!(v.likely_cause.unwrap().contains("exitcode: -11"));
+}
+
+#[test]
+fn the_first_failure_is_the_culprit_and_later_failures_are_collateral() {
+    let mut culprit = end(Some(Exit::Signal { signal: libc::SIGSEGV, core_dumped: false }));
+    culprit.rank = 1;
+    culprit.ended_at_s = Some(2.0);
+    culprit.state.phase = Some("forward".into());
+    culprit.state.step = Some(3);
+    let mut peer = end(Some(Exit::Code(1)));
+    peer.rank = 0;
+    peer.ended_at_s = Some(2.4);
+    peer.state.phase = Some("allreduce".into());
+    peer.state.step = Some(3);
+    peer.state.error = Some("Connection closed by peer [127.0.0.1]:4000".into());
+    let ranks = vec![classify_rank(&peer), classify_rank(&culprit)];
+    let (outcome, first, v) = verdict(&ranks);
+    assert_eq!((outcome, first), (OutcomeKind::Signaled, Some(1)));
+    assert_eq!(
+        v.headline,
+        "Rank 1 was killed by SIGSEGV in `forward` at step 3. Rank 0 failed after it (collateral)."
+    );
+    let line = v.evidence.iter().find(|e| e.starts_with("collateral")).unwrap();
+    assert_eq!(
+        line,
+        "collateral: rank 0 exited with status 1 in `allreduce` at step 3 0.40 s later: Connection closed by peer [127.0.0.1]:4000"
+    );
+}
+
+#[test]
+fn a_rank_that_only_lost_its_peer_is_collateral_even_when_it_ended_first() {
+    // Rank 0 noticed the closed connection before rank 1's end was seen: still collateral.
+    let lost = program_rank(
+        0,
+        Exit::Code(1),
+        1.0,
+        "Traceback (most recent call last):\n  File \"/t/train.py\", line 9, in <module>\nRuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:4000",
+    );
+    let killed = program_rank(1, Exit::Signal { signal: libc::SIGKILL, core_dumped: false }, 1.2, "");
+    let mut case = Case::new(vec![lost, killed]);
+    case.scenario = external();
+    let (_, first, v) = case.judge();
+    assert_eq!(first, Some(1));
+    assert_eq!(v.pattern.as_deref(), Some("peer-lost"));
+    assert!(
+        v.headline.starts_with("Rank 1 was killed by SIGKILL from outside; no OOM event was recorded."),
+        "{}",
+        v.headline
+    );
+    assert!(!v.headline.contains("OOM killer"), "{}", v.headline);
+    assert!(v.evidence.iter().any(|e| e.starts_with("rank 0 lost its peer")), "{:#?}", v.evidence);
+    assert!(
+        v.evidence.contains(&"collateral: rank 0 exited with status 1: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:4000".to_string()),
+        "{:#?}",
+        v.evidence
+    );
+    assert!(!v.headline.contains("marker"), "no trainer texts for a program: {}", v.headline);
+}
+
+fn hung_at(rank: u32, phase: &str, step: u64, last_marker_at_s: f64) -> RankResult {
+    let mut e = end(Some(Exit::Signal { signal: libc::SIGKILL, core_dumped: false }));
+    e.rank = rank;
+    e.intervention = Some(Intervention::Hung { silence_s: 10.0 });
+    e.state.phase = Some(phase.into());
+    e.state.step = Some(step);
+    e.state.last_marker_at = Some(last_marker_at_s);
+    e.state.markers = 10;
+    classify_rank(&e)
+}
+
+#[test]
+fn the_odd_rank_of_an_out_of_step_hang_is_named_by_where_it_waits_whoever_spoke_last() {
+    // Rank 1 ran fewer steps and waits in the final barrier; rank 0 waits in step 4's
+    // all-reduce. Which last marker arrived first is scheduling: both orders name rank 1.
+    for (barrier_at, allreduce_at) in [(1.00, 1.02), (1.02, 1.00)] {
+        let ranks = vec![hung_at(0, "allreduce", 4, allreduce_at), hung_at(1, "dist.barrier", 3, barrier_at)];
+        let (outcome, first, v) = verdict(&ranks);
+        assert_eq!((outcome, first), (OutcomeKind::Hung, Some(1)), "{barrier_at} vs {allreduce_at}");
+        assert_eq!(v.pattern.as_deref(), Some("ranks-out-of-step"));
+        assert!(v.likely_cause.unwrap().contains("Rank 1 stopped first"));
+    }
+    // A rank that skipped a collective is a step ahead of the others.
+    let ranks = vec![
+        hung_at(0, "allreduce", 4, 1.0),
+        hung_at(1, "allreduce", 5, 1.1),
+        hung_at(2, "allreduce", 4, 1.2),
+    ];
+    assert_eq!(verdict(&ranks).1, Some(1));
+    // A rank stuck by itself (outside any collective) holds the others up.
+    let ranks = vec![hung_at(0, "allreduce", 4, 1.0), hung_at(1, "data.next", 4, 1.5)];
+    assert_eq!(verdict(&ranks).1, Some(1));
+    // Nobody stands out: the earliest last marker decides, as for any failure, and no pattern
+    // is claimed.
+    let ranks = vec![hung_at(0, "allreduce", 4, 1.3), hung_at(1, "allreduce", 4, 1.1)];
+    let (_, first, v) = verdict(&ranks);
+    assert_eq!(first, Some(1));
+    assert_eq!(v.pattern, None);
+}
+
+/// A program's hung rank with a py-spy dump of its main thread.
+fn hung_with_stack(rank: u32, frames: &str) -> RankResult {
+    let mut r = program_rank(rank, Exit::Signal { signal: libc::SIGTERM, core_dumped: false }, 30.0, "");
+    r.outcome = OutcomeKind::Hung;
+    r.hang_detected_after_s = Some(20.0);
+    r.torn_down_with = Some("SIGTERM".into());
+    r.dumps.push(crate::harness::result::ProcessDump {
+        pid: 1000 + rank,
+        role: format!("rank {rank}"),
+        py_spy: Some(format!(
+            "Process {}: python t.py\n\nThread 1 (idle): \"MainThread\"\n{frames}",
+            1000 + rank
+        )),
+        error: None,
+        threads: vec![crate::harness::result::KernelThread {
+            tid: 1,
+            name: "python".into(),
+            wchan: Some("futex_wait_queue".into()),
+            syscall: Some("202 (futex)".into()),
+        }],
+    });
+    r
+}
+
+#[test]
+fn ranks_out_of_step_are_named_from_py_spy_stacks_without_markers() {
+    let barrier = "    futex_wait (libc.so.6)\n    c10d::Work::wait (libtorch_cpu.so)\n    barrier (torch/distributed/distributed_c10d.py:4881)\n    <module> (t.py:60)\n";
+    let backward = "    futex_wait (libc.so.6)\n    c10d::Reducer::finalize_backward (libtorch_cpu.so)\n    backward (torch/_tensor.py:630)\n    train (t.py:54)\n";
+    let mut case = Case::new(vec![hung_with_stack(0, barrier), hung_with_stack(1, backward)]);
+    case.scenario = external();
+    let (outcome, first, v) = case.judge();
+    assert_eq!((outcome, first), (OutcomeKind::Hung, Some(0)));
+    assert_eq!(v.pattern.as_deref(), Some("ranks-out-of-step"));
+    assert!(v.headline.contains("rank 0 waits in `dist.barrier()`"), "{}", v.headline);
+    assert!(
+        v.headline.contains("rank 1 waits in DDP's gradient all-reduce (`Reducer::finalize_backward`"),
+        "{}",
+        v.headline
+    );
+    assert!(!format!("{v:?}").contains("trainer"), "no trainer texts for a program: {v:#?}");
+    assert!(
+        v.evidence.contains(
+            &"the kernel: rank 0's main thread sits in 202 (futex); rank 1's main thread sits in 202 (futex)"
+                .to_string()
+        ),
+        "{:#?}",
+        v.evidence
+    );
+}
+
+#[test]
+fn an_unused_ddp_parameter_quotes_the_exception_not_the_hint_and_says_find_unused_parameters() {
+    let text = include_str!("../fixtures/ddp_unused.txt");
+    let mut case = Case::new(vec![
+        program_rank(0, Exit::Code(1), 3.0, text),
+        program_rank(1, Exit::Code(1), 3.1, &text.replace("[rank0]", "[rank1]")),
+    ]);
+    case.scenario = external();
+    let (_, first, v) = case.judge();
+    assert_eq!(first, Some(0));
+    assert_eq!(v.pattern.as_deref(), Some("ddp-unused-parameters"));
+    assert!(
+        v.headline
+            .starts_with("DDP found unused parameters: rank 0 raised `Expected to have finished reduction"),
+        "{}",
+        v.headline
+    );
+    assert!(v.headline.contains("parameter indices without a gradient: 2 3"), "{}", v.headline);
+    assert!(v.next_step.as_deref().unwrap().contains("find_unused_parameters=True"));
+    let key = v.key_line.unwrap();
+    assert!(key.starts_with("RuntimeError: Expected to have finished reduction"), "{key}");
+    assert!(key.ends_with("(patterns.py:53 in train)"), "{key}");
+    assert!(!v.headline.contains("In addition, you can set"), "the trailing hint is not the error");
+}
+
+#[test]
+fn a_rank_gone_before_the_rendezvous_is_named_with_the_survivors_store_timeout() {
+    let survivor = program_rank(0, Exit::Code(1), 11.0, include_str!("../fixtures/rendezvous_timeout.txt"));
+    let gone = program_rank(1, Exit::Code(0), 2.0, "");
+    let mut case = Case::new(vec![survivor, gone]);
+    case.scenario = external();
+    let (outcome, first, v) = case.judge();
+    assert_eq!((outcome, first), (OutcomeKind::Exited, Some(0)));
+    assert_eq!(v.pattern.as_deref(), Some("rendezvous-incomplete"));
+    assert_eq!(
+        v.headline,
+        "The rendezvous never completed: rank 1 exited with status 0 at 2.0 s without joining; rank 0 waited in \
+         `init_process_group` and gave up: `torch.distributed.DistStoreError: Timed out after 9 seconds waiting for \
+         clients. 1/2 clients joined.`."
+    );
+    assert!(v.evidence.contains(&"the store saw 1 of 2 ranks join".to_string()));
+}
+
+#[test]
+fn a_dataloader_workers_exception_names_the_dataset_line_and_index() {
+    let mut case =
+        Case::new(vec![program_rank(0, Exit::Code(1), 3.0, include_str!("../fixtures/dataset_error.txt"))]);
+    case.scenario = external();
+    let (_, _, v) = case.judge();
+    assert_eq!(v.pattern.as_deref(), Some("dataloader-worker-exception"));
+    assert_eq!(
+        v.headline,
+        "DataLoader worker 0 of rank 0 raised `ValueError: corrupt sample at index 5` in the dataset at \
+         `patterns.py:66 in __getitem__`, sample index 5; rank 0 exited with status 1 as a consequence."
+    );
+}
+
+/// NCCL's and PyTorch's texts for the GPU-only patterns, as REFERENCE.md records them.
+#[test]
+fn gpu_only_patterns_are_recognised_from_pytorchs_recorded_texts() {
+    let cases = [
+        (
+            "[rank0]:[E1124 05:00:00.000000 1 ProcessGroupNCCL.cpp:632] [Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=12, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600100 milliseconds before timing out.",
+            "nccl-watchdog-timeout",
+            "Rank 0's NCCL watchdog timed out in ALLREDUCE (SeqNum=12) after 600000 ms",
+        ),
+        (
+            "torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/NCCLUtils.hpp:317, invalid usage\nncclInvalidUsage: This usually reflects invalid usage of NCCL library.\nLast error:\nDuplicate GPU detected : rank 1 and rank 0 both on CUDA device 1a000",
+            "duplicate-gpu",
+            "",
+        ),
+        (
+            "RuntimeError: Caught RuntimeError in DataLoader worker process 0.\nOriginal Traceback (most recent call last):\n  File \"/t/train.py\", line 20, in __getitem__\n    x = self.data[i].cuda()\nRuntimeError: Cannot re-initialize CUDA in forked subprocess. To use CUDA with multiprocessing, you must use the 'spawn' start method",
+            "cuda-in-forked-child",
+            "",
+        ),
+    ];
+    for (text, id, headline) in cases {
+        let mut case = Case::new(vec![program_rank(0, Exit::Code(1), 3.0, text)]);
+        case.scenario = external();
+        let (_, _, v) = case.judge();
+        assert_eq!(v.pattern.as_deref(), Some(id), "{text}");
+        assert!(v.headline.starts_with(headline), "{}", v.headline);
+        assert!(v.reference.as_deref().is_some_and(|r| r.starts_with("https://")));
+    }
+}
+
+#[test]
+fn ranks_that_built_different_models_are_named_from_ddps_check() {
+    let text = "Traceback (most recent call last):\n  File \"/t/train.py\", line 30, in <module>\n    \
+                model = DistributedDataParallel(net)\nRuntimeError: DDP expects same model across all ranks, but Rank 1 \
+                has 4 params, while rank 0 has inconsistent 6 params.";
+    let mut case =
+        Case::new(vec![program_rank(0, Exit::Code(0), 9.0, ""), program_rank(1, Exit::Code(1), 2.0, text)]);
+    case.scenario = external();
+    let (_, first, v) = case.judge();
+    assert_eq!(first, Some(1));
+    assert_eq!(v.pattern.as_deref(), Some("ddp-model-mismatch"));
+    assert!(v.key_line.unwrap().ends_with("inconsistent 6 params. (train.py:30 in <module>)"));
+}
+
+fn memory_at_end(rank: u32, used: u64, total: u64) -> MemoryReport {
+    let mut m = MemoryReport::default();
+    m.shm.private = true;
+    m.shm.at_rank_end.push(ShmAt { rank, t_s: 2.02, used_bytes: used, total_bytes: total });
+    m
+}
+
+#[test]
+fn a_bus_error_with_dev_shm_full_is_out_of_shared_memory() {
+    let mut e = end(Some(Exit::Signal { signal: libc::SIGBUS, core_dumped: false }));
+    e.state.phase = Some("forward".into());
+    e.state.step = Some(2);
+    let mut case = Case::new(vec![classify_rank(&e)]);
+    case.scenario.data.shm_size = Some("8m".into());
+    case.memory = Some(memory_at_end(0, 8 << 20, 8 << 20));
+    let (_, _, v) = case.judge();
+    assert!(
+        v.evidence.contains(
+            &"the run's private `/dev/shm` (`data.shm_size` = `8m`) was at 8.0 of 8.0 MiB (100%) when rank 0 \
+              was killed by SIGBUS at 2.02 s"
+                .to_string()
+        ),
+        "{:#?}",
+        v.evidence
+    );
+    assert_eq!(v.pattern.as_deref(), Some("shm-exhausted"));
+    let cause = v.likely_cause.unwrap();
+    assert!(cause.starts_with("Out of shared memory"), "{cause}");
+    assert!(cause.contains("Please try to raise your shared memory limit."), "{cause}");
+    assert!(v.next_step.unwrap().contains("raise `data.shm_size`"));
+
+    // Room left in /dev/shm: the figure is evidence, and no shm pattern is claimed.
+    case.memory = Some(memory_at_end(0, 1 << 20, 8 << 20));
+    let (_, _, v) = case.judge();
+    assert_eq!(v.pattern.as_deref(), Some("native-crash"));
+    assert!(v.evidence.iter().any(|e| e.contains("at 1.0 of 8.0 MiB (12%)")));
+}
+
+fn process(rank: u32, worker: Option<u32>, pid: u32, pss: u64) -> ProcessMemory {
+    ProcessMemory {
+        rank,
+        role: if worker.is_some() { "worker" } else { "rank" }.into(),
+        worker,
+        pid,
+        command: "python".into(),
+        peak_rss_bytes: pss,
+        peak_pss_bytes: pss,
+        peak_uss_bytes: pss,
+        peak_shared_bytes: 0,
+    }
+}
+
+#[test]
+fn a_worker_bus_error_names_the_worker() {
+    let mut e = end(Some(Exit::Code(1)));
+    e.state.error = Some(
+        "DataLoader worker (pid 4242) is killed by signal: Bus error. It is possible that dataloader's \
+         workers are out of shared memory."
+            .into(),
+    );
+    let mut memory = memory_at_end(0, 64 << 20, 64 << 20);
+    memory.shm.private = false;
+    memory.processes.push(process(0, Some(3), 4242, 0));
+    let mut case = Case::new(vec![classify_rank(&e)]);
+    case.memory = Some(memory);
+    let (_, _, v) = case.judge();
+    assert_eq!(v.pattern.as_deref(), Some("shm-exhausted"));
+    assert!(v.likely_cause.unwrap().contains("SIGBUS to worker 3 of rank 0 (pid 4242)"));
+    assert!(v.evidence.iter().any(|e| e.starts_with("the machine's `/dev/shm` was at 64.0 of 64.0 MiB")));
+}
+
+#[test]
+fn a_run_waiting_mostly_for_data_is_input_bound() {
+    let mut e = end(Some(Exit::Code(0)));
+    e.state.done = true;
+    e.state.data_ms = 78.0;
+    e.state.compute_ms = 22.0;
+    let (_, _, v) = verdict(&[classify_rank(&e)]);
+    assert!(v.headline.ends_with(" Input-bound: 78% of step time waiting for data."), "{}", v.headline);
+    assert_eq!(v.pattern.as_deref(), Some("input-bound"));
+    assert!(v.next_step.unwrap().contains("more workers"));
+    let mut quick = e.clone();
+    quick.state.data_ms = 10.0;
+    let (_, _, v) = verdict(&[classify_rank(&quick)]);
+    assert_eq!(v.pattern, None);
+}
+
+#[test]
+fn a_worker_killed_by_hand_is_not_called_an_oom_kill() {
+    let mut e = end(Some(Exit::Code(1)));
+    e.rank = 1;
+    e.state.phase = Some("data.next".into());
+    e.state.step = Some(4);
+    e.state.error = Some(
+        "DataLoader worker (pid 4242) is killed by signal: Killed. [data-loader worker 0 of rank 1, fork]"
+            .into(),
+    );
+    let (outcome, first, v) = verdict(&[classify_rank(&e)]);
+    assert_eq!((outcome, first), (OutcomeKind::Exited, Some(1)));
+    assert_eq!(v.pattern.as_deref(), Some("worker-killed-by-signal"));
+    assert_eq!(
+        v.headline,
+        "DataLoader worker 0 (pid 4242) of rank 1 failed first (is killed by signal: Killed.); rank 1 exited with \
+         status 1 as a consequence in `data.next` at step 4."
+    );
+    assert!(v.evidence.iter().any(|l| l.starts_with("culprit: DataLoader worker 0 (pid 4242) of rank 1")));
+    let cause = v.likely_cause.unwrap();
+    assert!(cause.contains("no OOM event was recorded"), "{cause}");
+    assert!(!v.headline.contains("OOM"), "{}", v.headline);
+}
+
+fn oom_case(kill: OomKill) -> Case {
+    let mut e = end(Some(Exit::Code(1)));
+    e.pid = Some(500);
+    e.ended_at_s = Some(4.0);
+    e.state.error = Some("DataLoader worker (pid 502) is killed by signal: Killed.".into());
+    let mut killed_rank = end(Some(Exit::Signal { signal: libc::SIGKILL, core_dumped: false }));
+    killed_rank.rank = 1;
+    killed_rank.pid = Some(600);
+    killed_rank.ended_at_s = Some(4.5);
+    let mut case = Case::new(vec![classify_rank(&e), classify_rank(&killed_rank)]);
+    case.memory = Some(MemoryReport {
+        processes: vec![
+            process(0, None, 500, 300 << 20),
+            process(0, Some(0), 501, 520 << 20),
+            process(0, Some(2), 502, 700 << 20),
+            process(1, None, 600, 500 << 20),
+        ],
+        ..Default::default()
+    });
+    case.cgroup = Some(CgroupReport {
+        path: "/sys/fs/cgroup/memory/ups-doctor/x".into(),
+        version: CgroupVersion::V1,
+        limit_bytes: Some(2 << 30),
+        peak_bytes: Some(2_126_008_812),
+        oom_kills: 1,
+    });
+    case.oom_kills = vec![kill];
+    case
+}
+
+#[test]
+fn an_oom_killed_worker_and_an_oom_killed_rank_are_named_with_the_cgroup_figures() {
+    let worker = OomKill {
+        pid: 502,
+        rank: Some(0),
+        worker: Some(2),
+        at_s: Some(3.9),
+        source: OomSource::Kmsg,
+        process_name: Some("pt_data_worker".into()),
+        anon_rss_bytes: Some(690 << 20),
+    };
+    let (_, first, v) = oom_case(worker).judge();
+    assert_eq!(first, Some(0));
+    assert_eq!(v.pattern.as_deref(), Some("oom-kill"));
+    assert!(
+        v.headline.starts_with(
+            "DataLoader worker 2 (pid 502) of rank 0 was killed by the OOM killer: cgroup limit 2.0 GiB, the \
+             scenario's processes held 1.98 GiB; rank 0 exited with status 1 as a consequence."
+        ),
+        "{}",
+        v.headline
+    );
+    assert!(
+        v.evidence.contains(
+            &"the kernel log: `Killed process 502 (pt_data_worker)`, anon-rss 690.0 MiB".to_string()
+        ),
+        "{:#?}",
+        v.evidence
+    );
+    let holders = v.evidence.iter().find(|e| e.starts_with("who held the memory")).unwrap();
+    assert!(
+        holders.starts_with(
+            "who held the memory (peak PSS): rank 0 worker 2 (pid 502) 700.0 MiB, rank 0 worker 0"
+        ),
+        "{holders}"
+    );
+
+    let rank = OomKill {
+        pid: 600,
+        rank: Some(1),
+        worker: None,
+        at_s: Some(4.4),
+        source: OomSource::Cgroup,
+        process_name: None,
+        anon_rss_bytes: None,
+    };
+    let (_, first, v) = oom_case(rank).judge();
+    assert_eq!(first, Some(1));
+    assert!(
+        v.headline.starts_with("Rank 1 (pid 600) was killed by the OOM killer: cgroup limit 2.0 GiB"),
+        "{}",
+        v.headline
+    );
+    assert!(
+        v.evidence.iter().any(|e| e.starts_with("the cgroup's `oom_kill` counter rose to 1 while pid 600"))
+    );
+
+    // The same SIGKILLs with no OOM event recorded: never called an OOM kill.
+    let mut none = oom_case(OomKill {
+        pid: 1,
+        rank: None,
+        worker: None,
+        at_s: None,
+        source: OomSource::Cgroup,
+        process_name: None,
+        anon_rss_bytes: None,
+    });
+    none.oom_kills.clear();
+    none.cgroup.as_mut().unwrap().oom_kills = 0;
+    let (_, _, v) = none.judge();
+    assert_ne!(v.pattern.as_deref(), Some("oom-kill"));
+    assert!(!v.headline.contains("OOM killer"), "{}", v.headline);
+    assert!(
+        v.likely_cause
+            .unwrap()
+            .contains("no OOM kill was recorded for it (the scenario's memory cgroup counted none)")
+    );
+}
+
+#[test]
+fn a_program_that_swallowed_its_error_is_a_false_success_in_its_own_words() {
+    let mut r = program_rank(0, Exit::Code(0), 1.0, "wrapper: ignoring the dataset path does not exist");
+    r.outcome = OutcomeKind::FalseSuccess;
+    let mut case = Case::new(vec![r]);
+    case.scenario = external();
+    let (_, _, v) = case.judge();
+    assert_eq!(v.pattern.as_deref(), Some("false-success"));
+    assert_eq!(v.headline, "Rank 0 exited with status 0 without the completion evidence: a false success.");
+}
+
+#[test]
+fn leftovers_and_quotes_of_a_passed_run() {
+    let mut e = end(Some(Exit::Code(0)));
+    e.state.done = true;
+    let mut case = Case::new(vec![classify_rank(&e)]);
+    case.leftovers.shm.push(crate::harness::result::LeftoverSegment {
+        name: "ups-doctor-1-x".into(),
+        size_bytes: 4096,
+        allocated_bytes: 4096,
+        ours: true,
+        earlier_run: false,
+        removed: true,
+        error: None,
+    });
+    let (outcome, _, v) = case.judge();
+    assert_eq!(outcome, OutcomeKind::Passed);
+    assert_eq!(v.pattern.as_deref(), Some("leaked-shm"));
+    assert!(
+        v.evidence.iter().any(|l| l == "left 1 segment in `/dev/shm` (4.0 KiB), removed by ups-doctor"),
+        "{:#?}",
+        v.evidence
+    );
+    let _ = Quote { title: String::new(), lines: Vec::new() };
+}
+
+#[test]
+fn the_built_in_trainers_gpu_patterns_are_named_too() {
+    let mut e = end(Some(Exit::Code(1)));
+    e.state.error = Some(
+        "Caught an error in DataLoader worker process 0 (pid 77): CUDA error: initialization error \
+         [data-loader worker 0 of rank 0, fork]"
+            .into(),
+    );
+    let mut case = Case::new(vec![classify_rank(&e)]);
+    (case.scenario.data.workers, case.scenario.data.cache_device) = (2, crate::scenario::CacheDevice::Cuda);
+    let (_, _, v) = case.judge();
+    assert_eq!(v.pattern.as_deref(), Some("cuda-in-forked-child"));
+    assert!(v.likely_cause.as_deref().unwrap().contains("Cannot re-initialize CUDA in forked subprocess"));
+    assert!(v.next_step.as_deref().unwrap().starts_with("use `data.start_method: spawn`"));
+    assert!(v.evidence.iter().any(|e| e.contains("`data.cache_device: cuda`")), "{:?}", v.evidence);
+
+    let mut e = end(Some(Exit::Code(1)));
+    e.state.error = Some(
+        "NCCL error in ncclCommInitRankConfig on rank 1 (cuda:0): invalid usage\nLast error:\nDuplicate GPU detected : rank 1 and rank 0 both on CUDA device 1000"
+            .into(),
+    );
+    let (_, _, v) = verdict(&[classify_rank(&e)]);
+    assert_eq!(v.pattern.as_deref(), Some("duplicate-gpu"));
+    assert!(v.likely_cause.unwrap().starts_with("Two ranks were given the same GPU"));
+}

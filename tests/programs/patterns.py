@@ -1,0 +1,108 @@
+"""Small PyTorch programs (CPU, gloo) that each fail in one known way, for the tests of
+ups-doctor's failure patterns (docs/patterns.md). No markers: ups-doctor must judge them from
+what any program leaves (exit status, output, py-spy stacks). `--case`:
+
+- `out_of_step`: DDP, rank 0 runs one step fewer and then calls `dist.barrier()`; rank 1 waits
+  in the next step's gradient all-reduce. Both hang.
+- `unused`: DDP over a model with a layer that never takes part in the loss; the second
+  forward raises "Expected to have finished reduction in the prior iteration…".
+- `fork_threads`: two intra-op threads run a big matmul, then the process forks and the child
+  runs a big matmul: it deadlocks in libgomp; the parent waits for it.
+- `early_exit`: rank 1 leaves with status 0 before `init_process_group`; rank 0 waits at the
+  rendezvous until its short `timeout=` and fails.
+- `dataset_error`: a DataLoader worker's `__getitem__` raises for sample 5.
+- `worker_kill`: a DataLoader worker SIGKILLs itself (a kill by hand, not the OOM killer).
+- `rank_kill`: DDP, rank 1 SIGKILLs itself in step 2; rank 0 loses its peer.
+"""
+
+import argparse
+import datetime
+import os
+import signal
+import sys
+
+import torch
+import torch.distributed as dist
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--case", required=True)
+parser.add_argument("--steps", type=int, default=4)
+args = parser.parse_args()
+rank = int(os.environ.get("RANK", "0"))
+
+
+def ddp_model(unused=False):
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.used = torch.nn.Linear(8, 1)
+            self.unused = torch.nn.Linear(8, 1)
+
+        def forward(self, x):
+            return self.used(x)
+
+    torch.manual_seed(0)
+    net = Net() if unused else torch.nn.Linear(8, 1)
+    return torch.nn.parallel.DistributedDataParallel(net)
+
+
+def train(model, steps):
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    for step in range(steps):
+        x = torch.randn(4, 8)
+        loss = model(x).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        print(f"rank {rank} step {step} loss {loss.item():.4f}", flush=True)
+
+
+class Samples(torch.utils.data.Dataset):
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, index):
+        if args.case == "dataset_error" and index == 5:
+            raise ValueError(f"corrupt sample at index {index}")
+        if args.case == "worker_kill" and index == 5:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return torch.full((4,), float(index))
+
+
+if args.case == "out_of_step":
+    dist.init_process_group("gloo")
+    train(ddp_model(), args.steps - 1 if rank == 0 else args.steps)
+    dist.barrier()
+elif args.case == "unused":
+    dist.init_process_group("gloo")
+    train(ddp_model(unused=True), args.steps)
+elif args.case == "fork_threads":
+    torch.set_num_threads(2)
+    a = torch.randn(1024, 1024)
+    (a @ a).sum()
+    pid = os.fork()
+    if pid == 0:
+        print("child: multiplying", flush=True)
+        (a @ a).sum()
+        os._exit(0)
+    os.waitpid(pid, 0)
+elif args.case == "early_exit":
+    if rank == 1:
+        print("rank 1: no shard for me, leaving", flush=True)
+        sys.exit(0)
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=8))
+    train(ddp_model(), args.steps)
+elif args.case in ("dataset_error", "worker_kill"):
+    loader = torch.utils.data.DataLoader(Samples(), batch_size=2, num_workers=2)
+    for batch in loader:
+        print(f"batch {batch[:, 0].tolist()}", flush=True)
+elif args.case == "rank_kill":
+    dist.init_process_group("gloo")
+    model = ddp_model()
+    train(model, 2)
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    train(model, args.steps)
+else:
+    sys.exit(f"unknown --case {args.case}")
+print("training finished", flush=True)
