@@ -104,6 +104,7 @@ pub fn classify_rank(end: &RankEnd) -> RankResult {
         log_tail,
         markers: s.markers,
         bad_markers: s.bad_markers,
+        foreign_pids: s.foreign_pids.clone(),
         workers: s.workers.clone(),
         exit_source: end.exit_source.clone(),
         last_output_at_s: end.last_output_at,

@@ -12,6 +12,7 @@ mod external;
 mod gpu;
 mod memory;
 mod namespace;
+mod owner;
 mod process;
 mod progress;
 mod quotes;

@@ -290,6 +290,10 @@ pub struct RankResult {
     pub markers: u64,
     #[serde(default)]
     pub bad_markers: u64,
+    /// Pids that `worker` markers claimed but that were not processes of this run: counted in
+    /// `bad_markers`, never signalled.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub foreign_pids: Vec<u32>,
     /// Data-loader worker processes the rank started, in start order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub workers: Vec<super::state::WorkerInfo>,

@@ -21,6 +21,7 @@ use super::classify::{Intervention, RankEnd};
 use super::gpu::{GpuRecorder, GpuReport, GpuSample};
 use super::memory::{MemoryRecorder, ProcSample, ShmSample, new_segments, orphaned_segments, ours_bytes};
 use super::namespace::PrivateShm;
+use super::owner::{self, Identity};
 use super::process::{self, Event, RankProcess, RankSpec};
 use super::progress::Progress;
 use super::result::{ExternalRun, LauncherEnd, LeftoverProcess, LeftoverSegment, Leftovers, MemoryReport};
@@ -141,10 +142,15 @@ struct Slot {
     dumps_requested: u32,
     /// A launcher's rank, found in its process tree: the pid, not our child.
     found: Option<u32>,
+    /// The found rank as first seen: what a signal to it is checked against.
+    found_id: Option<Identity>,
     /// The found rank is gone (a zombie, or no longer in /proc).
     found_gone: bool,
     /// When the process was seen to exit, by the thread waiting for it.
     exit_seen_at: Option<f64>,
+    /// Workers its `worker` markers named that were checked to be this run's when the marker
+    /// arrived ([`owner::Run::claim`]).
+    verified_workers: Vec<Identity>,
 }
 
 impl Slot {
@@ -212,12 +218,13 @@ fn poll_zombies(
     }
 }
 
-/// Sends `signal` to whatever the slot runs: its own process group, or a launcher's rank.
-fn signal_slot(slot: &Slot, signal: i32) {
+/// Sends `signal` to whatever the slot runs: its own process group (led by our unreaped child),
+/// or a launcher's rank, checked against what it was when first found.
+fn signal_slot(slot: &Slot, run: &owner::Run, signal: i32) {
     if let Some(p) = slot.process.as_ref() {
         p.signal_group(signal);
-    } else if let Some(pid) = slot.found.filter(|_| !slot.found_gone) {
-        external::signal_found(pid, signal);
+    } else if let Some(who) = slot.found_id.filter(|_| !slot.found_gone) {
+        external::signal_found(run, who, signal);
     }
 }
 
@@ -272,8 +279,10 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
         dump_requested: false,
         dumps_requested: 0,
         found: None,
+        found_id: None,
         found_gone: false,
         exit_seen_at: None,
+        verified_workers: Vec::new(),
     };
     let mut launcher: Option<Launcher> = None;
     let mut slots: Vec<Slot> = if launcher_style {
@@ -348,21 +357,30 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
     let mut was_interrupted = false;
     let mut first_failure_at: Option<Instant> = None;
     let needs_done = !is_external || scenario.expect.completes_when == Some(CompletesWhen::Done);
-    let signal_all = |slots: &mut [Slot], launcher: &Option<Launcher>, signal: i32, name: &str| {
-        for slot in slots.iter_mut().filter(|s| s.live()) {
-            signal_slot(slot, signal);
-            slot.end.torn_down_with = Some(name.into());
-        }
-        if let Some(p) = launcher.as_ref().filter(|l| l.live()).and_then(|l| l.process.as_ref()) {
-            p.signal_group(signal);
-        }
+    let mut ownership = owner::Run {
+        run_id: plan.run_id.clone(),
+        groups: slots
+            .iter()
+            .filter_map(|s| s.process.as_ref().map(|p| p.pid))
+            .chain(launcher.as_ref().and_then(|l| l.process.as_ref()).map(|p| p.pid))
+            .collect(),
     };
+    let signal_all =
+        |slots: &mut [Slot], launcher: &Option<Launcher>, run: &owner::Run, signal: i32, name: &str| {
+            for slot in slots.iter_mut().filter(|s| s.live()) {
+                signal_slot(slot, run, signal);
+                slot.end.torn_down_with = Some(name.into());
+            }
+            if let Some(p) = launcher.as_ref().filter(|l| l.live()).and_then(|l| l.process.as_ref()) {
+                p.signal_group(signal);
+            }
+        };
 
     loop {
         if let Ok(event) = rx.recv_timeout(TICK) {
-            apply(&mut slots, event, &since);
+            apply(&mut slots, event, &since, &ownership);
             while let Ok(event) = rx.try_recv() {
-                apply(&mut slots, event, &since);
+                apply(&mut slots, event, &since, &ownership);
             }
         }
         let now = Instant::now();
@@ -387,6 +405,10 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
                 for (rank, pid) in external::discover_ranks(root) {
                     if let Some(slot) = slots.get_mut(rank as usize).filter(|s| s.found.is_none()) {
                         slot.found = Some(pid);
+                        slot.found_id = owner::identify(pid);
+                        if let Some(pgid) = external::pgid_of(pid).filter(|&g| g == pid) {
+                            ownership.groups.push(pgid);
+                        }
                         slot.end.pid = Some(pid);
                         if let Ok(mut w) = l.watched.lock() {
                             w.push(pid);
@@ -428,7 +450,7 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
         if interrupted.load(Ordering::SeqCst) && !kill_sent {
             // Ctrl-C: no dumps, no grace; the user wants their terminal back.
             was_interrupted = true;
-            signal_all(&mut slots, &launcher, libc::SIGKILL, "SIGKILL");
+            signal_all(&mut slots, &launcher, &ownership, libc::SIGKILL, "SIGKILL");
             kill_sent = true;
             continue;
         }
@@ -488,11 +510,13 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
                                 external::py_spy_dump(py_spy.as_deref(), pid, &role)
                             })
                             .collect();
-                    } else if let Some(p) = slot.process.as_ref() {
+                    } else if slot.process.is_some() {
                         // Every process of the rank's group: a rank often waits on a stuck worker.
-                        slot.dumps_requested =
-                            members.iter().filter(|&&pid| p.signal_member(pid, STACK_DUMP_SIGNAL)).count()
-                                as u32;
+                        slot.dumps_requested = members
+                            .iter()
+                            .filter_map(|&pid| owner::identify(pid))
+                            .filter(|&who| ownership.signal(who, STACK_DUMP_SIGNAL).is_ok())
+                            .count() as u32;
                     }
                     slot.dump_requested = true;
                 }
@@ -508,7 +532,7 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
                 .filter(|s| s.live() && s.dump_requested)
                 .all(|s| s.end.state.stacks_complete && s.end.state.stack_ends >= s.dumps_requested);
             if answered || now >= deadline {
-                signal_all(&mut slots, &launcher, libc::SIGTERM, "SIGTERM");
+                signal_all(&mut slots, &launcher, &ownership, libc::SIGTERM, "SIGTERM");
                 term_sent = Some(now);
             }
         }
@@ -516,7 +540,7 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
             && !kill_sent
             && now.duration_since(sent) >= TERM_GRACE
         {
-            signal_all(&mut slots, &launcher, libc::SIGKILL, "SIGKILL");
+            signal_all(&mut slots, &launcher, &ownership, libc::SIGKILL, "SIGKILL");
             kill_sent = true;
         }
     }
@@ -594,7 +618,7 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
             },
         });
     }
-    let processes = kill_leftover_processes(&slots, &plan.run_id);
+    let processes = kill_leftover_processes(&slots, &ownership);
 
     let tail_lines = if is_external { 400 } else { 40 };
     let mut ends: Vec<RankEnd> = slots
@@ -675,7 +699,7 @@ fn rank_of(slots: &[Slot], p: &memory::ProcStat) -> Option<u32> {
     slots
         .iter()
         .find(|s| (s.process.is_some() || s.found.is_some()) && s.end.pid == Some(p.pgid))
-        .or_else(|| slots.iter().find(|s| s.end.state.workers.iter().any(|w| w.pid == p.pid)))
+        .or_else(|| slots.iter().find(|s| s.verified_workers.iter().any(|w| w.pid == p.pid)))
         .map(|s| s.end.rank)
 }
 
@@ -693,38 +717,39 @@ fn sample_processes(slots: &[Slot]) -> Vec<ProcSample> {
 }
 
 /// Processes of the run still alive once every rank has ended (a worker that outlived its
-/// rank, a child that left the process group but kept the run id): killed, and reported.
-fn kill_leftover_processes(slots: &[Slot], run_id: &str) -> Vec<LeftoverProcess> {
+/// rank, a child that left the process group but kept the run id): killed, and reported. Only
+/// processes that pass [`owner::Run::check`] are candidates; what markers said plays no part.
+fn kill_leftover_processes(slots: &[Slot], run: &owner::Run) -> Vec<LeftoverProcess> {
     let me = std::process::id();
-    let mut found: Vec<LeftoverProcess> = memory::processes()
+    let mut found: Vec<(LeftoverProcess, Identity)> = memory::processes()
         .into_iter()
         .filter(|p| !p.zombie() && p.pid != me)
         .filter_map(|p| {
+            let who = owner::identify(p.pid)?;
+            run.check(who).ok()?;
             let rank = rank_of(slots, &p);
-            if rank.is_none() && !memory::environ_has(p.pid, RUN_ID_ENV, run_id) {
-                return None;
-            }
-            let worker =
-                slots.iter().flat_map(|s| s.end.state.workers.iter()).find(|w| w.pid == p.pid).map(|w| w.id);
-            Some(LeftoverProcess { pid: p.pid, command: p.command, rank, worker, killed: false })
+            let worker = slots
+                .iter()
+                .flat_map(|s| s.end.state.workers.iter())
+                .find(|w| w.pid == p.pid && slots.iter().any(|s| s.verified_workers.contains(&who)))
+                .map(|w| w.id);
+            Some((LeftoverProcess { pid: p.pid, command: p.command, rank, worker, killed: false }, who))
         })
         .collect();
-    for p in &found {
-        // SAFETY: kill(2) on a process of this run.
-        unsafe { libc::kill(p.pid as i32, libc::SIGKILL) };
+    for (_, who) in &found {
+        let _ = run.signal(*who, libc::SIGKILL);
     }
     let deadline = Instant::now() + LEFTOVER_KILL_WAIT;
     loop {
-        let table = memory::processes();
-        for p in &mut found {
-            p.killed = table.iter().find(|t| t.pid == p.pid).is_none_or(memory::ProcStat::zombie);
+        for (p, who) in &mut found {
+            p.killed = owner::identify(who.pid) != Some(*who);
         }
-        if found.iter().all(|p| p.killed) || Instant::now() >= deadline {
+        if found.iter().all(|(p, _)| p.killed) || Instant::now() >= deadline {
             break;
         }
         std::thread::sleep(TICK);
     }
-    found
+    found.into_iter().map(|(p, _)| p).collect()
 }
 
 /// Removes the machine's `/dev/shm` segments of ups-doctor runs whose harness died before it
@@ -782,10 +807,22 @@ fn remove_leftover_segments(
         .collect()
 }
 
-fn apply(slots: &mut [Slot], event: Event, since: &impl Fn(Instant) -> f64) {
+fn apply(slots: &mut [Slot], event: Event, since: &impl Fn(Instant) -> f64, run: &owner::Run) {
     match event {
         Event::Marker { rank, at, marker } => {
             if let Some(slot) = slots.get_mut(rank as usize) {
+                // A worker marker is a claim on a process: checked now, while the worker runs.
+                if let crate::protocol::Marker::Worker { pid, .. } = &marker {
+                    match run.claim(*pid) {
+                        Ok(Some(who)) => slot.verified_workers.push(who),
+                        Ok(None) => {}
+                        Err(_) => {
+                            slot.end.state.apply_bad(since(at));
+                            slot.end.state.foreign_pids.push(*pid);
+                            return;
+                        }
+                    }
+                }
                 slot.end.state.apply(since(at), marker);
             }
         }

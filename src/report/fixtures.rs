@@ -107,6 +107,7 @@ fn rank(rank: u32, steps: u64) -> RankResult {
         ],
         markers: 250,
         bad_markers: 0,
+        foreign_pids: Vec::new(),
         workers: Vec::new(),
         exit_source: None,
         last_output_at_s: None,

@@ -320,6 +320,14 @@ fn rank_notes(s: &ScenarioResult) -> Option<String> {
                 r.markers + r.bad_markers
             ));
         }
+        for pid in &r.foreign_pids {
+            notes.push(format!(
+                "Rank {}: a marker claimed process {pid} as its data-loader worker, but it is not a \
+                 process of this run (no run id, another process group, or a recycled pid); it was \
+                 not signalled.",
+                r.rank
+            ));
+        }
     }
     (!notes.is_empty()).then(|| bullets(notes.into_iter()))
 }
