@@ -5,7 +5,7 @@
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use clap::{Parser, Subcommand};
 
@@ -173,6 +173,7 @@ struct BisectArgs {
 }
 
 fn bisect(args: BisectArgs) -> Result<ExitCode, Failure> {
+    install_interrupt_handler();
     if !(args.confidence > 0.0 && args.confidence < 1.0) {
         return Err(Failure::BadInput(format!(
             "--confidence {} is not between 0 and 1 (exclusive); e.g. `--confidence 0.95`",
@@ -192,13 +193,15 @@ fn bisect(args: BisectArgs) -> Result<ExitCode, Failure> {
         scenario: scenario.clone(),
     }])?;
     let out_dir = match args.out {
-        Some(dir) => dir,
+        Some(dir) => {
+            prepare_out_dir(&dir)?;
+            dir
+        }
         None => fresh_run_dir(Path::new("reports/runs"), &format!("-bisect-{}", sanitize(&scenario.name)))
             .map_err(|e| Failure::Internal(format!("failed to create a folder under `reports/runs`: {e}")))?,
     };
     let program = std::env::current_exe()
         .map_err(|e| Failure::Internal(format!("failed to locate the ups-doctor binary: {e}")))?;
-    install_interrupt_handler();
     if !args.quiet {
         eprintln!(
             "bisecting {} (budget {} runs, {} in parallel)",
@@ -364,22 +367,56 @@ fn print_env(json: bool, markdown: bool) {
 
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 static INTERRUPTS: AtomicUsize = AtomicUsize::new(0);
+/// When the first interrupt arrived (`CLOCK_MONOTONIC`, nanoseconds).
+static FIRST_INTERRUPT_NS: AtomicU64 = AtomicU64::new(0);
+/// A second signal this soon after the first is the same request (GNU `timeout` signals
+/// ups-doctor, then its whole process group; a terminal's Ctrl-C reaches the group as well): it
+/// does not cut the orderly stop short.
+const INTERRUPT_GRACE_NS: u64 = 1_000_000_000;
+
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime is async-signal-safe; valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec as u64)
+}
 
 extern "C" fn on_interrupt(_sig: i32) {
+    let now = monotonic_ns();
     INTERRUPTED.store(true, Ordering::SeqCst);
-    if INTERRUPTS.fetch_add(1, Ordering::SeqCst) >= 1 {
-        // Second Ctrl-C: leave now. Ranks die with us (PR_SET_PDEATHSIG); the result so far is
-        // already on disk.
+    match INTERRUPTS.fetch_add(1, Ordering::SeqCst) {
+        0 => FIRST_INTERRUPT_NS.store(now, Ordering::SeqCst),
+        1 if now.saturating_sub(FIRST_INTERRUPT_NS.load(Ordering::SeqCst)) <= INTERRUPT_GRACE_NS => {}
+        // A third signal, or a second one after the grace: the user insists. Leave now; ranks
+        // die with us (PR_SET_PDEATHSIG); results of finished scenarios are already on disk.
         // SAFETY: _exit is async-signal-safe.
-        unsafe { libc::_exit(130) };
+        _ => unsafe { libc::_exit(130) },
     }
 }
 
+/// SIGINT, SIGTERM (Slurm, Kubernetes, `timeout`) and SIGHUP all start the same orderly stop.
+/// Installed before anything else a command does, so that no signal finds the default action.
 fn install_interrupt_handler() {
     for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
-        // SAFETY: installs a handler that only touches atomics and calls _exit.
+        // SAFETY: installs a handler that only touches atomics, reads the clock and calls _exit.
         unsafe { libc::signal(sig, on_interrupt as *const () as libc::sighandler_t) };
     }
+}
+
+/// Creates `--out` (or checks it) before anything runs: a folder that cannot be written is the
+/// user's to fix, found now rather than after the first scenario.
+fn prepare_out_dir(dir: &Path) -> Result<(), Failure> {
+    let bad = |e: std::io::Error| {
+        Failure::BadInput(format!(
+            "`--out {}` cannot be written: {e}\n  hint: pick a folder you can write to, with some free space",
+            dir.display()
+        ))
+    };
+    std::fs::create_dir_all(dir).map_err(bad)?;
+    let probe = dir.join(format!(".ups-doctor-write-test.{}", std::process::id()));
+    std::fs::write(&probe, b"").map_err(bad)?;
+    let _ = std::fs::remove_file(&probe);
+    Ok(())
 }
 
 fn run(
@@ -389,6 +426,7 @@ fn run(
     json: bool,
     quiet: bool,
 ) -> Result<ExitCode, Failure> {
+    install_interrupt_handler();
     let paths = if paths.is_empty() { vec![PathBuf::from("scenarios")] } else { paths };
     let files = scenario::scenario_files(&paths).map_err(|e| Failure::BadInput(e.to_string()))?;
     // Validate everything before running anything: a typo in the fifth file must not cost the
@@ -411,13 +449,15 @@ fn run(
     check_gpus(&inputs)?;
 
     let out_dir = match out {
-        Some(dir) => dir,
+        Some(dir) => {
+            prepare_out_dir(&dir)?;
+            dir
+        }
         None => fresh_run_dir(Path::new("reports/runs"), "")
             .map_err(|e| Failure::Internal(format!("failed to create a folder under `reports/runs`: {e}")))?,
     };
     let program = std::env::current_exe()
         .map_err(|e| Failure::Internal(format!("failed to locate the ups-doctor binary: {e}")))?;
-    install_interrupt_handler();
     let mode = if quiet { ProgressMode::Quiet } else { ProgressMode::detect() };
     let mut progress = Progress::new(mode);
     let mut result = RunResult {
@@ -435,32 +475,37 @@ fn run(
     };
     let width = inputs.len().to_string().len();
     for (i, input) in inputs.iter().enumerate() {
+        if INTERRUPTED.load(Ordering::SeqCst) {
+            result.interrupted = true;
+            result.not_run = inputs[i..].iter().map(|s| s.scenario.name.clone()).collect();
+            save(&result)?;
+            break;
+        }
         let rel = format!("{:0width$}-{}", i + 1, sanitize(&input.scenario.name));
-        let ran =
+        let scenario_result =
             harness::run_scenario(input, &program, &out_dir.join(&rel), &rel, &mut progress, &INTERRUPTED)
                 .map_err(|e| Failure::Internal(e.to_string()))?;
-        match ran {
-            Some(scenario_result) => {
-                if mode != ProgressMode::Quiet {
-                    eprintln!(
-                        "  {} {}: {}",
-                        if scenario_result.met_expectation { "✓" } else { "✗" },
-                        scenario_result.name,
-                        scenario_result.verdict.headline
-                    );
-                }
-                result.scenarios.push(scenario_result);
-                save(&result)?;
-            }
-            None => {
-                result.interrupted = true;
-                result.not_run = inputs[i..].iter().map(|s| s.scenario.name.clone()).collect();
-                save(&result)?;
-                break;
-            }
+        if mode != ProgressMode::Quiet {
+            let mark = if scenario_result.interrupted {
+                "-"
+            } else if scenario_result.met_expectation {
+                "✓"
+            } else {
+                "✗"
+            };
+            eprintln!("  {mark} {}: {}", scenario_result.name, scenario_result.verdict.headline);
+        }
+        let cut_short = scenario_result.interrupted;
+        result.scenarios.push(scenario_result);
+        if cut_short {
+            result.interrupted = true;
+            result.not_run = inputs[i + 1..].iter().map(|s| s.scenario.name.clone()).collect();
+        }
+        save(&result)?;
+        if cut_short {
+            break;
         }
     }
-
     let color =
         !json && std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     let matrix = report::render_matrix(&result, color);

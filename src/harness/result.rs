@@ -39,6 +39,10 @@ pub struct ScenarioResult {
     /// The first failure's outcome, or `passed`.
     pub outcome: OutcomeKind,
     pub met_expectation: bool,
+    /// The user stopped it (Ctrl-C, SIGTERM) before it ended on its own: what it had by then is
+    /// kept, but it is neither a pass nor a failure of its `expect`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub interrupted: bool,
     /// Why the outcome did not meet `expect`, one line per differing field.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub expectation_mismatches: Vec<String>,

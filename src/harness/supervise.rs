@@ -32,6 +32,10 @@ use super::{external, quotes};
 const STACK_DUMP_WAIT: Duration = Duration::from_secs(5);
 /// How long a rank gets between SIGTERM and SIGKILL.
 const TERM_GRACE: Duration = Duration::from_secs(3);
+/// After a Ctrl-C or SIGTERM: how long ranks get between SIGTERM and SIGKILL, and to answer a
+/// stack-dump request.
+const INTERRUPT_TERM_GRACE: Duration = Duration::from_secs(1);
+const INTERRUPT_DUMP_WAIT: Duration = Duration::from_secs(3);
 /// After the first rank fails, how long the others get to notice and end on their own (their
 /// own error is the collateral evidence) before they are asked for stacks and torn down.
 const COLLATERAL_GRACE: Duration = Duration::from_secs(5);
@@ -447,11 +451,14 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
             break;
         }
 
-        if interrupted.load(Ordering::SeqCst) && !kill_sent {
-            // Ctrl-C: no dumps, no grace; the user wants their terminal back.
+        if interrupted.load(Ordering::SeqCst) && !was_interrupted {
+            // Ctrl-C or SIGTERM: an orderly stop that keeps what the scenario had. Ranks are asked
+            // for their stacks first (the run a user interrupts is often the one that hangs),
+            // then SIGTERM, then SIGKILL, each with a short wait.
             was_interrupted = true;
-            signal_all(&mut slots, &launcher, &ownership, libc::SIGKILL, "SIGKILL");
-            kill_sent = true;
+            if stack_deadline.is_none() && term_sent.is_none() {
+                stack_deadline = Some(request_stacks_on_interrupt(&mut slots, &ownership, is_external));
+            }
             continue;
         }
 
@@ -511,12 +518,7 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
                             })
                             .collect();
                     } else if slot.process.is_some() {
-                        // Every process of the rank's group: a rank often waits on a stuck worker.
-                        slot.dumps_requested = members
-                            .iter()
-                            .filter_map(|&pid| owner::identify(pid))
-                            .filter(|&who| ownership.signal(who, STACK_DUMP_SIGNAL).is_ok())
-                            .count() as u32;
+                        slot.dumps_requested = request_stacks(&members, &ownership);
                     }
                     slot.dump_requested = true;
                 }
@@ -538,7 +540,7 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
         }
         if let Some(sent) = term_sent
             && !kill_sent
-            && now.duration_since(sent) >= TERM_GRACE
+            && now.duration_since(sent) >= if was_interrupted { INTERRUPT_TERM_GRACE } else { TERM_GRACE }
         {
             signal_all(&mut slots, &launcher, &ownership, libc::SIGKILL, "SIGKILL");
             kill_sent = true;
@@ -671,6 +673,51 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
         external: external_run,
         gpu,
     }
+}
+
+/// Asks every process in `members` that is this run's and has a handler for the stack-dump
+/// signal for a stack dump; returns how many were asked. Every process of a rank's group: a rank
+/// often waits on a stuck worker. (One without the handler yet, a rank still starting or a
+/// `spawn` worker between exec and its set-up, would be killed by the signal instead.)
+fn request_stacks(members: &[u32], run: &owner::Run) -> u32 {
+    members
+        .iter()
+        .filter(|&&pid| catches(pid, STACK_DUMP_SIGNAL))
+        .filter_map(|&pid| owner::identify(pid))
+        .filter(|&who| run.signal(who, STACK_DUMP_SIGNAL).is_ok())
+        .count() as u32
+}
+
+/// Whether `signal` cannot kill `pid`: it has a handler for it or blocks it (the trainer blocks
+/// the stack-dump signal in every thread and takes it with `sigwait`), from `SigCgt` and `SigBlk`
+/// of `/proc/PID/status`.
+fn catches(pid: u32, signal: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|status| {
+        let mask = |field: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(field))
+                .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+                .unwrap_or(0)
+        };
+        (mask("SigCgt:") | mask("SigBlk:")) & (1 << (signal - 1)) != 0
+    })
+}
+
+/// On the user's interrupt: asks every live rank of the built-in trainer for its stacks (an
+/// external program has no handler for the signal, and py-spy is too slow for an interrupt), so
+/// that the result shows where each one was, stuck or not. Returns until when to wait for the
+/// answers.
+fn request_stacks_on_interrupt(slots: &mut [Slot], run: &owner::Run, is_external: bool) -> Instant {
+    let mut asked = false;
+    if !is_external {
+        for slot in slots.iter_mut().filter(|s| s.live() && s.process.is_some()) {
+            slot.dumps_requested = request_stacks(&slot_members(slot), run);
+            slot.dump_requested = slot.dumps_requested > 0;
+            asked |= slot.dump_requested;
+        }
+    }
+    Instant::now() + if asked { INTERRUPT_DUMP_WAIT } else { Duration::ZERO }
 }
 
 /// `exited with status 1`, `was killed by SIGKILL`.

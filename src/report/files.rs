@@ -156,7 +156,7 @@ fn version_hint(text: &str, broken_syntax: bool) -> Option<String> {
 }
 
 /// Writes `bytes` to a temporary file next to `path`, syncs it and renames it over `path`.
-fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ReportError> {
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ReportError> {
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
     let result = (|| {

@@ -170,6 +170,7 @@ pub fn passing() -> ScenarioResult {
         scenario: sc,
         outcome: OutcomeKind::Passed,
         met_expectation: true,
+        interrupted: false,
         expectation_mismatches: Vec::new(),
         verdict: Verdict {
             headline: "Rank 0 trained 60 steps and its loss fell from 2.3 to 0.37.".into(),
@@ -300,6 +301,7 @@ pub fn segv() -> ScenarioResult {
         scenario: sc,
         outcome: OutcomeKind::Signaled,
         met_expectation: true,
+        interrupted: false,
         expectation_mismatches: Vec::new(),
         verdict: Verdict {
             headline: "Rank 1 was killed by SIGSEGV in `forward` at step 3; rank 0 was collateral \
@@ -404,6 +406,7 @@ pub fn hung() -> ScenarioResult {
         scenario: sc,
         outcome: OutcomeKind::Hung,
         met_expectation: true,
+        interrupted: false,
         expectation_mismatches: Vec::new(),
         verdict: Verdict {
             headline: "Rank 0 hung in `backward` at step 7: no marker for 10.0 s.".into(),
@@ -465,6 +468,7 @@ pub fn false_success() -> ScenarioResult {
         scenario: sc,
         outcome: OutcomeKind::FalseSuccess,
         met_expectation: false,
+        interrupted: false,
         expectation_mismatches: vec!["outcome: expected `passed`, got `false_success`".into()],
         verdict: Verdict {
             headline: "Rank 1 exited with status 0 at step 9 of 60 without finishing training \
@@ -517,6 +521,7 @@ pub fn abort_raw_only() -> ScenarioResult {
         scenario: sc,
         outcome: OutcomeKind::Signaled,
         met_expectation: true,
+        interrupted: false,
         expectation_mismatches: Vec::new(),
         verdict: Verdict {
             headline: "Rank 0 was killed by SIGABRT in `optimizer` at step 4.".into(),
@@ -635,6 +640,7 @@ pub fn shm_bus_error() -> ScenarioResult {
         scenario: sc,
         outcome,
         met_expectation: true,
+        interrupted: false,
         expectation_mismatches: Vec::new(),
         verdict: v,
         first_failure,
