@@ -42,6 +42,9 @@ enum Command {
         /// No live progress.
         #[arg(long)]
         quiet: bool,
+        /// Mask GPU UUIDs and your home folder in the report and result.json, for a public issue.
+        #[arg(long)]
+        public: bool,
     },
     /// Cut a failing scenario down to a 1-minimal configuration that still fails the same way.
     Bisect(BisectArgs),
@@ -49,6 +52,9 @@ enum Command {
     Report {
         /// A run folder (it holds result.json).
         dir: PathBuf,
+        /// Mask GPU UUIDs and your home folder (result.json is rewritten masked too).
+        #[arg(long)]
+        public: bool,
     },
     /// Describe this machine: libtorch, CPUs, memory, /dev/shm, ulimits, cgroup limits, variables.
     Env {
@@ -57,6 +63,9 @@ enum Command {
         /// The report's `## Environment` section, to paste into an issue.
         #[arg(long)]
         markdown: bool,
+        /// Mask GPU UUIDs and your home folder.
+        #[arg(long)]
+        public: bool,
     },
     /// Train one rank of a scenario: the entry point the harness launches. Also works by hand or
     /// under torchrun (reads RANK, WORLD_SIZE, LOCAL_RANK).
@@ -108,13 +117,10 @@ enum Failure {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Run { paths, set, out, json, quiet } => run(paths, set, out, json, quiet),
-        Command::Report { dir } => rerender(&dir),
+        Command::Run { paths, set, out, json, quiet, public } => run(paths, set, out, json, quiet, public),
+        Command::Report { dir, public } => rerender(&dir, public),
         Command::Bisect(args) => bisect(args),
-        Command::Env { json, markdown } => {
-            print_env(json, markdown);
-            Ok(ExitCode::SUCCESS)
-        }
+        Command::Env { json, markdown, public } => print_env(json, markdown, public),
         Command::CudaProbe => {
             println!("{}", serde_json::to_string(&trainer::cuda::support()).expect("serialises"));
             Ok(ExitCode::SUCCESS)
@@ -267,9 +273,9 @@ fn bisect(args: BisectArgs) -> Result<ExitCode, Failure> {
     })
 }
 
-fn rerender(dir: &Path) -> Result<ExitCode, Failure> {
+fn rerender(dir: &Path, public: bool) -> Result<ExitCode, Failure> {
     use report::ReportError;
-    match report::rerender(dir) {
+    match report::rerender_masked(dir, public) {
         Ok(path) => {
             println!("{}", path.display());
             Ok(ExitCode::SUCCESS)
@@ -354,8 +360,11 @@ fn check_gpus(inputs: &[ScenarioInput]) -> Result<(), Failure> {
     if errors.is_empty() { Ok(()) } else { Err(Failure::BadInput(errors.join("\nerror: "))) }
 }
 
-fn print_env(json: bool, markdown: bool) {
-    let env = collect_env();
+fn print_env(json: bool, markdown: bool, public: bool) -> Result<ExitCode, Failure> {
+    let mut env = collect_env();
+    if public {
+        env = report::public::mask(&env, report::public::home().as_deref()).map_err(Failure::Internal)?;
+    }
     if json {
         println!("{}", serde_json::to_string_pretty(&env).expect("env serialises"));
     } else if markdown {
@@ -363,6 +372,7 @@ fn print_env(json: bool, markdown: bool) {
     } else {
         print!("{}", report::render_env_text(&env));
     }
+    Ok(ExitCode::SUCCESS)
 }
 
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
@@ -425,6 +435,7 @@ fn run(
     out: Option<PathBuf>,
     json: bool,
     quiet: bool,
+    public: bool,
 ) -> Result<ExitCode, Failure> {
     install_interrupt_handler();
     let paths = if paths.is_empty() { vec![PathBuf::from("scenarios")] } else { paths };
@@ -469,8 +480,17 @@ fn run(
         not_run: Vec::new(),
         interrupted: false,
     };
+    let home = report::public::home();
+    let shown = |result: &RunResult| -> Result<RunResult, Failure> {
+        if public {
+            report::public::mask(result, home.as_deref())
+                .map_err(|e| Failure::Internal(format!("--public: {e}")))
+        } else {
+            Ok(result.clone())
+        }
+    };
     let save = |result: &RunResult| {
-        report::write_run(&out_dir, result)
+        report::write_run(&out_dir, &shown(result)?)
             .map_err(|e| Failure::Internal(format!("failed to write the report: {e}")))
     };
     let width = inputs.len().to_string().len();
@@ -513,7 +533,7 @@ fn run(
     if json {
         eprintln!("{matrix}");
         eprintln!("report: {}", report_path.display());
-        println!("{}", serde_json::to_string_pretty(&result).expect("results serialise"));
+        println!("{}", serde_json::to_string_pretty(&shown(&result)?).expect("results serialise"));
     } else {
         println!("{matrix}");
         println!("report: {}", report_path.display());

@@ -99,6 +99,13 @@ pub fn write_run(dir: &Path, run: &RunResult) -> Result<PathBuf, ReportError> {
 /// [`ReportError::InvalidJson`] when `result.json` cannot be read or is not a run result,
 /// [`ReportError::Write`] when `report.md` cannot be written.
 pub fn rerender(dir: &Path) -> Result<PathBuf, ReportError> {
+    rerender_masked(dir, false)
+}
+
+/// [`rerender`], with `--public` masking ([`super::public`]) when `public`: `result.json` is
+/// rewritten masked too, so that the folder can be attached to an issue as it is. Secrets in
+/// variables are redacted either way (a result of an older version may hold them).
+pub fn rerender_masked(dir: &Path, public: bool) -> Result<PathBuf, ReportError> {
     if !dir.exists() {
         return Err(ReportError::NotFound { path: dir.to_path_buf() });
     }
@@ -113,7 +120,13 @@ pub fn rerender(dir: &Path) -> Result<PathBuf, ReportError> {
         }
         Err(source) => return Err(ReportError::Read { path, source }),
     };
-    let run = parse(&path, &text)?;
+    let mut run = parse(&path, &text)?;
+    crate::probe::env::redact_variables(&mut run.environment.variables);
+    if public {
+        run = super::public::mask(&run, super::public::home().as_deref())
+            .map_err(|e| ReportError::Write { path: path.clone(), source: io::Error::other(e) })?;
+        return write_run(dir, &run);
+    }
     let report = dir.join(REPORT_FILE);
     write_atomic(&report, render_markdown(&run).as_bytes())?;
     Ok(report)

@@ -31,7 +31,8 @@ mod fixtures;
 #[cfg(test)]
 mod tests;
 
+pub mod public;
 pub use bisect::render_bisect;
-pub use files::{REPORT_FILE, RESULT_FILE, ReportError, rerender, write_atomic, write_run};
+pub use files::{REPORT_FILE, RESULT_FILE, ReportError, rerender, rerender_masked, write_atomic, write_run};
 pub use markdown::{render_env_markdown, render_markdown};
 pub use terminal::{render_env_text, render_matrix};

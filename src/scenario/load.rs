@@ -132,10 +132,26 @@ impl ScenarioError {
 
 /// Reads and loads one scenario file; see [`load_str`].
 pub fn load_file(path: &Path, overrides: &[Override]) -> Result<Scenario, ScenarioError> {
-    let source = std::fs::read_to_string(path).map_err(|err| {
+    let bytes = std::fs::read(path).map_err(|err| {
         let hint = (err.kind() == std::io::ErrorKind::NotFound)
             .then(|| "check the path; a folder runs every `*.json` scenario in it".to_string());
         ScenarioError::new(path, Problem::new(None, format!("cannot read file: {}", io_reason(&err)), hint))
+    })?;
+    let source = String::from_utf8(bytes).map_err(|err| {
+        let valid = &err.as_bytes()[..err.utf8_error().valid_up_to()];
+        let line = valid.iter().filter(|&&b| b == b'\n').count() + 1;
+        let line_start = valid.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+        // Columns count characters, as serde_json's do.
+        let column = String::from_utf8_lossy(&valid[line_start..]).chars().count() + 1;
+        ScenarioError::new(
+            path,
+            Problem::new(
+                None,
+                "the file is not valid UTF-8 text".to_string(),
+                Some("save the file as UTF-8 (JSON text is UTF-8)".to_string()),
+            ),
+        )
+        .at(Some(Position { line, column }))
     })?;
     load_str(&source, path, overrides)
 }
@@ -399,7 +415,16 @@ fn parent(field: &str) -> String {
 
 /// Where `field` is written: its key (for an unknown or misplaced key) or its value.
 fn position_of(source: &str, field: Option<&str>, key: bool) -> Option<Position> {
-    let segments = path::parse(field?).ok()?;
+    let field = field?;
+    // An empty key (`params.""`) has no dotted form of its own: its parent's path, then `""`.
+    let segments = match field.strip_suffix('.') {
+        Some(parent) => {
+            let mut segments = path::parse(parent).ok()?;
+            segments.push(path::Segment::Key(String::new()));
+            segments
+        }
+        None => path::parse(field).ok()?,
+    };
     let located = locate::locate(source, &segments)?;
     if key { located.key.or(Some(located.value)) } else { Some(located.value) }
 }
