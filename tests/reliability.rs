@@ -310,3 +310,87 @@ fn timeout_sigint_or_sigterm_at_any_moment_always_leaves_a_result_and_nothing_be
     );
     assert!(interrupted >= 10, "only {interrupted} of 20 runs were interrupted: the points missed the run");
 }
+
+#[test]
+fn secrets_never_reach_the_report_result_json_or_env() {
+    let sb = Sandbox::new();
+    let file = sb.scenario("plain", r#"{"command": ["true"]}"#);
+    let secret_env =
+        [("TORCH_HOME_TOKEN", "tSECRET"), ("NCCL_IB_PASSWORD", "hunter2"), ("UPS_DOCTOR_API_KEY", "k3y")];
+    let out = sb
+        .cmd()
+        .arg("run")
+        .arg(&file)
+        .arg("--out")
+        .arg(sb.out())
+        .arg("--quiet")
+        .envs(secret_env)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let mut shown = vec![
+        ("result.json", std::fs::read_to_string(sb.out().join("result.json")).unwrap()),
+        ("report.md", std::fs::read_to_string(sb.out().join("report.md")).unwrap()),
+    ];
+    for args in [&["env"][..], &["env", "--json"], &["env", "--markdown"]] {
+        let out = sb.cmd().args(args).envs(secret_env).output().unwrap();
+        shown.push(("env", String::from_utf8_lossy(&out.stdout).into_owned()));
+    }
+    for (what, text) in shown {
+        for (name, value) in secret_env {
+            assert!(text.contains(name), "{what} does not list {name}:\n{text}");
+            assert!(!text.contains(value), "{what} shows the value of {name}:\n{text}");
+        }
+        assert!(text.contains("<redacted>"), "{what}:\n{text}");
+    }
+}
+
+#[test]
+fn public_masks_the_home_folder_in_the_report_and_result_json() {
+    let sb = Sandbox::new();
+    let file = sb.scenario("plain", r#"{"command": ["true"]}"#);
+    let home = sb.path().display().to_string();
+    let out = sb
+        .cmd()
+        .env("HOME", &home)
+        .arg("run")
+        .arg(&file)
+        .arg("--out")
+        .arg(sb.out())
+        .args(["--quiet", "--public"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    for name in ["result.json", "report.md"] {
+        let text = std::fs::read_to_string(sb.out().join(name)).unwrap();
+        assert!(!text.contains(&home), "{name} shows the home folder {home}:\n{text}");
+        assert!(text.contains("~/scenarios/plain.json"), "{name}:\n{text}");
+    }
+}
+
+#[test]
+fn the_reports_rerun_command_line_is_shell_quoted() {
+    let sb = Sandbox::new();
+    let file = sb.scenario(
+        "quoting",
+        r#"{"command": ["echo", "{x}"], "params": {"x": "a; touch PWNED; $(touch PWNED2) `touch PWNED3` it's"}}"#,
+    );
+    let out = sb.cmd().arg("run").arg(&file).arg("--out").arg(sb.out()).arg("--quiet").output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let report = std::fs::read_to_string(sb.out().join("report.md")).unwrap();
+    let line =
+        report.lines().find(|l| l.starts_with("Command (per_rank): ")).expect("a command line").to_string();
+    // The command sits in an inline code span, whose fence is as many backticks as needed.
+    let rest = line.trim_start_matches("Command (per_rank): ");
+    let fence: String = rest.chars().take_while(|&c| c == '`').collect();
+    let command = rest[fence.len()..].split(fence.as_str()).next().unwrap().trim();
+    let pasted = Command::new("sh").arg("-c").arg(command).current_dir(sb.path()).output().unwrap();
+    for f in ["PWNED", "PWNED2", "PWNED3"] {
+        assert!(!sb.path().join(f).exists(), "pasting `{command}` ran `touch {f}`");
+    }
+    assert_eq!(
+        String::from_utf8_lossy(&pasted.stdout).trim_end(),
+        "a; touch PWNED; $(touch PWNED2) `touch PWNED3` it's",
+        "`{command}`"
+    );
+}
