@@ -479,6 +479,7 @@ fn run(
         scenarios: Vec::new(),
         not_run: Vec::new(),
         interrupted: false,
+        stopped_by: None,
     };
     let home = report::public::home();
     let shown = |result: &RunResult| -> Result<RunResult, Failure> {
@@ -489,10 +490,7 @@ fn run(
             Ok(result.clone())
         }
     };
-    let save = |result: &RunResult| {
-        report::write_run(&out_dir, &shown(result)?)
-            .map_err(|e| Failure::Internal(format!("failed to write the report: {e}")))
-    };
+    let save = |result: &RunResult| save_honestly(&out_dir, &shown(result)?);
     let width = inputs.len().to_string().len();
     for (i, input) in inputs.iter().enumerate() {
         if INTERRUPTED.load(Ordering::SeqCst) {
@@ -502,9 +500,23 @@ fn run(
             break;
         }
         let rel = format!("{:0width$}-{}", i + 1, sanitize(&input.scenario.name));
-        let scenario_result =
-            harness::run_scenario(input, &program, &out_dir.join(&rel), &rel, &mut progress, &INTERRUPTED)
-                .map_err(|e| Failure::Internal(e.to_string()))?;
+        let scenario_result = match harness::run_scenario(
+            input,
+            &program,
+            &out_dir.join(&rel),
+            &rel,
+            &mut progress,
+            &INTERRUPTED,
+        ) {
+            Ok(r) => r,
+            Err(e) => {
+                // What is on disk must say the run stopped here, and why.
+                result.stopped_by = Some(e.to_string());
+                result.not_run = inputs[i..].iter().map(|s| s.scenario.name.clone()).collect();
+                save(&result)?;
+                return Err(Failure::Internal(e.to_string()));
+            }
+        };
         if mode != ProgressMode::Quiet {
             let mark = if scenario_result.interrupted {
                 "-"
@@ -545,6 +557,76 @@ fn run(
     } else {
         ExitCode::from(1)
     })
+}
+
+/// Writes `result.json` and `report.md` (each to a temporary file, then renamed). When that
+/// fails (a full disk), it does not leave an earlier `result.json` claiming the run ended there:
+/// it makes room by cutting this run's largest logs (each ends with a note), then by removing the
+/// stale `report.md` (rendered again from the result) and the stale `result.json` (the new one
+/// holds all it held) before writing. If the result still cannot be written, the earlier one is
+/// kept as `result.stale.json`, and the error names the path and the cause.
+fn save_honestly(dir: &Path, run: &RunResult) -> Result<(), Failure> {
+    if report::write_run(dir, run).is_ok() {
+        return Ok(());
+    }
+    let json = serde_json::to_string_pretty(run).expect("results serialise") + "\n";
+    let result_path = dir.join(report::RESULT_FILE);
+    let report_path = dir.join(report::REPORT_FILE);
+    let write_result = || report::write_atomic(&result_path, json.as_bytes());
+    let mut cut_logs = false;
+    let mut written = with_room(dir, &mut cut_logs, write_result);
+    if written.is_err() {
+        let _ = std::fs::remove_file(&report_path);
+        written = write_result();
+    }
+    if written.is_err() {
+        let old = std::fs::read(&result_path).ok();
+        let _ = std::fs::remove_file(&result_path);
+        written = write_result();
+        if written.is_err()
+            && let Some(old) = old
+        {
+            let _ = std::fs::write(dir.join("result.stale.json"), old);
+        }
+    }
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&report_path);
+        let kept = if dir.join("result.stale.json").exists() {
+            "; the earlier result, which does not tell the whole run, is kept as `result.stale.json`"
+        } else {
+            ""
+        };
+        return Err(Failure::Internal(format!("failed to write the result: {e}{kept}")));
+    }
+    let rendered = with_room(dir, &mut cut_logs, || report::rerender(dir));
+    if cut_logs {
+        eprintln!(
+            "ups-doctor: warning: the disk of `{}` was full: the largest logs were cut (each ends with a note) to make room for the result",
+            dir.display()
+        );
+    }
+    rendered.map(|_| ()).map_err(|e| {
+        let _ = std::fs::remove_file(&report_path);
+        Failure::Internal(format!(
+            "wrote `{}`, but not the report: {e}; render it later with `ups-doctor report {}`",
+            result_path.display(),
+            dir.display()
+        ))
+    })
+}
+
+/// `attempt`, again after cutting this run's largest logs each time it fails, while that frees
+/// anything (a few rounds at most).
+fn with_room<T, E>(dir: &Path, cut: &mut bool, mut attempt: impl FnMut() -> Result<T, E>) -> Result<T, E> {
+    let mut outcome = attempt();
+    for _ in 0..4 {
+        if outcome.is_ok() || harness::make_room(dir, 1 << 20) == 0 {
+            break;
+        }
+        *cut = true;
+        outcome = attempt();
+    }
+    outcome
 }
 
 /// `reports/runs/2026-11-20T23-40-12Z<suffix>`, with `-2`, `-3`, … when that exists already.

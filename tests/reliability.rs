@@ -394,3 +394,68 @@ fn the_reports_rerun_command_line_is_shell_quoted() {
         "`{command}`"
     );
 }
+
+/// A 64 KiB tmpfs mounted for one test (we run as root), unmounted on drop.
+struct SmallDisk(std::path::PathBuf);
+
+impl SmallDisk {
+    fn mount(at: std::path::PathBuf) -> SmallDisk {
+        std::fs::create_dir_all(&at).unwrap();
+        let status =
+            Command::new("mount").args(["-t", "tmpfs", "-o", "size=64k", "tmpfs"]).arg(&at).status().unwrap();
+        assert!(status.success(), "mount -t tmpfs needs root");
+        SmallDisk(at)
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn a_full_disk_never_leaves_a_result_that_claims_more_or_less_than_happened() {
+    let sb = Sandbox::new();
+    let first = sb.scenario("a-quiet", r#"{"command": ["true"]}"#);
+    // 290 kB of output into a 64 KiB disk.
+    let second = sb.scenario("b-noisy", r#"{"command": ["seq", "1", "50000"]}"#);
+    let disk = SmallDisk::mount(sb.path().join("small"));
+    let out_dir = disk.0.join("out");
+    let out = sb
+        .cmd()
+        .arg("run")
+        .arg(&first)
+        .arg(&second)
+        .arg("--out")
+        .arg(&out_dir)
+        .arg("--quiet")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let what = format!("status {}\n{stderr}", out.status);
+    // The failed log write is loud, with the path and the cause.
+    let log = out_dir.join("2-b-noisy/rank0.stdout.log");
+    assert!(
+        stderr.contains(&format!("could not write `{}`: No space left on device", log.display())),
+        "{what}"
+    );
+    assert_eq!(out.status.code(), Some(0), "{what}");
+    // The log is cut with a note, not lost: it starts with the program's first lines.
+    let text = String::from_utf8(std::fs::read(&log).unwrap()).unwrap();
+    assert!(text.starts_with("1\n2\n3\n"), "{text}");
+    assert!(text.contains("[ups-doctor: log cut here"), "the log has no note:\n{text}");
+    // The result tells both scenarios, and that the noisy one's log was cut.
+    let result: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out_dir.join("result.json")).unwrap()).unwrap();
+    assert_eq!(result["scenarios"].as_array().map(Vec::len), Some(2), "{result:#}");
+    assert_eq!(result["interrupted"], false);
+    let errors = result["scenarios"][1]["ranks"][0]["log_errors"].to_string();
+    assert!(errors.contains("No space left on device"), "{result:#}");
+    assert_eq!(
+        result["scenarios"][1]["ranks"][0]["log_tail"].as_array().and_then(|t| t.last()),
+        Some(&serde_json::json!("50000"))
+    );
+    let report = std::fs::read_to_string(out_dir.join("report.md")).unwrap();
+    assert!(report.contains("No space left on device"), "{report}");
+}

@@ -24,6 +24,7 @@ mod verdict_ext;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 
+pub use capture::make_room;
 pub use classify::{
     Intervention, RankEnd, annotate, check_expectation, classify_rank, input_bound, used_of, verdict,
 };

@@ -23,6 +23,10 @@ pub struct RunResult {
     pub not_run: Vec<String>,
     #[serde(default)]
     pub interrupted: bool,
+    /// ups-doctor itself could not go on (a scenario's folder could not be prepared: disk full,
+    /// …): why, in one line. The scenarios after it are in `not_run`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopped_by: Option<String>,
 }
 
 /// One scenario's end: its outcome, the verdict, and every rank's evidence.
@@ -298,6 +302,9 @@ pub struct RankResult {
     /// `bad_markers`, never signalled.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub foreign_pids: Vec<u32>,
+    /// Its log files that could not be written in full (disk full, …): each cut with a note.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub log_errors: Vec<String>,
     /// Data-loader worker processes the rank started, in start order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub workers: Vec<super::state::WorkerInfo>,

@@ -629,6 +629,9 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
             if let Some(process) = slot.process.take() {
                 let (exit, stdout, stderr, _leftovers) = process.reap();
                 slot.end.exit.get_or_insert(exit);
+                slot.end
+                    .log_errors
+                    .extend([&stdout, &stderr].into_iter().filter_map(|c| c.write_error.clone()));
                 pattern_matched.set(pattern_matched.get() || stdout.matched);
                 if is_external {
                     let mut lines = stderr.last_lines(tail_lines);

@@ -54,6 +54,7 @@ pub fn run(scenarios: Vec<ScenarioResult>) -> RunResult {
         scenarios,
         not_run: Vec::new(),
         interrupted: false,
+        stopped_by: None,
     }
 }
 
@@ -108,6 +109,7 @@ fn rank(rank: u32, steps: u64) -> RankResult {
         markers: 250,
         bad_markers: 0,
         foreign_pids: Vec::new(),
+        log_errors: Vec::new(),
         workers: Vec::new(),
         exit_source: None,
         last_output_at_s: None,
