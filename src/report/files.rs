@@ -113,13 +113,26 @@ pub fn rerender_masked(dir: &Path, public: bool) -> Result<PathBuf, ReportError>
         return Err(ReportError::NotAFolder { path: dir.to_path_buf() });
     }
     let path = dir.join(RESULT_FILE);
-    let text = match fs::read_to_string(&path) {
-        Ok(text) => text,
+    let bytes = match fs::read(&path) {
+        Ok(bytes) => bytes,
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             return Err(ReportError::NotFound { path });
         }
         Err(source) => return Err(ReportError::Read { path, source }),
     };
+    let text = String::from_utf8(bytes).map_err(|e| {
+        let valid = &e.as_bytes()[..e.utf8_error().valid_up_to()];
+        let line = valid.iter().filter(|&&b| b == b'\n').count() + 1;
+        let line_start = valid.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+        ReportError::InvalidJson {
+            path: path.clone(),
+            line,
+            column: String::from_utf8_lossy(&valid[line_start..]).chars().count() + 1,
+            field: String::new(),
+            message: "the file is not valid UTF-8 text".to_string(),
+            hint: Some(format!("the file was damaged; run the scenarios again to get a new {RESULT_FILE}")),
+        }
+    })?;
     let mut run = parse(&path, &text)?;
     crate::probe::env::redact_variables(&mut run.environment.variables);
     if public {

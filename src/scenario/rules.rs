@@ -152,6 +152,8 @@ fn check_model(m: &Model) -> Checked {
         .related(&["model.heads"]));
     }
     at_least("model.latent_tokens", m.latent_tokens.into(), 1, "16")?;
+    at_most("model.latent_tokens", m.latent_tokens.into(), 1 << 20, "e.g. `16`")?;
+    at_most("model.window", m.window.into(), 1 << 20, "e.g. `4`, or 0 for global attention")?;
     at_least("model.mlp_ratio", m.mlp_ratio.into(), 1, "2")?;
     at_most("model.mlp_ratio", m.mlp_ratio.into(), 64, "e.g. `4`")
 }
@@ -243,8 +245,9 @@ fn check_shm_size(d: &Data) -> Checked {
 
 fn check_model_fits_data(m: &Model, d: &Data) -> Checked {
     if d.grid % m.latent_tokens != 0 {
-        let below = (1..m.latent_tokens).rev().find(|t| d.grid % t == 0);
-        let above = (m.latent_tokens + 1..=d.grid).find(|t| d.grid % t == 0);
+        // Bounded by `grid` (itself bounded): a huge `latent_tokens` must not loop for minutes.
+        let below = (1..m.latent_tokens.min(d.grid.saturating_add(1))).rev().find(|t| d.grid % t == 0);
+        let above = (m.latent_tokens.saturating_add(1)..=d.grid).find(|t| d.grid % t == 0);
         let choices: Vec<String> = below.into_iter().chain(above).map(|t| t.to_string()).collect();
         return Err(Invalid::new(
             "model.latent_tokens",
