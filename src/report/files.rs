@@ -121,13 +121,11 @@ pub fn rerender_masked(dir: &Path, public: bool) -> Result<PathBuf, ReportError>
         Err(source) => return Err(ReportError::Read { path, source }),
     };
     let text = String::from_utf8(bytes).map_err(|e| {
-        let valid = &e.as_bytes()[..e.utf8_error().valid_up_to()];
-        let line = valid.iter().filter(|&&b| b == b'\n').count() + 1;
-        let line_start = valid.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+        let (line, column) = crate::scenario::invalid_utf8_position(&e);
         ReportError::InvalidJson {
             path: path.clone(),
             line,
-            column: String::from_utf8_lossy(&valid[line_start..]).chars().count() + 1,
+            column,
             field: String::new(),
             message: "the file is not valid UTF-8 text".to_string(),
             hint: Some(format!("the file was damaged; run the scenarios again to get a new {RESULT_FILE}")),

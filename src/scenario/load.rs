@@ -130,6 +130,13 @@ impl ScenarioError {
     }
 }
 
+/// Line and column (1-based, columns in characters) of the first byte of `bytes` that is not
+/// UTF-8, for messages about files that must be text.
+pub fn invalid_utf8_position(err: &std::string::FromUtf8Error) -> (usize, usize) {
+    let p = Position::of_invalid_utf8(err);
+    (p.line, p.column)
+}
+
 /// Reads and loads one scenario file; see [`load_str`].
 pub fn load_file(path: &Path, overrides: &[Override]) -> Result<Scenario, ScenarioError> {
     let bytes = std::fs::read(path).map_err(|err| {
@@ -138,11 +145,6 @@ pub fn load_file(path: &Path, overrides: &[Override]) -> Result<Scenario, Scenar
         ScenarioError::new(path, Problem::new(None, format!("cannot read file: {}", io_reason(&err)), hint))
     })?;
     let source = String::from_utf8(bytes).map_err(|err| {
-        let valid = &err.as_bytes()[..err.utf8_error().valid_up_to()];
-        let line = valid.iter().filter(|&&b| b == b'\n').count() + 1;
-        let line_start = valid.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
-        // Columns count characters, as serde_json's do.
-        let column = String::from_utf8_lossy(&valid[line_start..]).chars().count() + 1;
         ScenarioError::new(
             path,
             Problem::new(
@@ -151,7 +153,7 @@ pub fn load_file(path: &Path, overrides: &[Override]) -> Result<Scenario, Scenar
                 Some("save the file as UTF-8 (JSON text is UTF-8)".to_string()),
             ),
         )
-        .at(Some(Position { line, column }))
+        .at(Some(Position::of_invalid_utf8(&err)))
     })?;
     load_str(&source, path, overrides)
 }
