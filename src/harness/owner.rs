@@ -192,7 +192,15 @@ mod tests {
         }
         use std::os::unix::process::CommandExt;
         cmd.process_group(0);
-        cmd.spawn().unwrap()
+        let child = cmd.spawn().unwrap();
+        // `/proc/PID/environ` is the new program's only once exec is done.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while std::fs::read_to_string(format!("/proc/{}/cmdline", child.id())).is_ok_and(|c| !c.starts_with("sleep"))
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        child
     }
 
     #[test]
