@@ -195,7 +195,8 @@ mod tests {
         let child = cmd.spawn().unwrap();
         // `/proc/PID/environ` is the new program's only once exec is done.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        while std::fs::read_to_string(format!("/proc/{}/cmdline", child.id())).is_ok_and(|c| !c.starts_with("sleep"))
+        while std::fs::read_to_string(format!("/proc/{}/cmdline", child.id()))
+            .is_ok_and(|c| !c.starts_with("sleep"))
             && std::time::Instant::now() < deadline
         {
             std::thread::sleep(std::time::Duration::from_millis(5));

@@ -136,7 +136,7 @@ fn scenario(doc: &mut Doc, s: &ScenarioResult) {
         "## {}: {} (expectation {})",
         markup::text(&s.name),
         markup::text(&text::scenario_outcome(s)),
-        text::expectation_word(s.met_expectation)
+        text::expectation_of(s)
     ));
     verdict(doc, s);
     external::program_words(doc, s);
