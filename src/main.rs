@@ -48,13 +48,17 @@ enum Command {
     },
     /// Cut a failing scenario down to a 1-minimal configuration that still fails the same way.
     Bisect(BisectArgs),
-    /// Re-render report.md from a run folder's result.json.
+    /// Re-render report.md (and each scenario's full report) from a run folder's result.json.
     Report {
         /// A run folder (it holds result.json).
         dir: PathBuf,
         /// Mask GPU UUIDs and your home folder (result.json is rewritten masked too).
         #[arg(long)]
         public: bool,
+        /// Print the report to paste into a GitHub issue (at most 65,536 characters) on stdout,
+        /// and on stderr the files to attach with it.
+        #[arg(long)]
+        issue: bool,
     },
     /// Describe this machine: libtorch, CPUs, memory, /dev/shm, ulimits, cgroup limits, variables.
     Env {
@@ -118,7 +122,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run { paths, set, out, json, quiet, public } => run(paths, set, out, json, quiet, public),
-        Command::Report { dir, public } => rerender(&dir, public),
+        Command::Report { dir, public, issue } => rerender(&dir, public, issue),
         Command::Bisect(args) => bisect(args),
         Command::Env { json, markdown, public } => print_env(json, markdown, public),
         Command::CudaProbe => {
@@ -273,10 +277,23 @@ fn bisect(args: BisectArgs) -> Result<ExitCode, Failure> {
     })
 }
 
-fn rerender(dir: &Path, public: bool) -> Result<ExitCode, Failure> {
+fn rerender(dir: &Path, public: bool, issue: bool) -> Result<ExitCode, Failure> {
     use report::ReportError;
-    match report::rerender_masked(dir, public) {
-        Ok(path) => {
+    match report::rerender_masked(dir, public).and_then(|path| Ok((path, report::read_run(dir)?))) {
+        Ok((path, run)) if issue => {
+            let text = report::issue_text(&run);
+            print!("{}", text.paste);
+            eprintln!(
+                "ups-doctor: paste the {} characters above (from {}) into the issue and attach:",
+                text.paste.chars().count(),
+                path.display()
+            );
+            for file in &text.attach {
+                eprintln!("  {}", dir.join(file).display());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Ok((path, _)) => {
             println!("{}", path.display());
             Ok(ExitCode::SUCCESS)
         }
@@ -355,6 +372,32 @@ fn check_gpus(inputs: &[ScenarioInput]) -> Result<(), Failure> {
             } else {
                 None
             }
+        })
+        .collect();
+    if errors.is_empty() { Ok(()) } else { Err(Failure::BadInput(errors.join("\nerror: "))) }
+}
+
+/// Scenarios with `launch.memory_limit` need a memory cgroup: one is made and removed before
+/// anything runs, so a machine that cannot make one is bad input (exit 2) that names the field,
+/// not a failure halfway through the run.
+fn check_memory_limits(inputs: &[ScenarioInput]) -> Result<(), Failure> {
+    let errors: Vec<String> = inputs
+        .iter()
+        .filter_map(|i| {
+            let limit = i.scenario.launch.memory_limit.as_ref()?;
+            let bytes = scenario::parse_size(limit).ok()?;
+            let why = harness::os::cgroup::check_memory_limit(bytes).err()?;
+            let field = "launch.memory_limit";
+            let at = match i.overrides.iter().rev().find(|o| o.starts_with(&format!("{field}="))) {
+                Some(raw) => format!("{}: --set {raw}", i.file.display()),
+                None => scenario::field_location(&i.file, field),
+            };
+            Some(format!(
+                "{at}: `{field}`: cannot limit the scenario's memory to {limit} here: {why}\n  hint: a memory limit \
+                 needs a cgroup ups-doctor can create: run as root where cgroup v1's memory controller is mounted, \
+                 or in a cgroup v2 group delegated to you with the memory controller (`systemd-run --user --scope \
+                 -p Delegate=yes ups-doctor run …`); or remove `memory_limit`"
+            ))
         })
         .collect();
     if errors.is_empty() { Ok(()) } else { Err(Failure::BadInput(errors.join("\nerror: "))) }
@@ -458,6 +501,7 @@ fn run(
         return Err(Failure::BadInput(errors.join("\nerror: ")));
     }
     check_gpus(&inputs)?;
+    check_memory_limits(&inputs)?;
 
     let out_dir = match out {
         Some(dir) => {

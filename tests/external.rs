@@ -34,7 +34,7 @@ fn scenarios(run: &RunOutput) -> &Vec<Value> {
 }
 
 fn report(sb: &Sandbox) -> String {
-    std::fs::read_to_string(sb.out().join("report.md")).unwrap()
+    sb.reports()
 }
 
 const LIMITS: &str = r#""limits": {"timeout_s": 300, "hang_after_s": 120}"#;

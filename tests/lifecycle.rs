@@ -6,20 +6,7 @@ mod util;
 use std::process::{Child, Stdio};
 use std::time::Duration;
 
-use util::{Sandbox, alive, eventually, tiny};
-
-/// Child processes of `pid`, from procfs.
-fn children(pid: u32) -> Vec<u32> {
-    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
-    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|p| {
-            std::fs::read_to_string(format!("/proc/{p}/stat")).ok().is_some_and(|stat| {
-                let after = stat.rsplit(')').next().unwrap_or("");
-                after.split_whitespace().nth(1).and_then(|pp| pp.parse::<u32>().ok()) == Some(pid)
-            })
-        })
-        .collect()
-}
+use util::{Sandbox, alive, children_of as children, eventually, tiny};
 
 /// Starts `ups-doctor run` on a scenario that hangs for good, and waits until its rank is stuck
 /// in the fault. Returns the ups-doctor child and the rank's pid.

@@ -34,7 +34,7 @@ fn segments_of_run(run_id: &str) -> Vec<String> {
 }
 
 fn report(sb: &Sandbox) -> String {
-    std::fs::read_to_string(sb.out().join("report.md")).unwrap()
+    sb.reports()
 }
 
 fn only_leftover_segment(scenario: &Value) -> &Value {

@@ -414,13 +414,15 @@ pub fn annotate(
             if removed { ", removed by ups-doctor" } else { "; ups-doctor could not remove all of them" }
         ));
     }
-    if !leftovers.processes.is_empty() {
-        let n = leftovers.processes.len();
+    // Processes of an earlier, dead run (killed in its orphaned cgroup) are not this run's.
+    let of_this_run: Vec<_> = leftovers.processes.iter().filter(|p| !p.earlier_run).collect();
+    if !of_this_run.is_empty() {
+        let n = of_this_run.len();
         verdict.evidence.push(format!(
             "{} of the run {} still alive after the ranks ended: {}",
             if n == 1 { "1 process".to_string() } else { format!("{n} processes") },
             if n == 1 { "was" } else { "were" },
-            if leftovers.processes.iter().all(|p| p.killed) {
+            if of_this_run.iter().all(|p| p.killed) {
                 "killed by ups-doctor"
             } else {
                 "not all could be killed"

@@ -12,6 +12,8 @@ mod external;
 mod gpu;
 mod memory;
 mod namespace;
+mod oom;
+pub mod os;
 mod owner;
 mod process;
 mod progress;
@@ -53,6 +55,59 @@ pub enum HarnessError {
     Prepare { path: PathBuf, source: std::io::Error },
     #[error(transparent)]
     PrivateShm(#[from] namespace::NamespaceError),
+    #[error("failed to give `{file}` its `launch.memory_limit` of {limit}: {why}")]
+    MemoryLimit { file: PathBuf, limit: String, why: String },
+}
+
+/// Where a scenario's processes are contained.
+struct Containment {
+    /// Its cgroup, with `launch.memory_limit` when set.
+    cgroup: Option<os::cgroup::ScenarioCgroup>,
+    /// Why there is none.
+    unavailable: Option<String>,
+    /// Processes of earlier, dead ups-doctor runs found in their orphaned cgroups and killed.
+    orphans: Vec<LeftoverProcess>,
+}
+
+/// The scenario's cgroup, sweeping orphaned ones on the way. Without a limit a cgroup that
+/// cannot be made is not an error: the scenario runs without one, and the reason is kept.
+fn scenario_cgroup(input: &ScenarioInput) -> Result<Containment, HarnessError> {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let limit = input.scenario.launch.memory_limit.as_ref();
+    let refuse = |why: String| HarnessError::MemoryLimit {
+        file: input.file.clone(),
+        limit: limit.cloned().unwrap_or_default(),
+        why,
+    };
+    let bytes = match limit.map(|l| crate::scenario::parse_size(l)) {
+        Some(Err(why)) => return Err(refuse(why)),
+        Some(Ok(b)) => Some(b),
+        None => None,
+    };
+    let parent = match os::cgroup::parent() {
+        Ok(p) => p,
+        Err(why) if bytes.is_none() => {
+            return Ok(Containment { cgroup: None, unavailable: Some(why), orphans: Vec::new() });
+        }
+        Err(why) => return Err(refuse(why)),
+    };
+    let orphans = os::cgroup::sweep_orphans(&parent)
+        .into_iter()
+        .map(|o| LeftoverProcess {
+            pid: o.pid,
+            command: o.command,
+            rank: None,
+            worker: None,
+            killed: o.killed,
+            earlier_run: true,
+        })
+        .collect();
+    let tag = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed).to_string();
+    match os::cgroup::ScenarioCgroup::create(&parent, bytes, &tag) {
+        Ok(cg) => Ok(Containment { cgroup: Some(cg), unavailable: None, orphans }),
+        Err(why) if bytes.is_none() => Ok(Containment { cgroup: None, unavailable: Some(why), orphans }),
+        Err(why) => Err(refuse(why)),
+    }
 }
 
 /// The scenario the ranks get: checkpoints go under the scenario's own folder unless the file
@@ -102,7 +157,9 @@ pub fn run_scenario(
         }
         None => None,
     };
+    let Containment { cgroup, unavailable: cgroup_unavailable, orphans } = scenario_cgroup(input)?;
     let plan = supervise::ScenarioPlan {
+        cgroup: cgroup.as_ref(),
         scenario: &input.scenario,
         program: program.to_path_buf(),
         resolved_file,
@@ -111,9 +168,12 @@ pub fn run_scenario(
         private_shm: private_shm.as_ref(),
         scenario_dir: here.join(input.file.parent().unwrap_or(Path::new("."))),
     };
-    let observed = supervise::supervise(&plan, progress, interrupted);
-    // The namespace holder goes now; the private /dev/shm goes with it.
+    let mut observed = supervise::supervise(&plan, progress, interrupted);
+    // The namespace holder goes now; the private /dev/shm goes with it. The cgroup goes too,
+    // with anything still in it.
     drop(private_shm);
+    drop(cgroup);
+    observed.leftovers.processes.extend(orphans);
     let mut ranks: Vec<RankResult> = observed.ends.iter().map(classify_rank).collect();
     for r in &mut ranks {
         r.stdout_log = format!("{rel}/{}", r.stdout_log);
@@ -165,8 +225,9 @@ pub fn run_scenario(
         leftovers: observed.leftovers,
         external: observed.external,
         gpu: observed.gpu,
-        cgroup: None,
-        oom_kills: Vec::new(),
+        cgroup: observed.cgroup,
+        oom_kills: observed.oom_kills,
+        cgroup_unavailable,
         ranks,
     })
 }

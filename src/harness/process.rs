@@ -38,6 +38,9 @@ pub struct RankSpec {
     pub report_output: bool,
     /// A stdout line matching this sets the capture's `matched`.
     pub stdout_pattern: Option<regex::Regex>,
+    /// The scenario cgroup's `cgroup.procs`: the child moves itself in before `exec`, so all it
+    /// starts is in the group from its first instruction on.
+    pub cgroup: Option<CString>,
 }
 
 /// What the reader threads report to the supervising loop.
@@ -93,6 +96,7 @@ pub fn spawn_rank(spec: &RankSpec, events: Sender<Event>) -> io::Result<RankProc
     let writer = unsafe { File::from_raw_fd(write_fd) };
     let parent = std::process::id() as i32;
     let mount_ns = spec.mount_ns.clone();
+    let cgroup = spec.cgroup.clone();
 
     let marker_pipe = spec.marker_pipe;
     let mut cmd = Command::new(&spec.program);
@@ -108,10 +112,13 @@ pub fn spawn_rank(spec: &RankSpec, events: Sender<Event>) -> io::Result<RankProc
         cmd.env_remove(MARKER_FD_ENV).env_remove(MARKER_INO_ENV);
     }
     cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
-    // SAFETY: the closure only calls async-signal-safe functions (setpgid, prctl, getppid,
-    // fcntl, setns, chdir, _exit), as required between fork and exec.
+    // SAFETY: the closure only calls async-signal-safe functions (open, write, close, setpgid,
+    // prctl, getppid, fcntl, setns, chdir, _exit), as required between fork and exec.
     unsafe {
         cmd.pre_exec(move || {
+            if let Some(procs) = &cgroup {
+                super::os::cgroup::enter(procs)?;
+            }
             // Own process group: signals to the group reach the rank and anything it starts,
             // and a Ctrl-C on the terminal reaches only ups-doctor, which then tears down.
             if libc::setpgid(0, 0) != 0 {

@@ -80,6 +80,10 @@ pub struct ScenarioResult {
     /// recorded them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub oom_kills: Vec<OomKill>,
+    /// Why the scenario's processes ran without a cgroup of their own (no cgroup hierarchy this
+    /// process may write to): teardown then finds them by process group and run id only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cgroup_unavailable: Option<String>,
 }
 
 /// Which cgroup hierarchy the scenario's cgroup lives in.
@@ -485,4 +489,8 @@ pub struct LeftoverProcess {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub worker: Option<u32>,
     pub killed: bool,
+    /// Left by an earlier ups-doctor run that is gone (found in its orphaned cgroup and killed
+    /// when this run started), not by this run.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub earlier_run: bool,
 }

@@ -21,10 +21,15 @@ use super::classify::{Intervention, RankEnd};
 use super::gpu::{GpuRecorder, GpuReport, GpuSample};
 use super::memory::{MemoryRecorder, ProcSample, ShmSample, new_segments, orphaned_segments, ours_bytes};
 use super::namespace::PrivateShm;
+use super::oom::OomWatch;
+use super::os::cgroup::ScenarioCgroup;
 use super::owner::{self, Identity};
 use super::process::{self, Event, RankProcess, RankSpec};
 use super::progress::Progress;
-use super::result::{ExternalRun, LauncherEnd, LeftoverProcess, LeftoverSegment, Leftovers, MemoryReport};
+use super::result::{
+    CgroupReport, ExternalRun, LauncherEnd, LeftoverProcess, LeftoverSegment, Leftovers, MemoryReport,
+    OomKill,
+};
 use super::state::RankState;
 use super::{external, quotes};
 
@@ -64,6 +69,8 @@ pub struct ScenarioPlan<'a> {
     pub private_shm: Option<&'a PrivateShm>,
     /// The scenario file's folder, absolute (`{scenario_dir}` in a command).
     pub scenario_dir: PathBuf,
+    /// The scenario's cgroup, which every process it starts joins (none where none can be made).
+    pub cgroup: Option<&'a ScenarioCgroup>,
 }
 
 /// A run id unique on this machine: the harness's pid, a per-process counter and the time.
@@ -84,6 +91,8 @@ pub struct Supervised {
     pub leftovers: Leftovers,
     pub external: Option<ExternalRun>,
     pub gpu: Option<GpuReport>,
+    pub cgroup: Option<CgroupReport>,
+    pub oom_kills: Vec<OomKill>,
 }
 
 /// GPU sampling for one scenario.
@@ -268,6 +277,7 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
     let mut recorder = MemoryRecorder::new(world, SAMPLE_INTERVAL.as_secs_f64(), plan.private_shm.is_some());
     let mut next_sample = start;
     let mut gpu = GpuWatch::start(scenario, start);
+    let mut oom = OomWatch::start(plan.cgroup);
     let (tx, rx) = mpsc::channel();
     let master_port = free_port();
     let new_slot = |rank: u32, stdout: &std::path::Path, stderr: &std::path::Path| Slot {
@@ -437,7 +447,9 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
             }
         }
         if now >= next_sample {
-            recorder.record(since(now), &sample_processes(&slots), shm_sample());
+            let procs = sample_processes(&slots);
+            oom.saw(&procs);
+            recorder.record(since(now), &procs, shm_sample());
             next_sample = now + SAMPLE_INTERVAL;
         }
         gpu.tick(now, since(now));
@@ -620,7 +632,8 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
             },
         });
     }
-    let processes = kill_leftover_processes(&slots, &ownership);
+    let mut processes = kill_leftover_processes(&slots, &ownership);
+    processes.extend(kill_cgroup_leftovers(plan.cgroup, &slots));
 
     let tail_lines = if is_external { 400 } else { 40 };
     let mut ends: Vec<RankEnd> = slots
@@ -667,7 +680,10 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
     });
     let mut shm = swept;
     shm.extend(remove_leftover_segments(&shm_dir, &shm_before, &plan.run_id, plan.private_shm.is_some()));
+    let (cgroup, oom_kills) = oom.finish(plan.cgroup, &ends);
     Supervised {
+        cgroup,
+        oom_kills,
         ends,
         wall_s: start.elapsed().as_secs_f64(),
         interrupted: was_interrupted,
@@ -783,7 +799,9 @@ fn kill_leftover_processes(slots: &[Slot], run: &owner::Run) -> Vec<LeftoverProc
                 .flat_map(|s| s.end.state.workers.iter())
                 .find(|w| w.pid == p.pid && slots.iter().any(|s| s.verified_workers.contains(&who)))
                 .map(|w| w.id);
-            Some((LeftoverProcess { pid: p.pid, command: p.command, rank, worker, killed: false }, who))
+            let leftover =
+                LeftoverProcess { pid: p.pid, command: p.command, rank, worker, killed: false, earlier_run: false };
+            Some((leftover, who))
         })
         .collect();
     for (_, who) in &found {
@@ -800,6 +818,42 @@ fn kill_leftover_processes(slots: &[Slot], run: &owner::Run) -> Vec<LeftoverProc
         std::thread::sleep(TICK);
     }
     found.into_iter().map(|(p, _)| p).collect()
+}
+
+/// Teardown through the scenario's cgroup: whatever is still in it once every rank has ended
+/// and the process-group and run-id search has run (a process that left its session and
+/// process group and dropped the run id from its environment) is killed and reported. Only
+/// members of the scenario's own cgroup are signalled (see [`ScenarioCgroup::kill_all`]).
+fn kill_cgroup_leftovers(cgroup: Option<&ScenarioCgroup>, slots: &[Slot]) -> Vec<LeftoverProcess> {
+    let Some(cgroup) = cgroup else {
+        return Vec::new();
+    };
+    let table = memory::processes();
+    let left: Vec<LeftoverProcess> = cgroup
+        .members()
+        .into_iter()
+        .filter_map(|pid| table.iter().find(|p| p.pid == pid && !p.zombie()))
+        .map(|p| LeftoverProcess {
+            pid: p.pid,
+            command: p.command.clone(),
+            rank: rank_of(slots, p),
+            worker: None,
+            killed: false,
+            earlier_run: false,
+        })
+        .collect();
+    if left.is_empty() {
+        return left;
+    }
+    let signalled = cgroup.kill_all();
+    let deadline = Instant::now() + LEFTOVER_KILL_WAIT;
+    while Instant::now() < deadline && left.iter().any(|p| cgroup.members().contains(&p.pid)) {
+        std::thread::sleep(TICK);
+    }
+    let still = cgroup.members();
+    left.into_iter()
+        .map(|p| LeftoverProcess { killed: signalled.contains(&p.pid) && !still.contains(&p.pid), ..p })
+        .collect()
 }
 
 /// Removes the machine's `/dev/shm` segments of ups-doctor runs whose harness died before it
@@ -958,6 +1012,7 @@ fn rank_spec(plan: &ScenarioPlan, rank: u32, world: u32, master_port: u16, argv:
         env_remove: Vec::new(),
         report_output: external,
         stdout_pattern: if external { stdout_pattern(plan.scenario) } else { None },
+        cgroup: plan.cgroup.map(|c| c.procs_file().to_owned()),
     }
 }
 
@@ -987,6 +1042,7 @@ fn launcher_spec(plan: &ScenarioPlan, argv: &[String], master_port: u16) -> Rank
         env_remove: external::RANK_ENV.iter().map(|v| v.to_string()).collect(),
         report_output: true,
         stdout_pattern: stdout_pattern(plan.scenario),
+        cgroup: plan.cgroup.map(|c| c.procs_file().to_owned()),
     }
 }
 

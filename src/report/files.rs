@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use crate::harness::RunResult;
 
-use super::markdown::render_markdown;
+use super::markdown::{is_summary, render_markdown, render_scenario_markdown, scenario_report_path};
 
 /// The run's data, the source of truth every report is rendered from.
 pub const RESULT_FILE: &str = "result.json";
@@ -80,13 +80,50 @@ pub fn write_run(dir: &Path, run: &RunResult) -> Result<PathBuf, ReportError> {
     write_atomic(&dir.join(RESULT_FILE), json.as_bytes())?;
     // JSON cannot hold every value a run may carry (a NaN loss is written as `null`); when the
     // text does not read back, the report still shows what the run had.
-    let markdown = match serde_json::from_str::<RunResult>(&json) {
-        Ok(saved) => render_markdown(&saved),
-        Err(_) => render_markdown(run),
-    };
+    match serde_json::from_str::<RunResult>(&json) {
+        Ok(saved) => write_reports(dir, &saved),
+        Err(_) => write_reports(dir, run),
+    }
+}
+
+/// `report.md` and, when it is a summary, each scenario's full report in its own folder.
+fn write_reports(dir: &Path, run: &RunResult) -> Result<PathBuf, ReportError> {
+    if is_summary(run) {
+        for i in 0..run.scenarios.len() {
+            let path = dir.join(scenario_report_path(run, i));
+            if let Some(parent) = path.parent() {
+                fs::create_dir_all(parent)
+                    .map_err(|source| ReportError::CreateDir { path: parent.to_path_buf(), source })?;
+            }
+            write_atomic(&path, render_scenario_markdown(run, i).as_bytes())?;
+        }
+    }
     let report = dir.join(REPORT_FILE);
-    write_atomic(&report, markdown.as_bytes())?;
+    write_atomic(&report, render_markdown(run).as_bytes())?;
     Ok(report)
+}
+
+/// What `ups-doctor report DIR --issue` shows: the text to paste (the run's `report.md`, never
+/// longer than one GitHub comment) and the files to attach, relative to the run folder.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IssueText {
+    pub paste: String,
+    pub attach: Vec<String>,
+}
+
+/// The text to paste into an issue for the run in `dir` and the files to attach with it: each
+/// failed scenario's full report (when `report.md` is a summary) and `result.json`.
+pub fn issue_text(run: &RunResult) -> IssueText {
+    let mut attach = Vec::new();
+    if is_summary(run) {
+        for (i, s) in run.scenarios.iter().enumerate() {
+            if !s.met_expectation || s.outcome != crate::scenario::OutcomeKind::Passed {
+                attach.push(scenario_report_path(run, i));
+            }
+        }
+    }
+    attach.push(RESULT_FILE.to_string());
+    IssueText { paste: render_markdown(run), attach }
 }
 
 /// `ups-doctor report DIR`: reads `DIR/result.json`, re-renders `DIR/report.md` and returns its
@@ -106,6 +143,22 @@ pub fn rerender(dir: &Path) -> Result<PathBuf, ReportError> {
 /// rewritten masked too, so that the folder can be attached to an issue as it is. Secrets in
 /// variables are redacted either way (a result of an older version may hold them).
 pub fn rerender_masked(dir: &Path, public: bool) -> Result<PathBuf, ReportError> {
+    let mut run = read_run(dir)?;
+    if public {
+        let path = dir.join(RESULT_FILE);
+        run = super::public::mask(&run, super::public::home().as_deref())
+            .map_err(|e| ReportError::Write { path, source: io::Error::other(e) })?;
+        return write_run(dir, &run);
+    }
+    write_reports(dir, &run)
+}
+
+/// Reads and parses `DIR/result.json` (secrets in its variables redacted).
+///
+/// # Errors
+///
+/// As [`rerender`], less the write.
+pub fn read_run(dir: &Path) -> Result<RunResult, ReportError> {
     if !dir.exists() {
         return Err(ReportError::NotFound { path: dir.to_path_buf() });
     }
@@ -133,14 +186,7 @@ pub fn rerender_masked(dir: &Path, public: bool) -> Result<PathBuf, ReportError>
     })?;
     let mut run = parse(&path, &text)?;
     crate::probe::env::redact_variables(&mut run.environment.variables);
-    if public {
-        run = super::public::mask(&run, super::public::home().as_deref())
-            .map_err(|e| ReportError::Write { path: path.clone(), source: io::Error::other(e) })?;
-        return write_run(dir, &run);
-    }
-    let report = dir.join(REPORT_FILE);
-    write_atomic(&report, render_markdown(&run).as_bytes())?;
-    Ok(report)
+    Ok(run)
 }
 
 fn parse(path: &Path, text: &str) -> Result<RunResult, ReportError> {

@@ -212,6 +212,7 @@ pub fn passing() -> ScenarioResult {
         external: None,
         cgroup: None,
         oom_kills: Vec::new(),
+        cgroup_unavailable: None,
         gpu: None,
     }
 }
@@ -335,6 +336,7 @@ pub fn segv() -> ScenarioResult {
         external: None,
         cgroup: None,
         oom_kills: Vec::new(),
+        cgroup_unavailable: None,
         gpu: None,
     }
 }
@@ -432,6 +434,7 @@ pub fn hung() -> ScenarioResult {
         external: None,
         cgroup: None,
         oom_kills: Vec::new(),
+        cgroup_unavailable: None,
         gpu: None,
     }
 }
@@ -497,6 +500,7 @@ pub fn false_success() -> ScenarioResult {
         external: None,
         cgroup: None,
         oom_kills: Vec::new(),
+        cgroup_unavailable: None,
         gpu: None,
     }
 }
@@ -541,6 +545,7 @@ pub fn abort_raw_only() -> ScenarioResult {
         external: None,
         cgroup: None,
         oom_kills: Vec::new(),
+        cgroup_unavailable: None,
         gpu: None,
     }
 }
@@ -631,6 +636,7 @@ pub fn shm_bus_error() -> ScenarioResult {
             rank: Some(0),
             worker: Some(1),
             killed: true,
+            earlier_run: false,
         }],
     };
     let (outcome, first_failure, mut v) = verdict(&sc, &ranks, 2.1);
@@ -655,6 +661,7 @@ pub fn shm_bus_error() -> ScenarioResult {
         external: None,
         cgroup: None,
         oom_kills: Vec::new(),
+        cgroup_unavailable: None,
         gpu: None,
     }
 }

@@ -22,40 +22,188 @@ use super::text::{self, NONE, count, plural};
 const CELL_MAX: usize = 120;
 /// Longest top-frame symbol shown in a stack's one-line summary.
 const SUMMARY_MAX: usize = 100;
+/// Longest quoted program text (an error message) kept in verdict text; the rank table, the log
+/// tail and `result.json` have it whole.
+const QUOTE_MAX: usize = 300;
 /// Most characters GitHub accepts in an issue or comment body.
 const GITHUB_BODY_MAX: usize = 65_536;
 
-/// The markdown report for one invocation (all scenarios), ending in a newline.
+/// The markdown report for one invocation, ending in a newline: what `report.md` holds and what
+/// a user pastes into an issue, so never longer than one GitHub comment (65,536 characters).
+///
+/// With one scenario it is that scenario's full report (collapsed sections left out first if it
+/// would not fit). With several it is a summary: the matrix, then the verdict and evidence of
+/// every scenario that failed or missed its expectation, each pointing to its full report
+/// ([`render_scenario_markdown`], written to [`scenario_report_path`]).
 ///
 /// Pure: the same [`RunResult`] always gives the same text, so `ups-doctor report` re-renders a
-/// saved run exactly. Verdict text (headline, evidence, likely cause, next step) is markdown
-/// written by the harness and is used as it is; every other value is escaped.
+/// saved run exactly. Verdict text is written by the harness: its code spans are kept and
+/// everything else, quoted program text included, is escaped here; every other value is escaped
+/// too.
 pub fn render_markdown(run: &RunResult) -> String {
+    if !is_summary(run) {
+        return match run.scenarios.first() {
+            Some(_) => fit(full_report(run, 0), RESULT_FILE_NOTE),
+            None => {
+                let mut doc = header_blocks(run);
+                environment_section(&mut doc, &run.environment);
+                fit(doc, RESULT_FILE_NOTE)
+            }
+        };
+    }
+    let mut doc = header_blocks(run);
+    let rows: Vec<Vec<String>> = matrix::rows(run)
+        .into_iter()
+        .map(|row| row.into_iter().map(|c| markup::text(&c.text)).collect())
+        .collect();
+    doc.push(markup::table(&matrix::header(run), &matrix::align(run), &rows));
+    let notable: Vec<usize> = (0..run.scenarios.len())
+        .filter(|&i| {
+            let s = &run.scenarios[i];
+            !s.met_expectation || s.outcome != crate::scenario::OutcomeKind::Passed
+        })
+        .collect();
+    doc.push(format!(
+        "Each scenario's full report (ranks, backtraces, charts, memory, log tails) is in its own \
+         file next to this one, `N-name/report.md`{}.",
+        if notable.is_empty() {
+            String::new()
+        } else {
+            "; the scenarios that failed are summed up below".into()
+        }
+    ));
+    for &i in &notable {
+        let s = &run.scenarios[i];
+        scenario_heading(&mut doc, s);
+        verdict(&mut doc, s);
+        doc.push(format!("Full report: {}", code(&scenario_report_path(run, i))));
+    }
+    environment_section(&mut doc, &run.environment);
+    fit(doc, RESULT_FILE_NOTE)
+}
+
+/// The full report of scenario `index` of `run`, for its own file: every section, nothing left
+/// out.
+pub fn render_scenario_markdown(run: &RunResult, index: usize) -> String {
+    full_report(run, index).finish()
+}
+
+/// Whether `report.md` is a summary with one full report per scenario beside it.
+pub fn is_summary(run: &RunResult) -> bool {
+    run.scenarios.len() + run.not_run.len() > 1
+}
+
+/// Where the full report of scenario `index` goes, relative to the run folder: in the scenario's
+/// own folder (the one its rank logs are in), as `report.md`.
+pub fn scenario_report_path(run: &RunResult, index: usize) -> String {
+    let log_folder = |s: &ScenarioResult| {
+        s.ranks.iter().flat_map(|r| [&r.stdout_log, &r.stderr_log]).find_map(|log| {
+            let parent = std::path::Path::new(log.as_str()).parent()?;
+            (!parent.as_os_str().is_empty() && parent.is_relative()).then(|| parent.display().to_string())
+        })
+    };
+    let s = &run.scenarios[index];
+    // The logs' folder when it is this scenario's alone; else the name `run` gives it.
+    let own = log_folder(s).filter(|f| {
+        run.scenarios.iter().enumerate().all(|(i, other)| i == index || log_folder(other).as_ref() != Some(f))
+    });
+    let folder = own.unwrap_or_else(|| {
+        let width = run.scenarios.len().to_string().len();
+        let name: String = s
+            .name
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' })
+            .collect();
+        format!("{:0width$}-{name}", index + 1)
+    });
+    format!("{folder}/report.md")
+}
+
+fn header_blocks(run: &RunResult) -> Doc {
     let mut doc = Doc::default();
     doc.push("# ups-doctor report");
     doc.push(summary_line(run));
     interruption(&mut doc, run);
-    if run.scenarios.len() + run.not_run.len() > 1 {
-        let rows: Vec<Vec<String>> = matrix::rows(run)
-            .into_iter()
-            .map(|row| row.into_iter().map(|c| markup::text(&c.text)).collect())
-            .collect();
-        doc.push(markup::table(&matrix::header(run), &matrix::align(run), &rows));
-    }
-    for s in &run.scenarios {
-        scenario(&mut doc, s);
-    }
+    doc
+}
+
+fn full_report(run: &RunResult, index: usize) -> Doc {
+    let mut doc = header_blocks(run);
+    scenario(&mut doc, &run.scenarios[index]);
     environment_section(&mut doc, &run.environment);
-    let length: usize = doc.blocks.iter().map(|b| b.chars().count() + 2).sum();
-    if length > GITHUB_BODY_MAX {
-        doc.blocks.insert(
-            2,
+    doc
+}
+
+/// What a report cut to fit a comment points to.
+const RESULT_FILE_NOTE: &str = "the run folder's `result.json` and the full reports next to it";
+
+/// `doc` as text of at most [`GITHUB_BODY_MAX`] characters, by construction: when it is longer,
+/// collapsed sections (log tails, stacks, the scenario) are emptied, largest first, each saying
+/// so; if that is not enough, the blocks at the end are left out and a note says where they are.
+fn fit(mut doc: Doc, whole: &str) -> String {
+    let len = |blocks: &[String]| blocks.iter().map(|b| b.chars().count() + 2).sum::<usize>();
+    let original = len(&doc.blocks);
+    if original <= GITHUB_BODY_MAX {
+        return doc.finish();
+    }
+    // Collapsed sections: (index of `<details>`, index of its close, characters inside).
+    let mut sections: Vec<(usize, usize, usize)> = Vec::new();
+    let mut open = None;
+    for (i, b) in doc.blocks.iter().enumerate() {
+        if b.starts_with("<details>") {
+            open = Some(i);
+        } else if b == DETAILS_CLOSE
+            && let Some(o) = open.take()
+        {
+            sections.push((o, i, len(&doc.blocks[o + 1..i])));
+        }
+    }
+    sections.sort_by_key(|&(_, _, size)| std::cmp::Reverse(size));
+    let left_out = format!("Left out here to fit one GitHub comment: it is in {whole}.");
+    for (o, close, _) in sections {
+        if len(&doc.blocks) <= GITHUB_BODY_MAX {
+            break;
+        }
+        for b in &mut doc.blocks[o + 1..close] {
+            b.clear();
+        }
+        doc.blocks[o + 1] = left_out.clone();
+    }
+    doc.blocks.retain(|b| !b.is_empty());
+    if len(&doc.blocks) > GITHUB_BODY_MAX {
+        let note = |n: usize| {
             format!(
-                "> [!NOTE]\n> This report is {length} characters long; a GitHub issue takes at most \
-                 {GITHUB_BODY_MAX}. Paste the sections of the scenarios that did not meet their \
-                 expectation and attach the whole `report.md`."
-            ),
-        );
+                "> [!NOTE]\n> The last {n} characters of this report are left out to fit one GitHub \
+                 comment ({GITHUB_BODY_MAX} at most); they are in {whole}."
+            )
+        };
+        let budget = GITHUB_BODY_MAX - note(original).chars().count() - 2;
+        let mut kept = 0;
+        let mut used = 0;
+        for b in &doc.blocks {
+            let size = b.chars().count() + 2;
+            if used + size > budget {
+                break;
+            }
+            used += size;
+            kept += 1;
+        }
+        let cut = len(&doc.blocks[kept..]);
+        doc.blocks.truncate(kept);
+        // A `<details>` left open would swallow the note: end before it.
+        let mut depth_open = None;
+        for (i, b) in doc.blocks.iter().enumerate() {
+            if b.starts_with("<details>") {
+                depth_open = Some(i);
+            } else if b == DETAILS_CLOSE {
+                depth_open = None;
+            }
+        }
+        let cut = cut + depth_open.map_or(0, |o| len(&doc.blocks[o..]));
+        if let Some(o) = depth_open {
+            doc.blocks.truncate(o);
+        }
+        doc.push(note(cut));
     }
     doc.finish()
 }
@@ -131,13 +279,17 @@ fn interruption(doc: &mut Doc, run: &RunResult) {
     doc.push(lines.join("\n"));
 }
 
-fn scenario(doc: &mut Doc, s: &ScenarioResult) {
+fn scenario_heading(doc: &mut Doc, s: &ScenarioResult) {
     doc.push(format!(
         "## {}: {} (expectation {})",
         markup::text(&s.name),
         markup::text(&text::scenario_outcome(s)),
         text::expectation_of(s)
     ));
+}
+
+fn scenario(doc: &mut Doc, s: &ScenarioResult) {
+    scenario_heading(doc, s);
     verdict(doc, s);
     external::program_words(doc, s);
     doc.push(rank_table(s));
@@ -178,21 +330,25 @@ fn scenario(doc: &mut Doc, s: &ScenarioResult) {
 
 fn verdict(doc: &mut Doc, s: &ScenarioResult) {
     let v = &s.verdict;
+    // Verdicts quote program text (error messages with C++ signatures, paths, `<…>`): escaped
+    // here, whatever the judge wrote, so that GitHub shows it as it is.
+    let quotes: Vec<&str> = s.ranks.iter().filter_map(|r| r.error.as_deref()).collect();
+    let inline = |t: &str| markup::harness(t, &quotes, QUOTE_MAX);
     let headline = if v.headline.trim().is_empty() {
         markup::text(&text::scenario_outcome(s))
     } else {
-        one_line(&v.headline)
+        inline(&v.headline)
     };
     doc.push(format!("**{headline}**"));
     if let Some(cause) = &v.likely_cause {
-        doc.push(format!("**Likely cause:** {}", one_line(cause)));
+        doc.push(format!("**Likely cause:** {}", inline(cause)));
     }
     if let Some(next) = &v.next_step {
-        doc.push(format!("**Next step:** {}", one_line(next)));
+        doc.push(format!("**Next step:** {}", inline(next)));
     }
     if !v.evidence.is_empty() {
         doc.push("Evidence:");
-        doc.push(bullets(v.evidence.iter().map(|e| one_line(e))));
+        doc.push(bullets(v.evidence.iter().map(|e| inline(e))));
     }
     let expected = text::describe_expect(&s.scenario.expect, code);
     if s.met_expectation {
@@ -201,7 +357,7 @@ fn verdict(doc: &mut Doc, s: &ScenarioResult) {
         doc.push(format!("**Expected:** {expected} — **not met**."));
     } else {
         doc.push(format!("**Expected:** {expected} — **not met**:"));
-        doc.push(bullets(s.expectation_mismatches.iter().map(|m| one_line(m))));
+        doc.push(bullets(s.expectation_mismatches.iter().map(|m| inline(m))));
     }
 }
 
@@ -214,29 +370,13 @@ fn bullets(items: impl Iterator<Item = String>) -> String {
     items.map(|i| format!("- {i}")).collect::<Vec<_>>().join("\n")
 }
 
+/// One row per rank. Columns that no rank has a value for are left out, and outcome with status
+/// and phase with step share a column, so the table fits GitHub's comment column.
 fn rank_table(s: &ScenarioResult) -> String {
-    const HEADER: [&str; 9] = [
-        "rank",
-        "pid",
-        "outcome",
-        "signal / exit code",
-        "last phase",
-        "last step",
-        "steps done",
-        "loss first → final",
-        "error",
-    ];
-    const ALIGN: [Align; 9] = [
-        Align::Right,
-        Align::Right,
-        Align::Left,
-        Align::Left,
-        Align::Left,
-        Align::Right,
-        Align::Right,
-        Align::Left,
-        Align::Left,
-    ];
+    const HEADER: [&str; 7] =
+        ["rank", "pid", "outcome", "where", "steps done", "loss first → final", "error"];
+    const ALIGN: [Align; 7] =
+        [Align::Right, Align::Right, Align::Left, Align::Left, Align::Right, Align::Left, Align::Left];
     let rows: Vec<Vec<String>> = s
         .ranks
         .iter()
@@ -252,13 +392,17 @@ fn rank_table(s: &ScenarioResult) -> String {
                 (None, None) => NONE.to_string(),
                 (first, last) => format!("{} → {}", text::loss(first), text::loss(last)),
             };
+            let place = match (r.last_phase.as_deref(), r.last_step) {
+                (Some(phase), Some(step)) => format!("{} @ {step}", code(phase)),
+                (Some(phase), None) => code(phase),
+                (None, Some(step)) => format!("step {step}"),
+                (None, None) => NONE.to_string(),
+            };
             vec![
                 rank,
                 opt(r.pid),
-                text::kind_label(r.outcome).to_string(),
-                markup::text(&end_status(r)),
-                r.last_phase.as_deref().map_or_else(|| NONE.to_string(), code),
-                opt(r.last_step),
+                format!("{} ({})", text::kind_label(r.outcome), markup::text(&end_status(r))),
+                place,
                 r.steps_done.to_string(),
                 loss,
                 r.error.as_deref().map_or_else(
@@ -271,7 +415,13 @@ fn rank_table(s: &ScenarioResult) -> String {
     if rows.is_empty() {
         return "No rank was started.".to_string();
     }
-    markup::table(&HEADER, &ALIGN, &rows)
+    let keep: Vec<usize> =
+        (0..HEADER.len()).filter(|&c| c < 3 || rows.iter().any(|r| r[c] != NONE)).collect();
+    let header: Vec<&str> = keep.iter().map(|&c| HEADER[c]).collect();
+    let align: Vec<Align> = keep.iter().map(|&c| ALIGN[c]).collect();
+    let rows: Vec<Vec<String>> =
+        rows.into_iter().map(|r| keep.iter().map(|&c| r[c].clone()).collect()).collect();
+    markup::table(&header, &align, &rows)
 }
 
 fn opt<T: ToString>(v: Option<T>) -> String {

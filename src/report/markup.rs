@@ -4,6 +4,7 @@
 /// The one escape for a markdown table cell: `|` would end the cell and a newline the row.
 /// `content` is inline markdown already (escaped text or code spans).
 pub(crate) fn cell(content: &str) -> String {
+    let content = keep_units(content);
     let mut out = String::with_capacity(content.len());
     let mut chars = content.chars().peekable();
     while let Some(c) = chars.next() {
@@ -15,6 +16,34 @@ pub(crate) fn cell(content: &str) -> String {
         }
     }
     if out.trim().is_empty() { super::text::NONE.to_string() } else { out }
+}
+
+/// Units that follow a number in the report's cells (`0.32 s`, `1 min 05 s`, `12 MiB`).
+const UNITS: [&str; 10] = ["s", "ms", "min", "h", "B", "KiB", "MiB", "GiB", "TiB", "%"];
+
+/// A number and its unit joined by a no-break space, so a narrow column never wraps between
+/// them. Code spans are left alone.
+fn keep_units(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut in_code = false;
+    let chars: Vec<char> = s.chars().collect();
+    for (i, &c) in chars.iter().enumerate() {
+        if c == '`' {
+            in_code = !in_code;
+        }
+        if c == ' ' && !in_code && i > 0 && chars[i - 1].is_ascii_digit() {
+            let word: String = chars[i + 1..]
+                .iter()
+                .take_while(|c| !c.is_whitespace() && !matches!(c, ',' | ')' | ';' | '·'))
+                .collect();
+            if UNITS.contains(&word.as_str()) {
+                out.push('\u{a0}');
+                continue;
+            }
+        }
+        out.push(c);
+    }
+    out
 }
 
 /// Plain text as inline markdown: characters that would start emphasis, links, code or HTML are
@@ -35,6 +64,75 @@ pub(crate) fn text(s: &str) -> String {
         out.push(c);
     }
     out
+}
+
+/// Harness-written inline text (verdicts, evidence): its code spans are kept as written, every
+/// `quotes` entry (program text such as a rank's error message, compared with runs of whitespace
+/// folded) found outside them becomes a code span of at most `quote_max` characters, and every
+/// other character is escaped with [`text`]. So whatever a verdict quotes, `char const*` cannot
+/// start emphasis and `<char>` cannot be taken for an HTML tag.
+pub(crate) fn harness(s: &str, quotes: &[&str], quote_max: usize) -> String {
+    let s = s.split_whitespace().collect::<Vec<_>>().join(" ");
+    let mut quotes: Vec<String> = quotes
+        .iter()
+        .map(|q| q.split_whitespace().collect::<Vec<_>>().join(" "))
+        .filter(|q| q.chars().count() >= 8)
+        .collect();
+    quotes.sort_by_key(|q| std::cmp::Reverse(q.len()));
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s.as_str();
+    while !rest.is_empty() {
+        match code_span_at(rest) {
+            Some((before, span, after)) => {
+                out.push_str(&plain_with_quotes(before, &quotes, quote_max));
+                out.push_str(span);
+                rest = after;
+            }
+            None => {
+                out.push_str(&plain_with_quotes(rest, &quotes, quote_max));
+                break;
+            }
+        }
+    }
+    out
+}
+
+/// The first complete code span of `s` (CommonMark: a backtick run closed by the next run of the
+/// same length) as (text before, span, text after).
+fn code_span_at(s: &str) -> Option<(&str, &str, &str)> {
+    let bytes = s.as_bytes();
+    // The next backtick run at or after `from`: (start, end).
+    let next_run = |from: usize| {
+        let start = from + bytes[from..].iter().position(|&b| b == b'`')?;
+        let end = start + bytes[start..].iter().take_while(|&&b| b == b'`').count();
+        Some((start, end))
+    };
+    let mut from = 0;
+    while let Some((open, open_end)) = next_run(from) {
+        let mut at = open_end;
+        while let Some((close, close_end)) = next_run(at) {
+            if close_end - close == open_end - open {
+                return Some((&s[..open], &s[open..close_end], &s[close_end..]));
+            }
+            at = close_end;
+        }
+        // No closing run: these backticks are text; look for a later opener.
+        from = open_end;
+    }
+    None
+}
+
+fn plain_with_quotes(s: &str, quotes: &[String], quote_max: usize) -> String {
+    let found = quotes.iter().filter_map(|q| s.find(q.as_str()).map(|at| (at, q))).min_by_key(|(at, _)| *at);
+    match found {
+        Some((at, q)) => format!(
+            "{}{}{}",
+            text(&s[..at]),
+            code(&super::text::truncate(q, quote_max)),
+            plain_with_quotes(&s[at + q.len()..], quotes, quote_max)
+        ),
+        None => text(s),
+    }
 }
 
 /// An inline code span that survives any backticks inside; newlines become ` ⏎ ` (a code span
@@ -136,12 +234,25 @@ mod tests {
         assert_eq!(cell("one\ntwo\r\nthree"), "one<br>two<br>three");
         assert_eq!(cell(&code("x | y")), r"`x \| y`");
         assert_eq!(cell(""), "—");
+        assert_eq!(cell("1 min 05 s, 12 MiB `3 s`"), "1\u{a0}min 05\u{a0}s, 12\u{a0}MiB `3 s`");
     }
 
     #[test]
     fn text_escapes_markdown_syntax() {
         assert_eq!(text("__init__ *x* <br>"), r"\_\_init\_\_ \*x\* \<br\>");
         assert_eq!(text("x86_64 _a"), r"x86_64 \_a");
+    }
+
+    #[test]
+    fn harness_text_keeps_code_spans_and_quotes_program_text() {
+        let err = "std::basic_string<char, std::char_traits<char>> char const* x";
+        let v = format!("Rank 1 failed in `forward` at step 2: {err} (see *log*)");
+        assert_eq!(
+            harness(&v, &[err], 200),
+            format!("Rank 1 failed in `forward` at step 2: `{err}` (see \\*log\\*)")
+        );
+        assert_eq!(harness("a `b` `unclosed <x>", &[], 10), r"a `b` \`unclosed \<x\>");
+        assert_eq!(harness("x: 0123456789abc", &["0123456789abc"], 5), "x: `0123…`");
     }
 
     #[test]

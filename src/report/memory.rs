@@ -31,13 +31,22 @@ pub(crate) fn memory_blocks(s: &ScenarioResult) -> Vec<String> {
         blocks.push(format!("**Dataset:** {}", dataset_line(d)));
     }
     if let Some(chart) = mermaid::memory_chart(m, s.ranks.len()) {
-        blocks.push(fence("mermaid", &chart));
-        let mut lines: Vec<String> =
-            (0..s.ranks.len()).map(|r| format!("PSS of rank {r} with its workers")).collect();
-        if m.series.iter().any(|p| p.shm_used_bytes.is_some()) {
-            lines.push("`/dev/shm` used".to_string());
+        blocks.push(fence("mermaid", &chart.source));
+        let mut caption = format!("Lines: {}.", mermaid::legend(&chart.lines));
+        let (first, last) = (m.series[0].t_s, m.series[m.series.len() - 1].t_s);
+        if chart.window != (first, last) {
+            caption.push_str(&format!(
+                " Drawn from {} to {}, while the ranks' processes existed.",
+                super::text::secs(chart.window.0),
+                super::text::secs(chart.window.1)
+            ));
         }
-        blocks.push(format!("Lines, in drawing order: {}.", lines.join("; ")));
+        if !chart.lines.iter().any(|l| l.contains("/dev/shm"))
+            && m.series.iter().any(|p| p.shm_used_bytes.is_some())
+        {
+            caption.push_str(" `/dev/shm` stayed empty, so it has no line.");
+        }
+        blocks.push(caption);
     }
     blocks
 }
@@ -170,8 +179,13 @@ pub(crate) fn leftover_blocks(s: &ScenarioResult) -> Vec<String> {
             (Some(r), None) => format!(", rank {r}"),
             _ => String::new(),
         };
+        let what = if p.earlier_run {
+            "was left running by an earlier ups-doctor run that was killed; found in its cgroup"
+        } else {
+            "was still alive after its rank ended"
+        };
         lines.push(format!(
-            "- process {} ({}{whose}) was still alive after its rank ended: {}.",
+            "- process {} ({}{whose}) {what}: {}.",
             p.pid,
             code(&p.command),
             if p.killed { "**killed by ups-doctor**" } else { "**could not be killed**" }

@@ -10,9 +10,48 @@ use super::text::sig;
 /// Most points drawn in the loss chart; longer series are thinned evenly.
 const MAX_LOSS_POINTS: usize = 60;
 
-/// A gantt of each rank's `timeline`, one section per rank, in milliseconds since the scenario
-/// started. A phase that never ended runs to the rank's end (or its last marker, or the
-/// scenario's wall time) and is marked `crit`.
+/// Colours of an xychart's lines, in drawing order: each has at least 3:1 contrast against
+/// GitHub's light (`#ffffff`) and dark (`#0d1117`) page, where mermaid's own first colour
+/// (`#ECECFF`) is invisible on white. [`LEGEND`] names them with the matching coloured squares.
+pub(crate) const PALETTE: [&str; 6] = ["#2f81f7", "#e5534b", "#1a7f37", "#db6d28", "#8250df", "#bf8700"];
+
+/// The coloured square that stands for `PALETTE[i]` in a chart's legend.
+pub(crate) const LEGEND: [&str; 6] = ["🟦", "🟥", "🟩", "🟧", "🟪", "🟨"];
+
+/// The first line of every xychart: the palette, for whichever theme GitHub renders with.
+fn xychart_init() -> String {
+    format!(
+        "%%{{init: {{\"themeVariables\": {{\"xyChart\": {{\"plotColorPalette\": \"{}\"}}}}}}}}%%",
+        PALETTE.join(", ")
+    )
+}
+
+/// `🟦 rank 0 · 🟥 /dev/shm used`: the legend xychart does not draw, one entry per line in drawing
+/// order.
+pub(crate) fn legend(names: &[String]) -> String {
+    names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| format!("{}\u{a0}{n}", LEGEND[i % LEGEND.len()]))
+        .collect::<Vec<_>>()
+        .join(" · ")
+}
+
+/// Narrowest bar of the gantt, as a share of its time span: a shorter phase is drawn this wide
+/// (about 4 px in GitHub's column) and its name says how long it really took.
+const MIN_BAR_SHARE: f64 = 0.005;
+
+/// Runs shorter than this get a millisecond axis: `%s` floors to whole seconds, and the ticks of
+/// a shorter span are less than a second apart.
+const MS_AXIS_BELOW_S: f64 = 20.0;
+
+/// A gantt of each rank's `timeline`, one section per rank. A phase that never ended runs to the
+/// rank's end (or its last marker, or the scenario's wall time) and is marked `crit`.
+///
+/// Times are milliseconds since the epoch standing for the scenario's start, labelled with
+/// `%s`/`%Q` (seconds or milliseconds since the epoch): those count the same in every time zone
+/// and do not wrap after a minute, where `%S` (the seconds field of the viewer's local time)
+/// did both.
 pub(crate) fn timeline(s: &ScenarioResult) -> Option<String> {
     let ranks: Vec<&RankResult> = s.ranks.iter().filter(|r| !r.timeline.is_empty()).collect();
     if ranks.is_empty() {
@@ -22,9 +61,8 @@ pub(crate) fn timeline(s: &ScenarioResult) -> Option<String> {
         |r: &RankResult, end: Option<f64>| end.or(r.ended_at_s).or(r.last_marker_at_s).unwrap_or(s.wall_s);
     let latest =
         ranks.iter().flat_map(|r| r.timeline.iter().map(|p| span_end(r, p.end_s))).fold(0.0_f64, f64::max);
-    // Time 0 is the epoch; minutes and seconds read the same in every time zone that GitHub's
-    // viewer may render them in, hours would not.
-    let (axis, unit) = if latest < 60.0 { ("%S.%L", "seconds") } else { ("%M:%S", "minutes:seconds") };
+    let (axis, unit) = if latest < MS_AXIS_BELOW_S { ("%Q", "milliseconds") } else { ("%s", "seconds") };
+    let min_bar = ((latest * 1000.0 * MIN_BAR_SHARE).round() as i64).max(1);
     let mut out = String::new();
     let _ = writeln!(out, "gantt");
     let _ = writeln!(out, "    title Phases per rank ({unit} since the scenario started)");
@@ -35,9 +73,12 @@ pub(crate) fn timeline(s: &ScenarioResult) -> Option<String> {
         let _ = writeln!(out, "    section rank {}", r.rank);
         for span in &r.timeline {
             let start = ms(span.start_s);
-            // A zero-length task is dropped by some mermaid versions; keep it visible.
-            let end = ms(span_end(r, span.end_s)).max(start + 1);
-            let name = task_name(&span.phase);
+            let real_end = ms(span_end(r, span.end_s)).max(start);
+            let end = real_end.max(start + min_bar);
+            let mut name = task_name(&span.phase);
+            if end > real_end {
+                name.push_str(&format!(" ({} ms)", real_end - start));
+            }
             if span.end_s.is_some() {
                 let _ = writeln!(out, "    {name} :{start}, {end}");
             } else {
@@ -48,6 +89,21 @@ pub(crate) fn timeline(s: &ScenarioResult) -> Option<String> {
     Some(out.trim_end().to_string())
 }
 
+/// Fewer steps than this are drawn on a categorical axis (one label per step); a numeric axis
+/// over so short a range would tick at fractions of a step.
+const CATEGORICAL_BELOW: u64 = 10;
+
+/// An xychart's x axis over steps, with whole-step labels only.
+fn step_axis(points: &[(u64, f64)]) -> String {
+    let (first, last) = (points[0].0, points[points.len() - 1].0);
+    if last - first < CATEGORICAL_BELOW {
+        let steps: Vec<String> = points.iter().map(|(s, _)| s.to_string()).collect();
+        format!("x-axis \"step\" [{}]", steps.join(", "))
+    } else {
+        format!("x-axis \"step\" {first} --> {last}")
+    }
+}
+
 /// A line chart of one rank's loss per step, when it has at least two finite points.
 pub(crate) fn loss_chart(r: &RankResult) -> Option<String> {
     let points: Vec<(u64, f64)> = r.losses.iter().copied().filter(|(_, l)| l.is_finite()).collect();
@@ -55,40 +111,62 @@ pub(crate) fn loss_chart(r: &RankResult) -> Option<String> {
         return None;
     }
     let points = thin(&points, MAX_LOSS_POINTS);
-    let (first, last) = (points[0].0, points[points.len() - 1].0);
     let values: Vec<String> = points.iter().map(|(_, l)| sig(*l, 4)).collect();
     Some(format!(
-        "xychart-beta\n    title \"Loss of rank {}\"\n    x-axis \"step\" {first} --> {last}\n    \
-         y-axis \"loss\"\n    line [{}]",
+        "{}\nxychart-beta\n    title \"Loss of rank {}\"\n    {}\n    y-axis \"loss\"\n    line [{}]",
+        xychart_init(),
         r.rank,
+        step_axis(&points),
         values.join(", ")
     ))
 }
 
-/// A line chart over time of each rank's PSS (with its workers) and of `/dev/shm` used, in MiB,
-/// when there are at least two samples. xychart has no legend: the caller lists the lines.
-pub(crate) fn memory_chart(m: &MemoryReport, ranks: usize) -> Option<String> {
-    if m.series.len() < 2 {
+/// A memory chart and the names of its lines, in drawing order.
+pub(crate) struct MemoryChart {
+    pub(crate) source: String,
+    pub(crate) lines: Vec<String>,
+    /// Seconds since the scenario started of the first and last sample drawn.
+    pub(crate) window: (f64, f64),
+}
+
+/// A line chart over time of each rank's PSS (with its workers) and of `/dev/shm` used, in MiB.
+/// Only samples taken while every rank's process existed are drawn (a process that does not exist
+/// has no memory, not 0 MiB); failing two such samples, those where any did. The `/dev/shm` line
+/// is drawn only when something was ever in use there. `None` with fewer than two samples.
+pub(crate) fn memory_chart(m: &MemoryReport, ranks: usize) -> Option<MemoryChart> {
+    let alive = |p: &crate::harness::MemoryPoint, all: bool| {
+        let mut each = (0..ranks).map(|r| p.pss_bytes.get(r).copied().unwrap_or(0) > 0);
+        if all { each.all(|a| a) } else { each.any(|a| a) }
+    };
+    let mut series: Vec<_> = m.series.iter().filter(|p| alive(p, true)).collect();
+    if series.len() < 2 {
+        series = m.series.iter().filter(|p| alive(p, false)).collect();
+    }
+    if series.len() < 2 {
         return None;
     }
     let mib = |b: u64| sig(b as f64 / f64::from(1 << 20), 4);
-    let (first, last) = (m.series[0].t_s, m.series[m.series.len() - 1].t_s);
+    let (first, last) = (series[0].t_s, series[series.len() - 1].t_s);
     let mut out = format!(
-        "xychart-beta\n    title \"Memory (MiB): PSS per rank, /dev/shm used\"\n    x-axis \"seconds since the \
-         scenario started\" {} --> {}\n    y-axis \"MiB\"",
+        "{}\nxychart-beta\n    title \"Memory (MiB)\"\n    x-axis \"seconds since the scenario started\" {} \
+         --> {}\n    y-axis \"MiB\"",
+        xychart_init(),
         sig(first, 3),
         sig(last, 3)
     );
+    let mut lines = Vec::new();
     for rank in 0..ranks {
         let values: Vec<String> =
-            m.series.iter().map(|p| mib(p.pss_bytes.get(rank).copied().unwrap_or(0))).collect();
+            series.iter().map(|p| mib(p.pss_bytes.get(rank).copied().unwrap_or(0))).collect();
         out.push_str(&format!("\n    line [{}]", values.join(", ")));
+        lines.push(format!("PSS of rank {rank} with its workers"));
     }
-    if m.series.iter().any(|p| p.shm_used_bytes.is_some()) {
-        let values: Vec<String> = m.series.iter().map(|p| mib(p.shm_used_bytes.unwrap_or(0))).collect();
+    if series.iter().any(|p| p.shm_used_bytes.unwrap_or(0) > 0) {
+        let values: Vec<String> = series.iter().map(|p| mib(p.shm_used_bytes.unwrap_or(0))).collect();
         out.push_str(&format!("\n    line [{}]", values.join(", ")));
+        lines.push("`/dev/shm` used".to_string());
     }
-    Some(out)
+    Some(MemoryChart { source: out, lines, window: (first, last) })
 }
 
 fn ms(s: f64) -> i64 {

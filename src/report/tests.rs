@@ -207,12 +207,27 @@ fn rerender_of_a_wrong_shape_names_the_field() {
 }
 
 #[test]
-fn a_report_too_long_for_an_issue_says_so_at_the_top() {
-    let short = render_markdown(&run(vec![fixtures::segv()]));
-    assert!(!short.contains("a GitHub issue takes at most"));
-    let long = render_markdown(&run((0..40).map(|_| fixtures::segv()).collect()));
-    let note = long.find("a GitHub issue takes at most 65536").expect("the note");
-    assert!(note < long.find("## ddp-segv-forward").unwrap());
+fn a_summary_of_many_failures_fits_one_comment() {
+    let many = run((0..300).map(|_| fixtures::segv()).collect());
+    let md = render_markdown(&many);
+    assert!(md.chars().count() <= 65_536, "{} characters", md.chars().count());
+    assert!(md.contains("are left out to fit one GitHub comment"), "{md}");
+    assert!(md.starts_with("# ups-doctor report\n"));
+    // The full report of each scenario is whole, in its own file.
+    let full = super::render_scenario_markdown(&many, 299);
+    assert!(full.contains("### Backtrace of rank 1"), "{full}");
+}
+
+#[test]
+fn a_single_scenario_with_a_huge_log_fits_one_comment_and_says_what_is_left_out() {
+    let mut s = fixtures::segv();
+    s.ranks[0].log_tail = (0..3000).map(|i| format!("line {i}: {}", "x".repeat(60))).collect();
+    let one = run(vec![s]);
+    let md = render_markdown(&one);
+    assert!(md.chars().count() <= 65_536, "{} characters", md.chars().count());
+    assert!(md.contains("Left out here to fit one GitHub comment"), "{md}");
+    assert!(md.contains("### Backtrace of rank 1"), "the evidence stays: {md}");
+    assert!(!super::is_summary(&one));
 }
 
 #[test]
@@ -255,11 +270,21 @@ fn gpu_section_matrix_column_and_the_unavailable_line() {
          such file or directory)",
     ));
     let both = run(vec![on_gpu, on_cpu]);
-    let md = render_markdown(&both);
+    let md = super::render_scenario_markdown(&both, 1);
     assert!(md.contains(
         "**GPU:** metrics unavailable: libnvidia-ml.so.1 not found: no NVIDIA driver on this machine (cannot \
          open shared object file: No such file or directory). The ranks trained on the CPU."
     ));
-    insta::assert_snapshot!("markdown_of_a_gpu_run", md);
+    insta::assert_snapshot!("markdown_of_a_gpu_run", super::render_scenario_markdown(&both, 0));
     insta::assert_snapshot!("matrix_with_gpu_utilisation", render_matrix(&both, false));
+}
+
+#[test]
+fn issue_text_is_the_summary_and_names_the_failed_scenarios_reports_to_attach() {
+    let mut passing = fixtures::passing();
+    passing.name = "train-cpu".into();
+    let both = run(vec![fixtures::segv(), passing]);
+    let issue = super::issue_text(&both);
+    assert_eq!(issue.paste, render_markdown(&both));
+    insta::assert_snapshot!(issue.attach.join("\n"));
 }

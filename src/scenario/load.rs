@@ -137,6 +137,17 @@ pub fn invalid_utf8_position(err: &std::string::FromUtf8Error) -> (usize, usize)
     (p.line, p.column)
 }
 
+/// `file:line:col` of where the scenario file `file` writes the dotted `field` (just `file` when
+/// it does not), for errors found after loading, such as a pre-flight check of the machine.
+pub fn field_location(file: &Path, field: &str) -> String {
+    let position =
+        std::fs::read_to_string(file).ok().and_then(|source| position_of(&source, Some(field), false));
+    match position {
+        Some(p) => format!("{}:{}:{}", file.display(), p.line, p.column),
+        None => file.display().to_string(),
+    }
+}
+
 /// Reads and loads one scenario file; see [`load_str`].
 pub fn load_file(path: &Path, overrides: &[Override]) -> Result<Scenario, ScenarioError> {
     let bytes = std::fs::read(path).map_err(|err| {

@@ -74,6 +74,11 @@ pub struct Launch {
     /// that starts the ranks itself. Only with `command`.
     #[serde(skip_serializing_if = "LaunchStyle::is_per_rank")]
     pub style: LaunchStyle,
+    /// Memory limit for all the scenario's processes together (`"2g"`, like `docker run
+    /// --memory`): they run in a memory cgroup with this limit and no swap, so the kernel's OOM
+    /// killer ends one of them when they exceed it, as in a container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_limit: Option<String>,
 }
 
 impl Default for Launch {
@@ -84,6 +89,7 @@ impl Default for Launch {
             device: Device::Auto,
             backend: Backend::Auto,
             style: LaunchStyle::PerRank,
+            memory_limit: None,
         }
     }
 }
@@ -466,6 +472,9 @@ pub enum FaultKind {
     /// At the beginning of `data.next`, the trainer sends SIGKILL to its worker 0 (as the OOM
     /// killer would).
     WorkerKill,
+    /// Allocates memory and writes every page, 16 MiB at a time, until the kernel ends the rank
+    /// (needs `launch.memory_limit`, whose OOM killer it meets).
+    Oom,
 }
 
 /// Size of a `leak_shm` segment when the fault names none.

@@ -75,6 +75,7 @@ pub(crate) fn check(s: &Scenario) -> Checked {
     check_train(&s.train)?;
     check_limits(&s.limits)?;
     check_launch(&s.launch)?;
+    check_memory_limit(&s.launch)?;
     check_cache_device(&s.data, &s.launch)?;
     check_expect(&s.expect)?;
     for (index, fault) in s.inject.iter().enumerate() {
@@ -369,6 +370,28 @@ fn check_launch(l: &Launch) -> Checked {
     Ok(())
 }
 
+/// The smallest `launch.memory_limit`: below it a rank cannot even load libtorch.
+pub const MIN_MEMORY_LIMIT: u64 = 64 << 20;
+
+/// `launch.memory_limit` must be a size `docker run --memory` would take, and enough to start.
+fn check_memory_limit(l: &Launch) -> Checked {
+    let Some(limit) = &l.memory_limit else {
+        return Ok(());
+    };
+    let bytes = parse_size(limit).map_err(|why| {
+        Invalid::new("launch.memory_limit", why)
+            .hint(format!("write {SIZE_FORMS}, like `docker run --memory`; or remove it for no limit"))
+    })?;
+    if bytes < MIN_MEMORY_LIMIT {
+        return Err(Invalid::new(
+            "launch.memory_limit",
+            format!("`{limit}` is less than 64 MiB, too little for a rank to start"),
+        )
+        .hint("use at least `\"64m\"`; a few hundred MiB per rank is typical for small scenarios"));
+    }
+    Ok(())
+}
+
 /// Conventional names of the signals ups-doctor knows, for suggestions.
 fn signal_names() -> Vec<String> {
     (1..32).map(signal_name).filter(|n| !n[3..].starts_with(|c: char| c.is_ascii_digit())).collect()
@@ -453,6 +476,12 @@ fn check_fault(s: &Scenario, index: usize, fault: &Fault) -> Checked {
         }
     }
     check_loader_fault(s, index, fault)?;
+    if fault.fault == FaultKind::Oom && s.launch.memory_limit.is_none() {
+        // Without a limit it would take the whole machine's memory before anything stopped it.
+        return Err(Invalid::new(at("fault"), "fault `oom` allocates until the OOM killer stops it, but `launch.memory_limit` is not set")
+            .hint("set `launch.memory_limit` (e.g. `\"512m\"`) so that only the scenario's cgroup runs out of memory")
+            .related(&["launch.memory_limit"]));
+    }
     let acts_in = match fault.fault {
         FaultKind::UnevenSteps | FaultKind::WorkerKill => Some("data.next"),
         FaultKind::UnusedParam | FaultKind::InplaceView => Some("forward"),
@@ -506,8 +535,14 @@ fn check_loader_fault(s: &Scenario, index: usize, fault: &Fault) -> Checked {
             .hint("set `data.workers` to 1 or more")
             .related(&["data.workers"]));
     }
-    let worker_can =
-        [FaultKind::Segv, FaultKind::Abort, FaultKind::Exit0, FaultKind::ExitError, FaultKind::Hang];
+    let worker_can = [
+        FaultKind::Segv,
+        FaultKind::Abort,
+        FaultKind::Exit0,
+        FaultKind::ExitError,
+        FaultKind::Hang,
+        FaultKind::Oom,
+    ];
     if in_worker && !worker_can.contains(&fault.fault) {
         let names: Vec<String> = worker_can.iter().map(json_name).collect();
         return Err(Invalid::new(
@@ -581,6 +616,7 @@ fn check_external(s: &Scenario) -> Checked {
     check_shm_size(&s.data)?;
     check_limits(&s.limits)?;
     check_world_size(&s.launch, "2")?;
+    check_memory_limit(&s.launch)?;
     check_expect(&s.expect)?;
     check_completes_when(s)?;
     check_command(s)

@@ -39,6 +39,8 @@ impl Faults {
 pub struct Faults {
     armed: Vec<Fault>,
     rank: u32,
+    /// `launch.memory_limit`, for the `oom` fault's safety stop.
+    limit: Option<String>,
 }
 
 impl Faults {
@@ -51,7 +53,7 @@ impl Faults {
             .filter(|f| f.probability >= 1.0 || draw() < f.probability)
             .cloned()
             .collect();
-        Faults { armed, rank }
+        Faults { armed, rank, limit: scenario.launch.memory_limit.clone() }
     }
 
     /// Called at the beginning of every phase; performs a matching fault. Segv, abort, exit0
@@ -86,6 +88,7 @@ impl Faults {
                     }
                 }
                 FaultKind::WorkerKill => effect = Effect::KillWorker,
+                FaultKind::Oom => inject_oom(scenario_limit(&self.limit)),
             }
         }
         effect
@@ -170,6 +173,37 @@ pub fn inject_abort() -> ! {
 pub fn inject_exit0() -> ! {
     // SAFETY: _exit has no preconditions.
     unsafe { libc::_exit(0) }
+}
+
+fn scenario_limit(limit: &Option<String>) -> Option<u64> {
+    limit.as_deref().and_then(|l| parse_size(l).ok())
+}
+
+/// Allocates 16 MiB at a time and writes every page (so the memory is really resident, not just
+/// reserved) until the kernel's OOM killer ends the process. A safety stop: once it holds twice
+/// the scenario's memory limit (it is not in the limited cgroup, e.g. a rank started by hand),
+/// it gives up with an error instead of taking the machine's memory.
+#[inline(never)]
+pub fn inject_oom(limit: Option<u64>) -> ! {
+    const CHUNK: usize = 16 << 20;
+    let stop = limit.map_or(0, |l| l.saturating_mul(2));
+    let mut held: Vec<Vec<u8>> = Vec::new();
+    let mut total: u64 = 0;
+    while total < stop {
+        let mut chunk = vec![0u8; CHUNK];
+        // One write per page makes each page resident (calloc'd pages would stay shared zeros).
+        for page in chunk.chunks_mut(4096) {
+            page[0] = 1;
+        }
+        held.push(std::hint::black_box(chunk));
+        total += CHUNK as u64;
+    }
+    eprintln!(
+        "ups-doctor: fault `oom` holds {} MiB, twice `launch.memory_limit`, and was not killed: this process is not in the scenario's memory cgroup",
+        total >> 20
+    );
+    // SAFETY: _exit has no preconditions.
+    unsafe { libc::_exit(1) }
 }
 
 /// Creates `/dev/shm/ups-doctor-<run id>-leak-<rank>` of `size` bytes, writes one byte into every

@@ -44,6 +44,20 @@ impl Sandbox {
         self.path().join("out")
     }
 
+    /// The run's `report.md` followed by every scenario's full report (`N-name/report.md`,
+    /// written when the run had several scenarios and `report.md` is their summary).
+    pub fn reports(&self) -> String {
+        let out = self.out();
+        let mut text = std::fs::read_to_string(out.join("report.md")).unwrap();
+        let mut folders: Vec<PathBuf> =
+            std::fs::read_dir(&out).unwrap().flatten().map(|e| e.path()).collect();
+        folders.sort();
+        for full in folders.iter().map(|f| f.join("report.md")).filter(|f| f.is_file()) {
+            text.push_str(&std::fs::read_to_string(full).unwrap());
+        }
+        text
+    }
+
     /// `ups-doctor` with the sandbox as working directory.
     pub fn cmd(&self) -> Command {
         let mut cmd = Command::new(bin());
@@ -168,4 +182,17 @@ pub fn venv_path() -> std::ffi::OsString {
 /// This repository's root (for `tests/programs/` and `python/`).
 pub fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Child processes of `pid`, from procfs.
+pub fn children_of(pid: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/stat")).ok().is_some_and(|stat| {
+                let after = stat.rsplit(')').next().unwrap_or("");
+                after.split_whitespace().nth(1).and_then(|pp| pp.parse::<u32>().ok()) == Some(pid)
+            })
+        })
+        .collect()
 }

@@ -26,12 +26,25 @@ use super::shm::{self, Mapping, Unlink};
 /// The cache as the trainer holds it. The view built on it must be dropped first.
 pub enum Cache {
     Memory,
-    /// The mapping, and the guard that removes the file.
+    /// The mapping, the guard that removes the file's name (until [`Cache::unlink_name`]), and
+    /// an open descriptor of it that spawned workers inherit and map.
     File {
         map: Mapping,
-        _file: Unlink,
+        name: Option<Unlink>,
         path: PathBuf,
+        fd: std::fs::File,
     },
+}
+
+impl Cache {
+    /// Removes the file's name once every process that maps it has it (the trainer and its
+    /// workers): the memory stays until the last mapping goes, and nothing is left in `/dev/shm`
+    /// or the temporary folder even if every process of the run is SIGKILLed.
+    pub fn unlink_name(&mut self) {
+        if let Cache::File { name, .. } = self {
+            name.take();
+        }
+    }
 }
 
 /// A view of the dataset arrays laid out in a cache file.
@@ -79,11 +92,12 @@ pub fn build(
     };
     let map = Mapping::create(&path, bytes)?;
     let guard = Unlink::new(path.clone());
+    let fd = std::fs::File::open(&path)?;
     // SAFETY: the mapping is `bytes` long, exactly the two arrays.
     let mut view = unsafe { view_of(map.ptr(), dims, data.u_mean, data.u_std) };
     view.frames.copy_(&data.u.view([dims.samples * dims.timesteps, dims.grid]));
     view.nu.copy_(&data.nu_feature);
-    Ok((Cache::File { map, _file: guard, path }, view, bytes as u64))
+    Ok((Cache::File { map, name: Some(guard), path, fd }, view, bytes as u64))
 }
 
 /// A fingerprint of the cache's contents: its 32-bit words (the `f32` bits of the trajectories,

@@ -15,7 +15,10 @@
 //!   as soon as it is released), then the next task goes to that worker at once. On a CUDA rank
 //!   that copy goes into pinned (page-locked) host memory, and the batch moves to the GPU with a
 //!   non-blocking copy, as `DataLoader(pin_memory=True)` and `.to(device, non_blocking=True)` do. Workers live until the loader drops (they persist across
-//!   epochs); dropping it closes the task pipes, reaps the workers and removes the segments.
+//!   epochs); dropping it closes the task pipes and reaps the workers.
+//! - The ring's and a file cache's names are removed as soon as every worker has them (forked
+//!   workers inherit the mappings, spawned ones an open descriptor), so a SIGKILL of the whole
+//!   run leaves nothing in `/dev/shm`; the memory goes with the last mapping.
 
 pub mod batch;
 pub mod cache;
@@ -23,7 +26,7 @@ pub mod shm;
 pub mod worker;
 
 use std::collections::HashMap;
-use std::fs::File;
+use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::time::{Duration, Instant};
@@ -114,7 +117,8 @@ impl Loader {
             }
             _ => tch::Device::Cpu,
         };
-        let (cache, view, bytes) = cache::build(d.cache, data, dims, rank, cache_on).map_err(io_err(what))?;
+        let (mut cache, view, bytes) =
+            cache::build(d.cache, data, dims, rank, cache_on).map_err(io_err(what))?;
         markers::emit(&Marker::Dataset { bytes, cache: cache_name(scenario).into() });
         let mut sampler = Sampler::new(dims, rank, world, scenario.train.seed, scenario.train.accum_steps);
         for _ in 0..skip {
@@ -126,6 +130,9 @@ impl Loader {
         } else {
             Some(Pool::start(scenario, rank, &view, &cache, dims, total, skip)?)
         };
+        // Every process that maps the cache file has it now (spawned workers through an inherited
+        // descriptor): its name can go.
+        cache.unlink_name();
         Ok(Loader { sampler, dims, device, x, pool, view, _cache: cache })
     }
 
@@ -207,7 +214,8 @@ struct Pool {
     ready: HashMap<u64, u32>,
     // Dropped after the workers are reaped (see `Drop`).
     ring: Mapping,
-    _ring_file: Unlink,
+    /// Removes the ring's name; dropped as soon as every worker has the ring.
+    ring_name: Option<Unlink>,
 }
 
 fn pipe() -> io::Result<(RawFd, RawFd)> {
@@ -236,6 +244,12 @@ impl Pool {
         let ring = Mapping::create(&ring_path, slots * layout.slot_bytes)
             .map_err(io_err(format!("create the batch ring `{}`", ring_path.display())))?;
         let ring_file = Unlink::new(ring_path.clone());
+        // Spawned workers map the ring through this descriptor, inherited, not by its name.
+        let ring_fd = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&ring_path)
+            .map_err(io_err(format!("open the batch ring `{}`", ring_path.display())))?;
         let mut pool = Pool {
             workers: Vec::new(),
             layout,
@@ -247,7 +261,7 @@ impl Pool {
             total,
             ready: HashMap::new(),
             ring,
-            _ring_file: ring_file,
+            ring_name: Some(ring_file),
         };
         let method = match d.start_method {
             StartMethod::Fork => "fork",
@@ -267,10 +281,13 @@ impl Pool {
                     scenario: scenario.clone(),
                     layout,
                     ring: ring_path.clone(),
+                    ring_fd: ring_fd.as_raw_fd(),
                     cache: match (cache, view.frames.device()) {
                         (cache::Cache::Memory, tch::Device::Cuda(gpu)) => CacheSource::RegenerateOnGpu(gpu),
                         (cache::Cache::Memory, _) => CacheSource::Regenerate,
-                        (cache::Cache::File { path, .. }, _) => CacheSource::File(path.clone()),
+                        (cache::Cache::File { path, fd, .. }, _) => {
+                            CacheSource::File { path: path.clone(), fd: fd.as_raw_fd() }
+                        }
                     },
                     mean: view.mean,
                     std: view.std,
@@ -295,6 +312,11 @@ impl Pool {
                 reaped: false,
             });
         }
+        // Every worker has the ring now (forked ones mapped it, spawned ones hold its
+        // descriptor from before their exec): its name goes, so a SIGKILL of the whole run
+        // leaves nothing in /dev/shm.
+        pool.ring_name = None;
+        drop(ring_fd);
         Ok(pool)
     }
 

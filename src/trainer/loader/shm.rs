@@ -4,7 +4,8 @@
 //! `ups-doctor-<run id>-r<rank>-<what>`, so the harness can find leftovers of a crashed run by
 //! prefix. The creator removes its file when the owning guard drops, on every normal and error
 //! path, and from its SIGTERM and fatal-signal handlers (the harness tears a hung rank down with
-//! SIGTERM); only a SIGKILLed rank leaves its files for the harness.
+//! SIGTERM). The loader removes the names of its ring and cache even earlier, as soon as every
+//! worker has them open, so not even a SIGKILLed rank leaves those behind.
 
 use std::fs::OpenOptions;
 use std::io;

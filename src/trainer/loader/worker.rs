@@ -92,8 +92,9 @@ pub enum CacheSource {
     Regenerate,
     /// `cache: memory` with `cache_device: cuda`: build another and put it on this GPU.
     RegenerateOnGpu(usize),
-    /// `cache: disk` or `shm`: map this file read-only.
-    File(PathBuf),
+    /// `cache: disk` or `shm`: map this file read-only, through the inherited descriptor `fd`
+    /// (the name may already be gone; `path` is for messages).
+    File { path: PathBuf, fd: RawFd },
 }
 
 /// Everything a spawned worker needs, passed as JSON on its command line.
@@ -103,7 +104,9 @@ pub struct WorkerConfig {
     pub rank: u32,
     pub scenario: Scenario,
     pub layout: SlotLayout,
+    /// The ring's name, for messages; the worker maps it through the inherited `ring_fd`.
     pub ring: PathBuf,
+    pub ring_fd: RawFd,
     pub cache: CacheSource,
     pub mean: f64,
     pub std: f64,
@@ -289,7 +292,11 @@ pub fn spawn_worker(config: &WorkerConfig) -> io::Result<u32> {
     let program = std::env::current_exe()?;
     // SAFETY: getpid has no preconditions.
     let parent = unsafe { libc::getpid() };
-    let inherit = [config.task_fd, config.done_fd, markers::raw_fd()];
+    let cache_fd = match config.cache {
+        CacheSource::File { fd, .. } => fd,
+        _ => -1,
+    };
+    let inherit = [config.task_fd, config.done_fd, markers::raw_fd(), config.ring_fd, cache_fd];
     let json = serde_json::to_string(config).map_err(io::Error::other)?;
     let mut cmd = std::process::Command::new(program);
     cmd.args([OsString::from("loader-worker"), OsString::from(json)]).stdin(std::process::Stdio::null());
@@ -311,6 +318,11 @@ pub fn spawn_worker(config: &WorkerConfig) -> io::Result<u32> {
     Ok(cmd.spawn()?.id())
 }
 
+/// A path that opens the file behind an inherited descriptor, whether or not it still has a name.
+fn inherited(fd: RawFd) -> PathBuf {
+    PathBuf::from(format!("/proc/self/fd/{fd}"))
+}
+
 /// The `ups-doctor loader-worker` entry point. Returns the exit status.
 pub fn run_spawned(config_json: &str) -> i32 {
     let config: WorkerConfig = match serde_json::from_str(config_json) {
@@ -322,7 +334,7 @@ pub fn run_spawned(config_json: &str) -> i32 {
     };
     // SAFETY: getppid has no preconditions.
     become_worker(config.id, config.scenario.data.worker_threads, unsafe { libc::getppid() });
-    let ring = match Mapping::open(&config.ring, true) {
+    let ring = match Mapping::open(&inherited(config.ring_fd), true) {
         Ok(m) => m,
         Err(e) => {
             eprintln!("error: data-loader worker {}: cannot map `{}`: {e}", config.id, config.ring.display());
@@ -353,8 +365,8 @@ pub fn run_spawned(config_json: &str) -> i32 {
                 std: data.u_std,
             }
         }
-        CacheSource::File(path) => {
-            let map = match Mapping::open(path, false) {
+        CacheSource::File { path, fd } => {
+            let map = match Mapping::open(&inherited(*fd), false) {
                 Ok(m) if m.len() >= 4 * (u_floats + nu_floats) => m,
                 Ok(m) => {
                     eprintln!("error: dataset cache `{}` holds {} bytes, too few", path.display(), m.len());

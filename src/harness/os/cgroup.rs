@@ -1,0 +1,455 @@
+//! One cgroup per scenario: every process of the scenario (ranks, their workers, a launcher and
+//! whatever it starts) is moved into it before `exec`, so the harness can find every one of them
+//! whatever they do with sessions and parents, limit their memory (`launch.memory_limit`) and read
+//! the kernel's OOM-kill counter for them.
+//!
+//! Where: a child of the cgroup ups-doctor itself runs in, in the memory controller's cgroup v1
+//! hierarchy where that is mounted, else in the cgroup v2 hierarchy (`UPS_DOCTOR_CGROUP_PARENT`
+//! names another parent, for tests). Name: `ups-doctor.<pid>.<start>.<n>`, ups-doctor's pid and
+//! its start time in clock ticks since boot (`/proc/<pid>/stat` field 22): a later run knows the
+//! group is orphaned when no live process has that pid *and* that start time, and only then kills
+//! what is in it ([`sweep_orphans`]).
+//!
+//! Signals: a process is signalled only through a pidfd opened *before* its pid is looked up in
+//! the group's `cgroup.procs`; while the pidfd's process lives its pid names no other process, so
+//! finding the pid there proves the process is in the group (and if it died in between, the
+//! signal goes nowhere). Kernels without pidfds (before 5.3) get no signal from here.
+
+use std::ffi::{CStr, CString};
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::harness::result::{CgroupReport, CgroupVersion};
+
+/// Test-only override: the cgroup directory to create scenario cgroups under, instead of the
+/// one ups-doctor runs in (a directory that is no cgroup, or a v2 group without the memory
+/// controller, shows how a machine without one is handled).
+pub const CGROUP_PARENT_ENV: &str = "UPS_DOCTOR_CGROUP_PARENT";
+
+const PREFIX: &str = "ups-doctor.";
+const CGROUP_SUPER_MAGIC: i64 = 0x0027_e0eb;
+const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
+/// How long killed members get to leave the group before it is given up on.
+const EMPTY_WAIT: Duration = Duration::from_secs(3);
+
+/// Where scenario cgroups are made.
+#[derive(Debug, Clone)]
+pub struct Parent {
+    pub dir: PathBuf,
+    pub version: CgroupVersion,
+    /// `dir` as the kernel names it (relative to the hierarchy's root, as in `/proc/<pid>/cgroup`
+    /// and the OOM killer's `oom_memcg=`), when the mount table tells.
+    pub kernel_path: Option<String>,
+}
+
+/// The parent for scenario cgroups, or why there is none.
+pub fn parent() -> Result<Parent, String> {
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    if let Some(dir) = std::env::var_os(CGROUP_PARENT_ENV) {
+        let dir = PathBuf::from(dir);
+        let version = match fs_magic(&dir) {
+            Ok(CGROUP_SUPER_MAGIC) => CgroupVersion::V1,
+            Ok(CGROUP2_SUPER_MAGIC) => CgroupVersion::V2,
+            Ok(_) => return Err(format!("`{}` is not in a cgroup file system", dir.display())),
+            Err(e) => return Err(format!("cannot read `{}`: {e}", dir.display())),
+        };
+        let kernel_path = kernel_path_of(&mounts, &dir);
+        return Ok(Parent { dir, version, kernel_path });
+    }
+    let own = std::fs::read_to_string("/proc/self/cgroup")
+        .map_err(|e| format!("cannot read `/proc/self/cgroup`: {e}"))?;
+    let v1_memory = own.lines().find_map(|l| {
+        let mut f = l.splitn(3, ':');
+        let (_, controllers, path) = (f.next()?, f.next()?, f.next()?);
+        controllers.split(',').any(|c| c == "memory").then(|| path.to_string())
+    });
+    let v2 = own.lines().find_map(|l| l.strip_prefix("0::").map(str::to_string));
+    let (version, path, mount) = match (v1_memory, v2) {
+        (Some(path), _) => (CgroupVersion::V1, path, find_mount(&mounts, "cgroup", Some("memory"))),
+        (None, Some(path)) => (CgroupVersion::V2, path, find_mount(&mounts, "cgroup2", None)),
+        (None, None) => return Err("this process is in no cgroup hierarchy (`/proc/self/cgroup`)".into()),
+    };
+    let Some((root, mount_point)) = mount else {
+        return Err(format!("the {} hierarchy is not mounted", version_name(version)));
+    };
+    let Some(inside) = path.strip_prefix(root.trim_end_matches('/')) else {
+        return Err(format!("this process's cgroup `{path}` is outside the mounted part `{root}`"));
+    };
+    let dir =
+        PathBuf::from(format!("{}/{}", mount_point.trim_end_matches('/'), inside.trim_start_matches('/')));
+    Ok(Parent { dir, version, kernel_path: Some(path) })
+}
+
+fn version_name(v: CgroupVersion) -> &'static str {
+    match v {
+        CgroupVersion::V1 => "cgroup v1 memory",
+        CgroupVersion::V2 => "cgroup v2",
+    }
+}
+
+/// `(root, mount point)` of the first mount of `fstype` (with `option` among its super options).
+fn find_mount<'a>(mountinfo: &'a str, fstype: &str, option: Option<&str>) -> Option<(&'a str, &'a str)> {
+    mountinfo.lines().find_map(|line| {
+        let (left, right) = line.split_once(" - ")?;
+        let mut r = right.split_whitespace();
+        let (ty, _source, opts) = (r.next()?, r.next()?, r.next().unwrap_or(""));
+        if ty != fstype || option.is_some_and(|o| !opts.split(',').any(|x| x == o)) {
+            return None;
+        }
+        let mut l = left.split_whitespace();
+        Some((l.nth(3)?, l.next()?))
+    })
+}
+
+/// The kernel's name for a directory inside a cgroup mount.
+fn kernel_path_of(mountinfo: &str, dir: &Path) -> Option<String> {
+    let dir = dir.to_str()?;
+    mountinfo
+        .lines()
+        .filter_map(|line| {
+            let (left, right) = line.split_once(" - ")?;
+            let ty = right.split_whitespace().next()?;
+            if ty != "cgroup" && ty != "cgroup2" {
+                return None;
+            }
+            let mut l = left.split_whitespace();
+            let (root, point) = (l.nth(3)?, l.next()?);
+            let inside = dir.strip_prefix(point)?;
+            (inside.is_empty() || inside.starts_with('/'))
+                .then(|| format!("{}/{}", root.trim_end_matches('/'), inside.trim_start_matches('/')))
+        })
+        .max_by_key(String::len)
+        .map(|p| if p.len() > 1 { p.trim_end_matches('/').to_string() } else { p })
+}
+
+fn fs_magic(dir: &Path) -> io::Result<i64> {
+    let c = CString::new(dir.as_os_str().as_bytes()).map_err(io::Error::other)?;
+    // SAFETY: a valid C string and a zeroed out-struct the kernel fills.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(st.f_type as i64)
+}
+
+/// The start time of `pid` in clock ticks since boot (`/proc/<pid>/stat` field 22).
+fn start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after `(comm)`: state is field 3, so start time is the 20th of them.
+    stat.rsplit_once(')')?.1.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// The cgroup of one scenario. Dropping it kills what is left in it and removes it.
+#[derive(Debug)]
+pub struct ScenarioCgroup {
+    dir: PathBuf,
+    version: CgroupVersion,
+    kernel_path: Option<String>,
+    procs: CString,
+    limit: Option<u64>,
+    oom_kills_before: u64,
+}
+
+impl ScenarioCgroup {
+    /// Makes a fresh cgroup under `parent`, with `limit` bytes of memory (no swap) when given.
+    pub fn create(parent: &Parent, limit: Option<u64>, tag: &str) -> Result<ScenarioCgroup, String> {
+        let me = std::process::id();
+        let start = start_time(me).ok_or("cannot read ups-doctor's own start time")?;
+        let name = format!("{PREFIX}{me}.{start}.{tag}");
+        let dir = parent.dir.join(&name);
+        std::fs::create_dir(&dir)
+            .map_err(|e| format!("cannot create the cgroup `{}`: {e}", dir.display()))?;
+        let procs =
+            CString::new(dir.join("cgroup.procs").as_os_str().as_bytes()).map_err(|e| e.to_string())?;
+        let mut cg = ScenarioCgroup {
+            kernel_path: parent.kernel_path.as_ref().map(|p| format!("{}/{name}", p.trim_end_matches('/'))),
+            dir,
+            version: parent.version,
+            procs,
+            limit,
+            oom_kills_before: 0,
+        };
+        if let Some(bytes) = limit {
+            // On failure `cg` drops here, which removes the directory again.
+            cg.set_limit(parent, bytes)?;
+        }
+        cg.oom_kills_before = cg.oom_kill_count().unwrap_or(0);
+        Ok(cg)
+    }
+
+    fn set_limit(&self, parent: &Parent, bytes: u64) -> Result<(), String> {
+        let write = |file: &str, value: &str| {
+            std::fs::write(self.dir.join(file), value)
+                .map_err(|e| format!("cannot write `{value}` to `{}`: {e}", self.dir.join(file).display()))
+        };
+        match self.version {
+            CgroupVersion::V1 => {
+                write("memory.limit_in_bytes", &bytes.to_string())?;
+                // Memory+swap at the same figure: the limit is not stretched by swapping.
+                if self.dir.join("memory.memsw.limit_in_bytes").exists() {
+                    write("memory.memsw.limit_in_bytes", &bytes.to_string())?;
+                }
+            }
+            CgroupVersion::V2 => {
+                if !self.has_v2_memory() {
+                    // The parent must hand the controller down; refused (EBUSY) while the parent
+                    // itself holds processes (cgroup v2's "no internal processes" rule).
+                    let subtree = parent.dir.join("cgroup.subtree_control");
+                    if let Err(e) = std::fs::write(&subtree, "+memory") {
+                        return Err(format!(
+                            "the cgroup v2 group `{}` does not give its children the memory controller, and enabling it in `{}` failed: {e}",
+                            parent.dir.display(),
+                            subtree.display()
+                        ));
+                    }
+                }
+                write("memory.max", &bytes.to_string())?;
+                if self.dir.join("memory.swap.max").exists() {
+                    write("memory.swap.max", "0")?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn has_v2_memory(&self) -> bool {
+        std::fs::read_to_string(self.dir.join("cgroup.controllers"))
+            .is_ok_and(|c| c.split_whitespace().any(|x| x == "memory"))
+    }
+
+    /// `cgroup.procs` of this group, for [`enter`] in a child before `exec`.
+    pub fn procs_file(&self) -> &CStr {
+        &self.procs
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The group's path as the kernel log names it (`oom_memcg=`), when known.
+    pub fn kernel_path(&self) -> Option<&str> {
+        self.kernel_path.as_deref()
+    }
+
+    /// The processes in the group now.
+    pub fn members(&self) -> Vec<u32> {
+        members(&self.dir)
+    }
+
+    /// How many processes the OOM killer ended in this group since it was made.
+    pub fn oom_kill_count(&self) -> Option<u64> {
+        let (file, key) = match self.version {
+            CgroupVersion::V1 => ("memory.oom_control", "oom_kill"),
+            CgroupVersion::V2 => ("memory.events", "oom_kill"),
+        };
+        let text = std::fs::read_to_string(self.dir.join(file)).ok()?;
+        let total: u64 = text.lines().find_map(|l| l.strip_prefix(key)?.trim().parse().ok())?;
+        Some(total.saturating_sub(self.oom_kills_before))
+    }
+
+    /// The highest memory use the kernel recorded for the group.
+    pub fn peak_bytes(&self) -> Option<u64> {
+        let file = match self.version {
+            CgroupVersion::V1 => "memory.max_usage_in_bytes",
+            CgroupVersion::V2 => "memory.peak",
+        };
+        std::fs::read_to_string(self.dir.join(file)).ok()?.trim().parse().ok()
+    }
+
+    /// What the result records of the group.
+    pub fn report(&self) -> CgroupReport {
+        CgroupReport {
+            path: self.dir.display().to_string(),
+            version: self.version,
+            limit_bytes: self.limit,
+            peak_bytes: self.peak_bytes(),
+            oom_kills: self.oom_kill_count().unwrap_or(0),
+        }
+    }
+
+    /// SIGKILLs every process in the group; returns the pids that got it.
+    pub fn kill_all(&self) -> Vec<u32> {
+        kill_members(&self.dir)
+    }
+
+    /// Kills what is left, waits for the group to empty and removes it. Returns the pids that
+    /// were still in it.
+    pub fn kill_and_remove(&self) -> Vec<u32> {
+        let killed = self.kill_all();
+        remove_when_empty(&self.dir);
+        killed
+    }
+}
+
+impl Drop for ScenarioCgroup {
+    fn drop(&mut self) {
+        self.kill_and_remove();
+    }
+}
+
+/// Moves the calling process into the group whose `cgroup.procs` is `procs`. Async-signal-safe
+/// (open, write, close), for use between `fork` and `exec`.
+pub fn enter(procs: &CStr) -> io::Result<()> {
+    // SAFETY: a valid C string; the fd is closed before returning.
+    let fd = unsafe { libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // `0` names the writing process itself, in v1 and v2 alike.
+    // SAFETY: writes one byte from a static buffer to the fd opened above.
+    let written = unsafe { libc::write(fd, b"0".as_ptr().cast(), 1) };
+    let err = io::Error::last_os_error();
+    // SAFETY: closes the fd opened above, once.
+    unsafe { libc::close(fd) };
+    if written != 1 { Err(err) } else { Ok(()) }
+}
+
+fn members(dir: &Path) -> Vec<u32> {
+    std::fs::read_to_string(dir.join("cgroup.procs"))
+        .map(|t| t.lines().filter_map(|l| l.trim().parse().ok()).collect())
+        .unwrap_or_default()
+}
+
+/// SIGKILLs every member of the group at `dir`, each through a pidfd proven to be a member (see
+/// the module's comment). v2's `cgroup.kill` does the same in the kernel where it exists.
+fn kill_members(dir: &Path) -> Vec<u32> {
+    let pids = members(dir);
+    if pids.is_empty() {
+        return pids;
+    }
+    let kill_file = dir.join("cgroup.kill");
+    if kill_file.exists() && std::fs::write(&kill_file, "1").is_ok() {
+        return pids;
+    }
+    pids.into_iter().filter(|&pid| signal_member(dir, pid, libc::SIGKILL)).collect()
+}
+
+/// Sends `signal` to `pid` only if it is, provably, a member of the group at `dir`.
+fn signal_member(dir: &Path, pid: u32, signal: i32) -> bool {
+    // SAFETY: pidfd_open takes a pid and flags; it returns a new fd or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) } as i32;
+    if fd < 0 {
+        return false;
+    }
+    let sent = members(dir).contains(&pid)
+        // SAFETY: a pidfd we own, a valid signal, no siginfo.
+        && unsafe {
+            libc::syscall(libc::SYS_pidfd_send_signal, fd, signal, std::ptr::null::<libc::siginfo_t>(), 0)
+        } == 0;
+    // SAFETY: closes the pidfd opened above, once.
+    unsafe { libc::close(fd) };
+    sent
+}
+
+/// Waits (bounded) until the group at `dir` is empty, then removes it.
+fn remove_when_empty(dir: &Path) -> bool {
+    let deadline = Instant::now() + EMPTY_WAIT;
+    loop {
+        if std::fs::remove_dir(dir).is_ok() || !dir.exists() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        // Members that exited but are not yet gone from the group keep it busy for a moment.
+        kill_members(dir);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A process found in the cgroup of an ups-doctor run that is gone, and killed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Orphan {
+    pub pid: u32,
+    pub command: String,
+    /// The orphaned cgroup it was in.
+    pub cgroup: PathBuf,
+    pub killed: bool,
+}
+
+/// Kills the processes of scenario cgroups under `parent` whose ups-doctor is gone (no live
+/// process has the pid and start time in the group's name), and removes those groups.
+pub fn sweep_orphans(parent: &Parent) -> Vec<Orphan> {
+    let Ok(entries) = std::fs::read_dir(&parent.dir) else {
+        return Vec::new();
+    };
+    let mut found = Vec::new();
+    for entry in entries.filter_map(Result::ok) {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some((pid, start)) = owner_of(&name) else {
+            continue;
+        };
+        if start_time(pid) == Some(start) {
+            continue; // its ups-doctor still runs
+        }
+        let dir = entry.path();
+        let before: Vec<(u32, String)> = members(&dir).into_iter().map(|p| (p, command_of(p))).collect();
+        let killed = kill_members(&dir);
+        remove_when_empty(&dir);
+        let left = members(&dir);
+        found.extend(before.into_iter().map(|(pid, command)| Orphan {
+            pid,
+            command,
+            cgroup: dir.clone(),
+            killed: killed.contains(&pid) && !left.contains(&pid),
+        }));
+    }
+    found
+}
+
+/// `(pid, start time)` of the ups-doctor that named a group `ups-doctor.<pid>.<start>.<tag>`.
+fn owner_of(name: &str) -> Option<(u32, u64)> {
+    let mut parts = name.strip_prefix(PREFIX)?.splitn(3, '.');
+    Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
+}
+
+fn command_of(pid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/comm")).map(|c| c.trim().to_string()).unwrap_or_default()
+}
+
+/// Whether a cgroup with a memory limit can be made here: makes one and removes it. The error
+/// says why not.
+pub fn check_memory_limit(bytes: u64) -> Result<(), String> {
+    let parent = parent()?;
+    ScenarioCgroup::create(&parent, Some(bytes), "probe").map(drop)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MOUNTINFO: &str = "\
+25 30 0:22 / /sys/fs/cgroup rw,nosuid - tmpfs tmpfs rw,mode=755
+29 25 0:26 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
+33 25 0:30 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
+";
+
+    #[test]
+    fn finds_the_memory_hierarchy_and_the_v2_mount() {
+        assert_eq!(find_mount(MOUNTINFO, "cgroup", Some("memory")), Some(("/", "/sys/fs/cgroup/memory")));
+        assert_eq!(find_mount(MOUNTINFO, "cgroup2", None), Some(("/", "/sys/fs/cgroup/unified")));
+        assert_eq!(find_mount(MOUNTINFO, "cgroup", Some("pids")), None);
+    }
+
+    #[test]
+    fn names_a_directory_as_the_kernel_does() {
+        let dir = Path::new("/sys/fs/cgroup/memory/job/ups-doctor.1.2.0");
+        assert_eq!(kernel_path_of(MOUNTINFO, dir).as_deref(), Some("/job/ups-doctor.1.2.0"));
+        assert_eq!(kernel_path_of(MOUNTINFO, Path::new("/tmp/x")), None);
+    }
+
+    #[test]
+    fn the_owner_is_read_from_the_name_only_in_our_form() {
+        assert_eq!(owner_of("ups-doctor.123.456.7"), Some((123, 456)));
+        assert_eq!(owner_of("ups-doctor.123.456.probe"), Some((123, 456)));
+        assert_eq!(owner_of("ups-doctor.x.456.7"), None);
+        assert_eq!(owner_of("other.123.456.7"), None);
+    }
+
+    #[test]
+    fn own_start_time_is_readable() {
+        assert!(start_time(std::process::id()).is_some_and(|t| t > 0));
+    }
+}
