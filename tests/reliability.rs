@@ -98,7 +98,14 @@ fn forged_worker_markers_never_get_an_unrelated_process_killed() {
         "a foreign process was reported as a leftover of the run: {leftovers:?}"
     );
     let rank = &scenario["ranks"][0];
-    assert_eq!(rank["foreign_pids"], serde_json::json!([bystander.pid()]), "rank: {rank}");
+    // The real worker's marker may be read only after the impostor took its pid (the harness
+    // reads markers as they come, on a busy machine later): then that claim is foreign too.
+    let claimed = rank["foreign_pids"].clone();
+    assert!(
+        claimed == serde_json::json!([bystander.pid()])
+            || claimed == serde_json::json!([bystander.pid(), recycled]),
+        "rank: {rank}"
+    );
     assert!(rank["bad_markers"].as_u64() >= Some(1));
     let report = std::fs::read_to_string(sb.out().join("report.md")).unwrap();
     assert!(
@@ -456,6 +463,7 @@ fn a_full_disk_never_leaves_a_result_that_claims_more_or_less_than_happened() {
         result["scenarios"][1]["ranks"][0]["log_tail"].as_array().and_then(|t| t.last()),
         Some(&serde_json::json!("50000"))
     );
-    let report = std::fs::read_to_string(out_dir.join("report.md")).unwrap();
+    // The scenario's own report (report.md is the run's summary) says so too.
+    let report = std::fs::read_to_string(out_dir.join("2-b-noisy/report.md")).unwrap();
     assert!(report.contains("No space left on device"), "{report}");
 }

@@ -799,8 +799,14 @@ fn kill_leftover_processes(slots: &[Slot], run: &owner::Run) -> Vec<LeftoverProc
                 .flat_map(|s| s.end.state.workers.iter())
                 .find(|w| w.pid == p.pid && slots.iter().any(|s| s.verified_workers.contains(&who)))
                 .map(|w| w.id);
-            let leftover =
-                LeftoverProcess { pid: p.pid, command: p.command, rank, worker, killed: false, earlier_run: false };
+            let leftover = LeftoverProcess {
+                pid: p.pid,
+                command: p.command,
+                rank,
+                worker,
+                killed: false,
+                earlier_run: false,
+            };
             Some((leftover, who))
         })
         .collect();

@@ -62,7 +62,8 @@ fn markdown_of_an_interrupted_scenario_a_foreign_pid_a_cut_log_and_a_stop() {
     s.ranks[0].log_errors =
         vec!["could not write `out/1-x/rank0.stdout.log`: No space left on device (os error 28)".into()];
     run.stopped_by = Some("failed to prepare `out/3-y`: No space left on device (os error 28)".into());
-    insta::assert_snapshot!(render_markdown(&run));
+    // The summary (the stop, the interrupted scenario) and the scenario's own report (its notes).
+    insta::assert_snapshot!(render_markdown(&run) + "\n=====\n" + &render_scenario_markdown(&run, 0));
 }
 
 #[test]
