@@ -5,7 +5,7 @@
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use clap::{Parser, Subcommand};
 
@@ -42,6 +42,9 @@ enum Command {
         /// No live progress.
         #[arg(long)]
         quiet: bool,
+        /// Mask GPU UUIDs and your home folder in the report and result.json, for a public issue.
+        #[arg(long)]
+        public: bool,
     },
     /// Cut a failing scenario down to a 1-minimal configuration that still fails the same way.
     Bisect(BisectArgs),
@@ -49,6 +52,9 @@ enum Command {
     Report {
         /// A run folder (it holds result.json).
         dir: PathBuf,
+        /// Mask GPU UUIDs and your home folder (result.json is rewritten masked too).
+        #[arg(long)]
+        public: bool,
         /// Print the report to paste into a GitHub issue (at most 65,536 characters) on stdout,
         /// and on stderr the files to attach with it.
         #[arg(long)]
@@ -61,6 +67,9 @@ enum Command {
         /// The report's `## Environment` section, to paste into an issue.
         #[arg(long)]
         markdown: bool,
+        /// Mask GPU UUIDs and your home folder.
+        #[arg(long)]
+        public: bool,
     },
     /// Train one rank of a scenario: the entry point the harness launches. Also works by hand or
     /// under torchrun (reads RANK, WORLD_SIZE, LOCAL_RANK).
@@ -112,13 +121,10 @@ enum Failure {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Run { paths, set, out, json, quiet } => run(paths, set, out, json, quiet),
-        Command::Report { dir, issue } => rerender(&dir, issue),
+        Command::Run { paths, set, out, json, quiet, public } => run(paths, set, out, json, quiet, public),
+        Command::Report { dir, public, issue } => rerender(&dir, public, issue),
         Command::Bisect(args) => bisect(args),
-        Command::Env { json, markdown } => {
-            print_env(json, markdown);
-            Ok(ExitCode::SUCCESS)
-        }
+        Command::Env { json, markdown, public } => print_env(json, markdown, public),
         Command::CudaProbe => {
             println!("{}", serde_json::to_string(&trainer::cuda::support()).expect("serialises"));
             Ok(ExitCode::SUCCESS)
@@ -177,6 +183,7 @@ struct BisectArgs {
 }
 
 fn bisect(args: BisectArgs) -> Result<ExitCode, Failure> {
+    install_interrupt_handler();
     if !(args.confidence > 0.0 && args.confidence < 1.0) {
         return Err(Failure::BadInput(format!(
             "--confidence {} is not between 0 and 1 (exclusive); e.g. `--confidence 0.95`",
@@ -198,13 +205,15 @@ fn bisect(args: BisectArgs) -> Result<ExitCode, Failure> {
     check_gpus(&input)?;
     check_memory_limits(&input)?;
     let out_dir = match args.out {
-        Some(dir) => dir,
+        Some(dir) => {
+            prepare_out_dir(&dir)?;
+            dir
+        }
         None => fresh_run_dir(Path::new("reports/runs"), &format!("-bisect-{}", sanitize(&scenario.name)))
             .map_err(|e| Failure::Internal(format!("failed to create a folder under `reports/runs`: {e}")))?,
     };
     let program = std::env::current_exe()
         .map_err(|e| Failure::Internal(format!("failed to locate the ups-doctor binary: {e}")))?;
-    install_interrupt_handler();
     if !args.quiet {
         eprintln!(
             "bisecting {} (budget {} runs, {} in parallel)",
@@ -270,9 +279,9 @@ fn bisect(args: BisectArgs) -> Result<ExitCode, Failure> {
     })
 }
 
-fn rerender(dir: &Path, issue: bool) -> Result<ExitCode, Failure> {
+fn rerender(dir: &Path, public: bool, issue: bool) -> Result<ExitCode, Failure> {
     use report::ReportError;
-    match report::rerender(dir).and_then(|path| Ok((path, report::read_run(dir)?))) {
+    match report::rerender_masked(dir, public).and_then(|path| Ok((path, report::read_run(dir)?))) {
         Ok((path, run)) if issue => {
             let text = report::issue_text(&run);
             print!("{}", text.paste);
@@ -396,8 +405,11 @@ fn check_memory_limits(inputs: &[ScenarioInput]) -> Result<(), Failure> {
     if errors.is_empty() { Ok(()) } else { Err(Failure::BadInput(errors.join("\nerror: "))) }
 }
 
-fn print_env(json: bool, markdown: bool) {
-    let env = collect_env();
+fn print_env(json: bool, markdown: bool, public: bool) -> Result<ExitCode, Failure> {
+    let mut env = collect_env();
+    if public {
+        env = report::public::mask(&env, report::public::home().as_deref()).map_err(Failure::Internal)?;
+    }
     if json {
         println!("{}", serde_json::to_string_pretty(&env).expect("env serialises"));
     } else if markdown {
@@ -405,26 +417,61 @@ fn print_env(json: bool, markdown: bool) {
     } else {
         print!("{}", report::render_env_text(&env));
     }
+    Ok(ExitCode::SUCCESS)
 }
 
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 static INTERRUPTS: AtomicUsize = AtomicUsize::new(0);
+/// When the first interrupt arrived (`CLOCK_MONOTONIC`, nanoseconds).
+static FIRST_INTERRUPT_NS: AtomicU64 = AtomicU64::new(0);
+/// A second signal this soon after the first is the same request (GNU `timeout` signals
+/// ups-doctor, then its whole process group; a terminal's Ctrl-C reaches the group as well): it
+/// does not cut the orderly stop short.
+const INTERRUPT_GRACE_NS: u64 = 1_000_000_000;
+
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime is async-signal-safe; valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec as u64)
+}
 
 extern "C" fn on_interrupt(_sig: i32) {
+    let now = monotonic_ns();
     INTERRUPTED.store(true, Ordering::SeqCst);
-    if INTERRUPTS.fetch_add(1, Ordering::SeqCst) >= 1 {
-        // Second Ctrl-C: leave now. Ranks die with us (PR_SET_PDEATHSIG); the result so far is
-        // already on disk.
+    match INTERRUPTS.fetch_add(1, Ordering::SeqCst) {
+        0 => FIRST_INTERRUPT_NS.store(now, Ordering::SeqCst),
+        1 if now.saturating_sub(FIRST_INTERRUPT_NS.load(Ordering::SeqCst)) <= INTERRUPT_GRACE_NS => {}
+        // A third signal, or a second one after the grace: the user insists. Leave now; ranks
+        // die with us (PR_SET_PDEATHSIG); results of finished scenarios are already on disk.
         // SAFETY: _exit is async-signal-safe.
-        unsafe { libc::_exit(130) };
+        _ => unsafe { libc::_exit(130) },
     }
 }
 
+/// SIGINT, SIGTERM (Slurm, Kubernetes, `timeout`) and SIGHUP all start the same orderly stop.
+/// Installed before anything else a command does, so that no signal finds the default action.
 fn install_interrupt_handler() {
     for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
-        // SAFETY: installs a handler that only touches atomics and calls _exit.
+        // SAFETY: installs a handler that only touches atomics, reads the clock and calls _exit.
         unsafe { libc::signal(sig, on_interrupt as *const () as libc::sighandler_t) };
     }
+}
+
+/// Creates `--out` (or checks it) before anything runs: a folder that cannot be written is the
+/// user's to fix, found now rather than after the first scenario.
+fn prepare_out_dir(dir: &Path) -> Result<(), Failure> {
+    let bad = |e: std::io::Error| {
+        Failure::BadInput(format!(
+            "`--out {}` cannot be written: {e}\n  hint: pick a folder you can write to, with some free space",
+            dir.display()
+        ))
+    };
+    std::fs::create_dir_all(dir).map_err(bad)?;
+    let probe = dir.join(format!(".ups-doctor-write-test.{}", std::process::id()));
+    std::fs::write(&probe, b"").map_err(bad)?;
+    let _ = std::fs::remove_file(&probe);
+    Ok(())
 }
 
 fn run(
@@ -433,7 +480,9 @@ fn run(
     out: Option<PathBuf>,
     json: bool,
     quiet: bool,
+    public: bool,
 ) -> Result<ExitCode, Failure> {
+    install_interrupt_handler();
     let paths = if paths.is_empty() { vec![PathBuf::from("scenarios")] } else { paths };
     let files = scenario::scenario_files(&paths).map_err(|e| Failure::BadInput(e.to_string()))?;
     // Validate everything before running anything: a typo in the fifth file must not cost the
@@ -457,13 +506,15 @@ fn run(
     check_memory_limits(&inputs)?;
 
     let out_dir = match out {
-        Some(dir) => dir,
+        Some(dir) => {
+            prepare_out_dir(&dir)?;
+            dir
+        }
         None => fresh_run_dir(Path::new("reports/runs"), "")
             .map_err(|e| Failure::Internal(format!("failed to create a folder under `reports/runs`: {e}")))?,
     };
     let program = std::env::current_exe()
         .map_err(|e| Failure::Internal(format!("failed to locate the ups-doctor binary: {e}")))?;
-    install_interrupt_handler();
     let mode = if quiet { ProgressMode::Quiet } else { ProgressMode::detect() };
     let mut progress = Progress::new(mode);
     let mut result = RunResult {
@@ -474,41 +525,71 @@ fn run(
         scenarios: Vec::new(),
         not_run: Vec::new(),
         interrupted: false,
+        stopped_by: None,
     };
-    let save = |result: &RunResult| {
-        report::write_run(&out_dir, result)
-            .map_err(|e| Failure::Internal(format!("failed to write the report: {e}")))
+    let home = report::public::home();
+    let shown = |result: &RunResult| -> Result<RunResult, Failure> {
+        if public {
+            report::public::mask(result, home.as_deref())
+                .map_err(|e| Failure::Internal(format!("--public: {e}")))
+        } else {
+            Ok(result.clone())
+        }
     };
+    let save = |result: &RunResult| save_honestly(&out_dir, &shown(result)?);
     let width = inputs.len().to_string().len();
     for (i, input) in inputs.iter().enumerate() {
+        if INTERRUPTED.load(Ordering::SeqCst) {
+            result.interrupted = true;
+            result.not_run = inputs[i..].iter().map(|s| s.scenario.name.clone()).collect();
+            save(&result)?;
+            break;
+        }
         let rel = format!("{:0width$}-{}", i + 1, sanitize(&input.scenario.name));
-        let ran =
-            harness::run_scenario(input, &program, &out_dir.join(&rel), &rel, &mut progress, &INTERRUPTED)
-                .map_err(|e| Failure::Internal(e.to_string()))?;
-        match ran {
-            Some(scenario_result) => {
-                if mode != ProgressMode::Quiet {
-                    let pattern = scenario_result.verdict.pattern.as_deref();
-                    eprintln!(
-                        "  {} {}: {}{}",
-                        if scenario_result.met_expectation { "✓" } else { "✗" },
-                        scenario_result.name,
-                        scenario_result.verdict.headline,
-                        pattern.map(|p| format!(" [{p}]")).unwrap_or_default()
-                    );
-                }
-                result.scenarios.push(scenario_result);
-                save(&result)?;
-            }
-            None => {
-                result.interrupted = true;
+        let scenario_result = match harness::run_scenario(
+            input,
+            &program,
+            &out_dir.join(&rel),
+            &rel,
+            &mut progress,
+            &INTERRUPTED,
+        ) {
+            Ok(r) => r,
+            Err(e) => {
+                // What is on disk must say the run stopped here, and why.
+                result.stopped_by = Some(e.to_string());
                 result.not_run = inputs[i..].iter().map(|s| s.scenario.name.clone()).collect();
                 save(&result)?;
-                break;
+                return Err(Failure::Internal(e.to_string()));
             }
+        };
+        if mode != ProgressMode::Quiet {
+            let mark = if scenario_result.interrupted {
+                "-"
+            } else if scenario_result.met_expectation {
+                "✓"
+            } else {
+                "✗"
+            };
+            let pattern = scenario_result.verdict.pattern.as_deref();
+            eprintln!(
+                "  {mark} {}: {}{}",
+                scenario_result.name,
+                scenario_result.verdict.headline,
+                pattern.map(|p| format!(" [{p}]")).unwrap_or_default()
+            );
+        }
+        let cut_short = scenario_result.interrupted;
+        result.scenarios.push(scenario_result);
+        if cut_short {
+            result.interrupted = true;
+            result.not_run = inputs[i + 1..].iter().map(|s| s.scenario.name.clone()).collect();
+        }
+        save(&result)?;
+        if cut_short {
+            break;
         }
     }
-
     let color =
         !json && std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     let matrix = report::render_matrix(&result, color);
@@ -516,7 +597,7 @@ fn run(
     if json {
         eprintln!("{matrix}");
         eprintln!("report: {}", report_path.display());
-        println!("{}", serde_json::to_string_pretty(&result).expect("results serialise"));
+        println!("{}", serde_json::to_string_pretty(&shown(&result)?).expect("results serialise"));
     } else {
         println!("{matrix}");
         println!("report: {}", report_path.display());
@@ -528,6 +609,76 @@ fn run(
     } else {
         ExitCode::from(1)
     })
+}
+
+/// Writes `result.json` and `report.md` (each to a temporary file, then renamed). When that
+/// fails (a full disk), it does not leave an earlier `result.json` claiming the run ended there:
+/// it makes room by cutting this run's largest logs (each ends with a note), then by removing the
+/// stale `report.md` (rendered again from the result) and the stale `result.json` (the new one
+/// holds all it held) before writing. If the result still cannot be written, the earlier one is
+/// kept as `result.stale.json`, and the error names the path and the cause.
+fn save_honestly(dir: &Path, run: &RunResult) -> Result<(), Failure> {
+    if report::write_run(dir, run).is_ok() {
+        return Ok(());
+    }
+    let json = serde_json::to_string_pretty(run).expect("results serialise") + "\n";
+    let result_path = dir.join(report::RESULT_FILE);
+    let report_path = dir.join(report::REPORT_FILE);
+    let write_result = || report::write_atomic(&result_path, json.as_bytes());
+    let mut cut_logs = false;
+    let mut written = with_room(dir, &mut cut_logs, write_result);
+    if written.is_err() {
+        let _ = std::fs::remove_file(&report_path);
+        written = write_result();
+    }
+    if written.is_err() {
+        let old = std::fs::read(&result_path).ok();
+        let _ = std::fs::remove_file(&result_path);
+        written = write_result();
+        if written.is_err()
+            && let Some(old) = old
+        {
+            let _ = std::fs::write(dir.join("result.stale.json"), old);
+        }
+    }
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&report_path);
+        let kept = if dir.join("result.stale.json").exists() {
+            "; the earlier result, which does not tell the whole run, is kept as `result.stale.json`"
+        } else {
+            ""
+        };
+        return Err(Failure::Internal(format!("failed to write the result: {e}{kept}")));
+    }
+    let rendered = with_room(dir, &mut cut_logs, || report::rerender(dir));
+    if cut_logs {
+        eprintln!(
+            "ups-doctor: warning: the disk of `{}` was full: the largest logs were cut (each ends with a note) to make room for the result",
+            dir.display()
+        );
+    }
+    rendered.map(|_| ()).map_err(|e| {
+        let _ = std::fs::remove_file(&report_path);
+        Failure::Internal(format!(
+            "wrote `{}`, but not the report: {e}; render it later with `ups-doctor report {}`",
+            result_path.display(),
+            dir.display()
+        ))
+    })
+}
+
+/// `attempt`, again after cutting this run's largest logs each time it fails, while that frees
+/// anything (a few rounds at most).
+fn with_room<T, E>(dir: &Path, cut: &mut bool, mut attempt: impl FnMut() -> Result<T, E>) -> Result<T, E> {
+    let mut outcome = attempt();
+    for _ in 0..4 {
+        if outcome.is_ok() || harness::make_room(dir, 1 << 20) == 0 {
+            break;
+        }
+        *cut = true;
+        outcome = attempt();
+    }
+    outcome
 }
 
 /// `reports/runs/2026-11-20T23-40-12Z<suffix>`, with `-2`, `-3`, … when that exists already.

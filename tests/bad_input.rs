@@ -75,3 +75,46 @@ fn a_missing_path_is_bad_input() {
     assert_eq!(out.status.code(), Some(2));
     insta::assert_snapshot!(String::from_utf8_lossy(&out.stderr));
 }
+
+/// Absurd numbers are refused at load time, with the field and a sane example, before any rank
+/// starts (they used to panic the supervisor, abort the trainer, or start 41 of 100000 ranks).
+#[test]
+fn absurd_numbers_are_refused_before_anything_runs() {
+    let body = "{\n  \"launch\": { \"mode\": \"ddp\", \"world_size\": 100000 }\n}\n";
+    let mut all = rejected("huge", body, &[]);
+    for set in ["limits.timeout_s=1e300", "limits.hang_after_s=1e300", "train.steps=4294967295"] {
+        all.push_str(&rejected("ok", "{}", &["--set", set]));
+    }
+    insta::assert_snapshot!(all);
+}
+
+/// Every `params` error has a position: an empty key, and a file that is not UTF-8.
+#[test]
+fn an_empty_params_key_and_invalid_utf8_are_positioned() {
+    let mut all = rejected(
+        "params",
+        "{\n  \"command\": [\"echo\", \"{x}\"],\n  \"params\": { \"x\": 1, \"\": 2 }\n}\n",
+        &[],
+    );
+    let sb = Sandbox::new();
+    let file = sb.scenario("latin1", "");
+    std::fs::write(&file, b"{\n  \"command\": [\"echo\", \"caf\xe9\"]\n}\n").unwrap();
+    let out = sb.cmd().arg("run").arg("scenarios/latin1.json").output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    all.push_str(&String::from_utf8_lossy(&out.stderr));
+    insta::assert_snapshot!(all);
+}
+
+/// An `--out` that cannot be written is the user's to fix (exit 2), found before anything runs.
+#[test]
+fn an_unwritable_out_folder_is_bad_input() {
+    let sb = Sandbox::new();
+    sb.scenario("ok", "{}");
+    let blocker = sb.path().join("a-file");
+    std::fs::write(&blocker, "").unwrap();
+    let out =
+        sb.cmd().arg("run").arg("scenarios/ok.json").arg("--out").arg(blocker.join("out")).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).replace(&sb.path().display().to_string(), "[sandbox]");
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    insta::assert_snapshot!(stderr);
+}

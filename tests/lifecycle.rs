@@ -39,7 +39,7 @@ fn start_hung_run(sb: &Sandbox) -> (Child, u32) {
 }
 
 #[test]
-fn ctrl_c_tears_down_the_rank_and_keeps_the_partial_result() {
+fn ctrl_c_tears_down_the_rank_and_keeps_what_the_interrupted_scenario_had() {
     let sb = Sandbox::new();
     let (mut child, rank) = start_hung_run(&sb);
     // SAFETY: signalling our own child.
@@ -50,8 +50,20 @@ fn ctrl_c_tears_down_the_rank_and_keeps_the_partial_result() {
     let result: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(sb.out().join("result.json")).unwrap()).unwrap();
     assert_eq!(result["interrupted"], true);
-    assert_eq!(result["not_run"][0], "stuck");
-    assert!(sb.out().join("report.md").exists());
+    assert!(result["not_run"].as_array().is_none_or(Vec::is_empty), "{result:#}");
+    // The scenario it interrupted is kept, marked so: where the rank was, and its stacks, taken
+    // before teardown (it was stuck).
+    let scenario = &result["scenarios"][0];
+    assert_eq!(scenario["interrupted"], true, "{scenario:#}");
+    assert_eq!(scenario["met_expectation"], false);
+    assert_eq!(scenario["ranks"][0]["last_phase"], "forward", "{scenario:#}");
+    assert_eq!(scenario["ranks"][0]["last_step"], 1);
+    assert!(
+        scenario["ranks"][0]["stacks"].as_array().is_some_and(|s| !s.is_empty()),
+        "no stacks of the stuck rank: {scenario:#}"
+    );
+    let report = std::fs::read_to_string(sb.out().join("report.md")).unwrap();
+    assert!(report.contains("Interrupted by the user"), "{report}");
 }
 
 #[test]

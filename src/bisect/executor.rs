@@ -10,7 +10,10 @@ use std::time::Instant;
 use crate::harness::{self, Progress, ProgressMode, ScenarioInput, ScenarioResult};
 use crate::scenario::{OutcomeKind, Scenario};
 
-use super::search::Oracle;
+use super::search::{Cache, Oracle};
+
+/// Why a probe did not count: the user interrupted it.
+const INTERRUPTED: &str = "interrupted";
 use super::signature::{Observation, Signature};
 use super::space::{config_hash, describe_delta};
 
@@ -45,6 +48,10 @@ pub struct ProcessOracle<'a> {
     /// of kind `launch_failed`, and the caller reports this error.
     pub internal_error: Option<String>,
     show_progress: bool,
+    /// The cache file, kept up to date after every probe, and what it holds.
+    cache: Option<(PathBuf, Mutex<Cache>)>,
+    /// The first failure to write the cache file.
+    pub cache_error: Mutex<Option<String>>,
 }
 
 impl<'a> ProcessOracle<'a> {
@@ -70,6 +77,33 @@ impl<'a> ProcessOracle<'a> {
             records: Vec::new(),
             internal_error: None,
             show_progress,
+            cache: None,
+            cache_error: Mutex::new(None),
+        }
+    }
+
+    /// Keeps the cache on disk after every probe, so that a bisect stopped at any moment
+    /// (even by a SIGKILL) resumes with every probe that finished.
+    pub fn save_cache_to(&mut self, path: &Path, cache: &Cache) {
+        self.cache = Some((path.to_path_buf(), Mutex::new(cache.clone())));
+    }
+
+    /// Every observation the cache file holds: what the search was handed, plus every probe that
+    /// finished (also those after one that did not, which the search never saw).
+    pub fn saved_cache(&self) -> Option<Cache> {
+        self.cache.as_ref().map(|(_, c)| c.lock().unwrap_or_else(|e| e.into_inner()).clone())
+    }
+
+    fn checkpoint(&self, candidate: &Scenario, observation: Observation) {
+        let Some((path, cache)) = &self.cache else { return };
+        let mut cache = cache.lock().unwrap_or_else(|e| e.into_inner());
+        cache.record(&config_hash(candidate), observation);
+        let text = serde_json::to_string(&*cache).expect("the cache serialises");
+        if let Some(parent) = path.parent() {
+            let _ = std::fs::create_dir_all(parent);
+        }
+        if let Err(e) = crate::report::write_atomic(path, text.as_bytes()) {
+            self.cache_error.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(e.to_string());
         }
     }
 
@@ -88,18 +122,23 @@ impl<'a> ProcessOracle<'a> {
             self.interrupted,
         )
         .map_err(|e| e.to_string())?;
-        match result {
-            Some(r) => Ok((r, started.elapsed().as_secs_f64())),
-            None => Err("interrupted".to_string()),
+        // A probe cut short by the user says nothing about the candidate: never an observation.
+        if result.interrupted {
+            return Err(INTERRUPTED.to_string());
         }
+        Ok((result, started.elapsed().as_secs_f64()))
     }
 }
 
 impl Oracle for ProcessOracle<'_> {
+    /// Runs the candidates (in parallel on `jobs` threads) and answers for the longest prefix of
+    /// them that completed. At the user's interrupt, or when a probe cannot be run, no further
+    /// probe starts; a probe cut short is neither an observation nor cached.
     fn run(&mut self, candidates: &[Scenario]) -> Vec<Observation> {
         let first = self.records.len() + 1;
         let slots: Vec<Slot> = candidates.iter().map(|_| Mutex::new(None)).collect();
         let next = Mutex::new(0usize);
+        let failed = AtomicBool::new(false);
         std::thread::scope(|scope| {
             for _ in 0..self.jobs.min(candidates.len()) {
                 scope.spawn(|| {
@@ -110,10 +149,17 @@ impl Oracle for ProcessOracle<'_> {
                             *n += 1;
                             i
                         };
-                        if i >= candidates.len() || self.interrupted.load(Ordering::SeqCst) {
+                        if i >= candidates.len()
+                            || self.interrupted.load(Ordering::SeqCst)
+                            || failed.load(Ordering::SeqCst)
+                        {
                             return;
                         }
                         let out = self.run_one(first + i, &candidates[i]);
+                        match &out {
+                            Ok((result, _)) => self.checkpoint(&candidates[i], signature_of(result)),
+                            Err(_) => failed.store(true, Ordering::SeqCst),
+                        }
                         *slots[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(out);
                     }
                 });
@@ -123,21 +169,29 @@ impl Oracle for ProcessOracle<'_> {
         for (i, (candidate, slot)) in candidates.iter().zip(slots).enumerate() {
             let index = first + i;
             let delta = describe_delta(&self.base, candidate);
-            let (observation, headline, wall_s) = match slot.into_inner().unwrap_or_else(|e| e.into_inner()) {
-                Some(Ok((result, wall_s))) => {
-                    (signature_of(&result), result.verdict.headline.clone(), wall_s)
-                }
-                Some(Err(e)) => {
-                    if e != "interrupted" {
+            let what = if delta.is_empty() { "the original scenario".to_string() } else { delta.join(", ") };
+            let (result, wall_s) = match slot.into_inner().unwrap_or_else(|e| e.into_inner()) {
+                Some(Ok(done)) => done,
+                stopped => {
+                    if let Some(Err(e)) = &stopped
+                        && e != INTERRUPTED
+                    {
                         self.internal_error.get_or_insert(e.clone());
                     }
-                    (Some(launch_failure()), format!("not run: {e}"), 0.0)
+                    if self.show_progress {
+                        let why = match &stopped {
+                            Some(Err(e)) => e.as_str(),
+                            _ => "not started",
+                        };
+                        eprintln!("  run {index:>3}/{}  {what}  →  not counted: {why}", self.budget);
+                    }
+                    // Answer for the prefix only: what came after is not lost (each finished
+                    // probe is in the cache file already) but the search stops here.
+                    break;
                 }
-                None => (Some(launch_failure()), "not run: interrupted".to_string(), 0.0),
             };
+            let observation = signature_of(&result);
             if self.show_progress {
-                let what =
-                    if delta.is_empty() { "the original scenario".to_string() } else { delta.join(", ") };
                 let seen = observation.as_ref().map_or("passed".to_string(), Signature::describe);
                 eprintln!("  run {index:>3}/{}  {what}  →  {seen}  ({wall_s:.1} s)", self.budget);
             }
@@ -146,23 +200,13 @@ impl Oracle for ProcessOracle<'_> {
                 hash: config_hash(candidate),
                 delta,
                 observation: observation.clone(),
-                headline,
+                headline: result.verdict.headline.clone(),
                 wall_s,
                 dir: format!("probes/{index:03}"),
             });
             observations.push(observation);
         }
         observations
-    }
-}
-
-fn launch_failure() -> Signature {
-    Signature {
-        outcome: OutcomeKind::LaunchFailed,
-        signal: None,
-        exit_code: None,
-        role: "rank".into(),
-        phase: None,
     }
 }
 

@@ -35,6 +35,10 @@ pub struct BisectRecord {
     pub runs: usize,
     pub budget: usize,
     pub budget_exhausted: bool,
+    /// The search stopped before it ended (the user interrupted it, or a probe could not be
+    /// run): what it found so far, undecided; unanswered probes were neither counted nor cached.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub interrupted: bool,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unknown: Vec<String>,
     /// The 1-minimal failing scenario, ready to run (its `expect` is the failure).

@@ -51,7 +51,9 @@ use crate::scenario::Scenario;
 pub trait Oracle {
     /// Runs each candidate once and returns one observation per candidate, in order. May run them
     /// in parallel: the search batches independent probes (both halves of a split, the
-    /// 1-minimality checks, repeats of one candidate) into one call.
+    /// 1-minimality checks, repeats of one candidate) into one call. Returns fewer (a prefix)
+    /// when it had to stop (the user interrupted, a probe could not be run): the search then
+    /// issues no more probes, and the runs it got no answer for are neither counted nor cached.
     fn run(&mut self, candidates: &[Scenario]) -> Vec<Observation>;
 }
 
@@ -155,6 +157,9 @@ pub struct Outcome {
     pub confidence: f64,
     /// The budget ran out before the search ended.
     pub budget_exhausted: bool,
+    /// The oracle stopped answering (interrupted, or a probe could not be run): the search ended
+    /// there, undecided.
+    pub stopped: bool,
     /// Ids of the components whose cut was still undecided when the budget ran out.
     pub unknown: Vec<String>,
     /// Cuts that failed with another signature (delta relative to the original), not taken.
@@ -223,6 +228,7 @@ pub fn bisect(base: &Scenario, oracle: &mut dyn Oracle, cache: &mut Cache, opts:
         current,
         boundary: Vec::new(),
         exhausted: false,
+        stopped: false,
         claim_confidence: opts.confidence,
     };
     if !search.confirm() {
@@ -284,6 +290,8 @@ struct Search<'a> {
     current: Assignment,
     boundary: Vec<(usize, BoundaryEntry)>,
     exhausted: bool,
+    /// The oracle answered for fewer runs than asked: no more probes.
+    stopped: bool,
     /// The confidence one "passes" judgement needs: the requested one, except while verifying,
     /// where the boundary's claims must hold together (see [`Search::verify`]).
     claim_confidence: f64,
@@ -291,6 +299,9 @@ struct Search<'a> {
 
 impl Search<'_> {
     fn budget_left(&self) -> usize {
+        if self.stopped {
+            return 0;
+        }
         self.opts.budget.saturating_sub(self.runs)
     }
 
@@ -352,8 +363,6 @@ impl Search<'_> {
         }
         let scenarios: Vec<Scenario> = batch.iter().map(|c| c.scenario.clone()).collect();
         let observations = self.oracle.run(&scenarios);
-        // A run the oracle did not answer for was still attempted: it is counted.
-        self.runs += batch.len();
         let mut recorded = 0;
         for (candidate, observation) in batch.iter().zip(observations) {
             self.cache.record(&candidate.hash, observation);
@@ -361,6 +370,9 @@ impl Search<'_> {
             self.report(candidate, phase, fresh_from);
             recorded += 1;
         }
+        // Only answered runs count; an oracle that answered fewer has stopped.
+        self.runs += recorded;
+        self.stopped |= recorded < batch.len();
         recorded
     }
 
@@ -382,7 +394,9 @@ impl Search<'_> {
         if allowed > 0 {
             let scenarios = vec![original.scenario.clone(); allowed];
             let observations = self.oracle.run(&scenarios);
-            self.runs += allowed;
+            let answered = observations.len().min(allowed);
+            self.runs += answered;
+            self.stopped |= answered < allowed;
             for observation in observations.into_iter().take(allowed) {
                 self.cache.record(&original.hash, observation);
             }
@@ -402,7 +416,7 @@ impl Search<'_> {
         });
         self.signature = best.map(|(s, _)| s.clone());
         self.report(&original, "confirm", known);
-        self.signature.is_some()
+        self.signature.is_some() && !self.stopped
     }
 
     /// The configurations whose runs estimate the failure rate: those seen reproducing, and
@@ -829,7 +843,8 @@ impl Search<'_> {
             minimal_delta,
             boundary: self.boundary.into_iter().map(|(_, entry)| entry).collect(),
             confidence,
-            budget_exhausted: self.exhausted,
+            budget_exhausted: self.exhausted && !self.stopped,
+            stopped: self.stopped,
             unknown,
             different_failures: self.different,
             probes: self.probes,

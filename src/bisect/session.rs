@@ -57,9 +57,16 @@ pub fn run(
         request.show_progress,
         interrupted,
     );
+    oracle.save_cache_to(&cache_file, &cache);
     let outcome = search::bisect(base, &mut oracle, &mut cache, &request.options);
-    // Save the cache first: even if writing the report fails, a re-run resumes.
-    write(&cache_file, &serde_json::to_string(&cache).expect("the cache serialises"))?;
+    // The oracle saved the cache after every probe; once more here (every probe that finished,
+    // also those the search never saw because an earlier one was interrupted), so that even a
+    // failed report leaves a cache a re-run resumes from.
+    let saved = oracle.saved_cache().unwrap_or(cache);
+    write(&cache_file, &serde_json::to_string(&saved).expect("the cache serialises"))?;
+    if let Some(e) = oracle.cache_error.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        return Err(SessionError::Probe(format!("failed to save the probe cache: {e}")));
+    }
     if let Some(e) = oracle.internal_error.take() {
         return Err(SessionError::Probe(e));
     }
@@ -124,6 +131,7 @@ pub fn run(
         runs: outcome.runs,
         budget: request.options.budget,
         budget_exhausted: outcome.budget_exhausted,
+        interrupted: outcome.stopped,
         unknown: outcome.unknown.clone(),
         minimal,
         minimal_delta: outcome.minimal_delta.clone(),

@@ -25,6 +25,9 @@ pub struct Captured {
     pub tail: String,
     /// A line matched the watched pattern.
     pub matched: bool,
+    /// The log file could not be written (in full): `could not write `PATH`: CAUSE`; the file
+    /// then ends with a note saying where it was cut.
+    pub write_error: Option<String>,
 }
 
 impl Captured {
@@ -68,7 +71,7 @@ fn drain_blocking_watching(mut stream: impl Read, path: PathBuf, mut watch: Watc
     let mut matched = false;
     let mut line: Vec<u8> = Vec::new();
     let mut reported: Option<std::time::Instant> = None;
-    let mut file = File::create(&path).ok();
+    let mut log = Log::create(path);
     let mut tail: VecDeque<u8> = VecDeque::with_capacity(TAIL_LIMIT);
     let mut total = 0u64;
     let mut buf = vec![0u8; 1 << 16];
@@ -98,9 +101,7 @@ fn drain_blocking_watching(mut stream: impl Read, path: PathBuf, mut watch: Watc
         }
         if total < HEAD_LIMIT {
             let room = (HEAD_LIMIT - total).min(n as u64) as usize;
-            if let Some(f) = file.as_mut() {
-                let _ = f.write_all(&chunk[..room]);
-            }
+            log.write(&chunk[..room]);
         }
         total += n as u64;
         tail.extend(chunk);
@@ -112,22 +113,130 @@ fn drain_blocking_watching(mut stream: impl Read, path: PathBuf, mut watch: Watc
     }
     let dropped = total.saturating_sub(HEAD_LIMIT);
     let tail_bytes: Vec<u8> = tail.into_iter().collect();
-    if dropped > 0
-        && let Some(f) = file.as_mut()
-    {
+    if dropped > 0 {
         let kept = (tail_bytes.len() as u64).min(dropped) as usize;
-        let _ = write!(
-            f,
-            "\n[ups-doctor: output exceeded {HEAD_LIMIT} bytes; {} bytes not kept; the last {kept} bytes follow]\n",
-            dropped - kept as u64
+        log.write(
+            format!(
+                "\n[ups-doctor: output exceeded {HEAD_LIMIT} bytes; {} bytes not kept; the last {kept} bytes follow]\n",
+                dropped - kept as u64
+            )
+            .as_bytes(),
         );
-        let _ = f.write_all(&tail_bytes[tail_bytes.len() - kept..]);
+        log.write(&tail_bytes[tail_bytes.len() - kept..]);
     }
+    let write_error = log.finish();
     Captured {
         total_bytes: total,
         dropped_bytes: dropped,
         tail: String::from_utf8_lossy(&tail_bytes).into_owned(),
         matched,
+        write_error,
+    }
+}
+
+/// Makes room in a run folder whose disk is full, so that its result can still be written: cuts
+/// the largest `*.log` files under `dir` to half (each ends with a note saying so), largest
+/// first, until `wanted` bytes are freed. Returns the bytes freed.
+pub fn make_room(dir: &std::path::Path, wanted: u64) -> u64 {
+    fn logs(dir: &std::path::Path, out: &mut Vec<(u64, PathBuf)>) {
+        let Ok(entries) = std::fs::read_dir(dir) else { return };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            match entry.file_type() {
+                Ok(t) if t.is_dir() => logs(&path, out),
+                Ok(t) if t.is_file() && path.extension().is_some_and(|e| e == "log") => {
+                    out.push((entry.metadata().map_or(0, |m| m.len()), path));
+                }
+                _ => {}
+            }
+        }
+    }
+    let mut found = Vec::new();
+    logs(dir, &mut found);
+    found.sort_by(|a, b| b.0.cmp(&a.0));
+    let mut freed = 0;
+    for (len, path) in found {
+        if freed >= wanted || len <= 2 * NOTE_ROOM {
+            break;
+        }
+        let keep = len / 2;
+        let Ok(mut file) = std::fs::OpenOptions::new().write(true).open(&path) else { continue };
+        if file.set_len(keep.saturating_sub(NOTE_ROOM)).is_err() {
+            continue;
+        }
+        use std::io::Seek;
+        let _ = file.seek(std::io::SeekFrom::End(0));
+        let _ = write!(
+            file,
+            "\n[ups-doctor: log cut here to {keep} of {len} bytes: the disk was full and the run's result needed the room]\n"
+        );
+        freed += len - keep;
+    }
+    freed
+}
+
+/// A log file that stops at its first failed write (a full disk) and then ends with a note
+/// saying so, room for which is made by cutting its last bytes: truncated, never silently short.
+struct Log {
+    path: PathBuf,
+    file: Option<File>,
+    written: u64,
+    error: Option<std::io::Error>,
+}
+
+/// Bytes given up at the end of a log, on a failed write, to make room for the note.
+const NOTE_ROOM: u64 = 512;
+
+impl Log {
+    fn create(path: PathBuf) -> Log {
+        match File::create(&path) {
+            Ok(file) => Log { path, file: Some(file), written: 0, error: None },
+            Err(e) => Log { path, file: None, written: 0, error: Some(e) },
+        }
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        let Some(file) = self.file.as_mut() else { return };
+        // `write_all` by hand, counting what lands: a full disk takes part of a write first.
+        let mut rest = bytes;
+        let outcome = loop {
+            if rest.is_empty() {
+                break Ok(());
+            }
+            match file.write(rest) {
+                Ok(0) => break Err(std::io::Error::from(std::io::ErrorKind::WriteZero)),
+                Ok(n) => {
+                    self.written += n as u64;
+                    rest = &rest[n..];
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => break Err(e),
+            }
+        };
+        match outcome {
+            Ok(()) => {}
+            Err(e) => {
+                // Cut back to make room for the note.
+                let keep = self.written.saturating_sub(NOTE_ROOM);
+                let note = format!(
+                    "\n[ups-doctor: log cut here after {keep} bytes: could not write more: {e}; its last lines are in result.json]\n"
+                );
+                let _ = file.set_len(keep);
+                use std::io::Seek;
+                let _ = file.seek(std::io::SeekFrom::Start(keep));
+                let _ = file.write_all(note.as_bytes());
+                eprintln!(
+                    "ups-doctor: warning: could not write `{}`: {e}; the log is cut there",
+                    self.path.display()
+                );
+                self.file = None;
+                self.error = Some(e);
+            }
+        }
+    }
+
+    fn finish(self) -> Option<String> {
+        self.error.map(|e| format!("could not write `{}`: {e}", self.path.display()))
     }
 }
 

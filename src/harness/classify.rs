@@ -40,6 +40,8 @@ pub struct RankEnd {
     pub stderr_log: String,
     pub stderr_tail: Vec<String>,
     pub stdout_tail: Vec<String>,
+    /// Log files that could not be written in full (`could not write `PATH`: CAUSE`).
+    pub log_errors: Vec<String>,
     /// External commands: whether the completion evidence (`expect.completes_when`) was seen;
     /// `None` for the built-in trainer, whose evidence is its `done` marker.
     pub completed: Option<bool>,
@@ -111,6 +113,8 @@ pub fn classify_rank(end: &RankEnd) -> RankResult {
         log_tail,
         markers: s.markers,
         bad_markers: s.bad_markers,
+        foreign_pids: s.foreign_pids.clone(),
+        log_errors: end.log_errors.clone(),
         workers: s.workers.clone(),
         exit_source: end.exit_source.clone(),
         last_output_at_s: end.last_output_at,

@@ -11,6 +11,7 @@ use std::time::Duration;
 use crate::probe::{memory, run};
 use crate::scenario::{Scenario, render_with};
 
+use super::owner;
 use super::process::Exit;
 use super::result::{KernelThread, ProcessDump};
 
@@ -202,12 +203,21 @@ pub fn pgid_of(pid: u32) -> Option<u32> {
     stat_fields(pid)?.get(2)?.parse().ok()
 }
 
-/// Sends `signal` to a rank a launcher started: to its process group when it leads one (torchrun
-/// starts every rank in a session of its own), else to the process alone.
-pub fn signal_found(pid: u32, signal: i32) -> bool {
-    let target = if pgid_of(pid) == Some(pid) { -(pid as i32) } else { pid as i32 };
-    // SAFETY: kill(2) on a process of this run.
-    unsafe { libc::kill(target, signal) == 0 }
+/// Sends `signal` to a rank a launcher started, `who` as first found, and to every process of
+/// its group when it leads one (torchrun starts every rank in a session of its own): each one
+/// only after [`owner::Run::check`]. Returns whether the rank itself got it.
+pub fn signal_found(run: &owner::Run, who: owner::Identity, signal: i32) -> bool {
+    let sent = run.signal(who, signal).is_ok();
+    if sent && pgid_of(who.pid) == Some(who.pid) {
+        for p in
+            memory::processes().into_iter().filter(|p| p.pgid == who.pid && p.pid != who.pid && !p.zombie())
+        {
+            if let Some(member) = owner::identify(p.pid) {
+                let _ = run.signal(member, signal);
+            }
+        }
+    }
+    sent
 }
 
 /// The rank processes in the process tree under `root`: for each `RANK`, the topmost process

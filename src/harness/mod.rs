@@ -14,6 +14,7 @@ mod memory;
 mod namespace;
 mod oom;
 pub mod os;
+mod owner;
 mod process;
 mod progress;
 mod quotes;
@@ -24,6 +25,7 @@ mod supervise;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 
+pub use capture::make_room;
 pub use classify::{Intervention, RankEnd, check_expectation, classify_rank};
 pub use gpu::{
     ClockReason, GpuPoint, GpuPointValues, GpuProcessPeak, GpuRecorder, GpuReport, GpuSample, GpuSummary,
@@ -123,7 +125,8 @@ fn with_absolute_paths(s: &Scenario, cwd: &Path, scenario_dir: &Path) -> Scenari
 
 /// Runs one scenario under supervision. `dir` is the scenario's own folder for logs and the
 /// resolved scenario file; `rel` is how that folder is named relative to the report.
-/// Returns `None` when the user interrupted it.
+/// When the user interrupted it, the result is marked `interrupted` and keeps what the ranks had
+/// (phases, steps, stacks taken before teardown).
 pub fn run_scenario(
     input: &ScenarioInput,
     program: &Path,
@@ -131,7 +134,7 @@ pub fn run_scenario(
     rel: &str,
     progress: &mut Progress,
     interrupted: &AtomicBool,
-) -> Result<Option<ScenarioResult>, HarnessError> {
+) -> Result<ScenarioResult, HarnessError> {
     let prepare = |path: &Path, source| HarnessError::Prepare { path: path.to_path_buf(), source };
     std::fs::create_dir_all(dir).map_err(|e| prepare(dir, e))?;
     let resolved_file = dir.join("scenario.json");
@@ -169,9 +172,6 @@ pub fn run_scenario(
     drop(private_shm);
     drop(cgroup);
     observed.leftovers.processes.extend(orphans);
-    if observed.interrupted {
-        return Ok(None);
-    }
     let mut ranks: Vec<RankResult> = observed.ends.iter().map(classify_rank).collect();
     for r in &mut ranks {
         r.stdout_log = format!("{rel}/{}", r.stdout_log);
@@ -193,15 +193,25 @@ pub fn run_scenario(
         r.collateral = first_failure.is_some_and(|f| f != r.rank) && r.outcome != OutcomeKind::Passed;
     }
     let failed = first_failure.and_then(|f| ranks.iter().find(|r| r.rank == f));
-    let mismatches = check_expectation(&input.scenario.expect, outcome, failed);
+    let mut mismatches = check_expectation(&input.scenario.expect, outcome, failed);
+    if observed.interrupted {
+        // Cut short: neither a pass nor a failure of `expect`; what was seen stays as evidence.
+        mismatches.clear();
+        verdict.evidence.insert(0, format!("Before the interrupt: {}", verdict.headline));
+        verdict.headline = format!(
+            "Interrupted by the user after {:.1} s, before the scenario ended on its own",
+            observed.wall_s
+        );
+    }
     let rank0 = observed.ends.first().map(|e| &e.state);
-    Ok(Some(ScenarioResult {
+    Ok(ScenarioResult {
         name: input.scenario.name.clone(),
         file: input.file.display().to_string(),
         overrides: input.overrides.clone(),
         scenario: input.scenario.clone(),
         outcome,
-        met_expectation: mismatches.is_empty(),
+        met_expectation: mismatches.is_empty() && !observed.interrupted,
+        interrupted: observed.interrupted,
         expectation_mismatches: mismatches,
         verdict,
         first_failure,
@@ -219,5 +229,5 @@ pub fn run_scenario(
         oom_kills: observed.oom_kills,
         cgroup_unavailable,
         ranks,
-    }))
+    })
 }

@@ -302,6 +302,10 @@ impl RankProcess {
     }
 
     /// Sends `signal` to the rank's whole process group. Returns whether any process got it.
+    /// Ownership: the group was created by this child (`setpgid(0, 0)` before exec) and its
+    /// leader is our child, never reaped before this is last called (`peek_exit` and the exit
+    /// thread wait with `WNOWAIT`), so the group id cannot have been recycled; only processes of
+    /// ups-doctor's own session can join it.
     pub fn signal_group(&self, signal: i32) -> bool {
         // SAFETY: kill(2) on our own child's process group.
         unsafe { libc::kill(-(self.pid as i32), signal) == 0 }
@@ -328,12 +332,6 @@ impl RankProcess {
             .collect();
         pids.sort_unstable();
         pids
-    }
-
-    /// Sends `signal` to one process of the rank's group.
-    pub fn signal_member(&self, pid: u32, signal: i32) -> bool {
-        // SAFETY: kill(2) on a process of our own child's group.
-        unsafe { libc::kill(pid as i32, signal) == 0 }
     }
 
     /// Kills whatever is left of the group, reaps the rank, and collects its captured output.

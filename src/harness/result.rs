@@ -23,6 +23,10 @@ pub struct RunResult {
     pub not_run: Vec<String>,
     #[serde(default)]
     pub interrupted: bool,
+    /// ups-doctor itself could not go on (a scenario's folder could not be prepared: disk full,
+    /// …): why, in one line. The scenarios after it are in `not_run`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopped_by: Option<String>,
 }
 
 /// One scenario's end: its outcome, the verdict, and every rank's evidence.
@@ -39,6 +43,10 @@ pub struct ScenarioResult {
     /// The first failure's outcome, or `passed`.
     pub outcome: OutcomeKind,
     pub met_expectation: bool,
+    /// The user stopped it (Ctrl-C, SIGTERM) before it ended on its own: what it had by then is
+    /// kept, but it is neither a pass nor a failure of its `expect`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub interrupted: bool,
     /// Why the outcome did not meet `expect`, one line per differing field.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub expectation_mismatches: Vec<String>,
@@ -305,6 +313,13 @@ pub struct RankResult {
     pub markers: u64,
     #[serde(default)]
     pub bad_markers: u64,
+    /// Pids that `worker` markers claimed but that were not processes of this run: counted in
+    /// `bad_markers`, never signalled.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub foreign_pids: Vec<u32>,
+    /// Its log files that could not be written in full (disk full, …): each cut with a note.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub log_errors: Vec<String>,
     /// Data-loader worker processes the rank started, in start order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub workers: Vec<super::state::WorkerInfo>,

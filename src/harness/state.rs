@@ -14,6 +14,8 @@ const MAX_LOSSES: usize = 500;
 pub struct RankState {
     pub markers: u64,
     pub bad_markers: u64,
+    /// Pids that `worker` markers named but that are not this run's processes (bad markers).
+    pub foreign_pids: Vec<u32>,
     pub last_marker_at: Option<f64>,
     pub pid: Option<u32>,
     pub intra_op_threads: Option<i64>,

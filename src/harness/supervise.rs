@@ -23,6 +23,7 @@ use super::memory::{MemoryRecorder, ProcSample, ShmSample, new_segments, orphane
 use super::namespace::PrivateShm;
 use super::oom::OomWatch;
 use super::os::cgroup::ScenarioCgroup;
+use super::owner::{self, Identity};
 use super::process::{self, Event, RankProcess, RankSpec};
 use super::progress::Progress;
 use super::result::{
@@ -36,6 +37,10 @@ use super::{external, quotes};
 const STACK_DUMP_WAIT: Duration = Duration::from_secs(5);
 /// How long a rank gets between SIGTERM and SIGKILL.
 const TERM_GRACE: Duration = Duration::from_secs(3);
+/// After a Ctrl-C or SIGTERM: how long ranks get between SIGTERM and SIGKILL, and to answer a
+/// stack-dump request.
+const INTERRUPT_TERM_GRACE: Duration = Duration::from_secs(1);
+const INTERRUPT_DUMP_WAIT: Duration = Duration::from_secs(3);
 /// After the first rank fails, how long the others get to notice and end on their own (their
 /// own error is the collateral evidence) before they are asked for stacks and torn down.
 const COLLATERAL_GRACE: Duration = Duration::from_secs(5);
@@ -150,10 +155,15 @@ struct Slot {
     dumps_requested: u32,
     /// A launcher's rank, found in its process tree: the pid, not our child.
     found: Option<u32>,
+    /// The found rank as first seen: what a signal to it is checked against.
+    found_id: Option<Identity>,
     /// The found rank is gone (a zombie, or no longer in /proc).
     found_gone: bool,
     /// When the process was seen to exit, by the thread waiting for it.
     exit_seen_at: Option<f64>,
+    /// Workers its `worker` markers named that were checked to be this run's when the marker
+    /// arrived ([`owner::Run::claim`]).
+    verified_workers: Vec<Identity>,
 }
 
 impl Slot {
@@ -221,12 +231,13 @@ fn poll_zombies(
     }
 }
 
-/// Sends `signal` to whatever the slot runs: its own process group, or a launcher's rank.
-fn signal_slot(slot: &Slot, signal: i32) {
+/// Sends `signal` to whatever the slot runs: its own process group (led by our unreaped child),
+/// or a launcher's rank, checked against what it was when first found.
+fn signal_slot(slot: &Slot, run: &owner::Run, signal: i32) {
     if let Some(p) = slot.process.as_ref() {
         p.signal_group(signal);
-    } else if let Some(pid) = slot.found.filter(|_| !slot.found_gone) {
-        external::signal_found(pid, signal);
+    } else if let Some(who) = slot.found_id.filter(|_| !slot.found_gone) {
+        external::signal_found(run, who, signal);
     }
 }
 
@@ -282,8 +293,10 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
         dump_requested: false,
         dumps_requested: 0,
         found: None,
+        found_id: None,
         found_gone: false,
         exit_seen_at: None,
+        verified_workers: Vec::new(),
     };
     let mut launcher: Option<Launcher> = None;
     let mut slots: Vec<Slot> = if launcher_style {
@@ -358,21 +371,30 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
     let mut was_interrupted = false;
     let mut first_failure_at: Option<Instant> = None;
     let needs_done = !is_external || scenario.expect.completes_when == Some(CompletesWhen::Done);
-    let signal_all = |slots: &mut [Slot], launcher: &Option<Launcher>, signal: i32, name: &str| {
-        for slot in slots.iter_mut().filter(|s| s.live()) {
-            signal_slot(slot, signal);
-            slot.end.torn_down_with = Some(name.into());
-        }
-        if let Some(p) = launcher.as_ref().filter(|l| l.live()).and_then(|l| l.process.as_ref()) {
-            p.signal_group(signal);
-        }
+    let mut ownership = owner::Run {
+        run_id: plan.run_id.clone(),
+        groups: slots
+            .iter()
+            .filter_map(|s| s.process.as_ref().map(|p| p.pid))
+            .chain(launcher.as_ref().and_then(|l| l.process.as_ref()).map(|p| p.pid))
+            .collect(),
     };
+    let signal_all =
+        |slots: &mut [Slot], launcher: &Option<Launcher>, run: &owner::Run, signal: i32, name: &str| {
+            for slot in slots.iter_mut().filter(|s| s.live()) {
+                signal_slot(slot, run, signal);
+                slot.end.torn_down_with = Some(name.into());
+            }
+            if let Some(p) = launcher.as_ref().filter(|l| l.live()).and_then(|l| l.process.as_ref()) {
+                p.signal_group(signal);
+            }
+        };
 
     loop {
         if let Ok(event) = rx.recv_timeout(TICK) {
-            apply(&mut slots, event, &since);
+            apply(&mut slots, event, &since, &ownership);
             while let Ok(event) = rx.try_recv() {
-                apply(&mut slots, event, &since);
+                apply(&mut slots, event, &since, &ownership);
             }
         }
         let now = Instant::now();
@@ -397,6 +419,10 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
                 for (rank, pid) in external::discover_ranks(root) {
                     if let Some(slot) = slots.get_mut(rank as usize).filter(|s| s.found.is_none()) {
                         slot.found = Some(pid);
+                        slot.found_id = owner::identify(pid);
+                        if let Some(pgid) = external::pgid_of(pid).filter(|&g| g == pid) {
+                            ownership.groups.push(pgid);
+                        }
                         slot.end.pid = Some(pid);
                         if let Ok(mut w) = l.watched.lock() {
                             w.push(pid);
@@ -437,11 +463,14 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
             break;
         }
 
-        if interrupted.load(Ordering::SeqCst) && !kill_sent {
-            // Ctrl-C: no dumps, no grace; the user wants their terminal back.
+        if interrupted.load(Ordering::SeqCst) && !was_interrupted {
+            // Ctrl-C or SIGTERM: an orderly stop that keeps what the scenario had. Ranks are asked
+            // for their stacks first (the run a user interrupts is often the one that hangs),
+            // then SIGTERM, then SIGKILL, each with a short wait.
             was_interrupted = true;
-            signal_all(&mut slots, &launcher, libc::SIGKILL, "SIGKILL");
-            kill_sent = true;
+            if stack_deadline.is_none() && term_sent.is_none() {
+                stack_deadline = Some(request_stacks_on_interrupt(&mut slots, &ownership, is_external));
+            }
             continue;
         }
 
@@ -500,11 +529,8 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
                                 external::py_spy_dump(py_spy.as_deref(), pid, &role)
                             })
                             .collect();
-                    } else if let Some(p) = slot.process.as_ref() {
-                        // Every process of the rank's group: a rank often waits on a stuck worker.
-                        slot.dumps_requested =
-                            members.iter().filter(|&&pid| p.signal_member(pid, STACK_DUMP_SIGNAL)).count()
-                                as u32;
+                    } else if slot.process.is_some() {
+                        slot.dumps_requested = request_stacks(&members, &ownership);
                     }
                     slot.dump_requested = true;
                 }
@@ -520,15 +546,15 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
                 .filter(|s| s.live() && s.dump_requested)
                 .all(|s| s.end.state.stacks_complete && s.end.state.stack_ends >= s.dumps_requested);
             if answered || now >= deadline {
-                signal_all(&mut slots, &launcher, libc::SIGTERM, "SIGTERM");
+                signal_all(&mut slots, &launcher, &ownership, libc::SIGTERM, "SIGTERM");
                 term_sent = Some(now);
             }
         }
         if let Some(sent) = term_sent
             && !kill_sent
-            && now.duration_since(sent) >= TERM_GRACE
+            && now.duration_since(sent) >= if was_interrupted { INTERRUPT_TERM_GRACE } else { TERM_GRACE }
         {
-            signal_all(&mut slots, &launcher, libc::SIGKILL, "SIGKILL");
+            signal_all(&mut slots, &launcher, &ownership, libc::SIGKILL, "SIGKILL");
             kill_sent = true;
         }
     }
@@ -606,7 +632,7 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
             },
         });
     }
-    let mut processes = kill_leftover_processes(&slots, &plan.run_id);
+    let mut processes = kill_leftover_processes(&slots, &ownership);
     processes.extend(kill_cgroup_leftovers(plan.cgroup, &slots));
 
     let tail_lines = if is_external { 400 } else { 40 };
@@ -616,6 +642,9 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
             if let Some(process) = slot.process.take() {
                 let (exit, stdout, stderr, _leftovers) = process.reap();
                 slot.end.exit.get_or_insert(exit);
+                slot.end
+                    .log_errors
+                    .extend([&stdout, &stderr].into_iter().filter_map(|c| c.write_error.clone()));
                 pattern_matched.set(pattern_matched.get() || stdout.matched);
                 if is_external {
                     let mut lines = stderr.last_lines(tail_lines);
@@ -665,6 +694,51 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
     }
 }
 
+/// Asks every process in `members` that is this run's and has a handler for the stack-dump
+/// signal for a stack dump; returns how many were asked. Every process of a rank's group: a rank
+/// often waits on a stuck worker. (One without the handler yet, a rank still starting or a
+/// `spawn` worker between exec and its set-up, would be killed by the signal instead.)
+fn request_stacks(members: &[u32], run: &owner::Run) -> u32 {
+    members
+        .iter()
+        .filter(|&&pid| catches(pid, STACK_DUMP_SIGNAL))
+        .filter_map(|&pid| owner::identify(pid))
+        .filter(|&who| run.signal(who, STACK_DUMP_SIGNAL).is_ok())
+        .count() as u32
+}
+
+/// Whether `signal` cannot kill `pid`: it has a handler for it or blocks it (the trainer blocks
+/// the stack-dump signal in every thread and takes it with `sigwait`), from `SigCgt` and `SigBlk`
+/// of `/proc/PID/status`.
+fn catches(pid: u32, signal: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|status| {
+        let mask = |field: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(field))
+                .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+                .unwrap_or(0)
+        };
+        (mask("SigCgt:") | mask("SigBlk:")) & (1 << (signal - 1)) != 0
+    })
+}
+
+/// On the user's interrupt: asks every live rank of the built-in trainer for its stacks (an
+/// external program has no handler for the signal, and py-spy is too slow for an interrupt), so
+/// that the result shows where each one was, stuck or not. Returns until when to wait for the
+/// answers.
+fn request_stacks_on_interrupt(slots: &mut [Slot], run: &owner::Run, is_external: bool) -> Instant {
+    let mut asked = false;
+    if !is_external {
+        for slot in slots.iter_mut().filter(|s| s.live() && s.process.is_some()) {
+            slot.dumps_requested = request_stacks(&slot_members(slot), run);
+            slot.dump_requested = slot.dumps_requested > 0;
+            asked |= slot.dump_requested;
+        }
+    }
+    Instant::now() + if asked { INTERRUPT_DUMP_WAIT } else { Duration::ZERO }
+}
+
 /// `exited with status 1`, `was killed by SIGKILL`.
 fn describe_exit(exit: process::Exit) -> String {
     match exit {
@@ -691,7 +765,7 @@ fn rank_of(slots: &[Slot], p: &memory::ProcStat) -> Option<u32> {
     slots
         .iter()
         .find(|s| (s.process.is_some() || s.found.is_some()) && s.end.pid == Some(p.pgid))
-        .or_else(|| slots.iter().find(|s| s.end.state.workers.iter().any(|w| w.pid == p.pid)))
+        .or_else(|| slots.iter().find(|s| s.verified_workers.iter().any(|w| w.pid == p.pid)))
         .map(|s| s.end.rank)
 }
 
@@ -709,45 +783,47 @@ fn sample_processes(slots: &[Slot]) -> Vec<ProcSample> {
 }
 
 /// Processes of the run still alive once every rank has ended (a worker that outlived its
-/// rank, a child that left the process group but kept the run id): killed, and reported.
-fn kill_leftover_processes(slots: &[Slot], run_id: &str) -> Vec<LeftoverProcess> {
+/// rank, a child that left the process group but kept the run id): killed, and reported. Only
+/// processes that pass [`owner::Run::check`] are candidates; what markers said plays no part.
+fn kill_leftover_processes(slots: &[Slot], run: &owner::Run) -> Vec<LeftoverProcess> {
     let me = std::process::id();
-    let mut found: Vec<LeftoverProcess> = memory::processes()
+    let mut found: Vec<(LeftoverProcess, Identity)> = memory::processes()
         .into_iter()
         .filter(|p| !p.zombie() && p.pid != me)
         .filter_map(|p| {
+            let who = owner::identify(p.pid)?;
+            run.check(who).ok()?;
             let rank = rank_of(slots, &p);
-            if rank.is_none() && !memory::environ_has(p.pid, RUN_ID_ENV, run_id) {
-                return None;
-            }
-            let worker =
-                slots.iter().flat_map(|s| s.end.state.workers.iter()).find(|w| w.pid == p.pid).map(|w| w.id);
-            Some(LeftoverProcess {
+            let worker = slots
+                .iter()
+                .flat_map(|s| s.end.state.workers.iter())
+                .find(|w| w.pid == p.pid && slots.iter().any(|s| s.verified_workers.contains(&who)))
+                .map(|w| w.id);
+            let leftover = LeftoverProcess {
                 pid: p.pid,
                 command: p.command,
                 rank,
                 worker,
                 killed: false,
                 earlier_run: false,
-            })
+            };
+            Some((leftover, who))
         })
         .collect();
-    for p in &found {
-        // SAFETY: kill(2) on a process of this run.
-        unsafe { libc::kill(p.pid as i32, libc::SIGKILL) };
+    for (_, who) in &found {
+        let _ = run.signal(*who, libc::SIGKILL);
     }
     let deadline = Instant::now() + LEFTOVER_KILL_WAIT;
     loop {
-        let table = memory::processes();
-        for p in &mut found {
-            p.killed = table.iter().find(|t| t.pid == p.pid).is_none_or(memory::ProcStat::zombie);
+        for (p, who) in &mut found {
+            p.killed = owner::identify(who.pid) != Some(*who);
         }
-        if found.iter().all(|p| p.killed) || Instant::now() >= deadline {
+        if found.iter().all(|(p, _)| p.killed) || Instant::now() >= deadline {
             break;
         }
         std::thread::sleep(TICK);
     }
-    found
+    found.into_iter().map(|(p, _)| p).collect()
 }
 
 /// Teardown through the scenario's cgroup: whatever is still in it once every rank has ended
@@ -841,10 +917,22 @@ fn remove_leftover_segments(
         .collect()
 }
 
-fn apply(slots: &mut [Slot], event: Event, since: &impl Fn(Instant) -> f64) {
+fn apply(slots: &mut [Slot], event: Event, since: &impl Fn(Instant) -> f64, run: &owner::Run) {
     match event {
         Event::Marker { rank, at, marker } => {
             if let Some(slot) = slots.get_mut(rank as usize) {
+                // A worker marker is a claim on a process: checked now, while the worker runs.
+                if let crate::protocol::Marker::Worker { pid, .. } = &marker {
+                    match run.claim(*pid) {
+                        Ok(Some(who)) => slot.verified_workers.push(who),
+                        Ok(None) => {}
+                        Err(_) => {
+                            slot.end.state.apply_bad(since(at));
+                            slot.end.state.foreign_pids.push(*pid);
+                            return;
+                        }
+                    }
+                }
                 slot.end.state.apply(since(at), marker);
             }
         }

@@ -105,6 +105,44 @@ fn ask(exe: &Path, timeout: std::time::Duration) -> Result<String, String> {
     }
 }
 
+/// Words in a variable's name that suggest its value is a secret: such values are never shown,
+/// whatever the variable's prefix (`TORCH_HOME_TOKEN`, `NCCL_…_KEY`, `UPS_DOCTOR_…_PASSWORD`).
+const SECRET_WORDS: [&str; 13] = [
+    "TOKEN",
+    "SECRET",
+    "KEY",
+    "PASSWORD",
+    "PASSWD",
+    "PASSPHRASE",
+    "CREDENTIAL",
+    "AUTH",
+    "COOKIE",
+    "SESSION",
+    "PRIVATE",
+    "SIGNATURE",
+    "CERT",
+];
+
+/// What a secret's value is shown as.
+pub const REDACTED: &str = "<redacted>";
+
+/// Whether a variable's name suggests its value is a secret.
+pub fn is_secret_name(name: &str) -> bool {
+    let upper = name.to_ascii_uppercase();
+    SECRET_WORDS.iter().any(|w| upper.contains(w))
+}
+
+/// Replaces the values of variables whose names suggest a secret with [`REDACTED`]. Applied
+/// where the environment is collected, and again where a saved one is shown (a result written by
+/// an older version).
+pub fn redact_variables(variables: &mut [(String, String)]) {
+    for (name, value) in variables.iter_mut() {
+        if is_secret_name(name) {
+            *value = REDACTED.to_string();
+        }
+    }
+}
+
 const VARIABLE_PREFIXES: [&str; 8] =
     ["NCCL_", "TORCH_", "CUDA_", "OMP_", "MKL_", "GLOO_", "PYTORCH_", "UPS_DOCTOR_"];
 
@@ -118,6 +156,7 @@ impl EnvSummary {
         let mut variables: Vec<(String, String)> =
             std::env::vars().filter(|(k, _)| VARIABLE_PREFIXES.iter().any(|p| k.starts_with(p))).collect();
         variables.sort();
+        redact_variables(&mut variables);
         let cgroup = own_cgroup_dir();
         EnvSummary {
             tool_version: env!("CARGO_PKG_VERSION").to_string(),
@@ -225,6 +264,19 @@ mod tests {
         assert_eq!(human_bytes(512), "512 B");
         assert_eq!(human_bytes(64 * 1024 * 1024), "64.0 MiB");
         assert_eq!(human_bytes(3 * 1024 * 1024 * 1024 / 2), "1.5 GiB");
+    }
+
+    #[test]
+    fn secret_names_are_redacted_whatever_their_prefix() {
+        let mut vars = vec![
+            ("TORCH_HOME_TOKEN".to_string(), "tSECRET".to_string()),
+            ("NCCL_IB_HCA".to_string(), "mlx5".to_string()),
+            ("UPS_DOCTOR_api_key".to_string(), "k".to_string()),
+            ("CUDA_VISIBLE_DEVICES".to_string(), "0,1".to_string()),
+        ];
+        redact_variables(&mut vars);
+        let values: Vec<&str> = vars.iter().map(|(_, v)| v.as_str()).collect();
+        assert_eq!(values, ["<redacted>", "mlx5", "<redacted>", "0,1"]);
     }
 
     #[test]

@@ -186,6 +186,7 @@ mod tests {
             runs: 4,
             budget: 60,
             budget_exhausted: false,
+            interrupted: false,
             unknown: Vec::new(),
             minimal,
             minimal_delta: vec!["model.attention=false".into(), "model.depths=[1]".into()],

@@ -136,11 +136,24 @@ pub fn issue_text(run: &RunResult) -> IssueText {
 /// [`ReportError::InvalidJson`] when `result.json` cannot be read or is not a run result,
 /// [`ReportError::Write`] when `report.md` cannot be written.
 pub fn rerender(dir: &Path) -> Result<PathBuf, ReportError> {
-    let run = read_run(dir)?;
+    rerender_masked(dir, false)
+}
+
+/// [`rerender`], with `--public` masking ([`super::public`]) when `public`: `result.json` is
+/// rewritten masked too, so that the folder can be attached to an issue as it is. Secrets in
+/// variables are redacted either way (a result of an older version may hold them).
+pub fn rerender_masked(dir: &Path, public: bool) -> Result<PathBuf, ReportError> {
+    let mut run = read_run(dir)?;
+    if public {
+        let path = dir.join(RESULT_FILE);
+        run = super::public::mask(&run, super::public::home().as_deref())
+            .map_err(|e| ReportError::Write { path, source: io::Error::other(e) })?;
+        return write_run(dir, &run);
+    }
     write_reports(dir, &run)
 }
 
-/// Reads and parses `DIR/result.json`.
+/// Reads and parses `DIR/result.json` (secrets in its variables redacted).
 ///
 /// # Errors
 ///
@@ -153,14 +166,27 @@ pub fn read_run(dir: &Path) -> Result<RunResult, ReportError> {
         return Err(ReportError::NotAFolder { path: dir.to_path_buf() });
     }
     let path = dir.join(RESULT_FILE);
-    let text = match fs::read_to_string(&path) {
-        Ok(text) => text,
+    let bytes = match fs::read(&path) {
+        Ok(bytes) => bytes,
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             return Err(ReportError::NotFound { path });
         }
         Err(source) => return Err(ReportError::Read { path, source }),
     };
-    parse(&path, &text)
+    let text = String::from_utf8(bytes).map_err(|e| {
+        let (line, column) = crate::scenario::invalid_utf8_position(&e);
+        ReportError::InvalidJson {
+            path: path.clone(),
+            line,
+            column,
+            field: String::new(),
+            message: "the file is not valid UTF-8 text".to_string(),
+            hint: Some(format!("the file was damaged; run the scenarios again to get a new {RESULT_FILE}")),
+        }
+    })?;
+    let mut run = parse(&path, &text)?;
+    crate::probe::env::redact_variables(&mut run.environment.variables);
+    Ok(run)
 }
 
 fn parse(path: &Path, text: &str) -> Result<RunResult, ReportError> {
@@ -200,7 +226,7 @@ fn version_hint(text: &str, broken_syntax: bool) -> Option<String> {
 }
 
 /// Writes `bytes` to a temporary file next to `path`, syncs it and renames it over `path`.
-fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ReportError> {
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ReportError> {
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
     let result = (|| {

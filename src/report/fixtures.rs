@@ -53,6 +53,7 @@ pub fn run(scenarios: Vec<ScenarioResult>) -> RunResult {
         scenarios,
         not_run: Vec::new(),
         interrupted: false,
+        stopped_by: None,
     }
 }
 
@@ -106,6 +107,8 @@ fn rank(rank: u32, steps: u64) -> RankResult {
         ],
         markers: 250,
         bad_markers: 0,
+        foreign_pids: Vec::new(),
+        log_errors: Vec::new(),
         workers: Vec::new(),
         exit_source: None,
         last_output_at_s: None,
@@ -168,6 +171,7 @@ pub fn passing() -> ScenarioResult {
         scenario: sc,
         outcome: OutcomeKind::Passed,
         met_expectation: true,
+        interrupted: false,
         expectation_mismatches: Vec::new(),
         verdict: Verdict {
             headline: "Rank 0 trained 60 steps and its loss fell from 2.3 to 0.37.".into(),
@@ -300,6 +304,7 @@ pub fn segv() -> ScenarioResult {
         scenario: sc,
         outcome: OutcomeKind::Signaled,
         met_expectation: true,
+        interrupted: false,
         expectation_mismatches: Vec::new(),
         verdict: Verdict {
             headline: "Rank 1 was killed by SIGSEGV in `forward` at step 3; rank 0 was collateral \
@@ -406,6 +411,7 @@ pub fn hung() -> ScenarioResult {
         scenario: sc,
         outcome: OutcomeKind::Hung,
         met_expectation: true,
+        interrupted: false,
         expectation_mismatches: Vec::new(),
         verdict: Verdict {
             headline: "Rank 0 hung in `backward` at step 7: no marker for 10.0 s.".into(),
@@ -469,6 +475,7 @@ pub fn false_success() -> ScenarioResult {
         scenario: sc,
         outcome: OutcomeKind::FalseSuccess,
         met_expectation: false,
+        interrupted: false,
         expectation_mismatches: vec!["outcome: expected `passed`, got `false_success`".into()],
         verdict: Verdict {
             headline: "Rank 1 exited with status 0 at step 9 of 60 without finishing training \
@@ -523,6 +530,7 @@ pub fn abort_raw_only() -> ScenarioResult {
         scenario: sc,
         outcome: OutcomeKind::Signaled,
         met_expectation: true,
+        interrupted: false,
         expectation_mismatches: Vec::new(),
         verdict: Verdict {
             headline: "Rank 0 was killed by SIGABRT in `optimizer` at step 4.".into(),
@@ -643,6 +651,7 @@ pub fn shm_bus_error() -> ScenarioResult {
         scenario: sc,
         outcome,
         met_expectation: true,
+        interrupted: false,
         expectation_mismatches: Vec::new(),
         verdict: v,
         first_failure,

@@ -254,16 +254,19 @@ fn summary_line(run: &RunResult) -> String {
 }
 
 fn interruption(doc: &mut Doc, run: &RunResult) {
-    if !run.interrupted && run.not_run.is_empty() {
+    if !run.interrupted && run.not_run.is_empty() && run.stopped_by.is_none() {
         return;
     }
     let mut lines = vec!["> [!WARNING]".to_string()];
     if run.interrupted {
         lines.push(
             "> The run was interrupted before it finished; the results below are those of the \
-             scenarios that ended."
+             scenarios that ran (one cut short is marked interrupted)."
                 .to_string(),
         );
+    }
+    if let Some(why) = &run.stopped_by {
+        lines.push(format!("> ups-doctor stopped before the end: {}", markup::text(why)));
     }
     if !run.not_run.is_empty() {
         let names: Vec<String> = run.not_run.iter().map(|n| code(n)).collect();
@@ -281,7 +284,7 @@ fn scenario_heading(doc: &mut Doc, s: &ScenarioResult) {
         "## {}: {} (expectation {})",
         markup::text(&s.name),
         markup::text(&text::scenario_outcome(s)),
-        text::expectation_word(s.met_expectation)
+        text::expectation_of(s)
     ));
 }
 
@@ -489,6 +492,21 @@ fn rank_notes(s: &ScenarioResult) -> Option<String> {
                 plural(r.bad_markers as usize, "line"),
                 if r.bad_markers == 1 { "was" } else { "were" },
                 r.markers + r.bad_markers
+            ));
+        }
+        for error in &r.log_errors {
+            notes.push(format!(
+                "Rank {}: {}; the log ends with a note where it was cut, and its last lines are above.",
+                r.rank,
+                markup::text(error)
+            ));
+        }
+        for pid in &r.foreign_pids {
+            notes.push(format!(
+                "Rank {}: a marker claimed process {pid} as its data-loader worker, but it is not a \
+                 process of this run (no run id, another process group, or a recycled pid); it was \
+                 not signalled.",
+                r.rank
             ));
         }
     }

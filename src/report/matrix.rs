@@ -101,8 +101,8 @@ pub(crate) fn rows(run: &RunResult) -> Vec<Vec<Cell>> {
                 Cell::plain(s.steps_per_s.map_or_else(|| NONE.to_string(), |v| format!("{v:.2}"))),
                 Cell::plain(text::secs(s.wall_s)),
                 Cell {
-                    text: text::expectation_word(s.met_expectation).to_string(),
-                    tone: if s.met_expectation { Tone::Plain } else { Tone::Bad },
+                    text: text::expectation_of(s).to_string(),
+                    tone: if s.met_expectation || s.interrupted { Tone::Plain } else { Tone::Bad },
                 },
             ];
             if gpu {

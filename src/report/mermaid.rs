@@ -95,7 +95,9 @@ const CATEGORICAL_BELOW: u64 = 10;
 
 /// An xychart's x axis over steps, with whole-step labels only.
 fn step_axis(points: &[(u64, f64)]) -> String {
-    let (first, last) = (points[0].0, points[points.len() - 1].0);
+    // The extremes, not the ends: a hand-edited or damaged result.json may list steps out of order.
+    let first = points.iter().map(|p| p.0).min().unwrap_or(0);
+    let last = points.iter().map(|p| p.0).max().unwrap_or(0);
     if last - first < CATEGORICAL_BELOW {
         let steps: Vec<String> = points.iter().map(|(s, _)| s.to_string()).collect();
         format!("x-axis \"step\" [{}]", steps.join(", "))

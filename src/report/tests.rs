@@ -47,6 +47,25 @@ fn markdown_of_an_interrupted_run() {
     insta::assert_snapshot!(render_markdown(&fixtures::interrupted()));
 }
 
+/// A scenario cut short by Ctrl-C (kept, marked interrupted), a rank whose marker claimed a
+/// foreign pid, a log a full disk cut, and a run ups-doctor could not finish.
+#[test]
+fn markdown_of_an_interrupted_scenario_a_foreign_pid_a_cut_log_and_a_stop() {
+    let mut run = fixtures::interrupted();
+    let s = &mut run.scenarios[0];
+    s.interrupted = true;
+    s.met_expectation = false;
+    s.verdict.evidence.insert(0, format!("Before the interrupt: {}", s.verdict.headline));
+    s.verdict.headline = "Interrupted by the user after 12.3 s, before the scenario ended on its own".into();
+    s.ranks[0].foreign_pids = vec![4242];
+    s.ranks[0].bad_markers += 1;
+    s.ranks[0].log_errors =
+        vec!["could not write `out/1-x/rank0.stdout.log`: No space left on device (os error 28)".into()];
+    run.stopped_by = Some("failed to prepare `out/3-y`: No space left on device (os error 28)".into());
+    // The summary (the stop, the interrupted scenario) and the scenario's own report (its notes).
+    insta::assert_snapshot!(render_markdown(&run) + "\n=====\n" + &render_scenario_markdown(&run, 0));
+}
+
 #[test]
 fn matrix_of_every_kind_of_outcome() {
     let all = run(vec![

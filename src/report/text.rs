@@ -199,6 +199,11 @@ pub(crate) fn expectation_word(met: bool) -> &'static str {
     if met { "met" } else { "NOT MET" }
 }
 
+/// [`expectation_word`] of a scenario: one the user interrupted was neither.
+pub(crate) fn expectation_of(s: &ScenarioResult) -> &'static str {
+    if s.interrupted { "interrupted" } else { expectation_word(s.met_expectation) }
+}
+
 /// The expectation in words, with inline markdown code spans produced by `code`:
 /// `killed by SIGSEGV, first on rank 1, in `forward` at step 3`.
 pub(crate) fn describe_expect(e: &Expect, code: impl Fn(&str) -> String) -> String {

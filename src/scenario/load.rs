@@ -130,6 +130,13 @@ impl ScenarioError {
     }
 }
 
+/// Line and column (1-based, columns in characters) of the first byte of `bytes` that is not
+/// UTF-8, for messages about files that must be text.
+pub fn invalid_utf8_position(err: &std::string::FromUtf8Error) -> (usize, usize) {
+    let p = Position::of_invalid_utf8(err);
+    (p.line, p.column)
+}
+
 /// `file:line:col` of where the scenario file `file` writes the dotted `field` (just `file` when
 /// it does not), for errors found after loading, such as a pre-flight check of the machine.
 pub fn field_location(file: &Path, field: &str) -> String {
@@ -143,10 +150,21 @@ pub fn field_location(file: &Path, field: &str) -> String {
 
 /// Reads and loads one scenario file; see [`load_str`].
 pub fn load_file(path: &Path, overrides: &[Override]) -> Result<Scenario, ScenarioError> {
-    let source = std::fs::read_to_string(path).map_err(|err| {
+    let bytes = std::fs::read(path).map_err(|err| {
         let hint = (err.kind() == std::io::ErrorKind::NotFound)
             .then(|| "check the path; a folder runs every `*.json` scenario in it".to_string());
         ScenarioError::new(path, Problem::new(None, format!("cannot read file: {}", io_reason(&err)), hint))
+    })?;
+    let source = String::from_utf8(bytes).map_err(|err| {
+        ScenarioError::new(
+            path,
+            Problem::new(
+                None,
+                "the file is not valid UTF-8 text".to_string(),
+                Some("save the file as UTF-8 (JSON text is UTF-8)".to_string()),
+            ),
+        )
+        .at(Some(Position::of_invalid_utf8(&err)))
     })?;
     load_str(&source, path, overrides)
 }
@@ -410,7 +428,16 @@ fn parent(field: &str) -> String {
 
 /// Where `field` is written: its key (for an unknown or misplaced key) or its value.
 fn position_of(source: &str, field: Option<&str>, key: bool) -> Option<Position> {
-    let segments = path::parse(field?).ok()?;
+    let field = field?;
+    // An empty key (`params.""`) has no dotted form of its own: its parent's path, then `""`.
+    let segments = match field.strip_suffix('.') {
+        Some(parent) => {
+            let mut segments = path::parse(parent).ok()?;
+            segments.push(path::Segment::Key(String::new()));
+            segments
+        }
+        None => path::parse(field).ok()?,
+    };
     let located = locate::locate(source, &segments)?;
     if key { located.key.or(Some(located.value)) } else { Some(located.value) }
 }

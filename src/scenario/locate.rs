@@ -17,6 +17,18 @@ pub(crate) struct Position {
     pub column: usize,
 }
 
+impl Position {
+    /// Where the first byte that is not UTF-8 sits in `bytes` (the text before it is valid):
+    /// 1-based line, and column in characters as serde_json counts them.
+    pub(crate) fn of_invalid_utf8(err: &std::string::FromUtf8Error) -> Position {
+        let valid = &err.as_bytes()[..err.utf8_error().valid_up_to()];
+        let line = valid.iter().filter(|&&b| b == b'\n').count() + 1;
+        let line_start = valid.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+        let column = String::from_utf8_lossy(&valid[line_start..]).chars().count() + 1;
+        Position { line, column }
+    }
+}
+
 /// Where a field is written: its key (absent for list items and the root) and its value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Located {

@@ -84,6 +84,22 @@ pub(crate) fn check(s: &Scenario) -> Checked {
     not_supported_yet(s)
 }
 
+/// `field` must be at most `max`: beyond it a value is a typo or an attack, not a configuration
+/// (it would exhaust memory, processes or time before anything useful happened).
+fn at_most(field: &str, value: u64, max: u64, why: &str) -> Checked {
+    if value <= max {
+        return Ok(());
+    }
+    Err(Invalid::new(field, format!("must be at most {max}, found `{value}`")).hint(why.to_string()))
+}
+
+/// Longest `limits.timeout_s` / `hang_after_s`: a week.
+const MAX_LIMIT_S: f64 = 7.0 * 24.0 * 3600.0;
+/// Most ranks ups-doctor starts on one machine.
+const MAX_WORLD_SIZE: u64 = 1024;
+/// Most training steps: the trainer keeps per-step records.
+const MAX_STEPS: u64 = 10_000_000;
+
 /// `field` must be at least `min`.
 fn at_least(field: &str, value: u64, min: u64, example: &str) -> Checked {
     if value >= min {
@@ -113,8 +129,14 @@ fn check_model(m: &Model) -> Checked {
         return Err(Invalid::new(format!("model.depths[{stage}]"), format!("stage {stage} has 0 blocks"))
             .hint("give every stage at least 1 block, or remove the stage from the list"));
     }
+    at_most("model.depths", m.depths.len() as u64, 64, "at most 64 stages; e.g. `[2, 2]`")?;
+    if let Some(stage) = m.depths.iter().position(|&d| d > 1024) {
+        at_most(&format!("model.depths[{stage}]"), m.depths[stage].into(), 1024, "e.g. `2`")?;
+    }
     at_least("model.hidden", m.hidden.into(), 1, "64")?;
+    at_most("model.hidden", m.hidden.into(), 65_536, "e.g. `64`")?;
     at_least("model.heads", m.heads.into(), 1, "4")?;
+    at_most("model.heads", m.heads.into(), 1024, "e.g. `4`")?;
     if m.hidden % m.heads != 0 {
         let below = m.hidden / m.heads * m.heads;
         let above = below + m.heads;
@@ -131,11 +153,17 @@ fn check_model(m: &Model) -> Checked {
         .related(&["model.heads"]));
     }
     at_least("model.latent_tokens", m.latent_tokens.into(), 1, "16")?;
-    at_least("model.mlp_ratio", m.mlp_ratio.into(), 1, "2")
+    at_most("model.latent_tokens", m.latent_tokens.into(), 1 << 20, "e.g. `16`")?;
+    at_most("model.window", m.window.into(), 1 << 20, "e.g. `4`, or 0 for global attention")?;
+    at_least("model.mlp_ratio", m.mlp_ratio.into(), 1, "2")?;
+    at_most("model.mlp_ratio", m.mlp_ratio.into(), 64, "e.g. `4`")
 }
 
 fn check_data(d: &Data) -> Checked {
     at_least("data.samples", d.samples.into(), 1, "64")?;
+    at_most("data.samples", d.samples.into(), 10_000_000, "e.g. `256`")?;
+    at_most("data.grid", d.grid.into(), 1 << 20, "e.g. `128`")?;
+    at_most("data.timesteps", d.timesteps.into(), 100_000, "e.g. `10`")?;
     if d.grid < 8 || d.grid % 2 != 0 {
         return Err(Invalid::new(
             "data.grid",
@@ -164,7 +192,9 @@ fn check_data(d: &Data) -> Checked {
         .hint("a few dozen passes already make batch building dominate a step; e.g. `32`"));
     }
     at_least("data.batch_size", d.batch_size.into(), 1, "16")?;
+    at_most("data.batch_size", d.batch_size.into(), 1 << 20, "e.g. `16`")?;
     at_least("data.prefetch", d.prefetch.into(), 1, "2")?;
+    at_most("data.prefetch", d.prefetch.into(), 1024, "e.g. `2`")?;
     check_workers(d)
 }
 
@@ -216,8 +246,9 @@ fn check_shm_size(d: &Data) -> Checked {
 
 fn check_model_fits_data(m: &Model, d: &Data) -> Checked {
     if d.grid % m.latent_tokens != 0 {
-        let below = (1..m.latent_tokens).rev().find(|t| d.grid % t == 0);
-        let above = (m.latent_tokens + 1..=d.grid).find(|t| d.grid % t == 0);
+        // Bounded by `grid` (itself bounded): a huge `latent_tokens` must not loop for minutes.
+        let below = (1..m.latent_tokens.min(d.grid.saturating_add(1))).rev().find(|t| d.grid % t == 0);
+        let above = (m.latent_tokens.saturating_add(1)..=d.grid).find(|t| d.grid % t == 0);
         let choices: Vec<String> = below.into_iter().chain(above).map(|t| t.to_string()).collect();
         return Err(Invalid::new(
             "model.latent_tokens",
@@ -239,14 +270,32 @@ fn check_model_fits_data(m: &Model, d: &Data) -> Checked {
 
 fn check_train(t: &Train) -> Checked {
     at_least("train.steps", t.steps, 1, "60")?;
+    at_most(
+        "train.steps",
+        t.steps,
+        MAX_STEPS,
+        "e.g. `60`; a reproduction rarely needs more than a few thousand",
+    )?;
     positive("train.lr", t.lr, false, "0.003")?;
     positive("train.weight_decay", t.weight_decay, true, "0.01")?;
-    at_least("train.accum_steps", t.accum_steps.into(), 1, "1")
+    at_least("train.accum_steps", t.accum_steps.into(), 1, "1")?;
+    at_most("train.accum_steps", t.accum_steps.into(), 1024, "e.g. `2`")
 }
 
 fn check_limits(l: &Limits) -> Checked {
     positive("limits.timeout_s", l.timeout_s, false, "600")?;
     positive("limits.hang_after_s", l.hang_after_s, false, "60")?;
+    for (field, value, example) in
+        [("limits.timeout_s", l.timeout_s, "600"), ("limits.hang_after_s", l.hang_after_s, "60")]
+    {
+        if value > MAX_LIMIT_S {
+            return Err(Invalid::new(
+                field,
+                format!("must be at most {MAX_LIMIT_S} seconds (a week), found `{value:?}`"),
+            )
+            .hint(format!("e.g. `{example}`")));
+        }
+    }
     if l.gpu_sample_ms != 0 && !(MIN_GPU_SAMPLE_MS..=MAX_GPU_SAMPLE_MS).contains(&l.gpu_sample_ms) {
         return Err(Invalid::new(
             "limits.gpu_sample_ms",
@@ -290,8 +339,18 @@ fn check_cache_device(d: &Data, l: &Launch) -> Checked {
     Ok(())
 }
 
+fn check_world_size(l: &Launch, example: &str) -> Checked {
+    at_least("launch.world_size", l.world_size.into(), 1, example)?;
+    at_most(
+        "launch.world_size",
+        l.world_size.into(),
+        MAX_WORLD_SIZE,
+        "ranks are processes on this machine; for more, run ups-doctor on each node under torchrun or Slurm",
+    )
+}
+
 fn check_launch(l: &Launch) -> Checked {
-    at_least("launch.world_size", l.world_size.into(), 1, "1")?;
+    check_world_size(l, "1")?;
     if l.mode == Mode::Single && l.world_size != 1 {
         return Err(Invalid::new(
             "launch.world_size",
@@ -556,7 +615,7 @@ fn check_external(s: &Scenario) -> Checked {
     check_builtin_fields_unset(s)?;
     check_shm_size(&s.data)?;
     check_limits(&s.limits)?;
-    at_least("launch.world_size", s.launch.world_size.into(), 1, "2")?;
+    check_world_size(&s.launch, "2")?;
     check_memory_limit(&s.launch)?;
     check_expect(&s.expect)?;
     check_completes_when(s)?;
@@ -738,7 +797,8 @@ fn check_command(s: &Scenario) -> Checked {
 fn check_param(name: &str, param: &Param) -> Checked {
     let field = format!("params.{name}");
     if !command::is_identifier(name) {
-        let mut invalid = Invalid::new(field, format!("`{name}` cannot be a placeholder name"))
+        let what = if name.is_empty() { "an empty key".to_string() } else { format!("`{name}`") };
+        let mut invalid = Invalid::new(field, format!("{what} cannot be a placeholder name"))
             .hint("use letters, digits and `_`, starting with a letter or `_` (e.g. `pin_memory`)");
         invalid.at_key = true;
         return Err(invalid);

@@ -33,7 +33,7 @@ fn quote_fence(lines: &[String]) -> String {
 }
 
 fn command_line(ext: &ExternalRun) -> String {
-    let mut line = format!("Command ({}): {}", ext.style, code(&ext.argv.join(" ")));
+    let mut line = format!("Command ({}): {}", ext.style, code(&crate::report::text::shell_line(&ext.argv)));
     line.push_str(&format!("; completion judged by {}", ext.completion));
     if !ext.markers_seen {
         line.push_str(
