@@ -129,9 +129,14 @@ fn errors_of_real_programs_are_named_by_pattern_with_culprit_and_key_line() {
     assert_eq!(s["ranks"][1]["signal"], "SIGKILL");
     let headline = text(s, "headline");
     assert!(
-        headline.starts_with("Rank 1 was killed by SIGKILL from outside; no OOM event was recorded."),
+        headline.starts_with("Rank 1 was killed by SIGKILL from outside; no OOM event was recorded"),
         "{headline}"
     );
+    if !s["cgroup"].is_null() {
+        // With a cgroup of its own, the verdict says what its OOM counter showed.
+        assert!(headline.contains("(the scenario's memory cgroup counted no OOM kill)"), "{headline}");
+        assert_eq!(s["cgroup"]["oom_kills"], 0);
+    }
     assert_eq!(s["ranks"][0]["collateral"], true);
     if s["ranks"][0]["outcome"] == "exited" {
         // Rank 0 noticed before ups-doctor tore it down: its error is the lost peer.
@@ -167,7 +172,8 @@ fn hangs_of_real_programs_are_named_from_py_spy_stacks() {
     assert!(headline.contains("deadlocked in OpenMP"), "{headline}");
     assert!(headline.contains("patterns.py:"), "the child's own line: {headline}");
 
-    let md = std::fs::read_to_string(sb.out().join("report.md")).unwrap();
+    // The summary and each scenario's full report, where the rank notes are.
+    let md = sb.reports();
     assert!(md.contains("**Pattern:** `ranks-out-of-step`"), "{md}");
     assert!(!md.contains("before the trainer started"), "no trainer texts for a program: {md}");
     assert!(md.contains("Rank 0 sent no marker and wrote no output for"), "{md}");

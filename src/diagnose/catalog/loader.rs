@@ -243,9 +243,8 @@ pub fn worker_killed(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Find
     let how = l.what.as_str();
     f.cause = Some(if how.contains("Killed") || how.contains("exited unexpectedly") {
         let no_oom = match ev.cgroup {
-            Some(_) => {
-                "no OOM kill was recorded for it (the scenario's memory cgroup counted none)".to_string()
-            }
+            Some(_) => "no OOM event was recorded for it (the scenario's memory cgroup counted no OOM kill)"
+                .to_string(),
             None => {
                 "no OOM event was recorded for it (the scenario ran without a memory cgroup of its own, so \
                      only the kernel log could have shown one)"

@@ -551,7 +551,7 @@ fn an_oom_killed_worker_and_an_oom_killed_rank_are_named_with_the_cgroup_figures
     assert!(
         v.likely_cause
             .unwrap()
-            .contains("no OOM kill was recorded for it (the scenario's memory cgroup counted none)")
+            .contains("no OOM event was recorded for it (the scenario's memory cgroup counted no OOM kill)")
     );
 }
 
