@@ -270,12 +270,15 @@ fn at_rendezvous(rank: &RankEvidence) -> bool {
         "Socket Timeout",
     ];
     let said = rank.key.as_ref().is_some_and(|k| NEEDLES.iter().any(|n| k.text.contains(n)));
+    // A rank whose markers place it past `dist.init` has joined: a store frame then belongs to a
+    // later wait (the built-in trainer's `dist.barrier` goes through the same TCPStore), so only
+    // Python's own `init_process_group` frame still says rendezvous.
+    let past_init = rank.result.last_phase.as_deref().is_some_and(|p| p != "dist.init");
     let stuck = rank.result.outcome == OutcomeKind::Hung
         && (main_thread(rank).is_some_and(|t| {
             t.frames.iter().any(|f| {
                 f.function.contains("init_process_group")
-                    || f.function.contains("rendezvous")
-                    || f.function.contains("TCPStore")
+                    || (!past_init && (f.function.contains("rendezvous") || f.function.contains("TCPStore")))
             })
         }) || rank.result.last_phase.as_deref() == Some("dist.init"));
     said || stuck

@@ -184,6 +184,31 @@ fn the_odd_rank_of_an_out_of_step_hang_is_named_by_where_it_waits_whoever_spoke_
     assert_eq!(v.pattern, None);
 }
 
+#[test]
+fn a_built_in_rank_waiting_in_its_barrier_through_the_store_is_out_of_step_not_at_the_rendezvous() {
+    // The built-in trainer's `dist.barrier` waits in c10d's TCPStore, like a rendezvous does;
+    // its markers say it joined long ago (regression: this run was once called
+    // `rendezvous-incomplete`, depending on where the stack dump caught the barrier).
+    let store = |symbol: &str| crate::protocol::Frame {
+        addr: "0x1".into(),
+        symbol: Some(symbol.into()),
+        location: None,
+    };
+    let mut barrier = hung_at(1, "dist.barrier", 5, 7.3);
+    barrier.stacks.push(crate::harness::result::ThreadStack {
+        tid: 1,
+        thread: "ups-doctor".into(),
+        frames: vec![
+            store("__libc_recv"),
+            store("_ZN4c10d6detail9TCPClient12receiveValueIlEET_v"),
+            store("_ZN4c10d8TCPStore3addERKNSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEEl"),
+        ],
+    });
+    let (outcome, first, v) = verdict(&[hung_at(0, "allreduce", 5, 7.6), barrier]);
+    assert_eq!((outcome, first), (OutcomeKind::Hung, Some(1)));
+    assert_eq!(v.pattern.as_deref(), Some("ranks-out-of-step"), "{v:#?}");
+}
+
 /// A program's hung rank with a py-spy dump of its main thread.
 fn hung_with_stack(rank: u32, frames: &str) -> RankResult {
     let mut r = program_rank(rank, Exit::Signal { signal: libc::SIGTERM, core_dumped: false }, 30.0, "");
