@@ -220,28 +220,133 @@ pub fn signal_found(run: &owner::Run, who: owner::Identity, signal: i32) -> bool
     sent
 }
 
-/// The rank processes in the process tree under `root`: for each `RANK`, the topmost process
-/// whose environment has it (its DataLoader workers, below it, inherit the same variable).
-pub fn discover_ranks(root: u32) -> BTreeMap<u32, u32> {
+/// How a launcher's rank process was identified: the variable in its starting environment that
+/// gave its rank number, the launcher being a rank itself, or its place in a spawn order.
+pub const RANK_VARS: [&str; 5] = ["RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "LOCAL_RANK"];
+
+/// A rank process found for a launcher-style run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FoundRank {
+    pub rank: u32,
+    pub pid: u32,
+    /// Which signal identified it (`RANK`, `SLURM_PROCID`, …, `launcher process`, `spawn order`).
+    pub by: String,
+}
+
+/// The rank number a process's starting environment gives, and the variable that gave it.
+/// `LOCAL_RANK` counts only on node 0 (`NODE_RANK` unset or 0): elsewhere it is not the rank.
+fn env_rank(pid: u32) -> Option<(u32, &'static str)> {
+    RANK_VARS.iter().find_map(|&var| {
+        let value: u32 = memory::environ_var(pid, var)?.parse().ok()?;
+        if var == "LOCAL_RANK" && memory::environ_var(pid, "NODE_RANK").is_some_and(|n| n.trim() != "0") {
+            return None;
+        }
+        Some((value, var))
+    })
+}
+
+/// Whether `pid` is a child that Python's `multiprocessing` started with the `spawn` or
+/// `forkserver` method (`torch.multiprocessing.spawn`'s ranks are), from its command line.
+fn is_spawn_child(pid: u32) -> bool {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|c| {
+            let text = String::from_utf8_lossy(&c);
+            text.contains("--multiprocessing-fork") && !text.contains("resource_tracker")
+        })
+        .unwrap_or(false)
+}
+
+/// When `pid` started, in clock ticks since boot (field 22 of `/proc/PID/stat`).
+fn start_ticks(pid: u32) -> u64 {
+    stat_fields(pid).and_then(|f| f.get(19)?.parse().ok()).unwrap_or(u64::MAX)
+}
+
+/// The rank processes of a launcher-style run whose launcher is `root`, by every signal there
+/// is, in this order:
+/// - a rank variable in the starting environment ([`RANK_VARS`]) of a process below the launcher,
+///   or of a process anywhere on the machine that carries this run's id (`srun`'s tasks are
+///   slurmstepd's children, not the launcher's): the topmost such process per rank (its
+///   DataLoader workers, below it, inherit the same variables);
+/// - the launcher itself as rank 0, when ranks were found by `LOCAL_RANK` and none is rank 0
+///   (Lightning runs rank 0 in the launcher process and starts the others with `LOCAL_RANK`);
+/// - `multiprocessing` spawn children of the launcher numbered in the order they started
+///   (`torch.multiprocessing.spawn(fn, nprocs=N)` starts rank i as its i-th child), when no
+///   process carries a rank variable. `known` are the pids already found, whose ranks stay.
+pub fn discover_ranks(root: u32, run_id: &str, world: u32, known: &BTreeMap<u32, u32>) -> Vec<FoundRank> {
     let table = memory::processes();
+    let parent: BTreeMap<u32, u32> = table.iter().map(|p| (p.pid, p.ppid)).collect();
     let children: BTreeMap<u32, Vec<u32>> = table.iter().fold(BTreeMap::new(), |mut map, p| {
         map.entry(p.ppid).or_default().push(p.pid);
         map
     });
-    let mut found = BTreeMap::new();
+    let mut found: Vec<FoundRank> = Vec::new();
+    let add = |found: &mut Vec<FoundRank>, rank: u32, pid: u32, by: &str| {
+        if rank < world && !found.iter().any(|f| f.rank == rank || f.pid == pid) {
+            found.push(FoundRank { rank, pid, by: by.to_string() });
+        }
+    };
+    let mut below = vec![root];
     let mut queue = vec![root];
     while let Some(pid) = queue.pop() {
         for &child in children.get(&pid).into_iter().flatten() {
-            match memory::environ_var(child, "RANK").and_then(|r| r.parse::<u32>().ok()) {
+            match env_rank(child) {
                 // A rank's own subtree is its workers, not more ranks.
-                Some(rank) => {
-                    found.entry(rank).or_insert(child);
+                Some((rank, by)) => add(&mut found, rank, child, by),
+                None => {
+                    below.push(child);
+                    queue.push(child)
                 }
-                None => queue.push(child),
             }
         }
     }
+    // Elsewhere on the machine: this run's processes whose parent is not one of them with a rank
+    // (that would make them a rank's workers).
+    for p in table.iter().filter(|p| !p.zombie() && p.pid != root && !below.contains(&p.pid)) {
+        if found.iter().any(|f| f.pid == p.pid) || !memory::environ_has(p.pid, crate::protocol::RUN_ID_ENV, run_id) {
+            continue;
+        }
+        let Some((rank, by)) = env_rank(p.pid) else { continue };
+        let ppid = parent.get(&p.pid).copied().unwrap_or(0);
+        let parent_is_rank = memory::environ_has(ppid, crate::protocol::RUN_ID_ENV, run_id) && env_rank(ppid).is_some();
+        if !parent_is_rank {
+            add(&mut found, rank, p.pid, by);
+        }
+    }
+    if !found.is_empty() && found.iter().all(|f| f.by == "LOCAL_RANK") && !found.iter().any(|f| f.rank == 0) {
+        add(&mut found, 0, root, "launcher process");
+    }
+    if found.is_empty() {
+        let mut spawned: Vec<u32> =
+            children.get(&root).into_iter().flatten().copied().filter(|&c| is_spawn_child(c)).collect();
+        spawned.sort_by_key(|&pid| (start_ticks(pid), pid));
+        let mut next = (0..world).filter(|r| !known.contains_key(r));
+        for pid in spawned {
+            if known.values().any(|&k| k == pid) {
+                continue;
+            }
+            match next.next() {
+                Some(rank) => add(&mut found, rank, pid, "spawn order"),
+                None => break,
+            }
+        }
+    }
+    found.sort_by_key(|f| f.rank);
     found
+}
+
+/// Processes below the launcher `root` that look like ranks but whose rank is not known:
+/// its children that are not found ranks, not `multiprocessing`'s resource tracker and not
+/// zombies.
+pub fn unidentified_children(root: u32, found: &[u32]) -> usize {
+    memory::processes()
+        .into_iter()
+        .filter(|p| p.ppid == root && !p.zombie() && !found.contains(&p.pid))
+        .filter(|p| {
+            std::fs::read(format!("/proc/{}/cmdline", p.pid))
+                .map(|c| !String::from_utf8_lossy(&c).contains("resource_tracker"))
+                .unwrap_or(false)
+        })
+        .count()
 }
 
 /// One failed rank in torchrun's error summary.

@@ -328,6 +328,12 @@ pub struct RankResult {
     /// summary) or `unknown`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exit_source: Option<String>,
+    /// External commands started by a launcher: which signal identified the rank's process: a
+    /// variable in its starting environment (`RANK`, `LOCAL_RANK`, `SLURM_PROCID`,
+    /// `OMPI_COMM_WORLD_RANK`, `PMI_RANK`), `launcher process` (the launcher is the rank, as
+    /// Lightning's rank 0) or `spawn order` (`torch.multiprocessing.spawn`'s i-th child).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identified_by: Option<String>,
     /// External commands: seconds since the scenario started when the rank last wrote output.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_output_at_s: Option<f64>,

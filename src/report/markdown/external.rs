@@ -13,6 +13,9 @@ use super::Doc;
 pub(super) fn program_words(doc: &mut Doc, s: &ScenarioResult) {
     let Some(ext) = &s.external else { return };
     doc.push(command_line(ext));
+    if ext.launcher.is_some() {
+        doc.push(identified_line(&s.ranks));
+    }
     for r in &s.ranks {
         for q in &r.quotes {
             doc.push(format!("Rank {}, {}:", r.rank, q.title));
@@ -24,6 +27,31 @@ pub(super) fn program_words(doc: &mut Doc, s: &ScenarioResult) {
             doc.push(format!("Launcher output, {}:", q.title));
             doc.push(quote_fence(&q.lines));
         }
+    }
+}
+
+/// How each rank's process was found below the launcher, or that it was not.
+fn identified_line(ranks: &[RankResult]) -> String {
+    let each: Vec<String> = ranks
+        .iter()
+        .map(|r| match &r.identified_by {
+            Some(by) if by == "launcher process" => format!("rank {} is the launcher process itself", r.rank),
+            Some(by) if by == "spawn order" => {
+                format!("rank {} by spawn order (the launcher's child started {})", r.rank, ordinal(r.rank))
+            }
+            Some(by) => format!("rank {} by {}", r.rank, code(&format!("{by}={}", r.rank))),
+            None => format!("rank {}: no process identified", r.rank),
+        })
+        .collect();
+    format!("Ranks identified: {}.", each.join("; "))
+}
+
+fn ordinal(rank: u32) -> String {
+    match rank {
+        0 => "first".into(),
+        1 => "second".into(),
+        2 => "third".into(),
+        n => format!("{}th", n + 1),
     }
 }
 
