@@ -1,6 +1,6 @@
 //! Rank discovery for the launchers people start DDP with, each the real package from the test
 //! venv (PyTorch 2.11, CPU, gloo): `torch.multiprocessing.spawn`, Lightning's own launcher and
-//! `accelerate launch`, all `launch.style: launcher`. Per launcher, one `ups-doctor run` of three
+//! `accelerate launch` and `deepspeed`, all `launch.style: launcher`. Per launcher, one `ups-doctor run` of three
 //! scenarios: a 2-rank program that passes, the same with rank 1 segfaulting at step 4, and the
 //! same with rank 1 skipping a gradient all-reduce (both ranks hang). The program
 //! (tests/programs/launchers.py) sends no markers: ranks are judged from what any program leaves.
@@ -109,7 +109,14 @@ fn lightnings_rank_0_is_the_launcher_and_rank_1_its_local_rank_child() {
 #[test]
 fn accelerate_launch_ranks_are_found_by_rank_below_its_torchrun() {
     let command = r#""accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-        "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "0""#;
+        "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "{master_port}""#;
     let (_sb, run) = three_cases("accelerate", command, r#""--launcher", "env""#);
+    check(&run, ["RANK", "RANK"]);
+}
+
+#[test]
+fn deepspeeds_launcher_ranks_are_found_by_rank() {
+    let command = r#""deepspeed", "--num_gpus", "2", "--master_port", "{master_port}""#;
+    let (_sb, run) = three_cases("deepspeed", command, r#""--launcher", "env""#);
     check(&run, ["RANK", "RANK"]);
 }

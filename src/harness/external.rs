@@ -15,11 +15,12 @@ use super::owner;
 use super::process::Exit;
 use super::result::{KernelThread, ProcessDump};
 
-/// The command's argv with every placeholder filled in.
-pub fn argv(scenario: &Scenario, scenario_dir: &Path) -> Vec<String> {
+/// The command's argv with every placeholder filled in; `master_port` is the run's free port.
+pub fn argv(scenario: &Scenario, scenario_dir: &Path, master_port: u16) -> Vec<String> {
     let command = scenario.command.as_deref().unwrap_or_default();
     render_with(command, |name| match name {
         "world_size" => Some(scenario.launch.world_size.to_string()),
+        "master_port" => Some(master_port.to_string()),
         "scenario_dir" => Some(scenario_dir.display().to_string()),
         _ => scenario.params.get(name).map(|p| p.value.render()),
     })
@@ -468,7 +469,7 @@ Root Cause (first observed failure):
         }))
         .unwrap();
         assert_eq!(
-            argv(&s, Path::new("/s")),
+            argv(&s, Path::new("/s"), 29501),
             ["torchrun", "--nproc_per_node", "2", "/s/t.py", "--d=2,2", "false"]
         );
     }

@@ -266,7 +266,8 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
     let world = scenario.launch.world_size;
     let is_external = scenario.is_external();
     let launcher_style = is_external && scenario.launch.style == LaunchStyle::Launcher;
-    let argv = if is_external { external::argv(scenario, &plan.scenario_dir) } else { Vec::new() };
+    let master_port = free_port();
+    let argv = if is_external { external::argv(scenario, &plan.scenario_dir, master_port) } else { Vec::new() };
     let program_path = argv.first().and_then(|p| external::find_program(p));
     let py_spy = external::find_py_spy(program_path.as_deref());
     let start = Instant::now();
@@ -282,7 +283,6 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
     let mut gpu = GpuWatch::start(scenario, start);
     let mut oom = OomWatch::start(plan.cgroup);
     let (tx, rx) = mpsc::channel();
-    let master_port = free_port();
     let new_slot = |rank: u32, stdout: &std::path::Path, stderr: &std::path::Path| Slot {
         end: RankEnd {
             rank,

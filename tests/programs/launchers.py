@@ -26,6 +26,7 @@ parser.add_argument("--segv-rank", type=int, default=-1)
 parser.add_argument("--segv-step", type=int, default=-1)
 parser.add_argument("--hang-rank", type=int, default=-1)
 parser.add_argument("--hang-step", type=int, default=-1)
+parser.add_argument("--local_rank", type=int, default=-1, help="set by the deepspeed launcher (RANK is set too)")
 args = parser.parse_args()
 
 
