@@ -4,6 +4,7 @@
 //! scenarios: a 2-rank program that passes, the same with rank 1 segfaulting at step 4, and the
 //! same with rank 1 skipping a gradient all-reduce (both ranks hang). The program
 //! (tests/programs/launchers.py) sends no markers: ranks are judged from what any program leaves.
+//! The spawn and Lightning scenarios name no `launch.style`: `auto` must take `launcher`.
 
 mod util;
 
@@ -16,7 +17,7 @@ fn scenarios(run: &RunOutput) -> &Vec<Value> {
 
 /// Runs the pass, crash and hang scenarios of one launcher; `command` is the argv before the
 /// program's own arguments (JSON strings), `program_args` the mode of launchers.py.
-fn three_cases(launcher: &str, command: &str, program_args: &str) -> (Sandbox, RunOutput) {
+fn three_cases(launcher: &str, command: &str, program_args: &str, style: &str) -> (Sandbox, RunOutput) {
     let sb = Sandbox::new();
     let program = repo().join("tests/programs/launchers.py").display().to_string();
     let scenario = |name: &str, extra: &str, expect: &str| {
@@ -24,7 +25,7 @@ fn three_cases(launcher: &str, command: &str, program_args: &str) -> (Sandbox, R
             &format!("{launcher}-{name}"),
             &format!(
                 r#"{{"command": [{command}, "{program}", {program_args}, "--steps", "6"{extra}],
-                    "launch": {{"world_size": 2, "style": "launcher"}},
+                    "launch": {{"world_size": 2{style}}},
                     "limits": {{"timeout_s": 300, "hang_after_s": 20}}, "expect": {expect}}}"#
             ),
         )
@@ -87,15 +88,18 @@ fn check(run: &RunOutput, identified: [&str; 2]) {
 
 #[test]
 fn torch_multiprocessing_spawn_ranks_are_found_by_spawn_order() {
-    let (sb, run) = three_cases("spawn", r#""python""#, r#""--launcher", "spawn""#);
+    let (sb, run) = three_cases("spawn", r#""python""#, r#""--launcher", "spawn""#, "");
     check(&run, ["spawn order", "spawn order"]);
+    let chosen = scenarios(&run)[0]["external"]["style_chosen"].as_str().unwrap_or_default();
+    assert!(chosen.contains("it calls `torch.multiprocessing.spawn`"), "{chosen}");
     let md = sb.reports();
+    assert!(md.contains("Command (launcher, chosen by `launch.style: auto`: `launchers.py` starts its own ranks"), "{md}");
     assert!(md.contains("Ranks identified: rank 0 by spawn order (the launcher's child started first)"), "{md}");
 }
 
 #[test]
 fn lightnings_rank_0_is_the_launcher_and_rank_1_its_local_rank_child() {
-    let (sb, run) = three_cases("lightning", r#""python""#, r#""--launcher", "lightning""#);
+    let (sb, run) = three_cases("lightning", r#""python""#, r#""--launcher", "lightning""#, "");
     check(&run, ["launcher process", "LOCAL_RANK"]);
     let pass = &scenarios(&run)[0];
     assert_eq!(pass["ranks"][0]["pid"], pass["external"]["launcher"]["pid"]);
@@ -110,13 +114,13 @@ fn lightnings_rank_0_is_the_launcher_and_rank_1_its_local_rank_child() {
 fn accelerate_launch_ranks_are_found_by_rank_below_its_torchrun() {
     let command = r#""accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
         "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "{master_port}""#;
-    let (_sb, run) = three_cases("accelerate", command, r#""--launcher", "env""#);
+    let (_sb, run) = three_cases("accelerate", command, r#""--launcher", "env""#, r#", "style": "launcher""#);
     check(&run, ["RANK", "RANK"]);
 }
 
 #[test]
 fn deepspeeds_launcher_ranks_are_found_by_rank() {
     let command = r#""deepspeed", "--num_gpus", "2", "--master_port", "{master_port}""#;
-    let (_sb, run) = three_cases("deepspeed", command, r#""--launcher", "env""#);
+    let (_sb, run) = three_cases("deepspeed", command, r#""--launcher", "env""#, r#", "style": "launcher""#);
     check(&run, ["RANK", "RANK"]);
 }

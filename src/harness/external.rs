@@ -50,6 +50,41 @@ pub const RANK_ENV: [&str; 8] = [
     "MASTER_PORT",
 ];
 
+/// Programs that start the ranks themselves: `launch.style: auto` starts them once.
+const LAUNCHERS: [&str; 7] = ["torchrun", "accelerate", "deepspeed", "srun", "mpirun", "mpiexec", "lightning"];
+
+/// What `launch.style: auto` takes for `argv`: launcher (true) or per rank, and why, in words.
+/// A launcher is a known launcher program, `python -m torch.distributed.run` (or `.launch`), or
+/// a Python script whose source starts its own ranks (`torch.multiprocessing.spawn`, `mp.spawn`,
+/// Lightning's `Trainer`).
+pub fn auto_style(argv: &[String]) -> (bool, String) {
+    let name = |s: &str| Path::new(s).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let program = argv.first().map(|p| name(p)).unwrap_or_default();
+    if LAUNCHERS.contains(&program.as_str()) {
+        return (true, format!("`{program}` is a launcher (it starts the ranks)"));
+    }
+    if program.starts_with("python") {
+        let mut args = argv.iter().skip(1).skip_while(|a| a.starts_with('-') && a.as_str() != "-m");
+        match args.next().map(String::as_str) {
+            Some("-m") => {
+                let module = args.next().cloned().unwrap_or_default();
+                if matches!(module.as_str(), "torch.distributed.run" | "torch.distributed.launch") {
+                    return (true, format!("`python -m {module}` is torchrun (it starts the ranks)"));
+                }
+            }
+            Some(script) => {
+                let source = std::fs::read_to_string(script).unwrap_or_default();
+                let starts_ranks = [("multiprocessing.spawn(", "it calls `torch.multiprocessing.spawn`"), ("mp.spawn(", "it calls `torch.multiprocessing.spawn`"), ("import lightning", "it uses Lightning, whose `Trainer` starts the ranks"), ("from lightning", "it uses Lightning, whose `Trainer` starts the ranks"), ("pytorch_lightning", "it uses Lightning, whose `Trainer` starts the ranks")];
+                if let Some((_, why)) = starts_ranks.iter().find(|(needle, _)| source.contains(needle)) {
+                    return (true, format!("`{}` starts its own ranks ({why})", name(script)));
+                }
+            }
+            None => {}
+        }
+    }
+    (false, format!("`{program}` is not a known launcher: one copy per rank, each with torchrun's variables"))
+}
+
 /// Where `program` is: itself when it names a path, else the first executable of that name on
 /// `PATH` (as `execvp` would pick it).
 pub fn find_program(program: &str) -> Option<PathBuf> {
@@ -472,6 +507,27 @@ Root Cause (first observed failure):
             argv(&s, Path::new("/s"), 29501),
             ["torchrun", "--nproc_per_node", "2", "/s/t.py", "--d=2,2", "false"]
         );
+    }
+
+    #[test]
+    fn auto_takes_launcher_for_launchers_and_programs_that_start_their_own_ranks() {
+        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let programs = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/programs");
+        let launchers = programs.join("launchers.py").display().to_string();
+        let plain = programs.join("ddp.py").display().to_string();
+        for (argv, launcher, why) in [
+            (args(&["torchrun", "--nproc_per_node", "2", "t.py"]), true, "`torchrun` is a launcher"),
+            (args(&["/venv/bin/accelerate", "launch", "t.py"]), true, "`accelerate` is a launcher"),
+            (args(&["python", "-u", "-m", "torch.distributed.run", "t.py"]), true, "`python -m torch.distributed.run` is torchrun"),
+            (args(&["python3", &launchers]), true, "`launchers.py` starts its own ranks"),
+            (args(&["python", &plain]), false, "`python` is not a known launcher"),
+            (args(&["python", "-m", "mypkg.train"]), false, "`python` is not a known launcher"),
+            (args(&["./train.sh"]), false, "`train.sh` is not a known launcher"),
+        ] {
+            let (is_launcher, text) = auto_style(&argv);
+            assert_eq!(is_launcher, launcher, "{argv:?}: {text}");
+            assert!(text.starts_with(why), "{argv:?}: {text}");
+        }
     }
 
     #[test]

@@ -154,6 +154,9 @@ pub struct ExternalRun {
     pub argv: Vec<String>,
     /// `per_rank` or `launcher`.
     pub style: String,
+    /// Why `launch.style: auto` took `style` (absent when the scenario named a style).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub style_chosen: Option<String>,
     /// Whether any rank sent a marker (through `python/ups_doctor.py` or its own writer).
     pub markers_seen: bool,
     /// How completion was judged: `exit status`, `done marker`, or `stdout matches …`.

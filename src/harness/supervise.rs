@@ -265,9 +265,15 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
     let scenario = plan.scenario;
     let world = scenario.launch.world_size;
     let is_external = scenario.is_external();
-    let launcher_style = is_external && scenario.launch.style == LaunchStyle::Launcher;
     let master_port = free_port();
     let argv = if is_external { external::argv(scenario, &plan.scenario_dir, master_port) } else { Vec::new() };
+    let (launcher_style, style_chosen) = match scenario.launch.style {
+        LaunchStyle::Auto if is_external => {
+            let (launcher, why) = external::auto_style(&argv);
+            (launcher, Some(why))
+        }
+        style => (is_external && style == LaunchStyle::Launcher, None),
+    };
     let program_path = argv.first().and_then(|p| external::find_program(p));
     let py_spy = external::find_py_spy(program_path.as_deref());
     let start = Instant::now();
@@ -722,6 +728,7 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
     let external_run = is_external.then(|| ExternalRun {
         argv: argv.clone(),
         style: if launcher_style { "launcher" } else { "per_rank" }.to_string(),
+        style_chosen,
         markers_seen: ends.iter().any(|e| e.state.markers > 0),
         completion: match &scenario.expect.completes_when {
             None => "exit status".to_string(),

@@ -61,7 +61,11 @@ fn quote_fence(lines: &[String]) -> String {
 }
 
 fn command_line(ext: &ExternalRun) -> String {
-    let mut line = format!("Command ({}): {}", ext.style, code(&crate::report::text::shell_line(&ext.argv)));
+    let style = match &ext.style_chosen {
+        Some(why) => format!("{}, chosen by `launch.style: auto`: {why}", ext.style),
+        None => ext.style.clone(),
+    };
+    let mut line = format!("Command ({style}): {}", code(&crate::report::text::shell_line(&ext.argv)));
     line.push_str(&format!("; completion judged by {}", ext.completion));
     if !ext.markers_seen {
         line.push_str(
