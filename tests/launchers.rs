@@ -124,3 +124,42 @@ fn deepspeeds_launcher_ranks_are_found_by_rank() {
     let (_sb, run) = three_cases("deepspeed", command, r#""--launcher", "env""#, r#", "style": "launcher""#);
     check(&run, ["RANK", "RANK"]);
 }
+
+/// A launcher whose children carry no rank signal: two plain processes below it. With the
+/// launcher's status 0 the ranks pass on it (never `launch_failed`) and the report says their
+/// processes were not identified; with status 3 the launcher's exit is the failure.
+#[test]
+fn ranks_no_signal_identifies_are_judged_by_the_launchers_exit_status() {
+    let sb = Sandbox::new();
+    let scenario = |name: &str, status: u32| {
+        sb.scenario(
+            name,
+            &format!(
+                r#"{{"command": ["sh", "-c", "sleep 2 & sleep 2 & wait; exit {status}"],
+                    "launch": {{"world_size": 2, "style": "launcher"}},
+                    "limits": {{"timeout_s": 120, "hang_after_s": 60}}}}"#
+            ),
+        )
+    };
+    let clean = scenario("unidentified-clean", 0);
+    let failed = scenario("unidentified-failed", 3);
+    let run = sb.run(&[&clean, &failed], &[]);
+    let [clean, failed] = &scenarios(&run)[..] else { panic!("two scenarios: {}", run.stderr()) };
+    assert_eq!(clean["outcome"], "passed", "{}", clean["verdict"]);
+    for r in clean["ranks"].as_array().unwrap() {
+        assert_eq!(r["outcome"], "passed", "{r}");
+        assert!(r["identified_by"].is_null(), "{r}");
+        assert_eq!(
+            r["exit_source"],
+            "launcher status 0, rank not identified; 2 processes below the launcher looked like ranks, their rank numbers are unknown",
+            "{r}"
+        );
+    }
+    assert_ne!(failed["outcome"], "passed", "{}", failed["verdict"]);
+    let error = failed["ranks"][0]["error"].as_str().unwrap_or_default();
+    assert!(error.contains("no process of rank 0 was identified under the launcher"), "{error}");
+    assert!(error.contains("2 processes below the launcher looked like ranks"), "{error}");
+    assert!(error.contains("the launcher `sh` exited with status 3"), "{error}");
+    let md = sb.reports();
+    assert!(md.contains("Ranks identified: rank 0: no process identified; rank 1: no process identified."), "{md}");
+}
