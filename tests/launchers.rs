@@ -68,7 +68,10 @@ fn check(run: &RunOutput, identified: [&str; 2]) {
     assert_eq!(r0["collateral"], true, "{r0}");
     assert_ne!(r0["outcome"], "passed");
     let headline = segv["verdict"]["headline"].as_str().unwrap();
-    assert!(headline.contains("Rank 1") && headline.contains("Rank 0 failed after it (collateral)"), "{headline}");
+    assert!(
+        headline.contains("Rank 1") && headline.contains("Rank 0 failed after it (collateral)"),
+        "{headline}"
+    );
 
     assert_eq!(hang["outcome"], "hung", "{}", hang["verdict"]);
     for r in hang["ranks"].as_array().unwrap() {
@@ -93,8 +96,14 @@ fn torch_multiprocessing_spawn_ranks_are_found_by_spawn_order() {
     let chosen = scenarios(&run)[0]["external"]["style_chosen"].as_str().unwrap_or_default();
     assert!(chosen.contains("it calls `torch.multiprocessing.spawn`"), "{chosen}");
     let md = sb.reports();
-    assert!(md.contains("Command (launcher, chosen by `launch.style: auto`: `launchers.py` starts its own ranks"), "{md}");
-    assert!(md.contains("Ranks identified: rank 0 by spawn order (the launcher's child started first)"), "{md}");
+    assert!(
+        md.contains("Command (launcher, chosen by `launch.style: auto`: `launchers.py` starts its own ranks"),
+        "{md}"
+    );
+    assert!(
+        md.contains("Ranks identified: rank 0 by spawn order (the launcher's child started first)"),
+        "{md}"
+    );
 }
 
 #[test]
@@ -161,5 +170,8 @@ fn ranks_no_signal_identifies_are_judged_by_the_launchers_exit_status() {
     assert!(error.contains("2 processes below the launcher looked like ranks"), "{error}");
     assert!(error.contains("the launcher `sh` exited with status 3"), "{error}");
     let md = sb.reports();
-    assert!(md.contains("Ranks identified: rank 0: no process identified; rank 1: no process identified."), "{md}");
+    assert!(
+        md.contains("Ranks identified: rank 0: no process identified; rank 1: no process identified."),
+        "{md}"
+    );
 }

@@ -51,14 +51,16 @@ pub const RANK_ENV: [&str; 8] = [
 ];
 
 /// Programs that start the ranks themselves: `launch.style: auto` starts them once.
-const LAUNCHERS: [&str; 7] = ["torchrun", "accelerate", "deepspeed", "srun", "mpirun", "mpiexec", "lightning"];
+const LAUNCHERS: [&str; 7] =
+    ["torchrun", "accelerate", "deepspeed", "srun", "mpirun", "mpiexec", "lightning"];
 
 /// What `launch.style: auto` takes for `argv`: launcher (true) or per rank, and why, in words.
 /// A launcher is a known launcher program, `python -m torch.distributed.run` (or `.launch`), or
 /// a Python script whose source starts its own ranks (`torch.multiprocessing.spawn`, `mp.spawn`,
 /// Lightning's `Trainer`).
 pub fn auto_style(argv: &[String]) -> (bool, String) {
-    let name = |s: &str| Path::new(s).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let name =
+        |s: &str| Path::new(s).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let program = argv.first().map(|p| name(p)).unwrap_or_default();
     if LAUNCHERS.contains(&program.as_str()) {
         return (true, format!("`{program}` is a launcher (it starts the ranks)"));
@@ -74,7 +76,13 @@ pub fn auto_style(argv: &[String]) -> (bool, String) {
             }
             Some(script) => {
                 let source = std::fs::read_to_string(script).unwrap_or_default();
-                let starts_ranks = [("multiprocessing.spawn(", "it calls `torch.multiprocessing.spawn`"), ("mp.spawn(", "it calls `torch.multiprocessing.spawn`"), ("import lightning", "it uses Lightning, whose `Trainer` starts the ranks"), ("from lightning", "it uses Lightning, whose `Trainer` starts the ranks"), ("pytorch_lightning", "it uses Lightning, whose `Trainer` starts the ranks")];
+                let starts_ranks = [
+                    ("multiprocessing.spawn(", "it calls `torch.multiprocessing.spawn`"),
+                    ("mp.spawn(", "it calls `torch.multiprocessing.spawn`"),
+                    ("import lightning", "it uses Lightning, whose `Trainer` starts the ranks"),
+                    ("from lightning", "it uses Lightning, whose `Trainer` starts the ranks"),
+                    ("pytorch_lightning", "it uses Lightning, whose `Trainer` starts the ranks"),
+                ];
                 if let Some((_, why)) = starts_ranks.iter().find(|(needle, _)| source.contains(needle)) {
                     return (true, format!("`{}` starts its own ranks ({why})", name(script)));
                 }
@@ -338,12 +346,15 @@ pub fn discover_ranks(root: u32, run_id: &str, world: u32, known: &BTreeMap<u32,
     // Elsewhere on the machine: this run's processes whose parent is not one of them with a rank
     // (that would make them a rank's workers).
     for p in table.iter().filter(|p| !p.zombie() && p.pid != root && !below.contains(&p.pid)) {
-        if found.iter().any(|f| f.pid == p.pid) || !memory::environ_has(p.pid, crate::protocol::RUN_ID_ENV, run_id) {
+        if found.iter().any(|f| f.pid == p.pid)
+            || !memory::environ_has(p.pid, crate::protocol::RUN_ID_ENV, run_id)
+        {
             continue;
         }
         let Some((rank, by)) = env_rank(p.pid) else { continue };
         let ppid = parent.get(&p.pid).copied().unwrap_or(0);
-        let parent_is_rank = memory::environ_has(ppid, crate::protocol::RUN_ID_ENV, run_id) && env_rank(ppid).is_some();
+        let parent_is_rank =
+            memory::environ_has(ppid, crate::protocol::RUN_ID_ENV, run_id) && env_rank(ppid).is_some();
         if !parent_is_rank {
             add(&mut found, rank, p.pid, by);
         }
@@ -518,7 +529,11 @@ Root Cause (first observed failure):
         for (argv, launcher, why) in [
             (args(&["torchrun", "--nproc_per_node", "2", "t.py"]), true, "`torchrun` is a launcher"),
             (args(&["/venv/bin/accelerate", "launch", "t.py"]), true, "`accelerate` is a launcher"),
-            (args(&["python", "-u", "-m", "torch.distributed.run", "t.py"]), true, "`python -m torch.distributed.run` is torchrun"),
+            (
+                args(&["python", "-u", "-m", "torch.distributed.run", "t.py"]),
+                true,
+                "`python -m torch.distributed.run` is torchrun",
+            ),
             (args(&["python3", &launchers]), true, "`launchers.py` starts its own ranks"),
             (args(&["python", &plain]), false, "`python` is not a known launcher"),
             (args(&["python", "-m", "mypkg.train"]), false, "`python` is not a known launcher"),

@@ -266,7 +266,8 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
     let world = scenario.launch.world_size;
     let is_external = scenario.is_external();
     let master_port = free_port();
-    let argv = if is_external { external::argv(scenario, &plan.scenario_dir, master_port) } else { Vec::new() };
+    let argv =
+        if is_external { external::argv(scenario, &plan.scenario_dir, master_port) } else { Vec::new() };
     let (launcher_style, style_chosen) = match scenario.launch.style {
         LaunchStyle::Auto if is_external => {
             let (launcher, why) = external::auto_style(&argv);
@@ -547,7 +548,8 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
             if stuck || grace_over {
                 // The launcher can be a rank itself (Lightning's rank 0): the other ranks in its
                 // process group are not its workers.
-                let found: Vec<(u32, u32)> = slots.iter().filter_map(|s| Some((s.end.rank, s.found?))).collect();
+                let found: Vec<(u32, u32)> =
+                    slots.iter().filter_map(|s| Some((s.end.rank, s.found?))).collect();
                 for slot in
                     slots.iter_mut().filter(|s| s.live() && (grace_over || s.end.intervention.is_some()))
                 {
@@ -648,7 +650,9 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
                     let how = match (exit, &l.launch_error) {
                         (_, Some(e)) => Some(e.clone()),
                         (Some((_, e)), _) if e == process::Exit::Code(0) => None,
-                        (Some((_, e)), _) => Some(format!("the launcher `{launcher_name}` {}", describe_exit(e))),
+                        (Some((_, e)), _) => {
+                            Some(format!("the launcher `{launcher_name}` {}", describe_exit(e)))
+                        }
                         (None, None) => Some(format!("the launcher `{launcher_name}` did not run")),
                     };
                     match how {
@@ -656,7 +660,8 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
                         // clean run is judged by the launcher's status, never as a failed launch.
                         None => {
                             slot.end.exit = Some(process::Exit::Code(0));
-                            slot.end.exit_source = Some(format!("launcher status 0, rank not identified{unknown}"));
+                            slot.end.exit_source =
+                                Some(format!("launcher status 0, rank not identified{unknown}"));
                         }
                         Some(how) => {
                             slot.end.launch_error = Some(format!(
