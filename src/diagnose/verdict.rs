@@ -184,6 +184,12 @@ fn exit_source(rank: &RankResult) -> Option<String> {
             rank.pid.map_or("?".into(), |p| p.to_string())
         ),
         "torchrun" => format!("rank {}'s exit status is the one torchrun's error summary gives", rank.rank),
+        "launcher" => format!("rank {} is the launcher process itself: its exit status is the launcher's", rank.rank),
+        s if s.starts_with("launcher status 0, rank not identified") => format!(
+            "rank {}'s process was never identified{}; the launcher exited with status 0",
+            rank.rank,
+            s.trim_start_matches("launcher status 0, rank not identified")
+        ),
         "launcher status 0" => format!("rank {} ended while the launcher exited with status 0, which torchrun does only when every rank did", rank.rank),
         _ => format!("rank {}'s exit status was not observed (it was reaped by its launcher before ups-doctor saw it)", rank.rank),
     })

@@ -49,6 +49,9 @@ pub struct RankEnd {
     pub last_output_at: Option<f64>,
     /// Where the exit status came from, when the rank was not our child.
     pub exit_source: Option<String>,
+    /// A launcher's rank: which signal identified its process (`RANK`, `LOCAL_RANK`,
+    /// `SLURM_PROCID`, …, `launcher process`, `spawn order`).
+    pub identified_by: Option<String>,
     pub quotes: Vec<super::result::Quote>,
     pub dumps: Vec<super::result::ProcessDump>,
 }
@@ -117,6 +120,7 @@ pub fn classify_rank(end: &RankEnd) -> RankResult {
         log_errors: end.log_errors.clone(),
         workers: s.workers.clone(),
         exit_source: end.exit_source.clone(),
+        identified_by: end.identified_by.clone(),
         last_output_at_s: end.last_output_at,
         quotes: end.quotes.clone(),
         dumps: end.dumps.clone(),

@@ -15,11 +15,12 @@ use super::owner;
 use super::process::Exit;
 use super::result::{KernelThread, ProcessDump};
 
-/// The command's argv with every placeholder filled in.
-pub fn argv(scenario: &Scenario, scenario_dir: &Path) -> Vec<String> {
+/// The command's argv with every placeholder filled in; `master_port` is the run's free port.
+pub fn argv(scenario: &Scenario, scenario_dir: &Path, master_port: u16) -> Vec<String> {
     let command = scenario.command.as_deref().unwrap_or_default();
     render_with(command, |name| match name {
         "world_size" => Some(scenario.launch.world_size.to_string()),
+        "master_port" => Some(master_port.to_string()),
         "scenario_dir" => Some(scenario_dir.display().to_string()),
         _ => scenario.params.get(name).map(|p| p.value.render()),
     })
@@ -48,6 +49,49 @@ pub const RANK_ENV: [&str; 8] = [
     "MASTER_ADDR",
     "MASTER_PORT",
 ];
+
+/// Programs that start the ranks themselves: `launch.style: auto` starts them once.
+const LAUNCHERS: [&str; 7] =
+    ["torchrun", "accelerate", "deepspeed", "srun", "mpirun", "mpiexec", "lightning"];
+
+/// What `launch.style: auto` takes for `argv`: launcher (true) or per rank, and why, in words.
+/// A launcher is a known launcher program, `python -m torch.distributed.run` (or `.launch`), or
+/// a Python script whose source starts its own ranks (`torch.multiprocessing.spawn`, `mp.spawn`,
+/// Lightning's `Trainer`).
+pub fn auto_style(argv: &[String]) -> (bool, String) {
+    let name =
+        |s: &str| Path::new(s).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let program = argv.first().map(|p| name(p)).unwrap_or_default();
+    if LAUNCHERS.contains(&program.as_str()) {
+        return (true, format!("`{program}` is a launcher (it starts the ranks)"));
+    }
+    if program.starts_with("python") {
+        let mut args = argv.iter().skip(1).skip_while(|a| a.starts_with('-') && a.as_str() != "-m");
+        match args.next().map(String::as_str) {
+            Some("-m") => {
+                let module = args.next().cloned().unwrap_or_default();
+                if matches!(module.as_str(), "torch.distributed.run" | "torch.distributed.launch") {
+                    return (true, format!("`python -m {module}` is torchrun (it starts the ranks)"));
+                }
+            }
+            Some(script) => {
+                let source = std::fs::read_to_string(script).unwrap_or_default();
+                let starts_ranks = [
+                    ("multiprocessing.spawn(", "it calls `torch.multiprocessing.spawn`"),
+                    ("mp.spawn(", "it calls `torch.multiprocessing.spawn`"),
+                    ("import lightning", "it uses Lightning, whose `Trainer` starts the ranks"),
+                    ("from lightning", "it uses Lightning, whose `Trainer` starts the ranks"),
+                    ("pytorch_lightning", "it uses Lightning, whose `Trainer` starts the ranks"),
+                ];
+                if let Some((_, why)) = starts_ranks.iter().find(|(needle, _)| source.contains(needle)) {
+                    return (true, format!("`{}` starts its own ranks ({why})", name(script)));
+                }
+            }
+            None => {}
+        }
+    }
+    (false, format!("`{program}` is not a known launcher: one copy per rank, each with torchrun's variables"))
+}
 
 /// Where `program` is: itself when it names a path, else the first executable of that name on
 /// `PATH` (as `execvp` would pick it).
@@ -220,28 +264,136 @@ pub fn signal_found(run: &owner::Run, who: owner::Identity, signal: i32) -> bool
     sent
 }
 
-/// The rank processes in the process tree under `root`: for each `RANK`, the topmost process
-/// whose environment has it (its DataLoader workers, below it, inherit the same variable).
-pub fn discover_ranks(root: u32) -> BTreeMap<u32, u32> {
+/// How a launcher's rank process was identified: the variable in its starting environment that
+/// gave its rank number, the launcher being a rank itself, or its place in a spawn order.
+pub const RANK_VARS: [&str; 5] = ["RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "LOCAL_RANK"];
+
+/// A rank process found for a launcher-style run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FoundRank {
+    pub rank: u32,
+    pub pid: u32,
+    /// Which signal identified it (`RANK`, `SLURM_PROCID`, …, `launcher process`, `spawn order`).
+    pub by: String,
+}
+
+/// The rank number a process's starting environment gives, and the variable that gave it.
+/// `LOCAL_RANK` counts only on node 0 (`NODE_RANK` unset or 0): elsewhere it is not the rank.
+fn env_rank(pid: u32) -> Option<(u32, &'static str)> {
+    RANK_VARS.iter().find_map(|&var| {
+        let value: u32 = memory::environ_var(pid, var)?.parse().ok()?;
+        if var == "LOCAL_RANK" && memory::environ_var(pid, "NODE_RANK").is_some_and(|n| n.trim() != "0") {
+            return None;
+        }
+        Some((value, var))
+    })
+}
+
+/// Whether `pid` is a child that Python's `multiprocessing` started with the `spawn` or
+/// `forkserver` method (`torch.multiprocessing.spawn`'s ranks are), from its command line.
+fn is_spawn_child(pid: u32) -> bool {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|c| {
+            let text = String::from_utf8_lossy(&c);
+            text.contains("--multiprocessing-fork") && !text.contains("resource_tracker")
+        })
+        .unwrap_or(false)
+}
+
+/// When `pid` started, in clock ticks since boot (field 22 of `/proc/PID/stat`).
+fn start_ticks(pid: u32) -> u64 {
+    stat_fields(pid).and_then(|f| f.get(19)?.parse().ok()).unwrap_or(u64::MAX)
+}
+
+/// The rank processes of a launcher-style run whose launcher is `root`, by every signal there
+/// is, in this order:
+/// - a rank variable in the starting environment ([`RANK_VARS`]) of a process below the launcher,
+///   or of a process anywhere on the machine that carries this run's id (`srun`'s tasks are
+///   slurmstepd's children, not the launcher's): the topmost such process per rank (its
+///   DataLoader workers, below it, inherit the same variables);
+/// - the launcher itself as rank 0, when ranks were found by `LOCAL_RANK` and none is rank 0
+///   (Lightning runs rank 0 in the launcher process and starts the others with `LOCAL_RANK`);
+/// - `multiprocessing` spawn children of the launcher numbered in the order they started
+///   (`torch.multiprocessing.spawn(fn, nprocs=N)` starts rank i as its i-th child), when no
+///   process carries a rank variable. `known` are the pids already found, whose ranks stay.
+pub fn discover_ranks(root: u32, run_id: &str, world: u32, known: &BTreeMap<u32, u32>) -> Vec<FoundRank> {
     let table = memory::processes();
+    let parent: BTreeMap<u32, u32> = table.iter().map(|p| (p.pid, p.ppid)).collect();
     let children: BTreeMap<u32, Vec<u32>> = table.iter().fold(BTreeMap::new(), |mut map, p| {
         map.entry(p.ppid).or_default().push(p.pid);
         map
     });
-    let mut found = BTreeMap::new();
+    let mut found: Vec<FoundRank> = Vec::new();
+    let add = |found: &mut Vec<FoundRank>, rank: u32, pid: u32, by: &str| {
+        if rank < world && !found.iter().any(|f| f.rank == rank || f.pid == pid) {
+            found.push(FoundRank { rank, pid, by: by.to_string() });
+        }
+    };
+    let mut below = vec![root];
     let mut queue = vec![root];
     while let Some(pid) = queue.pop() {
         for &child in children.get(&pid).into_iter().flatten() {
-            match memory::environ_var(child, "RANK").and_then(|r| r.parse::<u32>().ok()) {
+            match env_rank(child) {
                 // A rank's own subtree is its workers, not more ranks.
-                Some(rank) => {
-                    found.entry(rank).or_insert(child);
+                Some((rank, by)) => add(&mut found, rank, child, by),
+                None => {
+                    below.push(child);
+                    queue.push(child)
                 }
-                None => queue.push(child),
             }
         }
     }
+    // Elsewhere on the machine: this run's processes whose parent is not one of them with a rank
+    // (that would make them a rank's workers).
+    for p in table.iter().filter(|p| !p.zombie() && p.pid != root && !below.contains(&p.pid)) {
+        if found.iter().any(|f| f.pid == p.pid)
+            || !memory::environ_has(p.pid, crate::protocol::RUN_ID_ENV, run_id)
+        {
+            continue;
+        }
+        let Some((rank, by)) = env_rank(p.pid) else { continue };
+        let ppid = parent.get(&p.pid).copied().unwrap_or(0);
+        let parent_is_rank =
+            memory::environ_has(ppid, crate::protocol::RUN_ID_ENV, run_id) && env_rank(ppid).is_some();
+        if !parent_is_rank {
+            add(&mut found, rank, p.pid, by);
+        }
+    }
+    if !found.is_empty() && found.iter().all(|f| f.by == "LOCAL_RANK") && !found.iter().any(|f| f.rank == 0) {
+        add(&mut found, 0, root, "launcher process");
+    }
+    if found.is_empty() {
+        let mut spawned: Vec<u32> =
+            children.get(&root).into_iter().flatten().copied().filter(|&c| is_spawn_child(c)).collect();
+        spawned.sort_by_key(|&pid| (start_ticks(pid), pid));
+        let mut next = (0..world).filter(|r| !known.contains_key(r));
+        for pid in spawned {
+            if known.values().any(|&k| k == pid) {
+                continue;
+            }
+            match next.next() {
+                Some(rank) => add(&mut found, rank, pid, "spawn order"),
+                None => break,
+            }
+        }
+    }
+    found.sort_by_key(|f| f.rank);
     found
+}
+
+/// Processes below the launcher `root` that look like ranks but whose rank is not known:
+/// its children that are not found ranks, not `multiprocessing`'s resource tracker and not
+/// zombies.
+pub fn unidentified_children(root: u32, found: &[u32]) -> usize {
+    memory::processes()
+        .into_iter()
+        .filter(|p| p.ppid == root && !p.zombie() && !found.contains(&p.pid))
+        .filter(|p| {
+            std::fs::read(format!("/proc/{}/cmdline", p.pid))
+                .map(|c| !String::from_utf8_lossy(&c).contains("resource_tracker"))
+                .unwrap_or(false)
+        })
+        .count()
 }
 
 /// One failed rank in torchrun's error summary.
@@ -363,9 +515,34 @@ Root Cause (first observed failure):
         }))
         .unwrap();
         assert_eq!(
-            argv(&s, Path::new("/s")),
+            argv(&s, Path::new("/s"), 29501),
             ["torchrun", "--nproc_per_node", "2", "/s/t.py", "--d=2,2", "false"]
         );
+    }
+
+    #[test]
+    fn auto_takes_launcher_for_launchers_and_programs_that_start_their_own_ranks() {
+        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let programs = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/programs");
+        let launchers = programs.join("launchers.py").display().to_string();
+        let plain = programs.join("ddp.py").display().to_string();
+        for (argv, launcher, why) in [
+            (args(&["torchrun", "--nproc_per_node", "2", "t.py"]), true, "`torchrun` is a launcher"),
+            (args(&["/venv/bin/accelerate", "launch", "t.py"]), true, "`accelerate` is a launcher"),
+            (
+                args(&["python", "-u", "-m", "torch.distributed.run", "t.py"]),
+                true,
+                "`python -m torch.distributed.run` is torchrun",
+            ),
+            (args(&["python3", &launchers]), true, "`launchers.py` starts its own ranks"),
+            (args(&["python", &plain]), false, "`python` is not a known launcher"),
+            (args(&["python", "-m", "mypkg.train"]), false, "`python` is not a known launcher"),
+            (args(&["./train.sh"]), false, "`train.sh` is not a known launcher"),
+        ] {
+            let (is_launcher, text) = auto_style(&argv);
+            assert_eq!(is_launcher, launcher, "{argv:?}: {text}");
+            assert!(text.starts_with(why), "{argv:?}: {text}");
+        }
     }
 
     #[test]

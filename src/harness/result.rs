@@ -154,6 +154,9 @@ pub struct ExternalRun {
     pub argv: Vec<String>,
     /// `per_rank` or `launcher`.
     pub style: String,
+    /// Why `launch.style: auto` took `style` (absent when the scenario named a style).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub style_chosen: Option<String>,
     /// Whether any rank sent a marker (through `python/ups_doctor.py` or its own writer).
     pub markers_seen: bool,
     /// How completion was judged: `exit status`, `done marker`, or `stdout matches …`.
@@ -328,6 +331,12 @@ pub struct RankResult {
     /// summary) or `unknown`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exit_source: Option<String>,
+    /// External commands started by a launcher: which signal identified the rank's process: a
+    /// variable in its starting environment (`RANK`, `LOCAL_RANK`, `SLURM_PROCID`,
+    /// `OMPI_COMM_WORLD_RANK`, `PMI_RANK`), `launcher process` (the launcher is the rank, as
+    /// Lightning's rank 0) or `spawn order` (`torch.multiprocessing.spawn`'s i-th child).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identified_by: Option<String>,
     /// External commands: seconds since the scenario started when the rank last wrote output.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_output_at_s: Option<f64>,

@@ -198,6 +198,9 @@ struct Launcher {
     exits: Arc<Mutex<BTreeMap<u32, (process::Exit, Instant)>>>,
     stop: Arc<AtomicBool>,
     fifo: PathBuf,
+    /// The most processes seen below the launcher at once that looked like ranks but whose rank
+    /// number no signal gave.
+    unidentified: usize,
     stdout_log: PathBuf,
     stderr_log: PathBuf,
 }
@@ -262,8 +265,16 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
     let scenario = plan.scenario;
     let world = scenario.launch.world_size;
     let is_external = scenario.is_external();
-    let launcher_style = is_external && scenario.launch.style == LaunchStyle::Launcher;
-    let argv = if is_external { external::argv(scenario, &plan.scenario_dir) } else { Vec::new() };
+    let master_port = free_port();
+    let argv =
+        if is_external { external::argv(scenario, &plan.scenario_dir, master_port) } else { Vec::new() };
+    let (launcher_style, style_chosen) = match scenario.launch.style {
+        LaunchStyle::Auto if is_external => {
+            let (launcher, why) = external::auto_style(&argv);
+            (launcher, Some(why))
+        }
+        style => (is_external && style == LaunchStyle::Launcher, None),
+    };
     let program_path = argv.first().and_then(|p| external::find_program(p));
     let py_spy = external::find_py_spy(program_path.as_deref());
     let start = Instant::now();
@@ -279,7 +290,6 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
     let mut gpu = GpuWatch::start(scenario, start);
     let mut oom = OomWatch::start(plan.cgroup);
     let (tx, rx) = mpsc::channel();
-    let master_port = free_port();
     let new_slot = |rank: u32, stdout: &std::path::Path, stderr: &std::path::Path| Slot {
         end: RankEnd {
             rank,
@@ -311,6 +321,7 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
             exits: Arc::default(),
             stop: Arc::default(),
             fifo: fifo.clone(),
+            unidentified: 0,
             stdout_log: spec.stdout_log.clone(),
             stderr_log: spec.stderr_log.clone(),
         };
@@ -416,10 +427,15 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
             }
             if l.live() && slots.iter().any(|s| s.found.is_none()) {
                 let root = l.process.as_ref().map_or(0, |p| p.pid);
-                for (rank, pid) in external::discover_ranks(root) {
+                let known: BTreeMap<u32, u32> =
+                    slots.iter().filter_map(|s| Some((s.end.rank, s.found?))).collect();
+                for external::FoundRank { rank, pid, by } in
+                    external::discover_ranks(root, &plan.run_id, world, &known)
+                {
                     if let Some(slot) = slots.get_mut(rank as usize).filter(|s| s.found.is_none()) {
                         slot.found = Some(pid);
                         slot.found_id = owner::identify(pid);
+                        slot.end.identified_by = Some(by);
                         if let Some(pgid) = external::pgid_of(pid).filter(|&g| g == pid) {
                             ownership.groups.push(pgid);
                         }
@@ -429,17 +445,37 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
                         }
                     }
                 }
+                let found: Vec<u32> = slots.iter().filter_map(|s| s.found).collect();
+                if found.len() < slots.len() {
+                    l.unidentified = l.unidentified.max(external::unidentified_children(root, &found));
+                }
             }
             let exits = l.exits.lock().map(|e| e.clone()).unwrap_or_default();
+            let launcher_pid = l.process.as_ref().map(|p| p.pid);
+            let launcher_exit = l.exit.map(|e| (e, l.exited_at.unwrap_or(now)));
             for slot in slots.iter_mut().filter(|s| s.found.is_some() && !s.found_gone) {
                 let pid = slot.found.unwrap_or(0);
-                let seen =
-                    exits.get(&pid).copied().or_else(|| external::zombie_exit(pid).map(|exit| (exit, now)));
+                // The launcher as a rank (Lightning's rank 0) is our own child: its exit is ours.
+                let seen = if Some(pid) == launcher_pid {
+                    launcher_exit
+                } else {
+                    exits.get(&pid).copied().or_else(|| external::zombie_exit(pid).map(|exit| (exit, now)))
+                };
+                if Some(pid) == launcher_pid && seen.is_none() {
+                    continue;
+                }
                 if seen.is_some() || !external::alive(pid) {
                     let at = seen.map_or(now, |(_, at)| at);
                     slot.found_gone = true;
                     slot.end.exit = seen.map(|(exit, _)| exit);
-                    slot.end.exit_source = Some(if seen.is_some() { "procfs" } else { "unknown" }.into());
+                    slot.end.exit_source = Some(
+                        match (seen.is_some(), Some(pid) == launcher_pid) {
+                            (true, true) => "launcher",
+                            (true, false) => "procfs",
+                            _ => "unknown",
+                        }
+                        .into(),
+                    );
                     slot.end.ended_at_s = Some(since(at));
                     slot.exited_at = Some(now);
                     recorder.rank_ended(slot.end.rank, since(at), shm_sample());
@@ -510,10 +546,17 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
             // stacks show where a collateral rank was waiting), then tear down.
             let grace_over = first_failure_at.is_some_and(|t| now.duration_since(t) >= COLLATERAL_GRACE);
             if stuck || grace_over {
+                // The launcher can be a rank itself (Lightning's rank 0): the other ranks in its
+                // process group are not its workers.
+                let found: Vec<(u32, u32)> =
+                    slots.iter().filter_map(|s| Some((s.end.rank, s.found?))).collect();
                 for slot in
                     slots.iter_mut().filter(|s| s.live() && (grace_over || s.end.intervention.is_some()))
                 {
-                    let members = slot_members(slot);
+                    let other_ranks: Vec<u32> =
+                        found.iter().filter(|(r, _)| *r != slot.end.rank).map(|(_, p)| *p).collect();
+                    let members: Vec<u32> =
+                        slot_members(slot).into_iter().filter(|p| !other_ranks.contains(p)).collect();
                     if is_external {
                         // A foreign program has no handler for our stack-dump signal (SIGUSR1
                         // would kill it): look from outside instead.
@@ -597,15 +640,36 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
                     slot.end.exit_source = Some("launcher status 0".into());
                 }
                 (None, _, _) => {
-                    let how = match (exit, &l.launch_error) {
-                        (_, Some(e)) => e.clone(),
-                        (Some((_, e)), _) => format!("the launcher `{launcher_name}` {}", describe_exit(e)),
-                        (None, None) => format!("the launcher `{launcher_name}` did not run"),
+                    let unknown = match l.unidentified {
+                        0 => String::new(),
+                        n => format!(
+                            "; {n} process{} below the launcher looked like ranks, their rank numbers are unknown",
+                            if n == 1 { "" } else { "es" }
+                        ),
                     };
-                    slot.end.launch_error = Some(format!(
-                        "no process with `RANK={}` appeared under the launcher; {how}",
-                        slot.end.rank
-                    ));
+                    let how = match (exit, &l.launch_error) {
+                        (_, Some(e)) => Some(e.clone()),
+                        (Some((_, e)), _) if e == process::Exit::Code(0) => None,
+                        (Some((_, e)), _) => {
+                            Some(format!("the launcher `{launcher_name}` {}", describe_exit(e)))
+                        }
+                        (None, None) => Some(format!("the launcher `{launcher_name}` did not run")),
+                    };
+                    match how {
+                        // The rank's process was never identified, but the launcher exited 0: a
+                        // clean run is judged by the launcher's status, never as a failed launch.
+                        None => {
+                            slot.end.exit = Some(process::Exit::Code(0));
+                            slot.end.exit_source =
+                                Some(format!("launcher status 0, rank not identified{unknown}"));
+                        }
+                        Some(how) => {
+                            slot.end.launch_error = Some(format!(
+                                "no process of rank {} was identified under the launcher (by `RANK`, `LOCAL_RANK`, `SLURM_PROCID`, `OMPI_COMM_WORLD_RANK`, `PMI_RANK`, the launcher itself or a spawn order){unknown}; {how}",
+                                slot.end.rank
+                            ))
+                        }
+                    }
                 }
                 _ => {}
             }
@@ -669,6 +733,7 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
     let external_run = is_external.then(|| ExternalRun {
         argv: argv.clone(),
         style: if launcher_style { "launcher" } else { "per_rank" }.to_string(),
+        style_chosen,
         markers_seen: ends.iter().any(|e| e.state.markers > 0),
         completion: match &scenario.expect.completes_when {
             None => "exit status".to_string(),

@@ -111,6 +111,7 @@ fn rank(rank: u32, steps: u64) -> RankResult {
         log_errors: Vec::new(),
         workers: Vec::new(),
         exit_source: None,
+        identified_by: None,
         last_output_at_s: None,
         quotes: Vec::new(),
         dumps: Vec::new(),

@@ -94,7 +94,10 @@ pub(crate) fn rows(run: &RunResult) -> Vec<Vec<Cell>> {
             let outcome_tone = if s.outcome == OutcomeKind::Passed { Tone::Good } else { Tone::Bad };
             let mut row = vec![
                 Cell::plain(&s.name),
-                Cell::plain(text::launch_label(&s.scenario)),
+                // The style a command ran with (`auto` resolved), else as the file says.
+                Cell::plain(
+                    s.external.as_ref().map_or(text::launch_label(&s.scenario), |e| e.style.as_str()),
+                ),
                 Cell::plain(s.scenario.launch.world_size.to_string()),
                 Cell { text: text::scenario_outcome(s), tone: outcome_tone },
                 Cell::plain(text::failure_site(s).unwrap_or_else(|| NONE.to_string())),

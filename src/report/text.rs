@@ -136,6 +136,7 @@ pub(crate) fn mode(m: Mode) -> &'static str {
 pub(crate) fn launch_label(s: &crate::scenario::Scenario) -> &'static str {
     match (s.is_external(), s.launch.style) {
         (false, _) => mode(s.launch.mode),
+        (true, crate::scenario::LaunchStyle::Auto) => "auto",
         (true, crate::scenario::LaunchStyle::PerRank) => "per_rank",
         (true, crate::scenario::LaunchStyle::Launcher) => "launcher",
     }

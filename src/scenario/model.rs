@@ -72,7 +72,7 @@ pub struct Launch {
     pub backend: Backend,
     /// How an external `command` is started: one copy per rank, or once as a launcher (torchrun)
     /// that starts the ranks itself. Only with `command`.
-    #[serde(skip_serializing_if = "LaunchStyle::is_per_rank")]
+    #[serde(skip_serializing_if = "LaunchStyle::is_auto")]
     pub style: LaunchStyle,
     /// Memory limit for all the scenario's processes together (`"2g"`, like `docker run
     /// --memory`): they run in a memory cgroup with this limit and no swap, so the kernel's OOM
@@ -88,7 +88,7 @@ impl Default for Launch {
             world_size: 1,
             device: Device::Auto,
             backend: Backend::Auto,
-            style: LaunchStyle::PerRank,
+            style: LaunchStyle::Auto,
             memory_limit: None,
         }
     }
@@ -98,18 +98,23 @@ impl Default for Launch {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum LaunchStyle {
+    /// `launcher` when the command's program is a known launcher (torchrun, `python -m
+    /// torch.distributed.run`, accelerate, deepspeed, srun, mpirun) or a Python program that starts
+    /// its own ranks (it calls `torch.multiprocessing.spawn` or uses Lightning), else `per_rank`;
+    /// the result says which was taken and why.
+    #[default]
+    Auto,
     /// The harness starts `world_size` copies of `command`, each with torchrun's environment
     /// (`RANK`, `LOCAL_RANK`, `WORLD_SIZE`, …), exactly as it starts the built-in trainer.
-    #[default]
     PerRank,
     /// The harness starts `command` once (`torchrun --nproc_per_node 2 train.py`) and finds the
-    /// rank processes in its process tree by the `RANK` in their environment.
+    /// rank processes it starts (see `harness::external::discover_ranks`).
     Launcher,
 }
 
 impl LaunchStyle {
-    fn is_per_rank(&self) -> bool {
-        *self == LaunchStyle::PerRank
+    fn is_auto(&self) -> bool {
+        *self == LaunchStyle::Auto
     }
 }
 

@@ -13,6 +13,9 @@ use super::Doc;
 pub(super) fn program_words(doc: &mut Doc, s: &ScenarioResult) {
     let Some(ext) = &s.external else { return };
     doc.push(command_line(ext));
+    if ext.launcher.is_some() {
+        doc.push(identified_line(&s.ranks));
+    }
     for r in &s.ranks {
         for q in &r.quotes {
             doc.push(format!("Rank {}, {}:", r.rank, q.title));
@@ -27,13 +30,42 @@ pub(super) fn program_words(doc: &mut Doc, s: &ScenarioResult) {
     }
 }
 
+/// How each rank's process was found below the launcher, or that it was not.
+fn identified_line(ranks: &[RankResult]) -> String {
+    let each: Vec<String> = ranks
+        .iter()
+        .map(|r| match &r.identified_by {
+            Some(by) if by == "launcher process" => format!("rank {} is the launcher process itself", r.rank),
+            Some(by) if by == "spawn order" => {
+                format!("rank {} by spawn order (the launcher's child started {})", r.rank, ordinal(r.rank))
+            }
+            Some(by) => format!("rank {} by {}", r.rank, code(&format!("{by}={}", r.rank))),
+            None => format!("rank {}: no process identified", r.rank),
+        })
+        .collect();
+    format!("Ranks identified: {}.", each.join("; "))
+}
+
+fn ordinal(rank: u32) -> String {
+    match rank {
+        0 => "first".into(),
+        1 => "second".into(),
+        2 => "third".into(),
+        n => format!("{}th", n + 1),
+    }
+}
+
 fn quote_fence(lines: &[String]) -> String {
     let lines: Vec<String> = lines.iter().map(|l| strip_control(l)).collect();
     fence("text", &lines.join("\n"))
 }
 
 fn command_line(ext: &ExternalRun) -> String {
-    let mut line = format!("Command ({}): {}", ext.style, code(&crate::report::text::shell_line(&ext.argv)));
+    let style = match &ext.style_chosen {
+        Some(why) => format!("{}, chosen by `launch.style: auto`: {why}", ext.style),
+        None => ext.style.clone(),
+    };
+    let mut line = format!("Command ({style}): {}", code(&crate::report::text::shell_line(&ext.argv)));
     line.push_str(&format!("; completion judged by {}", ext.completion));
     if !ext.markers_seen {
         line.push_str(
