@@ -102,7 +102,8 @@ start_munged() {
   fi
   # --force: munged refuses to run as root, or next to a stale socket, without it.
   munged --force --key-file="$DIR/munge.key" --socket="$DIR/munge.socket" \
-    --pid-file="$DIR/munged.pid" --log-file="$DIR/log/munged.log" --seed-file="$DIR/munge.seed"
+    --pid-file="$DIR/munged.pid" --log-file="$DIR/log/munged.log" --seed-file="$DIR/munge.seed" \
+    </dev/null >>"$DIR/log/munged.out" 2>&1
 }
 
 start() {
@@ -117,8 +118,8 @@ start() {
   start_munged
   # -i: ignore saved state (a fresh queue every start); slurmd -N names the node whatever the
   # host name resolves to.
-  slurmctld -i -f "$CONF"
-  slurmd -f "$CONF" -N "$(hostname -s)"
+  slurmctld -i -f "$CONF" </dev/null >>"$DIR/log/slurmctld.out" 2>&1
+  slurmd -f "$CONF" -N "$(hostname -s)" </dev/null >>"$DIR/log/slurmd.out" 2>&1
   local i
   for i in $(seq 1 60); do
     if status; then
