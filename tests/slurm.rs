@@ -174,7 +174,7 @@ fn an_srun_task_skipping_a_collective_is_hung_with_stacks_of_both_ranks() {
         "srun-hang",
         job,
         r#", "--skip-rank", "0", "--skip-step", "3""#,
-        r#""limits": {"timeout_s": 300, "hang_after_s": 15}, "expect": {"outcome": "hung"}"#,
+        r#""limits": {"timeout_s": 300, "hang_after_s": 30}, "expect": {"outcome": "hung"}"#,
     );
     let run = run(&sb, &conf, &file);
     let s = scenario(&run);
