@@ -1,6 +1,6 @@
 //! `srun` under the harness: a real one-host Slurm cluster (scripts/slurm-one-host.sh, started by
 //! `./x test` when it runs as root with apt) runs a real 2-task PyTorch program
-//! (tests/programs/srun_ddp.py, CPU, gloo) whose tasks are started by slurmstepd, not by srun:
+//! (tests/programs/srun_ddp.py → ddp.py, CPU, gloo) whose tasks are started by slurmstepd, not by srun:
 //! they are no descendants of the command ups-doctor started and carry their rank only as
 //! `SLURM_PROCID`.
 //!
@@ -183,7 +183,7 @@ fn an_srun_task_skipping_a_collective_is_hung_with_stacks_of_both_ranks() {
     for r in s["ranks"].as_array().unwrap() {
         let dumps = r["dumps"].as_array().unwrap_or_else(|| panic!("rank {} has stacks: {r}", r["rank"]));
         let py_spy = dumps.first().and_then(|d| d["py_spy"].as_str()).unwrap_or_else(|| panic!("py-spy ran: {r}"));
-        assert!(py_spy.contains("srun_ddp.py:"), "rank {}'s stack reaches the program:\n{py_spy}", r["rank"]);
+        assert!(py_spy.contains(" (ddp.py:"), "rank {}'s stack reaches the program:\n{py_spy}", r["rank"]);
     }
     let stacks = |rank: usize| s["ranks"][rank]["dumps"][0]["py_spy"].as_str().unwrap().to_string();
     assert!(stacks(0).contains("barrier"), "rank 0 waits in the barrier it took instead:\n{}", stacks(0));
