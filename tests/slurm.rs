@@ -20,7 +20,8 @@ use util::{RunOutput, Sandbox, eventually, repo};
 
 /// The folder of the one-host cluster, as scripts/slurm-one-host.sh names it.
 fn cluster_dir() -> PathBuf {
-    std::env::var_os("UPS_DOCTOR_SLURM_DIR").map_or_else(|| PathBuf::from("/tmp/ups-doctor-slurm"), PathBuf::from)
+    std::env::var_os("UPS_DOCTOR_SLURM_DIR")
+        .map_or_else(|| PathBuf::from("/tmp/ups-doctor-slurm"), PathBuf::from)
 }
 
 /// `SLURM_CONF` of the one-host cluster when its node answers; `None` (after saying why) when
@@ -86,7 +87,11 @@ fn assert_nothing_left(conf: &OsString, job: &str) {
         assert!(out.status.success(), "squeue: {}", String::from_utf8_lossy(&out.stderr));
         String::from_utf8_lossy(&out.stdout).trim().to_string()
     };
-    assert!(eventually(Duration::from_secs(60), || jobs().is_empty()), "job {job} is still there: {}", jobs());
+    assert!(
+        eventually(Duration::from_secs(60), || jobs().is_empty()),
+        "job {job} is still there: {}",
+        jobs()
+    );
     let marker = format!("SLURM_JOB_NAME={job}");
     let tasks: Vec<u32> = std::fs::read_dir("/proc")
         .unwrap()
@@ -151,14 +156,25 @@ fn an_srun_task_segfaulting_is_the_first_failure_and_the_other_rank_collateral()
     );
     let run = run(&sb, &conf, &file);
     let s = scenario(&run);
-    assert_eq!(run.code(), 0, "the expectation is met: {} {}\n{}", s["verdict"], s["expectation_mismatches"], s["ranks"]);
+    assert_eq!(
+        run.code(),
+        0,
+        "the expectation is met: {} {}\n{}",
+        s["verdict"],
+        s["expectation_mismatches"],
+        s["ranks"]
+    );
     assert_eq!(s["first_failure"], 1, "{}", s["verdict"]);
     let r1 = &s["ranks"][1];
     assert_eq!((r1["outcome"].as_str(), r1["signal"].as_str()), (Some("signaled"), Some("SIGSEGV")), "{r1}");
     let r0 = &s["ranks"][0];
     assert_eq!(r0["collateral"], true, "{r0}");
     assert_ne!(r0["outcome"], "passed");
-    assert!(s["verdict"]["headline"].as_str().unwrap().contains("Rank 0 failed after it (collateral)"), "{}", s["verdict"]);
+    assert!(
+        s["verdict"]["headline"].as_str().unwrap().contains("Rank 0 failed after it (collateral)"),
+        "{}",
+        s["verdict"]
+    );
     // srun's own summary: its exit status is the segfaulted task's.
     assert_eq!(s["external"]["launcher"]["exit_code"], 139, "{}", s["external"]["launcher"]);
     assert_nothing_left(&conf, job);
@@ -178,11 +194,19 @@ fn an_srun_task_skipping_a_collective_is_hung_with_stacks_of_both_ranks() {
     );
     let run = run(&sb, &conf, &file);
     let s = scenario(&run);
-    assert_eq!(run.code(), 0, "the expectation is met: {} {}\n{}", s["verdict"], s["expectation_mismatches"], s["ranks"]);
+    assert_eq!(
+        run.code(),
+        0,
+        "the expectation is met: {} {}\n{}",
+        s["verdict"],
+        s["expectation_mismatches"],
+        s["ranks"]
+    );
     assert_eq!(s["outcome"], "hung");
     for r in s["ranks"].as_array().unwrap() {
         let dumps = r["dumps"].as_array().unwrap_or_else(|| panic!("rank {} has stacks: {r}", r["rank"]));
-        let py_spy = dumps.first().and_then(|d| d["py_spy"].as_str()).unwrap_or_else(|| panic!("py-spy ran: {r}"));
+        let py_spy =
+            dumps.first().and_then(|d| d["py_spy"].as_str()).unwrap_or_else(|| panic!("py-spy ran: {r}"));
         assert!(py_spy.contains(" (ddp.py:"), "rank {}'s stack reaches the program:\n{py_spy}", r["rank"]);
     }
     let stacks = |rank: usize| s["ranks"][rank]["dumps"][0]["py_spy"].as_str().unwrap().to_string();
