@@ -1,6 +1,8 @@
 """A 2-rank DDP program for ups-doctor's tests: CPU, gloo, a tiny MLP, markers through
 python/ups_doctor.py. `--segv-rank R --segv-step S` makes rank R read address 0 (a real SIGSEGV)
-at the beginning of step S's forward. Prints `training finished` on rank 0 at the end."""
+at the beginning of step S's forward. `--skip-rank R --skip-step S` makes rank R skip step S's
+backward (its gradient all-reduce) and wait in `dist.barrier()` while the other rank waits in that
+all-reduce: both hang. Prints `training finished` on rank 0 at the end."""
 
 import argparse
 import ctypes
@@ -19,6 +21,8 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=10)
 parser.add_argument("--segv-rank", type=int, default=-1)
 parser.add_argument("--segv-step", type=int, default=-1)
+parser.add_argument("--skip-rank", type=int, default=-1)
+parser.add_argument("--skip-step", type=int, default=-1)
 args = parser.parse_args()
 
 rank = int(os.environ["RANK"])
@@ -39,6 +43,10 @@ for step in range(args.steps):
     if rank == args.segv_rank and step == args.segv_step:
         ctypes.string_at(0)
     loss = torch.nn.functional.mse_loss(model(x), y)
+    if rank == args.skip_rank and step == args.skip_step:
+        ups_doctor.mark("barrier", step)
+        dist.barrier()
+        continue
     ups_doctor.mark("backward", step)
     optimizer.zero_grad()
     loss.backward()

@@ -73,8 +73,13 @@ impl Sandbox {
     /// `ups-doctor run FILES …` with the PyTorch venv's `bin` first on `PATH`, for external
     /// commands (`python`, `torchrun`, `py-spy` are the venv's).
     pub fn run_in_venv(&self, files: &[&Path]) -> RunOutput {
+        self.run_in_venv_with_env(files, &[])
+    }
+
+    /// `run_in_venv` with more variables in ups-doctor's environment (`SLURM_CONF` for srun).
+    pub fn run_in_venv_with_env(&self, files: &[&Path], env: &[(&str, &std::ffi::OsStr)]) -> RunOutput {
         let mut cmd = self.cmd();
-        cmd.env("PATH", venv_path());
+        cmd.env("PATH", venv_path()).envs(env.iter().copied());
         self.run_with(cmd, files, &[])
     }
 
