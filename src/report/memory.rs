@@ -126,7 +126,7 @@ fn cgroup_line(s: &ScenarioResult) -> Option<String> {
         )),
         (n, false) => line.push_str(&format!(
             "; the OOM killer ended {}: {}.",
-            plural(n as usize, "process"),
+            count(n as usize, "process", "processes"),
             killed.join("; ")
         )),
     }
