@@ -41,6 +41,16 @@ fn spawned_workers_each_copying_a_memory_cache_are_oom_killed_and_the_kill_names
             assert!(kill["anon_rss_bytes"].as_u64().unwrap() > 0, "{kill}");
         }
     }
+    // The judge names the pattern from that evidence, with the cgroup's figures.
+    assert_eq!(s["verdict"]["pattern"], "oom-kill", "{:#}", s["verdict"]);
+    let headline = s["verdict"]["headline"].as_str().unwrap();
+    assert!(
+        headline.starts_with(&format!(
+            "DataLoader worker {} (pid {}) of rank 0 was killed by the OOM killer: cgroup limit 640.0 MiB",
+            kills[0]["worker"], kills[0]["pid"]
+        )),
+        "{headline}"
+    );
     // The rank saw it the way PyTorch words it.
     let error = s["ranks"][0]["error"].as_str().unwrap_or_default();
     assert!(
@@ -103,6 +113,15 @@ fn a_rank_allocating_past_the_limit_is_oom_killed_and_attributed_to_its_rank() {
     assert_eq!(kills[0]["pid"], rank1["pid"]);
     assert_eq!(kills[0]["rank"], 1);
     assert!(kills[0].get("worker").is_none(), "{}", kills[0]);
+    assert_eq!(s["verdict"]["pattern"], "oom-kill", "{:#}", s["verdict"]);
+    let headline = s["verdict"]["headline"].as_str().unwrap();
+    assert!(
+        headline.starts_with(&format!(
+            "Rank 1 (pid {}) was killed by the OOM killer: cgroup limit 1.0 GiB",
+            rank1["pid"]
+        )),
+        "{headline}"
+    );
 }
 
 #[test]
@@ -136,6 +155,9 @@ fn an_external_program_past_the_limit_is_oom_killed_and_attributed_to_its_rank()
     assert_eq!(kills.len(), 1, "{kills:#?}");
     assert_eq!(kills[0]["pid"], s["ranks"][0]["pid"]);
     assert_eq!(kills[0]["rank"], 0);
+    assert_eq!(s["verdict"]["pattern"], "oom-kill", "{:#}", s["verdict"]);
+    let headline = s["verdict"]["headline"].as_str().unwrap();
+    assert!(headline.contains("was killed by the OOM killer: cgroup limit 256.0 MiB"), "{headline}");
 }
 
 #[test]
@@ -148,6 +170,8 @@ fn a_worker_sigkilled_by_its_rank_is_not_an_oom_kill() {
     assert_eq!(s["cgroup"]["limit_bytes"], 2u64 << 30);
     assert_eq!(s["cgroup"]["oom_kills"], 0);
     assert!(oom_kills(s).is_empty(), "{:#?}", s["oom_kills"]);
+    assert_eq!(s["verdict"]["pattern"], "worker-killed-by-signal", "{:#}", s["verdict"]);
+    assert!(!s["verdict"]["headline"].as_str().unwrap().contains("OOM killer"), "{:#}", s["verdict"]);
 }
 
 #[test]
@@ -194,6 +218,11 @@ fn a_rank_sigkilled_by_hand_is_not_an_oom_kill() {
     assert_eq!(s["ranks"][0]["signal"], "SIGKILL");
     assert_eq!(s["cgroup"]["oom_kills"], 0);
     assert!(oom_kills(s).is_empty(), "{:#?}", s["oom_kills"]);
+    // The verdict says what was seen and what was not: a SIGKILL from outside, no OOM event.
+    assert_ne!(s["verdict"]["pattern"], "oom-kill", "{:#}", s["verdict"]);
+    let headline = s["verdict"]["headline"].as_str().unwrap();
+    assert!(headline.starts_with("Rank 0 was killed by SIGKILL from outside"), "{headline}");
+    assert!(headline.contains("; no OOM event was recorded"), "{headline}");
 }
 
 #[test]
