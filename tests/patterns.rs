@@ -178,3 +178,69 @@ fn hangs_of_real_programs_are_named_from_py_spy_stacks() {
     assert!(!md.contains("before the trainer started"), "no trainer texts for a program: {md}");
     assert!(md.contains("Rank 0 sent no marker and wrote no output for"), "{md}");
 }
+
+#[test]
+fn model_nan_fsdp_and_input_bound_patterns_of_real_programs() {
+    let sb = Sandbox::new();
+    // No hang is expected in any of them: the limit only guards against a broken test.
+    let files = [
+        case(&sb, "model_mismatch", 2, "exited", 120),
+        case(&sb, "nan_loss", 2, "exited", 120),
+        case(&sb, "fsdp_inplace_view", 2, "exited", 120),
+        case(&sb, "input_bound", 1, "passed", 120),
+    ];
+    let run = run(&sb, &files);
+
+    // Rank 1 built an extra layer: both ranks' DDP constructors compare parameter counts and
+    // raise; whichever exits first is the culprit, quoting its own count, the other collateral.
+    let s = by_name(&run, "model_mismatch");
+    assert_eq!(text(s, "pattern"), "ddp-model-mismatch", "{:#}", s["verdict"]);
+    let culprit = s["first_failure"].as_u64().unwrap();
+    assert!(culprit <= 1);
+    let key = text(s, "key_line");
+    // Rank 0's model has 4 parameters (two Linear layers), rank 1's 6.
+    let (mine, theirs) = if culprit == 0 { (4, 6) } else { (6, 4) };
+    assert!(
+        key.starts_with(&format!(
+            "RuntimeError: DDP expects same model across all ranks, but Rank {culprit} has {mine} params, while \
+             rank {} has inconsistent {theirs} params. (patterns.py:",
+            1 - culprit
+        )),
+        "{key}"
+    );
+    let headline = text(s, "headline");
+    assert!(headline.starts_with(&format!("Rank {culprit} exited with status 1: RuntimeError: DDP expects same model")), "{headline}");
+    assert!(headline.contains(&format!("Rank {} failed after it (collateral)", 1 - culprit)), "{headline}");
+
+    // Rank 1's loss of step 3 is NaN and it raises; rank 0 then loses its peer in the all-reduce.
+    let s = by_name(&run, "nan_loss");
+    assert_eq!(text(s, "pattern"), "nan-loss", "{:#}", s["verdict"]);
+    assert_eq!(s["first_failure"], 1);
+    let headline = text(s, "headline");
+    assert!(headline.starts_with("Rank 1's loss became NaN: `FloatingPointError: loss is nan at step 3`."), "{headline}");
+    let key = text(s, "key_line");
+    assert!(key.starts_with("FloatingPointError: loss is nan at step 3 (patterns.py:") && key.ends_with("in train)"), "{key}");
+    assert_eq!(s["ranks"][0]["collateral"], true);
+
+    // Real FSDP on CPU: rank 1 scales a parameter (a view of FSDP's flat parameter) in place.
+    let s = by_name(&run, "fsdp_inplace_view");
+    assert_eq!(text(s, "pattern"), "fsdp-inplace-view", "{:#}", s["verdict"]);
+    assert_eq!(s["first_failure"], 1);
+    let headline = text(s, "headline");
+    assert!(headline.starts_with("Rank 1 modified a view of a parameter in place at `patterns.py:"), "{headline}");
+    assert!(headline.contains("in forward`: `Output 0 of ViewBackward0 is a view and is being modified inplace`"), "{headline}");
+    let key = text(s, "key_line");
+    assert!(key.starts_with("RuntimeError: Output 0 of ViewBackward0 is a view and is being modified inplace."), "{key}");
+    assert!(key.ends_with("in forward)"), "{key}");
+    assert_eq!(s["ranks"][0]["collateral"], true);
+
+    // 0.2 s per sample and a tiny model: the run passes, but mostly waiting in `data.next`.
+    let s = by_name(&run, "input_bound");
+    assert_eq!(text(s, "pattern"), "input-bound", "{:#}", s["verdict"]);
+    assert!(s["first_failure"].is_null());
+    let headline = text(s, "headline");
+    assert!(headline.starts_with("Passed: 1 rank of `python patterns.py` finished in "), "{headline}");
+    assert!(headline.contains("4 steps reported. Input-bound: ") && headline.ends_with("% of step time waiting for data."), "{headline}");
+    let share = s["ranks"][0]["data_wait_fraction"].as_f64().unwrap_or_else(|| panic!("{:#}", s["ranks"][0]));
+    assert!(share >= 0.5, "{share}");
+}

@@ -13,6 +13,14 @@ what any program leaves (exit status, output, py-spy stacks). `--case`:
 - `dataset_error`: a DataLoader worker's `__getitem__` raises for sample 5.
 - `worker_kill`: a DataLoader worker SIGKILLs itself (a kill by hand, not the OOM killer).
 - `rank_kill`: DDP, rank 1 SIGKILLs itself in step 2; rank 0 loses its peer.
+- `model_mismatch`: rank 1 builds its model with an extra layer; DDP's constructor refuses
+  ("DDP expects same model across all ranks…").
+- `nan_loss`: DDP, rank 1's batch of step 3 holds a NaN; its loss is NaN and it raises
+  `FloatingPointError`; rank 0 loses its peer.
+- `fsdp_inplace_view`: real FSDP on CPU (`device_id=cpu`, gloo); rank 1's forward scales a
+  parameter in place, which FSDP has made a view of its flat parameter: autograd refuses.
+- `input_bound`: a dataset that takes 0.2 s per sample and a tiny model; the loop reports its
+  `data.next` waits and its steps through python/ups_doctor.py, then finishes normally.
 """
 
 import argparse
@@ -20,6 +28,7 @@ import datetime
 import os
 import signal
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -50,7 +59,11 @@ def train(model, steps):
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     for step in range(steps):
         x = torch.randn(4, 8)
+        if args.case == "nan_loss" and rank == 1 and step == 3:
+            x[0, 0] = float("nan")
         loss = model(x).pow(2).mean()
+        if torch.isnan(loss):
+            raise FloatingPointError(f"loss is nan at step {step}")
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -66,6 +79,8 @@ class Samples(torch.utils.data.Dataset):
             raise ValueError(f"corrupt sample at index {index}")
         if args.case == "worker_kill" and index == 5:
             os.kill(os.getpid(), signal.SIGKILL)
+        if args.case == "input_bound":
+            time.sleep(0.2)
         return torch.full((4,), float(index))
 
 
@@ -103,6 +118,48 @@ elif args.case == "rank_kill":
     if rank == 1:
         os.kill(os.getpid(), signal.SIGKILL)
     train(model, args.steps)
+elif args.case == "model_mismatch":
+    dist.init_process_group("gloo")
+    layers = [torch.nn.Linear(8, 8), torch.nn.Linear(8, 1)]
+    if rank == 1:
+        layers.append(torch.nn.Linear(1, 1))
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(*layers))
+    train(model, args.steps)
+elif args.case == "nan_loss":
+    dist.init_process_group("gloo")
+    train(ddp_model(), args.steps + 2)
+elif args.case == "fsdp_inplace_view":
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    class Scaled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            if rank == 1:
+                self.lin.weight.mul_(0.5)
+            return self.lin(x)
+
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    train(FSDP(Scaled(), device_id=torch.device("cpu")), args.steps)
+elif args.case == "input_bound":
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
+    import ups_doctor
+
+    model = torch.nn.Linear(4, 1)
+    batches = iter(torch.utils.data.DataLoader(Samples(), batch_size=2))
+    for step in range(args.steps):
+        started = time.perf_counter()
+        with ups_doctor.phase("data.next", step):
+            batch = next(batches)
+        waited = time.perf_counter()
+        with ups_doctor.phase("forward", step):
+            loss = model(batch).pow(2).mean()
+        ups_doctor.step(step, loss=loss.item(), samples=len(batch), data_ms=(waited - started) * 1000.0,
+                        compute_ms=(time.perf_counter() - waited) * 1000.0)
+    ups_doctor.done()
 else:
     sys.exit(f"unknown --case {args.case}")
 print("training finished", flush=True)

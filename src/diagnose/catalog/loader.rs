@@ -61,7 +61,9 @@ pub const LEAKED_SHM: Pattern = Pattern {
 pub const INPUT_BOUND: Pattern = Pattern {
     id: "input-bound",
     title: "Input-bound",
-    matches: "the ranks spent at least half of their step time waiting for data (from `data.next` markers)",
+    matches: "the ranks spent at least half of their step time waiting for data (from the `data_ms` and \
+              `compute_ms` of step markers, e.g. `ups_doctor.step(step, data_ms=…, compute_ms=…)`; phase \
+              markers alone do not count)",
     explanation: "The ranks wait for batches more than they compute: the data pipeline, not the model, sets \
                   the speed, and a bigger batch only makes each wait longer.",
     next_step: "Try more workers (`num_workers`, `data.workers`), a larger prefetch, or a faster cache \
