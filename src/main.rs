@@ -671,7 +671,9 @@ fn save_honestly(dir: &Path, run: &RunResult) -> Result<(), Failure> {
 /// anything (a few rounds at most).
 fn with_room<T, E>(dir: &Path, cut: &mut bool, mut attempt: impl FnMut() -> Result<T, E>) -> Result<T, E> {
     let mut outcome = attempt();
-    for _ in 0..4 {
+    // Each pass halves the largest logs; keep cutting while that frees anything (a run of several
+    // scenarios writes a report per scenario besides the result), so the loop ends by itself.
+    loop {
         if outcome.is_ok() || harness::make_room(dir, 1 << 20) == 0 {
             break;
         }

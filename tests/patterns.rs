@@ -209,7 +209,12 @@ fn model_nan_fsdp_and_input_bound_patterns_of_real_programs() {
         "{key}"
     );
     let headline = text(s, "headline");
-    assert!(headline.starts_with(&format!("Rank {culprit} exited with status 1: RuntimeError: DDP expects same model")), "{headline}");
+    assert!(
+        headline.starts_with(&format!(
+            "Rank {culprit} exited with status 1: RuntimeError: DDP expects same model"
+        )),
+        "{headline}"
+    );
     assert!(headline.contains(&format!("Rank {} failed after it (collateral)", 1 - culprit)), "{headline}");
 
     // Rank 1's loss of step 3 is NaN and it raises; rank 0 then loses its peer in the all-reduce.
@@ -217,9 +222,16 @@ fn model_nan_fsdp_and_input_bound_patterns_of_real_programs() {
     assert_eq!(text(s, "pattern"), "nan-loss", "{:#}", s["verdict"]);
     assert_eq!(s["first_failure"], 1);
     let headline = text(s, "headline");
-    assert!(headline.starts_with("Rank 1's loss became NaN: `FloatingPointError: loss is nan at step 3`."), "{headline}");
+    assert!(
+        headline.starts_with("Rank 1's loss became NaN: `FloatingPointError: loss is nan at step 3`."),
+        "{headline}"
+    );
     let key = text(s, "key_line");
-    assert!(key.starts_with("FloatingPointError: loss is nan at step 3 (patterns.py:") && key.ends_with("in train)"), "{key}");
+    assert!(
+        key.starts_with("FloatingPointError: loss is nan at step 3 (patterns.py:")
+            && key.ends_with("in train)"),
+        "{key}"
+    );
     assert_eq!(s["ranks"][0]["collateral"], true);
 
     // Real FSDP on CPU: rank 1 scales a parameter (a view of FSDP's flat parameter) in place.
@@ -227,10 +239,19 @@ fn model_nan_fsdp_and_input_bound_patterns_of_real_programs() {
     assert_eq!(text(s, "pattern"), "fsdp-inplace-view", "{:#}", s["verdict"]);
     assert_eq!(s["first_failure"], 1);
     let headline = text(s, "headline");
-    assert!(headline.starts_with("Rank 1 modified a view of a parameter in place at `patterns.py:"), "{headline}");
-    assert!(headline.contains("in forward`: `Output 0 of ViewBackward0 is a view and is being modified inplace`"), "{headline}");
+    assert!(
+        headline.starts_with("Rank 1 modified a view of a parameter in place at `patterns.py:"),
+        "{headline}"
+    );
+    assert!(
+        headline.contains("in forward`: `Output 0 of ViewBackward0 is a view and is being modified inplace`"),
+        "{headline}"
+    );
     let key = text(s, "key_line");
-    assert!(key.starts_with("RuntimeError: Output 0 of ViewBackward0 is a view and is being modified inplace."), "{key}");
+    assert!(
+        key.starts_with("RuntimeError: Output 0 of ViewBackward0 is a view and is being modified inplace."),
+        "{key}"
+    );
     assert!(key.ends_with("in forward)"), "{key}");
     assert_eq!(s["ranks"][0]["collateral"], true);
 
@@ -240,7 +261,11 @@ fn model_nan_fsdp_and_input_bound_patterns_of_real_programs() {
     assert!(s["first_failure"].is_null());
     let headline = text(s, "headline");
     assert!(headline.starts_with("Passed: 1 rank of `python patterns.py` finished in "), "{headline}");
-    assert!(headline.contains("4 steps reported. Input-bound: ") && headline.ends_with("% of step time waiting for data."), "{headline}");
+    assert!(
+        headline.contains("4 steps reported. Input-bound: ")
+            && headline.ends_with("% of step time waiting for data."),
+        "{headline}"
+    );
     let share = s["ranks"][0]["data_wait_fraction"].as_f64().unwrap_or_else(|| panic!("{:#}", s["ranks"][0]));
     assert!(share >= 0.5, "{share}");
 }

@@ -380,7 +380,7 @@ fn the_reports_rerun_command_line_is_shell_quoted() {
     let sb = Sandbox::new();
     let file = sb.scenario(
         "quoting",
-        r#"{"command": ["echo", "{x}"], "params": {"x": "a; touch PWNED; $(touch PWNED2) `touch PWNED3` it's"}}"#,
+        r#"{"command": ["echo", "{x}"], "launch": {"style": "per_rank"}, "params": {"x": "a; touch PWNED; $(touch PWNED2) `touch PWNED3` it's"}}"#,
     );
     let out = sb.cmd().arg("run").arg(&file).arg("--out").arg(sb.out()).arg("--quiet").output().unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
@@ -402,14 +402,18 @@ fn the_reports_rerun_command_line_is_shell_quoted() {
     );
 }
 
-/// A 64 KiB tmpfs mounted for one test (we run as root), unmounted on drop.
+/// A 128 KiB tmpfs mounted for one test (we run as root), unmounted on drop: room for the result
+/// and a report per scenario once the logs are cut, not for the logs.
 struct SmallDisk(std::path::PathBuf);
 
 impl SmallDisk {
     fn mount(at: std::path::PathBuf) -> SmallDisk {
         std::fs::create_dir_all(&at).unwrap();
-        let status =
-            Command::new("mount").args(["-t", "tmpfs", "-o", "size=64k", "tmpfs"]).arg(&at).status().unwrap();
+        let status = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=128k", "tmpfs"])
+            .arg(&at)
+            .status()
+            .unwrap();
         assert!(status.success(), "mount -t tmpfs needs root");
         SmallDisk(at)
     }
@@ -425,7 +429,7 @@ impl Drop for SmallDisk {
 fn a_full_disk_never_leaves_a_result_that_claims_more_or_less_than_happened() {
     let sb = Sandbox::new();
     let first = sb.scenario("a-quiet", r#"{"command": ["true"]}"#);
-    // 290 kB of output into a 64 KiB disk.
+    // 290 kB of output into a 128 KiB disk.
     let second = sb.scenario("b-noisy", r#"{"command": ["seq", "1", "50000"]}"#);
     let disk = SmallDisk::mount(sb.path().join("small"));
     let out_dir = disk.0.join("out");
