@@ -668,7 +668,7 @@ fn save_honestly(dir: &Path, run: &RunResult) -> Result<(), Failure> {
 }
 
 /// `attempt`, again after cutting this run's largest logs each time it fails, while that frees
-/// anything (a few rounds at most).
+/// anything (each round halves the largest logs, so a few rounds at most).
 fn with_room<T, E>(dir: &Path, cut: &mut bool, mut attempt: impl FnMut() -> Result<T, E>) -> Result<T, E> {
     let mut outcome = attempt();
     // Each pass halves the largest logs; keep cutting while that frees anything (a run of several

@@ -25,6 +25,8 @@ use crate::protocol::RUN_ID_ENV;
 
 use crate::probe::memory;
 
+use super::os::pidfd;
+
 /// A process as first seen: its pid and the kernel's start time for it (clock ticks since boot),
 /// which no later process with the same pid shares.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,40 +68,26 @@ pub struct Run {
     pub groups: Vec<u32>,
 }
 
-/// The fields of `/proc/PID/stat` after `(comm)`: state is index 0, pgrp 2, starttime 19.
-fn stat_fields(pid: u32) -> Option<Vec<String>> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = &stat[stat.rfind(')')? + 1..];
-    Some(rest.split_whitespace().map(str::to_string).collect())
-}
-
 /// `pid` as it is now, unless it is gone or a zombie.
 pub fn identify(pid: u32) -> Option<Identity> {
     if pid == 0 || pid > i32::MAX as u32 {
         return None;
     }
-    let fields = stat_fields(pid)?;
-    if fields.first().map(String::as_str) == Some("Z") {
-        return None;
-    }
-    Some(Identity { pid, start_ticks: fields.get(19)?.parse().ok()? })
+    let stat = memory::read_stat(pid).filter(|s| !s.zombie())?;
+    Some(Identity { pid, start_ticks: stat.start_ticks })
 }
 
 impl Run {
     /// Whether `who` is still the process first seen, and this run's.
     pub fn check(&self, who: Identity) -> Result<(), NotOurs> {
-        let fields = stat_fields(who.pid).ok_or(NotOurs::Gone)?;
-        if fields.first().map(String::as_str) == Some("Z") {
-            return Err(NotOurs::Gone);
-        }
-        let start: Option<u64> = fields.get(19).and_then(|s| s.parse().ok());
-        if start != Some(who.start_ticks) {
+        let stat = memory::read_stat(who.pid).filter(|s| !s.zombie()).ok_or(NotOurs::Gone)?;
+        if stat.start_ticks != who.start_ticks {
             return Err(NotOurs::Recycled);
         }
         if !memory::environ_has(who.pid, RUN_ID_ENV, &self.run_id) {
             return Err(NotOurs::NoRunId);
         }
-        let pgid: u32 = fields.get(2).and_then(|s| s.parse().ok()).ok_or(NotOurs::Gone)?;
+        let pgid = stat.pgid;
         let group_of_run =
             self.groups.contains(&pgid) || (pgid != 0 && memory::environ_has(pgid, RUN_ID_ENV, &self.run_id));
         if !group_of_run {
@@ -123,12 +111,12 @@ impl Run {
     /// Sends `signal` to `who` if, and only if, it is still the process first seen and this
     /// run's.
     pub fn signal(&self, who: Identity, signal: i32) -> Result<(), SignalError> {
-        let pidfd = pidfd_open(who.pid);
+        let pidfd = pidfd::open(who.pid);
         // The pidfd (when there is one) was opened first: the checks below are about the process
         // it names, or, if the pid was recycled in between, they fail on the newcomer.
         self.check(who).map_err(SignalError::NotOurs)?;
         let sent = match &pidfd {
-            Ok(fd) => pidfd_send_signal(fd, signal),
+            Ok(fd) => pidfd::send_signal(fd, signal),
             Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => {
                 // SAFETY: kill(2) on a process just checked to be this run's.
                 if unsafe { libc::kill(who.pid as i32, signal) } == 0 {
@@ -150,32 +138,6 @@ pub enum SignalError {
     NotOurs(NotOurs),
     #[error("failed to signal: {0}")]
     Os(io::Error),
-}
-
-fn pidfd_open(pid: u32) -> io::Result<std::os::fd::OwnedFd> {
-    use std::os::fd::FromRawFd;
-    // SAFETY: pidfd_open(2) with no flags; the fd returned is owned below.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::c_long, 0 as libc::c_long) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: a fresh fd from the kernel, owned by nobody else.
-    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) })
-}
-
-fn pidfd_send_signal(fd: &std::os::fd::OwnedFd, signal: i32) -> io::Result<()> {
-    use std::os::fd::AsRawFd;
-    // SAFETY: pidfd_send_signal(2) on an owned pidfd, no siginfo, no flags.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_pidfd_send_signal,
-            fd.as_raw_fd() as libc::c_long,
-            signal as libc::c_long,
-            std::ptr::null::<libc::siginfo_t>(),
-            0 as libc::c_long,
-        )
-    };
-    if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
 }
 
 #[cfg(test)]

@@ -25,6 +25,8 @@ pub struct ProcStat {
     pub state: char,
     pub ppid: u32,
     pub pgid: u32,
+    /// When it started, in clock ticks since boot: with the pid, names one process for good.
+    pub start_ticks: u64,
 }
 
 impl ProcStat {
@@ -69,12 +71,19 @@ pub fn parse_stat(text: &str) -> Option<ProcStat> {
     let state = rest.next()?.chars().next()?;
     let ppid = rest.next()?.parse().ok()?;
     let pgid = rest.next()?.parse().ok()?;
-    Some(ProcStat { pid, command, state, ppid, pgid })
+    // After pgrp: session … starttime is the 17th field on (field 22 of stat(5)).
+    let start_ticks = rest.nth(16)?.parse().ok()?;
+    Some(ProcStat { pid, command, state, ppid, pgid, start_ticks })
 }
 
 /// `/proc/<pid>/smaps_rollup`, or `None` when the process is gone or unreadable.
 pub fn read_smaps_rollup(pid: u32) -> Option<Rollup> {
     parse_smaps_rollup(&fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?)
+}
+
+/// `/proc/<pid>/stat`, or `None` when the process is gone or unreadable.
+pub fn read_stat(pid: u32) -> Option<ProcStat> {
+    parse_stat(&fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
 }
 
 /// Every process on the machine, from `/proc/*/stat` (processes that vanish while being read
@@ -150,13 +159,23 @@ Swap:                  0 kB
 
     #[test]
     fn stat_survives_odd_command_names() {
-        let s = parse_stat("4242 (pt_data (worker) 1) S 4200 4200 4200 0 -1 4194624 301 0 0 0").unwrap();
+        let s = parse_stat(
+            "4242 (pt_data (worker) 1) S 4200 4200 4200 0 -1 4194624 301 0 0 0 5 3 0 0 20 0 1 0 77 9 3",
+        )
+        .unwrap();
         assert_eq!(
             s,
-            ProcStat { pid: 4242, command: "pt_data (worker) 1".into(), state: 'S', ppid: 4200, pgid: 4200 }
+            ProcStat {
+                pid: 4242,
+                command: "pt_data (worker) 1".into(),
+                state: 'S',
+                ppid: 4200,
+                pgid: 4200,
+                start_ticks: 77
+            }
         );
         assert!(!s.zombie());
-        assert!(parse_stat("4243 (x) Z 1 4200 4200").unwrap().zombie());
+        assert!(parse_stat("4243 (x) Z 1 4200 4200 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 78").unwrap().zombie());
         assert_eq!(parse_stat("garbage"), None);
     }
 

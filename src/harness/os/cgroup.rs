@@ -136,9 +136,7 @@ fn fs_magic(dir: &Path) -> io::Result<i64> {
 
 /// The start time of `pid` in clock ticks since boot (`/proc/<pid>/stat` field 22).
 fn start_time(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after `(comm)`: state is field 3, so start time is the 20th of them.
-    stat.rsplit_once(')')?.1.split_whitespace().nth(19)?.parse().ok()
+    crate::probe::memory::read_stat(pid).map(|s| s.start_ticks)
 }
 
 /// The cgroup of one scenario. Dropping it kills what is left in it and removes it.
@@ -328,19 +326,9 @@ fn kill_members(dir: &Path) -> Vec<u32> {
 
 /// Sends `signal` to `pid` only if it is, provably, a member of the group at `dir`.
 fn signal_member(dir: &Path, pid: u32, signal: i32) -> bool {
-    // SAFETY: pidfd_open takes a pid and flags; it returns a new fd or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) } as i32;
-    if fd < 0 {
-        return false;
-    }
-    let sent = members(dir).contains(&pid)
-        // SAFETY: a pidfd we own, a valid signal, no siginfo.
-        && unsafe {
-            libc::syscall(libc::SYS_pidfd_send_signal, fd, signal, std::ptr::null::<libc::siginfo_t>(), 0)
-        } == 0;
-    // SAFETY: closes the pidfd opened above, once.
-    unsafe { libc::close(fd) };
-    sent
+    // The pidfd first: membership is then checked for the process it names.
+    let Ok(fd) = super::pidfd::open(pid) else { return false };
+    members(dir).contains(&pid) && super::pidfd::send_signal(&fd, signal).is_ok()
 }
 
 /// Waits (bounded) until the group at `dir` is empty, then removes it.

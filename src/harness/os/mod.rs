@@ -4,3 +4,4 @@
 
 pub mod cgroup;
 pub mod kmsg;
+pub mod pidfd;
