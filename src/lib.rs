@@ -3,7 +3,7 @@
 //! Two worlds, one wire: [`trainer`] is the only module that uses tch (libtorch) and runs inside
 //! rank processes; [`harness`], [`probe`], [`report`] and [`scenario`] run in the supervising
 //! process and talk to ranks only through processes and the [`protocol`] markers; [`diagnose`] judges
-//! what they left, without IO.
+//! what they left, without IO. [`schema`] holds the result types they all read.
 
 pub mod bisect;
 pub mod diagnose;
@@ -12,4 +12,5 @@ pub mod probe;
 pub mod protocol;
 pub mod report;
 pub mod scenario;
+pub mod schema;
 pub mod trainer;

@@ -9,11 +9,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use clap::{Parser, Subcommand};
 
-use ups_doctor::harness::{self, Progress, ProgressMode, RunResult, ScenarioInput};
+use ups_doctor::harness::{self, Progress, ProgressMode, ScenarioInput};
 use ups_doctor::probe::env::EnvSummary;
 use ups_doctor::probe::gpu_env::GpuEnv;
 use ups_doctor::report;
 use ups_doctor::scenario::{self, Override};
+use ups_doctor::schema::RunResult;
 use ups_doctor::trainer;
 
 /// Finds out why distributed deep-learning training crashes, hangs or crawls.

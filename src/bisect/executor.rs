@@ -7,8 +7,9 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use crate::harness::{self, Progress, ProgressMode, ScenarioInput, ScenarioResult};
+use crate::harness::{self, Progress, ProgressMode, ScenarioInput};
 use crate::scenario::{OutcomeKind, Scenario};
+use crate::schema::{ProcessRole, ScenarioResult};
 
 use super::search::{Cache, Oracle};
 
@@ -216,9 +217,9 @@ pub fn signature_of(result: &ScenarioResult) -> Observation {
     let failed = result.first_failure.and_then(|f| result.ranks.iter().find(|r| r.rank == f))?;
     Some(Signature {
         outcome: failed.outcome,
-        signal: failed.signal.clone(),
+        signal: failed.signal,
         exit_code: (failed.outcome == OutcomeKind::Exited).then_some(failed.exit_code).flatten(),
-        role: "rank".into(),
+        role: ProcessRole::Rank,
         phase: failed.last_phase.clone(),
     })
 }

@@ -6,6 +6,7 @@ use std::sync::atomic::AtomicBool;
 
 use crate::probe::env::EnvSummary;
 use crate::scenario::{Expect, Scenario};
+use crate::schema::Signal;
 
 use super::executor::ProcessOracle;
 use super::record::{BisectRecord, DifferentFailure, ProbeRow};
@@ -99,7 +100,7 @@ pub fn run(
         );
         minimal.expect = Expect {
             outcome: sig.outcome,
-            signal: sig.signal.clone(),
+            signal: sig.signal.map(Signal::name),
             exit_code: sig.exit_code,
             phase: sig.phase.clone(),
             // What "finished" means for an external program is part of the failure's definition.

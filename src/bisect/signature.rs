@@ -8,18 +8,19 @@
 use serde::{Deserialize, Serialize};
 
 use crate::scenario::OutcomeKind;
+use crate::schema::{ProcessRole, Signal};
 
 /// The identity of a failure, as far as bisect compares failures.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Signature {
     /// How the failing process ended.
     pub outcome: OutcomeKind,
-    /// The signal's name (`SIGSEGV`), for `signaled`.
-    pub signal: Option<String>,
+    /// The signal (`SIGSEGV`), for `signaled`.
+    pub signal: Option<Signal>,
     /// The exit status, for `exited`.
     pub exit_code: Option<i32>,
     /// The role of the failing process: `rank` today, `worker` once data-loader workers land.
-    pub role: String,
+    pub role: ProcessRole,
     /// The failing process's last phase (`forward`, `model.build/conditioner`).
     pub phase: Option<String>,
 }
@@ -34,17 +35,15 @@ impl Signature {
             OutcomeKind::LaunchFailed => "launch failed".to_string(),
             other => other.as_str().to_string(),
         };
-        if let Some(signal) = &self.signal {
+        if let Some(signal) = self.signal {
             out.push(' ');
-            out.push_str(signal);
+            out.push_str(&signal.name());
         }
         if let Some(code) = self.exit_code {
             out.push_str(&format!(" with code {code}"));
         }
-        if !self.role.is_empty() {
-            out.push_str(" in ");
-            out.push_str(&self.role);
-        }
+        out.push_str(" in ");
+        out.push_str(self.role.as_str());
         if let Some(phase) = &self.phase {
             out.push_str(&format!(" at `{phase}`"));
         }
@@ -60,13 +59,13 @@ mod tests {
     use super::*;
 
     fn signature(outcome: OutcomeKind) -> Signature {
-        Signature { outcome, signal: None, exit_code: None, role: "rank".into(), phase: None }
+        Signature { outcome, signal: None, exit_code: None, role: ProcessRole::Rank, phase: None }
     }
 
     #[test]
     fn describe_reads_as_one_phrase() {
         let segv = Signature {
-            signal: Some("SIGSEGV".into()),
+            signal: Some(Signal::SEGV),
             phase: Some("forward".into()),
             ..signature(OutcomeKind::Signaled)
         };
@@ -79,7 +78,7 @@ mod tests {
         assert_eq!(exited.describe(), "exited with code 1 in rank at `backward`");
         assert_eq!(signature(OutcomeKind::TimedOut).describe(), "timed out in rank");
         assert_eq!(
-            Signature { role: "worker".into(), ..signature(OutcomeKind::Hung) }.describe(),
+            Signature { role: ProcessRole::Worker, ..signature(OutcomeKind::Hung) }.describe(),
             "hung in worker"
         );
     }
@@ -89,7 +88,7 @@ mod tests {
         let a = Signature { phase: Some("forward".into()), ..signature(OutcomeKind::Hung) };
         let b = Signature { phase: Some("backward".into()), ..signature(OutcomeKind::Hung) };
         assert_ne!(a, b);
-        assert_ne!(a, Signature { role: "worker".into(), ..a.clone() });
+        assert_ne!(a, Signature { role: ProcessRole::Worker, ..a.clone() });
         assert_eq!(a, a.clone());
     }
 }

@@ -6,6 +6,7 @@ use serde_json::json;
 
 use super::*;
 use crate::scenario::{Fault, OutcomeKind, PER_STEP_PHASES, Scenario, lookup, validate, when_matches};
+use crate::schema::{ProcessRole, Signal};
 
 /// Counts runs and batches, and refuses invalid candidates.
 struct Scripted<F: FnMut(&Scenario) -> Observation> {
@@ -43,9 +44,9 @@ fn assert_valid(s: &Scenario) {
 fn signature(outcome: OutcomeKind, signal: Option<&str>, phase: &str) -> Signature {
     Signature {
         outcome,
-        signal: signal.map(str::to_string),
+        signal: signal.map(|s| Signal::parse(s).expect("a signal name")),
         exit_code: (outcome == OutcomeKind::Exited).then_some(1),
-        role: "rank".to_string(),
+        role: ProcessRole::Rank,
         phase: Some(phase.to_string()),
     }
 }

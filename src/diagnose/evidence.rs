@@ -4,10 +4,10 @@
 //! `py-spy dump --native` alike, and the OOM kills, `/dev/shm` and memory figures beside them.
 //! Pure: results in, evidence out.
 
-use crate::harness::result::{
-    CgroupReport, LauncherEnd, Leftovers, MemoryReport, OomKill, RankResult, ThreadStack,
-};
 use crate::scenario::{OutcomeKind, Scenario};
+use crate::schema::{
+    CgroupReport, LauncherEnd, Leftovers, MemoryReport, OomKill, RankResult, Signal, ThreadStack,
+};
 
 /// The line that says what went wrong, and where in the user's code.
 #[derive(Debug, Clone, PartialEq)]
@@ -71,11 +71,11 @@ pub enum EndedBy {
     /// It exited by itself (any status) or crashed on its own signal.
     Itself,
     /// ups-doctor tore it down (after a hang, an overrun, or another rank's failure).
-    Teardown { signal: String },
+    Teardown { signal: Signal },
     /// The kernel's OOM killer, as the cgroup or the kernel log recorded it.
     OomKiller,
     /// A signal nobody in the run is known to have sent (SIGKILL, SIGTERM from outside).
-    Outside { signal: String },
+    Outside { signal: Signal },
     /// It could not be started, or how it ended was not observed.
     Unknown,
 }
@@ -210,16 +210,16 @@ fn rank_evidence<'a>(r: &'a RankResult, foreign: bool, oom_kills: &[OomKill]) ->
         }
     }
     let killed_by_oom = r.pid.is_some_and(|pid| oom_kills.iter().any(|k| k.pid == pid));
-    let ended_by = match (r.outcome, &r.torn_down_with, r.signal.as_deref()) {
+    let ended_by = match (r.outcome, r.torn_down_with, r.signal) {
         (_, _, _) if killed_by_oom => EndedBy::OomKiller,
         (OutcomeKind::LaunchFailed, _, _) => EndedBy::Unknown,
-        (OutcomeKind::Hung | OutcomeKind::TimedOut, Some(sent), _) => {
-            EndedBy::Teardown { signal: sent.clone() }
-        }
-        (_, Some(sent), _) => EndedBy::Teardown { signal: sent.clone() },
-        (OutcomeKind::Signaled, None, Some(sig @ ("SIGKILL" | "SIGTERM" | "SIGINT" | "SIGHUP"))) => {
-            EndedBy::Outside { signal: sig.to_string() }
-        }
+        (OutcomeKind::Hung | OutcomeKind::TimedOut, Some(sent), _) => EndedBy::Teardown { signal: sent },
+        (_, Some(sent), _) => EndedBy::Teardown { signal: sent },
+        (
+            OutcomeKind::Signaled,
+            None,
+            Some(sig @ (Signal::KILL | Signal::TERM | Signal::INT | Signal::HUP)),
+        ) => EndedBy::Outside { signal: sig },
         (OutcomeKind::Exited, None, None) if r.exit_code.is_none() => EndedBy::Unknown,
         _ => EndedBy::Itself,
     };

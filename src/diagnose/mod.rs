@@ -1,8 +1,8 @@
 //! The judge: what every process of a scenario left (evidence) → the culprit, the collateral and
 //! the known failure pattern (verdict), the same way for the built-in trainer and for a user's own
 //! program. Pure: no IO, no processes, no filesystem; it reads only the result types
-//! (`harness::result`), the scenario and the marker protocol, and nothing under `harness` other
-//! than `result` imports it back, so there is no import circle.
+//! ([`crate::schema`]), the scenario and the marker protocol, none of which imports it back, so
+//! there is no import circle.
 
 pub mod catalog;
 pub mod evidence;

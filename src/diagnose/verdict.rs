@@ -2,9 +2,8 @@
 //! built-in trainer and for a user's own program (whose texts never speak of markers it does not
 //! send or of a trainer it does not have). Pure.
 
-use crate::harness::result::{RankResult, Verdict};
-use crate::protocol::signal_number;
 use crate::scenario::{CompletesWhen, OutcomeKind, Scenario};
+use crate::schema::{ExitSource, LauncherEnd, RankResult, Signal, Verdict};
 
 use super::catalog::{self, Finding};
 use super::evidence::{EndedBy, Evidence, Observed, RankEvidence, failure_time, location};
@@ -176,22 +175,30 @@ fn last_sign(ev: &Evidence, rank: &RankResult) -> String {
     }
 }
 
-fn exit_source(rank: &RankResult) -> Option<String> {
-    rank.exit_source.as_deref().map(|source| match source {
-        "procfs" => format!(
+fn exit_source(rank: &RankResult, launcher: Option<&LauncherEnd>) -> Option<String> {
+    rank.exit_source.map(|source| match source {
+        ExitSource::Procfs => format!(
             "rank {}'s exit status was read from `/proc/{}/stat` while it was a zombie (it is the launcher's child, not ups-doctor's)",
             rank.rank,
             rank.pid.map_or("?".into(), |p| p.to_string())
         ),
-        "torchrun" => format!("rank {}'s exit status is the one torchrun's error summary gives", rank.rank),
-        "launcher" => format!("rank {} is the launcher process itself: its exit status is the launcher's", rank.rank),
-        s if s.starts_with("launcher status 0, rank not identified") => format!(
-            "rank {}'s process was never identified{}; the launcher exited with status 0",
-            rank.rank,
-            s.trim_start_matches("launcher status 0, rank not identified")
-        ),
-        "launcher status 0" => format!("rank {} ended while the launcher exited with status 0, which torchrun does only when every rank did", rank.rank),
-        _ => format!("rank {}'s exit status was not observed (it was reaped by its launcher before ups-doctor saw it)", rank.rank),
+        ExitSource::Torchrun => format!("rank {}'s exit status is the one torchrun's error summary gives", rank.rank),
+        ExitSource::Launcher => format!("rank {} is the launcher process itself: its exit status is the launcher's", rank.rank),
+        ExitSource::NotIdentified => {
+            let unknown = match launcher.map_or(0, |l| l.unidentified_processes) {
+                0 => String::new(),
+                n => format!(
+                    "; {n} process{} below the launcher looked like ranks, their rank numbers are unknown",
+                    if n == 1 { "" } else { "es" }
+                ),
+            };
+            format!(
+                "rank {}'s process was never identified{unknown}; the launcher exited with status 0",
+                rank.rank
+            )
+        }
+        ExitSource::LauncherStatus0 => format!("rank {} ended while the launcher exited with status 0, which torchrun does only when every rank did", rank.rank),
+        ExitSource::Unknown => format!("rank {}'s exit status was not observed (it was reaped by its launcher before ups-doctor saw it)", rank.rank),
     })
 }
 
@@ -224,7 +231,7 @@ fn signal_cause(ev: &Evidence, signal: i32) -> String {
         ),
         libc::SIGFPE => "An arithmetic trap in native code, such as an integer division by zero.".into(),
         libc::SIGILL => "An illegal instruction: code built for a newer CPU than this one, or a corrupted binary.".into(),
-        _ => format!("The process was ended by {}.", crate::protocol::signal_name(signal)),
+        _ => format!("The process was ended by {}.", Signal::from_number(signal)),
     }
 }
 
@@ -236,14 +243,14 @@ fn failure(ev: &Evidence, failed: &RankEvidence) -> (String, Vec<String>, Option
     let at = if ev.foreign && r.markers == 0 { String::new() } else { format!(" {}", location(r)) };
     let mut evidence = vec![last_sign(ev, r)];
     if ev.foreign {
-        evidence.extend(exit_source(r));
+        evidence.extend(exit_source(r, ev.launcher));
         evidence.extend(ev.launcher_summary());
     }
     let quoted = "The program's own last error lines are quoted below the verdict.";
     match r.outcome {
         OutcomeKind::Signaled => {
-            let sig = r.signal.clone().unwrap_or_default();
-            let num = signal_number(&sig).unwrap_or(0);
+            let sig = r.signal.map_or(String::new(), Signal::name);
+            let num = r.signal.map_or(0, Signal::number);
             evidence.push(format!(
                 "killed by {sig} (torchrun would print `exitcode: -{num}` and `Signal {num} ({sig}) received by PID {}`)",
                 r.pid.map_or("?".into(), |p| p.to_string())
@@ -261,7 +268,7 @@ fn failure(ev: &Evidence, failed: &RankEvidence) -> (String, Vec<String>, Option
                 );
             }
             let headline = match &failed.ended_by {
-                EndedBy::Outside { signal } if signal == "SIGKILL" => {
+                EndedBy::Outside { signal: Signal::KILL } => {
                     format!("{who} was killed by SIGKILL from outside{at}; {}.", no_oom_event(ev))
                 }
                 EndedBy::Outside { signal } => {
@@ -440,7 +447,7 @@ fn add_collateral(ev: &Evidence, failed: &RankEvidence, verdict: &mut Verdict) {
         let how = match (o.outcome, &o.torn_down_with) {
             (_, Some(sent)) if o.outcome != OutcomeKind::Hung => format!("was torn down with {sent}"),
             (OutcomeKind::Signaled, _) => {
-                format!("was killed by {}", o.signal.as_deref().unwrap_or("a signal"))
+                format!("was killed by {}", o.signal.map_or("a signal".to_string(), Signal::name))
             }
             (OutcomeKind::Exited, _) => match o.exit_code {
                 Some(code) => format!("exited with status {code}"),

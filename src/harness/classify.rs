@@ -3,11 +3,10 @@
 //! verdict) is [`crate::diagnose`]'s job.
 
 use crate::diagnose::key_line;
-use crate::protocol::{signal_name, signal_number};
 use crate::scenario::{Expect, OutcomeKind};
+use crate::schema::{ExitSource, IdentifiedBy, ProcessDump, Quote, RankResult, Signal};
 
 use super::process::Exit;
-use super::result::RankResult;
 use super::state::RankState;
 
 /// The error a process printed: the exception line of its last traceback (or the first line of
@@ -33,7 +32,7 @@ pub struct RankEnd {
     pub exit: Option<Exit>,
     pub launch_error: Option<String>,
     pub intervention: Option<Intervention>,
-    pub torn_down_with: Option<String>,
+    pub torn_down_with: Option<Signal>,
     pub ended_at_s: Option<f64>,
     pub state: RankState,
     pub stdout_log: String,
@@ -48,12 +47,11 @@ pub struct RankEnd {
     /// External commands: when the rank last wrote output.
     pub last_output_at: Option<f64>,
     /// Where the exit status came from, when the rank was not our child.
-    pub exit_source: Option<String>,
-    /// A launcher's rank: which signal identified its process (`RANK`, `LOCAL_RANK`,
-    /// `SLURM_PROCID`, …, `launcher process`, `spawn order`).
-    pub identified_by: Option<String>,
-    pub quotes: Vec<super::result::Quote>,
-    pub dumps: Vec<super::result::ProcessDump>,
+    pub exit_source: Option<ExitSource>,
+    /// A launcher's rank: how its process was found.
+    pub identified_by: Option<IdentifiedBy>,
+    pub quotes: Vec<Quote>,
+    pub dumps: Vec<ProcessDump>,
 }
 
 /// Classifies one rank's end.
@@ -68,7 +66,7 @@ pub fn classify_rank(end: &RankEnd) -> RankResult {
         (None, None, Some(Exit::Code(0))) => (OutcomeKind::FalseSuccess, None, Some(0)),
         (None, None, Some(Exit::Code(c))) => (OutcomeKind::Exited, None, Some(c)),
         (None, None, Some(Exit::Signal { signal, .. })) => {
-            (OutcomeKind::Signaled, Some(signal_name(signal)), None)
+            (OutcomeKind::Signaled, Some(Signal::from_number(signal)), None)
         }
         // A launcher's rank that ended unseen: it ran, but how it ended is unknown.
         (None, None, None) if end.pid.is_some() && end.exit_source.is_some() => {
@@ -101,7 +99,7 @@ pub fn classify_rank(end: &RankEnd) -> RankResult {
             Some(Intervention::Hung { silence_s }) => Some(silence_s),
             _ => None,
         },
-        torn_down_with: end.torn_down_with.clone(),
+        torn_down_with: end.torn_down_with,
         collateral: false,
         steps_done: s.steps_done,
         params_checksum: s.checksum.clone(),
@@ -119,8 +117,8 @@ pub fn classify_rank(end: &RankEnd) -> RankResult {
         foreign_pids: s.foreign_pids.clone(),
         log_errors: end.log_errors.clone(),
         workers: s.workers.clone(),
-        exit_source: end.exit_source.clone(),
-        identified_by: end.identified_by.clone(),
+        exit_source: end.exit_source,
+        identified_by: end.identified_by,
         last_output_at_s: end.last_output_at,
         quotes: end.quotes.clone(),
         dumps: end.dumps.clone(),
@@ -149,9 +147,9 @@ pub fn check_expectation(expect: &Expect, outcome: OutcomeKind, failed: Option<&
         return out;
     };
     if let Some(want) = &expect.signal {
-        let got = r.signal.as_deref().and_then(signal_number);
-        if signal_number(want) != got {
-            out.push(format!("expected signal `{want}`, got `{}`", r.signal.as_deref().unwrap_or("none")));
+        if Signal::parse(want) != r.signal {
+            let got = r.signal.map_or("none".to_string(), |s| s.name());
+            out.push(format!("expected signal `{want}`, got `{got}`"));
         }
     }
     if let Some(want) = expect.exit_code
@@ -209,7 +207,7 @@ mod tests {
     #[test]
     fn signals_codes_and_interventions_map_to_outcomes() {
         let r = classify_rank(&end(Some(Exit::Signal { signal: libc::SIGSEGV, core_dumped: false })));
-        assert_eq!((r.outcome, r.signal.as_deref()), (OutcomeKind::Signaled, Some("SIGSEGV")));
+        assert_eq!((r.outcome, r.signal), (OutcomeKind::Signaled, Some(Signal::SEGV)));
         let mut e = end(Some(Exit::Code(1)));
         e.stderr_tail = vec!["noise".into(), "error: injected failure".into(), "bye".into()];
         let r = classify_rank(&e);

@@ -13,7 +13,7 @@ use crate::scenario::{Scenario, render_with};
 
 use super::owner;
 use super::process::Exit;
-use super::result::{KernelThread, ProcessDump};
+use crate::schema::{IdentifiedBy, KernelThread, ProcessDump};
 
 /// The command's argv with every placeholder filled in; `master_port` is the run's free port.
 pub fn argv(scenario: &Scenario, scenario_dir: &Path, master_port: u16) -> Vec<String> {
@@ -264,28 +264,26 @@ pub fn signal_found(run: &owner::Run, who: owner::Identity, signal: i32) -> bool
     sent
 }
 
-/// How a launcher's rank process was identified: the variable in its starting environment that
-/// gave its rank number, the launcher being a rank itself, or its place in a spawn order.
-pub const RANK_VARS: [&str; 5] = ["RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "LOCAL_RANK"];
-
 /// A rank process found for a launcher-style run.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FoundRank {
     pub rank: u32,
     pub pid: u32,
-    /// Which signal identified it (`RANK`, `SLURM_PROCID`, …, `launcher process`, `spawn order`).
-    pub by: String,
+    /// How it was found: a rank variable, the launcher itself, or a spawn order.
+    pub by: IdentifiedBy,
 }
 
 /// The rank number a process's starting environment gives, and the variable that gave it.
 /// `LOCAL_RANK` counts only on node 0 (`NODE_RANK` unset or 0): elsewhere it is not the rank.
-fn env_rank(pid: u32) -> Option<(u32, &'static str)> {
-    RANK_VARS.iter().find_map(|&var| {
-        let value: u32 = memory::environ_var(pid, var)?.parse().ok()?;
-        if var == "LOCAL_RANK" && memory::environ_var(pid, "NODE_RANK").is_some_and(|n| n.trim() != "0") {
+fn env_rank(pid: u32) -> Option<(u32, IdentifiedBy)> {
+    IdentifiedBy::VARIABLES.into_iter().find_map(|by| {
+        let value: u32 = memory::environ_var(pid, by.variable()?)?.parse().ok()?;
+        if by == IdentifiedBy::LocalRank
+            && memory::environ_var(pid, "NODE_RANK").is_some_and(|n| n.trim() != "0")
+        {
             return None;
         }
-        Some((value, var))
+        Some((value, by))
     })
 }
 
@@ -307,7 +305,7 @@ fn start_ticks(pid: u32) -> u64 {
 
 /// The rank processes of a launcher-style run whose launcher is `root`, by every signal there
 /// is, in this order:
-/// - a rank variable in the starting environment ([`RANK_VARS`]) of a process below the launcher,
+/// - a rank variable in the starting environment ([`IdentifiedBy::VARIABLES`]) of a process below the launcher,
 ///   or of a process anywhere on the machine that carries this run's id (`srun`'s tasks are
 ///   slurmstepd's children, not the launcher's): the topmost such process per rank (its
 ///   DataLoader workers, below it, inherit the same variables);
@@ -324,9 +322,9 @@ pub fn discover_ranks(root: u32, run_id: &str, world: u32, known: &BTreeMap<u32,
         map
     });
     let mut found: Vec<FoundRank> = Vec::new();
-    let add = |found: &mut Vec<FoundRank>, rank: u32, pid: u32, by: &str| {
+    let add = |found: &mut Vec<FoundRank>, rank: u32, pid: u32, by: IdentifiedBy| {
         if rank < world && !found.iter().any(|f| f.rank == rank || f.pid == pid) {
-            found.push(FoundRank { rank, pid, by: by.to_string() });
+            found.push(FoundRank { rank, pid, by });
         }
     };
     let mut below = vec![root];
@@ -359,8 +357,11 @@ pub fn discover_ranks(root: u32, run_id: &str, world: u32, known: &BTreeMap<u32,
             add(&mut found, rank, p.pid, by);
         }
     }
-    if !found.is_empty() && found.iter().all(|f| f.by == "LOCAL_RANK") && !found.iter().any(|f| f.rank == 0) {
-        add(&mut found, 0, root, "launcher process");
+    if !found.is_empty()
+        && found.iter().all(|f| f.by == IdentifiedBy::LocalRank)
+        && !found.iter().any(|f| f.rank == 0)
+    {
+        add(&mut found, 0, root, IdentifiedBy::LauncherProcess);
     }
     if found.is_empty() {
         let mut spawned: Vec<u32> =
@@ -372,7 +373,7 @@ pub fn discover_ranks(root: u32, run_id: &str, world: u32, known: &BTreeMap<u32,
                 continue;
             }
             match next.next() {
-                Some(rank) => add(&mut found, rank, pid, "spawn order"),
+                Some(rank) => add(&mut found, rank, pid, IdentifiedBy::SpawnOrder),
                 None => break,
             }
         }

@@ -7,8 +7,8 @@ use std::collections::{BTreeMap, HashSet};
 use crate::probe::memory::Rollup;
 use crate::probe::shm::{Segment, Usage};
 
-use super::result::{DatasetSharing, MemoryPoint, MemoryReport, ProcessMemory, ShmAt, ShmUsage};
 use super::state::RankState;
+use crate::schema::{DatasetSharing, MemoryPoint, MemoryReport, ProcessMemory, ProcessRole, ShmAt, ShmUsage};
 
 /// A worker whose private memory reaches this share of the dataset holds a copy of its own.
 const PRIVATE_COPY_SHARE: f64 = 0.8;
@@ -105,15 +105,15 @@ impl MemoryRecorder {
                 let worker = state.and_then(|s| s.workers.iter().find(|w| w.pid == pid)).map(|w| w.id);
                 let is_rank = rank_pids.get(rank as usize).copied().flatten() == Some(pid);
                 let role = if is_rank {
-                    "rank"
+                    ProcessRole::Rank
                 } else if worker.is_some() {
-                    "worker"
+                    ProcessRole::Worker
                 } else {
-                    "child"
+                    ProcessRole::Child
                 };
                 ProcessMemory {
                     rank,
-                    role: role.to_string(),
+                    role,
                     worker,
                     pid,
                     command,
@@ -124,7 +124,8 @@ impl MemoryRecorder {
                 }
             })
             .collect();
-        let order = |p: &ProcessMemory| (p.rank, p.role != "rank", p.worker.unwrap_or(u32::MAX), p.pid);
+        let order =
+            |p: &ProcessMemory| (p.rank, p.role != ProcessRole::Rank, p.worker.unwrap_or(u32::MAX), p.pid);
         processes.sort_by_key(order);
         let datasets = ranks
             .iter()
@@ -238,7 +239,8 @@ pub fn orphaned_segments(segments: &[Segment], alive: impl Fn(u32) -> bool) -> V
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::harness::state::{DatasetInfo, WorkerInfo};
+    use crate::harness::state::DatasetInfo;
+    use crate::schema::WorkerInfo;
 
     const MIB: u64 = 1 << 20;
 

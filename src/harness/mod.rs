@@ -27,16 +27,13 @@ use std::sync::atomic::AtomicBool;
 
 pub use capture::make_room;
 pub use classify::{Intervention, RankEnd, check_expectation, classify_rank};
-pub use gpu::{
-    ClockReason, GpuPoint, GpuPointValues, GpuProcessPeak, GpuRecorder, GpuReport, GpuSample, GpuSummary,
-    Stat, annotate_gpu, clock_reason_names,
-};
+pub use gpu::{GpuRecorder, GpuSample, annotate_gpu, clock_reason_names};
 pub use process::Exit;
 pub use progress::{Progress, ProgressMode};
-pub use result::*;
 pub use state::RankState;
 
 use crate::scenario::{OutcomeKind, Scenario};
+use crate::schema::{LeftoverProcess, RankResult, ScenarioResult};
 
 /// One scenario to run, as loaded from the command line.
 #[derive(Debug, Clone)]

@@ -13,7 +13,7 @@ use super::memory::ProcSample;
 use super::os::cgroup::ScenarioCgroup;
 use super::os::kmsg::{KernelLog, OomRecord, oom_kills_in};
 use super::process::Exit;
-use super::result::{CgroupReport, OomKill, OomSource};
+use crate::schema::{CgroupReport, OomKill, OomSource};
 
 /// Watches one scenario for OOM kills, from its start to its end.
 pub struct OomWatch {
@@ -185,7 +185,7 @@ mod tests {
     fn the_counter_names_a_pid_only_when_one_sigkill_is_unexplained() {
         let killed = Some(Exit::Signal { signal: libc::SIGKILL, core_dumped: false });
         let mut torn = end(1, 21, killed);
-        torn.torn_down_with = Some("SIGKILL".into());
+        torn.torn_down_with = Some(crate::schema::Signal::KILL);
         assert_eq!(from_counter(1, &[end(0, 20, killed), torn.clone()]), [20]);
         assert_eq!(from_counter(0, &[end(0, 20, killed)]), Vec::<u32>::new());
         assert_eq!(from_counter(1, &[end(0, 20, killed), end(1, 22, killed)]), Vec::<u32>::new());

@@ -3,7 +3,7 @@
 //! torchrun's "Root Cause (first observed failure)" block, Python's fault handler). Pure: lines in,
 //! quotes out; what they mean is [`crate::diagnose`]'s to judge.
 
-use super::result::Quote;
+use crate::schema::Quote;
 
 /// Lines kept of a traceback (its tail: the exception and the frames nearest to it).
 const TRACEBACK_LINES: usize = 25;

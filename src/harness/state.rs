@@ -4,7 +4,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::protocol::{Frame, Marker};
 
-use super::result::{PhaseSpan, ThreadStack};
+use crate::schema::{PhaseSpan, ThreadStack, WorkerInfo};
 
 /// Losses kept per rank; longer runs are thinned to every k-th step.
 const MAX_LOSSES: usize = 500;
@@ -51,16 +51,6 @@ pub struct RankState {
     /// Data-loader workers this rank started, in start order.
     pub workers: Vec<WorkerInfo>,
     pub dataset: Option<DatasetInfo>,
-}
-
-/// A data-loader worker process of a rank.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct WorkerInfo {
-    pub id: u32,
-    pub pid: u32,
-    pub start_method: String,
-    /// Seconds since the scenario started.
-    pub started_at_s: f64,
 }
 
 /// The rank's dataset cache.

@@ -18,7 +18,7 @@ use crate::protocol::{MARKER_PATH_ENV, RUN_ID_ENV, STACK_DUMP_SIGNAL, signal_nam
 use crate::scenario::{CompletesWhen, LaunchStyle, Scenario};
 
 use super::classify::{Intervention, RankEnd};
-use super::gpu::{GpuRecorder, GpuReport, GpuSample};
+use super::gpu::{GpuRecorder, GpuSample};
 use super::memory::{MemoryRecorder, ProcSample, ShmSample, new_segments, orphaned_segments, ours_bytes};
 use super::namespace::PrivateShm;
 use super::oom::OomWatch;
@@ -26,12 +26,12 @@ use super::os::cgroup::ScenarioCgroup;
 use super::owner::{self, Identity};
 use super::process::{self, Event, RankProcess, RankSpec};
 use super::progress::Progress;
-use super::result::{
-    CgroupReport, ExternalRun, LauncherEnd, LeftoverProcess, LeftoverSegment, Leftovers, MemoryReport,
-    OomKill,
-};
 use super::state::RankState;
 use super::{external, quotes};
+use crate::schema::{
+    CgroupReport, ExitSource, ExternalRun, ExternalStyle, GpuReport, LauncherEnd, LeftoverProcess,
+    LeftoverSegment, Leftovers, MemoryReport, OomKill, Signal,
+};
 
 /// How long stuck ranks get to answer a stack-dump request.
 const STACK_DUMP_WAIT: Duration = Duration::from_secs(5);
@@ -390,16 +390,15 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
             .chain(launcher.as_ref().and_then(|l| l.process.as_ref()).map(|p| p.pid))
             .collect(),
     };
-    let signal_all =
-        |slots: &mut [Slot], launcher: &Option<Launcher>, run: &owner::Run, signal: i32, name: &str| {
-            for slot in slots.iter_mut().filter(|s| s.live()) {
-                signal_slot(slot, run, signal);
-                slot.end.torn_down_with = Some(name.into());
-            }
-            if let Some(p) = launcher.as_ref().filter(|l| l.live()).and_then(|l| l.process.as_ref()) {
-                p.signal_group(signal);
-            }
-        };
+    let signal_all = |slots: &mut [Slot], launcher: &Option<Launcher>, run: &owner::Run, signal: i32| {
+        for slot in slots.iter_mut().filter(|s| s.live()) {
+            signal_slot(slot, run, signal);
+            slot.end.torn_down_with = Some(Signal::from_number(signal));
+        }
+        if let Some(p) = launcher.as_ref().filter(|l| l.live()).and_then(|l| l.process.as_ref()) {
+            p.signal_group(signal);
+        }
+    };
 
     loop {
         if let Ok(event) = rx.recv_timeout(TICK) {
@@ -468,14 +467,11 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
                     let at = seen.map_or(now, |(_, at)| at);
                     slot.found_gone = true;
                     slot.end.exit = seen.map(|(exit, _)| exit);
-                    slot.end.exit_source = Some(
-                        match (seen.is_some(), Some(pid) == launcher_pid) {
-                            (true, true) => "launcher",
-                            (true, false) => "procfs",
-                            _ => "unknown",
-                        }
-                        .into(),
-                    );
+                    slot.end.exit_source = Some(match (seen.is_some(), Some(pid) == launcher_pid) {
+                        (true, true) => ExitSource::Launcher,
+                        (true, false) => ExitSource::Procfs,
+                        _ => ExitSource::Unknown,
+                    });
                     slot.end.ended_at_s = Some(since(at));
                     slot.exited_at = Some(now);
                     recorder.rank_ended(slot.end.rank, since(at), shm_sample());
@@ -589,7 +585,7 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
                 .filter(|s| s.live() && s.dump_requested)
                 .all(|s| s.end.state.stacks_complete && s.end.state.stack_ends >= s.dumps_requested);
             if answered || now >= deadline {
-                signal_all(&mut slots, &launcher, &ownership, libc::SIGTERM, "SIGTERM");
+                signal_all(&mut slots, &launcher, &ownership, libc::SIGTERM);
                 term_sent = Some(now);
             }
         }
@@ -597,7 +593,7 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
             && !kill_sent
             && now.duration_since(sent) >= if was_interrupted { INTERRUPT_TERM_GRACE } else { TERM_GRACE }
         {
-            signal_all(&mut slots, &launcher, &ownership, libc::SIGKILL, "SIGKILL");
+            signal_all(&mut slots, &launcher, &ownership, libc::SIGKILL);
             kill_sent = true;
         }
     }
@@ -632,12 +628,12 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
             match (slot.found, slot.end.exit, from_torchrun) {
                 (Some(_), None, Some(f)) => {
                     slot.end.exit = Some(f.exit);
-                    slot.end.exit_source = Some("torchrun".into());
+                    slot.end.exit_source = Some(ExitSource::Torchrun);
                 }
                 (Some(_), None, None) if exit.is_some_and(|(_, e)| e == process::Exit::Code(0)) => {
                     // torchrun ends with status 0 only when every rank did.
                     slot.end.exit = Some(process::Exit::Code(0));
-                    slot.end.exit_source = Some("launcher status 0".into());
+                    slot.end.exit_source = Some(ExitSource::LauncherStatus0);
                 }
                 (None, _, _) => {
                     let unknown = match l.unidentified {
@@ -660,8 +656,7 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
                         // clean run is judged by the launcher's status, never as a failed launch.
                         None => {
                             slot.end.exit = Some(process::Exit::Code(0));
-                            slot.end.exit_source =
-                                Some(format!("launcher status 0, rank not identified{unknown}"));
+                            slot.end.exit_source = Some(ExitSource::NotIdentified);
                         }
                         Some(how) => {
                             slot.end.launch_error = Some(format!(
@@ -682,12 +677,13 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
                 _ => None,
             }),
             signal: exit.and_then(|(_, e)| match e {
-                process::Exit::Signal { signal, .. } => Some(signal_name(signal)),
+                process::Exit::Signal { signal, .. } => Some(Signal::from_number(signal)),
                 _ => None,
             }),
             launch_error: l.launch_error.clone(),
             stdout_log: file_name(&l.stdout_log),
             stderr_log: file_name(&l.stderr_log),
+            unidentified_processes: l.unidentified as u32,
             quotes: quotes::program_quotes(&lines),
             log_tail: if stderr.tail.trim().is_empty() {
                 stdout.last_lines(40)
@@ -732,7 +728,7 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
     }
     let external_run = is_external.then(|| ExternalRun {
         argv: argv.clone(),
-        style: if launcher_style { "launcher" } else { "per_rank" }.to_string(),
+        style: if launcher_style { ExternalStyle::Launcher } else { ExternalStyle::PerRank },
         style_chosen,
         markers_seen: ends.iter().any(|e| e.state.markers > 0),
         completion: match &scenario.expect.completes_when {

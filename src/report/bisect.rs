@@ -150,9 +150,9 @@ mod tests {
     fn segv() -> Signature {
         Signature {
             outcome: OutcomeKind::Signaled,
-            signal: Some("SIGSEGV".into()),
+            signal: Some(crate::schema::Signal::SEGV),
             exit_code: None,
-            role: "rank".into(),
+            role: crate::schema::ProcessRole::Rank,
             phase: Some("model.build/conditioner".into()),
         }
     }
@@ -203,7 +203,7 @@ mod tests {
                     outcome: OutcomeKind::Exited,
                     signal: None,
                     exit_code: Some(1),
-                    role: "rank".into(),
+                    role: crate::schema::ProcessRole::Rank,
                     phase: Some("forward".into()),
                 },
             }],

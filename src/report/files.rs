@@ -6,7 +6,7 @@ use std::fs;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
-use crate::harness::RunResult;
+use crate::schema::RunResult;
 
 use super::markdown::{is_summary, render_markdown, render_scenario_markdown, scenario_report_path};
 

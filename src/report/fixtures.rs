@@ -1,13 +1,14 @@
 //! Hand-built run results for the report tests: one per shape of failure the report must explain.
 //! Values are fixed (no clocks, pids or paths from the machine), so snapshots are stable.
 
-use crate::harness::{
-    DatasetSharing, LeftoverProcess, LeftoverSegment, Leftovers, MemoryPoint, MemoryReport, PhaseSpan,
-    ProcessMemory, RankResult, RunResult, ScenarioResult, ShmAt, ShmUsage, ThreadStack, Verdict,
-};
 use crate::probe::env::{EnvSummary, PythonEnv};
 use crate::protocol::Frame;
 use crate::scenario::{Expect, Fault, FaultKind, Mode, OutcomeKind, Scenario};
+use crate::schema::{
+    DatasetSharing, LeftoverProcess, LeftoverSegment, Leftovers, MemoryPoint, MemoryReport, PhaseSpan,
+    ProcessMemory, ProcessRole, RankResult, RunResult, ScenarioResult, ShmAt, ShmUsage, Signal, ThreadStack,
+    Verdict,
+};
 
 const MIB: u64 = 1024 * 1024;
 
@@ -129,7 +130,7 @@ fn scenario(name: &str, mode: Mode, world_size: u32, expect: Expect) -> Scenario
 /// A process's peaks, in MiB; shared is RSS minus USS.
 fn process(
     rank: u32,
-    role: &str,
+    role: ProcessRole,
     worker: Option<u32>,
     pid: u32,
     rss: u64,
@@ -138,7 +139,7 @@ fn process(
 ) -> ProcessMemory {
     ProcessMemory {
         rank,
-        role: role.into(),
+        role,
         worker,
         pid,
         command: "ups-doctor".into(),
@@ -193,7 +194,7 @@ pub fn passing() -> ScenarioResult {
         memory: Some(MemoryReport {
             interval_s: 0.25,
             samples: 22,
-            processes: vec![process(0, "rank", None, 41000, 412, 298, 279)],
+            processes: vec![process(0, ProcessRole::Rank, None, 41000, 412, 298, 279)],
             series: series(&[(0.25, &[38], 1), (1.5, &[220], 1), (3.0, &[298], 2), (5.25, &[291], 1)]),
             shm: ShmUsage {
                 private: false,
@@ -251,9 +252,9 @@ pub fn segv() -> ScenarioResult {
     };
     let mut r0 = rank(0, 3);
     r0.outcome = OutcomeKind::Signaled;
-    r0.signal = Some("SIGTERM".into());
+    r0.signal = Some(Signal::TERM);
     r0.exit_code = None;
-    r0.torn_down_with = Some("SIGTERM".into());
+    r0.torn_down_with = Some(Signal::TERM);
     r0.collateral = true;
     r0.last_phase = Some("allreduce".into());
     r0.last_step = Some(3);
@@ -272,7 +273,7 @@ pub fn segv() -> ScenarioResult {
 
     let mut r1 = rank(1, 3);
     r1.outcome = OutcomeKind::Signaled;
-    r1.signal = Some("SIGSEGV".into());
+    r1.signal = Some(Signal::SEGV);
     r1.exit_code = None;
     r1.last_phase = Some("forward".into());
     r1.last_step = Some(3);
@@ -351,9 +352,9 @@ pub fn hung() -> ScenarioResult {
 
     let mut r0 = rank(0, 7);
     r0.outcome = OutcomeKind::Hung;
-    r0.signal = Some("SIGKILL".into());
+    r0.signal = Some(Signal::KILL);
     r0.exit_code = None;
-    r0.torn_down_with = Some("SIGKILL".into());
+    r0.torn_down_with = Some(Signal::KILL);
     r0.last_phase = Some("backward".into());
     r0.last_step = Some(7);
     r0.hang_detected_after_s = Some(10.0);
@@ -516,7 +517,7 @@ pub fn abort_raw_only() -> ScenarioResult {
     let sc = scenario("abort-in-optimizer", Mode::Single, 1, expect);
     let mut r0 = rank(0, 4);
     r0.outcome = OutcomeKind::Signaled;
-    r0.signal = Some("SIGABRT".into());
+    r0.signal = Some(Signal::ABRT);
     r0.exit_code = None;
     r0.last_phase = Some("optimizer".into());
     r0.last_step = Some(4);
@@ -575,7 +576,7 @@ pub fn shm_bus_error() -> ScenarioResult {
     }];
     let mut r0 = rank(0, 2);
     r0.outcome = OutcomeKind::Signaled;
-    r0.signal = Some("SIGBUS".into());
+    r0.signal = Some(Signal::BUS);
     r0.exit_code = None;
     r0.last_phase = Some("forward".into());
     r0.last_step = Some(2);
@@ -590,9 +591,9 @@ pub fn shm_bus_error() -> ScenarioResult {
         interval_s: 0.25,
         samples: 8,
         processes: vec![
-            process(0, "rank", None, 41000, 420, 302, 280),
-            process(0, "worker", Some(0), 41003, 160, 131, 125),
-            process(0, "worker", Some(1), 41004, 158, 130, 124),
+            process(0, ProcessRole::Rank, None, 41000, 420, 302, 280),
+            process(0, ProcessRole::Worker, Some(0), 41003, 160, 131, 125),
+            process(0, ProcessRole::Worker, Some(1), 41004, 158, 130, 124),
         ],
         series: series(&[(0.25, &[40], 0), (0.75, &[420], 2), (1.25, &[560], 20), (1.75, &[563], 64)]),
         shm: ShmUsage {
@@ -713,7 +714,7 @@ pub fn interrupted() -> RunResult {
 
 /// A GPU report folded from the recorded-shape NVML samples of one H100 training run (rank 0 is
 /// pid 4242).
-pub fn gpu_report() -> crate::harness::GpuReport {
+pub fn gpu_report() -> crate::schema::GpuReport {
     let samples: Vec<crate::harness::GpuSample> =
         serde_json::from_str(include_str!("../harness/fixtures/nvml-h100-training.json")).unwrap();
     let info = vec![crate::probe::nvml::GpuInfo {

@@ -2,8 +2,8 @@
 //! clocks, power, temperature and why clocks were held down; GPU memory per process of the run;
 //! a chart per GPU. When the GPUs could not be sampled, one line says why. Pure.
 
-use crate::harness::{GpuProcessPeak, GpuReport, GpuSummary, ScenarioResult, Stat};
 use crate::probe::env::human_bytes;
+use crate::schema::{GpuProcessPeak, GpuReport, GpuSummary, ProcessRole, ScenarioResult, Stat};
 
 use super::markup::{self, Align, code, fence};
 use super::text::{NONE, plural, sig};
@@ -115,9 +115,9 @@ fn process_table(processes: &[GpuProcessPeak]) -> String {
     let rows: Vec<Vec<String>> = processes
         .iter()
         .map(|p| {
-            let who = match (p.role.as_str(), p.rank, p.worker) {
-                ("rank", Some(r), _) => format!("rank {r}"),
-                ("worker", Some(r), Some(w)) => format!("rank {r} · worker {w}"),
+            let who = match (p.role, p.rank, p.worker) {
+                (ProcessRole::Rank, Some(r), _) => format!("rank {r}"),
+                (ProcessRole::Worker, Some(r), Some(w)) => format!("rank {r} · worker {w}"),
                 _ => "not of this run".to_string(),
             };
             vec![

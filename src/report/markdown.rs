@@ -4,9 +4,9 @@
 //! The document is a list of blocks joined by blank lines, so every table, fence and `<details>`
 //! gets the blank lines GitHub needs around it.
 
-use crate::harness::{RankResult, RunResult, ScenarioResult, ThreadStack};
 use crate::probe::env::{EnvSummary, human_bytes};
 use crate::protocol::Frame;
+use crate::schema::{RankResult, RunResult, ScenarioResult, ThreadStack};
 
 mod external;
 
@@ -440,13 +440,13 @@ fn opt<T: ToString>(v: Option<T>) -> String {
 
 /// `SIGSEGV`, `exit 1`, `SIGKILL from ups-doctor`.
 fn end_status(r: &RankResult) -> String {
-    let status = match (&r.signal, r.exit_code) {
-        (Some(sig), _) => sig.clone(),
+    let status = match (r.signal, r.exit_code) {
+        (Some(sig), _) => sig.name(),
         (None, Some(code)) => format!("exit {code}"),
         (None, None) => NONE.to_string(),
     };
-    match &r.torn_down_with {
-        Some(sent) if r.signal.as_deref() == Some(sent) => format!("{sent} from ups-doctor"),
+    match r.torn_down_with {
+        Some(sent) if r.signal == Some(sent) => format!("{sent} from ups-doctor"),
         Some(sent) => format!("{status} (after {sent} from ups-doctor)"),
         None => status,
     }
@@ -571,8 +571,8 @@ fn backtrace(doc: &mut Doc, r: &RankResult) {
     if r.backtrace.is_empty() && r.raw_backtrace.is_empty() {
         return;
     }
-    let signal = r.signal.as_deref().unwrap_or("crash");
-    doc.push(format!("### Backtrace of rank {} ({})", r.rank, markup::text(signal)));
+    let signal = r.signal.map_or("crash".to_string(), |s| s.name());
+    doc.push(format!("### Backtrace of rank {} ({})", r.rank, markup::text(&signal)));
     if r.backtrace.is_empty() {
         doc.push(
             "Symbolisation failed in the crash handler; these are the raw return addresses, \

@@ -2,8 +2,8 @@
 //! cells with a tone. The terminal renders it with comfy-table, the markdown report as a table,
 //! so both always show the same columns.
 
-use crate::harness::RunResult;
 use crate::scenario::OutcomeKind;
+use crate::schema::RunResult;
 
 use super::markup::Align;
 use super::text::{self, NONE};
@@ -76,7 +76,7 @@ pub(crate) fn align(run: &RunResult) -> Vec<Align> {
 }
 
 /// `91% / 100%`: the main GPU's median and peak utilisation.
-fn gpu_cell(s: &crate::harness::ScenarioResult) -> String {
+fn gpu_cell(s: &crate::schema::ScenarioResult) -> String {
     s.gpu
         .as_ref()
         .and_then(|g| g.main_gpu())

@@ -2,8 +2,8 @@
 //! dataset cache is shared or duplicated across workers, and what the run left behind. Pure.
 
 use crate::diagnose::used_of;
-use crate::harness::{DatasetSharing, Leftovers, MemoryReport, ProcessMemory, ScenarioResult};
 use crate::probe::env::human_bytes;
+use crate::schema::{DatasetSharing, Leftovers, MemoryReport, ProcessMemory, ProcessRole, ScenarioResult};
 
 use super::markup::{self, Align, code, fence};
 use super::mermaid;
@@ -54,8 +54,8 @@ pub(crate) fn memory_blocks(s: &ScenarioResult) -> Vec<String> {
 }
 
 fn who(p: &ProcessMemory) -> String {
-    match (p.role.as_str(), p.worker) {
-        ("rank", _) => format!("rank {}", p.rank),
+    match (p.role, p.worker) {
+        (ProcessRole::Rank, _) => format!("rank {}", p.rank),
         (_, Some(id)) => format!("rank {} · worker {id}", p.rank),
         _ => format!("rank {} · child {}", p.rank, code(&p.command)),
     }
@@ -251,8 +251,8 @@ pub(crate) fn leftover_blocks(s: &ScenarioResult) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::harness::{CgroupReport, CgroupVersion, OomKill, OomSource};
     use crate::report::fixtures;
+    use crate::schema::{CgroupReport, CgroupVersion, OomKill, OomSource};
 
     #[test]
     fn the_memory_limit_line_names_each_oom_kill_and_a_missing_cgroup() {

@@ -3,7 +3,7 @@
 
 use std::fmt::Write;
 
-use crate::harness::{MemoryReport, RankResult, ScenarioResult};
+use crate::schema::{MemoryReport, RankResult, ScenarioResult};
 
 use super::text::sig;
 
@@ -136,7 +136,7 @@ pub(crate) struct MemoryChart {
 /// has no memory, not 0 MiB); failing two such samples, those where any did. The `/dev/shm` line
 /// is drawn only when something was ever in use there. `None` with fewer than two samples.
 pub(crate) fn memory_chart(m: &MemoryReport, ranks: usize) -> Option<MemoryChart> {
-    let alive = |p: &crate::harness::MemoryPoint, all: bool| {
+    let alive = |p: &crate::schema::MemoryPoint, all: bool| {
         let mut each = (0..ranks).map(|r| p.pss_bytes.get(r).copied().unwrap_or(0) > 0);
         if all { each.all(|a| a) } else { each.any(|a| a) }
     };

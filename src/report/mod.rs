@@ -1,4 +1,4 @@
-//! Renders a [`crate::harness::RunResult`]: the markdown report for a GitHub issue, the terminal
+//! Renders a [`crate::schema::RunResult`]: the markdown report for a GitHub issue, the terminal
 //! matrix, and the run folder (`result.json` + `report.md`); also the terminal description of the
 //! machine for `ups-doctor env`.
 //!

@@ -5,8 +5,8 @@ use std::fmt::Write;
 
 use comfy_table::{CellAlignment, Color, ContentArrangement, Table, presets};
 
-use crate::harness::RunResult;
 use crate::probe::env::EnvSummary;
+use crate::schema::RunResult;
 
 use super::environment;
 use super::markup::Align;

@@ -126,7 +126,7 @@ fn write_run_then_rerender_gives_the_same_report() {
     let written = fs::read_to_string(&report).unwrap();
     assert_eq!(written, render_markdown(&original));
 
-    let saved: crate::harness::RunResult =
+    let saved: crate::schema::RunResult =
         serde_json::from_str(&fs::read_to_string(folder.join(RESULT_FILE)).unwrap()).unwrap();
     assert_eq!(saved.scenarios.len(), original.scenarios.len());
     assert_eq!(saved.not_run, original.not_run);
@@ -266,7 +266,7 @@ fn gpu_section_matrix_column_and_the_unavailable_line() {
     on_gpu.ranks[0].device = Some("cuda:0".into());
     on_gpu.gpu = Some(fixtures::gpu_report());
     let mut on_cpu = fixtures::passing();
-    on_cpu.gpu = Some(crate::harness::GpuReport::unavailable(
+    on_cpu.gpu = Some(crate::schema::GpuReport::unavailable(
         "libnvidia-ml.so.1 not found: no NVIDIA driver on this machine (cannot open shared object file: No \
          such file or directory)",
     ));

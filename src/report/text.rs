@@ -1,8 +1,8 @@
 //! Plain-text formatting shared by every renderer: counts, durations, rates, losses, outcome
 //! phrases and shell quoting. Nothing here knows about markdown or terminals.
 
-use crate::harness::{RankResult, ScenarioResult};
 use crate::scenario::{Expect, Mode, OutcomeKind};
+use crate::schema::{RankResult, ScenarioResult};
 
 /// Stands in for a value that is absent.
 pub(crate) const NONE: &str = "—";
@@ -175,7 +175,8 @@ pub(crate) fn first_failed_rank(s: &ScenarioResult) -> Option<&RankResult> {
 /// A scenario's outcome as a phrase, with the first failing rank's signal or exit code.
 pub(crate) fn scenario_outcome(s: &ScenarioResult) -> String {
     let rank = first_failed_rank(s);
-    outcome_phrase(s.outcome, rank.and_then(|r| r.signal.as_deref()), rank.and_then(|r| r.exit_code))
+    let signal = rank.and_then(|r| r.signal).map(|s| s.name());
+    outcome_phrase(s.outcome, signal.as_deref(), rank.and_then(|r| r.exit_code))
 }
 
 /// Where a rank stopped: `forward @ 3`, `dist.init`, or `None` without any phase.

@@ -3,6 +3,7 @@
 use super::{Finding, Pattern};
 use crate::diagnose::evidence::{Evidence, RankEvidence};
 use crate::scenario::OutcomeKind;
+use crate::schema::Signal;
 
 pub const NATIVE_CRASH: Pattern = Pattern {
     id: "native-crash",
@@ -31,12 +32,12 @@ pub const FALSE_SUCCESS: Pattern = Pattern {
     reference: "https://docs.python.org/3/library/os.html#os._exit",
 };
 
-const CRASH_SIGNALS: [&str; 5] = ["SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE", "SIGABRT"];
+const CRASH_SIGNALS: [Signal; 5] = [Signal::SEGV, Signal::BUS, Signal::ILL, Signal::FPE, Signal::ABRT];
 
 pub fn native_crash(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Finding> {
     let first = first?;
     let r = first.result;
-    let sig = r.signal.as_deref().filter(|s| CRASH_SIGNALS.contains(s))?;
+    let sig = r.signal.filter(|s| CRASH_SIGNALS.contains(s))?;
     if r.outcome != OutcomeKind::Signaled {
         return None;
     }
@@ -63,7 +64,7 @@ pub fn native_crash(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Findi
             r.backtrace.len()
         ),
     });
-    if sig == "SIGABRT" {
+    if sig == Signal::ABRT {
         f.cause = Some(format!(
             "{} `abort()`: a failed assertion or an uncaught C++ exception (its `what():` line is the key line when \
              it was printed).",

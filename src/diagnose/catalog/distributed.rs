@@ -3,8 +3,8 @@
 
 use super::{Finding, Pattern};
 use crate::diagnose::evidence::{Evidence, RankEvidence, Thread, failure_time, location};
-use crate::harness::result::RankResult;
 use crate::scenario::OutcomeKind;
+use crate::schema::RankResult;
 
 pub const RANKS_OUT_OF_STEP: Pattern = Pattern {
     id: "ranks-out-of-step",
@@ -302,7 +302,7 @@ pub fn rendezvous_incomplete(ev: &Evidence, first: Option<&RankEvidence>) -> Opt
         .iter()
         .map(|r| {
             let res = r.result;
-            let how = match (res.outcome, res.exit_code, res.signal.as_deref()) {
+            let how = match (res.outcome, res.exit_code, res.signal) {
                 (OutcomeKind::LaunchFailed, _, _) => "never started".to_string(),
                 (_, Some(c), _) => format!("exited with status {c}"),
                 (_, _, Some(s)) => format!("was killed by {s}"),

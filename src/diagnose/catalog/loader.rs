@@ -3,9 +3,9 @@
 
 use super::{Finding, Pattern};
 use crate::diagnose::evidence::{Evidence, RankEvidence, location};
-use crate::harness::result::{MemoryReport, RankResult, ShmAt};
 use crate::probe::env::human_bytes;
 use crate::scenario::Scenario;
+use crate::schema::{MemoryReport, RankResult, ShmAt, Signal};
 
 pub const DATALOADER_WORKER_EXCEPTION: Pattern = Pattern {
     id: "dataloader-worker-exception",
@@ -286,7 +286,7 @@ fn bus_error_cause(
     memory: &MemoryReport,
 ) -> Option<(String, Option<String>, String)> {
     let worker_pid = failed.error.as_deref().and_then(bus_error_worker_pid);
-    if failed.signal.as_deref() != Some("SIGBUS") && worker_pid.is_none() {
+    if failed.signal != Some(Signal::BUS) && worker_pid.is_none() {
         return None;
     }
     let at_end: &ShmAt = memory.shm.at_rank_end.iter().find(|a| a.rank == failed.rank)?;
@@ -363,7 +363,7 @@ fn bus_error_worker_pid(error: &str) -> Option<u32> {
 /// `/dev/shm` figure, its peak over the run (the failed segment is gone by the time the rank ends).
 fn peak_shm_line(ev: &Evidence, failed: &RankEvidence, memory: &MemoryReport) -> Option<(String, f64)> {
     let out_of_shm = loader_failure(&failed.text).is_some_and(|l| l.out_of_shm)
-        || failed.result.signal.as_deref() == Some("SIGBUS");
+        || failed.result.signal == Some(Signal::BUS);
     if !out_of_shm {
         return None;
     }

@@ -2,9 +2,9 @@
 
 use super::{Finding, Pattern};
 use crate::diagnose::evidence::{Evidence, RankEvidence};
-use crate::harness::result::{OomKill, OomSource};
 use crate::probe::env::human_bytes;
 use crate::scenario::OutcomeKind;
+use crate::schema::{OomKill, OomSource};
 
 /// `2.0 GiB`, `1.98 GiB`: sizes near a limit need the second digit.
 fn size(bytes: u64) -> String {

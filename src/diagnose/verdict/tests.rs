@@ -4,11 +4,12 @@
 use super::*;
 use crate::diagnose::evidence::Observed;
 use crate::harness::Exit;
-use crate::harness::result::{
-    CgroupReport, CgroupVersion, Leftovers, MemoryReport, OomKill, OomSource, ProcessMemory, Quote, ShmAt,
-};
 use crate::harness::{Intervention, RankEnd, classify_rank};
 use crate::protocol::Frame;
+use crate::schema::{
+    CgroupReport, CgroupVersion, Leftovers, MemoryReport, OomKill, OomSource, ProcessMemory, ProcessRole,
+    Quote, ShmAt, Signal,
+};
 
 fn end(exit: Option<Exit>) -> RankEnd {
     RankEnd { exit, ..Default::default() }
@@ -195,7 +196,7 @@ fn a_built_in_rank_waiting_in_its_barrier_through_the_store_is_out_of_step_not_a
         location: None,
     };
     let mut barrier = hung_at(1, "dist.barrier", 5, 7.3);
-    barrier.stacks.push(crate::harness::result::ThreadStack {
+    barrier.stacks.push(crate::schema::ThreadStack {
         tid: 1,
         thread: "ups-doctor".into(),
         frames: vec![
@@ -214,8 +215,8 @@ fn hung_with_stack(rank: u32, frames: &str) -> RankResult {
     let mut r = program_rank(rank, Exit::Signal { signal: libc::SIGTERM, core_dumped: false }, 30.0, "");
     r.outcome = OutcomeKind::Hung;
     r.hang_detected_after_s = Some(20.0);
-    r.torn_down_with = Some("SIGTERM".into());
-    r.dumps.push(crate::harness::result::ProcessDump {
+    r.torn_down_with = Some(Signal::TERM);
+    r.dumps.push(crate::schema::ProcessDump {
         pid: 1000 + rank,
         role: format!("rank {rank}"),
         py_spy: Some(format!(
@@ -223,7 +224,7 @@ fn hung_with_stack(rank: u32, frames: &str) -> RankResult {
             1000 + rank
         )),
         error: None,
-        threads: vec![crate::harness::result::KernelThread {
+        threads: vec![crate::schema::KernelThread {
             tid: 1,
             name: "python".into(),
             wchan: Some("futex_wait_queue".into()),
@@ -401,7 +402,7 @@ fn a_bus_error_with_dev_shm_full_is_out_of_shared_memory() {
 fn process(rank: u32, worker: Option<u32>, pid: u32, pss: u64) -> ProcessMemory {
     ProcessMemory {
         rank,
-        role: if worker.is_some() { "worker" } else { "rank" }.into(),
+        role: if worker.is_some() { ProcessRole::Worker } else { ProcessRole::Rank },
         worker,
         pid,
         command: "python".into(),
@@ -596,7 +597,7 @@ fn leftovers_and_quotes_of_a_passed_run() {
     let mut e = end(Some(Exit::Code(0)));
     e.state.done = true;
     let mut case = Case::new(vec![classify_rank(&e)]);
-    case.leftovers.shm.push(crate::harness::result::LeftoverSegment {
+    case.leftovers.shm.push(crate::schema::LeftoverSegment {
         name: "ups-doctor-1-x".into(),
         size_bytes: 4096,
         allocated_bytes: 4096,

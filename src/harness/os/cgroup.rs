@@ -21,7 +21,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::harness::result::{CgroupReport, CgroupVersion};
+use crate::schema::{CgroupReport, CgroupVersion};
 
 /// Test-only override: the cgroup directory to create scenario cgroups under, instead of the
 /// one ups-doctor runs in (a directory that is no cgroup, or a v2 group without the memory

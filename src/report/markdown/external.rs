@@ -2,7 +2,7 @@
 //! program's own last error lines next to the verdict, what stuck processes were doing (py-spy,
 //! kernel wait channels) and the launcher's log.
 
-use crate::harness::{ExternalRun, RankResult, ScenarioResult};
+use crate::schema::{ExternalRun, IdentifiedBy, RankResult, ScenarioResult};
 
 use super::super::markup::{DETAILS_CLOSE, code, details_open, fence};
 use super::super::text::{count, strip_control};
@@ -35,11 +35,14 @@ fn identified_line(ranks: &[RankResult]) -> String {
     let each: Vec<String> = ranks
         .iter()
         .map(|r| match &r.identified_by {
-            Some(by) if by == "launcher process" => format!("rank {} is the launcher process itself", r.rank),
-            Some(by) if by == "spawn order" => {
+            Some(IdentifiedBy::LauncherProcess) => format!("rank {} is the launcher process itself", r.rank),
+            Some(IdentifiedBy::SpawnOrder) => {
                 format!("rank {} by spawn order (the launcher's child started {})", r.rank, ordinal(r.rank))
             }
-            Some(by) => format!("rank {} by {}", r.rank, code(&format!("{by}={}", r.rank))),
+            Some(by) => {
+                let var = by.variable().unwrap_or_default();
+                format!("rank {} by {}", r.rank, code(&format!("{var}={}", r.rank)))
+            }
             None => format!("rank {}: no process identified", r.rank),
         })
         .collect();
@@ -63,7 +66,7 @@ fn quote_fence(lines: &[String]) -> String {
 fn command_line(ext: &ExternalRun) -> String {
     let style = match &ext.style_chosen {
         Some(why) => format!("{}, chosen by `launch.style: auto`: {why}", ext.style),
-        None => ext.style.clone(),
+        None => ext.style.to_string(),
     };
     let mut line = format!("Command ({style}): {}", code(&crate::report::text::shell_line(&ext.argv)));
     line.push_str(&format!("; completion judged by {}", ext.completion));

@@ -1,0 +1,352 @@
+//! One rank's end and the evidence about it; an external command's launch and its launcher.
+
+use serde::{Deserialize, Serialize};
+
+use super::Signal;
+use crate::protocol::Frame;
+use crate::scenario::OutcomeKind;
+
+/// How an external command ran.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExternalRun {
+    /// The argv with placeholders filled in.
+    pub argv: Vec<String>,
+    /// How its ranks were started.
+    pub style: ExternalStyle,
+    /// Why `launch.style: auto` took `style` (absent when the scenario named a style).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub style_chosen: Option<String>,
+    /// Whether any rank sent a marker (through `python/ups_doctor.py` or its own writer).
+    pub markers_seen: bool,
+    /// How completion was judged: `exit status`, `done marker`, or `stdout matches …`.
+    pub completion: String,
+    /// The launcher process of a `launcher` run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub launcher: Option<LauncherEnd>,
+    /// Where py-spy was found (absent: not installed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub py_spy: Option<String>,
+}
+
+/// The launcher process (torchrun) of a `launcher` run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LauncherEnd {
+    pub pid: Option<u32>,
+    pub exit_code: Option<i32>,
+    pub signal: Option<Signal>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub launch_error: Option<String>,
+    pub stdout_log: String,
+    pub stderr_log: String,
+    /// Processes below it that looked like ranks but whose rank number was never found (no rank
+    /// variable, no spawn order).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub unidentified_processes: u32,
+    /// Its own last error lines (torchrun's "Root Cause (first observed failure)" block, the
+    /// ranks' tracebacks, which share its output).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub quotes: Vec<Quote>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub log_tail: Vec<String>,
+}
+
+/// Lines quoted verbatim from a program's output.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Quote {
+    /// What they are: `Python traceback`, `DataLoader`, `torchrun: Root Cause`, `Python fault handler`.
+    pub title: String,
+    pub lines: Vec<String>,
+}
+
+/// What one process of a stuck external rank was doing.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProcessDump {
+    pub pid: u32,
+    /// `rank 0`, `rank 0, worker process`.
+    pub role: String,
+    /// `py-spy dump --native` output.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub py_spy: Option<String>,
+    /// Why there is no py-spy output.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    pub threads: Vec<KernelThread>,
+}
+
+/// A thread as the kernel sees it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KernelThread {
+    pub tid: u32,
+    pub name: String,
+    /// `/proc/PID/task/TID/wchan`: where in the kernel it sleeps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wchan: Option<String>,
+    /// `/proc/PID/task/TID/syscall`: the system call it is in (`202 (futex)`), or `running`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub syscall: Option<String>,
+}
+
+/// One rank's end and the evidence gathered about it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RankResult {
+    pub rank: u32,
+    pub pid: Option<u32>,
+    /// The device the rank trained on (`cpu`, `cuda:0`; `none` when it found none it could use).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<String>,
+    pub outcome: OutcomeKind,
+    /// The signal that killed it, when one did.
+    pub signal: Option<Signal>,
+    pub exit_code: Option<i32>,
+    /// The last phase this rank began (from its markers).
+    pub last_phase: Option<String>,
+    pub last_step: Option<u64>,
+    /// The error the rank reported, or the last error-looking line of its stderr.
+    pub error: Option<String>,
+    /// Symbolised backtrace written by the crash handler.
+    pub backtrace: Vec<Frame>,
+    /// Raw return addresses written first by the crash handler (kept when symbolising failed).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub raw_backtrace: Vec<String>,
+    /// Stacks of every thread, dumped on request when the rank was stuck.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stacks: Vec<ThreadStack>,
+    /// Seconds since the scenario started: when the process ended (or was torn down).
+    pub ended_at_s: Option<f64>,
+    /// Seconds since the scenario started: when its last marker arrived.
+    pub last_marker_at_s: Option<f64>,
+    /// For a hung rank: seconds of silence when the hang was declared.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hang_detected_after_s: Option<f64>,
+    /// Failed only after another rank failed first (a peer gone, a collective broken), or was
+    /// torn down because of it: a consequence, not the cause.
+    #[serde(default)]
+    pub collateral: bool,
+    /// How the harness ended the process, when it had to (`SIGTERM`, `SIGKILL`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub torn_down_with: Option<Signal>,
+    pub steps_done: u64,
+    /// Hash of the rank's parameters after training (equal on every rank when DDP kept them in
+    /// sync).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub params_checksum: Option<String>,
+    /// Bytes of optimizer state the rank held (FSDP: its shard's only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub optimizer_state_bytes: Option<u64>,
+    pub first_loss: Option<f64>,
+    pub final_loss: Option<f64>,
+    /// Fraction of step time spent waiting for data.
+    pub data_wait_fraction: Option<f64>,
+    /// Loss per step (thinned to at most a few hundred points).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub losses: Vec<(u64, f64)>,
+    /// Phases in order with their begin/end times, per-step phases folded into one `train` span.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub timeline: Vec<PhaseSpan>,
+    pub stdout_log: String,
+    pub stderr_log: String,
+    /// The last lines of stderr (and stdout if stderr is empty).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub log_tail: Vec<String>,
+    /// Markers received, and lines that were not valid markers.
+    pub markers: u64,
+    #[serde(default)]
+    pub bad_markers: u64,
+    /// Pids that `worker` markers claimed but that were not processes of this run: counted in
+    /// `bad_markers`, never signalled.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub foreign_pids: Vec<u32>,
+    /// Its log files that could not be written in full (disk full, …): each cut with a note.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub log_errors: Vec<String>,
+    /// Data-loader worker processes the rank started, in start order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub workers: Vec<WorkerInfo>,
+    /// External commands: where the exit status came from when the rank was not ups-doctor's own
+    /// child (a launcher's rank).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_source: Option<ExitSource>,
+    /// External commands started by a launcher: how the rank's process was found.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identified_by: Option<IdentifiedBy>,
+    /// External commands: seconds since the scenario started when the rank last wrote output.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_output_at_s: Option<f64>,
+    /// External commands: the program's own last error lines (traceback tail, DataLoader
+    /// messages, Python's fault handler), quoted next to the verdict.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub quotes: Vec<Quote>,
+    /// External commands: what each process of a stuck rank was doing (py-spy, procfs).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dumps: Vec<ProcessDump>,
+}
+
+/// One thread's stack from a stack dump.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ThreadStack {
+    pub tid: i64,
+    pub thread: String,
+    pub frames: Vec<Frame>,
+}
+
+/// A phase on a rank's timeline, in seconds since the scenario started.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PhaseSpan {
+    pub phase: String,
+    pub start_s: f64,
+    /// Absent when the phase never ended.
+    pub end_s: Option<f64>,
+}
+
+/// A data-loader worker process of a rank.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkerInfo {
+    pub id: u32,
+    pub pid: u32,
+    /// `fork`, `spawn` or `forkserver`, as the worker reported it (an external program's marker
+    /// may name any method Python has).
+    pub start_method: String,
+    /// Seconds since the scenario started.
+    pub started_at_s: f64,
+}
+
+/// How an external command's ranks were started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ExternalStyle {
+    /// ups-doctor started one copy of the command per rank, with torchrun's variables.
+    PerRank,
+    /// ups-doctor started the command once (torchrun, `srun`, …) and it started the ranks.
+    Launcher,
+}
+
+impl ExternalStyle {
+    /// The form `result.json` and `launch.style` use: `per_rank`, `launcher`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ExternalStyle::PerRank => "per_rank",
+            ExternalStyle::Launcher => "launcher",
+        }
+    }
+}
+
+impl std::fmt::Display for ExternalStyle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Where the exit status of a launcher's rank came from, when the rank was not ups-doctor's own
+/// child. Earlier results spelled two of these in words (`launcher status 0`, `launcher status 0,
+/// rank not identified…`); they still load.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", try_from = "String")]
+pub enum ExitSource {
+    /// Read from `/proc/PID/stat` while it was a zombie (the launcher's child, not ours).
+    Procfs,
+    /// The exit status torchrun's error summary gives.
+    Torchrun,
+    /// The rank is the launcher process itself: its exit status is the launcher's.
+    Launcher,
+    /// Not observed, but the launcher exited with status 0, which torchrun does only when every
+    /// rank did.
+    #[serde(rename = "launcher_status_0")]
+    LauncherStatus0,
+    /// The rank's process was never identified; the launcher exited with status 0.
+    NotIdentified,
+    /// Not observed: its launcher reaped it before ups-doctor saw it.
+    Unknown,
+}
+
+impl TryFrom<String> for ExitSource {
+    type Error = String;
+
+    fn try_from(text: String) -> Result<ExitSource, String> {
+        Ok(match text.as_str() {
+            "procfs" => ExitSource::Procfs,
+            "torchrun" => ExitSource::Torchrun,
+            "launcher" => ExitSource::Launcher,
+            "launcher_status_0" | "launcher status 0" => ExitSource::LauncherStatus0,
+            "not_identified" => ExitSource::NotIdentified,
+            old if old.starts_with("launcher status 0, rank not identified") => ExitSource::NotIdentified,
+            "unknown" => ExitSource::Unknown,
+            _ => {
+                return Err(format!(
+                    "unknown exit source `{text}` (expected `procfs`, `torchrun`, `launcher`, `launcher_status_0`, \
+                     `not_identified` or `unknown`)"
+                ));
+            }
+        })
+    }
+}
+
+/// How a launcher's rank process was found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String")]
+pub enum IdentifiedBy {
+    /// A rank variable in the process's starting environment.
+    #[serde(rename = "RANK")]
+    Rank,
+    #[serde(rename = "SLURM_PROCID")]
+    SlurmProcid,
+    #[serde(rename = "OMPI_COMM_WORLD_RANK")]
+    OmpiCommWorldRank,
+    #[serde(rename = "PMI_RANK")]
+    PmiRank,
+    /// `LOCAL_RANK`, which counts only on node 0.
+    #[serde(rename = "LOCAL_RANK")]
+    LocalRank,
+    /// The launcher is the rank (Lightning's rank 0).
+    #[serde(rename = "launcher_process")]
+    LauncherProcess,
+    /// `torch.multiprocessing.spawn`'s i-th child is rank i.
+    #[serde(rename = "spawn_order")]
+    SpawnOrder,
+}
+
+impl IdentifiedBy {
+    /// The rank variables, in the order they are believed.
+    pub const VARIABLES: [IdentifiedBy; 5] = [
+        IdentifiedBy::Rank,
+        IdentifiedBy::SlurmProcid,
+        IdentifiedBy::OmpiCommWorldRank,
+        IdentifiedBy::PmiRank,
+        IdentifiedBy::LocalRank,
+    ];
+
+    /// The environment variable that gave the rank number, when one did.
+    pub fn variable(self) -> Option<&'static str> {
+        match self {
+            IdentifiedBy::Rank => Some("RANK"),
+            IdentifiedBy::SlurmProcid => Some("SLURM_PROCID"),
+            IdentifiedBy::OmpiCommWorldRank => Some("OMPI_COMM_WORLD_RANK"),
+            IdentifiedBy::PmiRank => Some("PMI_RANK"),
+            IdentifiedBy::LocalRank => Some("LOCAL_RANK"),
+            IdentifiedBy::LauncherProcess | IdentifiedBy::SpawnOrder => None,
+        }
+    }
+}
+
+impl TryFrom<String> for IdentifiedBy {
+    type Error = String;
+
+    /// Also the earlier spellings in words (`launcher process`, `spawn order`).
+    fn try_from(text: String) -> Result<IdentifiedBy, String> {
+        if let Some(by) = IdentifiedBy::VARIABLES.into_iter().find(|by| by.variable() == Some(text.as_str()))
+        {
+            return Ok(by);
+        }
+        match text.as_str() {
+            "launcher_process" | "launcher process" => Ok(IdentifiedBy::LauncherProcess),
+            "spawn_order" | "spawn order" => Ok(IdentifiedBy::SpawnOrder),
+            _ => Err(format!(
+                "unknown `identified_by` `{text}` (expected a rank variable such as `RANK`, `launcher_process` or \
+                 `spawn_order`)"
+            )),
+        }
+    }
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
