@@ -28,3 +28,6 @@ pub use process::{
 pub use run::{RunResult, ScenarioResult};
 pub use signal::Signal;
 pub use verdict::Verdict;
+
+#[cfg(test)]
+mod tests;

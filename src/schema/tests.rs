@@ -1,0 +1,73 @@
+//! `docs/result-json.md` stays true: every key a result carries is named there.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use serde_json::Value;
+
+use super::RunResult;
+use crate::report::fixtures;
+
+/// Every object key under `value`, except inside `environment` (the `ups-doctor env --json`
+/// object) and `scenario` (the scenario file format), which are documented elsewhere.
+fn keys(value: &Value, out: &mut BTreeSet<String>) {
+    match value {
+        Value::Object(map) => {
+            for (key, inner) in map {
+                out.insert(key.clone());
+                if key != "environment" && key != "scenario" {
+                    keys(inner, out);
+                }
+            }
+        }
+        Value::Array(items) => items.iter().for_each(|v| keys(v, out)),
+        _ => {}
+    }
+}
+
+/// The words inside the document's backtick spans.
+fn documented(doc: &str) -> BTreeSet<String> {
+    doc.split('`')
+        .skip(1)
+        .step_by(2)
+        .flat_map(|span| span.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')))
+        .filter(|w| !w.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn every_key_of_result_json_is_documented() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let doc = std::fs::read_to_string(root.join("docs/result-json.md")).unwrap();
+    let named = documented(&doc);
+    let mut seen = BTreeSet::new();
+    // The committed examples (real runs of the shipped and the external scenarios), which must
+    // also still load, and the report's fixtures (hangs, interrupts, GPU samples, leftovers).
+    for example in ["run-shipped-scenarios", "run-external-scenarios"] {
+        let text =
+            std::fs::read_to_string(root.join("reports/examples").join(example).join("result.json")).unwrap();
+        let run: RunResult = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{example} loads: {e}"));
+        keys(&serde_json::to_value(&run).unwrap(), &mut seen);
+    }
+    let mut gpu = fixtures::passing();
+    gpu.gpu = Some(fixtures::gpu_report());
+    let fixture_runs = [
+        fixtures::run(vec![
+            gpu,
+            fixtures::segv(),
+            fixtures::hung(),
+            fixtures::false_success(),
+            fixtures::abort_raw_only(),
+            fixtures::shm_bus_error(),
+            fixtures::input_bound(),
+        ]),
+        fixtures::interrupted(),
+    ];
+    for run in &fixture_runs {
+        keys(&serde_json::to_value(run).unwrap(), &mut seen);
+    }
+    assert!(seen.len() > 120, "{seen:?}");
+    let missing: Vec<&String> = seen.iter().filter(|k| !named.contains(*k)).collect();
+    assert!(missing.is_empty(), "keys of result.json that docs/result-json.md does not name: {missing:?}");
+}
