@@ -7,6 +7,7 @@
 
 pub mod bisect;
 pub mod diagnose;
+mod error;
 pub mod harness;
 pub mod probe;
 pub mod protocol;
@@ -14,3 +15,5 @@ pub mod report;
 pub mod scenario;
 pub mod schema;
 pub mod trainer;
+
+pub use error::{Error, exit};

@@ -1,6 +1,6 @@
 //! The `ups-doctor` command line: parses arguments, dispatches, and maps every result to the
-//! documented exit status (0 every scenario met its `expect`, 1 some did not, 2 bad input,
-//! 3 internal error, 130 interrupted). The only place that knows about exit codes.
+//! documented exit status ([`ups_doctor::exit`]: 0 every scenario met its `expect`, 1 some did
+//! not, 2 bad input, 3 internal error, 130 interrupted), listed at the end of `--help`.
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -16,10 +16,11 @@ use ups_doctor::report;
 use ups_doctor::scenario::{self, Override};
 use ups_doctor::schema::RunResult;
 use ups_doctor::trainer;
+use ups_doctor::{Error, exit};
 
 /// Finds out why distributed deep-learning training crashes, hangs or crawls.
 #[derive(Parser)]
-#[command(name = "ups-doctor", version, about, long_about = None)]
+#[command(name = "ups-doctor", version, about, long_about = None, after_help = exit::HELP)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -28,6 +29,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run scenario files (or every *.json in a folder) and write a report.
+    #[command(after_help = exit::HELP)]
     Run {
         /// Scenario files or folders [default: scenarios/].
         paths: Vec<PathBuf>,
@@ -48,8 +50,10 @@ enum Command {
         public: bool,
     },
     /// Cut a failing scenario down to a 1-minimal configuration that still fails the same way.
+    #[command(after_help = exit::HELP)]
     Bisect(BisectArgs),
     /// Re-render report.md (and each scenario's full report) from a run folder's result.json.
+    #[command(after_help = exit::HELP)]
     Report {
         /// A run folder (it holds result.json).
         dir: PathBuf,
@@ -110,15 +114,6 @@ enum StrategyArg {
     Ddmin,
 }
 
-/// ups-doctor's own failures, by exit status.
-#[derive(Debug)]
-enum Failure {
-    /// Exit 2: the user's input is wrong; the message says how to fix it.
-    BadInput(String),
-    /// Exit 3: ups-doctor itself failed.
-    Internal(String),
-}
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
@@ -128,7 +123,7 @@ fn main() -> ExitCode {
         Command::Env { json, markdown, public } => print_env(json, markdown, public),
         Command::CudaProbe => {
             println!("{}", serde_json::to_string(&trainer::cuda::support()).expect("serialises"));
-            Ok(ExitCode::SUCCESS)
+            Ok(ExitCode::from(exit::MET))
         }
         Command::NvmlRecord { count, every_ms } => nvml_record(count, every_ms),
         Command::Train { scenario, set, loader_only } => train(&scenario, &set, loader_only),
@@ -137,13 +132,9 @@ fn main() -> ExitCode {
             Ok(ExitCode::from(trainer::loader::worker::run_spawned(&config) as u8))
         }
     };
-    result.unwrap_or_else(|failure| {
-        let (message, code) = match failure {
-            Failure::BadInput(m) => (m, 2),
-            Failure::Internal(m) => (m, 3),
-        };
-        eprintln!("error: {message}");
-        ExitCode::from(code)
+    result.unwrap_or_else(|error| {
+        eprintln!("error: {error}");
+        ExitCode::from(error.exit_code())
     })
 }
 
@@ -183,21 +174,20 @@ struct BisectArgs {
     strategy: StrategyArg,
 }
 
-fn bisect(args: BisectArgs) -> Result<ExitCode, Failure> {
+fn bisect(args: BisectArgs) -> Result<ExitCode, Error> {
     install_interrupt_handler();
     if !(args.confidence > 0.0 && args.confidence < 1.0) {
-        return Err(Failure::BadInput(format!(
+        return Err(Error::BadInput(format!(
             "--confidence {} is not between 0 and 1 (exclusive); e.g. `--confidence 0.95`",
             args.confidence
         )));
     }
     for (flag, value) in [("--budget", args.budget), ("--confirm", args.confirm), ("--jobs", args.jobs)] {
         if value == 0 {
-            return Err(Failure::BadInput(format!("{flag} must be at least 1")));
+            return Err(Error::BadInput(format!("{flag} must be at least 1")));
         }
     }
-    let scenario =
-        scenario::load_file(&args.scenario, &args.set).map_err(|e| Failure::BadInput(e.to_string()))?;
+    let scenario = scenario::load_file(&args.scenario, &args.set)?;
     let input = [ScenarioInput {
         file: args.scenario.clone(),
         overrides: args.set.iter().map(|o| o.raw.clone()).collect(),
@@ -210,11 +200,9 @@ fn bisect(args: BisectArgs) -> Result<ExitCode, Failure> {
             prepare_out_dir(&dir)?;
             dir
         }
-        None => fresh_run_dir(Path::new("reports/runs"), &format!("-bisect-{}", sanitize(&scenario.name)))
-            .map_err(|e| Failure::Internal(format!("failed to create a folder under `reports/runs`: {e}")))?,
+        None => fresh_run_dir(Path::new("reports/runs"), &format!("-bisect-{}", sanitize(&scenario.name)))?,
     };
-    let program = std::env::current_exe()
-        .map_err(|e| Failure::Internal(format!("failed to locate the ups-doctor binary: {e}")))?;
+    let program = current_exe()?;
     if !args.quiet {
         eprintln!(
             "bisecting {} (budget {} runs, {} in parallel)",
@@ -241,11 +229,10 @@ fn bisect(args: BisectArgs) -> Result<ExitCode, Failure> {
         cache_dir: args.cache,
         show_progress: !args.quiet,
     };
-    let record = ups_doctor::bisect::run_session(&request, &program, &INTERRUPTED)
-        .map_err(|e| Failure::Internal(e.to_string()))?;
+    let record = ups_doctor::bisect::run_session(&request, &program, &INTERRUPTED)?;
     if INTERRUPTED.load(Ordering::SeqCst) {
         eprintln!("interrupted; partial bisect written to {}", out_dir.display());
-        return Ok(ExitCode::from(130));
+        return Ok(ExitCode::from(exit::INTERRUPTED));
     }
     let summary = match (&record.signature, record.boundary.is_empty()) {
         (None, _) => "the scenario did not fail: nothing to bisect".to_string(),
@@ -273,46 +260,38 @@ fn bisect(args: BisectArgs) -> Result<ExitCode, Failure> {
             report.display()
         );
     }
-    Ok(if record.signature.is_some() && !record.budget_exhausted {
-        ExitCode::SUCCESS
+    Ok(ExitCode::from(if record.signature.is_some() && !record.budget_exhausted {
+        exit::MET
     } else {
-        ExitCode::from(1)
-    })
+        exit::NOT_MET
+    }))
 }
 
-fn rerender(dir: &Path, public: bool, issue: bool) -> Result<ExitCode, Failure> {
-    use report::ReportError;
-    match report::rerender_masked(dir, public).and_then(|path| Ok((path, report::read_run(dir)?))) {
-        Ok((path, run)) if issue => {
-            let text = report::issue_text(&run);
-            print!("{}", text.paste);
-            eprintln!(
-                "ups-doctor: paste the {} characters above (from {}) into the issue and attach:",
-                text.paste.chars().count(),
-                path.display()
-            );
-            for file in &text.attach {
-                eprintln!("  {}", dir.join(file).display());
-            }
-            Ok(ExitCode::SUCCESS)
+fn rerender(dir: &Path, public: bool, issue: bool) -> Result<ExitCode, Error> {
+    let path = report::rerender_masked(dir, public)?;
+    if issue {
+        let run = report::read_run(dir)?;
+        let text = report::issue_text(&run);
+        print!("{}", text.paste);
+        eprintln!(
+            "ups-doctor: paste the {} characters above (from {}) into the issue and attach:",
+            text.paste.chars().count(),
+            path.display()
+        );
+        for file in &text.attach {
+            eprintln!("  {}", dir.join(file).display());
         }
-        Ok((path, _)) => {
-            println!("{}", path.display());
-            Ok(ExitCode::SUCCESS)
-        }
-        // Our own failure to write is internal; everything else is about the folder given.
-        Err(e @ (ReportError::Write { .. } | ReportError::CreateDir { .. } | ReportError::Encode(_))) => {
-            Err(Failure::Internal(e.to_string()))
-        }
-        Err(e) => Err(Failure::BadInput(e.to_string())),
+    } else {
+        println!("{}", path.display());
     }
+    Ok(ExitCode::from(exit::MET))
 }
 
-fn train(file: &Path, set: &[Override], loader_only: bool) -> Result<ExitCode, Failure> {
+fn train(file: &Path, set: &[Override], loader_only: bool) -> Result<ExitCode, Error> {
     // Before anything else: the crash handlers and the stack-dump thread must exist before tch
     // starts threads (they inherit the signal mask).
     trainer::prepare_process();
-    let scenario = scenario::load_file(file, set).map_err(|e| Failure::BadInput(e.to_string()))?;
+    let scenario = scenario::load_file(file, set)?;
     let status = if loader_only { trainer::run_loader_only(&scenario) } else { trainer::run_rank(&scenario) };
     Ok(ExitCode::from(status as u8))
 }
@@ -326,30 +305,29 @@ fn collect_env() -> EnvSummary {
     env
 }
 
-fn nvml_record(count: u32, every_ms: u64) -> Result<ExitCode, Failure> {
+fn nvml_record(count: u32, every_ms: u64) -> Result<ExitCode, Error> {
     let mut sampler = ups_doctor::probe::nvml::Sampler::new()
-        .map_err(|e| Failure::BadInput(format!("no GPU to record: {e}")))?;
+        .map_err(|e| Error::BadInput(format!("no GPU to record: {e}")))?;
     let start = std::time::Instant::now();
     for _ in 0..count {
         let sample = harness::GpuSample { t_s: start.elapsed().as_secs_f64(), gpus: sampler.sample() };
         println!("{}", serde_json::to_string(&sample).expect("serialises"));
         std::thread::sleep(std::time::Duration::from_millis(every_ms));
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(ExitCode::from(exit::MET))
 }
 
 /// Scenarios that ask for CUDA ranks must find a GPU for each of them before anything runs
 /// (unless `UPS_DOCTOR_FORCE_GPU` asks to launch anyway). The machine is asked once, through a
 /// child `cuda-probe`, and only when some scenario needs it.
-fn check_gpus(inputs: &[ScenarioInput]) -> Result<(), Failure> {
+fn check_gpus(inputs: &[ScenarioInput]) -> Result<(), Error> {
     let cuda: Vec<&ScenarioInput> =
         inputs.iter().filter(|i| i.scenario.launch.device == scenario::Device::Cuda).collect();
     if cuda.is_empty() || trainer::device::forced() {
         return Ok(());
     }
-    let program = std::env::current_exe()
-        .map_err(|e| Failure::Internal(format!("failed to locate the ups-doctor binary: {e}")))?;
-    let support = ups_doctor::probe::gpu_env::cuda_support(&program).map_err(Failure::Internal)?;
+    let program = current_exe()?;
+    let support = ups_doctor::probe::gpu_env::cuda_support(&program).map_err(Error::Internal)?;
     let force = trainer::device::FORCE_GPU_ENV;
     let errors: Vec<String> = cuda
         .iter()
@@ -377,13 +355,13 @@ fn check_gpus(inputs: &[ScenarioInput]) -> Result<(), Failure> {
             }
         })
         .collect();
-    if errors.is_empty() { Ok(()) } else { Err(Failure::BadInput(errors.join("\nerror: "))) }
+    if errors.is_empty() { Ok(()) } else { Err(Error::BadInput(errors.join("\nerror: "))) }
 }
 
 /// Scenarios with `launch.memory_limit` need a memory cgroup: one is made and removed before
 /// anything runs, so a machine that cannot make one is bad input (exit 2) that names the field,
 /// not a failure halfway through the run.
-fn check_memory_limits(inputs: &[ScenarioInput]) -> Result<(), Failure> {
+fn check_memory_limits(inputs: &[ScenarioInput]) -> Result<(), Error> {
     let errors: Vec<String> = inputs
         .iter()
         .filter_map(|i| {
@@ -403,13 +381,13 @@ fn check_memory_limits(inputs: &[ScenarioInput]) -> Result<(), Failure> {
             ))
         })
         .collect();
-    if errors.is_empty() { Ok(()) } else { Err(Failure::BadInput(errors.join("\nerror: "))) }
+    if errors.is_empty() { Ok(()) } else { Err(Error::BadInput(errors.join("\nerror: "))) }
 }
 
-fn print_env(json: bool, markdown: bool, public: bool) -> Result<ExitCode, Failure> {
+fn print_env(json: bool, markdown: bool, public: bool) -> Result<ExitCode, Error> {
     let mut env = collect_env();
     if public {
-        env = report::public::mask(&env, report::public::home().as_deref()).map_err(Failure::Internal)?;
+        env = report::public::mask(&env, report::public::home().as_deref()).map_err(Error::Internal)?;
     }
     if json {
         println!("{}", serde_json::to_string_pretty(&env).expect("env serialises"));
@@ -418,7 +396,7 @@ fn print_env(json: bool, markdown: bool, public: bool) -> Result<ExitCode, Failu
     } else {
         print!("{}", report::render_env_text(&env));
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(ExitCode::from(exit::MET))
 }
 
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
@@ -446,7 +424,7 @@ extern "C" fn on_interrupt(_sig: i32) {
         // A third signal, or a second one after the grace: the user insists. Leave now; ranks
         // die with us (PR_SET_PDEATHSIG); results of finished scenarios are already on disk.
         // SAFETY: _exit is async-signal-safe.
-        _ => unsafe { libc::_exit(130) },
+        _ => unsafe { libc::_exit(exit::INTERRUPTED as i32) },
     }
 }
 
@@ -461,9 +439,9 @@ fn install_interrupt_handler() {
 
 /// Creates `--out` (or checks it) before anything runs: a folder that cannot be written is the
 /// user's to fix, found now rather than after the first scenario.
-fn prepare_out_dir(dir: &Path) -> Result<(), Failure> {
+fn prepare_out_dir(dir: &Path) -> Result<(), Error> {
     let bad = |e: std::io::Error| {
-        Failure::BadInput(format!(
+        Error::BadInput(format!(
             "`--out {}` cannot be written: {e}\n  hint: pick a folder you can write to, with some free space",
             dir.display()
         ))
@@ -482,10 +460,10 @@ fn run(
     json: bool,
     quiet: bool,
     public: bool,
-) -> Result<ExitCode, Failure> {
+) -> Result<ExitCode, Error> {
     install_interrupt_handler();
     let paths = if paths.is_empty() { vec![PathBuf::from("scenarios")] } else { paths };
-    let files = scenario::scenario_files(&paths).map_err(|e| Failure::BadInput(e.to_string()))?;
+    let files = scenario::scenario_files(&paths)?;
     // Validate everything before running anything: a typo in the fifth file must not cost the
     // time of the first four.
     let mut inputs = Vec::new();
@@ -497,11 +475,11 @@ fn run(
                 overrides: set.iter().map(|o| o.raw.clone()).collect(),
                 scenario,
             }),
-            Err(e) => errors.push(e.to_string()),
+            Err(e) => errors.push(e),
         }
     }
     if !errors.is_empty() {
-        return Err(Failure::BadInput(errors.join("\nerror: ")));
+        return Err(Error::Scenarios(errors));
     }
     check_gpus(&inputs)?;
     check_memory_limits(&inputs)?;
@@ -511,11 +489,9 @@ fn run(
             prepare_out_dir(&dir)?;
             dir
         }
-        None => fresh_run_dir(Path::new("reports/runs"), "")
-            .map_err(|e| Failure::Internal(format!("failed to create a folder under `reports/runs`: {e}")))?,
+        None => fresh_run_dir(Path::new("reports/runs"), "")?,
     };
-    let program = std::env::current_exe()
-        .map_err(|e| Failure::Internal(format!("failed to locate the ups-doctor binary: {e}")))?;
+    let program = current_exe()?;
     let mode = if quiet { ProgressMode::Quiet } else { ProgressMode::detect() };
     let mut progress = Progress::new(mode);
     let mut result = RunResult {
@@ -529,10 +505,10 @@ fn run(
         stopped_by: None,
     };
     let home = report::public::home();
-    let shown = |result: &RunResult| -> Result<RunResult, Failure> {
+    let shown = |result: &RunResult| -> Result<RunResult, Error> {
         if public {
             report::public::mask(result, home.as_deref())
-                .map_err(|e| Failure::Internal(format!("--public: {e}")))
+                .map_err(|e| Error::Internal(format!("--public: {e}")))
         } else {
             Ok(result.clone())
         }
@@ -561,7 +537,7 @@ fn run(
                 result.stopped_by = Some(e.to_string());
                 result.not_run = inputs[i..].iter().map(|s| s.scenario.name.clone()).collect();
                 save(&result)?;
-                return Err(Failure::Internal(e.to_string()));
+                return Err(e.into());
             }
         };
         if mode != ProgressMode::Quiet {
@@ -603,13 +579,13 @@ fn run(
         println!("{matrix}");
         println!("report: {}", report_path.display());
     }
-    Ok(if result.interrupted {
-        ExitCode::from(130)
+    Ok(ExitCode::from(if result.interrupted {
+        exit::INTERRUPTED
     } else if result.scenarios.iter().all(|s| s.met_expectation) {
-        ExitCode::SUCCESS
+        exit::MET
     } else {
-        ExitCode::from(1)
-    })
+        exit::NOT_MET
+    }))
 }
 
 /// Writes `result.json` and `report.md` (each to a temporary file, then renamed). When that
@@ -618,7 +594,7 @@ fn run(
 /// stale `report.md` (rendered again from the result) and the stale `result.json` (the new one
 /// holds all it held) before writing. If the result still cannot be written, the earlier one is
 /// kept as `result.stale.json`, and the error names the path and the cause.
-fn save_honestly(dir: &Path, run: &RunResult) -> Result<(), Failure> {
+fn save_honestly(dir: &Path, run: &RunResult) -> Result<(), Error> {
     if report::write_run(dir, run).is_ok() {
         return Ok(());
     }
@@ -649,7 +625,7 @@ fn save_honestly(dir: &Path, run: &RunResult) -> Result<(), Failure> {
         } else {
             ""
         };
-        return Err(Failure::Internal(format!("failed to write the result: {e}{kept}")));
+        return Err(Error::Internal(format!("failed to write the result: {e}{kept}")));
     }
     let rendered = with_room(dir, &mut cut_logs, || report::rerender(dir));
     if cut_logs {
@@ -660,7 +636,7 @@ fn save_honestly(dir: &Path, run: &RunResult) -> Result<(), Failure> {
     }
     rendered.map(|_| ()).map_err(|e| {
         let _ = std::fs::remove_file(&report_path);
-        Failure::Internal(format!(
+        Error::Internal(format!(
             "wrote `{}`, but not the report: {e}; render it later with `ups-doctor report {}`",
             result_path.display(),
             dir.display()
@@ -684,9 +660,16 @@ fn with_room<T, E>(dir: &Path, cut: &mut bool, mut attempt: impl FnMut() -> Resu
     outcome
 }
 
+/// The running binary, which the harness launches as every rank.
+fn current_exe() -> Result<PathBuf, Error> {
+    std::env::current_exe()
+        .map_err(|e| Error::Internal(format!("failed to locate the ups-doctor binary: {e}")))
+}
+
 /// `reports/runs/2026-11-20T23-40-12Z<suffix>`, with `-2`, `-3`, … when that exists already.
-fn fresh_run_dir(parent: &Path, suffix: &str) -> std::io::Result<PathBuf> {
-    std::fs::create_dir_all(parent)?;
+fn fresh_run_dir(parent: &Path, suffix: &str) -> Result<PathBuf, Error> {
+    let io = |source| Error::Io { what: "create a folder under", path: parent.to_path_buf(), source };
+    std::fs::create_dir_all(parent).map_err(io)?;
     let stamp = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string().replace(':', "-")
         + suffix;
     for n in 1.. {
@@ -694,7 +677,7 @@ fn fresh_run_dir(parent: &Path, suffix: &str) -> std::io::Result<PathBuf> {
         match std::fs::create_dir(&dir) {
             Ok(()) => return Ok(dir),
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-            Err(e) => return Err(e),
+            Err(e) => return Err(io(e)),
         }
     }
     unreachable!("the loop returns")

@@ -118,3 +118,21 @@ fn an_unwritable_out_folder_is_bad_input() {
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     insta::assert_snapshot!(stderr);
 }
+
+/// `--help` ends with the exit statuses, as `ups_doctor::exit` defines them; so do the help of
+/// `run`, `bisect` and `report`.
+#[test]
+fn help_lists_the_exit_statuses() {
+    let sb = Sandbox::new();
+    let help = |args: &[&str]| {
+        let out = sb.cmd().args(args).output().unwrap();
+        assert_eq!(out.status.code(), Some(0), "{args:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let top = help(&["--help"]);
+    insta::assert_snapshot!(top);
+    for command in ["run", "bisect", "report"] {
+        let text = help(&[command, "--help"]);
+        assert!(text.ends_with(&format!("{}\n", ups_doctor::exit::HELP)), "{command} --help:\n{text}");
+    }
+}
