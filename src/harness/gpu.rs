@@ -9,8 +9,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::probe::env::human_bytes;
 use crate::probe::nvml::{GpuInfo, GpuReading};
+use crate::scenario::human_bytes;
 use crate::scenario::{CacheDevice, Scenario};
 
 use super::state::RankState;

@@ -4,6 +4,7 @@
 use std::fs;
 use std::path::Path;
 
+use crate::scenario::human_bytes;
 use serde::{Deserialize, Serialize};
 
 /// A snapshot of the environment a run happened in.
@@ -243,28 +244,9 @@ fn detect_container() -> Option<String> {
     ["docker", "kubepods", "containerd", "lxc"].into_iter().find(|k| cgroup.contains(k)).map(str::to_string)
 }
 
-/// Formats a byte count for people: `64.0 MiB`.
-pub fn human_bytes(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut value = bytes as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit < UNITS.len() - 1 {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 { format!("{bytes} B") } else { format!("{value:.1} {}", UNITS[unit]) }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn human_bytes_picks_a_readable_unit() {
-        assert_eq!(human_bytes(512), "512 B");
-        assert_eq!(human_bytes(64 * 1024 * 1024), "64.0 MiB");
-        assert_eq!(human_bytes(3 * 1024 * 1024 * 1024 / 2), "1.5 GiB");
-    }
 
     #[test]
     fn secret_names_are_redacted_whatever_their_prefix() {

@@ -83,7 +83,7 @@ pub fn headline(gpu: &GpuEnv) -> String {
             let names: Vec<String> = d
                 .gpus
                 .iter()
-                .map(|g| format!("{}, {}", g.name, super::env::human_bytes(g.memory_total_bytes)))
+                .map(|g| format!("{}, {}", g.name, crate::scenario::human_bytes(g.memory_total_bytes)))
                 .collect();
             let count =
                 if d.gpus.len() == 1 { "1 GPU".to_string() } else { format!("{} GPUs", d.gpus.len()) };

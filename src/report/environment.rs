@@ -1,8 +1,9 @@
 //! The environment as rows of plain text, shared by the markdown report's `## Environment` and
 //! the terminal output of `ups-doctor env`, so both list the same facts in the same order.
 
-use crate::probe::env::{EnvSummary, human_bytes};
+use crate::probe::env::EnvSummary;
 use crate::probe::gpu_env::{self, GpuEnv};
+use crate::scenario::human_bytes;
 
 use super::text::count;
 

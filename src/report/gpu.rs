@@ -2,7 +2,7 @@
 //! clocks, power, temperature and why clocks were held down; GPU memory per process of the run;
 //! a chart per GPU. When the GPUs could not be sampled, one line says why. Pure.
 
-use crate::probe::env::human_bytes;
+use crate::scenario::human_bytes;
 use crate::schema::{GpuProcessPeak, GpuReport, GpuSummary, ProcessRole, ScenarioResult, Stat};
 
 use super::markup::{self, Align, code, fence};

@@ -4,8 +4,9 @@
 //! The document is a list of blocks joined by blank lines, so every table, fence and `<details>`
 //! gets the blank lines GitHub needs around it.
 
-use crate::probe::env::{EnvSummary, human_bytes};
+use crate::probe::env::EnvSummary;
 use crate::protocol::Frame;
+use crate::scenario::human_bytes;
 use crate::schema::{RankResult, RunResult, ScenarioResult, ThreadStack};
 
 mod external;

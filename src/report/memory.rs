@@ -2,7 +2,7 @@
 //! dataset cache is shared or duplicated across workers, and what the run left behind. Pure.
 
 use crate::diagnose::used_of;
-use crate::probe::env::human_bytes;
+use crate::scenario::human_bytes;
 use crate::schema::{DatasetSharing, Leftovers, MemoryReport, ProcessMemory, ProcessRole, ScenarioResult};
 
 use super::markup::{self, Align, code, fence};

@@ -17,4 +17,4 @@ mod suggest;
 pub use command::{BUILTIN_PLACEHOLDERS, Piece, is_identifier, pieces, placeholders, render_with};
 pub use load::*;
 pub use model::*;
-pub use size::{SIZE_FORMS, parse_size};
+pub use size::{SIZE_FORMS, human_bytes, parse_size};

@@ -1,9 +1,22 @@
 //! Sizes written the way Docker's `--shm-size` takes them: `"64m"`, `"1g"`, `"512k"`, a plain
-//! byte count, with binary units (1k = 1024 bytes). Pure.
+//! byte count, with binary units (1k = 1024 bytes); and byte counts written back for people
+//! (`64.0 MiB`), as every report and message shows them. Pure.
 
 /// The forms [`parse_size`] accepts, for error hints.
 pub const SIZE_FORMS: &str = "a number of bytes (`67108864`) or a number with a unit `k`, `m`, `g` \
      (binary: 1k = 1024), e.g. `\"64m\"`, `\"1g\"`, `\"1.5g\"`";
+
+/// Formats a byte count for people: `64.0 MiB`.
+pub fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit < UNITS.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 { format!("{bytes} B") } else { format!("{value:.1} {}", UNITS[unit]) }
+}
 
 /// Bytes in a size such as `64m`, `1g`, `1.5g`, `64MiB`, `64 MB` or `67108864`; the error says
 /// what was wrong, to be read after the field's name.
@@ -40,6 +53,13 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn human_bytes_picks_a_readable_unit() {
+        assert_eq!(human_bytes(512), "512 B");
+        assert_eq!(human_bytes(64 * 1024 * 1024), "64.0 MiB");
+        assert_eq!(human_bytes(3 * 1024 * 1024 * 1024 / 2), "1.5 GiB");
+    }
 
     #[test]
     fn docker_style_sizes_are_binary() {

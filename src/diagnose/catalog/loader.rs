@@ -3,8 +3,8 @@
 
 use super::{Finding, Pattern};
 use crate::diagnose::evidence::{Evidence, RankEvidence, location};
-use crate::probe::env::human_bytes;
 use crate::scenario::Scenario;
+use crate::scenario::human_bytes;
 use crate::schema::{MemoryReport, RankResult, ShmAt, Signal};
 
 pub const DATALOADER_WORKER_EXCEPTION: Pattern = Pattern {

@@ -2,8 +2,8 @@
 
 use super::{Finding, Pattern};
 use crate::diagnose::evidence::{Evidence, RankEvidence};
-use crate::probe::env::human_bytes;
 use crate::scenario::OutcomeKind;
+use crate::scenario::human_bytes;
 use crate::schema::{OomKill, OomSource};
 
 /// `2.0 GiB`, `1.98 GiB`: sizes near a limit need the second digit.

@@ -1,0 +1,531 @@
+//! No import circles: no module (file) of `harness/`, `schema/` or `probe/` imports a module that
+//! imports it back, directly or through others. `cargo test --test architecture` prints every
+//! circle it finds as a chain of files, each step with the line that makes it.
+//!
+//! A file's imports are read from its source, tests aside (`#[cfg(test)]` items and the files of
+//! test-only modules): `use` trees (`crate::…`, `super::…`, `self::…`, and paths that start at a
+//! child module), and paths written out in code (`crate::scenario::human_bytes(…)`). A path that
+//! names an item of a `mod.rs` is followed through that file's `pub use` to the file that defines
+//! the item, so importing `crate::schema::RankResult` depends on `schema/process.rs`, not on
+//! every file `schema/mod.rs` re-exports; an item defined in the `mod.rs` itself is a dependency
+//! on the `mod.rs`, which depends on the children it re-exports from.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::path::{Path, PathBuf};
+
+/// The folders under `src/` whose files must not be part of an import circle.
+const CHECKED: [&str; 3] = ["harness/", "schema/", "probe/"];
+
+/// One file of the library: its module path and its source without comments, strings and tests.
+struct Module {
+    /// `src/`-relative, e.g. `harness/supervise.rs`.
+    file: String,
+    /// `["harness", "supervise"]`; empty for `lib.rs`.
+    path: Vec<String>,
+    code: String,
+}
+
+/// An import of one file by another, with where it is written.
+#[derive(Clone)]
+struct Edge {
+    to: String,
+    line: usize,
+    text: String,
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// The source with comments, string and character literals blanked out (newlines kept, so
+/// line numbers stay right).
+fn strip(src: &str) -> String {
+    let chars: Vec<char> = src.chars().collect();
+    let mut out = String::with_capacity(src.len());
+    let blank = |c: char| if c == '\n' { '\n' } else { ' ' };
+    let mut i = 0;
+    while i < chars.len() {
+        let c = chars[i];
+        let next = chars.get(i + 1).copied();
+        if c == '/' && next == Some('/') {
+            while i < chars.len() && chars[i] != '\n' {
+                out.push(' ');
+                i += 1;
+            }
+        } else if c == '/' && next == Some('*') {
+            let mut depth = 0;
+            while i < chars.len() {
+                if chars[i] == '/' && chars.get(i + 1) == Some(&'*') {
+                    depth += 1;
+                    out.push_str("  ");
+                    i += 2;
+                } else if chars[i] == '*' && chars.get(i + 1) == Some(&'/') {
+                    depth -= 1;
+                    out.push_str("  ");
+                    i += 2;
+                    if depth == 0 {
+                        break;
+                    }
+                } else {
+                    out.push(blank(chars[i]));
+                    i += 1;
+                }
+            }
+        } else if (c == 'r' || (c == 'b' && next == Some('r')))
+            && !chars.get(i.wrapping_sub(1)).is_some_and(|p| p.is_alphanumeric() || *p == '_')
+            && {
+                let start = if c == 'b' { i + 2 } else { i + 1 };
+                let hashes = chars[start..].iter().take_while(|&&h| h == '#').count();
+                chars.get(start + hashes) == Some(&'"')
+            }
+        {
+            // A raw string: r"…", r#"…"#, br"…".
+            let start = if c == 'b' { i + 2 } else { i + 1 };
+            let hashes = chars[start..].iter().take_while(|&&h| h == '#').count();
+            let close: Vec<char> = std::iter::once('"').chain(std::iter::repeat_n('#', hashes)).collect();
+            let body = start + hashes + 1;
+            let mut j = body;
+            while j < chars.len() && chars[j..].iter().take(close.len()).ne(close.iter()) {
+                j += 1;
+            }
+            let end = (j + close.len()).min(chars.len());
+            out.extend(chars[i..end].iter().map(|&c| blank(c)));
+            i = end;
+        } else if c == '"' {
+            out.push(' ');
+            i += 1;
+            while i < chars.len() && chars[i] != '"' {
+                if chars[i] == '\\' {
+                    out.push(' ');
+                    i += 1;
+                }
+                if i < chars.len() {
+                    out.push(blank(chars[i]));
+                    i += 1;
+                }
+            }
+            out.push(' ');
+            i += 1;
+        } else if c == '\'' && (next == Some('\\') || chars.get(i + 2) == Some(&'\'')) {
+            // A character literal ('x', '\n', '\u{1F600}'), not a lifetime.
+            let mut j = i + 1;
+            if chars.get(j) == Some(&'\\') {
+                j += 2;
+            } else {
+                j += 1;
+            }
+            while j < chars.len() && chars[j] != '\'' {
+                j += 1;
+            }
+            out.extend(std::iter::repeat_n(' ', j + 1 - i));
+            i = j + 1;
+        } else {
+            out.push(c);
+            i += 1;
+        }
+    }
+    out
+}
+
+/// The end (exclusive) of the item that starts at `from`: through its balanced `{…}` block, or
+/// its `;` when that comes first.
+fn item_end(code: &[u8], from: usize) -> usize {
+    let mut i = from;
+    while i < code.len() && code[i] != b'{' && code[i] != b';' {
+        i += 1;
+    }
+    if i >= code.len() || code[i] == b';' {
+        return (i + 1).min(code.len());
+    }
+    let mut depth = 0;
+    while i < code.len() {
+        match code[i] {
+            b'{' => depth += 1,
+            b'}' => {
+                depth -= 1;
+                if depth == 0 {
+                    return i + 1;
+                }
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    code.len()
+}
+
+/// `code` without the items marked `#[cfg(test)]` (newlines kept), and the names of the
+/// `mod NAME;` declarations among them (test-only files).
+fn without_tests(code: &str) -> (String, Vec<String>) {
+    let mut bytes = code.as_bytes().to_vec();
+    let mut test_mods = Vec::new();
+    let mut from = 0;
+    while let Some(at) = code[from..].find("#[cfg(test)]").map(|i| i + from) {
+        let end = item_end(code.as_bytes(), at + "#[cfg(test)]".len());
+        let item = &code[at + "#[cfg(test)]".len()..end];
+        let words: Vec<&str> = item.split_whitespace().collect();
+        if let Some(pos) = words.iter().position(|w| *w == "mod")
+            && let Some(name) = words.get(pos + 1).filter(|_| item.trim_end().ends_with(';'))
+        {
+            test_mods.push(name.trim_end_matches(';').to_string());
+        }
+        for b in &mut bytes[at..end] {
+            if *b != b'\n' {
+                *b = b' ';
+            }
+        }
+        from = end;
+    }
+    (String::from_utf8(bytes).unwrap(), test_mods)
+}
+
+/// `foo::{bar, baz::{self, Qux as Q}, *}` → `foo::bar`, `foo::baz`, `foo::baz::Qux`, `foo::*`.
+fn expand_use(tree: &str) -> Vec<Vec<String>> {
+    fn go(prefix: &[String], tree: &str, out: &mut Vec<Vec<String>>) {
+        let tree = tree.trim();
+        if tree.is_empty() {
+            return;
+        }
+        if let Some(open) = tree.find('{') {
+            let head: Vec<String> =
+                tree[..open].split("::").map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect();
+            let inner = &tree[open + 1..tree.rfind('}').unwrap_or(tree.len())];
+            let mut base = prefix.to_vec();
+            base.extend(head);
+            let mut depth = 0;
+            let mut start = 0;
+            for (i, c) in inner.char_indices() {
+                match c {
+                    '{' => depth += 1,
+                    '}' => depth -= 1,
+                    ',' if depth == 0 => {
+                        go(&base, &inner[start..i], out);
+                        start = i + 1;
+                    }
+                    _ => {}
+                }
+            }
+            go(&base, &inner[start..], out);
+        } else {
+            let path = tree.split(" as ").next().unwrap_or(tree);
+            let mut full = prefix.to_vec();
+            for seg in path.split("::").map(str::trim).filter(|s| !s.is_empty()) {
+                if seg != "self" || full.is_empty() {
+                    full.push(seg.to_string());
+                }
+            }
+            out.push(full);
+        }
+    }
+    let mut out = Vec::new();
+    go(&[], tree, &mut out);
+    out
+}
+
+struct Crate {
+    modules: BTreeMap<String, Module>,
+    /// Module path → file.
+    files: BTreeMap<Vec<String>, String>,
+}
+
+impl Crate {
+    fn load(src: &Path) -> Crate {
+        let mut paths = Vec::new();
+        rust_files(src, &mut paths);
+        let mut modules = BTreeMap::new();
+        let mut files = BTreeMap::new();
+        let mut test_only: BTreeSet<Vec<String>> = BTreeSet::new();
+        for p in &paths {
+            let file = p.strip_prefix(src).unwrap().to_string_lossy().replace('\\', "/");
+            if file == "main.rs" {
+                continue; // the binary is another crate
+            }
+            let mut path: Vec<String> = file.trim_end_matches(".rs").split('/').map(String::from).collect();
+            if path.last().is_some_and(|l| l == "mod" || l == "lib") {
+                path.pop();
+            }
+            let (code, test_mods) = without_tests(&strip(&std::fs::read_to_string(p).unwrap()));
+            for m in test_mods {
+                let mut child = path.clone();
+                child.push(m);
+                test_only.insert(child);
+            }
+            files.insert(path.clone(), file.clone());
+            modules.insert(file.clone(), Module { file, path, code });
+        }
+        // Files of test-only modules, and everything below them.
+        let dropped: Vec<String> = modules
+            .values()
+            .filter(|m| test_only.iter().any(|t| m.path.starts_with(t)))
+            .map(|m| m.file.clone())
+            .collect();
+        for file in dropped {
+            let m = modules.remove(&file).unwrap();
+            files.remove(&m.path);
+        }
+        Crate { modules, files }
+    }
+
+    /// The deepest module of `path` that is a file, and what of the path is left after it.
+    fn file_of<'p>(&self, path: &'p [String]) -> Option<(&String, &'p [String])> {
+        (0..=path.len()).rev().find_map(|n| self.files.get(&path[..n]).map(|f| (f, &path[n..])))
+    }
+
+    /// The file that defines `name` when `file` names it: `file` itself, or the source of its
+    /// `pub use` of that name (followed further when that is a re-export again).
+    fn defining(&self, file: &str, name: &str, depth: usize) -> String {
+        let Some(m) = self.modules.get(file) else { return file.to_string() };
+        if depth > 8 || defines(&m.code, name) {
+            return file.to_string();
+        }
+        for (_, path) in uses(&m.code) {
+            for full in expand_use(&path) {
+                let last = full.last().map(String::as_str);
+                let Some(abs) = self.absolute(m, &full) else { continue };
+                if last == Some(name) || last == Some("*") {
+                    let Some((target, rest)) = self.file_of(&abs) else { continue };
+                    if target == file {
+                        continue;
+                    }
+                    if last == Some(name) && rest.len() <= 1 {
+                        return self.defining(target, name, depth + 1);
+                    }
+                    if last == Some("*") && rest.len() == 1 {
+                        let inner = self.defining(target, name, depth + 1);
+                        let inner_m = &self.modules[&inner];
+                        if defines(&inner_m.code, name) {
+                            return inner;
+                        }
+                    }
+                }
+            }
+        }
+        file.to_string()
+    }
+
+    /// A path as written in `m`, from the crate root; `None` for other crates' paths.
+    fn absolute(&self, m: &Module, path: &[String]) -> Option<Vec<String>> {
+        let (first, rest) = path.split_first()?;
+        let mut base = match first.as_str() {
+            "crate" => Vec::new(),
+            "self" => m.path.clone(),
+            "super" => m.path[..m.path.len().checked_sub(1)?].to_vec(),
+            // A child module of this one (2018 paths: `use supervise::X` in a `mod.rs`).
+            child => {
+                let mut p = m.path.clone();
+                p.push(child.to_string());
+                if !self.files.contains_key(&p) {
+                    return None;
+                }
+                return Some(p.into_iter().chain(rest.iter().cloned()).collect());
+            }
+        };
+        let mut rest = rest;
+        while let Some((s, more)) = rest.split_first().filter(|(s, _)| *s == "super") {
+            let _ = s;
+            base.pop()?;
+            rest = more;
+        }
+        base.extend(rest.iter().cloned());
+        Some(base)
+    }
+
+    /// Every file `m` imports, with the first line that does.
+    fn imports(&self, m: &Module) -> BTreeMap<String, Edge> {
+        let mut refs: Vec<(usize, String, Vec<String>)> = Vec::new();
+        for (line, tree) in uses(&m.code) {
+            for path in expand_use(&tree) {
+                refs.push((
+                    line,
+                    format!("use {}", tree.split_whitespace().collect::<Vec<_>>().join(" ")),
+                    path,
+                ));
+            }
+        }
+        // Paths written out in code (`crate::a::b`, `super::x`, `child::y(…)`), outside the
+        // `use` declarations read above.
+        let mut code = m.code.clone();
+        for (start, end) in use_spans(&m.code) {
+            code.replace_range(start..end, &" ".repeat(end - start));
+        }
+        let path_re =
+            regex::Regex::new(r"(?:^|[^A-Za-z0-9_:])((?:[A-Za-z_][A-Za-z0-9_]*::)+[A-Za-z_][A-Za-z0-9_]*)")
+                .unwrap();
+        for cap in path_re.captures_iter(&code) {
+            let found = cap.get(1).unwrap();
+            let path: Vec<String> = found.as_str().split("::").map(String::from).collect();
+            let line = code[..found.start()].matches('\n').count() + 1;
+            refs.push((line, found.as_str().to_string(), path));
+        }
+        let mut out: BTreeMap<String, Edge> = BTreeMap::new();
+        for (line, text, path) in refs {
+            let Some(abs) = self.absolute(m, &path) else { continue };
+            let Some((file, rest)) = self.file_of(&abs) else { continue };
+            let to = match rest.first() {
+                Some(name) if name != "*" => self.defining(file, name, 0),
+                _ => file.clone(),
+            };
+            if to != m.file {
+                out.entry(to.clone()).or_insert(Edge { to, line, text });
+            }
+        }
+        out
+    }
+}
+
+/// Where every `use` declaration is (`pub use`, `pub(crate) use` too): from `use` through `;`.
+fn use_spans(code: &str) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    let bytes = code.as_bytes();
+    let mut from = 0;
+    while let Some(at) = code[from..].find("use ").map(|i| i + from) {
+        from = at + 4;
+        let before = code[..at].trim_end();
+        let starts_word = at == 0 || !(bytes[at - 1].is_ascii_alphanumeric() || bytes[at - 1] == b'_');
+        let after_item =
+            before.is_empty() || [";", "{", "}", "]", "pub", ")"].iter().any(|e| before.ends_with(e));
+        if !(starts_word && after_item) {
+            continue;
+        }
+        let Some(end) = code[at..].find(';').map(|e| e + at + 1) else { break };
+        out.push((at, end));
+        from = end;
+    }
+    out
+}
+
+/// `(line, tree)` of every `use` declaration.
+fn uses(code: &str) -> Vec<(usize, String)> {
+    use_spans(code)
+        .into_iter()
+        .map(|(start, end)| (code[..start].matches('\n').count() + 1, code[start + 4..end - 1].to_string()))
+        .collect()
+}
+
+/// Whether `code` defines an item called `name` (not merely re-exports it).
+fn defines(code: &str, name: &str) -> bool {
+    ["struct", "enum", "fn", "const", "static", "type", "trait", "mod", "union", "macro_rules!"].iter().any(
+        |kw| {
+            code.match_indices(&format!("{kw} {name}")).any(|(i, _)| {
+                let after = code[i + kw.len() + 1 + name.len()..].chars().next();
+                let before = code[..i].chars().next_back();
+                !after.is_some_and(|c| c.is_alphanumeric() || c == '_')
+                    && !before.is_some_and(|c| c.is_alphanumeric() || c == '_')
+            })
+        },
+    )
+}
+
+/// A circle through `start`: the shortest chain of imports back to it.
+fn circle(graph: &BTreeMap<String, BTreeMap<String, Edge>>, start: &str) -> Option<Vec<(String, Edge)>> {
+    let mut queue = VecDeque::from([start.to_string()]);
+    let mut came: BTreeMap<String, (String, Edge)> = BTreeMap::new();
+    while let Some(at) = queue.pop_front() {
+        for (next, edge) in graph.get(&at).into_iter().flatten() {
+            if next == start {
+                let mut chain = vec![(at.clone(), edge.clone())];
+                let mut cur = at.clone();
+                while let Some((prev, e)) = came.get(&cur) {
+                    chain.push((prev.clone(), e.clone()));
+                    cur = prev.clone();
+                }
+                chain.reverse();
+                return Some(chain);
+            }
+            if !came.contains_key(next) && next != start {
+                came.insert(next.clone(), (at.clone(), edge.clone()));
+                queue.push_back(next.clone());
+            }
+        }
+    }
+    None
+}
+
+fn import_graph() -> BTreeMap<String, BTreeMap<String, Edge>> {
+    let krate = Crate::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"));
+    assert!(krate.modules.len() > 50, "found {} files", krate.modules.len());
+    krate.modules.values().map(|m| (m.file.clone(), krate.imports(m))).collect()
+}
+
+/// Every circle through a file of [`CHECKED`], one line per step.
+fn circles(graph: &BTreeMap<String, BTreeMap<String, Edge>>) -> Vec<String> {
+    let mut seen: BTreeSet<BTreeSet<String>> = BTreeSet::new();
+    let mut out = Vec::new();
+    for file in graph.keys().filter(|f| CHECKED.iter().any(|c| f.starts_with(c))) {
+        let Some(chain) = circle(graph, file) else { continue };
+        let members: BTreeSet<String> = chain.iter().map(|(f, _)| f.clone()).collect();
+        if seen.insert(members) {
+            let steps: Vec<String> = chain
+                .iter()
+                .map(|(from, e)| format!("  src/{from}:{} `{}` → src/{}", e.line, e.text, e.to))
+                .collect();
+            out.push(format!("{file}:\n{}", steps.join("\n")));
+        }
+    }
+    out
+}
+
+#[test]
+fn no_module_of_harness_schema_or_probe_imports_one_that_imports_it_back() {
+    let graph = import_graph();
+    let found = circles(&graph);
+    assert!(found.is_empty(), "import circles:\n{}", found.join("\n"));
+}
+
+/// The check itself: it sees imports through `use` trees, `super`, child paths, re-exports and
+/// paths written in code, and it finds a circle when there is one.
+#[test]
+fn the_import_reader_sees_every_form_and_finds_circles() {
+    let graph = import_graph();
+    let to = |from: &str| -> BTreeSet<String> { graph[from].keys().cloned().collect() };
+    // `use crate::schema::{…}` in a use tree, followed through schema/mod.rs's re-exports.
+    assert!(to("report/memory.rs").contains("schema/memory.rs"), "{:?}", to("report/memory.rs"));
+    assert!(!to("report/memory.rs").contains("schema/mod.rs"), "{:?}", to("report/memory.rs"));
+    // `use super::state::RankState`.
+    assert!(to("harness/gpu.rs").contains("harness/state.rs"), "{:?}", to("harness/gpu.rs"));
+    // A path written in code: `crate::scenario::parse_size(…)` in harness/mod.rs, and a child
+    // path: `supervise::supervise(…)`.
+    assert!(to("harness/mod.rs").contains("scenario/size.rs"), "{:?}", to("harness/mod.rs"));
+    assert!(to("harness/mod.rs").contains("harness/supervise.rs"), "{:?}", to("harness/mod.rs"));
+    // Tests are not imports: harness/gpu.rs's tests read a fixture through `crate::harness::state`
+    // only in `#[cfg(test)]`, and the schema's tests read report fixtures.
+    assert!(!to("schema/mod.rs").iter().any(|f| f.starts_with("report/")), "{:?}", to("schema/mod.rs"));
+    assert!(!graph.contains_key("schema/tests.rs") && !graph.contains_key("report/fixtures.rs"));
+
+    let mut looped = graph.clone();
+    let back = Edge { to: "harness/gpu.rs".into(), line: 1, text: "use crate::harness::gpu".into() };
+    looped.get_mut("harness/state.rs").unwrap().insert(back.to.clone(), back);
+    let found = circles(&looped);
+    assert!(
+        found.iter().any(|c| c.contains("src/harness/gpu.rs") && c.contains("src/harness/state.rs")),
+        "{found:?}"
+    );
+}
+
+#[test]
+fn stripping_keeps_code_and_drops_comments_strings_and_tests() {
+    let src = "use crate::a::b; // crate::c::d\nlet s = \"crate::e::f\"; let r = r#\"crate::g\"#; let c = '\"';\n/* crate::h */ x::y\n#[cfg(test)]\nmod tests { use crate::i; }\n#[cfg(test)]\nmod more;\n";
+    let (code, test_mods) = without_tests(&strip(src));
+    assert!(code.contains("use crate::a::b;") && code.contains("x::y"), "{code}");
+    for gone in ["crate::c", "crate::e", "crate::g", "crate::h", "crate::i"] {
+        assert!(!code.contains(gone), "{gone} in {code}");
+    }
+    assert_eq!(test_mods, ["more"]);
+    assert_eq!(code.lines().count(), src.lines().count());
+    assert_eq!(
+        expand_use("crate::a::{self, b::{C, D as E}, *}"),
+        [
+            vec!["crate", "a"],
+            vec!["crate", "a", "b", "C"],
+            vec!["crate", "a", "b", "D"],
+            vec!["crate", "a", "*"]
+        ]
+    );
+}
