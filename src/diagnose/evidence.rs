@@ -6,7 +6,8 @@
 
 use crate::scenario::{OutcomeKind, Scenario};
 use crate::schema::{
-    CgroupReport, LauncherEnd, Leftovers, MemoryReport, OomKill, RankResult, Signal, ThreadStack,
+    CgroupReport, LauncherEnd, Leftovers, MemoryReport, OomKill, ProcessRole, QuoteKind, RankResult, Signal,
+    ThreadStack,
 };
 
 /// The line that says what went wrong, and where in the user's code.
@@ -159,7 +160,7 @@ impl<'a> Evidence<'a> {
 
     /// torchrun's own account of the first failure (its "Root Cause" block), in one line.
     pub fn launcher_summary(&self) -> Option<String> {
-        let quote = self.launcher?.quotes.iter().find(|q| q.title.starts_with("torchrun: Root Cause"))?;
+        let quote = self.launcher?.quotes.iter().find(|q| q.title == QuoteKind::TorchrunRootCause)?;
         let field = |name: &str| {
             quote.lines.iter().find_map(|l| {
                 let (key, value) = l.split_once(':')?;
@@ -200,7 +201,7 @@ fn rank_evidence<'a>(r: &'a RankResult, foreign: bool, oom_kills: &[OomKill]) ->
     };
     let mut threads: Vec<Thread> = r.stacks.iter().map(in_process_thread).collect();
     for dump in &r.dumps {
-        let in_child = dump.role.contains("child") || dump.role.contains("worker");
+        let in_child = dump.role != ProcessRole::Rank;
         if let Some(text) = &dump.py_spy {
             for (tid, name, frames) in py_spy_threads(text) {
                 let kernel = dump.threads.iter().find(|k| Some(k.tid) == tid);

@@ -3,7 +3,7 @@
 //! send or of a trainer it does not have). Pure.
 
 use crate::scenario::{CompletesWhen, OutcomeKind, Scenario};
-use crate::schema::{ExitSource, LauncherEnd, RankResult, Signal, Verdict};
+use crate::schema::{ExitSource, LauncherEnd, QuoteKind, RankResult, Signal, Verdict};
 
 use super::catalog::{self, Finding};
 use super::evidence::{EndedBy, Evidence, Observed, RankEvidence, failure_time, location};
@@ -262,7 +262,7 @@ fn failure(ev: &Evidence, failed: &RankEvidence) -> (String, Vec<String>, Option
                     r.backtrace[0].symbol.as_deref().unwrap_or(&r.backtrace[0].addr)
                 ));
             }
-            if r.quotes.iter().any(|q| q.title == "Python fault handler") {
+            if r.quotes.iter().any(|q| q.title == QuoteKind::FaultHandler) {
                 evidence.push(
                     "Python's fault handler printed the Python stack at the crash (quoted below)".into(),
                 );

@@ -13,7 +13,7 @@ use crate::scenario::{Scenario, render_with};
 
 use super::owner;
 use super::process::Exit;
-use crate::schema::{IdentifiedBy, KernelThread, ProcessDump};
+use crate::schema::{IdentifiedBy, KernelThread, ProcessDump, ProcessRole};
 
 /// The command's argv with every placeholder filled in; `master_port` is the run's free port.
 pub fn argv(scenario: &Scenario, scenario_dir: &Path, master_port: u16) -> Vec<String> {
@@ -116,7 +116,7 @@ pub fn find_py_spy(program: Option<&Path>) -> Option<PathBuf> {
 const PY_SPY_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// Every thread of `pid` as py-spy sees it (Python and native frames), or why not.
-pub fn py_spy_dump(py_spy: Option<&Path>, pid: u32, role: &str) -> ProcessDump {
+pub fn py_spy_dump(py_spy: Option<&Path>, pid: u32, rank: u32, role: ProcessRole) -> ProcessDump {
     let threads = kernel_threads(pid);
     let (text, error) = match py_spy {
         None => (
@@ -142,7 +142,7 @@ pub fn py_spy_dump(py_spy: Option<&Path>, pid: u32, role: &str) -> ProcessDump {
             }
         }
     };
-    ProcessDump { pid, role: role.to_string(), py_spy: text, error, threads }
+    ProcessDump { pid, rank, role, py_spy: text, error, threads }
 }
 
 /// Each thread's name, kernel wait channel and current system call, from procfs.

@@ -3,7 +3,7 @@
 //! torchrun's "Root Cause (first observed failure)" block, Python's fault handler). Pure: lines in,
 //! quotes out; what they mean is [`crate::diagnose`]'s to judge.
 
-use crate::schema::Quote;
+use crate::schema::{Quote, QuoteKind};
 
 /// Lines kept of a traceback (its tail: the exception and the frames nearest to it).
 const TRACEBACK_LINES: usize = 25;
@@ -14,7 +14,7 @@ const BLOCK_LINES: usize = 20;
 pub fn program_quotes(lines: &[String]) -> Vec<Quote> {
     let mut quotes = Vec::new();
     if let Some(block) = torchrun_root_cause(lines) {
-        quotes.push(Quote { title: "torchrun: Root Cause (first observed failure)".into(), lines: block });
+        quotes.push(Quote { title: QuoteKind::TorchrunRootCause, lines: block });
     }
     let loader: Vec<String> = lines
         .iter()
@@ -28,15 +28,15 @@ pub fn program_quotes(lines: &[String]) -> Vec<Quote> {
         });
     if !loader.is_empty() {
         let skip = loader.len().saturating_sub(6);
-        quotes.push(Quote { title: "DataLoader".into(), lines: loader[skip..].to_vec() });
+        quotes.push(Quote { title: QuoteKind::DataLoader, lines: loader[skip..].to_vec() });
     }
     // torchrun's own `ChildFailedError` traceback only says a child failed: its Root Cause block
     // above says which, and how.
     if let Some(block) = last_traceback(lines).filter(|b| !b.iter().any(|l| l.contains("ChildFailedError"))) {
-        quotes.push(Quote { title: "Python traceback (tail)".into(), lines: block });
+        quotes.push(Quote { title: QuoteKind::PythonTraceback, lines: block });
     }
     if let Some(block) = fault_handler(lines) {
-        quotes.push(Quote { title: "Python fault handler".into(), lines: block });
+        quotes.push(Quote { title: QuoteKind::FaultHandler, lines: block });
     }
     quotes
 }
@@ -163,8 +163,8 @@ RuntimeError: unable to allocate shared memory(shm) for file </torch_4242_182736
     fn a_dataloader_shm_failure_is_quoted_with_its_traceback() {
         let l = lines(SHM);
         let quotes = program_quotes(&l);
-        let titles: Vec<&str> = quotes.iter().map(|q| q.title.as_str()).collect();
-        assert_eq!(titles, ["DataLoader", "Python traceback (tail)"]);
+        let titles: Vec<QuoteKind> = quotes.iter().map(|q| q.title).collect();
+        assert_eq!(titles, [QuoteKind::DataLoader, QuoteKind::PythonTraceback]);
         assert_eq!(quotes[1].lines.first().map(String::as_str), Some("Traceback (most recent call last):"));
         assert!(quotes[1].lines.last().unwrap().contains("Resource exhausted (12)"));
     }
@@ -178,7 +178,7 @@ RuntimeError: unable to allocate shared memory(shm) for file </torch_4242_182736
              ============================================================",
         );
         let quotes = program_quotes(&l);
-        assert_eq!(quotes[0].title, "torchrun: Root Cause (first observed failure)");
+        assert_eq!(quotes[0].title, QuoteKind::TorchrunRootCause);
         assert_eq!(quotes[0].lines.len(), 4);
     }
 

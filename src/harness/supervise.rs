@@ -30,7 +30,7 @@ use super::state::RankState;
 use super::{external, quotes};
 use crate::schema::{
     CgroupReport, ExitSource, ExternalRun, ExternalStyle, GpuReport, LauncherEnd, LeftoverProcess,
-    LeftoverSegment, Leftovers, MemoryReport, OomKill, Signal,
+    LeftoverSegment, Leftovers, MemoryReport, OomKill, ProcessRole, Signal,
 };
 
 /// How long stuck ranks get to answer a stack-dump request.
@@ -561,11 +561,11 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
                             .iter()
                             .map(|&pid| {
                                 let role = if Some(pid) == rank_pid {
-                                    format!("rank {}", slot.end.rank)
+                                    ProcessRole::Rank
                                 } else {
-                                    format!("rank {}, child process (DataLoader worker?)", slot.end.rank)
+                                    ProcessRole::Child
                                 };
-                                external::py_spy_dump(py_spy.as_deref(), pid, &role)
+                                external::py_spy_dump(py_spy.as_deref(), pid, slot.end.rank, role)
                             })
                             .collect();
                     } else if slot.process.is_some() {

@@ -23,7 +23,7 @@ pub use memory::{
 };
 pub use process::{
     ExitSource, ExternalRun, ExternalStyle, IdentifiedBy, KernelThread, LauncherEnd, PhaseSpan, ProcessDump,
-    Quote, RankResult, ThreadStack, WorkerInfo,
+    Quote, QuoteKind, RankResult, ThreadStack, WorkerInfo,
 };
 pub use run::{RunResult, ScenarioResult};
 pub use signal::Signal;

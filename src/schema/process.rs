@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::Signal;
+use super::{ProcessRole, Signal};
 use crate::protocol::Frame;
 use crate::scenario::OutcomeKind;
 
@@ -53,17 +53,55 @@ pub struct LauncherEnd {
 /// Lines quoted verbatim from a program's output.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Quote {
-    /// What they are: `Python traceback`, `DataLoader`, `torchrun: Root Cause`, `Python fault handler`.
-    pub title: String,
+    /// What they are.
+    pub title: QuoteKind,
     pub lines: Vec<String>,
+}
+
+/// What a quote is. Its serde form is the heading the report shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum QuoteKind {
+    /// torchrun's "Root Cause (first observed failure)" block.
+    #[serde(rename = "torchrun: Root Cause (first observed failure)")]
+    TorchrunRootCause,
+    /// PyTorch DataLoader's messages about its workers.
+    #[serde(rename = "DataLoader")]
+    DataLoader,
+    /// The tail of the last Python traceback.
+    #[serde(rename = "Python traceback (tail)")]
+    PythonTraceback,
+    /// Python's `faulthandler` dump after a fatal signal.
+    #[serde(rename = "Python fault handler")]
+    FaultHandler,
+}
+
+impl QuoteKind {
+    /// The heading the report shows, which is also the serde form.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            QuoteKind::TorchrunRootCause => "torchrun: Root Cause (first observed failure)",
+            QuoteKind::DataLoader => "DataLoader",
+            QuoteKind::PythonTraceback => "Python traceback (tail)",
+            QuoteKind::FaultHandler => "Python fault handler",
+        }
+    }
+}
+
+impl std::fmt::Display for QuoteKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// What one process of a stuck external rank was doing.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(from = "DumpWire")]
 pub struct ProcessDump {
     pub pid: u32,
-    /// `rank 0`, `rank 0, worker process`.
-    pub role: String,
+    /// The rank it belongs to.
+    pub rank: u32,
+    /// `rank` (the rank's own process) or `child` (a process below it: a DataLoader worker, …).
+    pub role: ProcessRole,
     /// `py-spy dump --native` output.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub py_spy: Option<String>,
@@ -71,6 +109,48 @@ pub struct ProcessDump {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     pub threads: Vec<KernelThread>,
+}
+
+impl ProcessDump {
+    /// How the report names it: `rank 0`, `rank 0, child process (DataLoader worker?)`.
+    pub fn label(&self) -> String {
+        match self.role {
+            ProcessRole::Rank => format!("rank {}", self.rank),
+            _ => format!("rank {}, child process (DataLoader worker?)", self.rank),
+        }
+    }
+}
+
+/// A [`ProcessDump`] as stored, also in the earlier form whose `role` was its label
+/// (`"rank 0, child process (DataLoader worker?)"`) and which had no `rank`.
+#[derive(Deserialize)]
+struct DumpWire {
+    pid: u32,
+    #[serde(default)]
+    rank: Option<u32>,
+    role: String,
+    #[serde(default)]
+    py_spy: Option<String>,
+    #[serde(default)]
+    error: Option<String>,
+    threads: Vec<KernelThread>,
+}
+
+impl From<DumpWire> for ProcessDump {
+    fn from(w: DumpWire) -> ProcessDump {
+        let role = match w.role.as_str() {
+            "rank" => ProcessRole::Rank,
+            "worker" => ProcessRole::Worker,
+            "child" => ProcessRole::Child,
+            label if label.contains("child") || label.contains("worker") => ProcessRole::Child,
+            _ => ProcessRole::Rank,
+        };
+        let rank = w.rank.unwrap_or_else(|| {
+            let digits = w.role.trim_start_matches("rank ").split(|c: char| !c.is_ascii_digit()).next();
+            digits.and_then(|d| d.parse().ok()).unwrap_or(0)
+        });
+        ProcessDump { pid: w.pid, rank, role, py_spy: w.py_spy, error: w.error, threads: w.threads }
+    }
 }
 
 /// A thread as the kernel sees it.

@@ -71,3 +71,38 @@ fn every_key_of_result_json_is_documented() {
     let missing: Vec<&String> = seen.iter().filter(|k| !named.contains(*k)).collect();
     assert!(missing.is_empty(), "keys of result.json that docs/result-json.md does not name: {missing:?}");
 }
+
+/// Values written before these fields were enums still load, as what they meant.
+#[test]
+fn earlier_spellings_still_load() {
+    use super::{ExitSource, IdentifiedBy, ProcessDump, ProcessRole};
+    let exit = |text: &str| serde_json::from_value::<ExitSource>(Value::from(text)).unwrap();
+    assert_eq!(exit("launcher status 0"), ExitSource::LauncherStatus0);
+    assert_eq!(
+        exit(
+            "launcher status 0, rank not identified; 2 processes below the launcher looked like ranks, their rank numbers are unknown"
+        ),
+        ExitSource::NotIdentified
+    );
+    assert_eq!(exit("procfs"), ExitSource::Procfs);
+    assert!(serde_json::from_value::<ExitSource>(Value::from("zombie")).is_err());
+    let by = |text: &str| serde_json::from_value::<IdentifiedBy>(Value::from(text)).unwrap();
+    assert_eq!(by("launcher process"), IdentifiedBy::LauncherProcess);
+    assert_eq!(by("spawn order"), IdentifiedBy::SpawnOrder);
+    assert_eq!(by("SLURM_PROCID"), IdentifiedBy::SlurmProcid);
+    let dump: ProcessDump = serde_json::from_str(
+        r#"{"pid": 7, "role": "rank 3, child process (DataLoader worker?)", "threads": []}"#,
+    )
+    .unwrap();
+    assert_eq!((dump.rank, dump.role), (3, ProcessRole::Child));
+    assert_eq!(dump.label(), "rank 3, child process (DataLoader worker?)");
+    // And what is written now reads back as it was.
+    let now = serde_json::to_value(&dump).unwrap();
+    assert_eq!((&now["rank"], &now["role"]), (&Value::from(3), &Value::from("child")));
+    assert_eq!(serde_json::from_value::<ProcessDump>(now).unwrap(), dump);
+    for source in [ExitSource::LauncherStatus0, ExitSource::NotIdentified, ExitSource::Unknown] {
+        let text = serde_json::to_value(source).unwrap();
+        assert_eq!(serde_json::from_value::<ExitSource>(text).unwrap(), source);
+    }
+    assert_eq!(serde_json::to_value(ExitSource::LauncherStatus0).unwrap(), "launcher_status_0");
+}

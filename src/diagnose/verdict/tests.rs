@@ -8,7 +8,7 @@ use crate::harness::{Intervention, RankEnd, classify_rank};
 use crate::protocol::Frame;
 use crate::schema::{
     CgroupReport, CgroupVersion, Leftovers, MemoryReport, OomKill, OomSource, ProcessMemory, ProcessRole,
-    Quote, ShmAt, Signal,
+    ShmAt, Signal,
 };
 
 fn end(exit: Option<Exit>) -> RankEnd {
@@ -218,7 +218,8 @@ fn hung_with_stack(rank: u32, frames: &str) -> RankResult {
     r.torn_down_with = Some(Signal::TERM);
     r.dumps.push(crate::schema::ProcessDump {
         pid: 1000 + rank,
-        role: format!("rank {rank}"),
+        rank,
+        role: ProcessRole::Rank,
         py_spy: Some(format!(
             "Process {}: python t.py\n\nThread 1 (idle): \"MainThread\"\n{frames}",
             1000 + rank
@@ -614,7 +615,6 @@ fn leftovers_and_quotes_of_a_passed_run() {
         "{:#?}",
         v.evidence
     );
-    let _ = Quote { title: String::new(), lines: Vec::new() };
 }
 
 #[test]

@@ -98,7 +98,7 @@ pub(super) fn dumps(doc: &mut Doc, r: &RankResult) {
     for d in &r.dumps {
         doc.push(details_open(&format!(
             "{} (pid {}): {}",
-            d.role,
+            d.label(),
             d.pid,
             count(d.threads.len(), "thread", "threads")
         )));
