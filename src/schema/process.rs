@@ -18,7 +18,8 @@ pub struct ExternalRun {
     pub style_chosen: Option<String>,
     /// Whether any rank sent a marker (through `python/ups_doctor.py` or its own writer).
     pub markers_seen: bool,
-    /// How completion was judged: `exit status`, `done marker`, or `stdout matches …`.
+    /// How completion was judged, in words for the report: `exit status`, `done marker`, or
+    /// ``stdout matches `…` `` (the rule itself is the scenario's `expect.completes_when`).
     pub completion: String,
     /// The launcher process of a `launcher` run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
