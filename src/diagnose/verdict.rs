@@ -3,7 +3,7 @@
 //! send or of a trainer it does not have). Pure.
 
 use crate::harness::result::{RankResult, Verdict};
-use crate::protocol::signal_number;
+use crate::protocol::{Signal, signal_number};
 use crate::scenario::{CompletesWhen, OutcomeKind, Scenario};
 
 use super::catalog::{self, Finding};
@@ -205,25 +205,25 @@ fn no_oom_event(ev: &Evidence) -> &'static str {
 }
 
 fn signal_cause(ev: &Evidence, signal: i32) -> String {
-    match signal {
-        libc::SIGSEGV => "An invalid memory access in native code (libtorch, a CUDA/NCCL library, an extension, \
+    match Signal::try_from(signal) {
+        Ok(Signal::SIGSEGV) => "An invalid memory access in native code (libtorch, a CUDA/NCCL library, an extension, \
                           or memory shared between processes). Python prints no traceback for it and torchrun \
                           only reports `exitcode: -11`."
             .into(),
-        libc::SIGBUS => "A memory-mapped page could not be backed, most often because `/dev/shm` is full \
+        Ok(Signal::SIGBUS) => "A memory-mapped page could not be backed, most often because `/dev/shm` is full \
                          (Docker's default is 64 MB) while data-loader workers pass batches through shared memory."
             .into(),
-        libc::SIGABRT => "`abort()`: a failed assertion or an uncaught C++ exception (look for \
+        Ok(Signal::SIGABRT) => "`abort()`: a failed assertion or an uncaught C++ exception (look for \
                           `terminate called after throwing` in the log tail)."
             .into(),
-        libc::SIGKILL => format!(
+        Ok(Signal::SIGKILL) => format!(
             "Killed with SIGKILL by something other than ups-doctor, and {}: the evidence does not show an OOM \
              kill. A job scheduler, a watchdog, a person or the OOM killer (when its event could not be seen) can \
              send SIGKILL; `dmesg` shows whether the kernel did.",
             no_oom_event(ev)
         ),
-        libc::SIGFPE => "An arithmetic trap in native code, such as an integer division by zero.".into(),
-        libc::SIGILL => "An illegal instruction: code built for a newer CPU than this one, or a corrupted binary.".into(),
+        Ok(Signal::SIGFPE) => "An arithmetic trap in native code, such as an integer division by zero.".into(),
+        Ok(Signal::SIGILL) => "An illegal instruction: code built for a newer CPU than this one, or a corrupted binary.".into(),
         _ => format!("The process was ended by {}.", crate::protocol::signal_name(signal)),
     }
 }

@@ -193,6 +193,7 @@ pub fn check_expectation(expect: &Expect, outcome: OutcomeKind, failed: Option<&
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::protocol::Signal;
 
     fn end(exit: Option<Exit>) -> RankEnd {
         RankEnd { exit, ..Default::default() }
@@ -208,14 +209,14 @@ mod tests {
 
     #[test]
     fn signals_codes_and_interventions_map_to_outcomes() {
-        let r = classify_rank(&end(Some(Exit::Signal { signal: libc::SIGSEGV, core_dumped: false })));
+        let r = classify_rank(&end(Some(Exit::Signal { signal: Signal::SIGSEGV as i32, core_dumped: false })));
         assert_eq!((r.outcome, r.signal.as_deref()), (OutcomeKind::Signaled, Some("SIGSEGV")));
         let mut e = end(Some(Exit::Code(1)));
         e.stderr_tail = vec!["noise".into(), "error: injected failure".into(), "bye".into()];
         let r = classify_rank(&e);
         assert_eq!((r.outcome, r.exit_code), (OutcomeKind::Exited, Some(1)));
         assert_eq!(r.error.as_deref(), Some("error: injected failure"));
-        let mut h = end(Some(Exit::Signal { signal: libc::SIGTERM, core_dumped: false }));
+        let mut h = end(Some(Exit::Signal { signal: Signal::SIGTERM as i32, core_dumped: false }));
         h.intervention = Some(Intervention::Hung { silence_s: 3.2 });
         let r = classify_rank(&h);
         assert_eq!((r.outcome, r.hang_detected_after_s), (OutcomeKind::Hung, Some(3.2)));
@@ -226,7 +227,7 @@ mod tests {
 
     #[test]
     fn expectation_mismatches_are_listed_field_by_field() {
-        let mut e = end(Some(Exit::Signal { signal: libc::SIGABRT, core_dumped: false }));
+        let mut e = end(Some(Exit::Signal { signal: Signal::SIGABRT as i32, core_dumped: false }));
         e.state.phase = Some("backward".into());
         e.state.step = Some(2);
         let r = classify_rank(&e);

@@ -8,6 +8,8 @@
 
 use std::collections::BTreeMap;
 
+use crate::protocol::Signal;
+
 use super::classify::RankEnd;
 use super::memory::ProcSample;
 use super::os::cgroup::ScenarioCgroup;
@@ -116,7 +118,7 @@ fn from_counter(count: u64, ends: &[RankEnd]) -> Vec<u32> {
     let mut candidates: Vec<u32> = ends
         .iter()
         .filter(|e| {
-            e.torn_down_with.is_none() && matches!(e.exit, Some(Exit::Signal { signal: libc::SIGKILL, .. }))
+            e.torn_down_with.is_none() && matches!(e.exit, Some(Exit::Signal { signal, .. }) if signal == Signal::SIGKILL as i32)
         })
         .filter_map(|e| e.pid)
         .collect();
@@ -183,7 +185,7 @@ mod tests {
 
     #[test]
     fn the_counter_names_a_pid_only_when_one_sigkill_is_unexplained() {
-        let killed = Some(Exit::Signal { signal: libc::SIGKILL, core_dumped: false });
+        let killed = Some(Exit::Signal { signal: Signal::SIGKILL as i32, core_dumped: false });
         let mut torn = end(1, 21, killed);
         torn.torn_down_with = Some("SIGKILL".into());
         assert_eq!(from_counter(1, &[end(0, 20, killed), torn.clone()]), [20]);
