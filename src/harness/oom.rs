@@ -8,6 +8,8 @@
 
 use std::collections::BTreeMap;
 
+use nix::time::{ClockId, clock_gettime};
+
 use crate::protocol::Signal;
 
 use super::classify::RankEnd;
@@ -149,11 +151,10 @@ fn attribute(pid: u32, ends: &[RankEnd], seen: &BTreeMap<u32, u32>) -> (Option<u
     (seen.get(&pid).copied(), None)
 }
 
+/// `CLOCK_MONOTONIC` in µs: the clock `/dev/kmsg` stamps its records with.
 fn monotonic_us() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: a valid out-pointer; CLOCK_MONOTONIC always exists.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000 + ts.tv_nsec as u64 / 1000
+    let ts = clock_gettime(ClockId::CLOCK_MONOTONIC).expect("CLOCK_MONOTONIC always exists");
+    ts.tv_sec() as u64 * 1_000_000 + ts.tv_nsec() as u64 / 1000
 }
 
 #[cfg(test)]
