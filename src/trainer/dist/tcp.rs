@@ -262,9 +262,6 @@ fn accept_prev(
     }
 }
 
-/// The peer closed its end (Linux's POLLRDHUP, which nix's `PollFlags` does not name).
-const POLLRDHUP: PollFlags = PollFlags::from_bits_retain(libc::POLLRDHUP);
-
 /// Waits until `fd` is readable or `limit` passes (errors count as "go and look").
 fn wait_readable(fd: impl AsFd, limit: Duration) {
     let _ = poll(&mut [PollFd::new(fd.as_fd(), PollFlags::POLLIN)], poll_ms(limit));
@@ -495,17 +492,20 @@ impl Ring {
             };
             // A finished half is left out of the poll, so that its peer's normal exit after the
             // last message is not mistaken for a failure.
+            // An event nix cannot name reads as POLLERR: go and look (the read or write says what).
             let polled = {
                 let mut fds = Vec::with_capacity(2);
                 if sending {
-                    // POLLRDHUP: the next rank never writes to us, so "readable" means it closed.
-                    fds.push(PollFd::new(self.next.stream.as_fd(), PollFlags::POLLOUT | POLLRDHUP));
+                    // The next rank never writes to us, so "readable" means it closed (end of file or
+                    // a reset). POLLIN, not Linux's POLLRDHUP: nix's PollFlags cannot hold that bit
+                    // (`revents()` would read as nothing at all).
+                    fds.push(PollFd::new(self.next.stream.as_fd(), PollFlags::POLLOUT | PollFlags::POLLIN));
                 }
                 if receiving {
                     fds.push(PollFd::new(self.prev.stream.as_fd(), PollFlags::POLLIN));
                 }
                 poll(&mut fds, poll_ms(left))
-                    .map(|n| (n, fds.iter().map(|p| p.revents().unwrap_or(PollFlags::empty())).collect::<Vec<_>>()))
+                    .map(|n| (n, fds.iter().map(|p| p.revents().unwrap_or(PollFlags::POLLERR)).collect::<Vec<_>>()))
             };
             let (n, revents) = match polled {
                 Ok(got) => got,
@@ -527,7 +527,7 @@ impl Ring {
                 _ => (none, revents[0]),
             };
             if sending {
-                if send_ev.intersects(POLLRDHUP | PollFlags::POLLHUP) {
+                if send_ev.intersects(PollFlags::POLLIN | PollFlags::POLLHUP) {
                     return Err(self.closed(me, call, Direction::Send));
                 }
                 if send_ev.intersects(PollFlags::POLLOUT | PollFlags::POLLERR) {

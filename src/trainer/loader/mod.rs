@@ -383,7 +383,8 @@ impl Pool {
                     Err(e) => return Err(io_err("wait for data-loader workers")(e.into())),
                 }
             }
-            fds.iter().map(|p| p.revents().is_some_and(|r| !r.is_empty())).collect()
+            // An event nix cannot name counts too: the read says what it was.
+            fds.iter().map(|p| p.revents().is_none_or(|r| !r.is_empty())).collect()
         };
         for (w, ready) in ready.into_iter().enumerate() {
             if ready {
