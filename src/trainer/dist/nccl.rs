@@ -1049,6 +1049,7 @@ mod tests {
         let text = err.to_string();
         assert!(matches!(err, DistError::Unavailable { rank: 0, .. }), "{err:?}");
         assert!(text.starts_with("the nccl backend cannot run on rank 0: "), "{text}");
+        // SAFETY: only tries to dlopen libcuda under cudarc's names; no CUDA call is made.
         if pip_nccl().is_some() && !unsafe { cusys::is_culib_present() } {
             assert_eq!(
                 text,
