@@ -84,11 +84,14 @@ pub fn identify(pid: u32) -> Option<Identity> {
 impl Run {
     /// Whether `who` is still the process first seen, and this run's.
     pub fn check(&self, who: Identity) -> Result<(), NotOurs> {
-        let stat = memory::read_stat(who.pid).filter(|s| !s.zombie()).ok_or(NotOurs::Gone)?;
+        // One handle for both reads: the environment read is of the process whose start time
+        // was just checked, or it fails.
+        let process = memory::ProcHandle::open(who.pid).ok_or(NotOurs::Gone)?;
+        let stat = process.stat().filter(|s| !s.zombie()).ok_or(NotOurs::Gone)?;
         if stat.start_ticks != who.start_ticks {
             return Err(NotOurs::Recycled);
         }
-        if !memory::environ_has(who.pid, RUN_ID_ENV, &self.run_id) {
+        if !process.environ_has(RUN_ID_ENV, &self.run_id) {
             return Err(NotOurs::NoRunId);
         }
         let pgid = stat.pgid;
@@ -159,8 +162,7 @@ mod tests {
         let child = cmd.spawn().unwrap();
         // `/proc/PID/environ` is the new program's only once exec is done.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        while std::fs::read_to_string(format!("/proc/{}/cmdline", child.id()))
-            .is_ok_and(|c| !c.starts_with("sleep"))
+        while memory::cmdline(child.id()).is_some_and(|c| !c.starts_with("sleep"))
             && std::time::Instant::now() < deadline
         {
             std::thread::sleep(std::time::Duration::from_millis(5));

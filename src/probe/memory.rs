@@ -3,8 +3,7 @@
 //! the environment a process started with. The procfs crate parses; `parse_*` take recorded text
 //! (tested), the `read_*` functions, [`processes`] and `environ_*` are the procfs edge.
 
-use std::collections::HashMap;
-use std::ffi::{OsStr, OsString};
+use std::ffi::OsStr;
 
 use procfs::process::{Process, SmapsRollup, Stat};
 use procfs::{FromBufRead, FromRead};
@@ -83,6 +82,33 @@ fn process(pid: u32) -> Option<Process> {
     Process::new(i32::try_from(pid).ok()?).ok()
 }
 
+/// One process, opened once (a descriptor on its `/proc/<pid>` directory): every read through it
+/// is of that same process, so a pid reused between two reads fails the later one instead of
+/// answering for the newcomer.
+pub struct ProcHandle(Process);
+
+impl ProcHandle {
+    /// `pid`'s `/proc` directory, or `None` when there is no such process.
+    pub fn open(pid: u32) -> Option<ProcHandle> {
+        process(pid).map(ProcHandle)
+    }
+
+    /// Its `stat`, or `None` once it is gone.
+    pub fn stat(&self) -> Option<ProcStat> {
+        self.0.stat().ok().map(|s| proc_stat(&s))
+    }
+
+    /// Whether the environment it started with holds `key=value` (false when unreadable).
+    pub fn environ_has(&self, key: &str, value: &str) -> bool {
+        self.0.environ().is_ok_and(|env| env.get(OsStr::new(key)).is_some_and(|v| v == value))
+    }
+
+    /// The value of `key` in the environment it started with.
+    pub fn environ_var(&self, key: &str) -> Option<String> {
+        self.0.environ().ok()?.get(OsStr::new(key)).map(|v| v.to_string_lossy().into_owned())
+    }
+}
+
 /// `/proc/<pid>/smaps_rollup`, or `None` when the process is gone or unreadable.
 pub fn read_smaps_rollup(pid: u32) -> Option<Rollup> {
     rollup(&process(pid)?.smaps_rollup().ok()?)
@@ -90,7 +116,7 @@ pub fn read_smaps_rollup(pid: u32) -> Option<Rollup> {
 
 /// `/proc/<pid>/stat`, or `None` when the process is gone or unreadable.
 pub fn read_stat(pid: u32) -> Option<ProcStat> {
-    process(pid)?.stat().ok().map(|s| proc_stat(&s))
+    ProcHandle::open(pid)?.stat()
 }
 
 /// Every process on the machine, from `/proc/*/stat` (processes that vanish while being read
@@ -108,20 +134,14 @@ pub fn cmdline(pid: u32) -> Option<String> {
     process(pid)?.cmdline().ok().map(|args| args.join(" "))
 }
 
-/// The environment `pid` started with (`/proc/<pid>/environ`, which no other process can
-/// rewrite); `None` when it cannot be read.
-fn environ(pid: u32) -> Option<HashMap<OsString, OsString>> {
-    process(pid)?.environ().ok()
-}
-
 /// Whether `/proc/<pid>/environ` holds `key=value` (false when it cannot be read).
 pub fn environ_has(pid: u32, key: &str, value: &str) -> bool {
-    environ(pid).is_some_and(|env| env.get(OsStr::new(key)).is_some_and(|v| v == value))
+    ProcHandle::open(pid).is_some_and(|p| p.environ_has(key, value))
 }
 
 /// The value of `key` in `/proc/<pid>/environ` (the environment the process started with).
 pub fn environ_var(pid: u32, key: &str) -> Option<String> {
-    environ(pid)?.get(OsStr::new(key)).map(|v| v.to_string_lossy().into_owned())
+    ProcHandle::open(pid)?.environ_var(key)
 }
 
 #[cfg(test)]

@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use libloading::os::unix::{Library, RTLD_GLOBAL, RTLD_NOW};
+use procfs::process::{MMapPath, MemoryMaps, Process};
 
 /// What this process can do with CUDA.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -124,7 +125,7 @@ fn show_dirs(dirs: &[PathBuf]) -> String {
 /// in this process (read from `/proc/self/maps`), then the one the binary was built against.
 pub(crate) fn torch_lib_dirs() -> Vec<PathBuf> {
     let mut dirs = Vec::new();
-    if let Ok(maps) = std::fs::read_to_string("/proc/self/maps")
+    if let Ok(maps) = Process::myself().and_then(|me| me.maps())
         && let Some(dir) = loaded_library_dir(&maps, "libtorch_cpu.so")
     {
         dirs.push(dir);
@@ -136,15 +137,13 @@ pub(crate) fn torch_lib_dirs() -> Vec<PathBuf> {
     dirs
 }
 
-/// The directory of the first mapping of a file named `file_name` in a `/proc/<pid>/maps` text.
-pub(crate) fn loaded_library_dir(maps: &str, file_name: &str) -> Option<PathBuf> {
-    maps.lines().find_map(|line| {
-        // address perms offset dev inode path — the path is the sixth field and may hold spaces.
-        let path = line.splitn(6, char::is_whitespace).nth(5)?.trim_start();
-        let path = Path::new(path);
-        (path.is_absolute() && path.file_name() == Some(OsStr::new(file_name)))
-            .then(|| path.parent().map(Path::to_path_buf))
-            .flatten()
+/// The directory of the first mapping of a file named `file_name` in a `/proc/<pid>/maps`.
+pub(crate) fn loaded_library_dir(maps: &MemoryMaps, file_name: &str) -> Option<PathBuf> {
+    maps.iter().find_map(|m| match &m.pathname {
+        MMapPath::Path(path) if path.is_absolute() && path.file_name() == Some(OsStr::new(file_name)) => {
+            path.parent().map(Path::to_path_buf)
+        }
+        _ => None,
     })
 }
 
@@ -177,15 +176,19 @@ mod tests {
 7f0000004000-7f0000005000 rw-p 00000000 00:00 0 
 7f0000006000-7f0000007000 r--p 00000000 08:01 789 /tmp/dir with space/lib/libtorch_cpu.so
 ";
+        let parse = |text: &str| {
+            use procfs::FromBufRead;
+            MemoryMaps::from_buf_read(text.as_bytes()).unwrap()
+        };
         assert_eq!(
-            loaded_library_dir(maps, "libtorch_cpu.so"),
+            loaded_library_dir(&parse(maps), "libtorch_cpu.so"),
             Some(PathBuf::from("/opt/venv/site-packages/torch/lib"))
         );
         assert_eq!(
-            loaded_library_dir(&maps.lines().skip(2).collect::<Vec<_>>().join("\n"), "libtorch_cpu.so"),
+            loaded_library_dir(&parse(&maps.lines().skip(2).collect::<Vec<_>>().join("\n")), "libtorch_cpu.so"),
             Some(PathBuf::from("/tmp/dir with space/lib"))
         );
-        assert_eq!(loaded_library_dir(maps, "libtorch_cuda.so"), None);
+        assert_eq!(loaded_library_dir(&parse(maps), "libtorch_cuda.so"), None);
     }
 
     #[test]

@@ -276,8 +276,9 @@ pub fn fork_worker(ctx: &ForkContext, id: u32, fds: (RawFd, RawFd)) -> io::Resul
 /// A forked child holds copies of every descriptor of the trainer: the other workers' pipe ends
 /// (which would hide their deaths), sockets to other ranks. It keeps only its own.
 fn close_fds_except(keep: &[RawFd]) {
-    let fds: Vec<RawFd> = std::fs::read_dir("/proc/self/fd")
-        .map(|dir| dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect())
+    let fds: Vec<RawFd> = procfs::process::Process::myself()
+        .and_then(|me| me.fd())
+        .map(|fds| fds.filter_map(|fd| Some(fd.ok()?.fd)).collect())
         .unwrap_or_default();
     // Closing a descriptor this process owns (or an already closed one: EBADF); no Rust object of
     // the forked child uses them (it never returns into the trainer's code).
