@@ -209,7 +209,8 @@ mod tests {
 
     #[test]
     fn signals_codes_and_interventions_map_to_outcomes() {
-        let r = classify_rank(&end(Some(Exit::Signal { signal: Signal::SIGSEGV as i32, core_dumped: false })));
+        let r =
+            classify_rank(&end(Some(Exit::Signal { signal: Signal::SIGSEGV as i32, core_dumped: false })));
         assert_eq!((r.outcome, r.signal.as_deref()), (OutcomeKind::Signaled, Some("SIGSEGV")));
         let mut e = end(Some(Exit::Code(1)));
         e.stderr_tail = vec!["noise".into(), "error: injected failure".into(), "bye".into()];

@@ -149,7 +149,8 @@ pub fn py_spy_dump(py_spy: Option<&Path>, pid: u32, role: &str) -> ProcessDump {
 
 /// Each thread's name, kernel wait channel and current system call, from procfs.
 pub fn kernel_threads(pid: u32) -> Vec<KernelThread> {
-    let Some(tasks) = i32::try_from(pid).ok().and_then(|p| procfs::process::Process::new(p).ok()?.tasks().ok())
+    let Some(tasks) =
+        i32::try_from(pid).ok().and_then(|p| procfs::process::Process::new(p).ok()?.tasks().ok())
     else {
         return Vec::new();
     };
@@ -292,9 +293,8 @@ fn env_rank(pid: u32) -> Option<(u32, &'static str)> {
 /// Whether `pid` is a child that Python's `multiprocessing` started with the `spawn` or
 /// `forkserver` method (`torch.multiprocessing.spawn`'s ranks are), from its command line.
 fn is_spawn_child(pid: u32) -> bool {
-    memory::cmdline(pid).is_some_and(|text| {
-        text.contains("--multiprocessing-fork") && !text.contains("resource_tracker")
-    })
+    memory::cmdline(pid)
+        .is_some_and(|text| text.contains("--multiprocessing-fork") && !text.contains("resource_tracker"))
 }
 
 /// When `pid` started, in clock ticks since boot (field 22 of `/proc/PID/stat`).
@@ -385,9 +385,7 @@ pub fn unidentified_children(root: u32, found: &[u32]) -> usize {
     memory::processes()
         .into_iter()
         .filter(|p| p.ppid == root && !p.zombie() && !found.contains(&p.pid))
-        .filter(|p| {
-            memory::cmdline(p.pid).is_some_and(|text| !text.contains("resource_tracker"))
-        })
+        .filter(|p| memory::cmdline(p.pid).is_some_and(|text| !text.contains("resource_tracker")))
         .count()
 }
 

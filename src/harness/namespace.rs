@@ -167,7 +167,9 @@ fn holder(parent: Pid, report: &OwnedFd, options: &CStr) -> ! {
         tell(1, e);
         exit();
     }
-    if let Err(e) = mount(None::<&CStr>, c"/", None::<&CStr>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&CStr>) {
+    if let Err(e) =
+        mount(None::<&CStr>, c"/", None::<&CStr>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&CStr>)
+    {
         tell(2, e);
         exit();
     }
@@ -188,11 +190,8 @@ mod tests {
 
     #[test]
     fn a_refusal_says_what_is_needed() {
-        let e = NamespaceError {
-            size: "64m".into(),
-            step: "unshare(CLONE_NEWNS)",
-            source: Errno::EPERM.into(),
-        };
+        let e =
+            NamespaceError { size: "64m".into(), step: "unshare(CLONE_NEWNS)", source: Errno::EPERM.into() };
         let text = e.to_string();
         assert!(
             text.starts_with(

@@ -120,7 +120,8 @@ fn from_counter(count: u64, ends: &[RankEnd]) -> Vec<u32> {
     let mut candidates: Vec<u32> = ends
         .iter()
         .filter(|e| {
-            e.torn_down_with.is_none() && matches!(e.exit, Some(Exit::Signal { signal, .. }) if signal == Signal::SIGKILL as i32)
+            e.torn_down_with.is_none()
+                && matches!(e.exit, Some(Exit::Signal { signal, .. }) if signal == Signal::SIGKILL as i32)
         })
         .filter_map(|e| e.pid)
         .collect();

@@ -189,9 +189,15 @@ mod tests {
         // What a pid reused since it was first seen looks like: the same pid, another start time.
         let earlier = Identity { pid: who.pid, start_ticks: who.start_ticks.wrapping_sub(1) };
         assert_eq!(run.check(earlier), Err(NotOurs::Recycled));
-        assert!(matches!(run.signal(earlier, Signal::SIGKILL as i32), Err(SignalError::NotOurs(NotOurs::Recycled))));
+        assert!(matches!(
+            run.signal(earlier, Signal::SIGKILL as i32),
+            Err(SignalError::NotOurs(NotOurs::Recycled))
+        ));
         let stranger = identify(foreign.id()).unwrap();
-        assert!(matches!(run.signal(stranger, Signal::SIGKILL as i32), Err(SignalError::NotOurs(NotOurs::NoRunId))));
+        assert!(matches!(
+            run.signal(stranger, Signal::SIGKILL as i32),
+            Err(SignalError::NotOurs(NotOurs::NoRunId))
+        ));
         let other_groups = Run { run_id: "owner-test-2".into(), groups: vec![] };
         // Its group is led by itself, and it carries the run id: a group of the run.
         assert_eq!(other_groups.check(who), Ok(()));

@@ -187,8 +187,10 @@ Swap:                  0 kB
 
     #[test]
     fn stat_survives_odd_command_names() {
-        let s = parse_stat(&format!("4242 (pt_data (worker) 1) S 4200 4200 4200 0 -1 4194624 301 0 0 0 5 3 0 0 20 0 1 0 77 {TAIL}"))
-            .unwrap();
+        let s = parse_stat(&format!(
+            "4242 (pt_data (worker) 1) S 4200 4200 4200 0 -1 4194624 301 0 0 0 5 3 0 0 20 0 1 0 77 {TAIL}"
+        ))
+        .unwrap();
         assert_eq!(
             s,
             ProcStat {
@@ -203,8 +205,11 @@ Swap:                  0 kB
         );
         assert!(!s.zombie());
         // A zombie that exited with code 3 (wait status 3 << 8) in its last field.
-        let zombie = parse_stat(&format!("4243 (x) Z 1 4200 4200 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 78 {}", TAIL.replace(" 0\n", " 768\n")))
-            .unwrap();
+        let zombie = parse_stat(&format!(
+            "4243 (x) Z 1 4200 4200 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 78 {}",
+            TAIL.replace(" 0\n", " 768\n")
+        ))
+        .unwrap();
         assert!(zombie.zombie());
         assert_eq!(zombie.exit_code, Some(768));
         assert_eq!(parse_stat("garbage"), None);

@@ -27,7 +27,9 @@ use nvml_wrapper::enum_wrappers::device::{Clock, TemperatureSensor};
 use nvml_wrapper::enums::gpm::GpmMetricId;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::gpm::{GpmSample, gpm_metrics_get};
-use nvml_wrapper_sys::bindings::{nvmlProcessInfo_v1_t, nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE, nvmlReturn_enum_NVML_SUCCESS};
+use nvml_wrapper_sys::bindings::{
+    nvmlProcessInfo_v1_t, nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE, nvmlReturn_enum_NVML_SUCCESS,
+};
 use serde::{Deserialize, Serialize};
 
 /// Names the NVML library to open instead of `libnvidia-ml.so.1` (a full path).
@@ -276,15 +278,18 @@ fn running_processes(nvml: &Nvml, dev: &Device<'_>) -> Vec<GpuProcess> {
     Vec::new()
 }
 
-fn read_gpm(nvml: &'static Nvml, dev: &Device<'static>, prev: &mut Option<GpmSample<'static>>, r: &mut GpuReading) {
+fn read_gpm(
+    nvml: &'static Nvml,
+    dev: &Device<'static>,
+    prev: &mut Option<GpmSample<'static>>,
+    r: &mut GpuReading,
+) {
     let Ok(next) = dev.gpm_sample() else {
         return;
     };
     if let Some(before) = prev.as_ref() {
         if let Ok(results) = gpm_metrics_get(&nvml.nvml, before, &next, &GPM_METRICS) {
-            let value = |i: usize| {
-                results.get(i)?.as_ref().ok().map(|m| m.value).filter(|v| v.is_finite())
-            };
+            let value = |i: usize| results.get(i)?.as_ref().ok().map(|m| m.value).filter(|v| v.is_finite());
             r.sm_active_percent = value(0);
             r.sm_occupancy_percent = value(1);
             r.tensor_active_percent = value(2);
@@ -321,7 +326,10 @@ mod tests {
         let Err(why) = Nvml::open("/nonexistent/libnvidia-ml.so.1", true) else {
             panic!("a missing file loaded");
         };
-        assert!(why.starts_with(&format!("{NVML_LIB_ENV}=`/nonexistent/libnvidia-ml.so.1` cannot be loaded: ")), "{why}");
+        assert!(
+            why.starts_with(&format!("{NVML_LIB_ENV}=`/nonexistent/libnvidia-ml.so.1` cannot be loaded: ")),
+            "{why}"
+        );
         // A real shared library without NVML's entry points (the C library every process has).
         let Err(why) = Nvml::open("libc.so.6", true) else {
             panic!("libc passed for NVML");

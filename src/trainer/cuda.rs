@@ -66,7 +66,8 @@ pub fn runtime_version() -> Option<String> {
     let this = Library::this();
     // SAFETY: `cudaError_t cudaRuntimeGetVersion(int*)` from cuda_runtime_api.h is the symbol's
     // C signature.
-    let get = unsafe { this.get::<unsafe extern "C" fn(*mut c_int) -> c_int>(b"cudaRuntimeGetVersion") }.ok()?;
+    let get =
+        unsafe { this.get::<unsafe extern "C" fn(*mut c_int) -> c_int>(b"cudaRuntimeGetVersion") }.ok()?;
     let mut v: c_int = 0;
     // SAFETY: a valid out-pointer; the call needs no driver.
     (unsafe { get(&mut v) } == 0 && v > 0).then(|| format!("{}.{}", v / 1000, v % 1000 / 10))
@@ -185,7 +186,10 @@ mod tests {
             Some(PathBuf::from("/opt/venv/site-packages/torch/lib"))
         );
         assert_eq!(
-            loaded_library_dir(&parse(&maps.lines().skip(2).collect::<Vec<_>>().join("\n")), "libtorch_cpu.so"),
+            loaded_library_dir(
+                &parse(&maps.lines().skip(2).collect::<Vec<_>>().join("\n")),
+                "libtorch_cpu.so"
+            ),
             Some(PathBuf::from("/tmp/dir with space/lib"))
         );
         assert_eq!(loaded_library_dir(&parse(maps), "libtorch_cuda.so"), None);

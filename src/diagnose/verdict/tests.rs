@@ -123,7 +123,8 @@ fn a_rank_that_only_lost_its_peer_is_collateral_even_when_it_ended_first() {
         1.0,
         "Traceback (most recent call last):\n  File \"/t/train.py\", line 9, in <module>\nRuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:4000",
     );
-    let killed = program_rank(1, Exit::Signal { signal: Signal::SIGKILL as i32, core_dumped: false }, 1.2, "");
+    let killed =
+        program_rank(1, Exit::Signal { signal: Signal::SIGKILL as i32, core_dumped: false }, 1.2, "");
     let mut case = Case::new(vec![lost, killed]);
     case.scenario = external();
     let (_, first, v) = case.judge();
@@ -211,7 +212,8 @@ fn a_built_in_rank_waiting_in_its_barrier_through_the_store_is_out_of_step_not_a
 
 /// A program's hung rank with a py-spy dump of its main thread.
 fn hung_with_stack(rank: u32, frames: &str) -> RankResult {
-    let mut r = program_rank(rank, Exit::Signal { signal: Signal::SIGTERM as i32, core_dumped: false }, 30.0, "");
+    let mut r =
+        program_rank(rank, Exit::Signal { signal: Signal::SIGTERM as i32, core_dumped: false }, 30.0, "");
     r.outcome = OutcomeKind::Hung;
     r.hang_detected_after_s = Some(20.0);
     r.torn_down_with = Some("SIGTERM".into());

@@ -68,7 +68,8 @@ pub fn parent() -> Result<Parent, String> {
         return Ok(Parent { dir, version, kernel_path });
     }
     let own = me.cgroups().map_err(|e| format!("cannot read `/proc/self/cgroup`: {e}"))?;
-    let v1_memory = own.0.iter().find(|g| g.controllers.iter().any(|c| c == "memory")).map(|g| g.pathname.clone());
+    let v1_memory =
+        own.0.iter().find(|g| g.controllers.iter().any(|c| c == "memory")).map(|g| g.pathname.clone());
     let v2 = own.0.iter().find(|g| g.hierarchy == 0 && g.controllers.is_empty()).map(|g| g.pathname.clone());
     let (version, path, mount) = match (v1_memory, v2) {
         (Some(path), _) => (CgroupVersion::V1, path, find_mount(&mounts, "cgroup", Some("memory"))),
@@ -95,7 +96,11 @@ fn version_name(v: CgroupVersion) -> &'static str {
 }
 
 /// `(root, mount point)` of the first mount of `fstype` (with `option` among its super options).
-fn find_mount<'a>(mounts: &'a [MountInfo], fstype: &str, option: Option<&str>) -> Option<(&'a str, &'a Path)> {
+fn find_mount<'a>(
+    mounts: &'a [MountInfo],
+    fstype: &str,
+    option: Option<&str>,
+) -> Option<(&'a str, &'a Path)> {
     mounts
         .iter()
         .find(|m| m.fs_type == fstype && option.is_none_or(|o| m.super_options.contains_key(o)))

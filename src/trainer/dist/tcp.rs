@@ -504,8 +504,9 @@ impl Ring {
                 if receiving {
                     fds.push(PollFd::new(self.prev.stream.as_fd(), PollFlags::POLLIN));
                 }
-                poll(&mut fds, poll_ms(left))
-                    .map(|n| (n, fds.iter().map(|p| p.revents().unwrap_or(PollFlags::POLLERR)).collect::<Vec<_>>()))
+                poll(&mut fds, poll_ms(left)).map(|n| {
+                    (n, fds.iter().map(|p| p.revents().unwrap_or(PollFlags::POLLERR)).collect::<Vec<_>>())
+                })
             };
             let (n, revents) = match polled {
                 Ok(got) => got,

@@ -72,9 +72,14 @@ pub fn death_text(pid: u32, status: WaitStatus) -> String {
         ),
         // PyTorch words the signal with strsignal(3): `Killed`, `Segmentation fault`.
         WaitStatus::Signaled(_, sig, _) => {
-            format!("DataLoader worker (pid {pid}) is killed by signal: {}.", super::os::signal_description(sig))
+            format!(
+                "DataLoader worker (pid {pid}) is killed by signal: {}.",
+                super::os::signal_description(sig)
+            )
         }
-        WaitStatus::Exited(_, code) => format!("DataLoader worker (pid {pid}) exited unexpectedly with exit code {code}."),
+        WaitStatus::Exited(_, code) => {
+            format!("DataLoader worker (pid {pid}) exited unexpectedly with exit code {code}.")
+        }
         other => format!("DataLoader worker (pid {pid}) ended unexpectedly ({other:?})."),
     }
 }

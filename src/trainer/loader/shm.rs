@@ -74,7 +74,11 @@ impl Mapping {
     /// page is backed now; where `/dev/shm` cannot back one, the write raises SIGBUS, as a
     /// PyTorch worker's first write into a full `/dev/shm` does.
     pub fn touch_every_page(&self) {
-        let page = sysconf(SysconfVar::PAGE_SIZE).ok().flatten().and_then(|p| usize::try_from(p).ok()).unwrap_or(4096);
+        let page = sysconf(SysconfVar::PAGE_SIZE)
+            .ok()
+            .flatten()
+            .and_then(|p| usize::try_from(p).ok())
+            .unwrap_or(4096);
         for offset in (0..self.len).step_by(page) {
             // SAFETY: `offset` lies inside the mapping, which lives as long as `self`; a volatile
             // byte write creates no reference that other processes' writes could invalidate.
