@@ -8,6 +8,8 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use clap::{Parser, Subcommand};
+use nix::sys::signal::{SigHandler, Signal, signal};
+use nix::time::{ClockId, clock_gettime};
 
 use ups_doctor::harness::{self, Progress, ProgressMode, ScenarioInput};
 use ups_doctor::probe::env::EnvSummary;
@@ -408,11 +410,10 @@ static FIRST_INTERRUPT_NS: AtomicU64 = AtomicU64::new(0);
 /// does not cut the orderly stop short.
 const INTERRUPT_GRACE_NS: u64 = 1_000_000_000;
 
+/// `CLOCK_MONOTONIC` in ns; async-signal-safe (nix calls clock_gettime and allocates nothing).
 fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: clock_gettime is async-signal-safe; valid out-pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    (ts.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec as u64)
+    let Ok(ts) = clock_gettime(ClockId::CLOCK_MONOTONIC) else { return 0 };
+    (ts.tv_sec() as u64).saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec() as u64)
 }
 
 extern "C" fn on_interrupt(_sig: i32) {
@@ -423,7 +424,8 @@ extern "C" fn on_interrupt(_sig: i32) {
         1 if now.saturating_sub(FIRST_INTERRUPT_NS.load(Ordering::SeqCst)) <= INTERRUPT_GRACE_NS => {}
         // A third signal, or a second one after the grace: the user insists. Leave now; ranks
         // die with us (PR_SET_PDEATHSIG); results of finished scenarios are already on disk.
-        // SAFETY: _exit is async-signal-safe.
+        // SAFETY: _exit(2) is async-signal-safe and runs no destructor or atexit handler of the
+        // interrupted code (std's `exit` would); nix has no wrapper for it.
         _ => unsafe { libc::_exit(exit::INTERRUPTED as i32) },
     }
 }
@@ -431,9 +433,10 @@ extern "C" fn on_interrupt(_sig: i32) {
 /// SIGINT, SIGTERM (Slurm, Kubernetes, `timeout`) and SIGHUP all start the same orderly stop.
 /// Installed before anything else a command does, so that no signal finds the default action.
 fn install_interrupt_handler() {
-    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
-        // SAFETY: installs a handler that only touches atomics, reads the clock and calls _exit.
-        unsafe { libc::signal(sig, on_interrupt as *const () as libc::sighandler_t) };
+    for sig in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+        // SAFETY: the handler is async-signal-safe: it only touches atomics, reads the clock and
+        // calls _exit.
+        let _ = unsafe { signal(sig, SigHandler::Handler(on_interrupt)) };
     }
 }
 

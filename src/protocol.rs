@@ -34,7 +34,7 @@ pub const RUN_ID_ENV: &str = "UPS_DOCTOR_RUN_ID";
 pub const SHM_HELD: &str = "/dev/shm held";
 
 /// Signal the harness sends to a stuck process to ask it for a stack dump of every thread.
-pub const STACK_DUMP_SIGNAL: i32 = libc::SIGUSR1;
+pub const STACK_DUMP_SIGNAL: i32 = Signal::SIGUSR1 as i32;
 
 /// Longest marker line the harness accepts; longer lines are cut and flagged.
 pub const MAX_MARKER_LINE: usize = 1 << 20;
@@ -223,36 +223,25 @@ impl SliceWriter<'_> {
     }
 }
 
-/// The conventional name of a signal number (`SIGSEGV`), or `SIG<n>` for others.
+/// Signals by name and number, as nix knows them for this platform (the numbers differ between
+/// architectures, so nothing here spells one out). Re-exported so that pure modules (`diagnose`)
+/// can match on signals without importing an OS crate.
+pub use nix::sys::signal::Signal;
+
+/// The conventional name of a signal number (`SIGSEGV`), or `SIG<n>` for others (real-time
+/// signals, numbers the platform does not define).
 pub fn signal_name(sig: i32) -> String {
-    let name = match sig {
-        libc::SIGHUP => "SIGHUP",
-        libc::SIGINT => "SIGINT",
-        libc::SIGQUIT => "SIGQUIT",
-        libc::SIGILL => "SIGILL",
-        libc::SIGTRAP => "SIGTRAP",
-        libc::SIGABRT => "SIGABRT",
-        libc::SIGBUS => "SIGBUS",
-        libc::SIGFPE => "SIGFPE",
-        libc::SIGKILL => "SIGKILL",
-        libc::SIGUSR1 => "SIGUSR1",
-        libc::SIGSEGV => "SIGSEGV",
-        libc::SIGUSR2 => "SIGUSR2",
-        libc::SIGPIPE => "SIGPIPE",
-        libc::SIGALRM => "SIGALRM",
-        libc::SIGTERM => "SIGTERM",
-        libc::SIGXCPU => "SIGXCPU",
-        libc::SIGSYS => "SIGSYS",
-        _ => return format!("SIG{sig}"),
-    };
-    name.to_string()
+    match Signal::try_from(sig) {
+        Ok(s) => s.as_str().to_string(),
+        Err(_) => format!("SIG{sig}"),
+    }
 }
 
-/// The signal number for a name such as `SIGSEGV` or `segv`; `None` if unknown.
+/// The signal number for a name such as `SIGSEGV` or `segv` (any case); `None` if unknown.
 pub fn signal_number(name: &str) -> Option<i32> {
     let upper = name.to_ascii_uppercase();
     let full = if upper.starts_with("SIG") { upper } else { format!("SIG{upper}") };
-    (1..32).find(|&s| signal_name(s) == full)
+    full.parse::<Signal>().ok().map(|s| s as i32)
 }
 
 #[cfg(test)]
@@ -295,9 +284,15 @@ mod tests {
 
     #[test]
     fn signal_names_round_trip() {
-        assert_eq!(signal_name(libc::SIGSEGV), "SIGSEGV");
-        assert_eq!(signal_number("segv"), Some(libc::SIGSEGV));
-        assert_eq!(signal_number("SIGABRT"), Some(libc::SIGABRT));
+        assert_eq!(signal_name(Signal::SIGSEGV as i32), "SIGSEGV");
+        assert_eq!(signal_number("segv"), Some(Signal::SIGSEGV as i32));
+        assert_eq!(signal_number("SIGABRT"), Some(Signal::SIGABRT as i32));
         assert_eq!(signal_number("nope"), None);
+        assert_eq!(signal_number("SIG"), None);
+        // Every number the platform names round-trips; an unnamed one keeps its number.
+        for s in Signal::iterator() {
+            assert_eq!(signal_number(&signal_name(s as i32)), Some(s as i32));
+        }
+        assert_eq!(signal_name(40), "SIG40");
     }
 }

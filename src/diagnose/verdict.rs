@@ -212,25 +212,25 @@ fn no_oom_event(ev: &Evidence) -> &'static str {
 }
 
 fn signal_cause(ev: &Evidence, signal: i32) -> String {
-    match signal {
-        libc::SIGSEGV => "An invalid memory access in native code (libtorch, a CUDA/NCCL library, an extension, \
+    match Signal::from_number(signal) {
+        Signal::SEGV => "An invalid memory access in native code (libtorch, a CUDA/NCCL library, an extension, \
                           or memory shared between processes). Python prints no traceback for it and torchrun \
                           only reports `exitcode: -11`."
             .into(),
-        libc::SIGBUS => "A memory-mapped page could not be backed, most often because `/dev/shm` is full \
+        Signal::BUS => "A memory-mapped page could not be backed, most often because `/dev/shm` is full \
                          (Docker's default is 64 MB) while data-loader workers pass batches through shared memory."
             .into(),
-        libc::SIGABRT => "`abort()`: a failed assertion or an uncaught C++ exception (look for \
+        Signal::ABRT => "`abort()`: a failed assertion or an uncaught C++ exception (look for \
                           `terminate called after throwing` in the log tail)."
             .into(),
-        libc::SIGKILL => format!(
+        Signal::KILL => format!(
             "Killed with SIGKILL by something other than ups-doctor, and {}: the evidence does not show an OOM \
              kill. A job scheduler, a watchdog, a person or the OOM killer (when its event could not be seen) can \
              send SIGKILL; `dmesg` shows whether the kernel did.",
             no_oom_event(ev)
         ),
-        libc::SIGFPE => "An arithmetic trap in native code, such as an integer division by zero.".into(),
-        libc::SIGILL => "An illegal instruction: code built for a newer CPU than this one, or a corrupted binary.".into(),
+        Signal::FPE => "An arithmetic trap in native code, such as an integer division by zero.".into(),
+        Signal::ILL => "An illegal instruction: code built for a newer CPU than this one, or a corrupted binary.".into(),
         _ => format!("The process was ended by {}.", Signal::from_number(signal)),
     }
 }

@@ -206,14 +206,14 @@ mod tests {
 
     #[test]
     fn signals_codes_and_interventions_map_to_outcomes() {
-        let r = classify_rank(&end(Some(Exit::Signal { signal: libc::SIGSEGV, core_dumped: false })));
+        let r = classify_rank(&end(Some(Exit::Signal { signal: Signal::SEGV.number(), core_dumped: false })));
         assert_eq!((r.outcome, r.signal), (OutcomeKind::Signaled, Some(Signal::SEGV)));
         let mut e = end(Some(Exit::Code(1)));
         e.stderr_tail = vec!["noise".into(), "error: injected failure".into(), "bye".into()];
         let r = classify_rank(&e);
         assert_eq!((r.outcome, r.exit_code), (OutcomeKind::Exited, Some(1)));
         assert_eq!(r.error.as_deref(), Some("error: injected failure"));
-        let mut h = end(Some(Exit::Signal { signal: libc::SIGTERM, core_dumped: false }));
+        let mut h = end(Some(Exit::Signal { signal: Signal::TERM.number(), core_dumped: false }));
         h.intervention = Some(Intervention::Hung { silence_s: 3.2 });
         let r = classify_rank(&h);
         assert_eq!((r.outcome, r.hang_detected_after_s), (OutcomeKind::Hung, Some(3.2)));
@@ -224,7 +224,7 @@ mod tests {
 
     #[test]
     fn expectation_mismatches_are_listed_field_by_field() {
-        let mut e = end(Some(Exit::Signal { signal: libc::SIGABRT, core_dumped: false }));
+        let mut e = end(Some(Exit::Signal { signal: Signal::ABRT.number(), core_dumped: false }));
         e.state.phase = Some("backward".into());
         e.state.step = Some(2);
         let r = classify_rank(&e);

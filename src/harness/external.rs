@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use procfs::process::Syscall;
+
 use crate::probe::{memory, run};
 use crate::scenario::{Scenario, render_with};
 
@@ -147,85 +149,84 @@ pub fn py_spy_dump(py_spy: Option<&Path>, pid: u32, rank: u32, role: ProcessRole
 
 /// Each thread's name, kernel wait channel and current system call, from procfs.
 pub fn kernel_threads(pid: u32) -> Vec<KernelThread> {
-    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+    let Some(tasks) =
+        i32::try_from(pid).ok().and_then(|p| procfs::process::Process::new(p).ok()?.tasks().ok())
+    else {
         return Vec::new();
     };
-    let mut tids: Vec<u32> = dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect();
-    tids.sort_unstable();
-    tids.into_iter()
-        .map(|tid| {
-            let read = |file: &str| {
-                std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/{file}"))
-                    .map(|s| s.trim().to_string())
-                    .ok()
-            };
+    let mut threads: Vec<KernelThread> = tasks
+        .filter_map(Result::ok)
+        .map(|task| {
+            // procfs has no reader for a task's `wchan` (only the process's): read it as text.
+            let wchan = std::fs::read_to_string(format!("/proc/{pid}/task/{}/wchan", task.tid))
+                .ok()
+                .map(|w| w.trim().to_string())
+                .filter(|w| !w.is_empty() && w != "0");
             KernelThread {
-                tid,
-                name: read("comm").unwrap_or_default(),
-                wchan: read("wchan").filter(|w| !w.is_empty() && w != "0"),
-                syscall: read("syscall").map(|s| describe_syscall(&s)),
+                tid: task.tid as u32,
+                name: task.stat().map(|s| s.comm).unwrap_or_default(),
+                wchan,
+                syscall: task.syscall().ok().map(|s| describe_syscall(&s)),
             }
         })
-        .collect()
+        .collect();
+    threads.sort_unstable_by_key(|t| t.tid);
+    threads
 }
 
-/// `/proc/PID/task/TID/syscall` in words: `202 (futex)`, `running`, or as read.
-fn describe_syscall(raw: &str) -> String {
-    let first = raw.split_whitespace().next().unwrap_or(raw);
-    match first.parse::<i64>() {
-        Ok(n) => match syscall_name(n) {
+/// `/proc/PID/task/TID/syscall` in words: `202 (futex)` (the number is this architecture's),
+/// `running`, or `-1` when the thread is blocked outside a system call.
+fn describe_syscall(syscall: &Syscall) -> String {
+    match *syscall {
+        Syscall::Running => "running".to_string(),
+        Syscall::Blocked { syscall_number: n, .. } => match syscall_name(n) {
             Some(name) => format!("{n} ({name})"),
             None => n.to_string(),
         },
-        Err(_) => first.to_string(),
+        // `Syscall` is non-exhaustive: a form a later procfs learns to read.
+        ref other => format!("{other:?}"),
     }
 }
 
-/// Names of the x86-64 system calls a blocked training process usually sits in.
+/// Names of the system calls a blocked training process usually sits in. The numbers are this
+/// architecture's (libc's `SYS_*` constants differ between x86-64, aarch64, …); a call the
+/// architecture lacks (aarch64 has no `poll`, `select` or `epoll_wait`) is simply not listed.
 fn syscall_name(n: i64) -> Option<&'static str> {
-    if !cfg!(target_arch = "x86_64") {
-        return None;
-    }
-    Some(match n {
-        0 => "read",
-        1 => "write",
-        7 => "poll",
-        23 => "select",
-        35 => "nanosleep",
-        43 => "accept",
-        45 => "recvfrom",
-        44 => "sendto",
-        47 => "recvmsg",
-        61 => "wait4",
-        202 => "futex",
-        230 => "clock_nanosleep",
-        232 => "epoll_wait",
-        270 => "pselect6",
-        271 => "ppoll",
-        281 => "epoll_pwait",
-        288 => "accept4",
-        _ => return None,
-    })
-}
-
-/// A process's parent and whether it is a zombie, from `/proc/PID/stat`.
-fn stat_fields(pid: u32) -> Option<Vec<String>> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // After the `(comm)` field, which may contain spaces and parentheses.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    Some(rest.split_whitespace().map(str::to_string).collect())
+    const NAMES: &[(libc::c_long, &str)] = &[
+        (libc::SYS_read, "read"),
+        (libc::SYS_write, "write"),
+        #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
+        (libc::SYS_poll, "poll"),
+        #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
+        (libc::SYS_select, "select"),
+        #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
+        (libc::SYS_nanosleep, "nanosleep"),
+        (libc::SYS_accept, "accept"),
+        (libc::SYS_recvfrom, "recvfrom"),
+        (libc::SYS_sendto, "sendto"),
+        (libc::SYS_recvmsg, "recvmsg"),
+        (libc::SYS_wait4, "wait4"),
+        (libc::SYS_waitid, "waitid"),
+        (libc::SYS_futex, "futex"),
+        (libc::SYS_clock_nanosleep, "clock_nanosleep"),
+        #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
+        (libc::SYS_epoll_wait, "epoll_wait"),
+        (libc::SYS_pselect6, "pselect6"),
+        (libc::SYS_ppoll, "ppoll"),
+        (libc::SYS_epoll_pwait, "epoll_pwait"),
+        (libc::SYS_accept4, "accept4"),
+    ];
+    NAMES.iter().find(|(num, _)| i64::from(*num) == n).map(|(_, name)| *name)
 }
 
 /// How a process that is not our child ended, read while it is a zombie (field 52 of
 /// `/proc/PID/stat`, the wait status, since Linux 3.5). `None` while it runs or once it is gone.
 pub fn zombie_exit(pid: u32) -> Option<Exit> {
-    let fields = stat_fields(pid)?;
-    if fields.first().map(String::as_str) != Some("Z") {
+    let stat = memory::read_stat(pid)?;
+    if stat.state != 'Z' {
         return None;
     }
-    // Fields after `(comm)` start at field 3 (state): field 52 is index 49.
-    let status: i32 = fields.get(49)?.parse().ok()?;
-    Some(decode_wait_status(status))
+    Some(decode_wait_status(stat.exit_code?))
 }
 
 /// A raw wait status as [`Exit`].
@@ -239,12 +240,12 @@ pub fn decode_wait_status(status: i32) -> Exit {
 
 /// Whether `pid` still exists and is not a zombie.
 pub fn alive(pid: u32) -> bool {
-    stat_fields(pid).is_some_and(|f| f.first().map(String::as_str) != Some("Z"))
+    memory::read_stat(pid).is_some_and(|s| s.state != 'Z')
 }
 
 /// The process group of `pid`.
 pub fn pgid_of(pid: u32) -> Option<u32> {
-    stat_fields(pid)?.get(2)?.parse().ok()
+    memory::read_stat(pid).map(|s| s.pgid)
 }
 
 /// Sends `signal` to a rank a launcher started, `who` as first found, and to every process of
@@ -290,17 +291,13 @@ fn env_rank(pid: u32) -> Option<(u32, IdentifiedBy)> {
 /// Whether `pid` is a child that Python's `multiprocessing` started with the `spawn` or
 /// `forkserver` method (`torch.multiprocessing.spawn`'s ranks are), from its command line.
 fn is_spawn_child(pid: u32) -> bool {
-    std::fs::read(format!("/proc/{pid}/cmdline"))
-        .map(|c| {
-            let text = String::from_utf8_lossy(&c);
-            text.contains("--multiprocessing-fork") && !text.contains("resource_tracker")
-        })
-        .unwrap_or(false)
+    memory::cmdline(pid)
+        .is_some_and(|text| text.contains("--multiprocessing-fork") && !text.contains("resource_tracker"))
 }
 
 /// When `pid` started, in clock ticks since boot (field 22 of `/proc/PID/stat`).
 fn start_ticks(pid: u32) -> u64 {
-    stat_fields(pid).and_then(|f| f.get(19)?.parse().ok()).unwrap_or(u64::MAX)
+    memory::read_stat(pid).map_or(u64::MAX, |s| s.start_ticks)
 }
 
 /// The rank processes of a launcher-style run whose launcher is `root`, by every signal there
@@ -389,11 +386,7 @@ pub fn unidentified_children(root: u32, found: &[u32]) -> usize {
     memory::processes()
         .into_iter()
         .filter(|p| p.ppid == root && !p.zombie() && !found.contains(&p.pid))
-        .filter(|p| {
-            std::fs::read(format!("/proc/{}/cmdline", p.pid))
-                .map(|c| !String::from_utf8_lossy(&c).contains("resource_tracker"))
-                .unwrap_or(false)
-        })
+        .filter(|p| memory::cmdline(p.pid).is_some_and(|text| !text.contains("resource_tracker")))
         .count()
 }
 
@@ -560,8 +553,7 @@ Root Cause (first observed failure):
         let (go, wait) = std::sync::mpsc::channel::<()>();
         let (tell, tid) = std::sync::mpsc::channel();
         let parked = std::thread::spawn(move || {
-            // SAFETY: gettid has no preconditions.
-            tell.send(unsafe { libc::gettid() } as u32).unwrap();
+            tell.send(nix::unistd::gettid().as_raw() as u32).unwrap();
             wait.recv().ok();
         });
         let tid = tid.recv().unwrap();

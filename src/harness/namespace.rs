@@ -11,10 +11,20 @@
 //! ups-doctor itself dies) and the ranks are gone, the kernel unmounts the tmpfs and every
 //! segment in it goes too. No mount is ever added to the machine's own namespace.
 
-use std::ffi::CString;
-use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::ffi::{CStr, CString};
+use std::fs::File;
+use std::io::{self, Read};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
+
+use nix::errno::Errno;
+use nix::fcntl::OFlag;
+use nix::mount::{MsFlags, mount};
+use nix::sched::{CloneFlags, unshare};
+use nix::sys::prctl::set_pdeathsig;
+use nix::sys::signal::{Signal, kill};
+use nix::sys::wait::waitpid;
+use nix::unistd::{ForkResult, Pid, fork, getpid, getppid, pause, pipe2, write};
 
 /// Why a private `/dev/shm` could not be made.
 #[derive(Debug, thiserror::Error)]
@@ -29,7 +39,7 @@ pub struct NamespaceError {
 }
 
 fn hint(source: &io::Error) -> &'static str {
-    if matches!(source.raw_os_error(), Some(libc::EPERM) | Some(libc::EACCES)) {
+    if matches!(source.raw_os_error().map(Errno::from_raw), Some(Errno::EPERM | Errno::EACCES)) {
         "\nhint: `data.shm_size` runs the scenario in a private mount namespace, which needs root or \
          CAP_SYS_ADMIN (in a container: `--cap-add SYS_ADMIN` or `--privileged`); run ups-doctor as \
          root, or remove `data.shm_size` and give the container a small /dev/shm with `--shm-size`"
@@ -41,7 +51,7 @@ fn hint(source: &io::Error) -> &'static str {
 /// A tmpfs of a fixed size on `/dev/shm` inside a mount namespace of its own.
 #[derive(Debug)]
 pub struct PrivateShm {
-    holder: libc::pid_t,
+    holder: Pid,
     ns: OwnedFd,
 }
 
@@ -55,37 +65,24 @@ impl PrivateShm {
         let fail =
             |step: &'static str, source: io::Error| NamespaceError { size: label.to_string(), step, source };
         // Everything the child needs is prepared here: after fork it may not allocate.
-        let tmpfs = CString::new("tmpfs").expect("no NUL");
-        let target = CString::new("/dev/shm").expect("no NUL");
-        let root = CString::new("/").expect("no NUL");
         let options = CString::new(format!("size={bytes},mode=1777")).expect("no NUL");
-        let mut fds = [0; 2];
-        // SAFETY: valid out-array of two ints.
-        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-            return Err(fail("pipe2", io::Error::last_os_error()));
-        }
-        // SAFETY: both fds were just created and are owned here.
-        let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-        let parent = std::process::id() as libc::pid_t;
-        // SAFETY: the child runs only async-signal-safe system calls (prctl, close_range,
-        // unshare, mount, write, pause, _exit) and never returns into Rust code.
-        let pid = unsafe { libc::fork() };
-        if pid < 0 {
-            return Err(fail("fork", io::Error::last_os_error()));
-        }
-        if pid == 0 {
-            // SAFETY: see above; every pointer was prepared before the fork.
-            unsafe { holder(parent, write.as_raw_fd(), &tmpfs, &target, &root, &options) }
-        }
+        let (read, write) = pipe2(OFlag::O_CLOEXEC).map_err(|e| fail("pipe2", e.into()))?;
+        let parent = getpid();
+        // SAFETY: the child runs only async-signal-safe system calls (prctl, getppid, close_range,
+        // unshare, mount, write, pause, _exit; nix's wrappers of them allocate nothing for these
+        // C-string arguments) and never returns into the caller's code.
+        let pid = match unsafe { fork() } {
+            Ok(ForkResult::Child) => holder(parent, &write, &options),
+            Ok(ForkResult::Parent { child }) => child,
+            Err(e) => return Err(fail("fork", e.into())),
+        };
         drop(write);
         let mut report = [0u8; 5];
-        let n = read_full(read.as_raw_fd(), &mut report);
+        let n = read_full(&File::from(read), &mut report);
+        // Our own child, not yet reaped: its pid cannot have been reused.
         let reap = || {
-            // SAFETY: our own child.
-            unsafe {
-                libc::kill(pid, libc::SIGKILL);
-                libc::waitpid(pid, std::ptr::null_mut(), 0);
-            }
+            let _ = kill(pid, Signal::SIGKILL);
+            let _ = waitpid(pid, None);
         };
         if n != report.len() {
             reap();
@@ -97,16 +94,13 @@ impl PrivateShm {
             let step = STEPS.get(report[0] as usize).copied().unwrap_or("setup");
             return Err(fail(step, io::Error::from_raw_os_error(errno)));
         }
-        let path = CString::new(format!("/proc/{pid}/ns/mnt")).expect("no NUL");
-        // SAFETY: a valid path; the fd is owned below.
-        let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
-        if fd < 0 {
-            let e = io::Error::last_os_error();
-            reap();
-            return Err(fail("open /proc/<holder>/ns/mnt", e));
+        match File::open(format!("/proc/{pid}/ns/mnt")) {
+            Ok(ns) => Ok(PrivateShm { holder: pid, ns: ns.into() }),
+            Err(e) => {
+                reap();
+                Err(fail("open /proc/<holder>/ns/mnt", e))
+            }
         }
-        // SAFETY: just opened, owned here.
-        Ok(PrivateShm { holder: pid, ns: unsafe { OwnedFd::from_raw_fd(fd) } })
     }
 
     /// The namespace to join (`setns(fd, CLONE_NEWNS)`) before exec.
@@ -123,86 +117,70 @@ impl PrivateShm {
 impl Drop for PrivateShm {
     /// Kills and reaps the holder; the namespace and its tmpfs go with the last of the ranks.
     fn drop(&mut self) {
-        // SAFETY: our own child.
-        unsafe {
-            libc::kill(self.holder, libc::SIGKILL);
-            libc::waitpid(self.holder, std::ptr::null_mut(), 0);
-        }
+        // Our own child, reaped only here: its pid names it until then.
+        let _ = kill(self.holder, Signal::SIGKILL);
+        let _ = waitpid(self.holder, None);
     }
 }
 
-fn read_full(fd: RawFd, buf: &mut [u8]) -> usize {
+fn read_full(mut from: &File, buf: &mut [u8]) -> usize {
     let mut got = 0;
     while got < buf.len() {
-        // SAFETY: writes at most the remaining length into `buf`.
-        let n = unsafe { libc::read(fd, buf[got..].as_mut_ptr().cast(), buf.len() - got) };
-        if n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
-            continue;
+        match from.read(&mut buf[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(_) => break,
         }
-        if n <= 0 {
-            break;
-        }
-        got += n as usize;
     }
     got
 }
 
-/// The holder's life after fork. Never returns.
-///
-/// # Safety
-/// Call only in the child of `fork`, with pointers prepared before it.
-unsafe fn holder(
-    parent: libc::pid_t,
-    report: RawFd,
-    tmpfs: &CString,
-    target: &CString,
-    root: &CString,
-    options: &CString,
-) -> ! {
-    let tell = |step: u8, errno: i32| {
-        let e = errno.to_ne_bytes();
-        let msg = [step, e[0], e[1], e[2], e[3]];
-        // SAFETY: a valid buffer and our pipe's write end.
-        unsafe { libc::write(report, msg.as_ptr().cast(), msg.len()) };
+/// The holder's life after fork, in the child only: it turns the calling process into the
+/// namespace's holder and never returns.
+fn holder(parent: Pid, report: &OwnedFd, options: &CStr) -> ! {
+    let tell = |step: u8, errno: Errno| {
+        let e = (errno as i32).to_ne_bytes();
+        let _ = write(report, &[step, e[0], e[1], e[2], e[3]]);
     };
-    let errno = || io::Error::last_os_error().raw_os_error().unwrap_or(0);
-    // SAFETY: plain system calls on values prepared before the fork.
+    let exit = || -> ! {
+        // SAFETY: _exit(2) ends the forked child without running the parent's atexit handlers or
+        // destructors (std's `exit` would); nix has no wrapper for it.
+        unsafe { libc::_exit(1) }
+    };
+    // Die with ups-doctor even when it is SIGKILLed: the namespace must not outlive the run.
+    let _ = set_pdeathsig(Signal::SIGKILL);
+    if getppid() != parent {
+        exit();
+    }
+    // Hold no other file of the harness (a rank's pipe held here would never reach EOF).
+    let keep = report.as_raw_fd() as u32;
+    // SAFETY: close_range(2) on descriptors no Rust object of this single-threaded child uses
+    // again (the child never returns into the code that owns them); nix has no close_range.
     unsafe {
-        // Die with ups-doctor even when it is SIGKILLed: the namespace must not outlive the run.
-        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-        if libc::getppid() != parent {
-            libc::_exit(1);
+        if keep > 3 {
+            libc::syscall(libc::SYS_close_range, 3u32, keep - 1, 0u32);
         }
-        // Hold no other file of the harness (a rank's pipe held here would never reach EOF).
-        if report > 3 {
-            libc::syscall(libc::SYS_close_range, 3u32, (report - 1) as u32, 0u32);
-        }
-        libc::syscall(libc::SYS_close_range, (report + 1) as u32, u32::MAX, 0u32);
-        if libc::unshare(libc::CLONE_NEWNS) != 0 {
-            tell(1, errno());
-            libc::_exit(1);
-        }
-        if libc::mount(
-            std::ptr::null(),
-            root.as_ptr(),
-            std::ptr::null(),
-            libc::MS_REC | libc::MS_PRIVATE,
-            std::ptr::null(),
-        ) != 0
-        {
-            tell(2, errno());
-            libc::_exit(1);
-        }
-        let flags = libc::MS_NOSUID | libc::MS_NODEV;
-        if libc::mount(tmpfs.as_ptr(), target.as_ptr(), tmpfs.as_ptr(), flags, options.as_ptr().cast()) != 0 {
-            tell(3, errno());
-            libc::_exit(1);
-        }
-        tell(0, 0);
-        libc::close(report);
-        loop {
-            libc::pause();
-        }
+        libc::syscall(libc::SYS_close_range, keep + 1, u32::MAX, 0u32);
+    }
+    if let Err(e) = unshare(CloneFlags::CLONE_NEWNS) {
+        tell(1, e);
+        exit();
+    }
+    if let Err(e) =
+        mount(None::<&CStr>, c"/", None::<&CStr>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&CStr>)
+    {
+        tell(2, e);
+        exit();
+    }
+    let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+    if let Err(e) = mount(Some(c"tmpfs"), c"/dev/shm", Some(c"tmpfs"), flags, Some(options)) {
+        tell(3, e);
+        exit();
+    }
+    tell(0, Errno::from_raw(0));
+    loop {
+        pause();
     }
 }
 
@@ -212,11 +190,8 @@ mod tests {
 
     #[test]
     fn a_refusal_says_what_is_needed() {
-        let e = NamespaceError {
-            size: "64m".into(),
-            step: "unshare(CLONE_NEWNS)",
-            source: io::Error::from_raw_os_error(libc::EPERM),
-        };
+        let e =
+            NamespaceError { size: "64m".into(), step: "unshare(CLONE_NEWNS)", source: Errno::EPERM.into() };
         let text = e.to_string();
         assert!(
             text.starts_with(
@@ -233,7 +208,7 @@ mod tests {
         let shm = match PrivateShm::create(8 << 20, "8m") {
             Ok(shm) => shm,
             // Not root here: the refusal is the expected, explained outcome.
-            Err(e) if matches!(e.source.raw_os_error(), Some(libc::EPERM)) => return,
+            Err(e) if e.source.raw_os_error() == Some(Errno::EPERM as i32) => return,
             Err(e) => panic!("{e}"),
         };
         let usage = crate::probe::shm::usage(&shm.dir()).expect("statvfs through /proc/<holder>/root");

@@ -8,6 +8,10 @@
 
 use std::collections::BTreeMap;
 
+use nix::time::{ClockId, clock_gettime};
+
+use crate::protocol::Signal;
+
 use super::classify::RankEnd;
 use super::memory::ProcSample;
 use super::os::cgroup::ScenarioCgroup;
@@ -116,7 +120,8 @@ fn from_counter(count: u64, ends: &[RankEnd]) -> Vec<u32> {
     let mut candidates: Vec<u32> = ends
         .iter()
         .filter(|e| {
-            e.torn_down_with.is_none() && matches!(e.exit, Some(Exit::Signal { signal: libc::SIGKILL, .. }))
+            e.torn_down_with.is_none()
+                && matches!(e.exit, Some(Exit::Signal { signal, .. }) if signal == Signal::SIGKILL as i32)
         })
         .filter_map(|e| e.pid)
         .collect();
@@ -147,11 +152,10 @@ fn attribute(pid: u32, ends: &[RankEnd], seen: &BTreeMap<u32, u32>) -> (Option<u
     (seen.get(&pid).copied(), None)
 }
 
+/// `CLOCK_MONOTONIC` in µs: the clock `/dev/kmsg` stamps its records with.
 fn monotonic_us() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: a valid out-pointer; CLOCK_MONOTONIC always exists.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000 + ts.tv_nsec as u64 / 1000
+    let ts = clock_gettime(ClockId::CLOCK_MONOTONIC).expect("CLOCK_MONOTONIC always exists");
+    ts.tv_sec() as u64 * 1_000_000 + ts.tv_nsec() as u64 / 1000
 }
 
 #[cfg(test)]
@@ -183,7 +187,7 @@ mod tests {
 
     #[test]
     fn the_counter_names_a_pid_only_when_one_sigkill_is_unexplained() {
-        let killed = Some(Exit::Signal { signal: libc::SIGKILL, core_dumped: false });
+        let killed = Some(Exit::Signal { signal: Signal::SIGKILL as i32, core_dumped: false });
         let mut torn = end(1, 21, killed);
         torn.torn_down_with = Some(crate::schema::Signal::KILL);
         assert_eq!(from_counter(1, &[end(0, 20, killed), torn.clone()]), [20]);

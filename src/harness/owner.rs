@@ -21,6 +21,10 @@
 
 use std::io;
 
+use nix::errno::Errno;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
 use crate::protocol::RUN_ID_ENV;
 
 use crate::probe::memory;
@@ -80,11 +84,14 @@ pub fn identify(pid: u32) -> Option<Identity> {
 impl Run {
     /// Whether `who` is still the process first seen, and this run's.
     pub fn check(&self, who: Identity) -> Result<(), NotOurs> {
-        let stat = memory::read_stat(who.pid).filter(|s| !s.zombie()).ok_or(NotOurs::Gone)?;
+        // One handle for both reads: the environment read is of the process whose start time
+        // was just checked, or it fails.
+        let process = memory::ProcHandle::open(who.pid).ok_or(NotOurs::Gone)?;
+        let stat = process.stat().filter(|s| !s.zombie()).ok_or(NotOurs::Gone)?;
         if stat.start_ticks != who.start_ticks {
             return Err(NotOurs::Recycled);
         }
-        if !memory::environ_has(who.pid, RUN_ID_ENV, &self.run_id) {
+        if !process.environ_has(RUN_ID_ENV, &self.run_id) {
             return Err(NotOurs::NoRunId);
         }
         let pgid = stat.pgid;
@@ -117,15 +124,13 @@ impl Run {
         self.check(who).map_err(SignalError::NotOurs)?;
         let sent = match &pidfd {
             Ok(fd) => pidfd::send_signal(fd, signal),
-            Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => {
-                // SAFETY: kill(2) on a process just checked to be this run's.
-                if unsafe { libc::kill(who.pid as i32, signal) } == 0 {
-                    Ok(())
-                } else {
-                    Err(io::Error::last_os_error())
-                }
+            Err(e) if e.raw_os_error() == Some(Errno::ENOSYS as i32) => {
+                // kill(2) on a process just checked to be this run's.
+                Signal::try_from(signal)
+                    .and_then(|signal| kill(Pid::from_raw(who.pid as i32), signal))
+                    .map_err(io::Error::from)
             }
-            Err(e) => Err(io::Error::from_raw_os_error(e.raw_os_error().unwrap_or(libc::ESRCH))),
+            Err(e) => Err(io::Error::from_raw_os_error(e.raw_os_error().unwrap_or(Errno::ESRCH as i32))),
         };
         sent.map_err(SignalError::Os)
     }
@@ -157,8 +162,7 @@ mod tests {
         let child = cmd.spawn().unwrap();
         // `/proc/PID/environ` is the new program's only once exec is done.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        while std::fs::read_to_string(format!("/proc/{}/cmdline", child.id()))
-            .is_ok_and(|c| !c.starts_with("sleep"))
+        while memory::cmdline(child.id()).is_some_and(|c| !c.starts_with("sleep"))
             && std::time::Instant::now() < deadline
         {
             std::thread::sleep(std::time::Duration::from_millis(5));
@@ -172,7 +176,7 @@ mod tests {
         let run = Run { run_id: "owner-test-1".into(), groups: vec![child.id()] };
         let who = identify(child.id()).unwrap();
         assert_eq!(run.check(who), Ok(()));
-        run.signal(who, libc::SIGKILL).unwrap();
+        run.signal(who, Signal::SIGKILL as i32).unwrap();
         assert!(child.wait().unwrap().code().is_none());
     }
 
@@ -185,9 +189,15 @@ mod tests {
         // What a pid reused since it was first seen looks like: the same pid, another start time.
         let earlier = Identity { pid: who.pid, start_ticks: who.start_ticks.wrapping_sub(1) };
         assert_eq!(run.check(earlier), Err(NotOurs::Recycled));
-        assert!(matches!(run.signal(earlier, libc::SIGKILL), Err(SignalError::NotOurs(NotOurs::Recycled))));
+        assert!(matches!(
+            run.signal(earlier, Signal::SIGKILL as i32),
+            Err(SignalError::NotOurs(NotOurs::Recycled))
+        ));
         let stranger = identify(foreign.id()).unwrap();
-        assert!(matches!(run.signal(stranger, libc::SIGKILL), Err(SignalError::NotOurs(NotOurs::NoRunId))));
+        assert!(matches!(
+            run.signal(stranger, Signal::SIGKILL as i32),
+            Err(SignalError::NotOurs(NotOurs::NoRunId))
+        ));
         let other_groups = Run { run_id: "owner-test-2".into(), groups: vec![] };
         // Its group is led by itself, and it carries the run id: a group of the run.
         assert_eq!(other_groups.check(who), Ok(()));

@@ -97,11 +97,5 @@ fn describe(r: &RankState, total_steps: u64) -> String {
 }
 
 fn terminal_width() -> usize {
-    let mut ws: libc::winsize = unsafe { std::mem::zeroed() };
-    // SAFETY: TIOCGWINSZ with a valid out-pointer.
-    if unsafe { libc::ioctl(libc::STDERR_FILENO, libc::TIOCGWINSZ, &mut ws) } == 0 && ws.ws_col > 0 {
-        ws.ws_col as usize
-    } else {
-        100
-    }
+    super::os::terminal_columns().unwrap_or(100)
 }

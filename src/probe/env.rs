@@ -4,6 +4,9 @@
 use std::fs;
 use std::path::Path;
 
+use nix::sys::resource::{RLIM_INFINITY, Resource, getrlimit, rlim_t};
+use procfs::Current;
+use procfs::process::Process;
 use crate::scenario::human_bytes;
 use serde::{Deserialize, Serialize};
 
@@ -159,11 +162,13 @@ impl EnvSummary {
         variables.sort();
         redact_variables(&mut variables);
         let cgroup = own_cgroup_dir();
+        // The kernel's names for this host (what /proc/sys/kernel/{hostname,osrelease} show).
+        let uts = nix::sys::utsname::uname().ok();
         EnvSummary {
             tool_version: env!("CARGO_PKG_VERSION").to_string(),
-            hostname: read_trim("/proc/sys/kernel/hostname").unwrap_or_default(),
+            hostname: uts.as_ref().map(|u| u.nodename().to_string_lossy().into_owned()).unwrap_or_default(),
             os: os_pretty_name().unwrap_or_else(|| std::env::consts::OS.to_string()),
-            kernel: read_trim("/proc/sys/kernel/osrelease").unwrap_or_default(),
+            kernel: uts.as_ref().map(|u| u.release().to_string_lossy().into_owned()).unwrap_or_default(),
             arch: std::env::consts::ARCH.to_string(),
             cpus: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
             memory_total_bytes: meminfo_total(),
@@ -171,8 +176,8 @@ impl EnvSummary {
             libtorch_lib: env!("UPS_DOCTOR_LIBTORCH_LIB").to_string(),
             shm_total_bytes: shm_total,
             shm_used_bytes: shm_used,
-            open_files_limit: rlimit(libc::RLIMIT_NOFILE, |v| v.to_string()),
-            locked_memory_limit: rlimit(libc::RLIMIT_MEMLOCK, human_bytes),
+            open_files_limit: rlimit(Resource::RLIMIT_NOFILE, |v| v.to_string()),
+            locked_memory_limit: rlimit(Resource::RLIMIT_MEMLOCK, human_bytes),
             cgroup_memory_max: cgroup.as_ref().and_then(|d| read_trim(&format!("{d}/memory.max"))),
             cgroup_cpu_max: cgroup.as_ref().and_then(|d| read_trim(&format!("{d}/cpu.max"))),
             container: detect_container(),
@@ -192,42 +197,30 @@ fn os_pretty_name() -> Option<String> {
     text.lines().find_map(|l| l.strip_prefix("PRETTY_NAME=")).map(|v| v.trim_matches('"').to_string())
 }
 
+/// `MemTotal` of `/proc/meminfo`, in bytes.
 fn meminfo_total() -> Option<u64> {
-    let text = fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
+    procfs::Meminfo::current().ok().map(|m| m.mem_total)
 }
 
 /// Total and available bytes of the filesystem at `path`.
 pub fn statvfs_bytes(path: &Path) -> Option<(u64, u64)> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: `c` is a valid NUL-terminated path and `st` a valid out-pointer.
-    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
-        return None;
-    }
-    let frsize = st.f_frsize as u64;
-    Some((st.f_blocks as u64 * frsize, st.f_bavail as u64 * frsize))
+    let st = nix::sys::statvfs::statvfs(path).ok()?;
+    let frsize = st.fragment_size() as u64;
+    Some((st.blocks() as u64 * frsize, st.blocks_available() as u64 * frsize))
 }
 
 /// A resource limit as `soft (hard …)`, each shown by `show` unless unlimited.
-fn rlimit(resource: libc::__rlimit_resource_t, show: impl Fn(libc::rlim_t) -> String) -> Option<String> {
-    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: `lim` is a valid out-pointer.
-    if unsafe { libc::getrlimit(resource, &mut lim) } != 0 {
-        return None;
-    }
-    let show = |v: libc::rlim_t| if v == libc::RLIM_INFINITY { "unlimited".to_string() } else { show(v) };
-    Some(format!("{} (hard {})", show(lim.rlim_cur), show(lim.rlim_max)))
+fn rlimit(resource: Resource, show: impl Fn(rlim_t) -> String) -> Option<String> {
+    let (soft, hard) = getrlimit(resource).ok()?;
+    let show = |v: rlim_t| if v == RLIM_INFINITY { "unlimited".to_string() } else { show(v) };
+    Some(format!("{} (hard {})", show(soft), show(hard)))
 }
 
+/// The cgroup v2 directory this process is in (`0::/path` in `/proc/self/cgroup`).
 fn own_cgroup_dir() -> Option<String> {
-    let text = fs::read_to_string("/proc/self/cgroup").ok()?;
-    // cgroup v2: a single line `0::/path`.
-    let rel = text.lines().find_map(|l| l.strip_prefix("0::"))?;
-    Some(format!("/sys/fs/cgroup{}", rel.trim_end_matches('/')))
+    let groups = Process::myself().ok()?.cgroups().ok()?;
+    let v2 = groups.0.iter().find(|g| g.hierarchy == 0 && g.controllers.is_empty())?;
+    Some(format!("/sys/fs/cgroup{}", v2.pathname.trim_end_matches('/')))
 }
 
 fn detect_container() -> Option<String> {
@@ -240,8 +233,11 @@ fn detect_container() -> Option<String> {
     if std::env::var_os("KUBERNETES_SERVICE_HOST").is_some() {
         return Some("kubernetes".into());
     }
-    let cgroup = fs::read_to_string("/proc/1/cgroup").unwrap_or_default();
-    ["docker", "kubepods", "containerd", "lxc"].into_iter().find(|k| cgroup.contains(k)).map(str::to_string)
+    let init = Process::new(1).and_then(|p| p.cgroups()).map(|g| g.0).unwrap_or_default();
+    ["docker", "kubepods", "containerd", "lxc"]
+        .into_iter()
+        .find(|k| init.iter().any(|g| g.pathname.contains(k)))
+        .map(str::to_string)
 }
 
 #[cfg(test)]

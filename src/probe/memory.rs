@@ -1,8 +1,12 @@
 //! Per-process memory from procfs: `smaps_rollup` (RSS, PSS, USS, shared) and the process table
-//! (`/proc/<pid>/stat`: command, state, process group). Parsing is pure and tested on recorded
-//! text; the `read_*` functions and [`processes`] are the procfs edge.
+//! (`/proc/<pid>/stat`: command, state, process group, start time, a zombie's wait status), and
+//! the environment a process started with. The procfs crate parses; `parse_*` take recorded text
+//! (tested), the `read_*` functions, [`processes`] and `environ_*` are the procfs edge.
 
-use std::fs;
+use std::ffi::OsStr;
+
+use procfs::process::{Process, SmapsRollup, Stat};
+use procfs::{FromBufRead, FromRead};
 
 /// One process's memory, in bytes, from `/proc/<pid>/smaps_rollup`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -27,6 +31,9 @@ pub struct ProcStat {
     pub pgid: u32,
     /// When it started, in clock ticks since boot: with the pid, names one process for good.
     pub start_ticks: u64,
+    /// The wait status of a zombie (field 52, Linux 3.5+): how a process that is not our child
+    /// ended, readable until its parent reaps it. `None` on older kernels; 0 while it runs.
+    pub exit_code: Option<i32>,
 }
 
 impl ProcStat {
@@ -35,88 +42,106 @@ impl ProcStat {
     }
 }
 
-/// Parses `smaps_rollup`; `None` when a line the figures need is missing (a kernel thread, or a
-/// process that exited while being read).
+/// Parses `smaps_rollup` (through procfs); `None` when a line the figures need is missing (a
+/// kernel thread, or a process that exited while being read).
 pub fn parse_smaps_rollup(text: &str) -> Option<Rollup> {
-    let mut fields = [None::<u64>; 6];
-    const NAMES: [&str; 6] =
-        ["Rss:", "Pss:", "Private_Clean:", "Private_Dirty:", "Shared_Clean:", "Shared_Dirty:"];
-    for line in text.lines() {
-        let mut parts = line.split_whitespace();
-        let (Some(name), Some(value)) = (parts.next(), parts.next()) else {
-            continue;
-        };
-        if let Some(i) = NAMES.iter().position(|n| *n == name) {
-            // Values are in kB (KiB) whatever the unit column says.
-            fields[i] = value.parse::<u64>().ok().map(|kib| kib * 1024);
-        }
-    }
-    let [rss, pss, private_clean, private_dirty, shared_clean, shared_dirty] = fields;
+    rollup(&SmapsRollup::from_buf_read(text.as_bytes()).ok()?)
+}
+
+fn rollup(r: &SmapsRollup) -> Option<Rollup> {
+    // procfs gives every figure in bytes, keyed by the line's name without its colon.
+    let map = &r.memory_map_rollup.0.first()?.extension.map;
+    let get = |name: &str| map.get(name).copied();
     Some(Rollup {
-        rss: rss?,
-        pss: pss?,
-        uss: private_clean? + private_dirty?,
-        shared: shared_clean? + shared_dirty?,
+        rss: get("Rss")?,
+        pss: get("Pss")?,
+        uss: get("Private_Clean")? + get("Private_Dirty")?,
+        shared: get("Shared_Clean")? + get("Shared_Dirty")?,
     })
 }
 
-/// Parses `/proc/<pid>/stat`. The command sits in parentheses and may itself contain spaces and
-/// parentheses, so the fields after it are found from the last `)`.
+/// Parses the text of `/proc/<pid>/stat` (through procfs, which finds the fields after the
+/// command from its last `)`: a command may itself contain spaces and parentheses).
 pub fn parse_stat(text: &str) -> Option<ProcStat> {
-    let open = text.find('(')?;
-    let close = text.rfind(')')?;
-    let pid = text[..open].trim().parse().ok()?;
-    let command = text.get(open + 1..close)?.to_string();
-    let mut rest = text[close + 1..].split_whitespace();
-    let state = rest.next()?.chars().next()?;
-    let ppid = rest.next()?.parse().ok()?;
-    let pgid = rest.next()?.parse().ok()?;
-    // After pgrp: session … starttime is the 17th field on (field 22 of stat(5)).
-    let start_ticks = rest.nth(16)?.parse().ok()?;
-    Some(ProcStat { pid, command, state, ppid, pgid, start_ticks })
+    Stat::from_read(text.as_bytes()).ok().map(|s| proc_stat(&s))
+}
+
+fn proc_stat(s: &Stat) -> ProcStat {
+    ProcStat {
+        pid: s.pid as u32,
+        command: s.comm.clone(),
+        state: s.state,
+        ppid: s.ppid as u32,
+        pgid: s.pgrp as u32,
+        start_ticks: s.starttime,
+        exit_code: s.exit_code,
+    }
+}
+
+fn process(pid: u32) -> Option<Process> {
+    Process::new(i32::try_from(pid).ok()?).ok()
+}
+
+/// One process, opened once (a descriptor on its `/proc/<pid>` directory): every read through it
+/// is of that same process, so a pid reused between two reads fails the later one instead of
+/// answering for the newcomer.
+pub struct ProcHandle(Process);
+
+impl ProcHandle {
+    /// `pid`'s `/proc` directory, or `None` when there is no such process.
+    pub fn open(pid: u32) -> Option<ProcHandle> {
+        process(pid).map(ProcHandle)
+    }
+
+    /// Its `stat`, or `None` once it is gone.
+    pub fn stat(&self) -> Option<ProcStat> {
+        self.0.stat().ok().map(|s| proc_stat(&s))
+    }
+
+    /// Whether the environment it started with holds `key=value` (false when unreadable).
+    pub fn environ_has(&self, key: &str, value: &str) -> bool {
+        self.0.environ().is_ok_and(|env| env.get(OsStr::new(key)).is_some_and(|v| v == value))
+    }
+
+    /// The value of `key` in the environment it started with.
+    pub fn environ_var(&self, key: &str) -> Option<String> {
+        self.0.environ().ok()?.get(OsStr::new(key)).map(|v| v.to_string_lossy().into_owned())
+    }
 }
 
 /// `/proc/<pid>/smaps_rollup`, or `None` when the process is gone or unreadable.
 pub fn read_smaps_rollup(pid: u32) -> Option<Rollup> {
-    parse_smaps_rollup(&fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?)
+    rollup(&process(pid)?.smaps_rollup().ok()?)
 }
 
 /// `/proc/<pid>/stat`, or `None` when the process is gone or unreadable.
 pub fn read_stat(pid: u32) -> Option<ProcStat> {
-    parse_stat(&fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+    ProcHandle::open(pid)?.stat()
 }
 
 /// Every process on the machine, from `/proc/*/stat` (processes that vanish while being read
 /// are skipped).
 pub fn processes() -> Vec<ProcStat> {
-    let Ok(entries) = fs::read_dir("/proc") else {
+    let Ok(all) = procfs::process::all_processes() else {
         return Vec::new();
     };
-    entries
-        .filter_map(|e| e.ok())
-        .filter(|e| e.file_name().to_str().is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit())))
-        .filter_map(|e| fs::read_to_string(e.path().join("stat")).ok())
-        .filter_map(|text| parse_stat(&text))
-        .collect()
+    all.filter_map(|p| p.ok()?.stat().ok()).map(|s| proc_stat(&s)).collect()
+}
+
+/// `/proc/<pid>/cmdline`, its arguments joined by spaces (empty for a zombie or a kernel
+/// thread); `None` when the process is gone, unreadable or its arguments are not UTF-8.
+pub fn cmdline(pid: u32) -> Option<String> {
+    process(pid)?.cmdline().ok().map(|args| args.join(" "))
 }
 
 /// Whether `/proc/<pid>/environ` holds `key=value` (false when it cannot be read).
 pub fn environ_has(pid: u32, key: &str, value: &str) -> bool {
-    let Ok(bytes) = fs::read(format!("/proc/{pid}/environ")) else {
-        return false;
-    };
-    let wanted = format!("{key}={value}");
-    bytes.split(|&b| b == 0).any(|entry| entry == wanted.as_bytes())
+    ProcHandle::open(pid).is_some_and(|p| p.environ_has(key, value))
 }
 
 /// The value of `key` in `/proc/<pid>/environ` (the environment the process started with).
 pub fn environ_var(pid: u32, key: &str) -> Option<String> {
-    let bytes = fs::read(format!("/proc/{pid}/environ")).ok()?;
-    let prefix = format!("{key}=");
-    bytes
-        .split(|&b| b == 0)
-        .find_map(|entry| entry.strip_prefix(prefix.as_bytes()))
-        .map(|v| String::from_utf8_lossy(v).into_owned())
+    ProcHandle::open(pid)?.environ_var(key)
 }
 
 #[cfg(test)]
@@ -157,11 +182,14 @@ Swap:                  0 kB
         assert_eq!(parse_smaps_rollup("Rss: 4 kB\nPss: 4 kB\n"), None);
     }
 
+    /// Fields 23 to 52 of a `/proc/<pid>/stat` recorded on kernel 6.8 (vsize … exit_code).
+    const TAIL: &str = "3133440 390 18446744073709551615 94671015645184 94671015665065 140736041264128 0 0 0 0 0 0 0 0 0 17 0 0 0 0 0 0 94671015681072 94671015682688 94671448465408 140736041269909 140736041269929 140736041269929 140736041271275 0\n";
+
     #[test]
     fn stat_survives_odd_command_names() {
-        let s = parse_stat(
-            "4242 (pt_data (worker) 1) S 4200 4200 4200 0 -1 4194624 301 0 0 0 5 3 0 0 20 0 1 0 77 9 3",
-        )
+        let s = parse_stat(&format!(
+            "4242 (pt_data (worker) 1) S 4200 4200 4200 0 -1 4194624 301 0 0 0 5 3 0 0 20 0 1 0 77 {TAIL}"
+        ))
         .unwrap();
         assert_eq!(
             s,
@@ -171,12 +199,21 @@ Swap:                  0 kB
                 state: 'S',
                 ppid: 4200,
                 pgid: 4200,
-                start_ticks: 77
+                start_ticks: 77,
+                exit_code: Some(0),
             }
         );
         assert!(!s.zombie());
-        assert!(parse_stat("4243 (x) Z 1 4200 4200 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 78").unwrap().zombie());
+        // A zombie that exited with code 3 (wait status 3 << 8) in its last field.
+        let zombie = parse_stat(&format!(
+            "4243 (x) Z 1 4200 4200 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 78 {}",
+            TAIL.replace(" 0\n", " 768\n")
+        ))
+        .unwrap();
+        assert!(zombie.zombie());
+        assert_eq!(zombie.exit_code, Some(768));
         assert_eq!(parse_stat("garbage"), None);
+        assert_eq!(parse_stat("4244 (x) S 1 4200 4200 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0"), None);
     }
 
     #[test]
@@ -185,5 +222,13 @@ Swap:                  0 kB
         let r = read_smaps_rollup(me).expect("own smaps_rollup");
         assert!(r.rss > 0 && r.pss > 0 && r.pss <= r.rss);
         assert!(processes().iter().any(|p| p.pid == me));
+        let stat = read_stat(me).expect("own stat");
+        assert_eq!((stat.pid, stat.zombie(), stat.exit_code), (me, false, Some(0)));
+        // The test harness started this process with a PATH; a made-up variable is not there.
+        let path = std::env::var("PATH").unwrap();
+        assert!(environ_has(me, "PATH", &path));
+        assert_eq!(environ_var(me, "PATH").as_deref(), Some(path.as_str()));
+        assert!(!environ_has(me, "PATH", "/nowhere"));
+        assert_eq!(environ_var(me, "UPS_DOCTOR_NO_SUCH_VARIABLE"), None);
     }
 }

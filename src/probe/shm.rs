@@ -25,17 +25,10 @@ pub struct Segment {
 
 /// `statvfs` of `dir`: total and used bytes.
 pub fn usage(dir: &Path) -> Option<Usage> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
-    // SAFETY: a plain-data out-struct.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: `c` is a valid NUL-terminated path and `st` a valid out-pointer.
-    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
-        return None;
-    }
-    let frsize = st.f_frsize as u64;
-    let total = st.f_blocks as u64 * frsize;
-    Some(Usage { total, used: total.saturating_sub(st.f_bfree as u64 * frsize) })
+    let st = nix::sys::statvfs::statvfs(dir).ok()?;
+    let frsize = st.fragment_size() as u64;
+    let total = st.blocks() as u64 * frsize;
+    Some(Usage { total, used: total.saturating_sub(st.blocks_free() as u64 * frsize) })
 }
 
 /// The regular files directly in `dir`, sorted by name (nothing when it cannot be read).

@@ -4,6 +4,8 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use crate::protocol::Signal as Nix;
+
 /// A signal by number, written in `result.json` by name: `"SIGSEGV"`, or `"SIG42"` for one
 /// without a name (a real-time signal). Comparing two is comparing numbers, never spellings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -11,17 +13,17 @@ use serde::{Deserialize, Serialize};
 pub struct Signal(i32);
 
 impl Signal {
-    // Linux's numbers, the same on x86-64 and aarch64 (the tool runs on Linux only); a unit test
-    // checks them against the platform's through `protocol::signal_number`.
-    pub const HUP: Signal = Signal(1);
-    pub const INT: Signal = Signal(2);
-    pub const ILL: Signal = Signal(4);
-    pub const ABRT: Signal = Signal(6);
-    pub const BUS: Signal = Signal(7);
-    pub const FPE: Signal = Signal(8);
-    pub const KILL: Signal = Signal(9);
-    pub const SEGV: Signal = Signal(11);
-    pub const TERM: Signal = Signal(15);
+    // The platform's numbers, as nix knows them (they differ between architectures, so nothing
+    // here spells one out); the named ones are those the verdicts speak of.
+    pub const HUP: Signal = Signal(Nix::SIGHUP as i32);
+    pub const INT: Signal = Signal(Nix::SIGINT as i32);
+    pub const ILL: Signal = Signal(Nix::SIGILL as i32);
+    pub const ABRT: Signal = Signal(Nix::SIGABRT as i32);
+    pub const BUS: Signal = Signal(Nix::SIGBUS as i32);
+    pub const FPE: Signal = Signal(Nix::SIGFPE as i32);
+    pub const KILL: Signal = Signal(Nix::SIGKILL as i32);
+    pub const SEGV: Signal = Signal(Nix::SIGSEGV as i32);
+    pub const TERM: Signal = Signal(Nix::SIGTERM as i32);
 
     pub const fn from_number(number: i32) -> Signal {
         Signal(number)

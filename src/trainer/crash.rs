@@ -51,10 +51,7 @@ pub fn install() {
 /// thread is started again (signal mask, handlers and alternate stack are inherited); a bus
 /// error is then also announced the way PyTorch's workers do.
 pub fn become_loader_worker() {
-    let forked = std::fs::read_dir("/proc/self/task")
-        .map(|d| d.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i64>().ok()).count())
-        .unwrap_or(1)
-        == 1;
+    let forked = own_threads().len() <= 1;
     if forked {
         let _ = std::thread::Builder::new().name("ups-stack-dump".into()).spawn(stack_dump_loop);
     }
@@ -246,20 +243,25 @@ fn stack_dump_loop() {
     }
 }
 
+/// This process's threads (procfs's `/proc/self/task`): id and name.
+fn own_threads() -> Vec<(i64, String)> {
+    let Ok(tasks) = procfs::process::Process::myself().and_then(|me| me.tasks()) else {
+        return Vec::new();
+    };
+    tasks
+        .filter_map(Result::ok)
+        .map(|t| (i64::from(t.tid), t.stat().map(|s| s.comm).unwrap_or_default()))
+        .collect()
+}
+
 /// Sends a `stack` marker for every thread but this one, then `stack_end`.
 pub fn dump_all_threads() {
-    // SAFETY: gettid has no preconditions.
-    let me = unsafe { libc::syscall(libc::SYS_gettid) };
+    let me = i64::from(nix::unistd::gettid().as_raw());
     let pid = std::process::id() as i32;
-    let mut tids: Vec<i64> = std::fs::read_dir("/proc/self/task")
-        .map(|dir| dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect())
-        .unwrap_or_default();
-    tids.sort_unstable();
+    let mut threads = own_threads();
+    threads.sort_unstable();
     let mut answered = 0;
-    for tid in tids.into_iter().filter(|&t| t != me) {
-        let thread = std::fs::read_to_string(format!("/proc/self/task/{tid}/comm"))
-            .map(|s| s.trim().to_string())
-            .unwrap_or_default();
+    for (tid, thread) in threads.into_iter().filter(|&(t, _)| t != me) {
         SLOT_READY.store(false, Ordering::SeqCst);
         SLOT_FOR.store(tid, Ordering::SeqCst);
         // SAFETY: tgkill to a thread of our own process.

@@ -13,10 +13,12 @@
 //! NCCL loader needs: the binary's rpath names the directory it was built against, but on GPU
 //! machines it runs against another libtorch through `LD_LIBRARY_PATH`.
 
-use std::ffi::{CStr, CString, OsStr};
-use std::os::unix::ffi::OsStrExt;
+use std::ffi::{OsStr, c_int, c_void};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
+
+use libloading::os::unix::{Library, RTLD_GLOBAL, RTLD_NOW};
+use procfs::process::{MMapPath, MemoryMaps, Process};
 
 /// What this process can do with CUDA.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,14 +62,13 @@ pub fn support() -> crate::probe::gpu_env::CudaSupport {
 /// The CUDA runtime libtorch loaded (`libcudart`, which even its CPU library links), as `13.0`;
 /// `None` for a libtorch without one. Needs no driver.
 pub fn runtime_version() -> Option<String> {
-    // SAFETY: looks a symbol up in the libraries already loaded; no library is opened.
-    let sym = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"cudaRuntimeGetVersion".as_ptr()) };
-    if sym.is_null() {
-        return None;
-    }
-    // SAFETY: `cudaError_t cudaRuntimeGetVersion(int*)` from cuda_runtime_api.h.
-    let get: unsafe extern "C" fn(*mut libc::c_int) -> libc::c_int = unsafe { std::mem::transmute(sym) };
-    let mut v: libc::c_int = 0;
+    // The libraries already loaded (dlopen of no file): nothing is opened or initialised.
+    let this = Library::this();
+    // SAFETY: `cudaError_t cudaRuntimeGetVersion(int*)` from cuda_runtime_api.h is the symbol's
+    // C signature.
+    let get =
+        unsafe { this.get::<unsafe extern "C" fn(*mut c_int) -> c_int>(b"cudaRuntimeGetVersion") }.ok()?;
+    let mut v: c_int = 0;
     // SAFETY: a valid out-pointer; the call needs no driver.
     (unsafe { get(&mut v) } == 0 && v > 0).then(|| format!("{}.{}", v / 1000, v % 1000 / 10))
 }
@@ -81,7 +82,7 @@ fn probe_in(dirs: &[PathBuf]) -> CudaProbe {
             format!("libtorch was built without CUDA: there is no libtorch_cuda.so in {}", show_dirs(dirs)),
         );
     };
-    if let Err(e) = dlopen(&path, libc::RTLD_NOW | libc::RTLD_GLOBAL) {
+    if let Err(e) = dlopen(&path, RTLD_NOW | RTLD_GLOBAL) {
         return unavailable(
             None,
             format!(
@@ -125,7 +126,7 @@ fn show_dirs(dirs: &[PathBuf]) -> String {
 /// in this process (read from `/proc/self/maps`), then the one the binary was built against.
 pub(crate) fn torch_lib_dirs() -> Vec<PathBuf> {
     let mut dirs = Vec::new();
-    if let Ok(maps) = std::fs::read_to_string("/proc/self/maps")
+    if let Ok(maps) = Process::myself().and_then(|me| me.maps())
         && let Some(dir) = loaded_library_dir(&maps, "libtorch_cpu.so")
     {
         dirs.push(dir);
@@ -137,42 +138,30 @@ pub(crate) fn torch_lib_dirs() -> Vec<PathBuf> {
     dirs
 }
 
-/// The directory of the first mapping of a file named `file_name` in a `/proc/<pid>/maps` text.
-pub(crate) fn loaded_library_dir(maps: &str, file_name: &str) -> Option<PathBuf> {
-    maps.lines().find_map(|line| {
-        // address perms offset dev inode path — the path is the sixth field and may hold spaces.
-        let path = line.splitn(6, char::is_whitespace).nth(5)?.trim_start();
-        let path = Path::new(path);
-        (path.is_absolute() && path.file_name() == Some(OsStr::new(file_name)))
-            .then(|| path.parent().map(Path::to_path_buf))
-            .flatten()
+/// The directory of the first mapping of a file named `file_name` in a `/proc/<pid>/maps`.
+pub(crate) fn loaded_library_dir(maps: &MemoryMaps, file_name: &str) -> Option<PathBuf> {
+    maps.iter().find_map(|m| match &m.pathname {
+        MMapPath::Path(path) if path.is_absolute() && path.file_name() == Some(OsStr::new(file_name)) => {
+            path.parent().map(Path::to_path_buf)
+        }
+        _ => None,
     })
 }
 
-/// `dlopen` with `flags`; the handle is kept for the life of the process (never closed). The
-/// error is `dlerror()`'s text.
-pub(crate) fn dlopen(path: &Path, flags: i32) -> Result<*mut libc::c_void, String> {
-    let c_path = CString::new(path.as_os_str().as_bytes())
-        .map_err(|_| format!("`{}` contains a NUL byte", path.display()))?;
-    dlopen_name(&c_path, flags)
+/// `dlopen` with `flags` (libloading's `RTLD_*` values); the handle is kept for the life of the
+/// process (never closed). The error is `dlerror()`'s text.
+pub(crate) fn dlopen(path: &Path, flags: c_int) -> Result<*mut c_void, String> {
+    dlopen_name(path.as_os_str(), flags)
 }
 
-/// `dlopen` of a bare name or path already in C form.
-pub(crate) fn dlopen_name(name: &CStr, flags: i32) -> Result<*mut libc::c_void, String> {
-    // SAFETY: `name` is NUL-terminated; loading runs the library's initialisers, which is the
-    // point. dlerror's text is copied before any other dl* call.
-    unsafe {
-        libc::dlerror();
-        let handle = libc::dlopen(name.as_ptr(), flags);
-        if handle.is_null() {
-            let err = libc::dlerror();
-            return Err(if err.is_null() {
-                "dlopen failed without a message".to_string()
-            } else {
-                CStr::from_ptr(err).to_string_lossy().into_owned()
-            });
-        }
-        Ok(handle)
+/// `dlopen` of a bare name (searched for as the dynamic linker does) or a path.
+pub(crate) fn dlopen_name(name: &OsStr, flags: c_int) -> Result<*mut c_void, String> {
+    // SAFETY: loading runs the library's initialisers, which is the point (libtorch_cuda's
+    // register CUDA with libtorch; NCCL's and the others' have no preconditions).
+    match unsafe { Library::open(Some(name), flags) } {
+        Ok(lib) => Ok(lib.into_raw()),
+        // libloading's own text is only "dlopen failed"; dlerror's is its source.
+        Err(e) => Err(std::error::Error::source(&e).map_or_else(|| e.to_string(), |why| why.to_string())),
     }
 }
 
@@ -188,15 +177,22 @@ mod tests {
 7f0000004000-7f0000005000 rw-p 00000000 00:00 0 
 7f0000006000-7f0000007000 r--p 00000000 08:01 789 /tmp/dir with space/lib/libtorch_cpu.so
 ";
+        let parse = |text: &str| {
+            use procfs::FromBufRead;
+            MemoryMaps::from_buf_read(text.as_bytes()).unwrap()
+        };
         assert_eq!(
-            loaded_library_dir(maps, "libtorch_cpu.so"),
+            loaded_library_dir(&parse(maps), "libtorch_cpu.so"),
             Some(PathBuf::from("/opt/venv/site-packages/torch/lib"))
         );
         assert_eq!(
-            loaded_library_dir(&maps.lines().skip(2).collect::<Vec<_>>().join("\n"), "libtorch_cpu.so"),
+            loaded_library_dir(
+                &parse(&maps.lines().skip(2).collect::<Vec<_>>().join("\n")),
+                "libtorch_cpu.so"
+            ),
             Some(PathBuf::from("/tmp/dir with space/lib"))
         );
-        assert_eq!(loaded_library_dir(maps, "libtorch_cuda.so"), None);
+        assert_eq!(loaded_library_dir(&parse(maps), "libtorch_cuda.so"), None);
     }
 
     #[test]

@@ -4,6 +4,8 @@
 
 use std::sync::{Arc, Barrier, Mutex};
 
+use nix::fcntl::{Flock, FlockArg};
+
 use crate::protocol::RUN_ID_ENV;
 use crate::scenario::{
     DEFAULT_LEAK_SIZE, Fault, FaultKind, ONE_OFF_PHASES, Scenario, parse_size, when_matches,
@@ -112,13 +114,9 @@ fn draw() -> f64 {
 /// Takes the next counter value from `path` under an exclusive lock.
 fn next_in_sequence(path: &std::path::Path) -> std::io::Result<u64> {
     use std::io::{Read, Seek, Write};
-    use std::os::fd::AsRawFd;
-    let mut file =
-        std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path)?;
-    // SAFETY: flock on an open fd; the lock is released when the file closes.
-    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
+    let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path)?;
+    // Released when the file closes, at the end of this function.
+    let mut file = Flock::lock(file, FlockArg::LockExclusive).map_err(|(_, e)| std::io::Error::from(e))?;
     let mut text = String::new();
     file.read_to_string(&mut text)?;
     let n: u64 = text.trim().parse().unwrap_or(0);
@@ -139,10 +137,10 @@ fn splitmix64(n: u64) -> u64 {
 /// A uniform number in [0, 1) from the kernel's randomness: a flaky fault must not follow
 /// `train.seed`, or every run with the same seed would fail the same way.
 fn os_random_unit() -> f64 {
+    use std::io::Read;
     let mut bytes = [0u8; 8];
-    // SAFETY: getrandom writes at most `bytes.len()` bytes into the buffer.
-    let n = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
-    if n != bytes.len() as isize {
+    let read = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes));
+    if read.is_err() {
         // No kernel randomness: fall back to the clock's nanoseconds, still independent of the seed.
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -171,8 +169,7 @@ pub fn inject_abort() -> ! {
 /// completion, no flush, no destructors.
 #[inline(never)]
 pub fn inject_exit0() -> ! {
-    // SAFETY: _exit has no preconditions.
-    unsafe { libc::_exit(0) }
+    super::os::exit_now(0)
 }
 
 fn scenario_limit(limit: &Option<String>) -> Option<u64> {
@@ -202,8 +199,7 @@ pub fn inject_oom(limit: Option<u64>) -> ! {
         "ups-doctor: fault `oom` holds {} MiB, twice `launch.memory_limit`, and was not killed: this process is not in the scenario's memory cgroup",
         total >> 20
     );
-    // SAFETY: _exit has no preconditions.
-    unsafe { libc::_exit(1) }
+    super::os::exit_now(1)
 }
 
 /// Creates `/dev/shm/ups-doctor-<run id>-leak-<rank>` of `size` bytes, writes one byte into every
@@ -211,35 +207,14 @@ pub fn inject_oom(limit: Option<u64>) -> ! {
 /// write raises a genuine SIGBUS, exactly as a data-loader worker's does in a 64 MB container.
 #[inline(never)]
 pub fn inject_leak_shm(rank: u32, size: u64) -> std::io::Result<()> {
-    use std::os::fd::AsRawFd;
     let run_id = std::env::var(RUN_ID_ENV).unwrap_or_else(|_| format!("pid{}", std::process::id()));
     let path = std::path::PathBuf::from(format!("/dev/shm/ups-doctor-{run_id}-leak-{rank}"));
     let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path)?;
     // Sparse: the size costs nothing until the pages are written below.
     file.set_len(size)?;
-    let len = size as usize;
-    // SAFETY: a fresh shared mapping of a file we own, `len` bytes long; unmapped below.
-    let base = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            file.as_raw_fd(),
-            0,
-        )
-    };
-    if base == libc::MAP_FAILED {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: page size is always available.
-    let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
-    for offset in (0..len).step_by(page) {
-        // SAFETY: inside the mapping. A page tmpfs cannot back faults with SIGBUS here: the point.
-        unsafe { (base as *mut u8).add(offset).write_volatile(1) };
-    }
-    // SAFETY: the mapping made above.
-    unsafe { libc::munmap(base, len) };
+    drop(file);
+    // A page tmpfs cannot back faults with SIGBUS here: the point.
+    super::loader::shm::Mapping::open(&path, true)?.touch_every_page();
     eprintln!("ups-doctor: leaked {size} bytes in `{}`", path.display());
     Ok(())
 }

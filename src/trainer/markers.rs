@@ -11,6 +11,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::Instant;
 
+use nix::fcntl::{FcntlArg, FdFlag, fcntl};
+
 use crate::protocol::{MARKER_FD_ENV, Marker};
 
 /// The raw marker fd, for the crash handler, which cannot take the mutex.
@@ -22,16 +24,17 @@ pub fn init_from_env() {
     let Some(fd) = std::env::var(MARKER_FD_ENV).ok().and_then(|v| v.parse::<i32>().ok()) else {
         return;
     };
-    // SAFETY: fcntl on an arbitrary integer only reads the descriptor table.
-    if fd < 0 || unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
+    // Only a descriptor this process really has open (`/proc/self/fd`) is taken.
+    if fd < 0 || procfs::process::Process::myself().and_then(|me| me.fd_from_fd(fd)).is_err() {
         return;
     }
+    // SAFETY: the fd is open (checked above) and the harness gave it to this process alone; the
+    // file owns it from here on.
+    let file = unsafe { File::from_raw_fd(fd) };
     // Children we start later (loader workers, a shell) must not inherit the rank's pipe.
-    // SAFETY: the fd is open (checked above).
-    unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+    let _ = fcntl(&file, FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC));
     RAW_FD.store(fd, Ordering::SeqCst);
-    // SAFETY: the harness gave this fd to us alone; we own it from here on.
-    *SINK.lock().unwrap_or_else(|e| e.into_inner()) = Some(unsafe { File::from_raw_fd(fd) });
+    *SINK.lock().unwrap_or_else(|e| e.into_inner()) = Some(file);
 }
 
 /// The marker fd for async-signal-safe writers, or -1.

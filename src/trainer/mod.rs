@@ -20,6 +20,7 @@ pub mod loader_only;
 pub mod markers;
 pub mod model;
 pub mod optim;
+pub mod os;
 pub mod train;
 
 use crate::protocol::Marker;

@@ -76,7 +76,7 @@ fn external() -> Scenario {
 
 #[test]
 fn verdict_names_the_signal_phase_and_step() {
-    let mut e = end(Some(Exit::Signal { signal: libc::SIGSEGV, core_dumped: false }));
+    let mut e = end(Some(Exit::Signal { signal: Signal::SEGV.number(), core_dumped: false }));
     e.state.phase = Some("forward".into());
     e.state.step = Some(3);
     e.state.backtrace =
@@ -90,7 +90,7 @@ fn verdict_names_the_signal_phase_and_step() {
 
 #[test]
 fn the_first_failure_is_the_culprit_and_later_failures_are_collateral() {
-    let mut culprit = end(Some(Exit::Signal { signal: libc::SIGSEGV, core_dumped: false }));
+    let mut culprit = end(Some(Exit::Signal { signal: Signal::SEGV.number(), core_dumped: false }));
     culprit.rank = 1;
     culprit.ended_at_s = Some(2.0);
     culprit.state.phase = Some("forward".into());
@@ -124,7 +124,8 @@ fn a_rank_that_only_lost_its_peer_is_collateral_even_when_it_ended_first() {
         1.0,
         "Traceback (most recent call last):\n  File \"/t/train.py\", line 9, in <module>\nRuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:4000",
     );
-    let killed = program_rank(1, Exit::Signal { signal: libc::SIGKILL, core_dumped: false }, 1.2, "");
+    let killed =
+        program_rank(1, Exit::Signal { signal: Signal::KILL.number(), core_dumped: false }, 1.2, "");
     let mut case = Case::new(vec![lost, killed]);
     case.scenario = external();
     let (_, first, v) = case.judge();
@@ -146,7 +147,7 @@ fn a_rank_that_only_lost_its_peer_is_collateral_even_when_it_ended_first() {
 }
 
 fn hung_at(rank: u32, phase: &str, step: u64, last_marker_at_s: f64) -> RankResult {
-    let mut e = end(Some(Exit::Signal { signal: libc::SIGKILL, core_dumped: false }));
+    let mut e = end(Some(Exit::Signal { signal: Signal::KILL.number(), core_dumped: false }));
     e.rank = rank;
     e.intervention = Some(Intervention::Hung { silence_s: 10.0 });
     e.state.phase = Some(phase.into());
@@ -212,7 +213,8 @@ fn a_built_in_rank_waiting_in_its_barrier_through_the_store_is_out_of_step_not_a
 
 /// A program's hung rank with a py-spy dump of its main thread.
 fn hung_with_stack(rank: u32, frames: &str) -> RankResult {
-    let mut r = program_rank(rank, Exit::Signal { signal: libc::SIGTERM, core_dumped: false }, 30.0, "");
+    let mut r =
+        program_rank(rank, Exit::Signal { signal: Signal::TERM.number(), core_dumped: false }, 30.0, "");
     r.outcome = OutcomeKind::Hung;
     r.hang_detected_after_s = Some(20.0);
     r.torn_down_with = Some(Signal::TERM);
@@ -371,7 +373,7 @@ fn memory_at_end(rank: u32, used: u64, total: u64) -> MemoryReport {
 
 #[test]
 fn a_bus_error_with_dev_shm_full_is_out_of_shared_memory() {
-    let mut e = end(Some(Exit::Signal { signal: libc::SIGBUS, core_dumped: false }));
+    let mut e = end(Some(Exit::Signal { signal: Signal::BUS.number(), core_dumped: false }));
     e.state.phase = Some("forward".into());
     e.state.step = Some(2);
     let mut case = Case::new(vec![classify_rank(&e)]);
@@ -478,7 +480,7 @@ fn oom_case(kill: OomKill) -> Case {
     e.pid = Some(500);
     e.ended_at_s = Some(4.0);
     e.state.error = Some("DataLoader worker (pid 502) is killed by signal: Killed.".into());
-    let mut killed_rank = end(Some(Exit::Signal { signal: libc::SIGKILL, core_dumped: false }));
+    let mut killed_rank = end(Some(Exit::Signal { signal: Signal::KILL.number(), core_dumped: false }));
     killed_rank.rank = 1;
     killed_rank.pid = Some(600);
     killed_rank.ended_at_s = Some(4.5);

@@ -21,6 +21,14 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use nix::errno::Errno;
+use nix::fcntl::{OFlag, open};
+use nix::sys::signal::Signal;
+use nix::sys::stat::Mode;
+use nix::sys::statfs::statfs;
+use nix::unistd::write;
+use procfs::process::{MountInfo, Process};
+
 use crate::schema::{CgroupReport, CgroupVersion};
 
 /// Test-only override: the cgroup directory to create scenario cgroups under, instead of the
@@ -46,7 +54,8 @@ pub struct Parent {
 
 /// The parent for scenario cgroups, or why there is none.
 pub fn parent() -> Result<Parent, String> {
-    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let me = Process::myself().map_err(|e| format!("cannot read `/proc/self`: {e}"))?;
+    let mounts = me.mountinfo().map(|m| m.0).unwrap_or_default();
     if let Some(dir) = std::env::var_os(CGROUP_PARENT_ENV) {
         let dir = PathBuf::from(dir);
         let version = match fs_magic(&dir) {
@@ -58,14 +67,10 @@ pub fn parent() -> Result<Parent, String> {
         let kernel_path = kernel_path_of(&mounts, &dir);
         return Ok(Parent { dir, version, kernel_path });
     }
-    let own = std::fs::read_to_string("/proc/self/cgroup")
-        .map_err(|e| format!("cannot read `/proc/self/cgroup`: {e}"))?;
-    let v1_memory = own.lines().find_map(|l| {
-        let mut f = l.splitn(3, ':');
-        let (_, controllers, path) = (f.next()?, f.next()?, f.next()?);
-        controllers.split(',').any(|c| c == "memory").then(|| path.to_string())
-    });
-    let v2 = own.lines().find_map(|l| l.strip_prefix("0::").map(str::to_string));
+    let own = me.cgroups().map_err(|e| format!("cannot read `/proc/self/cgroup`: {e}"))?;
+    let v1_memory =
+        own.0.iter().find(|g| g.controllers.iter().any(|c| c == "memory")).map(|g| g.pathname.clone());
+    let v2 = own.0.iter().find(|g| g.hierarchy == 0 && g.controllers.is_empty()).map(|g| g.pathname.clone());
     let (version, path, mount) = match (v1_memory, v2) {
         (Some(path), _) => (CgroupVersion::V1, path, find_mount(&mounts, "cgroup", Some("memory"))),
         (None, Some(path)) => (CgroupVersion::V2, path, find_mount(&mounts, "cgroup2", None)),
@@ -74,6 +79,7 @@ pub fn parent() -> Result<Parent, String> {
     let Some((root, mount_point)) = mount else {
         return Err(format!("the {} hierarchy is not mounted", version_name(version)));
     };
+    let mount_point = mount_point.to_string_lossy();
     let Some(inside) = path.strip_prefix(root.trim_end_matches('/')) else {
         return Err(format!("this process's cgroup `{path}` is outside the mounted part `{root}`"));
     };
@@ -90,48 +96,34 @@ fn version_name(v: CgroupVersion) -> &'static str {
 }
 
 /// `(root, mount point)` of the first mount of `fstype` (with `option` among its super options).
-fn find_mount<'a>(mountinfo: &'a str, fstype: &str, option: Option<&str>) -> Option<(&'a str, &'a str)> {
-    mountinfo.lines().find_map(|line| {
-        let (left, right) = line.split_once(" - ")?;
-        let mut r = right.split_whitespace();
-        let (ty, _source, opts) = (r.next()?, r.next()?, r.next().unwrap_or(""));
-        if ty != fstype || option.is_some_and(|o| !opts.split(',').any(|x| x == o)) {
-            return None;
-        }
-        let mut l = left.split_whitespace();
-        Some((l.nth(3)?, l.next()?))
-    })
+fn find_mount<'a>(
+    mounts: &'a [MountInfo],
+    fstype: &str,
+    option: Option<&str>,
+) -> Option<(&'a str, &'a Path)> {
+    mounts
+        .iter()
+        .find(|m| m.fs_type == fstype && option.is_none_or(|o| m.super_options.contains_key(o)))
+        .map(|m| (m.root.as_str(), m.mount_point.as_path()))
 }
 
 /// The kernel's name for a directory inside a cgroup mount.
-fn kernel_path_of(mountinfo: &str, dir: &Path) -> Option<String> {
+fn kernel_path_of(mounts: &[MountInfo], dir: &Path) -> Option<String> {
     let dir = dir.to_str()?;
-    mountinfo
-        .lines()
-        .filter_map(|line| {
-            let (left, right) = line.split_once(" - ")?;
-            let ty = right.split_whitespace().next()?;
-            if ty != "cgroup" && ty != "cgroup2" {
-                return None;
-            }
-            let mut l = left.split_whitespace();
-            let (root, point) = (l.nth(3)?, l.next()?);
-            let inside = dir.strip_prefix(point)?;
+    mounts
+        .iter()
+        .filter(|m| m.fs_type == "cgroup" || m.fs_type == "cgroup2")
+        .filter_map(|m| {
+            let inside = dir.strip_prefix(m.mount_point.to_str()?)?;
             (inside.is_empty() || inside.starts_with('/'))
-                .then(|| format!("{}/{}", root.trim_end_matches('/'), inside.trim_start_matches('/')))
+                .then(|| format!("{}/{}", m.root.trim_end_matches('/'), inside.trim_start_matches('/')))
         })
         .max_by_key(String::len)
         .map(|p| if p.len() > 1 { p.trim_end_matches('/').to_string() } else { p })
 }
 
 fn fs_magic(dir: &Path) -> io::Result<i64> {
-    let c = CString::new(dir.as_os_str().as_bytes()).map_err(io::Error::other)?;
-    // SAFETY: a valid C string and a zeroed out-struct the kernel fills.
-    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-    if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(st.f_type as i64)
+    Ok(statfs(dir)?.filesystem_type().0 as i64)
 }
 
 /// The start time of `pid` in clock ticks since boot (`/proc/<pid>/stat` field 22).
@@ -290,18 +282,13 @@ impl Drop for ScenarioCgroup {
 /// Moves the calling process into the group whose `cgroup.procs` is `procs`. Async-signal-safe
 /// (open, write, close), for use between `fork` and `exec`.
 pub fn enter(procs: &CStr) -> io::Result<()> {
-    // SAFETY: a valid C string; the fd is closed before returning.
-    let fd = unsafe { libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    // nix passes a `CStr` path straight through and allocates nothing; the fd closes on drop.
+    let fd = open(procs, OFlag::O_WRONLY | OFlag::O_CLOEXEC, Mode::empty())?;
     // `0` names the writing process itself, in v1 and v2 alike.
-    // SAFETY: writes one byte from a static buffer to the fd opened above.
-    let written = unsafe { libc::write(fd, b"0".as_ptr().cast(), 1) };
-    let err = io::Error::last_os_error();
-    // SAFETY: closes the fd opened above, once.
-    unsafe { libc::close(fd) };
-    if written != 1 { Err(err) } else { Ok(()) }
+    match write(&fd, b"0")? {
+        1 => Ok(()),
+        _ => Err(io::Error::from(Errno::EIO)),
+    }
 }
 
 fn members(dir: &Path) -> Vec<u32> {
@@ -321,7 +308,7 @@ fn kill_members(dir: &Path) -> Vec<u32> {
     if kill_file.exists() && std::fs::write(&kill_file, "1").is_ok() {
         return pids;
     }
-    pids.into_iter().filter(|&pid| signal_member(dir, pid, libc::SIGKILL)).collect()
+    pids.into_iter().filter(|&pid| signal_member(dir, pid, Signal::SIGKILL as i32)).collect()
 }
 
 /// Sends `signal` to `pid` only if it is, provably, a member of the group at `dir`.
@@ -394,7 +381,7 @@ fn owner_of(name: &str) -> Option<(u32, u64)> {
 }
 
 fn command_of(pid: u32) -> String {
-    std::fs::read_to_string(format!("/proc/{pid}/comm")).map(|c| c.trim().to_string()).unwrap_or_default()
+    crate::probe::memory::read_stat(pid).map(|s| s.command).unwrap_or_default()
 }
 
 /// Whether a cgroup with a memory limit can be made here: makes one and removes it. The error
@@ -414,18 +401,25 @@ mod tests {
 33 25 0:30 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
 ";
 
+    fn mountinfo() -> Vec<MountInfo> {
+        use procfs::FromBufRead;
+        procfs::process::MountInfos::from_buf_read(MOUNTINFO.as_bytes()).unwrap().0
+    }
+
     #[test]
     fn finds_the_memory_hierarchy_and_the_v2_mount() {
-        assert_eq!(find_mount(MOUNTINFO, "cgroup", Some("memory")), Some(("/", "/sys/fs/cgroup/memory")));
-        assert_eq!(find_mount(MOUNTINFO, "cgroup2", None), Some(("/", "/sys/fs/cgroup/unified")));
-        assert_eq!(find_mount(MOUNTINFO, "cgroup", Some("pids")), None);
+        let m = mountinfo();
+        assert_eq!(find_mount(&m, "cgroup", Some("memory")), Some(("/", Path::new("/sys/fs/cgroup/memory"))));
+        assert_eq!(find_mount(&m, "cgroup2", None), Some(("/", Path::new("/sys/fs/cgroup/unified"))));
+        assert_eq!(find_mount(&m, "cgroup", Some("pids")), None);
     }
 
     #[test]
     fn names_a_directory_as_the_kernel_does() {
+        let m = mountinfo();
         let dir = Path::new("/sys/fs/cgroup/memory/job/ups-doctor.1.2.0");
-        assert_eq!(kernel_path_of(MOUNTINFO, dir).as_deref(), Some("/job/ups-doctor.1.2.0"));
-        assert_eq!(kernel_path_of(MOUNTINFO, Path::new("/tmp/x")), None);
+        assert_eq!(kernel_path_of(&m, dir).as_deref(), Some("/job/ups-doctor.1.2.0"));
+        assert_eq!(kernel_path_of(&m, Path::new("/tmp/x")), None);
     }
 
     #[test]

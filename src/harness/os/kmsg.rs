@@ -3,7 +3,12 @@
 //! is pure ([`oom_kills_in`]).
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
+
+use nix::errno::Errno;
+use nix::fcntl::{OFlag, open};
+use nix::sys::stat::Mode;
+use nix::unistd::{Whence, lseek, read};
 
 /// One kernel log record: its timestamp (µs since boot, the kernel's clock) and its text.
 #[derive(Debug, Clone, PartialEq)]
@@ -21,18 +26,9 @@ impl KernelLog {
     /// Opens `/dev/kmsg` positioned after its last record; the error says why it cannot be read
     /// (unprivileged, `kernel.dmesg_restrict`, no such device in a container).
     pub fn open_at_end() -> io::Result<KernelLog> {
-        // SAFETY: a valid C string; the fd is owned by the returned value.
-        let fd =
-            unsafe { libc::open(c"/dev/kmsg".as_ptr(), libc::O_RDONLY | libc::O_NONBLOCK | libc::O_CLOEXEC) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `fd` was just opened and nothing else owns it.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        // SAFETY: lseek on the fd we own; SEEK_END on /dev/kmsg skips to after the last record.
-        if unsafe { libc::lseek(fd.as_raw_fd(), 0, libc::SEEK_END) } < 0 {
-            return Err(io::Error::last_os_error());
-        }
+        let fd = open(c"/dev/kmsg", OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC, Mode::empty())?;
+        // SEEK_END on /dev/kmsg skips to after the last record.
+        lseek(&fd, 0, Whence::SeekEnd)?;
         Ok(KernelLog { fd })
     }
 
@@ -41,19 +37,15 @@ impl KernelLog {
         let mut out = Vec::new();
         let mut buf = vec![0u8; 8192];
         loop {
-            // SAFETY: reads at most `buf.len()` bytes into `buf`; one record per read.
-            let n = unsafe { libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
-            if n < 0 {
-                match io::Error::last_os_error().raw_os_error() {
-                    // Records were overwritten before we read them: go on with the next.
-                    Some(libc::EPIPE) | Some(libc::EINTR) => continue,
-                    _ => break, // EAGAIN: nothing more
-                }
-            }
-            if n == 0 {
-                break;
-            }
-            if let Some(record) = parse_record(&String::from_utf8_lossy(&buf[..n as usize])) {
+            // One record per read.
+            let n = match read(&self.fd, &mut buf) {
+                Ok(0) => break,
+                Ok(n) => n,
+                // Records were overwritten before we read them: go on with the next.
+                Err(Errno::EPIPE | Errno::EINTR) => continue,
+                Err(_) => break, // EAGAIN: nothing more
+            };
+            if let Some(record) = parse_record(&String::from_utf8_lossy(&buf[..n])) {
                 out.push(record);
             }
         }

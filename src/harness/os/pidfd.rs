@@ -1,5 +1,6 @@
 //! pidfds (Linux 5.3+): a handle on one process that a recycled pid cannot redirect, so that a
-//! process checked to be ours is the one that gets the signal.
+//! process checked to be ours is the one that gets the signal. Raw system calls: neither nix nor
+//! std wraps pidfd_open(2) or pidfd_send_signal(2).
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};

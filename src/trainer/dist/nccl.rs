@@ -27,7 +27,7 @@
 //! and events go through cudarc's driver API (`libcuda.so.1`, which its loader does find); its
 //! presence is checked before the first call, because cudarc panics when a library is absent.
 
-use std::ffi::{CStr, CString, OsString, c_char, c_int, c_void};
+use std::ffi::{CStr, CString, OsStr, OsString, c_char, c_int, c_void};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -168,10 +168,10 @@ impl NcclLib {
                     cuda::dlopen(path, libc::RTLD_NOW).map_err(|e| format!("`{}` ({e})", path.display()))
                 }
                 Candidate::AlreadyLoaded => {
-                    cuda::dlopen_name(&c_name(SONAME), libc::RTLD_NOW | libc::RTLD_NOLOAD)
+                    cuda::dlopen_name(OsStr::new(SONAME), libc::RTLD_NOW | libc::RTLD_NOLOAD)
                         .map_err(|_| format!("`{SONAME}` already loaded by libtorch_cuda.so (it is not)"))
                 }
-                Candidate::SearchPath => cuda::dlopen_name(&c_name(SONAME), libc::RTLD_NOW)
+                Candidate::SearchPath => cuda::dlopen_name(OsStr::new(SONAME), libc::RTLD_NOW)
                     .map_err(|e| format!("`{SONAME}` on the library search path ({e})")),
             };
             let origin = match candidate {
@@ -1049,6 +1049,7 @@ mod tests {
         let text = err.to_string();
         assert!(matches!(err, DistError::Unavailable { rank: 0, .. }), "{err:?}");
         assert!(text.starts_with("the nccl backend cannot run on rank 0: "), "{text}");
+        // SAFETY: only tries to dlopen libcuda under cudarc's names; no CUDA call is made.
         if pip_nccl().is_some() && !unsafe { cusys::is_culib_present() } {
             assert_eq!(
                 text,

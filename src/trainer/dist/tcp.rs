@@ -23,8 +23,11 @@
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::ops::Range;
-use std::os::fd::AsRawFd;
+use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 
 use tch::{Kind, Tensor};
 
@@ -251,7 +254,7 @@ fn accept_prev(
                 return Ok(stream);
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                wait_readable(listener.as_raw_fd(), left.min(Duration::from_millis(100)));
+                wait_readable(&listener, left.min(Duration::from_millis(100)));
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(io(e)),
@@ -260,16 +263,14 @@ fn accept_prev(
 }
 
 /// Waits until `fd` is readable or `limit` passes (errors count as "go and look").
-fn wait_readable(fd: i32, limit: Duration) {
-    let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
-    // SAFETY: one valid pollfd for the duration of the call.
-    unsafe { libc::poll(&mut pfd, 1, poll_ms(limit)) };
+fn wait_readable(fd: impl AsFd, limit: Duration) {
+    let _ = poll(&mut [PollFd::new(fd.as_fd(), PollFlags::POLLIN)], poll_ms(limit));
 }
 
 /// A poll(2) timeout in milliseconds, rounded up so a short remainder does not spin.
-fn poll_ms(d: Duration) -> i32 {
+fn poll_ms(d: Duration) -> PollTimeout {
     let ms = d.as_nanos().div_ceil(1_000_000);
-    i32::try_from(ms).unwrap_or(i32::MAX)
+    i32::try_from(ms).ok().and_then(|ms| PollTimeout::try_from(ms).ok()).unwrap_or(PollTimeout::MAX)
 }
 
 /// One neighbour: its rank, its published address (what errors name) and the socket.
@@ -486,52 +487,55 @@ impl Ring {
         while !(out.done() && inc.done()) {
             let sending = !out.done();
             let receiving = !inc.done();
-            let mut fds = [
-                libc::pollfd {
-                    fd: self.next.stream.as_raw_fd(),
-                    // POLLRDHUP: the next rank never writes to us, so "readable" means it closed.
-                    events: if sending { libc::POLLOUT | libc::POLLRDHUP } else { 0 },
-                    revents: 0,
-                },
-                libc::pollfd {
-                    fd: self.prev.stream.as_raw_fd(),
-                    events: if receiving { libc::POLLIN } else { 0 },
-                    revents: 0,
-                },
-            ];
-            // A finished half is left out of the poll (fd −1 is ignored), so that its peer's
-            // normal exit after the last message is not mistaken for a failure.
-            if !sending {
-                fds[0].fd = -1;
-            }
-            if !receiving {
-                fds[1].fd = -1;
-            }
             let Some(left) = remaining(deadline) else {
                 return Err(self.timeout_error(me, timeout, call, receiving));
             };
-            // SAFETY: two valid pollfds for the duration of the call.
-            let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, poll_ms(left)) };
-            if n < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() == io::ErrorKind::Interrupted {
-                    continue;
+            // A finished half is left out of the poll, so that its peer's normal exit after the
+            // last message is not mistaken for a failure.
+            // An event nix cannot name reads as POLLERR: go and look (the read or write says what).
+            let polled = {
+                let mut fds = Vec::with_capacity(2);
+                if sending {
+                    // The next rank never writes to us, so "readable" means it closed (end of file or
+                    // a reset). POLLIN, not Linux's POLLRDHUP: nix's PollFlags cannot hold that bit
+                    // (`revents()` would read as nothing at all).
+                    fds.push(PollFd::new(self.next.stream.as_fd(), PollFlags::POLLOUT | PollFlags::POLLIN));
                 }
-                return Err(DistError::Io { what: format!("poll the ring sockets of rank {me}"), source: e });
-            }
+                if receiving {
+                    fds.push(PollFd::new(self.prev.stream.as_fd(), PollFlags::POLLIN));
+                }
+                poll(&mut fds, poll_ms(left)).map(|n| {
+                    (n, fds.iter().map(|p| p.revents().unwrap_or(PollFlags::POLLERR)).collect::<Vec<_>>())
+                })
+            };
+            let (n, revents) = match polled {
+                Ok(got) => got,
+                Err(Errno::EINTR) => continue,
+                Err(e) => {
+                    return Err(DistError::Io {
+                        what: format!("poll the ring sockets of rank {me}"),
+                        source: e.into(),
+                    });
+                }
+            };
             if n == 0 {
                 return Err(self.timeout_error(me, timeout, call, receiving));
             }
+            let none = PollFlags::empty();
+            let (send_ev, recv_ev) = match (sending, receiving) {
+                (true, true) => (revents[0], revents[1]),
+                (true, false) => (revents[0], none),
+                _ => (none, revents[0]),
+            };
             if sending {
-                let ev = fds[0].revents;
-                if ev & (libc::POLLRDHUP | libc::POLLHUP) != 0 {
+                if send_ev.intersects(PollFlags::POLLIN | PollFlags::POLLHUP) {
                     return Err(self.closed(me, call, Direction::Send));
                 }
-                if ev & (libc::POLLOUT | libc::POLLERR) != 0 {
+                if send_ev.intersects(PollFlags::POLLOUT | PollFlags::POLLERR) {
                     self.write_some(me, call, &mut out)?;
                 }
             }
-            if receiving && fds[1].revents != 0 {
+            if receiving && !recv_ev.is_empty() {
                 self.read_some(me, call, &mut inc)?;
             }
         }

@@ -27,9 +27,16 @@ pub mod worker;
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
-use std::io::{self, Write};
-use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::fcntl::OFlag;
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sys::signal::{Signal, kill};
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::unistd::{Pid, pipe2};
 
 use crate::protocol::Marker;
 use crate::scenario::{Scenario, StartMethod};
@@ -57,23 +64,23 @@ fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> LoaderError {
 }
 
 /// PyTorch's DataLoader message for a worker that ended with this wait status.
-pub fn death_text(pid: u32, status: i32) -> String {
-    if libc::WIFSIGNALED(status) {
-        let sig = libc::WTERMSIG(status);
-        if sig == libc::SIGBUS {
-            return format!(
-                "DataLoader worker (pid {pid}) is killed by signal: Bus error. It is possible that dataloader's \
-                 workers are out of shared memory. Please try to raise your shared memory limit."
-            );
+pub fn death_text(pid: u32, status: WaitStatus) -> String {
+    match status {
+        WaitStatus::Signaled(_, Signal::SIGBUS, _) => format!(
+            "DataLoader worker (pid {pid}) is killed by signal: Bus error. It is possible that dataloader's \
+             workers are out of shared memory. Please try to raise your shared memory limit."
+        ),
+        // PyTorch words the signal with strsignal(3): `Killed`, `Segmentation fault`.
+        WaitStatus::Signaled(_, sig, _) => {
+            format!(
+                "DataLoader worker (pid {pid}) is killed by signal: {}.",
+                super::os::signal_description(sig)
+            )
         }
-        // SAFETY: strsignal returns a pointer to a static or thread-local string.
-        let name = unsafe { std::ffi::CStr::from_ptr(libc::strsignal(sig)) }.to_string_lossy().into_owned();
-        format!("DataLoader worker (pid {pid}) is killed by signal: {name}.")
-    } else {
-        format!(
-            "DataLoader worker (pid {pid}) exited unexpectedly with exit code {}.",
-            libc::WEXITSTATUS(status)
-        )
+        WaitStatus::Exited(_, code) => {
+            format!("DataLoader worker (pid {pid}) exited unexpectedly with exit code {code}.")
+        }
+        other => format!("DataLoader worker (pid {pid}) ended unexpectedly ({other:?})."),
     }
 }
 
@@ -154,8 +161,8 @@ impl Loader {
     pub fn kill_worker(&self, id: u32) {
         if let Some(w) = self.pool.as_ref().and_then(|p| p.workers.get(id as usize)) {
             eprintln!("ups-doctor: sending SIGKILL to data-loader worker {id} (pid {})", w.pid);
-            // SAFETY: kill(2) on our own child, not yet reaped (its pid cannot be reused).
-            unsafe { libc::kill(w.pid as i32, libc::SIGKILL) };
+            // Our own child, not yet reaped: its pid cannot have been reused.
+            let _ = kill(Pid::from_raw(w.pid as i32), Signal::SIGKILL);
         }
     }
 }
@@ -218,13 +225,8 @@ struct Pool {
     ring_name: Option<Unlink>,
 }
 
-fn pipe() -> io::Result<(RawFd, RawFd)> {
-    let mut fds = [0; 2];
-    // SAFETY: valid out-array of two ints.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok((fds[0], fds[1]))
+fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    Ok(pipe2(OFlag::O_CLOEXEC)?)
 }
 
 impl Pool {
@@ -273,7 +275,7 @@ impl Pool {
             let started = match d.start_method {
                 StartMethod::Fork => {
                     let ctx = ForkContext { scenario, rank, view, layout, ring: pool.ring.ptr() };
-                    worker::fork_worker(&ctx, id, (task_r, done_w))
+                    worker::fork_worker(&ctx, id, (task_r.as_raw_fd(), done_w.as_raw_fd()))
                 }
                 StartMethod::Spawn => worker::spawn_worker(&WorkerConfig {
                     id,
@@ -291,16 +293,13 @@ impl Pool {
                     },
                     mean: view.mean,
                     std: view.std,
-                    task_fd: task_r,
-                    done_fd: done_w,
+                    task_fd: task_r.as_raw_fd(),
+                    done_fd: done_w.as_raw_fd(),
                 }),
             };
-            // SAFETY: all four were just created here; the worker has its own copies of its ends.
-            let (tasks, done) = unsafe {
-                libc::close(task_r);
-                libc::close(done_w);
-                (File::from_raw_fd(task_w), File::from_raw_fd(done_r))
-            };
+            // The worker has its own copies of its ends; ours close here.
+            drop((task_r, done_w));
+            let (tasks, done) = (File::from(task_w), File::from(done_r));
             let pid = started.map_err(io_err(format!("start data-loader worker {id} by {method}")))?;
             markers::emit(&Marker::Worker { id, pid, start_method: method.into() });
             pool.workers.push(WorkerHandle {
@@ -374,24 +373,26 @@ impl Pool {
 
     /// Waits up to `timeout_ms` (-1: until something happens) for done records or deaths.
     fn poll(&mut self, timeout_ms: i32) -> Result<(), LoaderError> {
-        let mut fds: Vec<libc::pollfd> = self
-            .workers
-            .iter()
-            .map(|w| libc::pollfd { fd: w.done.as_raw_fd(), events: libc::POLLIN, revents: 0 })
-            .collect();
-        loop {
-            // SAFETY: `fds` is a valid array of pollfd.
-            let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
-            if n >= 0 {
-                break;
+        let timeout = if timeout_ms < 0 {
+            PollTimeout::NONE
+        } else {
+            PollTimeout::try_from(timeout_ms).unwrap_or(PollTimeout::MAX)
+        };
+        let ready: Vec<bool> = {
+            let mut fds: Vec<PollFd> =
+                self.workers.iter().map(|w| PollFd::new(w.done.as_fd(), PollFlags::POLLIN)).collect();
+            loop {
+                match poll(&mut fds, timeout) {
+                    Ok(_) => break,
+                    Err(Errno::EINTR) => continue,
+                    Err(e) => return Err(io_err("wait for data-loader workers")(e.into())),
+                }
             }
-            let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::Interrupted {
-                return Err(io_err("wait for data-loader workers")(e));
-            }
-        }
-        for (w, p) in fds.iter().enumerate() {
-            if p.revents != 0 {
+            // An event nix cannot name counts too: the read says what it was.
+            fds.iter().map(|p| p.revents().is_none_or(|r| !r.is_empty())).collect()
+        };
+        for (w, ready) in ready.into_iter().enumerate() {
+            if ready {
                 self.drain(w)?;
             }
         }
@@ -402,20 +403,14 @@ impl Pool {
     fn drain(&mut self, w: usize) -> Result<(), LoaderError> {
         let mut buf = [0u8; DONE_RECORD * 64];
         let worker = &mut self.workers[w];
-        // SAFETY: reading into a local buffer from an fd poll said is readable (or hung up).
-        let n = unsafe { libc::read(worker.done.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
-        if n == 0 {
-            return Err(self.wait_for_death(w));
-        }
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            return if e.kind() == io::ErrorKind::Interrupted {
-                Ok(())
-            } else {
-                Err(io_err("read a done pipe")(e))
-            };
-        }
-        worker.partial.extend_from_slice(&buf[..n as usize]);
+        // Poll said it is readable (or hung up): one read(2), which does not block.
+        let n = match (&worker.done).read(&mut buf) {
+            Ok(0) => return Err(self.wait_for_death(w)),
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => return Ok(()),
+            Err(e) => return Err(io_err("read a done pipe")(e)),
+        };
+        worker.partial.extend_from_slice(&buf[..n]);
         self.parse_records(w);
         Ok(())
     }
@@ -447,21 +442,18 @@ impl Pool {
 
     /// Reads what a dead worker left in its pipe (its error record), without ever blocking.
     fn drain_dead(&mut self, w: usize) {
-        let fd = self.workers[w].done.as_raw_fd();
         let mut buf = [0u8; 4096];
         for _ in 0..64 {
-            let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
-            // SAFETY: one valid pollfd; a read into a local buffer of an fd poll said is readable.
-            let n = unsafe {
-                if libc::poll(&mut p, 1, 0) <= 0 {
-                    break;
-                }
-                libc::read(fd, buf.as_mut_ptr().cast(), buf.len())
-            };
-            if n <= 0 {
+            let done = &self.workers[w].done;
+            let mut p = [PollFd::new(done.as_fd(), PollFlags::POLLIN)];
+            if !matches!(poll(&mut p, PollTimeout::ZERO), Ok(n) if n > 0) {
                 break;
             }
-            self.workers[w].partial.extend_from_slice(&buf[..n as usize]);
+            let n = match (&*done).read(&mut buf) {
+                Ok(n) if n > 0 => n,
+                _ => break,
+            };
+            self.workers[w].partial.extend_from_slice(&buf[..n]);
         }
         self.parse_records(w);
     }
@@ -482,7 +474,7 @@ impl Pool {
             (Some(status), None) => death_text(pid, status),
             (None, None) => format!("DataLoader worker (pid {pid}) closed its pipe but did not exit."),
         };
-        let bus_error = status.is_some_and(|s| libc::WIFSIGNALED(s) && libc::WTERMSIG(s) == libc::SIGBUS);
+        let bus_error = matches!(status, Some(WaitStatus::Signaled(_, Signal::SIGBUS, _)));
         let shm = crate::probe::shm::usage(std::path::Path::new("/dev/shm"))
             .filter(|_| bus_error)
             .map(|u| format!("; {} {} of {} bytes", crate::protocol::SHM_HELD, u.used, u.total))
@@ -492,17 +484,13 @@ impl Pool {
 }
 
 /// `waitpid` for up to `limit`; the wait status, or `None` if it is still running.
-fn wait_pid(pid: u32, limit: Duration) -> Option<i32> {
+fn wait_pid(pid: u32, limit: Duration) -> Option<WaitStatus> {
     let deadline = Instant::now() + limit;
     loop {
-        let mut status = 0;
-        // SAFETY: waitpid on our own child with a valid out-pointer.
-        let rc = unsafe { libc::waitpid(pid as i32, &mut status, libc::WNOHANG) };
-        if rc == pid as i32 {
-            return Some(status);
-        }
-        if rc < 0 || Instant::now() >= deadline {
-            return None;
+        match waitpid(Pid::from_raw(pid as i32), Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::StillAlive) if Instant::now() < deadline => {}
+            Ok(WaitStatus::StillAlive) | Err(_) => return None,
+            Ok(status) => return Some(status),
         }
         std::thread::sleep(Duration::from_millis(5));
     }
@@ -517,11 +505,10 @@ impl Drop for Pool {
         }
         for w in self.workers.iter_mut().filter(|w| !w.reaped) {
             if wait_pid(w.pid, Duration::from_secs(2)).is_none() {
-                // SAFETY: kill(2) and waitpid(2) on our own unreaped child.
-                unsafe {
-                    libc::kill(w.pid as i32, libc::SIGKILL);
-                    libc::waitpid(w.pid as i32, std::ptr::null_mut(), 0);
-                }
+                // Our own unreaped child: its pid names it until the wait below.
+                let pid = Pid::from_raw(w.pid as i32);
+                let _ = kill(pid, Signal::SIGKILL);
+                let _ = waitpid(pid, None);
             }
             w.reaped = true;
         }

@@ -7,11 +7,17 @@
 //! SIGTERM). The loader removes the names of its ring and cache even earlier, as soon as every
 //! worker has them open, so not even a SIGKILLed rank leaves those behind.
 
+use std::ffi::{CStr, c_char};
 use std::fs::OpenOptions;
 use std::io;
-use std::os::fd::AsRawFd;
+use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicI32, AtomicPtr, Ordering};
+
+use nix::sys::mman::{MapFlags, ProtFlags, mmap, munmap};
+use nix::sys::signal::{SigHandler, Signal, raise, signal};
+use nix::unistd::{SysconfVar, getpid, sysconf, unlink};
 
 use crate::protocol::RUN_ID_ENV;
 
@@ -55,15 +61,29 @@ impl Mapping {
     }
 
     fn map(file: &std::fs::File, len: usize, writable: bool) -> io::Result<Mapping> {
-        let prot = if writable { libc::PROT_READ | libc::PROT_WRITE } else { libc::PROT_READ };
-        // SAFETY: maps `len` bytes of an open file; the kernel validates the arguments.
-        let ptr = unsafe {
-            libc::mmap(std::ptr::null_mut(), len.max(1), prot, libc::MAP_SHARED, file.as_raw_fd(), 0)
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
+        let prot = if writable { ProtFlags::PROT_READ | ProtFlags::PROT_WRITE } else { ProtFlags::PROT_READ };
+        let size = NonZeroUsize::new(len.max(1)).expect("at least 1");
+        // SAFETY: a new shared mapping of `len` bytes of an open file at an address the kernel
+        // picks, so it overlaps no memory Rust knows of; what is read or written through it is the
+        // slot protocol's business (see `Mapping`'s users).
+        let ptr = unsafe { mmap(None, size, prot, MapFlags::MAP_SHARED, file, 0)? };
+        Ok(Mapping { ptr: ptr.as_ptr().cast(), len })
+    }
+
+    /// Writes one byte into every page (volatile: each write reaches the mapping), so that every
+    /// page is backed now; where `/dev/shm` cannot back one, the write raises SIGBUS, as a
+    /// PyTorch worker's first write into a full `/dev/shm` does.
+    pub fn touch_every_page(&self) {
+        let page = sysconf(SysconfVar::PAGE_SIZE)
+            .ok()
+            .flatten()
+            .and_then(|p| usize::try_from(p).ok())
+            .unwrap_or(4096);
+        for offset in (0..self.len).step_by(page) {
+            // SAFETY: `offset` lies inside the mapping, which lives as long as `self`; a volatile
+            // byte write creates no reference that other processes' writes could invalidate.
+            unsafe { self.ptr.add(offset).write_volatile(1) };
         }
-        Ok(Mapping { ptr: ptr.cast(), len })
     }
 
     pub fn ptr(&self) -> *mut u8 {
@@ -81,8 +101,10 @@ impl Mapping {
 
 impl Drop for Mapping {
     fn drop(&mut self) {
-        // SAFETY: unmaps exactly what `map` mapped.
-        unsafe { libc::munmap(self.ptr.cast(), self.len.max(1)) };
+        if let Some(ptr) = NonNull::new(self.ptr.cast()) {
+            // SAFETY: unmaps exactly what `map` mapped; no view of it outlives the mapping.
+            let _ = unsafe { munmap(ptr, self.len.max(1)) };
+        }
     }
 }
 
@@ -112,7 +134,7 @@ impl Drop for Unlink {
 
 /// Paths to remove if this process dies by a signal, for [`unlink_registered`] (a signal
 /// handler cannot take a lock or allocate, so it is a fixed table of C strings).
-static REGISTERED: [AtomicPtr<libc::c_char>; 8] = [const { AtomicPtr::new(std::ptr::null_mut()) }; 8];
+static REGISTERED: [AtomicPtr<c_char>; 8] = [const { AtomicPtr::new(std::ptr::null_mut()) }; 8];
 /// The process that registered them: a forked worker inherits the table but must never remove
 /// the trainer's files when it dies.
 static OWNER: AtomicI32 = AtomicI32::new(0);
@@ -122,8 +144,7 @@ fn register(path: &Path) -> usize {
     let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
         return usize::MAX;
     };
-    // SAFETY: getpid has no preconditions.
-    OWNER.store(unsafe { libc::getpid() }, Ordering::SeqCst);
+    OWNER.store(getpid().as_raw(), Ordering::SeqCst);
     install_sigterm_cleanup();
     let raw = c.into_raw();
     for (i, cell) in REGISTERED.iter().enumerate() {
@@ -138,28 +159,26 @@ fn register(path: &Path) -> usize {
 
 /// Removes every registered file. Async-signal-safe (getpid and unlink only).
 pub fn unlink_registered() {
-    // SAFETY: getpid has no preconditions.
-    if OWNER.load(Ordering::SeqCst) != unsafe { libc::getpid() } {
+    if OWNER.load(Ordering::SeqCst) != getpid().as_raw() {
         return;
     }
     for cell in &REGISTERED {
         let ptr = cell.load(Ordering::SeqCst);
         if !ptr.is_null() {
-            // SAFETY: a NUL-terminated path leaked by `register`.
-            unsafe { libc::unlink(ptr) };
+            // SAFETY: a NUL-terminated path leaked by `register`, never freed while registered.
+            let _ = unlink(unsafe { CStr::from_ptr(ptr) });
         }
     }
 }
 
 fn install_sigterm_cleanup() {
-    extern "C" fn on_sigterm(sig: i32) {
+    extern "C" fn on_sigterm(_sig: i32) {
         unlink_registered();
-        // SAFETY: signal(2) and raise(3) are async-signal-safe; die by SIGTERM as before.
-        unsafe {
-            libc::signal(sig, libc::SIG_DFL);
-            libc::raise(sig);
-        }
+        // Die by SIGTERM as before (signal(2) and raise(3) are async-signal-safe).
+        // SAFETY: restores the default action, which runs no Rust code.
+        let _ = unsafe { signal(Signal::SIGTERM, SigHandler::SigDfl) };
+        let _ = raise(Signal::SIGTERM);
     }
     // SAFETY: installs a handler that only calls async-signal-safe functions.
-    unsafe { libc::signal(libc::SIGTERM, on_sigterm as *const () as libc::sighandler_t) };
+    let _ = unsafe { signal(Signal::SIGTERM, SigHandler::Handler(on_sigterm)) };
 }

@@ -17,16 +17,20 @@
 use std::ffi::OsString;
 use std::fs::File;
 use std::io::{self, Read, Write};
-use std::os::fd::{FromRawFd, RawFd};
+use std::os::fd::{BorrowedFd, FromRawFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 
+use nix::fcntl::{FcntlArg, FdFlag, fcntl};
+use nix::sys::prctl;
+use nix::sys::signal::Signal;
+use nix::unistd::{ForkResult, Pid, close, fork, getpid, getppid};
 use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
 use crate::scenario::{Scenario, WorkerThreads};
 use crate::trainer::faults::{Effect, Faults};
-use crate::trainer::{burgers, crash, markers};
+use crate::trainer::{burgers, crash, markers, os};
 
 use super::batch::{BatchSpec, DatasetView, Dims, make_batch};
 use super::shm::Mapping;
@@ -225,20 +229,16 @@ pub fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
 }
 
 /// What every worker does first: die with the rank, one intra-op thread, a recognisable name.
-fn become_worker(id: u32, threads: WorkerThreads, parent: libc::pid_t) {
-    // SAFETY: prctl/getppid have no memory-safety preconditions.
-    unsafe {
-        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-        if libc::getppid() != parent {
-            libc::_exit(1); // the rank died before we could tie ourselves to it
-        }
+fn become_worker(id: u32, threads: WorkerThreads, parent: Pid) {
+    let _ = prctl::set_pdeathsig(Signal::SIGKILL);
+    if getppid() != parent {
+        os::exit_now(1); // the rank died before we could tie ourselves to it
     }
     if threads == WorkerThreads::One {
         tch::set_num_threads(1);
     }
     let name = std::ffi::CString::new(format!("loader-w{id}")).expect("no NUL");
-    // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16 bytes.
-    unsafe { libc::prctl(libc::PR_SET_NAME, name.as_ptr()) };
+    let _ = prctl::set_name(&name);
     crash::become_loader_worker();
 }
 
@@ -254,13 +254,12 @@ pub struct ForkContext<'a> {
 /// Forks worker `id`. The child serves through `fds` (task read end, done write end) and never
 /// returns into the trainer's code.
 pub fn fork_worker(ctx: &ForkContext, id: u32, fds: (RawFd, RawFd)) -> io::Result<u32> {
-    // SAFETY: getpid has no preconditions.
-    let parent = unsafe { libc::getpid() };
-    // SAFETY: fork(2). The child only runs the worker loop and leaves with _exit, so none of the
-    // trainer's destructors or atexit handlers run twice.
-    match unsafe { libc::fork() } {
-        -1 => Err(io::Error::last_os_error()),
-        0 => {
+    let parent = getpid();
+    // SAFETY: fork(2), as PyTorch's fork start method does. The child only runs the worker loop and
+    // leaves with _exit, so none of the trainer's destructors or atexit handlers run twice.
+    match unsafe { fork() } {
+        Err(e) => Err(e.into()),
+        Ok(ForkResult::Child) => {
             let code = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 become_worker(id, ctx.scenario.data.worker_threads, parent);
                 close_fds_except(&[0, 1, 2, markers::raw_fd(), fds.0, fds.1]);
@@ -268,30 +267,30 @@ pub fn fork_worker(ctx: &ForkContext, id: u32, fds: (RawFd, RawFd)) -> io::Resul
                 serve(id, &faults, ctx.view, &ctx.layout, ctx.ring, fds)
             }))
             .unwrap_or(101);
-            // SAFETY: _exit has no preconditions.
-            unsafe { libc::_exit(code) }
+            os::exit_now(code)
         }
-        pid => Ok(pid as u32),
+        Ok(ForkResult::Parent { child }) => Ok(child.as_raw() as u32),
     }
 }
 
 /// A forked child holds copies of every descriptor of the trainer: the other workers' pipe ends
 /// (which would hide their deaths), sockets to other ranks. It keeps only its own.
 fn close_fds_except(keep: &[RawFd]) {
-    let fds: Vec<RawFd> = std::fs::read_dir("/proc/self/fd")
-        .map(|dir| dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect())
+    let fds: Vec<RawFd> = procfs::process::Process::myself()
+        .and_then(|me| me.fd())
+        .map(|fds| fds.filter_map(|fd| Some(fd.ok()?.fd)).collect())
         .unwrap_or_default();
+    // Closing a descriptor this process owns (or an already closed one: EBADF); no Rust object of
+    // the forked child uses them (it never returns into the trainer's code).
     for fd in fds.into_iter().filter(|fd| !keep.contains(fd)) {
-        // SAFETY: closing a descriptor this process owns (or an already closed one: EBADF).
-        unsafe { libc::close(fd) };
+        let _ = close(fd);
     }
 }
 
 /// Starts worker `id` as a new `ups-doctor loader-worker` process.
 pub fn spawn_worker(config: &WorkerConfig) -> io::Result<u32> {
     let program = std::env::current_exe()?;
-    // SAFETY: getpid has no preconditions.
-    let parent = unsafe { libc::getpid() };
+    let parent = getpid();
     let cache_fd = match config.cache {
         CacheSource::File { fd, .. } => fd,
         _ => -1,
@@ -300,17 +299,16 @@ pub fn spawn_worker(config: &WorkerConfig) -> io::Result<u32> {
     let json = serde_json::to_string(config).map_err(io::Error::other)?;
     let mut cmd = std::process::Command::new(program);
     cmd.args([OsString::from("loader-worker"), OsString::from(json)]).stdin(std::process::Stdio::null());
-    // SAFETY: only async-signal-safe calls (prctl, getppid, fcntl, _exit) between fork and exec.
+    // SAFETY: only async-signal-safe calls (prctl, getppid, fcntl, _exit) between fork and exec;
+    // the descriptors are the trainer's, open until the spawn returns.
     unsafe {
         cmd.pre_exec(move || {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-            if libc::getppid() != parent {
-                libc::_exit(1);
+            let _ = prctl::set_pdeathsig(Signal::SIGKILL);
+            if getppid() != parent {
+                os::exit_now(1);
             }
             for fd in inherit.into_iter().filter(|&fd| fd >= 0) {
-                if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
-                    return Err(io::Error::last_os_error());
-                }
+                fcntl(BorrowedFd::borrow_raw(fd), FcntlArg::F_SETFD(FdFlag::empty()))?;
             }
             Ok(())
         });
@@ -332,8 +330,7 @@ pub fn run_spawned(config_json: &str) -> i32 {
             return 2;
         }
     };
-    // SAFETY: getppid has no preconditions.
-    become_worker(config.id, config.scenario.data.worker_threads, unsafe { libc::getppid() });
+    become_worker(config.id, config.scenario.data.worker_threads, getppid());
     let ring = match Mapping::open(&inherited(config.ring_fd), true) {
         Ok(m) => m,
         Err(e) => {

@@ -1,0 +1,39 @@
+//! The trainer's few system calls that no crate wraps safely, each behind a safe function:
+//! `strsignal(3)` (PyTorch words a worker's death with it) and `_exit(2)` (a forked child or an
+//! injected fault leaves without running the parent's destructors or atexit handlers). nix
+//! covers the rest (fork, pipes, poll, waitpid, prctl, mmap); what stays `unsafe` elsewhere in the
+//! trainer is memory shared with libtorch or other processes, not calls.
+
+use nix::sys::signal::Signal;
+
+/// The C library's description of `sig`: `Killed`, `Segmentation fault`, `Bus error`.
+pub fn signal_description(sig: Signal) -> String {
+    // SAFETY: strsignal(3) returns a pointer to a NUL-terminated string that stays valid until
+    // the next strsignal call on this thread; it is copied out at once.
+    let text = unsafe { libc::strsignal(sig as i32) };
+    if text.is_null() {
+        return sig.as_str().to_string();
+    }
+    // SAFETY: non-null and NUL-terminated (see above).
+    unsafe { std::ffi::CStr::from_ptr(text) }.to_string_lossy().into_owned()
+}
+
+/// Ends this process at once with `code`: no destructor, atexit handler or stdio flush runs
+/// (the state they would touch belongs to the parent a forked child was copied from, or is what an
+/// injected fault must not tidy). Async-signal-safe.
+pub fn exit_now(code: i32) -> ! {
+    // SAFETY: _exit(2) has no preconditions and never returns; nix has no wrapper for it.
+    unsafe { libc::_exit(code) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signals_are_described_as_the_c_library_does() {
+        assert_eq!(signal_description(Signal::SIGKILL), "Killed");
+        assert_eq!(signal_description(Signal::SIGSEGV), "Segmentation fault");
+        assert_eq!(signal_description(Signal::SIGBUS), "Bus error");
+    }
+}
