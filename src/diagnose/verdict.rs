@@ -190,6 +190,20 @@ fn exit_source(rank: &RankResult) -> Option<String> {
             rank.rank,
             s.trim_start_matches("launcher status 0, rank not identified")
         ),
+        s if s.starts_with("procfs, rank number unknown") => format!(
+            "process {} is below the launcher, but no signal gave its rank number{}: it is listed as rank {} \
+             only by the order the processes that failed started; its exit status was read from `/proc/{}/stat` while \
+             it was a zombie",
+            rank.pid.map_or("?".into(), |p| p.to_string()),
+            s.trim_start_matches("procfs, rank number unknown"),
+            rank.rank,
+            rank.pid.map_or("?".into(), |p| p.to_string()),
+        ),
+        s if s.starts_with("launcher status, rank not identified") => format!(
+            "rank {}'s process was never identified{}: its outcome is the launcher's",
+            rank.rank,
+            s.trim_start_matches("launcher status, rank not identified")
+        ),
         "launcher status 0" => format!("rank {} ended while the launcher exited with status 0, which torchrun does only when every rank did", rank.rank),
         _ => format!("rank {}'s exit status was not observed (it was reaped by its launcher before ups-doctor saw it)", rank.rank),
     })
@@ -232,7 +246,7 @@ fn signal_cause(ev: &Evidence, signal: i32) -> String {
 fn failure(ev: &Evidence, failed: &RankEvidence) -> (String, Vec<String>, Option<String>, Option<String>) {
     let r = failed.result;
     let scenario = ev.scenario;
-    let who = format!("Rank {}", r.rank);
+    let who = rank_name(r, "Rank");
     let at = if ev.foreign && r.markers == 0 { String::new() } else { format!(" {}", location(r)) };
     let mut evidence = vec![last_sign(ev, r)];
     if ev.foreign {
@@ -456,16 +470,39 @@ fn add_collateral(ev: &Evidence, failed: &RankEvidence, verdict: &mut Verdict) {
             _ => o.error.as_deref().map(|e| format!(": {e}")).unwrap_or_default(),
         };
         let at = if ev.foreign && o.markers == 0 { String::new() } else { format!(" {}", location(o)) };
-        verdict.evidence.push(format!("collateral: rank {} {how}{at}{later}{error}", o.rank));
+        verdict.evidence.push(format!("collateral: {} {how}{at}{later}{error}", rank_name(o, "rank")));
     }
-    if !collateral.is_empty() {
-        let ranks: Vec<String> = collateral.iter().map(|r| r.rank().to_string()).collect();
+    let (known, unknown): (Vec<&RankResult>, Vec<&RankResult>) =
+        collateral.iter().map(|r| r.result).partition(|r| !rank_unknown(r));
+    if !known.is_empty() {
+        let ranks: Vec<String> = known.iter().map(|r| r.rank.to_string()).collect();
         verdict.headline.push_str(&format!(
             " {} {} failed after it (collateral).",
             if ranks.len() == 1 { "Rank" } else { "Ranks" },
             ranks.join(", ")
         ));
     }
+    for r in unknown {
+        verdict.headline.push_str(&format!(" {} failed after it (collateral).", rank_name(r, "The")));
+    }
+}
+
+/// Whether `r` stands for a process below a launcher whose rank number no signal gave.
+fn rank_unknown(r: &RankResult) -> bool {
+    r.identified_by.is_none() && r.exit_source.as_deref().is_some_and(|s| s.starts_with("procfs, rank number unknown"))
+}
+
+/// `Rank 1`, or for a process whose rank number is unknown `The process 4242 below the launcher
+/// (rank number unknown)`; `lead` is how the sentence starts (`Rank`/`rank`, `The`/`the`).
+fn rank_name(r: &RankResult, lead: &str) -> String {
+    if rank_unknown(r) {
+        let the = if lead.starts_with(char::is_uppercase) { "The" } else { "the" };
+        return format!("{the} process {} below the launcher (rank number unknown)", r.pid.map_or("?".into(), |p| p.to_string()));
+    }
+    if r.identified_by.is_none() && r.exit_source.as_deref().is_some_and(|s| s.starts_with("launcher status, rank not identified")) {
+        return format!("{lead} {} (its process was not identified: the launcher's status)", r.rank);
+    }
+    format!("{lead} {}", r.rank)
 }
 
 #[cfg(test)]

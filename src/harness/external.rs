@@ -11,6 +11,7 @@ use std::time::Duration;
 use crate::probe::{memory, run};
 use crate::scenario::{Scenario, render_with};
 
+use super::os::tcp;
 use super::owner;
 use super::process::Exit;
 use super::result::{KernelThread, ProcessDump};
@@ -242,21 +243,17 @@ pub fn alive(pid: u32) -> bool {
     stat_fields(pid).is_some_and(|f| f.first().map(String::as_str) != Some("Z"))
 }
 
-/// The process group of `pid`.
-pub fn pgid_of(pid: u32) -> Option<u32> {
-    stat_fields(pid)?.get(2)?.parse().ok()
-}
-
-/// Sends `signal` to a rank a launcher started, `who` as first found, and to every process of
-/// its group when it leads one (torchrun starts every rank in a session of its own): each one
-/// only after [`owner::Run::check`]. Returns whether the rank itself got it.
-pub fn signal_found(run: &owner::Run, who: owner::Identity, signal: i32) -> bool {
+/// Sends `signal` to a rank a launcher started, `who` as first found, and to every process below
+/// it that is not another rank (`others`): its workers, whatever their process group (torchrun
+/// starts each rank in a session of its own, slurmstepd puts a step's tasks in the first task's
+/// group, `mp.spawn`'s ranks share the launcher's). Each one only after [`owner::Run::check`].
+/// Returns whether the rank itself got it.
+pub fn signal_found(run: &owner::Run, who: owner::Identity, others: &[u32], signal: i32) -> bool {
+    let members = rank_members(who.pid, others);
     let sent = run.signal(who, signal).is_ok();
-    if sent && pgid_of(who.pid) == Some(who.pid) {
-        for p in
-            memory::processes().into_iter().filter(|p| p.pgid == who.pid && p.pid != who.pid && !p.zombie())
-        {
-            if let Some(member) = owner::identify(p.pid) {
+    if sent {
+        for pid in members.into_iter().filter(|&p| p != who.pid) {
+            if let Some(member) = owner::identify(pid) {
                 let _ = run.signal(member, signal);
             }
         }
@@ -264,17 +261,57 @@ pub fn signal_found(run: &owner::Run, who: owner::Identity, signal: i32) -> bool
     sent
 }
 
-/// How a launcher's rank process was identified: the variable in its starting environment that
-/// gave its rank number, the launcher being a rank itself, or its place in a spawn order.
+/// The variables of a starting environment that give a process's rank number, in the order they
+/// are trusted.
 pub const RANK_VARS: [&str; 5] = ["RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "LOCAL_RANK"];
+
+/// `identified_by` of a rank the helper's markers named: a tagged marker line gave the rank
+/// (`RANK`, or `torch.distributed.get_rank()` once the process group is up) and the writer's pid.
+pub const BY_MARKERS: &str = "markers";
+/// `identified_by` of the process that listens on the rendezvous port (the c10d store's server:
+/// rank 0 outside torchrun, whose agent hosts the store itself).
+pub const BY_PORT_LISTENS: &str = "rendezvous port (listens)";
+/// `identified_by` of the one process connected to the rendezvous port when one rank is left.
+pub const BY_PORT_CONNECTED: &str = "rendezvous port (connected)";
+/// `identified_by` of the launcher process as rank 0 (Lightning).
+pub const BY_LAUNCHER: &str = "launcher process";
+/// `identified_by` of `multiprocessing` spawn children numbered in the order they started.
+pub const BY_SPAWN_ORDER: &str = "spawn order";
+
+/// How much an identification proves: a rank variable in the starting environment most, then
+/// the rank the process itself reported through the helper, then its role at the rendezvous port,
+/// then the launcher-as-rank-0 and spawn-order inferences. A stronger signal replaces a weaker
+/// one found earlier (spawn order is known before the ranks reach the rendezvous).
+pub fn strength(by: &str) -> u8 {
+    match by {
+        BY_SPAWN_ORDER => 0,
+        BY_LAUNCHER => 1,
+        BY_PORT_CONNECTED => 2,
+        BY_PORT_LISTENS => 3,
+        BY_MARKERS => 4,
+        _ => 5,
+    }
+}
 
 /// A rank process found for a launcher-style run.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FoundRank {
     pub rank: u32,
     pub pid: u32,
-    /// Which signal identified it (`RANK`, `SLURM_PROCID`, …, `launcher process`, `spawn order`).
+    /// Which signal identified it: a variable of [`RANK_VARS`], or one of the `BY_*` constants.
     pub by: String,
+}
+
+/// What rank discovery knows besides the process table.
+#[derive(Debug, Default)]
+pub struct Known {
+    /// Ranks already found (rank → pid): a spawn order keeps them.
+    pub found: BTreeMap<u32, u32>,
+    /// What the helper's markers said (pid → rank).
+    pub claims: BTreeMap<u32, u32>,
+    /// The run's rendezvous port (the one ups-doctor picked); `MASTER_PORT` and `PET_MASTER_PORT`
+    /// of the launcher's and its processes' starting environments are looked at too.
+    pub port: u16,
 }
 
 /// The rank number a process's starting environment gives, and the variable that gave it.
@@ -300,6 +337,10 @@ fn is_spawn_child(pid: u32) -> bool {
         .unwrap_or(false)
 }
 
+fn cmdline(pid: u32) -> Option<Vec<u8>> {
+    std::fs::read(format!("/proc/{pid}/cmdline")).ok()
+}
+
 /// When `pid` started, in clock ticks since boot (field 22 of `/proc/PID/stat`).
 fn start_ticks(pid: u32) -> u64 {
     stat_fields(pid).and_then(|f| f.get(19)?.parse().ok()).unwrap_or(u64::MAX)
@@ -311,18 +352,20 @@ fn start_ticks(pid: u32) -> u64 {
 ///   or of a process anywhere on the machine that carries this run's id (`srun`'s tasks are
 ///   slurmstepd's children, not the launcher's): the topmost such process per rank (its
 ///   DataLoader workers, below it, inherit the same variables);
+/// - the helper's markers: a process of this run that reported its rank (topmost per rank: a
+///   forked worker reports its rank's number too);
+/// - the rendezvous port: below the launcher, the process that listens on it is rank 0, and when
+///   one rank is left, the one other process connected to it is that rank;
 /// - the launcher itself as rank 0, when ranks were found by `LOCAL_RANK` and none is rank 0
 ///   (Lightning runs rank 0 in the launcher process and starts the others with `LOCAL_RANK`);
 /// - `multiprocessing` spawn children of the launcher numbered in the order they started
 ///   (`torch.multiprocessing.spawn(fn, nprocs=N)` starts rank i as its i-th child), when no
-///   process carries a rank variable. `known` are the pids already found, whose ranks stay.
-pub fn discover_ranks(root: u32, run_id: &str, world: u32, known: &BTreeMap<u32, u32>) -> Vec<FoundRank> {
+///   other signal found a rank.
+pub fn discover_ranks(root: u32, run_id: &str, world: u32, known: &Known) -> Vec<FoundRank> {
     let table = memory::processes();
     let parent: BTreeMap<u32, u32> = table.iter().map(|p| (p.pid, p.ppid)).collect();
-    let children: BTreeMap<u32, Vec<u32>> = table.iter().fold(BTreeMap::new(), |mut map, p| {
-        map.entry(p.ppid).or_default().push(p.pid);
-        map
-    });
+    let children = children_of(&table);
+    let ours = |pid: u32| memory::environ_has(pid, crate::protocol::RUN_ID_ENV, run_id);
     let mut found: Vec<FoundRank> = Vec::new();
     let add = |found: &mut Vec<FoundRank>, rank: u32, pid: u32, by: &str| {
         if rank < world && !found.iter().any(|f| f.rank == rank || f.pid == pid) {
@@ -346,33 +389,78 @@ pub fn discover_ranks(root: u32, run_id: &str, world: u32, known: &BTreeMap<u32,
     // Elsewhere on the machine: this run's processes whose parent is not one of them with a rank
     // (that would make them a rank's workers).
     for p in table.iter().filter(|p| !p.zombie() && p.pid != root && !below.contains(&p.pid)) {
-        if found.iter().any(|f| f.pid == p.pid)
-            || !memory::environ_has(p.pid, crate::protocol::RUN_ID_ENV, run_id)
-        {
+        if found.iter().any(|f| f.pid == p.pid) || !ours(p.pid) {
             continue;
         }
         let Some((rank, by)) = env_rank(p.pid) else { continue };
         let ppid = parent.get(&p.pid).copied().unwrap_or(0);
-        let parent_is_rank =
-            memory::environ_has(ppid, crate::protocol::RUN_ID_ENV, run_id) && env_rank(ppid).is_some();
-        if !parent_is_rank {
+        if !(ours(ppid) && env_rank(ppid).is_some()) {
             add(&mut found, rank, p.pid, by);
         }
     }
+    // Whether `pid` is below a rank found so far (its worker): then it is no rank itself.
+    let under_a_rank = |found: &[FoundRank], pid: u32| {
+        let mut p = parent.get(&pid).copied().unwrap_or(0);
+        for _ in 0..64 {
+            if p <= 1 {
+                return false;
+            }
+            if found.iter().any(|f| f.pid == p && f.pid != root) {
+                return true;
+            }
+            p = parent.get(&p).copied().unwrap_or(0);
+        }
+        false
+    };
+    // The helper's markers, parents before children (a forked worker reports its rank's number).
+    let mut claims: Vec<(u32, u32)> = known.claims.iter().map(|(&pid, &rank)| (pid, rank)).collect();
+    claims.sort_by_key(|&(pid, _)| (start_ticks(pid), pid));
+    for (pid, rank) in claims {
+        let alive = table.iter().any(|p| p.pid == pid && !p.zombie());
+        // A forked child of a process of the run other than the launcher (a DataLoader worker,
+        // whose parent has not reported yet) has its parent's command line: not a rank.
+        let ppid = parent.get(&pid).copied().unwrap_or(0);
+        let forked = ppid != root && ours(ppid) && cmdline(ppid).is_some_and(|c| Some(c) == cmdline(pid));
+        if alive && ours(pid) && !forked && !under_a_rank(&found, pid) {
+            add(&mut found, rank, pid, BY_MARKERS);
+        }
+    }
+    let candidates: Vec<u32> = below
+        .iter()
+        .copied()
+        .filter(|&p| p != root && !found.iter().any(|f| f.pid == p) && !under_a_rank(&found, p))
+        .collect();
+    let mut ports: Vec<u16> = vec![known.port];
+    for pid in std::iter::once(root).chain(candidates.iter().copied()) {
+        for var in ["MASTER_PORT", "PET_MASTER_PORT"] {
+            ports.extend(memory::environ_var(pid, var).and_then(|v| v.trim().parse::<u16>().ok()));
+        }
+    }
+    ports.sort_unstable();
+    ports.dedup();
+    let (listeners, connected) = at_rendezvous(root, &candidates, &parent, &ports);
+    if let [rank0] = listeners[..] {
+        add(&mut found, 0, rank0, BY_PORT_LISTENS);
+    }
+    let left: Vec<u32> = (0..world).filter(|r| !found.iter().any(|f| f.rank == *r)).collect();
+    let others: Vec<u32> = connected.into_iter().filter(|p| !found.iter().any(|f| f.pid == *p)).collect();
+    if let ([rank], [pid]) = (&left[..], &others[..]) {
+        add(&mut found, *rank, *pid, BY_PORT_CONNECTED);
+    }
     if !found.is_empty() && found.iter().all(|f| f.by == "LOCAL_RANK") && !found.iter().any(|f| f.rank == 0) {
-        add(&mut found, 0, root, "launcher process");
+        add(&mut found, 0, root, BY_LAUNCHER);
     }
     if found.is_empty() {
         let mut spawned: Vec<u32> =
             children.get(&root).into_iter().flatten().copied().filter(|&c| is_spawn_child(c)).collect();
         spawned.sort_by_key(|&pid| (start_ticks(pid), pid));
-        let mut next = (0..world).filter(|r| !known.contains_key(r));
+        let mut next = (0..world).filter(|r| !known.found.contains_key(r));
         for pid in spawned {
-            if known.values().any(|&k| k == pid) {
+            if known.found.values().any(|&k| k == pid) {
                 continue;
             }
             match next.next() {
-                Some(rank) => add(&mut found, rank, pid, "spawn order"),
+                Some(rank) => add(&mut found, rank, pid, BY_SPAWN_ORDER),
                 None => break,
             }
         }
@@ -381,19 +469,83 @@ pub fn discover_ranks(root: u32, run_id: &str, world: u32, known: &BTreeMap<u32,
     found
 }
 
+fn children_of(table: &[memory::ProcStat]) -> BTreeMap<u32, Vec<u32>> {
+    table.iter().filter(|p| !p.zombie()).fold(BTreeMap::new(), |mut map, p| {
+        map.entry(p.ppid).or_default().push(p.pid);
+        map
+    })
+}
+
+/// Among `candidates`, the processes that listen on one of `ports` and those connected to one
+/// (the c10d store's clients). A socket counts for the topmost process that holds it: a forked
+/// child (a DataLoader worker, or a launcher's child between fork and exec) holds its parent's
+/// sockets too.
+fn at_rendezvous(
+    root: u32,
+    candidates: &[u32],
+    parent: &BTreeMap<u32, u32>,
+    ports: &[u16],
+) -> (Vec<u32>, Vec<u32>) {
+    if candidates.is_empty() {
+        return (Vec::new(), Vec::new());
+    }
+    let table = tcp::sockets(root);
+    let inodes = |pid: u32| -> Vec<tcp::Socket> {
+        let held = tcp::socket_inodes(pid);
+        table.iter().filter(|s| held.contains(&s.inode)).copied().collect()
+    };
+    let mut listeners = Vec::new();
+    let mut connected = Vec::new();
+    for &pid in candidates {
+        let held = inodes(pid);
+        let ppid = parent.get(&pid).copied().unwrap_or(0);
+        let from_parent = if ppid == root || candidates.contains(&ppid) {
+            tcp::socket_inodes(ppid)
+        } else {
+            Default::default()
+        };
+        let own = |s: &&tcp::Socket| !from_parent.contains(&s.inode);
+        if held.iter().filter(own).any(|s| s.listening && ports.contains(&s.local_port)) {
+            listeners.push(pid);
+        } else if held.iter().filter(own).any(|s| s.established && ports.contains(&s.remote_port)) {
+            connected.push(pid);
+        }
+    }
+    (listeners, connected)
+}
+
+/// The process `pid` and everything below it, except other ranks (`others`) and what is below
+/// them: a rank's own processes (its DataLoader workers), whatever their process group.
+pub fn rank_members(pid: u32, others: &[u32]) -> Vec<u32> {
+    let table = memory::processes();
+    let children = children_of(&table);
+    let mut members = vec![pid];
+    let mut queue = vec![pid];
+    while let Some(p) = queue.pop() {
+        for &child in children.get(&p).into_iter().flatten() {
+            if !others.contains(&child) {
+                members.push(child);
+                queue.push(child);
+            }
+        }
+    }
+    members.sort_unstable();
+    members
+}
+
 /// Processes below the launcher `root` that look like ranks but whose rank is not known:
 /// its children that are not found ranks, not `multiprocessing`'s resource tracker and not
 /// zombies.
-pub fn unidentified_children(root: u32, found: &[u32]) -> usize {
+pub fn unidentified_children(root: u32, found: &[u32]) -> Vec<u32> {
     memory::processes()
         .into_iter()
         .filter(|p| p.ppid == root && !p.zombie() && !found.contains(&p.pid))
         .filter(|p| {
             std::fs::read(format!("/proc/{}/cmdline", p.pid))
-                .map(|c| !String::from_utf8_lossy(&c).contains("resource_tracker"))
-                .unwrap_or(false)
+                .is_ok_and(|c| !String::from_utf8_lossy(&c).contains("resource_tracker"))
         })
-        .count()
+        .map(|p| p.pid)
+        .collect()
 }
 
 /// One failed rank in torchrun's error summary.

@@ -5,3 +5,4 @@
 pub mod cgroup;
 pub mod kmsg;
 pub mod pidfd;
+pub mod tcp;

@@ -30,20 +30,41 @@ pub(super) fn program_words(doc: &mut Doc, s: &ScenarioResult) {
     }
 }
 
-/// How each rank's process was found below the launcher, or that it was not.
+/// How each rank's process was found below the launcher, or that it was not (and how many
+/// processes below it looked like ranks without a rank number).
 fn identified_line(ranks: &[RankResult]) -> String {
     let each: Vec<String> = ranks
         .iter()
-        .map(|r| match &r.identified_by {
-            Some(by) if by == "launcher process" => format!("rank {} is the launcher process itself", r.rank),
-            Some(by) if by == "spawn order" => {
+        .map(|r| match r.identified_by.as_deref() {
+            Some("launcher process") => format!("rank {} is the launcher process itself", r.rank),
+            Some("spawn order") => {
                 format!("rank {} by spawn order (the launcher's child started {})", r.rank, ordinal(r.rank))
             }
+            Some("markers") => format!("rank {} by the helper's markers (the process reported rank {0})", r.rank),
+            Some("rendezvous port (listens)") => {
+                format!("rank {} by the rendezvous port (the process listens on it: the c10d store)", r.rank)
+            }
+            Some("rendezvous port (connected)") => {
+                format!("rank {} by the rendezvous port (the one other process connected to it)", r.rank)
+            }
             Some(by) => format!("rank {} by {}", r.rank, code(&format!("{by}={}", r.rank))),
-            None => format!("rank {}: no process identified", r.rank),
+            None => match (r.pid, r.exit_source.as_deref()) {
+                (Some(pid), Some(s)) if s.starts_with("procfs, rank number unknown") => {
+                    format!("rank {}: process {pid}, whose rank number is unknown (it failed)", r.rank)
+                }
+                _ => format!("rank {}: no process identified", r.rank),
+            },
         })
         .collect();
-    format!("Ranks identified: {}.", each.join("; "))
+    let looked = ranks
+        .iter()
+        .filter(|r| r.identified_by.is_none())
+        .filter_map(|r| r.exit_source.as_deref()?.split("; ").find(|p| p.contains("below the launcher look")))
+        .next();
+    match looked {
+        Some(n) => format!("Ranks identified: {}. {n}.", each.join("; ")),
+        None => format!("Ranks identified: {}.", each.join("; ")),
+    }
 }
 
 fn ordinal(rank: u32) -> String {
