@@ -473,7 +473,7 @@ fn add_collateral(ev: &Evidence, failed: &RankEvidence, verdict: &mut Verdict) {
         verdict.evidence.push(format!("collateral: {} {how}{at}{later}{error}", rank_name(o, "rank")));
     }
     let (known, unknown): (Vec<&RankResult>, Vec<&RankResult>) =
-        collateral.iter().map(|r| r.result).partition(|r| !rank_unknown(r));
+        collateral.iter().map(|r| r.result).partition(|r| rank_name(r, "Rank") == format!("Rank {}", r.rank));
     if !known.is_empty() {
         let ranks: Vec<String> = known.iter().map(|r| r.rank.to_string()).collect();
         verdict.headline.push_str(&format!(
@@ -483,7 +483,8 @@ fn add_collateral(ev: &Evidence, failed: &RankEvidence, verdict: &mut Verdict) {
         ));
     }
     for r in unknown {
-        verdict.headline.push_str(&format!(" {} failed after it (collateral).", rank_name(r, "The")));
+        let lead = if rank_unknown(r) { "The" } else { "Rank" };
+        verdict.headline.push_str(&format!(" {} failed after it (collateral).", rank_name(r, lead)));
     }
 }
 

@@ -260,6 +260,20 @@ fn slot_members(slot: &Slot, others: &[u32]) -> Vec<u32> {
     external::rank_members(pid, others)
 }
 
+/// A rank found by a weaker signal whose process then reported that same rank through the
+/// helper's markers is identified by them (it may have ended since: a short run's markers can
+/// come between two rounds of discovery).
+fn confirm_by_markers(l: &Launcher, slots: &mut [Slot]) {
+    let claims = l.pid_ranks.lock().map(|r| r.claimed.clone()).unwrap_or_default();
+    for slot in slots.iter_mut() {
+        let claimed = slot.found.and_then(|pid| claims.get(&pid)) == Some(&slot.end.rank);
+        let weaker = slot.end.identified_by.as_deref().is_some_and(|b| external::strength(b) < external::strength(external::BY_MARKERS));
+        if claimed && weaker {
+            slot.end.identified_by = Some(external::BY_MARKERS.to_string());
+        }
+    }
+}
+
 /// The pids of the found ranks other than `rank`.
 fn other_ranks(slots: &[Slot], rank: u32) -> Vec<u32> {
     slots.iter().filter(|s| s.end.rank != rank).filter_map(|s| s.found).collect()
@@ -270,6 +284,7 @@ fn other_ranks(slots: &[Slot], rank: u32) -> Vec<u32> {
 /// ownership checks); a rank first found by a weak signal (spawn order) takes the stronger one's
 /// word when it comes, the same process or not, as long as nothing was sent to it yet.
 fn discover(l: &mut Launcher, slots: &mut [Slot], ownership: &mut owner::Run, run_id: &str, port: u16) {
+    confirm_by_markers(l, slots);
     let Some(root) = l.process.as_ref().map(|p| p.pid) else { return };
     let world = slots.len() as u32;
     let known = external::Known {
@@ -707,6 +722,7 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
                 _ => {}
             }
         }
+        confirm_by_markers(&l, &mut slots);
         settle_unidentified(&mut slots, &l, exit, &launcher_name, start);
         let _ = std::fs::remove_file(&l.fifo);
         launcher_end = Some(LauncherEnd {
@@ -896,6 +912,7 @@ fn settle_unidentified(
                     slot.end.exit_source = Some(format!("procfs, rank number unknown{unknown}; {how}"));
                 } else {
                     slot.end.exit = Some(e);
+                    slot.end.ended_at_s = l.exited_at.map(|at| at.duration_since(start).as_secs_f64());
                     slot.end.exit_source = Some(format!("launcher status, rank not identified{unknown}; {how}"));
                 }
             }
