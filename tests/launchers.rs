@@ -28,7 +28,7 @@ fn three_cases(launcher: &str, command: &str, program_args: &str, style: &str) -
             &format!(
                 r#"{{"command": [{command}, "{program}", {program_args}, "--steps", "6"{extra}],
                     "launch": {{"world_size": 2{style}}},
-                    "limits": {{"timeout_s": 300, "hang_after_s": 20}}, "expect": {expect}}}"#
+                    "limits": {{"timeout_s": 300, "hang_after_s": 30}}, "expect": {expect}}}"#
             ),
         )
     };
@@ -250,7 +250,7 @@ fn processes_whose_rank_is_unknown_are_judged_by_what_they_did() {
             &format!(
                 r#"{{"command": ["python", "{program}", "--launcher", "popen", "--port-from", "own", "--steps", "6"{extra}],
                     "launch": {{"world_size": 2, "style": "launcher"}},
-                    "limits": {{"timeout_s": 300, "hang_after_s": 20}}, "expect": {expect}}}"#
+                    "limits": {{"timeout_s": 300, "hang_after_s": 30}}, "expect": {expect}}}"#
             ),
         )
     };

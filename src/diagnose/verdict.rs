@@ -472,6 +472,9 @@ fn add_collateral(ev: &Evidence, failed: &RankEvidence, verdict: &mut Verdict) {
         let at = if ev.foreign && o.markers == 0 { String::new() } else { format!(" {}", location(o)) };
         verdict.evidence.push(format!("collateral: {} {how}{at}{later}{error}", rank_name(o, "rank")));
     }
+    if !collateral.is_empty() && !verdict.headline.ends_with('.') {
+        verdict.headline.push('.');
+    }
     let (known, unknown): (Vec<&RankResult>, Vec<&RankResult>) =
         collateral.iter().map(|r| r.result).partition(|r| rank_name(r, "Rank") == format!("Rank {}", r.rank));
     if !known.is_empty() {

@@ -41,6 +41,11 @@ const TERM_GRACE: Duration = Duration::from_secs(3);
 /// stack-dump request.
 const INTERRUPT_TERM_GRACE: Duration = Duration::from_secs(1);
 const INTERRUPT_DUMP_WAIT: Duration = Duration::from_secs(3);
+/// How long a launcher gets between SIGTERM and SIGKILL (its ranks get [`TERM_GRACE`]): once
+/// they are gone it still has to end its own way, and killed too early it leaves things behind
+/// (`srun` killed before slurmstepd reports its tasks' end leaves the job's allocation running).
+const LAUNCHER_TERM_GRACE: Duration = Duration::from_secs(15);
+const LAUNCHER_INTERRUPT_TERM_GRACE: Duration = Duration::from_secs(5);
 /// After the first rank fails, how long the others get to notice and end on their own (their
 /// own error is the collateral evidence) before they are asked for stacks and torn down.
 const COLLATERAL_GRACE: Duration = Duration::from_secs(5);
@@ -240,12 +245,16 @@ fn poll_zombies(
 
 /// Sends `signal` to whatever the slot runs: its own process group (led by our unreaped child),
 /// or a launcher's rank and the processes below it, checked against what each was when first
-/// seen. `others` are the other found ranks' pids.
-fn signal_slot(slot: &Slot, run: &owner::Run, others: &[u32], signal: i32) {
+/// seen. `others` are the other found ranks' pids. Returns whether the rank got it (a process
+/// that no longer passes the ownership checks does not).
+fn signal_slot(slot: &Slot, run: &owner::Run, others: &[u32], signal: i32) -> bool {
     if let Some(p) = slot.process.as_ref() {
         p.signal_group(signal);
+        true
     } else if let Some(who) = slot.found_id.filter(|_| !slot.found_gone) {
-        external::signal_found(run, who, others, signal);
+        external::signal_found(run, who, others, signal)
+    } else {
+        false
     }
 }
 
@@ -258,6 +267,14 @@ fn slot_members(slot: &Slot, others: &[u32]) -> Vec<u32> {
     }
     let Some(pid) = slot.found else { return Vec::new() };
     external::rank_members(pid, others)
+}
+
+/// Signals the launcher's process group while the launcher runs (its group is ours: its leader
+/// is our unreaped child).
+fn signal_launcher(launcher: &Option<Launcher>, signal: i32) {
+    if let Some(p) = launcher.as_ref().filter(|l| l.live()).and_then(|l| l.process.as_ref()) {
+        p.signal_group(signal);
+    }
 }
 
 /// A rank found by a weaker signal whose process then reported that same rank through the
@@ -481,13 +498,17 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
             for slot in slots.iter_mut().filter(|s| s.live()) {
                 let others: Vec<u32> =
                     found.iter().filter(|(r, _)| *r != slot.end.rank).map(|(_, p)| *p).collect();
-                signal_slot(slot, run, &others, signal);
-                slot.end.torn_down_with = Some(name.into());
+                // A launcher's rank is torn down only by what reached it (its launcher may end it).
+                if signal_slot(slot, run, &others, signal) {
+                    slot.end.torn_down_with = Some(name.into());
+                }
             }
-            if let Some(p) = launcher.as_ref().filter(|l| l.live()).and_then(|l| l.process.as_ref()) {
-                p.signal_group(signal);
+            // The launcher's SIGKILL comes later, on its own (see LAUNCHER_TERM_GRACE).
+            if signal != libc::SIGKILL {
+                signal_launcher(launcher, signal);
             }
         };
+    let mut launcher_kill_sent = false;
 
     loop {
         if let Ok(event) = rx.recv_timeout(TICK) {
@@ -679,6 +700,14 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
         {
             signal_all(&mut slots, &launcher, &ownership, libc::SIGKILL, "SIGKILL");
             kill_sent = true;
+        }
+        if let Some(sent) = term_sent
+            && !launcher_kill_sent
+            && now.duration_since(sent)
+                >= if was_interrupted { LAUNCHER_INTERRUPT_TERM_GRACE } else { LAUNCHER_TERM_GRACE }
+        {
+            signal_launcher(&launcher, libc::SIGKILL);
+            launcher_kill_sent = true;
         }
     }
     progress.scenario_finished();

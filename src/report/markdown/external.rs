@@ -59,7 +59,13 @@ fn identified_line(ranks: &[RankResult]) -> String {
     let looked = ranks
         .iter()
         .filter(|r| r.identified_by.is_none())
-        .filter_map(|r| r.exit_source.as_deref()?.split("; ").find(|p| p.contains("below the launcher look")))
+        .filter_map(|r| {
+            let source = r.exit_source.as_deref()?;
+            let from = source.find("; ")? + 2;
+            let to = source.find("are unknown").map(|i| i + "are unknown".len())
+                .or_else(|| source.find("is unknown").map(|i| i + "is unknown".len()))?;
+            source.get(from..to).filter(|s| s.contains("below the launcher look"))
+        })
         .next();
     match looked {
         Some(n) => format!("Ranks identified: {}. {n}.", each.join("; ")),
