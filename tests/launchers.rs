@@ -93,7 +93,8 @@ fn check(run: &RunOutput, identified: [&str; 2]) {
 
 #[test]
 fn torchrun_ranks_are_found_by_rank() {
-    let (_sb, run) = three_cases("torchrun", r#""torchrun", "--nproc_per_node", "2""#, r#""--launcher", "env""#, "");
+    let (_sb, run) =
+        three_cases("torchrun", r#""torchrun", "--nproc_per_node", "2""#, r#""--launcher", "env""#, "");
     check(&run, ["RANK", "RANK"]);
 }
 
@@ -112,8 +113,12 @@ fn python_m_torch_distributed_run_ranks_are_found_by_rank() {
 /// launcher's process group like the ranks, are each rank's own.
 #[test]
 fn spawned_ranks_that_import_the_helper_are_found_by_its_markers_with_their_workers() {
-    let (sb, run) =
-        three_cases("spawn-helper", r#""python""#, r#""--launcher", "spawn", "--helper", "--workers", "2""#, "");
+    let (sb, run) = three_cases(
+        "spawn-helper",
+        r#""python""#,
+        r#""--launcher", "spawn", "--helper", "--workers", "2""#,
+        "",
+    );
     check(&run, ["markers", "markers"]);
     let [pass, _, hang] = &scenarios(&run)[..] else { unreachable!() };
     for r in pass["ranks"].as_array().unwrap() {
@@ -122,10 +127,18 @@ fn spawned_ranks_that_import_the_helper_are_found_by_its_markers_with_their_work
     }
     for r in hang["ranks"].as_array().unwrap() {
         let dumps = r["dumps"].as_array().unwrap();
-        let workers: Vec<&Value> =
-            dumps.iter().filter(|d| d["role"].as_str().is_some_and(|w| w.contains("child process"))).collect();
-        assert!(workers.len() >= 2, "rank {}'s DataLoader workers were dumped with it: {dumps:#?}", r["rank"]);
-        assert!(dumps.iter().all(|d| d["role"].as_str().unwrap().starts_with(&format!("rank {}", r["rank"]))));
+        let workers: Vec<&Value> = dumps
+            .iter()
+            .filter(|d| d["role"].as_str().is_some_and(|w| w.contains("child process")))
+            .collect();
+        assert!(
+            workers.len() >= 2,
+            "rank {}'s DataLoader workers were dumped with it: {dumps:#?}",
+            r["rank"]
+        );
+        assert!(
+            dumps.iter().all(|d| d["role"].as_str().unwrap().starts_with(&format!("rank {}", r["rank"])))
+        );
     }
     let md = sb.reports();
     assert!(
@@ -138,7 +151,8 @@ fn spawned_ranks_that_import_the_helper_are_found_by_its_markers_with_their_work
 /// ups-doctor's port: the process listening on it is rank 0, the other one connected to it rank 1.
 #[test]
 fn a_home_made_launchers_ranks_are_found_by_the_rendezvous_port() {
-    let (sb, run) = three_cases("popen", r#""python""#, r#""--launcher", "popen""#, r#", "style": "launcher""#);
+    let (sb, run) =
+        three_cases("popen", r#""python""#, r#""--launcher", "popen""#, r#", "style": "launcher""#);
     check(&run, ["rendezvous port (listens)", "rendezvous port (connected)"]);
     let md = sb.reports();
     assert!(md.contains("rank 0 by the rendezvous port (the process listens on it: the c10d store)"), "{md}");
@@ -220,7 +234,12 @@ fn ranks_no_signal_identifies_are_judged_by_the_launchers_exit_status() {
             "{r}"
         );
     }
-    assert_eq!((failed["outcome"].as_str(), failed["ranks"][0]["exit_code"].as_u64()), (Some("exited"), Some(3)), "{}", failed["verdict"]);
+    assert_eq!(
+        (failed["outcome"].as_str(), failed["ranks"][0]["exit_code"].as_u64()),
+        (Some("exited"), Some(3)),
+        "{}",
+        failed["verdict"]
+    );
     for r in failed["ranks"].as_array().unwrap() {
         assert_ne!(r["outcome"], "launch_failed", "{r}");
         let source = r["exit_source"].as_str().unwrap_or_default();
@@ -275,7 +294,9 @@ fn processes_whose_rank_is_unknown_are_judged_by_what_they_did() {
     let pid = culprit["pid"].as_u64().unwrap();
     let headline = segv["verdict"]["headline"].as_str().unwrap();
     assert!(
-        headline.starts_with(&format!("The process {pid} below the launcher (rank number unknown) was killed by SIGSEGV")),
+        headline.starts_with(&format!(
+            "The process {pid} below the launcher (rank number unknown) was killed by SIGSEGV"
+        )),
         "{headline}"
     );
     let other = &segv["ranks"][1 - first];
@@ -286,5 +307,8 @@ fn processes_whose_rank_is_unknown_are_judged_by_what_they_did() {
         assert!(r["identified_by"].is_null(), "{r}");
     }
     let md = sb.reports();
-    assert!(md.contains("2 processes below the launcher look like ranks; their rank numbers are unknown."), "{md}");
+    assert!(
+        md.contains("2 processes below the launcher look like ranks; their rank numbers are unknown."),
+        "{md}"
+    );
 }

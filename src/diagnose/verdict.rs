@@ -493,7 +493,8 @@ fn add_collateral(ev: &Evidence, failed: &RankEvidence, verdict: &mut Verdict) {
 
 /// Whether `r` stands for a process below a launcher whose rank number no signal gave.
 fn rank_unknown(r: &RankResult) -> bool {
-    r.identified_by.is_none() && r.exit_source.as_deref().is_some_and(|s| s.starts_with("procfs, rank number unknown"))
+    r.identified_by.is_none()
+        && r.exit_source.as_deref().is_some_and(|s| s.starts_with("procfs, rank number unknown"))
 }
 
 /// `Rank 1`, or for a process whose rank number is unknown `The process 4242 below the launcher
@@ -501,9 +502,14 @@ fn rank_unknown(r: &RankResult) -> bool {
 fn rank_name(r: &RankResult, lead: &str) -> String {
     if rank_unknown(r) {
         let the = if lead.starts_with(char::is_uppercase) { "The" } else { "the" };
-        return format!("{the} process {} below the launcher (rank number unknown)", r.pid.map_or("?".into(), |p| p.to_string()));
+        return format!(
+            "{the} process {} below the launcher (rank number unknown)",
+            r.pid.map_or("?".into(), |p| p.to_string())
+        );
     }
-    if r.identified_by.is_none() && r.exit_source.as_deref().is_some_and(|s| s.starts_with("launcher status, rank not identified")) {
+    if r.identified_by.is_none()
+        && r.exit_source.as_deref().is_some_and(|s| s.starts_with("launcher status, rank not identified"))
+    {
         return format!("{lead} {} (its process was not identified: the launcher's status)", r.rank);
     }
     format!("{lead} {}", r.rank)

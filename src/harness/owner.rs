@@ -214,7 +214,10 @@ mod tests {
         let other_groups = Run { run_id: "owner-test-2".into(), groups: vec![], ranks: vec![] };
         // Its group is led by itself, and it carries the run id: a group of the run.
         assert_eq!(other_groups.check(who), Ok(()));
-        assert_eq!(Run { run_id: "another-run".into(), groups: vec![], ranks: vec![] }.check(who), Err(NotOurs::NoRunId));
+        assert_eq!(
+            Run { run_id: "another-run".into(), groups: vec![], ranks: vec![] }.check(who),
+            Err(NotOurs::NoRunId)
+        );
         for c in [&mut ours, &mut foreign] {
             assert!(c.try_wait().unwrap().is_none(), "a refused signal was sent anyway");
             c.kill().unwrap();

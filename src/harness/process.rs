@@ -248,7 +248,8 @@ impl TaggedRouter {
             return Vec::new();
         };
         let pid = v.get("pid").and_then(|p| p.as_u64()).and_then(|p| u32::try_from(p).ok());
-        let said = v.get("rank").and_then(|r| r.as_u64()).filter(|&r| r < u64::from(self.world)).map(|r| r as u32);
+        let said =
+            v.get("rank").and_then(|r| r.as_u64()).filter(|&r| r < u64::from(self.world)).map(|r| r as u32);
         let v = serde_json::Value::Object(v);
         let rank = {
             let Ok(mut known) = ranks.lock() else { return Vec::new() };
@@ -481,7 +482,9 @@ mod tests {
         let other = r#"{"t":"begin","phase":"forward","pid":300}"#;
         assert_eq!(ranks_of(&router.route(other, at, &ranks, parent)), [(0, true)]);
         // A rank outside the world is no rank; a line that is no object is dropped.
-        assert!(router.route(r#"{"t":"begin","phase":"x","pid":400,"rank":7}"#, at, &ranks, parent).is_empty());
+        assert!(
+            router.route(r#"{"t":"begin","phase":"x","pid":400,"rank":7}"#, at, &ranks, parent).is_empty()
+        );
         assert!(router.route("not json", at, &ranks, parent).is_empty());
         // A writer claims once: a later different rank does not move it.
         let again = r#"{"t":"begin","phase":"backward","pid":100,"rank":0}"#;

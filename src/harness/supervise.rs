@@ -284,7 +284,11 @@ fn confirm_by_markers(l: &Launcher, slots: &mut [Slot]) {
     let claims = l.pid_ranks.lock().map(|r| r.claimed.clone()).unwrap_or_default();
     for slot in slots.iter_mut() {
         let claimed = slot.found.and_then(|pid| claims.get(&pid)) == Some(&slot.end.rank);
-        let weaker = slot.end.identified_by.as_deref().is_some_and(|b| external::strength(b) < external::strength(external::BY_MARKERS));
+        let weaker = slot
+            .end
+            .identified_by
+            .as_deref()
+            .is_some_and(|b| external::strength(b) < external::strength(external::BY_MARKERS));
         if claimed && weaker {
             slot.end.identified_by = Some(external::BY_MARKERS.to_string());
         }
@@ -537,7 +541,10 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
             // Every tick while a rank is missing; then now and then while a weak identification
             // (spawn order) may still be confirmed or corrected by the markers or the port.
             let weak = slots.iter().any(|s| {
-                s.end.identified_by.as_deref().is_some_and(|b| external::strength(b) < external::strength(external::BY_MARKERS))
+                s.end
+                    .identified_by
+                    .as_deref()
+                    .is_some_and(|b| external::strength(b) < external::strength(external::BY_MARKERS))
             });
             let missing = slots.iter().any(|s| s.found.is_none());
             if l.live() && (missing || (weak && now >= l.next_discovery)) {
@@ -618,7 +625,8 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
             if launcher_style && !stuck && slots.iter().all(|s| s.found.is_none()) {
                 // Nothing found: the launcher (or what runs below it unidentified) may be what
                 // hangs, silent as every rank's output is the launcher's.
-                stuck = launcher.as_ref().is_some_and(|l| l.live()) && slots.iter().all(|s| silence(s) >= limit);
+                stuck =
+                    launcher.as_ref().is_some_and(|l| l.live()) && slots.iter().all(|s| silence(s) >= limit);
                 if stuck {
                     for slot in slots.iter_mut() {
                         slot.end.intervention = Some(Intervention::Hung { silence_s: silence(slot) });
@@ -942,7 +950,8 @@ fn settle_unidentified(
                 } else {
                     slot.end.exit = Some(e);
                     slot.end.ended_at_s = l.exited_at.map(|at| at.duration_since(start).as_secs_f64());
-                    slot.end.exit_source = Some(format!("launcher status, rank not identified{unknown}; {how}"));
+                    slot.end.exit_source =
+                        Some(format!("launcher status, rank not identified{unknown}; {how}"));
                 }
             }
             (Some(e), None) => {
@@ -988,7 +997,9 @@ fn rank_of(slots: &[Slot], below: &BTreeMap<u32, u32>, p: &memory::ProcStat) -> 
                 .find(|s| (s.process.is_some() || s.found.is_some()) && s.end.pid == Some(p.pgid))
                 .map(|s| s.end.rank)
         })
-        .or_else(|| slots.iter().find(|s| s.verified_workers.iter().any(|w| w.pid == p.pid)).map(|s| s.end.rank))
+        .or_else(|| {
+            slots.iter().find(|s| s.verified_workers.iter().any(|w| w.pid == p.pid)).map(|s| s.end.rank)
+        })
 }
 
 /// Every process below a launcher's found rank (the rank itself included), pid → rank.

@@ -67,8 +67,20 @@ mod tests {
         assert_eq!(
             parse(text),
             vec![
-                Socket { local_port: 29241, remote_port: 0, listening: true, established: false, inode: 41234 },
-                Socket { local_port: 41668, remote_port: 29241, listening: false, established: true, inode: 41240 },
+                Socket {
+                    local_port: 29241,
+                    remote_port: 0,
+                    listening: true,
+                    established: false,
+                    inode: 41234
+                },
+                Socket {
+                    local_port: 41668,
+                    remote_port: 29241,
+                    listening: false,
+                    established: true,
+                    inode: 41240
+                },
             ]
         );
     }

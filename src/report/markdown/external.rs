@@ -40,7 +40,9 @@ fn identified_line(ranks: &[RankResult]) -> String {
             Some("spawn order") => {
                 format!("rank {} by spawn order (the launcher's child started {})", r.rank, ordinal(r.rank))
             }
-            Some("markers") => format!("rank {} by the helper's markers (the process reported rank {0})", r.rank),
+            Some("markers") => {
+                format!("rank {} by the helper's markers (the process reported rank {0})", r.rank)
+            }
             Some("rendezvous port (listens)") => {
                 format!("rank {} by the rendezvous port (the process listens on it: the c10d store)", r.rank)
             }
@@ -62,7 +64,9 @@ fn identified_line(ranks: &[RankResult]) -> String {
         .filter_map(|r| {
             let source = r.exit_source.as_deref()?;
             let from = source.find("; ")? + 2;
-            let to = source.find("are unknown").map(|i| i + "are unknown".len())
+            let to = source
+                .find("are unknown")
+                .map(|i| i + "are unknown".len())
                 .or_else(|| source.find("is unknown").map(|i| i + "is unknown".len()))?;
             source.get(from..to).filter(|s| s.contains("below the launcher look"))
         })
