@@ -19,7 +19,11 @@ Under ups-doctor, importing this module also
   sys.excepthook still runs and prints the traceback);
 - enables `faulthandler`, so a SIGSEGV/SIGBUS/SIGABRT prints the Python stack to stderr;
 - under a launcher (torchrun), asks the kernel to kill this process when its parent dies, so no
-  rank outlives ups-doctor even if ups-doctor itself is killed.
+  rank outlives ups-doctor even if ups-doctor itself is killed;
+- under a launcher, tags each line with this process's pid and, once it knows it, its rank
+  (`RANK`, or `torch.distributed.get_rank()` after `init_process_group`): the helper's markers
+  tell ups-doctor which process is which rank even where the launcher sets no `RANK`
+  (`torch.multiprocessing.spawn`).
 
 Wire format (src/protocol.rs): one JSON object per line. With UPS_DOCTOR_MARKER_FD the harness
 gave this process the write end of a pipe (checked against UPS_DOCTOR_MARKER_INO, so a process
@@ -88,12 +92,31 @@ def enabled():
     return _open() is not None
 
 
+def _rank():
+    """This process's rank when it knows it: `RANK` (as the launcher or the program set it), else
+    `torch.distributed.get_rank()` once the process group is up (`torch.multiprocessing.spawn`
+    passes the rank only as an argument); None before that."""
+    rank = _env_int("RANK")
+    if rank is not None:
+        return rank
+    dist = sys.modules.get("torch.distributed")
+    with contextlib.suppress(Exception):
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return int(dist.get_rank())
+    return None
+
+
 def _send(marker):
     fd = _open()
     if fd is None:
         return
     if _tagged:
-        marker["rank"] = _env_int("RANK", 0)
+        # Each line says who wrote it; ups-doctor keeps the lines of a writer whose rank is not
+        # known yet until it is, and takes a writer's rank as a sign of which process is which rank.
+        rank = _rank()
+        marker.pop("rank", None)
+        if rank is not None:
+            marker["rank"] = rank
         marker["pid"] = os.getpid()
     line = (json.dumps(marker, allow_nan=False, default=str) + "\n").encode()
     # One write per line: lines up to PIPE_BUF (4096 bytes) from several processes never mix.

@@ -209,6 +209,14 @@ fn an_srun_task_skipping_a_collective_is_hung_with_stacks_of_both_ranks() {
             dumps.first().and_then(|d| d["py_spy"].as_str()).unwrap_or_else(|| panic!("py-spy ran: {r}"));
         assert!(py_spy.contains(" (ddp.py:"), "rank {}'s stack reaches the program:\n{py_spy}", r["rank"]);
     }
+    // Both tasks were torn down by ups-doctor itself: the second task sits in the first one's
+    // process group (slurmstepd's choice), and passes the ownership checks as a found rank.
+    for r in s["ranks"].as_array().unwrap() {
+        assert_eq!(r["torn_down_with"], "SIGTERM", "{r}");
+    }
+    // srun was given the time to end the step its own way (killed, it would leave the job's
+    // allocation behind: assert_nothing_left below).
+    assert_eq!(s["external"]["launcher"]["exit_code"], 143, "{}", s["external"]["launcher"]);
     let stacks = |rank: usize| s["ranks"][rank]["dumps"][0]["py_spy"].as_str().unwrap().to_string();
     assert!(stacks(0).contains("barrier"), "rank 0 waits in the barrier it took instead:\n{}", stacks(0));
     assert!(stacks(1).contains("backward"), "rank 1 waits in the gradient all-reduce:\n{}", stacks(1));

@@ -10,7 +10,7 @@ mod verdict;
 
 pub use catalog::{ALL as PATTERNS, Pattern, SHM_FULL_SHARE, input_bound, used_of};
 pub use evidence::{KeyLine, Observed, key_line, last_error_line};
-pub use verdict::{Judgement, judge};
+pub use verdict::{Judgement, judge, looked_like_ranks};
 
 #[cfg(test)]
 mod purity;

@@ -175,6 +175,24 @@ fn last_sign(ev: &Evidence, rank: &RankResult) -> String {
     }
 }
 
+/// `; 2 processes below the launcher look like ranks; their rank numbers are unknown`, or nothing.
+pub fn looked_like_ranks(launcher: Option<&LauncherEnd>) -> String {
+    match launcher.map_or(0, |l| l.unidentified_processes) {
+        0 => String::new(),
+        1 => "; 1 process below the launcher looks like a rank; its rank number is unknown".to_string(),
+        n => format!("; {n} processes below the launcher look like ranks; their rank numbers are unknown"),
+    }
+}
+
+/// `the launcher exited with status 1` / `was killed by SIGKILL`.
+fn launcher_ended(launcher: Option<&LauncherEnd>) -> String {
+    match launcher {
+        Some(LauncherEnd { exit_code: Some(c), .. }) => format!("the launcher exited with status {c}"),
+        Some(LauncherEnd { signal: Some(s), .. }) => format!("the launcher was killed by {s}"),
+        _ => "the launcher's end was not observed".to_string(),
+    }
+}
+
 fn exit_source(rank: &RankResult, launcher: Option<&LauncherEnd>) -> Option<String> {
     rank.exit_source.map(|source| match source {
         ExitSource::Procfs => format!(
@@ -184,19 +202,27 @@ fn exit_source(rank: &RankResult, launcher: Option<&LauncherEnd>) -> Option<Stri
         ),
         ExitSource::Torchrun => format!("rank {}'s exit status is the one torchrun's error summary gives", rank.rank),
         ExitSource::Launcher => format!("rank {} is the launcher process itself: its exit status is the launcher's", rank.rank),
-        ExitSource::NotIdentified => {
-            let unknown = match launcher.map_or(0, |l| l.unidentified_processes) {
-                0 => String::new(),
-                n => format!(
-                    "; {n} process{} below the launcher looked like ranks, their rank numbers are unknown",
-                    if n == 1 { "" } else { "es" }
-                ),
-            };
-            format!(
-                "rank {}'s process was never identified{unknown}; the launcher exited with status 0",
-                rank.rank
-            )
-        }
+        ExitSource::NotIdentified => format!(
+            "rank {}'s process was never identified{}; the launcher exited with status 0",
+            rank.rank,
+            looked_like_ranks(launcher)
+        ),
+        ExitSource::ProcfsRankUnknown => format!(
+            "process {} is below the launcher, but no signal gave its rank number{}; {}: it is listed as rank {} \
+             only by the order the processes that failed started; its exit status was read from `/proc/{}/stat` while \
+             it was a zombie",
+            rank.pid.map_or("?".into(), |p| p.to_string()),
+            looked_like_ranks(launcher),
+            launcher_ended(launcher),
+            rank.rank,
+            rank.pid.map_or("?".into(), |p| p.to_string()),
+        ),
+        ExitSource::LauncherStatus => format!(
+            "rank {}'s process was never identified{}; {}: its outcome is the launcher's",
+            rank.rank,
+            looked_like_ranks(launcher),
+            launcher_ended(launcher)
+        ),
         ExitSource::LauncherStatus0 => format!("rank {} ended while the launcher exited with status 0, which torchrun does only when every rank did", rank.rank),
         ExitSource::Unknown => format!("rank {}'s exit status was not observed (it was reaped by its launcher before ups-doctor saw it)", rank.rank),
     })
@@ -239,7 +265,7 @@ fn signal_cause(ev: &Evidence, signal: i32) -> String {
 fn failure(ev: &Evidence, failed: &RankEvidence) -> (String, Vec<String>, Option<String>, Option<String>) {
     let r = failed.result;
     let scenario = ev.scenario;
-    let who = format!("Rank {}", r.rank);
+    let who = rank_name(r, "Rank");
     let at = if ev.foreign && r.markers == 0 { String::new() } else { format!(" {}", location(r)) };
     let mut evidence = vec![last_sign(ev, r)];
     if ev.foreign {
@@ -463,16 +489,46 @@ fn add_collateral(ev: &Evidence, failed: &RankEvidence, verdict: &mut Verdict) {
             _ => o.error.as_deref().map(|e| format!(": {e}")).unwrap_or_default(),
         };
         let at = if ev.foreign && o.markers == 0 { String::new() } else { format!(" {}", location(o)) };
-        verdict.evidence.push(format!("collateral: rank {} {how}{at}{later}{error}", o.rank));
+        verdict.evidence.push(format!("collateral: {} {how}{at}{later}{error}", rank_name(o, "rank")));
     }
-    if !collateral.is_empty() {
-        let ranks: Vec<String> = collateral.iter().map(|r| r.rank().to_string()).collect();
+    if !collateral.is_empty() && !verdict.headline.ends_with('.') {
+        verdict.headline.push('.');
+    }
+    let (known, unknown): (Vec<&RankResult>, Vec<&RankResult>) =
+        collateral.iter().map(|r| r.result).partition(|r| rank_name(r, "Rank") == format!("Rank {}", r.rank));
+    if !known.is_empty() {
+        let ranks: Vec<String> = known.iter().map(|r| r.rank.to_string()).collect();
         verdict.headline.push_str(&format!(
             " {} {} failed after it (collateral).",
             if ranks.len() == 1 { "Rank" } else { "Ranks" },
             ranks.join(", ")
         ));
     }
+    for r in unknown {
+        let lead = if rank_unknown(r) { "The" } else { "Rank" };
+        verdict.headline.push_str(&format!(" {} failed after it (collateral).", rank_name(r, lead)));
+    }
+}
+
+/// Whether `r` stands for a process below a launcher whose rank number no signal gave.
+fn rank_unknown(r: &RankResult) -> bool {
+    r.identified_by.is_none() && r.exit_source == Some(ExitSource::ProcfsRankUnknown)
+}
+
+/// `Rank 1`, or for a process whose rank number is unknown `The process 4242 below the launcher
+/// (rank number unknown)`; `lead` is how the sentence starts (`Rank`/`rank`, `The`/`the`).
+fn rank_name(r: &RankResult, lead: &str) -> String {
+    if rank_unknown(r) {
+        let the = if lead.starts_with(char::is_uppercase) { "The" } else { "the" };
+        return format!(
+            "{the} process {} below the launcher (rank number unknown)",
+            r.pid.map_or("?".into(), |p| p.to_string())
+        );
+    }
+    if r.identified_by.is_none() && r.exit_source == Some(ExitSource::LauncherStatus) {
+        return format!("{lead} {} (its process was not identified: the launcher's status)", r.rank);
+    }
+    format!("{lead} {}", r.rank)
 }
 
 #[cfg(test)]

@@ -13,6 +13,7 @@ use procfs::process::Syscall;
 use crate::probe::{memory, run};
 use crate::scenario::{Scenario, render_with};
 
+use super::os::tcp;
 use super::owner;
 use super::process::Exit;
 use crate::schema::{IdentifiedBy, KernelThread, ProcessDump, ProcessRole};
@@ -243,21 +244,17 @@ pub fn alive(pid: u32) -> bool {
     memory::read_stat(pid).is_some_and(|s| s.state != 'Z')
 }
 
-/// The process group of `pid`.
-pub fn pgid_of(pid: u32) -> Option<u32> {
-    memory::read_stat(pid).map(|s| s.pgid)
-}
-
-/// Sends `signal` to a rank a launcher started, `who` as first found, and to every process of
-/// its group when it leads one (torchrun starts every rank in a session of its own): each one
-/// only after [`owner::Run::check`]. Returns whether the rank itself got it.
-pub fn signal_found(run: &owner::Run, who: owner::Identity, signal: i32) -> bool {
+/// Sends `signal` to a rank a launcher started, `who` as first found, and to every process below
+/// it that is not another rank (`others`): its workers, whatever their process group (torchrun
+/// starts each rank in a session of its own, slurmstepd puts a step's tasks in the first task's
+/// group, `mp.spawn`'s ranks share the launcher's). Each one only after [`owner::Run::check`].
+/// Returns whether the rank itself got it.
+pub fn signal_found(run: &owner::Run, who: owner::Identity, others: &[u32], signal: i32) -> bool {
+    let members = rank_members(who.pid, others);
     let sent = run.signal(who, signal).is_ok();
-    if sent && pgid_of(who.pid) == Some(who.pid) {
-        for p in
-            memory::processes().into_iter().filter(|p| p.pgid == who.pid && p.pid != who.pid && !p.zombie())
-        {
-            if let Some(member) = owner::identify(p.pid) {
+    if sent {
+        for pid in members.into_iter().filter(|&p| p != who.pid) {
+            if let Some(member) = owner::identify(pid) {
                 let _ = run.signal(member, signal);
             }
         }
@@ -272,6 +269,18 @@ pub struct FoundRank {
     pub pid: u32,
     /// How it was found: a rank variable, the launcher itself, or a spawn order.
     pub by: IdentifiedBy,
+}
+
+/// What rank discovery knows besides the process table.
+#[derive(Debug, Default)]
+pub struct Known {
+    /// Ranks already found (rank → pid): a spawn order keeps them.
+    pub found: BTreeMap<u32, u32>,
+    /// What the helper's markers said (pid → rank).
+    pub claims: BTreeMap<u32, u32>,
+    /// The run's rendezvous port (the one ups-doctor picked); `MASTER_PORT` and `PET_MASTER_PORT`
+    /// of the launcher's and its processes' starting environments are looked at too.
+    pub port: u16,
 }
 
 /// The rank number a process's starting environment gives, and the variable that gave it.
@@ -306,18 +315,20 @@ fn start_ticks(pid: u32) -> u64 {
 ///   or of a process anywhere on the machine that carries this run's id (`srun`'s tasks are
 ///   slurmstepd's children, not the launcher's): the topmost such process per rank (its
 ///   DataLoader workers, below it, inherit the same variables);
+/// - the helper's markers: a process of this run that reported its rank (topmost per rank: a
+///   forked worker reports its rank's number too);
+/// - the rendezvous port: below the launcher, the process that listens on it is rank 0, and when
+///   one rank is left, the one other process connected to it is that rank;
 /// - the launcher itself as rank 0, when ranks were found by `LOCAL_RANK` and none is rank 0
 ///   (Lightning runs rank 0 in the launcher process and starts the others with `LOCAL_RANK`);
 /// - `multiprocessing` spawn children of the launcher numbered in the order they started
 ///   (`torch.multiprocessing.spawn(fn, nprocs=N)` starts rank i as its i-th child), when no
-///   process carries a rank variable. `known` are the pids already found, whose ranks stay.
-pub fn discover_ranks(root: u32, run_id: &str, world: u32, known: &BTreeMap<u32, u32>) -> Vec<FoundRank> {
+///   other signal found a rank.
+pub fn discover_ranks(root: u32, run_id: &str, world: u32, known: &Known) -> Vec<FoundRank> {
     let table = memory::processes();
     let parent: BTreeMap<u32, u32> = table.iter().map(|p| (p.pid, p.ppid)).collect();
-    let children: BTreeMap<u32, Vec<u32>> = table.iter().fold(BTreeMap::new(), |mut map, p| {
-        map.entry(p.ppid).or_default().push(p.pid);
-        map
-    });
+    let children = children_of(&table);
+    let ours = |pid: u32| memory::environ_has(pid, crate::protocol::RUN_ID_ENV, run_id);
     let mut found: Vec<FoundRank> = Vec::new();
     let add = |found: &mut Vec<FoundRank>, rank: u32, pid: u32, by: IdentifiedBy| {
         if rank < world && !found.iter().any(|f| f.rank == rank || f.pid == pid) {
@@ -341,18 +352,65 @@ pub fn discover_ranks(root: u32, run_id: &str, world: u32, known: &BTreeMap<u32,
     // Elsewhere on the machine: this run's processes whose parent is not one of them with a rank
     // (that would make them a rank's workers).
     for p in table.iter().filter(|p| !p.zombie() && p.pid != root && !below.contains(&p.pid)) {
-        if found.iter().any(|f| f.pid == p.pid)
-            || !memory::environ_has(p.pid, crate::protocol::RUN_ID_ENV, run_id)
-        {
+        if found.iter().any(|f| f.pid == p.pid) || !ours(p.pid) {
             continue;
         }
         let Some((rank, by)) = env_rank(p.pid) else { continue };
         let ppid = parent.get(&p.pid).copied().unwrap_or(0);
-        let parent_is_rank =
-            memory::environ_has(ppid, crate::protocol::RUN_ID_ENV, run_id) && env_rank(ppid).is_some();
-        if !parent_is_rank {
+        if !(ours(ppid) && env_rank(ppid).is_some()) {
             add(&mut found, rank, p.pid, by);
         }
+    }
+    // Whether `pid` is below a rank found so far (its worker): then it is no rank itself.
+    let under_a_rank = |found: &[FoundRank], pid: u32| {
+        let mut p = parent.get(&pid).copied().unwrap_or(0);
+        for _ in 0..64 {
+            if p <= 1 {
+                return false;
+            }
+            if found.iter().any(|f| f.pid == p && f.pid != root) {
+                return true;
+            }
+            p = parent.get(&p).copied().unwrap_or(0);
+        }
+        false
+    };
+    // The helper's markers, parents before children (a forked worker reports its rank's number).
+    let mut claims: Vec<(u32, u32)> = known.claims.iter().map(|(&pid, &rank)| (pid, rank)).collect();
+    claims.sort_by_key(|&(pid, _)| (start_ticks(pid), pid));
+    for (pid, rank) in claims {
+        let alive = table.iter().any(|p| p.pid == pid && !p.zombie());
+        // A forked child of a process of the run other than the launcher (a DataLoader worker,
+        // whose parent has not reported yet) has its parent's command line: not a rank.
+        let ppid = parent.get(&pid).copied().unwrap_or(0);
+        let forked = ppid != root
+            && ours(ppid)
+            && memory::cmdline(ppid).is_some_and(|c| Some(c) == memory::cmdline(pid));
+        if alive && ours(pid) && !forked && !under_a_rank(&found, pid) {
+            add(&mut found, rank, pid, IdentifiedBy::Markers);
+        }
+    }
+    let candidates: Vec<u32> = below
+        .iter()
+        .copied()
+        .filter(|&p| p != root && !found.iter().any(|f| f.pid == p) && !under_a_rank(&found, p))
+        .collect();
+    let mut ports: Vec<u16> = vec![known.port];
+    for pid in std::iter::once(root).chain(candidates.iter().copied()) {
+        for var in ["MASTER_PORT", "PET_MASTER_PORT"] {
+            ports.extend(memory::environ_var(pid, var).and_then(|v| v.trim().parse::<u16>().ok()));
+        }
+    }
+    ports.sort_unstable();
+    ports.dedup();
+    let (listeners, connected) = at_rendezvous(root, &candidates, &parent, &ports);
+    if let [rank0] = listeners[..] {
+        add(&mut found, 0, rank0, IdentifiedBy::RendezvousListens);
+    }
+    let left: Vec<u32> = (0..world).filter(|r| !found.iter().any(|f| f.rank == *r)).collect();
+    let others: Vec<u32> = connected.into_iter().filter(|p| !found.iter().any(|f| f.pid == *p)).collect();
+    if let ([rank], [pid]) = (&left[..], &others[..]) {
+        add(&mut found, *rank, *pid, IdentifiedBy::RendezvousConnected);
     }
     if !found.is_empty()
         && found.iter().all(|f| f.by == IdentifiedBy::LocalRank)
@@ -364,9 +422,9 @@ pub fn discover_ranks(root: u32, run_id: &str, world: u32, known: &BTreeMap<u32,
         let mut spawned: Vec<u32> =
             children.get(&root).into_iter().flatten().copied().filter(|&c| is_spawn_child(c)).collect();
         spawned.sort_by_key(|&pid| (start_ticks(pid), pid));
-        let mut next = (0..world).filter(|r| !known.contains_key(r));
+        let mut next = (0..world).filter(|r| !known.found.contains_key(r));
         for pid in spawned {
-            if known.values().any(|&k| k == pid) {
+            if known.found.values().any(|&k| k == pid) {
                 continue;
             }
             match next.next() {
@@ -379,15 +437,80 @@ pub fn discover_ranks(root: u32, run_id: &str, world: u32, known: &BTreeMap<u32,
     found
 }
 
+fn children_of(table: &[memory::ProcStat]) -> BTreeMap<u32, Vec<u32>> {
+    table.iter().filter(|p| !p.zombie()).fold(BTreeMap::new(), |mut map, p| {
+        map.entry(p.ppid).or_default().push(p.pid);
+        map
+    })
+}
+
+/// Among `candidates`, the processes that listen on one of `ports` and those connected to one
+/// (the c10d store's clients). A socket counts for the topmost process that holds it: a forked
+/// child (a DataLoader worker, or a launcher's child between fork and exec) holds its parent's
+/// sockets too.
+fn at_rendezvous(
+    root: u32,
+    candidates: &[u32],
+    parent: &BTreeMap<u32, u32>,
+    ports: &[u16],
+) -> (Vec<u32>, Vec<u32>) {
+    if candidates.is_empty() {
+        return (Vec::new(), Vec::new());
+    }
+    let table = tcp::sockets(root);
+    let inodes = |pid: u32| -> Vec<tcp::Socket> {
+        let held = tcp::socket_inodes(pid);
+        table.iter().filter(|s| held.contains(&s.inode)).copied().collect()
+    };
+    let mut listeners = Vec::new();
+    let mut connected = Vec::new();
+    for &pid in candidates {
+        let held = inodes(pid);
+        let ppid = parent.get(&pid).copied().unwrap_or(0);
+        let from_parent = if ppid == root || candidates.contains(&ppid) {
+            tcp::socket_inodes(ppid)
+        } else {
+            Default::default()
+        };
+        let own = |s: &&tcp::Socket| !from_parent.contains(&s.inode);
+        if held.iter().filter(own).any(|s| s.listening && ports.contains(&s.local_port)) {
+            listeners.push(pid);
+        } else if held.iter().filter(own).any(|s| s.established && ports.contains(&s.remote_port)) {
+            connected.push(pid);
+        }
+    }
+    (listeners, connected)
+}
+
+/// The process `pid` and everything below it, except other ranks (`others`) and what is below
+/// them: a rank's own processes (its DataLoader workers), whatever their process group.
+pub fn rank_members(pid: u32, others: &[u32]) -> Vec<u32> {
+    let table = memory::processes();
+    let children = children_of(&table);
+    let mut members = vec![pid];
+    let mut queue = vec![pid];
+    while let Some(p) = queue.pop() {
+        for &child in children.get(&p).into_iter().flatten() {
+            if !others.contains(&child) {
+                members.push(child);
+                queue.push(child);
+            }
+        }
+    }
+    members.sort_unstable();
+    members
+}
+
 /// Processes below the launcher `root` that look like ranks but whose rank is not known:
 /// its children that are not found ranks, not `multiprocessing`'s resource tracker and not
 /// zombies.
-pub fn unidentified_children(root: u32, found: &[u32]) -> usize {
+pub fn unidentified_children(root: u32, found: &[u32]) -> Vec<u32> {
     memory::processes()
         .into_iter()
         .filter(|p| p.ppid == root && !p.zombie() && !found.contains(&p.pid))
         .filter(|p| memory::cmdline(p.pid).is_some_and(|text| !text.contains("resource_tracker")))
-        .count()
+        .map(|p| p.pid)
+        .collect()
 }
 
 /// One failed rank in torchrun's error summary.

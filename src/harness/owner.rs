@@ -2,7 +2,10 @@
 //! - it carries the run id ([`RUN_ID_ENV`]) in the environment it started with
 //!   (`/proc/PID/environ`, which a process cannot rewrite for another);
 //! - its process group is one ups-doctor created (a rank's or the launcher's), or one led by a
-//!   process that itself carries the run id (torchrun starts each rank in a session of its own);
+//!   process that itself carries the run id (torchrun starts each rank in a session of its own),
+//!   or it is (or descends from) a rank this run found below its launcher, checked against the
+//!   start time recorded when it was found (`srun`'s second task sits in the first task's group,
+//!   which outlives neither that task nor slurmstepd's choice of groups);
 //! - its start time (`/proc/PID/stat` field 22) is the one recorded when it was first seen, so a
 //!   pid that was recycled since is someone else.
 //!
@@ -70,6 +73,9 @@ pub struct Run {
     /// Process groups ups-doctor created: each rank's (led by the rank, our child) and the
     /// launcher's.
     pub groups: Vec<u32>,
+    /// Ranks found below a launcher, as first seen (each carried the run id then): they and
+    /// their descendants are this run's whatever their process group.
+    pub ranks: Vec<Identity>,
 }
 
 /// `pid` as it is now, unless it is gone or a zombie.
@@ -97,10 +103,27 @@ impl Run {
         let pgid = stat.pgid;
         let group_of_run =
             self.groups.contains(&pgid) || (pgid != 0 && memory::environ_has(pgid, RUN_ID_ENV, &self.run_id));
-        if !group_of_run {
+        if !group_of_run && !self.below_a_rank(who.pid) {
             return Err(NotOurs::ForeignGroup);
         }
         Ok(())
+    }
+
+    /// Whether `pid` is a found rank or descends from one, each still the process first seen.
+    fn below_a_rank(&self, pid: u32) -> bool {
+        let mut pid = pid;
+        // Bounded: a process tree is not deeper than this, and a cycle cannot hold us.
+        for _ in 0..64 {
+            let Some(stat) = memory::read_stat(pid) else { return false };
+            if self.ranks.iter().any(|r| r.pid == pid && r.start_ticks == stat.start_ticks) {
+                return true;
+            }
+            if stat.ppid <= 1 {
+                return false;
+            }
+            pid = stat.ppid;
+        }
+        false
     }
 
     /// Whether a process a marker names can be taken as this run's: it must be alive and pass
@@ -173,7 +196,7 @@ mod tests {
     #[test]
     fn a_process_of_the_run_in_its_group_is_ours_and_can_be_signalled() {
         let mut child = sleeper(Some("owner-test-1"));
-        let run = Run { run_id: "owner-test-1".into(), groups: vec![child.id()] };
+        let run = Run { run_id: "owner-test-1".into(), groups: vec![child.id()], ranks: vec![] };
         let who = identify(child.id()).unwrap();
         assert_eq!(run.check(who), Ok(()));
         run.signal(who, Signal::SIGKILL as i32).unwrap();
@@ -184,7 +207,7 @@ mod tests {
     fn a_recycled_pid_a_foreign_environment_or_group_is_not_ours() {
         let mut ours = sleeper(Some("owner-test-2"));
         let mut foreign = sleeper(None);
-        let run = Run { run_id: "owner-test-2".into(), groups: vec![ours.id(), foreign.id()] };
+        let run = Run { run_id: "owner-test-2".into(), groups: vec![ours.id(), foreign.id()], ranks: vec![] };
         let who = identify(ours.id()).unwrap();
         // What a pid reused since it was first seen looks like: the same pid, another start time.
         let earlier = Identity { pid: who.pid, start_ticks: who.start_ticks.wrapping_sub(1) };
@@ -198,15 +221,65 @@ mod tests {
             run.signal(stranger, Signal::SIGKILL as i32),
             Err(SignalError::NotOurs(NotOurs::NoRunId))
         ));
-        let other_groups = Run { run_id: "owner-test-2".into(), groups: vec![] };
+        let other_groups = Run { run_id: "owner-test-2".into(), groups: vec![], ranks: vec![] };
         // Its group is led by itself, and it carries the run id: a group of the run.
         assert_eq!(other_groups.check(who), Ok(()));
-        assert_eq!(Run { run_id: "another-run".into(), groups: vec![] }.check(who), Err(NotOurs::NoRunId));
+        assert_eq!(
+            Run { run_id: "another-run".into(), groups: vec![], ranks: vec![] }.check(who),
+            Err(NotOurs::NoRunId)
+        );
         for c in [&mut ours, &mut foreign] {
             assert!(c.try_wait().unwrap().is_none(), "a refused signal was sent anyway");
             c.kill().unwrap();
             c.wait().unwrap();
         }
         assert_eq!(run.claim(ours.id()), Ok(None));
+    }
+
+    #[test]
+    fn a_found_rank_in_a_foreign_group_and_its_children_are_ours_only_as_first_seen() {
+        // A leader without the run id (slurmstepd's first task, say) whose child carries it (the
+        // second task, in the first one's group), and that child's own child (its worker).
+        let mut leader = Command::new("sh");
+        leader
+            .args(["-c", "env UPS_DOCTOR_RUN_ID=owner-test-3 sh -c 'sleep 600 & wait' & wait"])
+            .stdin(Stdio::null())
+            .env_remove(RUN_ID_ENV);
+        use std::os::unix::process::CommandExt;
+        leader.process_group(0);
+        let mut leader = leader.spawn().unwrap();
+        let below = |pid: u32| memory::processes().into_iter().find(|p| p.ppid == pid && !p.zombie());
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let (task, worker) = loop {
+            // The task is the leader's child once `env` has become `sh`; the worker is its `sleep`.
+            let task = below(leader.id()).filter(|t| t.command == "sh");
+            let worker = task.as_ref().and_then(|t| below(t.pid)).filter(|w| w.command == "sleep");
+            if let (Some(t), Some(w)) = (task, worker) {
+                break (t.pid, w.pid);
+            }
+            assert!(std::time::Instant::now() < deadline, "the task and its worker started");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        };
+        let task = identify(task).unwrap();
+        let worker = identify(worker).unwrap();
+        let none = Run { run_id: "owner-test-3".into(), groups: vec![], ranks: vec![] };
+        assert_eq!(none.check(task), Err(NotOurs::ForeignGroup));
+        let found = Run { ranks: vec![task], ..none.clone() };
+        assert_eq!(found.check(task), Ok(()));
+        assert_eq!(found.check(worker), Ok(()));
+        // The rank as it would be had its pid been reused since it was found.
+        let stale = Identity { pid: task.pid, start_ticks: task.start_ticks.wrapping_sub(1) };
+        let recycled = Run { ranks: vec![stale], ..none.clone() };
+        assert_eq!(recycled.check(worker), Err(NotOurs::ForeignGroup));
+        // The leader never carried the run id: being above a rank proves nothing.
+        let leader_id = identify(leader.id()).unwrap();
+        assert_eq!(found.check(leader_id), Err(NotOurs::NoRunId));
+        // Signal 0: the checks and the permission, nothing delivered.
+        found.signal(worker, 0).unwrap();
+        found.signal(task, 0).unwrap();
+        assert!(matches!(none.signal(task, 0), Err(SignalError::NotOurs(NotOurs::ForeignGroup))));
+        // SAFETY: the leader's group is our own child's, made for this test.
+        unsafe { libc::killpg(leader.id() as i32, libc::SIGKILL) };
+        leader.wait().unwrap();
     }
 }

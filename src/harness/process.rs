@@ -212,12 +212,101 @@ pub fn open_marker_fifo(path: &std::path::Path) -> io::Result<File> {
     Ok(unsafe { File::from_raw_fd(fd) })
 }
 
-/// Reads a launcher-style run's FIFO: every line carries its writer's `rank`, which routes it.
-/// Lines of ranks outside `0..world` or without a rank are dropped. The thread ends when the
-/// receiver is gone.
-pub fn read_tagged_markers(fifo: File, world: u32, events: Sender<Event>) {
+/// Which rank each writer of a launcher-style run's FIFO is, pid → rank: what the lines said
+/// (`claimed`, kept by the reader, read by rank discovery) and what rank discovery found by other
+/// signals (`found`, kept by the supervisor, read by the reader).
+#[derive(Debug, Default)]
+pub struct PidRanks {
+    pub claimed: std::collections::BTreeMap<u32, u32>,
+    pub found: std::collections::BTreeMap<u32, u32>,
+}
+
+/// Lines kept for a writer whose rank is not known yet, per writer and writers at most.
+const PENDING_LINES: usize = 256;
+const PENDING_WRITERS: usize = 64;
+
+/// Routes the lines of a launcher-style run's FIFO to ranks. A line carries its writer's `pid`
+/// and, when the writer knows it (`RANK`, or `torch.distributed.get_rank()` once the process
+/// group is up), its `rank`: a writer's first rank is its claim. A line without a rank goes to the
+/// writer's claimed or found rank, else to its parent's (a spawned DataLoader worker), else it
+/// waits until the writer's rank is known (an `mp.spawn` rank's markers before
+/// `init_process_group`).
+struct TaggedRouter {
+    world: u32,
+    pending: std::collections::BTreeMap<u32, Vec<(Instant, serde_json::Value)>>,
+}
+
+impl TaggedRouter {
+    fn route(
+        &mut self,
+        line: &str,
+        at: Instant,
+        ranks: &std::sync::Mutex<PidRanks>,
+        parent: impl Fn(u32) -> Option<u32>,
+    ) -> Vec<Event> {
+        let Ok(serde_json::Value::Object(v)) = serde_json::from_str::<serde_json::Value>(line) else {
+            return Vec::new();
+        };
+        let pid = v.get("pid").and_then(|p| p.as_u64()).and_then(|p| u32::try_from(p).ok());
+        let said =
+            v.get("rank").and_then(|r| r.as_u64()).filter(|&r| r < u64::from(self.world)).map(|r| r as u32);
+        let v = serde_json::Value::Object(v);
+        let rank = {
+            let Ok(mut known) = ranks.lock() else { return Vec::new() };
+            match (said, pid) {
+                (Some(rank), Some(pid)) => Some(*known.claimed.entry(pid).or_insert(rank)),
+                (Some(rank), None) => Some(rank),
+                (None, Some(pid)) => {
+                    let of = |p: u32| known.claimed.get(&p).or_else(|| known.found.get(&p)).copied();
+                    of(pid).or_else(|| parent(pid).and_then(of))
+                }
+                (None, None) => None,
+            }
+        };
+        match (rank, pid) {
+            (Some(rank), _) => {
+                let mut lines = pid.and_then(|p| self.pending.remove(&p)).unwrap_or_default();
+                lines.push((at, v));
+                lines.into_iter().map(|(at, v)| Self::event(rank, at, v)).collect()
+            }
+            (None, Some(pid)) => {
+                if self.pending.len() < PENDING_WRITERS || self.pending.contains_key(&pid) {
+                    let lines = self.pending.entry(pid).or_default();
+                    if lines.len() < PENDING_LINES {
+                        lines.push((at, v));
+                    }
+                }
+                Vec::new()
+            }
+            (None, None) => Vec::new(),
+        }
+    }
+
+    /// The marker of a line routed to `rank`: the rank is filled in where the writer did not know
+    /// it (a `start` marker needs one).
+    fn event(rank: u32, at: Instant, mut v: serde_json::Value) -> Event {
+        if let Some(o) = v.as_object_mut() {
+            o.insert("rank".into(), rank.into());
+        }
+        match serde_json::from_value::<Marker>(v) {
+            Ok(marker) => Event::Marker { rank, at, marker },
+            Err(_) => Event::BadMarker { rank, at },
+        }
+    }
+}
+
+/// Reads a launcher-style run's FIFO and routes each line to its writer's rank (see
+/// [`TaggedRouter`]); lines of ranks outside `0..world` or of no known writer are dropped. The
+/// thread ends when the receiver is gone.
+pub fn read_tagged_markers(
+    fifo: File,
+    world: u32,
+    ranks: std::sync::Arc<std::sync::Mutex<PidRanks>>,
+    events: Sender<Event>,
+) {
     let mut reader = BufReader::with_capacity(1 << 16, fifo);
     let mut buf = Vec::with_capacity(4096);
+    let mut router = TaggedRouter { world, pending: Default::default() };
     loop {
         buf.clear();
         match Read::take(&mut reader, MAX_MARKER_LINE as u64).read_until(b'\n', &mut buf) {
@@ -226,20 +315,11 @@ pub fn read_tagged_markers(fifo: File, world: u32, events: Sender<Event>) {
         }
         let at = Instant::now();
         let line = String::from_utf8_lossy(&buf);
-        let Some(rank) = serde_json::from_str::<serde_json::Value>(line.trim_end())
-            .ok()
-            .and_then(|v| v.get("rank")?.as_u64())
-            .filter(|&r| r < u64::from(world))
-        else {
-            continue;
-        };
-        let rank = rank as u32;
-        let event = match Marker::parse(line.trim_end()) {
-            Ok(marker) => Event::Marker { rank, at, marker },
-            Err(_) => Event::BadMarker { rank, at },
-        };
-        if events.send(event).is_err() {
-            return;
+        let parent = |pid: u32| crate::probe::memory::read_stat(pid).map(|s| s.ppid);
+        for event in router.route(line.trim_end(), at, &ranks, parent) {
+            if events.send(event).is_err() {
+                return;
+            }
         }
     }
 }
@@ -361,5 +441,53 @@ impl Drop for RankProcess {
             self.signal_group(libc::SIGKILL);
             let _ = self.child.wait();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ranks_of(events: &[Event]) -> Vec<(u32, bool)> {
+        events
+            .iter()
+            .map(|e| match e {
+                Event::Marker { rank, .. } => (*rank, true),
+                Event::BadMarker { rank, .. } => (*rank, false),
+                other => panic!("{other:?}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn tagged_lines_wait_for_their_writers_rank_and_workers_go_to_their_parents() {
+        let ranks = std::sync::Mutex::new(PidRanks::default());
+        let mut router = TaggedRouter { world: 2, pending: Default::default() };
+        let at = Instant::now();
+        let parent = |pid: u32| (pid == 200).then_some(100);
+        // An `mp.spawn` rank before `init_process_group`: it does not know its rank yet.
+        let start = r#"{"t":"start","pid":100,"world_size":2,"device":"python"}"#;
+        assert!(router.route(start, at, &ranks, parent).is_empty());
+        // Its first line after it: the claim, and the waiting start marker with the rank filled in.
+        let begin = r#"{"t":"begin","phase":"forward","step":0,"pid":100,"rank":1}"#;
+        let events = router.route(begin, at, &ranks, parent);
+        assert_eq!(ranks_of(&events), [(1, true), (1, true)]);
+        assert!(matches!(&events[0], Event::Marker { marker: Marker::Start { rank: 1, pid: 100, .. }, .. }));
+        assert_eq!(ranks.lock().unwrap().claimed.get(&100), Some(&1));
+        // A spawned worker of it that knows no rank goes to its parent's.
+        let worker = r#"{"t":"worker","id":0,"pid":200,"start_method":"spawn"}"#;
+        assert_eq!(ranks_of(&router.route(worker, at, &ranks, parent)), [(1, true)]);
+        // A writer found by another signal.
+        ranks.lock().unwrap().found.insert(300, 0);
+        let other = r#"{"t":"begin","phase":"forward","pid":300}"#;
+        assert_eq!(ranks_of(&router.route(other, at, &ranks, parent)), [(0, true)]);
+        // A rank outside the world is no rank; a line that is no object is dropped.
+        assert!(
+            router.route(r#"{"t":"begin","phase":"x","pid":400,"rank":7}"#, at, &ranks, parent).is_empty()
+        );
+        assert!(router.route("not json", at, &ranks, parent).is_empty());
+        // A writer claims once: a later different rank does not move it.
+        let again = r#"{"t":"begin","phase":"backward","pid":100,"rank":0}"#;
+        assert_eq!(ranks_of(&router.route(again, at, &ranks, parent)), [(1, true)]);
     }
 }

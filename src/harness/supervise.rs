@@ -29,8 +29,8 @@ use super::progress::Progress;
 use super::state::RankState;
 use super::{external, quotes};
 use crate::schema::{
-    CgroupReport, ExitSource, ExternalRun, ExternalStyle, GpuReport, LauncherEnd, LeftoverProcess,
-    LeftoverSegment, Leftovers, MemoryReport, OomKill, ProcessRole, Signal,
+    CgroupReport, ExitSource, ExternalRun, ExternalStyle, GpuReport, IdentifiedBy, LauncherEnd,
+    LeftoverProcess, LeftoverSegment, Leftovers, MemoryReport, OomKill, ProcessRole, Signal,
 };
 
 /// How long stuck ranks get to answer a stack-dump request.
@@ -41,6 +41,11 @@ const TERM_GRACE: Duration = Duration::from_secs(3);
 /// stack-dump request.
 const INTERRUPT_TERM_GRACE: Duration = Duration::from_secs(1);
 const INTERRUPT_DUMP_WAIT: Duration = Duration::from_secs(3);
+/// How long a launcher gets between SIGTERM and SIGKILL (its ranks get [`TERM_GRACE`]): once
+/// they are gone it still has to end its own way, and killed too early it leaves things behind
+/// (`srun` killed before slurmstepd reports its tasks' end leaves the job's allocation running).
+const LAUNCHER_TERM_GRACE: Duration = Duration::from_secs(15);
+const LAUNCHER_INTERRUPT_TERM_GRACE: Duration = Duration::from_secs(5);
 /// After the first rank fails, how long the others get to notice and end on their own (their
 /// own error is the collateral evidence) before they are asked for stacks and torn down.
 const COLLATERAL_GRACE: Duration = Duration::from_secs(5);
@@ -198,9 +203,13 @@ struct Launcher {
     exits: Arc<Mutex<BTreeMap<u32, (process::Exit, Instant)>>>,
     stop: Arc<AtomicBool>,
     fifo: PathBuf,
-    /// The most processes seen below the launcher at once that looked like ranks but whose rank
-    /// number no signal gave.
-    unidentified: usize,
+    /// Processes seen below the launcher that looked like ranks but whose rank number no signal
+    /// gave, as first seen, in the order they were seen (their exits are watched too).
+    unidentified: Vec<Identity>,
+    /// Which writer of the marker FIFO is which rank (see [`process::PidRanks`]).
+    pid_ranks: Arc<Mutex<process::PidRanks>>,
+    /// When rank discovery runs next once every rank is found (a stronger signal may still come).
+    next_discovery: Instant,
     stdout_log: PathBuf,
     stderr_log: PathBuf,
 }
@@ -235,29 +244,118 @@ fn poll_zombies(
 }
 
 /// Sends `signal` to whatever the slot runs: its own process group (led by our unreaped child),
-/// or a launcher's rank, checked against what it was when first found.
-fn signal_slot(slot: &Slot, run: &owner::Run, signal: i32) {
+/// or a launcher's rank and the processes below it, checked against what each was when first
+/// seen. `others` are the other found ranks' pids. Returns whether the rank got it (a process
+/// that no longer passes the ownership checks does not).
+fn signal_slot(slot: &Slot, run: &owner::Run, others: &[u32], signal: i32) -> bool {
     if let Some(p) = slot.process.as_ref() {
         p.signal_group(signal);
+        true
     } else if let Some(who) = slot.found_id.filter(|_| !slot.found_gone) {
-        external::signal_found(run, who, signal);
+        external::signal_found(run, who, others, signal)
+    } else {
+        false
     }
 }
 
-/// The live processes of a slot: its group (rank and loader workers).
-fn slot_members(slot: &Slot) -> Vec<u32> {
+/// The live processes of a slot: its group (rank and loader workers), or for a launcher's rank,
+/// the rank and what is below it but the other ranks (its workers, whatever their process group:
+/// `mp.spawn`'s ranks share the launcher's, srun's tasks the first task's).
+fn slot_members(slot: &Slot, others: &[u32]) -> Vec<u32> {
     if let Some(p) = slot.process.as_ref() {
         return p.live_group_members();
     }
     let Some(pid) = slot.found else { return Vec::new() };
-    let pgid = external::pgid_of(pid).unwrap_or(pid);
-    let mut members: Vec<u32> = memory::processes()
-        .into_iter()
-        .filter(|p| !p.zombie() && (p.pid == pid || (pgid == pid && p.pgid == pgid)))
-        .map(|p| p.pid)
-        .collect();
-    members.sort_unstable();
-    members
+    external::rank_members(pid, others)
+}
+
+/// Signals the launcher's process group while the launcher runs (its group is ours: its leader
+/// is our unreaped child).
+fn signal_launcher(launcher: &Option<Launcher>, signal: i32) {
+    if let Some(p) = launcher.as_ref().filter(|l| l.live()).and_then(|l| l.process.as_ref()) {
+        p.signal_group(signal);
+    }
+}
+
+/// A rank found by a weaker signal whose process then reported that same rank through the
+/// helper's markers is identified by them (it may have ended since: a short run's markers can
+/// come between two rounds of discovery).
+fn confirm_by_markers(l: &Launcher, slots: &mut [Slot]) {
+    let claims = l.pid_ranks.lock().map(|r| r.claimed.clone()).unwrap_or_default();
+    for slot in slots.iter_mut() {
+        let claimed = slot.found.and_then(|pid| claims.get(&pid)) == Some(&slot.end.rank);
+        let weaker = slot.end.identified_by.is_some_and(|b| b.strength() < IdentifiedBy::Markers.strength());
+        if claimed && weaker {
+            slot.end.identified_by = Some(IdentifiedBy::Markers);
+        }
+    }
+}
+
+/// The pids of the found ranks other than `rank`.
+fn other_ranks(slots: &[Slot], rank: u32) -> Vec<u32> {
+    slots.iter().filter(|s| s.end.rank != rank).filter_map(|s| s.found).collect()
+}
+
+/// One round of rank discovery below the launcher `l` (see [`external::discover_ranks`]): new
+/// ranks take their slots (their pid watched for its exit, their identity recorded for
+/// ownership checks); a rank first found by a weak signal (spawn order) takes the stronger one's
+/// word when it comes, the same process or not, as long as nothing was sent to it yet.
+fn discover(l: &mut Launcher, slots: &mut [Slot], ownership: &mut owner::Run, run_id: &str, port: u16) {
+    confirm_by_markers(l, slots);
+    let Some(root) = l.process.as_ref().map(|p| p.pid) else { return };
+    let world = slots.len() as u32;
+    let known = external::Known {
+        found: slots.iter().filter_map(|s| Some((s.end.rank, s.found?))).collect(),
+        claims: l.pid_ranks.lock().map(|r| r.claimed.clone()).unwrap_or_default(),
+        port,
+    };
+    for external::FoundRank { rank, pid, by } in external::discover_ranks(root, run_id, world, &known) {
+        let Some(slot) = slots.get_mut(rank as usize) else { continue };
+        let had = slot.end.identified_by.map_or(0, IdentifiedBy::strength);
+        let stronger = slot.found.is_some() && by.strength() > had;
+        if slot.found == Some(pid) {
+            if stronger {
+                slot.end.identified_by = Some(by);
+            }
+            continue;
+        }
+        let untouched = slot.end.torn_down_with.is_none() && !slot.dump_requested && !slot.found_gone;
+        if slot.found.is_some() && !(stronger && untouched) {
+            continue;
+        }
+        let Some(who) = owner::identify(pid) else { continue };
+        slot.found = Some(pid);
+        slot.found_id = Some(who);
+        slot.end.identified_by = Some(by);
+        slot.end.pid = Some(pid);
+        ownership.ranks.push(who);
+        if let Ok(mut w) = l.watched.lock() {
+            w.push(pid);
+        }
+        if let Ok(mut r) = l.pid_ranks.lock() {
+            r.found.insert(pid, rank);
+        }
+        // A spawn-order guess that named this process for another rank is void.
+        for other in slots.iter_mut().filter(|s| s.end.rank != rank && s.found == Some(pid)) {
+            other.found = None;
+            other.found_id = None;
+            other.end.pid = None;
+            other.end.identified_by = None;
+        }
+    }
+    let found: Vec<u32> = slots.iter().filter_map(|s| s.found).collect();
+    if found.len() < slots.len() {
+        for pid in external::unidentified_children(root, &found) {
+            if !l.unidentified.iter().any(|u| u.pid == pid)
+                && let Some(who) = owner::identify(pid)
+            {
+                l.unidentified.push(who);
+                if let Ok(mut w) = l.watched.lock() {
+                    w.push(pid);
+                }
+            }
+        }
+    }
 }
 
 /// Runs the scenario's ranks to their end.
@@ -321,16 +419,19 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
             exits: Arc::default(),
             stop: Arc::default(),
             fifo: fifo.clone(),
-            unidentified: 0,
+            unidentified: Vec::new(),
+            pid_ranks: Arc::default(),
+            next_discovery: Instant::now(),
             stdout_log: spec.stdout_log.clone(),
             stderr_log: spec.stderr_log.clone(),
         };
         match process::open_marker_fifo(&fifo) {
             Ok(file) => {
                 let events = tx.clone();
+                let ranks = l.pid_ranks.clone();
                 let _ = std::thread::Builder::new()
                     .name("markers-fifo".into())
-                    .spawn(move || process::read_tagged_markers(file, world, events));
+                    .spawn(move || process::read_tagged_markers(file, world, ranks, events));
             }
             Err(e) => {
                 l.launch_error = Some(format!("cannot create the marker FIFO `{}`: {e}", fifo.display()))
@@ -389,16 +490,24 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
             .filter_map(|s| s.process.as_ref().map(|p| p.pid))
             .chain(launcher.as_ref().and_then(|l| l.process.as_ref()).map(|p| p.pid))
             .collect(),
+        ranks: Vec::new(),
     };
     let signal_all = |slots: &mut [Slot], launcher: &Option<Launcher>, run: &owner::Run, signal: i32| {
+        let found: Vec<(u32, u32)> = slots.iter().filter_map(|s| Some((s.end.rank, s.found?))).collect();
         for slot in slots.iter_mut().filter(|s| s.live()) {
-            signal_slot(slot, run, signal);
-            slot.end.torn_down_with = Some(Signal::from_number(signal));
+            let others: Vec<u32> =
+                found.iter().filter(|(r, _)| *r != slot.end.rank).map(|(_, p)| *p).collect();
+            // A launcher's rank is torn down only by what reached it (its launcher may end it).
+            if signal_slot(slot, run, &others, signal) {
+                slot.end.torn_down_with = Some(Signal::from_number(signal));
+            }
         }
-        if let Some(p) = launcher.as_ref().filter(|l| l.live()).and_then(|l| l.process.as_ref()) {
-            p.signal_group(signal);
+        // The launcher's SIGKILL comes later, on its own (see LAUNCHER_TERM_GRACE).
+        if signal != libc::SIGKILL {
+            signal_launcher(launcher, signal);
         }
     };
+    let mut launcher_kill_sent = false;
 
     loop {
         if let Ok(event) = rx.recv_timeout(TICK) {
@@ -424,30 +533,15 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
                 l.exit = Some(exit);
                 l.exited_at = Some(now);
             }
-            if l.live() && slots.iter().any(|s| s.found.is_none()) {
-                let root = l.process.as_ref().map_or(0, |p| p.pid);
-                let known: BTreeMap<u32, u32> =
-                    slots.iter().filter_map(|s| Some((s.end.rank, s.found?))).collect();
-                for external::FoundRank { rank, pid, by } in
-                    external::discover_ranks(root, &plan.run_id, world, &known)
-                {
-                    if let Some(slot) = slots.get_mut(rank as usize).filter(|s| s.found.is_none()) {
-                        slot.found = Some(pid);
-                        slot.found_id = owner::identify(pid);
-                        slot.end.identified_by = Some(by);
-                        if let Some(pgid) = external::pgid_of(pid).filter(|&g| g == pid) {
-                            ownership.groups.push(pgid);
-                        }
-                        slot.end.pid = Some(pid);
-                        if let Ok(mut w) = l.watched.lock() {
-                            w.push(pid);
-                        }
-                    }
-                }
-                let found: Vec<u32> = slots.iter().filter_map(|s| s.found).collect();
-                if found.len() < slots.len() {
-                    l.unidentified = l.unidentified.max(external::unidentified_children(root, &found));
-                }
+            // Every tick while a rank is missing; then now and then while a weak identification
+            // (spawn order) may still be confirmed or corrected by the markers or the port.
+            let weak = slots.iter().any(|s| {
+                s.end.identified_by.is_some_and(|b| b.strength() < IdentifiedBy::Markers.strength())
+            });
+            let missing = slots.iter().any(|s| s.found.is_none());
+            if l.live() && (missing || (weak && now >= l.next_discovery)) {
+                discover(l, &mut slots, &mut ownership, &plan.run_id, master_port);
+                l.next_discovery = now + SAMPLE_INTERVAL;
             }
             let exits = l.exits.lock().map(|e| e.clone()).unwrap_or_default();
             let launcher_pid = l.process.as_ref().map(|p| p.pid);
@@ -518,8 +612,15 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
             let limit = hang_after.as_secs_f64();
             let mut stuck = slots.iter().any(|s| s.live() && silence(s) >= limit);
             if launcher_style && !stuck && slots.iter().all(|s| s.found.is_none()) {
-                // Nothing found yet: the launcher itself may be what hangs.
-                stuck = launcher.as_ref().is_some_and(|l| l.live()) && since(now) >= limit;
+                // Nothing found: the launcher (or what runs below it unidentified) may be what
+                // hangs, silent as every rank's output is the launcher's.
+                stuck =
+                    launcher.as_ref().is_some_and(|l| l.live()) && slots.iter().all(|s| silence(s) >= limit);
+                if stuck {
+                    for slot in slots.iter_mut() {
+                        slot.end.intervention = Some(Intervention::Hung { silence_s: silence(slot) });
+                    }
+                }
             }
             if stuck {
                 // Ranks get stuck together (one waits for another in a collective) but cross the
@@ -534,7 +635,9 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
             }
             if !stuck && now.duration_since(start) >= timeout {
                 stuck = true;
-                for slot in slots.iter_mut().filter(|s| s.live()) {
+                // A rank whose process was never identified runs, as far as anyone knows, as long
+                // as its launcher does.
+                for slot in slots.iter_mut().filter(|s| s.live() || (launcher_style && s.found.is_none())) {
                     slot.end.intervention = Some(Intervention::TimedOut);
                 }
             }
@@ -551,8 +654,7 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
                 {
                     let other_ranks: Vec<u32> =
                         found.iter().filter(|(r, _)| *r != slot.end.rank).map(|(_, p)| *p).collect();
-                    let members: Vec<u32> =
-                        slot_members(slot).into_iter().filter(|p| !other_ranks.contains(p)).collect();
+                    let members = slot_members(slot, &other_ranks);
                     if is_external {
                         // A foreign program has no handler for our stack-dump signal (SIGUSR1
                         // would kill it): look from outside instead.
@@ -596,6 +698,14 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
             signal_all(&mut slots, &launcher, &ownership, libc::SIGKILL);
             kill_sent = true;
         }
+        if let Some(sent) = term_sent
+            && !launcher_kill_sent
+            && now.duration_since(sent)
+                >= if was_interrupted { LAUNCHER_INTERRUPT_TERM_GRACE } else { LAUNCHER_TERM_GRACE }
+        {
+            signal_launcher(&launcher, libc::SIGKILL);
+            launcher_kill_sent = true;
+        }
     }
     progress.scenario_finished();
     let states: Vec<&RankState> = slots.iter().map(|s| &s.end.state).collect();
@@ -635,40 +745,11 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
                     slot.end.exit = Some(process::Exit::Code(0));
                     slot.end.exit_source = Some(ExitSource::LauncherStatus0);
                 }
-                (None, _, _) => {
-                    let unknown = match l.unidentified {
-                        0 => String::new(),
-                        n => format!(
-                            "; {n} process{} below the launcher looked like ranks, their rank numbers are unknown",
-                            if n == 1 { "" } else { "es" }
-                        ),
-                    };
-                    let how = match (exit, &l.launch_error) {
-                        (_, Some(e)) => Some(e.clone()),
-                        (Some((_, e)), _) if e == process::Exit::Code(0) => None,
-                        (Some((_, e)), _) => {
-                            Some(format!("the launcher `{launcher_name}` {}", describe_exit(e)))
-                        }
-                        (None, None) => Some(format!("the launcher `{launcher_name}` did not run")),
-                    };
-                    match how {
-                        // The rank's process was never identified, but the launcher exited 0: a
-                        // clean run is judged by the launcher's status, never as a failed launch.
-                        None => {
-                            slot.end.exit = Some(process::Exit::Code(0));
-                            slot.end.exit_source = Some(ExitSource::NotIdentified);
-                        }
-                        Some(how) => {
-                            slot.end.launch_error = Some(format!(
-                                "no process of rank {} was identified under the launcher (by `RANK`, `LOCAL_RANK`, `SLURM_PROCID`, `OMPI_COMM_WORLD_RANK`, `PMI_RANK`, the launcher itself or a spawn order){unknown}; {how}",
-                                slot.end.rank
-                            ))
-                        }
-                    }
-                }
                 _ => {}
             }
         }
+        confirm_by_markers(&l, &mut slots);
+        settle_unidentified(&mut slots, &l, exit, &launcher_name, start);
         let _ = std::fs::remove_file(&l.fifo);
         launcher_end = Some(LauncherEnd {
             pid: exit.map(|(pid, _)| pid),
@@ -683,7 +764,11 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
             launch_error: l.launch_error.clone(),
             stdout_log: file_name(&l.stdout_log),
             stderr_log: file_name(&l.stderr_log),
-            unidentified_processes: l.unidentified as u32,
+            unidentified_processes: l
+                .unidentified
+                .iter()
+                .filter(|u| !slots.iter().any(|s| s.found == Some(u.pid)))
+                .count() as u32,
             quotes: quotes::program_quotes(&lines),
             log_tail: if stderr.tail.trim().is_empty() {
                 stdout.last_lines(40)
@@ -792,7 +877,7 @@ fn request_stacks_on_interrupt(slots: &mut [Slot], run: &owner::Run, is_external
     let mut asked = false;
     if !is_external {
         for slot in slots.iter_mut().filter(|s| s.live() && s.process.is_some()) {
-            slot.dumps_requested = request_stacks(&slot_members(slot), run);
+            slot.dumps_requested = request_stacks(&slot_members(slot, &[]), run);
             slot.dump_requested = slot.dumps_requested > 0;
             asked |= slot.dump_requested;
         }
@@ -808,6 +893,79 @@ fn describe_exit(exit: process::Exit) -> String {
     }
 }
 
+/// The ranks of a launcher whose process no signal identified, once the launcher has ended:
+/// - the launcher exited 0: each passes on that status (a clean run is never a failed launch);
+/// - it could not start, or ended with no process below it that looked like a rank: the rank was
+///   never started as far as anyone can tell (`launch_failed`, with the launcher's exit);
+/// - else the processes below it that looked like ranks are judged as processes: those that
+///   failed (a signal, a non-zero status) take the unidentified ranks' places in the order the
+///   processes started, each with its own exit (`rank number unknown`), so first failure and
+///   collateral come from what they did; the other ranks take the launcher's status.
+fn settle_unidentified(
+    slots: &mut [Slot],
+    l: &Launcher,
+    exit: Option<(u32, process::Exit)>,
+    launcher_name: &str,
+    start: Instant,
+) {
+    let found: Vec<u32> = slots.iter().filter_map(|s| s.found).collect();
+    let looked: Vec<Identity> = l.unidentified.iter().copied().filter(|u| !found.contains(&u.pid)).collect();
+    let unknown = match looked.len() {
+        0 => String::new(),
+        1 => "; 1 process below the launcher looks like a rank; its rank number is unknown".to_string(),
+        n => format!("; {n} processes below the launcher look like ranks; their rank numbers are unknown"),
+    };
+    let exits = l.exits.lock().map(|e| e.clone()).unwrap_or_default();
+    let mut failed = looked
+        .iter()
+        .filter_map(|u| exits.get(&u.pid).map(|&(e, at)| (u.pid, e, at)))
+        .filter(|(_, e, _)| *e != process::Exit::Code(0));
+    let launcher_exit = exit.map(|(_, e)| e);
+    for slot in slots.iter_mut().filter(|s| s.found.is_none()) {
+        // What the launcher's output prefixes with `[rankN]:` is rank N's by PyTorch's numbering,
+        // not this slot's process's: it stays quoted as the launcher's output only.
+        slot.end.quotes.clear();
+        match (launcher_exit, &l.launch_error) {
+            (_, Some(e)) => slot.end.launch_error = Some(not_identified(slot.end.rank, &unknown, e)),
+            // Torn down for a hang or the time limit: that is the outcome, whatever ran below.
+            (Some(e), None) if slot.end.intervention.is_some() => {
+                slot.end.exit = Some(e);
+                slot.end.exit_source = Some(ExitSource::LauncherStatus);
+            }
+            (Some(process::Exit::Code(0)), None) => {
+                slot.end.exit = Some(process::Exit::Code(0));
+                slot.end.exit_source = Some(ExitSource::NotIdentified);
+            }
+            (Some(e), None) if !looked.is_empty() => {
+                if let Some((pid, exit, at)) = failed.next() {
+                    slot.end.pid = Some(pid);
+                    slot.end.exit = Some(exit);
+                    slot.end.ended_at_s = Some(at.duration_since(start).as_secs_f64());
+                    slot.end.exit_source = Some(ExitSource::ProcfsRankUnknown);
+                } else {
+                    slot.end.exit = Some(e);
+                    slot.end.ended_at_s = l.exited_at.map(|at| at.duration_since(start).as_secs_f64());
+                    slot.end.exit_source = Some(ExitSource::LauncherStatus);
+                }
+            }
+            (Some(e), None) => {
+                let how = format!("the launcher `{launcher_name}` {}", describe_exit(e));
+                slot.end.launch_error = Some(not_identified(slot.end.rank, &unknown, &how));
+            }
+            (None, None) => {
+                let how = format!("the launcher `{launcher_name}` did not run");
+                slot.end.launch_error = Some(not_identified(slot.end.rank, &unknown, &how));
+            }
+        }
+    }
+}
+
+fn not_identified(rank: u32, unknown: &str, how: &str) -> String {
+    format!(
+        "no process of rank {rank} was identified under the launcher (by `RANK`, `LOCAL_RANK`, `SLURM_PROCID`, `OMPI_COMM_WORLD_RANK`, `PMI_RANK`, the helper's markers, the rendezvous port, the launcher itself or a spawn order){unknown}; {how}"
+    )
+}
+
 /// A command that could not start, with the fix for the usual cause.
 fn launch_error_text(argv: &[String], err: &std::io::Error) -> String {
     let program = argv.first().map_or("", String::as_str);
@@ -820,23 +978,43 @@ fn launch_error_text(argv: &[String], err: &std::io::Error) -> String {
     }
 }
 
-/// The rank a process belongs to: by process group (a rank leads its own), or because its rank
-/// reported it as a worker.
-fn rank_of(slots: &[Slot], p: &memory::ProcStat) -> Option<u32> {
-    slots
-        .iter()
-        .find(|s| (s.process.is_some() || s.found.is_some()) && s.end.pid == Some(p.pgid))
-        .or_else(|| slots.iter().find(|s| s.verified_workers.iter().any(|w| w.pid == p.pid)))
-        .map(|s| s.end.rank)
+/// The rank a process belongs to: by being below a launcher's rank (`below`, from
+/// [`found_members`]), by process group (a rank leads its own), or because its rank reported it
+/// as a worker.
+fn rank_of(slots: &[Slot], below: &BTreeMap<u32, u32>, p: &memory::ProcStat) -> Option<u32> {
+    below
+        .get(&p.pid)
+        .copied()
+        .or_else(|| {
+            slots
+                .iter()
+                .find(|s| (s.process.is_some() || s.found.is_some()) && s.end.pid == Some(p.pgid))
+                .map(|s| s.end.rank)
+        })
+        .or_else(|| {
+            slots.iter().find(|s| s.verified_workers.iter().any(|w| w.pid == p.pid)).map(|s| s.end.rank)
+        })
+}
+
+/// Every process below a launcher's found rank (the rank itself included), pid → rank.
+fn found_members(slots: &[Slot]) -> BTreeMap<u32, u32> {
+    let mut below = BTreeMap::new();
+    for slot in slots.iter().filter(|s| s.found.is_some() && !s.found_gone) {
+        for pid in slot_members(slot, &other_ranks(slots, slot.end.rank)) {
+            below.insert(pid, slot.end.rank);
+        }
+    }
+    below
 }
 
 /// Memory of every live process of every rank.
 fn sample_processes(slots: &[Slot]) -> Vec<ProcSample> {
+    let below = found_members(slots);
     memory::processes()
         .into_iter()
         .filter(|p| !p.zombie())
         .filter_map(|p| {
-            let rank = rank_of(slots, &p)?;
+            let rank = rank_of(slots, &below, &p)?;
             let mem = memory::read_smaps_rollup(p.pid)?;
             Some(ProcSample { pid: p.pid, rank, command: p.command, mem })
         })
@@ -848,13 +1026,14 @@ fn sample_processes(slots: &[Slot]) -> Vec<ProcSample> {
 /// processes that pass [`owner::Run::check`] are candidates; what markers said plays no part.
 fn kill_leftover_processes(slots: &[Slot], run: &owner::Run) -> Vec<LeftoverProcess> {
     let me = std::process::id();
+    let below = found_members(slots);
     let mut found: Vec<(LeftoverProcess, Identity)> = memory::processes()
         .into_iter()
         .filter(|p| !p.zombie() && p.pid != me)
         .filter_map(|p| {
             let who = owner::identify(p.pid)?;
             run.check(who).ok()?;
-            let rank = rank_of(slots, &p);
+            let rank = rank_of(slots, &below, &p);
             let worker = slots
                 .iter()
                 .flat_map(|s| s.end.state.workers.iter())
@@ -896,6 +1075,7 @@ fn kill_cgroup_leftovers(cgroup: Option<&ScenarioCgroup>, slots: &[Slot]) -> Vec
         return Vec::new();
     };
     let table = memory::processes();
+    let below = found_members(slots);
     let left: Vec<LeftoverProcess> = cgroup
         .members()
         .into_iter()
@@ -903,7 +1083,7 @@ fn kill_cgroup_leftovers(cgroup: Option<&ScenarioCgroup>, slots: &[Slot]) -> Vec
         .map(|p| LeftoverProcess {
             pid: p.pid,
             command: p.command.clone(),
-            rank: rank_of(slots, p),
+            rank: rank_of(slots, &below, p),
             worker: None,
             killed: false,
             earlier_run: false,

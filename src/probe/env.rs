@@ -4,10 +4,10 @@
 use std::fs;
 use std::path::Path;
 
+use crate::scenario::human_bytes;
 use nix::sys::resource::{RLIM_INFINITY, Resource, getrlimit, rlim_t};
 use procfs::Current;
 use procfs::process::Process;
-use crate::scenario::human_bytes;
 use serde::{Deserialize, Serialize};
 
 /// A snapshot of the environment a run happened in.

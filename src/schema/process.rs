@@ -335,6 +335,13 @@ pub enum ExitSource {
     LauncherStatus0,
     /// The rank's process was never identified; the launcher exited with status 0.
     NotIdentified,
+    /// The rank's process was never identified; its outcome is the launcher's (a non-zero status,
+    /// a signal, or a teardown for a hang or the time limit).
+    LauncherStatus,
+    /// A process below the launcher that looked like a rank but whose rank number no signal gave,
+    /// and that failed: it takes an unidentified rank's place in the order the failed processes
+    /// started; its exit status was read from `/proc/PID/stat` while it was a zombie.
+    ProcfsRankUnknown,
     /// Not observed: its launcher reaped it before ups-doctor saw it.
     Unknown,
 }
@@ -350,11 +357,13 @@ impl TryFrom<String> for ExitSource {
             "launcher_status_0" | "launcher status 0" => ExitSource::LauncherStatus0,
             "not_identified" => ExitSource::NotIdentified,
             old if old.starts_with("launcher status 0, rank not identified") => ExitSource::NotIdentified,
+            "launcher_status" => ExitSource::LauncherStatus,
+            "procfs_rank_unknown" => ExitSource::ProcfsRankUnknown,
             "unknown" => ExitSource::Unknown,
             _ => {
                 return Err(format!(
                     "unknown exit source `{text}` (expected `procfs`, `torchrun`, `launcher`, `launcher_status_0`, \
-                     `not_identified` or `unknown`)"
+                     `not_identified`, `launcher_status`, `procfs_rank_unknown` or `unknown`)"
                 ));
             }
         })
@@ -383,6 +392,17 @@ pub enum IdentifiedBy {
     /// `torch.multiprocessing.spawn`'s i-th child is rank i.
     #[serde(rename = "spawn_order")]
     SpawnOrder,
+    /// The rank the process itself reported through the helper's markers (`RANK`, or
+    /// `torch.distributed.get_rank()` once the process group is up), with the writer's pid.
+    #[serde(rename = "markers")]
+    Markers,
+    /// The process listening on the rendezvous port: the c10d store's server, rank 0 outside
+    /// torchrun (whose agent hosts the store itself).
+    #[serde(rename = "rendezvous_port_listens")]
+    RendezvousListens,
+    /// The one process connected to the rendezvous port when one rank is left.
+    #[serde(rename = "rendezvous_port_connected")]
+    RendezvousConnected,
 }
 
 impl IdentifiedBy {
@@ -403,7 +423,30 @@ impl IdentifiedBy {
             IdentifiedBy::OmpiCommWorldRank => Some("OMPI_COMM_WORLD_RANK"),
             IdentifiedBy::PmiRank => Some("PMI_RANK"),
             IdentifiedBy::LocalRank => Some("LOCAL_RANK"),
-            IdentifiedBy::LauncherProcess | IdentifiedBy::SpawnOrder => None,
+            IdentifiedBy::LauncherProcess
+            | IdentifiedBy::SpawnOrder
+            | IdentifiedBy::Markers
+            | IdentifiedBy::RendezvousListens
+            | IdentifiedBy::RendezvousConnected => None,
+        }
+    }
+
+    /// How much an identification proves: a rank variable in the starting environment most, then
+    /// the rank the process itself reported through the helper, then its role at the rendezvous
+    /// port, then the launcher-as-rank-0 and spawn-order inferences. A stronger signal replaces a
+    /// weaker one found earlier (spawn order is known before the ranks reach the rendezvous).
+    pub fn strength(self) -> u8 {
+        match self {
+            IdentifiedBy::SpawnOrder => 0,
+            IdentifiedBy::LauncherProcess => 1,
+            IdentifiedBy::RendezvousConnected => 2,
+            IdentifiedBy::RendezvousListens => 3,
+            IdentifiedBy::Markers => 4,
+            IdentifiedBy::Rank
+            | IdentifiedBy::SlurmProcid
+            | IdentifiedBy::OmpiCommWorldRank
+            | IdentifiedBy::PmiRank
+            | IdentifiedBy::LocalRank => 5,
         }
     }
 }
@@ -420,9 +463,14 @@ impl TryFrom<String> for IdentifiedBy {
         match text.as_str() {
             "launcher_process" | "launcher process" => Ok(IdentifiedBy::LauncherProcess),
             "spawn_order" | "spawn order" => Ok(IdentifiedBy::SpawnOrder),
+            "markers" => Ok(IdentifiedBy::Markers),
+            "rendezvous_port_listens" | "rendezvous port (listens)" => Ok(IdentifiedBy::RendezvousListens),
+            "rendezvous_port_connected" | "rendezvous port (connected)" => {
+                Ok(IdentifiedBy::RendezvousConnected)
+            }
             _ => Err(format!(
-                "unknown `identified_by` `{text}` (expected a rank variable such as `RANK`, `launcher_process` or \
-                 `spawn_order`)"
+                "unknown `identified_by` `{text}` (expected a rank variable such as `RANK`, `launcher_process`, \
+                 `spawn_order`, `markers`, `rendezvous_port_listens` or `rendezvous_port_connected`)"
             )),
         }
     }

@@ -4,7 +4,17 @@ users start DDP, for the tests of ups-doctor's rank discovery (tests/launchers.r
 - `env`: the ranks read `RANK` from their environment (torchrun, `accelerate launch`);
 - `spawn`: `torch.multiprocessing.spawn(work, nprocs=2)`: the rank is only `work`'s argument;
 - `lightning`: `Trainer(accelerator="cpu", devices=2, strategy="ddp")`, run as `python
-  launchers.py`: Lightning runs rank 0 in this process and starts rank 1 with `LOCAL_RANK`.
+  launchers.py`: Lightning runs rank 0 in this process and starts rank 1 with `LOCAL_RANK`;
+- `popen`: a home-made launcher (as some clusters' wrappers are): this process starts two copies
+  of itself with `subprocess`, each with its rank only as an argument (`--rank`), and polls them
+  as torchrun does (every 0.5 s; on the first failure the other gets SIGTERM, and it exits 1).
+
+`--port-from env` (spawn, popen): the rendezvous port is ups-doctor's (`PET_MASTER_PORT`), and a
+popen child gets it in `MASTER_PORT`; `own`: a free port of the program's own, which a popen child
+gets only as an argument: nothing outside the program knows it.
+
+`--helper`: the program imports python/ups_doctor.py and reports its steps (`ups_doctor.step`).
+`--workers N`: each rank reads its batches through a DataLoader with N (forked) workers.
 
 `--segv-rank R --segv-step S`: rank R reads address 0 (a real SIGSEGV) at step S.
 `--hang-rank R --hang-step S`: rank R skips step S's gradient all-reduce and waits in
@@ -15,19 +25,34 @@ Rank 0 prints `training finished` at the end.
 import argparse
 import ctypes
 import os
+import socket
+import subprocess
+import sys
+import time
 
 import torch
 import torch.distributed as dist
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--launcher", required=True, choices=["env", "spawn", "lightning"])
+parser.add_argument("--launcher", required=True, choices=["env", "spawn", "lightning", "popen"])
 parser.add_argument("--steps", type=int, default=6)
 parser.add_argument("--segv-rank", type=int, default=-1)
 parser.add_argument("--segv-step", type=int, default=-1)
 parser.add_argument("--hang-rank", type=int, default=-1)
 parser.add_argument("--hang-step", type=int, default=-1)
 parser.add_argument("--local_rank", type=int, default=-1, help="set by the deepspeed launcher (RANK is set too)")
+parser.add_argument("--helper", action="store_true")
+parser.add_argument("--workers", type=int, default=0)
+parser.add_argument("--port-from", choices=["env", "own"], default="env")
+parser.add_argument("--rank", type=int, default=-1, help="a popen child's rank")
+parser.add_argument("--port", type=int, default=0, help="a popen child's rendezvous port")
 args = parser.parse_args()
+
+if args.helper:
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
+    import ups_doctor
+else:
+    ups_doctor = None
 
 
 def faults(rank, step):
@@ -44,15 +69,29 @@ def train(rank):
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     generator = torch.Generator().manual_seed(rank)
-    for step in range(args.steps):
+    data = torch.randn(16 * args.steps, 8, generator=generator)
+    loader = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(data),
+        batch_size=16,
+        num_workers=args.workers,
+        # Forked as on Linux by default (under mp.spawn the default would be spawn: slower).
+        multiprocessing_context="fork" if args.workers else None,
+        worker_init_fn=ups_doctor.worker_init_fn if ups_doctor else None,
+    )
+    for step, (x,) in enumerate(loader):
+        if ups_doctor:
+            ups_doctor.mark("forward", step)
         faults(rank, step)
-        x = torch.randn(16, 8, generator=generator)
         loss = torch.nn.functional.mse_loss(model(x), x.sum(dim=1, keepdim=True))
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
         print(f"rank {rank} step {step} loss {loss.item():.4f}", flush=True)
+        if ups_doctor:
+            ups_doctor.step(step, loss=loss.item(), samples=len(x))
     dist.destroy_process_group()
+    if ups_doctor:
+        ups_doctor.done()
     if rank == 0:
         print("training finished", flush=True)
 
@@ -99,11 +138,45 @@ def lightning_main():
         print("training finished", flush=True)
 
 
+def rendezvous_port():
+    if args.port_from == "env":
+        return int(os.environ.get("PET_MASTER_PORT", "29500"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def popen_main():
+    if args.rank >= 0:
+        work(args.rank, str(args.port))
+        return
+    port = rendezvous_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "MASTER_PORT")}
+    if args.port_from == "env":
+        env["MASTER_PORT"] = str(port)
+    argv = [sys.executable, os.path.abspath(__file__), *sys.argv[1:]]
+    children = [subprocess.Popen([*argv, "--rank", str(r), "--port", str(port)], env=env) for r in range(2)]
+    while True:
+        codes = [c.poll() for c in children]
+        if any(code not in (None, 0) for code in codes):
+            for c in children:
+                if c.poll() is None:
+                    c.terminate()
+            for c in children:
+                c.wait()
+            sys.exit(1)
+        if all(code == 0 for code in codes):
+            return
+        time.sleep(0.5)
+
+
 if __name__ == "__main__":
-    if args.launcher == "env":
+    if args.launcher == "popen":
+        popen_main()
+    elif args.launcher == "env":
         dist.init_process_group("gloo")
         train(int(os.environ["RANK"]))
     elif args.launcher == "spawn":
-        torch.multiprocessing.spawn(work, args=(os.environ.get("PET_MASTER_PORT", "29500"),), nprocs=2)
+        torch.multiprocessing.spawn(work, args=(str(rendezvous_port()),), nprocs=2)
     else:
         lightning_main()

@@ -124,8 +124,7 @@ fn a_rank_that_only_lost_its_peer_is_collateral_even_when_it_ended_first() {
         1.0,
         "Traceback (most recent call last):\n  File \"/t/train.py\", line 9, in <module>\nRuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:4000",
     );
-    let killed =
-        program_rank(1, Exit::Signal { signal: Signal::KILL.number(), core_dumped: false }, 1.2, "");
+    let killed = program_rank(1, Exit::Signal { signal: Signal::KILL.number(), core_dumped: false }, 1.2, "");
     let mut case = Case::new(vec![lost, killed]);
     case.scenario = external();
     let (_, first, v) = case.judge();

@@ -7,6 +7,7 @@ use std::os::fd::AsRawFd;
 pub mod cgroup;
 pub mod kmsg;
 pub mod pidfd;
+pub mod tcp;
 
 // nix has no safe wrapper for TIOCGWINSZ; its macro declares the (unsafe) ioctl.
 nix::ioctl_read_bad!(tiocgwinsz, nix::libc::TIOCGWINSZ, nix::pty::Winsize);

@@ -2,7 +2,7 @@
 //! program's own last error lines next to the verdict, what stuck processes were doing (py-spy,
 //! kernel wait channels) and the launcher's log.
 
-use crate::schema::{ExternalRun, IdentifiedBy, RankResult, ScenarioResult};
+use crate::schema::{ExitSource, ExternalRun, IdentifiedBy, LauncherEnd, RankResult, ScenarioResult};
 
 use super::super::markup::{DETAILS_CLOSE, code, details_open, fence};
 use super::super::text::{count, strip_control};
@@ -14,7 +14,7 @@ pub(super) fn program_words(doc: &mut Doc, s: &ScenarioResult) {
     let Some(ext) = &s.external else { return };
     doc.push(command_line(ext));
     if ext.launcher.is_some() {
-        doc.push(identified_line(&s.ranks));
+        doc.push(identified_line(&s.ranks, ext.launcher.as_ref()));
     }
     for r in &s.ranks {
         for q in &r.quotes {
@@ -30,8 +30,9 @@ pub(super) fn program_words(doc: &mut Doc, s: &ScenarioResult) {
     }
 }
 
-/// How each rank's process was found below the launcher, or that it was not.
-fn identified_line(ranks: &[RankResult]) -> String {
+/// How each rank's process was found below the launcher, or that it was not (and how many
+/// processes below it looked like ranks without a rank number).
+fn identified_line(ranks: &[RankResult], launcher: Option<&LauncherEnd>) -> String {
     let each: Vec<String> = ranks
         .iter()
         .map(|r| match &r.identified_by {
@@ -39,14 +40,38 @@ fn identified_line(ranks: &[RankResult]) -> String {
             Some(IdentifiedBy::SpawnOrder) => {
                 format!("rank {} by spawn order (the launcher's child started {})", r.rank, ordinal(r.rank))
             }
+            Some(IdentifiedBy::Markers) => {
+                format!("rank {} by the helper's markers (the process reported rank {0})", r.rank)
+            }
+            Some(IdentifiedBy::RendezvousListens) => {
+                format!("rank {} by the rendezvous port (the process listens on it: the c10d store)", r.rank)
+            }
+            Some(IdentifiedBy::RendezvousConnected) => {
+                format!("rank {} by the rendezvous port (the one other process connected to it)", r.rank)
+            }
             Some(by) => {
                 let var = by.variable().unwrap_or_default();
                 format!("rank {} by {}", r.rank, code(&format!("{var}={}", r.rank)))
             }
-            None => format!("rank {}: no process identified", r.rank),
+            None => match (r.pid, r.exit_source) {
+                (Some(pid), Some(ExitSource::ProcfsRankUnknown)) => {
+                    format!("rank {}: process {pid}, whose rank number is unknown (it failed)", r.rank)
+                }
+                _ => format!("rank {}: no process identified", r.rank),
+            },
         })
         .collect();
-    format!("Ranks identified: {}.", each.join("; "))
+    // "2 processes below the launcher look like ranks; their rank numbers are unknown", said
+    // only when a rank was left without a process.
+    let looked = match launcher.map_or(0, |l| l.unidentified_processes) {
+        n if n > 0 && ranks.iter().any(|r| r.identified_by.is_none()) => {
+            let words = crate::diagnose::looked_like_ranks(launcher);
+            let words = words.trim_start_matches("; ");
+            format!(" {}{}.", words[..1].to_uppercase(), &words[1..])
+        }
+        _ => String::new(),
+    };
+    format!("Ranks identified: {}.{looked}", each.join("; "))
 }
 
 fn ordinal(rank: u32) -> String {
