@@ -928,6 +928,9 @@ fn settle_unidentified(
         .filter(|(_, e, _)| *e != process::Exit::Code(0));
     let launcher_exit = exit.map(|(_, e)| e);
     for slot in slots.iter_mut().filter(|s| s.found.is_none()) {
+        // What the launcher's output prefixes with `[rankN]:` is rank N's by PyTorch's numbering,
+        // not this slot's process's: it stays quoted as the launcher's output only.
+        slot.end.quotes.clear();
         match (launcher_exit, &l.launch_error) {
             (_, Some(e)) => slot.end.launch_error = Some(not_identified(slot.end.rank, &unknown, e)),
             // Torn down for a hang or the time limit: that is the outcome, whatever ran below.
