@@ -8,6 +8,7 @@
 pub mod bisect;
 pub mod diagnose;
 pub mod harness;
+pub mod nodes;
 pub mod probe;
 pub mod protocol;
 pub mod report;

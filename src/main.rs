@@ -45,6 +45,8 @@ enum Command {
         /// Mask GPU UUIDs and your home folder in the report and result.json, for a public issue.
         #[arg(long)]
         public: bool,
+        #[command(flatten)]
+        nodes: NodeArgs,
     },
     /// Cut a failing scenario down to a 1-minimal configuration that still fails the same way.
     Bisect(BisectArgs),
@@ -103,6 +105,29 @@ enum Command {
     },
 }
 
+/// One node of a multi-node run (see README, "Across nodes"). Without these flags, Slurm's
+/// `SLURM_NNODES`/`SLURM_NODEID`/`SLURM_JOB_NODELIST` or torchrun-style `NNODES`/`NODE_RANK`/
+/// `MASTER_ADDR` place the node; with none of them the run is on this machine only.
+#[derive(clap::Args, Default)]
+struct NodeArgs {
+    /// Nodes in the run: start the same command once per node; `launch.world_size` is the ranks
+    /// of all nodes together.
+    #[arg(long, value_name = "N", help_heading = "Across nodes")]
+    nodes: Option<u32>,
+    /// This node's rank: 0 runs the coordinator, which writes the one report.
+    #[arg(long, value_name = "R", help_heading = "Across nodes")]
+    node_rank: Option<u32>,
+    /// Node 0's address, which every agent connects to [default: 127.0.0.1:29411].
+    #[arg(long, value_name = "HOST:PORT", help_heading = "Across nodes")]
+    coordinator: Option<String>,
+    /// What node 0 listens on, when not the coordinator's address (`0.0.0.0:PORT`: every interface).
+    #[arg(long, value_name = "ADDR:PORT", help_heading = "Across nodes")]
+    listen: Option<String>,
+    /// How long node 0 waits for the others to join, and they for it.
+    #[arg(long, value_name = "SECS", default_value_t = 120.0, help_heading = "Across nodes")]
+    join_timeout: f64,
+}
+
 #[derive(Clone, Copy, clap::ValueEnum)]
 enum StrategyArg {
     Ladder,
@@ -121,7 +146,9 @@ enum Failure {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Run { paths, set, out, json, quiet, public } => run(paths, set, out, json, quiet, public),
+        Command::Run { paths, set, out, json, quiet, public, nodes } => {
+            run(paths, set, out, json, quiet, public, nodes)
+        }
         Command::Report { dir, public, issue } => rerender(&dir, public, issue),
         Command::Bisect(args) => bisect(args),
         Command::Env { json, markdown, public } => print_env(json, markdown, public),
@@ -481,8 +508,18 @@ fn run(
     json: bool,
     quiet: bool,
     public: bool,
+    node_args: NodeArgs,
 ) -> Result<ExitCode, Failure> {
     install_interrupt_handler();
+    let flags = ups_doctor::nodes::config::NodeFlags {
+        nodes: node_args.nodes,
+        node_rank: node_args.node_rank,
+        coordinator: node_args.coordinator,
+        listen: node_args.listen,
+        join_timeout_s: Some(node_args.join_timeout),
+    };
+    let node = ups_doctor::nodes::NodeConfig::resolve(&flags, &|name| std::env::var(name).ok())
+        .map_err(|e| Failure::BadInput(e.to_string()))?;
     let paths = if paths.is_empty() { vec![PathBuf::from("scenarios")] } else { paths };
     let files = scenario::scenario_files(&paths).map_err(|e| Failure::BadInput(e.to_string()))?;
     // Validate everything before running anything: a typo in the fifth file must not cost the
@@ -504,6 +541,12 @@ fn run(
     }
     check_gpus(&inputs)?;
     check_memory_limits(&inputs)?;
+    if node.is_some() && inputs.len() != 1 {
+        return Err(Failure::BadInput(format!(
+            "a multi-node run runs one scenario; {} were given: run each with its own `ups-doctor run FILE --nodes …`",
+            inputs.len()
+        )));
+    }
 
     let out_dir = match out {
         Some(dir) => {
@@ -538,7 +581,46 @@ fn run(
     };
     let save = |result: &RunResult| save_honestly(&out_dir, &shown(result)?);
     let width = inputs.len().to_string().len();
-    for (i, input) in inputs.iter().enumerate() {
+    let mut node_done: Option<Box<dyn FnOnce(bool, &str)>> = None;
+    let mut agent_verdict = None;
+    if let Some(config) = &node {
+        let input = &inputs[0];
+        let rel = format!("1-{}", sanitize(&input.scenario.name));
+        let request = ups_doctor::nodes::run::NodeRequest {
+            config,
+            input,
+            program: &program,
+            out_dir: &out_dir,
+            rel: &rel,
+            progress: &mut progress,
+            interrupted: &INTERRUPTED,
+        };
+        use ups_doctor::nodes::net::NodeError;
+        use ups_doctor::nodes::run::Finished;
+        match ups_doctor::nodes::run::run_node(request) {
+            Err(NodeError::BadInput(m)) => return Err(Failure::BadInput(m)),
+            Err(NodeError::Internal(m)) => {
+                result.stopped_by = Some(m.clone());
+                result.not_run = vec![input.scenario.name.clone()];
+                save(&result)?;
+                return Err(Failure::Internal(m));
+            }
+            Ok(Finished::Coordinator { result: merged, coordinator }) => {
+                result.interrupted = merged.interrupted;
+                result.scenarios.push(merged);
+                node_done = Some(Box::new(move |met, report| {
+                    ups_doctor::nodes::run::finish(&coordinator, met, report)
+                }));
+            }
+            Ok(Finished::Agent { result: own, met, report }) => {
+                result.interrupted = own.interrupted;
+                result.scenarios.push(own);
+                agent_verdict = Some((met, report));
+            }
+        }
+        save(&result)?;
+    }
+    for (i, input) in inputs.iter().enumerate().filter(|_| node.is_none()) {
         if INTERRUPTED.load(Ordering::SeqCst) {
             result.interrupted = true;
             result.not_run = inputs[i..].iter().map(|s| s.scenario.name.clone()).collect();
@@ -589,6 +671,36 @@ fn run(
         if cut_short {
             break;
         }
+    }
+    let met = result.scenarios.iter().all(|s| s.met_expectation);
+    if let Some(done) = node_done {
+        done(met, &out_dir.join(report::REPORT_FILE).display().to_string());
+    }
+    if let Some((met, report)) = agent_verdict {
+        // This node's own view is in its --out; the one report of the run is node 0's.
+        let report_path = out_dir.join(report::REPORT_FILE);
+        return match met {
+            Some(met) => {
+                println!(
+                    "node {}: the run's report is on node 0: {}
+this node's own view: {}",
+                    node.as_ref().map_or(0, |n| n.node),
+                    report.unwrap_or_default(),
+                    report_path.display()
+                );
+                Ok(if result.interrupted {
+                    ExitCode::from(130)
+                } else if met {
+                    ExitCode::SUCCESS
+                } else {
+                    ExitCode::from(1)
+                })
+            }
+            None => Err(Failure::Internal(format!(
+                "node 0 (the coordinator) went away before it wrote the run's report; this node's own view: {}",
+                report_path.display()
+            ))),
+        };
     }
     let color =
         !json && std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());

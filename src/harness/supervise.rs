@@ -32,6 +32,7 @@ use super::result::{
 };
 use super::state::RankState;
 use super::{external, quotes};
+use crate::nodes::{LocalEvent, NodeLink};
 
 /// How long stuck ranks get to answer a stack-dump request.
 const STACK_DUMP_WAIT: Duration = Duration::from_secs(5);
@@ -71,6 +72,8 @@ pub struct ScenarioPlan<'a> {
     pub scenario_dir: PathBuf,
     /// The scenario's cgroup, which every process it starts joins (none where none can be made).
     pub cgroup: Option<&'a ScenarioCgroup>,
+    /// This node's place in a multi-node run (none on one machine).
+    pub node: Option<&'a crate::nodes::NodePlacement>,
 }
 
 /// A run id unique on this machine: the harness's pid, a per-process counter and the time.
@@ -261,11 +264,16 @@ fn slot_members(slot: &Slot) -> Vec<u32> {
 }
 
 /// Runs the scenario's ranks to their end.
-pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &AtomicBool) -> Supervised {
+pub fn supervise(
+    plan: &ScenarioPlan,
+    progress: &mut Progress,
+    interrupted: &AtomicBool,
+    mut link: Option<&mut dyn NodeLink>,
+) -> Supervised {
     let scenario = plan.scenario;
     let world = scenario.launch.world_size;
     let is_external = scenario.is_external();
-    let master_port = free_port();
+    let master_port = plan.node.map_or_else(free_port, |n| n.master_port);
     let argv =
         if is_external { external::argv(scenario, &plan.scenario_dir, master_port) } else { Vec::new() };
     let (launcher_style, style_chosen) = match scenario.launch.style {
@@ -374,6 +382,13 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
     progress.scenario_started(&scenario.name, world);
 
     let since = |at: Instant| at.duration_since(start).as_secs_f64();
+    if let Some(l) = link.as_deref_mut() {
+        l.event(LocalEvent::Started {
+            at_s: since(Instant::now()),
+            pids: slots.iter().map(|s| s.end.pid).collect(),
+        });
+    }
+    let (mut ended_told, mut remote_failed) = (vec![false; slots.len()], false);
     let hang_after = Duration::from_secs_f64(scenario.limits.hang_after_s);
     let timeout = Duration::from_secs_f64(scenario.limits.timeout_s);
     let mut stack_deadline: Option<Instant> = None;
@@ -494,6 +509,17 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
         }
         let states: Vec<&RankState> = slots.iter().map(|s| &s.end.state).collect();
         progress.update(&scenario.name, start.elapsed(), scenario.train.steps, &states);
+        if let Some(l) = link.as_deref_mut() {
+            l.event(LocalEvent::Tick { at_s: since(now), states: &states });
+            for s in slots.iter().filter(|s| s.end.exit.is_some() || s.end.launch_error.is_some()) {
+                if !std::mem::replace(&mut ended_told[s.end.rank as usize], true) {
+                    let how = s.end.exit.map_or_else(|| "failed to start".into(), describe_exit);
+                    let (at_s, failed) =
+                        (s.end.ended_at_s.unwrap_or(since(now)), failed_on_its_own(s, needs_done));
+                    l.event(LocalEvent::RankEnded { rank: s.end.rank, at_s, failed, how });
+                }
+            }
+        }
         let launcher_done = launcher.as_ref().is_none_or(|l| !l.live());
         if launcher_done && slots.iter().all(Slot::finished) {
             break;
@@ -506,6 +532,19 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
             was_interrupted = true;
             if stack_deadline.is_none() && term_sent.is_none() {
                 stack_deadline = Some(request_stacks_on_interrupt(&mut slots, &ownership, is_external));
+            }
+            continue;
+        }
+        // A failure on another node: look before kill, as on an interrupt.
+        if !remote_failed
+            && let Some(l) = link.as_deref_mut()
+            && l.remote_failure().is_some()
+        {
+            remote_failed = true;
+            if stack_deadline.is_none() && term_sent.is_none() {
+                stack_deadline = Some(request_stacks_on_interrupt(&mut slots, &ownership, is_external));
+                let ranks = slots.iter().filter(|s| s.dump_requested).map(|s| s.end.rank).collect();
+                l.event(LocalEvent::StacksRequested { at_s: since(now), ranks });
             }
             continue;
         }
@@ -524,6 +563,12 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
             if launcher_style && !stuck && slots.iter().all(|s| s.found.is_none()) {
                 // Nothing found yet: the launcher itself may be what hangs.
                 stuck = launcher.as_ref().is_some_and(|l| l.live()) && since(now) >= limit;
+            }
+            if stuck && let Some(l) = link.as_deref_mut() {
+                l.event(LocalEvent::Hung {
+                    at_s: since(now),
+                    ranks: slots.iter().filter(|s| s.live()).map(|s| s.end.rank).collect(),
+                });
             }
             if stuck {
                 // Ranks get stuck together (one waits for another in a collective) but cross the
@@ -591,6 +636,9 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
             if answered || now >= deadline {
                 signal_all(&mut slots, &launcher, &ownership, libc::SIGTERM, "SIGTERM");
                 term_sent = Some(now);
+                if let Some(l) = link.as_deref_mut() {
+                    l.event(LocalEvent::TearingDown { at_s: since(now), stacks_answered: answered });
+                }
             }
         }
         if let Some(sent) = term_sent
@@ -1060,16 +1108,20 @@ fn rank_spec(plan: &ScenarioPlan, rank: u32, world: u32, master_port: u16, argv:
     } else {
         (plan.program.clone(), vec![OsString::from("train"), plan.resolved_file.clone().into_os_string()])
     };
+    let (global, all, node, master) = plan.node.map_or((rank, world, 0, "127.0.0.1".into()), |n| {
+        (n.global_rank(rank), n.world(), n.node, n.master_addr.clone())
+    });
     RankSpec {
         rank,
         program,
         args,
         env: vec![
-            ("RANK".into(), rank.to_string()),
+            ("RANK".into(), global.to_string()),
             ("LOCAL_RANK".into(), rank.to_string()),
-            ("WORLD_SIZE".into(), world.to_string()),
+            ("GROUP_RANK".into(), node.to_string()),
+            ("WORLD_SIZE".into(), all.to_string()),
             ("LOCAL_WORLD_SIZE".into(), world.to_string()),
-            ("MASTER_ADDR".into(), "127.0.0.1".into()),
+            ("MASTER_ADDR".into(), master),
             ("MASTER_PORT".into(), master_port.to_string()),
             (RUN_ID_ENV.into(), plan.run_id.clone()),
         ]

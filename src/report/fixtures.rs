@@ -214,6 +214,7 @@ pub fn passing() -> ScenarioResult {
         cgroup: None,
         oom_kills: Vec::new(),
         cgroup_unavailable: None,
+        nodes: None,
         gpu: None,
     }
 }
@@ -339,6 +340,7 @@ pub fn segv() -> ScenarioResult {
         cgroup: None,
         oom_kills: Vec::new(),
         cgroup_unavailable: None,
+        nodes: None,
         gpu: None,
     }
 }
@@ -438,6 +440,7 @@ pub fn hung() -> ScenarioResult {
         cgroup: None,
         oom_kills: Vec::new(),
         cgroup_unavailable: None,
+        nodes: None,
         gpu: None,
     }
 }
@@ -505,6 +508,7 @@ pub fn false_success() -> ScenarioResult {
         cgroup: None,
         oom_kills: Vec::new(),
         cgroup_unavailable: None,
+        nodes: None,
         gpu: None,
     }
 }
@@ -551,6 +555,7 @@ pub fn abort_raw_only() -> ScenarioResult {
         cgroup: None,
         oom_kills: Vec::new(),
         cgroup_unavailable: None,
+        nodes: None,
         gpu: None,
     }
 }
@@ -666,6 +671,7 @@ pub fn shm_bus_error() -> ScenarioResult {
         cgroup: None,
         oom_kills: Vec::new(),
         cgroup_unavailable: None,
+        nodes: None,
         gpu: None,
     }
 }

@@ -1,0 +1,373 @@
+//! One result from every node's: ranks renumbered globally (`node × ranks per node + local
+//! rank`), every time placed on node 0's timeline through each node's clock calibration, judged
+//! once over all ranks, and each node's own evidence kept in its section. Pure: no IO.
+
+use crate::diagnose::evidence::{Evidence, failure_time};
+use crate::diagnose::{Observed, catalog, judge};
+use crate::harness::{Leftovers, OomKill, RankResult, ScenarioResult, check_expectation};
+use crate::scenario::{OutcomeKind, Scenario};
+
+use super::clock::Calibration;
+use super::{FirstFailure, LostNode, NodeRun, NodeSection, NodesReport, RemoteFailureSeen};
+
+/// What the coordinator has of one node at the end.
+#[derive(Debug, Clone)]
+pub enum NodeOutcome {
+    /// Its agent sent its result.
+    Reported(Box<NodeRun>),
+    /// Its agent went away first.
+    Lost { node: u32, host: String, agent_pid: Option<u32>, calibration: Option<Calibration>, lost: LostNode },
+}
+
+impl NodeOutcome {
+    fn node(&self) -> u32 {
+        match self {
+            NodeOutcome::Reported(r) => r.node,
+            NodeOutcome::Lost { node, .. } => *node,
+        }
+    }
+}
+
+/// Everything the merge needs.
+pub struct MergeInput<'a> {
+    /// The scenario as the user wrote it (its `world_size` is the whole world).
+    pub scenario: &'a Scenario,
+    pub file: String,
+    pub overrides: Vec<String>,
+    pub coordinator: String,
+    pub ranks_per_node: u32,
+    /// Every node; node 0 (the coordinator's own) must be reported.
+    pub nodes: Vec<NodeOutcome>,
+}
+
+/// A time on a node's clock (seconds since its start) moved onto the run's timeline.
+struct Placement {
+    shift_s: f64,
+    uncertainty_ms: f64,
+}
+
+impl Placement {
+    fn of(run: &NodeRun, base_ns: i64) -> Placement {
+        let start = run.calibration.to_coordinator_ns(run.started_ns);
+        Placement {
+            shift_s: (start - base_ns) as f64 / 1e9,
+            uncertainty_ms: run.calibration.uncertainty_ms(),
+        }
+    }
+
+    fn at(&self, t: Option<f64>) -> Option<f64> {
+        t.map(|t| t + self.shift_s)
+    }
+
+    fn ns(&self, run: &NodeRun, base_ns: i64, agent_ns: i64) -> f64 {
+        (run.calibration.to_coordinator_ns(agent_ns) - base_ns) as f64 / 1e9
+    }
+}
+
+/// Merges the nodes' results into one scenario result with its [`NodesReport`].
+pub fn merge(input: MergeInput) -> ScenarioResult {
+    let mut nodes = input.nodes;
+    nodes.sort_by_key(NodeOutcome::node);
+    let base = nodes
+        .iter()
+        .find_map(|n| match n {
+            NodeOutcome::Reported(r) if r.node == 0 => Some(r.clone()),
+            _ => None,
+        })
+        .expect("node 0 is the coordinator and always reports");
+    let base_ns = base.started_ns;
+    let lw = input.ranks_per_node;
+
+    let mut ranks: Vec<RankResult> = Vec::new();
+    let mut uncertainty: Vec<(u32, f64)> = Vec::new();
+    let mut oom_kills: Vec<OomKill> = Vec::new();
+    let mut leftovers = Leftovers::default();
+    let mut sections = Vec::new();
+    let mut wall_s: f64 = 0.0;
+    let mut interrupted = false;
+    for n in &nodes {
+        match n {
+            NodeOutcome::Reported(run) => {
+                let p = Placement::of(run, base_ns);
+                uncertainty.push((run.node, p.uncertainty_ms));
+                let r = &run.result;
+                interrupted |= r.interrupted;
+                wall_s = wall_s.max(p.shift_s + r.wall_s);
+                for rank in &r.ranks {
+                    let mut g = rank.clone();
+                    g.rank = run.node * lw + rank.rank;
+                    g.collateral = false;
+                    g.ended_at_s = p.at(g.ended_at_s);
+                    g.last_marker_at_s = p.at(g.last_marker_at_s);
+                    g.last_output_at_s = p.at(g.last_output_at_s);
+                    for span in &mut g.timeline {
+                        span.start_s += p.shift_s;
+                        span.end_s = p.at(span.end_s);
+                    }
+                    if run.node != 0 {
+                        g.stdout_log = format!("{}:{}/{}", run.host, run.out_dir, rank.stdout_log);
+                        g.stderr_log = format!("{}:{}/{}", run.host, run.out_dir, rank.stderr_log);
+                    }
+                    ranks.push(g);
+                }
+                for k in &r.oom_kills {
+                    oom_kills.push(OomKill {
+                        rank: k.rank.map(|l| run.node * lw + l),
+                        at_s: p.at(k.at_s),
+                        ..k.clone()
+                    });
+                }
+                leftovers.shm.extend(r.leftovers.shm.iter().cloned());
+                leftovers.processes.extend(r.leftovers.processes.iter().cloned().map(|mut lp| {
+                    lp.rank = lp.rank.map(|l| run.node * lw + l);
+                    lp
+                }));
+                sections.push(NodeSection {
+                    node: run.node,
+                    host: run.host.clone(),
+                    ranks: (0..run.local_world).map(|l| run.node * lw + l).collect(),
+                    agent_pid: Some(run.agent_pid),
+                    clock: (run.node != 0).then_some(run.calibration),
+                    started_at_s: Some(p.shift_s),
+                    lost: None,
+                    remote_failure: run.remote_failure.as_ref().map(|f| RemoteFailureSeen {
+                        what: f.what.clone(),
+                        known_at_s: p.ns(run, base_ns, f.known_ns),
+                        stacks_requested: f.stacks_requested.iter().map(|l| run.node * lw + l).collect(),
+                        torn_down_at_s: f.torn_down_ns.map(|t| p.ns(run, base_ns, t)),
+                        stacks_answered: f.stacks_answered,
+                    }),
+                    own_headline: Some(r.verdict.headline.clone()),
+                    wall_s: Some(r.wall_s),
+                    out_dir: Some(run.out_dir.clone()),
+                    memory: r.memory.clone(),
+                    leftovers: r.leftovers.clone(),
+                    gpu: r.gpu.clone(),
+                });
+            }
+            NodeOutcome::Lost { node, host, agent_pid, calibration, lost } => {
+                sections.push(NodeSection {
+                    node: *node,
+                    host: host.clone(),
+                    ranks: (0..lw).map(|l| node * lw + l).collect(),
+                    agent_pid: *agent_pid,
+                    clock: *calibration,
+                    started_at_s: None,
+                    lost: Some(lost.clone()),
+                    remote_failure: None,
+                    own_headline: None,
+                    wall_s: None,
+                    out_dir: None,
+                    memory: None,
+                    leftovers: Leftovers::default(),
+                    gpu: None,
+                });
+            }
+        }
+    }
+    ranks.sort_by_key(|r| r.rank);
+
+    let scenario = input.scenario;
+    let launcher = base.result.external.as_ref().and_then(|e| e.launcher.as_ref());
+    let observed = Observed {
+        scenario,
+        ranks: &ranks,
+        wall_s,
+        memory: None,
+        leftovers: &leftovers,
+        oom_kills: &oom_kills,
+        cgroup: None,
+        launcher,
+    };
+    let crate::diagnose::Judgement { mut outcome, mut first_failure, mut verdict } = judge(&observed);
+    let node_of = |rank: u32| rank / lw.max(1);
+    let host_of =
+        |node: u32| sections.iter().find(|s| s.node == node).map_or_else(String::new, |s| s.host.clone());
+    let u_of = |node: u32| uncertainty.iter().find(|(n, _)| *n == node).map_or(0.0, |(_, u)| *u);
+
+    // Deaths on different nodes closer than the clocks can tell apart: say so, and decide by
+    // causal evidence (a rank that lost its peer, or that we tore down, followed another).
+    let ev = Evidence::gather(&observed);
+    let cause_rank = |r: &RankResult| -> u8 {
+        let e = ev.rank(r.rank);
+        if r.torn_down_with.is_some() {
+            2
+        } else if e.is_some_and(catalog::lost_its_peer) {
+            1
+        } else {
+            0
+        }
+    };
+    let mut order_note = None;
+    if let Some(f) = first_failure.and_then(|f| ranks.iter().find(|r| r.rank == f)) {
+        let fnode = node_of(f.rank);
+        let tf = failure_time(f);
+        let rivals: Vec<&RankResult> = ranks
+            .iter()
+            .filter(|r| r.outcome != OutcomeKind::Passed && node_of(r.rank) != fnode)
+            .filter(|r| (failure_time(r) - tf).abs() * 1e3 <= u_of(fnode) + u_of(node_of(r.rank)))
+            .collect();
+        if let Some(rival) = rivals.iter().min_by(|a, b| failure_time(a).total_cmp(&failure_time(b))) {
+            let within = u_of(fnode) + u_of(node_of(rival.rank));
+            let mut candidates = vec![f, *rival];
+            candidates.sort_by(|a, b| {
+                cause_rank(a).cmp(&cause_rank(b)).then(failure_time(a).total_cmp(&failure_time(b)))
+            });
+            let chosen = candidates[0];
+            let other = candidates[1];
+            let decided = if cause_rank(chosen) < cause_rank(other) {
+                format!(
+                    "rank {} {}: rank {} is the first failure by causal evidence",
+                    other.rank,
+                    if cause_rank(other) == 2 { "was torn down by ups-doctor" } else { "lost its peer" },
+                    chosen.rank
+                )
+            } else {
+                format!(
+                    "no causal evidence tells them apart: rank {} is named by its timestamp only",
+                    chosen.rank
+                )
+            };
+            let note = format!(
+                "rank {} on {} and rank {} on {} died within ±{} of each other: order not determined; {decided}",
+                f.rank,
+                host_of(fnode),
+                rival.rank,
+                host_of(node_of(rival.rank)),
+                ms(within),
+            );
+            if chosen.rank != f.rank {
+                let again = judge(&Observed { ranks: &reordered(&ranks, chosen.rank), ..observed });
+                outcome = again.outcome;
+                verdict = again.verdict;
+                first_failure = Some(chosen.rank);
+            }
+            verdict.evidence.insert(0, capitalise(&note));
+            order_note = Some(note);
+        }
+    }
+
+    // A lost node's ranks were not observed: the run is not a hang of everything.
+    for s in sections.iter().filter(|s| s.lost.is_some()) {
+        let lost = s.lost.as_ref().expect("filtered");
+        let line = format!(
+            "Node {} ({}) lost at {:.1} s ({}): its ranks {} were not observed to their end",
+            s.node,
+            s.host,
+            lost.at_s,
+            lost.how,
+            ranks_text(&s.ranks)
+        );
+        verdict.evidence.insert(0, line.clone());
+        if first_failure
+            .is_none_or(|f| ranks.iter().find(|r| r.rank == f).is_some_and(|r| r.torn_down_with.is_some()))
+        {
+            verdict.headline = format!("{line}; the other nodes' ranks were torn down after it");
+        }
+    }
+
+    for r in &mut ranks {
+        r.collateral = first_failure.is_some_and(|f| f != r.rank) && r.outcome != OutcomeKind::Passed;
+    }
+    let failed = first_failure.and_then(|f| ranks.iter().find(|r| r.rank == f));
+    let mut mismatches = check_expectation(&scenario.expect, outcome, failed);
+    let lost_any = sections.iter().any(|s| s.lost.is_some());
+    if lost_any {
+        mismatches.push(format!(
+            "node{} lost: its ranks were not observed",
+            sections.iter().filter(|s| s.lost.is_some()).map(|s| format!(" {}", s.node)).collect::<String>()
+        ));
+    }
+    if interrupted {
+        mismatches.clear();
+    }
+    let first = failed.map(|f| {
+        let node = node_of(f.rank);
+        FirstFailure {
+            node,
+            host: host_of(node),
+            rank: f.rank,
+            local_rank: f.rank % lw.max(1),
+            at_s: Some(failure_time(f)).filter(|t| t.is_finite()),
+            uncertainty_ms: u_of(node),
+        }
+    });
+    if let Some(f) = &first {
+        verdict.evidence.insert(
+            0,
+            format!("First failure across nodes: node {}, rank {} (host {})", f.node, f.rank, f.host),
+        );
+    }
+    let b = &base.result;
+    ScenarioResult {
+        name: b.name.clone(),
+        file: input.file,
+        overrides: input.overrides,
+        scenario: scenario.clone(),
+        outcome,
+        met_expectation: mismatches.is_empty() && !interrupted,
+        interrupted,
+        expectation_mismatches: mismatches,
+        verdict,
+        first_failure,
+        wall_s,
+        steps_per_s: b.steps_per_s,
+        samples_per_s: None,
+        memory: None,
+        leftovers,
+        gpu: None,
+        external: b.external.clone(),
+        cgroup: None,
+        oom_kills,
+        cgroup_unavailable: None,
+        nodes: Some(NodesReport {
+            nodes: sections.len() as u32,
+            ranks_per_node: lw,
+            coordinator: input.coordinator,
+            first_failure: first,
+            order_note,
+            per_node: sections,
+        }),
+        ranks,
+    }
+}
+
+/// The ranks with `first` made the earliest to fail (the judge orders by time).
+fn reordered(ranks: &[RankResult], first: u32) -> Vec<RankResult> {
+    let earliest = ranks.iter().map(failure_time).fold(f64::INFINITY, f64::min);
+    ranks
+        .iter()
+        .map(|r| {
+            let mut r = r.clone();
+            if r.rank == first {
+                r.ended_at_s = Some(earliest - 1e-6);
+            }
+            r
+        })
+        .collect()
+}
+
+fn ms(v: f64) -> String {
+    if v >= 10.0 {
+        format!("{v:.0} ms")
+    } else if v >= 0.1 {
+        format!("{v:.1} ms")
+    } else {
+        format!("{v:.2} ms")
+    }
+}
+
+fn capitalise(s: &str) -> String {
+    let mut c = s.chars();
+    c.next().map(|f| f.to_uppercase().collect::<String>() + c.as_str()).unwrap_or_default()
+}
+
+/// `2–3`, or `2, 5` when not consecutive.
+pub fn ranks_text(ranks: &[u32]) -> String {
+    match ranks {
+        [] => "none".into(),
+        [one] => one.to_string(),
+        [a, .., b] if (*b - *a) as usize + 1 == ranks.len() => format!("{a}–{b}"),
+        _ => ranks.iter().map(u32::to_string).collect::<Vec<_>>().join(", "),
+    }
+}
