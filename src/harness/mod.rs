@@ -27,6 +27,7 @@ use std::sync::atomic::AtomicBool;
 
 pub use capture::make_room;
 pub use classify::{Intervention, RankEnd, check_expectation, classify_rank};
+pub use external::{find_program, find_py_spy, kernel_threads, py_spy_dump};
 pub use gpu::{
     ClockReason, GpuPoint, GpuPointValues, GpuProcessPeak, GpuRecorder, GpuReport, GpuSample, GpuSummary,
     Stat, annotate_gpu, clock_reason_names,

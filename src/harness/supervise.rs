@@ -271,7 +271,7 @@ pub fn supervise(
     mut link: Option<&mut dyn NodeLink>,
 ) -> Supervised {
     let scenario = plan.scenario;
-    let world = scenario.launch.world_size;
+    let world = plan.node.map_or(scenario.launch.world_size, |n| n.local_world);
     let is_external = scenario.is_external();
     let master_port = plan.node.map_or_else(free_port, |n| n.master_port);
     let argv =
@@ -510,7 +510,8 @@ pub fn supervise(
         let states: Vec<&RankState> = slots.iter().map(|s| &s.end.state).collect();
         progress.update(&scenario.name, start.elapsed(), scenario.train.steps, &states);
         if let Some(l) = link.as_deref_mut() {
-            l.event(LocalEvent::Tick { at_s: since(now), states: &states });
+            let pids: Vec<Option<u32>> = slots.iter().map(|s| s.end.pid.filter(|_| s.live())).collect();
+            l.event(LocalEvent::Tick { at_s: since(now), states: &states, pids: &pids });
             for s in slots.iter().filter(|s| s.end.exit.is_some() || s.end.launch_error.is_some()) {
                 if !std::mem::replace(&mut ended_told[s.end.rank as usize], true) {
                     let how = s.end.exit.map_or_else(|| "failed to start".into(), describe_exit);
@@ -542,7 +543,9 @@ pub fn supervise(
         {
             remote_failed = true;
             if stack_deadline.is_none() && term_sent.is_none() {
-                stack_deadline = Some(request_stacks_on_interrupt(&mut slots, &ownership, is_external));
+                // Stacks get the time a hang's get (an interrupt's wait is shorter: a user waits).
+                let asked = request_stacks_on_interrupt(&mut slots, &ownership, is_external) > now;
+                stack_deadline = Some(if asked { now + STACK_DUMP_WAIT } else { now });
                 let ranks = slots.iter().filter(|s| s.dump_requested).map(|s| s.end.rank).collect();
                 l.event(LocalEvent::StacksRequested { at_s: since(now), ranks });
             }

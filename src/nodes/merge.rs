@@ -4,11 +4,11 @@
 
 use crate::diagnose::evidence::{Evidence, failure_time};
 use crate::diagnose::{Observed, catalog, judge};
-use crate::harness::{Leftovers, OomKill, RankResult, ScenarioResult, check_expectation};
+use crate::harness::{Leftovers, MemoryReport, OomKill, RankResult, ScenarioResult, check_expectation};
 use crate::scenario::{OutcomeKind, Scenario};
 
 use super::clock::Calibration;
-use super::{FirstFailure, LostNode, NodeRun, NodeSection, NodesReport, RemoteFailureSeen};
+use super::{FirstFailure, LostNode, NodeRun, NodeSection, NodesReport, RemoteFailureSeen, Snapshot};
 
 /// What the coordinator has of one node at the end.
 #[derive(Debug, Clone)]
@@ -104,6 +104,9 @@ pub fn merge(input: MergeInput) -> ScenarioResult {
                         span.start_s += p.shift_s;
                         span.end_s = p.at(span.end_s);
                     }
+                    g.dumps.extend(
+                        run.snapshots.iter().filter(|(l, _)| *l == rank.rank).map(|(_, d)| d.clone()),
+                    );
                     if run.node != 0 {
                         g.stdout_log = format!("{}:{}/{}", run.host, run.out_dir, rank.stdout_log);
                         g.stderr_log = format!("{}:{}/{}", run.host, run.out_dir, rank.stderr_log);
@@ -134,13 +137,25 @@ pub fn merge(input: MergeInput) -> ScenarioResult {
                         what: f.what.clone(),
                         known_at_s: p.ns(run, base_ns, f.known_ns),
                         stacks_requested: f.stacks_requested.iter().map(|l| run.node * lw + l).collect(),
-                        torn_down_at_s: f.torn_down_ns.map(|t| p.ns(run, base_ns, t)),
-                        stacks_answered: f.stacks_answered,
+                        // SIGTERM went out only if some rank was still there to receive it.
+                        torn_down_at_s: f
+                            .torn_down_ns
+                            .filter(|_| r.ranks.iter().any(|x| x.torn_down_with.is_some()))
+                            .map(|t| p.ns(run, base_ns, t)),
+                        // Answered means stacks arrived, not merely that nobody was left to ask.
+                        stacks_answered: !f.stacks_requested.is_empty()
+                            && f.stacks_requested
+                                .iter()
+                                .all(|l| r.ranks.iter().any(|x| x.rank == *l && !x.stacks.is_empty())),
+                    }),
+                    snapshot: run.snapshot_ns.map(|t| Snapshot {
+                        at_s: p.ns(run, base_ns, t),
+                        ranks: run.snapshots.iter().map(|(l, _)| run.node * lw + l).collect(),
                     }),
                     own_headline: Some(r.verdict.headline.clone()),
                     wall_s: Some(r.wall_s),
                     out_dir: Some(run.out_dir.clone()),
-                    memory: r.memory.clone(),
+                    memory: r.memory.clone().map(|m| global_memory(m, run.node * lw)),
                     leftovers: r.leftovers.clone(),
                     gpu: r.gpu.clone(),
                 });
@@ -155,6 +170,7 @@ pub fn merge(input: MergeInput) -> ScenarioResult {
                     started_at_s: None,
                     lost: Some(lost.clone()),
                     remote_failure: None,
+                    snapshot: None,
                     own_headline: None,
                     wall_s: None,
                     out_dir: None,
@@ -330,6 +346,17 @@ pub fn merge(input: MergeInput) -> ScenarioResult {
         }),
         ranks,
     }
+}
+
+/// A node's memory report with global rank numbers (its series indexed by global rank).
+fn global_memory(mut m: MemoryReport, offset: u32) -> MemoryReport {
+    m.processes.iter_mut().for_each(|p| p.rank += offset);
+    m.shm.at_rank_end.iter_mut().for_each(|a| a.rank += offset);
+    m.datasets.iter_mut().for_each(|d| d.rank += offset);
+    for point in &mut m.series {
+        point.pss_bytes.splice(0..0, std::iter::repeat_n(0, offset as usize));
+    }
+    m
 }
 
 /// The ranks with `first` made the earliest to fail (the judge orders by time).

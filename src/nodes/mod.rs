@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 pub use config::{NodeConfig, NodeConfigError};
 pub use link::{LocalEvent, NodeLink};
 
-use crate::harness::{GpuReport, Leftovers, MemoryReport, ScenarioResult};
+use crate::harness::{GpuReport, Leftovers, MemoryReport, ProcessDump, ScenarioResult};
 
 /// Where this node's ranks sit in the world, for their environment.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -63,6 +63,15 @@ pub struct RemoteFailureSeen {
     pub stacks_answered: bool,
 }
 
+/// When a node looked at its ranks after the first failure (here or elsewhere).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Snapshot {
+    /// On the run's timeline.
+    pub at_s: f64,
+    /// Ranks whose threads were read then (each rank's `dumps` holds them).
+    pub ranks: Vec<u32>,
+}
+
 /// What one agent sends the coordinator at the end: its node's result as it would write it on
 /// its own (ranks numbered locally), with what places it on the run's timeline.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -76,6 +85,13 @@ pub struct NodeRun {
     pub calibration: clock::Calibration,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub remote_failure: Option<RemoteFailureLocal>,
+    /// What its ranks still running were doing the moment the node knew of the first failure
+    /// (here or elsewhere), by local rank.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub snapshots: Vec<(u32, ProcessDump)>,
+    /// When that snapshot was taken, on the agent's clock (ns).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot_ns: Option<i64>,
     /// Where the agent wrote its own copy (logs, its node's result), on its host.
     pub out_dir: String,
     pub result: ScenarioResult,
@@ -144,6 +160,8 @@ pub struct NodeSection {
     pub lost: Option<LostNode>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub remote_failure: Option<RemoteFailureSeen>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<Snapshot>,
     /// The node's own verdict headline, as if it had run alone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub own_headline: Option<String>,

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
-use crate::harness::{self, HarnessError, Progress, ScenarioInput, ScenarioResult};
+use crate::harness::{self, HarnessError, ProcessDump, Progress, ScenarioInput, ScenarioResult};
 
 use super::clock::{self, Calibration};
 use super::link::{LocalEvent, NodeLink};
@@ -70,14 +70,8 @@ fn ranks_per_node(input: &ScenarioInput, nodes: u32) -> Result<u32, NodeError> {
     Ok(world / nodes)
 }
 
-/// The scenario as this node runs it: its own ranks only.
-fn local_input(input: &ScenarioInput, local_world: u32) -> ScenarioInput {
-    let mut local = input.clone();
-    local.scenario.launch.world_size = local_world;
-    local
-}
-
-/// What a node records about a failure elsewhere, from its link's events.
+/// What a node records about a failure (elsewhere, or the first one of its own), from its
+/// link's events, and the snapshot of its live ranks taken the moment it knew.
 #[derive(Default)]
 struct RemoteRecord {
     known: Option<(String, i64)>,
@@ -85,13 +79,69 @@ struct RemoteRecord {
     torn_down_ns: Option<i64>,
     stacks_answered: bool,
     started_ns: Option<i64>,
+    /// Pids of the ranks running at the last tick, by local rank.
+    live: Vec<Option<u32>>,
+    /// py-spy, for an external program's ranks.
+    py_spy: Option<std::path::PathBuf>,
+    external: bool,
+    snapshots: Vec<(u32, ProcessDump)>,
+    snapshot_ns: Option<i64>,
 }
 
 impl RemoteRecord {
-    fn note(&mut self, event: &LocalEvent) {
+    fn new(input: &ScenarioInput) -> RemoteRecord {
+        let external = input.scenario.is_external();
+        let program =
+            input.scenario.command.as_ref().and_then(|c| c.first()).and_then(|p| harness::find_program(p));
+        RemoteRecord {
+            external,
+            py_spy: external.then(|| harness::find_py_spy(program.as_deref())).flatten(),
+            ..Default::default()
+        }
+    }
+
+    /// Look before kill: what every rank still running is doing, the moment a failure is known
+    /// (threads as the kernel sees them, instantly; py-spy's Python stacks for a program's ranks).
+    /// The in-process stack request that follows may lose the race with ranks that end on their
+    /// own (a peer's closed connection ends them within a second); this does not.
+    fn snapshot(&mut self, why: &str, placement: &NodePlacement, except: Option<u32>) {
+        if self.snapshot_ns.is_some() {
+            return;
+        }
+        self.snapshot_ns = Some(clock::now_ns());
+        let live: Vec<(u32, u32)> = self
+            .live
+            .iter()
+            .enumerate()
+            .filter_map(|(l, pid)| Some((l as u32, (*pid)?)))
+            .filter(|(l, _)| Some(*l) != except)
+            .collect();
+        for (l, pid) in live {
+            let role = format!("rank {}, the moment {why}", placement.global_rank(l));
+            let dump = if self.external {
+                harness::py_spy_dump(self.py_spy.as_deref(), pid, &role)
+            } else {
+                ProcessDump { pid, role, py_spy: None, error: None, threads: harness::kernel_threads(pid) }
+            };
+            if !dump.threads.is_empty() {
+                self.snapshots.push((l, dump));
+            }
+        }
+    }
+
+    fn note(&mut self, event: &LocalEvent, placement: &NodePlacement, host: &str) {
         match event {
             LocalEvent::Started { at_s, .. } => {
                 self.started_ns = Some(clock::now_ns() - (at_s * 1e9) as i64);
+            }
+            LocalEvent::Tick { pids, .. } => self.live = pids.to_vec(),
+            LocalEvent::RankEnded { rank, failed: true, how, .. } => {
+                let why = format!(
+                    "rank {} on node {} ({host}) {how}",
+                    placement.global_rank(*rank),
+                    placement.node
+                );
+                self.snapshot(&why, placement, Some(*rank));
             }
             LocalEvent::StacksRequested { ranks, .. } => self.stacks_requested = ranks.clone(),
             LocalEvent::TearingDown { stacks_answered, .. }
@@ -113,6 +163,12 @@ impl RemoteRecord {
             torn_down_ns: self.torn_down_ns,
             stacks_answered: self.stacks_answered,
         })
+    }
+
+    /// Marks the failure elsewhere known now, with its snapshot.
+    fn learn(&mut self, what: &str, placement: &NodePlacement) {
+        self.known = Some((what.to_string(), clock::now_ns()));
+        self.snapshot(what, placement, None);
     }
 }
 
@@ -226,12 +282,12 @@ impl NodeLink for CoordinatorLink<'_> {
     fn remote_failure(&mut self) -> Option<String> {
         self.drain();
         let what = self.pending.take()?;
-        self.record.known = Some((what.clone(), clock::now_ns()));
+        self.record.learn(&what, &self.placement);
         Some(what)
     }
 
     fn event(&mut self, event: LocalEvent) {
-        self.record.note(&event);
+        self.record.note(&event, &self.placement, &self.host);
         if let LocalEvent::RankEnded { rank, failed: true, how, .. } = &event {
             let what = format!("rank {} on node 0 ({}) {how}", self.placement.global_rank(*rank), self.host);
             self.relay(&what, None);
@@ -272,11 +328,11 @@ fn coordinate(req: NodeRequest, local_world: u32) -> Result<Finished, NodeError>
         last_steps: BTreeMap::new(),
         told: false,
         pending: None,
-        record: RemoteRecord::default(),
+        record: RemoteRecord::new(req.input),
     };
     let own_calibration = Calibration::identity(clock::now_ns());
     let local = harness::run_scenario_on_node(
-        &local_input(req.input, local_world),
+        req.input,
         req.program,
         &req.out_dir.join(req.rel),
         req.rel,
@@ -317,6 +373,8 @@ fn coordinate(req: NodeRequest, local_world: u32) -> Result<Finished, NodeError>
         started_ns,
         calibration: own_calibration,
         remote_failure: link.record.local(),
+        snapshots: std::mem::take(&mut link.record.snapshots),
+        snapshot_ns: link.record.snapshot_ns,
         out_dir: req.out_dir.display().to_string(),
         result: local,
     }))];
@@ -357,6 +415,7 @@ fn coordinate(req: NodeRequest, local_world: u32) -> Result<Finished, NodeError>
 struct AgentLink<'a> {
     agent: &'a mut Agent,
     placement: NodePlacement,
+    host: String,
     peer_failed: Option<String>,
     gone: bool,
     done: Option<(bool, String)>,
@@ -399,12 +458,12 @@ impl NodeLink for AgentLink<'_> {
         let what = self.peer_failed.clone().or_else(|| {
             self.gone.then(|| "node 0's agent (the coordinator) went away: its connection closed".to_string())
         })?;
-        self.record.known = Some((what.clone(), clock::now_ns()));
+        self.record.learn(&what, &self.placement);
         Some(what)
     }
 
     fn event(&mut self, event: LocalEvent) {
-        self.record.note(&event);
+        self.record.note(&event, &self.placement, &self.host);
         if let Some(steps) = steps_of(&event, &self.placement) {
             if self.last_progress.is_none_or(|t| t.elapsed() >= PROGRESS_EVERY) {
                 self.last_progress = Some(Instant::now());
@@ -439,17 +498,18 @@ fn take_part(req: NodeRequest, local_world: u32) -> Result<Finished, NodeError> 
     let mut link = AgentLink {
         agent: &mut agent,
         placement: placement.clone(),
+        host: host.clone(),
         peer_failed: None,
         gone: false,
         done: None,
         last_progress: None,
-        record: RemoteRecord::default(),
+        record: RemoteRecord::new(req.input),
     };
     for m in early {
         link.take(m);
     }
     let local = harness::run_scenario_on_node(
-        &local_input(req.input, local_world),
+        req.input,
         req.program,
         &req.out_dir.join(req.rel),
         req.rel,
@@ -458,7 +518,7 @@ fn take_part(req: NodeRequest, local_world: u32) -> Result<Finished, NodeError> 
         Some((&placement, &mut link)),
     )
     .map_err(harness_error)?;
-    let (record, mut gone, mut done) = (std::mem::take(&mut link.record), link.gone, link.done.take());
+    let (mut record, mut gone, mut done) = (std::mem::take(&mut link.record), link.gone, link.done.take());
     drop(link);
     let mut late: Vec<Option<Message>> = Vec::new();
     let end = if gone { None } else { agent.calibrate(&mut |m| late.push(m)) };
@@ -477,6 +537,8 @@ fn take_part(req: NodeRequest, local_world: u32) -> Result<Finished, NodeError> 
         started_ns: record.started_ns.unwrap_or(start.at_ns),
         calibration: Calibration { start, end },
         remote_failure: record.local(),
+        snapshots: std::mem::take(&mut record.snapshots),
+        snapshot_ns: record.snapshot_ns,
         out_dir: req.out_dir.display().to_string(),
         result: local.clone(),
     };
