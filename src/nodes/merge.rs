@@ -398,3 +398,293 @@ pub fn ranks_text(ranks: &[u32]) -> String {
         _ => ranks.iter().map(u32::to_string).collect::<Vec<_>>().join(", "),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nodes::clock::{Calibration, Offset};
+    use crate::report::fixtures;
+    use crate::scenario::Expect;
+
+    const MS: i64 = 1_000_000;
+    /// Node 0's start on its own clock (ns since the epoch): any moment will do.
+    const BASE: i64 = 1_800_000_000_000 * MS;
+
+    fn scenario(world: u32) -> Scenario {
+        let mut s = fixtures::passing().scenario;
+        s.name = "ddp-2x2".into();
+        s.launch.world_size = world;
+        s.expect = Expect { outcome: OutcomeKind::Signaled, rank: Some(3), ..Expect::default() };
+        s
+    }
+
+    fn died(local: u32, at_s: f64, signal: Option<&str>, error: Option<&str>) -> RankResult {
+        let mut r = fixtures::rank(local, 3);
+        r.outcome = if signal.is_some() { OutcomeKind::Signaled } else { OutcomeKind::Exited };
+        r.signal = signal.map(Into::into);
+        r.exit_code = if signal.is_some() { None } else { Some(1) };
+        r.error = error.map(Into::into);
+        r.ended_at_s = Some(at_s);
+        r.last_marker_at_s = Some(at_s - 0.01);
+        r
+    }
+
+    const LOST_PEER: &str = "Connection closed by peer [127.0.0.1]:4000 (rank 0 receiving from rank 3 in all_reduce_sum, collective #53)";
+
+    /// A node's report: its ranks (local numbers, local times) with its clock: `skew_ms` ahead of
+    /// node 0's, known to ± `u_ms`, and started `late_ms` after node 0 (true time).
+    fn node(
+        node: u32,
+        host: &str,
+        ranks: Vec<RankResult>,
+        skew_ms: f64,
+        u_ms: f64,
+        late_ms: i64,
+    ) -> NodeOutcome {
+        let offset = Offset { offset_ms: -skew_ms, uncertainty_ms: u_ms, at_ns: BASE, samples: 16 };
+        let mut result = fixtures::passing();
+        result.ranks = ranks;
+        NodeOutcome::Reported(Box::new(NodeRun {
+            node,
+            host: host.into(),
+            agent_pid: 100 + node,
+            local_world: 2,
+            started_ns: BASE + late_ms * MS + (skew_ms * 1e6) as i64,
+            calibration: if node == 0 {
+                Calibration::identity(BASE)
+            } else {
+                Calibration { start: offset, end: Some(offset) }
+            },
+            remote_failure: None,
+            snapshots: Vec::new(),
+            snapshot_ns: None,
+            out_dir: format!("/tmp/{host}"),
+            result,
+        }))
+    }
+
+    fn merged(nodes: Vec<NodeOutcome>) -> ScenarioResult {
+        merge(MergeInput {
+            scenario: &scenario(4),
+            file: "ddp-2x2.json".into(),
+            overrides: Vec::new(),
+            coordinator: "127.0.0.1:29411".into(),
+            ranks_per_node: 2,
+            nodes,
+        })
+    }
+
+    #[test]
+    fn ranks_are_numbered_globally_and_placed_on_node_0s_timeline_through_the_calibration() {
+        // Node 1's clock is 5 s ahead: uncalibrated, its rank 3 would seem to die 5 s after the
+        // ranks it took down. Calibrated, it died first, at 2.000 s.
+        let s = merged(vec![
+            node(
+                0,
+                "node-a",
+                vec![died(0, 2.100, None, Some(LOST_PEER)), died(1, 2.150, None, Some(LOST_PEER))],
+                0.0,
+                0.0,
+                0,
+            ),
+            node(
+                1,
+                "node-b",
+                vec![died(0, 2.090, None, Some(LOST_PEER)), died(1, 1.990, Some("SIGSEGV"), None)],
+                5000.0,
+                0.05,
+                10,
+            ),
+        ]);
+        assert_eq!(s.ranks.iter().map(|r| r.rank).collect::<Vec<_>>(), [0, 1, 2, 3]);
+        assert_eq!(s.first_failure, Some(3));
+        assert!((s.ranks[3].ended_at_s.unwrap() - 2.000).abs() < 1e-6, "{:?}", s.ranks[3].ended_at_s);
+        assert!(s.ranks[..3].iter().all(|r| r.collateral));
+        let n = s.nodes.as_ref().unwrap();
+        let f = n.first_failure.as_ref().unwrap();
+        assert_eq!(
+            (f.node, f.host.as_str(), f.rank, f.local_rank, f.uncertainty_ms),
+            (1, "node-b", 3, 1, 0.05)
+        );
+        assert_eq!(n.order_note, None, "100 ms apart: the clocks can tell");
+        assert_eq!(n.per_node[1].ranks, [2, 3]);
+        assert_eq!(s.ranks[2].stdout_log, "node-b:/tmp/node-b/logs/rank0.stdout");
+        assert!(s.met_expectation, "{:?}", s.expectation_mismatches);
+        assert_eq!(s.verdict.evidence[0], "First failure across nodes: node 1, rank 3 (host node-b)");
+        // The memory of node 1 speaks of global ranks.
+        let m = n.per_node[1].memory.as_ref().unwrap();
+        assert_eq!(m.processes[0].rank, 2);
+        assert_eq!(m.series[0].pss_bytes.len(), 3, "indexed by global rank: two zeros for node 0's ranks");
+    }
+
+    #[test]
+    fn deaths_closer_than_the_clocks_can_tell_say_so_and_causal_evidence_decides() {
+        // Rank 0 on node-a lost its peer 1 ms *before* rank 3 on node-b crashed, by the clocks,
+        // but node-b's clock is known to ± 2 ms only: the crash is the cause.
+        let s = merged(vec![
+            node(
+                0,
+                "node-a",
+                vec![died(0, 2.000, None, Some(LOST_PEER)), died(1, 2.300, None, Some(LOST_PEER))],
+                0.0,
+                0.0,
+                0,
+            ),
+            node(
+                1,
+                "node-b",
+                vec![died(0, 2.200, None, Some(LOST_PEER)), died(1, 2.001, Some("SIGSEGV"), None)],
+                0.0,
+                2.0,
+                0,
+            ),
+        ]);
+        assert_eq!(s.first_failure, Some(3));
+        let note = s.nodes.as_ref().unwrap().order_note.clone().unwrap();
+        assert_eq!(
+            note,
+            "rank 3 on node-b and rank 0 on node-a died within ±2.0 ms of each other: order not determined; rank 0 lost its peer: rank 3 is the first failure by causal evidence"
+        );
+        assert!(
+            s.verdict
+                .evidence
+                .iter()
+                .any(|e| e.starts_with("Rank 3 on node-b and rank 0 on node-a died within ±2.0 ms"))
+        );
+    }
+
+    #[test]
+    fn two_crashes_within_the_uncertainty_are_named_by_timestamp_only_and_said_to_be() {
+        let s = merged(vec![
+            node(
+                0,
+                "node-a",
+                vec![died(0, 2.0000, Some("SIGSEGV"), None), died(1, 2.300, None, Some(LOST_PEER))],
+                0.0,
+                0.0,
+                0,
+            ),
+            node(
+                1,
+                "node-b",
+                vec![died(0, 2.200, None, Some(LOST_PEER)), died(1, 2.0015, Some("SIGABRT"), None)],
+                0.0,
+                2.0,
+                0,
+            ),
+        ]);
+        assert_eq!(s.first_failure, Some(0));
+        let note = s.nodes.as_ref().unwrap().order_note.clone().unwrap();
+        assert!(note.starts_with("rank 0 on node-a and rank 3 on node-b died within ±2.0 ms of each other: order not determined"), "{note}");
+        assert!(
+            note.ends_with("no causal evidence tells them apart: rank 0 is named by its timestamp only"),
+            "{note}"
+        );
+        // 1.5 ms apart with clocks known to ± 0.5 ms: the order is known.
+        let s = merged(vec![
+            node(
+                0,
+                "node-a",
+                vec![died(0, 2.0000, Some("SIGSEGV"), None), died(1, 2.300, None, Some(LOST_PEER))],
+                0.0,
+                0.0,
+                0,
+            ),
+            node(
+                1,
+                "node-b",
+                vec![died(0, 2.200, None, Some(LOST_PEER)), died(1, 2.0015, Some("SIGABRT"), None)],
+                0.0,
+                0.5,
+                0,
+            ),
+        ]);
+        assert_eq!(s.nodes.as_ref().unwrap().order_note, None);
+    }
+
+    #[test]
+    fn a_lost_node_is_not_a_hang_of_everything() {
+        let torn = |local: u32| {
+            let mut r = died(local, 9.5, Some("SIGTERM"), None);
+            r.torn_down_with = Some("SIGTERM".into());
+            r
+        };
+        let s = merged(vec![
+            node(0, "node-a", vec![torn(0), torn(1)], 0.0, 0.0, 0),
+            NodeOutcome::Lost {
+                node: 1,
+                host: "node-b".into(),
+                agent_pid: Some(101),
+                calibration: None,
+                lost: LostNode {
+                    at_s: 8.25,
+                    how: "its connection closed".into(),
+                    last_steps: vec![(2, 40), (3, 41)],
+                },
+            },
+        ]);
+        assert_eq!(s.ranks.len(), 2);
+        assert_eq!(
+            s.verdict.headline,
+            "Node 1 (node-b) lost at 8.2 s (its connection closed): its ranks 2–3 were not observed to their end; the other nodes' ranks were torn down after it"
+        );
+        assert!(!s.met_expectation);
+        assert!(s.expectation_mismatches.iter().any(|m| m == "node 1 lost: its ranks were not observed"));
+        assert_eq!(
+            s.nodes.as_ref().unwrap().per_node[1].lost.as_ref().unwrap().last_steps,
+            [(2, 40), (3, 41)]
+        );
+    }
+
+    /// The report of a 2 × 2 run whose rank 3 crashed on node-b: the Nodes section, the node
+    /// column of the rank table, the snapshot node-a took and each node's own evidence.
+    #[test]
+    fn the_report_of_a_crash_on_node_b() {
+        let mut a = node(
+            0,
+            "node-a",
+            vec![died(0, 2.100, None, Some(LOST_PEER)), died(1, 2.150, None, Some(LOST_PEER))],
+            0.0,
+            0.0,
+            0,
+        );
+        if let NodeOutcome::Reported(run) = &mut a {
+            run.remote_failure = Some(crate::nodes::RemoteFailureLocal {
+                what: "rank 3 on node 1 (node-b) was killed by SIGSEGV".into(),
+                known_ns: BASE + 2_007 * MS,
+                stacks_requested: vec![0, 1],
+                torn_down_ns: None,
+                stacks_answered: false,
+            });
+            run.snapshot_ns = Some(BASE + 2_007 * MS);
+            let threads = vec![crate::harness::KernelThread {
+                tid: 41000,
+                name: "ups-doctor".into(),
+                wchan: Some("sk_wait_data".into()),
+                syscall: Some("45 (recvfrom)".into()),
+            }];
+            run.snapshots = vec![(
+                0,
+                crate::harness::ProcessDump {
+                    pid: 41000,
+                    role: "rank 0, the moment rank 3 on node 1 (node-b) was killed by SIGSEGV".into(),
+                    py_spy: None,
+                    error: None,
+                    threads,
+                },
+            )];
+        }
+        let s = merged(vec![
+            a,
+            node(
+                1,
+                "node-b",
+                vec![died(0, 2.090, None, Some(LOST_PEER)), died(1, 1.990, Some("SIGSEGV"), None)],
+                5000.0,
+                0.05,
+                10,
+            ),
+        ]);
+        insta::assert_snapshot!(crate::report::render_markdown(&fixtures::run(vec![s])));
+    }
+}

@@ -66,7 +66,7 @@ fn span(phase: &str, start_s: f64, end_s: Option<f64>) -> PhaseSpan {
 }
 
 /// A rank that trained `steps` steps and ended well; tests change what they need.
-fn rank(rank: u32, steps: u64) -> RankResult {
+pub fn rank(rank: u32, steps: u64) -> RankResult {
     let losses: Vec<(u64, f64)> = (0..steps).map(|s| (s, 0.35 + 1.95 * (-(s as f64) / 12.0).exp())).collect();
     RankResult {
         rank,

@@ -27,7 +27,7 @@ mod terminal;
 mod text;
 
 #[cfg(test)]
-mod fixtures;
+pub(crate) mod fixtures;
 #[cfg(test)]
 mod tests;
 

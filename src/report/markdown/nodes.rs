@@ -55,7 +55,15 @@ fn ms(v: f64) -> String {
 }
 
 fn table(n: &NodesReport) -> String {
-    let header = ["node", "host", "ranks", "clock offset to node 0", "drift", "started", "its own verdict"];
+    let header = [
+        "node",
+        "host",
+        "ranks",
+        "clock offset to node 0",
+        "drift",
+        "started",
+        "its own verdict (local rank numbers)",
+    ];
     let align = [Align::Right, Align::Left, Align::Left, Align::Left, Align::Left, Align::Left, Align::Left];
     let rows: Vec<Vec<String>> = n
         .per_node
@@ -90,6 +98,11 @@ fn table(n: &NodesReport) -> String {
     markup::table(&header, &align, &rows)
 }
 
+/// `rank 2`, `ranks 0–1`.
+fn ranks_named(ranks: &[u32]) -> String {
+    format!("{} {}", if ranks.len() == 1 { "rank" } else { "ranks" }, ranks_text(ranks))
+}
+
 fn signed_ms(v: f64) -> String {
     format!("{}{}", if v >= 0.0 { "+" } else { "−" }, ms(v.abs()))
 }
@@ -118,7 +131,7 @@ fn what_it_saw(s: &NodeSection) -> Vec<String> {
         let asked = if f.stacks_requested.is_empty() {
             "none of its ranks was still running to be asked for stacks".to_string()
         } else {
-            format!("stacks asked of ranks {}", ranks_text(&f.stacks_requested))
+            format!("stacks asked of {}", ranks_named(&f.stacks_requested))
         };
         let torn = f.torn_down_at_s.map_or_else(
             || "; its ranks ended on their own".to_string(),
@@ -135,9 +148,9 @@ fn what_it_saw(s: &NodeSection) -> Vec<String> {
         && !snap.ranks.is_empty()
     {
         lines.push(format!(
-            "Node {} looked at its running ranks {} at {}, before any teardown (their threads below, under \"What rank N was doing\").",
+            "Node {} looked at its running {} at {}, before any teardown (threads below, under \"What rank N was doing\").",
             s.node,
-            ranks_text(&snap.ranks),
+            ranks_named(&snap.ranks),
             secs(snap.at_s)
         ));
     }
