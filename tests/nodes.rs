@@ -24,7 +24,8 @@ fn agent(sb: &Sandbox, file: &Path, node: u32, nodes: u32, port: u16, extra: &[&
         .args(["--coordinator", &format!("127.0.0.1:{port}")])
         .arg("--out")
         .arg(out_of(sb, node))
-        .args(["--json", "--quiet", "--join-timeout", "60"])
+        .args(if extra.contains(&"--join-timeout") { &[][..] } else { &["--join-timeout", "60"][..] })
+        .args(["--json", "--quiet"])
         .args(extra)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -161,21 +162,20 @@ fn ddp_on_two_nodes_passes_with_one_report_and_identical_parameters_on_all_four_
 }
 
 /// Rank 3 (node 1) crashes in forward at step 3 while the other ranks are stuck in that step (as
-/// NCCL ranks wait for a dead peer): every other node takes stacks of its ranks before teardown.
-#[test]
-fn a_segfault_on_node_1_is_the_first_failure_and_every_other_rank_is_looked_at_before_teardown() {
-    let sb = Sandbox::new();
-    let file = ddp(
-        &sb,
-        "segv-node1",
-        r#""inject": [
+/// NCCL ranks wait for a dead peer, instead of seeing its connection close).
+const SEGV_WHILE_PEERS_WAIT: &str = r#""inject": [
     { "fault": "segv", "phase": "forward", "step": 3, "rank": 3 },
     { "fault": "hang", "phase": "forward", "step": 3, "rank": 0 },
     { "fault": "hang", "phase": "forward", "step": 3, "rank": 1 },
     { "fault": "hang", "phase": "forward", "step": 3, "rank": 2 }
   ],
-  "expect": { "outcome": "signaled", "signal": "SIGSEGV", "rank": 3, "phase": "forward", "step": 3 }"#,
-    );
+  "expect": { "outcome": "signaled", "signal": "SIGSEGV", "rank": 3, "phase": "forward", "step": 3 }"#;
+
+/// Rank 3 (node 1) crashes: every other node takes stacks of its ranks before teardown.
+#[test]
+fn a_segfault_on_node_1_is_the_first_failure_and_every_other_rank_is_looked_at_before_teardown() {
+    let sb = Sandbox::new();
+    let file = ddp(&sb, "segv-node1", SEGV_WHILE_PEERS_WAIT);
     let run = run_nodes(&sb, &file, 2, &[], &[]);
     assert_eq!(run.code(0), 0, "expectation met; node 0:\n{}", run.stderr(0));
     assert_eq!(run.code(1), 0, "node 1 follows node 0's verdict:\n{}", run.stderr(1));
@@ -330,4 +330,83 @@ fn a_lost_node_is_reported_as_lost_and_nothing_survives() {
     for pid in ranks(s).iter().filter_map(|r| r["pid"].as_u64()) {
         assert!(!util::alive(pid), "rank pid {pid} of node 0 outlived the run");
     }
+}
+
+/// Node 1's clock is a minute ahead (a test mode adds it to every time its agent reads): the
+/// calibration finds the offset within its stated uncertainty, and the timeline still puts rank
+/// 3's death before the teardown of the others (uncalibrated it would come a minute later).
+#[test]
+fn a_skewed_clock_is_calibrated_out_and_the_deaths_are_ordered_right() {
+    let sb = Sandbox::new();
+    let file = ddp(&sb, "skewed", SEGV_WHILE_PEERS_WAIT);
+    let run = run_nodes(&sb, &file, 2, &[], &[(1, "UPS_DOCTOR_NODE_CLOCK_SKEW_MS", "60000")]);
+    assert_eq!(run.code(0), 0, "node 0:\n{}", run.stderr(0));
+    let s = run.merged();
+    let clock = &per_node(&s)[1]["clock"];
+    for at in ["start", "end"] {
+        let (offset, u) =
+            (clock[at]["offset_ms"].as_f64().unwrap(), clock[at]["uncertainty_ms"].as_f64().unwrap());
+        // Both agents read the same clock, so the true offset is exactly −60 000 ms.
+        assert!((offset + 60_000.0).abs() <= u + 1e-3, "{at}: offset {offset} ms ± {u} ms");
+    }
+    assert_eq!(s["nodes"]["first_failure"]["rank"], 3);
+    let r = ranks(&s);
+    let died = r[3]["ended_at_s"].as_f64().unwrap();
+    for rank in &r[..3] {
+        assert!(rank["ended_at_s"].as_f64().unwrap() > died, "rank 3 died at {died} s, before {rank}");
+    }
+    let u = s["nodes"]["first_failure"]["uncertainty_ms"].as_f64().unwrap();
+    assert!(u > 0.0);
+    let report = std::fs::read_to_string(out_of(&sb, 0).join("report.md")).unwrap();
+    let row = report.lines().find(|l| l.starts_with("| 1 | `")).unwrap_or_default();
+    assert!(row.contains("−60000") && row.contains(" ± "), "the offset and its uncertainty: {row}");
+    eprintln!(
+        "loopback calibration: ± {:.4} ms at the start, ± {:.4} ms at the end",
+        clock["start"]["uncertainty_ms"], clock["end"]["uncertainty_ms"]
+    );
+}
+
+#[test]
+fn a_node_with_another_scenario_is_refused_on_both_sides() {
+    let sb = Sandbox::new();
+    let file = ddp(&sb, "mismatch", "");
+    let port = free_port();
+    let one = agent(&sb, &file, 1, 2, port, &["--set", "train.steps=9"]).spawn().unwrap();
+    let zero = agent(&sb, &file, 0, 2, port, &[]).output().unwrap();
+    let one = one.wait_with_output().unwrap();
+    let (e0, e1) = (String::from_utf8_lossy(&zero.stderr), String::from_utf8_lossy(&one.stderr));
+    assert_eq!(zero.status.code(), Some(2), "{e0}");
+    assert_eq!(one.status.code(), Some(2), "{e1}");
+    assert!(
+        e0.contains("node 1 (") && e0.contains("runs a different scenario") && e0.contains("same `--set`s"),
+        "{e0}"
+    );
+    assert!(
+        e1.contains("node 0 refused node 1: node 1 (") && e1.contains("runs a different scenario"),
+        "{e1}"
+    );
+    assert!(!out_of(&sb, 0).join("1-mismatch").exists(), "no rank started");
+}
+
+#[test]
+fn an_agent_that_cannot_reach_the_coordinator_says_so() {
+    let sb = Sandbox::new();
+    let file = ddp(&sb, "alone", "");
+    let out = agent(&sb, &file, 1, 2, free_port(), &["--join-timeout", "1"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("node 1: cannot reach the coordinator at 127.0.0.1:")
+            && stderr.contains("within 1 s"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("hint: node 0's agent (`ups-doctor run SCENARIO --nodes 2 --node-rank 0"),
+        "{stderr}"
+    );
+    // And node 0 without its agents.
+    let out = agent(&sb, &file, 0, 2, free_port(), &["--join-timeout", "1"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("node 1 did not join within 1 s"), "{stderr}");
 }
