@@ -410,3 +410,53 @@ fn an_agent_that_cannot_reach_the_coordinator_says_so() {
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("node 1 did not join within 1 s"), "{stderr}");
 }
+
+/// The user's own DDP program under torchrun, one torchrun per node (ups-doctor gives it
+/// `--nnodes 2 --node-rank R` and node 0's c10d rendezvous), CPU gloo; rank 3 segfaults.
+#[test]
+fn a_two_node_torchrun_program_with_a_crashing_rank_is_attributed_the_same_way() {
+    let sb = Sandbox::new();
+    let program = util::repo().join("tests/programs/ddp.py");
+    let file = sb.scenario(
+        "torchrun-2x2",
+        &format!(
+            r#"{{"command": ["torchrun", "--nproc_per_node", "{{world_size}}", "{}", "--steps", "8", "--segv-rank", "3", "--segv-step", "3"],
+                "launch": {{"world_size": 4, "style": "launcher"}},
+                "limits": {{"timeout_s": 300, "hang_after_s": 150}},
+                "expect": {{"outcome": "signaled", "signal": "SIGSEGV", "rank": 3}}}}"#,
+            program.display()
+        ),
+    );
+    let path = util::venv_path().to_string_lossy().into_owned();
+    let run = run_nodes(&sb, &file, 2, &[], &[(0, "PATH", &path), (1, "PATH", &path)]);
+    assert_eq!(run.code(0), 0, "node 0:\n{}", run.stderr(0));
+    assert_eq!(run.code(1), 0, "node 1:\n{}", run.stderr(1));
+    let s = run.merged();
+    let argv = s["external"]["argv"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect::<Vec<_>>()
+        .join(" ");
+    assert!(argv.starts_with("torchrun --nnodes 2 --node-rank 0 --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:"), "{argv}");
+    let own: Value =
+        serde_json::from_str(&std::fs::read_to_string(out_of(&sb, 1).join("result.json")).unwrap()).unwrap();
+    assert!(
+        own["scenarios"][0]["external"]["argv"].to_string().contains(r#""--node-rank","1""#),
+        "{}",
+        own["scenarios"][0]["external"]
+    );
+    assert_eq!(s["first_failure"], 3, "{}", s["verdict"]);
+    assert_eq!(s["nodes"]["first_failure"]["node"], 1);
+    let r = ranks(&s);
+    assert_eq!(r[3]["signal"], "SIGSEGV");
+    for rank in r {
+        assert_eq!(rank["identified_by"], "RANK", "torchrun's own ranks, found by their global RANK: {rank}");
+    }
+    for rank in &r[..3] {
+        assert_eq!(rank["collateral"], true, "{rank}");
+    }
+    // Markers came through each node's FIFO under their global rank.
+    assert!(r[3]["last_phase"] == "forward" && r[3]["last_step"] == 3, "{}", r[3]);
+}

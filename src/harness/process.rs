@@ -213,9 +213,9 @@ pub fn open_marker_fifo(path: &std::path::Path) -> io::Result<File> {
 }
 
 /// Reads a launcher-style run's FIFO: every line carries its writer's `rank`, which routes it.
-/// Lines of ranks outside `0..world` or without a rank are dropped. The thread ends when the
+/// Lines of ranks outside `ranks` or without a rank are dropped. The thread ends when the
 /// receiver is gone.
-pub fn read_tagged_markers(fifo: File, world: u32, events: Sender<Event>) {
+pub fn read_tagged_markers(fifo: File, ranks: std::ops::Range<u32>, events: Sender<Event>) {
     let mut reader = BufReader::with_capacity(1 << 16, fifo);
     let mut buf = Vec::with_capacity(4096);
     loop {
@@ -228,12 +228,13 @@ pub fn read_tagged_markers(fifo: File, world: u32, events: Sender<Event>) {
         let line = String::from_utf8_lossy(&buf);
         let Some(rank) = serde_json::from_str::<serde_json::Value>(line.trim_end())
             .ok()
-            .and_then(|v| v.get("rank")?.as_u64())
-            .filter(|&r| r < u64::from(world))
+            .and_then(|v| u32::try_from(v.get("rank")?.as_u64()?).ok())
+            .filter(|r| ranks.contains(r))
         else {
             continue;
         };
-        let rank = rank as u32;
+        // Numbered from the first of `ranks` (this node's first rank in a multi-node run).
+        let rank = rank - ranks.start;
         let event = match Marker::parse(line.trim_end()) {
             Ok(marker) => Event::Marker { rank, at, marker },
             Err(_) => Event::BadMarker { rank, at },

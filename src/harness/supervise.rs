@@ -276,6 +276,10 @@ pub fn supervise(
     let master_port = plan.node.map_or_else(free_port, |n| n.master_port);
     let argv =
         if is_external { external::argv(scenario, &plan.scenario_dir, master_port) } else { Vec::new() };
+    // On one node of several: torchrun's per-node form; a launcher's ranks carry global numbers.
+    let (argv, offset) = plan
+        .node
+        .map_or((argv.clone(), 0), |n| (crate::nodes::torchrun::per_node(&argv, n), n.global_rank(0)));
     let (launcher_style, style_chosen) = match scenario.launch.style {
         LaunchStyle::Auto if is_external => {
             let (launcher, why) = external::auto_style(&argv);
@@ -338,7 +342,7 @@ pub fn supervise(
                 let events = tx.clone();
                 let _ = std::thread::Builder::new()
                     .name("markers-fifo".into())
-                    .spawn(move || process::read_tagged_markers(file, world, events));
+                    .spawn(move || process::read_tagged_markers(file, offset..offset + world, events));
             }
             Err(e) => {
                 l.launch_error = Some(format!("cannot create the marker FIFO `{}`: {e}", fifo.display()))
@@ -443,11 +447,12 @@ pub fn supervise(
             if l.live() && slots.iter().any(|s| s.found.is_none()) {
                 let root = l.process.as_ref().map_or(0, |p| p.pid);
                 let known: BTreeMap<u32, u32> =
-                    slots.iter().filter_map(|s| Some((s.end.rank, s.found?))).collect();
+                    slots.iter().filter_map(|s| Some((s.end.rank + offset, s.found?))).collect();
                 for external::FoundRank { rank, pid, by } in
-                    external::discover_ranks(root, &plan.run_id, world, &known)
+                    external::discover_ranks(root, &plan.run_id, offset + world, &known)
                 {
-                    if let Some(slot) = slots.get_mut(rank as usize).filter(|s| s.found.is_none()) {
+                    let local = rank.checked_sub(offset).and_then(|r| slots.get_mut(r as usize));
+                    if let Some(slot) = local.filter(|s| s.found.is_none()) {
                         slot.found = Some(pid);
                         slot.found_id = owner::identify(pid);
                         slot.end.identified_by = Some(by);
@@ -675,11 +680,11 @@ pub fn supervise(
         lines.extend(stdout.last_lines(100));
         let failures = external::torchrun_failures(&lines);
         for slot in &mut slots {
-            slot.end.quotes = quotes::program_quotes(&quotes::rank_lines(&lines, slot.end.rank));
+            slot.end.quotes = quotes::program_quotes(&quotes::rank_lines(&lines, slot.end.rank + offset));
         }
         let launcher_name = argv.first().cloned().unwrap_or_default();
         for slot in &mut slots {
-            let from_torchrun = failures.iter().find(|f| f.rank == slot.end.rank);
+            let from_torchrun = failures.iter().find(|f| f.rank == slot.end.rank + offset);
             match (slot.found, slot.end.exit, from_torchrun) {
                 (Some(_), None, Some(f)) => {
                     slot.end.exit = Some(f.exit);

@@ -14,6 +14,7 @@ pub mod link;
 pub mod merge;
 pub mod net;
 pub mod run;
+pub mod torchrun;
 pub mod wire;
 
 use serde::{Deserialize, Serialize};

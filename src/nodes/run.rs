@@ -287,11 +287,12 @@ impl NodeLink for CoordinatorLink<'_> {
     }
 
     fn event(&mut self, event: LocalEvent) {
-        self.record.note(&event, &self.placement, &self.host);
+        // The other nodes first: the snapshot here may take a while (py-spy).
         if let LocalEvent::RankEnded { rank, failed: true, how, .. } = &event {
             let what = format!("rank {} on node 0 ({}) {how}", self.placement.global_rank(*rank), self.host);
             self.relay(&what, None);
         }
+        self.record.note(&event, &self.placement, &self.host);
     }
 }
 
@@ -463,7 +464,6 @@ impl NodeLink for AgentLink<'_> {
     }
 
     fn event(&mut self, event: LocalEvent) {
-        self.record.note(&event, &self.placement, &self.host);
         if let Some(steps) = steps_of(&event, &self.placement) {
             if self.last_progress.is_none_or(|t| t.elapsed() >= PROGRESS_EVERY) {
                 self.last_progress = Some(Instant::now());
@@ -472,6 +472,8 @@ impl NodeLink for AgentLink<'_> {
         } else if let Some(e) = wire_event(&event, &self.placement) {
             self.send_event(e);
         }
+        // After node 0 heard of it: the snapshot here may take a while (py-spy).
+        self.record.note(&event, &self.placement, &self.host);
     }
 }
 
