@@ -460,3 +460,45 @@ fn a_two_node_torchrun_program_with_a_crashing_rank_is_attributed_the_same_way()
     // Markers came through each node's FIFO under their global rank.
     assert!(r[3]["last_phase"] == "forward" && r[3]["last_step"] == 3, "{}", r[3]);
 }
+
+/// Through real `srun` of the one-host Slurm cluster: two tasks are the two "nodes". Each finds
+/// its place from Slurm's variables (`SLURM_JOB_NODELIST`'s first host is the coordinator);
+/// `SLURM_NNODES` and `SLURM_NODEID` are set per task to what `srun -N2 --ntasks-per-node=1`
+/// sets on two hosts, since one host is one node here.
+#[test]
+fn two_agents_started_by_srun_place_themselves_from_slurms_variables() {
+    let Some(conf) = util::slurm::cluster("nodes through srun") else { return };
+    let _one = serial();
+    let sb = Sandbox::new();
+    let file = ddp(&sb, "srun-2x2", "");
+    let port = free_port();
+    let script = format!(
+        "SLURM_NNODES=2 SLURM_NODEID=$SLURM_PROCID exec {} run {} --out node$SLURM_PROCID --quiet --join-timeout 60",
+        util::bin().display(),
+        file.display()
+    );
+    let out = Command::new("srun")
+        .args(["-N", "1", "-n", "2", "-J", &format!("ups-doctor-nodes-{port}"), "sh", "-c", &script])
+        .current_dir(sb.path())
+        .env("SLURM_CONF", &conf)
+        .env("UPS_DOCTOR_COORDINATOR_PORT", port.to_string())
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("srun starts");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "srun: {:?}\n{stderr}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let v: Value =
+        serde_json::from_str(&std::fs::read_to_string(out_of(&sb, 0).join("result.json")).unwrap()).unwrap();
+    let s = &v["scenarios"][0];
+    assert_eq!(s["outcome"], "passed", "{}", s["verdict"]);
+    let sum = &ranks(s)[0]["params_checksum"];
+    assert!(sum.is_string() && ranks(s).iter().all(|r| &r["params_checksum"] == sum), "{s}");
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap().trim().to_string();
+    assert_eq!(s["nodes"]["coordinator"].as_str().unwrap().rsplit_once(':').unwrap().1, port.to_string());
+    assert!(per_node(s).iter().all(|n| n["host"] == host.as_str()), "{}", s["nodes"]);
+}
