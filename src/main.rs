@@ -547,6 +547,17 @@ fn run(
             inputs.len()
         )));
     }
+    if let (Some(config), [input]) = (&node, inputs.as_slice())
+        && ![1, config.nodes].contains(&input.scenario.launch.nodes)
+    {
+        return Err(Failure::BadInput(format!(
+            "{}: `launch.nodes` is {}, but this agent was placed as one of {} nodes ({}): give every node the same count",
+            input.file.display(),
+            input.scenario.launch.nodes,
+            config.nodes,
+            config.source
+        )));
+    }
 
     let out_dir = match out {
         Some(dir) => {
@@ -628,21 +639,22 @@ fn run(
             break;
         }
         let rel = format!("{:0width$}-{}", i + 1, sanitize(&input.scenario.name));
-        let scenario_result = match harness::run_scenario(
-            input,
-            &program,
-            &out_dir.join(&rel),
-            &rel,
-            &mut progress,
-            &INTERRUPTED,
-        ) {
+        let outcome = if input.scenario.launch.nodes > 1 {
+            // Every node on this machine: node agents on loopback.
+            ups_doctor::nodes::local::run_local(input, &program, &out_dir, &rel, &mut progress, &INTERRUPTED)
+                .map_err(|e| e.into_message())
+        } else {
+            harness::run_scenario(input, &program, &out_dir.join(&rel), &rel, &mut progress, &INTERRUPTED)
+                .map_err(|e| e.to_string())
+        };
+        let scenario_result = match outcome {
             Ok(r) => r,
             Err(e) => {
                 // What is on disk must say the run stopped here, and why.
-                result.stopped_by = Some(e.to_string());
+                result.stopped_by = Some(e.clone());
                 result.not_run = inputs[i..].iter().map(|s| s.scenario.name.clone()).collect();
                 save(&result)?;
-                return Err(Failure::Internal(e.to_string()));
+                return Err(Failure::Internal(e));
             }
         };
         if mode != ProgressMode::Quiet {

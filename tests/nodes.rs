@@ -502,3 +502,42 @@ fn two_agents_started_by_srun_place_themselves_from_slurms_variables() {
     assert_eq!(s["nodes"]["coordinator"].as_str().unwrap().rsplit_once(':').unwrap().1, port.to_string());
     assert!(per_node(s).iter().all(|n| n["host"] == host.as_str()), "{}", s["nodes"]);
 }
+
+/// A scenario that says `launch.nodes: 2` runs as two local agents; `bisect` cuts the nodes to
+/// one first (here the crash needs no node boundary, so it stays).
+#[test]
+fn bisect_of_a_multi_node_scenario_cuts_to_one_node_first() {
+    let sb = Sandbox::new();
+    let file = ddp(
+        &sb,
+        "bisect-nodes",
+        r#""inject": [{ "fault": "segv", "phase": "forward", "step": 3, "rank": 3 }]"#,
+    );
+    let text = std::fs::read_to_string(&file)
+        .unwrap()
+        .replace(r#""world_size": 4"#, r#""world_size": 4, "nodes": 2"#);
+    std::fs::write(&file, text).unwrap();
+    let _one = serial();
+    let out = sb
+        .cmd()
+        .arg("bisect")
+        .arg(&file)
+        .args(["--budget", "2", "--confirm", "1", "--json", "--quiet", "--out"])
+        .arg(sb.path().join("bisect"))
+        .arg("--cache")
+        .arg(sb.path().join("cache"))
+        .output()
+        .unwrap();
+    let record: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|_| {
+        panic!("bisect.json on stdout; stderr:\n{}", String::from_utf8_lossy(&out.stderr))
+    });
+    let probes = record["probes"].as_array().unwrap();
+    assert_eq!(probes.len(), 2, "{record}");
+    assert_eq!(probes[0]["delta"], serde_json::json!([]), "the original first");
+    assert_eq!(probes[1]["delta"], serde_json::json!(["launch.nodes=1"]), "then one node");
+    assert_eq!(probes[1]["verdict"], "same", "{}", probes[1]);
+    // The original ran on two agents: node 1's own view is in the probe's folder.
+    let probe = sb.path().join("bisect").join(probes[0]["dir"].as_str().unwrap());
+    assert!(probe.join("node1").is_dir(), "node 1's agent ran in {}", probe.display());
+    assert_eq!(record["components"][0], "launch.nodes", "{}", record["components"]);
+}

@@ -6,11 +6,13 @@
 //! coordinator merges them into one result and one report ([`merge`]).
 //!
 //! Layout: [`config`] finds who this node is (flags, Slurm, torchrun variables); [`wire`],
-//! [`clock`] and [`merge`] are pure; [`net`] is the sockets; [`run`] drives one node's run.
+//! [`clock`], [`merge`] and [`torchrun`] are pure; [`net`] is the sockets; [`run`] drives one
+//! node's run; [`local`] plays every node of a `launch.nodes` scenario on this machine.
 
 pub mod clock;
 pub mod config;
 pub mod link;
+pub mod local;
 pub mod merge;
 pub mod net;
 pub mod run;

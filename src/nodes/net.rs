@@ -28,6 +28,15 @@ pub enum NodeError {
     Internal(String),
 }
 
+impl NodeError {
+    /// The message, whichever kind.
+    pub fn into_message(self) -> String {
+        match self {
+            NodeError::BadInput(m) | NodeError::Internal(m) => m,
+        }
+    }
+}
+
 /// One joined agent, as node 0 sees it.
 pub struct Joined {
     pub node: u32,
