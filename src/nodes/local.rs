@@ -31,6 +31,15 @@ pub fn run_local(
 ) -> Result<ScenarioResult, NodeError> {
     let nodes = input.scenario.launch.nodes;
     let dir = out_dir.join(rel);
+    // The agents load the scenario from the run's folder: `{scenario_dir}` must still be the
+    // original file's folder, for node 0 as for them.
+    let mut input = input.clone();
+    let here = std::env::current_dir().unwrap_or_default();
+    let scenario_dir = here.join(input.file.parent().unwrap_or(Path::new(".")));
+    for arg in input.scenario.command.iter_mut().flatten().filter(|a| !a.contains("{{scenario_dir}}")) {
+        *arg = arg.replace("{scenario_dir}", &scenario_dir.display().to_string());
+    }
+    let input = &input;
     let internal = |what: &str, e: std::io::Error| NodeError::Internal(format!("{what}: {e}"));
     std::fs::create_dir_all(&dir).map_err(|e| internal(&format!("create `{}`", dir.display()), e))?;
     // The other agents load the scenario as this one runs it (overrides applied, or a bisect
