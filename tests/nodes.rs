@@ -386,6 +386,17 @@ fn a_node_with_another_scenario_is_refused_on_both_sides() {
         "{e1}"
     );
     assert!(!out_of(&sb, 0).join("1-mismatch").exists(), "no rank started");
+    redacted(|| insta::assert_snapshot!(format!("node 0:\n{e0}\nnode 1:\n{e1}")));
+}
+
+/// Ports, hosts, hashes and versions out of a message, for its snapshot.
+fn redacted(check: impl FnOnce()) {
+    let mut settings = insta::Settings::clone_current();
+    settings.add_filter(r"127\.0\.0\.1:\d+", "127.0.0.1:[port]");
+    settings.add_filter(r"node (\d) \([^)]*\)", "node $1 ([host])");
+    settings.add_filter(r"hash [0-9a-f]{16}", "hash [hash]");
+    settings.add_filter(r"ups-doctor \d+\.\d+\.\d+", "ups-doctor [version]");
+    settings.bind(check);
 }
 
 #[test]
@@ -406,9 +417,10 @@ fn an_agent_that_cannot_reach_the_coordinator_says_so() {
     );
     // And node 0 without its agents.
     let out = agent(&sb, &file, 0, 2, free_port(), &["--join-timeout", "1"]).output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
-    assert!(stderr.contains("node 1 did not join within 1 s"), "{stderr}");
+    let alone = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{alone}");
+    assert!(alone.contains("node 1 did not join within 1 s"), "{alone}");
+    redacted(|| insta::assert_snapshot!(format!("node 1:\n{stderr}\nnode 0:\n{alone}")));
 }
 
 /// The user's own DDP program under torchrun, one torchrun per node (ups-doctor gives it
@@ -501,6 +513,46 @@ fn two_agents_started_by_srun_place_themselves_from_slurms_variables() {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap().trim().to_string();
     assert_eq!(s["nodes"]["coordinator"].as_str().unwrap().rsplit_once(':').unwrap().1, port.to_string());
     assert!(per_node(s).iter().all(|n| n["host"] == host.as_str()), "{}", s["nodes"]);
+}
+
+/// Node 0's agent (the coordinator) is SIGKILLed mid-run: node 1 looks at its ranks, tears them
+/// down, keeps its own view and says the run's report was never written.
+#[test]
+fn an_agent_whose_coordinator_vanishes_tears_down_and_keeps_its_own_view() {
+    let sb = Sandbox::new();
+    let file = ddp(
+        &sb,
+        "no-coordinator",
+        r#""inject": [
+    { "fault": "hang", "phase": "forward", "step": 2, "rank": 2 },
+    { "fault": "hang", "phase": "forward", "step": 2, "rank": 3 }
+  ]"#,
+    );
+    let _one = serial();
+    let port = free_port();
+    let one = agent(&sb, &file, 1, 2, port, &[]).spawn().unwrap();
+    let mut zero = agent(&sb, &file, 0, 2, port, &[]).spawn().unwrap();
+    let agent1 = one.id();
+    assert!(
+        eventually(Duration::from_secs(150), || deadlocked_ranks(agent1, 2).is_some()),
+        "node 1's ranks reached the injected deadlock"
+    );
+    zero.kill().unwrap();
+    zero.wait().unwrap();
+    let out = one.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(
+        stderr.contains("node 0 (the coordinator) went away before it wrote the run's report"),
+        "{stderr}"
+    );
+    let own: Value =
+        serde_json::from_str(&std::fs::read_to_string(out_of(&sb, 1).join("result.json")).unwrap()).unwrap();
+    for rank in ranks(&own["scenarios"][0]) {
+        assert_eq!(rank["torn_down_with"], "SIGTERM", "{rank}");
+        assert!(rank["stacks"].as_array().is_some_and(|t| !t.is_empty()), "stacks before teardown: {rank}");
+        assert!(!util::alive(rank["pid"].as_u64().unwrap()));
+    }
 }
 
 /// A scenario that says `launch.nodes: 2` runs as two local agents; `bisect` cuts the nodes to

@@ -80,6 +80,7 @@ pub struct Coordinator {
 /// What an agent must match to join.
 pub struct JoinTerms<'a> {
     pub nodes: u32,
+    pub scenario: &'a crate::scenario::Scenario,
     pub scenario_hash: &'a str,
     pub scenario_name: &'a str,
     pub master_addr: &'a str,
@@ -158,8 +159,16 @@ impl Coordinator {
                 Err(_) => continue,
             });
             let first = wire::receive(&mut reader);
-            let Ok(Some(Message::Join { node, nodes, host, pid, scenario_hash, scenario_name, version })) =
-                first
+            let Ok(Some(Message::Join {
+                node,
+                nodes,
+                host,
+                pid,
+                scenario_hash,
+                scenario_name,
+                version,
+                scenario,
+            })) = first
             else {
                 // Not an agent (a port scan, a stray client): not ours to judge, keep waiting.
                 let mut s = stream;
@@ -175,10 +184,25 @@ impl Coordinator {
                     terms.nodes
                 ))
             } else if scenario_hash != terms.scenario_hash {
+                let fields = scenario.as_deref().map(|theirs| {
+                    let quote =
+                        |d: Vec<String>| d.iter().map(|f| format!("`{f}`")).collect::<Vec<_>>().join(", ");
+                    let (there, here) = (
+                        crate::bisect::describe_delta(terms.scenario, theirs),
+                        crate::bisect::describe_delta(theirs, terms.scenario),
+                    );
+                    if there.is_empty() {
+                        String::new()
+                    } else {
+                        format!(": node {node} has {} where node 0 has {}", quote(there), quote(here))
+                    }
+                });
                 Some(format!(
-                    "node {node} ({host}) runs a different scenario: `{scenario_name}` with hash {scenario_hash}, node 0 runs `{}` with \
-                     hash {} (ups-doctor {version} there): every node must run the same scenario file with the same `--set`s",
-                    terms.scenario_name, terms.scenario_hash
+                    "node {node} ({host}) runs a different scenario{} (`{scenario_name}` with hash {scenario_hash}, node 0 `{}` \
+                     with hash {}; ups-doctor {version} there): every node must run the same scenario file with the same `--set`s",
+                    fields.unwrap_or_default(),
+                    terms.scenario_name,
+                    terms.scenario_hash
                 ))
             } else if node == 0 || node >= terms.nodes {
                 Some(format!(

@@ -312,6 +312,7 @@ fn coordinate(req: NodeRequest, local_world: u32) -> Result<Finished, NodeError>
     let run_id = format!("ups-doctor-{}-{}", std::process::id(), clock::now_ns());
     let terms = JoinTerms {
         nodes: config.nodes,
+        scenario: &req.input.scenario,
         scenario_hash: &hash,
         scenario_name: &req.input.scenario.name,
         master_addr: &master_addr,
@@ -488,6 +489,7 @@ fn take_part(req: NodeRequest, local_world: u32) -> Result<Finished, NodeError> 
         scenario_hash: wire::scenario_hash(&req.input.scenario),
         scenario_name: req.input.scenario.name.clone(),
         version: env!("CARGO_PKG_VERSION").to_string(),
+        scenario: Some(Box::new(req.input.scenario.clone())),
     };
     let mut agent = Agent::join(config, join)?;
     let (master_addr, master_port, _run_id) = agent.welcome.clone();

@@ -23,6 +23,9 @@ pub enum Message {
         scenario_hash: String,
         scenario_name: String,
         version: String,
+        /// The scenario itself, so that a mismatch can be shown field by field.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        scenario: Option<Box<Scenario>>,
     },
     /// Coordinator → agent: joined; where the ranks' rendezvous is.
     Welcome { master_addr: String, master_port: u16, run_id: String },
