@@ -374,13 +374,14 @@ fn reordered(ranks: &[RankResult], first: u32) -> Vec<RankResult> {
         .collect()
 }
 
-fn ms(v: f64) -> String {
+/// Milliseconds as the report writes them: `12 ms`, `2.0 ms`, `0.012 ms`.
+pub fn ms(v: f64) -> String {
     if v >= 10.0 {
         format!("{v:.0} ms")
     } else if v >= 0.1 {
         format!("{v:.1} ms")
     } else {
-        format!("{v:.2} ms")
+        format!("{v:.3} ms")
     }
 }
 

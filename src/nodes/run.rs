@@ -53,8 +53,23 @@ fn host_name() -> String {
         .map_or_else(|_| "localhost".into(), |h| h.trim().to_string())
 }
 
-fn harness_error(e: HarnessError) -> NodeError {
-    NodeError::Internal(e.to_string())
+/// This node's ranks, supervised as on one machine with `link` to the others.
+fn run_here(
+    req: &mut NodeRequest,
+    placement: &NodePlacement,
+    link: &mut dyn NodeLink,
+) -> Result<ScenarioResult, NodeError> {
+    let dir = req.out_dir.join(req.rel);
+    harness::run_scenario_on_node(
+        req.input,
+        req.program,
+        &dir,
+        req.rel,
+        req.progress,
+        req.interrupted,
+        Some((placement, link)),
+    )
+    .map_err(|e: HarnessError| NodeError::Internal(e.to_string()))
 }
 
 /// Ranks per node, or why the world does not divide.
@@ -296,7 +311,7 @@ impl NodeLink for CoordinatorLink<'_> {
     }
 }
 
-fn coordinate(req: NodeRequest, local_world: u32) -> Result<Finished, NodeError> {
+fn coordinate(mut req: NodeRequest, local_world: u32) -> Result<Finished, NodeError> {
     let config = req.config;
     let host = host_name();
     let master_addr = config.coordinator_host();
@@ -333,16 +348,7 @@ fn coordinate(req: NodeRequest, local_world: u32) -> Result<Finished, NodeError>
         record: RemoteRecord::new(req.input),
     };
     let own_calibration = Calibration::identity(clock::now_ns());
-    let local = harness::run_scenario_on_node(
-        req.input,
-        req.program,
-        &req.out_dir.join(req.rel),
-        req.rel,
-        req.progress,
-        req.interrupted,
-        Some((&placement, &mut link)),
-    )
-    .map_err(harness_error)?;
+    let local = run_here(&mut req, &placement, &mut link)?;
     if local.interrupted {
         link.relay("node 0 was interrupted (Ctrl-C or SIGTERM)", None);
     }
@@ -478,7 +484,7 @@ impl NodeLink for AgentLink<'_> {
     }
 }
 
-fn take_part(req: NodeRequest, local_world: u32) -> Result<Finished, NodeError> {
+fn take_part(mut req: NodeRequest, local_world: u32) -> Result<Finished, NodeError> {
     let config = req.config;
     let host = host_name();
     let join = Message::Join {
@@ -512,16 +518,7 @@ fn take_part(req: NodeRequest, local_world: u32) -> Result<Finished, NodeError> 
     for m in early {
         link.take(m);
     }
-    let local = harness::run_scenario_on_node(
-        req.input,
-        req.program,
-        &req.out_dir.join(req.rel),
-        req.rel,
-        req.progress,
-        req.interrupted,
-        Some((&placement, &mut link)),
-    )
-    .map_err(harness_error)?;
+    let local = run_here(&mut req, &placement, &mut link)?;
     let (mut record, mut gone, mut done) = (std::mem::take(&mut link.record), link.gone, link.done.take());
     drop(link);
     let mut late: Vec<Option<Message>> = Vec::new();

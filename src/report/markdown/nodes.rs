@@ -3,7 +3,7 @@
 //! (look before kill), and each node's own memory, `/dev/shm` and GPU evidence.
 
 use crate::harness::ScenarioResult;
-use crate::nodes::merge::ranks_text;
+use crate::nodes::merge::{ms, ranks_text};
 use crate::nodes::{NodeSection, NodesReport};
 
 use super::super::markup::{self, Align, code};
@@ -42,16 +42,6 @@ pub(super) fn overview(doc: &mut Doc, s: &ScenarioResult) {
         lines.extend(what_it_saw(node));
     }
     doc.push(lines.into_iter().map(|l| format!("- {l}")).collect::<Vec<_>>().join("\n"));
-}
-
-fn ms(v: f64) -> String {
-    if v >= 10.0 {
-        format!("{v:.0} ms")
-    } else if v >= 0.1 {
-        format!("{v:.1} ms")
-    } else {
-        format!("{v:.3} ms")
-    }
 }
 
 fn table(n: &NodesReport) -> String {
