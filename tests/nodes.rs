@@ -117,7 +117,8 @@ fn per_node(s: &Value) -> &Vec<Value> {
 fn ddp_on_two_nodes_passes_with_one_report_and_identical_parameters_on_all_four_ranks() {
     let sb = Sandbox::new();
     let file = ddp(&sb, "ddp-2x2", "");
-    let run = run_nodes(&sb, &file, 2, &[], &[]);
+    // Each node with a /dev/shm of its own (its own mount namespace), as on separate hosts.
+    let run = run_nodes(&sb, &file, 2, &["--set", "data.shm_size=64m"], &[]);
     assert_eq!(run.code(0), 0, "node 0:\n{}", run.stderr(0));
     assert_eq!(run.code(1), 0, "node 1:\n{}", run.stderr(1));
     let s = run.merged();
@@ -141,7 +142,23 @@ fn ddp_on_two_nodes_passes_with_one_report_and_identical_parameters_on_all_four_
             n["memory"]["processes"].as_array().is_some_and(|p| p.len() == 2),
             "each node's own memory: {n}"
         );
+        let shm = &n["memory"]["shm"];
+        assert_eq!(
+            (shm["private"].as_bool(), shm["total_bytes"].as_u64()),
+            (Some(true), Some(64 << 20)),
+            "{shm}"
+        );
     }
+    // The processes each node sampled are its own ranks, by global number.
+    let ranks_of = |n: &Value| {
+        n["memory"]["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["rank"].as_u64().unwrap())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!((ranks_of(&nodes[0]), ranks_of(&nodes[1])), (vec![0, 1], vec![2, 3]));
     // Node 1's clock was calibrated at both ends; on one machine the true offset is 0.
     let clock = &nodes[1]["clock"];
     for at in ["start", "end"] {

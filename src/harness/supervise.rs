@@ -277,9 +277,10 @@ pub fn supervise(
     let argv =
         if is_external { external::argv(scenario, &plan.scenario_dir, master_port) } else { Vec::new() };
     // On one node of several: torchrun's per-node form; a launcher's ranks carry global numbers.
-    let (argv, offset) = plan
-        .node
-        .map_or((argv.clone(), 0), |n| (crate::nodes::torchrun::per_node(&argv, n), n.global_rank(0)));
+    let (argv, offset) = match plan.node {
+        Some(n) => (crate::nodes::torchrun::per_node(&argv, n), n.global_rank(0)),
+        None => (argv, 0),
+    };
     let (launcher_style, style_chosen) = match scenario.launch.style {
         LaunchStyle::Auto if is_external => {
             let (launcher, why) = external::auto_style(&argv);

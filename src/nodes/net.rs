@@ -9,7 +9,7 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::clock::{self, Calibration, Sample};
+use super::clock::{self, Sample};
 use super::config::{NodeConfig, split_host_port};
 use super::wire::{self, Message};
 
@@ -18,6 +18,8 @@ const JOIN_READ_WAIT: Duration = Duration::from_secs(10);
 /// An agent that sends nothing for this long while its node runs is lost (agents send progress
 /// about once a second; a host that vanished closes nothing).
 pub const SILENCE_LOST: Duration = Duration::from_secs(30);
+/// How often an agent says it is alive (well inside [`SILENCE_LOST`]).
+const HEARTBEAT_EVERY: Duration = Duration::from_secs(2);
 /// Round trips per calibration (the shortest one counts).
 const CALIBRATION_SAMPLES: usize = 16;
 
@@ -271,6 +273,7 @@ fn read_agent(
                     let _ = wire::send(&mut *w, &Message::Pong { t0, tc });
                 }
             }
+            Ok(Some(Message::Heartbeat)) => {}
             Ok(Some(message)) => {
                 let last = matches!(message, Message::Result { .. });
                 if tx.send(Inbound::Message { node, at_ns: clock::now_ns(), message }).is_err() || last {
@@ -301,7 +304,10 @@ fn read_agent(
 
 /// An agent's side: its connection to node 0.
 pub struct Agent {
-    writer: TcpStream,
+    /// Shared with the heartbeat thread: one message at a time on the wire.
+    writer: Arc<Mutex<TcpStream>>,
+    /// Ends the heartbeat thread (on drop).
+    beating: Arc<std::sync::atomic::AtomicBool>,
     inbox: Receiver<Option<Message>>,
     pub welcome: (String, u16, String),
 }
@@ -376,11 +382,27 @@ impl Agent {
                 }
             }
         });
-        Ok(Agent { writer, inbox, welcome })
+        let writer = Arc::new(Mutex::new(writer));
+        let beating = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let (w, on) = (writer.clone(), beating.clone());
+        // A heartbeat of its own, so that a supervision loop busy for long (py-spy of many
+        // processes) never reads as a lost node.
+        let _ = std::thread::Builder::new().name("heartbeat".into()).spawn(move || {
+            while on.load(std::sync::atomic::Ordering::Relaxed) {
+                let sent =
+                    w.lock().map(|mut w| wire::send(&mut *w, &Message::Heartbeat).is_ok()).unwrap_or(false);
+                if !sent {
+                    return;
+                }
+                std::thread::sleep(HEARTBEAT_EVERY);
+            }
+        });
+        Ok(Agent { writer, beating, inbox, welcome })
     }
 
     pub fn send(&mut self, m: &Message) -> std::io::Result<()> {
-        wire::send(&mut self.writer, m)
+        let mut w = self.writer.lock().map_err(|_| std::io::Error::other("the writer's lock is poisoned"))?;
+        wire::send(&mut *w, m)
     }
 
     /// The next message from node 0 within `wait`: `Ok(None)` on timeout, `Err` once the
@@ -421,7 +443,8 @@ impl Agent {
     }
 }
 
-/// Node 0's own clock as a calibration.
-pub fn own_calibration() -> Calibration {
-    Calibration::identity(clock::now_ns())
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.beating.store(false, std::sync::atomic::Ordering::Relaxed);
+    }
 }

@@ -40,6 +40,9 @@ pub enum Message {
     /// Coordinator → agent: a rank on another node failed (or a node was lost): take stacks of
     /// your ranks, then tear them down.
     PeerFailed { what: String },
+    /// Agent → coordinator, every 2 s from a thread of its own: alive (a host that vanished
+    /// closes no connection; silence does the telling).
+    Heartbeat,
     /// Agent → coordinator, last: everything its node saw.
     Result { run: Box<NodeRun> },
     /// Coordinator → agent: the merged result is written; `met` is the run's verdict against
