@@ -36,6 +36,10 @@ use crate::nodes::{LocalEvent, NodeLink};
 
 /// How long stuck ranks get to answer a stack-dump request.
 const STACK_DUMP_WAIT: Duration = Duration::from_secs(5);
+/// How long ranks get to answer a stack-dump request after a failure on another node: they are
+/// torn down as soon as they answered, and on a loaded machine a debug build's first symbolised
+/// stack takes seconds.
+const REMOTE_DUMP_WAIT: Duration = Duration::from_secs(15);
 /// How long a rank gets between SIGTERM and SIGKILL.
 const TERM_GRACE: Duration = Duration::from_secs(3);
 /// After a Ctrl-C or SIGTERM: how long ranks get between SIGTERM and SIGKILL, and to answer a
@@ -549,9 +553,8 @@ pub fn supervise(
         {
             remote_failed = true;
             if stack_deadline.is_none() && term_sent.is_none() {
-                // Stacks get the time a hang's get (an interrupt's wait is shorter: a user waits).
                 let asked = request_stacks_on_interrupt(&mut slots, &ownership, is_external) > now;
-                stack_deadline = Some(if asked { now + STACK_DUMP_WAIT } else { now });
+                stack_deadline = Some(if asked { now + REMOTE_DUMP_WAIT } else { now });
                 let ranks = slots.iter().filter(|s| s.dump_requested).map(|s| s.end.rank).collect();
                 l.event(LocalEvent::StacksRequested { at_s: since(now), ranks });
             }
