@@ -9,6 +9,7 @@ pub mod bisect;
 pub mod diagnose;
 mod error;
 pub mod harness;
+pub mod nodes;
 pub mod probe;
 pub mod protocol;
 pub mod report;

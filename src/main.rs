@@ -50,6 +50,8 @@ enum Command {
         /// Mask GPU UUIDs and your home folder in the report and result.json, for a public issue.
         #[arg(long)]
         public: bool,
+        #[command(flatten)]
+        nodes: NodeArgs,
     },
     /// Cut a failing scenario down to a 1-minimal configuration that still fails the same way.
     #[command(after_help = exit::HELP)]
@@ -110,6 +112,29 @@ enum Command {
     },
 }
 
+/// One node of a multi-node run (see README, "Across nodes"). Without these flags, Slurm's
+/// `SLURM_NNODES`/`SLURM_NODEID`/`SLURM_JOB_NODELIST` or torchrun-style `NNODES`/`NODE_RANK`/
+/// `MASTER_ADDR` place the node; with none of them the run is on this machine only.
+#[derive(clap::Args, Default)]
+struct NodeArgs {
+    /// Nodes in the run: start the same command once per node; `launch.world_size` is the ranks
+    /// of all nodes together.
+    #[arg(long, value_name = "N", help_heading = "Across nodes")]
+    nodes: Option<u32>,
+    /// This node's rank: 0 runs the coordinator, which writes the one report.
+    #[arg(long, value_name = "R", help_heading = "Across nodes")]
+    node_rank: Option<u32>,
+    /// Node 0's address, which every agent connects to [default: 127.0.0.1:29411].
+    #[arg(long, value_name = "HOST:PORT", help_heading = "Across nodes")]
+    coordinator: Option<String>,
+    /// What node 0 listens on, when not the coordinator's address (`0.0.0.0:PORT`: every interface).
+    #[arg(long, value_name = "ADDR:PORT", help_heading = "Across nodes")]
+    listen: Option<String>,
+    /// How long node 0 waits for the others to join, and they for it.
+    #[arg(long, value_name = "SECS", default_value_t = 120.0, help_heading = "Across nodes")]
+    join_timeout: f64,
+}
+
 #[derive(Clone, Copy, clap::ValueEnum)]
 enum StrategyArg {
     Ladder,
@@ -119,7 +144,9 @@ enum StrategyArg {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Run { paths, set, out, json, quiet, public } => run(paths, set, out, json, quiet, public),
+        Command::Run { paths, set, out, json, quiet, public, nodes } => {
+            run(paths, set, out, json, quiet, public, nodes)
+        }
         Command::Report { dir, public, issue } => rerender(&dir, public, issue),
         Command::Bisect(args) => bisect(args),
         Command::Env { json, markdown, public } => print_env(json, markdown, public),
@@ -463,8 +490,18 @@ fn run(
     json: bool,
     quiet: bool,
     public: bool,
+    node_args: NodeArgs,
 ) -> Result<ExitCode, Error> {
     install_interrupt_handler();
+    let flags = ups_doctor::nodes::config::NodeFlags {
+        nodes: node_args.nodes,
+        node_rank: node_args.node_rank,
+        coordinator: node_args.coordinator,
+        listen: node_args.listen,
+        join_timeout_s: Some(node_args.join_timeout),
+    };
+    let node = ups_doctor::nodes::NodeConfig::resolve(&flags, &|name| std::env::var(name).ok())
+        .map_err(|e| Error::BadInput(e.to_string()))?;
     let paths = if paths.is_empty() { vec![PathBuf::from("scenarios")] } else { paths };
     let files = scenario::scenario_files(&paths)?;
     // Validate everything before running anything: a typo in the fifth file must not cost the
@@ -486,6 +523,23 @@ fn run(
     }
     check_gpus(&inputs)?;
     check_memory_limits(&inputs)?;
+    if node.is_some() && inputs.len() != 1 {
+        return Err(Error::BadInput(format!(
+            "a multi-node run runs one scenario; {} were given: run each with its own `ups-doctor run FILE --nodes …`",
+            inputs.len()
+        )));
+    }
+    if let (Some(config), [input]) = (&node, inputs.as_slice())
+        && ![1, config.nodes].contains(&input.scenario.launch.nodes)
+    {
+        return Err(Error::BadInput(format!(
+            "{}: `launch.nodes` is {}, but this agent was placed as one of {} nodes ({}): give every node the same count",
+            input.file.display(),
+            input.scenario.launch.nodes,
+            config.nodes,
+            config.source
+        )));
+    }
 
     let out_dir = match out {
         Some(dir) => {
@@ -518,7 +572,46 @@ fn run(
     };
     let save = |result: &RunResult| save_honestly(&out_dir, &shown(result)?);
     let width = inputs.len().to_string().len();
-    for (i, input) in inputs.iter().enumerate() {
+    let mut node_done: Option<Box<dyn FnOnce(bool, &str)>> = None;
+    let mut agent_verdict = None;
+    if let Some(config) = &node {
+        let input = &inputs[0];
+        let rel = format!("1-{}", sanitize(&input.scenario.name));
+        let request = ups_doctor::nodes::run::NodeRequest {
+            config,
+            input,
+            program: &program,
+            out_dir: &out_dir,
+            rel: &rel,
+            progress: &mut progress,
+            interrupted: &INTERRUPTED,
+        };
+        use ups_doctor::nodes::net::NodeError;
+        use ups_doctor::nodes::run::Finished;
+        match ups_doctor::nodes::run::run_node(request) {
+            Err(NodeError::BadInput(m)) => return Err(Error::BadInput(m)),
+            Err(NodeError::Internal(m)) => {
+                result.stopped_by = Some(m.clone());
+                result.not_run = vec![input.scenario.name.clone()];
+                save(&result)?;
+                return Err(Error::Internal(m));
+            }
+            Ok(Finished::Coordinator { result: merged, coordinator }) => {
+                result.interrupted = merged.interrupted;
+                result.scenarios.push(merged);
+                node_done = Some(Box::new(move |met, report| {
+                    ups_doctor::nodes::run::finish(&coordinator, met, report)
+                }));
+            }
+            Ok(Finished::Agent { result: own, met, report }) => {
+                result.interrupted = own.interrupted;
+                result.scenarios.push(own);
+                agent_verdict = Some((met, report));
+            }
+        }
+        save(&result)?;
+    }
+    for (i, input) in inputs.iter().enumerate().filter(|_| node.is_none()) {
         if INTERRUPTED.load(Ordering::SeqCst) {
             result.interrupted = true;
             result.not_run = inputs[i..].iter().map(|s| s.scenario.name.clone()).collect();
@@ -526,21 +619,22 @@ fn run(
             break;
         }
         let rel = format!("{:0width$}-{}", i + 1, sanitize(&input.scenario.name));
-        let scenario_result = match harness::run_scenario(
-            input,
-            &program,
-            &out_dir.join(&rel),
-            &rel,
-            &mut progress,
-            &INTERRUPTED,
-        ) {
+        let outcome = if input.scenario.launch.nodes > 1 {
+            // Every node on this machine: node agents on loopback.
+            ups_doctor::nodes::local::run_local(input, &program, &out_dir, &rel, &mut progress, &INTERRUPTED)
+                .map_err(|e| e.into_message())
+        } else {
+            harness::run_scenario(input, &program, &out_dir.join(&rel), &rel, &mut progress, &INTERRUPTED)
+                .map_err(|e| e.to_string())
+        };
+        let scenario_result = match outcome {
             Ok(r) => r,
             Err(e) => {
                 // What is on disk must say the run stopped here, and why.
-                result.stopped_by = Some(e.to_string());
+                result.stopped_by = Some(e.clone());
                 result.not_run = inputs[i..].iter().map(|s| s.scenario.name.clone()).collect();
                 save(&result)?;
-                return Err(e.into());
+                return Err(Error::Internal(e));
             }
         };
         if mode != ProgressMode::Quiet {
@@ -569,6 +663,36 @@ fn run(
         if cut_short {
             break;
         }
+    }
+    let met = result.scenarios.iter().all(|s| s.met_expectation);
+    if let Some(done) = node_done {
+        done(met, &out_dir.join(report::REPORT_FILE).display().to_string());
+    }
+    if let Some((met, report)) = agent_verdict {
+        // This node's own view is in its --out; the one report of the run is node 0's.
+        let report_path = out_dir.join(report::REPORT_FILE);
+        return match met {
+            Some(met) => {
+                println!(
+                    "node {}: the run's report is on node 0: {}
+this node's own view: {}",
+                    node.as_ref().map_or(0, |n| n.node),
+                    report.unwrap_or_default(),
+                    report_path.display()
+                );
+                Ok(ExitCode::from(if result.interrupted {
+                    exit::INTERRUPTED
+                } else if met {
+                    exit::MET
+                } else {
+                    exit::NOT_MET
+                }))
+            }
+            None => Err(Error::Internal(format!(
+                "node 0 (the coordinator) went away before it wrote the run's report; this node's own view: {}",
+                report_path.display()
+            ))),
+        };
     }
     let color =
         !json && std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());

@@ -206,15 +206,26 @@ pub fn derive(scenario: &Scenario) -> Vec<Component> {
         return derive_external(scenario);
     }
     let (launch, data, model, train) = (&scenario.launch, &scenario.data, &scenario.model, &scenario.train);
+    // Nodes first: a failure that needs no node boundary is bisected on one machine from then on.
+    if launch.nodes > 1 {
+        all.push(ladder("launch.nodes", vec![("launch.nodes", json!(1))]));
+    }
     if launch.mode != Mode::Single {
         let mut sets = vec![("launch.mode", json!("single")), ("launch.world_size", json!(1))];
+        if launch.nodes > 1 {
+            sets.push(("launch.nodes", json!(1)));
+        }
         if launch.backend != Backend::Auto {
             // One rank has no collective backend to choose.
             sets.push(("launch.backend", json!("auto")));
         }
         all.push(ladder("launch.mode", sets));
         if launch.world_size != 1 {
-            all.push(ladder("launch.world_size", vec![("launch.world_size", json!(1))]));
+            let mut sets = vec![("launch.world_size", json!(1))];
+            if launch.nodes > 1 {
+                sets.push(("launch.nodes", json!(1)));
+            }
+            all.push(ladder("launch.world_size", sets));
         }
     }
     if data.workers != 0 {
@@ -315,11 +326,19 @@ fn keep_valid_cuts(scenario: &Scenario, mut all: Vec<Component>) -> Vec<Componen
 /// fraction and booleans that are off are left alone unless they give `cuts`.
 fn derive_external(scenario: &Scenario) -> Vec<Component> {
     let mut all = Vec::new();
-    if scenario.launch.world_size > 1 {
+    let nodes = scenario.launch.nodes;
+    if nodes > 1 {
         all.push(Component {
-            id: "launch.world_size".into(),
-            kind: Kind::Ladder { sets: vec![("launch.world_size".into(), json!(1))] },
+            id: "launch.nodes".into(),
+            kind: Kind::Ladder { sets: vec![("launch.nodes".into(), json!(1))] },
         });
+    }
+    if scenario.launch.world_size > 1 {
+        let mut sets = vec![("launch.world_size".into(), json!(1))];
+        if nodes > 1 {
+            sets.push(("launch.nodes".into(), json!(1)));
+        }
+        all.push(Component { id: "launch.world_size".into(), kind: Kind::Ladder { sets } });
     }
     if scenario.data.shm_size.is_some() {
         all.push(Component {
@@ -473,7 +492,13 @@ fn run_relevant(s: &Scenario) -> Value {
 /// that each entry works as a `--set` argument: `["model.attention=false", "train.steps=4",
 /// "model.depths=[1]"]`. Sections come in schema order, fields alphabetically within them.
 pub fn describe_delta(base: &Scenario, candidate: &Scenario) -> Vec<String> {
-    let (before, after) = (run_relevant(base), run_relevant(candidate));
+    let (mut before, mut after) = (run_relevant(base), run_relevant(candidate));
+    // `launch.nodes` is left out of the JSON at its default (1): a cut to it still reads `=1`.
+    for (value, s) in [(&mut before, base), (&mut after, candidate)] {
+        if let Some(launch) = value.get_mut("launch").and_then(Value::as_object_mut) {
+            launch.insert("nodes".into(), json!(s.launch.nodes));
+        }
+    }
     let mut out = Vec::new();
     for section in ["launch", "model", "data", "train", "limits", "inject", "params"] {
         diff(

@@ -240,6 +240,22 @@ fn derive_puts_the_ladder_first_in_ladder_order() {
 }
 
 #[test]
+fn a_multi_node_scenario_is_cut_to_one_node_first() {
+    let mut s = Scenario::default();
+    s.launch.mode = crate::scenario::Mode::Ddp;
+    s.launch.world_size = 4;
+    s.launch.nodes = 2;
+    let components = derive(&s);
+    assert_eq!(ids(&components)[..3], ["launch.nodes", "launch.mode", "launch.world_size"]);
+    assert_eq!(components[0].kind, Kind::Ladder { sets: vec![("launch.nodes".into(), json!(1))] });
+    // One rank cannot be spread over two nodes: the rank cuts take the nodes along.
+    let one = apply(&s, &components, &[("launch.world_size".to_string(), Setting::Cut)].into()).unwrap();
+    assert_eq!((one.launch.world_size, one.launch.nodes), (1, 1));
+    let cut = apply(&s, &components, &[("launch.nodes".to_string(), Setting::Cut)].into()).unwrap();
+    assert_eq!(describe_delta(&s, &cut), ["launch.nodes=1"]);
+}
+
+#[test]
 fn derive_keeps_steps_above_the_last_per_step_fault() {
     let s = with_faults(roomy(), vec![json!({ "fault": "segv", "phase": "forward", "step": 3 })]);
     let steps = derive(&s).into_iter().find(|c| c.id == "train.steps").expect("train.steps");

@@ -145,7 +145,7 @@ pub fn py_spy_dump(py_spy: Option<&Path>, pid: u32, rank: u32, role: ProcessRole
             }
         }
     };
-    ProcessDump { pid, rank, role, py_spy: text, error, threads }
+    ProcessDump { pid, rank, role, taken: None, py_spy: text, error, threads }
 }
 
 /// Each thread's name, kernel wait channel and current system call, from procfs.

@@ -27,6 +27,7 @@ use std::sync::atomic::AtomicBool;
 
 pub use capture::make_room;
 pub use classify::{Intervention, RankEnd, check_expectation, classify_rank};
+pub use external::{find_program, find_py_spy, kernel_threads, py_spy_dump};
 pub use gpu::{GpuRecorder, GpuSample, annotate_gpu, clock_reason_names};
 pub use process::Exit;
 pub use progress::{Progress, ProgressMode};
@@ -132,6 +133,22 @@ pub fn run_scenario(
     progress: &mut Progress,
     interrupted: &AtomicBool,
 ) -> Result<ScenarioResult, HarnessError> {
+    run_scenario_on_node(input, program, dir, rel, progress, interrupted, None)
+}
+
+/// [`run_scenario`] for one node of a multi-node run: `input` holds this node's ranks only, the
+/// placement gives them their global environment, and the link carries failures between nodes
+/// (see [`crate::nodes`]).
+pub fn run_scenario_on_node(
+    input: &ScenarioInput,
+    program: &Path,
+    dir: &Path,
+    rel: &str,
+    progress: &mut Progress,
+    interrupted: &AtomicBool,
+    node: Option<(&crate::nodes::NodePlacement, &mut dyn crate::nodes::NodeLink)>,
+) -> Result<ScenarioResult, HarnessError> {
+    let (placement, link) = node.map_or((None, None), |(p, l)| (Some(p), Some(l)));
     let prepare = |path: &Path, source| HarnessError::Prepare { path: path.to_path_buf(), source };
     std::fs::create_dir_all(dir).map_err(|e| prepare(dir, e))?;
     let resolved_file = dir.join("scenario.json");
@@ -162,8 +179,9 @@ pub fn run_scenario(
         run_id: supervise::new_run_id(),
         private_shm: private_shm.as_ref(),
         scenario_dir: here.join(input.file.parent().unwrap_or(Path::new("."))),
+        node: placement,
     };
-    let mut observed = supervise::supervise(&plan, progress, interrupted);
+    let mut observed = supervise::supervise(&plan, progress, interrupted, link);
     // The namespace holder goes now; the private /dev/shm goes with it. The cgroup goes too,
     // with anything still in it.
     drop(private_shm);
@@ -225,6 +243,7 @@ pub fn run_scenario(
         cgroup: observed.cgroup,
         oom_kills: observed.oom_kills,
         cgroup_unavailable,
+        nodes: None,
         ranks,
     })
 }

@@ -232,7 +232,9 @@ const PENDING_WRITERS: usize = 64;
 /// waits until the writer's rank is known (an `mp.spawn` rank's markers before
 /// `init_process_group`).
 struct TaggedRouter {
-    world: u32,
+    /// The global ranks this node runs (`0..world` on one machine); events are numbered from its
+    /// start.
+    ranks: std::ops::Range<u32>,
     pending: std::collections::BTreeMap<u32, Vec<(Instant, serde_json::Value)>>,
 }
 
@@ -248,8 +250,11 @@ impl TaggedRouter {
             return Vec::new();
         };
         let pid = v.get("pid").and_then(|p| p.as_u64()).and_then(|p| u32::try_from(p).ok());
-        let said =
-            v.get("rank").and_then(|r| r.as_u64()).filter(|&r| r < u64::from(self.world)).map(|r| r as u32);
+        let said = v
+            .get("rank")
+            .and_then(|r| u32::try_from(r.as_u64()?).ok())
+            .filter(|r| self.ranks.contains(r))
+            .map(|r| r - self.ranks.start);
         let v = serde_json::Value::Object(v);
         let rank = {
             let Ok(mut known) = ranks.lock() else { return Vec::new() };
@@ -296,17 +301,17 @@ impl TaggedRouter {
 }
 
 /// Reads a launcher-style run's FIFO and routes each line to its writer's rank (see
-/// [`TaggedRouter`]); lines of ranks outside `0..world` or of no known writer are dropped. The
-/// thread ends when the receiver is gone.
+/// [`TaggedRouter`]); lines of ranks outside `global` (this node's ranks, `0..world` on one
+/// machine) or of no known writer are dropped. The thread ends when the receiver is gone.
 pub fn read_tagged_markers(
     fifo: File,
-    world: u32,
+    global: std::ops::Range<u32>,
     ranks: std::sync::Arc<std::sync::Mutex<PidRanks>>,
     events: Sender<Event>,
 ) {
     let mut reader = BufReader::with_capacity(1 << 16, fifo);
     let mut buf = Vec::with_capacity(4096);
-    let mut router = TaggedRouter { world, pending: Default::default() };
+    let mut router = TaggedRouter { ranks: global, pending: Default::default() };
     loop {
         buf.clear();
         match Read::take(&mut reader, MAX_MARKER_LINE as u64).read_until(b'\n', &mut buf) {
@@ -462,7 +467,7 @@ mod tests {
     #[test]
     fn tagged_lines_wait_for_their_writers_rank_and_workers_go_to_their_parents() {
         let ranks = std::sync::Mutex::new(PidRanks::default());
-        let mut router = TaggedRouter { world: 2, pending: Default::default() };
+        let mut router = TaggedRouter { ranks: 0..2, pending: Default::default() };
         let at = Instant::now();
         let parent = |pid: u32| (pid == 200).then_some(100);
         // An `mp.spawn` rank before `init_process_group`: it does not know its rank yet.

@@ -28,6 +28,7 @@ use super::process::{self, Event, RankProcess, RankSpec};
 use super::progress::Progress;
 use super::state::RankState;
 use super::{external, quotes};
+use crate::nodes::{LocalEvent, NodeLink};
 use crate::schema::{
     CgroupReport, ExitSource, ExternalRun, ExternalStyle, GpuReport, IdentifiedBy, LauncherEnd,
     LeftoverProcess, LeftoverSegment, Leftovers, MemoryReport, OomKill, ProcessRole, Signal,
@@ -35,6 +36,10 @@ use crate::schema::{
 
 /// How long stuck ranks get to answer a stack-dump request.
 const STACK_DUMP_WAIT: Duration = Duration::from_secs(5);
+/// How long ranks get to answer a stack-dump request after a failure on another node: they are
+/// torn down as soon as they answered, and on a loaded machine a debug build's first symbolised
+/// stack takes seconds.
+const REMOTE_DUMP_WAIT: Duration = Duration::from_secs(15);
 /// How long a rank gets between SIGTERM and SIGKILL.
 const TERM_GRACE: Duration = Duration::from_secs(3);
 /// After a Ctrl-C or SIGTERM: how long ranks get between SIGTERM and SIGKILL, and to answer a
@@ -76,6 +81,8 @@ pub struct ScenarioPlan<'a> {
     pub scenario_dir: PathBuf,
     /// The scenario's cgroup, which every process it starts joins (none where none can be made).
     pub cgroup: Option<&'a ScenarioCgroup>,
+    /// This node's place in a multi-node run (none on one machine).
+    pub node: Option<&'a crate::nodes::NodePlacement>,
 }
 
 /// A run id unique on this machine: the harness's pid, a per-process counter and the time.
@@ -300,16 +307,33 @@ fn other_ranks(slots: &[Slot], rank: u32) -> Vec<u32> {
 /// ranks take their slots (their pid watched for its exit, their identity recorded for
 /// ownership checks); a rank first found by a weak signal (spawn order) takes the stronger one's
 /// word when it comes, the same process or not, as long as nothing was sent to it yet.
-fn discover(l: &mut Launcher, slots: &mut [Slot], ownership: &mut owner::Run, run_id: &str, port: u16) {
+///
+/// `offset` is this node's first global rank in a multi-node run (0 on one machine): discovery
+/// sees global rank numbers (`RANK`, the markers' ranks), slots are numbered from 0.
+fn discover(
+    l: &mut Launcher,
+    slots: &mut [Slot],
+    ownership: &mut owner::Run,
+    run_id: &str,
+    port: u16,
+    offset: u32,
+) {
     confirm_by_markers(l, slots);
     let Some(root) = l.process.as_ref().map(|p| p.pid) else { return };
     let world = slots.len() as u32;
     let known = external::Known {
-        found: slots.iter().filter_map(|s| Some((s.end.rank, s.found?))).collect(),
-        claims: l.pid_ranks.lock().map(|r| r.claimed.clone()).unwrap_or_default(),
+        found: slots.iter().filter_map(|s| Some((s.end.rank + offset, s.found?))).collect(),
+        claims: l
+            .pid_ranks
+            .lock()
+            .map(|r| r.claimed.iter().map(|(&pid, &rank)| (pid, rank + offset)).collect())
+            .unwrap_or_default(),
         port,
     };
-    for external::FoundRank { rank, pid, by } in external::discover_ranks(root, run_id, world, &known) {
+    for external::FoundRank { rank, pid, by } in
+        external::discover_ranks(root, run_id, offset + world, &known)
+    {
+        let Some(rank) = rank.checked_sub(offset) else { continue };
         let Some(slot) = slots.get_mut(rank as usize) else { continue };
         let had = slot.end.identified_by.map_or(0, IdentifiedBy::strength);
         let stronger = slot.found.is_some() && by.strength() > had;
@@ -359,13 +383,23 @@ fn discover(l: &mut Launcher, slots: &mut [Slot], ownership: &mut owner::Run, ru
 }
 
 /// Runs the scenario's ranks to their end.
-pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &AtomicBool) -> Supervised {
+pub fn supervise(
+    plan: &ScenarioPlan,
+    progress: &mut Progress,
+    interrupted: &AtomicBool,
+    mut link: Option<&mut dyn NodeLink>,
+) -> Supervised {
     let scenario = plan.scenario;
-    let world = scenario.launch.world_size;
+    let world = plan.node.map_or(scenario.launch.world_size, |n| n.local_world);
     let is_external = scenario.is_external();
-    let master_port = free_port();
+    let master_port = plan.node.map_or_else(free_port, |n| n.master_port);
     let argv =
         if is_external { external::argv(scenario, &plan.scenario_dir, master_port) } else { Vec::new() };
+    // On one node of several: torchrun's per-node form; a launcher's ranks carry global numbers.
+    let (argv, offset) = match plan.node {
+        Some(n) => (crate::nodes::torchrun::per_node(&argv, n), n.global_rank(0)),
+        None => (argv, 0),
+    };
     let (launcher_style, style_chosen) = match scenario.launch.style {
         LaunchStyle::Auto if is_external => {
             let (launcher, why) = external::auto_style(&argv);
@@ -431,7 +465,7 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
                 let ranks = l.pid_ranks.clone();
                 let _ = std::thread::Builder::new()
                     .name("markers-fifo".into())
-                    .spawn(move || process::read_tagged_markers(file, world, ranks, events));
+                    .spawn(move || process::read_tagged_markers(file, offset..offset + world, ranks, events));
             }
             Err(e) => {
                 l.launch_error = Some(format!("cannot create the marker FIFO `{}`: {e}", fifo.display()))
@@ -475,6 +509,13 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
     progress.scenario_started(&scenario.name, world);
 
     let since = |at: Instant| at.duration_since(start).as_secs_f64();
+    if let Some(l) = link.as_deref_mut() {
+        l.event(LocalEvent::Started {
+            at_s: since(Instant::now()),
+            pids: slots.iter().map(|s| s.end.pid).collect(),
+        });
+    }
+    let (mut ended_told, mut remote_failed) = (vec![false; slots.len()], false);
     let hang_after = Duration::from_secs_f64(scenario.limits.hang_after_s);
     let timeout = Duration::from_secs_f64(scenario.limits.timeout_s);
     let mut stack_deadline: Option<Instant> = None;
@@ -540,7 +581,7 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
             });
             let missing = slots.iter().any(|s| s.found.is_none());
             if l.live() && (missing || (weak && now >= l.next_discovery)) {
-                discover(l, &mut slots, &mut ownership, &plan.run_id, master_port);
+                discover(l, &mut slots, &mut ownership, &plan.run_id, master_port, offset);
                 l.next_discovery = now + SAMPLE_INTERVAL;
             }
             let exits = l.exits.lock().map(|e| e.clone()).unwrap_or_default();
@@ -584,6 +625,18 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
         }
         let states: Vec<&RankState> = slots.iter().map(|s| &s.end.state).collect();
         progress.update(&scenario.name, start.elapsed(), scenario.train.steps, &states);
+        if let Some(l) = link.as_deref_mut() {
+            let pids: Vec<Option<u32>> = slots.iter().map(|s| s.end.pid.filter(|_| s.live())).collect();
+            l.event(LocalEvent::Tick { at_s: since(now), states: &states, pids: &pids });
+            for s in slots.iter().filter(|s| s.end.exit.is_some() || s.end.launch_error.is_some()) {
+                if !std::mem::replace(&mut ended_told[s.end.rank as usize], true) {
+                    let how = s.end.exit.map_or_else(|| "failed to start".into(), describe_exit);
+                    let (at_s, failed) =
+                        (s.end.ended_at_s.unwrap_or(since(now)), failed_on_its_own(s, needs_done));
+                    l.event(LocalEvent::RankEnded { rank: s.end.rank, at_s, failed, how });
+                }
+            }
+        }
         let launcher_done = launcher.as_ref().is_none_or(|l| !l.live());
         if launcher_done && slots.iter().all(Slot::finished) {
             break;
@@ -596,6 +649,20 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
             was_interrupted = true;
             if stack_deadline.is_none() && term_sent.is_none() {
                 stack_deadline = Some(request_stacks_on_interrupt(&mut slots, &ownership, is_external));
+            }
+            continue;
+        }
+        // A failure on another node: look before kill, as on an interrupt.
+        if !remote_failed
+            && let Some(l) = link.as_deref_mut()
+            && l.remote_failure().is_some()
+        {
+            remote_failed = true;
+            if stack_deadline.is_none() && term_sent.is_none() {
+                let asked = request_stacks_on_interrupt(&mut slots, &ownership, is_external) > now;
+                stack_deadline = Some(if asked { now + REMOTE_DUMP_WAIT } else { now });
+                let ranks = slots.iter().filter(|s| s.dump_requested).map(|s| s.end.rank).collect();
+                l.event(LocalEvent::StacksRequested { at_s: since(now), ranks });
             }
             continue;
         }
@@ -621,6 +688,12 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
                         slot.end.intervention = Some(Intervention::Hung { silence_s: silence(slot) });
                     }
                 }
+            }
+            if stuck && let Some(l) = link.as_deref_mut() {
+                l.event(LocalEvent::Hung {
+                    at_s: since(now),
+                    ranks: slots.iter().filter(|s| s.live()).map(|s| s.end.rank).collect(),
+                });
             }
             if stuck {
                 // Ranks get stuck together (one waits for another in a collective) but cross the
@@ -689,6 +762,9 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
             if answered || now >= deadline {
                 signal_all(&mut slots, &launcher, &ownership, libc::SIGTERM);
                 term_sent = Some(now);
+                if let Some(l) = link.as_deref_mut() {
+                    l.event(LocalEvent::TearingDown { at_s: since(now), stacks_answered: answered });
+                }
             }
         }
         if let Some(sent) = term_sent
@@ -730,11 +806,11 @@ pub fn supervise(plan: &ScenarioPlan, progress: &mut Progress, interrupted: &Ato
         lines.extend(stdout.last_lines(100));
         let failures = external::torchrun_failures(&lines);
         for slot in &mut slots {
-            slot.end.quotes = quotes::program_quotes(&quotes::rank_lines(&lines, slot.end.rank));
+            slot.end.quotes = quotes::program_quotes(&quotes::rank_lines(&lines, slot.end.rank + offset));
         }
         let launcher_name = argv.first().cloned().unwrap_or_default();
         for slot in &mut slots {
-            let from_torchrun = failures.iter().find(|f| f.rank == slot.end.rank);
+            let from_torchrun = failures.iter().find(|f| f.rank == slot.end.rank + offset);
             match (slot.found, slot.end.exit, from_torchrun) {
                 (Some(_), None, Some(f)) => {
                     slot.end.exit = Some(f.exit);
@@ -1236,16 +1312,20 @@ fn rank_spec(plan: &ScenarioPlan, rank: u32, world: u32, master_port: u16, argv:
     } else {
         (plan.program.clone(), vec![OsString::from("train"), plan.resolved_file.clone().into_os_string()])
     };
+    let (global, all, node, master) = plan.node.map_or((rank, world, 0, "127.0.0.1".into()), |n| {
+        (n.global_rank(rank), n.world(), n.node, n.master_addr.clone())
+    });
     RankSpec {
         rank,
         program,
         args,
         env: vec![
-            ("RANK".into(), rank.to_string()),
+            ("RANK".into(), global.to_string()),
             ("LOCAL_RANK".into(), rank.to_string()),
-            ("WORLD_SIZE".into(), world.to_string()),
+            ("GROUP_RANK".into(), node.to_string()),
+            ("WORLD_SIZE".into(), all.to_string()),
             ("LOCAL_WORLD_SIZE".into(), world.to_string()),
-            ("MASTER_ADDR".into(), "127.0.0.1".into()),
+            ("MASTER_ADDR".into(), master),
             ("MASTER_PORT".into(), master_port.to_string()),
             (RUN_ID_ENV.into(), plan.run_id.clone()),
         ]

@@ -67,7 +67,7 @@ fn span(phase: &str, start_s: f64, end_s: Option<f64>) -> PhaseSpan {
 }
 
 /// A rank that trained `steps` steps and ended well; tests change what they need.
-fn rank(rank: u32, steps: u64) -> RankResult {
+pub fn rank(rank: u32, steps: u64) -> RankResult {
     let losses: Vec<(u64, f64)> = (0..steps).map(|s| (s, 0.35 + 1.95 * (-(s as f64) / 12.0).exp())).collect();
     RankResult {
         rank,
@@ -215,6 +215,7 @@ pub fn passing() -> ScenarioResult {
         cgroup: None,
         oom_kills: Vec::new(),
         cgroup_unavailable: None,
+        nodes: None,
         gpu: None,
     }
 }
@@ -340,6 +341,7 @@ pub fn segv() -> ScenarioResult {
         cgroup: None,
         oom_kills: Vec::new(),
         cgroup_unavailable: None,
+        nodes: None,
         gpu: None,
     }
 }
@@ -439,6 +441,7 @@ pub fn hung() -> ScenarioResult {
         cgroup: None,
         oom_kills: Vec::new(),
         cgroup_unavailable: None,
+        nodes: None,
         gpu: None,
     }
 }
@@ -506,6 +509,7 @@ pub fn false_success() -> ScenarioResult {
         cgroup: None,
         oom_kills: Vec::new(),
         cgroup_unavailable: None,
+        nodes: None,
         gpu: None,
     }
 }
@@ -552,6 +556,7 @@ pub fn abort_raw_only() -> ScenarioResult {
         cgroup: None,
         oom_kills: Vec::new(),
         cgroup_unavailable: None,
+        nodes: None,
         gpu: None,
     }
 }
@@ -667,6 +672,7 @@ pub fn shm_bus_error() -> ScenarioResult {
         cgroup: None,
         oom_kills: Vec::new(),
         cgroup_unavailable: None,
+        nodes: None,
         gpu: None,
     }
 }

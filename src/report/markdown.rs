@@ -10,6 +10,7 @@ use crate::scenario::human_bytes;
 use crate::schema::{RankResult, RunResult, ScenarioResult, ThreadStack};
 
 mod external;
+mod nodes;
 
 use super::environment;
 use super::gpu;
@@ -292,6 +293,7 @@ fn scenario_heading(doc: &mut Doc, s: &ScenarioResult) {
 fn scenario(doc: &mut Doc, s: &ScenarioResult) {
     scenario_heading(doc, s);
     verdict(doc, s);
+    nodes::overview(doc, s);
     external::program_words(doc, s);
     doc.push(rank_table(s));
     if let Some(notes) = rank_notes(s) {
@@ -316,11 +318,15 @@ fn scenario(doc: &mut Doc, s: &ScenarioResult) {
     if let Some(chart) = s.ranks.iter().min_by_key(|r| r.rank).and_then(mermaid::loss_chart) {
         doc.push(fence("mermaid", &chart));
     }
-    for block in gpu::gpu_blocks(s) {
-        doc.push(block);
-    }
-    for block in memory::memory_blocks(s).into_iter().chain(memory::leftover_blocks(s)) {
-        doc.push(block);
+    if s.nodes.is_some() {
+        nodes::per_node_evidence(doc, s);
+    } else {
+        for block in gpu::gpu_blocks(s) {
+            doc.push(block);
+        }
+        for block in memory::memory_blocks(s).into_iter().chain(memory::leftover_blocks(s)) {
+            doc.push(block);
+        }
     }
     external::launcher_log_tail(doc, s);
     for r in &s.ranks {
@@ -384,10 +390,18 @@ fn bullets(items: impl Iterator<Item = String>) -> String {
 /// One row per rank. Columns that no rank has a value for are left out, and outcome with status
 /// and phase with step share a column, so the table fits GitHub's comment column.
 fn rank_table(s: &ScenarioResult) -> String {
-    const HEADER: [&str; 7] =
-        ["rank", "pid", "outcome", "where", "steps done", "loss first → final", "error"];
-    const ALIGN: [Align; 7] =
-        [Align::Right, Align::Right, Align::Left, Align::Left, Align::Right, Align::Left, Align::Left];
+    const HEADER: [&str; 8] =
+        ["node", "rank", "pid", "outcome", "where", "steps done", "loss first → final", "error"];
+    const ALIGN: [Align; 8] = [
+        Align::Left,
+        Align::Right,
+        Align::Right,
+        Align::Left,
+        Align::Left,
+        Align::Right,
+        Align::Left,
+        Align::Left,
+    ];
     let rows: Vec<Vec<String>> = s
         .ranks
         .iter()
@@ -409,7 +423,9 @@ fn rank_table(s: &ScenarioResult) -> String {
                 (None, Some(step)) => format!("step {step}"),
                 (None, None) => NONE.to_string(),
             };
+            let node = s.nodes.as_ref().and_then(|n| n.per_node.iter().find(|p| p.ranks.contains(&r.rank)));
             vec![
+                node.map_or_else(|| NONE.to_string(), |p| format!("{} ({})", p.node, code(&p.host))),
                 rank,
                 opt(r.pid),
                 format!("{} ({})", text::kind_label(r.outcome), markup::text(&end_status(r))),
@@ -427,7 +443,7 @@ fn rank_table(s: &ScenarioResult) -> String {
         return "No rank was started.".to_string();
     }
     let keep: Vec<usize> =
-        (0..HEADER.len()).filter(|&c| c < 3 || rows.iter().any(|r| r[c] != NONE)).collect();
+        (0..HEADER.len()).filter(|&c| (1..4).contains(&c) || rows.iter().any(|r| r[c] != NONE)).collect();
     let header: Vec<&str> = keep.iter().map(|&c| HEADER[c]).collect();
     let align: Vec<Align> = keep.iter().map(|&c| ALIGN[c]).collect();
     let rows: Vec<Vec<String>> =

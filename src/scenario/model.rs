@@ -79,6 +79,15 @@ pub struct Launch {
     /// killer ends one of them when they exceed it, as in a container.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_limit: Option<String>,
+    /// Nodes the ranks are spread over (`world_size / nodes` each). Run as it is, ups-doctor
+    /// plays every node with a node agent on this machine (loopback); on a real cluster each
+    /// node's `ups-doctor run --nodes N --node-rank R` places it (see `crate::nodes`).
+    #[serde(skip_serializing_if = "is_one")]
+    pub nodes: u32,
+}
+
+fn is_one(n: &u32) -> bool {
+    *n == 1
 }
 
 impl Default for Launch {
@@ -90,6 +99,7 @@ impl Default for Launch {
             backend: Backend::Auto,
             style: LaunchStyle::Auto,
             memory_limit: None,
+            nodes: 1,
         }
     }
 }

@@ -346,7 +346,20 @@ fn check_world_size(l: &Launch, example: &str) -> Checked {
         l.world_size.into(),
         MAX_WORLD_SIZE,
         "ranks are processes on this machine; for more, run ups-doctor on each node under torchrun or Slurm",
-    )
+    )?;
+    at_least("launch.nodes", l.nodes.into(), 1, "1")?;
+    if l.world_size % l.nodes != 0 {
+        return Err(Invalid::new(
+            "launch.nodes",
+            format!(
+                "{} ranks do not divide over {} nodes: every node runs `world_size / nodes` ranks",
+                l.world_size, l.nodes
+            ),
+        )
+        .hint("make `world_size` a multiple of `nodes`")
+        .related(&["launch.world_size"]));
+    }
+    Ok(())
 }
 
 fn check_launch(l: &Launch) -> Checked {
@@ -1020,6 +1033,29 @@ mod tests {
         assert_eq!(field(|s| s.limits.hang_after_s = f64::INFINITY), "limits.hang_after_s");
         let mut s = Scenario::default();
         s.train.weight_decay = 0.0;
+        assert_eq!(check(&s), Ok(()));
+    }
+
+    #[test]
+    fn the_ranks_divide_over_the_nodes() {
+        let ddp = |s: &mut Scenario| {
+            s.launch.mode = Mode::Ddp;
+            s.launch.world_size = 4;
+        };
+        assert_eq!(field(|s| s.launch.nodes = 0), "launch.nodes");
+        assert_eq!(
+            problem(|s| {
+                ddp(s);
+                s.launch.nodes = 3;
+            }),
+            (
+                "launch.nodes".into(),
+                "4 ranks do not divide over 3 nodes: every node runs `world_size / nodes` ranks".into()
+            )
+        );
+        let mut s = Scenario::default();
+        ddp(&mut s);
+        s.launch.nodes = 2;
         assert_eq!(check(&s), Ok(()));
     }
 

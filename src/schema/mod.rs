@@ -10,6 +10,7 @@
 
 mod gpu;
 mod memory;
+mod nodes;
 mod process;
 mod run;
 mod signal;
@@ -20,6 +21,9 @@ pub use gpu::{ClockReason, GpuPoint, GpuPointValues, GpuProcessPeak, GpuReport, 
 pub use memory::{
     CgroupReport, CgroupVersion, DatasetSharing, LeftoverProcess, LeftoverSegment, Leftovers, MemoryPoint,
     MemoryReport, OomKill, OomSource, ProcessMemory, ProcessRole, ShmAt, ShmUsage,
+};
+pub use nodes::{
+    Calibration, FirstFailure, LostNode, NodeSection, NodesReport, Offset, RemoteFailureSeen, Snapshot,
 };
 pub use process::{
     ExitSource, ExternalRun, ExternalStyle, IdentifiedBy, KernelThread, LauncherEnd, PhaseSpan, ProcessDump,

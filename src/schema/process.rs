@@ -103,6 +103,10 @@ pub struct ProcessDump {
     pub rank: u32,
     /// `rank` (the rank's own process) or `child` (a process below it: a DataLoader worker, …).
     pub role: ProcessRole,
+    /// When it was read, for a dump taken at another moment than the hang or the teardown: `the
+    /// moment rank 3 on node 1 (node-b) was killed by SIGSEGV` (a multi-node run's snapshot).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub taken: Option<String>,
     /// `py-spy dump --native` output.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub py_spy: Option<String>,
@@ -113,11 +117,16 @@ pub struct ProcessDump {
 }
 
 impl ProcessDump {
-    /// How the report names it: `rank 0`, `rank 0, child process (DataLoader worker?)`.
+    /// How the report names it: `rank 0`, `rank 0, child process (DataLoader worker?)`, `rank 0,
+    /// the moment rank 3 on node 1 (node-b) was killed by SIGSEGV`.
     pub fn label(&self) -> String {
-        match self.role {
+        let who = match self.role {
             ProcessRole::Rank => format!("rank {}", self.rank),
             _ => format!("rank {}, child process (DataLoader worker?)", self.rank),
+        };
+        match &self.taken {
+            Some(moment) => format!("{who}, {moment}"),
+            None => who,
         }
     }
 }
@@ -130,6 +139,8 @@ struct DumpWire {
     #[serde(default)]
     rank: Option<u32>,
     role: String,
+    #[serde(default)]
+    taken: Option<String>,
     #[serde(default)]
     py_spy: Option<String>,
     #[serde(default)]
@@ -150,7 +161,9 @@ impl From<DumpWire> for ProcessDump {
             let digits = w.role.trim_start_matches("rank ").split(|c: char| !c.is_ascii_digit()).next();
             digits.and_then(|d| d.parse().ok()).unwrap_or(0)
         });
-        ProcessDump { pid: w.pid, rank, role, py_spy: w.py_spy, error: w.error, threads: w.threads }
+        let earlier = w.role.split_once(", the moment ").map(|(_, moment)| format!("the moment {moment}"));
+        let taken = w.taken.or(earlier);
+        ProcessDump { pid: w.pid, rank, role, taken, py_spy: w.py_spy, error: w.error, threads: w.threads }
     }
 }
 

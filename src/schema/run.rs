@@ -86,4 +86,7 @@ pub struct ScenarioResult {
     /// process may write to): teardown then finds them by process group and run id only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cgroup_unavailable: Option<String>,
+    /// A multi-node run: every node, its host, clock and own evidence (ranks above are global).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nodes: Option<super::NodesReport>,
 }

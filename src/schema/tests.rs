@@ -100,6 +100,15 @@ fn earlier_spellings_still_load() {
     let now = serde_json::to_value(&dump).unwrap();
     assert_eq!((&now["rank"], &now["role"]), (&Value::from(3), &Value::from("child")));
     assert_eq!(serde_json::from_value::<ProcessDump>(now).unwrap(), dump);
+    // A node's snapshot: the moment was part of the label, and is its own field now, which
+    // survives the trip from an agent to the coordinator.
+    let snap: ProcessDump = serde_json::from_str(
+        r#"{"pid": 8, "role": "rank 0, the moment rank 3 on node 1 (b) was killed by SIGSEGV", "threads": []}"#,
+    )
+    .unwrap();
+    assert_eq!(snap.taken.as_deref(), Some("the moment rank 3 on node 1 (b) was killed by SIGSEGV"));
+    assert_eq!(snap.label(), "rank 0, the moment rank 3 on node 1 (b) was killed by SIGSEGV");
+    assert_eq!(serde_json::from_value::<ProcessDump>(serde_json::to_value(&snap).unwrap()).unwrap(), snap);
     for source in [ExitSource::LauncherStatus0, ExitSource::NotIdentified, ExitSource::Unknown] {
         let text = serde_json::to_value(source).unwrap();
         assert_eq!(serde_json::from_value::<ExitSource>(text).unwrap(), source);

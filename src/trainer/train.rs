@@ -149,10 +149,28 @@ fn init_distributed(
     let store = Store::connect(&env.master_addr, env.master_port, env.rank == 0, world, timeout)?;
     let coll = match (backend, device) {
         (dist::Backend::Nccl, Device::Cuda(gpu)) => connect_nccl(&store, rank, world, gpu, timeout)?,
-        _ => connect_tcp(&store, rank, world, &env.master_addr, timeout)?,
+        _ => connect_tcp(&store, rank, world, &ring_host(&env.master_addr, env.master_port), timeout)?,
     };
     phase.end();
     Ok((store, coll))
+}
+
+/// The address this rank's ring listener binds and publishes: the one this host reaches
+/// `MASTER_ADDR` through (on another node than rank 0's, `MASTER_ADDR` is not ours to bind);
+/// `MASTER_ADDR` itself when it is a loopback address or the route cannot be found.
+fn ring_host(master_addr: &str, master_port: u16) -> String {
+    use std::net::{ToSocketAddrs, UdpSocket};
+    let Some(master) = (master_addr, master_port).to_socket_addrs().ok().and_then(|mut a| a.next()) else {
+        return master_addr.to_string();
+    };
+    if master.ip().is_loopback() {
+        return master_addr.to_string();
+    }
+    // Connecting a UDP socket sends nothing; it only picks the route and so the local address.
+    let any = if master.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" };
+    UdpSocket::bind(any)
+        .and_then(|s| s.connect(master).and_then(|()| s.local_addr()))
+        .map_or_else(|_| master_addr.to_string(), |a| a.ip().to_string())
 }
 
 /// Waits until every rank has reached the end of training (through the store, like torch's
@@ -515,4 +533,19 @@ fn save_checkpoint(
 /// `, bf16 autocast` when the scenario asks for it.
 fn amp_note(scenario: &Scenario) -> &'static str {
     if scenario.train.amp { ", bf16 autocast" } else { "" }
+}
+
+#[cfg(test)]
+mod ring_host_tests {
+    use super::ring_host;
+
+    #[test]
+    fn the_ring_binds_loopback_as_given_and_elsewhere_an_address_of_this_host() {
+        assert_eq!(ring_host("127.0.0.1", 29500), "127.0.0.1");
+        assert_eq!(ring_host("localhost", 29500), "localhost");
+        // A remote MASTER_ADDR: the local end of the route to it, which this host can bind (or
+        // the address itself when there is no route, as before).
+        let host = ring_host("192.0.2.1", 29500);
+        assert!(host == "192.0.2.1" || std::net::TcpListener::bind((host.as_str(), 0)).is_ok(), "{host}");
+    }
 }

@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+pub mod slurm;
+
 /// The binary under test.
 /// The binary under test: the one cargo built, or `UPS_DOCTOR_BIN` when test binaries run on
 /// another machine than the one that built them (`scripts/gpu-check.sh`).

@@ -221,6 +221,7 @@ fn hung_with_stack(rank: u32, frames: &str) -> RankResult {
         pid: 1000 + rank,
         rank,
         role: ProcessRole::Rank,
+        taken: None,
         py_spy: Some(format!(
             "Process {}: python t.py\n\nThread 1 (idle): \"MainThread\"\n{frames}",
             1000 + rank

@@ -1,0 +1,694 @@
+//! One result from every node's: ranks renumbered globally (`node × ranks per node + local
+//! rank`), every time placed on node 0's timeline through each node's clock calibration, judged
+//! once over all ranks, and each node's own evidence kept in its section. Pure: no IO.
+
+use crate::diagnose::evidence::{Evidence, failure_time};
+use crate::diagnose::{Observed, catalog, judge};
+use crate::harness::check_expectation;
+use crate::scenario::{OutcomeKind, Scenario};
+use crate::schema::{Leftovers, MemoryReport, OomKill, RankResult, ScenarioResult};
+
+use super::clock::Calibration;
+use super::{FirstFailure, LostNode, NodeRun, NodeSection, NodesReport, RemoteFailureSeen, Snapshot};
+
+/// What the coordinator has of one node at the end.
+#[derive(Debug, Clone)]
+pub enum NodeOutcome {
+    /// Its agent sent its result.
+    Reported(Box<NodeRun>),
+    /// Its agent went away first.
+    Lost { node: u32, host: String, agent_pid: Option<u32>, calibration: Option<Calibration>, lost: LostNode },
+}
+
+impl NodeOutcome {
+    fn node(&self) -> u32 {
+        match self {
+            NodeOutcome::Reported(r) => r.node,
+            NodeOutcome::Lost { node, .. } => *node,
+        }
+    }
+}
+
+/// Everything the merge needs.
+pub struct MergeInput<'a> {
+    /// The scenario as the user wrote it (its `world_size` is the whole world).
+    pub scenario: &'a Scenario,
+    pub file: String,
+    pub overrides: Vec<String>,
+    pub coordinator: String,
+    pub ranks_per_node: u32,
+    /// Every node; node 0 (the coordinator's own) must be reported.
+    pub nodes: Vec<NodeOutcome>,
+}
+
+/// A time on a node's clock (seconds since its start) moved onto the run's timeline.
+struct Placement {
+    shift_s: f64,
+    uncertainty_ms: f64,
+}
+
+impl Placement {
+    fn of(run: &NodeRun, base_ns: i64) -> Placement {
+        let start = run.calibration.to_coordinator_ns(run.started_ns);
+        Placement {
+            shift_s: (start - base_ns) as f64 / 1e9,
+            uncertainty_ms: run.calibration.uncertainty_ms(),
+        }
+    }
+
+    fn at(&self, t: Option<f64>) -> Option<f64> {
+        t.map(|t| t + self.shift_s)
+    }
+
+    fn ns(&self, run: &NodeRun, base_ns: i64, agent_ns: i64) -> f64 {
+        (run.calibration.to_coordinator_ns(agent_ns) - base_ns) as f64 / 1e9
+    }
+}
+
+/// Merges the nodes' results into one scenario result with its [`NodesReport`].
+pub fn merge(input: MergeInput) -> ScenarioResult {
+    let mut nodes = input.nodes;
+    nodes.sort_by_key(NodeOutcome::node);
+    let base = nodes
+        .iter()
+        .find_map(|n| match n {
+            NodeOutcome::Reported(r) if r.node == 0 => Some(r.clone()),
+            _ => None,
+        })
+        .expect("node 0 is the coordinator and always reports");
+    let base_ns = base.started_ns;
+    let lw = input.ranks_per_node;
+
+    let mut ranks: Vec<RankResult> = Vec::new();
+    let mut uncertainty: Vec<(u32, f64)> = Vec::new();
+    let mut oom_kills: Vec<OomKill> = Vec::new();
+    let mut leftovers = Leftovers::default();
+    let mut sections = Vec::new();
+    let mut wall_s: f64 = 0.0;
+    let mut interrupted = false;
+    for n in &nodes {
+        match n {
+            NodeOutcome::Reported(run) => {
+                let p = Placement::of(run, base_ns);
+                uncertainty.push((run.node, p.uncertainty_ms));
+                let r = &run.result;
+                interrupted |= r.interrupted;
+                wall_s = wall_s.max(p.shift_s + r.wall_s);
+                for rank in &r.ranks {
+                    let mut g = rank.clone();
+                    g.rank = run.node * lw + rank.rank;
+                    g.collateral = false;
+                    g.ended_at_s = p.at(g.ended_at_s);
+                    g.last_marker_at_s = p.at(g.last_marker_at_s);
+                    g.last_output_at_s = p.at(g.last_output_at_s);
+                    for span in &mut g.timeline {
+                        span.start_s += p.shift_s;
+                        span.end_s = p.at(span.end_s);
+                    }
+                    g.dumps.extend(
+                        run.snapshots.iter().filter(|(l, _)| *l == rank.rank).map(|(_, d)| d.clone()),
+                    );
+                    if run.node != 0 {
+                        g.stdout_log = format!("{}:{}/{}", run.host, run.out_dir, rank.stdout_log);
+                        g.stderr_log = format!("{}:{}/{}", run.host, run.out_dir, rank.stderr_log);
+                    }
+                    ranks.push(g);
+                }
+                for k in &r.oom_kills {
+                    oom_kills.push(OomKill {
+                        rank: k.rank.map(|l| run.node * lw + l),
+                        at_s: p.at(k.at_s),
+                        ..k.clone()
+                    });
+                }
+                leftovers.shm.extend(r.leftovers.shm.iter().cloned());
+                leftovers.processes.extend(r.leftovers.processes.iter().cloned().map(|mut lp| {
+                    lp.rank = lp.rank.map(|l| run.node * lw + l);
+                    lp
+                }));
+                sections.push(NodeSection {
+                    node: run.node,
+                    host: run.host.clone(),
+                    ranks: (0..run.local_world).map(|l| run.node * lw + l).collect(),
+                    agent_pid: Some(run.agent_pid),
+                    clock: (run.node != 0).then_some(run.calibration),
+                    started_at_s: Some(p.shift_s),
+                    lost: None,
+                    remote_failure: run.remote_failure.as_ref().map(|f| RemoteFailureSeen {
+                        what: f.what.clone(),
+                        known_at_s: p.ns(run, base_ns, f.known_ns),
+                        stacks_requested: f.stacks_requested.iter().map(|l| run.node * lw + l).collect(),
+                        // SIGTERM went out only if some rank was still there to receive it.
+                        torn_down_at_s: f
+                            .torn_down_ns
+                            .filter(|_| r.ranks.iter().any(|x| x.torn_down_with.is_some()))
+                            .map(|t| p.ns(run, base_ns, t)),
+                        // Answered means stacks arrived, not merely that nobody was left to ask.
+                        stacks_answered: !f.stacks_requested.is_empty()
+                            && f.stacks_requested
+                                .iter()
+                                .all(|l| r.ranks.iter().any(|x| x.rank == *l && !x.stacks.is_empty())),
+                    }),
+                    snapshot: run.snapshot_ns.map(|t| Snapshot {
+                        at_s: p.ns(run, base_ns, t),
+                        ranks: run.snapshots.iter().map(|(l, _)| run.node * lw + l).collect(),
+                    }),
+                    own_headline: Some(r.verdict.headline.clone()),
+                    wall_s: Some(r.wall_s),
+                    out_dir: Some(run.out_dir.clone()),
+                    memory: r.memory.clone().map(|m| global_memory(m, run.node * lw)),
+                    leftovers: r.leftovers.clone(),
+                    gpu: r.gpu.clone(),
+                });
+            }
+            NodeOutcome::Lost { node, host, agent_pid, calibration, lost } => {
+                sections.push(NodeSection {
+                    node: *node,
+                    host: host.clone(),
+                    ranks: (0..lw).map(|l| node * lw + l).collect(),
+                    agent_pid: *agent_pid,
+                    clock: *calibration,
+                    started_at_s: None,
+                    lost: Some(lost.clone()),
+                    remote_failure: None,
+                    snapshot: None,
+                    own_headline: None,
+                    wall_s: None,
+                    out_dir: None,
+                    memory: None,
+                    leftovers: Leftovers::default(),
+                    gpu: None,
+                });
+            }
+        }
+    }
+    ranks.sort_by_key(|r| r.rank);
+
+    let scenario = input.scenario;
+    let launcher = base.result.external.as_ref().and_then(|e| e.launcher.as_ref());
+    let observed = Observed {
+        scenario,
+        ranks: &ranks,
+        wall_s,
+        memory: None,
+        leftovers: &leftovers,
+        oom_kills: &oom_kills,
+        cgroup: None,
+        launcher,
+    };
+    let crate::diagnose::Judgement { mut outcome, mut first_failure, mut verdict } = judge(&observed);
+    let node_of = |rank: u32| rank / lw.max(1);
+    let host_of =
+        |node: u32| sections.iter().find(|s| s.node == node).map_or_else(String::new, |s| s.host.clone());
+    let u_of = |node: u32| uncertainty.iter().find(|(n, _)| *n == node).map_or(0.0, |(_, u)| *u);
+
+    // Deaths on different nodes closer than the clocks can tell apart: say so, and decide by
+    // causal evidence (a rank that lost its peer, or that we tore down, followed another).
+    let ev = Evidence::gather(&observed);
+    let cause_rank = |r: &RankResult| -> u8 {
+        let e = ev.rank(r.rank);
+        if r.torn_down_with.is_some() {
+            2
+        } else if e.is_some_and(catalog::lost_its_peer) {
+            1
+        } else {
+            0
+        }
+    };
+    let mut order_note = None;
+    if let Some(f) = first_failure.and_then(|f| ranks.iter().find(|r| r.rank == f)) {
+        let fnode = node_of(f.rank);
+        let tf = failure_time(f);
+        let rivals: Vec<&RankResult> = ranks
+            .iter()
+            .filter(|r| r.outcome != OutcomeKind::Passed && node_of(r.rank) != fnode)
+            .filter(|r| (failure_time(r) - tf).abs() * 1e3 <= u_of(fnode) + u_of(node_of(r.rank)))
+            .collect();
+        if let Some(rival) = rivals.iter().min_by(|a, b| failure_time(a).total_cmp(&failure_time(b))) {
+            let within = u_of(fnode) + u_of(node_of(rival.rank));
+            let mut candidates = vec![f, *rival];
+            candidates.sort_by(|a, b| {
+                cause_rank(a).cmp(&cause_rank(b)).then(failure_time(a).total_cmp(&failure_time(b)))
+            });
+            let chosen = candidates[0];
+            let other = candidates[1];
+            let decided = if cause_rank(chosen) < cause_rank(other) {
+                format!(
+                    "rank {} {}: rank {} is the first failure by causal evidence",
+                    other.rank,
+                    if cause_rank(other) == 2 { "was torn down by ups-doctor" } else { "lost its peer" },
+                    chosen.rank
+                )
+            } else {
+                format!(
+                    "no causal evidence tells them apart: rank {} is named by its timestamp only",
+                    chosen.rank
+                )
+            };
+            let note = format!(
+                "rank {} on {} and rank {} on {} died within ±{} of each other: order not determined; {decided}",
+                f.rank,
+                host_of(fnode),
+                rival.rank,
+                host_of(node_of(rival.rank)),
+                ms(within),
+            );
+            if chosen.rank != f.rank {
+                let again = judge(&Observed { ranks: &reordered(&ranks, chosen.rank), ..observed });
+                outcome = again.outcome;
+                verdict = again.verdict;
+                first_failure = Some(chosen.rank);
+            }
+            verdict.evidence.insert(0, capitalise(&note));
+            order_note = Some(note);
+        }
+    }
+
+    // A lost node's ranks were not observed: the run is not a hang of everything.
+    for s in sections.iter().filter(|s| s.lost.is_some()) {
+        let lost = s.lost.as_ref().expect("filtered");
+        let line = format!(
+            "Node {} ({}) lost at {:.1} s ({}): its ranks {} were not observed to their end",
+            s.node,
+            s.host,
+            lost.at_s,
+            lost.how,
+            ranks_text(&s.ranks)
+        );
+        verdict.evidence.insert(0, line.clone());
+        if first_failure
+            .is_none_or(|f| ranks.iter().find(|r| r.rank == f).is_some_and(|r| r.torn_down_with.is_some()))
+        {
+            verdict.headline = format!("{line}; the other nodes' ranks were torn down after it");
+        }
+    }
+
+    for r in &mut ranks {
+        r.collateral = first_failure.is_some_and(|f| f != r.rank) && r.outcome != OutcomeKind::Passed;
+    }
+    let failed = first_failure.and_then(|f| ranks.iter().find(|r| r.rank == f));
+    let mut mismatches = check_expectation(&scenario.expect, outcome, failed);
+    let lost_any = sections.iter().any(|s| s.lost.is_some());
+    if lost_any {
+        mismatches.push(format!(
+            "node{} lost: its ranks were not observed",
+            sections.iter().filter(|s| s.lost.is_some()).map(|s| format!(" {}", s.node)).collect::<String>()
+        ));
+    }
+    if interrupted {
+        mismatches.clear();
+    }
+    let first = failed.map(|f| {
+        let node = node_of(f.rank);
+        FirstFailure {
+            node,
+            host: host_of(node),
+            rank: f.rank,
+            local_rank: f.rank % lw.max(1),
+            at_s: Some(failure_time(f)).filter(|t| t.is_finite()),
+            uncertainty_ms: u_of(node),
+        }
+    });
+    if let Some(f) = &first {
+        verdict.evidence.insert(
+            0,
+            format!("First failure across nodes: node {}, rank {} (host {})", f.node, f.rank, f.host),
+        );
+    }
+    let b = &base.result;
+    ScenarioResult {
+        name: b.name.clone(),
+        file: input.file,
+        overrides: input.overrides,
+        scenario: scenario.clone(),
+        outcome,
+        met_expectation: mismatches.is_empty() && !interrupted,
+        interrupted,
+        expectation_mismatches: mismatches,
+        verdict,
+        first_failure,
+        wall_s,
+        steps_per_s: b.steps_per_s,
+        samples_per_s: None,
+        memory: None,
+        leftovers,
+        gpu: None,
+        external: b.external.clone(),
+        cgroup: None,
+        oom_kills,
+        cgroup_unavailable: None,
+        nodes: Some(NodesReport {
+            nodes: sections.len() as u32,
+            ranks_per_node: lw,
+            coordinator: input.coordinator,
+            first_failure: first,
+            order_note,
+            per_node: sections,
+        }),
+        ranks,
+    }
+}
+
+/// A node's memory report with global rank numbers (its series indexed by global rank).
+fn global_memory(mut m: MemoryReport, offset: u32) -> MemoryReport {
+    m.processes.iter_mut().for_each(|p| p.rank += offset);
+    m.shm.at_rank_end.iter_mut().for_each(|a| a.rank += offset);
+    m.datasets.iter_mut().for_each(|d| d.rank += offset);
+    for point in &mut m.series {
+        point.pss_bytes.splice(0..0, std::iter::repeat_n(0, offset as usize));
+    }
+    m
+}
+
+/// The ranks with `first` made the earliest to fail (the judge orders by time).
+fn reordered(ranks: &[RankResult], first: u32) -> Vec<RankResult> {
+    let earliest = ranks.iter().map(failure_time).fold(f64::INFINITY, f64::min);
+    ranks
+        .iter()
+        .map(|r| {
+            let mut r = r.clone();
+            if r.rank == first {
+                r.ended_at_s = Some(earliest - 1e-6);
+            }
+            r
+        })
+        .collect()
+}
+
+/// Milliseconds as the report writes them: `12 ms`, `2.0 ms`, `0.012 ms`.
+pub fn ms(v: f64) -> String {
+    if v >= 10.0 {
+        format!("{v:.0} ms")
+    } else if v >= 0.1 {
+        format!("{v:.1} ms")
+    } else {
+        format!("{v:.3} ms")
+    }
+}
+
+fn capitalise(s: &str) -> String {
+    let mut c = s.chars();
+    c.next().map(|f| f.to_uppercase().collect::<String>() + c.as_str()).unwrap_or_default()
+}
+
+/// `2–3`, or `2, 5` when not consecutive.
+pub fn ranks_text(ranks: &[u32]) -> String {
+    match ranks {
+        [] => "none".into(),
+        [one] => one.to_string(),
+        [a, .., b] if (*b - *a) as usize + 1 == ranks.len() => format!("{a}–{b}"),
+        _ => ranks.iter().map(u32::to_string).collect::<Vec<_>>().join(", "),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nodes::clock::{Calibration, Offset};
+    use crate::report::fixtures;
+    use crate::scenario::Expect;
+
+    const MS: i64 = 1_000_000;
+    /// Node 0's start on its own clock (ns since the epoch): any moment will do.
+    const BASE: i64 = 1_800_000_000_000 * MS;
+
+    fn scenario(world: u32) -> Scenario {
+        let mut s = fixtures::passing().scenario;
+        s.name = "ddp-2x2".into();
+        s.launch.world_size = world;
+        s.expect = Expect { outcome: OutcomeKind::Signaled, rank: Some(3), ..Expect::default() };
+        s
+    }
+
+    fn died(local: u32, at_s: f64, signal: Option<&str>, error: Option<&str>) -> RankResult {
+        let mut r = fixtures::rank(local, 3);
+        r.outcome = if signal.is_some() { OutcomeKind::Signaled } else { OutcomeKind::Exited };
+        r.signal = signal.and_then(crate::schema::Signal::parse);
+        r.exit_code = if signal.is_some() { None } else { Some(1) };
+        r.error = error.map(Into::into);
+        r.ended_at_s = Some(at_s);
+        r.last_marker_at_s = Some(at_s - 0.01);
+        r
+    }
+
+    const LOST_PEER: &str = "Connection closed by peer [127.0.0.1]:4000 (rank 0 receiving from rank 3 in all_reduce_sum, collective #53)";
+
+    /// A node's report: its ranks (local numbers, local times) with its clock: `skew_ms` ahead of
+    /// node 0's, known to ± `u_ms`, and started `late_ms` after node 0 (true time).
+    fn node(
+        node: u32,
+        host: &str,
+        ranks: Vec<RankResult>,
+        skew_ms: f64,
+        u_ms: f64,
+        late_ms: i64,
+    ) -> NodeOutcome {
+        let offset = Offset { offset_ms: -skew_ms, uncertainty_ms: u_ms, at_ns: BASE, samples: 16 };
+        let mut result = fixtures::passing();
+        result.ranks = ranks;
+        NodeOutcome::Reported(Box::new(NodeRun {
+            node,
+            host: host.into(),
+            agent_pid: 100 + node,
+            local_world: 2,
+            started_ns: BASE + late_ms * MS + (skew_ms * 1e6) as i64,
+            calibration: if node == 0 {
+                Calibration::identity(BASE)
+            } else {
+                Calibration { start: offset, end: Some(offset) }
+            },
+            remote_failure: None,
+            snapshots: Vec::new(),
+            snapshot_ns: None,
+            out_dir: format!("/tmp/{host}"),
+            result,
+        }))
+    }
+
+    fn merged(nodes: Vec<NodeOutcome>) -> ScenarioResult {
+        merge(MergeInput {
+            scenario: &scenario(4),
+            file: "ddp-2x2.json".into(),
+            overrides: Vec::new(),
+            coordinator: "127.0.0.1:29411".into(),
+            ranks_per_node: 2,
+            nodes,
+        })
+    }
+
+    #[test]
+    fn ranks_are_numbered_globally_and_placed_on_node_0s_timeline_through_the_calibration() {
+        // Node 1's clock is 5 s ahead: uncalibrated, its rank 3 would seem to die 5 s after the
+        // ranks it took down. Calibrated, it died first, at 2.000 s.
+        let s = merged(vec![
+            node(
+                0,
+                "node-a",
+                vec![died(0, 2.100, None, Some(LOST_PEER)), died(1, 2.150, None, Some(LOST_PEER))],
+                0.0,
+                0.0,
+                0,
+            ),
+            node(
+                1,
+                "node-b",
+                vec![died(0, 2.090, None, Some(LOST_PEER)), died(1, 1.990, Some("SIGSEGV"), None)],
+                5000.0,
+                0.05,
+                10,
+            ),
+        ]);
+        assert_eq!(s.ranks.iter().map(|r| r.rank).collect::<Vec<_>>(), [0, 1, 2, 3]);
+        assert_eq!(s.first_failure, Some(3));
+        assert!((s.ranks[3].ended_at_s.unwrap() - 2.000).abs() < 1e-6, "{:?}", s.ranks[3].ended_at_s);
+        assert!(s.ranks[..3].iter().all(|r| r.collateral));
+        let n = s.nodes.as_ref().unwrap();
+        let f = n.first_failure.as_ref().unwrap();
+        assert_eq!(
+            (f.node, f.host.as_str(), f.rank, f.local_rank, f.uncertainty_ms),
+            (1, "node-b", 3, 1, 0.05)
+        );
+        assert_eq!(n.order_note, None, "100 ms apart: the clocks can tell");
+        assert_eq!(n.per_node[1].ranks, [2, 3]);
+        assert_eq!(s.ranks[2].stdout_log, "node-b:/tmp/node-b/logs/rank0.stdout");
+        assert!(s.met_expectation, "{:?}", s.expectation_mismatches);
+        assert_eq!(s.verdict.evidence[0], "First failure across nodes: node 1, rank 3 (host node-b)");
+        // The memory of node 1 speaks of global ranks.
+        let m = n.per_node[1].memory.as_ref().unwrap();
+        assert_eq!(m.processes[0].rank, 2);
+        assert_eq!(m.series[0].pss_bytes.len(), 3, "indexed by global rank: two zeros for node 0's ranks");
+    }
+
+    #[test]
+    fn deaths_closer_than_the_clocks_can_tell_say_so_and_causal_evidence_decides() {
+        // Rank 0 on node-a lost its peer 1 ms *before* rank 3 on node-b crashed, by the clocks,
+        // but node-b's clock is known to ± 2 ms only: the crash is the cause.
+        let s = merged(vec![
+            node(
+                0,
+                "node-a",
+                vec![died(0, 2.000, None, Some(LOST_PEER)), died(1, 2.300, None, Some(LOST_PEER))],
+                0.0,
+                0.0,
+                0,
+            ),
+            node(
+                1,
+                "node-b",
+                vec![died(0, 2.200, None, Some(LOST_PEER)), died(1, 2.001, Some("SIGSEGV"), None)],
+                0.0,
+                2.0,
+                0,
+            ),
+        ]);
+        assert_eq!(s.first_failure, Some(3));
+        let note = s.nodes.as_ref().unwrap().order_note.clone().unwrap();
+        assert_eq!(
+            note,
+            "rank 3 on node-b and rank 0 on node-a died within ±2.0 ms of each other: order not determined; rank 0 lost its peer: rank 3 is the first failure by causal evidence"
+        );
+        assert!(
+            s.verdict
+                .evidence
+                .iter()
+                .any(|e| e.starts_with("Rank 3 on node-b and rank 0 on node-a died within ±2.0 ms"))
+        );
+    }
+
+    #[test]
+    fn two_crashes_within_the_uncertainty_are_named_by_timestamp_only_and_said_to_be() {
+        let s = merged(vec![
+            node(
+                0,
+                "node-a",
+                vec![died(0, 2.0000, Some("SIGSEGV"), None), died(1, 2.300, None, Some(LOST_PEER))],
+                0.0,
+                0.0,
+                0,
+            ),
+            node(
+                1,
+                "node-b",
+                vec![died(0, 2.200, None, Some(LOST_PEER)), died(1, 2.0015, Some("SIGABRT"), None)],
+                0.0,
+                2.0,
+                0,
+            ),
+        ]);
+        assert_eq!(s.first_failure, Some(0));
+        let note = s.nodes.as_ref().unwrap().order_note.clone().unwrap();
+        assert!(note.starts_with("rank 0 on node-a and rank 3 on node-b died within ±2.0 ms of each other: order not determined"), "{note}");
+        assert!(
+            note.ends_with("no causal evidence tells them apart: rank 0 is named by its timestamp only"),
+            "{note}"
+        );
+        // 1.5 ms apart with clocks known to ± 0.5 ms: the order is known.
+        let s = merged(vec![
+            node(
+                0,
+                "node-a",
+                vec![died(0, 2.0000, Some("SIGSEGV"), None), died(1, 2.300, None, Some(LOST_PEER))],
+                0.0,
+                0.0,
+                0,
+            ),
+            node(
+                1,
+                "node-b",
+                vec![died(0, 2.200, None, Some(LOST_PEER)), died(1, 2.0015, Some("SIGABRT"), None)],
+                0.0,
+                0.5,
+                0,
+            ),
+        ]);
+        assert_eq!(s.nodes.as_ref().unwrap().order_note, None);
+    }
+
+    #[test]
+    fn a_lost_node_is_not_a_hang_of_everything() {
+        let torn = |local: u32| {
+            let mut r = died(local, 9.5, Some("SIGTERM"), None);
+            r.torn_down_with = Some(crate::schema::Signal::TERM);
+            r
+        };
+        let s = merged(vec![
+            node(0, "node-a", vec![torn(0), torn(1)], 0.0, 0.0, 0),
+            NodeOutcome::Lost {
+                node: 1,
+                host: "node-b".into(),
+                agent_pid: Some(101),
+                calibration: None,
+                lost: LostNode {
+                    at_s: 8.25,
+                    how: "its connection closed".into(),
+                    last_steps: vec![(2, 40), (3, 41)],
+                },
+            },
+        ]);
+        assert_eq!(s.ranks.len(), 2);
+        assert_eq!(
+            s.verdict.headline,
+            "Node 1 (node-b) lost at 8.2 s (its connection closed): its ranks 2–3 were not observed to their end; the other nodes' ranks were torn down after it"
+        );
+        assert!(!s.met_expectation);
+        assert!(s.expectation_mismatches.iter().any(|m| m == "node 1 lost: its ranks were not observed"));
+        assert_eq!(
+            s.nodes.as_ref().unwrap().per_node[1].lost.as_ref().unwrap().last_steps,
+            [(2, 40), (3, 41)]
+        );
+    }
+
+    /// The report of a 2 × 2 run whose rank 3 crashed on node-b: the Nodes section, the node
+    /// column of the rank table, the snapshot node-a took and each node's own evidence.
+    #[test]
+    fn the_report_of_a_crash_on_node_b() {
+        let mut a = node(
+            0,
+            "node-a",
+            vec![died(0, 2.100, None, Some(LOST_PEER)), died(1, 2.150, None, Some(LOST_PEER))],
+            0.0,
+            0.0,
+            0,
+        );
+        if let NodeOutcome::Reported(run) = &mut a {
+            run.remote_failure = Some(crate::nodes::RemoteFailureLocal {
+                what: "rank 3 on node 1 (node-b) was killed by SIGSEGV".into(),
+                known_ns: BASE + 2_007 * MS,
+                stacks_requested: vec![0, 1],
+                torn_down_ns: None,
+                stacks_answered: false,
+            });
+            run.snapshot_ns = Some(BASE + 2_007 * MS);
+            let threads = vec![crate::schema::KernelThread {
+                tid: 41000,
+                name: "ups-doctor".into(),
+                wchan: Some("sk_wait_data".into()),
+                syscall: Some("45 (recvfrom)".into()),
+            }];
+            run.snapshots = vec![(
+                0,
+                crate::schema::ProcessDump {
+                    pid: 41000,
+                    rank: 0,
+                    role: crate::schema::ProcessRole::Rank,
+                    taken: Some("the moment rank 3 on node 1 (node-b) was killed by SIGSEGV".into()),
+                    py_spy: None,
+                    error: None,
+                    threads,
+                },
+            )];
+        }
+        let s = merged(vec![
+            a,
+            node(
+                1,
+                "node-b",
+                vec![died(0, 2.090, None, Some(LOST_PEER)), died(1, 1.990, Some("SIGSEGV"), None)],
+                5000.0,
+                0.05,
+                10,
+            ),
+        ]);
+        insta::assert_snapshot!(crate::report::render_markdown(&fixtures::run(vec![s])));
+    }
+}
