@@ -490,10 +490,10 @@ fn the_import_reader_sees_every_form_and_finds_circles() {
     assert!(!to("report/memory.rs").contains("schema/mod.rs"), "{:?}", to("report/memory.rs"));
     // `use super::state::RankState`.
     assert!(to("harness/gpu.rs").contains("harness/state.rs"), "{:?}", to("harness/gpu.rs"));
-    // A path written in code: `crate::scenario::parse_size(…)` in harness/mod.rs, and a child
-    // path: `supervise::supervise(…)`.
-    assert!(to("harness/mod.rs").contains("scenario/size.rs"), "{:?}", to("harness/mod.rs"));
-    assert!(to("harness/mod.rs").contains("harness/supervise.rs"), "{:?}", to("harness/mod.rs"));
+    // A path written in code: `crate::scenario::parse_size(…)` in harness/plan.rs, and a child
+    // path through a child folder: `run::supervise::supervise(…)` in harness/mod.rs.
+    assert!(to("harness/plan.rs").contains("scenario/size.rs"), "{:?}", to("harness/plan.rs"));
+    assert!(to("harness/mod.rs").contains("harness/run/supervise.rs"), "{:?}", to("harness/mod.rs"));
     // Tests are not imports: harness/gpu.rs's tests read a fixture through `crate::harness::state`
     // only in `#[cfg(test)]`, and the schema's tests read report fixtures.
     assert!(!to("schema/mod.rs").iter().any(|f| f.starts_with("report/")), "{:?}", to("schema/mod.rs"));
