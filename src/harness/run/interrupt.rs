@@ -1,10 +1,11 @@
 //! Wakes a sleeping run loop when the user interrupts. `main`'s signal handler records the
 //! interrupt in an atomic and calls [`notify`], which writes one byte into a pipe (the only
 //! async-signal-safe way to wake a thread); a thread forwards it to the run loop of the moment
-//! as [`Event::Interrupt`]. Without it a loop asleep until a distant deadline would not notice.
+//! as [`Event::Interrupt`], and to every other one that runs at the time (`bisect` runs several
+//! scenarios at once, on threads of its own). Without it a loop asleep until a distant deadline would not notice.
 
 use std::os::fd::{BorrowedFd, IntoRawFd};
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use nix::fcntl::OFlag;
@@ -13,8 +14,9 @@ use crate::harness::process::{Event, Sink};
 
 /// The pipe's write end; -1 until [`listen`] first ran.
 static WRITE_FD: AtomicI32 = AtomicI32::new(-1);
-/// The run loop to wake, while one runs.
-static CURRENT: Mutex<Option<Sink>> = Mutex::new(None);
+/// The run loops to wake, while they run, each under the number of its registration.
+static CURRENT: Mutex<Vec<(u64, Sink)>> = Mutex::new(Vec::new());
+static NEXT: AtomicU64 = AtomicU64::new(0);
 static STARTED: OnceLock<()> = OnceLock::new();
 
 /// Async-signal-safe: wakes the run loop (if any) to look at the interrupt flag.
@@ -37,7 +39,9 @@ pub fn listen(sink: Sink) -> Registration {
         let forward = move || {
             let mut byte = [0u8; 16];
             while nix::unistd::read(&read, &mut byte).is_ok_and(|n| n > 0) {
-                if let Some(sink) = CURRENT.lock().ok().and_then(|c| c.clone()) {
+                let sinks: Vec<Sink> =
+                    CURRENT.lock().map(|c| c.iter().map(|(_, s)| s.clone()).collect()).unwrap_or_default();
+                for sink in sinks {
                     sink.send(Event::Interrupt);
                 }
             }
@@ -47,19 +51,44 @@ pub fn listen(sink: Sink) -> Registration {
             WRITE_FD.store(write.into_raw_fd(), Ordering::SeqCst);
         }
     });
+    let id = NEXT.fetch_add(1, Ordering::Relaxed);
     if let Ok(mut current) = CURRENT.lock() {
-        *current = Some(sink);
+        current.push((id, sink));
     }
-    Registration
+    Registration(id)
 }
 
 /// While held, interrupts wake the run loop it was made for.
-pub struct Registration;
+pub struct Registration(u64);
 
 impl Drop for Registration {
     fn drop(&mut self) {
         if let Ok(mut current) = CURRENT.lock() {
-            *current = None;
+            current.retain(|(id, _)| *id != self.0);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn an_interrupt_wakes_every_run_loop_registered_and_none_after_it_ended() {
+        let (first, first_queue, first_wakes) = Sink::new();
+        let (second, second_queue, second_wakes) = Sink::new();
+        let a = listen(first);
+        let b = listen(second);
+        notify();
+        let wait = Duration::from_secs(30);
+        assert!(first_wakes.recv_timeout(wait).is_ok() && second_wakes.recv_timeout(wait).is_ok());
+        assert!(matches!(first_queue.try_recv(), Ok(Event::Interrupt)));
+        assert!(matches!(second_queue.try_recv(), Ok(Event::Interrupt)));
+        drop(a);
+        notify();
+        assert!(second_wakes.recv_timeout(wait).is_ok());
+        assert!(first_wakes.try_recv().is_err(), "the first loop has ended");
+        drop(b);
     }
 }
