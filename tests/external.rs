@@ -248,10 +248,24 @@ fn a_program_not_on_path_fails_to_launch_with_the_fix() {
         "missing",
         r#"{"command": ["ups-doctor-no-such-python", "train.py"], "expect": {"outcome": "launch_failed"}}"#,
     );
-    let run = run(&sb, &[&file]);
+    // A launcher that is not there: its ranks never started, and that is said first (not that
+    // no rank process was identified below a launcher that never ran).
+    let launcher = sb.scenario(
+        "missing-launcher",
+        r#"{"command": ["ups-doctor-no-such-launcher", "train.py"], "launch": {"world_size": 2, "style": "launcher"},
+            "expect": {"outcome": "launch_failed"}}"#,
+    );
+    let run = run(&sb, &[&file, &launcher]);
     assert_eq!(run.code(), 0, "stderr:\n{}", run.stderr());
-    let error = run.rank(0)["error"].as_str().unwrap().to_string();
+    let error = scenarios(&run)[0]["ranks"][0]["error"].as_str().unwrap().to_string();
     assert!(error.contains("not found on `PATH`"), "{error}");
+    for r in scenarios(&run)[1]["ranks"].as_array().unwrap() {
+        let error = r["error"].as_str().unwrap_or_default();
+        assert!(
+            error.starts_with("failed to start `ups-doctor-no-such-launcher`: not found on `PATH`"),
+            "{r}"
+        );
+    }
 }
 
 #[test]

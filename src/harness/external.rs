@@ -279,12 +279,15 @@ pub struct Known {
 
 /// The rank number a process's starting environment gives, and the variable that gave it.
 /// `LOCAL_RANK` counts only on node 0 (`NODE_RANK` unset or 0): elsewhere it is not the rank.
+/// The environment is read once: a launcher's child read between its fork and its exec shows the
+/// launcher's environment, and reading `RANK` then and `LOCAL_RANK` after the exec named a
+/// DeepSpeed rank by `LOCAL_RANK` (seen in the full suite under load).
 fn env_rank(pid: u32) -> Option<(u32, IdentifiedBy)> {
+    let env = memory::environ(pid)?;
+    let var = |key: &str| env.get(std::ffi::OsStr::new(key)).map(|v| v.to_string_lossy().into_owned());
     IdentifiedBy::VARIABLES.into_iter().find_map(|by| {
-        let value: u32 = memory::environ_var(pid, by.variable()?)?.parse().ok()?;
-        if by == IdentifiedBy::LocalRank
-            && memory::environ_var(pid, "NODE_RANK").is_some_and(|n| n.trim() != "0")
-        {
+        let value: u32 = var(by.variable()?)?.trim().parse().ok()?;
+        if by == IdentifiedBy::LocalRank && var("NODE_RANK").is_some_and(|n| n.trim() != "0") {
             return None;
         }
         Some((value, by))

@@ -212,6 +212,7 @@ pub fn spawn_rank(spec: &RankSpec, events: Sink) -> io::Result<RankProcess> {
     let events_for_output = events.clone();
     let events_for_exit = events.clone();
     std::thread::Builder::new().name(format!("exit-{rank}")).spawn(move || {
+        // SAFETY: `siginfo_t` is a plain C struct for which all-zero bytes are a valid value.
         let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
         loop {
             // SAFETY: valid out-pointer; WNOWAIT leaves the child for `reap` (and its group id
@@ -430,6 +431,7 @@ impl RankProcess {
     /// Whether the rank has exited, without reaping it: the zombie keeps its process-group id
     /// reserved, so [`RankProcess::kill_group`] after this can never hit a recycled group.
     pub fn peek_exit(&self) -> Option<Exit> {
+        // SAFETY: `siginfo_t` is a plain C struct for which all-zero bytes are a valid value.
         let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
         // SAFETY: valid out-pointer; WNOWAIT leaves the child waitable.
         let rc = unsafe {

@@ -144,6 +144,12 @@ pub fn environ_var(pid: u32, key: &str) -> Option<String> {
     ProcHandle::open(pid)?.environ_var(key)
 }
 
+/// `/proc/<pid>/environ` in one read, for questions about several variables: separate reads of a
+/// child between its fork and its exec could see its parent's environment first and its own after.
+pub fn environ(pid: u32) -> Option<std::collections::HashMap<std::ffi::OsString, std::ffi::OsString>> {
+    process(pid)?.environ().ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -42,9 +42,9 @@ fn every_key_of_result_json_is_documented() {
     let doc = std::fs::read_to_string(root.join("docs/result-json.md")).unwrap();
     let named = documented(&doc);
     let mut seen = BTreeSet::new();
-    // The committed examples (real runs of the shipped and the external scenarios), which must
+    // The committed examples (real runs of the shipped, the external and the multi-node scenarios), which must
     // also still load, and the report's fixtures (hangs, interrupts, GPU samples, leftovers).
-    for example in ["run-shipped-scenarios", "run-external-scenarios"] {
+    for example in ["run-shipped-scenarios", "run-external-scenarios", "run-nodes"] {
         let text =
             std::fs::read_to_string(root.join("reports/examples").join(example).join("result.json")).unwrap();
         let run: RunResult = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{example} loads: {e}"));

@@ -1020,7 +1020,7 @@ impl Supervisor<'_, '_> {
             }
         }
         confirm_by_markers(&l, &mut self.slots);
-        settle_unidentified(&mut self.slots, &l, exit, &launcher_name, self.start);
+        settle_unidentified(&mut self.slots, &l, exit, &launcher_name, self.start, offset);
         let _ = std::fs::remove_file(&l.fifo);
         let end = LauncherEnd {
             pid: exit.map(|(pid, _)| pid),
@@ -1126,6 +1126,7 @@ fn settle_unidentified(
     exit: Option<(u32, process::Exit)>,
     launcher_name: &str,
     start: Instant,
+    offset: u32,
 ) {
     let found: Vec<u32> = slots.iter().filter_map(|s| s.found).collect();
     let looked: Vec<Identity> = l.unidentified.iter().copied().filter(|u| !found.contains(&u.pid)).collect();
@@ -1147,7 +1148,8 @@ fn settle_unidentified(
         // not this slot's process's: it stays quoted as the launcher's output only.
         slot.end.quotes.clear();
         match (launcher_exit, &l.launch_error) {
-            (_, Some(e)) => slot.end.launch_error = Some(not_identified(slot.end.rank, &unknown, e)),
+            // The launcher never started: that is the whole story, no rank could.
+            (_, Some(e)) => slot.end.launch_error = Some(e.clone()),
             // Torn down for a hang or the time limit: that is the outcome, whatever ran below.
             (Some(e), None) if slot.end.intervention.is_some() => {
                 slot.end.exit = Some(e);
@@ -1171,11 +1173,11 @@ fn settle_unidentified(
             }
             (Some(e), None) => {
                 let how = format!("the launcher `{launcher_name}` {}", describe_exit(e));
-                slot.end.launch_error = Some(not_identified(slot.end.rank, &unknown, &how));
+                slot.end.launch_error = Some(not_identified(slot.end.rank + offset, &unknown, &how));
             }
             (None, None) => {
                 let how = format!("the launcher `{launcher_name}` did not run");
-                slot.end.launch_error = Some(not_identified(slot.end.rank, &unknown, &how));
+                slot.end.launch_error = Some(not_identified(slot.end.rank + offset, &unknown, &how));
             }
         }
     }
