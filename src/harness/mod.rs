@@ -107,6 +107,33 @@ fn scenario_cgroup(input: &ScenarioInput, bytes: Option<u64>) -> Result<Containm
     }
 }
 
+/// The plan of a scenario, with the facts of this machine: a free port (node 0's on a node of
+/// several), a new run id, ups-doctor's own environment, what `auto` makes of the command.
+fn plan_on_this_machine(
+    input: &ScenarioInput,
+    program: &Path,
+    resolved_file: &Path,
+    dir: &Path,
+    here: &Path,
+    placement: Option<&crate::nodes::NodePlacement>,
+) -> Result<plan::Plan, HarnessError> {
+    let run_id = run::supervise::new_run_id();
+    let scenario_dir = here.join(input.file.parent().unwrap_or(Path::new(".")));
+    let env_has = |name: &str| std::env::var_os(name).is_some();
+    let facts = plan::Facts {
+        program,
+        resolved_file,
+        log_dir: dir,
+        run_id: &run_id,
+        scenario_dir: &scenario_dir,
+        master_port: placement.map_or_else(run::supervise::free_port, |n| n.master_port),
+        node: placement,
+        env_has: &env_has,
+        auto_style: &external::auto_style,
+    };
+    plan::plan(&input.scenario, &facts).map_err(|e| refused(input, e))
+}
+
 /// A scenario the plan refuses, as the error the same value got before planning existed: a bad
 /// size names its field and value, a bad pattern its field.
 fn refused(input: &ScenarioInput, e: plan::PlanError) -> HarnessError {
@@ -174,24 +201,7 @@ pub fn run_scenario_on_node(
     let json = serde_json::to_string_pretty(&resolved).expect("scenarios always serialise");
     std::fs::write(&resolved_file, json + "\n").map_err(|e| prepare(&resolved_file, e))?;
 
-    let run_id = run::supervise::new_run_id();
-    let scenario_dir = here.join(input.file.parent().unwrap_or(Path::new(".")));
-    let env_has = |name: &str| std::env::var_os(name).is_some();
-    let plan = plan::plan(
-        &input.scenario,
-        &plan::Facts {
-            program,
-            resolved_file: &resolved_file,
-            log_dir: dir,
-            run_id: &run_id,
-            scenario_dir: &scenario_dir,
-            master_port: placement.map_or_else(run::supervise::free_port, |n| n.master_port),
-            node: placement,
-            env_has: &env_has,
-            auto_style: &external::auto_style,
-        },
-    )
-    .map_err(|e| refused(input, e))?;
+    let plan = plan_on_this_machine(input, program, &resolved_file, dir, &here, placement)?;
     // Validation has checked the sizes; a value that slipped past it is refused by the plan.
     let private_shm = match &plan.private_shm {
         Some((bytes, label)) => Some(namespace::PrivateShm::create(*bytes, label)?),

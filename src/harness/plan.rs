@@ -394,6 +394,15 @@ mod tests {
     }
 
     fn planned(s: &Scenario, env: &[&str], auto_launcher: bool) -> Result<Plan, PlanError> {
+        planned_on(s, env, auto_launcher, None)
+    }
+
+    fn planned_on(
+        s: &Scenario,
+        env: &[&str],
+        auto_launcher: bool,
+        node: Option<&NodePlacement>,
+    ) -> Result<Plan, PlanError> {
         let env_has = |name: &str| env.contains(&name);
         let auto = |argv: &[String]| (auto_launcher, format!("chosen for `{}`", argv[0]));
         plan(
@@ -405,7 +414,7 @@ mod tests {
                 run_id: "77-0-abc",
                 scenario_dir: Path::new("/scenarios"),
                 master_port: 29611,
-                node: None,
+                node,
                 env_has: &env_has,
                 auto_style: &auto,
             },
@@ -494,6 +503,42 @@ mod tests {
             err.to_string().contains("`expect.completes_when.stdout` is not a valid regular expression"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn on_node_1_of_2_the_ranks_are_the_nodes_own_with_global_numbers_and_node_0s_rendezvous() {
+        let node = NodePlacement {
+            node: 1,
+            nodes: 2,
+            local_world: 2,
+            master_addr: "10.0.0.7".into(),
+            master_port: 29611,
+        };
+        let s = scenario(r#"{"launch": {"mode": "ddp", "world_size": 4}}"#);
+        let p = planned_on(&s, &[], false, Some(&node)).unwrap();
+        assert_eq!((p.world, p.offset, p.processes.len()), (2, 2, 2), "this node's two ranks, from 2");
+        let r1 = &p.processes[1];
+        for (k, v) in [
+            ("RANK", "3"),
+            ("LOCAL_RANK", "1"),
+            ("GROUP_RANK", "1"),
+            ("WORLD_SIZE", "4"),
+            ("LOCAL_WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "10.0.0.7"),
+        ] {
+            assert_eq!(env(r1, k), Some(v), "{k}");
+        }
+        assert_eq!(r1.stdout_log, Path::new("/runs/a/rank1.stdout.log"), "logs are numbered locally");
+
+        let torchrun = scenario(
+            r#"{"launch": {"world_size": 4}, "command": ["torchrun", "--standalone", "--nproc_per_node", "{world_size}", "t.py"]}"#,
+        );
+        let p = planned_on(&torchrun, &[], true, Some(&node)).unwrap();
+        assert_eq!(p.style, Style::Launcher);
+        assert_eq!(p.processes[0].rank, 2, "the launcher's number is past this node's ranks");
+        let argv = p.argv.join(" ");
+        assert!(argv.contains("--node-rank 1") && argv.contains("--nproc-per-node 2"), "{argv}");
+        assert!(!argv.contains("--standalone"), "{argv}");
     }
 
     #[test]

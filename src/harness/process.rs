@@ -211,24 +211,9 @@ pub fn spawn_rank(spec: &RankSpec, events: Sink) -> io::Result<RankProcess> {
     let rank = spec.rank;
     let events_for_output = events.clone();
     let events_for_exit = events.clone();
-    std::thread::Builder::new().name(format!("exit-{rank}")).spawn(move || {
-        // SAFETY: `siginfo_t` is a plain C struct for which all-zero bytes are a valid value.
-        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-        loop {
-            // SAFETY: valid out-pointer; WNOWAIT leaves the child for `reap` (and its group id
-            // reserved); blocking here costs only this thread.
-            let rc = unsafe {
-                libc::waitid(libc::P_PID, pid as libc::id_t, &mut info, libc::WEXITED | libc::WNOWAIT)
-            };
-            if rc == 0 {
-                events_for_exit.send(Event::Exited { rank, at: Instant::now() });
-                return;
-            }
-            if io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
-                return;
-            }
-        }
-    })?;
+    std::thread::Builder::new()
+        .name(format!("exit-{rank}"))
+        .spawn(move || watch_exit(pid, rank, events_for_exit))?;
     std::thread::Builder::new()
         .name(format!("markers-{rank}"))
         .spawn(move || read_markers(rank, reader, events))?;
@@ -258,6 +243,27 @@ fn pipe_cloexec() -> io::Result<(RawFd, RawFd)> {
         return Err(io::Error::last_os_error());
     }
     Ok((fds[0], fds[1]))
+}
+
+/// Waits, in a thread of its own, for the rank's exit without reaping it (`WNOWAIT` leaves the
+/// child for `reap`, and its group id reserved), and announces it the moment the kernel says so,
+/// so that which rank ended first does not depend on when the run loop looks.
+fn watch_exit(pid: u32, rank: u32, events: Sink) {
+    // SAFETY: `siginfo_t` is a plain C struct for which all-zero bytes are a valid value.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    loop {
+        // SAFETY: valid out-pointer; WNOWAIT leaves the child for `reap` (and its group id
+        // reserved); blocking here costs only this thread.
+        let rc =
+            unsafe { libc::waitid(libc::P_PID, pid as libc::id_t, &mut info, libc::WEXITED | libc::WNOWAIT) };
+        if rc == 0 {
+            events.send(Event::Exited { rank, at: Instant::now() });
+            return;
+        }
+        if io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+            return;
+        }
+    }
 }
 
 /// Creates the FIFO of a launcher-style run at `path` and opens it for reading. It is opened
