@@ -13,9 +13,9 @@ use procfs::process::Syscall;
 use crate::probe::{memory, run};
 use crate::scenario::{Scenario, render_with};
 
+use super::os::owner;
+use super::os::process::Exit;
 use super::os::tcp;
-use super::owner;
-use super::process::Exit;
 use crate::schema::{IdentifiedBy, KernelThread, ProcessDump, ProcessRole};
 
 /// The command's argv with every placeholder filled in; `master_port` is the run's free port.

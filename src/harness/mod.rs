@@ -4,38 +4,30 @@
 //!
 //! Layout, in the order data flows: [`plan`] turns a scenario into what will be started (pure,
 //! unit-tested); [`run`] starts it and drives the supervisor's state machine ([`run::machine`],
-//! pure); `state`, `capture`, `quotes`, `memory`, `gpu` and `oom` fold what the processes say and
-//! use into per-process state; `process` and [`os`] are the kernel seam (spawn, signals, wait,
-//! pipes, pidfds, cgroups); `classify` is pure (state → outcomes and verdict); `result` is the
-//! data written to `result.json`.
+//! pure); `observe` folds what the processes say and use (markers, output, memory, `/dev/shm`,
+//! GPUs, OOM kills) into per-process state; [`os`] is the kernel seam (spawn, signals, wait,
+//! ownership, namespaces, pidfds, cgroups); `classify` is pure (state → outcomes and verdict);
+//! `result` is the data written to `result.json`.
 
-mod capture;
 mod classify;
 mod external;
-mod gpu;
-mod memory;
-mod namespace;
-mod oom;
+mod observe;
 pub mod os;
-mod owner;
 mod plan;
-mod process;
-mod progress;
-mod quotes;
 pub mod result;
 pub mod run;
-mod state;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 
-pub use capture::make_room;
 pub use classify::{Intervention, RankEnd, check_expectation, classify_rank};
 pub use external::{find_program, find_py_spy, kernel_threads, py_spy_dump};
-pub use gpu::{GpuRecorder, GpuSample, annotate_gpu, clock_reason_names};
-pub use process::Exit;
-pub use progress::{Progress, ProgressMode};
-pub use state::RankState;
+pub use observe::capture::make_room;
+pub use observe::gpu::{GpuRecorder, GpuSample, annotate_gpu, clock_reason_names};
+pub use observe::progress::{Progress, ProgressMode};
+pub use observe::state::RankState;
+use os::namespace;
+pub use os::process::Exit;
 
 use crate::scenario::{OutcomeKind, Scenario};
 use crate::schema::{LeftoverProcess, RankResult, ScenarioResult};

@@ -10,7 +10,7 @@ use std::sync::{Mutex, OnceLock};
 
 use nix::fcntl::OFlag;
 
-use crate::harness::process::{Event, Sink};
+use crate::harness::os::process::{Event, Sink};
 
 /// The pipe's write end; -1 until [`listen`] first ran.
 static WRITE_FD: AtomicI32 = AtomicI32::new(-1);

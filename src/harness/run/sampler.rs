@@ -9,10 +9,10 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::harness::gpu::{GpuRecorder, GpuSample};
-use crate::harness::memory::{MemoryRecorder, ProcSample, ShmSample, ours_bytes};
-use crate::harness::oom::OomWatch;
-use crate::harness::state::RankState;
+use crate::harness::observe::gpu::{GpuRecorder, GpuSample};
+use crate::harness::observe::memory::{MemoryRecorder, ProcSample, ShmSample, ours_bytes};
+use crate::harness::observe::oom::OomWatch;
+use crate::harness::observe::state::RankState;
 use crate::probe::nvml::{Nvml, Sampler as NvmlSampler};
 use crate::probe::{memory, shm};
 use crate::schema::GpuReport;

@@ -6,9 +6,9 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use crate::harness::external;
-use crate::harness::memory::{new_segments, orphaned_segments};
+use crate::harness::observe::memory::{new_segments, orphaned_segments};
 use crate::harness::os::cgroup::ScenarioCgroup;
-use crate::harness::owner::{self, Identity};
+use crate::harness::os::owner::{self, Identity};
 use crate::probe::{memory, shm};
 use crate::protocol::STACK_DUMP_SIGNAL;
 use crate::schema::{LeftoverProcess, LeftoverSegment};

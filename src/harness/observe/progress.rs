@@ -101,5 +101,5 @@ fn describe(r: &RankState, total_steps: u64) -> String {
 }
 
 fn terminal_width() -> usize {
-    super::os::terminal_columns().unwrap_or(100)
+    crate::harness::os::terminal_columns().unwrap_or(100)
 }

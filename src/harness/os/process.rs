@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use crate::protocol::{MARKER_FD_ENV, MARKER_INO_ENV, MAX_MARKER_LINE, Marker};
 
-use super::capture::{self, Captured};
+use crate::harness::observe::capture::{self, Captured};
 
 /// Everything needed to start one rank.
 #[derive(Debug, Clone)]
@@ -176,7 +176,7 @@ pub fn spawn_rank(spec: &RankSpec, events: Sink) -> io::Result<RankProcess> {
     unsafe {
         cmd.pre_exec(move || {
             if let Some(procs) = &cgroup {
-                super::os::cgroup::enter(procs)?;
+                super::cgroup::enter(procs)?;
             }
             // Own process group: signals to the group reach the rank and anything it starts,
             // and a Ctrl-C on the terminal reaches only ups-doctor, which then tears down.
