@@ -2,29 +2,29 @@
 //! interrupt in an atomic and calls [`notify`], which writes one byte into a pipe (the only
 //! async-signal-safe way to wake a thread); a thread forwards it to the run loop of the moment
 //! as [`Event::Interrupt`], and to every other one that runs at the time (`bisect` runs several
-//! scenarios at once, on threads of its own). Without it a loop asleep until a distant deadline would not notice.
+//! scenarios at once, on threads of its own). Without it a loop asleep until a distant deadline
+//! would not notice.
 
-use std::os::fd::{BorrowedFd, IntoRawFd};
-use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use nix::fcntl::OFlag;
 
 use crate::harness::os::process::{Event, Sink};
 
-/// The pipe's write end; -1 until [`listen`] first ran.
-static WRITE_FD: AtomicI32 = AtomicI32::new(-1);
+/// The pipe's write end, once [`listen`] first ran; never closed after (the handler may use it at
+/// any moment).
+static WRITER: OnceLock<OwnedFd> = OnceLock::new();
 /// The run loops to wake, while they run, each under the number of its registration.
 static CURRENT: Mutex<Vec<(u64, Sink)>> = Mutex::new(Vec::new());
 static NEXT: AtomicU64 = AtomicU64::new(0);
 static STARTED: OnceLock<()> = OnceLock::new();
 
 /// Async-signal-safe: wakes the run loop (if any) to look at the interrupt flag.
+/// (`OnceLock::get` is one atomic load, and `write` a bare syscall.)
 pub fn notify() {
-    let fd = WRITE_FD.load(Ordering::SeqCst);
-    if fd >= 0 {
-        // SAFETY: the write end is never closed once published (see `listen`).
-        let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+    if let Some(fd) = WRITER.get() {
         // Non-blocking: a full pipe already holds a wake-up.
         let _ = nix::unistd::write(fd, b"!");
     }
@@ -48,7 +48,7 @@ pub fn listen(sink: Sink) -> Registration {
         };
         if std::thread::Builder::new().name("interrupts".into()).spawn(forward).is_ok() {
             // Published for the process's lifetime: the handler may use it at any moment.
-            WRITE_FD.store(write.into_raw_fd(), Ordering::SeqCst);
+            let _ = WRITER.set(write);
         }
     });
     let id = NEXT.fetch_add(1, Ordering::Relaxed);
