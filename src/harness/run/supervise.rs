@@ -416,7 +416,7 @@ impl Supervisor<'_, '_> {
             for action in actions {
                 self.act(action);
             }
-            if peer && watching {
+            if peer && watching && !finish {
                 let ranks = self.slots.iter().filter(|s| s.dump_requested).map(|s| s.end.rank).collect();
                 self.tell(|at_s| LocalEvent::StacksRequested { at_s, ranks });
             }
