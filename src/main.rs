@@ -446,6 +446,8 @@ fn monotonic_ns() -> u64 {
 extern "C" fn on_interrupt(_sig: i32) {
     let now = monotonic_ns();
     INTERRUPTED.store(true, Ordering::SeqCst);
+    // Async-signal-safe: a byte into a pipe wakes a supervisor asleep until its next deadline.
+    harness::run::interrupt::notify();
     match INTERRUPTS.fetch_add(1, Ordering::SeqCst) {
         0 => FIRST_INTERRUPT_NS.store(now, Ordering::SeqCst),
         1 if now.saturating_sub(FIRST_INTERRUPT_NS.load(Ordering::SeqCst)) <= INTERRUPT_GRACE_NS => {}

@@ -18,7 +18,7 @@ const CHECKED: [&str; 3] = ["harness/", "schema/", "probe/"];
 
 /// One file of the library: its module path and its source without comments, strings and tests.
 struct Module {
-    /// `src/`-relative, e.g. `harness/supervise.rs`.
+    /// `src/`-relative, e.g. `harness/run/supervise.rs`.
     file: String,
     /// `["harness", "supervise"]`; empty for `lib.rs`.
     path: Vec<String>,
@@ -489,22 +489,32 @@ fn the_import_reader_sees_every_form_and_finds_circles() {
     assert!(to("report/memory.rs").contains("schema/memory.rs"), "{:?}", to("report/memory.rs"));
     assert!(!to("report/memory.rs").contains("schema/mod.rs"), "{:?}", to("report/memory.rs"));
     // `use super::state::RankState`.
-    assert!(to("harness/gpu.rs").contains("harness/state.rs"), "{:?}", to("harness/gpu.rs"));
-    // A path written in code: `crate::scenario::parse_size(…)` in harness/mod.rs, and a child
-    // path: `supervise::supervise(…)`.
-    assert!(to("harness/mod.rs").contains("scenario/size.rs"), "{:?}", to("harness/mod.rs"));
-    assert!(to("harness/mod.rs").contains("harness/supervise.rs"), "{:?}", to("harness/mod.rs"));
-    // Tests are not imports: harness/gpu.rs's tests read a fixture through `crate::harness::state`
+    assert!(
+        to("harness/observe/gpu.rs").contains("harness/observe/state.rs"),
+        "{:?}",
+        to("harness/observe/gpu.rs")
+    );
+    // A path written in code: `crate::scenario::parse_size(…)` in harness/plan.rs, and a child
+    // path through a child folder: `run::supervise::supervise(…)` in harness/mod.rs.
+    assert!(to("harness/plan.rs").contains("scenario/size.rs"), "{:?}", to("harness/plan.rs"));
+    assert!(to("harness/mod.rs").contains("harness/run/supervise.rs"), "{:?}", to("harness/mod.rs"));
+    // Tests are not imports: harness/observe/gpu.rs's tests read a fixture through `crate::harness::observe::state`
     // only in `#[cfg(test)]`, and the schema's tests read report fixtures.
     assert!(!to("schema/mod.rs").iter().any(|f| f.starts_with("report/")), "{:?}", to("schema/mod.rs"));
     assert!(!graph.contains_key("schema/tests.rs") && !graph.contains_key("report/fixtures.rs"));
 
     let mut looped = graph.clone();
-    let back = Edge { to: "harness/gpu.rs".into(), line: 1, text: "use crate::harness::gpu".into() };
-    looped.get_mut("harness/state.rs").unwrap().insert(back.to.clone(), back);
+    let back = Edge {
+        to: "harness/observe/gpu.rs".into(),
+        line: 1,
+        text: "use crate::harness::observe::gpu".into(),
+    };
+    looped.get_mut("harness/observe/state.rs").unwrap().insert(back.to.clone(), back);
     let found = circles(&looped);
     assert!(
-        found.iter().any(|c| c.contains("src/harness/gpu.rs") && c.contains("src/harness/state.rs")),
+        found
+            .iter()
+            .any(|c| c.contains("src/harness/observe/gpu.rs") && c.contains("src/harness/observe/state.rs")),
         "{found:?}"
     );
 }

@@ -261,7 +261,10 @@ fn a_program_not_on_path_fails_to_launch_with_the_fix() {
     assert!(error.contains("not found on `PATH`"), "{error}");
     for r in scenarios(&run)[1]["ranks"].as_array().unwrap() {
         let error = r["error"].as_str().unwrap_or_default();
-        assert!(error.starts_with("failed to start `ups-doctor-no-such-launcher`: not found on `PATH`"), "{r}");
+        assert!(
+            error.starts_with("failed to start `ups-doctor-no-such-launcher`: not found on `PATH`"),
+            "{r}"
+        );
     }
 }
 

@@ -6,8 +6,8 @@ use crate::diagnose::key_line;
 use crate::scenario::{Expect, OutcomeKind};
 use crate::schema::{ExitSource, IdentifiedBy, ProcessDump, Quote, RankResult, Signal};
 
-use super::process::Exit;
-use super::state::RankState;
+use super::observe::state::RankState;
+use super::os::process::Exit;
 
 /// The error a process printed: the exception line of its last traceback (or the first line of
 /// a C++ exception), not a hint printed after it.

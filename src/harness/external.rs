@@ -13,9 +13,9 @@ use procfs::process::Syscall;
 use crate::probe::{memory, run};
 use crate::scenario::{Scenario, render_with};
 
+use super::os::owner;
+use super::os::process::Exit;
 use super::os::tcp;
-use super::owner;
-use super::process::Exit;
 use crate::schema::{IdentifiedBy, KernelThread, ProcessDump, ProcessRole};
 
 /// The command's argv with every placeholder filled in; `master_port` is the run's free port.
@@ -32,13 +32,7 @@ pub fn argv(scenario: &Scenario, scenario_dir: &Path, master_port: u16) -> Vec<S
 /// Variables set for every process of a command unless the user set them: unbuffered Python
 /// output (so the last lines before a crash are not lost in a buffer, and output shows activity),
 /// and Python's fault handler (a Python stack on SIGSEGV, SIGBUS, SIGABRT).
-pub fn python_env() -> Vec<(String, String)> {
-    [("PYTHONUNBUFFERED", "1"), ("PYTHONFAULTHANDLER", "1")]
-        .into_iter()
-        .filter(|(k, _)| std::env::var_os(k).is_none())
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
-}
+pub const PYTHON_ENV: [(&str, &str); 2] = [("PYTHONUNBUFFERED", "1"), ("PYTHONFAULTHANDLER", "1")];
 
 /// The torchrun variables a launcher must not inherit from ups-doctor's own environment (its
 /// ranks get their own from it; a stray `RANK` would also make the launcher look like a rank).

@@ -2,36 +2,32 @@
 //! classifies how each ended into a [`ScenarioResult`]. Talks to ranks only through processes and
 //! [`crate::protocol`]; never uses tch.
 //!
-//! Layout: `process` and `capture` are the OS edge (spawn, signals, wait, pipes); `supervise` is
-//! the loop that drives them; `state` and `classify` are pure (markers → state → outcomes and
-//! verdict); `result` is the data written to `result.json`.
+//! Layout, in the order data flows: [`plan`] turns a scenario into what will be started (pure,
+//! unit-tested); [`run`] starts it and drives the supervisor's state machine ([`run::machine`],
+//! pure); `observe` folds what the processes say and use (markers, output, memory, `/dev/shm`,
+//! GPUs, OOM kills) into per-process state; [`os`] is the kernel seam (spawn, signals, wait,
+//! ownership, namespaces, pidfds, cgroups); `classify` is pure (state → outcomes and verdict);
+//! `result` is the data written to `result.json`.
 
-mod capture;
 mod classify;
 mod external;
-mod gpu;
-mod memory;
-mod namespace;
-mod oom;
+mod observe;
 pub mod os;
-mod owner;
-mod process;
-mod progress;
-mod quotes;
+mod plan;
 pub mod result;
-mod state;
-mod supervise;
+pub mod run;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 
-pub use capture::make_room;
 pub use classify::{Intervention, RankEnd, check_expectation, classify_rank};
 pub use external::{find_program, find_py_spy, kernel_threads, py_spy_dump};
-pub use gpu::{GpuRecorder, GpuSample, annotate_gpu, clock_reason_names};
-pub use process::Exit;
-pub use progress::{Progress, ProgressMode};
-pub use state::RankState;
+pub use observe::capture::make_room;
+pub use observe::gpu::{GpuRecorder, GpuSample, annotate_gpu, clock_reason_names};
+pub use observe::progress::{Progress, ProgressMode};
+pub use observe::state::RankState;
+use os::namespace;
+pub use os::process::Exit;
 
 use crate::scenario::{OutcomeKind, Scenario};
 use crate::schema::{LeftoverProcess, RankResult, ScenarioResult};
@@ -53,6 +49,8 @@ pub enum HarnessError {
     PrivateShm(#[from] namespace::NamespaceError),
     #[error("failed to give `{file}` its `launch.memory_limit` of {limit}: {why}")]
     MemoryLimit { file: PathBuf, limit: String, why: String },
+    #[error("failed to plan `{file}`: {source}")]
+    Plan { file: PathBuf, source: plan::PlanError },
 }
 
 /// Where a scenario's processes are contained.
@@ -67,18 +65,13 @@ struct Containment {
 
 /// The scenario's cgroup, sweeping orphaned ones on the way. Without a limit a cgroup that
 /// cannot be made is not an error: the scenario runs without one, and the reason is kept.
-fn scenario_cgroup(input: &ScenarioInput) -> Result<Containment, HarnessError> {
+fn scenario_cgroup(input: &ScenarioInput, bytes: Option<u64>) -> Result<Containment, HarnessError> {
     static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let limit = input.scenario.launch.memory_limit.as_ref();
     let refuse = |why: String| HarnessError::MemoryLimit {
         file: input.file.clone(),
         limit: limit.cloned().unwrap_or_default(),
         why,
-    };
-    let bytes = match limit.map(|l| crate::scenario::parse_size(l)) {
-        Some(Err(why)) => return Err(refuse(why)),
-        Some(Ok(b)) => Some(b),
-        None => None,
     };
     let parent = match os::cgroup::parent() {
         Ok(p) => p,
@@ -103,6 +96,49 @@ fn scenario_cgroup(input: &ScenarioInput) -> Result<Containment, HarnessError> {
         Ok(cg) => Ok(Containment { cgroup: Some(cg), unavailable: None, orphans }),
         Err(why) if bytes.is_none() => Ok(Containment { cgroup: None, unavailable: Some(why), orphans }),
         Err(why) => Err(refuse(why)),
+    }
+}
+
+/// The plan of a scenario, with the facts of this machine: a free port (node 0's on a node of
+/// several), a new run id, ups-doctor's own environment, what `auto` makes of the command.
+fn plan_on_this_machine(
+    input: &ScenarioInput,
+    program: &Path,
+    resolved_file: &Path,
+    dir: &Path,
+    here: &Path,
+    placement: Option<&crate::nodes::NodePlacement>,
+) -> Result<plan::Plan, HarnessError> {
+    let run_id = run::supervise::new_run_id();
+    let scenario_dir = here.join(input.file.parent().unwrap_or(Path::new(".")));
+    let env_has = |name: &str| std::env::var_os(name).is_some();
+    let facts = plan::Facts {
+        program,
+        resolved_file,
+        log_dir: dir,
+        run_id: &run_id,
+        scenario_dir: &scenario_dir,
+        master_port: placement.map_or_else(run::supervise::free_port, |n| n.master_port),
+        node: placement,
+        env_has: &env_has,
+        auto_style: &external::auto_style,
+    };
+    plan::plan(&input.scenario, &facts).map_err(|e| refused(input, e))
+}
+
+/// A scenario the plan refuses, as the error the same value got before planning existed: a bad
+/// size names its field and value, a bad pattern its field.
+fn refused(input: &ScenarioInput, e: plan::PlanError) -> HarnessError {
+    match e {
+        plan::PlanError::ShmSize { size, why } => HarnessError::PrivateShm(namespace::NamespaceError {
+            size,
+            step: "parse",
+            source: std::io::Error::new(std::io::ErrorKind::InvalidInput, why),
+        }),
+        plan::PlanError::MemoryLimit { limit, why } => {
+            HarnessError::MemoryLimit { file: input.file.clone(), limit, why }
+        }
+        e @ plan::PlanError::Pattern(_) => HarnessError::Plan { file: input.file.clone(), source: e },
     }
 }
 
@@ -157,31 +193,20 @@ pub fn run_scenario_on_node(
     let json = serde_json::to_string_pretty(&resolved).expect("scenarios always serialise");
     std::fs::write(&resolved_file, json + "\n").map_err(|e| prepare(&resolved_file, e))?;
 
-    // Validation has checked the size; a value that slipped past it is refused here too.
-    let private_shm = match &input.scenario.data.shm_size {
-        Some(label) => {
-            let bytes = crate::scenario::parse_size(label).map_err(|why| namespace::NamespaceError {
-                size: label.clone(),
-                step: "parse",
-                source: std::io::Error::new(std::io::ErrorKind::InvalidInput, why),
-            })?;
-            Some(namespace::PrivateShm::create(bytes, label)?)
-        }
+    let plan = plan_on_this_machine(input, program, &resolved_file, dir, &here, placement)?;
+    // Validation has checked the sizes; a value that slipped past it is refused by the plan.
+    let private_shm = match &plan.private_shm {
+        Some((bytes, label)) => Some(namespace::PrivateShm::create(*bytes, label)?),
         None => None,
     };
-    let Containment { cgroup, unavailable: cgroup_unavailable, orphans } = scenario_cgroup(input)?;
-    let plan = supervise::ScenarioPlan {
-        cgroup: cgroup.as_ref(),
+    let Containment { cgroup, unavailable: cgroup_unavailable, orphans } =
+        scenario_cgroup(input, plan.memory_limit)?;
+    let resources = run::supervise::Resources {
         scenario: &input.scenario,
-        program: program.to_path_buf(),
-        resolved_file,
-        log_dir: dir.to_path_buf(),
-        run_id: supervise::new_run_id(),
         private_shm: private_shm.as_ref(),
-        scenario_dir: here.join(input.file.parent().unwrap_or(Path::new("."))),
-        node: placement,
+        cgroup: cgroup.as_ref(),
     };
-    let mut observed = supervise::supervise(&plan, progress, interrupted, link);
+    let mut observed = run::supervise::supervise(&plan, &resources, progress, interrupted, link);
     // The namespace holder goes now; the private /dev/shm goes with it. The cgroup goes too,
     // with anything still in it.
     drop(private_shm);

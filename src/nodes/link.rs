@@ -10,8 +10,8 @@ use crate::harness::RankState;
 pub enum LocalEvent<'a> {
     /// The ranks were started (pids by local rank; `None` where one failed to start).
     Started { at_s: f64, pids: Vec<Option<u32>> },
-    /// One pass of the loop (every 50 ms or on a marker): rank states so far, and the pids of
-    /// ranks still running (by local rank).
+    /// Every 50 ms while a link is given (the link cannot wake the loop, so the loop reads it at
+    /// this pace): rank states so far, and the pids of ranks still running (by local rank).
     Tick { at_s: f64, states: &'a [&'a RankState], pids: &'a [Option<u32>] },
     /// A rank ended; `failed` when it failed on its own.
     RankEnded { rank: u32, at_s: f64, failed: bool, how: String },

@@ -722,7 +722,7 @@ pub fn interrupted() -> RunResult {
 /// pid 4242).
 pub fn gpu_report() -> crate::schema::GpuReport {
     let samples: Vec<crate::harness::GpuSample> =
-        serde_json::from_str(include_str!("../harness/fixtures/nvml-h100-training.json")).unwrap();
+        serde_json::from_str(include_str!("../harness/observe/fixtures/nvml-h100-training.json")).unwrap();
     let info = vec![crate::probe::nvml::GpuInfo {
         index: 0,
         name: "NVIDIA H100 80GB HBM3".into(),

@@ -1,12 +1,17 @@
-//! The kernel seam of the harness: code here talks to the kernel directly (cgroupfs, pidfds,
-//! `/dev/kmsg`); everything above it works on plain data. It must not decide what an
+//! The kernel seam of the harness: code here talks to the kernel directly (spawn, process groups,
+//! signals and `waitid` in `process`, ownership checks in `owner`, the private `/dev/shm` mount
+//! namespace in `namespace`, cgroupfs, pidfds, `/dev/kmsg`); everything above it works on plain
+//! data. It must not decide what an
 //! observation means: it reports what the kernel says.
 
 use std::os::fd::AsRawFd;
 
 pub mod cgroup;
 pub mod kmsg;
+pub(crate) mod namespace;
+pub(crate) mod owner;
 pub mod pidfd;
+pub(crate) mod process;
 pub mod tcp;
 
 // nix has no safe wrapper for TIOCGWINSZ; its macro declares the (unsafe) ioctl.

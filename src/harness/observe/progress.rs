@@ -38,6 +38,10 @@ impl Progress {
         Progress { mode, last_draw: None, reported_steps: Vec::new() }
     }
 
+    pub fn mode(&self) -> ProgressMode {
+        self.mode
+    }
+
     pub fn scenario_started(&mut self, name: &str, ranks: u32) {
         self.reported_steps = vec![0; ranks as usize];
         self.last_draw = None;
@@ -97,5 +101,5 @@ fn describe(r: &RankState, total_steps: u64) -> String {
 }
 
 fn terminal_width() -> usize {
-    super::os::terminal_columns().unwrap_or(100)
+    crate::harness::os::terminal_columns().unwrap_or(100)
 }

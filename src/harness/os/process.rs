@@ -9,13 +9,13 @@ use std::os::fd::{FromRawFd, RawFd};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc::Sender;
+use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
 use crate::protocol::{MARKER_FD_ENV, MARKER_INO_ENV, MAX_MARKER_LINE, Marker};
 
-use super::capture::{self, Captured};
+use crate::harness::observe::capture::{self, Captured};
 
 /// Everything needed to start one rank.
 #[derive(Debug, Clone)]
@@ -71,6 +71,65 @@ pub enum Event {
         rank: u32,
         at: Instant,
     },
+    /// A process a launcher started (a rank, or one that looked like one) has ended, seen by the
+    /// `/proc` watcher: its status as read while it was a zombie (`None` when it was gone before
+    /// it could be read).
+    FoundExited {
+        pid: u32,
+        exit: Option<Exit>,
+        at: Instant,
+    },
+    /// The user interrupted ups-doctor (see `run::interrupt`).
+    Interrupt,
+}
+
+impl Event {
+    /// Whether the run loop must look now. Markers of progress and output only move the hang
+    /// deadline later, so the loop reads them when it next wakes (every one keeps the time it
+    /// arrived); exits, crashes, stacks, `done`, worker claims (checked while the worker runs)
+    /// and interrupts wake it.
+    pub fn urgent(&self) -> bool {
+        match self {
+            Event::Marker { marker, .. } => !matches!(
+                marker,
+                Marker::Begin { .. }
+                    | Marker::End { .. }
+                    | Marker::Progress { .. }
+                    | Marker::Step { .. }
+                    | Marker::Dataset { .. }
+            ),
+            Event::BadMarker { .. } | Event::Output { .. } => false,
+            _ => true,
+        }
+    }
+}
+
+/// Where readers and watchers send [`Event`]s: every event is queued, and an urgent one
+/// ([`Event::urgent`]) also wakes the run loop, which otherwise sleeps until its next deadline.
+#[derive(Debug, Clone)]
+pub struct Sink {
+    events: Sender<Event>,
+    wake: SyncSender<()>,
+}
+
+impl Sink {
+    /// A sink, the queue it fills and the wake-ups it gives.
+    pub fn new() -> (Sink, Receiver<Event>, Receiver<()>) {
+        let (events, queue) = mpsc::channel();
+        // One pending wake-up is enough: the loop drains the whole queue when it wakes.
+        let (wake, wakes) = mpsc::sync_channel(1);
+        (Sink { events, wake }, queue, wakes)
+    }
+
+    /// Queues `event`; false once the run loop is gone.
+    pub fn send(&self, event: Event) -> bool {
+        let urgent = event.urgent();
+        let sent = self.events.send(event).is_ok();
+        if urgent {
+            let _ = self.wake.try_send(());
+        }
+        sent
+    }
 }
 
 /// How a process ended, from its wait status.
@@ -89,7 +148,7 @@ pub struct RankProcess {
 }
 
 /// Starts a rank. Its markers and pipe closure arrive on `events`.
-pub fn spawn_rank(spec: &RankSpec, events: Sender<Event>) -> io::Result<RankProcess> {
+pub fn spawn_rank(spec: &RankSpec, events: Sink) -> io::Result<RankProcess> {
     let (read_fd, write_fd) = pipe_cloexec()?;
     // SAFETY: both fds were just created and are owned here.
     let reader = unsafe { File::from_raw_fd(read_fd) };
@@ -117,7 +176,7 @@ pub fn spawn_rank(spec: &RankSpec, events: Sender<Event>) -> io::Result<RankProc
     unsafe {
         cmd.pre_exec(move || {
             if let Some(procs) = &cgroup {
-                super::os::cgroup::enter(procs)?;
+                super::cgroup::enter(procs)?;
             }
             // Own process group: signals to the group reach the rank and anything it starts,
             // and a Ctrl-C on the terminal reaches only ups-doctor, which then tears down.
@@ -152,17 +211,9 @@ pub fn spawn_rank(spec: &RankSpec, events: Sender<Event>) -> io::Result<RankProc
     let rank = spec.rank;
     let events_for_output = events.clone();
     let events_for_exit = events.clone();
-    std::thread::Builder::new().name(format!("exit-{rank}")).spawn(move || {
-        // SAFETY: `siginfo_t` is a plain C struct for which all-zero bytes are a valid value.
-        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-        // SAFETY: valid out-pointer; WNOWAIT leaves the child for `reap` (and its group id
-        // reserved); blocking here costs only this thread.
-        let rc =
-            unsafe { libc::waitid(libc::P_PID, pid as libc::id_t, &mut info, libc::WEXITED | libc::WNOWAIT) };
-        if rc == 0 {
-            let _ = events_for_exit.send(Event::Exited { rank, at: Instant::now() });
-        }
-    })?;
+    std::thread::Builder::new()
+        .name(format!("exit-{rank}"))
+        .spawn(move || watch_exit(pid, rank, events_for_exit))?;
     std::thread::Builder::new()
         .name(format!("markers-{rank}"))
         .spawn(move || read_markers(rank, reader, events))?;
@@ -170,7 +221,7 @@ pub fn spawn_rank(spec: &RankSpec, events: Sender<Event>) -> io::Result<RankProc
         on_output: spec.report_output.then(|| {
             let events = events_for_output.clone();
             Box::new(move || {
-                let _ = events.send(Event::Output { rank, at: Instant::now() });
+                events.send(Event::Output { rank, at: Instant::now() });
             }) as Box<dyn FnMut() + Send>
         }),
         pattern,
@@ -192,6 +243,27 @@ fn pipe_cloexec() -> io::Result<(RawFd, RawFd)> {
         return Err(io::Error::last_os_error());
     }
     Ok((fds[0], fds[1]))
+}
+
+/// Waits, in a thread of its own, for the rank's exit without reaping it (`WNOWAIT` leaves the
+/// child for `reap`, and its group id reserved), and announces it the moment the kernel says so,
+/// so that which rank ended first does not depend on when the run loop looks.
+fn watch_exit(pid: u32, rank: u32, events: Sink) {
+    // SAFETY: `siginfo_t` is a plain C struct for which all-zero bytes are a valid value.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    loop {
+        // SAFETY: valid out-pointer; WNOWAIT leaves the child for `reap` (and its group id
+        // reserved); blocking here costs only this thread.
+        let rc =
+            unsafe { libc::waitid(libc::P_PID, pid as libc::id_t, &mut info, libc::WEXITED | libc::WNOWAIT) };
+        if rc == 0 {
+            events.send(Event::Exited { rank, at: Instant::now() });
+            return;
+        }
+        if io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+            return;
+        }
+    }
 }
 
 /// Creates the FIFO of a launcher-style run at `path` and opens it for reading. It is opened
@@ -308,7 +380,7 @@ pub fn read_tagged_markers(
     fifo: File,
     global: std::ops::Range<u32>,
     ranks: std::sync::Arc<std::sync::Mutex<PidRanks>>,
-    events: Sender<Event>,
+    events: Sink,
 ) {
     let mut reader = BufReader::with_capacity(1 << 16, fifo);
     let mut buf = Vec::with_capacity(4096);
@@ -323,14 +395,14 @@ pub fn read_tagged_markers(
         let line = String::from_utf8_lossy(&buf);
         let parent = |pid: u32| crate::probe::memory::read_stat(pid).map(|s| s.ppid);
         for event in router.route(line.trim_end(), at, &ranks, parent) {
-            if events.send(event).is_err() {
+            if !events.send(event) {
                 return;
             }
         }
     }
 }
 
-fn read_markers(rank: u32, pipe: File, events: Sender<Event>) {
+fn read_markers(rank: u32, pipe: File, events: Sink) {
     let mut reader = BufReader::with_capacity(1 << 16, pipe);
     let mut buf = Vec::with_capacity(4096);
     loop {
@@ -354,11 +426,11 @@ fn read_markers(rank: u32, pipe: File, events: Sender<Event>) {
             Ok(marker) => Event::Marker { rank, at, marker },
             Err(_) => Event::BadMarker { rank, at },
         };
-        if events.send(event).is_err() {
+        if !events.send(event) {
             return;
         }
     }
-    let _ = events.send(Event::MarkersClosed { rank });
+    events.send(Event::MarkersClosed { rank });
 }
 
 impl RankProcess {
@@ -496,5 +568,23 @@ mod tests {
         // A writer claims once: a later different rank does not move it.
         let again = r#"{"t":"begin","phase":"backward","pid":100,"rank":0}"#;
         assert_eq!(ranks_of(&router.route(again, at, &ranks, parent)), [(1, true)]);
+    }
+
+    #[test]
+    fn progress_markers_queue_without_waking_the_loop_and_an_exit_wakes_it() {
+        let (sink, queue, wakes) = Sink::new();
+        let at = Instant::now();
+        let step = Marker::Step { step: 3, loss: 0.5, data_ms: 1.0, compute_ms: 2.0, samples: 8 };
+        assert!(sink.send(Event::Marker { rank: 0, at, marker: step }));
+        assert!(sink.send(Event::Output { rank: 0, at }));
+        assert!(wakes.try_recv().is_err(), "a step only moves the hang deadline later");
+        assert_eq!(queue.try_iter().count(), 2, "but it is queued, with its arrival time");
+        sink.send(Event::Exited { rank: 0, at });
+        sink.send(Event::Marker { rank: 0, at, marker: Marker::StackEnd { threads: 2 } });
+        assert!(wakes.try_recv().is_ok());
+        assert!(wakes.try_recv().is_err(), "one pending wake-up stands for any number of events");
+        assert_eq!(queue.try_iter().count(), 2);
+        drop(queue);
+        assert!(!sink.send(Event::Interrupt), "the loop is gone");
     }
 }

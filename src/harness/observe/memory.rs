@@ -239,7 +239,7 @@ pub fn orphaned_segments(segments: &[Segment], alive: impl Fn(u32) -> bool) -> V
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::harness::state::DatasetInfo;
+    use crate::harness::observe::state::DatasetInfo;
     use crate::schema::WorkerInfo;
 
     const MIB: u64 = 1 << 20;

@@ -12,11 +12,11 @@ use nix::time::{ClockId, clock_gettime};
 
 use crate::protocol::Signal;
 
-use super::classify::RankEnd;
 use super::memory::ProcSample;
-use super::os::cgroup::ScenarioCgroup;
-use super::os::kmsg::{KernelLog, OomRecord, oom_kills_in};
-use super::process::Exit;
+use crate::harness::classify::RankEnd;
+use crate::harness::os::cgroup::ScenarioCgroup;
+use crate::harness::os::kmsg::{KernelLog, OomRecord, oom_kills_in};
+use crate::harness::os::process::Exit;
 use crate::schema::{CgroupReport, OomKill, OomSource};
 
 /// Watches one scenario for OOM kills, from its start to its end.

@@ -32,7 +32,7 @@ use crate::protocol::RUN_ID_ENV;
 
 use crate::probe::memory;
 
-use super::os::pidfd;
+use super::pidfd;
 
 /// A process as first seen: its pid and the kernel's start time for it (clock ticks since boot),
 /// which no later process with the same pid shares.

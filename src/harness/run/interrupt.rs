@@ -1,0 +1,94 @@
+//! Wakes a sleeping run loop when the user interrupts. `main`'s signal handler records the
+//! interrupt in an atomic and calls [`notify`], which writes one byte into a pipe (the only
+//! async-signal-safe way to wake a thread); a thread forwards it to the run loop of the moment
+//! as [`Event::Interrupt`], and to every other one that runs at the time (`bisect` runs several
+//! scenarios at once, on threads of its own). Without it a loop asleep until a distant deadline
+//! would not notice.
+
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+use nix::fcntl::OFlag;
+
+use crate::harness::os::process::{Event, Sink};
+
+/// The pipe's write end, once [`listen`] first ran; never closed after (the handler may use it at
+/// any moment).
+static WRITER: OnceLock<OwnedFd> = OnceLock::new();
+/// The run loops to wake, while they run, each under the number of its registration.
+static CURRENT: Mutex<Vec<(u64, Sink)>> = Mutex::new(Vec::new());
+static NEXT: AtomicU64 = AtomicU64::new(0);
+static STARTED: OnceLock<()> = OnceLock::new();
+
+/// Async-signal-safe: wakes the run loop (if any) to look at the interrupt flag.
+/// (`OnceLock::get` is one atomic load, and `write` a bare syscall.)
+pub fn notify() {
+    if let Some(fd) = WRITER.get() {
+        // Non-blocking: a full pipe already holds a wake-up.
+        let _ = nix::unistd::write(fd, b"!");
+    }
+}
+
+/// Routes interrupts to `sink` until [`Registration`] is dropped.
+pub fn listen(sink: Sink) -> Registration {
+    STARTED.get_or_init(|| {
+        let Ok((read, write)) = nix::unistd::pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK) else { return };
+        // The read end blocks: the forwarding thread sleeps in it.
+        let _ = nix::fcntl::fcntl(&read, nix::fcntl::FcntlArg::F_SETFL(OFlag::empty()));
+        let forward = move || {
+            let mut byte = [0u8; 16];
+            while nix::unistd::read(&read, &mut byte).is_ok_and(|n| n > 0) {
+                let sinks: Vec<Sink> =
+                    CURRENT.lock().map(|c| c.iter().map(|(_, s)| s.clone()).collect()).unwrap_or_default();
+                for sink in sinks {
+                    sink.send(Event::Interrupt);
+                }
+            }
+        };
+        if std::thread::Builder::new().name("interrupts".into()).spawn(forward).is_ok() {
+            // Published for the process's lifetime: the handler may use it at any moment.
+            let _ = WRITER.set(write);
+        }
+    });
+    let id = NEXT.fetch_add(1, Ordering::Relaxed);
+    if let Ok(mut current) = CURRENT.lock() {
+        current.push((id, sink));
+    }
+    Registration(id)
+}
+
+/// While held, interrupts wake the run loop it was made for.
+pub struct Registration(u64);
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        if let Ok(mut current) = CURRENT.lock() {
+            current.retain(|(id, _)| *id != self.0);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn an_interrupt_wakes_every_run_loop_registered_and_none_after_it_ended() {
+        let (first, first_queue, first_wakes) = Sink::new();
+        let (second, second_queue, second_wakes) = Sink::new();
+        let a = listen(first);
+        let b = listen(second);
+        notify();
+        let wait = Duration::from_secs(30);
+        assert!(first_wakes.recv_timeout(wait).is_ok() && second_wakes.recv_timeout(wait).is_ok());
+        assert!(matches!(first_queue.try_recv(), Ok(Event::Interrupt)));
+        assert!(matches!(second_queue.try_recv(), Ok(Event::Interrupt)));
+        drop(a);
+        notify();
+        assert!(second_wakes.recv_timeout(wait).is_ok());
+        assert!(first_wakes.try_recv().is_err(), "the first loop has ended");
+        drop(b);
+    }
+}

@@ -1,0 +1,173 @@
+//! Sampling off the trainer's critical path: memory of every process of the run, `/dev/shm`
+//! and GPUs, taken in a thread of its own at a low priority (nice 10), so that on a busy machine
+//! a sample rarely preempts a rank, yet still gets taken. It sleeps until the next sample is due
+//! (or a message arrives); nothing else wakes it.
+
+use std::path::PathBuf;
+use std::sync::mpsc::{self, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::harness::observe::gpu::{GpuRecorder, GpuSample};
+use crate::harness::observe::memory::{MemoryRecorder, ProcSample, ShmSample, ours_bytes};
+use crate::harness::observe::oom::OomWatch;
+use crate::harness::observe::state::RankState;
+use crate::probe::nvml::{Nvml, Sampler as NvmlSampler};
+use crate::probe::{memory, shm};
+use crate::schema::GpuReport;
+
+use super::teardown::Membership;
+
+/// What the run loop tells the sampler.
+enum Message {
+    /// A rank ended at `t_s` with `/dev/shm` as it was then.
+    RankEnded {
+        rank: u32,
+        t_s: f64,
+        shm: ShmSample,
+    },
+    Stop,
+}
+
+/// GPU sampling for one scenario, as it ended.
+pub enum GpuOutcome {
+    /// The ranks train on the CPU by choice (`device: cpu`), or `limits.gpu_sample_ms` is 0.
+    Off,
+    /// Why NVML cannot be used.
+    Unavailable(String),
+    On(GpuRecorder),
+}
+
+impl GpuOutcome {
+    pub fn finish(self, states: &[&RankState], pids: &[Option<u32>]) -> Option<GpuReport> {
+        match self {
+            GpuOutcome::Off => None,
+            GpuOutcome::Unavailable(why) => Some(GpuReport::unavailable(why)),
+            GpuOutcome::On(recorder) => Some(recorder.finish(states, pids)),
+        }
+    }
+}
+
+/// What sampling gathered.
+pub struct Sampled {
+    pub memory: MemoryRecorder,
+    pub oom: OomWatch,
+    pub gpu: GpuOutcome,
+}
+
+/// Where and how often to sample.
+pub struct Setup {
+    pub start: Instant,
+    pub every: Duration,
+    pub gpu_every: Option<Duration>,
+    pub shm_dir: PathBuf,
+    pub run_id: String,
+    pub members: Arc<Mutex<Membership>>,
+    pub memory: MemoryRecorder,
+    pub oom: OomWatch,
+}
+
+/// The sampling thread of one scenario.
+pub struct SamplerThread {
+    tx: Sender<Message>,
+    handle: Option<JoinHandle<Sampled>>,
+    shm_dir: PathBuf,
+    run_id: String,
+}
+
+/// `/dev/shm` now: the filesystem's use and this run's own segments.
+pub fn shm_now(dir: &std::path::Path, run_id: &str) -> ShmSample {
+    ShmSample { usage: shm::usage(dir), ours: ours_bytes(&shm::segments(dir), run_id) }
+}
+
+impl SamplerThread {
+    pub fn start(setup: Setup) -> std::io::Result<SamplerThread> {
+        let (tx, rx) = mpsc::channel();
+        let (shm_dir, run_id) = (setup.shm_dir.clone(), setup.run_id.clone());
+        let handle = std::thread::Builder::new().name("sampler".into()).spawn(move || {
+            lower_priority();
+            let Setup { start, every, gpu_every, shm_dir, run_id, members, mut memory, mut oom } = setup;
+            let since = |at: Instant| at.duration_since(start).as_secs_f64();
+            // NVML is set up here, in the thread that samples it.
+            let mut gpu = match gpu_every {
+                None => (GpuOutcome::Off, None),
+                Some(every) => match NvmlSampler::new() {
+                    Err(why) => (GpuOutcome::Unavailable(why), None),
+                    Ok(sampler) => {
+                        let info =
+                            Nvml::get().and_then(Nvml::driver_info).map(|d| d.gpus).unwrap_or_default();
+                        let recorder =
+                            GpuRecorder::new(every.as_secs_f64(), info, sampler.gpm_missing.clone());
+                        (GpuOutcome::On(recorder), Some((sampler, every, start)))
+                    }
+                },
+            };
+            let mut next_memory = start;
+            loop {
+                let now = Instant::now();
+                if now >= next_memory {
+                    let procs = sample_processes(&members.lock().map(|m| m.clone()).unwrap_or_default());
+                    oom.saw(&procs);
+                    memory.record(since(now), &procs, shm_now(&shm_dir, &run_id));
+                    next_memory = now + every;
+                }
+                if let (GpuOutcome::On(recorder), Some((sampler, every, next))) = &mut gpu
+                    && now >= *next
+                {
+                    recorder.record(GpuSample { t_s: since(now), gpus: sampler.sample() });
+                    *next = now + *every;
+                }
+                let next = gpu.1.as_ref().map_or(next_memory, |(_, _, g)| next_memory.min(*g));
+                match rx.recv_timeout(next.saturating_duration_since(Instant::now())) {
+                    Ok(Message::RankEnded { rank, t_s, shm }) => memory.rank_ended(rank, t_s, shm),
+                    Ok(Message::Stop) | Err(RecvTimeoutError::Disconnected) => break,
+                    Err(RecvTimeoutError::Timeout) => {}
+                }
+            }
+            Sampled { memory, oom, gpu: gpu.0 }
+        })?;
+        Ok(SamplerThread { tx, handle: Some(handle), shm_dir, run_id })
+    }
+
+    /// Records a rank's end, with `/dev/shm` read now (by the caller, at once: what a dying rank
+    /// left there is the evidence).
+    pub fn rank_ended(&self, rank: u32, t_s: f64) {
+        let shm = shm_now(&self.shm_dir, &self.run_id);
+        let _ = self.tx.send(Message::RankEnded { rank, t_s, shm });
+    }
+
+    /// Stops sampling and hands back what it gathered.
+    pub fn finish(mut self) -> Option<Sampled> {
+        let _ = self.tx.send(Message::Stop);
+        self.handle.take()?.join().ok()
+    }
+}
+
+/// Memory of every live process of every rank.
+fn sample_processes(members: &Membership) -> Vec<ProcSample> {
+    let below = members.below();
+    memory::processes()
+        .into_iter()
+        .filter(|p| !p.zombie())
+        .filter_map(|p| {
+            let rank = members.rank_of(&below, &p)?;
+            let mem = memory::read_smaps_rollup(p.pid)?;
+            Some(ProcSample { pid: p.pid, rank, command: p.command, mem })
+        })
+        .collect()
+}
+
+/// Lowers the calling thread to nice 10 (Linux nice values are per thread): a sample then rarely
+/// preempts a rank's thread when it wakes, and gets a small share of a saturated machine. Not
+/// `SCHED_IDLE`: measured on two cores under a load of 20, an idle-class sampler got 14 of 165
+/// samples, so memory peaks and the processes an OOM kill hit would go unseen exactly when a
+/// machine is busiest. nix has no `setpriority`; the libc call is the whole of it. Failure leaves
+/// the thread as it was.
+fn lower_priority() {
+    // SAFETY: plain syscalls without pointers; `gettid` names the calling thread.
+    let _ = unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, NICE) };
+}
+
+/// The sampling thread's nice value.
+const NICE: i32 = 10;

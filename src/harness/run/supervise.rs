@@ -1,0 +1,1229 @@
+//! The run loop for one scenario: start what the [`Plan`] says, fold what the processes report
+//! into per-rank state, hand the [`Machine`] a view of it whenever something happens or a
+//! deadline passes, and carry out its decisions (stack dumps, SIGTERM, SIGKILL); then collect
+//! every rank's end and sweep leftovers. Returns what was observed; deciding what it means is
+//! [`crate::harness::classify`]'s job.
+//!
+//! The loop sleeps until news that matters ([`Event::urgent`]) or the next deadline: the
+//! machine's (hang threshold, timeout, grace ends), a pipe's drain limit after an exit, the next
+//! progress line, the next look for a launcher's ranks, or (on one node of several) the next look
+//! at the link to the other nodes. Memory, `/dev/shm` and GPU samples are taken in a thread of
+//! their own ([`super::sampler`]).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::harness::classify::{Intervention, RankEnd};
+use crate::harness::external;
+use crate::harness::observe::memory::MemoryRecorder;
+use crate::harness::observe::oom::OomWatch;
+use crate::harness::observe::progress::{Progress, ProgressMode};
+use crate::harness::observe::quotes;
+use crate::harness::observe::state::RankState;
+use crate::harness::os::cgroup::ScenarioCgroup;
+use crate::harness::os::namespace::PrivateShm;
+use crate::harness::os::owner::{self, Identity};
+use crate::harness::os::process::{self, Event, RankProcess, RankSpec, Sink};
+use crate::harness::plan::{Completion, Plan, ProcessPlan, Style};
+use crate::nodes::{LocalEvent, NodeLink};
+use crate::probe::shm;
+use crate::protocol::signal_name;
+use crate::scenario::Scenario;
+use crate::schema::{
+    CgroupReport, ExitSource, ExternalRun, GpuReport, IdentifiedBy, LauncherEnd, LeftoverProcess, Leftovers,
+    MemoryReport, OomKill, ProcessRole, Signal,
+};
+
+use super::machine::{Action, Input, Look, Machine, Phase, RankView, Teardown, View};
+use super::sampler::{Sampled, SamplerThread, Setup};
+use super::teardown::{self, Membership};
+
+/// How often a launcher's process tree is searched for ranks not found yet.
+const DISCOVER_EVERY: Duration = Duration::from_millis(50);
+/// How often, once every rank is found, discovery runs again while a weak identification (spawn
+/// order) may still be confirmed or corrected by the markers or the port.
+const REDISCOVER_EVERY: Duration = Duration::from_millis(250);
+/// How often a launcher's rank is looked for in `/proc` while it may be a zombie.
+const ZOMBIE_POLL: Duration = Duration::from_millis(2);
+/// How often the live progress line is redrawn (never with `--quiet`).
+const PROGRESS_EVERY: Duration = Duration::from_millis(250);
+/// How often the link to the other nodes of a multi-node run is read and told of progress: it
+/// has no way to wake the loop.
+const LINK_EVERY: Duration = Duration::from_millis(50);
+
+/// What the run owns besides the plan: the scenario (for its name and step count), its private
+/// `/dev/shm` and its cgroup.
+pub struct Resources<'a> {
+    pub scenario: &'a Scenario,
+    /// The scenario's private `/dev/shm` (`data.shm_size`), which every process joins.
+    pub private_shm: Option<&'a PrivateShm>,
+    /// The scenario's cgroup, which every process it starts joins (none where none can be made).
+    pub cgroup: Option<&'a ScenarioCgroup>,
+}
+
+/// A run id unique on this machine: the harness's pid, a per-process counter and the time.
+pub fn new_run_id() -> String {
+    static COUNTER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let nanos =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+    format!("{}-{n}-{nanos:08x}", std::process::id())
+}
+
+/// A port that was free a moment ago, for the rendezvous store (rank 0 binds it). The race with
+/// other programs is the same one torchrun's `--master-port 0` accepts.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map_or(29500, |a| a.port())
+}
+
+/// What supervision observed.
+pub struct Supervised {
+    pub ends: Vec<RankEnd>,
+    pub wall_s: f64,
+    pub interrupted: bool,
+    pub memory: MemoryReport,
+    pub leftovers: Leftovers,
+    pub external: Option<ExternalRun>,
+    pub gpu: Option<GpuReport>,
+    pub cgroup: Option<CgroupReport>,
+    pub oom_kills: Vec<OomKill>,
+}
+
+struct Slot {
+    end: RankEnd,
+    process: Option<RankProcess>,
+    exited_at: Option<Instant>,
+    markers_closed: bool,
+    /// A stack dump was requested from this rank.
+    dump_requested: bool,
+    /// How many processes of its group (the rank and its loader workers) were asked.
+    dumps_requested: u32,
+    /// A launcher's rank, found in its process tree: the pid, not our child.
+    found: Option<u32>,
+    /// The found rank as first seen: what a signal to it is checked against.
+    found_id: Option<Identity>,
+    /// The found rank is gone (a zombie, or no longer in /proc).
+    found_gone: bool,
+    /// When the process was seen to exit, by the thread waiting for it.
+    exit_seen_at: Option<f64>,
+    /// Workers its `worker` markers named that were checked to be this run's when the marker
+    /// arrived ([`owner::Run::claim`]).
+    verified_workers: Vec<Identity>,
+}
+
+impl Slot {
+    fn new(rank: u32, process: &ProcessPlan) -> Slot {
+        Slot {
+            end: RankEnd {
+                rank,
+                stdout_log: file_name(&process.stdout_log),
+                stderr_log: file_name(&process.stderr_log),
+                ..Default::default()
+            },
+            process: None,
+            exited_at: None,
+            markers_closed: false,
+            dump_requested: false,
+            dumps_requested: 0,
+            found: None,
+            found_id: None,
+            found_gone: false,
+            exit_seen_at: None,
+            verified_workers: Vec::new(),
+        }
+    }
+
+    fn live(&self) -> bool {
+        (self.process.is_some() && self.end.exit.is_none()) || (self.found.is_some() && !self.found_gone)
+    }
+
+    /// Ended, with its markers in (or given up on: see [`crate::harness::plan::PIPE_DRAIN_WAIT`]).
+    fn finished(&self, now: Instant, drain: Duration) -> bool {
+        if self.found.is_some() {
+            return self.found_gone;
+        }
+        match (&self.process, self.exited_at) {
+            (None, _) => true,
+            (Some(_), None) => false,
+            (Some(_), Some(at)) => self.markers_closed || now.duration_since(at) >= drain,
+        }
+    }
+
+    /// When its pipe stops being waited for.
+    fn drain_deadline(&self, drain: Duration) -> Option<Instant> {
+        match (&self.process, self.exited_at) {
+            (Some(_), Some(at)) if self.found.is_none() && !self.markers_closed => Some(at + drain),
+            _ => None,
+        }
+    }
+
+    fn weakly_identified(&self) -> bool {
+        self.end.identified_by.is_some_and(|b| b.strength() < IdentifiedBy::Markers.strength())
+    }
+}
+
+/// The launcher of a `launcher`-style run and what watches its ranks.
+struct Launcher {
+    process: Option<RankProcess>,
+    launch_error: Option<String>,
+    exit: Option<process::Exit>,
+    /// When its exit was seen (by the thread waiting for it).
+    exited_at: Option<Instant>,
+    /// Exits of the processes below it that are watched (found ranks, processes that looked like
+    /// ranks): the status if it was read, and when.
+    exits: BTreeMap<u32, (Option<process::Exit>, Instant)>,
+    /// Pids a watcher runs for.
+    watching: BTreeSet<u32>,
+    /// Tells the watchers to stop.
+    stop: Arc<AtomicBool>,
+    fifo: PathBuf,
+    /// Processes seen below the launcher that looked like ranks but whose rank number no signal
+    /// gave, as first seen, in the order they were seen (their exits are watched too).
+    unidentified: Vec<Identity>,
+    /// Which writer of the marker FIFO is which rank (see [`process::PidRanks`]).
+    pid_ranks: Arc<Mutex<process::PidRanks>>,
+    /// When rank discovery runs next.
+    next_discovery: Instant,
+    stdout_log: PathBuf,
+    stderr_log: PathBuf,
+}
+
+impl Launcher {
+    fn live(&self) -> bool {
+        self.process.is_some() && self.exit.is_none()
+    }
+
+    /// Watches `pid` for its end, once.
+    fn watch(&mut self, pid: u32, sink: &Sink) {
+        if self.watching.insert(pid) {
+            let (sink, stop) = (sink.clone(), self.stop.clone());
+            let _ = std::thread::Builder::new()
+                .name(format!("watch-{pid}"))
+                .spawn(move || watch_found(pid, sink, stop));
+        }
+    }
+}
+
+/// Watches a process a launcher started (not our child, so not ours to wait for) for its exit
+/// status, which only `/proc` shows, and only while it is a zombie: until the launcher reaps it
+/// (torchrun polls every 0.1 s, `torch.multiprocessing.spawn` reaps at once). Hence a poll, not a
+/// pidfd: a pidfd turns readable at the same moment the launcher's own wait returns, and measured
+/// with `torch.multiprocessing.spawn` the launcher won that race, leaving a SIGSEGV unobserved.
+/// Stops at `stop`, or once the process is gone.
+fn watch_found(pid: u32, sink: Sink, stop: Arc<AtomicBool>) {
+    while !stop.load(Ordering::Relaxed) {
+        let exit = external::zombie_exit(pid);
+        if exit.is_some() || !external::alive(pid) {
+            sink.send(Event::FoundExited { pid, exit, at: Instant::now() });
+            return;
+        }
+        std::thread::sleep(ZOMBIE_POLL);
+    }
+}
+
+/// Sends `signal` to whatever the slot runs: its own process group (led by our unreaped child),
+/// or a launcher's rank and the processes below it, checked against what each was when first
+/// seen. `others` are the other found ranks' pids. Returns whether the rank got it (a process
+/// that no longer passes the ownership checks does not).
+fn signal_slot(slot: &Slot, run: &owner::Run, others: &[u32], signal: i32) -> bool {
+    if let Some(p) = slot.process.as_ref() {
+        p.signal_group(signal);
+        true
+    } else if let Some(who) = slot.found_id.filter(|_| !slot.found_gone) {
+        external::signal_found(run, who, others, signal)
+    } else {
+        false
+    }
+}
+
+/// The live processes of a slot: its group (rank and loader workers), or for a launcher's rank,
+/// the rank and what is below it but the other ranks (its workers, whatever their process group:
+/// `mp.spawn`'s ranks share the launcher's, srun's tasks the first task's).
+fn slot_members(slot: &Slot, others: &[u32]) -> Vec<u32> {
+    if let Some(p) = slot.process.as_ref() {
+        return p.live_group_members();
+    }
+    let Some(pid) = slot.found else { return Vec::new() };
+    external::rank_members(pid, others)
+}
+
+/// A rank found by a weaker signal whose process then reported that same rank through the
+/// helper's markers is identified by them (it may have ended since: a short run's markers can
+/// come between two rounds of discovery).
+fn confirm_by_markers(l: &Launcher, slots: &mut [Slot]) {
+    let claims = l.pid_ranks.lock().map(|r| r.claimed.clone()).unwrap_or_default();
+    for slot in slots.iter_mut() {
+        let claimed = slot.found.and_then(|pid| claims.get(&pid)) == Some(&slot.end.rank);
+        if claimed && slot.weakly_identified() {
+            slot.end.identified_by = Some(IdentifiedBy::Markers);
+        }
+    }
+}
+
+/// The process spec the OS edge needs: the plan's, with the namespace and cgroup this run holds.
+fn spec(p: &ProcessPlan, plan: &Plan, res: &Resources) -> RankSpec {
+    RankSpec {
+        rank: p.rank,
+        program: p.program.clone(),
+        args: p.args.clone(),
+        env: p.env.clone(),
+        stdout_log: p.stdout_log.clone(),
+        stderr_log: p.stderr_log.clone(),
+        mount_ns: mount_ns(res),
+        marker_pipe: p.marker_pipe,
+        env_remove: p.env_remove.clone(),
+        report_output: p.report_output,
+        stdout_pattern: match &plan.completion {
+            Completion::Stdout(re) if p.watch_stdout => Some(re.clone()),
+            _ => None,
+        },
+        cgroup: res.cgroup.map(|c| c.procs_file().to_owned()),
+    }
+}
+
+/// The scenario's private `/dev/shm` namespace to join, with the directory to return to.
+fn mount_ns(res: &Resources) -> Option<(std::os::fd::RawFd, std::ffi::CString)> {
+    res.private_shm.map(|shm| {
+        use std::os::unix::ffi::OsStrExt;
+        let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
+        (shm.ns_fd(), std::ffi::CString::new(cwd.as_os_str().as_bytes()).unwrap_or_default())
+    })
+}
+
+/// One scenario's supervision in progress.
+struct Supervisor<'p, 'l> {
+    plan: &'p Plan,
+    res: &'p Resources<'p>,
+    start: Instant,
+    slots: Vec<Slot>,
+    launcher: Option<Launcher>,
+    sink: Sink,
+    ownership: owner::Run,
+    members: Arc<Mutex<Membership>>,
+    machine: Machine,
+    py_spy: Option<PathBuf>,
+    sampler: Option<SamplerThread>,
+    /// The link to the other nodes of a multi-node run, with what it was told.
+    link: Option<&'l mut (dyn NodeLink + 'l)>,
+    ended_told: Vec<bool>,
+    remote_failed: bool,
+    next_link: Instant,
+}
+
+/// Runs the scenario's processes to their end. `link` connects this node to the others of a
+/// multi-node run (see [`crate::nodes`]).
+pub fn supervise<'p, 'l>(
+    plan: &'p Plan,
+    res: &'p Resources<'p>,
+    progress: &mut Progress,
+    interrupted: &AtomicBool,
+    link: Option<&'l mut (dyn NodeLink + 'l)>,
+) -> Supervised {
+    let start = Instant::now();
+    let shm_dir = res.private_shm.map_or_else(|| PathBuf::from("/dev/shm"), PrivateShm::dir);
+    let swept = teardown::sweep_orphaned_segments();
+    let shm_before = shm::segments(&shm_dir);
+    let (sink, queue, wakes) = Sink::new();
+    let _interrupts = super::interrupt::listen(sink.clone());
+    let program_path = plan.argv.first().and_then(|p| external::find_program(p));
+    let mut s = Supervisor {
+        plan,
+        res,
+        start,
+        slots: Vec::new(),
+        launcher: None,
+        sink,
+        ownership: owner::Run { run_id: plan.run_id.clone(), groups: Vec::new(), ranks: Vec::new() },
+        members: Arc::default(),
+        machine: Machine::new(plan.timing, plan.is_external()),
+        py_spy: external::find_py_spy(program_path.as_deref()),
+        sampler: None,
+        link,
+        ended_told: vec![false; plan.world as usize],
+        remote_failed: false,
+        next_link: start,
+    };
+    s.spawn_all();
+    s.sampler = SamplerThread::start(Setup {
+        start,
+        every: plan.sample_every,
+        gpu_every: plan.gpu_every,
+        shm_dir: shm_dir.clone(),
+        run_id: plan.run_id.clone(),
+        members: s.members.clone(),
+        memory: MemoryRecorder::new(plan.world, plan.sample_every.as_secs_f64(), res.private_shm.is_some()),
+        oom: OomWatch::start(res.cgroup),
+    })
+    .ok();
+    progress.scenario_started(&res.scenario.name, plan.world);
+    s.run(progress, interrupted, &queue, &wakes);
+    progress.scenario_finished();
+    s.finish(&queue, swept, &shm_dir, &shm_before)
+}
+
+impl Supervisor<'_, '_> {
+    fn since(&self, at: Instant) -> f64 {
+        at.duration_since(self.start).as_secs_f64()
+    }
+
+    /// The loop: look, let the machine decide, act, sleep until news or the next deadline.
+    fn run(
+        &mut self,
+        progress: &mut Progress,
+        interrupted: &AtomicBool,
+        queue: &Receiver<Event>,
+        wakes: &Receiver<()>,
+    ) {
+        let scenario = self.res.scenario;
+        let live_progress = progress.mode() != ProgressMode::Quiet;
+        let mut next_progress = self.start;
+        let mut input = Input::Changed;
+        loop {
+            let now = Instant::now();
+            if interrupted.load(Ordering::SeqCst) && !self.machine.interrupted() {
+                input = Input::Interrupt;
+            }
+            self.note_exits(now);
+            if self.launcher.as_ref().is_some_and(|l| now >= l.next_discovery) {
+                self.discover(now);
+            }
+            self.share_membership();
+            if live_progress && now >= next_progress {
+                let states: Vec<&RankState> = self.slots.iter().map(|s| &s.end.state).collect();
+                progress.update(&scenario.name, self.start.elapsed(), scenario.train.steps, &states);
+                next_progress = now + PROGRESS_EVERY;
+            }
+            if let Some(what) = self.tell_link(now)
+                && input != Input::Interrupt
+            {
+                input = Input::PeerFailed { what };
+            }
+            let peer = matches!(input, Input::PeerFailed { .. });
+            let watching = matches!(self.machine.phase(), Phase::Running | Phase::Failing { .. });
+            let views = self.rank_views();
+            let view = self.view(&views, now);
+            let actions = self.machine.step(input, now.duration_since(self.start), &view);
+            let finish = actions.contains(&Action::Finish);
+            let asked = actions.iter().any(|a| matches!(a, Action::DumpStacks { .. }));
+            if actions.iter().any(|a| matches!(a, Action::MarkHung { .. })) {
+                let ranks = self.slots.iter().filter(|s| s.live()).map(|s| s.end.rank).collect();
+                self.tell(|at_s| LocalEvent::Hung { at_s, ranks });
+            }
+            for action in actions {
+                self.act(action);
+            }
+            if peer && watching && !finish {
+                let ranks = self.slots.iter().filter(|s| s.dump_requested).map(|s| s.end.rank).collect();
+                self.tell(|at_s| LocalEvent::StacksRequested { at_s, ranks });
+            }
+            if finish {
+                break;
+            }
+            if asked {
+                // Stacks asked for just now may all be in already (or none was asked): look again
+                // at once rather than at the end of the wait.
+                input = Input::Changed;
+                continue;
+            }
+            let views = self.rank_views();
+            let view = self.view(&views, Instant::now());
+            let drain = self.plan.timing.pipe_drain_wait;
+            let deadline = [
+                self.machine.next_deadline(&view).map(|d| self.start + d),
+                self.slots.iter().filter_map(|slot| slot.drain_deadline(drain)).min(),
+                self.launcher.as_ref().filter(|_| self.looking_for_ranks()).map(|l| l.next_discovery),
+                live_progress.then_some(next_progress),
+                self.link.as_ref().map(|_| self.next_link),
+            ]
+            .into_iter()
+            .flatten()
+            .min();
+            input = self.wait(queue, wakes, deadline);
+        }
+        if live_progress {
+            let states: Vec<&RankState> = self.slots.iter().map(|s| &s.end.state).collect();
+            progress.update(&scenario.name, self.start.elapsed(), scenario.train.steps, &states);
+        }
+    }
+
+    /// Tells the link (on one node of several) what happened since it was last told, and reads
+    /// it: a failure on another node, once.
+    fn tell_link(&mut self, now: Instant) -> Option<String> {
+        let needs_done = self.plan.completion.needs_done();
+        let at_s = self.since(now);
+        let link = self.link.as_deref_mut()?;
+        for s in self.slots.iter().filter(|s| s.end.exit.is_some() || s.end.launch_error.is_some()) {
+            if !std::mem::replace(&mut self.ended_told[s.end.rank as usize], true) {
+                let how = s.end.exit.map_or_else(|| "failed to start".into(), describe_exit);
+                let (at_s, failed) = (s.end.ended_at_s.unwrap_or(at_s), failed_on_its_own(s, needs_done));
+                link.event(LocalEvent::RankEnded { rank: s.end.rank, at_s, failed, how });
+            }
+        }
+        if now < self.next_link {
+            return None;
+        }
+        self.next_link = now + LINK_EVERY;
+        let states: Vec<&RankState> = self.slots.iter().map(|s| &s.end.state).collect();
+        let pids: Vec<Option<u32>> = self.slots.iter().map(|s| s.end.pid.filter(|_| s.live())).collect();
+        link.event(LocalEvent::Tick { at_s, states: &states, pids: &pids });
+        if self.remote_failed {
+            return None;
+        }
+        let what = link.remote_failure()?;
+        self.remote_failed = true;
+        Some(what)
+    }
+
+    /// Tells the link (if any) of `event`, made with the time since the start.
+    fn tell(&mut self, event: impl FnOnce(f64) -> LocalEvent<'static>) {
+        let at_s = self.since(Instant::now());
+        if let Some(l) = self.link.as_deref_mut() {
+            l.event(event(at_s));
+        }
+    }
+
+    /// Starts every process of the plan.
+    fn spawn_all(&mut self) {
+        let plan = self.plan;
+        match plan.style {
+            Style::Launcher => self.spawn_launcher(),
+            Style::PerRank => {
+                for p in &plan.processes {
+                    let mut slot = Slot::new(p.rank, p);
+                    match process::spawn_rank(&spec(p, plan, self.res), self.sink.clone()) {
+                        Ok(child) => {
+                            slot.end.pid = Some(child.pid);
+                            self.ownership.groups.push(child.pid);
+                            slot.process = Some(child);
+                        }
+                        Err(e) => {
+                            slot.end.launch_error = Some(if plan.is_external() {
+                                launch_error_text(&plan.argv, &e)
+                            } else {
+                                format!("failed to start `{}`: {e}", p.program.display())
+                            })
+                        }
+                    }
+                    self.slots.push(slot);
+                }
+            }
+        }
+        let pids = self.slots.iter().map(|s| s.end.pid).collect();
+        self.tell(|at_s| LocalEvent::Started { at_s, pids });
+    }
+
+    /// Starts a launcher-style command: the marker FIFO and its reader, then the launcher.
+    fn spawn_launcher(&mut self) {
+        let plan = self.plan;
+        let p = &plan.processes[0];
+        let fifo = plan.marker_fifo.clone().unwrap_or_default();
+        let mut l = Launcher {
+            process: None,
+            launch_error: None,
+            exit: None,
+            exited_at: None,
+            exits: BTreeMap::new(),
+            watching: BTreeSet::new(),
+            stop: Arc::default(),
+            fifo: fifo.clone(),
+            unidentified: Vec::new(),
+            pid_ranks: Arc::default(),
+            next_discovery: self.start,
+            stdout_log: p.stdout_log.clone(),
+            stderr_log: p.stderr_log.clone(),
+        };
+        match process::open_marker_fifo(&fifo) {
+            Ok(file) => {
+                let (events, ranks) = (self.sink.clone(), l.pid_ranks.clone());
+                let global = plan.offset..plan.offset + plan.world;
+                let _ = std::thread::Builder::new()
+                    .name("markers-fifo".into())
+                    .spawn(move || process::read_tagged_markers(file, global, ranks, events));
+            }
+            Err(e) => {
+                l.launch_error = Some(format!("cannot create the marker FIFO `{}`: {e}", fifo.display()))
+            }
+        }
+        if l.launch_error.is_none() {
+            match process::spawn_rank(&spec(p, plan, self.res), self.sink.clone()) {
+                Ok(child) => {
+                    self.ownership.groups.push(child.pid);
+                    l.process = Some(child);
+                }
+                Err(e) => l.launch_error = Some(launch_error_text(&plan.argv, &e)),
+            }
+        }
+        self.launcher = Some(l);
+        self.slots = (0..plan.world).map(|rank| Slot::new(rank, p)).collect();
+    }
+
+    /// Sleeps until an urgent event or `deadline`, then folds every queued event in. Returns
+    /// what woke it.
+    fn wait(&mut self, queue: &Receiver<Event>, wakes: &Receiver<()>, deadline: Option<Instant>) -> Input {
+        let timeout =
+            deadline.map_or(Duration::from_secs(3600), |d| d.saturating_duration_since(Instant::now()));
+        let input = match wakes.recv_timeout(timeout) {
+            Ok(()) => Input::Changed,
+            Err(RecvTimeoutError::Timeout) => Input::Timer,
+            // Every sender is gone: nothing will change but the clock.
+            Err(RecvTimeoutError::Disconnected) => {
+                std::thread::sleep(timeout);
+                Input::Timer
+            }
+        };
+        while let Ok(event) = queue.try_recv() {
+            self.apply(event);
+        }
+        input
+    }
+
+    /// Folds one event into the slots.
+    fn apply(&mut self, event: Event) {
+        match event {
+            Event::Marker { rank, at, marker } => {
+                let t = self.since(at);
+                let Some(slot) = self.slots.get_mut(rank as usize) else { return };
+                // A worker marker is a claim on a process: checked now, while the worker runs.
+                if let crate::protocol::Marker::Worker { pid, .. } = &marker {
+                    match self.ownership.claim(*pid) {
+                        Ok(Some(who)) => slot.verified_workers.push(who),
+                        Ok(None) => {}
+                        Err(_) => {
+                            slot.end.state.apply_bad(t);
+                            slot.end.state.foreign_pids.push(*pid);
+                            return;
+                        }
+                    }
+                }
+                slot.end.state.apply(t, marker);
+            }
+            Event::BadMarker { rank, at } => {
+                let t = self.since(at);
+                if let Some(slot) = self.slots.get_mut(rank as usize) {
+                    slot.end.state.apply_bad(t);
+                }
+            }
+            Event::MarkersClosed { rank } => {
+                if let Some(slot) = self.slots.get_mut(rank as usize) {
+                    slot.markers_closed = true;
+                }
+            }
+            Event::Exited { rank, at } => {
+                let t = self.since(at);
+                match self.slots.get_mut(rank as usize) {
+                    Some(slot) => {
+                        slot.exit_seen_at.get_or_insert(t);
+                    }
+                    // The launcher's own exit (its number is past the ranks).
+                    None => {
+                        if let Some(l) = self.launcher.as_mut() {
+                            l.exited_at.get_or_insert(at);
+                        }
+                    }
+                }
+            }
+            // A launcher's output (its rank number is past the ranks) is every rank's: they share it.
+            Event::Output { rank, at } => {
+                let t = self.since(at);
+                match self.slots.get_mut(rank as usize) {
+                    Some(slot) => slot.end.last_output_at = Some(t),
+                    None => self.slots.iter_mut().for_each(|slot| slot.end.last_output_at = Some(t)),
+                }
+            }
+            Event::FoundExited { pid, exit, at } => {
+                if let Some(l) = self.launcher.as_mut() {
+                    l.exits.entry(pid).or_insert((exit, at));
+                }
+            }
+            // The flag is read at the top of the loop.
+            Event::Interrupt => {}
+        }
+    }
+
+    /// Takes the exit status of every process whose exit was announced.
+    fn note_exits(&mut self, now: Instant) {
+        let mut ended = Vec::new();
+        for slot in
+            self.slots.iter_mut().filter(|s| s.live() && s.process.is_some() && s.exit_seen_at.is_some())
+        {
+            if let Some(exit) = slot.process.as_ref().and_then(RankProcess::peek_exit) {
+                let at = slot.exit_seen_at.unwrap_or(0.0);
+                slot.end.exit = Some(exit);
+                slot.end.ended_at_s = Some(at);
+                slot.exited_at = Some(now);
+                ended.push((slot.end.rank, at));
+            }
+        }
+        if let Some(l) = self.launcher.as_mut() {
+            if l.live()
+                && l.exited_at.is_some()
+                && let Some(exit) = l.process.as_ref().and_then(RankProcess::peek_exit)
+            {
+                l.exit = Some(exit);
+            }
+            let launcher_pid = l.process.as_ref().map(|p| p.pid);
+            let launcher_exit = l.exit.map(|e| (Some(e), l.exited_at.unwrap_or(now)));
+            for slot in self.slots.iter_mut().filter(|s| s.found.is_some() && !s.found_gone) {
+                let pid = slot.found.unwrap_or(0);
+                // The launcher as a rank (Lightning's rank 0) is our own child: its exit is ours.
+                let seen = if Some(pid) == launcher_pid { launcher_exit } else { l.exits.get(&pid).copied() };
+                let Some((exit, at)) = seen else { continue };
+                slot.found_gone = true;
+                slot.end.exit = exit;
+                slot.end.exit_source = Some(match (exit.is_some(), Some(pid) == launcher_pid) {
+                    (true, true) => ExitSource::Launcher,
+                    (true, false) => ExitSource::Procfs,
+                    _ => ExitSource::Unknown,
+                });
+                let t = at.duration_since(self.start).as_secs_f64();
+                slot.end.ended_at_s = Some(t);
+                slot.exited_at = Some(now);
+                ended.push((slot.end.rank, t));
+            }
+        }
+        if let Some(sampler) = self.sampler.as_ref() {
+            for (rank, at_s) in ended {
+                sampler.rank_ended(rank, at_s);
+            }
+        }
+    }
+
+    /// Hands the sampler which process is which rank's, when that changed.
+    fn share_membership(&self) {
+        let members = Membership {
+            groups: self
+                .slots
+                .iter()
+                .filter(|s| s.process.is_some() || s.found.is_some())
+                .filter_map(|s| Some((s.end.rank, s.end.pid?)))
+                .collect(),
+            found: self.slots.iter().filter_map(|s| Some((s.end.rank, s.found?, !s.found_gone))).collect(),
+            workers: self
+                .slots
+                .iter()
+                .flat_map(|s| s.verified_workers.iter().map(|w| (s.end.rank, *w)))
+                .collect(),
+        };
+        if let Ok(mut m) = self.members.lock()
+            && *m != members
+        {
+            *m = members;
+        }
+    }
+
+    /// Whether rank discovery has work: a rank not found yet, or a weak identification (spawn
+    /// order) the markers or the port may still confirm or correct, while the launcher runs.
+    fn looking_for_ranks(&self) -> bool {
+        self.launcher.as_ref().is_some_and(Launcher::live)
+            && self.slots.iter().any(|s| s.found.is_none() || s.weakly_identified())
+    }
+
+    /// One round of rank discovery below the launcher (see [`external::discover_ranks`]): new
+    /// ranks take their slots (their pid watched for its exit, their identity recorded for
+    /// ownership checks); a rank first found by a weak signal (spawn order) takes the stronger
+    /// one's word when it comes, the same process or not, as long as nothing was sent to it yet.
+    /// Discovery sees global rank numbers (`RANK`, the markers' ranks); slots are numbered from 0.
+    fn discover(&mut self, now: Instant) {
+        let looking = self.looking_for_ranks();
+        let missing = self.slots.iter().any(|s| s.found.is_none());
+        let Some(l) = self.launcher.as_mut() else { return };
+        l.next_discovery = now + if missing { DISCOVER_EVERY } else { REDISCOVER_EVERY };
+        if !looking {
+            return;
+        }
+        confirm_by_markers(l, &mut self.slots);
+        let Some(root) = l.process.as_ref().map(|p| p.pid) else { return };
+        let (offset, world) = (self.plan.offset, self.slots.len() as u32);
+        let known = external::Known {
+            found: self.slots.iter().filter_map(|s| Some((s.end.rank + offset, s.found?))).collect(),
+            claims: l
+                .pid_ranks
+                .lock()
+                .map(|r| r.claimed.iter().map(|(&pid, &rank)| (pid, rank + offset)).collect())
+                .unwrap_or_default(),
+            port: self.plan.master_port,
+        };
+        for external::FoundRank { rank, pid, by } in
+            external::discover_ranks(root, &self.plan.run_id, offset + world, &known)
+        {
+            let Some(rank) = rank.checked_sub(offset) else { continue };
+            let Some(slot) = self.slots.get_mut(rank as usize) else { continue };
+            let had = slot.end.identified_by.map_or(0, IdentifiedBy::strength);
+            let stronger = slot.found.is_some() && by.strength() > had;
+            if slot.found == Some(pid) {
+                if stronger {
+                    slot.end.identified_by = Some(by);
+                }
+                continue;
+            }
+            let untouched = slot.end.torn_down_with.is_none() && !slot.dump_requested && !slot.found_gone;
+            if slot.found.is_some() && !(stronger && untouched) {
+                continue;
+            }
+            let Some(who) = owner::identify(pid) else { continue };
+            slot.found = Some(pid);
+            slot.found_id = Some(who);
+            slot.end.identified_by = Some(by);
+            slot.end.pid = Some(pid);
+            self.ownership.ranks.push(who);
+            if Some(pid) != l.process.as_ref().map(|p| p.pid) {
+                l.watch(pid, &self.sink);
+            }
+            if let Ok(mut r) = l.pid_ranks.lock() {
+                r.found.insert(pid, rank);
+            }
+            // A spawn-order guess that named this process for another rank is void.
+            for other in self.slots.iter_mut().filter(|s| s.end.rank != rank && s.found == Some(pid)) {
+                other.found = None;
+                other.found_id = None;
+                other.end.pid = None;
+                other.end.identified_by = None;
+            }
+        }
+        let found: Vec<u32> = self.slots.iter().filter_map(|s| s.found).collect();
+        if found.len() < self.slots.len() {
+            for pid in external::unidentified_children(root, &found) {
+                if !l.unidentified.iter().any(|u| u.pid == pid)
+                    && let Some(who) = owner::identify(pid)
+                {
+                    l.unidentified.push(who);
+                    l.watch(pid, &self.sink);
+                }
+            }
+        }
+    }
+
+    fn rank_views(&self) -> Vec<RankView> {
+        let external = self.plan.is_external();
+        let needs_done = self.plan.completion.needs_done();
+        let launcher = self.plan.style == Style::Launcher;
+        self.slots
+            .iter()
+            .map(|s| {
+                // An external program may send no markers: its output counts as a sign of life.
+                let marker = s.end.state.last_marker_at.unwrap_or(0.0);
+                let last = if external { marker.max(s.end.last_output_at.unwrap_or(0.0)) } else { marker };
+                RankView {
+                    rank: s.end.rank,
+                    live: s.live(),
+                    unfound: launcher && s.found.is_none(),
+                    failed: failed_on_its_own(s, needs_done),
+                    last_activity: Duration::from_secs_f64(last.max(0.0)),
+                }
+            })
+            .collect()
+    }
+
+    fn view<'v>(&self, ranks: &'v [RankView], now: Instant) -> View<'v> {
+        let drain = self.plan.timing.pipe_drain_wait;
+        View {
+            ranks,
+            launcher_live: self.launcher.as_ref().is_some_and(Launcher::live),
+            no_rank_found: self.plan.style == Style::Launcher && self.slots.iter().all(|s| s.found.is_none()),
+            stacks_answered: self.stacks_answered(),
+            finished: !self.launcher.as_ref().is_some_and(Launcher::live)
+                && self.slots.iter().all(|s| s.finished(now, drain)),
+        }
+    }
+
+    /// Every live rank asked for stacks has answered, from every process asked.
+    fn stacks_answered(&self) -> bool {
+        self.slots
+            .iter()
+            .filter(|s| s.live() && s.dump_requested)
+            .all(|s| s.end.state.stacks_complete && s.end.state.stack_ends >= s.dumps_requested)
+    }
+
+    /// Carries out one of the machine's decisions.
+    fn act(&mut self, action: Action) {
+        match action {
+            Action::MarkHung { rank, silence_s } => {
+                if let Some(slot) = self.slots.get_mut(rank as usize) {
+                    slot.end.intervention = Some(Intervention::Hung { silence_s });
+                }
+            }
+            Action::MarkTimedOut { rank } => {
+                if let Some(slot) = self.slots.get_mut(rank as usize) {
+                    slot.end.intervention = Some(Intervention::TimedOut);
+                }
+            }
+            Action::DumpStacks { ranks, look: Look::Stuck } => self.dump_stacks(&ranks),
+            Action::DumpStacks { ranks, look: Look::Interrupt | Look::Peer } => {
+                // The built-in trainer answers from its own handler, fast; an external program has
+                // none, and py-spy is too slow here.
+                let ownership = &self.ownership;
+                for slot in self
+                    .slots
+                    .iter_mut()
+                    .filter(|s| s.live() && ranks.contains(&s.end.rank) && s.process.is_some())
+                {
+                    slot.dumps_requested = teardown::request_stacks(&slot_members(slot, &[]), ownership);
+                    slot.dump_requested = slot.dumps_requested > 0;
+                }
+            }
+            Action::Signal(Teardown::Term) => {
+                let answered = self.stacks_answered();
+                self.signal_ranks(libc::SIGTERM);
+                self.signal_launcher(libc::SIGTERM);
+                self.tell(|at_s| LocalEvent::TearingDown { at_s, stacks_answered: answered });
+            }
+            Action::Signal(Teardown::Kill) => self.signal_ranks(libc::SIGKILL),
+            Action::Signal(Teardown::KillLauncher) => self.signal_launcher(libc::SIGKILL),
+            Action::Finish => {}
+        }
+    }
+
+    /// Signals every live rank. A launcher's rank is torn down only by what reached it (its
+    /// launcher may end it).
+    fn signal_ranks(&mut self, signal: i32) {
+        let found: Vec<(u32, u32)> = self.slots.iter().filter_map(|s| Some((s.end.rank, s.found?))).collect();
+        for slot in self.slots.iter_mut().filter(|s| s.live()) {
+            let others: Vec<u32> =
+                found.iter().filter(|(r, _)| *r != slot.end.rank).map(|(_, p)| *p).collect();
+            if signal_slot(slot, &self.ownership, &others, signal) {
+                slot.end.torn_down_with = Some(Signal::from_number(signal));
+            }
+        }
+    }
+
+    /// Signals the launcher's process group while the launcher runs (its group is ours: its
+    /// leader is our unreaped child).
+    fn signal_launcher(&self, signal: i32) {
+        if let Some(p) = self.launcher.as_ref().filter(|l| l.live()).and_then(|l| l.process.as_ref()) {
+            p.signal_group(signal);
+        }
+    }
+
+    /// Looks before killing: asks the ranks' processes for their stacks (the built-in trainer's
+    /// handler), or takes them from outside (py-spy) for an external program.
+    fn dump_stacks(&mut self, ranks: &[u32]) {
+        // The launcher can be a rank itself (Lightning's rank 0): the other ranks in its process
+        // group are not its workers.
+        let found: Vec<(u32, u32)> = self.slots.iter().filter_map(|s| Some((s.end.rank, s.found?))).collect();
+        let external = self.plan.is_external();
+        for slot in self.slots.iter_mut().filter(|s| s.live() && ranks.contains(&s.end.rank)) {
+            let others: Vec<u32> =
+                found.iter().filter(|(r, _)| *r != slot.end.rank).map(|(_, p)| *p).collect();
+            let members = slot_members(slot, &others);
+            if external {
+                // A foreign program has no handler for our stack-dump signal (SIGUSR1 would kill
+                // it): look from outside instead.
+                let rank_pid = slot.end.pid;
+                slot.end.dumps = members
+                    .iter()
+                    .map(|&pid| {
+                        let role = if Some(pid) == rank_pid { ProcessRole::Rank } else { ProcessRole::Child };
+                        external::py_spy_dump(self.py_spy.as_deref(), pid, slot.end.rank, role)
+                    })
+                    .collect();
+            } else if slot.process.is_some() {
+                slot.dumps_requested = teardown::request_stacks(&members, &self.ownership);
+            }
+            slot.dump_requested = true;
+        }
+    }
+
+    /// Stops sampling, collects every end and sweeps what outlived the ranks.
+    fn finish(
+        mut self,
+        queue: &Receiver<Event>,
+        swept: Vec<crate::schema::LeftoverSegment>,
+        shm_dir: &Path,
+        shm_before: &[shm::Segment],
+    ) -> Supervised {
+        let plan = self.plan;
+        // Exits the watchers saw since the loop last looked (what ran below a launcher that
+        // looked like a rank is judged by them).
+        while let Ok(event) = queue.try_recv() {
+            if let Event::FoundExited { .. } = event {
+                self.apply(event);
+            }
+        }
+        let Sampled { memory: recorder, oom, gpu } =
+            self.sampler.take().and_then(SamplerThread::finish).unwrap_or_else(|| Sampled {
+                memory: MemoryRecorder::new(
+                    plan.world,
+                    plan.sample_every.as_secs_f64(),
+                    self.res.private_shm.is_some(),
+                ),
+                oom: OomWatch::start(None),
+                gpu: super::sampler::GpuOutcome::Off,
+            });
+        let states: Vec<&RankState> = self.slots.iter().map(|s| &s.end.state).collect();
+        let pids: Vec<Option<u32>> = self.slots.iter().map(|s| s.end.pid).collect();
+        let memory = recorder.finish(&states, &pids);
+        let gpu = gpu.finish(&states, &pids);
+        let interrupted = self.machine.interrupted();
+        let (start, res) = (self.start, self.res);
+        let (ends, external, processes) = self.collect();
+        let mut shm = swept;
+        shm.extend(teardown::remove_leftover_segments(
+            shm_dir,
+            shm_before,
+            &plan.run_id,
+            res.private_shm.is_some(),
+        ));
+        let (cgroup, oom_kills) = oom.finish(res.cgroup, &ends);
+        Supervised {
+            cgroup,
+            oom_kills,
+            ends,
+            wall_s: start.elapsed().as_secs_f64(),
+            interrupted,
+            memory,
+            leftovers: Leftovers { shm, processes },
+            external,
+            gpu,
+        }
+    }
+
+    /// Reaps the launcher of a `launcher`-style run and reads its output: which ranks torchrun
+    /// says failed and how (for ranks whose end was not seen), the lines to quote per rank, and
+    /// whether its stdout matched the completion pattern; then settles the ranks no process of
+    /// which was identified.
+    fn launcher_end(&mut self) -> Option<(LauncherEnd, bool)> {
+        let mut l = self.launcher.take()?;
+        l.stop.store(true, Ordering::Relaxed);
+        let offset = self.plan.offset;
+        let (exit, stdout, stderr) = match l.process.take() {
+            Some(p) => {
+                let pid = p.pid;
+                let (exit, stdout, stderr, _) = p.reap();
+                (Some((pid, l.exit.unwrap_or(exit))), stdout, stderr)
+            }
+            None => (None, Default::default(), Default::default()),
+        };
+        let matched = stdout.matched;
+        let mut lines = stderr.last_lines(400);
+        lines.extend(stdout.last_lines(100));
+        let failures = external::torchrun_failures(&lines);
+        for slot in &mut self.slots {
+            slot.end.quotes = quotes::program_quotes(&quotes::rank_lines(&lines, slot.end.rank + offset));
+        }
+        let launcher_name = self.plan.argv.first().cloned().unwrap_or_default();
+        for slot in &mut self.slots {
+            let from_torchrun = failures.iter().find(|f| f.rank == slot.end.rank + offset);
+            match (slot.found, slot.end.exit, from_torchrun) {
+                (Some(_), None, Some(f)) => {
+                    slot.end.exit = Some(f.exit);
+                    slot.end.exit_source = Some(ExitSource::Torchrun);
+                }
+                (Some(_), None, None) if exit.is_some_and(|(_, e)| e == process::Exit::Code(0)) => {
+                    // torchrun ends with status 0 only when every rank did.
+                    slot.end.exit = Some(process::Exit::Code(0));
+                    slot.end.exit_source = Some(ExitSource::LauncherStatus0);
+                }
+                _ => {}
+            }
+        }
+        confirm_by_markers(&l, &mut self.slots);
+        settle_unidentified(&mut self.slots, &l, exit, &launcher_name, self.start, offset);
+        let _ = std::fs::remove_file(&l.fifo);
+        let end = LauncherEnd {
+            pid: exit.map(|(pid, _)| pid),
+            exit_code: exit.and_then(|(_, e)| match e {
+                process::Exit::Code(c) => Some(c),
+                _ => None,
+            }),
+            signal: exit.and_then(|(_, e)| match e {
+                process::Exit::Signal { signal, .. } => Some(Signal::from_number(signal)),
+                _ => None,
+            }),
+            launch_error: l.launch_error.clone(),
+            stdout_log: file_name(&l.stdout_log),
+            stderr_log: file_name(&l.stderr_log),
+            unidentified_processes: l
+                .unidentified
+                .iter()
+                .filter(|u| !self.slots.iter().any(|s| s.found == Some(u.pid)))
+                .count() as u32,
+            quotes: quotes::program_quotes(&lines),
+            log_tail: if stderr.tail.trim().is_empty() {
+                stdout.last_lines(40)
+            } else {
+                stderr.last_lines(40)
+            },
+        };
+        Some((end, matched))
+    }
+
+    /// Reaps every process, gathers their output and the launcher's, and sweeps what outlived
+    /// the ranks.
+    fn collect(mut self) -> (Vec<RankEnd>, Option<ExternalRun>, Vec<LeftoverProcess>) {
+        let plan = self.plan;
+        let is_external = plan.is_external();
+        let pattern_matched = std::cell::Cell::new(false);
+        let launcher_end = self.launcher_end().map(|(end, matched)| {
+            pattern_matched.set(matched);
+            end
+        });
+        self.share_membership();
+        let members = self.members.lock().map(|m| m.clone()).unwrap_or_default();
+        let worker_ids: Vec<(u32, u32)> =
+            self.slots.iter().flat_map(|s| s.end.state.workers.iter().map(|w| (w.pid, w.id))).collect();
+        let mut processes = teardown::kill_leftover_processes(&members, &worker_ids, &self.ownership);
+        processes.extend(teardown::kill_cgroup_leftovers(self.res.cgroup, &members));
+
+        let tail_lines = if is_external { 400 } else { 40 };
+        let mut ends: Vec<RankEnd> = self
+            .slots
+            .into_iter()
+            .map(|mut slot| {
+                if let Some(process) = slot.process.take() {
+                    let (exit, stdout, stderr, _leftovers) = process.reap();
+                    slot.end.exit.get_or_insert(exit);
+                    slot.end
+                        .log_errors
+                        .extend([&stdout, &stderr].into_iter().filter_map(|c| c.write_error.clone()));
+                    pattern_matched.set(pattern_matched.get() || stdout.matched);
+                    if is_external {
+                        let mut lines = stderr.last_lines(tail_lines);
+                        lines.extend(stdout.last_lines(100));
+                        slot.end.quotes = quotes::program_quotes(&lines);
+                    }
+                    slot.end.stdout_tail = stdout.last_lines(tail_lines);
+                    slot.end.stderr_tail = stderr.last_lines(tail_lines);
+                }
+                slot.end
+            })
+            .collect();
+        if is_external {
+            for end in &mut ends {
+                end.completed = Some(match &plan.completion {
+                    Completion::ExitStatus => true,
+                    Completion::Done => end.state.done,
+                    Completion::Stdout(_) => pattern_matched.get(),
+                });
+            }
+        }
+        let external_run = is_external.then(|| ExternalRun {
+            argv: plan.argv.clone(),
+            style: plan.style.external(),
+            style_chosen: plan.style_chosen.clone(),
+            markers_seen: ends.iter().any(|e| e.state.markers > 0),
+            completion: plan.completion.describe(),
+            launcher: launcher_end,
+            py_spy: self.py_spy.as_ref().map(|p| p.display().to_string()),
+        });
+        (ends, external_run, processes)
+    }
+}
+
+/// The ranks of a launcher whose process no signal identified, once the launcher has ended:
+/// - the launcher exited 0: each passes on that status (a clean run is never a failed launch);
+/// - it could not start, or ended with no process below it that looked like a rank: the rank was
+///   never started as far as anyone can tell (`launch_failed`, with the launcher's exit);
+/// - else the processes below it that looked like ranks are judged as processes: those that
+///   failed (a signal, a non-zero status) take the unidentified ranks' places in the order the
+///   processes started, each with its own exit (`rank number unknown`), so first failure and
+///   collateral come from what they did; the other ranks take the launcher's status.
+fn settle_unidentified(
+    slots: &mut [Slot],
+    l: &Launcher,
+    exit: Option<(u32, process::Exit)>,
+    launcher_name: &str,
+    start: Instant,
+    offset: u32,
+) {
+    let found: Vec<u32> = slots.iter().filter_map(|s| s.found).collect();
+    let looked: Vec<Identity> = l.unidentified.iter().copied().filter(|u| !found.contains(&u.pid)).collect();
+    let unknown = match looked.len() {
+        0 => String::new(),
+        1 => "; 1 process below the launcher looks like a rank; its rank number is unknown".to_string(),
+        n => format!("; {n} processes below the launcher look like ranks; their rank numbers are unknown"),
+    };
+    let mut failed = looked
+        .iter()
+        .filter_map(|u| match l.exits.get(&u.pid) {
+            Some(&(Some(e), at)) => Some((u.pid, e, at)),
+            _ => None,
+        })
+        .filter(|(_, e, _)| *e != process::Exit::Code(0));
+    let launcher_exit = exit.map(|(_, e)| e);
+    for slot in slots.iter_mut().filter(|s| s.found.is_none()) {
+        // What the launcher's output prefixes with `[rankN]:` is rank N's by PyTorch's numbering,
+        // not this slot's process's: it stays quoted as the launcher's output only.
+        slot.end.quotes.clear();
+        match (launcher_exit, &l.launch_error) {
+            // The launcher never started: that is the whole story, no rank could.
+            (_, Some(e)) => slot.end.launch_error = Some(e.clone()),
+            // Torn down for a hang or the time limit: that is the outcome, whatever ran below.
+            (Some(e), None) if slot.end.intervention.is_some() => {
+                slot.end.exit = Some(e);
+                slot.end.exit_source = Some(ExitSource::LauncherStatus);
+            }
+            (Some(process::Exit::Code(0)), None) => {
+                slot.end.exit = Some(process::Exit::Code(0));
+                slot.end.exit_source = Some(ExitSource::NotIdentified);
+            }
+            (Some(e), None) if !looked.is_empty() => {
+                if let Some((pid, exit, at)) = failed.next() {
+                    slot.end.pid = Some(pid);
+                    slot.end.exit = Some(exit);
+                    slot.end.ended_at_s = Some(at.duration_since(start).as_secs_f64());
+                    slot.end.exit_source = Some(ExitSource::ProcfsRankUnknown);
+                } else {
+                    slot.end.exit = Some(e);
+                    slot.end.ended_at_s = l.exited_at.map(|at| at.duration_since(start).as_secs_f64());
+                    slot.end.exit_source = Some(ExitSource::LauncherStatus);
+                }
+            }
+            (Some(e), None) => {
+                let how = format!("the launcher `{launcher_name}` {}", describe_exit(e));
+                slot.end.launch_error = Some(not_identified(slot.end.rank + offset, &unknown, &how));
+            }
+            (None, None) => {
+                let how = format!("the launcher `{launcher_name}` did not run");
+                slot.end.launch_error = Some(not_identified(slot.end.rank + offset, &unknown, &how));
+            }
+        }
+    }
+}
+
+fn not_identified(rank: u32, unknown: &str, how: &str) -> String {
+    format!(
+        "no process of rank {rank} was identified under the launcher (by `RANK`, `LOCAL_RANK`, `SLURM_PROCID`, `OMPI_COMM_WORLD_RANK`, `PMI_RANK`, the helper's markers, the rendezvous port, the launcher itself or a spawn order){unknown}; {how}"
+    )
+}
+
+/// `exited with status 1`, `was killed by SIGKILL`.
+fn describe_exit(exit: process::Exit) -> String {
+    match exit {
+        process::Exit::Code(c) => format!("exited with status {c}"),
+        process::Exit::Signal { signal, .. } => format!("was killed by {}", signal_name(signal)),
+    }
+}
+
+/// A command that could not start, with the fix for the usual cause.
+fn launch_error_text(argv: &[String], err: &std::io::Error) -> String {
+    let program = argv.first().map_or("", String::as_str);
+    if err.kind() == std::io::ErrorKind::NotFound && !program.contains('/') {
+        format!(
+            "failed to start `{program}`: not found on `PATH`; put the folder that holds it (e.g. your venv's `bin`) on `PATH`, or give its path in `command`"
+        )
+    } else {
+        format!("failed to start `{program}`: {err}")
+    }
+}
+
+/// Whether this rank has ended by itself in a way that is not a success. An exit status of 0
+/// counts as one only where completion is the `done` marker (an output pattern is judged once
+/// all output is in).
+fn failed_on_its_own(slot: &Slot, needs_done: bool) -> bool {
+    if slot.end.launch_error.is_some() {
+        return true;
+    }
+    match slot.end.exit {
+        Some(process::Exit::Code(0)) => needs_done && !slot.end.state.done,
+        Some(_) => slot.end.torn_down_with.is_none(),
+        None => false,
+    }
+}
+
+fn file_name(path: &Path) -> String {
+    path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+}
