@@ -175,9 +175,11 @@ fn last_sign(ev: &Evidence, rank: &RankResult) -> String {
     }
 }
 
-/// `; 2 processes below the launcher look like ranks; their rank numbers are unknown`, or nothing.
-pub fn looked_like_ranks(launcher: Option<&LauncherEnd>) -> String {
-    match launcher.map_or(0, |l| l.unidentified_processes) {
+/// `; 2 processes below the launcher look like ranks; their rank numbers are unknown` for `count`
+/// such processes, or nothing: the one wording of it, for the harness's messages, the verdict and
+/// the report.
+pub fn looked_like_ranks(count: u32) -> String {
+    match count {
         0 => String::new(),
         1 => "; 1 process below the launcher looks like a rank; its rank number is unknown".to_string(),
         n => format!("; {n} processes below the launcher look like ranks; their rank numbers are unknown"),
@@ -194,6 +196,7 @@ fn launcher_ended(launcher: Option<&LauncherEnd>) -> String {
 }
 
 fn exit_source(rank: &RankResult, launcher: Option<&LauncherEnd>) -> Option<String> {
+    let looked = looked_like_ranks(launcher.map_or(0, |l| l.unidentified_processes));
     rank.exit_source.map(|source| match source {
         ExitSource::Procfs => format!(
             "rank {}'s exit status was read from `/proc/{}/stat` while it was a zombie (it is the launcher's child, not ups-doctor's)",
@@ -205,14 +208,14 @@ fn exit_source(rank: &RankResult, launcher: Option<&LauncherEnd>) -> Option<Stri
         ExitSource::NotIdentified => format!(
             "rank {}'s process was never identified{}; the launcher exited with status 0",
             rank.rank,
-            looked_like_ranks(launcher)
+            looked
         ),
         ExitSource::ProcfsRankUnknown => format!(
             "process {} is below the launcher, but no signal gave its rank number{}; {}: it is listed as rank {} \
              only by the order the processes that failed started; its exit status was read from `/proc/{}/stat` while \
              it was a zombie",
             rank.pid.map_or("?".into(), |p| p.to_string()),
-            looked_like_ranks(launcher),
+            looked,
             launcher_ended(launcher),
             rank.rank,
             rank.pid.map_or("?".into(), |p| p.to_string()),
@@ -220,7 +223,7 @@ fn exit_source(rank: &RankResult, launcher: Option<&LauncherEnd>) -> Option<Stri
         ExitSource::LauncherStatus => format!(
             "rank {}'s process was never identified{}; {}: its outcome is the launcher's",
             rank.rank,
-            looked_like_ranks(launcher),
+            looked,
             launcher_ended(launcher)
         ),
         ExitSource::LauncherStatus0 => format!("rank {} ended while the launcher exited with status 0, which torchrun does only when every rank did", rank.rank),

@@ -1131,11 +1131,7 @@ fn settle_unidentified(
 ) {
     let found: Vec<u32> = slots.iter().filter_map(|s| s.found).collect();
     let looked: Vec<Identity> = l.unidentified.iter().copied().filter(|u| !found.contains(&u.pid)).collect();
-    let unknown = match looked.len() {
-        0 => String::new(),
-        1 => "; 1 process below the launcher looks like a rank; its rank number is unknown".to_string(),
-        n => format!("; {n} processes below the launcher look like ranks; their rank numbers are unknown"),
-    };
+    let unknown = crate::diagnose::looked_like_ranks(looked.len() as u32);
     let mut failed = looked
         .iter()
         .filter_map(|u| match l.exits.get(&u.pid) {

@@ -65,7 +65,7 @@ fn identified_line(ranks: &[RankResult], launcher: Option<&LauncherEnd>) -> Stri
     // only when a rank was left without a process.
     let looked = match launcher.map_or(0, |l| l.unidentified_processes) {
         n if n > 0 && ranks.iter().any(|r| r.identified_by.is_none()) => {
-            let words = crate::diagnose::looked_like_ranks(launcher);
+            let words = crate::diagnose::looked_like_ranks(n);
             let words = words.trim_start_matches("; ");
             format!(" {}{}.", words[..1].to_uppercase(), &words[1..])
         }
