@@ -214,14 +214,23 @@ fn syscall_name(n: i64) -> Option<&'static str> {
     NAMES.iter().find(|(num, _)| i64::from(*num) == n).map(|(_, name)| *name)
 }
 
-/// How a process that is not our child ended, read while it is a zombie (field 52 of
-/// `/proc/PID/stat`, the wait status, since Linux 3.5). `None` while it runs or once it is gone.
-pub fn zombie_exit(pid: u32) -> Option<Exit> {
-    let stat = memory::read_stat(pid)?;
-    if stat.state != 'Z' {
-        return None;
+/// A launcher's process, from one read of its `/proc/PID/stat`: how one that is not our child
+/// ended can only be read while it is a zombie (field 52, the wait status, since Linux 3.5).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum FoundState {
+    Running,
+    /// A zombie (with its exit status), or gone (reaped by the launcher: no status left to read).
+    Ended(Option<Exit>),
+}
+
+/// Whether `pid` runs or has ended, and how, from one read: two reads (is it a zombie? is it
+/// alive?) can straddle its death and report it gone without the status it left.
+pub fn found_state(pid: u32) -> FoundState {
+    match memory::read_stat(pid) {
+        None => FoundState::Ended(None),
+        Some(s) if s.state == 'Z' => FoundState::Ended(s.exit_code.map(decode_wait_status)),
+        Some(_) => FoundState::Running,
     }
-    Some(decode_wait_status(stat.exit_code?))
 }
 
 /// A raw wait status as [`Exit`].
@@ -231,11 +240,6 @@ pub fn decode_wait_status(status: i32) -> Exit {
     } else {
         Exit::Signal { signal: status & 0x7f, core_dumped: status & 0x80 != 0 }
     }
-}
-
-/// Whether `pid` still exists and is not a zombie.
-pub fn alive(pid: u32) -> bool {
-    memory::read_stat(pid).is_some_and(|s| s.state != 'Z')
 }
 
 /// Sends `signal` to a rank a launcher started, `who` as first found, and to every process below
@@ -683,8 +687,7 @@ Root Cause (first observed failure):
         assert!(thread.syscall.is_some(), "{thread:?}");
         go.send(()).unwrap();
         parked.join().unwrap();
-        assert_eq!(zombie_exit(me), None);
-        assert!(alive(me));
+        assert_eq!(found_state(me), FoundState::Running);
     }
 
     #[test]
@@ -692,15 +695,17 @@ Root Cause (first observed failure):
         let child = Command::new("sh").args(["-c", "exit 3"]).spawn().unwrap();
         let pid = child.id();
         // Not reaped yet: it stays a zombie until waited for.
-        let mut seen = None;
+        let mut seen = FoundState::Running;
         for _ in 0..500 {
-            seen = zombie_exit(pid);
-            if seen.is_some() {
+            seen = found_state(pid);
+            if seen != FoundState::Running {
                 break;
             }
             std::thread::sleep(Duration::from_millis(10));
         }
-        assert_eq!(seen, Some(Exit::Code(3)));
+        assert_eq!(seen, FoundState::Ended(Some(Exit::Code(3))));
         drop(child.wait_with_output());
+        // Reaped: gone, with no status left to read.
+        assert_eq!(found_state(pid), FoundState::Ended(None));
     }
 }

@@ -216,8 +216,7 @@ impl Launcher {
 /// Stops at `stop`, or once the process is gone.
 fn watch_found(pid: u32, sink: Sink, stop: Arc<AtomicBool>) {
     while !stop.load(Ordering::Relaxed) {
-        let exit = external::zombie_exit(pid);
-        if exit.is_some() || !external::alive(pid) {
+        if let external::FoundState::Ended(exit) = external::found_state(pid) {
             sink.send(Event::FoundExited { pid, exit, at: Instant::now() });
             return;
         }
