@@ -486,8 +486,12 @@ fn at_rendezvous(
 /// The process `pid` and everything below it, except other ranks (`others`) and what is below
 /// them: a rank's own processes (its DataLoader workers), whatever their process group.
 pub fn rank_members(pid: u32, others: &[u32]) -> Vec<u32> {
-    let table = memory::processes();
-    let children = children_of(&table);
+    rank_members_in(&memory::processes(), pid, others)
+}
+
+/// [`rank_members`] in a process table already read.
+pub fn rank_members_in(table: &[memory::ProcStat], pid: u32, others: &[u32]) -> Vec<u32> {
+    let children = children_of(table);
     let mut members = vec![pid];
     let mut queue = vec![pid];
     while let Some(p) = queue.pop() {

@@ -33,11 +33,19 @@ pub fn usage(dir: &Path) -> Option<Usage> {
 
 /// The regular files directly in `dir`, sorted by name (nothing when it cannot be read).
 pub fn segments(dir: &Path) -> Vec<Segment> {
+    segments_named(dir, "")
+}
+
+/// The regular files directly in `dir` whose names start with `prefix`, sorted by name: only
+/// those are `stat`ed (the sampler asks four times a second for one run's own segments, and a
+/// shared machine's `/dev/shm` may hold thousands of others).
+pub fn segments_named(dir: &Path, prefix: &str) -> Vec<Segment> {
     let Ok(entries) = fs::read_dir(dir) else {
         return Vec::new();
     };
     let mut out: Vec<Segment> = entries
         .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().as_encoded_bytes().starts_with(prefix.as_bytes()))
         .filter_map(|e| {
             let meta = e.metadata().ok().filter(|m| m.is_file())?;
             Some(Segment {

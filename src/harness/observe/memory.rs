@@ -3,6 +3,7 @@
 //! Pure: the procfs and `/dev/shm` reads happen in [`crate::probe`], driven by `supervise`.
 
 use std::collections::{BTreeMap, HashSet};
+use std::time::{Duration, Instant};
 
 use crate::probe::memory::Rollup;
 use crate::probe::shm::{Segment, Usage};
@@ -151,6 +152,53 @@ impl MemoryRecorder {
     }
 }
 
+/// When a process's `smaps_rollup` is read again. It is the one costly read of a sample: the
+/// kernel walks every page the process maps (0.67 ms for a 150 MiB rank, measured; ten times that
+/// for gigabytes) while holding its memory map's lock, which the rank's own `mmap` and `munmap`
+/// wait for. Its resident size (`statm`, read in microseconds) is read every sample; the full
+/// figures are read again once the last reading is [`ROLLUP_EVERY`] old (longer for a process
+/// whose reading is slow: at most about 1 % of a core each), and at once when the resident size
+/// grew by a sixteenth since: a rising peak is followed, a flat one read once a second.
+#[derive(Debug, Default)]
+pub struct RollupCadence {
+    /// By (pid, start time): the last full reading, when it was taken, how long it took.
+    last: BTreeMap<(u32, u64), (Rollup, Instant, Duration)>,
+}
+
+/// The longest a process's PSS, USS and shared figures go unread while its resident size is flat.
+pub const ROLLUP_EVERY: Duration = Duration::from_secs(1);
+/// A slow reading waits this many times its own duration before the next.
+const ROLLUP_COST_FACTOR: u32 = 100;
+
+impl RollupCadence {
+    /// The memory of process (`pid`, `start_ticks`) whose resident size is `rss` now: a fresh full
+    /// reading from `read` (which returns it and how long it took) when one is due, else the last
+    /// one with the resident size of now. `None` when a due reading fails.
+    pub fn memory(
+        &mut self,
+        (pid, start_ticks): (u32, u64),
+        rss: u64,
+        now: Instant,
+        read: impl FnOnce() -> Option<(Rollup, Duration)>,
+    ) -> Option<Rollup> {
+        let key = (pid, start_ticks);
+        if let Some((last, at, took)) = self.last.get(&key) {
+            let every = ROLLUP_EVERY.max(*took * ROLLUP_COST_FACTOR);
+            if now.saturating_duration_since(*at) < every && rss <= last.rss + last.rss / 16 {
+                return Some(Rollup { rss, ..*last });
+            }
+        }
+        let (rollup, took) = read()?;
+        self.last.insert(key, (rollup, now, took));
+        Some(rollup)
+    }
+
+    /// Forgets processes not in `live` (pid, start time).
+    pub fn keep_only(&mut self, live: &HashSet<(u32, u64)>) {
+        self.last.retain(|key, _| live.contains(key));
+    }
+}
+
 /// Whether each worker holds a private copy of a `bytes` dataset, from its peak USS: a worker
 /// that only reads pages it shares (copy-on-write after fork, or a cache in `/dev/shm`) has a
 /// USS far below the dataset's size.
@@ -289,6 +337,52 @@ mod tests {
             [ShmAt { rank: 1, t_s: 0.6, used_bytes: 64 * MIB, total_bytes: 64 * MIB }]
         );
         assert!(report.shm.private);
+    }
+
+    #[test]
+    fn a_flat_process_is_read_in_full_once_a_second_and_a_growing_one_at_once() {
+        let mut cadence = RollupCadence::default();
+        let t0 = Instant::now();
+        let ms = |n: u64| t0 + Duration::from_millis(n);
+        let quick = Duration::from_micros(700);
+        let mut reads = 0;
+        let mut at = |c: &mut RollupCadence, t: Instant, rss: u64, full: Rollup| {
+            c.memory((10, 5), rss * MIB, t, || {
+                reads += 1;
+                Some((full, quick))
+            })
+        };
+        assert_eq!(at(&mut cadence, ms(0), 100, mem(100, 80, 60)), Some(mem(100, 80, 60)));
+        // Flat: the last full figures, with the resident size of now.
+        let same = at(&mut cadence, ms(250), 101, mem(0, 0, 0)).unwrap();
+        assert_eq!((same.rss, same.pss, same.uss), (101 * MIB, 80 * MIB, 60 * MIB));
+        at(&mut cadence, ms(750), 100, mem(0, 0, 0));
+        // A second after the last reading: read again.
+        assert_eq!(at(&mut cadence, ms(1000), 100, mem(100, 85, 65)), Some(mem(100, 85, 65)));
+        // Grown by a sixteenth: read at once.
+        assert_eq!(at(&mut cadence, ms(1250), 107, mem(107, 92, 72)), Some(mem(107, 92, 72)));
+        drop(at);
+        assert_eq!(reads, 3);
+    }
+
+    #[test]
+    fn a_slow_reading_waits_a_hundred_times_its_duration_and_a_new_process_is_read_at_once() {
+        let mut cadence = RollupCadence::default();
+        let t0 = Instant::now();
+        let slow = Duration::from_millis(30);
+        let read = |full: Rollup, took| move || Some((full, took));
+        cadence.memory((10, 5), 100 * MIB, t0, read(mem(100, 80, 60), slow));
+        let later = t0 + Duration::from_millis(2500);
+        let kept = cadence.memory((10, 5), 100 * MIB, later, read(mem(100, 1, 1), slow)).unwrap();
+        assert_eq!(kept.pss, 80 * MIB, "3 s between readings of 30 ms");
+        let at_3s = t0 + Duration::from_secs(3);
+        assert_eq!(cadence.memory((10, 5), 100 * MIB, at_3s, read(mem(100, 1, 1), slow)).unwrap().pss, MIB);
+        // The same pid started anew is another process.
+        assert_eq!(cadence.memory((10, 6), 100 * MIB, at_3s, read(mem(100, 2, 2), slow)).unwrap().pss, 2 * MIB);
+        // A failed reading of a due process is no figure.
+        assert_eq!(cadence.memory((11, 1), MIB, at_3s, || None), None);
+        cadence.keep_only(&HashSet::from([(10, 6)]));
+        assert_eq!(cadence.last.len(), 1);
     }
 
     #[test]

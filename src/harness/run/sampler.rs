@@ -10,7 +10,9 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::harness::observe::gpu::{GpuRecorder, GpuSample};
-use crate::harness::observe::memory::{MemoryRecorder, ProcSample, ShmSample, ours_bytes};
+use crate::harness::observe::memory::{
+    MemoryRecorder, ProcSample, RollupCadence, ShmSample, ours_bytes, segment_prefix,
+};
 use crate::harness::observe::oom::OomWatch;
 use crate::harness::observe::state::RankState;
 use crate::probe::nvml::{Nvml, Sampler as NvmlSampler};
@@ -78,7 +80,8 @@ pub struct SamplerThread {
 
 /// `/dev/shm` now: the filesystem's use and this run's own segments.
 pub fn shm_now(dir: &std::path::Path, run_id: &str) -> ShmSample {
-    ShmSample { usage: shm::usage(dir), ours: ours_bytes(&shm::segments(dir), run_id) }
+    let ours = shm::segments_named(dir, &segment_prefix(run_id));
+    ShmSample { usage: shm::usage(dir), ours: ours_bytes(&ours, run_id) }
 }
 
 impl SamplerThread {
@@ -104,10 +107,11 @@ impl SamplerThread {
                 },
             };
             let mut next_memory = start;
+            let mut cadence = RollupCadence::default();
             loop {
                 let now = Instant::now();
                 if now >= next_memory {
-                    let procs = sample_processes(&members.lock().map(|m| m.clone()).unwrap_or_default());
+                    let procs = sample_processes(&members.lock().map(|m| m.clone()).unwrap_or_default(), &mut cadence);
                     oom.saw(&procs);
                     memory.record(since(now), &procs, shm_now(&shm_dir, &run_id));
                     next_memory = now + every;
@@ -144,18 +148,24 @@ impl SamplerThread {
     }
 }
 
-/// Memory of every live process of every rank.
-fn sample_processes(members: &Membership) -> Vec<ProcSample> {
-    let below = members.below();
-    memory::processes()
-        .into_iter()
+/// Memory of every live process of every rank, from one read of the process table: the resident
+/// size of now, and the full figures as often as `cadence` says.
+fn sample_processes(members: &Membership, cadence: &mut RollupCadence) -> Vec<ProcSample> {
+    let table = memory::processes();
+    let below = members.below(&table);
+    let now = Instant::now();
+    let procs: Vec<ProcSample> = table
+        .iter()
         .filter(|p| !p.zombie())
         .filter_map(|p| {
-            let rank = members.rank_of(&below, &p)?;
-            let mem = memory::read_smaps_rollup(p.pid)?;
-            Some(ProcSample { pid: p.pid, rank, command: p.command, mem })
+            let rank = members.rank_of(&below, p)?;
+            let rss = memory::read_rss(p.pid)?;
+            let mem = cadence.memory((p.pid, p.start_ticks), rss, now, || memory::read_smaps_rollup_timed(p.pid))?;
+            Some(ProcSample { pid: p.pid, rank, command: p.command.clone(), mem })
         })
-        .collect()
+        .collect();
+    cadence.keep_only(&table.iter().map(|p| (p.pid, p.start_ticks)).collect());
+    procs
 }
 
 /// Lowers the calling thread to nice 10 (Linux nice values are per thread): a sample then rarely

@@ -32,14 +32,15 @@ pub struct Membership {
 }
 
 impl Membership {
-    /// Every process below a launcher's running rank (the rank itself included), pid → rank;
-    /// read from `/proc` now. Another rank and what is below it are not this rank's (`mp.spawn`'s
-    /// ranks share the launcher's process group, srun's tasks the first task's).
-    pub fn below(&self) -> BTreeMap<u32, u32> {
+    /// Every process below a launcher's running rank (the rank itself included), pid → rank, in
+    /// `table` (the process table, read once by the caller). Another rank and what is below it are
+    /// not this rank's (`mp.spawn`'s ranks share the launcher's process group, srun's tasks the
+    /// first task's).
+    pub fn below(&self, table: &[memory::ProcStat]) -> BTreeMap<u32, u32> {
         let mut below = BTreeMap::new();
         for &(rank, pid, _) in self.found.iter().filter(|f| f.2) {
             let others: Vec<u32> = self.found.iter().filter(|f| f.0 != rank).map(|f| f.1).collect();
-            for member in external::rank_members(pid, &others) {
+            for member in external::rank_members_in(table, pid, &others) {
                 below.insert(member, rank);
             }
         }
@@ -94,8 +95,9 @@ pub fn kill_leftover_processes(
     run: &owner::Run,
 ) -> Vec<LeftoverProcess> {
     let me = std::process::id();
-    let below = members.below();
-    let mut found: Vec<(LeftoverProcess, Identity)> = memory::processes()
+    let table = memory::processes();
+    let below = members.below(&table);
+    let mut found: Vec<(LeftoverProcess, Identity)> = table
         .into_iter()
         .filter(|p| !p.zombie() && p.pid != me)
         .filter_map(|p| {
@@ -140,7 +142,7 @@ pub fn kill_cgroup_leftovers(cgroup: Option<&ScenarioCgroup>, members: &Membersh
         return Vec::new();
     };
     let table = memory::processes();
-    let below = members.below();
+    let below = members.below(&table);
     let left: Vec<LeftoverProcess> = cgroup
         .members()
         .into_iter()
