@@ -118,6 +118,9 @@ def _send(marker):
         if rank is not None:
             marker["rank"] = rank
         marker["pid"] = os.getpid()
+    # When it was written (CLOCK_MONOTONIC, the clock ups-doctor converts from): ups-doctor reads
+    # markers in batches, so the time it reads a line at is not when the line was written.
+    marker["mono_ns"] = time.monotonic_ns()
     line = (json.dumps(marker, allow_nan=False, default=str) + "\n").encode()
     # One write per line: lines up to PIPE_BUF (4096 bytes) from several processes never mix.
     with _lock:

@@ -1,8 +1,10 @@
 //! The marker wire format shared by the trainer (writer) and the harness (reader).
 //!
 //! Each rank or worker writes one JSON object per line to an inherited pipe whose file descriptor
-//! number is in [`MARKER_FD_ENV`]. The harness stamps every line on arrival, so markers carry no
-//! clock of their own beyond durations measured inside the process.
+//! number is in [`MARKER_FD_ENV`]. A line may carry the moment it was written, [`STAMP_KEY`]
+//! (`CLOCK_MONOTONIC` in nanoseconds: one clock for every process of a machine); the harness
+//! takes that as the marker's time, else the moment it read the line. It reads its pipes in
+//! batches (to wake less often beside the trainer), so the writer's stamp is the exact one.
 //!
 //! This module owns only the format: no tch, no IO policy. The crash handler writes the
 //! [`Marker::CrashRaw`] form by hand (it cannot allocate); [`write_crash_raw`] is that encoder, kept
@@ -38,6 +40,34 @@ pub const STACK_DUMP_SIGNAL: i32 = Signal::SIGUSR1 as i32;
 
 /// Longest marker line the harness accepts; longer lines are cut and flagged.
 pub const MAX_MARKER_LINE: usize = 1 << 20;
+
+/// The key of a marker line's write time: `CLOCK_MONOTONIC` in nanoseconds (Python:
+/// `time.monotonic_ns()`). Optional; not part of [`Marker`], which ignores it.
+pub const STAMP_KEY: &str = "mono_ns";
+
+/// The write time a marker line carries ([`STAMP_KEY`]), found in its text without decoding it
+/// again: the key at an object's key position (after `{` or `,`; inside a JSON string a quote is
+/// always escaped, so the text there cannot match), followed by an unsigned integer.
+pub fn stamp_of(line: &str) -> Option<u64> {
+    let key = "\"mono_ns\":";
+    let mut from = 0;
+    while let Some(pos) = line[from..].find(key).map(|p| p + from) {
+        let before = line[..pos].trim_end();
+        if before.ends_with('{') || before.ends_with(',') {
+            let rest = line[pos + key.len()..].trim_start();
+            let digits = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
+            return rest[..digits].parse().ok();
+        }
+        from = pos + key.len();
+    }
+    None
+}
+
+/// `CLOCK_MONOTONIC` now, in nanoseconds: the clock of [`STAMP_KEY`]. Async-signal-safe.
+pub fn monotonic_ns() -> Option<u64> {
+    let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).ok()?;
+    Some(u64::try_from(now.tv_sec()).ok()? * 1_000_000_000 + u64::try_from(now.tv_nsec()).ok()?)
+}
 
 /// One event reported by a rank or worker.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -148,6 +178,24 @@ impl Marker {
         line
     }
 
+    /// Encodes the marker as one line stamped with the time now ([`STAMP_KEY`]); unstamped if the
+    /// clock cannot be read.
+    pub fn to_stamped_line(&self) -> String {
+        match monotonic_ns() {
+            Some(ns) => self.to_line_at(ns),
+            None => self.to_line(),
+        }
+    }
+
+    /// Encodes the marker as one line stamped with its write time `mono_ns` ([`STAMP_KEY`]).
+    pub fn to_line_at(&self, mono_ns: u64) -> String {
+        let mut line = serde_json::to_string(self).expect("markers always serialise");
+        // A marker is a JSON object: the stamp goes in before its closing brace.
+        line.pop();
+        line.push_str(&format!(",\"{STAMP_KEY}\":{mono_ns}}}\n"));
+        line
+    }
+
     /// Decodes one line (without its newline).
     pub fn parse(line: &str) -> Result<Marker, serde_json::Error> {
         serde_json::from_str(line)
@@ -156,10 +204,14 @@ impl Marker {
 
 /// Encodes a [`Marker::CrashRaw`] line into `buf` without allocating, for use in a signal
 /// handler. Returns the number of bytes written; frames that do not fit are dropped.
-pub fn write_crash_raw(buf: &mut [u8], signal: i32, addrs: &[usize]) -> usize {
+pub fn write_crash_raw(buf: &mut [u8], signal: i32, mono_ns: Option<u64>, addrs: &[usize]) -> usize {
     let mut w = SliceWriter { buf, len: 0 };
     w.put(b"{\"t\":\"crash_raw\",\"signal\":");
     w.put_dec(signal as i64);
+    if let Some(ns) = mono_ns {
+        w.put(b",\"mono_ns\":");
+        w.put_dec(ns as i64);
+    }
     w.put(b",\"addrs\":[");
     for (i, &a) in addrs.iter().enumerate() {
         // Keep room for the closing `]}\n` and one more entry.
@@ -251,9 +303,10 @@ mod tests {
     #[test]
     fn crash_raw_encoding_parses_as_a_marker() {
         let mut buf = [0u8; 256];
-        let n = write_crash_raw(&mut buf, 11, &[0x1234, 0xdead_beef]);
+        let n = write_crash_raw(&mut buf, 11, Some(123_456_789_012), &[0x1234, 0xdead_beef]);
         let line = std::str::from_utf8(&buf[..n]).unwrap();
         assert!(line.ends_with('\n'));
+        assert_eq!(stamp_of(line), Some(123_456_789_012));
         let marker = Marker::parse(line.trim_end()).unwrap();
         assert_eq!(
             marker,
@@ -265,7 +318,7 @@ mod tests {
     fn crash_raw_encoding_drops_frames_that_do_not_fit_but_stays_valid() {
         let mut buf = [0u8; 96];
         let addrs: Vec<usize> = (0..50).map(|i| 0x7fff_0000_0000 + i).collect();
-        let n = write_crash_raw(&mut buf, 6, &addrs);
+        let n = write_crash_raw(&mut buf, 6, None, &addrs);
         let marker = Marker::parse(std::str::from_utf8(&buf[..n]).unwrap().trim_end()).unwrap();
         match marker {
             Marker::CrashRaw { signal, addrs } => {
@@ -280,6 +333,26 @@ mod tests {
     fn markers_round_trip_through_lines() {
         let m = Marker::Step { step: 3, loss: 0.5, data_ms: 1.0, compute_ms: 2.0, samples: 16 };
         assert_eq!(Marker::parse(m.to_line().trim_end()).unwrap(), m);
+        assert_eq!(stamp_of(&m.to_line()), None);
+        let stamped = m.to_line_at(42_000_000_001);
+        assert!(stamped.ends_with(",\"mono_ns\":42000000001}\n"), "{stamped}");
+        assert_eq!(Marker::parse(stamped.trim_end()).unwrap(), m, "the stamp is no field of the marker");
+        assert_eq!(stamp_of(&stamped), Some(42_000_000_001));
+        let now = monotonic_ns().unwrap();
+        assert!(stamp_of(&m.to_stamped_line()).is_some_and(|ns| ns >= now));
+    }
+
+    #[test]
+    fn a_stamp_is_found_only_where_it_is_a_key() {
+        // Any place among the keys, with the spaces other writers (Python's `json.dumps`) put.
+        assert_eq!(stamp_of(r#"{"mono_ns": 17, "t":"progress","phase":"x","done":1,"total":2}"#), Some(17));
+        assert_eq!(stamp_of(r#"{"t":"error" , "mono_ns":5,"message":"m"}"#), Some(5));
+        // The same text inside a string value is escaped there, so it is no stamp.
+        assert_eq!(stamp_of(r#"{"t":"error","message":"a,\"mono_ns\":9"}"#), None);
+        assert_eq!(stamp_of(r#"{"t":"error","message":"a,\"mono_ns\":9","mono_ns":10}"#), Some(10));
+        assert_eq!(stamp_of(r#"{"t":"error","mono_ns":-3}"#), None);
+        assert_eq!(stamp_of(r#"{"t":"error","mono_ns":"3"}"#), None);
+        assert_eq!(stamp_of("not json"), None);
     }
 
     #[test]

@@ -178,13 +178,13 @@ extern "C" fn on_fatal_signal(sig: i32, _info: *mut libc::siginfo_t, _ctx: *mut 
         let fd = markers::raw_fd();
         if fd >= 0 {
             let mut buf = [0u8; 4096];
-            let len = protocol::write_crash_raw(&mut buf, sig, &addrs[..n]);
+            let len = protocol::write_crash_raw(&mut buf, sig, protocol::monotonic_ns(), &addrs[..n]);
             // SAFETY: write(2) is async-signal-safe; buf holds `len` initialised bytes.
             unsafe { libc::write(fd, buf.as_ptr().cast(), len) };
             // Best effort from here on: symbolising allocates. If it faults, the nested fatal
             // signal is blocked, so the kernel kills us with it, which is still the right status.
             let frames = symbolise(&addrs[..n]);
-            let line = Marker::Crash { signal: sig, frames }.to_line();
+            let line = Marker::Crash { signal: sig, frames }.to_stamped_line();
             // SAFETY: as above.
             unsafe { libc::write(fd, line.as_ptr().cast(), line.len()) };
         }

@@ -47,8 +47,9 @@ pub fn emit(marker: &Marker) {
     let mut sink = SINK.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(file) = sink.as_mut() {
         // One write per line: pipe writes up to PIPE_BUF are atomic, so lines never interleave
-        // with the stack-dump thread's.
-        let _ = file.write_all(marker.to_line().as_bytes());
+        // with the stack-dump thread's. Stamped with the time of writing: the harness reads its
+        // pipes in batches, so the time it reads a line at is not when the line was written.
+        let _ = file.write_all(marker.to_stamped_line().as_bytes());
     }
 }
 

@@ -5,13 +5,13 @@
 use std::ffi::{CString, OsString};
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read};
-use std::os::fd::{FromRawFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::protocol::{MARKER_FD_ENV, MARKER_INO_ENV, MAX_MARKER_LINE, Marker};
 
@@ -149,10 +149,8 @@ pub struct RankProcess {
 
 /// Starts a rank. Its markers and pipe closure arrive on `events`.
 pub fn spawn_rank(spec: &RankSpec, events: Sink) -> io::Result<RankProcess> {
-    let (read_fd, write_fd) = pipe_cloexec()?;
-    // SAFETY: both fds were just created and are owned here.
-    let reader = unsafe { File::from_raw_fd(read_fd) };
-    let writer = unsafe { File::from_raw_fd(write_fd) };
+    let (reader, writer) = marker_pipe()?;
+    let write_fd = writer.as_raw_fd();
     let parent = std::process::id() as i32;
     let mount_ns = spec.mount_ns.clone();
     let cgroup = spec.cgroup.clone();
@@ -236,13 +234,12 @@ pub fn spawn_rank(spec: &RankSpec, events: Sink) -> io::Result<RankProcess> {
     Ok(RankProcess { pid, child, stdout, stderr })
 }
 
-fn pipe_cloexec() -> io::Result<(RawFd, RawFd)> {
-    let mut fds = [0; 2];
-    // SAFETY: `fds` is a valid out-array of two ints.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok((fds[0], fds[1]))
+/// The marker pipe, (read end, write end), both close-on-exec (the child clears the flag on its
+/// write end alone), enlarged so that a writer does not wait for the paced reader.
+fn marker_pipe() -> io::Result<(File, File)> {
+    let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+    enlarge_pipe(read.as_fd());
+    Ok((File::from(read), File::from(write)))
 }
 
 /// Waits, in a thread of its own, for the rank's exit without reaping it (`WNOWAIT` leaves the
@@ -273,16 +270,17 @@ pub fn open_marker_fifo(path: &std::path::Path) -> io::Result<File> {
     use std::os::unix::ffi::OsStrExt;
     let c_path = CString::new(path.as_os_str().as_bytes()).map_err(io::Error::other)?;
     let _ = std::fs::remove_file(path);
-    // SAFETY: a valid C string; mode 0600: only this user's processes may write markers.
-    if unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: as above; the fd is owned by the returned File.
-    let fd = unsafe { libc::open(c_path.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(unsafe { File::from_raw_fd(fd) })
+    // Mode 0600: only this user's processes may write markers.
+    nix::unistd::mkfifo(c_path.as_c_str(), nix::sys::stat::Mode::from_bits_truncate(0o600))?;
+    // Opened for reading and writing: the open does not wait for a writer, and the FIFO never
+    // reads as ended while the run goes on.
+    let fd = nix::fcntl::open(
+        c_path.as_c_str(),
+        nix::fcntl::OFlag::O_RDWR | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )?;
+    enlarge_pipe(fd.as_fd());
+    Ok(File::from(fd))
 }
 
 /// Which rank each writer of a launcher-style run's FIFO is, pid → rank: what the lines said
@@ -292,6 +290,74 @@ pub fn open_marker_fifo(path: &std::path::Path) -> io::Result<File> {
 pub struct PidRanks {
     pub claimed: std::collections::BTreeMap<u32, u32>,
     pub found: std::collections::BTreeMap<u32, u32>,
+}
+
+/// How often at most a marker reader reads its pipe while markers keep coming.
+pub const MARKER_BATCH: Duration = Duration::from_millis(100);
+
+/// The marker pipe's size asked for (Linux's default limit for an unprivileged process): 1 MiB
+/// holds the lines of a [`MARKER_BATCH`] at over 100,000 markers a second, so a writer does not
+/// wait for the reader's next batch.
+const MARKER_PIPE_BYTES: i32 = 1 << 20;
+
+/// Stamps older than this are not believed (a writer's clock is the machine's, so this only
+/// guards against a foreign writer's nonsense); the time of reading stands instead.
+const STAMP_MAX_AGE: Duration = Duration::from_secs(600);
+
+/// A pipe read at most once per [`MARKER_BATCH`]: a trainer sends about ten markers a step, and
+/// a reader woken for each line (1,250 a second at 150 steps/s, measured) takes a core from the
+/// trainer's threads that often, each time making an OpenMP barrier wait for the thread it
+/// preempted. Paced, it reads whatever arrived since, at most ten times a second. The first
+/// line after a quiet spell is read as it comes (a read that waited needs no pause), and a read
+/// that filled the buffer is followed at once (more is waiting). A line's time is the writer's
+/// stamp (see [`written_at`]); exits do not come through here (see [`watch_exit`]), so neither
+/// when a rank ended nor when it wrote its last marker depends on the pacing.
+struct Paced<R> {
+    inner: R,
+    /// When the last read returned, unless it filled the buffer.
+    last: Option<Instant>,
+}
+
+impl<R> Paced<R> {
+    fn new(inner: R) -> Paced<R> {
+        Paced { inner, last: None }
+    }
+}
+
+impl<R: Read> Read for Paced<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if let Some(due) = self.last.map(|last| last + MARKER_BATCH) {
+            let now = Instant::now();
+            if now < due {
+                std::thread::sleep(due - now);
+            }
+        }
+        let n = self.inner.read(buf);
+        let full = matches!(n, Ok(n) if n == buf.len());
+        self.last = (!full).then(Instant::now);
+        n
+    }
+}
+
+/// Asks for a marker pipe (or FIFO) of [`MARKER_PIPE_BYTES`]; one the kernel refuses (a user
+/// over their pipe quota) keeps its 64 KiB, and a writer then waits a little at most.
+fn enlarge_pipe(fd: std::os::fd::BorrowedFd<'_>) {
+    let _ = nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_SETPIPE_SZ(MARKER_PIPE_BYTES));
+}
+
+/// When a marker line read at `read_at` was written: its writer's stamp
+/// ([`crate::protocol::STAMP_KEY`], `CLOCK_MONOTONIC`) on ups-doctor's clock, or `read_at` for a
+/// line without one or with one that cannot be right (after its reading, or older than
+/// [`STAMP_MAX_AGE`]).
+pub fn written_at(line: &str, read_at: Instant) -> Instant {
+    let stamped = || {
+        let stamp = crate::protocol::stamp_of(line)?;
+        let (now_ns, now) = (crate::protocol::monotonic_ns()?, Instant::now());
+        let age = Duration::from_nanos(now_ns.checked_sub(stamp)?);
+        let at = now.checked_sub(age)?;
+        (age <= STAMP_MAX_AGE && at <= read_at).then_some(at)
+    };
+    stamped().unwrap_or(read_at)
 }
 
 /// Lines kept for a writer whose rank is not known yet, per writer and writers at most.
@@ -382,7 +448,7 @@ pub fn read_tagged_markers(
     ranks: std::sync::Arc<std::sync::Mutex<PidRanks>>,
     events: Sink,
 ) {
-    let mut reader = BufReader::with_capacity(1 << 16, fifo);
+    let mut reader = BufReader::with_capacity(1 << 16, Paced::new(fifo));
     let mut buf = Vec::with_capacity(4096);
     let mut router = TaggedRouter { ranks: global, pending: Default::default() };
     loop {
@@ -391,8 +457,9 @@ pub fn read_tagged_markers(
             Ok(0) | Err(_) => return,
             Ok(_) => {}
         }
-        let at = Instant::now();
+        let read_at = Instant::now();
         let line = String::from_utf8_lossy(&buf);
+        let at = written_at(&line, read_at);
         let parent = |pid: u32| crate::probe::memory::read_stat(pid).map(|s| s.ppid);
         for event in router.route(line.trim_end(), at, &ranks, parent) {
             if !events.send(event) {
@@ -403,7 +470,7 @@ pub fn read_tagged_markers(
 }
 
 fn read_markers(rank: u32, pipe: File, events: Sink) {
-    let mut reader = BufReader::with_capacity(1 << 16, pipe);
+    let mut reader = BufReader::with_capacity(1 << 16, Paced::new(pipe));
     let mut buf = Vec::with_capacity(4096);
     loop {
         buf.clear();
@@ -423,7 +490,7 @@ fn read_markers(rank: u32, pipe: File, events: Sink) {
             continue;
         }
         let event = match Marker::parse(line) {
-            Ok(marker) => Event::Marker { rank, at, marker },
+            Ok(marker) => Event::Marker { rank, at: written_at(line, at), marker },
             Err(_) => Event::BadMarker { rank, at },
         };
         if !events.send(event) {
