@@ -165,7 +165,7 @@ class Bench:
             ("`ups-doctor train`, markers into a pipe drained by `cat` (the rank's share, no harness)",
              stats([x["trainer_steps_per_s"] for x in res["piped"]]), None,
              stats([x["wall_s"] for x in res["piped"]])),
-            ("`ups-doctor run` (markers, memory and `/dev/shm` sampling every 250 ms, supervisor)",
+            ("`ups-doctor run` (markers, memory and `/dev/shm` sampling, supervisor)",
              stats([x["trainer_steps_per_s"] for x in res["harnessed"]]),
              stats([x["harness_steps_per_s"] for x in res["harnessed"]]),
              stats([x["wall_s"] for x in res["harnessed"]])),
@@ -178,15 +178,16 @@ class Bench:
             "",
             f"The reference scenario (`{scenario}`, {steps} steps, one rank, {self.threads} intra-op "
             "threads) run bare and under the harness with everything it samples on (markers for every "
-            "phase through the pipe, per-process PSS/USS of the rank's tree and `/dev/shm` every 250 ms "
-            "in a sampling thread at nice 10, the supervisor, which sleeps until an exit, a stack dump or "
+            "phase through the pipe, read at most ten times a second; per-process RSS of the rank's tree and "
+            "`/dev/shm` every 250 ms, PSS/USS from `smaps_rollup` once a second or when RSS grew, in a sampling "
+            "thread at nice 10; the supervisor, which sleeps until an exit, a stack dump or "
             "its next deadline (no fixed tick); NVML sampling, `limits.gpu_sample_ms`, is on but has no "
             "GPU to read on a machine without one).",
             "",
             "Both sides are measured on the same clock: the trainer's own, over the training loop (first "
             "step's start to the last step's end, start-up excluded), from its `done:` line (bare: stdout; "
             "under `run`: the rank's `rank0.stdout.log`). The harness's own `steps_per_s` "
-            "(result.json, from marker arrival times) is shown next to it.",
+            "(result.json, from the times the rank stamped on its markers) is shown next to it.",
             "",
             "```sh",
             shell(bare_cmd, env),

@@ -16,14 +16,15 @@ def readings(key, bench):
                    f"{spread[0]:.1%} to {spread[1]:.1%}). ")
         if ratio >= 0.99:
             out[0] += ("The harness costs the trainer nothing beyond noise: the rank's part is about ten small "
-                       "marker writes per step into a pipe; sampling and the supervisor run in the harness "
-                       "process. ")
+                       "stamped marker writes per step into a pipe, which the harness reads at most ten times a "
+                       "second; sampling (RSS every 250 ms, `smaps_rollup` once a second or when RSS grows) "
+                       "and the supervisor run in the harness process. ")
         else:
             out[0] += ("That is below the 0.99 goal. What the harness adds runs beside the trainer on the same "
-                       "cores: its marker reader wakes for the rank's marker lines (about ten per step), and a "
-                       "sampling thread at nice 10 reads `/proc/<pid>/smaps_rollup` of the rank's process tree "
-                       "and `statvfs` of `/dev/shm` every 250 ms; the supervisor itself sleeps until an exit or "
-                       "a deadline. When the trainer's intra-op threads occupy every core, each such wake-up "
+                       "cores: its marker reader wakes at most ten times a second to read the rank's marker "
+                       "lines (about ten per step), and a sampling thread at nice 10 reads the RSS of the "
+                       "rank's process tree and `statvfs` of `/dev/shm` every 250 ms and `smaps_rollup` once a "
+                       "second or when RSS grows; the supervisor itself sleeps until an exit or a deadline. When the trainer's intra-op threads occupy every core, each such wake-up "
                        "preempts one of them, and an OpenMP barrier then waits for it. ")
             if spread[1] >= 0.99:
                 out[0] += "Some rounds did meet it, so part of the gap is the machine's noise. "
@@ -38,8 +39,8 @@ def readings(key, bench):
                            f"bare: {share} of the gap; the rest is the harness's reading and sampling beside the "
                            "trainer. ")
         rh = r["ratio_harness_clock"]["median"]
-        out[0] += (f"On the harness's own clock (marker arrival times) the ratio is {rh:.1%}: both clocks span the "
-                   "same loop.")
+        out[0] += (f"On the harness's own clock (the times the rank stamped on its markers) the ratio is "
+                   f"{rh:.1%}: both clocks span the same loop.")
     elif key == "loader":
         med = lambda tag, name, k: stats([x[k] for x in r[tag]["rounds"][name]])["median"]  # noqa: E731
         parts, behind = [], []

@@ -453,9 +453,9 @@ extern "C" fn on_interrupt(_sig: i32) {
         1 if now.saturating_sub(FIRST_INTERRUPT_NS.load(Ordering::SeqCst)) <= INTERRUPT_GRACE_NS => {}
         // A third signal, or a second one after the grace: the user insists. Leave now; ranks
         // die with us (PR_SET_PDEATHSIG); results of finished scenarios are already on disk.
-        // SAFETY: _exit(2) is async-signal-safe and runs no destructor or atexit handler of the
-        // interrupted code (std's `exit` would); nix has no wrapper for it.
-        _ => unsafe { libc::_exit(exit::INTERRUPTED as i32) },
+        // `exit_now` is async-signal-safe and runs no destructor or atexit handler of the
+        // interrupted code.
+        _ => harness::os::sys::exit_now(exit::INTERRUPTED as i32),
     }
 }
 

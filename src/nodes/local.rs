@@ -3,7 +3,6 @@
 //! loopback, each with its own ranks, `/dev/shm` namespace (`data.shm_size`) and cgroup. How a
 //! user reproduces a multi-node layout on one machine, and how `bisect` runs a multi-node probe.
 
-use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::AtomicBool;
@@ -74,13 +73,8 @@ pub fn run_local(
             .stdin(Stdio::null())
             .stdout(log.try_clone().map_err(|e| internal("open an agent's log", e))?)
             .stderr(log);
-        // SAFETY: prctl is async-signal-safe; the agent (and so its ranks) dies with us.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
+        // The agent (and so its ranks) dies with us.
+        crate::harness::os::sys::die_with_parent(&mut cmd);
         let child = cmd.spawn().map_err(|e| internal(&format!("start `{}`", program.display()), e))?;
         agents.push((node, child));
     }

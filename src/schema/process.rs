@@ -207,7 +207,8 @@ pub struct RankResult {
     pub stacks: Vec<ThreadStack>,
     /// Seconds since the scenario started: when the process ended (or was torn down).
     pub ended_at_s: Option<f64>,
-    /// Seconds since the scenario started: when its last marker arrived.
+    /// Seconds since the scenario started: when its last marker was written (the writer's stamp,
+    /// else when the harness read it).
     pub last_marker_at_s: Option<f64>,
     /// For a hung rank: seconds of silence when the hang was declared.
     #[serde(default, skip_serializing_if = "Option::is_none")]

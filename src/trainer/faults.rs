@@ -153,11 +153,7 @@ fn os_random_unit() -> f64 {
 /// A write to an unmapped address: the kernel delivers a genuine SIGSEGV (SEGV_MAPERR).
 #[inline(never)]
 pub fn inject_segv() -> ! {
-    // The first page is never mapped on Linux (vm.mmap_min_addr), so this faults every time.
-    let bad = std::hint::black_box(0x10usize) as *mut u64;
-    // SAFETY: deliberately unsound; the resulting SIGSEGV is the point of this fault.
-    unsafe { bad.write_volatile(0xdead) };
-    unreachable!("the write to {bad:?} should have faulted")
+    super::os::write_to_unmapped_page()
 }
 
 #[inline(never)]

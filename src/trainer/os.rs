@@ -1,8 +1,10 @@
 //! The trainer's few system calls that no crate wraps safely, each behind a safe function:
-//! `strsignal(3)` (PyTorch words a worker's death with it) and `_exit(2)` (a forked child or an
-//! injected fault leaves without running the parent's destructors or atexit handlers). nix
-//! covers the rest (fork, pipes, poll, waitpid, prctl, mmap); what stays `unsafe` elsewhere in the
-//! trainer is memory shared with libtorch or other processes, not calls.
+//! `strsignal(3)` (PyTorch words a worker's death with it), `_exit(2)` (a forked child or an
+//! injected fault leaves without running the parent's destructors or atexit handlers) and a
+//! deliberate write to an unmapped page (the `segv` fault). nix covers the rest (fork, pipes,
+//! poll, waitpid, prctl, mmap); what stays `unsafe` elsewhere in the trainer is memory shared
+//! with libtorch or other processes (the c10d and NCCL shims, the loader's ring), the crash
+//! handler, and taking ownership of the inherited marker descriptor, not calls.
 
 use nix::sys::signal::Signal;
 
@@ -24,6 +26,17 @@ pub fn signal_description(sig: Signal) -> String {
 pub fn exit_now(code: i32) -> ! {
     // SAFETY: _exit(2) has no preconditions and never returns; nix has no wrapper for it.
     unsafe { libc::_exit(code) }
+}
+
+/// Writes to an address that is never mapped: the kernel delivers a genuine SIGSEGV
+/// (SEGV_MAPERR), as a rank's native bug would.
+#[inline(never)]
+pub fn write_to_unmapped_page() -> ! {
+    // The first page is never mapped on Linux (vm.mmap_min_addr), so this faults every time.
+    let bad = std::hint::black_box(0x10usize) as *mut u64;
+    // SAFETY: deliberately unsound; the resulting SIGSEGV is the point of this fault.
+    unsafe { bad.write_volatile(0xdead) };
+    unreachable!("the write to {bad:?} should have faulted")
 }
 
 #[cfg(test)]

@@ -67,7 +67,7 @@ fn collapses_into_train(phase: &str, step: Option<u64>) -> bool {
 }
 
 impl RankState {
-    /// Folds one marker that arrived at `at` into the state.
+    /// Folds one marker written at `at` (its writer's stamp, else when it was read) into the state.
     pub fn apply(&mut self, at: f64, marker: Marker) {
         self.markers += 1;
         self.last_marker_at = Some(at);
@@ -114,7 +114,7 @@ impl RankState {
                     span.end_s = Some(at);
                 }
             }
-            // Arrival time is all a progress marker is for (it moved `last_marker_at` above).
+            // Its time is all a progress marker is for (it moved `last_marker_at` above).
             Marker::Progress { .. } => {}
             Marker::Done { checksum, optimizer_state_bytes, .. } => {
                 self.done = true;

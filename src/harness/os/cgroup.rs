@@ -314,8 +314,8 @@ fn kill_members(dir: &Path) -> Vec<u32> {
 /// Sends `signal` to `pid` only if it is, provably, a member of the group at `dir`.
 fn signal_member(dir: &Path, pid: u32, signal: i32) -> bool {
     // The pidfd first: membership is then checked for the process it names.
-    let Ok(fd) = super::pidfd::open(pid) else { return false };
-    members(dir).contains(&pid) && super::pidfd::send_signal(&fd, signal).is_ok()
+    let Ok(fd) = super::sys::pidfd_open(pid) else { return false };
+    members(dir).contains(&pid) && super::sys::pidfd_send_signal(&fd, signal).is_ok()
 }
 
 /// Waits (bounded) until the group at `dir` is empty, then removes it.

@@ -143,11 +143,7 @@ fn holder(parent: Pid, report: &OwnedFd, options: &CStr) -> ! {
         let e = (errno as i32).to_ne_bytes();
         let _ = write(report, &[step, e[0], e[1], e[2], e[3]]);
     };
-    let exit = || -> ! {
-        // SAFETY: _exit(2) ends the forked child without running the parent's atexit handlers or
-        // destructors (std's `exit` would); nix has no wrapper for it.
-        unsafe { libc::_exit(1) }
-    };
+    let exit = || -> ! { super::sys::exit_now(1) };
     // Die with ups-doctor even when it is SIGKILLed: the namespace must not outlive the run.
     let _ = set_pdeathsig(Signal::SIGKILL);
     if getppid() != parent {
@@ -155,14 +151,7 @@ fn holder(parent: Pid, report: &OwnedFd, options: &CStr) -> ! {
     }
     // Hold no other file of the harness (a rank's pipe held here would never reach EOF).
     let keep = report.as_raw_fd() as u32;
-    // SAFETY: close_range(2) on descriptors no Rust object of this single-threaded child uses
-    // again (the child never returns into the code that owns them); nix has no close_range.
-    unsafe {
-        if keep > 3 {
-            libc::syscall(libc::SYS_close_range, 3u32, keep - 1, 0u32);
-        }
-        libc::syscall(libc::SYS_close_range, keep + 1, u32::MAX, 0u32);
-    }
+    super::sys::close_fds_except(keep);
     if let Err(e) = unshare(CloneFlags::CLONE_NEWNS) {
         tell(1, e);
         exit();

@@ -32,7 +32,7 @@ use crate::protocol::RUN_ID_ENV;
 
 use crate::probe::memory;
 
-use super::pidfd;
+use super::sys;
 
 /// A process as first seen: its pid and the kernel's start time for it (clock ticks since boot),
 /// which no later process with the same pid shares.
@@ -141,12 +141,12 @@ impl Run {
     /// Sends `signal` to `who` if, and only if, it is still the process first seen and this
     /// run's.
     pub fn signal(&self, who: Identity, signal: i32) -> Result<(), SignalError> {
-        let pidfd = pidfd::open(who.pid);
+        let pidfd = sys::pidfd_open(who.pid);
         // The pidfd (when there is one) was opened first: the checks below are about the process
         // it names, or, if the pid was recycled in between, they fail on the newcomer.
         self.check(who).map_err(SignalError::NotOurs)?;
         let sent = match &pidfd {
-            Ok(fd) => pidfd::send_signal(fd, signal),
+            Ok(fd) => sys::pidfd_send_signal(fd, signal),
             Err(e) if e.raw_os_error() == Some(Errno::ENOSYS as i32) => {
                 // kill(2) on a process just checked to be this run's.
                 Signal::try_from(signal)
@@ -248,7 +248,13 @@ mod tests {
         use std::os::unix::process::CommandExt;
         leader.process_group(0);
         let mut leader = leader.spawn().unwrap();
-        let below = |pid: u32| memory::processes().into_iter().find(|p| p.ppid == pid && !p.zombie());
+        // A process in the middle of its exec already has its new command name but not yet its
+        // new environment (the kernel sets the name before it lays out the new stack): started
+        // means both are there.
+        let started = |p: &memory::ProcStat| memory::environ(p.pid).is_some_and(|env| !env.is_empty());
+        let below = |pid: u32| {
+            memory::processes().into_iter().find(|p| p.ppid == pid && !p.zombie()).filter(started)
+        };
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
         let (task, worker) = loop {
             // The task is the leader's child once `env` has become `sh`; the worker is its `sleep`.
@@ -278,8 +284,8 @@ mod tests {
         found.signal(worker, 0).unwrap();
         found.signal(task, 0).unwrap();
         assert!(matches!(none.signal(task, 0), Err(SignalError::NotOurs(NotOurs::ForeignGroup))));
-        // SAFETY: the leader's group is our own child's, made for this test.
-        unsafe { libc::killpg(leader.id() as i32, libc::SIGKILL) };
+        // The leader's group is our own child's, made for this test.
+        nix::sys::signal::killpg(Pid::from_raw(leader.id() as i32), Signal::SIGKILL).unwrap();
         leader.wait().unwrap();
     }
 }

@@ -172,11 +172,9 @@ fn sample_processes(members: &Membership, cadence: &mut RollupCadence) -> Vec<Pr
 /// preempts a rank's thread when it wakes, and gets a small share of a saturated machine. Not
 /// `SCHED_IDLE`: measured on two cores under a load of 20, an idle-class sampler got 14 of 165
 /// samples, so memory peaks and the processes an OOM kill hit would go unseen exactly when a
-/// machine is busiest. nix has no `setpriority`; the libc call is the whole of it. Failure leaves
-/// the thread as it was.
+/// machine is busiest. Failure leaves the thread as it was.
 fn lower_priority() {
-    // SAFETY: plain syscalls without pointers; `gettid` names the calling thread.
-    let _ = unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, NICE) };
+    crate::harness::os::sys::set_thread_nice(NICE);
 }
 
 /// The sampling thread's nice value.
