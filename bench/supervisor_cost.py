@@ -3,7 +3,8 @@
 scenario and reads, from /proc, the CPU time (utime + stime) of the ups-doctor process itself (its
 threads, not the ranks it reaps) and its threads' context switches (voluntary = wake-ups,
 nonvoluntary = preemptions), per second of the run's steady part (from --skip seconds after the
-start to --skip seconds before it ends) and per training step (markers come with steps).
+start to --skip seconds before it ends), per training step (markers come with steps) and per
+thread (the marker readers, the sampler, the supervisor loop, …).
 
     bench/supervisor_cost.py [--binary target/debug/ups-doctor] [--steps 300] [SCENARIO]
 
@@ -22,20 +23,29 @@ from pathlib import Path
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def reading(pid):
-    """(cpu seconds of the process itself, voluntary, nonvoluntary switches over its live threads)."""
+def reading(pid, threads=None):
+    """(cpu seconds of the process itself, voluntary, nonvoluntary switches over its live threads);
+    `threads`, when given, gets each live thread's (name, cpu seconds, voluntary switches)."""
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     cpu = (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime: this process's threads only
     vol = nonvol = 0
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
+            t_vol = 0
             with open(f"/proc/{pid}/task/{tid}/status") as f:
                 for line in f:
                     if line.startswith("voluntary_ctxt_switches:"):
-                        vol += int(line.split()[1])
+                        t_vol = int(line.split()[1])
+                        vol += t_vol
                     elif line.startswith("nonvoluntary_ctxt_switches:"):
                         nonvol += int(line.split()[1])
+            if threads is not None:
+                with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                    name = f.read().strip()
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    t = f.read().rsplit(")", 1)[1].split()
+                threads[f"{name} ({tid})"] = ((int(t[11]) + int(t[12])) / TICKS, t_vol)
         except FileNotFoundError:
             pass
     return cpu, vol, nonvol
@@ -56,7 +66,8 @@ def main():
         while p.poll() is None:
             time.sleep(0.2)
             try:
-                readings.append((time.monotonic() - start, *reading(p.pid)))
+                threads = {}
+                readings.append((time.monotonic() - start, *reading(p.pid, threads), threads))
             except (FileNotFoundError, ProcessLookupError, IndexError):
                 break
         p.wait()
@@ -70,6 +81,11 @@ def main():
     first, last = steady[0], steady[-1]
     dt = last[0] - first[0]
     cpu, vol, nonvol = ((last[i] - first[i]) / dt for i in (1, 2, 3))
+    # Per thread: which of the harness's threads the cost is (threads alive at both readings).
+    for name, (t_cpu, t_vol) in sorted(last[4].items()):
+        if name in first[4]:
+            f_cpu, f_vol = first[4][name]
+            print(f"  {name:28s} {1000 * (t_cpu - f_cpu) / dt:6.1f} ms/s CPU {(t_vol - f_vol) / dt:8.1f} wake-ups/s")
     # Markers come with steps, timers with seconds: per step as well, at the run's own pace.
     print(f"{a.binary}: {dt:.1f} s steady at {steps_per_s:.2f} steps/s: supervisor CPU {1000 * cpu:.1f} ms/s "
           f"({1000 * cpu / steps_per_s:.2f} ms/step), wake-ups {vol:.1f}/s ({vol / steps_per_s:.1f}/step), "
