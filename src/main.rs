@@ -9,7 +9,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use clap::{Parser, Subcommand};
 use nix::sys::signal::{SigHandler, Signal, signal};
-use nix::time::{ClockId, clock_gettime};
 
 use ups_doctor::harness::{self, Progress, ProgressMode, ScenarioInput};
 use ups_doctor::probe::env::EnvSummary;
@@ -437,14 +436,10 @@ static FIRST_INTERRUPT_NS: AtomicU64 = AtomicU64::new(0);
 /// does not cut the orderly stop short.
 const INTERRUPT_GRACE_NS: u64 = 1_000_000_000;
 
-/// `CLOCK_MONOTONIC` in ns; async-signal-safe (nix calls clock_gettime and allocates nothing).
-fn monotonic_ns() -> u64 {
-    let Ok(ts) = clock_gettime(ClockId::CLOCK_MONOTONIC) else { return 0 };
-    (ts.tv_sec() as u64).saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec() as u64)
-}
 
 extern "C" fn on_interrupt(_sig: i32) {
-    let now = monotonic_ns();
+    // Async-signal-safe: nix calls clock_gettime and allocates nothing.
+    let now = ups_doctor::protocol::monotonic_ns().unwrap_or(0);
     INTERRUPTED.store(true, Ordering::SeqCst);
     // Async-signal-safe: a byte into a pipe wakes a supervisor asleep until its next deadline.
     harness::run::interrupt::notify();

@@ -173,27 +173,38 @@ pub struct Frame {
 impl Marker {
     /// Encodes the marker as one line, newline included.
     pub fn to_line(&self) -> String {
-        let mut line = serde_json::to_string(self).expect("markers always serialise");
-        line.push('\n');
-        line
+        self.line_with(None)
+    }
+
+    /// Encodes the marker as one line stamped with its write time `mono_ns` ([`STAMP_KEY`]).
+    pub fn to_line_at(&self, mono_ns: u64) -> String {
+        self.line_with(Some(mono_ns))
     }
 
     /// Encodes the marker as one line stamped with the time now ([`STAMP_KEY`]); unstamped if the
     /// clock cannot be read.
     pub fn to_stamped_line(&self) -> String {
-        match monotonic_ns() {
-            Some(ns) => self.to_line_at(ns),
-            None => self.to_line(),
-        }
+        self.line_with(monotonic_ns())
     }
 
-    /// Encodes the marker as one line stamped with its write time `mono_ns` ([`STAMP_KEY`]).
-    pub fn to_line_at(&self, mono_ns: u64) -> String {
-        let mut line = serde_json::to_string(self).expect("markers always serialise");
-        // A marker is a JSON object: the stamp goes in before its closing brace.
-        line.pop();
-        line.push_str(&format!(",\"{STAMP_KEY}\":{mono_ns}}}\n"));
-        line
+    fn line_with(&self, mono_ns: Option<u64>) -> String {
+        let mut line = Vec::with_capacity(128);
+        self.write_line(&mut line, mono_ns);
+        String::from_utf8(line).expect("serde_json writes UTF-8")
+    }
+
+    /// Appends the marker as one line, stamped with `mono_ns` when given, to `out`: a writer that
+    /// keeps `out` allocates nothing per marker once it has grown (a trainer sends about ten a
+    /// step, between libtorch's own allocations).
+    pub fn write_line(&self, out: &mut Vec<u8>, mono_ns: Option<u64>) {
+        use std::io::Write;
+        serde_json::to_writer(&mut *out, self).expect("markers always serialise");
+        if let Some(ns) = mono_ns {
+            // A marker is a JSON object: the stamp goes in before its closing brace.
+            out.pop();
+            let _ = write!(out, ",\"{STAMP_KEY}\":{ns}}}");
+        }
+        out.push(b'\n');
     }
 
     /// Decodes one line (without its newline).

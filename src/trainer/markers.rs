@@ -13,11 +13,13 @@ use std::time::Instant;
 
 use nix::fcntl::{FcntlArg, FdFlag, fcntl};
 
-use crate::protocol::{MARKER_FD_ENV, Marker};
+use crate::protocol::{self, MARKER_FD_ENV, Marker};
 
 /// The raw marker fd, for the crash handler, which cannot take the mutex.
 static RAW_FD: AtomicI32 = AtomicI32::new(-1);
-static SINK: Mutex<Option<File>> = Mutex::new(None);
+/// The marker pipe and the buffer each line is encoded into (kept, so that sending a marker
+/// allocates nothing once the buffer has grown).
+static SINK: Mutex<Option<(File, Vec<u8>)>> = Mutex::new(None);
 
 /// Opens the marker pipe named by the environment, once, at start-up.
 pub fn init_from_env() {
@@ -34,7 +36,7 @@ pub fn init_from_env() {
     // Children we start later (loader workers, a shell) must not inherit the rank's pipe.
     let _ = fcntl(&file, FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC));
     RAW_FD.store(fd, Ordering::SeqCst);
-    *SINK.lock().unwrap_or_else(|e| e.into_inner()) = Some(file);
+    *SINK.lock().unwrap_or_else(|e| e.into_inner()) = Some((file, Vec::with_capacity(4096)));
 }
 
 /// The marker fd for async-signal-safe writers, or -1.
@@ -45,11 +47,13 @@ pub fn raw_fd() -> i32 {
 /// Sends one marker; silently does nothing without a harness.
 pub fn emit(marker: &Marker) {
     let mut sink = SINK.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(file) = sink.as_mut() {
+    if let Some((file, line)) = sink.as_mut() {
         // One write per line: pipe writes up to PIPE_BUF are atomic, so lines never interleave
         // with the stack-dump thread's. Stamped with the time of writing: the harness reads its
         // pipes in batches, so the time it reads a line at is not when the line was written.
-        let _ = file.write_all(marker.to_stamped_line().as_bytes());
+        line.clear();
+        marker.write_line(line, protocol::monotonic_ns());
+        let _ = file.write_all(line);
     }
 }
 

@@ -8,7 +8,6 @@
 
 use std::collections::BTreeMap;
 
-use nix::time::{ClockId, clock_gettime};
 
 use crate::protocol::Signal;
 
@@ -154,8 +153,7 @@ fn attribute(pid: u32, ends: &[RankEnd], seen: &BTreeMap<u32, u32>) -> (Option<u
 
 /// `CLOCK_MONOTONIC` in µs: the clock `/dev/kmsg` stamps its records with.
 fn monotonic_us() -> u64 {
-    let ts = clock_gettime(ClockId::CLOCK_MONOTONIC).expect("CLOCK_MONOTONIC always exists");
-    ts.tv_sec() as u64 * 1_000_000 + ts.tv_nsec() as u64 / 1000
+    crate::protocol::monotonic_ns().expect("CLOCK_MONOTONIC always exists") / 1000
 }
 
 #[cfg(test)]
