@@ -436,7 +436,6 @@ static FIRST_INTERRUPT_NS: AtomicU64 = AtomicU64::new(0);
 /// does not cut the orderly stop short.
 const INTERRUPT_GRACE_NS: u64 = 1_000_000_000;
 
-
 extern "C" fn on_interrupt(_sig: i32) {
     // Async-signal-safe: nix calls clock_gettime and allocates nothing.
     let now = ups_doctor::protocol::monotonic_ns().unwrap_or(0);

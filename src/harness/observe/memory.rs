@@ -378,7 +378,10 @@ mod tests {
         let at_3s = t0 + Duration::from_secs(3);
         assert_eq!(cadence.memory((10, 5), 100 * MIB, at_3s, read(mem(100, 1, 1), slow)).unwrap().pss, MIB);
         // The same pid started anew is another process.
-        assert_eq!(cadence.memory((10, 6), 100 * MIB, at_3s, read(mem(100, 2, 2), slow)).unwrap().pss, 2 * MIB);
+        assert_eq!(
+            cadence.memory((10, 6), 100 * MIB, at_3s, read(mem(100, 2, 2), slow)).unwrap().pss,
+            2 * MIB
+        );
         // A failed reading of a due process is no figure.
         assert_eq!(cadence.memory((11, 1), MIB, at_3s, || None), None);
         cadence.keep_only(&HashSet::from([(10, 6)]));

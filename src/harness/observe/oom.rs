@@ -8,7 +8,6 @@
 
 use std::collections::BTreeMap;
 
-
 use crate::protocol::Signal;
 
 use super::memory::ProcSample;

@@ -252,9 +252,8 @@ mod tests {
         // new environment (the kernel sets the name before it lays out the new stack): started
         // means both are there.
         let started = |p: &memory::ProcStat| memory::environ(p.pid).is_some_and(|env| !env.is_empty());
-        let below = |pid: u32| {
-            memory::processes().into_iter().find(|p| p.ppid == pid && !p.zombie()).filter(started)
-        };
+        let below =
+            |pid: u32| memory::processes().into_iter().find(|p| p.ppid == pid && !p.zombie()).filter(started);
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
         let (task, worker) = loop {
             // The task is the leader's child once `env` has become `sh`; the worker is its `sleep`.

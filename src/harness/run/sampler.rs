@@ -111,7 +111,10 @@ impl SamplerThread {
             loop {
                 let now = Instant::now();
                 if now >= next_memory {
-                    let procs = sample_processes(&members.lock().map(|m| m.clone()).unwrap_or_default(), &mut cadence);
+                    let procs = sample_processes(
+                        &members.lock().map(|m| m.clone()).unwrap_or_default(),
+                        &mut cadence,
+                    );
                     oom.saw(&procs);
                     memory.record(since(now), &procs, shm_now(&shm_dir, &run_id));
                     next_memory = now + every;
@@ -160,7 +163,8 @@ fn sample_processes(members: &Membership, cadence: &mut RollupCadence) -> Vec<Pr
         .filter_map(|p| {
             let rank = members.rank_of(&below, p)?;
             let rss = memory::read_rss(p.pid)?;
-            let mem = cadence.memory((p.pid, p.start_ticks), rss, now, || memory::read_smaps_rollup_timed(p.pid))?;
+            let mem = cadence
+                .memory((p.pid, p.start_ticks), rss, now, || memory::read_smaps_rollup_timed(p.pid))?;
             Some(ProcSample { pid: p.pid, rank, command: p.command.clone(), mem })
         })
         .collect();
