@@ -184,6 +184,38 @@ fn a_dataloader_worker_out_of_a_16m_private_dev_shm_is_named_with_its_rank_and_p
     assert!(md.contains("Caught RuntimeError in DataLoader worker process 1."), "{md}");
 }
 
+/// ups-doctor's unbuffered output is line-buffered by its sitecustomize (one write a line, so
+/// ranks sharing a launcher's stdout cannot split each other's lines), which runs the user's own
+/// sitecustomize after it; a user's `PYTHONUNBUFFERED` is theirs, and no sitecustomize is put in.
+#[test]
+fn a_commands_python_writes_whole_lines_and_still_runs_the_users_sitecustomize() {
+    let sb = Sandbox::new();
+    let user = sb.path().join("user-site");
+    std::fs::create_dir_all(&user).unwrap();
+    std::fs::write(user.join("sitecustomize.py"), "print('user sitecustomize ran', flush=True)\n").unwrap();
+    let file = sb.scenario(
+        "buffering",
+        r#"{"command": ["python", "-c", "import sys; print('line_buffering', sys.stdout.line_buffering, 'write_through', sys.stdout.write_through)"],
+            "expect": {"completes_when": {"stdout": "^line_buffering True write_through False$"}}}"#,
+    );
+    let path = std::ffi::OsString::from(&user);
+    let run = sb.run_in_venv_with_env(&[&file], &[("PYTHONPATH", &path)]);
+    assert_eq!(run.code(), 0, "line-buffered; stderr:\n{}", run.stderr());
+    let out = std::fs::read_to_string(sb.out().join("1-buffering/rank0.stdout.log")).unwrap();
+    assert!(out.starts_with("user sitecustomize ran\n"), "{out}");
+    assert!(sb.out().join("1-buffering/python-site/sitecustomize.py").is_file());
+
+    let theirs = Sandbox::new();
+    let file = theirs.scenario(
+        "buffering",
+        r#"{"command": ["python", "-c", "import sys; print('line_buffering', sys.stdout.line_buffering, 'write_through', sys.stdout.write_through)"],
+            "expect": {"completes_when": {"stdout": "^line_buffering False write_through True$"}}}"#,
+    );
+    let run = theirs.run_in_venv_with_env(&[&file], &[("PYTHONUNBUFFERED", std::ffi::OsStr::new("1"))]);
+    assert_eq!(run.code(), 0, "the user's unbuffered output; stderr:\n{}", run.stderr());
+    assert!(!theirs.out().join("1-buffering/python-site").exists());
+}
+
 #[test]
 fn without_markers_output_decides_false_success_and_a_hang_is_looked_at_with_py_spy() {
     let sb = Sandbox::new();

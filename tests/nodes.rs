@@ -479,7 +479,19 @@ fn a_two_node_torchrun_program_with_a_crashing_rank_is_attributed_the_same_way()
         own["scenarios"][0]["external"]
     );
     assert_eq!(s["first_failure"], 3, "{}", s["verdict"]);
-    assert_eq!(s["nodes"]["first_failure"]["node"], 1);
+    // Which node ran rank 3 is the rendezvous's choice: torchrun's `c10d` orders the nodes by host
+    // and agent pid, not by `--node-rank`, so on one host node 0 runs ranks 2-3 whenever node 1's
+    // torchrun got the lower pid. torchrun's own failure summary on that node names it.
+    let hosted = (0..2)
+        .find(|n| {
+            let log = out_of(&sb, *n).join("1-torchrun-2x2/launcher.stderr.log");
+            std::fs::read_to_string(&log).unwrap_or_default().contains("rank      : 3 (local_rank: 1)")
+        })
+        .expect("one node's torchrun names rank 3 in its failure summary");
+    assert_eq!(s["nodes"]["first_failure"]["node"], hosted, "{}", s["nodes"]["first_failure"]);
+    assert_eq!(s["nodes"]["first_failure"]["local_rank"], 1);
+    let ran = &s["nodes"]["per_node"][hosted as usize]["ranks"];
+    assert_eq!(ran, &serde_json::json!([2, 3]), "{}", s["nodes"]["per_node"]);
     let r = ranks(&s);
     assert_eq!(r[3]["signal"], "SIGSEGV");
     for rank in r {

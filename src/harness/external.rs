@@ -34,6 +34,10 @@ pub fn argv(scenario: &Scenario, scenario_dir: &Path, master_port: u16) -> Vec<S
 /// and Python's fault handler (a Python stack on SIGSEGV, SIGBUS, SIGABRT).
 pub const PYTHON_ENV: [(&str, &str); 2] = [("PYTHONUNBUFFERED", "1"), ("PYTHONFAULTHANDLER", "1")];
 
+/// Line-buffered output for a command's Python processes, where ups-doctor chose unbuffered: see
+/// the file itself for why (a launcher's ranks share one stdout).
+pub const SITECUSTOMIZE: &str = include_str!("../../python/site/sitecustomize.py");
+
 /// The torchrun variables a launcher must not inherit from ups-doctor's own environment (its
 /// ranks get their own from it; a stray `RANK` would also make the launcher look like a rank).
 pub const RANK_ENV: [&str; 8] = [
@@ -296,6 +300,33 @@ fn env_rank(pid: u32) -> Option<(u32, IdentifiedBy)> {
         }
         Some((value, by))
     })
+}
+
+/// Where a launcher placed its node in the world: `RANK − LOCAL_RANK` of the first process below
+/// `root` whose starting environment has both (torchrun and DeepSpeed set both), when that leaves
+/// room for the node's `local` ranks in a world of `world`. torchrun's `c10d` rendezvous numbers
+/// the nodes by host name and agent pid, not by `--node-rank` (`dynamic_rendezvous.py` sorts its
+/// participants), so node R's ranks are R × `local` only when the hosts happen to sort that way;
+/// two nodes on one host swap whenever node 1's torchrun got the lower pid. Both variables come
+/// from one read of the environment (see [`env_rank`] on the exec window).
+pub fn node_first_rank(root: u32, local: u32, world: u32) -> Option<u32> {
+    let table = memory::processes();
+    let children = children_of(&table);
+    let first_of = |pid: u32| {
+        let env = memory::environ(pid)?;
+        let number = |key: &str| env.get(std::ffi::OsStr::new(key))?.to_str()?.trim().parse::<u32>().ok();
+        number("RANK")?.checked_sub(number("LOCAL_RANK")?)
+    };
+    let mut queue = vec![root];
+    while let Some(pid) = queue.pop() {
+        for &child in children.get(&pid).into_iter().flatten() {
+            match first_of(child) {
+                Some(first) if first + local <= world => return Some(first),
+                _ => queue.push(child),
+            }
+        }
+    }
+    None
 }
 
 /// Whether `pid` is a child that Python's `multiprocessing` started with the `spawn` or
@@ -571,6 +602,35 @@ pub fn torchrun_failures(lines: &[String]) -> Vec<TorchrunFailure> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A launcher (`sh`) whose two children carry `RANK` 3 and 2 with `LOCAL_RANK` 1 and 0: the
+    /// node runs ranks from 2. A world too small for that is no placement.
+    #[test]
+    fn a_nodes_first_rank_is_rank_less_local_rank_of_a_process_below_its_launcher() {
+        let mut launcher = std::process::Command::new("sh")
+            .args(["-c", "RANK=3 LOCAL_RANK=1 sleep 60 & RANK=2 LOCAL_RANK=0 sleep 60 & wait"])
+            .spawn()
+            .expect("sh starts");
+        let root = launcher.id();
+        // The children show their variables once they have exec'd `sleep`.
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        let mut first = None;
+        while first.is_none() && std::time::Instant::now() < deadline {
+            first = node_first_rank(root, 2, 4);
+            std::thread::yield_now();
+        }
+        let too_small = node_first_rank(root, 2, 3);
+        for child in memory::processes().iter().filter(|p| p.ppid == root) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(child.pid as i32),
+                nix::sys::signal::SIGKILL,
+            );
+        }
+        let _ = launcher.kill();
+        let _ = launcher.wait();
+        assert_eq!(first, Some(2));
+        assert_eq!(too_small, None, "ranks 2-3 do not fit a world of 3");
+    }
 
     #[test]
     fn wait_statuses_decode_like_waitpid() {

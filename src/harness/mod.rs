@@ -112,6 +112,7 @@ fn plan_on_this_machine(
     let run_id = run::supervise::new_run_id();
     let scenario_dir = here.join(input.file.parent().unwrap_or(Path::new(".")));
     let env_has = |name: &str| std::env::var_os(name).is_some();
+    let python_site = here.join(dir).join("python-site");
     let facts = plan::Facts {
         program,
         resolved_file,
@@ -121,6 +122,8 @@ fn plan_on_this_machine(
         master_port: placement.map_or_else(run::supervise::free_port, |n| n.master_port),
         node: placement,
         env_has: &env_has,
+        pythonpath: std::env::var_os("PYTHONPATH").map(|p| p.to_string_lossy().into_owned()),
+        python_site: &python_site,
         auto_style: &external::auto_style,
     };
     plan::plan(&input.scenario, &facts).map_err(|e| refused(input, e))
@@ -194,6 +197,11 @@ pub fn run_scenario_on_node(
     std::fs::write(&resolved_file, json + "\n").map_err(|e| prepare(&resolved_file, e))?;
 
     let plan = plan_on_this_machine(input, program, &resolved_file, dir, &here, placement)?;
+    if let Some(site) = &plan.python_site {
+        let file = site.join("sitecustomize.py");
+        std::fs::create_dir_all(site).map_err(|e| prepare(site, e))?;
+        std::fs::write(&file, external::SITECUSTOMIZE).map_err(|e| prepare(&file, e))?;
+    }
     // Validation has checked the sizes; a value that slipped past it is refused by the plan.
     let private_shm = match &plan.private_shm {
         Some((bytes, label)) => Some(namespace::PrivateShm::create(*bytes, label)?),

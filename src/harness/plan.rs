@@ -62,6 +62,11 @@ pub struct Facts<'a> {
     pub node: Option<&'a NodePlacement>,
     /// Whether ups-doctor's own environment sets a variable (a user's choice is never overridden).
     pub env_has: &'a dyn Fn(&str) -> bool,
+    /// ups-doctor's own `PYTHONPATH`, which a command's processes keep after [`Facts::python_site`].
+    pub pythonpath: Option<String>,
+    /// The absolute folder a command's Python processes read their `sitecustomize` from
+    /// (`python/site/sitecustomize.py`: line-buffered output), in the scenario's log folder.
+    pub python_site: &'a Path,
     /// What `launch.style: auto` makes of a command: launcher or not, and why (it may read the
     /// script; see [`external::auto_style`]).
     pub auto_style: &'a dyn Fn(&[String]) -> (bool, String),
@@ -188,8 +193,12 @@ pub struct Plan {
     /// The ranks this node runs (every rank on one machine).
     pub world: u32,
     /// This node's first global rank (0 on one machine): a launcher's ranks carry global numbers
-    /// (`RANK`, the markers' ranks), the supervisor numbers them from 0.
+    /// (`RANK`, the markers' ranks), the supervisor numbers them from 0. For a launcher on one
+    /// node of several this is the expectation (node × ranks per node): the launcher's own
+    /// rendezvous may place the node elsewhere, and the supervisor then follows the ranks.
     pub offset: u32,
+    /// The whole run's ranks, over every node (`world` on one machine).
+    pub global_world: u32,
     /// The rendezvous port (rank 0 binds it; a launcher's ranks are found by it too).
     pub master_port: u16,
     /// The external command, rendered; empty for the built-in trainer.
@@ -202,6 +211,10 @@ pub struct Plan {
     pub processes: Vec<ProcessPlan>,
     /// The FIFO a launcher's ranks write their markers to.
     pub marker_fifo: Option<PathBuf>,
+    /// Where `python/site/sitecustomize.py` goes before anything starts (a command's processes
+    /// have it first on `PYTHONPATH`); none for the built-in trainer, or when the user set
+    /// `PYTHONUNBUFFERED`.
+    pub python_site: Option<PathBuf>,
     pub completion: Completion,
     pub timing: Timing,
     /// Bytes of the private `/dev/shm` every process joins (`data.shm_size`), with its label.
@@ -247,11 +260,20 @@ pub fn plan(scenario: &Scenario, facts: &Facts) -> Result<Plan, PlanError> {
         Some(CompletesWhen::Stdout(p)) => Completion::Stdout(regex::Regex::new(p)?),
     };
     let watch_stdout = matches!(completion, Completion::Stdout(_));
-    let python_env: Vec<(String, String)> = external::PYTHON_ENV
+    let mut python_env: Vec<(String, String)> = external::PYTHON_ENV
         .iter()
         .filter(|(k, _)| external && !(facts.env_has)(k))
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
+    // Unbuffered output by ups-doctor's choice, not the user's: made line-buffered (one write a
+    // line) by the sitecustomize, which goes first on the path.
+    let python_site =
+        python_env.iter().any(|(k, _)| k == "PYTHONUNBUFFERED").then(|| facts.python_site.to_path_buf());
+    if let Some(site) = &python_site {
+        let path = std::iter::once(site.display().to_string())
+            .chain(facts.pythonpath.clone().filter(|p| !p.is_empty()));
+        python_env.push(("PYTHONPATH".into(), path.collect::<Vec<_>>().join(":")));
+    }
     let (processes, marker_fifo) = match style {
         Style::Launcher => {
             let fifo = facts.log_dir.join("markers.fifo");
@@ -283,12 +305,14 @@ pub fn plan(scenario: &Scenario, facts: &Facts) -> Result<Plan, PlanError> {
     Ok(Plan {
         world,
         offset,
+        global_world: facts.node.map_or(world, |n| n.world()),
         master_port: facts.master_port,
         argv,
         style,
         style_chosen,
         processes,
         marker_fifo,
+        python_site,
         completion,
         timing: Timing::of(scenario),
         private_shm,
@@ -416,6 +440,8 @@ mod tests {
                 master_port: 29611,
                 node,
                 env_has: &env_has,
+                pythonpath: env.contains(&"PYTHONPATH").then(|| "/home/u/lib".to_string()),
+                python_site: Path::new("/runs/a/python-site"),
                 auto_style: &auto,
             },
         )
@@ -446,6 +472,22 @@ mod tests {
         assert_eq!(p.marker_fifo, None);
     }
 
+    /// A command's processes get the sitecustomize (line-buffered output) first on their path, the
+    /// user's `PYTHONPATH` after it; the built-in trainer gets none.
+    #[test]
+    fn a_commands_python_reads_ups_doctors_sitecustomize_first_and_the_users_path_after() {
+        let s = scenario(r#"{"launch": {"mode": "ddp", "world_size": 2}, "command": ["python", "t.py"]}"#);
+        let p = planned(&s, &["PYTHONPATH"], false).unwrap();
+        assert_eq!(p.python_site.as_deref(), Some(Path::new("/runs/a/python-site")));
+        assert_eq!(env(&p.processes[1], "PYTHONPATH"), Some("/runs/a/python-site:/home/u/lib"));
+        let launcher = scenario(r#"{"launch": {"world_size": 2}, "command": ["torchrun", "t.py"]}"#);
+        let p = planned(&launcher, &[], true).unwrap();
+        assert_eq!(env(&p.processes[0], "PYTHONPATH"), Some("/runs/a/python-site"));
+        let trainer =
+            planned(&scenario(r#"{"launch": {"mode": "ddp", "world_size": 2}}"#), &[], false).unwrap();
+        assert_eq!((env(&trainer.processes[0], "PYTHONPATH"), trainer.python_site), (None, None));
+    }
+
     #[test]
     fn a_variable_the_user_set_is_left_alone() {
         let s = scenario(r#"{"launch": {"mode": "ddp", "world_size": 2}, "command": ["python", "t.py"]}"#);
@@ -454,6 +496,7 @@ mod tests {
         assert_eq!(env(r0, "OMP_NUM_THREADS"), None);
         assert_eq!(env(r0, "PYTHONUNBUFFERED"), None);
         assert_eq!(env(r0, "PYTHONFAULTHANDLER"), Some("1"));
+        assert_eq!((env(r0, "PYTHONPATH"), &p.python_site), (None, &None), "unbuffered by the user's choice");
         let single = planned(&scenario(r#"{}"#), &[], false).unwrap();
         assert_eq!(env(&single.processes[0], "OMP_NUM_THREADS"), None, "one rank keeps every core");
     }
@@ -476,7 +519,9 @@ mod tests {
         assert!(l.env_remove.iter().any(|v| v == "RANK"), "a stray RANK would make it look like a rank");
         assert!(!l.marker_pipe && l.report_output);
         assert_eq!(p.marker_fifo.as_deref(), Some(Path::new("/runs/a/markers.fifo")));
-        assert_eq!(planned(&s, &["PET_MASTER_PORT"], true).unwrap().processes[0].env.len(), 4);
+        let own_port = planned(&s, &["PET_MASTER_PORT"], true).unwrap();
+        assert_eq!(env(&own_port.processes[0], "PET_MASTER_PORT"), None, "the user's port stands");
+        assert_eq!(own_port.processes[0].env.len(), 5, "run id, FIFO, two Python variables, PYTHONPATH");
 
         let named = scenario(r#"{"launch": {"style": "per_rank"}, "command": ["torchrun", "t.py"]}"#);
         let p = planned(&named, &[], true).unwrap();
@@ -513,10 +558,12 @@ mod tests {
             local_world: 2,
             master_addr: "10.0.0.7".into(),
             master_port: 29611,
+            first_rank: None,
         };
         let s = scenario(r#"{"launch": {"mode": "ddp", "world_size": 4}}"#);
         let p = planned_on(&s, &[], false, Some(&node)).unwrap();
         assert_eq!((p.world, p.offset, p.processes.len()), (2, 2, 2), "this node's two ranks, from 2");
+        assert_eq!(p.global_world, 4);
         let r1 = &p.processes[1];
         for (k, v) in [
             ("RANK", "3"),

@@ -19,6 +19,9 @@ pub enum LocalEvent<'a> {
     Hung { at_s: f64, ranks: Vec<u32> },
     /// Stacks were asked of these ranks after [`NodeLink::remote_failure`].
     StacksRequested { at_s: f64, ranks: Vec<u32> },
+    /// The launcher's rendezvous numbered this node's ranks from `first_rank`, not from the node
+    /// × ranks per node that was expected (torchrun's `c10d` orders nodes by host and agent pid).
+    Placed { at_s: f64, first_rank: u32 },
     /// SIGTERM went to what was left.
     TearingDown { at_s: f64, stacks_answered: bool },
 }

@@ -78,6 +78,8 @@ pub fn merge(input: MergeInput) -> ScenarioResult {
         .expect("node 0 is the coordinator and always reports");
     let base_ns = base.started_ns;
     let lw = input.ranks_per_node;
+    let firsts = first_ranks(&nodes, lw);
+    let first_of = |node: u32| firsts.get(&node).copied().unwrap_or(node * lw);
 
     let mut ranks: Vec<RankResult> = Vec::new();
     let mut uncertainty: Vec<(u32, f64)> = Vec::new();
@@ -89,6 +91,7 @@ pub fn merge(input: MergeInput) -> ScenarioResult {
     for n in &nodes {
         match n {
             NodeOutcome::Reported(run) => {
+                let first = first_of(run.node);
                 let p = Placement::of(run, base_ns);
                 uncertainty.push((run.node, p.uncertainty_ms));
                 let r = &run.result;
@@ -96,7 +99,7 @@ pub fn merge(input: MergeInput) -> ScenarioResult {
                 wall_s = wall_s.max(p.shift_s + r.wall_s);
                 for rank in &r.ranks {
                     let mut g = rank.clone();
-                    g.rank = run.node * lw + rank.rank;
+                    g.rank = first + rank.rank;
                     g.collateral = false;
                     g.ended_at_s = p.at(g.ended_at_s);
                     g.last_marker_at_s = p.at(g.last_marker_at_s);
@@ -116,20 +119,20 @@ pub fn merge(input: MergeInput) -> ScenarioResult {
                 }
                 for k in &r.oom_kills {
                     oom_kills.push(OomKill {
-                        rank: k.rank.map(|l| run.node * lw + l),
+                        rank: k.rank.map(|l| first + l),
                         at_s: p.at(k.at_s),
                         ..k.clone()
                     });
                 }
                 leftovers.shm.extend(r.leftovers.shm.iter().cloned());
                 leftovers.processes.extend(r.leftovers.processes.iter().cloned().map(|mut lp| {
-                    lp.rank = lp.rank.map(|l| run.node * lw + l);
+                    lp.rank = lp.rank.map(|l| first + l);
                     lp
                 }));
                 sections.push(NodeSection {
                     node: run.node,
                     host: run.host.clone(),
-                    ranks: (0..run.local_world).map(|l| run.node * lw + l).collect(),
+                    ranks: (0..run.local_world).map(|l| first + l).collect(),
                     agent_pid: Some(run.agent_pid),
                     clock: (run.node != 0).then_some(run.calibration),
                     started_at_s: Some(p.shift_s),
@@ -137,7 +140,7 @@ pub fn merge(input: MergeInput) -> ScenarioResult {
                     remote_failure: run.remote_failure.as_ref().map(|f| RemoteFailureSeen {
                         what: f.what.clone(),
                         known_at_s: p.ns(run, base_ns, f.known_ns),
-                        stacks_requested: f.stacks_requested.iter().map(|l| run.node * lw + l).collect(),
+                        stacks_requested: f.stacks_requested.iter().map(|l| first + l).collect(),
                         // SIGTERM went out only if some rank was still there to receive it.
                         torn_down_at_s: f
                             .torn_down_ns
@@ -151,12 +154,12 @@ pub fn merge(input: MergeInput) -> ScenarioResult {
                     }),
                     snapshot: run.snapshot_ns.map(|t| Snapshot {
                         at_s: p.ns(run, base_ns, t),
-                        ranks: run.snapshots.iter().map(|(l, _)| run.node * lw + l).collect(),
+                        ranks: run.snapshots.iter().map(|(l, _)| first + l).collect(),
                     }),
                     own_headline: Some(r.verdict.headline.clone()),
                     wall_s: Some(r.wall_s),
                     out_dir: Some(run.out_dir.clone()),
-                    memory: r.memory.clone().map(|m| global_memory(m, run.node * lw)),
+                    memory: r.memory.clone().map(|m| global_memory(m, first)),
                     leftovers: r.leftovers.clone(),
                     gpu: r.gpu.clone(),
                 });
@@ -165,7 +168,7 @@ pub fn merge(input: MergeInput) -> ScenarioResult {
                 sections.push(NodeSection {
                     node: *node,
                     host: host.clone(),
-                    ranks: (0..lw).map(|l| node * lw + l).collect(),
+                    ranks: (0..lw).map(|l| first_of(*node) + l).collect(),
                     agent_pid: *agent_pid,
                     clock: *calibration,
                     started_at_s: None,
@@ -197,7 +200,9 @@ pub fn merge(input: MergeInput) -> ScenarioResult {
         launcher,
     };
     let crate::diagnose::Judgement { mut outcome, mut first_failure, mut verdict } = judge(&observed);
-    let node_of = |rank: u32| rank / lw.max(1);
+    let node_of = |rank: u32| {
+        firsts.iter().find(|&(_, &f)| (f..f + lw).contains(&rank)).map_or(rank / lw.max(1), |(&n, _)| n)
+    };
     let host_of =
         |node: u32| sections.iter().find(|s| s.node == node).map_or_else(String::new, |s| s.host.clone());
     let u_of = |node: u32| uncertainty.iter().find(|(n, _)| *n == node).map_or(0.0, |(_, u)| *u);
@@ -304,7 +309,7 @@ pub fn merge(input: MergeInput) -> ScenarioResult {
             node,
             host: host_of(node),
             rank: f.rank,
-            local_rank: f.rank % lw.max(1),
+            local_rank: f.rank - first_of(node),
             at_s: Some(failure_time(f)).filter(|t| t.is_finite()),
             uncertainty_ms: u_of(node),
         }
@@ -314,6 +319,9 @@ pub fn merge(input: MergeInput) -> ScenarioResult {
             0,
             format!("First failure across nodes: node {}, rank {} (host {})", f.node, f.rank, f.host),
         );
+    }
+    if let Some(line) = placement_note(&sections, lw) {
+        verdict.evidence.push(line);
     }
     let b = &base.result;
     ScenarioResult {
@@ -347,6 +355,50 @@ pub fn merge(input: MergeInput) -> ScenarioResult {
         }),
         ranks,
     }
+}
+
+/// Where each node's ranks start in the world: node × `lw`, unless its launcher's rendezvous
+/// numbered it otherwise (a reported [`NodeRun::first_rank`]; torchrun's `c10d` orders nodes by
+/// host and agent pid). Those are taken only when they are whole blocks that do not overlap; a
+/// lost node gets the lowest block no reported node holds.
+fn first_ranks(nodes: &[NodeOutcome], lw: u32) -> std::collections::BTreeMap<u32, u32> {
+    let world = nodes.len() as u32 * lw;
+    let said: Vec<(u32, u32)> = nodes
+        .iter()
+        .filter_map(|n| match n {
+            NodeOutcome::Reported(r) => Some((r.node, r.first_rank.unwrap_or(r.node * lw))),
+            NodeOutcome::Lost { .. } => None,
+        })
+        .collect();
+    let mut starts: Vec<u32> = said.iter().map(|&(_, f)| f).collect();
+    starts.sort_unstable();
+    starts.dedup();
+    let whole =
+        starts.len() == said.len() && starts.iter().all(|&f| lw > 0 && f % lw == 0 && f + lw <= world);
+    if !whole {
+        return nodes.iter().map(|n| (n.node(), n.node() * lw)).collect();
+    }
+    let mut firsts: std::collections::BTreeMap<u32, u32> = said.into_iter().collect();
+    for n in nodes.iter().filter(|n| matches!(n, NodeOutcome::Lost { .. })) {
+        let free = (0..nodes.len() as u32).map(|k| k * lw).find(|b| !firsts.values().any(|f| f == b));
+        firsts.insert(n.node(), free.unwrap_or(n.node() * lw));
+    }
+    firsts
+}
+
+/// When a node's ranks are not node × ranks per node, the line that says where they were.
+fn placement_note(sections: &[NodeSection], lw: u32) -> Option<String> {
+    if sections.iter().all(|s| s.ranks.first() == Some(&(s.node * lw))) {
+        return None;
+    }
+    let placed: Vec<String> = sections
+        .iter()
+        .map(|s| format!("node {} ({}) ran ranks {}", s.node, s.host, ranks_text(&s.ranks)))
+        .collect();
+    Some(format!(
+        "The launcher's rendezvous numbered the nodes its own way: {} (torchrun's `c10d` rendezvous orders nodes by host and agent pid, not by `--node-rank`; ups-doctor followed the ranks' `RANK` and `LOCAL_RANK`)",
+        placed.join(", ")
+    ))
 }
 
 /// A node's memory report with global rank numbers (its series indexed by global rank).
@@ -451,6 +503,7 @@ mod tests {
             host: host.into(),
             agent_pid: 100 + node,
             local_world: 2,
+            first_rank: None,
             started_ns: BASE + late_ms * MS + (skew_ms * 1e6) as i64,
             calibration: if node == 0 {
                 Calibration::identity(BASE)
@@ -517,6 +570,85 @@ mod tests {
         let m = n.per_node[1].memory.as_ref().unwrap();
         assert_eq!(m.processes[0].rank, 2);
         assert_eq!(m.series[0].pss_bytes.len(), 3, "indexed by global rank: two zeros for node 0's ranks");
+    }
+
+    /// torchrun's `c10d` rendezvous gave node 0 (`node-a`) ranks 2–3 and node 1 ranks 0–1; node 0's
+    /// local rank 1 crashed. The crash is global rank 3 on node 0, and the report says how the
+    /// nodes were numbered.
+    #[test]
+    fn a_node_the_rendezvous_placed_elsewhere_keeps_its_ranks_global_numbers() {
+        let placed = |n: NodeOutcome, first: u32| match n {
+            NodeOutcome::Reported(mut r) => {
+                r.first_rank = Some(first);
+                NodeOutcome::Reported(r)
+            }
+            lost => lost,
+        };
+        let s = merged(vec![
+            placed(
+                node(
+                    0,
+                    "node-a",
+                    vec![died(0, 2.1, None, Some(LOST_PEER)), died(1, 2.0, Some("SIGSEGV"), None)],
+                    0.0,
+                    0.0,
+                    0,
+                ),
+                2,
+            ),
+            placed(
+                node(
+                    1,
+                    "node-b",
+                    vec![died(0, 2.2, None, Some(LOST_PEER)), died(1, 2.3, None, Some(LOST_PEER))],
+                    0.0,
+                    0.05,
+                    0,
+                ),
+                0,
+            ),
+        ]);
+        assert_eq!(s.first_failure, Some(3));
+        assert_eq!(s.ranks[3].signal, crate::schema::Signal::parse("SIGSEGV"));
+        let n = s.nodes.as_ref().unwrap();
+        let f = n.first_failure.as_ref().unwrap();
+        assert_eq!((f.node, f.host.as_str(), f.rank, f.local_rank), (0, "node-a", 3, 1));
+        assert_eq!((n.per_node[0].ranks.clone(), n.per_node[1].ranks.clone()), (vec![2, 3], vec![0, 1]));
+        assert!(
+            s.verdict
+                .evidence
+                .iter()
+                .any(|e| e.contains("node 0 (node-a) ran ranks 2–3, node 1 (node-b) ran ranks 0–1")),
+            "{:?}",
+            s.verdict.evidence
+        );
+        // Places that overlap are not believed: node × ranks per node stands, and nothing is said.
+        let s = merged(vec![
+            placed(
+                node(
+                    0,
+                    "node-a",
+                    vec![died(0, 2.1, None, Some(LOST_PEER)), died(1, 2.0, Some("SIGSEGV"), None)],
+                    0.0,
+                    0.0,
+                    0,
+                ),
+                2,
+            ),
+            placed(
+                node(
+                    1,
+                    "node-b",
+                    vec![died(0, 2.2, None, Some(LOST_PEER)), died(1, 2.3, None, Some(LOST_PEER))],
+                    0.0,
+                    0.05,
+                    0,
+                ),
+                2,
+            ),
+        ]);
+        assert_eq!(s.first_failure, Some(1));
+        assert!(!s.verdict.evidence.iter().any(|e| e.contains("numbered the nodes")));
     }
 
     #[test]

@@ -37,11 +37,21 @@ pub struct NodePlacement {
     /// Node 0's address: the ranks' rendezvous (`MASTER_ADDR`).
     pub master_addr: String,
     pub master_port: u16,
+    /// Where a launcher's rendezvous numbered this node's ranks from, once its ranks said so and
+    /// it was not node × `local_world` (see `node_first_rank` in `harness/external.rs`).
+    pub first_rank: Option<u32>,
 }
 
 impl NodePlacement {
     pub fn global_rank(&self, local: u32) -> u32 {
-        self.node * self.local_world + local
+        self.first_rank.unwrap_or(self.node * self.local_world) + local
+    }
+
+    /// Follows the ranks where the launcher placed them (a [`LocalEvent::Placed`]).
+    pub fn follow(&mut self, event: &LocalEvent) {
+        if let LocalEvent::Placed { first_rank, .. } = event {
+            self.first_rank = Some(*first_rank);
+        }
     }
 
     pub fn world(&self) -> u32 {
@@ -57,6 +67,10 @@ pub struct NodeRun {
     pub host: String,
     pub agent_pid: u32,
     pub local_world: u32,
+    /// The node's first global rank where the launcher's rendezvous placed it elsewhere than node ×
+    /// `local_world`; its result numbers the ranks from 0 either way.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_rank: Option<u32>,
     /// When supervision started, on the agent's clock (ns since the Unix epoch).
     pub started_ns: i64,
     pub calibration: clock::Calibration,

@@ -207,7 +207,7 @@ fn wire_event(event: &LocalEvent, p: &NodePlacement) -> Option<NodeEvent> {
         LocalEvent::TearingDown { stacks_answered, .. } => {
             NodeEvent::TearingDown { stacks_answered: *stacks_answered }
         }
-        LocalEvent::Tick { .. } => return None,
+        LocalEvent::Tick { .. } | LocalEvent::Placed { .. } => return None,
     })
 }
 
@@ -305,6 +305,7 @@ impl NodeLink for CoordinatorLink<'_> {
     }
 
     fn event(&mut self, event: LocalEvent) {
+        self.placement.follow(&event);
         // The other nodes first: the snapshot here may take a while (py-spy).
         if let LocalEvent::RankEnded { rank, failed: true, how, .. } = &event {
             let what = format!("rank {} on node 0 ({}) {how}", self.placement.global_rank(*rank), self.host);
@@ -338,7 +339,14 @@ fn coordinate(mut req: NodeRequest, local_world: u32) -> Result<Finished, NodeEr
         run_id: &run_id,
     };
     let coordinator = Coordinator::gather(config, &terms)?;
-    let placement = NodePlacement { node: 0, nodes: config.nodes, local_world, master_addr, master_port };
+    let placement = NodePlacement {
+        node: 0,
+        nodes: config.nodes,
+        local_world,
+        master_addr,
+        master_port,
+        first_rank: None,
+    };
     let mut link = CoordinatorLink {
         coordinator: &coordinator,
         placement: placement.clone(),
@@ -381,6 +389,7 @@ fn coordinate(mut req: NodeRequest, local_world: u32) -> Result<Finished, NodeEr
         host,
         agent_pid: std::process::id(),
         local_world,
+        first_rank: link.placement.first_rank,
         started_ns,
         calibration: own_calibration,
         remote_failure: link.record.local(),
@@ -474,6 +483,7 @@ impl NodeLink for AgentLink<'_> {
     }
 
     fn event(&mut self, event: LocalEvent) {
+        self.placement.follow(&event);
         if let Some(steps) = steps_of(&event, &self.placement) {
             if self.last_progress.is_none_or(|t| t.elapsed() >= PROGRESS_EVERY) {
                 self.last_progress = Some(Instant::now());
@@ -502,8 +512,14 @@ fn take_part(mut req: NodeRequest, local_world: u32) -> Result<Finished, NodeErr
     };
     let mut agent = Agent::join(config, join)?;
     let (master_addr, master_port, _run_id) = agent.welcome.clone();
-    let placement =
-        NodePlacement { node: config.node, nodes: config.nodes, local_world, master_addr, master_port };
+    let placement = NodePlacement {
+        node: config.node,
+        nodes: config.nodes,
+        local_world,
+        master_addr,
+        master_port,
+        first_rank: None,
+    };
     let mut early: Vec<Option<Message>> = Vec::new();
     let start = agent
         .calibrate(&mut |m| early.push(m))
@@ -523,6 +539,7 @@ fn take_part(mut req: NodeRequest, local_world: u32) -> Result<Finished, NodeErr
     }
     let local = run_here(&mut req, &placement, &mut link)?;
     let (mut record, mut gone, mut done) = (std::mem::take(&mut link.record), link.gone, link.done.take());
+    let first_rank = link.placement.first_rank;
     drop(link);
     let mut late: Vec<Option<Message>> = Vec::new();
     let end = if gone { None } else { agent.calibrate(&mut |m| late.push(m)) };
@@ -538,6 +555,7 @@ fn take_part(mut req: NodeRequest, local_world: u32) -> Result<Finished, NodeErr
         host,
         agent_pid: std::process::id(),
         local_world,
+        first_rank,
         started_ns: record.started_ns.unwrap_or(start.at_ns),
         calibration: Calibration { start, end },
         remote_failure: record.local(),

@@ -98,6 +98,7 @@ mod tests {
             local_world: 2,
             master_addr: "10.0.0.1".into(),
             master_port: 29500,
+            first_rank: None,
         }
     }
 

@@ -24,6 +24,17 @@ pub struct Sandbox {
     pub dir: tempfile::TempDir,
 }
 
+/// A failing test's sandbox (its scenario, reports, logs, `result.json`) is kept and its path
+/// printed: the evidence of a failure that happens once in several runs is otherwise gone.
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let kept = std::mem::replace(&mut self.dir, tempfile::tempdir().expect("temp dir")).keep();
+            eprintln!("sandbox of the failed test kept: {}", kept.display());
+        }
+    }
+}
+
 impl Sandbox {
     pub fn new() -> Sandbox {
         Sandbox { dir: tempfile::tempdir().expect("temp dir") }
@@ -63,7 +74,10 @@ impl Sandbox {
     /// `ups-doctor` with the sandbox as working directory.
     pub fn cmd(&self) -> Command {
         let mut cmd = Command::new(bin());
-        cmd.current_dir(self.path()).env("NO_COLOR", "1");
+        // The shell that runs the suite may set `PYTHONUNBUFFERED` (the one this was written in
+        // did); ups-doctor leaves a user's value alone, so the commands would run with the
+        // caller's buffering instead of ups-doctor's. A test that wants it sets it.
+        cmd.current_dir(self.path()).env("NO_COLOR", "1").env_remove("PYTHONUNBUFFERED");
         cmd
     }
 

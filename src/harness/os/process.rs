@@ -283,13 +283,17 @@ pub fn open_marker_fifo(path: &std::path::Path) -> io::Result<File> {
     Ok(File::from(fd))
 }
 
-/// Which rank each writer of a launcher-style run's FIFO is, pid → rank: what the lines said
-/// (`claimed`, kept by the reader, read by rank discovery) and what rank discovery found by other
-/// signals (`found`, kept by the supervisor, read by the reader).
+/// Which rank each writer of a launcher-style run's FIFO is, pid → global rank: what the lines
+/// said (`claimed`, kept by the reader, read by rank discovery) and what rank discovery found by
+/// other signals (`found`, kept by the supervisor, read by the reader); and `first`, this node's
+/// first global rank, which the supervisor corrects when the launcher's rendezvous placed the
+/// node elsewhere than the plan expected (torchrun's `c10d` orders nodes by host and agent pid,
+/// not by `--node-rank`).
 #[derive(Debug, Default)]
 pub struct PidRanks {
     pub claimed: std::collections::BTreeMap<u32, u32>,
     pub found: std::collections::BTreeMap<u32, u32>,
+    pub first: u32,
 }
 
 /// How often at most a marker reader reads its pipe while markers keep coming.
@@ -369,11 +373,13 @@ const PENDING_WRITERS: usize = 64;
 /// group is up), its `rank`: a writer's first rank is its claim. A line without a rank goes to the
 /// writer's claimed or found rank, else to its parent's (a spawned DataLoader worker), else it
 /// waits until the writer's rank is known (an `mp.spawn` rank's markers before
-/// `init_process_group`).
+/// `init_process_group`). So does a line of a rank of the world that is not (yet) one of this
+/// node's: the node's place may still be corrected ([`PidRanks::first`]).
 struct TaggedRouter {
-    /// The global ranks this node runs (`0..world` on one machine); events are numbered from its
-    /// start.
-    ranks: std::ops::Range<u32>,
+    /// The whole run's ranks (`0..world`); a rank beyond is no rank.
+    world: u32,
+    /// How many ranks this node runs, from [`PidRanks::first`]; events are numbered from it.
+    local: u32,
     pending: std::collections::BTreeMap<u32, Vec<(Instant, serde_json::Value)>>,
 }
 
@@ -389,15 +395,11 @@ impl TaggedRouter {
             return Vec::new();
         };
         let pid = v.get("pid").and_then(|p| p.as_u64()).and_then(|p| u32::try_from(p).ok());
-        let said = v
-            .get("rank")
-            .and_then(|r| u32::try_from(r.as_u64()?).ok())
-            .filter(|r| self.ranks.contains(r))
-            .map(|r| r - self.ranks.start);
+        let said = v.get("rank").and_then(|r| u32::try_from(r.as_u64()?).ok()).filter(|r| *r < self.world);
         let v = serde_json::Value::Object(v);
         let rank = {
             let Ok(mut known) = ranks.lock() else { return Vec::new() };
-            match (said, pid) {
+            let global = match (said, pid) {
                 (Some(rank), Some(pid)) => Some(*known.claimed.entry(pid).or_insert(rank)),
                 (Some(rank), None) => Some(rank),
                 (None, Some(pid)) => {
@@ -405,7 +407,8 @@ impl TaggedRouter {
                     of(pid).or_else(|| parent(pid).and_then(of))
                 }
                 (None, None) => None,
-            }
+            };
+            global.and_then(|g| g.checked_sub(known.first)).filter(|l| *l < self.local)
         };
         match (rank, pid) {
             (Some(rank), _) => {
@@ -440,17 +443,18 @@ impl TaggedRouter {
 }
 
 /// Reads a launcher-style run's FIFO and routes each line to its writer's rank (see
-/// [`TaggedRouter`]); lines of ranks outside `global` (this node's ranks, `0..world` on one
-/// machine) or of no known writer are dropped. The thread ends when the receiver is gone.
+/// [`TaggedRouter`]) among `local` ranks from [`PidRanks::first`] of a run of `world`; lines of
+/// ranks beyond the world are dropped, those of no known writer or another node's rank wait. The
+/// thread ends when the receiver is gone.
 pub fn read_tagged_markers(
     fifo: File,
-    global: std::ops::Range<u32>,
+    (world, local): (u32, u32),
     ranks: std::sync::Arc<std::sync::Mutex<PidRanks>>,
     events: Sink,
 ) {
     let mut reader = BufReader::with_capacity(1 << 16, Paced::new(fifo));
     let mut buf = Vec::with_capacity(4096);
-    let mut router = TaggedRouter { ranks: global, pending: Default::default() };
+    let mut router = TaggedRouter { world, local, pending: Default::default() };
     loop {
         buf.clear();
         match Read::take(&mut reader, MAX_MARKER_LINE as u64).read_until(b'\n', &mut buf) {
@@ -608,7 +612,7 @@ mod tests {
     #[test]
     fn tagged_lines_wait_for_their_writers_rank_and_workers_go_to_their_parents() {
         let ranks = std::sync::Mutex::new(PidRanks::default());
-        let mut router = TaggedRouter { ranks: 0..2, pending: Default::default() };
+        let mut router = TaggedRouter { world: 2, local: 2, pending: Default::default() };
         let at = Instant::now();
         let parent = |pid: u32| (pid == 200).then_some(100);
         // An `mp.spawn` rank before `init_process_group`: it does not know its rank yet.
@@ -635,6 +639,24 @@ mod tests {
         // A writer claims once: a later different rank does not move it.
         let again = r#"{"t":"begin","phase":"backward","pid":100,"rank":0}"#;
         assert_eq!(ranks_of(&router.route(again, at, &ranks, parent)), [(1, true)]);
+    }
+
+    #[test]
+    fn another_nodes_rank_waits_until_this_node_is_placed_there() {
+        // Node 0 of two, two ranks each; torchrun's rendezvous gave it ranks 2 and 3.
+        let ranks = std::sync::Mutex::new(PidRanks::default());
+        let mut router = TaggedRouter { world: 4, local: 2, pending: Default::default() };
+        let at = Instant::now();
+        let none = |_: u32| None;
+        let start = r#"{"t":"start","pid":500,"world_size":4,"device":"python","rank":3}"#;
+        assert!(router.route(start, at, &ranks, none).is_empty(), "not one of ranks 0-1");
+        assert_eq!(ranks.lock().unwrap().claimed.get(&500), Some(&3), "the claim is global");
+        ranks.lock().unwrap().first = 2;
+        let begin = r#"{"t":"begin","phase":"forward","step":0,"pid":500,"rank":3}"#;
+        assert_eq!(ranks_of(&router.route(begin, at, &ranks, none)), [(1, true), (1, true)]);
+        // Beyond the world it is no rank at all.
+        assert!(router.route(r#"{"t":"begin","phase":"x","pid":600,"rank":4}"#, at, &ranks, none).is_empty());
+        assert!(!ranks.lock().unwrap().claimed.contains_key(&600));
     }
 
     #[test]

@@ -186,6 +186,11 @@ struct Launcher {
     unidentified: Vec<Identity>,
     /// Which writer of the marker FIFO is which rank (see [`process::PidRanks`]).
     pid_ranks: Arc<Mutex<process::PidRanks>>,
+    /// This node's first global rank: the plan's expectation until the ranks say where the
+    /// launcher's rendezvous placed the node (see [`external::node_first_rank`]).
+    first: u32,
+    /// Whether the ranks said it (looked for only on one node of several, until they do).
+    placed: bool,
     /// When rank discovery runs next.
     next_discovery: Instant,
     stdout_log: PathBuf,
@@ -256,7 +261,7 @@ fn slot_members(slot: &Slot, others: &[u32]) -> Vec<u32> {
 fn confirm_by_markers(l: &Launcher, slots: &mut [Slot]) {
     let claims = l.pid_ranks.lock().map(|r| r.claimed.clone()).unwrap_or_default();
     for slot in slots.iter_mut() {
-        let claimed = slot.found.and_then(|pid| claims.get(&pid)) == Some(&slot.end.rank);
+        let claimed = slot.found.and_then(|pid| claims.get(&pid)) == Some(&(slot.end.rank + l.first));
         if claimed && slot.weakly_identified() {
             slot.end.identified_by = Some(IdentifiedBy::Markers);
         }
@@ -530,7 +535,9 @@ impl Supervisor<'_, '_> {
             stop: Arc::default(),
             fifo: fifo.clone(),
             unidentified: Vec::new(),
-            pid_ranks: Arc::default(),
+            pid_ranks: Arc::new(Mutex::new(process::PidRanks { first: plan.offset, ..Default::default() })),
+            first: plan.offset,
+            placed: plan.global_world == plan.world,
             next_discovery: self.start,
             stdout_log: p.stdout_log.clone(),
             stderr_log: p.stderr_log.clone(),
@@ -538,10 +545,10 @@ impl Supervisor<'_, '_> {
         match process::open_marker_fifo(&fifo) {
             Ok(file) => {
                 let (events, ranks) = (self.sink.clone(), l.pid_ranks.clone());
-                let global = plan.offset..plan.offset + plan.world;
+                let worlds = (plan.global_world, plan.world);
                 let _ = std::thread::Builder::new()
                     .name("markers-fifo".into())
-                    .spawn(move || process::read_tagged_markers(file, global, ranks, events));
+                    .spawn(move || process::read_tagged_markers(file, worlds, ranks, events));
             }
             Err(e) => {
                 l.launch_error = Some(format!("cannot create the marker FIFO `{}`: {e}", fifo.display()))
@@ -736,14 +743,24 @@ impl Supervisor<'_, '_> {
         }
         confirm_by_markers(l, &mut self.slots);
         let Some(root) = l.process.as_ref().map(|p| p.pid) else { return };
-        let (offset, world) = (self.plan.offset, self.slots.len() as u32);
+        let world = self.slots.len() as u32;
+        if !l.placed && self.slots.iter().all(|s| s.found.is_none()) {
+            if let Some(first) = external::node_first_rank(root, world, self.plan.global_world) {
+                l.placed = true;
+                l.first = first;
+                if let Ok(mut r) = l.pid_ranks.lock() {
+                    r.first = first;
+                }
+                if first != self.plan.offset {
+                    self.tell(|at_s| LocalEvent::Placed { at_s, first_rank: first });
+                }
+            }
+        }
+        let Some(l) = self.launcher.as_mut() else { return };
+        let offset = l.first;
         let known = external::Known {
             found: self.slots.iter().filter_map(|s| Some((s.end.rank + offset, s.found?))).collect(),
-            claims: l
-                .pid_ranks
-                .lock()
-                .map(|r| r.claimed.iter().map(|(&pid, &rank)| (pid, rank + offset)).collect())
-                .unwrap_or_default(),
+            claims: l.pid_ranks.lock().map(|r| r.claimed.clone()).unwrap_or_default(),
             port: self.plan.master_port,
         };
         for external::FoundRank { rank, pid, by } in
@@ -773,7 +790,7 @@ impl Supervisor<'_, '_> {
                 l.watch(pid, &self.sink);
             }
             if let Ok(mut r) = l.pid_ranks.lock() {
-                r.found.insert(pid, rank);
+                r.found.insert(pid, rank + offset);
             }
             // A spawn-order guess that named this process for another rank is void.
             for other in self.slots.iter_mut().filter(|s| s.end.rank != rank && s.found == Some(pid)) {
@@ -987,7 +1004,7 @@ impl Supervisor<'_, '_> {
     fn launcher_end(&mut self) -> Option<(LauncherEnd, bool)> {
         let mut l = self.launcher.take()?;
         l.stop.store(true, Ordering::Relaxed);
-        let offset = self.plan.offset;
+        let offset = l.first;
         let (exit, stdout, stderr) = match l.process.take() {
             Some(p) => {
                 let pid = p.pid;
