@@ -20,6 +20,27 @@ pub struct Rollup {
     pub shared: u64,
 }
 
+impl Rollup {
+    /// This reading moved to a resident size of `rss` without reading again: what the process
+    /// gained or lost counted as its own (a page it faults in is private until another maps it).
+    pub fn moved_to(&self, rss: u64) -> Rollup {
+        let (up, down) = (rss.saturating_sub(self.rss), self.rss.saturating_sub(rss));
+        Rollup {
+            rss,
+            pss: (self.pss + up).saturating_sub(down),
+            uss: (self.uss + up).saturating_sub(down),
+            shared: self.shared,
+        }
+    }
+}
+
+/// The machine's available and total memory in bytes (`MemAvailable`, `MemTotal`).
+pub fn available() -> Option<(u64, u64)> {
+    use procfs::Current;
+    let m = procfs::Meminfo::current().ok()?;
+    Some((m.mem_available?, m.mem_total))
+}
+
 /// The fields of `/proc/<pid>/stat` the harness needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProcStat {

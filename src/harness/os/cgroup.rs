@@ -239,6 +239,15 @@ impl ScenarioCgroup {
         Some(total.saturating_sub(self.oom_kills_before))
     }
 
+    /// The file that holds the group's memory use now, with its limit, when it has one.
+    pub fn usage_file(&self) -> Option<(PathBuf, u64)> {
+        let file = match self.version {
+            CgroupVersion::V1 => "memory.usage_in_bytes",
+            CgroupVersion::V2 => "memory.current",
+        };
+        Some((self.dir.join(file), self.limit?))
+    }
+
     /// The highest memory use the kernel recorded for the group.
     pub fn peak_bytes(&self) -> Option<u64> {
         let file = match self.version {

@@ -68,6 +68,26 @@ pub struct Setup {
     pub members: Arc<Mutex<Membership>>,
     pub memory: MemoryRecorder,
     pub oom: OomWatch,
+    pub pressure: MemoryPressure,
+}
+
+/// Whether the run's memory is nearly used up: its cgroup's use at 7/8 of its limit or more, or
+/// the machine's available memory under 1/16 of its total (see [`RollupCadence`] for why it
+/// matters).
+#[derive(Debug, Default)]
+pub struct MemoryPressure {
+    /// The cgroup's usage file and limit.
+    pub cgroup: Option<(PathBuf, u64)>,
+}
+
+impl MemoryPressure {
+    fn near(&self) -> bool {
+        let cgroup = self.cgroup.as_ref().is_some_and(|(file, limit)| {
+            let used = std::fs::read_to_string(file).ok().and_then(|t| t.trim().parse::<u64>().ok());
+            used.is_some_and(|u| u >= limit - limit / 8)
+        });
+        cgroup || memory::available().is_some_and(|(available, total)| available < total / 16)
+    }
 }
 
 /// The sampling thread of one scenario.
@@ -90,7 +110,8 @@ impl SamplerThread {
         let (shm_dir, run_id) = (setup.shm_dir.clone(), setup.run_id.clone());
         let handle = std::thread::Builder::new().name("sampler".into()).spawn(move || {
             lower_priority();
-            let Setup { start, every, gpu_every, shm_dir, run_id, members, mut memory, mut oom } = setup;
+            let Setup { start, every, gpu_every, shm_dir, run_id, members, mut memory, mut oom, pressure } =
+                setup;
             let since = |at: Instant| at.duration_since(start).as_secs_f64();
             // NVML is set up here, in the thread that samples it.
             let mut gpu = match gpu_every {
@@ -111,6 +132,7 @@ impl SamplerThread {
             loop {
                 let now = Instant::now();
                 if now >= next_memory {
+                    cadence.near_limit = pressure.near();
                     let procs = sample_processes(
                         &members.lock().map(|m| m.clone()).unwrap_or_default(),
                         &mut cadence,

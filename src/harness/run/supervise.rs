@@ -361,6 +361,7 @@ pub fn supervise<'p, 'l>(
         members: s.members.clone(),
         memory: MemoryRecorder::new(plan.world, plan.sample_every.as_secs_f64(), res.private_shm.is_some()),
         oom: OomWatch::start(res.cgroup),
+        pressure: super::sampler::MemoryPressure { cgroup: res.cgroup.and_then(|c| c.usage_file()) },
     })
     .ok();
     progress.scenario_started(&res.scenario.name, plan.world);
