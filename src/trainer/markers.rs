@@ -6,7 +6,6 @@
 
 use std::fs::File;
 use std::io::Write;
-use std::os::fd::FromRawFd;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::Instant;
@@ -14,6 +13,7 @@ use std::time::Instant;
 use nix::fcntl::{FcntlArg, FdFlag, fcntl};
 
 use crate::protocol::{self, MARKER_FD_ENV, Marker};
+use crate::trainer::os;
 
 /// The raw marker fd, for the crash handler, which cannot take the mutex.
 static RAW_FD: AtomicI32 = AtomicI32::new(-1);
@@ -26,13 +26,7 @@ pub fn init_from_env() {
     let Some(fd) = std::env::var(MARKER_FD_ENV).ok().and_then(|v| v.parse::<i32>().ok()) else {
         return;
     };
-    // Only a descriptor this process really has open (`/proc/self/fd`) is taken.
-    if fd < 0 || procfs::process::Process::myself().and_then(|me| me.fd_from_fd(fd)).is_err() {
-        return;
-    }
-    // SAFETY: the fd is open (checked above) and the harness gave it to this process alone; the
-    // file owns it from here on.
-    let file = unsafe { File::from_raw_fd(fd) };
+    let Some(file) = os::adopt_inherited_fd(fd) else { return };
     // Children we start later (loader workers, a shell) must not inherit the rank's pipe.
     let _ = fcntl(&file, FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC));
     RAW_FD.store(fd, Ordering::SeqCst);

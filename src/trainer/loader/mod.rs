@@ -358,14 +358,9 @@ impl Pool {
             }
             self.poll(-1)?;
         };
-        // SAFETY: the slot lies in the ring, which outlives the views; the worker finished it.
-        let batch = unsafe {
-            let written = self.layout.seq_cell(self.ring.ptr(), slot).read_volatile();
-            assert_eq!(written, seq, "slot {slot} holds batch {written}, expected {seq}");
-            let [u, nu, xq, target] = self.layout.views(self.ring.ptr(), slot);
-            let out = |t: tch::Tensor| if device.is_cuda() { t.pin_memory(device) } else { t.copy() };
-            Batch { u: out(u), nu: out(nu), xq: out(xq), target: out(target) }
-        };
+        let (written, [u, nu, xq, target]) = self.layout.copy_out(&self.ring, slot, device);
+        assert_eq!(written, seq, "slot {slot} holds batch {written}, expected {seq}");
+        let batch = Batch { u, nu, xq, target };
         self.consumed += 1;
         self.fill(sampler)?;
         Ok(batch)

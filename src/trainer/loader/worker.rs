@@ -79,6 +79,25 @@ impl SlotLayout {
         })
     }
 
+    /// The batch number a worker wrote into slot `slot` of `ring`, and the slot's four tensors
+    /// copied out of it: into pinned memory for a CUDA `device`, so nothing refers to the ring
+    /// after the call. Panics if the slot lies beyond the ring.
+    pub fn copy_out(&self, ring: &Mapping, slot: u32, device: Device) -> (u64, [Tensor; 4]) {
+        assert!(
+            (slot as usize + 1) * self.slot_bytes <= ring.len(),
+            "slot {slot} lies beyond the ring's {} bytes",
+            ring.len()
+        );
+        // SAFETY: the slot lies inside `ring` (checked above), which is borrowed for the call; the
+        // views are dropped once copied, before it returns. The worker finished writing the slot
+        // before it reported it done.
+        unsafe {
+            let seq = self.seq_cell(ring.ptr(), slot).read_volatile();
+            let views = self.views(ring.ptr(), slot);
+            (seq, views.map(|t| if device.is_cuda() { t.pin_memory(device) } else { t.copy() }))
+        }
+    }
+
     /// The seq number written in the slot's header.
     ///
     /// # Safety
