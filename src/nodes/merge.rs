@@ -584,30 +584,34 @@ mod tests {
             }
             lost => lost,
         };
-        let s = merged(vec![
-            placed(
-                node(
-                    0,
-                    "node-a",
-                    vec![died(0, 2.1, None, Some(LOST_PEER)), died(1, 2.0, Some("SIGSEGV"), None)],
-                    0.0,
-                    0.0,
-                    0,
+        // Node 0's local rank 1 crashed; the others lost their peer after it.
+        let run = |first_a: u32, first_b: u32| {
+            merged(vec![
+                placed(
+                    node(
+                        0,
+                        "node-a",
+                        vec![died(0, 2.1, None, Some(LOST_PEER)), died(1, 2.0, Some("SIGSEGV"), None)],
+                        0.0,
+                        0.0,
+                        0,
+                    ),
+                    first_a,
                 ),
-                2,
-            ),
-            placed(
-                node(
-                    1,
-                    "node-b",
-                    vec![died(0, 2.2, None, Some(LOST_PEER)), died(1, 2.3, None, Some(LOST_PEER))],
-                    0.0,
-                    0.05,
-                    0,
+                placed(
+                    node(
+                        1,
+                        "node-b",
+                        vec![died(0, 2.2, None, Some(LOST_PEER)), died(1, 2.3, None, Some(LOST_PEER))],
+                        0.0,
+                        0.05,
+                        0,
+                    ),
+                    first_b,
                 ),
-                0,
-            ),
-        ]);
+            ])
+        };
+        let s = run(2, 0);
         assert_eq!(s.first_failure, Some(3));
         assert_eq!(s.ranks[3].signal, crate::schema::Signal::parse("SIGSEGV"));
         let n = s.nodes.as_ref().unwrap();
@@ -623,30 +627,7 @@ mod tests {
             s.verdict.evidence
         );
         // Places that overlap are not believed: node × ranks per node stands, and nothing is said.
-        let s = merged(vec![
-            placed(
-                node(
-                    0,
-                    "node-a",
-                    vec![died(0, 2.1, None, Some(LOST_PEER)), died(1, 2.0, Some("SIGSEGV"), None)],
-                    0.0,
-                    0.0,
-                    0,
-                ),
-                2,
-            ),
-            placed(
-                node(
-                    1,
-                    "node-b",
-                    vec![died(0, 2.2, None, Some(LOST_PEER)), died(1, 2.3, None, Some(LOST_PEER))],
-                    0.0,
-                    0.05,
-                    0,
-                ),
-                2,
-            ),
-        ]);
+        let s = run(2, 2);
         assert_eq!(s.first_failure, Some(1));
         assert!(!s.verdict.evidence.iter().any(|e| e.contains("numbered the nodes")));
     }
