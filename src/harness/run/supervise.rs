@@ -184,12 +184,11 @@ struct Launcher {
     /// Processes seen below the launcher that looked like ranks but whose rank number no signal
     /// gave, as first seen, in the order they were seen (their exits are watched too).
     unidentified: Vec<Identity>,
-    /// Which writer of the marker FIFO is which rank (see [`process::PidRanks`]).
+    /// Which writer of the marker FIFO is which rank, and this node's first global rank: the
+    /// plan's expectation until the ranks say where the launcher's rendezvous placed the node
+    /// (see [`process::PidRanks`], [`external::node_first_rank`]).
     pid_ranks: Arc<Mutex<process::PidRanks>>,
-    /// This node's first global rank: the plan's expectation until the ranks say where the
-    /// launcher's rendezvous placed the node (see [`external::node_first_rank`]).
-    first: u32,
-    /// Whether the ranks said it (looked for only on one node of several, until they do).
+    /// Whether the ranks said where the node is (looked for only on one node of several, until they do).
     placed: bool,
     /// When rank discovery runs next.
     next_discovery: Instant,
@@ -198,6 +197,11 @@ struct Launcher {
 }
 
 impl Launcher {
+    /// This node's first global rank, as the marker reader also numbers by it.
+    fn first(&self) -> u32 {
+        self.pid_ranks.lock().unwrap_or_else(|e| e.into_inner()).first
+    }
+
     fn live(&self) -> bool {
         self.process.is_some() && self.exit.is_none()
     }
@@ -260,8 +264,9 @@ fn slot_members(slot: &Slot, others: &[u32]) -> Vec<u32> {
 /// come between two rounds of discovery).
 fn confirm_by_markers(l: &Launcher, slots: &mut [Slot]) {
     let claims = l.pid_ranks.lock().map(|r| r.claimed.clone()).unwrap_or_default();
+    let first = l.first();
     for slot in slots.iter_mut() {
-        let claimed = slot.found.and_then(|pid| claims.get(&pid)) == Some(&(slot.end.rank + l.first));
+        let claimed = slot.found.and_then(|pid| claims.get(&pid)) == Some(&(slot.end.rank + first));
         if claimed && slot.weakly_identified() {
             slot.end.identified_by = Some(IdentifiedBy::Markers);
         }
@@ -537,7 +542,6 @@ impl Supervisor<'_, '_> {
             fifo: fifo.clone(),
             unidentified: Vec::new(),
             pid_ranks: Arc::new(Mutex::new(process::PidRanks { first: plan.offset, ..Default::default() })),
-            first: plan.offset,
             placed: plan.global_world == plan.world,
             next_discovery: self.start,
             stdout_log: p.stdout_log.clone(),
@@ -748,17 +752,14 @@ impl Supervisor<'_, '_> {
         if !l.placed && self.slots.iter().all(|s| s.found.is_none()) {
             if let Some(first) = external::node_first_rank(root, world, self.plan.global_world) {
                 l.placed = true;
-                l.first = first;
-                if let Ok(mut r) = l.pid_ranks.lock() {
-                    r.first = first;
-                }
+                l.pid_ranks.lock().unwrap_or_else(|e| e.into_inner()).first = first;
                 if first != self.plan.offset {
                     self.tell(|at_s| LocalEvent::Placed { at_s, first_rank: first });
                 }
             }
         }
         let Some(l) = self.launcher.as_mut() else { return };
-        let offset = l.first;
+        let offset = l.first();
         let known = external::Known {
             found: self.slots.iter().filter_map(|s| Some((s.end.rank + offset, s.found?))).collect(),
             claims: l.pid_ranks.lock().map(|r| r.claimed.clone()).unwrap_or_default(),
@@ -1005,7 +1006,7 @@ impl Supervisor<'_, '_> {
     fn launcher_end(&mut self) -> Option<(LauncherEnd, bool)> {
         let mut l = self.launcher.take()?;
         l.stop.store(true, Ordering::Relaxed);
-        let offset = l.first;
+        let offset = l.first();
         let (exit, stdout, stderr) = match l.process.take() {
             Some(p) => {
                 let pid = p.pid;
