@@ -2,13 +2,14 @@
 # Verifies the GPU path on a GPU machine in one command, with binaries built elsewhere.
 #
 #   scripts/gpu-check.sh --bundle      on the build machine, after `cargo test --no-run`: copies
-#                                      the ups-doctor binary, the library's unit-test binary and
-#                                      tests/gpu.rs's binary into target/gpu-bundle/ (debug info
-#                                      stripped, symbols kept: about 42 MB), the one path to carry
+#                                      the ups-doctor and ups-doctor-trainer binaries, the trainer
+#                                      crate's unit-test binary and the integration-test binary
+#                                      (tests/gpu.rs is a module of it) into target/gpu-bundle/
+#                                      (debug info stripped, symbols kept), the one path to carry
 #   OUT=/some/dir scripts/gpu-check.sh on the GPU machine, from the checkout
 #
 # The binaries come from target/gpu-bundle/ (else target/{release,debug}; UPS_DOCTOR_BIN names
-# the ups-doctor binary). libtorch with CUDA comes from TORCH_LIB (default: the GPU machines'
+# the ups-doctor binary, which starts the ups-doctor-trainer beside it). libtorch with CUDA comes from TORCH_LIB (default: the GPU machines'
 # /opt/torch/.venv/lib/python3.12/site-packages/torch/lib), put on LD_LIBRARY_PATH.
 #
 # Writes under $OUT (default ./gpu-check-out): nvidia-smi, `ups-doctor env`, 20 raw NVML readings
@@ -35,12 +36,16 @@ pick() {
 if [ "${1:-}" = "--bundle" ]; then
   mkdir -p "$BUNDLE"
   main=$(ls -t target/release/ups-doctor target/debug/ups-doctor 2>/dev/null | head -n1)
-  lib=$(pick "trainer::cuda::tests" target/*/deps/ups_doctor-*)
-  gpu=$(pick "gpu_single_cuda" target/*/deps/gpu-*)
-  [ -n "$main" ] && [ -n "$lib" ] && [ -n "$gpu" ] \
+  trainer=$(ls -t target/release/ups-doctor-trainer target/debug/ups-doctor-trainer 2>/dev/null | head -n1)
+  lib=$(pick "cuda::tests" target/*/deps/ups_doctor_trainer-*)
+  gpu=$(pick "gpu_single_cuda" target/*/deps/tests-*)
+  [ -n "$main" ] && [ -n "$trainer" ] && [ -n "$lib" ] && [ -n "$gpu" ] \
     || { echo "gpu-check: build first: cargo build && cargo test --no-run" >&2; exit 2; }
   strip --strip-debug -o "$BUNDLE/ups-doctor" "$main"
+  strip --strip-debug -o "$BUNDLE/ups-doctor-trainer" "$trainer"
   strip --strip-debug -o "$BUNDLE/lib-tests" "$lib"
+  doctor=$(pick "probe::nvml" target/*/deps/ups_doctor-*)
+  [ -z "$doctor" ] || strip --strip-debug -o "$BUNDLE/doctor-tests" "$doctor"
   strip --strip-debug -o "$BUNDLE/gpu-tests" "$gpu"
   du -sh "$BUNDLE"
   exit 0
@@ -72,18 +77,23 @@ step gpu-scenarios "$BIN" run scenarios/gpu --out "$OUT/gpu-scenarios" --quiet
 step single-cuda-workers0 "$BIN" run scenarios/gpu/single-cuda.json --out "$OUT/single-cuda-workers0" --quiet
 step single-cuda-workers4-spawn "$BIN" run scenarios/gpu/single-cuda.json --set data.workers=4 \
   --set data.start_method=spawn --out "$OUT/single-cuda-workers4-spawn" --quiet
-GPU_TESTS=$(pick "gpu_single_cuda" "$BUNDLE/gpu-tests" target/*/deps/gpu-*)
-LIB_TESTS=$(pick "trainer::cuda::tests" "$BUNDLE/lib-tests" target/*/deps/ups_doctor-*)
+GPU_TESTS=$(pick "gpu_single_cuda" "$BUNDLE/gpu-tests" target/*/deps/tests-*)
+LIB_TESTS=$(pick "cuda::tests" "$BUNDLE/lib-tests" target/*/deps/ups_doctor_trainer-*)
 if [ -n "$GPU_TESTS" ]; then
-  step gpu-tests "$GPU_TESTS" --include-ignored --test-threads=1
+  step gpu-tests "$GPU_TESTS" --include-ignored --test-threads=1 gpu::
 else
-  failed+=("gpu-tests (no target/*/deps/gpu-* test binary)")
+  failed+=("gpu-tests (no target/*/deps/tests-* test binary)")
 fi
 if [ -n "$LIB_TESTS" ]; then
-  step lib-gpu-tests "$LIB_TESTS" --include-ignored --test-threads=1 gpu trainer::cuda trainer::device \
-    trainer::amp probe::nvml
+  step lib-gpu-tests "$LIB_TESTS" --include-ignored --test-threads=1 gpu cuda:: device:: amp::
 else
-  failed+=("lib-gpu-tests (no target/*/deps/ups_doctor-* test binary)")
+  failed+=("lib-gpu-tests (no target/*/deps/ups_doctor_trainer-* test binary)")
+fi
+DOCTOR_TESTS=$(pick "probe::nvml" "$BUNDLE/doctor-tests" target/*/deps/ups_doctor-*)
+if [ -n "$DOCTOR_TESTS" ]; then
+  step nvml-tests "$DOCTOR_TESTS" --include-ignored --test-threads=1 probe::nvml gpu
+else
+  failed+=("nvml-tests (no target/*/deps/ups_doctor-* test binary)")
 fi
 
 "$PY" - "$OUT" >"$OUT/summary.md" 2>"$OUT/summary.err" <<'PYEOF' || failed+=("summary (see summary.err)")

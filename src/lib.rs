@@ -1,20 +1,23 @@
 //! ups-doctor: finds out why distributed deep-learning training crashes, hangs or crawls.
 //!
-//! Two worlds, one wire: [`trainer`] is the only module that uses tch (libtorch) and runs inside
-//! rank processes; [`harness`], [`probe`], [`report`] and [`scenario`] run in the supervising
-//! process and talk to ranks only through processes and the [`protocol`] markers; [`diagnose`] judges
-//! what they left, without IO. [`schema`] holds the result types they all read.
+//! Two worlds, one wire: the trainer (crate `ups-doctor-trainer`, executable
+//! `ups-doctor-trainer`) is the only code that uses tch (libtorch) and runs inside rank processes;
+//! this crate — [`harness`], [`probe`], [`report`], [`bisect`], [`nodes`] — runs in the supervising
+//! process, never loads libtorch, and talks to ranks only through processes and the [`protocol`]
+//! markers; [`diagnose`] judges what they left, without IO. [`scenario`], [`protocol`] and
+//! [`schema`] (the result types every stage reads) come from `ups-doctor-core`, which both sides
+//! share.
 
 pub mod bisect;
 pub mod diagnose;
 mod error;
+pub mod exit;
 pub mod harness;
 pub mod nodes;
 pub mod probe;
-pub mod protocol;
 pub mod report;
-pub mod scenario;
-pub mod schema;
-pub mod trainer;
+pub mod session;
 
-pub use error::{Error, exit};
+pub use ups_doctor_core::{protocol, scenario, schema};
+
+pub use error::Error;

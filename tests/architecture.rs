@@ -1,6 +1,9 @@
-//! No import circles: no module (file) of `harness/`, `schema/` or `probe/` imports a module that
-//! imports it back, directly or through others. `cargo test --test architecture` prints every
-//! circle it finds as a chain of files, each step with the line that makes it.
+//! No import circles, in any crate of the workspace: no module (file) imports a module that
+//! imports it back, directly or through others, and no top-level module of the doctor (`harness`,
+//! `nodes`, `report`, …) imports one that imports it back. `cargo test architecture` prints every
+//! circle it finds as a chain of files, each step with the line that makes it. Also the shape
+//! rules of DESIGN.md that a reader can count: a thin `main.rs`, and no long function without a
+//! comment that says why.
 //!
 //! A file's imports are read from its source, tests aside (`#[cfg(test)]` items and the files of
 //! test-only modules): `use` trees (`crate::…`, `super::…`, `self::…`, and paths that start at a
@@ -13,8 +16,10 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::path::{Path, PathBuf};
 
-/// The folders under `src/` whose files must not be part of an import circle.
-const CHECKED: [&str; 3] = ["harness/", "schema/", "probe/"];
+/// The source folders of the workspace's crates, relative to the repository: the doctor, the
+/// shared types and the trainer. An import of another crate is never an edge of a circle (cargo
+/// refuses circular crate dependencies).
+const CRATES: [&str; 3] = ["src", "crates/core/src", "crates/trainer/src"];
 
 /// One file of the library: its module path and its source without comments, strings and tests.
 struct Module {
@@ -448,17 +453,61 @@ fn circle(graph: &BTreeMap<String, BTreeMap<String, Edge>>, start: &str) -> Opti
     None
 }
 
-fn import_graph() -> BTreeMap<String, BTreeMap<String, Edge>> {
-    let krate = Crate::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"));
-    assert!(krate.modules.len() > 50, "found {} files", krate.modules.len());
-    krate.modules.values().map(|m| (m.file.clone(), krate.imports(m))).collect()
+/// The import graph of one crate's files (`src/`-relative names).
+///
+/// The crate root (`lib.rs`, `main.rs`) only declares modules and re-exports; a re-export is
+/// followed to the file that defines the item, and what is left pointing at the root names
+/// another crate's item (`crate::scenario` is `ups_doctor_core::scenario`): not an edge.
+fn import_graph_of(dir: &str) -> BTreeMap<String, BTreeMap<String, Edge>> {
+    let krate = Crate::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join(dir));
+    krate
+        .modules
+        .values()
+        .map(|m| {
+            let mut edges = krate.imports(m);
+            edges.retain(|to, _| to != "lib.rs" && to != "main.rs");
+            (m.file.clone(), edges)
+        })
+        .collect()
 }
 
-/// Every circle through a file of [`CHECKED`], one line per step.
+/// The doctor's import graph.
+fn import_graph() -> BTreeMap<String, BTreeMap<String, Edge>> {
+    let graph = import_graph_of("src");
+    assert!(graph.len() > 50, "found {} files", graph.len());
+    graph
+}
+
+/// The graph between top-level modules: `harness/run/supervise.rs` is `harness`, `main.rs` is
+/// `main`; an edge for every file-level import across two of them (the first one found kept).
+fn module_graph(
+    files: &BTreeMap<String, BTreeMap<String, Edge>>,
+) -> BTreeMap<String, BTreeMap<String, Edge>> {
+    let top =
+        |file: &str| -> String { file.split('/').next().unwrap_or(file).trim_end_matches(".rs").to_string() };
+    let mut out: BTreeMap<String, BTreeMap<String, Edge>> = BTreeMap::new();
+    for (from, edges) in files {
+        let entry = out.entry(top(from)).or_default();
+        for (to, e) in edges {
+            let (a, b) = (top(from), top(to));
+            // lib.rs declares every module and re-exports from them: it is the root, not a peer.
+            if a != b && a != "lib" && b != "lib" {
+                entry.entry(b).or_insert_with(|| Edge {
+                    to: to.clone(),
+                    line: e.line,
+                    text: format!("{from}: {}", e.text),
+                });
+            }
+        }
+    }
+    out
+}
+
+/// Every circle through a node of `graph`, one line per step.
 fn circles(graph: &BTreeMap<String, BTreeMap<String, Edge>>) -> Vec<String> {
     let mut seen: BTreeSet<BTreeSet<String>> = BTreeSet::new();
     let mut out = Vec::new();
-    for file in graph.keys().filter(|f| CHECKED.iter().any(|c| f.starts_with(c))) {
+    for file in graph.keys() {
         let Some(chain) = circle(graph, file) else { continue };
         let members: BTreeSet<String> = chain.iter().map(|(f, _)| f.clone()).collect();
         if seen.insert(members) {
@@ -473,10 +522,18 @@ fn circles(graph: &BTreeMap<String, BTreeMap<String, Edge>>) -> Vec<String> {
 }
 
 #[test]
-fn no_module_of_harness_schema_or_probe_imports_one_that_imports_it_back() {
-    let graph = import_graph();
-    let found = circles(&graph);
+fn no_file_of_any_crate_imports_one_that_imports_it_back() {
+    let mut found = Vec::new();
+    for dir in CRATES {
+        found.extend(circles(&import_graph_of(dir)).into_iter().map(|c| format!("[{dir}] {c}")));
+    }
     assert!(found.is_empty(), "import circles:\n{}", found.join("\n"));
+}
+
+#[test]
+fn no_top_level_module_of_the_doctor_imports_one_that_imports_it_back() {
+    let found = circles(&module_graph(&import_graph()));
+    assert!(found.is_empty(), "import circles between top-level modules:\n{}", found.join("\n"));
 }
 
 /// The check itself: it sees imports through `use` trees, `super`, child paths, re-exports and
@@ -485,23 +542,33 @@ fn no_module_of_harness_schema_or_probe_imports_one_that_imports_it_back() {
 fn the_import_reader_sees_every_form_and_finds_circles() {
     let graph = import_graph();
     let to = |from: &str| -> BTreeSet<String> { graph[from].keys().cloned().collect() };
-    // `use crate::schema::{…}` in a use tree, followed through schema/mod.rs's re-exports.
-    assert!(to("report/memory.rs").contains("schema/memory.rs"), "{:?}", to("report/memory.rs"));
-    assert!(!to("report/memory.rs").contains("schema/mod.rs"), "{:?}", to("report/memory.rs"));
+    // `use super::…::{…}` in a use tree, followed through a `mod.rs`'s re-exports: the catalogue's
+    // families import `super::{Finding, Pattern}`, which catalog/mod.rs re-exports from pattern.rs.
+    assert!(
+        to("diagnose/catalog/crash.rs").contains("diagnose/catalog/pattern.rs"),
+        "{:?}",
+        to("diagnose/catalog/crash.rs")
+    );
+    assert!(
+        !to("diagnose/catalog/crash.rs").contains("diagnose/catalog/mod.rs"),
+        "{:?}",
+        to("diagnose/catalog/crash.rs")
+    );
     // `use super::state::RankState`.
     assert!(
         to("harness/observe/gpu.rs").contains("harness/observe/state.rs"),
         "{:?}",
         to("harness/observe/gpu.rs")
     );
-    // A path written in code: `crate::scenario::parse_size(…)` in harness/plan.rs, and a child
-    // path through a child folder: `run::supervise::supervise(…)` in harness/mod.rs.
-    assert!(to("harness/plan.rs").contains("scenario/size.rs"), "{:?}", to("harness/plan.rs"));
+    // A path written in code: `crate::harness::os::files::write_atomic(…)` in bisect/executor.rs,
+    // and a child path through a child folder: `run::supervise::supervise(…)` in harness/mod.rs.
+    assert!(to("bisect/executor.rs").contains("harness/os/files.rs"), "{:?}", to("bisect/executor.rs"));
     assert!(to("harness/mod.rs").contains("harness/run/supervise.rs"), "{:?}", to("harness/mod.rs"));
-    // Tests are not imports: harness/observe/gpu.rs's tests read a fixture through `crate::harness::observe::state`
-    // only in `#[cfg(test)]`, and the schema's tests read report fixtures.
-    assert!(!to("schema/mod.rs").iter().any(|f| f.starts_with("report/")), "{:?}", to("schema/mod.rs"));
-    assert!(!graph.contains_key("schema/tests.rs") && !graph.contains_key("report/fixtures.rs"));
+    // Another crate's items are not edges: `crate::scenario` is `ups_doctor_core::scenario`.
+    assert!(!to("harness/plan/mod.rs").iter().any(|f| f == "lib.rs"), "{:?}", to("harness/plan/mod.rs"));
+    // Tests are not imports: the report's fixtures and the result schema's documentation test are
+    // test-only files.
+    assert!(!graph.contains_key("report/schema_doc_tests.rs") && !graph.contains_key("report/fixtures.rs"));
 
     let mut looped = graph.clone();
     let back = Edge {

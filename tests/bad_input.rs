@@ -1,9 +1,7 @@
 //! Bad input through the real binary: exit status 2, nothing run, and a message that names the
 //! file, line:column, field and fix. Messages are snapshot-tested as the user sees them.
 
-mod util;
-
-use util::Sandbox;
+use crate::util::Sandbox;
 
 /// Runs `ups-doctor run scenarios/<name>.json ARGS` in a sandbox holding `body`, expects exit 2
 /// and returns stderr.

@@ -3,13 +3,11 @@
 //! `train --loader-only`, and peers that hold the same data and the same model as the trainer.
 //! No timings are asserted here; bench/run measures them.
 
-mod util;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use crate::util::{Sandbox, tiny};
 use ups_doctor::protocol::RUN_ID_ENV;
-use util::{Sandbox, tiny};
 
 /// Names this test process's `/dev/shm` segments, to find any left behind.
 fn run_id() -> String {

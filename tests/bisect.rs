@@ -2,10 +2,8 @@
 //! Faults are made conditional with `when` (or by the phase they fire in), so the answer is
 //! known; the run counts are the bounds.
 
-mod util;
-
+use crate::util::Sandbox;
 use serde_json::Value;
-use util::Sandbox;
 
 /// A configuration with at least 8 cuttable components (attention, conditioning, window,
 /// accumulation, MLP ratio, a second stage, stage depths, steps, batch, samples, timesteps,

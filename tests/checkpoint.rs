@@ -1,12 +1,10 @@
 //! Checkpoints with the real trainer: a resumed run continues with the same losses and ends with
 //! the same parameters; a rank killed mid-save leaves no checkpoint that looks complete.
 
-mod util;
-
 use std::path::{Path, PathBuf};
 
+use crate::util::{Sandbox, tiny};
 use serde_json::Value;
-use util::{Sandbox, tiny};
 
 fn launch(mode: &str) -> String {
     let world = if mode == "single" { 1 } else { 2 };

@@ -2,12 +2,10 @@
 //! first failure vs collateral, ranks out of step, unused parameters, and ranks started by hand
 //! with the torchrun environment.
 
-mod util;
-
 use std::process::Command;
 
+use crate::util::{Sandbox, alive, tiny};
 use serde_json::Value;
-use util::{Sandbox, alive, tiny};
 
 fn ddp(extra: &str) -> String {
     let sep = if extra.trim().is_empty() { "" } else { "," };
@@ -129,7 +127,7 @@ fn ranks_started_by_hand_with_the_torchrun_environment_train_together() {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let children: Vec<_> = (0..2)
         .map(|rank| {
-            Command::new(util::bin())
+            Command::new(crate::util::bin())
                 .arg("train")
                 .arg(&file)
                 .envs([
@@ -160,7 +158,7 @@ fn a_rank_that_cannot_reach_the_store_names_the_address_and_the_timeout() {
     let file = sb.scenario("lonely", &ddp(""));
     // Rank 1 of 2, and nobody hosts the store.
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let out = Command::new(util::bin())
+    let out = Command::new(crate::util::bin())
         .arg("train")
         .arg(&file)
         .args(["--set", "limits.timeout_s=3"])

@@ -2,12 +2,10 @@
 //! (CPU, gloo) from the test venv, started per rank or by torchrun, with markers through
 //! `python/ups_doctor.py`, real signals, a real private `/dev/shm` and real py-spy.
 
-mod util;
-
 use std::path::Path;
 
+use crate::util::{RunOutput, Sandbox, repo, venv_path};
 use serde_json::Value;
-use util::{RunOutput, Sandbox, repo, venv_path};
 
 /// `ups-doctor run` with the venv's `bin` first on `PATH`.
 fn run(sb: &Sandbox, files: &[&Path]) -> RunOutput {

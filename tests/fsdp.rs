@@ -2,10 +2,8 @@
 //! curve that follows DDP's, optimizer state divided across ranks, and libtorch's own error for an
 //! in-place update of a parameter view.
 
-mod util;
-
+use crate::util::{Sandbox, tiny};
 use serde_json::Value;
-use util::{Sandbox, tiny};
 
 fn two_ranks(mode: &str, extra: &str) -> String {
     let sep = if extra.trim().is_empty() { "" } else { "," };

@@ -6,8 +6,6 @@
 //! Each target runs in a thread of its own under a generous watchdog: a hang fails the test
 //! instead of stalling the suite.
 
-mod util;
-
 use std::path::PathBuf;
 use std::sync::mpsc;
 use std::time::Duration;
@@ -161,7 +159,7 @@ fn guarded(name: &str, body: impl FnOnce() -> String + Send + 'static) {
 fn seeds() -> Vec<(PathBuf, Vec<u8>)> {
     let mut files = Vec::new();
     for dir in ["scenarios", "scenarios/external"] {
-        let Ok(entries) = std::fs::read_dir(util::repo().join(dir)) else { continue };
+        let Ok(entries) = std::fs::read_dir(crate::util::repo().join(dir)) else { continue };
         for e in entries.flatten() {
             let path = e.path();
             if path.extension().is_some_and(|x| x == "json") {
@@ -219,7 +217,7 @@ fn the_scenario_loader_never_panics_and_positions_every_error() {
 #[test]
 fn set_overrides_never_panic_and_name_the_culprit() {
     guarded("--set", || {
-        let base = util::repo().join("scenarios/ddp-2rank-cpu.json");
+        let base = crate::util::repo().join("scenarios/ddp-2rank-cpu.json");
         let source = std::fs::read_to_string(&base).unwrap();
         let paths = [
             "train.steps",
@@ -312,7 +310,7 @@ fn the_marker_parser_never_panics() {
 /// scenarios (the big one has two dozen; parsing it thousands of times measures nothing more).
 fn example_results() -> Vec<Vec<u8>> {
     let mut found = Vec::new();
-    for e in std::fs::read_dir(util::repo().join("reports/examples")).unwrap().flatten() {
+    for e in std::fs::read_dir(crate::util::repo().join("reports/examples")).unwrap().flatten() {
         let path = e.path().join("result.json");
         if let Ok(bytes) = std::fs::read(&path) {
             let mut value: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
@@ -367,7 +365,7 @@ fn report_over_corrupted_result_json_never_panics_and_positions_every_error() {
 fn report_through_the_real_binary_refuses_corrupted_results_with_a_position() {
     let seeds = example_results();
     let mut rng = Rng(0x0018_f00d_5eed_0005);
-    let sb = util::Sandbox::new();
+    let sb = crate::util::Sandbox::new();
     let mut refused = 0;
     for _ in 0..8 {
         let seed = rng.pick(&seeds).clone();

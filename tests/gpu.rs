@@ -4,16 +4,17 @@
 //! report say why there are no GPU metrics. The `#[ignore]`d tests need a GPU and run the shipped
 //! `scenarios/gpu/` scenarios for real (`scripts/gpu-check.sh` runs them).
 
-mod util;
-
 use std::path::{Path, PathBuf};
 
+use crate::util::{Sandbox, bin, tiny};
 use serde_json::Value;
-use util::{Sandbox, bin, tiny};
 
 /// GPUs libtorch's CUDA sees on this machine, asked the way `ups-doctor run` asks.
 fn gpus() -> u64 {
-    let out = std::process::Command::new(bin()).arg("cuda-probe").output().expect("cuda-probe runs");
+    let out = std::process::Command::new(crate::util::trainer_bin())
+        .arg("cuda-probe")
+        .output()
+        .expect("cuda-probe runs");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let v: Value = serde_json::from_slice(&out.stdout).expect("cuda-probe prints JSON");
     v["device_count"].as_u64().expect("a device count")

@@ -3,22 +3,56 @@
 //! torchrun program that does not use the helper (its ranks get no death-with-parent and live in
 //! torchrun's sessions) has no rank alive once the next `ups-doctor run` has started. Both rely
 //! on the scenario's cgroup; the conditions are waited for, never slept on.
-
-mod util;
+//!
+//! Each test's runs make their scenario cgroups below a parent of the test's own
+//! ([`OwnParent`]): every `ups-doctor run` sweeps the orphaned cgroups it finds beside its own,
+//! and the suite's other tests run beside these in the same test binary, so without it a run of
+//! another test could sweep this test's killed runs before the run this test watches does.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::time::Duration;
 
-use util::{Sandbox, alive, eventually, repo, venv_path};
+use crate::util::{Sandbox, alive, eventually, repo, venv_path};
 
 const TRIALS: usize = 5;
 
-/// The cgroup ups-doctor (pid `harness`) made for its scenario, once it exists.
-fn scenario_cgroup(harness: u32) -> Option<PathBuf> {
-    let parent = ups_doctor::harness::os::cgroup::parent().expect("this machine can make cgroups");
+/// A cgroup below the one ups-doctor would use, for one test's runs (`UPS_DOCTOR_CGROUP_PARENT`),
+/// removed at the end with what the runs left in it.
+struct OwnParent(PathBuf);
+
+impl OwnParent {
+    fn new(test: &str) -> OwnParent {
+        let parent = ups_doctor::harness::os::cgroup::parent().expect("this machine can make cgroups");
+        let dir = parent.dir.join(format!("test-{test}-{}", std::process::id()));
+        std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("cannot make `{}`: {e}", dir.display()));
+        OwnParent(dir)
+    }
+
+    /// `ups-doctor …` with its scenario cgroups made (and orphans swept) below this parent.
+    fn cmd(&self, sb: &Sandbox) -> std::process::Command {
+        let mut cmd = sb.cmd();
+        cmd.env("UPS_DOCTOR_CGROUP_PARENT", &self.0);
+        cmd
+    }
+}
+
+impl Drop for OwnParent {
+    fn drop(&mut self) {
+        // Empty scenario cgroups first (the runs remove theirs; an orphan's is swept), then ours.
+        if let Ok(children) = std::fs::read_dir(&self.0) {
+            for child in children.filter_map(Result::ok).filter(|e| e.path().is_dir()) {
+                let _ = std::fs::remove_dir(child.path());
+            }
+        }
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+/// The cgroup ups-doctor (pid `harness`) made for its scenario below `parent`, once it exists.
+fn scenario_cgroup(parent: &OwnParent, harness: u32) -> Option<PathBuf> {
     let prefix = format!("ups-doctor.{harness}.");
-    std::fs::read_dir(&parent.dir)
+    std::fs::read_dir(&parent.0)
         .ok()?
         .filter_map(Result::ok)
         .find(|e| e.file_name().to_string_lossy().starts_with(&prefix))
@@ -44,8 +78,9 @@ fn shm_files_of(harness: u32) -> Vec<String> {
         .unwrap_or_default()
 }
 
-fn start(sb: &Sandbox, file: &Path, out: &str) -> Child {
-    sb.cmd()
+fn start(sb: &Sandbox, parent: &OwnParent, file: &Path, out: &str) -> Child {
+    parent
+        .cmd(sb)
         .env("PATH", venv_path())
         .arg("run")
         .arg(file)
@@ -67,6 +102,7 @@ fn sigkill(child: &mut Child) {
 #[test]
 fn a_sigkilled_ups_doctor_leaves_no_process_and_no_dev_shm_file_of_a_ddp_run_with_workers() {
     let sb = Sandbox::new();
+    let parent = OwnParent::new("killed-ddp");
     let file = sb.scenario(
         "ddp-workers",
         r#"{
@@ -79,14 +115,14 @@ fn a_sigkilled_ups_doctor_leaves_no_process_and_no_dev_shm_file_of_a_ddp_run_wit
     );
     let mut harnesses = Vec::new();
     for trial in 0..TRIALS {
-        let mut child = start(&sb, &file, &format!("out{trial}"));
+        let mut child = start(&sb, &parent, &file, &format!("out{trial}"));
         let harness = child.id();
         harnesses.push(harness);
         // Training: both ranks and their four workers are in the cgroup, and the rings exist (a
         // worker is only started once its rank's ring does) and have lost their names.
         let mut pids = Vec::new();
         let training = eventually(Duration::from_secs(180), || {
-            pids = scenario_cgroup(harness).map(|c| members(&c)).unwrap_or_default();
+            pids = scenario_cgroup(&parent, harness).map(|c| members(&c)).unwrap_or_default();
             pids.len() >= 6 && shm_files_of(harness).is_empty()
         });
         assert!(
@@ -104,15 +140,16 @@ fn a_sigkilled_ups_doctor_leaves_no_process_and_no_dev_shm_file_of_a_ddp_run_wit
         assert_eq!(shm_files_of(harness), Vec::<String>::new(), "trial {trial}");
     }
     // The empty cgroups of the killed runs are removed by the next run.
-    let plain = sb.scenario("plain", &util::tiny(""));
-    assert_eq!(sb.run(&[&plain], &[]).code(), 0);
-    let left: Vec<PathBuf> = harnesses.iter().filter_map(|&h| scenario_cgroup(h)).collect();
+    let plain = sb.scenario("plain", &crate::util::tiny(""));
+    assert_eq!(sb.run_with(parent.cmd(&sb), &[&plain], &[]).code(), 0);
+    let left: Vec<PathBuf> = harnesses.iter().filter_map(|&h| scenario_cgroup(&parent, h)).collect();
     assert!(left.is_empty(), "{left:?}");
 }
 
 #[test]
 fn a_sigkilled_ups_doctor_leaves_no_rank_of_a_silent_torchrun_program_once_the_next_run_starts() {
     let sb = Sandbox::new();
+    let parent = OwnParent::new("killed-torchrun");
     let program = repo().join("tests/programs/silent_ranks.py").display().to_string();
     let scenario = |trial: usize| {
         let dir = sb.path().join(format!("pids{trial}"));
@@ -135,7 +172,7 @@ fn a_sigkilled_ups_doctor_leaves_no_rank_of_a_silent_torchrun_program_once_the_n
     let mut previous: Option<Vec<u32>> = None;
     for trial in 0..TRIALS {
         let (file, dir) = scenario(trial);
-        let mut child = start(&sb, &file, &format!("out{trial}"));
+        let mut child = start(&sb, &parent, &file, &format!("out{trial}"));
         if let Some(ranks) = previous.take() {
             // This run's start swept the killed run's orphaned cgroup.
             let swept = eventually(Duration::from_secs(120), || ranks.iter().all(|&p| !alive(p.into())));
@@ -154,8 +191,8 @@ fn a_sigkilled_ups_doctor_leaves_no_rank_of_a_silent_torchrun_program_once_the_n
         previous = Some(ranks);
     }
     // The next run, a plain one, ends the last trial's ranks and says so.
-    let plain = sb.scenario("plain", &util::tiny(""));
-    let run = sb.run(&[&plain], &[]);
+    let plain = sb.scenario("plain", &crate::util::tiny(""));
+    let run = sb.run_with(parent.cmd(&sb), &[&plain], &[]);
     assert_eq!(run.code(), 0, "{}", run.stderr());
     let ranks = previous.unwrap();
     assert!(

@@ -8,10 +8,8 @@
 //! ranks are judged from what any program leaves. Scenarios that name no `launch.style` must get
 //! `launcher` from `auto`.
 
-mod util;
-
+use crate::util::{RunOutput, Sandbox, repo};
 use serde_json::Value;
-use util::{RunOutput, Sandbox, repo};
 
 fn scenarios(run: &RunOutput) -> &Vec<Value> {
     run.result["scenarios"].as_array().unwrap_or_else(|| panic!("no result; stderr:\n{}", run.stderr()))

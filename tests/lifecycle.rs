@@ -1,12 +1,10 @@
 //! The run as a whole: report folders, re-rendering, `--json`, running a rank by hand, and that no
 //! rank outlives ups-doctor whether it is interrupted or killed.
 
-mod util;
-
 use std::process::{Child, Stdio};
 use std::time::Duration;
 
-use util::{Sandbox, alive, children_of as children, eventually, tiny};
+use crate::util::{Sandbox, alive, children_of as children, eventually, tiny};
 
 /// Starts `ups-doctor run` on a scenario that hangs for good, and waits until its rank is stuck
 /// in the fault. Returns the ups-doctor child and the rank's pid.

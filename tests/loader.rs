@@ -1,13 +1,11 @@
 //! Data-loader workers: real forked and spawned processes, a real /dev/shm ring, real SIGKILL,
 //! the real fork-after-libgomp deadlock, all through the real binary.
 
-mod util;
-
 use std::path::Path;
 use std::process::Stdio;
 
+use crate::util::{RunOutput, Sandbox, alive, tiny};
 use serde_json::Value;
-use util::{RunOutput, Sandbox, alive, bin, tiny};
 
 /// `ups-doctor run` whose pid is known: every run id, hence every segment name, starts with it.
 fn run_with_pid(sb: &Sandbox, files: &[&Path], args: &[&str]) -> (RunOutput, u32) {
@@ -169,7 +167,10 @@ fn a_worker_forked_with_inherited_threads_deadlocks_in_libgomp() {
 
 #[test]
 fn loader_worker_refuses_to_run_by_hand() {
-    let out = std::process::Command::new(bin()).args(["loader-worker", "{}"]).output().unwrap();
+    let out = std::process::Command::new(crate::util::trainer_bin())
+        .args(["loader-worker", "{}"])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("started by `ups-doctor train`"));
 }

@@ -1,12 +1,10 @@
 //! Memory and `/dev/shm` forensics through the real binary: samples of the real rank process,
 //! a real leaked segment found and removed, a real SIGBUS in a private 8 MiB `/dev/shm`.
 
-mod util;
-
 use std::path::Path;
 
+use crate::util::{Sandbox, tiny};
 use serde_json::Value;
-use util::{Sandbox, tiny};
 
 const MIB: u64 = 1 << 20;
 
@@ -182,10 +180,10 @@ fn without_the_right_to_make_a_mount_namespace_shm_size_says_so() {
     let file = sb.scenario("bus", &tiny(""));
     let mut cmd = if root {
         let mut c = std::process::Command::new(setpriv);
-        c.args(["--bounding-set", "-sys_admin", "--inh-caps", "-sys_admin"]).arg(util::bin());
+        c.args(["--bounding-set", "-sys_admin", "--inh-caps", "-sys_admin"]).arg(crate::util::bin());
         c
     } else {
-        std::process::Command::new(util::bin())
+        std::process::Command::new(crate::util::bin())
     };
     let out = cmd
         .arg("run")

@@ -1,14 +1,12 @@
 //! Across nodes: the real binary started once per "node" (agents on 127.0.0.1, each with its own
 //! `--out`), node 0 the coordinator. Real ranks, real signals, real sockets between agents.
 
-mod util;
-
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
+use crate::util::{Sandbox, eventually};
 use serde_json::Value;
-use util::{Sandbox, eventually};
 
 /// A port nobody listens on now, for the coordinator.
 fn free_port() -> u16 {
@@ -274,7 +272,7 @@ fn a_plain_segfault_on_node_1_makes_every_other_rank_collateral() {
 /// The ranks of `node`'s agent (its children), once each is inside the injected deadlock (its
 /// `ups-hang-peer` thread exists): none is waiting on a peer, so only ups-doctor can end them.
 fn deadlocked_ranks(agent: u32, ranks: usize) -> Option<Vec<u32>> {
-    let children = util::children_of(agent);
+    let children = crate::util::children_of(agent);
     let in_hang = |pid: &u32| {
         std::fs::read_dir(format!("/proc/{pid}/task")).is_ok_and(|d| {
             d.flatten().any(|t| {
@@ -309,7 +307,7 @@ fn a_lost_node_is_reported_as_lost_and_nothing_survives() {
         eventually(Duration::from_secs(150), || deadlocked_ranks(agent0, 2).is_some()),
         "node 0's ranks reached the injected deadlock"
     );
-    let ranks1 = util::children_of(agent1);
+    let ranks1 = crate::util::children_of(agent1);
     assert_eq!(ranks1.len(), 2, "node 1's ranks run");
     one.kill().unwrap(); // SIGKILL: no goodbye, no teardown by the agent itself
     one.wait().unwrap();
@@ -342,12 +340,12 @@ fn a_lost_node_is_reported_as_lost_and_nothing_survives() {
     // Node 1's ranks die with their agent (PR_SET_PDEATHSIG): no orphan on either node.
     for pid in ranks1 {
         assert!(
-            eventually(Duration::from_secs(30), || !util::alive(u64::from(pid))),
+            eventually(Duration::from_secs(30), || !crate::util::alive(u64::from(pid))),
             "rank pid {pid} of node 1 outlived its agent"
         );
     }
     for pid in ranks(s).iter().filter_map(|r| r["pid"].as_u64()) {
-        assert!(!util::alive(pid), "rank pid {pid} of node 0 outlived the run");
+        assert!(!crate::util::alive(pid), "rank pid {pid} of node 0 outlived the run");
     }
 }
 
@@ -447,7 +445,7 @@ fn an_agent_that_cannot_reach_the_coordinator_says_so() {
 #[test]
 fn a_two_node_torchrun_program_with_a_crashing_rank_is_attributed_the_same_way() {
     let sb = Sandbox::new();
-    let program = util::repo().join("tests/programs/ddp.py");
+    let program = crate::util::repo().join("tests/programs/ddp.py");
     let file = sb.scenario(
         "torchrun-2x2",
         &format!(
@@ -458,7 +456,7 @@ fn a_two_node_torchrun_program_with_a_crashing_rank_is_attributed_the_same_way()
             program.display()
         ),
     );
-    let path = util::venv_path().to_string_lossy().into_owned();
+    let path = crate::util::venv_path().to_string_lossy().into_owned();
     let run = run_nodes(&sb, &file, 2, &[], &[(0, "PATH", &path), (1, "PATH", &path)]);
     assert_eq!(run.code(0), 0, "node 0:\n{}", run.stderr(0));
     assert_eq!(run.code(1), 0, "node 1:\n{}", run.stderr(1));
@@ -510,14 +508,14 @@ fn a_two_node_torchrun_program_with_a_crashing_rank_is_attributed_the_same_way()
 /// sets on two hosts, since one host is one node here.
 #[test]
 fn two_agents_started_by_srun_place_themselves_from_slurms_variables() {
-    let Some(conf) = util::slurm::cluster("nodes through srun") else { return };
+    let Some(conf) = crate::util::slurm::cluster("nodes through srun") else { return };
     let _one = serial();
     let sb = Sandbox::new();
     let file = ddp(&sb, "srun-2x2", "");
     let port = free_port();
     let script = format!(
         "SLURM_NNODES=2 SLURM_NODEID=$SLURM_PROCID exec {} run {} --out node$SLURM_PROCID --quiet --join-timeout 60",
-        util::bin().display(),
+        crate::util::bin().display(),
         file.display()
     );
     let out = Command::new("srun")
@@ -582,7 +580,7 @@ fn an_agent_whose_coordinator_vanishes_tears_down_and_keeps_its_own_view() {
     for rank in ranks(&own["scenarios"][0]) {
         assert_eq!(rank["torn_down_with"], "SIGTERM", "{rank}");
         assert!(rank["stacks"].as_array().is_some_and(|t| !t.is_empty()), "stacks before teardown: {rank}");
-        assert!(!util::alive(rank["pid"].as_u64().unwrap()));
+        assert!(!crate::util::alive(rank["pid"].as_u64().unwrap()));
     }
 }
 

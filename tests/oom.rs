@@ -3,13 +3,11 @@
 //! from the cgroup's counter and the kernel log. A SIGKILL sent by anyone else is not an OOM kill.
 //! A limit that cannot be made is bad input naming the file and the field.
 
-mod util;
-
 use std::process::Stdio;
 use std::time::Duration;
 
+use crate::util::{Sandbox, alive, eventually, repo, tiny};
 use serde_json::Value;
-use util::{Sandbox, alive, eventually, repo, tiny};
 
 fn oom_kills(scenario: &Value) -> Vec<Value> {
     scenario["oom_kills"].as_array().cloned().unwrap_or_default()
@@ -137,7 +135,7 @@ fn an_external_program_past_the_limit_is_oom_killed_and_attributed_to_its_rank()
     );
     let output = sb
         .cmd()
-        .env("PATH", util::venv_path())
+        .env("PATH", crate::util::venv_path())
         .arg("run")
         .arg(&file)
         .arg("--out")
@@ -208,7 +206,7 @@ fn a_rank_sigkilled_by_hand_is_not_an_oom_kill() {
     });
     assert!(reached, "the rank never reached its fault");
     // The rank is the one process in the scenario's cgroup whose parent is ups-doctor.
-    let rank = util::children_of(child.id())[0];
+    let rank = crate::util::children_of(child.id())[0];
     // SAFETY: a process this test started (through ups-doctor) and just found.
     unsafe { libc::kill(rank as i32, libc::SIGKILL) };
     assert!(eventually(Duration::from_secs(60), || !alive(rank.into())));

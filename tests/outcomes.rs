@@ -1,9 +1,7 @@
 //! Every outcome class, produced by the real trainer performing a real fault, classified by the
 //! real harness, and checked in the JSON result, the exit status and the report.
 
-mod util;
-
-use util::{Sandbox, alive, tiny};
+use crate::util::{Sandbox, alive, tiny};
 
 #[test]
 fn a_clean_run_passes_and_exits_zero() {

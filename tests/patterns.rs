@@ -3,12 +3,10 @@
 //! culprit and the key line. The programs send no markers, so the judge works from what any
 //! program leaves: exit statuses, output, py-spy stacks.
 
-mod util;
-
 use std::path::Path;
 
+use crate::util::{RunOutput, Sandbox, repo};
 use serde_json::Value;
-use util::{RunOutput, Sandbox, repo};
 
 /// Runs the scenarios and checks that each had the outcome it expects.
 fn run(sb: &Sandbox, files: &[std::path::PathBuf]) -> RunOutput {

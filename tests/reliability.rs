@@ -1,12 +1,10 @@
 //! Reliability and safety through the real binary: ups-doctor signals only its own processes,
 //! and an interruption or a hostile input never loses or falsifies a result.
 
-mod util;
-
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use util::{Sandbox, alive, eventually, repo, venv_python};
+use crate::util::{Sandbox, alive, eventually, repo, venv_python};
 
 /// `setsid sleep 600`: a process of nobody's run. Killed and reaped on drop.
 struct Unrelated(Child);

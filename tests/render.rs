@@ -11,12 +11,10 @@
 //! `./x test` installs what it needs (`apt-get install chromium`, `npm ci` in `tests/render/`).
 //! `UPS_DOCTOR_RENDER_SHOTS=DIR` also writes screenshots of every report and chart into DIR.
 
-mod util;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use util::{Sandbox, repo, venv_path};
+use crate::util::{Sandbox, repo, venv_path};
 
 fn render_dir() -> PathBuf {
     repo().join("tests/render")

@@ -7,17 +7,15 @@
 //! Without a cluster that answers, each test says why and returns; when `./x test` started the
 //! cluster (`UPS_DOCTOR_SLURM=1`) a cluster that does not answer fails the test instead.
 
-mod util;
-
 use std::ffi::OsString;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use crate::util::slurm::cluster;
+use crate::util::{RunOutput, Sandbox, eventually, repo};
 use serde_json::Value;
-use util::slurm::cluster;
-use util::{RunOutput, Sandbox, eventually, repo};
 
 /// A port nobody listens on now, for the program's rendezvous.
 fn free_port() -> u16 {
@@ -67,7 +65,7 @@ fn assert_nothing_left(conf: &OsString, job: &str) {
         .unwrap()
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
         .filter(|pid| {
-            util::alive(u64::from(*pid))
+            crate::util::alive(u64::from(*pid))
                 && std::fs::read(format!("/proc/{pid}/environ"))
                     .is_ok_and(|env| env.split(|b| *b == 0).any(|v| v == marker.as_bytes()))
         })

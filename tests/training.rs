@@ -1,8 +1,6 @@
 //! The real tch trainer learns: a seeded short run's loss falls by at least half.
 
-mod util;
-
-use util::Sandbox;
+use crate::util::Sandbox;
 
 #[test]
 fn loss_falls_by_half_between_the_first_and_last_tenth_of_a_seeded_run() {
@@ -23,8 +21,8 @@ fn loss_falls_by_half_between_the_first_and_last_tenth_of_a_seeded_run() {
 #[test]
 fn the_same_seed_gives_the_same_loss_curve() {
     let sb = Sandbox::new();
-    let file = sb.scenario("seeded", &util::tiny(""));
-    let losses = |run: &util::RunOutput| run.rank(0)["losses"].clone();
+    let file = sb.scenario("seeded", &crate::util::tiny(""));
+    let losses = |run: &crate::util::RunOutput| run.rank(0)["losses"].clone();
     let a = sb.run(&[&file], &[]);
     let b = sb.run(&[&file], &[]);
     let c = sb.run(&[&file], &["--set", "train.seed=1"]);

@@ -16,7 +16,8 @@ use super::search::{Cache, Oracle};
 /// Why a probe did not count: the user interrupted it.
 const INTERRUPTED: &str = "interrupted";
 use super::signature::{Observation, Signature};
-use super::space::{config_hash, describe_delta};
+use super::space::config_hash;
+use crate::scenario::describe_delta;
 
 /// What one real run of a candidate produced, for the probe table.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
@@ -103,7 +104,7 @@ impl<'a> ProcessOracle<'a> {
         if let Some(parent) = path.parent() {
             let _ = std::fs::create_dir_all(parent);
         }
-        if let Err(e) = crate::report::write_atomic(path, text.as_bytes()) {
+        if let Err(e) = crate::harness::os::files::write_atomic(path, text.as_bytes()) {
             self.cache_error.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(e.to_string());
         }
     }

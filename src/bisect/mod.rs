@@ -17,8 +17,9 @@ pub mod space;
 #[cfg(test)]
 mod tests;
 
+pub use crate::scenario::describe_delta;
 pub use record::{BisectRecord, DifferentFailure, ProbeRow};
 pub use search::{BoundaryEntry, Cache, Options, Oracle, Outcome, Probe, ProbeVerdict, Strategy, bisect};
 pub use session::{Request, SessionError, run as run_session};
 pub use signature::{Observation, Signature};
-pub use space::{Assignment, Component, Kind, Setting, apply, config_hash, derive, describe_delta};
+pub use space::{Assignment, Component, Kind, Setting, apply, config_hash, derive};

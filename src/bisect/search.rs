@@ -44,8 +44,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use serde::{Deserialize, Serialize};
 
 use super::signature::{Observation, Signature};
-use super::space::{Assignment, Component, Kind, Setting, apply, config_hash, derive, describe_delta};
+use super::space::{Assignment, Component, Kind, Setting, apply, config_hash, derive};
 use crate::scenario::Scenario;
+use crate::scenario::describe_delta;
 
 /// Runs candidate scenarios. The product runs real processes; tests script outcomes.
 pub trait Oracle {

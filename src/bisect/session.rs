@@ -4,7 +4,6 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 
-use crate::probe::env::EnvSummary;
 use crate::scenario::{Expect, Scenario};
 use crate::schema::Signal;
 
@@ -36,7 +35,8 @@ pub enum SessionError {
     Probe(String),
 }
 
-/// Runs the bisect and writes `bisect.json`, `bisect.md` and `minimal.json` into the out folder.
+/// Runs the bisect and writes `bisect.json` and `minimal.json` into the out folder (the session
+/// renders `bisect.md` from the record).
 pub fn run(
     request: &Request,
     program: &Path,
@@ -144,12 +144,11 @@ pub fn run(
             .map(|(delta, signature)| DifferentFailure { delta: delta.clone(), signature: signature.clone() })
             .collect(),
         probes,
-        environment: EnvSummary::collect(),
+        environment: crate::probe::machine(&crate::harness::machine_needs([base], program)),
     };
     let dir = &request.out_dir;
     write(&dir.join("bisect.json"), &serde_json::to_string_pretty(&record).expect("records serialise"))?;
     write(&dir.join("minimal.json"), &record.minimal.file_json())?;
-    write(&dir.join("bisect.md"), &crate::report::render_bisect(&record))?;
     Ok(record)
 }
 
@@ -159,7 +158,5 @@ fn write(path: &Path, text: &str) -> Result<(), SessionError> {
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent).map_err(err)?;
     }
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, format!("{text}\n")).map_err(err)?;
-    std::fs::rename(&tmp, path).map_err(err)
+    crate::harness::os::files::write_atomic(path, format!("{text}\n").as_bytes()).map_err(err)
 }

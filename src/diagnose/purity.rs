@@ -68,19 +68,10 @@ fn diagnose_does_no_io_and_imports_no_module_that_imports_it() {
             assert!(!code.contains("catalog") && !code.contains("verdict::"), "{name} imports a later layer");
         }
     }
-    // The modules diagnose imports do not import it back.
-    for back in [
-        "schema/mod.rs",
-        "schema/run.rs",
-        "schema/process.rs",
-        "schema/memory.rs",
-        "schema/gpu.rs",
-        "schema/signal.rs",
-        "schema/verdict.rs",
-        "scenario/model.rs",
-        "protocol.rs",
-        "probe/env.rs",
-    ] {
+    // The modules diagnose imports do not import it back. The scenario model, the marker protocol
+    // and the result schema live in `ups-doctor-core`, a crate that does not depend on this one,
+    // so they cannot; of this crate's own files, diagnose reads the environment summary's probe.
+    for back in ["probe/env.rs"] {
         let text = std::fs::read_to_string(root.join(back)).unwrap();
         let code = text.lines().filter(|l| !l.trim_start().starts_with("//"));
         assert!(
@@ -96,7 +87,8 @@ fn diagnose_does_no_io_and_imports_no_module_that_imports_it() {
 #[test]
 fn pure_modules_hold_no_unsafe_and_no_libc() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut files = vec![root.join("protocol.rs"), root.join("harness/classify.rs")];
+    let core = Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/core/src");
+    let mut files = vec![core.join("protocol.rs"), root.join("harness/classify.rs")];
     fn all(dir: &Path, out: &mut Vec<PathBuf>) {
         for entry in std::fs::read_dir(dir).unwrap() {
             let path = entry.unwrap().path();

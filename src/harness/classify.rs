@@ -1,9 +1,8 @@
-//! Turns what was observed about each rank into its outcome, and checks a scenario's outcome
-//! against its `expect`. Pure functions over data; judging the outcomes (culprit, pattern,
-//! verdict) is [`crate::diagnose`]'s job.
+//! Turns what was observed about each rank into its outcome. Pure functions over data; judging
+//! the outcomes (culprit, pattern, verdict, `expect`) is [`crate::diagnose`]'s job.
 
 use crate::diagnose::key_line;
-use crate::scenario::{Expect, OutcomeKind};
+use crate::scenario::OutcomeKind;
 use crate::schema::{ExitSource, IdentifiedBy, ProcessDump, Quote, RankResult, Signal};
 
 use super::observe::state::RankState;
@@ -125,69 +124,6 @@ pub fn classify_rank(end: &RankEnd) -> RankResult {
     }
 }
 
-/// How the outcome differs from `expect`, one line per differing field (empty: met).
-pub fn check_expectation(expect: &Expect, outcome: OutcomeKind, failed: Option<&RankResult>) -> Vec<String> {
-    let mut out = Vec::new();
-    if expect.outcome != outcome {
-        out.push(format!("expected outcome `{}`, got `{}`", expect.outcome.as_str(), outcome.as_str()));
-    }
-    let Some(r) = failed else {
-        for (field, set) in [
-            ("signal", expect.signal.is_some()),
-            ("exit_code", expect.exit_code.is_some()),
-            ("rank", expect.rank.is_some()),
-            ("phase", expect.phase.is_some()),
-            ("step", expect.step.is_some()),
-            ("message", expect.message.is_some()),
-        ] {
-            if set && expect.outcome != OutcomeKind::Passed {
-                out.push(format!("expected `{field}` of a failing rank, but no rank failed"));
-            }
-        }
-        return out;
-    };
-    if let Some(want) = &expect.signal {
-        if Signal::parse(want) != r.signal {
-            let got = r.signal.map_or("none".to_string(), |s| s.name());
-            out.push(format!("expected signal `{want}`, got `{got}`"));
-        }
-    }
-    if let Some(want) = expect.exit_code
-        && r.exit_code != Some(want)
-    {
-        out.push(format!(
-            "expected exit code {want}, got {}",
-            r.exit_code.map_or("none".into(), |c| c.to_string())
-        ));
-    }
-    if let Some(want) = expect.rank
-        && r.rank != want
-    {
-        out.push(format!("expected rank {want} to fail first, got rank {}", r.rank));
-    }
-    if let Some(want) = &expect.phase
-        && r.last_phase.as_deref() != Some(want.as_str())
-    {
-        out.push(format!("expected phase `{want}`, got `{}`", r.last_phase.as_deref().unwrap_or("none")));
-    }
-    if let Some(want) = expect.step
-        && r.last_step != Some(want)
-    {
-        out.push(format!(
-            "expected step {want}, got {}",
-            r.last_step.map_or("none".into(), |s| s.to_string())
-        ));
-    }
-    if let Some(want) = &expect.message {
-        let in_error = r.error.as_deref().is_some_and(|e| e.contains(want.as_str()));
-        let in_log = r.log_tail.iter().any(|l| l.contains(want.as_str()));
-        if !in_error && !in_log {
-            out.push(format!("expected the error to contain `{want}`"));
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -220,28 +156,5 @@ mod tests {
         let mut l = end(None);
         l.launch_error = Some("No such file".into());
         assert_eq!(classify_rank(&l).outcome, OutcomeKind::LaunchFailed);
-    }
-
-    #[test]
-    fn expectation_mismatches_are_listed_field_by_field() {
-        let mut e = end(Some(Exit::Signal { signal: Signal::ABRT.number(), core_dumped: false }));
-        e.state.phase = Some("backward".into());
-        e.state.step = Some(2);
-        let r = classify_rank(&e);
-        let expect = Expect {
-            outcome: OutcomeKind::Signaled,
-            signal: Some("SIGSEGV".into()),
-            phase: Some("forward".into()),
-            step: Some(2),
-            ..Default::default()
-        };
-        let diff = check_expectation(&expect, OutcomeKind::Signaled, Some(&r));
-        assert_eq!(
-            diff,
-            vec!["expected signal `SIGSEGV`, got `SIGABRT`", "expected phase `forward`, got `backward`"]
-        );
-        let met =
-            Expect { outcome: OutcomeKind::Signaled, signal: Some("abrt".into()), ..Default::default() };
-        assert!(check_expectation(&met, OutcomeKind::Signaled, Some(&r)).is_empty());
     }
 }

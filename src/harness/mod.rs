@@ -13,23 +13,23 @@ mod classify;
 mod external;
 mod observe;
 pub mod os;
-mod plan;
+pub mod plan;
 pub mod result;
 pub mod run;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 
-pub use classify::{Intervention, RankEnd, check_expectation, classify_rank};
+pub use classify::{Intervention, RankEnd, classify_rank};
 pub use external::{find_program, find_py_spy, kernel_threads, py_spy_dump};
 pub use observe::capture::make_room;
-pub use observe::gpu::{GpuRecorder, GpuSample, annotate_gpu, clock_reason_names};
+pub use observe::gpu::{GpuRecorder, GpuSample, clock_reason_names};
 pub use observe::progress::{Progress, ProgressMode};
 pub use observe::state::RankState;
 use os::namespace;
 pub use os::process::Exit;
 
-use crate::scenario::{OutcomeKind, Scenario};
+use crate::scenario::Scenario;
 use crate::schema::{LeftoverProcess, RankResult, ScenarioResult};
 
 /// One scenario to run, as loaded from the command line.
@@ -107,14 +107,15 @@ fn plan_on_this_machine(
     resolved_file: &Path,
     dir: &Path,
     here: &Path,
-    placement: Option<&crate::nodes::NodePlacement>,
+    placement: Option<&crate::harness::plan::NodePlacement>,
 ) -> Result<plan::Plan, HarnessError> {
     let run_id = run::supervise::new_run_id();
     let scenario_dir = here.join(input.file.parent().unwrap_or(Path::new(".")));
     let env_has = |name: &str| std::env::var_os(name).is_some();
     let python_site = here.join(dir).join("python-site");
+    let trainer = trainer_program(program);
     let facts = plan::Facts {
-        program,
+        trainer: &trainer,
         resolved_file,
         log_dir: dir,
         run_id: &run_id,
@@ -160,6 +161,48 @@ fn with_absolute_paths(s: &Scenario, cwd: &Path, scenario_dir: &Path) -> Scenari
     s
 }
 
+/// Where the built-in trainer's executable is: `UPS_DOCTOR_TRAINER` when set, else
+/// `ups-doctor-trainer` beside the running `ups-doctor` (cargo builds both into one folder).
+pub fn trainer_program(doctor: &Path) -> PathBuf {
+    match std::env::var_os(TRAINER_ENV) {
+        Some(path) if !path.is_empty() => PathBuf::from(path),
+        _ => doctor.with_file_name("ups-doctor-trainer"),
+    }
+}
+
+/// The machine facts a run of `scenarios` needs: Python for a user's command, libtorch's (from the
+/// trainer) for a built-in scenario.
+pub fn machine_needs<'a>(
+    scenarios: impl IntoIterator<Item = &'a Scenario>,
+    doctor: &Path,
+) -> crate::probe::Needs {
+    let mut needs = crate::probe::Needs::default();
+    for s in scenarios {
+        if let Some(argv) = &s.command {
+            needs.python |= runs_python(argv);
+        } else {
+            needs.trainer = Some(trainer_program(doctor));
+        }
+    }
+    needs
+}
+
+/// Whether a command runs Python, as far as its words tell: an interpreter (`python3`, `srun
+/// python …`), a Python launcher (`torchrun`, `accelerate`, `deepspeed`, `lightning`) or a `.py`
+/// file anywhere in it (`bash -c 'exec torchrun … train.py'` too). Only such a command makes the
+/// run ask the Python on `PATH` for its facts (a process of its own, through pyenv's shims ~30).
+pub fn runs_python(argv: &[String]) -> bool {
+    argv.iter().flat_map(|a| a.split_whitespace()).any(|word| {
+        let name = Path::new(word).file_name().and_then(|n| n.to_str()).unwrap_or(word);
+        name.starts_with("python")
+            || ["torchrun", "accelerate", "deepspeed", "lightning", "ipython"].contains(&name)
+            || name.ends_with(".py")
+    })
+}
+
+/// Names the trainer executable, for a binary moved away from it (see [`trainer_program`]).
+pub const TRAINER_ENV: &str = "UPS_DOCTOR_TRAINER";
+
 /// Runs one scenario under supervision. `dir` is the scenario's own folder for logs and the
 /// resolved scenario file; `rel` is how that folder is named relative to the report.
 /// When the user interrupted it, the result is marked `interrupted` and keeps what the ranks had
@@ -185,7 +228,7 @@ pub fn run_scenario_on_node(
     rel: &str,
     progress: &mut Progress,
     interrupted: &AtomicBool,
-    node: Option<(&crate::nodes::NodePlacement, &mut dyn crate::nodes::NodeLink)>,
+    node: Option<(&crate::harness::plan::NodePlacement, &mut dyn crate::harness::run::events::Listener)>,
 ) -> Result<ScenarioResult, HarnessError> {
     let (placement, link) = node.map_or((None, None), |(p, l)| (Some(p), Some(l)));
     let prepare = |path: &Path, source| HarnessError::Prepare { path: path.to_path_buf(), source };
@@ -225,8 +268,8 @@ pub fn run_scenario_on_node(
         r.stdout_log = format!("{rel}/{}", r.stdout_log);
         r.stderr_log = format!("{rel}/{}", r.stderr_log);
     }
-    let crate::diagnose::Judgement { outcome, first_failure, mut verdict } =
-        crate::diagnose::judge(&crate::diagnose::Observed {
+    let conclusion = crate::diagnose::conclude(
+        &crate::diagnose::Observed {
             scenario: &input.scenario,
             ranks: &ranks,
             wall_s: observed.wall_s,
@@ -235,22 +278,15 @@ pub fn run_scenario_on_node(
             oom_kills: &observed.oom_kills,
             cgroup: observed.cgroup.as_ref(),
             launcher: observed.external.as_ref().and_then(|e| e.launcher.as_ref()),
-        });
-    annotate_gpu(&mut verdict, &input.scenario, observed.gpu.as_ref());
-    for r in &mut ranks {
-        r.collateral = first_failure.is_some_and(|f| f != r.rank) && r.outcome != OutcomeKind::Passed;
-    }
-    let failed = first_failure.and_then(|f| ranks.iter().find(|r| r.rank == f));
-    let mut mismatches = check_expectation(&input.scenario.expect, outcome, failed);
-    if observed.interrupted {
-        // Cut short: neither a pass nor a failure of `expect`; what was seen stays as evidence.
-        mismatches.clear();
-        verdict.evidence.insert(0, format!("Before the interrupt: {}", verdict.headline));
-        verdict.headline = format!(
-            "Interrupted by the user after {:.1} s, before the scenario ended on its own",
-            observed.wall_s
-        );
-    }
+        },
+        &crate::diagnose::Circumstances {
+            interrupted: observed.interrupted,
+            gpu: observed.gpu.as_ref(),
+            unobserved: &[],
+        },
+    );
+    conclusion.mark(&mut ranks);
+    let crate::diagnose::Conclusion { outcome, first_failure, verdict, mismatches, met, .. } = conclusion;
     let rank0 = observed.ends.first().map(|e| &e.state);
     Ok(ScenarioResult {
         name: input.scenario.name.clone(),
@@ -258,7 +294,7 @@ pub fn run_scenario_on_node(
         overrides: input.overrides.clone(),
         scenario: input.scenario.clone(),
         outcome,
-        met_expectation: mismatches.is_empty() && !observed.interrupted,
+        met_expectation: met,
         interrupted: observed.interrupted,
         expectation_mismatches: mismatches,
         verdict,
@@ -279,4 +315,30 @@ pub fn run_scenario_on_node(
         nodes: None,
         ranks,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::runs_python;
+
+    fn words(line: &str) -> Vec<String> {
+        line.split(' ').map(str::to_string).collect()
+    }
+
+    #[test]
+    fn a_command_runs_python_when_its_words_name_an_interpreter_a_launcher_or_a_script() {
+        for yes in [
+            "python3 train.py",
+            "/usr/bin/python3.11 -m torch.distributed.run --nproc_per_node 2 t.py",
+            "torchrun --nproc_per_node 2 train.py",
+            "accelerate launch train.py",
+            "srun -n 2 ./train.py",
+        ] {
+            assert!(runs_python(&words(yes)), "{yes}");
+        }
+        assert!(runs_python(&["bash".into(), "-c".into(), "export X=1; exec torchrun t.py".into()]));
+        for no in ["true", "sleep 1", "./a.out --steps 3", "ups-doctor-trainer train s.json"] {
+            assert!(!runs_python(&words(no)), "{no}");
+        }
+    }
 }

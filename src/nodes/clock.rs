@@ -34,45 +34,6 @@ pub fn estimate(samples: &[Sample]) -> Option<Offset> {
     })
 }
 
-impl Calibration {
-    /// The node that is the coordinator: its clock is the timeline.
-    pub fn identity(at_ns: i64) -> Calibration {
-        let zero = Offset { offset_ms: 0.0, uncertainty_ms: 0.0, at_ns, samples: 0 };
-        Calibration { start: zero, end: Some(zero) }
-    }
-
-    /// How far the offset moved between the two calibrations, milliseconds.
-    pub fn drift_ms(&self) -> Option<f64> {
-        self.end.map(|e| e.offset_ms - self.start.offset_ms)
-    }
-
-    /// The offset at `at_ns` (agent clock): interpolated between the two calibrations, the start
-    /// one alone when there is no end one.
-    pub fn offset_at(&self, at_ns: i64) -> f64 {
-        match self.end {
-            Some(end) if end.at_ns > self.start.at_ns => {
-                let f = ((at_ns - self.start.at_ns) as f64 / (end.at_ns - self.start.at_ns) as f64)
-                    .clamp(0.0, 1.0);
-                self.start.offset_ms + f * (end.offset_ms - self.start.offset_ms)
-            }
-            _ => self.start.offset_ms,
-        }
-    }
-
-    /// The uncertainty of a time placed with [`Self::offset_at`]: the larger of the two
-    /// calibrations' (interpolation between two bounded estimates is bounded by the larger), and
-    /// without an end calibration nothing bounds the drift since the start: the start's alone,
-    /// which the report says is a lower bound.
-    pub fn uncertainty_ms(&self) -> f64 {
-        self.end.map_or(self.start.uncertainty_ms, |e| e.uncertainty_ms.max(self.start.uncertainty_ms))
-    }
-
-    /// `agent_ns` (agent clock) on the coordinator's clock.
-    pub fn to_coordinator_ns(&self, agent_ns: i64) -> i64 {
-        agent_ns + (self.offset_at(agent_ns) * 1e6).round() as i64
-    }
-}
-
 /// The wall clock in nanoseconds since the Unix epoch, plus the offset a test injects
 /// ([`SKEW_ENV`]) to play a node whose clock is wrong.
 pub fn now_ns() -> i64 {

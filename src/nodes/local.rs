@@ -93,7 +93,7 @@ pub fn run_local(
             finish(
                 &coordinator,
                 result.met_expectation,
-                &out_dir.join(crate::report::REPORT_FILE).display().to_string(),
+                &out_dir.join(crate::schema::REPORT_FILE).display().to_string(),
             );
             Ok(result)
         }

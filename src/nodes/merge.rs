@@ -3,8 +3,8 @@
 //! once over all ranks, and each node's own evidence kept in its section. Pure: no IO.
 
 use crate::diagnose::evidence::{Evidence, failure_time};
-use crate::diagnose::{Observed, catalog, judge};
-use crate::harness::check_expectation;
+use crate::diagnose::words::{ms, ranks_text};
+use crate::diagnose::{Circumstances, Conclusion, Observed, Unobserved, catalog, judge, settle};
 use crate::scenario::{OutcomeKind, Scenario};
 use crate::schema::{Leftovers, MemoryReport, OomKill, RankResult, ScenarioResult};
 
@@ -270,39 +270,31 @@ pub fn merge(input: MergeInput) -> ScenarioResult {
     }
 
     // A lost node's ranks were not observed: the run is not a hang of everything.
-    for s in sections.iter().filter(|s| s.lost.is_some()) {
-        let lost = s.lost.as_ref().expect("filtered");
-        let line = format!(
-            "Node {} ({}) lost at {:.1} s ({}): its ranks {} were not observed to their end",
-            s.node,
-            s.host,
-            lost.at_s,
-            lost.how,
-            ranks_text(&s.ranks)
-        );
-        verdict.evidence.insert(0, line.clone());
-        if first_failure
-            .is_none_or(|f| ranks.iter().find(|r| r.rank == f).is_some_and(|r| r.torn_down_with.is_some()))
-        {
-            verdict.headline = format!("{line}; the other nodes' ranks were torn down after it");
-        }
-    }
-
-    for r in &mut ranks {
-        r.collateral = first_failure.is_some_and(|f| f != r.rank) && r.outcome != OutcomeKind::Passed;
-    }
+    let unobserved: Vec<Unobserved> = sections
+        .iter()
+        .filter_map(|s| {
+            let lost = s.lost.as_ref()?;
+            Some(Unobserved {
+                line: format!(
+                    "Node {} ({}) lost at {:.1} s ({}): its ranks {} were not observed to their end",
+                    s.node,
+                    s.host,
+                    lost.at_s,
+                    lost.how,
+                    ranks_text(&s.ranks)
+                ),
+                part: format!("node {}", s.node),
+            })
+        })
+        .collect();
+    // The GPU notes of the coordinator's node: the merged result carries no GPU report of its own.
+    let gpu = base.result.gpu.as_ref();
+    let judgement = crate::diagnose::Judgement { outcome, first_failure, verdict };
+    let circumstances = Circumstances { interrupted, gpu, unobserved: &unobserved };
+    let conclusion = settle(judgement, &observed, &circumstances);
+    conclusion.mark(&mut ranks);
+    let Conclusion { outcome, first_failure, mut verdict, mismatches, met, .. } = conclusion;
     let failed = first_failure.and_then(|f| ranks.iter().find(|r| r.rank == f));
-    let mut mismatches = check_expectation(&scenario.expect, outcome, failed);
-    let lost_any = sections.iter().any(|s| s.lost.is_some());
-    if lost_any {
-        mismatches.push(format!(
-            "node{} lost: its ranks were not observed",
-            sections.iter().filter(|s| s.lost.is_some()).map(|s| format!(" {}", s.node)).collect::<String>()
-        ));
-    }
-    if interrupted {
-        mismatches.clear();
-    }
     let first = failed.map(|f| {
         let node = node_of(f.rank);
         FirstFailure {
@@ -330,7 +322,7 @@ pub fn merge(input: MergeInput) -> ScenarioResult {
         overrides: input.overrides,
         scenario: scenario.clone(),
         outcome,
-        met_expectation: mismatches.is_empty() && !interrupted,
+        met_expectation: met,
         interrupted,
         expectation_mismatches: mismatches,
         verdict,
@@ -427,30 +419,9 @@ fn reordered(ranks: &[RankResult], first: u32) -> Vec<RankResult> {
         .collect()
 }
 
-/// Milliseconds as the report writes them: `12 ms`, `2.0 ms`, `0.012 ms`.
-pub fn ms(v: f64) -> String {
-    if v >= 10.0 {
-        format!("{v:.0} ms")
-    } else if v >= 0.1 {
-        format!("{v:.1} ms")
-    } else {
-        format!("{v:.3} ms")
-    }
-}
-
 fn capitalise(s: &str) -> String {
     let mut c = s.chars();
     c.next().map(|f| f.to_uppercase().collect::<String>() + c.as_str()).unwrap_or_default()
-}
-
-/// `2–3`, or `2, 5` when not consecutive.
-pub fn ranks_text(ranks: &[u32]) -> String {
-    match ranks {
-        [] => "none".into(),
-        [one] => one.to_string(),
-        [a, .., b] if (*b - *a) as usize + 1 == ranks.len() => format!("{a}–{b}"),
-        _ => ranks.iter().map(u32::to_string).collect::<Vec<_>>().join(", "),
-    }
 }
 
 #[cfg(test)]

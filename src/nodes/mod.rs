@@ -1,63 +1,31 @@
 //! Multi-node runs: the same `ups-doctor run SCENARIO` runs once per node as a *node agent* that
 //! supervises its node's ranks; node 0's agent is also the *coordinator*. Agents join over one
 //! TCP connection each ([`wire`]), calibrate their clocks against the coordinator's ([`clock`]),
-//! stream what their supervision loop sees ([`link`]) so that a death on one node makes every
+//! stream what their supervision loop sees (its [`RunEvent`]s, as a [`Listener`]) so that a death on one node makes every
 //! other node take stacks before teardown, and send their node's result at the end; the
 //! coordinator merges them into one result and one report ([`merge`]).
 //!
 //! Layout: [`config`] finds who this node is (flags, Slurm, torchrun variables); [`wire`],
-//! [`clock`], [`merge`] and [`torchrun`] are pure; [`net`] is the sockets; [`run`] drives one
+//! [`clock`] and [`merge`] are pure (torchrun's per-node command is planned in
+//! `harness::plan::torchrun`); [`net`] is the sockets; [`run`] drives one
 //! node's run; [`local`] plays every node of a `launch.nodes` scenario on this machine.
 
 pub mod clock;
 pub mod config;
-pub mod link;
 pub mod local;
 pub mod merge;
 pub mod net;
 pub mod run;
-pub mod torchrun;
 pub mod wire;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::harness::plan::NodePlacement;
+pub use crate::harness::run::events::{Listener, RunEvent};
 pub use config::{NodeConfig, NodeConfigError};
-pub use link::{LocalEvent, NodeLink};
 
 pub use crate::schema::{FirstFailure, LostNode, NodeSection, NodesReport, RemoteFailureSeen, Snapshot};
 use crate::schema::{ProcessDump, ScenarioResult};
-
-/// Where this node's ranks sit in the world, for their environment.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NodePlacement {
-    pub node: u32,
-    pub nodes: u32,
-    /// Ranks per node.
-    pub local_world: u32,
-    /// Node 0's address: the ranks' rendezvous (`MASTER_ADDR`).
-    pub master_addr: String,
-    pub master_port: u16,
-    /// Where a launcher's rendezvous numbered this node's ranks from, once its ranks said so and
-    /// it was not node × `local_world` (see `node_first_rank` in `harness/external.rs`).
-    pub first_rank: Option<u32>,
-}
-
-impl NodePlacement {
-    pub fn global_rank(&self, local: u32) -> u32 {
-        self.first_rank.unwrap_or(self.node * self.local_world) + local
-    }
-
-    /// Follows the ranks where the launcher placed them (a [`LocalEvent::Placed`]).
-    pub fn follow(&mut self, event: &LocalEvent) {
-        if let LocalEvent::Placed { first_rank, .. } = event {
-            self.first_rank = Some(*first_rank);
-        }
-    }
-
-    pub fn world(&self) -> u32 {
-        self.nodes * self.local_world
-    }
-}
 
 /// What one agent sends the coordinator at the end: its node's result as it would write it on
 /// its own (ranks numbered locally), with what places it on the run's timeline.

@@ -190,8 +190,8 @@ impl Coordinator {
                     let quote =
                         |d: Vec<String>| d.iter().map(|f| format!("`{f}`")).collect::<Vec<_>>().join(", ");
                     let (there, here) = (
-                        crate::bisect::describe_delta(terms.scenario, theirs),
-                        crate::bisect::describe_delta(theirs, terms.scenario),
+                        crate::scenario::describe_delta(terms.scenario, theirs),
+                        crate::scenario::describe_delta(theirs, terms.scenario),
                     );
                     if there.is_empty() {
                         String::new()

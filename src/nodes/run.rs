@@ -11,11 +11,11 @@ use crate::harness::{self, HarnessError, Progress, ScenarioInput};
 use crate::schema::{ProcessDump, ProcessRole, ScenarioResult};
 
 use super::clock::{self, Calibration};
-use super::link::{LocalEvent, NodeLink};
 use super::merge::{self, MergeInput, NodeOutcome};
 use super::net::{Agent, Coordinator, Inbound, JoinTerms, NodeError};
 use super::wire::{self, Message, NodeEvent};
 use super::{LostNode, NodeConfig, NodePlacement, NodeRun, RemoteFailureLocal};
+use crate::harness::run::events::{Listener, RunEvent};
 
 /// How long node 0 waits for the others' results once its own ranks ended, beyond what their
 /// scenario may still take (an agent told of a failure ends within its teardown).
@@ -58,7 +58,7 @@ fn host_name() -> String {
 fn run_here(
     req: &mut NodeRequest,
     placement: &NodePlacement,
-    link: &mut dyn NodeLink,
+    link: &mut dyn Listener,
 ) -> Result<ScenarioResult, NodeError> {
     let dir = req.out_dir.join(req.rel);
     harness::run_scenario_on_node(
@@ -147,13 +147,13 @@ impl RemoteRecord {
         }
     }
 
-    fn note(&mut self, event: &LocalEvent, placement: &NodePlacement, host: &str) {
+    fn note(&mut self, event: &RunEvent, placement: &NodePlacement, host: &str) {
         match event {
-            LocalEvent::Started { at_s, .. } => {
+            RunEvent::Started { at_s, .. } => {
                 self.started_ns = Some(clock::now_ns() - (at_s * 1e9) as i64);
             }
-            LocalEvent::Tick { pids, .. } => self.live = pids.to_vec(),
-            LocalEvent::RankEnded { rank, failed: true, how, .. } => {
+            RunEvent::Tick { pids, .. } => self.live = pids.to_vec(),
+            RunEvent::RankEnded { rank, failed: true, how, .. } => {
                 let why = format!(
                     "rank {} on node {} ({host}) {how}",
                     placement.global_rank(*rank),
@@ -161,8 +161,8 @@ impl RemoteRecord {
                 );
                 self.snapshot(&why, placement, Some(*rank));
             }
-            LocalEvent::StacksRequested { ranks, .. } => self.stacks_requested = ranks.clone(),
-            LocalEvent::TearingDown { stacks_answered, .. }
+            RunEvent::StacksRequested { ranks, .. } => self.stacks_requested = ranks.clone(),
+            RunEvent::TearingDown { stacks_answered, .. }
                 if self.known.is_some() && self.torn_down_ns.is_none() =>
             {
                 self.torn_down_ns = Some(clock::now_ns());
@@ -191,29 +191,29 @@ impl RemoteRecord {
 }
 
 /// The events worth streaming, with global ranks.
-fn wire_event(event: &LocalEvent, p: &NodePlacement) -> Option<NodeEvent> {
+fn wire_event(event: &RunEvent, p: &NodePlacement) -> Option<NodeEvent> {
     let g = |l: &u32| p.global_rank(*l);
     Some(match event {
-        LocalEvent::Started { pids, .. } => {
+        RunEvent::Started { pids, .. } => {
             NodeEvent::Started { ranks: (0..pids.len() as u32).map(|l| g(&l)).collect(), pids: pids.clone() }
         }
-        LocalEvent::RankEnded { rank, failed, how, .. } => {
+        RunEvent::RankEnded { rank, failed, how, .. } => {
             NodeEvent::RankEnded { rank: g(rank), failed: *failed, how: how.clone() }
         }
-        LocalEvent::Hung { ranks, .. } => NodeEvent::Hung { ranks: ranks.iter().map(g).collect() },
-        LocalEvent::StacksRequested { ranks, .. } => {
+        RunEvent::Hung { ranks, .. } => NodeEvent::Hung { ranks: ranks.iter().map(g).collect() },
+        RunEvent::StacksRequested { ranks, .. } => {
             NodeEvent::StacksRequested { ranks: ranks.iter().map(g).collect() }
         }
-        LocalEvent::TearingDown { stacks_answered, .. } => {
+        RunEvent::TearingDown { stacks_answered, .. } => {
             NodeEvent::TearingDown { stacks_answered: *stacks_answered }
         }
-        LocalEvent::Tick { .. } | LocalEvent::Placed { .. } => return None,
+        RunEvent::Tick { .. } | RunEvent::Placed { .. } => return None,
     })
 }
 
-fn steps_of(event: &LocalEvent, p: &NodePlacement) -> Option<Vec<(u32, u64)>> {
+fn steps_of(event: &RunEvent, p: &NodePlacement) -> Option<Vec<(u32, u64)>> {
     match event {
-        LocalEvent::Tick { states, .. } => {
+        RunEvent::Tick { states, .. } => {
             Some(states.iter().enumerate().map(|(l, s)| (p.global_rank(l as u32), s.steps_done)).collect())
         }
         _ => None,
@@ -296,18 +296,18 @@ impl CoordinatorLink<'_> {
     }
 }
 
-impl NodeLink for CoordinatorLink<'_> {
-    fn remote_failure(&mut self) -> Option<String> {
+impl Listener for CoordinatorLink<'_> {
+    fn stop_request(&mut self) -> Option<String> {
         self.drain();
         let what = self.pending.take()?;
         self.record.learn(&what, &self.placement);
         Some(what)
     }
 
-    fn event(&mut self, event: LocalEvent) {
+    fn event(&mut self, event: RunEvent) {
         self.placement.follow(&event);
         // The other nodes first: the snapshot here may take a while (py-spy).
-        if let LocalEvent::RankEnded { rank, failed: true, how, .. } = &event {
+        if let RunEvent::RankEnded { rank, failed: true, how, .. } = &event {
             let what = format!("rank {} on node 0 ({}) {how}", self.placement.global_rank(*rank), self.host);
             self.relay(&what, None);
         }
@@ -463,8 +463,8 @@ impl AgentLink<'_> {
     }
 }
 
-impl NodeLink for AgentLink<'_> {
-    fn remote_failure(&mut self) -> Option<String> {
+impl Listener for AgentLink<'_> {
+    fn stop_request(&mut self) -> Option<String> {
         if self.record.known.is_some() {
             return None;
         }
@@ -482,7 +482,7 @@ impl NodeLink for AgentLink<'_> {
         Some(what)
     }
 
-    fn event(&mut self, event: LocalEvent) {
+    fn event(&mut self, event: RunEvent) {
         self.placement.follow(&event);
         if let Some(steps) = steps_of(&event, &self.placement) {
             if self.last_progress.is_none_or(|t| t.elapsed() >= PROGRESS_EVERY) {

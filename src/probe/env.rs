@@ -8,57 +8,7 @@ use crate::scenario::human_bytes;
 use nix::sys::resource::{RLIM_INFINITY, Resource, getrlimit, rlim_t};
 use procfs::Current;
 use procfs::process::Process;
-use serde::{Deserialize, Serialize};
-
-/// A snapshot of the environment a run happened in.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct EnvSummary {
-    pub tool_version: String,
-    pub hostname: String,
-    pub os: String,
-    pub kernel: String,
-    pub arch: String,
-    pub cpus: usize,
-    pub memory_total_bytes: Option<u64>,
-    pub libtorch_version: String,
-    pub libtorch_lib: String,
-    /// `/dev/shm` size and use in bytes, when it is mounted.
-    pub shm_total_bytes: Option<u64>,
-    pub shm_used_bytes: Option<u64>,
-    /// `ulimit -n` (soft).
-    pub open_files_limit: Option<String>,
-    /// Locked-memory limit (soft and hard, `ulimit -l`), which pinned host memory needs.
-    pub locked_memory_limit: Option<String>,
-    /// cgroup v2 `memory.max` and `cpu.max` of this process's cgroup.
-    pub cgroup_memory_max: Option<String>,
-    pub cgroup_cpu_max: Option<String>,
-    /// Container runtime detected (docker, podman, kubernetes), if any.
-    pub container: Option<String>,
-    /// `NCCL_*`, `TORCH_*`, `CUDA_*`, `OMP_*`, `MKL_*`, `GLOO_*`, `UPS_DOCTOR_*` as set.
-    pub variables: Vec<(String, String)>,
-    /// Driver, CUDA, NCCL and GPUs ([`super::gpu_env`]); filled by the commands that can ask a
-    /// child process about libtorch's CUDA, absent in results of older versions.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub gpu: Option<super::gpu_env::GpuEnv>,
-    /// The Python on `PATH` (what a training command's `python` runs); `None` when there is none.
-    #[serde(default)]
-    pub python: Option<PythonEnv>,
-}
-
-/// What PyTorch's `collect_env` reports about Python, plus what decides DataLoader workers.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct PythonEnv {
-    /// The interpreter as found on `PATH` (`python3`, else `python`).
-    pub executable: String,
-    pub version: Option<String>,
-    /// The installed `torch` distribution's version (`2.11.0+cu130`); `None` when not installed.
-    pub torch_version: Option<String>,
-    /// `multiprocessing`'s default start method there: what a DataLoader uses for its workers
-    /// unless given a `multiprocessing_context` (`fork` on Linux before Python 3.14).
-    pub start_method: Option<String>,
-    /// Why the facts above are missing, when the interpreter could not be asked.
-    pub problem: Option<String>,
-}
+pub use ups_doctor_core::schema::{EnvSummary, PythonEnv};
 
 /// Asks the interpreter for its facts without importing torch (slow, and not needed for a
 /// version): `importlib.metadata` reads the installed distribution.
@@ -71,31 +21,29 @@ print(json.dumps({'version': sys.version.split()[0], 'torch': t, \
 /// How long a Python interpreter may take to answer [`PYTHON_PROBE`].
 const PYTHON_PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
-impl PythonEnv {
-    /// Asks the `python3` (else `python`) on `PATH`; `None` when there is neither.
-    pub fn probe() -> Option<PythonEnv> {
-        let exe = super::run::find_on_path("python3").or_else(|| super::run::find_on_path("python"))?;
-        let mut env = PythonEnv {
-            executable: exe.display().to_string(),
-            version: None,
-            torch_version: None,
-            start_method: None,
-            problem: None,
-        };
-        match ask(&exe, PYTHON_PROBE_TIMEOUT) {
-            Ok(out) => match serde_json::from_str::<serde_json::Value>(out.trim()) {
-                Ok(v) => {
-                    let field = |k: &str| v.get(k).and_then(|x| x.as_str()).map(str::to_string);
-                    env.version = field("version");
-                    env.torch_version = field("torch");
-                    env.start_method = field("start_method");
-                }
-                Err(_) => env.problem = Some(format!("it printed {:?}, not its facts", out.trim())),
-            },
-            Err(problem) => env.problem = Some(problem),
-        }
-        Some(env)
+/// Asks the `python3` (else `python`) on `PATH`; `None` when there is neither.
+pub fn probe_python() -> Option<PythonEnv> {
+    let exe = super::run::find_on_path("python3").or_else(|| super::run::find_on_path("python"))?;
+    let mut env = PythonEnv {
+        executable: exe.display().to_string(),
+        version: None,
+        torch_version: None,
+        start_method: None,
+        problem: None,
+    };
+    match ask(&exe, PYTHON_PROBE_TIMEOUT) {
+        Ok(out) => match serde_json::from_str::<serde_json::Value>(out.trim()) {
+            Ok(v) => {
+                let field = |k: &str| v.get(k).and_then(|x| x.as_str()).map(str::to_string);
+                env.version = field("version");
+                env.torch_version = field("torch");
+                env.start_method = field("start_method");
+            }
+            Err(_) => env.problem = Some(format!("it printed {:?}, not its facts", out.trim())),
+        },
+        Err(problem) => env.problem = Some(problem),
     }
+    Some(env)
 }
 
 /// Runs `exe -c PYTHON_PROBE` and returns its stdout; an error after `timeout` (it is killed).
@@ -150,41 +98,41 @@ pub fn redact_variables(variables: &mut [(String, String)]) {
 const VARIABLE_PREFIXES: [&str; 8] =
     ["NCCL_", "TORCH_", "CUDA_", "OMP_", "MKL_", "GLOO_", "PYTORCH_", "UPS_DOCTOR_"];
 
-impl EnvSummary {
-    /// Reads the environment of this machine and process.
-    pub fn collect() -> EnvSummary {
-        let (shm_total, shm_used) = match statvfs_bytes(Path::new("/dev/shm")) {
-            Some((total, free)) => (Some(total), Some(total.saturating_sub(free))),
-            None => (None, None),
-        };
-        let mut variables: Vec<(String, String)> =
-            std::env::vars().filter(|(k, _)| VARIABLE_PREFIXES.iter().any(|p| k.starts_with(p))).collect();
-        variables.sort();
-        redact_variables(&mut variables);
-        let cgroup = own_cgroup_dir();
-        // The kernel's names for this host (what /proc/sys/kernel/{hostname,osrelease} show).
-        let uts = nix::sys::utsname::uname().ok();
-        EnvSummary {
-            tool_version: env!("CARGO_PKG_VERSION").to_string(),
-            hostname: uts.as_ref().map(|u| u.nodename().to_string_lossy().into_owned()).unwrap_or_default(),
-            os: os_pretty_name().unwrap_or_else(|| std::env::consts::OS.to_string()),
-            kernel: uts.as_ref().map(|u| u.release().to_string_lossy().into_owned()).unwrap_or_default(),
-            arch: std::env::consts::ARCH.to_string(),
-            cpus: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
-            memory_total_bytes: meminfo_total(),
-            libtorch_version: env!("UPS_DOCTOR_LIBTORCH_VERSION").to_string(),
-            libtorch_lib: env!("UPS_DOCTOR_LIBTORCH_LIB").to_string(),
-            shm_total_bytes: shm_total,
-            shm_used_bytes: shm_used,
-            open_files_limit: rlimit(Resource::RLIMIT_NOFILE, |v| v.to_string()),
-            locked_memory_limit: rlimit(Resource::RLIMIT_MEMLOCK, human_bytes),
-            cgroup_memory_max: cgroup.as_ref().and_then(|d| read_trim(&format!("{d}/memory.max"))),
-            cgroup_cpu_max: cgroup.as_ref().and_then(|d| read_trim(&format!("{d}/cpu.max"))),
-            container: detect_container(),
-            variables,
-            python: PythonEnv::probe(),
-            gpu: None,
-        }
+/// Reads the environment of this machine and process: only what needs no other program (no
+/// Python, no GPU; [`super::machine`] adds those a command needs).
+pub fn collect() -> EnvSummary {
+    let (shm_total, shm_used) = match statvfs_bytes(Path::new("/dev/shm")) {
+        Some((total, free)) => (Some(total), Some(total.saturating_sub(free))),
+        None => (None, None),
+    };
+    let mut variables: Vec<(String, String)> =
+        std::env::vars().filter(|(k, _)| VARIABLE_PREFIXES.iter().any(|p| k.starts_with(p))).collect();
+    variables.sort();
+    redact_variables(&mut variables);
+    let cgroup = own_cgroup_dir();
+    // The kernel's names for this host (what /proc/sys/kernel/{hostname,osrelease} show).
+    let uts = nix::sys::utsname::uname().ok();
+    EnvSummary {
+        tool_version: env!("CARGO_PKG_VERSION").to_string(),
+        hostname: uts.as_ref().map(|u| u.nodename().to_string_lossy().into_owned()).unwrap_or_default(),
+        os: os_pretty_name().unwrap_or_else(|| std::env::consts::OS.to_string()),
+        kernel: uts.as_ref().map(|u| u.release().to_string_lossy().into_owned()).unwrap_or_default(),
+        arch: std::env::consts::ARCH.to_string(),
+        cpus: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        memory_total_bytes: meminfo_total(),
+        // The trainer's, filled where it ran (`ups-doctor` itself never loads libtorch).
+        libtorch_version: String::new(),
+        libtorch_lib: String::new(),
+        shm_total_bytes: shm_total,
+        shm_used_bytes: shm_used,
+        open_files_limit: rlimit(Resource::RLIMIT_NOFILE, |v| v.to_string()),
+        locked_memory_limit: rlimit(Resource::RLIMIT_MEMLOCK, human_bytes),
+        cgroup_memory_max: cgroup.as_ref().and_then(|d| read_trim(&format!("{d}/memory.max"))),
+        cgroup_cpu_max: cgroup.as_ref().and_then(|d| read_trim(&format!("{d}/cpu.max"))),
+        container: detect_container(),
+        variables,
+        python: None,
+        gpu: None,
     }
 }
 
@@ -259,7 +207,7 @@ mod tests {
 
     #[test]
     fn collect_reads_this_machine() {
-        let env = EnvSummary::collect();
+        let env = collect();
         assert!(env.cpus >= 1);
         assert!(env.memory_total_bytes.unwrap_or(0) > 0);
         assert!(!env.kernel.is_empty());
@@ -268,7 +216,7 @@ mod tests {
     #[test]
     fn python_on_path_is_asked_for_its_version_and_start_method() {
         // This machine has a python3 (the set-up needs one), so the probe must answer.
-        let python = PythonEnv::probe().expect("python3 on PATH");
+        let python = probe_python().expect("python3 on PATH");
         assert_eq!(python.problem, None);
         assert!(python.version.as_deref().is_some_and(|v| v.starts_with('3')), "{python:?}");
         assert!(["fork", "spawn", "forkserver"].contains(&python.start_method.as_deref().unwrap_or("")));

@@ -10,60 +10,30 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
+pub use ups_doctor_core::schema::{CudaSupport, GpuEnv};
 
-use super::nvml::{DriverInfo, Nvml};
-
-/// What libtorch, as this binary loads it, can do with CUDA: the output of `ups-doctor
-/// cuda-probe`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct CudaSupport {
-    /// The `libtorch_cuda.so` that was loaded, when one was.
-    pub libtorch_cuda: Option<String>,
-    /// GPUs CUDA sees (0 when CUDA is unusable).
-    pub device_count: usize,
-    /// Why CUDA is unusable.
-    pub why_not: Option<String>,
-    /// The CUDA runtime libtorch was built with and loads (`libcudart`), e.g. `13.0`.
-    pub cuda_runtime: Option<String>,
-    /// NCCL as the `nccl` backend would load it, e.g. `2.28.9`, or why it cannot.
-    pub nccl_version: Option<String>,
-    pub nccl_error: Option<String>,
-}
-
-/// The GPU facts of this machine.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct GpuEnv {
-    /// The driver and its GPUs, from NVML.
-    pub driver: Option<DriverInfo>,
-    /// Why NVML could not be used (no driver, …).
-    pub nvml_error: Option<String>,
-    /// libtorch's side, from `ups-doctor cuda-probe`.
-    pub cuda: Option<CudaSupport>,
-    /// Why that probe gave no answer.
-    pub cuda_error: Option<String>,
-}
+use super::nvml::Nvml;
 
 /// How long the child probe may take: loading libtorch's CUDA libraries and creating a context
 /// takes seconds on a GPU machine.
 const PROBE_LIMIT: Duration = Duration::from_secs(120);
 
-impl GpuEnv {
-    /// Reads NVML here and asks `program cuda-probe` about libtorch's CUDA.
-    pub fn collect(program: &Path) -> GpuEnv {
-        let (driver, nvml_error) = match Nvml::get().and_then(Nvml::driver_info) {
-            Ok(d) => (Some(d), None),
-            Err(e) => (None, Some(e)),
-        };
-        let (cuda, cuda_error) = match cuda_support(program) {
-            Ok(c) => (Some(c), None),
-            Err(e) => (None, Some(e)),
-        };
-        GpuEnv { driver, nvml_error, cuda, cuda_error }
-    }
+/// Reads NVML here and, given the trainer, asks `ups-doctor-trainer cuda-probe` about libtorch's
+/// CUDA (a process that loads libtorch: only for commands that run the built-in trainer).
+pub fn collect(trainer: Option<&Path>) -> GpuEnv {
+    let (driver, nvml_error) = match Nvml::get().and_then(Nvml::driver_info) {
+        Ok(d) => (Some(d), None),
+        Err(e) => (None, Some(e)),
+    };
+    let (cuda, cuda_error) = match trainer.map(cuda_support) {
+        Some(Ok(c)) => (Some(c), None),
+        Some(Err(e)) => (None, Some(e)),
+        None => (None, None),
+    };
+    GpuEnv { driver, nvml_error, cuda, cuda_error }
 }
 
-/// Runs `program cuda-probe` and reads its answer.
+/// Runs `trainer cuda-probe` and reads its answer.
 pub fn cuda_support(program: &Path) -> Result<CudaSupport, String> {
     let done = super::run::bounded(Command::new(program).arg("cuda-probe"), PROBE_LIMIT)
         .map_err(|e| format!("failed to start `{} cuda-probe`: {e}", program.display()))?
@@ -97,7 +67,7 @@ pub fn headline(gpu: &GpuEnv) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::probe::nvml::GpuInfo;
+    use crate::probe::nvml::{DriverInfo, GpuInfo};
 
     #[test]
     fn the_headline_names_gpus_and_driver_or_says_there_is_none() {

@@ -31,6 +31,7 @@ use nvml_wrapper_sys::bindings::{
     nvmlProcessInfo_v1_t, nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE, nvmlReturn_enum_NVML_SUCCESS,
 };
 use serde::{Deserialize, Serialize};
+pub use ups_doctor_core::schema::{DriverInfo, GpuInfo};
 
 /// Names the NVML library to open instead of `libnvidia-ml.so.1` (a full path).
 pub const NVML_LIB_ENV: &str = "UPS_DOCTOR_NVML_LIB";
@@ -45,25 +46,6 @@ const GPM_METRICS: [GpmMetricId; 4] =
 /// The process's NVML, opened and initialised.
 pub struct Nvml {
     nvml: nvml_wrapper::Nvml,
-}
-
-/// One GPU as NVML describes it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct GpuInfo {
-    /// NVML's index (the order of `nvidia-smi`, not necessarily CUDA's).
-    pub index: u32,
-    pub name: String,
-    pub uuid: String,
-    pub memory_total_bytes: u64,
-}
-
-/// The driver and its GPUs.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct DriverInfo {
-    pub driver_version: String,
-    /// The CUDA driver API version the driver provides, e.g. `13.0`.
-    pub cuda_driver_version: Option<String>,
-    pub gpus: Vec<GpuInfo>,
 }
 
 /// One GPU at one moment. Every field NVML could not give is `None`.

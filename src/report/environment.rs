@@ -1,7 +1,7 @@
 //! The environment as rows of plain text, shared by the markdown report's `## Environment` and
 //! the terminal output of `ups-doctor env`, so both list the same facts in the same order.
 
-use crate::probe::env::EnvSummary;
+use crate::probe::env::{EnvSummary, PythonEnv};
 use crate::probe::gpu_env::{self, GpuEnv};
 use crate::scenario::human_bytes;
 
@@ -21,22 +21,25 @@ pub(crate) fn rows(env: &EnvSummary) -> Vec<(&'static str, Option<String>)> {
         ("architecture", Some(env.arch.clone())),
         ("CPUs", Some(env.cpus.to_string())),
         ("memory", env.memory_total_bytes.map(human_bytes)),
-        ("libtorch", Some(env.libtorch_version.clone())),
-        ("libtorch library", Some(env.libtorch_lib.clone())),
+        ("libtorch", Some(env.libtorch_version.clone()).filter(|v| !v.is_empty())),
+        ("libtorch library", Some(env.libtorch_lib.clone()).filter(|v| !v.is_empty())),
         ("/dev/shm", Some(shm(env).unwrap_or_else(|| "not mounted".into()))),
         ("open files (ulimit -n)", env.open_files_limit.clone()),
         ("locked memory (ulimit -l)", env.locked_memory_limit.clone()),
         ("cgroup memory.max", env.cgroup_memory_max.clone()),
         ("cgroup cpu.max", env.cgroup_cpu_max.clone()),
         ("container", Some(env.container.clone().unwrap_or_else(|| "none detected".into()))),
-        ("Python", Some(python(env))),
-        ("Python torch", env.python.as_ref().and_then(|p| p.problem.is_none().then(|| {
-            p.torch_version.clone().unwrap_or_else(|| "not installed".into())
-        }))),
-        ("Python start method", env.python.as_ref().and_then(|p| p.start_method.as_ref()).map(|m| {
-            format!("{m} (multiprocessing's default: DataLoader workers use it unless given a multiprocessing_context)")
-        })),
     ];
+    // Asked only where a command of the user's ran (the built-in trainer needs no Python).
+    if let Some(p) = &env.python {
+        rows.extend([
+            ("Python", Some(python(p))),
+            ("Python torch", p.problem.is_none().then(|| p.torch_version.clone().unwrap_or_else(|| "not installed".into()))),
+            ("Python start method", p.start_method.as_ref().map(|m| {
+                format!("{m} (multiprocessing's default: DataLoader workers use it unless given a multiprocessing_context)")
+            })),
+        ]);
+    }
     if let Some(gpu) = &env.gpu {
         rows.extend(gpu_rows(gpu));
     }
@@ -91,14 +94,12 @@ fn gpu_rows(gpu: &GpuEnv) -> Vec<(&'static str, Option<String>)> {
 }
 
 /// `3.11.7 (/usr/bin/python3)`, or why there is no answer.
-fn python(env: &EnvSummary) -> String {
-    match &env.python {
-        None => "none on PATH (neither python3 nor python)".into(),
-        Some(p) => match (&p.version, &p.problem) {
-            (_, Some(problem)) => format!("{}: {problem}", p.executable),
-            (Some(v), None) => format!("{v} ({})", p.executable),
-            (None, None) => p.executable.clone(),
-        },
+fn python(p: &PythonEnv) -> String {
+    match (&p.version, &p.problem) {
+        (_, Some(problem)) if p.executable.is_empty() => problem.clone(),
+        (_, Some(problem)) => format!("{}: {problem}", p.executable),
+        (Some(v), None) => format!("{v} ({})", p.executable),
+        (None, None) => p.executable.clone(),
     }
 }
 
@@ -120,7 +121,12 @@ pub(crate) fn headline(env: &EnvSummary) -> Vec<String> {
         count(env.cpus, "CPU", "CPUs"),
         env.memory_total_bytes
             .map_or_else(|| "memory unknown".to_string(), |b| format!("{} memory", human_bytes(b))),
-        format!("libtorch {}", env.libtorch_version),
+        // Only where the built-in trainer ran: a user's program brings its own PyTorch.
+        if env.libtorch_version.is_empty() {
+            String::new()
+        } else {
+            format!("libtorch {}", env.libtorch_version)
+        },
         format!("/dev/shm {}", shm(env).unwrap_or_else(|| "not mounted".into())),
         match &env.container {
             Some(c) => format!("container: {c}"),
@@ -129,5 +135,6 @@ pub(crate) fn headline(env: &EnvSummary) -> Vec<String> {
     ]
     .into_iter()
     .chain(env.gpu.as_ref().map(gpu_env::headline))
+    .filter(|phrase| !phrase.is_empty())
     .collect()
 }

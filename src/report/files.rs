@@ -3,17 +3,14 @@
 //! leaves either the old file or the new one, never a torn one.
 
 use std::fs;
-use std::io::{self, Write};
+use std::io;
 use std::path::{Path, PathBuf};
 
 use crate::schema::RunResult;
 
 use super::markdown::{is_summary, render_markdown, render_scenario_markdown, scenario_report_path};
 
-/// The run's data, the source of truth every report is rendered from.
-pub const RESULT_FILE: &str = "result.json";
-/// The markdown report rendered from [`RESULT_FILE`].
-pub const REPORT_FILE: &str = "report.md";
+pub use crate::schema::{REPORT_FILE, RESULT_FILE};
 
 /// What can go wrong reading or writing a run folder.
 #[derive(Debug, thiserror::Error)]
@@ -227,16 +224,6 @@ fn version_hint(text: &str, broken_syntax: bool) -> Option<String> {
 
 /// Writes `bytes` to a temporary file next to `path`, syncs it and renames it over `path`.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ReportError> {
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
-    let result = (|| {
-        let mut file = fs::File::create(&tmp)?;
-        file.write_all(bytes)?;
-        file.sync_all()?;
-        fs::rename(&tmp, path)
-    })();
-    result.map_err(|source| {
-        let _ = fs::remove_file(&tmp);
-        ReportError::Write { path: path.to_path_buf(), source }
-    })
+    crate::harness::os::files::write_atomic(path, bytes)
+        .map_err(|source| ReportError::Write { path: path.to_path_buf(), source })
 }

@@ -284,17 +284,25 @@ pub fn segv() -> ScenarioResult {
     r1.backtrace = vec![
         frame(
             "0x55d0c1a2b3c4",
-            Some("ups_doctor::trainer::crash::on_fatal_signal"),
-            Some("src/trainer/crash.rs:88"),
+            Some("ups_doctor_trainer::crash::on_fatal_signal"),
+            Some("crates/trainer/src/crash.rs:88"),
         ),
         frame("0x7f3a9e442520", None, None),
-        frame("0x55d0c1a29f10", Some("ups_doctor::trainer::faults::segv"), Some("src/trainer/faults.rs:41")),
+        frame(
+            "0x55d0c1a29f10",
+            Some("ups_doctor_trainer::faults::segv"),
+            Some("crates/trainer/src/faults.rs:41"),
+        ),
         frame(
             "0x55d0c1a2a004",
-            Some("ups_doctor::trainer::faults::Faults::fire"),
-            Some("src/trainer/faults.rs:120"),
+            Some("ups_doctor_trainer::faults::Faults::fire"),
+            Some("crates/trainer/src/faults.rs:120"),
         ),
-        frame("0x55d0c1a1c777", Some("ups_doctor::trainer::train_loop"), Some("src/trainer/loop.rs:77")),
+        frame(
+            "0x55d0c1a1c777",
+            Some("ups_doctor_trainer::train_loop"),
+            Some("crates/trainer/src/loop.rs:77"),
+        ),
         frame("0x55d0c1a0b001", Some("main"), None),
     ];
     r1.raw_backtrace = r1.backtrace.iter().map(|f| f.addr.clone()).collect();
@@ -315,7 +323,7 @@ pub fn segv() -> ScenarioResult {
                 .into(),
             evidence: vec![
                 "rank 1's last marker: begin `forward` step 3, 0.04 s before it died".into(),
-                "the crash handler's backtrace points into `ups_doctor::trainer::faults::segv`".into(),
+                "the crash handler's backtrace points into `ups_doctor_trainer::faults::segv`".into(),
                 "rank 0 lost its peer in `allreduce` 0.01 s after rank 1 died".into(),
             ],
             likely_cause: Some(
@@ -378,13 +386,13 @@ pub fn hung() -> ScenarioResult {
                 ),
                 frame(
                     "0x55d0c1a29e00",
-                    Some("ups_doctor::trainer::faults::hang"),
-                    Some("src/trainer/faults.rs:77"),
+                    Some("ups_doctor_trainer::faults::hang"),
+                    Some("crates/trainer/src/faults.rs:77"),
                 ),
                 frame(
                     "0x55d0c1a1c777",
-                    Some("ups_doctor::trainer::train_loop"),
-                    Some("src/trainer/loop.rs:91"),
+                    Some("ups_doctor_trainer::train_loop"),
+                    Some("crates/trainer/src/loop.rs:91"),
                 ),
             ],
         },
@@ -400,8 +408,8 @@ pub fn hung() -> ScenarioResult {
                 ),
                 frame(
                     "0x55d0c1a29e80",
-                    Some("ups_doctor::trainer::faults::hang::{{closure}}"),
-                    Some("src/trainer/faults.rs:84"),
+                    Some("ups_doctor_trainer::faults::hang::{{closure}}"),
+                    Some("crates/trainer/src/faults.rs:84"),
                 ),
             ],
         },

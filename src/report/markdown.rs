@@ -9,8 +9,11 @@ use crate::protocol::Frame;
 use crate::scenario::human_bytes;
 use crate::schema::{RankResult, RunResult, ScenarioResult, ThreadStack};
 
+mod doc;
 mod external;
 mod nodes;
+
+pub(crate) use doc::Doc;
 
 use super::environment;
 use super::gpu;
@@ -208,24 +211,6 @@ fn fit(mut doc: Doc, whole: &str) -> String {
         doc.push(note(cut));
     }
     doc.finish()
-}
-
-/// Blocks of markdown, separated by blank lines.
-#[derive(Default)]
-struct Doc {
-    blocks: Vec<String>,
-}
-
-impl Doc {
-    fn push(&mut self, block: impl Into<String>) {
-        self.blocks.push(block.into());
-    }
-
-    fn finish(self) -> String {
-        let mut out = self.blocks.join("\n\n");
-        out.push('\n');
-        out
-    }
 }
 
 fn summary_line(run: &RunResult) -> String {

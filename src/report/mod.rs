@@ -29,6 +29,8 @@ mod text;
 #[cfg(test)]
 pub(crate) mod fixtures;
 #[cfg(test)]
+mod schema_doc_tests;
+#[cfg(test)]
 mod tests;
 
 pub mod public;

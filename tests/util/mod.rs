@@ -1,7 +1,5 @@
 //! Runs the real `ups-doctor` binary against purpose-built scenarios in a temporary folder.
 
-#![allow(dead_code, reason = "each test binary uses a different part of this helper")]
-
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
@@ -17,6 +15,14 @@ pub fn bin() -> PathBuf {
     std::env::var_os("UPS_DOCTOR_BIN")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_ups-doctor")))
+}
+
+/// The trainer executable the binary under test starts for built-in ranks: `UPS_DOCTOR_TRAINER`,
+/// else `ups-doctor-trainer` beside [`bin`] (where cargo builds it).
+pub fn trainer_bin() -> PathBuf {
+    std::env::var_os("UPS_DOCTOR_TRAINER")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| bin().with_file_name("ups-doctor-trainer"))
 }
 
 /// A scratch folder holding scenario files and the run's report folder.
@@ -99,7 +105,7 @@ impl Sandbox {
         self.run_with(cmd, files, &[])
     }
 
-    fn run_with(&self, mut cmd: Command, files: &[&Path], args: &[&str]) -> RunOutput {
+    pub fn run_with(&self, mut cmd: Command, files: &[&Path], args: &[&str]) -> RunOutput {
         let output = cmd
             .arg("run")
             .args(files)

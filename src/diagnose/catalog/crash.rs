@@ -45,12 +45,13 @@ pub fn native_crash(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Findi
     let own = if ev.foreign {
         first.key.as_ref().filter(|k| k.text.starts_with("Fatal Python error")).and_then(|k| k.at.clone())
     } else {
-        r.backtrace.iter().find(|fr| fr.symbol.as_deref().is_some_and(|s| s.contains("ups_doctor::"))).map(
-            |fr| match &fr.location {
+        r.backtrace
+            .iter()
+            .find(|fr| fr.symbol.as_deref().is_some_and(|s| s.contains("ups_doctor_trainer::")))
+            .map(|fr| match &fr.location {
                 Some(l) => format!("{} at {l}", fr.symbol.as_deref().unwrap_or(&fr.addr)),
                 None => fr.symbol.clone().unwrap_or_else(|| fr.addr.clone()),
-            },
-        )
+            })
     };
     f.evidence.push(match &own {
         Some(place) => format!("first frame in the program's own code: `{place}`"),

@@ -10,59 +10,13 @@ mod fork;
 mod loader;
 mod memory;
 mod numeric;
+mod pattern;
 
 use super::evidence::{Evidence, RankEvidence};
 
 pub use distributed::odd_rank_by_markers;
 pub use loader::{SHM_FULL_SHARE, input_bound, used_of};
-
-/// A known failure pattern.
-#[derive(Debug, PartialEq)]
-pub struct Pattern {
-    /// Stable id, kebab-case: `ddp-unused-parameters`.
-    pub id: &'static str,
-    pub title: &'static str,
-    /// What in the evidence it matches.
-    pub matches: &'static str,
-    /// What it means, in general.
-    pub explanation: &'static str,
-    /// What to do.
-    pub next_step: &'static str,
-    /// The PyTorch document or issue that explains it.
-    pub reference: &'static str,
-}
-
-/// A pattern found in one scenario's evidence.
-#[derive(Debug, Clone)]
-pub struct Finding {
-    pub pattern: &'static Pattern,
-    /// The rank the pattern blames, when the pattern decides it (ranks out of step: the odd
-    /// rank; an OOM kill: the killed one's rank).
-    pub culprit: Option<u32>,
-    /// A headline replacing the outcome's generic one (collateral ranks are appended after it).
-    pub headline: Option<String>,
-    pub evidence: Vec<String>,
-    /// The explanation for this case; the pattern's own when `None`.
-    pub cause: Option<String>,
-    /// The next step for this case; the pattern's own when `None`.
-    pub next_step: Option<String>,
-    /// Appended to the outcome's headline (a passed run that was input-bound).
-    pub appendix: Option<String>,
-}
-
-impl Finding {
-    fn of(pattern: &'static Pattern) -> Self {
-        Finding {
-            pattern,
-            culprit: None,
-            headline: None,
-            evidence: Vec::new(),
-            cause: None,
-            next_step: None,
-            appendix: None,
-        }
-    }
-}
+pub use pattern::{Finding, Pattern};
 
 /// Every pattern, in the order `docs/patterns.md` lists them.
 pub const ALL: &[&Pattern] = &[

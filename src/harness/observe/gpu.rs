@@ -1,8 +1,7 @@
 //! Folds NVML samples into what the report shows: per GPU the median and peak utilisation, SM
 //! activity (GPM), memory, clocks, power, temperature and why clocks were held down; per process
-//! of the run the GPU memory it held; a thinned series for the charts. Also the GPU facts the
-//! verdict adds (a worker that touched CUDA after fork, ranks that shared a GPU, workers that hold
-//! GPU memory of their own). Pure: the NVML calls happen in [`crate::probe::nvml`], driven by
+//! of the run the GPU memory it held; a thinned series for the charts (the verdict's GPU notes are
+//! [`crate::diagnose`]'s). Pure: the NVML calls happen in [`crate::probe::nvml`], driven by
 //! `supervise`.
 
 use std::collections::BTreeMap;
@@ -10,12 +9,10 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::probe::nvml::{GpuInfo, GpuReading};
-use crate::scenario::human_bytes;
-use crate::scenario::{CacheDevice, Scenario};
 
 use super::state::RankState;
 use crate::schema::{
-    ClockReason, GpuPoint, GpuPointValues, GpuProcessPeak, GpuReport, GpuSummary, ProcessRole, Stat, Verdict,
+    ClockReason, GpuPoint, GpuPointValues, GpuProcessPeak, GpuReport, GpuSummary, ProcessRole, Stat,
 };
 
 /// NVML's clock event reasons (`nvmlClocksEventReason…`), bit and name.
@@ -217,50 +214,6 @@ fn thin(points: Vec<GpuPoint>, max: usize) -> Vec<GpuPoint> {
         .collect()
 }
 
-/// Adds to the verdict what the GPU side shows: loader workers that hold GPU memory of their own.
-/// (A worker that touched CUDA after fork and ranks that shared a GPU are patterns of
-/// [`crate::diagnose`].)
-pub fn annotate_gpu(verdict: &mut Verdict, scenario: &Scenario, gpu: Option<&GpuReport>) {
-    let Some(gpu) = gpu else {
-        return;
-    };
-    let workers: Vec<&GpuProcessPeak> =
-        gpu.processes.iter().filter(|p| p.role == ProcessRole::Worker).collect();
-    if !workers.is_empty() {
-        let each: Vec<String> = workers
-            .iter()
-            .map(|p| {
-                format!(
-                    "rank {} · worker {} {}",
-                    p.rank.unwrap_or(0),
-                    p.worker.unwrap_or(0),
-                    p.peak_memory_bytes.map_or_else(|| "(size not reported)".to_string(), human_bytes)
-                )
-            })
-            .collect();
-        let why = if scenario.data.cache_device == CacheDevice::Cuda {
-            " because the dataset cache lives on the GPU (`data.cache_device: cuda`): each spawned worker \
-             initialised CUDA, holds a context and its own copy of the cache there, and copies every batch back \
-             to host memory for the rank to copy to the GPU again (REFERENCE.md failure 2, a \
-             \"CUDA-contaminated cache\")"
-        } else {
-            ""
-        };
-        verdict.evidence.push(format!(
-            "{} held GPU memory{why}: {}",
-            if workers.len() == 1 { "a data-loader worker" } else { "data-loader workers" },
-            each.join(", ")
-        ));
-        if verdict.next_step.is_none() {
-            verdict.next_step = Some(
-                "keep the dataset cache on the CPU (`data.cache_device: cpu`, or `cache: shm` to share it) so \
-                 workers never touch CUDA; the rank moves batches to the GPU"
-                    .to_string(),
-            );
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -414,38 +367,5 @@ mod tests {
         assert!(report.series.len() <= GpuReport::MAX_POINTS);
         assert!(report.series.iter().any(|p| p.gpus[0].util_percent == Some(100.0)));
         assert_eq!(report.series.last().unwrap().t_s, 999.0 * 0.2);
-    }
-
-    fn verdict() -> Verdict {
-        Verdict { headline: "rank 0 exited".into(), ..Default::default() }
-    }
-
-    #[test]
-    fn workers_holding_gpu_memory_point_at_the_cuda_cache() {
-        let mut s = Scenario::default();
-        (s.data.workers, s.data.start_method, s.data.cache_device) =
-            (2, crate::scenario::StartMethod::Spawn, CacheDevice::Cuda);
-        let gpu = GpuReport {
-            processes: vec![GpuProcessPeak {
-                gpu: 0,
-                pid: 8,
-                role: ProcessRole::Worker,
-                rank: Some(0),
-                worker: Some(1),
-                peak_memory_bytes: Some(520 << 20),
-            }],
-            ..GpuReport::default()
-        };
-        let mut v = verdict();
-        annotate_gpu(&mut v, &s, Some(&gpu));
-        assert!(
-            v.evidence[0].starts_with(
-                "a data-loader worker held GPU memory because the dataset cache lives on the GPU"
-            ),
-            "{}",
-            v.evidence[0]
-        );
-        assert!(v.evidence[0].ends_with("rank 0 · worker 1 520.0 MiB"), "{}", v.evidence[0]);
-        assert!(v.next_step.is_some());
     }
 }

@@ -1,15 +1,17 @@
-//! Wakes a sleeping run loop when the user interrupts. `main`'s signal handler records the
-//! interrupt in an atomic and calls [`notify`], which writes one byte into a pipe (the only
+//! Interrupts: [`install_handler`] makes SIGINT, SIGTERM and SIGHUP start one orderly stop, and
+//! wakes a sleeping run loop. The handler records the interrupt in [`INTERRUPTED`] and calls
+//! [`notify`], which writes one byte into a pipe (the only
 //! async-signal-safe way to wake a thread); a thread forwards it to the run loop of the moment
 //! as [`Event::Interrupt`], and to every other one that runs at the time (`bisect` runs several
 //! scenarios at once, on threads of its own). Without it a loop asleep until a distant deadline
 //! would not notice.
 
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use nix::fcntl::OFlag;
+use nix::sys::signal::{SigHandler, Signal, signal};
 
 use crate::harness::os::process::{Event, Sink};
 
@@ -66,6 +68,43 @@ impl Drop for Registration {
         if let Ok(mut current) = CURRENT.lock() {
             current.retain(|(id, _)| *id != self.0);
         }
+    }
+}
+
+/// Set once the user interrupted (SIGINT, SIGTERM, SIGHUP): every run loop and session reads it.
+pub static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+static INTERRUPTS: AtomicUsize = AtomicUsize::new(0);
+/// When the first interrupt arrived (`CLOCK_MONOTONIC`, nanoseconds).
+static FIRST_INTERRUPT_NS: AtomicU64 = AtomicU64::new(0);
+/// A second signal this soon after the first is the same request (GNU `timeout` signals
+/// ups-doctor, then its whole process group; a terminal's Ctrl-C reaches the group as well): it
+/// does not cut the orderly stop short.
+const INTERRUPT_GRACE_NS: u64 = 1_000_000_000;
+
+extern "C" fn on_interrupt(_sig: i32) {
+    // Async-signal-safe: nix calls clock_gettime and allocates nothing.
+    let now = crate::protocol::monotonic_ns().unwrap_or(0);
+    INTERRUPTED.store(true, Ordering::SeqCst);
+    // Async-signal-safe: a byte into a pipe wakes a supervisor asleep until its next deadline.
+    notify();
+    match INTERRUPTS.fetch_add(1, Ordering::SeqCst) {
+        0 => FIRST_INTERRUPT_NS.store(now, Ordering::SeqCst),
+        1 if now.saturating_sub(FIRST_INTERRUPT_NS.load(Ordering::SeqCst)) <= INTERRUPT_GRACE_NS => {}
+        // A third signal, or a second one after the grace: the user insists. Leave now; ranks
+        // die with us (PR_SET_PDEATHSIG); results of finished scenarios are already on disk.
+        // `exit_now` is async-signal-safe and runs no destructor or atexit handler of the
+        // interrupted code.
+        _ => crate::harness::os::sys::exit_now(crate::exit::INTERRUPTED as i32),
+    }
+}
+
+/// SIGINT, SIGTERM (Slurm, Kubernetes, `timeout`) and SIGHUP all start the same orderly stop.
+/// Installed before anything else a command does, so that no signal finds the default action.
+pub fn install_handler() {
+    for sig in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+        // SAFETY: the handler is async-signal-safe: it only touches atomics, reads the clock and
+        // calls _exit.
+        let _ = unsafe { signal(sig, SigHandler::Handler(on_interrupt)) };
     }
 }
 

@@ -2,8 +2,9 @@
 //! supervisor's state machine ([`machine`]) and carries out what it decides (stack dumps,
 //! SIGTERM, SIGKILL), then sweeps leftovers ([`teardown`]). Sampling runs beside it
 //! ([`sampler`]); [`interrupt`] wakes it on Ctrl-C. On one node of several it talks to the others
-//! through a [`crate::nodes::NodeLink`].
+//! through a [`crate::harness::run::events::Listener`].
 
+pub mod events;
 pub mod interrupt;
 pub mod machine;
 mod sampler;

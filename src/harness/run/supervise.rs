@@ -17,6 +17,7 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use super::events::{Listener, RunEvent};
 use crate::harness::classify::{Intervention, RankEnd};
 use crate::harness::external;
 use crate::harness::observe::memory::MemoryRecorder;
@@ -29,7 +30,6 @@ use crate::harness::os::namespace::PrivateShm;
 use crate::harness::os::owner::{self, Identity};
 use crate::harness::os::process::{self, Event, RankProcess, RankSpec, Sink};
 use crate::harness::plan::{Completion, Plan, ProcessPlan, Style};
-use crate::nodes::{LocalEvent, NodeLink};
 use crate::probe::shm;
 use crate::protocol::signal_name;
 use crate::scenario::Scenario;
@@ -317,7 +317,7 @@ struct Supervisor<'p, 'l> {
     py_spy: Option<PathBuf>,
     sampler: Option<SamplerThread>,
     /// The link to the other nodes of a multi-node run, with what it was told.
-    link: Option<&'l mut (dyn NodeLink + 'l)>,
+    link: Option<&'l mut (dyn Listener + 'l)>,
     ended_told: Vec<bool>,
     remote_failed: bool,
     next_link: Instant,
@@ -330,7 +330,7 @@ pub fn supervise<'p, 'l>(
     res: &'p Resources<'p>,
     progress: &mut Progress,
     interrupted: &AtomicBool,
-    link: Option<&'l mut (dyn NodeLink + 'l)>,
+    link: Option<&'l mut (dyn Listener + 'l)>,
 ) -> Supervised {
     let start = Instant::now();
     let shm_dir = res.private_shm.map_or_else(|| PathBuf::from("/dev/shm"), PrivateShm::dir);
@@ -421,14 +421,14 @@ impl Supervisor<'_, '_> {
             let asked = actions.iter().any(|a| matches!(a, Action::DumpStacks { .. }));
             if actions.iter().any(|a| matches!(a, Action::MarkHung { .. })) {
                 let ranks = self.slots.iter().filter(|s| s.live()).map(|s| s.end.rank).collect();
-                self.tell(|at_s| LocalEvent::Hung { at_s, ranks });
+                self.tell(|at_s| RunEvent::Hung { at_s, ranks });
             }
             for action in actions {
                 self.act(action);
             }
             if peer && watching && !finish {
                 let ranks = self.slots.iter().filter(|s| s.dump_requested).map(|s| s.end.rank).collect();
-                self.tell(|at_s| LocalEvent::StacksRequested { at_s, ranks });
+                self.tell(|at_s| RunEvent::StacksRequested { at_s, ranks });
             }
             if finish {
                 break;
@@ -470,7 +470,7 @@ impl Supervisor<'_, '_> {
             if !std::mem::replace(&mut self.ended_told[s.end.rank as usize], true) {
                 let how = s.end.exit.map_or_else(|| "failed to start".into(), describe_exit);
                 let (at_s, failed) = (s.end.ended_at_s.unwrap_or(at_s), failed_on_its_own(s, needs_done));
-                link.event(LocalEvent::RankEnded { rank: s.end.rank, at_s, failed, how });
+                link.event(RunEvent::RankEnded { rank: s.end.rank, at_s, failed, how });
             }
         }
         if now < self.next_link {
@@ -479,17 +479,17 @@ impl Supervisor<'_, '_> {
         self.next_link = now + LINK_EVERY;
         let states: Vec<&RankState> = self.slots.iter().map(|s| &s.end.state).collect();
         let pids: Vec<Option<u32>> = self.slots.iter().map(|s| s.end.pid.filter(|_| s.live())).collect();
-        link.event(LocalEvent::Tick { at_s, states: &states, pids: &pids });
+        link.event(RunEvent::Tick { at_s, states: &states, pids: &pids });
         if self.remote_failed {
             return None;
         }
-        let what = link.remote_failure()?;
+        let what = link.stop_request()?;
         self.remote_failed = true;
         Some(what)
     }
 
     /// Tells the link (if any) of `event`, made with the time since the start.
-    fn tell(&mut self, event: impl FnOnce(f64) -> LocalEvent<'static>) {
+    fn tell(&mut self, event: impl FnOnce(f64) -> RunEvent<'static>) {
         let at_s = self.since(Instant::now());
         if let Some(l) = self.link.as_deref_mut() {
             l.event(event(at_s));
@@ -523,7 +523,7 @@ impl Supervisor<'_, '_> {
             }
         }
         let pids = self.slots.iter().map(|s| s.end.pid).collect();
-        self.tell(|at_s| LocalEvent::Started { at_s, pids });
+        self.tell(|at_s| RunEvent::Started { at_s, pids });
     }
 
     /// Starts a launcher-style command: the marker FIFO and its reader, then the launcher.
@@ -754,7 +754,7 @@ impl Supervisor<'_, '_> {
                 l.placed = true;
                 l.pid_ranks.lock().unwrap_or_else(|e| e.into_inner()).first = first;
                 if first != self.plan.offset {
-                    self.tell(|at_s| LocalEvent::Placed { at_s, first_rank: first });
+                    self.tell(|at_s| RunEvent::Placed { at_s, first_rank: first });
                 }
             }
         }
@@ -887,7 +887,7 @@ impl Supervisor<'_, '_> {
                 let answered = self.stacks_answered();
                 self.signal_ranks(libc::SIGTERM);
                 self.signal_launcher(libc::SIGTERM);
-                self.tell(|at_s| LocalEvent::TearingDown { at_s, stacks_answered: answered });
+                self.tell(|at_s| RunEvent::TearingDown { at_s, stacks_answered: answered });
             }
             Action::Signal(Teardown::Kill) => self.signal_ranks(libc::SIGKILL),
             Action::Signal(Teardown::KillLauncher) => self.signal_launcher(libc::SIGKILL),

@@ -6,7 +6,7 @@ use crate::schema::{ExitSource, ExternalRun, IdentifiedBy, LauncherEnd, RankResu
 
 use super::super::markup::{DETAILS_CLOSE, code, details_open, fence};
 use super::super::text::{count, strip_control};
-use super::Doc;
+use super::doc::Doc;
 
 /// The command line, how completion was judged, whether markers came, and the program's own
 /// error lines (per rank, then the launcher's), quoted verbatim.

@@ -2,14 +2,14 @@
 //! and clocks, where the first failure was, what each node saw and did about a failure elsewhere
 //! (look before kill), and each node's own memory, `/dev/shm` and GPU evidence.
 
-use crate::nodes::merge::{ms, ranks_text};
+use crate::diagnose::words::{ms, ranks_text};
 use crate::nodes::{NodeSection, NodesReport};
 use crate::schema::ScenarioResult;
 
 use super::super::markup::{self, Align, code};
 use super::super::text::{NONE, secs};
 use super::super::{gpu, memory};
-use super::Doc;
+use super::doc::Doc;
 
 /// `### Nodes`: one row per node, then the first failure across nodes and what each node saw.
 pub(super) fn overview(doc: &mut Doc, s: &ScenarioResult) {

@@ -1,0 +1,210 @@
+//! The command line: clap's types, and their conversion into the plain requests of
+//! [`ups_doctor::session`]. Nothing here runs anything.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+use ups_doctor::exit;
+use ups_doctor::nodes::config::NodeFlags;
+use ups_doctor::scenario::Override;
+use ups_doctor::session::{BisectRequest, RunRequest};
+
+/// Finds out why distributed deep-learning training crashes, hangs or crawls.
+#[derive(Parser)]
+#[command(name = "ups-doctor", version, about, long_about = None, after_help = exit::HELP)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Run scenario files (or every *.json in a folder) and write a report.
+    #[command(after_help = exit::HELP)]
+    Run(RunArgs),
+    /// Cut a failing scenario down to a 1-minimal configuration that still fails the same way.
+    #[command(after_help = exit::HELP)]
+    Bisect(BisectArgs),
+    /// Re-render report.md (and each scenario's full report) from a run folder's result.json.
+    #[command(after_help = exit::HELP)]
+    Report {
+        /// A run folder (it holds result.json).
+        dir: PathBuf,
+        /// Mask GPU UUIDs and your home folder (result.json is rewritten masked too).
+        #[arg(long)]
+        public: bool,
+        /// Print the report to paste into a GitHub issue (at most 65,536 characters) on stdout,
+        /// and on stderr the files to attach with it.
+        #[arg(long)]
+        issue: bool,
+    },
+    /// Describe this machine: libtorch, CPUs, memory, /dev/shm, ulimits, cgroup limits, variables.
+    Env {
+        #[arg(long, conflicts_with = "markdown")]
+        json: bool,
+        /// The report's `## Environment` section, to paste into an issue.
+        #[arg(long)]
+        markdown: bool,
+        /// Mask GPU UUIDs and your home folder.
+        #[arg(long)]
+        public: bool,
+    },
+    /// Train one rank of a scenario: the entry point the harness launches. Also works by hand or
+    /// under torchrun (reads RANK, WORLD_SIZE, LOCAL_RANK).
+    Train {
+        /// The scenario file.
+        scenario: PathBuf,
+        #[arg(long = "set", value_name = "PATH=VALUE")]
+        set: Vec<Override>,
+        /// Run only the data path (no model) and print its throughput: for bench/.
+        #[arg(long, hide = true)]
+        loader_only: bool,
+    },
+    /// Prints NVML readings of every GPU as JSON lines, to record test fixtures (internal).
+    #[command(hide = true)]
+    NvmlRecord {
+        /// Readings to take.
+        #[arg(long, default_value_t = 20)]
+        count: u32,
+        /// Milliseconds between readings.
+        #[arg(long, default_value_t = 200)]
+        every_ms: u64,
+    },
+}
+
+/// `ups-doctor run`'s flags.
+#[derive(clap::Args)]
+pub struct RunArgs {
+    /// Scenario files or folders [default: scenarios/].
+    pub paths: Vec<PathBuf>,
+    /// Override a scenario field for every scenario, e.g. `--set train.steps=20`.
+    #[arg(long = "set", value_name = "PATH=VALUE")]
+    pub set: Vec<Override>,
+    /// Folder for the report [default: reports/runs/<time>].
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Print the result as JSON on stdout (the matrix goes to stderr).
+    #[arg(long)]
+    pub json: bool,
+    /// No live progress.
+    #[arg(long)]
+    pub quiet: bool,
+    /// Mask GPU UUIDs and your home folder in the report and result.json, for a public issue.
+    #[arg(long)]
+    pub public: bool,
+    #[command(flatten)]
+    pub nodes: NodeArgs,
+}
+
+/// One node of a multi-node run (see README, "Across nodes"). Without these flags, Slurm's
+/// `SLURM_NNODES`/`SLURM_NODEID`/`SLURM_JOB_NODELIST` or torchrun-style `NNODES`/`NODE_RANK`/
+/// `MASTER_ADDR` place the node; with none of them the run is on this machine only.
+#[derive(clap::Args, Default)]
+pub struct NodeArgs {
+    /// Nodes in the run: start the same command once per node; `launch.world_size` is the ranks
+    /// of all nodes together.
+    #[arg(long, value_name = "N", help_heading = "Across nodes")]
+    pub nodes: Option<u32>,
+    /// This node's rank: 0 runs the coordinator, which writes the one report.
+    #[arg(long, value_name = "R", help_heading = "Across nodes")]
+    pub node_rank: Option<u32>,
+    /// Node 0's address, which every agent connects to [default: 127.0.0.1:29411].
+    #[arg(long, value_name = "HOST:PORT", help_heading = "Across nodes")]
+    pub coordinator: Option<String>,
+    /// What node 0 listens on, when not the coordinator's address (`0.0.0.0:PORT`: every interface).
+    #[arg(long, value_name = "ADDR:PORT", help_heading = "Across nodes")]
+    pub listen: Option<String>,
+    /// How long node 0 waits for the others to join, and they for it.
+    #[arg(long, value_name = "SECS", default_value_t = 120.0, help_heading = "Across nodes")]
+    pub join_timeout: f64,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub enum StrategyArg {
+    Ladder,
+    Ddmin,
+}
+
+#[derive(clap::Args)]
+pub struct BisectArgs {
+    /// The failing scenario file.
+    pub scenario: PathBuf,
+    #[arg(long = "set", value_name = "PATH=VALUE")]
+    pub set: Vec<Override>,
+    /// Most real runs to spend (cached results are free).
+    #[arg(long, default_value_t = 60)]
+    pub budget: usize,
+    /// Confidence required before a cut is believed to make a flaky failure pass.
+    #[arg(long, default_value_t = 0.95)]
+    pub confidence: f64,
+    /// Runs of the original scenario that confirm the failure and estimate its rate.
+    #[arg(long, default_value_t = 2)]
+    pub confirm: usize,
+    /// Independent probes run in parallel.
+    #[arg(long, default_value_t = 1)]
+    pub jobs: usize,
+    /// Folder for the report [default: reports/runs/<time>-bisect].
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Folder of cached probe results, shared by bisects of the same scenario.
+    #[arg(long, value_name = "DIR", default_value = "reports/runs/.bisect-cache")]
+    pub cache: PathBuf,
+    /// Print bisect.json on stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// No progress lines.
+    #[arg(long)]
+    pub quiet: bool,
+    /// `ladder` (big cuts first) or `ddmin` (no ladder): for bench/, which measures the
+    /// runs the ladder saves.
+    #[arg(long, hide = true, value_enum, default_value_t = StrategyArg::Ladder)]
+    pub strategy: StrategyArg,
+}
+
+impl From<NodeArgs> for NodeFlags {
+    fn from(a: NodeArgs) -> NodeFlags {
+        NodeFlags {
+            nodes: a.nodes,
+            node_rank: a.node_rank,
+            coordinator: a.coordinator,
+            listen: a.listen,
+            join_timeout_s: Some(a.join_timeout),
+        }
+    }
+}
+
+impl From<RunArgs> for RunRequest {
+    fn from(a: RunArgs) -> RunRequest {
+        RunRequest {
+            paths: a.paths,
+            set: a.set,
+            out: a.out,
+            json: a.json,
+            quiet: a.quiet,
+            public: a.public,
+            node: a.nodes.into(),
+        }
+    }
+}
+
+impl From<BisectArgs> for BisectRequest {
+    fn from(a: BisectArgs) -> BisectRequest {
+        BisectRequest {
+            scenario: a.scenario,
+            set: a.set,
+            budget: a.budget,
+            confidence: a.confidence,
+            confirm: a.confirm,
+            jobs: a.jobs,
+            out: a.out,
+            cache: a.cache,
+            json: a.json,
+            quiet: a.quiet,
+            strategy: match a.strategy {
+                StrategyArg::Ladder => ups_doctor::bisect::Strategy::Ladder,
+                StrategyArg::Ddmin => ups_doctor::bisect::Strategy::Ddmin,
+            },
+        }
+    }
+}

@@ -1,0 +1,347 @@
+//! The one conclusion of a scenario, for every caller alike — a run on one node, the merge of
+//! several nodes, a bisect probe, a sweep point: from what was observed to the outcome, the first
+//! failure and its collateral, the verdict (the GPU's notes and an interrupt's wording included)
+//! and how it compares with the scenario's `expect`.
+//!
+//! [`conclude`] is [`judge`] followed by [`settle`]; a caller that has more to weigh before the
+//! verdict is final (the merge orders deaths across nodes by their clocks) judges, adjusts, and
+//! settles the same way.
+
+use crate::scenario::{CacheDevice, Expect, OutcomeKind, Scenario, human_bytes};
+use crate::schema::{GpuProcessPeak, GpuReport, ProcessRole, RankResult, Signal, Verdict};
+
+use super::evidence::Observed;
+use super::verdict::{Judgement, judge};
+
+/// What surrounds the observation: how the run ended and what the judge did not see itself.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Circumstances<'a> {
+    /// The user interrupted the run: neither a pass nor a failure of `expect`.
+    pub interrupted: bool,
+    /// The run's GPU activity (NVML), when it was sampled.
+    pub gpu: Option<&'a GpuReport>,
+    /// Parts of the run that were not observed to their end (a lost node), each with the line
+    /// that says so.
+    pub unobserved: &'a [Unobserved],
+}
+
+/// A part of the run whose ranks were not observed to their end.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Unobserved {
+    /// `Node 1 (host) lost at 3.2 s (…): its ranks 2–3 were not observed to their end`.
+    pub line: String,
+    /// What the expectation check names (`node 1`).
+    pub part: String,
+}
+
+/// The conclusion of a scenario.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Conclusion {
+    pub outcome: OutcomeKind,
+    pub first_failure: Option<u32>,
+    /// Ranks that failed after the first failure, because of it.
+    pub collateral: Vec<u32>,
+    pub verdict: Verdict,
+    /// How the outcome differs from `expect` (empty: met, unless interrupted).
+    pub mismatches: Vec<String>,
+    /// Whether the scenario met its `expect`.
+    pub met: bool,
+}
+
+impl Conclusion {
+    /// Marks each rank's `collateral` as concluded.
+    pub fn mark(&self, ranks: &mut [RankResult]) {
+        for r in ranks {
+            r.collateral = self.collateral.contains(&r.rank);
+        }
+    }
+}
+
+/// Judges what was observed and settles the conclusion.
+pub fn conclude(observed: &Observed, c: &Circumstances) -> Conclusion {
+    settle(judge(observed), observed, c)
+}
+
+/// The conclusion from a judgement: unobserved parts said first, the GPU's notes, collateral,
+/// the expectation check, and an interrupt's wording.
+pub fn settle(j: Judgement, observed: &Observed, c: &Circumstances) -> Conclusion {
+    let Judgement { outcome, first_failure, mut verdict } = j;
+    let ranks = observed.ranks;
+    let failed = first_failure.and_then(|f| ranks.iter().find(|r| r.rank == f));
+    for part in c.unobserved {
+        verdict.evidence.insert(0, part.line.clone());
+        // Nothing failed of its own accord before it: the lost part is the headline.
+        if failed.is_none_or(|r| r.torn_down_with.is_some()) {
+            verdict.headline = format!("{}; the other nodes' ranks were torn down after it", part.line);
+        }
+    }
+    annotate_gpu(&mut verdict, observed.scenario, c.gpu);
+    let collateral = ranks
+        .iter()
+        .filter(|r| first_failure.is_some_and(|f| f != r.rank) && r.outcome != OutcomeKind::Passed)
+        .map(|r| r.rank)
+        .collect();
+    let mut mismatches = check_expectation(&observed.scenario.expect, outcome, failed);
+    if !c.unobserved.is_empty() {
+        let parts: Vec<&str> = c.unobserved.iter().map(|u| u.part.as_str()).collect();
+        mismatches.push(format!("{} lost: its ranks were not observed", parts.join(", ")));
+    }
+    if c.interrupted {
+        // Cut short: neither a pass nor a failure of `expect`; what was seen stays as evidence.
+        mismatches.clear();
+        verdict.evidence.insert(0, format!("Before the interrupt: {}", verdict.headline));
+        verdict.headline = format!(
+            "Interrupted by the user after {:.1} s, before the scenario ended on its own",
+            observed.wall_s
+        );
+    }
+    let met = mismatches.is_empty() && !c.interrupted;
+    Conclusion { outcome, first_failure, collateral, verdict, mismatches, met }
+}
+
+/// How the outcome differs from `expect`, one line per differing field (empty: met).
+pub fn check_expectation(expect: &Expect, outcome: OutcomeKind, failed: Option<&RankResult>) -> Vec<String> {
+    let mut out = Vec::new();
+    if expect.outcome != outcome {
+        out.push(format!("expected outcome `{}`, got `{}`", expect.outcome.as_str(), outcome.as_str()));
+    }
+    let Some(r) = failed else {
+        for (field, set) in [
+            ("signal", expect.signal.is_some()),
+            ("exit_code", expect.exit_code.is_some()),
+            ("rank", expect.rank.is_some()),
+            ("phase", expect.phase.is_some()),
+            ("step", expect.step.is_some()),
+            ("message", expect.message.is_some()),
+        ] {
+            if set && expect.outcome != OutcomeKind::Passed {
+                out.push(format!("expected `{field}` of a failing rank, but no rank failed"));
+            }
+        }
+        return out;
+    };
+    if let Some(want) = &expect.signal {
+        if Signal::parse(want) != r.signal {
+            let got = r.signal.map_or("none".to_string(), |s| s.name());
+            out.push(format!("expected signal `{want}`, got `{got}`"));
+        }
+    }
+    if let Some(want) = expect.exit_code
+        && r.exit_code != Some(want)
+    {
+        out.push(format!(
+            "expected exit code {want}, got {}",
+            r.exit_code.map_or("none".into(), |c| c.to_string())
+        ));
+    }
+    if let Some(want) = expect.rank
+        && r.rank != want
+    {
+        out.push(format!("expected rank {want} to fail first, got rank {}", r.rank));
+    }
+    if let Some(want) = &expect.phase
+        && r.last_phase.as_deref() != Some(want.as_str())
+    {
+        out.push(format!("expected phase `{want}`, got `{}`", r.last_phase.as_deref().unwrap_or("none")));
+    }
+    if let Some(want) = expect.step
+        && r.last_step != Some(want)
+    {
+        out.push(format!(
+            "expected step {want}, got {}",
+            r.last_step.map_or("none".into(), |s| s.to_string())
+        ));
+    }
+    if let Some(want) = &expect.message {
+        let in_error = r.error.as_deref().is_some_and(|e| e.contains(want.as_str()));
+        let in_log = r.log_tail.iter().any(|l| l.contains(want.as_str()));
+        if !in_error && !in_log {
+            out.push(format!("expected the error to contain `{want}`"));
+        }
+    }
+    out
+}
+
+/// Adds to the verdict what the GPU side shows: loader workers that hold GPU memory of their own.
+/// (A worker that touched CUDA after fork and ranks that shared a GPU are patterns of
+/// this judge's catalogue.)
+fn annotate_gpu(verdict: &mut Verdict, scenario: &Scenario, gpu: Option<&GpuReport>) {
+    let Some(gpu) = gpu else {
+        return;
+    };
+    let workers: Vec<&GpuProcessPeak> =
+        gpu.processes.iter().filter(|p| p.role == ProcessRole::Worker).collect();
+    if !workers.is_empty() {
+        let each: Vec<String> = workers
+            .iter()
+            .map(|p| {
+                format!(
+                    "rank {} · worker {} {}",
+                    p.rank.unwrap_or(0),
+                    p.worker.unwrap_or(0),
+                    p.peak_memory_bytes.map_or_else(|| "(size not reported)".to_string(), human_bytes)
+                )
+            })
+            .collect();
+        let why = if scenario.data.cache_device == CacheDevice::Cuda {
+            " because the dataset cache lives on the GPU (`data.cache_device: cuda`): each spawned worker \
+             initialised CUDA, holds a context and its own copy of the cache there, and copies every batch back \
+             to host memory for the rank to copy to the GPU again (REFERENCE.md failure 2, a \
+             \"CUDA-contaminated cache\")"
+        } else {
+            ""
+        };
+        verdict.evidence.push(format!(
+            "{} held GPU memory{why}: {}",
+            if workers.len() == 1 { "a data-loader worker" } else { "data-loader workers" },
+            each.join(", ")
+        ));
+        if verdict.next_step.is_none() {
+            verdict.next_step = Some(
+                "keep the dataset cache on the CPU (`data.cache_device: cpu`, or `cache: shm` to share it) so \
+                 workers never touch CUDA; the rank moves batches to the GPU"
+                    .to_string(),
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schema::{Leftovers, ProcessRole};
+
+    fn rank(rank: u32, outcome: OutcomeKind) -> RankResult {
+        RankResult { rank, outcome, ..crate::report::fixtures::rank(rank, 3) }
+    }
+
+    fn verdict() -> Verdict {
+        Verdict { headline: "rank 0 exited".into(), ..Default::default() }
+    }
+
+    fn observed<'a>(s: &'a Scenario, ranks: &'a [RankResult], leftovers: &'a Leftovers) -> Observed<'a> {
+        Observed {
+            scenario: s,
+            ranks,
+            wall_s: 7.5,
+            memory: None,
+            leftovers,
+            oom_kills: &[],
+            cgroup: None,
+            launcher: None,
+        }
+    }
+
+    fn judged(first: Option<u32>) -> Judgement {
+        Judgement { outcome: OutcomeKind::Exited, first_failure: first, verdict: verdict() }
+    }
+
+    #[test]
+    fn ranks_that_failed_after_the_first_are_collateral_and_passed_ones_are_not() {
+        let s = Scenario::default();
+        let ranks =
+            [rank(0, OutcomeKind::Exited), rank(1, OutcomeKind::Signaled), rank(2, OutcomeKind::Passed)];
+        let leftovers = Leftovers::default();
+        let c = settle(judged(Some(1)), &observed(&s, &ranks, &leftovers), &Circumstances::default());
+        assert_eq!(c.collateral, [0]);
+        let mut marked = ranks.clone();
+        c.mark(&mut marked);
+        assert_eq!(marked.iter().map(|r| r.collateral).collect::<Vec<_>>(), [true, false, false]);
+    }
+
+    #[test]
+    fn an_interrupt_clears_the_expectation_and_says_so_first_on_one_node_as_on_several() {
+        let s = Scenario::default();
+        let ranks = [rank(0, OutcomeKind::Exited)];
+        let leftovers = Leftovers::default();
+        let lost = [Unobserved { line: "Node 1 (b) lost at 2.0 s (gone)".into(), part: "node 1".into() }];
+        for unobserved in [&[][..], &lost[..]] {
+            let c = Circumstances { interrupted: true, unobserved, ..Default::default() };
+            let done = settle(judged(Some(0)), &observed(&s, &ranks, &leftovers), &c);
+            assert!(done.mismatches.is_empty() && !done.met);
+            assert_eq!(
+                done.verdict.headline,
+                "Interrupted by the user after 7.5 s, before the scenario ended on its own"
+            );
+            assert!(
+                done.verdict.evidence[0].starts_with("Before the interrupt: "),
+                "{:?}",
+                done.verdict.evidence
+            );
+        }
+    }
+
+    #[test]
+    fn a_lost_node_is_the_headline_when_nothing_failed_before_it_and_a_mismatch() {
+        let s = Scenario::default();
+        let ranks = [rank(0, OutcomeKind::Passed)];
+        let leftovers = Leftovers::default();
+        let lost = [Unobserved { line: "Node 1 (b) lost at 2.0 s (gone)".into(), part: "node 1".into() }];
+        let c = Circumstances { unobserved: &lost, ..Default::default() };
+        let done = settle(judged(None), &observed(&s, &ranks, &leftovers), &c);
+        assert_eq!(
+            done.verdict.headline,
+            "Node 1 (b) lost at 2.0 s (gone); the other nodes' ranks were torn down after it"
+        );
+        assert!(
+            done.mismatches.iter().any(|m| m == "node 1 lost: its ranks were not observed"),
+            "{:?}",
+            done.mismatches
+        );
+        assert!(!done.met);
+    }
+
+    #[test]
+    fn expectation_mismatches_are_listed_field_by_field() {
+        let r = RankResult {
+            last_phase: Some("backward".into()),
+            last_step: Some(2),
+            signal: Some(Signal::ABRT),
+            ..rank(0, OutcomeKind::Signaled)
+        };
+        let expect = Expect {
+            outcome: OutcomeKind::Signaled,
+            signal: Some("SIGSEGV".into()),
+            phase: Some("forward".into()),
+            step: Some(2),
+            ..Default::default()
+        };
+        let diff = check_expectation(&expect, OutcomeKind::Signaled, Some(&r));
+        assert_eq!(
+            diff,
+            vec!["expected signal `SIGSEGV`, got `SIGABRT`", "expected phase `forward`, got `backward`"]
+        );
+        let met =
+            Expect { outcome: OutcomeKind::Signaled, signal: Some("abrt".into()), ..Default::default() };
+        assert!(check_expectation(&met, OutcomeKind::Signaled, Some(&r)).is_empty());
+    }
+
+    #[test]
+    fn workers_holding_gpu_memory_point_at_the_cuda_cache() {
+        let mut s = Scenario::default();
+        (s.data.workers, s.data.start_method, s.data.cache_device) =
+            (2, crate::scenario::StartMethod::Spawn, CacheDevice::Cuda);
+        let gpu = GpuReport {
+            processes: vec![GpuProcessPeak {
+                gpu: 0,
+                pid: 8,
+                role: ProcessRole::Worker,
+                rank: Some(0),
+                worker: Some(1),
+                peak_memory_bytes: Some(520 << 20),
+            }],
+            ..GpuReport::default()
+        };
+        let mut v = verdict();
+        annotate_gpu(&mut v, &s, Some(&gpu));
+        assert!(
+            v.evidence[0].starts_with(
+                "a data-loader worker held GPU memory because the dataset cache lives on the GPU"
+            ),
+            "{}",
+            v.evidence[0]
+        );
+        assert!(v.evidence[0].ends_with("rank 0 · worker 1 520.0 MiB"), "{}", v.evidence[0]);
+        assert!(v.next_step.is_some());
+    }
+}

@@ -1,0 +1,37 @@
+//! The supervisor's event stream: what the loop saw and did, as [`RunEvent`]s, to whoever listens
+//! (nextest's runner → reporter). A [`Listener`] may also ask the loop to stop (a failure on
+//! another node: the loop then takes stacks of its ranks and tears them down, as on an
+//! interrupt). The node link of a multi-node run is one; a single-node run passes none.
+
+use crate::harness::RankState;
+
+/// What the loop saw and did; times are seconds since the scenario started on this node, ranks
+/// are this node's (local) ranks.
+#[derive(Debug)]
+pub enum RunEvent<'a> {
+    /// The ranks were started (pids by local rank; `None` where one failed to start).
+    Started { at_s: f64, pids: Vec<Option<u32>> },
+    /// Every 50 ms while a link is given (the link cannot wake the loop, so the loop reads it at
+    /// this pace): rank states so far, and the pids of ranks still running (by local rank).
+    Tick { at_s: f64, states: &'a [&'a RankState], pids: &'a [Option<u32>] },
+    /// A rank ended; `failed` when it failed on its own.
+    RankEnded { rank: u32, at_s: f64, failed: bool, how: String },
+    /// These ranks were found hung.
+    Hung { at_s: f64, ranks: Vec<u32> },
+    /// Stacks were asked of these ranks after [`Listener::stop_request`].
+    StacksRequested { at_s: f64, ranks: Vec<u32> },
+    /// The launcher's rendezvous numbered this node's ranks from `first_rank`, not from the node
+    /// × ranks per node that was expected (torchrun's `c10d` orders nodes by host and agent pid).
+    Placed { at_s: f64, first_rank: u32 },
+    /// SIGTERM went to what was left.
+    TearingDown { at_s: f64, stacks_answered: bool },
+}
+
+/// One who listens to the loop: told every event, asked each tick whether to stop.
+pub trait Listener {
+    /// A failure on another node (or of the run's other nodes) that this node must act on:
+    /// what happened, once; the loop then takes stacks and tears down.
+    fn stop_request(&mut self) -> Option<String>;
+    /// Something the loop observed or did.
+    fn event(&mut self, event: RunEvent);
+}

@@ -1,0 +1,101 @@
+//! The commands' sessions: what `main` dispatches to once the command line is plain data. Each
+//! reads the machine once, checks what it can before anything runs, runs through the harness (or
+//! bisect), saves as it goes and prints where the report is. Exit statuses are [`crate::exit`]'s.
+//!
+//! Nothing here parses flags (that is `main`'s CLI) or decides a verdict (that is `diagnose`).
+
+mod bisect;
+mod invocation;
+mod out_dir;
+mod preflight;
+mod run;
+mod save;
+
+use std::path::Path;
+
+pub use bisect::{BisectRequest, bisect};
+pub use out_dir::sanitize;
+pub use run::{RunRequest, run};
+
+use invocation::current_exe;
+
+use crate::report;
+use crate::{Error, exit};
+
+/// `ups-doctor report DIR [--public] [--issue]`: re-renders the report from `result.json`; with
+/// `--issue` prints the text to paste and lists the files to attach.
+pub fn rerender(dir: &Path, public: bool, issue: bool) -> Result<u8, Error> {
+    let path = report::rerender_masked(dir, public)?;
+    if issue {
+        let run = report::read_run(dir)?;
+        let text = report::issue_text(&run);
+        print!("{}", text.paste);
+        eprintln!(
+            "ups-doctor: paste the {} characters above (from {}) into the issue and attach:",
+            text.paste.chars().count(),
+            path.display()
+        );
+        for file in &text.attach {
+            eprintln!("  {}", dir.join(file).display());
+        }
+    } else {
+        println!("{}", path.display());
+    }
+    Ok(exit::MET)
+}
+
+/// How `ups-doctor env` prints the machine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EnvFormat {
+    Text,
+    Json,
+    Markdown,
+}
+
+/// `ups-doctor env`: every fact, the Python on `PATH` and the trainer's libtorch included.
+pub fn print_env(format: EnvFormat, public: bool) -> Result<u8, Error> {
+    let doctor = current_exe()?;
+    let trainer = crate::harness::trainer_program(&doctor);
+    let needs = crate::probe::Needs { python: true, trainer: trainer.exists().then_some(trainer) };
+    let mut env = crate::probe::machine(&needs);
+    if public {
+        env = report::public::mask(&env, report::public::home().as_deref()).map_err(Error::Internal)?;
+    }
+    match format {
+        EnvFormat::Json => println!("{}", serde_json::to_string_pretty(&env).expect("env serialises")),
+        EnvFormat::Markdown => print!("{}", report::render_env_markdown(&env)),
+        EnvFormat::Text => print!("{}", report::render_env_text(&env)),
+    }
+    Ok(exit::MET)
+}
+
+/// `ups-doctor nvml-record`: NVML readings of every GPU as JSON lines, for test fixtures.
+pub fn nvml_record(count: u32, every_ms: u64) -> Result<u8, Error> {
+    let mut sampler =
+        crate::probe::nvml::Sampler::new().map_err(|e| Error::BadInput(format!("no GPU to record: {e}")))?;
+    let start = std::time::Instant::now();
+    for _ in 0..count {
+        let sample = crate::harness::GpuSample { t_s: start.elapsed().as_secs_f64(), gpus: sampler.sample() };
+        println!("{}", serde_json::to_string(&sample).expect("serialises"));
+        std::thread::sleep(std::time::Duration::from_millis(every_ms));
+    }
+    Ok(exit::MET)
+}
+
+/// `ups-doctor train ARGS…`: becomes the trainer executable with the same arguments, so that one
+/// rank runs exactly as the harness would start it (by hand, under torchrun or Slurm). Returns
+/// only when the trainer could not be started.
+pub fn train(args: &[std::ffi::OsString]) -> Error {
+    use std::os::unix::process::CommandExt;
+    let trainer = match current_exe() {
+        Ok(doctor) => crate::harness::trainer_program(&doctor),
+        Err(e) => return e,
+    };
+    let e = std::process::Command::new(&trainer).arg("train").args(args).exec();
+    Error::Internal(format!(
+        "failed to start the trainer `{}`: {e}\n  hint: build it beside ups-doctor (`cargo build` builds both), or \
+         name it with {}=PATH",
+        trainer.display(),
+        crate::harness::TRAINER_ENV
+    ))
+}

@@ -1,0 +1,313 @@
+//! `ups-doctor run`: load and check every scenario, read the machine once, run each scenario on
+//! this node or as one node of several, save the result as each ends, and print the matrix.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+
+use super::invocation::{Invocation, current_exe};
+use super::out_dir::{out_dir_or_fresh, sanitize};
+use super::preflight::{check_gpus, check_memory_limits, check_trainer};
+use super::save::save_honestly;
+use crate::harness::run::interrupt::{self, INTERRUPTED};
+use crate::harness::{self, Progress, ProgressMode, ScenarioInput};
+use crate::nodes::NodeConfig;
+use crate::nodes::config::NodeFlags;
+use crate::scenario::{self, Override};
+use crate::schema::{RunResult, ScenarioResult};
+use crate::{Error, exit, report};
+
+/// What `ups-doctor run` was asked, as plain data (the CLI converts its flags into this).
+pub struct RunRequest {
+    /// Scenario files or folders; empty means `scenarios/`.
+    pub paths: Vec<PathBuf>,
+    pub set: Vec<Override>,
+    pub out: Option<PathBuf>,
+    pub json: bool,
+    pub quiet: bool,
+    pub public: bool,
+    pub node: NodeFlags,
+}
+
+/// Runs the request; the exit status as [`exit`] documents it.
+pub fn run(request: RunRequest) -> Result<u8, Error> {
+    interrupt::install_handler();
+    let node = NodeConfig::resolve(&request.node, &|name| std::env::var(name).ok())
+        .map_err(|e| Error::BadInput(e.to_string()))?;
+    let inputs = load_all(&request.paths, &request.set)?;
+    let program = current_exe()?;
+    check_trainer(&inputs, &program)?;
+    let machine =
+        crate::probe::machine(&harness::machine_needs(inputs.iter().map(|i| &i.scenario), &program));
+    check_gpus(&inputs, &machine)?;
+    check_memory_limits(&inputs)?;
+    check_node_placement(node.as_ref(), &inputs)?;
+    let out_dir = out_dir_or_fresh(request.out.clone(), "")?;
+    let mode = if request.quiet { ProgressMode::Quiet } else { ProgressMode::detect() };
+    let mut session = Session {
+        invocation: Invocation::new(&out_dir, request.public),
+        progress: Progress::new(mode),
+        program,
+        result: RunResult {
+            tool_version: env!("CARGO_PKG_VERSION").to_string(),
+            started_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+            command: std::env::args().collect(),
+            environment: machine,
+            scenarios: Vec::new(),
+            not_run: Vec::new(),
+            interrupted: false,
+            stopped_by: None,
+        },
+    };
+    if let Some(config) = &node {
+        return session.run_as_node(config, &inputs[0], request.json);
+    }
+    session.run_here(&inputs, mode)?;
+    session.print(request.json)
+}
+
+/// Loads every scenario before running any: a typo in the fifth file must not cost the time of
+/// the first four, and every bad file is reported at once.
+fn load_all(paths: &[PathBuf], set: &[Override]) -> Result<Vec<ScenarioInput>, Error> {
+    let paths = if paths.is_empty() { vec![PathBuf::from("scenarios")] } else { paths.to_vec() };
+    let mut inputs = Vec::new();
+    let mut errors = Vec::new();
+    for file in scenario::scenario_files(&paths)? {
+        match scenario::load_file(&file, set) {
+            Ok(scenario) => inputs.push(ScenarioInput {
+                file,
+                overrides: set.iter().map(|o| o.raw.clone()).collect(),
+                scenario,
+            }),
+            Err(e) => errors.push(e),
+        }
+    }
+    if errors.is_empty() { Ok(inputs) } else { Err(Error::Scenarios(errors)) }
+}
+
+/// A node of several runs exactly one scenario, with the same node count as its peers.
+fn check_node_placement(node: Option<&NodeConfig>, inputs: &[ScenarioInput]) -> Result<(), Error> {
+    let Some(config) = node else { return Ok(()) };
+    if inputs.len() != 1 {
+        return Err(Error::BadInput(format!(
+            "a multi-node run runs one scenario; {} were given: run each with its own `ups-doctor run FILE --nodes …`",
+            inputs.len()
+        )));
+    }
+    let input = &inputs[0];
+    if ![1, config.nodes].contains(&input.scenario.launch.nodes) {
+        return Err(Error::BadInput(format!(
+            "{}: `launch.nodes` is {}, but this agent was placed as one of {} nodes ({}): give every node the same count",
+            input.file.display(),
+            input.scenario.launch.nodes,
+            config.nodes,
+            config.source
+        )));
+    }
+    Ok(())
+}
+
+/// One invocation's state while its scenarios run.
+struct Session {
+    invocation: Invocation,
+    progress: Progress,
+    /// The `ups-doctor` binary (node agents are started as it; ranks as the trainer beside it).
+    program: PathBuf,
+    result: RunResult,
+}
+
+impl Session {
+    fn save(&self) -> Result<(), Error> {
+        save_honestly(&self.invocation.out_dir, &self.invocation.shown(&self.result)?)
+    }
+
+    /// Every scenario on this machine (a multi-node one through local node agents), in order,
+    /// saving after each; an interrupt stops before the next.
+    fn run_here(&mut self, inputs: &[ScenarioInput], mode: ProgressMode) -> Result<(), Error> {
+        let width = inputs.len().to_string().len();
+        let out_dir = self.invocation.out_dir.clone();
+        for (i, input) in inputs.iter().enumerate() {
+            if INTERRUPTED.load(Ordering::SeqCst) {
+                self.result.interrupted = true;
+                self.result.not_run = names(&inputs[i..]);
+                self.save()?;
+                break;
+            }
+            let rel = format!("{:0width$}-{}", i + 1, sanitize(&input.scenario.name));
+            let outcome = if input.scenario.launch.nodes > 1 {
+                // Every node on this machine: node agents on loopback.
+                crate::nodes::local::run_local(
+                    input,
+                    &self.program,
+                    &out_dir,
+                    &rel,
+                    &mut self.progress,
+                    &INTERRUPTED,
+                )
+                .map_err(|e| e.into_message())
+            } else {
+                harness::run_scenario(
+                    input,
+                    &self.program,
+                    &out_dir.join(&rel),
+                    &rel,
+                    &mut self.progress,
+                    &INTERRUPTED,
+                )
+                .map_err(|e| e.to_string())
+            };
+            let scenario_result = match outcome {
+                Ok(r) => r,
+                Err(e) => {
+                    // What is on disk must say the run stopped here, and why.
+                    self.result.stopped_by = Some(e.clone());
+                    self.result.not_run = names(&inputs[i..]);
+                    self.save()?;
+                    return Err(Error::Internal(e));
+                }
+            };
+            if mode != ProgressMode::Quiet {
+                eprintln!("{}", scenario_line(&scenario_result));
+            }
+            let cut_short = scenario_result.interrupted;
+            self.result.scenarios.push(scenario_result);
+            if cut_short {
+                self.result.interrupted = true;
+                self.result.not_run = names(&inputs[i + 1..]);
+            }
+            self.save()?;
+            if cut_short {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// This machine as one node of several: node 0 coordinates and writes the run's one report;
+    /// another node keeps its own view and points at node 0's.
+    fn run_as_node(mut self, config: &NodeConfig, input: &ScenarioInput, json: bool) -> Result<u8, Error> {
+        use crate::nodes::net::NodeError;
+        use crate::nodes::run::{Finished, NodeRequest, finish, run_node};
+        let out_dir = self.invocation.out_dir.clone();
+        let rel = format!("1-{}", sanitize(&input.scenario.name));
+        let request = NodeRequest {
+            config,
+            input,
+            program: &self.program,
+            out_dir: &out_dir,
+            rel: &rel,
+            progress: &mut self.progress,
+            interrupted: &INTERRUPTED,
+        };
+        match run_node(request) {
+            Err(NodeError::BadInput(m)) => Err(Error::BadInput(m)),
+            Err(NodeError::Internal(m)) => {
+                self.result.stopped_by = Some(m.clone());
+                self.result.not_run = vec![input.scenario.name.clone()];
+                self.save()?;
+                Err(Error::Internal(m))
+            }
+            Ok(Finished::Coordinator { result: merged, coordinator }) => {
+                self.result.interrupted = merged.interrupted;
+                self.result.scenarios.push(merged);
+                self.save()?;
+                let met = self.result.scenarios.iter().all(|s| s.met_expectation);
+                finish(&coordinator, met, &out_dir.join(report::REPORT_FILE).display().to_string());
+                self.print(json)
+            }
+            Ok(Finished::Agent { result: own, met, report }) => {
+                self.result.interrupted = own.interrupted;
+                self.result.scenarios.push(own);
+                self.save()?;
+                // This node's own view is in its --out; the one report of the run is node 0's.
+                let report_path = out_dir.join(report::REPORT_FILE);
+                let Some(met) = met else {
+                    return Err(Error::Internal(format!(
+                        "node 0 (the coordinator) went away before it wrote the run's report; this node's own view: {}",
+                        report_path.display()
+                    )));
+                };
+                println!(
+                    "node {}: the run's report is on node 0: {}\nthis node's own view: {}",
+                    config.node,
+                    report.unwrap_or_default(),
+                    report_path.display()
+                );
+                Ok(status(self.result.interrupted, met))
+            }
+        }
+    }
+
+    /// The matrix and the report's path (stderr with `--json`, which prints the result instead).
+    fn print(&self, json: bool) -> Result<u8, Error> {
+        let color = !json
+            && std::io::stdout().is_terminal()
+            && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+        let matrix = report::render_matrix(&self.result, color);
+        let report_path = self.invocation.out_dir.join(report::REPORT_FILE);
+        if json {
+            eprintln!("{matrix}");
+            eprintln!("report: {}", report_path.display());
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&self.invocation.shown(&self.result)?)
+                    .expect("results serialise")
+            );
+        } else {
+            println!("{matrix}");
+            println!("report: {}", report_path.display());
+        }
+        Ok(status(self.result.interrupted, self.result.scenarios.iter().all(|s| s.met_expectation)))
+    }
+}
+
+/// `  ✓ name: headline [pattern]`, printed as each scenario ends.
+fn scenario_line(r: &ScenarioResult) -> String {
+    let mark = if r.interrupted {
+        "-"
+    } else if r.met_expectation {
+        "✓"
+    } else {
+        "✗"
+    };
+    let pattern = r.verdict.pattern.as_deref().map(|p| format!(" [{p}]")).unwrap_or_default();
+    format!("  {mark} {}: {}{pattern}", r.name, r.verdict.headline)
+}
+
+fn names(inputs: &[ScenarioInput]) -> Vec<String> {
+    inputs.iter().map(|s| s.scenario.name.clone()).collect()
+}
+
+/// The exit status of a run that ended (interrupted wins over met).
+fn status(interrupted: bool, met: bool) -> u8 {
+    if interrupted {
+        exit::INTERRUPTED
+    } else if met {
+        exit::MET
+    } else {
+        exit::NOT_MET
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_interrupted_run_exits_130_whether_or_not_it_met() {
+        assert_eq!(status(true, true), exit::INTERRUPTED);
+        assert_eq!(status(true, false), exit::INTERRUPTED);
+        assert_eq!(status(false, true), exit::MET);
+        assert_eq!(status(false, false), exit::NOT_MET);
+    }
+
+    #[test]
+    fn the_scenario_line_carries_the_mark_headline_and_pattern() {
+        let mut r = crate::report::fixtures::segv();
+        r.met_expectation = false;
+        r.interrupted = false;
+        let line = scenario_line(&r);
+        assert!(line.starts_with("  ✗ "), "{line}");
+        assert!(line.contains(&r.verdict.headline), "{line}");
+    }
+}

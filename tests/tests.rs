@@ -1,0 +1,29 @@
+//! ups-doctor's integration tests, as one test binary (ripgrep's `tests/tests.rs`): each module
+//! runs the real `ups-doctor` binary (and the trainer beside it, and real PyTorch programs) the
+//! way a user would. One binary links once and lets cargo schedule every test together.
+
+mod util;
+
+mod architecture;
+mod bad_input;
+mod bench;
+mod bisect;
+mod checkpoint;
+mod distributed;
+mod external;
+mod fsdp;
+mod fuzz;
+mod gpu;
+mod killed;
+mod launchers;
+mod lifecycle;
+mod loader;
+mod memory;
+mod nodes;
+mod oom;
+mod outcomes;
+mod patterns;
+mod reliability;
+mod render;
+mod slurm;
+mod training;
