@@ -606,3 +606,89 @@ fn stripping_keeps_code_and_drops_comments_strings_and_tests() {
         ]
     );
 }
+
+/// The functions of a file's code (comments, strings and tests blanked) whose bodies are longer
+/// than `limit` lines: `(line of the fn, name, body lines)`.
+fn long_functions(code: &str, limit: usize) -> Vec<(usize, String, usize)> {
+    let bytes = code.as_bytes();
+    let mut out = Vec::new();
+    let mut search = 0;
+    while let Some(found) = code[search..].find("fn ").map(|i| i + search) {
+        search = found + 3;
+        // A whole word `fn`, followed by a name.
+        if found > 0 && (bytes[found - 1].is_ascii_alphanumeric() || bytes[found - 1] == b'_') {
+            continue;
+        }
+        let name: String =
+            code[found + 3..].chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+        if name.is_empty() {
+            continue;
+        }
+        // Its body: the first `{` before any `;` (a declaration has none), to its match.
+        let Some(open) = code[found..].find(['{', ';']).map(|i| i + found).filter(|&i| bytes[i] == b'{')
+        else {
+            continue;
+        };
+        let mut depth = 0usize;
+        let mut close = open;
+        for (i, &b) in bytes.iter().enumerate().skip(open) {
+            match b {
+                b'{' => depth += 1,
+                b'}' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        close = i;
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+        let line = code[..found].lines().count().max(1);
+        let body = code[open..close].lines().count().saturating_sub(1);
+        if body > limit {
+            out.push((line, name, body));
+        }
+    }
+    out
+}
+
+/// No function outside tests is longer than 120 lines unless a comment right above it (its doc
+/// comment) says why, starting `Long:`; and `main.rs` is dispatch, under 200 lines.
+#[test]
+fn long_functions_say_why_and_main_is_thin() {
+    const LIMIT: usize = 120;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let main = std::fs::read_to_string(root.join("src/main.rs")).unwrap();
+    assert!(main.lines().count() < 200, "src/main.rs has {} lines", main.lines().count());
+    let mut unexplained = Vec::new();
+    for dir in CRATES {
+        let krate = Crate::load(&root.join(dir));
+        for m in krate.modules.values() {
+            let raw = std::fs::read_to_string(root.join(dir).join(&m.file)).unwrap();
+            let raw: Vec<&str> = raw.lines().collect();
+            for (line, name, body) in long_functions(&m.code, LIMIT) {
+                // The comment lines directly above the fn (and its attributes).
+                let above = raw[..line.saturating_sub(1)]
+                    .iter()
+                    .rev()
+                    .take_while(|l| l.trim_start().starts_with("//") || l.trim_start().starts_with("#["));
+                if !above.into_iter().any(|l| l.contains("Long:")) {
+                    unexplained.push(format!("{dir}/{}:{line} `{name}`: {body} lines", m.file));
+                }
+            }
+        }
+    }
+    assert!(
+        unexplained.is_empty(),
+        "functions over {LIMIT} lines without a `Long:` comment:\n{}",
+        unexplained.join("\n")
+    );
+}
+
+#[test]
+fn long_functions_are_measured_from_brace_to_brace() {
+    let code = "fn short() {\n    a();\n}\nfn decl();\npub fn long(x: u32) -> u32 {\n    if x {\n        b();\n    }\n    c()\n}\n";
+    assert_eq!(long_functions(code, 2), [(5, "long".to_string(), 4)]);
+    assert!(long_functions(code, 4).is_empty());
+}

@@ -265,6 +265,10 @@ fn signal_cause(ev: &Evidence, signal: i32) -> String {
 }
 
 /// Headline, evidence, cause and next step for the culprit's outcome, before any pattern.
+///
+/// Long: one arm per failing outcome class (the match is exhaustive over `OutcomeKind`), each
+/// writing its own headline, evidence, cause and next step; kept together so that the wording of
+/// every class reads side by side and a new class cannot be left without one.
 fn failure(ev: &Evidence, failed: &RankEvidence) -> (String, Vec<String>, Option<String>, Option<String>) {
     let r = failed.result;
     let scenario = ev.scenario;

@@ -65,71 +65,65 @@ impl Placement {
     }
 }
 
-/// Merges the nodes' results into one scenario result with its [`NodesReport`].
-pub fn merge(input: MergeInput) -> ScenarioResult {
-    let mut nodes = input.nodes;
-    nodes.sort_by_key(NodeOutcome::node);
-    let base = nodes
-        .iter()
-        .find_map(|n| match n {
-            NodeOutcome::Reported(r) if r.node == 0 => Some(r.clone()),
-            _ => None,
-        })
-        .expect("node 0 is the coordinator and always reports");
-    let base_ns = base.started_ns;
-    let lw = input.ranks_per_node;
-    let firsts = first_ranks(&nodes, lw);
-    let first_of = |node: u32| firsts.get(&node).copied().unwrap_or(node * lw);
+/// Every node's ranks (numbered globally), OOM kills, leftovers and section, on node 0's timeline.
+#[derive(Default)]
+struct Gathered {
+    ranks: Vec<RankResult>,
+    /// Each reported node's clock uncertainty, milliseconds.
+    uncertainty: Vec<(u32, f64)>,
+    oom_kills: Vec<OomKill>,
+    leftovers: Leftovers,
+    sections: Vec<NodeSection>,
+    wall_s: f64,
+    interrupted: bool,
+}
 
-    let mut ranks: Vec<RankResult> = Vec::new();
-    let mut uncertainty: Vec<(u32, f64)> = Vec::new();
-    let mut oom_kills: Vec<OomKill> = Vec::new();
-    let mut leftovers = Leftovers::default();
-    let mut sections = Vec::new();
-    let mut wall_s: f64 = 0.0;
-    let mut interrupted = false;
-    for n in &nodes {
+/// Places what every node reported (and what is known of a lost one) on node 0's timeline and
+/// the world's rank numbers.
+fn gather(nodes: &[NodeOutcome], base_ns: i64, lw: u32, first_of: &dyn Fn(u32) -> u32) -> Gathered {
+    let mut g = Gathered::default();
+    for n in nodes {
         match n {
             NodeOutcome::Reported(run) => {
                 let first = first_of(run.node);
                 let p = Placement::of(run, base_ns);
-                uncertainty.push((run.node, p.uncertainty_ms));
+                g.uncertainty.push((run.node, p.uncertainty_ms));
                 let r = &run.result;
-                interrupted |= r.interrupted;
-                wall_s = wall_s.max(p.shift_s + r.wall_s);
+                g.interrupted |= r.interrupted;
+                g.wall_s = g.wall_s.max(p.shift_s + r.wall_s);
                 for rank in &r.ranks {
-                    let mut g = rank.clone();
-                    g.rank = first + rank.rank;
-                    g.collateral = false;
-                    g.ended_at_s = p.at(g.ended_at_s);
-                    g.last_marker_at_s = p.at(g.last_marker_at_s);
-                    g.last_output_at_s = p.at(g.last_output_at_s);
-                    for span in &mut g.timeline {
+                    let mut global = rank.clone();
+                    global.rank = first + rank.rank;
+                    global.collateral = false;
+                    global.ended_at_s = p.at(global.ended_at_s);
+                    global.last_marker_at_s = p.at(global.last_marker_at_s);
+                    global.last_output_at_s = p.at(global.last_output_at_s);
+                    for span in &mut global.timeline {
                         span.start_s += p.shift_s;
                         span.end_s = p.at(span.end_s);
                     }
-                    g.dumps.extend(
+                    global.dumps.extend(
                         run.snapshots.iter().filter(|(l, _)| *l == rank.rank).map(|(_, d)| d.clone()),
                     );
                     if run.node != 0 {
-                        g.stdout_log = format!("{}:{}/{}", run.host, run.out_dir, rank.stdout_log);
-                        g.stderr_log = format!("{}:{}/{}", run.host, run.out_dir, rank.stderr_log);
+                        global.stdout_log = format!("{}:{}/{}", run.host, run.out_dir, rank.stdout_log);
+                        global.stderr_log = format!("{}:{}/{}", run.host, run.out_dir, rank.stderr_log);
                     }
-                    ranks.push(g);
+                    g.ranks.push(global);
                 }
                 for k in &r.oom_kills {
-                    oom_kills.push(OomKill {
+                    g.oom_kills.push(OomKill {
                         rank: k.rank.map(|l| first + l),
                         at_s: p.at(k.at_s),
                         ..k.clone()
                     });
                 }
-                leftovers.shm.extend(r.leftovers.shm.iter().cloned());
-                leftovers.processes.extend(r.leftovers.processes.iter().cloned().map(|mut lp| {
+                g.leftovers.shm.extend(r.leftovers.shm.iter().cloned());
+                g.leftovers.processes.extend(r.leftovers.processes.iter().cloned().map(|mut lp| {
                     lp.rank = lp.rank.map(|l| first + l);
                     lp
                 }));
-                sections.push(NodeSection {
+                g.sections.push(NodeSection {
                     node: run.node,
                     host: run.host.clone(),
                     ranks: (0..run.local_world).map(|l| first + l).collect(),
@@ -165,7 +159,7 @@ pub fn merge(input: MergeInput) -> ScenarioResult {
                 });
             }
             NodeOutcome::Lost { node, host, agent_pid, calibration, lost } => {
-                sections.push(NodeSection {
+                g.sections.push(NodeSection {
                     node: *node,
                     host: host.clone(),
                     ranks: (0..lw).map(|l| first_of(*node) + l).collect(),
@@ -185,6 +179,27 @@ pub fn merge(input: MergeInput) -> ScenarioResult {
             }
         }
     }
+    g
+}
+
+/// Merges the nodes' results into one scenario result with its [`NodesReport`].
+pub fn merge(input: MergeInput) -> ScenarioResult {
+    let mut nodes = input.nodes;
+    nodes.sort_by_key(NodeOutcome::node);
+    let base = nodes
+        .iter()
+        .find_map(|n| match n {
+            NodeOutcome::Reported(r) if r.node == 0 => Some(r.clone()),
+            _ => None,
+        })
+        .expect("node 0 is the coordinator and always reports");
+    let base_ns = base.started_ns;
+    let lw = input.ranks_per_node;
+    let firsts = first_ranks(&nodes, lw);
+    let first_of = |node: u32| firsts.get(&node).copied().unwrap_or(node * lw);
+
+    let Gathered { mut ranks, uncertainty, oom_kills, leftovers, sections, wall_s, interrupted } =
+        gather(&nodes, base_ns, lw, &first_of);
     ranks.sort_by_key(|r| r.rank);
 
     let scenario = input.scenario;
@@ -199,7 +214,6 @@ pub fn merge(input: MergeInput) -> ScenarioResult {
         cgroup: None,
         launcher,
     };
-    let crate::diagnose::Judgement { mut outcome, mut first_failure, mut verdict } = judge(&observed);
     let node_of = |rank: u32| {
         firsts.iter().find(|&(_, &f)| (f..f + lw).contains(&rank)).map_or(rank / lw.max(1), |(&n, _)| n)
     };
@@ -207,67 +221,10 @@ pub fn merge(input: MergeInput) -> ScenarioResult {
         |node: u32| sections.iter().find(|s| s.node == node).map_or_else(String::new, |s| s.host.clone());
     let u_of = |node: u32| uncertainty.iter().find(|(n, _)| *n == node).map_or(0.0, |(_, u)| *u);
 
-    // Deaths on different nodes closer than the clocks can tell apart: say so, and decide by
-    // causal evidence (a rank that lost its peer, or that we tore down, followed another).
-    let ev = Evidence::gather(&observed);
-    let cause_rank = |r: &RankResult| -> u8 {
-        let e = ev.rank(r.rank);
-        if r.torn_down_with.is_some() {
-            2
-        } else if e.is_some_and(catalog::lost_its_peer) {
-            1
-        } else {
-            0
-        }
-    };
-    let mut order_note = None;
-    if let Some(f) = first_failure.and_then(|f| ranks.iter().find(|r| r.rank == f)) {
-        let fnode = node_of(f.rank);
-        let tf = failure_time(f);
-        let rivals: Vec<&RankResult> = ranks
-            .iter()
-            .filter(|r| r.outcome != OutcomeKind::Passed && node_of(r.rank) != fnode)
-            .filter(|r| (failure_time(r) - tf).abs() * 1e3 <= u_of(fnode) + u_of(node_of(r.rank)))
-            .collect();
-        if let Some(rival) = rivals.iter().min_by(|a, b| failure_time(a).total_cmp(&failure_time(b))) {
-            let within = u_of(fnode) + u_of(node_of(rival.rank));
-            let mut candidates = vec![f, *rival];
-            candidates.sort_by(|a, b| {
-                cause_rank(a).cmp(&cause_rank(b)).then(failure_time(a).total_cmp(&failure_time(b)))
-            });
-            let chosen = candidates[0];
-            let other = candidates[1];
-            let decided = if cause_rank(chosen) < cause_rank(other) {
-                format!(
-                    "rank {} {}: rank {} is the first failure by causal evidence",
-                    other.rank,
-                    if cause_rank(other) == 2 { "was torn down by ups-doctor" } else { "lost its peer" },
-                    chosen.rank
-                )
-            } else {
-                format!(
-                    "no causal evidence tells them apart: rank {} is named by its timestamp only",
-                    chosen.rank
-                )
-            };
-            let note = format!(
-                "rank {} on {} and rank {} on {} died within ±{} of each other: order not determined; {decided}",
-                f.rank,
-                host_of(fnode),
-                rival.rank,
-                host_of(node_of(rival.rank)),
-                ms(within),
-            );
-            if chosen.rank != f.rank {
-                let again = judge(&Observed { ranks: &reordered(&ranks, chosen.rank), ..observed });
-                outcome = again.outcome;
-                verdict = again.verdict;
-                first_failure = Some(chosen.rank);
-            }
-            verdict.evidence.insert(0, capitalise(&note));
-            order_note = Some(note);
-        }
-    }
+    let judged = judge(&observed);
+    let (judged, order_note) =
+        order_across_nodes(&observed, judged, &Clocks { node_of: &node_of, host_of: &host_of, u_of: &u_of });
+    let crate::diagnose::Judgement { outcome, first_failure, verdict } = judged;
 
     // A lost node's ranks were not observed: the run is not a hang of everything.
     let unobserved: Vec<Unobserved> = sections
@@ -347,6 +304,90 @@ pub fn merge(input: MergeInput) -> ScenarioResult {
         }),
         ranks,
     }
+}
+
+/// How to place a rank: its node, that node's host and its clock uncertainty (milliseconds).
+struct Clocks<'a> {
+    node_of: &'a dyn Fn(u32) -> u32,
+    host_of: &'a dyn Fn(u32) -> String,
+    u_of: &'a dyn Fn(u32) -> f64,
+}
+
+/// The first failure across nodes: two deaths on different nodes closer than their clocks can
+/// tell apart are said to be so, and decided by causal evidence (a rank that lost its peer, or
+/// that ups-doctor tore down, followed the other) or else named by timestamp only; the note is
+/// the verdict's first line. Returns the judgement (again over reordered ranks when the causal
+/// evidence names the other rank) and the note.
+fn order_across_nodes(
+    observed: &Observed,
+    judged: crate::diagnose::Judgement,
+    c: &Clocks,
+) -> (crate::diagnose::Judgement, Option<String>) {
+    // Deaths on different nodes closer than the clocks can tell apart: say so, and decide by
+    // causal evidence (a rank that lost its peer, or that we tore down, followed another).
+    let ev = Evidence::gather(observed);
+    let cause_rank = |r: &RankResult| -> u8 {
+        let e = ev.rank(r.rank);
+        if r.torn_down_with.is_some() {
+            2
+        } else if e.is_some_and(catalog::lost_its_peer) {
+            1
+        } else {
+            0
+        }
+    };
+    let crate::diagnose::Judgement { mut outcome, mut first_failure, mut verdict } = judged;
+    let ranks = observed.ranks;
+    let mut order_note = None;
+    if let Some(f) = first_failure.and_then(|f| ranks.iter().find(|r| r.rank == f)) {
+        let fnode = (c.node_of)(f.rank);
+        let tf = failure_time(f);
+        let rivals: Vec<&RankResult> = ranks
+            .iter()
+            .filter(|r| r.outcome != OutcomeKind::Passed && (c.node_of)(r.rank) != fnode)
+            .filter(|r| (failure_time(r) - tf).abs() * 1e3 <= (c.u_of)(fnode) + (c.u_of)((c.node_of)(r.rank)))
+            .collect();
+        if let Some(rival) = rivals.iter().min_by(|a, b| failure_time(a).total_cmp(&failure_time(b))) {
+            let within = (c.u_of)(fnode) + (c.u_of)((c.node_of)(rival.rank));
+            let mut candidates = vec![f, *rival];
+            candidates.sort_by(|a, b| {
+                cause_rank(a).cmp(&cause_rank(b)).then(failure_time(a).total_cmp(&failure_time(b)))
+            });
+            let chosen = candidates[0];
+            let other = candidates[1];
+            let decided = if cause_rank(chosen) < cause_rank(other) {
+                format!(
+                    "rank {} {}: rank {} is the first failure by causal evidence",
+                    other.rank,
+                    if cause_rank(other) == 2 { "was torn down by ups-doctor" } else { "lost its peer" },
+                    chosen.rank
+                )
+            } else {
+                format!(
+                    "no causal evidence tells them apart: rank {} is named by its timestamp only",
+                    chosen.rank
+                )
+            };
+            let note = format!(
+                "rank {} on {} and rank {} on {} died within ±{} of each other: order not determined; {decided}",
+                f.rank,
+                (c.host_of)(fnode),
+                rival.rank,
+                (c.host_of)((c.node_of)(rival.rank)),
+                ms(within),
+            );
+            if chosen.rank != f.rank {
+                let again = judge(&Observed { ranks: &reordered(&ranks, chosen.rank), ..*observed });
+                outcome = again.outcome;
+                verdict = again.verdict;
+                first_failure = Some(chosen.rank);
+            }
+            verdict.evidence.insert(0, capitalise(&note));
+            order_note = Some(note);
+        }
+    }
+
+    (crate::diagnose::Judgement { outcome, first_failure, verdict }, order_note)
 }
 
 /// Where each node's ranks start in the world: node × `lw`, unless its launcher's rendezvous

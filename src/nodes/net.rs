@@ -115,6 +115,10 @@ impl Coordinator {
     /// Listens, and waits until every other node's agent joined (or `config.join_timeout`).
     /// An agent with another scenario, node count or a duplicate node rank is refused, and so is
     /// the run: every joined agent is told why.
+    ///
+    /// Long: the join protocol in one loop over the listener: every refusal (another scenario,
+    /// node count or node rank, a timeout) is answered to every agent already joined before the
+    /// run is refused, which needs the listener, the joined agents and the deadline together.
     pub fn gather(config: &NodeConfig, terms: &JoinTerms) -> Result<Coordinator, NodeError> {
         let addr = listen_address(config)?;
         let listener = TcpListener::bind(addr).map_err(|e| {

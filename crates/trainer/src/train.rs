@@ -182,6 +182,11 @@ enum Parallel {
 
 /// Trains the scenario's model on this rank. Markers report every phase; the caller turns an
 /// error into an `error` marker and exit status 1.
+///
+/// Long: it reads top to bottom as the phases its markers report (start, data generation,
+/// rendezvous, model build, resume, data loader, the step loop, checkpoint), and each phase's
+/// state (device, collective, wrapped model, optimizer, loader, fault plan) is used by the next,
+/// and the step loop (the hot path the benchmarks measure) keeps every tensor in local scope.
 pub fn train(scenario: &Scenario, env: RankEnv) -> Result<Summary, TrainError> {
     let mode = scenario.launch.mode;
     if mode == Mode::Single && env.world_size > 1 {
