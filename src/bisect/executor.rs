@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use crate::harness::{self, Progress, ProgressMode, ScenarioInput};
+use crate::harness::{Progress, ProgressMode, ScenarioInput};
 use crate::scenario::{OutcomeKind, Scenario};
 use crate::schema::{ProcessRole, ScenarioResult};
 
@@ -115,28 +115,8 @@ impl<'a> ProcessOracle<'a> {
             ScenarioInput { file: self.file.clone(), overrides: Vec::new(), scenario: candidate.clone() };
         let started = Instant::now();
         let mut quiet = Progress::new(ProgressMode::Quiet);
-        let result = if candidate.launch.nodes > 1 {
-            // A multi-node probe: every node an agent on this machine.
-            crate::nodes::local::run_local(
-                &input,
-                &self.program,
-                &self.dir,
-                &rel,
-                &mut quiet,
-                self.interrupted,
-            )
-            .map_err(|e| e.into_message())?
-        } else {
-            harness::run_scenario(
-                &input,
-                &self.program,
-                &self.dir.join(&rel),
-                &rel,
-                &mut quiet,
-                self.interrupted,
-            )
-            .map_err(|e| e.to_string())?
-        };
+        let result =
+            crate::nodes::run_scenario(&input, &self.program, &self.dir, &rel, &mut quiet, self.interrupted)?;
         // A probe cut short by the user says nothing about the candidate: never an observation.
         if result.interrupted {
             return Err(INTERRUPTED.to_string());

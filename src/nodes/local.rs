@@ -47,10 +47,8 @@ pub fn run_local(
     let file = dir.join("nodes-scenario.json");
     let json = serde_json::to_string_pretty(&input.scenario).expect("scenarios serialise");
     std::fs::write(&file, json).map_err(|e| internal(&format!("write `{}`", file.display()), e))?;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .map_err(|e| internal("find a free port on 127.0.0.1", e))?;
+    let port =
+        crate::harness::os::tcp::free_port().map_err(|e| internal("find a free port on 127.0.0.1", e))?;
     let coordinator = format!("127.0.0.1:{port}");
     let mut agents: Vec<(u32, Child)> = Vec::new();
     for node in 1..nodes {

@@ -134,28 +134,14 @@ impl Session {
                 break;
             }
             let rel = format!("{:0width$}-{}", i + 1, sanitize(&input.scenario.name));
-            let outcome = if input.scenario.launch.nodes > 1 {
-                // Every node on this machine: node agents on loopback.
-                crate::nodes::local::run_local(
-                    input,
-                    &self.program,
-                    &out_dir,
-                    &rel,
-                    &mut self.progress,
-                    &INTERRUPTED,
-                )
-                .map_err(|e| e.into_message())
-            } else {
-                harness::run_scenario(
-                    input,
-                    &self.program,
-                    &out_dir.join(&rel),
-                    &rel,
-                    &mut self.progress,
-                    &INTERRUPTED,
-                )
-                .map_err(|e| e.to_string())
-            };
+            let outcome = crate::nodes::run_scenario(
+                input,
+                &self.program,
+                &out_dir,
+                &rel,
+                &mut self.progress,
+                &INTERRUPTED,
+            );
             let scenario_result = match outcome {
                 Ok(r) => r,
                 Err(e) => {

@@ -4,6 +4,12 @@
 
 use std::collections::BTreeSet;
 
+/// A port on 127.0.0.1 that was free a moment ago (the kernel's choice for port 0). Whoever binds
+/// it next races with other programs, as torchrun's `--master-port 0` does.
+pub fn free_port() -> std::io::Result<u16> {
+    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port())
+}
+
 /// One TCP socket of a network namespace.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Socket {

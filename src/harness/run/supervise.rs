@@ -74,10 +74,10 @@ pub fn new_run_id() -> String {
     format!("{}-{n}-{nanos:08x}", std::process::id())
 }
 
-/// A port that was free a moment ago, for the rendezvous store (rank 0 binds it). The race with
-/// other programs is the same one torchrun's `--master-port 0` accepts.
+/// A port that was free a moment ago, for the rendezvous store (rank 0 binds it), else torchrun's
+/// default. The race with other programs is the same one torchrun's `--master-port 0` accepts.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map_or(29500, |a| a.port())
+    crate::harness::os::tcp::free_port().unwrap_or(29500)
 }
 
 /// What supervision observed.
