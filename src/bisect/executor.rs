@@ -115,8 +115,14 @@ impl<'a> ProcessOracle<'a> {
             ScenarioInput { file: self.file.clone(), overrides: Vec::new(), scenario: candidate.clone() };
         let started = Instant::now();
         let mut quiet = Progress::new(ProgressMode::Quiet);
-        let result =
-            crate::nodes::run_scenario(&input, &self.program, &self.dir, &rel, &mut quiet, self.interrupted)?;
+        let result = crate::nodes::local::run_scenario(
+            &input,
+            &self.program,
+            &self.dir,
+            &rel,
+            &mut quiet,
+            self.interrupted,
+        )?;
         // A probe cut short by the user says nothing about the candidate: never an observation.
         if result.interrupted {
             return Err(INTERRUPTED.to_string());

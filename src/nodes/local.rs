@@ -20,6 +20,25 @@ const JOIN_WAIT: Duration = Duration::from_secs(120);
 /// How long an agent gets to end after node 0 told it the run is over.
 const AGENT_END_WAIT: Duration = Duration::from_secs(30);
 
+/// Runs one scenario wherever its nodes are: on this machine alone, or (`launch.nodes` > 1)
+/// as every node's agent on loopback. The one entry point `run`, `bisect` and `sweep` use;
+/// `out_dir/rel` is the scenario's folder. The error is ups-doctor's own failure, as text.
+pub fn run_scenario(
+    input: &ScenarioInput,
+    program: &Path,
+    out_dir: &Path,
+    rel: &str,
+    progress: &mut Progress,
+    interrupted: &AtomicBool,
+) -> Result<crate::schema::ScenarioResult, String> {
+    if input.scenario.launch.nodes > 1 {
+        run_local(input, program, out_dir, rel, progress, interrupted).map_err(|e| e.into_message())
+    } else {
+        crate::harness::run_scenario(input, program, &out_dir.join(rel), rel, progress, interrupted)
+            .map_err(|e| e.to_string())
+    }
+}
+
 /// Runs `input` over `launch.nodes` local agents; `dir` is the scenario's folder (`out/rel`).
 pub fn run_local(
     input: &ScenarioInput,

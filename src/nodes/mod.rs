@@ -27,25 +27,6 @@ pub use config::{NodeConfig, NodeConfigError};
 pub use crate::schema::{FirstFailure, LostNode, NodeSection, NodesReport, RemoteFailureSeen, Snapshot};
 use crate::schema::{ProcessDump, ScenarioResult};
 
-/// Runs one scenario wherever its nodes are: on this machine alone, or (`launch.nodes` > 1)
-/// as every node's agent on loopback. The one entry point `run`, `bisect` and `sweep` use;
-/// `out_dir/rel` is the scenario's folder. The error is ups-doctor's own failure, as text.
-pub fn run_scenario(
-    input: &crate::harness::ScenarioInput,
-    program: &std::path::Path,
-    out_dir: &std::path::Path,
-    rel: &str,
-    progress: &mut crate::harness::Progress,
-    interrupted: &std::sync::atomic::AtomicBool,
-) -> Result<ScenarioResult, String> {
-    if input.scenario.launch.nodes > 1 {
-        local::run_local(input, program, out_dir, rel, progress, interrupted).map_err(|e| e.into_message())
-    } else {
-        crate::harness::run_scenario(input, program, &out_dir.join(rel), rel, progress, interrupted)
-            .map_err(|e| e.to_string())
-    }
-}
-
 /// What one agent sends the coordinator at the end: its node's result as it would write it on
 /// its own (ranks numbered locally), with what places it on the run's timeline.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -134,7 +134,7 @@ impl Session {
                 break;
             }
             let rel = format!("{:0width$}-{}", i + 1, sanitize(&input.scenario.name));
-            let outcome = crate::nodes::run_scenario(
+            let outcome = crate::nodes::local::run_scenario(
                 input,
                 &self.program,
                 &out_dir,
