@@ -7,7 +7,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use crate::harness::{Progress, ProgressMode, ScenarioInput};
+use crate::harness::ScenarioInput;
+use crate::harness::run::events::Silent;
 use crate::scenario::{OutcomeKind, Scenario};
 use crate::schema::{ProcessRole, ScenarioResult};
 
@@ -114,7 +115,7 @@ impl<'a> ProcessOracle<'a> {
         let input =
             ScenarioInput { file: self.file.clone(), overrides: Vec::new(), scenario: candidate.clone() };
         let started = Instant::now();
-        let mut quiet = Progress::new(ProgressMode::Quiet);
+        let mut quiet = Silent;
         let result = crate::nodes::local::run_scenario(
             &input,
             &self.program,

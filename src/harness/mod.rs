@@ -24,7 +24,6 @@ pub use classify::{Intervention, RankEnd, classify_rank};
 pub use external::{find_program, find_py_spy, kernel_threads, py_spy_dump};
 pub use observe::capture::make_room;
 pub use observe::gpu::{GpuRecorder, GpuSample, clock_reason_names};
-pub use observe::progress::{Progress, ProgressMode};
 pub use observe::state::RankState;
 use os::namespace;
 pub use os::process::Exit;
@@ -212,7 +211,7 @@ pub fn run_scenario(
     program: &Path,
     dir: &Path,
     rel: &str,
-    progress: &mut Progress,
+    progress: &mut dyn run::events::Listener,
     interrupted: &AtomicBool,
 ) -> Result<ScenarioResult, HarnessError> {
     run_scenario_on_node(input, program, dir, rel, progress, interrupted, None)
@@ -226,7 +225,7 @@ pub fn run_scenario_on_node(
     program: &Path,
     dir: &Path,
     rel: &str,
-    progress: &mut Progress,
+    progress: &mut dyn run::events::Listener,
     interrupted: &AtomicBool,
     node: Option<(&crate::harness::plan::NodePlacement, &mut dyn crate::harness::run::events::Listener)>,
 ) -> Result<ScenarioResult, HarnessError> {

@@ -8,7 +8,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
-use crate::harness::{Progress, ScenarioInput};
+use crate::harness::ScenarioInput;
+use crate::harness::run::events::Listener;
 use crate::schema::ScenarioResult;
 
 use super::NodeConfig;
@@ -28,7 +29,7 @@ pub fn run_scenario(
     program: &Path,
     out_dir: &Path,
     rel: &str,
-    progress: &mut Progress,
+    progress: &mut dyn Listener,
     interrupted: &AtomicBool,
 ) -> Result<crate::schema::ScenarioResult, String> {
     if input.scenario.launch.nodes > 1 {
@@ -45,7 +46,7 @@ pub fn run_local(
     program: &Path,
     out_dir: &Path,
     rel: &str,
-    progress: &mut Progress,
+    progress: &mut dyn Listener,
     interrupted: &AtomicBool,
 ) -> Result<ScenarioResult, NodeError> {
     let nodes = input.scenario.launch.nodes;

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
-use crate::harness::{self, HarnessError, Progress, ScenarioInput};
+use crate::harness::{self, HarnessError, ScenarioInput};
 use crate::schema::{ProcessDump, ProcessRole, ScenarioResult};
 
 use super::clock::{self, Calibration};
@@ -31,7 +31,7 @@ pub struct NodeRequest<'a> {
     /// The run's folder (`--out`) and the scenario's folder in it.
     pub out_dir: &'a Path,
     pub rel: &'a str,
-    pub progress: &'a mut Progress,
+    pub progress: &'a mut dyn Listener,
     pub interrupted: &'a AtomicBool,
 }
 
@@ -207,7 +207,10 @@ fn wire_event(event: &RunEvent, p: &NodePlacement) -> Option<NodeEvent> {
         RunEvent::TearingDown { stacks_answered, .. } => {
             NodeEvent::TearingDown { stacks_answered: *stacks_answered }
         }
-        RunEvent::Tick { .. } | RunEvent::Placed { .. } => return None,
+        RunEvent::Tick { .. }
+        | RunEvent::Placed { .. }
+        | RunEvent::ScenarioStarted { .. }
+        | RunEvent::ScenarioFinished { .. } => return None,
     })
 }
 

@@ -18,6 +18,7 @@ mod bisect;
 mod environment;
 mod files;
 mod gpu;
+pub mod live;
 mod markdown;
 mod markup;
 mod matrix;

@@ -10,11 +10,12 @@ use super::out_dir::{out_dir_or_fresh, sanitize};
 use super::preflight::{check_gpus, check_memory_limits, check_trainer};
 use super::save::save_honestly;
 use crate::harness::run::interrupt::{self, INTERRUPTED};
-use crate::harness::{self, Progress, ProgressMode, ScenarioInput};
+use crate::harness::{self, ScenarioInput};
 use crate::nodes::NodeConfig;
 use crate::nodes::config::NodeFlags;
+use crate::report::live::{Progress, ProgressMode};
 use crate::scenario::{self, Override};
-use crate::schema::{RunResult, ScenarioResult};
+use crate::schema::RunResult;
 use crate::{Error, exit, report};
 
 /// What `ups-doctor run` was asked, as plain data (the CLI converts its flags into this).
@@ -153,7 +154,7 @@ impl Session {
                 }
             };
             if mode != ProgressMode::Quiet {
-                eprintln!("{}", scenario_line(&scenario_result));
+                eprintln!("{}", crate::report::live::scenario_line(&scenario_result));
             }
             let cut_short = scenario_result.interrupted;
             self.result.scenarios.push(scenario_result);
@@ -247,19 +248,6 @@ impl Session {
     }
 }
 
-/// `  ✓ name: headline [pattern]`, printed as each scenario ends.
-fn scenario_line(r: &ScenarioResult) -> String {
-    let mark = if r.interrupted {
-        "-"
-    } else if r.met_expectation {
-        "✓"
-    } else {
-        "✗"
-    };
-    let pattern = r.verdict.pattern.as_deref().map(|p| format!(" [{p}]")).unwrap_or_default();
-    format!("  {mark} {}: {}{pattern}", r.name, r.verdict.headline)
-}
-
 fn names(inputs: &[ScenarioInput]) -> Vec<String> {
     inputs.iter().map(|s| s.scenario.name.clone()).collect()
 }
@@ -285,15 +273,5 @@ mod tests {
         assert_eq!(status(true, false), exit::INTERRUPTED);
         assert_eq!(status(false, true), exit::MET);
         assert_eq!(status(false, false), exit::NOT_MET);
-    }
-
-    #[test]
-    fn the_scenario_line_carries_the_mark_headline_and_pattern() {
-        let mut r = crate::report::fixtures::segv();
-        r.met_expectation = false;
-        r.interrupted = false;
-        let line = scenario_line(&r);
-        assert!(line.starts_with("  ✗ "), "{line}");
-        assert!(line.contains(&r.verdict.headline), "{line}");
     }
 }

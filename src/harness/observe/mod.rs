@@ -1,13 +1,12 @@
 //! What the harness observes of running processes, as plain data: per-rank state folded from
 //! markers ([`state`]), captured output ([`capture`]) and the error lines worth quoting
 //! ([`quotes`]), memory and `/dev/shm` samples ([`memory`]), GPU samples ([`gpu`]), OOM kills
-//! ([`oom`]) and the live progress line ([`progress`]). It decides nothing about teardown (that is
+//! ([`oom`]). It decides nothing about teardown (that is
 //! `run`'s) and sends no signal.
 
 pub mod capture;
 pub mod gpu;
 pub mod memory;
 pub mod oom;
-pub mod progress;
 pub mod quotes;
 pub mod state;

@@ -3,16 +3,23 @@
 //! another node: the loop then takes stacks of its ranks and tears them down, as on an
 //! interrupt). The node link of a multi-node run is one; a single-node run passes none.
 
+use std::time::Duration;
+
 use crate::harness::RankState;
 
 /// What the loop saw and did; times are seconds since the scenario started on this node, ranks
 /// are this node's (local) ranks.
 #[derive(Debug)]
 pub enum RunEvent<'a> {
+    /// The scenario's supervision began: its name, ranks on this node and the steps it trains.
+    ScenarioStarted { name: &'a str, ranks: u32, steps: u64 },
+    /// The supervision loop ended (teardown done; the result is judged next).
+    ScenarioFinished { at_s: f64 },
     /// The ranks were started (pids by local rank; `None` where one failed to start).
     Started { at_s: f64, pids: Vec<Option<u32>> },
-    /// Every 50 ms while a link is given (the link cannot wake the loop, so the loop reads it at
-    /// this pace): rank states so far, and the pids of ranks still running (by local rank).
+    /// At the pace the listener asked for ([`Listener::tick_every`]; the loop cannot be woken by a
+    /// listener, so it reads it at this pace): rank states so far, and the pids of ranks still
+    /// running (by local rank).
     Tick { at_s: f64, states: &'a [&'a RankState], pids: &'a [Option<u32>] },
     /// A rank ended; `failed` when it failed on its own.
     RankEnded { rank: u32, at_s: f64, failed: bool, how: String },
@@ -27,11 +34,25 @@ pub enum RunEvent<'a> {
     TearingDown { at_s: f64, stacks_answered: bool },
 }
 
-/// One who listens to the loop: told every event, asked each tick whether to stop.
+/// One who listens to the loop: told every event, asked each tick whether to stop. The live
+/// output is one (`report::live`), the node link of a multi-node run another.
 pub trait Listener {
-    /// A failure on another node (or of the run's other nodes) that this node must act on:
-    /// what happened, once; the loop then takes stacks and tears down.
-    fn stop_request(&mut self) -> Option<String>;
+    /// A failure elsewhere (on another node) that this run must act on: what happened, once; the
+    /// loop then takes stacks and tears down.
+    fn stop_request(&mut self) -> Option<String> {
+        None
+    }
+    /// How often this listener wants a [`RunEvent::Tick`] (`None`: never).
+    fn tick_every(&self) -> Option<Duration> {
+        None
+    }
     /// Something the loop observed or did.
     fn event(&mut self, event: RunEvent);
+}
+
+/// A listener that hears nothing: bisect's probes and node agents' quiet runs.
+pub struct Silent;
+
+impl Listener for Silent {
+    fn event(&mut self, _: RunEvent) {}
 }

@@ -22,7 +22,6 @@ use crate::harness::classify::{Intervention, RankEnd};
 use crate::harness::external;
 use crate::harness::observe::memory::MemoryRecorder;
 use crate::harness::observe::oom::OomWatch;
-use crate::harness::observe::progress::{Progress, ProgressMode};
 use crate::harness::observe::quotes;
 use crate::harness::observe::state::RankState;
 use crate::harness::os::cgroup::ScenarioCgroup;
@@ -50,7 +49,6 @@ const REDISCOVER_EVERY: Duration = Duration::from_millis(250);
 /// How often a launcher's rank is looked for in `/proc` while it may be a zombie.
 const ZOMBIE_POLL: Duration = Duration::from_millis(2);
 /// How often the live progress line is redrawn (never with `--quiet`).
-const PROGRESS_EVERY: Duration = Duration::from_millis(250);
 /// How often the link to the other nodes of a multi-node run is read and told of progress: it
 /// has no way to wake the loop.
 const LINK_EVERY: Duration = Duration::from_millis(50);
@@ -328,7 +326,7 @@ struct Supervisor<'p, 'l> {
 pub fn supervise<'p, 'l>(
     plan: &'p Plan,
     res: &'p Resources<'p>,
-    progress: &mut Progress,
+    live: &mut dyn Listener,
     interrupted: &AtomicBool,
     link: Option<&'l mut (dyn Listener + 'l)>,
 ) -> Supervised {
@@ -369,9 +367,13 @@ pub fn supervise<'p, 'l>(
         pressure: super::sampler::MemoryPressure { cgroup: res.cgroup.and_then(|c| c.usage_file()) },
     })
     .ok();
-    progress.scenario_started(&res.scenario.name, plan.world);
-    s.run(progress, interrupted, &queue, &wakes);
-    progress.scenario_finished();
+    live.event(RunEvent::ScenarioStarted {
+        name: &res.scenario.name,
+        ranks: plan.world,
+        steps: res.scenario.train.steps,
+    });
+    s.run(live, interrupted, &queue, &wakes);
+    live.event(RunEvent::ScenarioFinished { at_s: s.since(Instant::now()) });
     s.finish(&queue, swept, &shm_dir, &shm_before)
 }
 
@@ -383,13 +385,12 @@ impl Supervisor<'_, '_> {
     /// The loop: look, let the machine decide, act, sleep until news or the next deadline.
     fn run(
         &mut self,
-        progress: &mut Progress,
+        live: &mut dyn Listener,
         interrupted: &AtomicBool,
         queue: &Receiver<Event>,
         wakes: &Receiver<()>,
     ) {
-        let scenario = self.res.scenario;
-        let live_progress = progress.mode() != ProgressMode::Quiet;
+        let live_every = live.tick_every();
         let mut next_progress = self.start;
         let mut input = Input::Changed;
         loop {
@@ -402,10 +403,9 @@ impl Supervisor<'_, '_> {
                 self.discover(now);
             }
             self.share_membership();
-            if live_progress && now >= next_progress {
-                let states: Vec<&RankState> = self.slots.iter().map(|s| &s.end.state).collect();
-                progress.update(&scenario.name, self.start.elapsed(), scenario.train.steps, &states);
-                next_progress = now + PROGRESS_EVERY;
+            if let Some(every) = live_every.filter(|_| now >= next_progress) {
+                self.tick(live, now);
+                next_progress = now + every;
             }
             if let Some(what) = self.tell_link(now)
                 && input != Input::Interrupt
@@ -446,7 +446,7 @@ impl Supervisor<'_, '_> {
                 self.machine.next_deadline(&view).map(|d| self.start + d),
                 self.slots.iter().filter_map(|slot| slot.drain_deadline(drain)).min(),
                 self.launcher.as_ref().filter(|_| self.looking_for_ranks()).map(|l| l.next_discovery),
-                live_progress.then_some(next_progress),
+                live_every.map(|_| next_progress),
                 self.link.as_ref().map(|_| self.next_link),
             ]
             .into_iter()
@@ -454,10 +454,16 @@ impl Supervisor<'_, '_> {
             .min();
             input = self.wait(queue, wakes, deadline);
         }
-        if live_progress {
-            let states: Vec<&RankState> = self.slots.iter().map(|s| &s.end.state).collect();
-            progress.update(&scenario.name, self.start.elapsed(), scenario.train.steps, &states);
+        if live_every.is_some() {
+            self.tick(live, Instant::now());
         }
+    }
+
+    /// Tells `listener` where every rank is now.
+    fn tick(&self, listener: &mut dyn Listener, now: Instant) {
+        let states: Vec<&RankState> = self.slots.iter().map(|s| &s.end.state).collect();
+        let pids: Vec<Option<u32>> = self.slots.iter().map(|s| s.end.pid.filter(|_| s.live())).collect();
+        listener.event(RunEvent::Tick { at_s: self.since(now), states: &states, pids: &pids });
     }
 
     /// Tells the link (on one node of several) what happened since it was last told, and reads

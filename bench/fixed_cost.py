@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""What ups-doctor costs around a program, side by side in one run (standard library only).
+
+    python3 bench/fixed_cost.py [--binary target/release/ups-doctor] [--python VENV_PYTHON]
+                                [--runs 15] [--pairs 7] [--steps 3000] [--out FILE.md]
+
+1. `ups-doctor --version`: the start of the binary alone (it links no libtorch).
+2. `ups-doctor run` of a one-line scenario whose command is `true`: the fixed cost of a run
+   (reading the machine, planning, supervising, judging, writing result.json and report.md).
+3. A real DDP program under torchrun (2 CPU ranks, gloo: tests/programs/ddp.py, a DDP MLP whose
+   step count sets its length), bare and under `ups-doctor run`, interleaved A B A B after one
+   thrown-away warm-up pair: wall time of each, and bare/under per pair (1.0 = no cost).
+
+Medians with min–max. Nothing here is asserted by the test suite.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def wall(cmd, env=None, cwd=None):
+    start = time.perf_counter()
+    done = subprocess.run(cmd, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    took = time.perf_counter() - start
+    if done.returncode != 0:
+        sys.exit(f"fixed_cost: {' '.join(map(str, cmd))} exited {done.returncode}:\n{done.stderr.decode()[-2000:]}")
+    return took
+
+
+def stat(values):
+    return f"{statistics.median(values):.3f} ({min(values):.3f}–{max(values):.3f})"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--binary", default=str(REPO / "target" / "release" / "ups-doctor"))
+    ap.add_argument("--python", default=os.environ.get("UPS_DOCTOR_PYTHON"))
+    ap.add_argument("--runs", type=int, default=15)
+    ap.add_argument("--pairs", type=int, default=7)
+    ap.add_argument("--steps", type=int, default=3000)
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    binary = Path(args.binary).resolve()
+    if not binary.exists():
+        sys.exit(f"fixed_cost: no binary at {binary}: run `./x release`")
+    work = Path(tempfile.mkdtemp(prefix="ups-fixed-cost-"))
+    lines = [f"`{' '.join(sys.argv)}`, binary `{binary}`", ""]
+
+    version = [wall([binary, "--version"]) for _ in range(args.runs)]
+    true_file = work / "true.json"
+    true_file.write_text(json.dumps({"name": "true", "command": ["true"]}))
+    runs = [
+        wall([binary, "run", true_file, "--quiet", "--out", work / f"true-{i}"], cwd=work) for i in range(args.runs)
+    ]
+    lines += [
+        "| what | wall s, median (min–max) | runs |",
+        "| --- | --- | --- |",
+        f"| `ups-doctor --version` | {stat(version)} | {args.runs} |",
+        f"| `ups-doctor run` of `{{\"command\": [\"true\"]}}` | {stat(runs)} | {args.runs} |",
+    ]
+
+    if args.python:
+        venv_bin = str(Path(args.python).parent)
+        env = dict(os.environ, PATH=venv_bin + os.pathsep + os.environ.get("PATH", ""), OMP_NUM_THREADS="1")
+        program = REPO / "tests" / "programs" / "ddp.py"
+        argv = ["torchrun", "--nproc_per_node", "2", str(program), "--steps", str(args.steps)]
+        ddp_file = work / "ddp.json"
+        ddp_file.write_text(
+            json.dumps({"name": "ddp", "command": argv, "launch": {"world_size": 2, "style": "launcher"}})
+        )
+        bare, under = [], []
+        for i in range(args.pairs + 1):
+            b = wall(argv, env=env, cwd=work)
+            u = wall([binary, "run", ddp_file, "--quiet", "--out", work / f"ddp-{i}"], env=env, cwd=work)
+            if i > 0:  # the first pair warms the page cache
+                bare.append(b)
+                under.append(u)
+        ratios = [b / u for b, u in zip(bare, under)]
+        lines += [
+            "",
+            f"Real DDP program under torchrun (2 CPU ranks, gloo, `tests/programs/ddp.py --steps {args.steps}`), "
+            f"{args.pairs} interleaved pairs after one warm-up:",
+            "",
+            "| contender | wall s, median (min–max) |",
+            "| --- | --- |",
+            f"| bare `torchrun` | {stat(bare)} |",
+            f"| under `ups-doctor run` | {stat(under)} |",
+            f"| bare / under, per pair (1.0: no cost) | {stat(ratios)} |",
+        ]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text)
+
+
+if __name__ == "__main__":
+    main()
