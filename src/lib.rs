@@ -5,6 +5,7 @@
 //! process and talk to ranks only through processes and the [`protocol`] markers; [`diagnose`] judges
 //! what they left, without IO. [`schema`] holds the result types they all read.
 
+pub mod attach;
 pub mod bisect;
 pub mod diagnose;
 mod error;

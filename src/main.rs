@@ -55,6 +55,9 @@ enum Command {
     /// Cut a failing scenario down to a 1-minimal configuration that still fails the same way.
     #[command(after_help = exit::HELP)]
     Bisect(BisectArgs),
+    /// Diagnose a PyTorch job that is already running (never started under ups-doctor), read-only.
+    #[command(after_help = exit::HELP)]
+    Attach(ups_doctor::attach::AttachArgs),
     /// Re-render report.md (and each scenario's full report) from a run folder's result.json.
     #[command(after_help = exit::HELP)]
     Report {
@@ -148,6 +151,7 @@ fn main() -> ExitCode {
         }
         Command::Report { dir, public, issue } => rerender(&dir, public, issue),
         Command::Bisect(args) => bisect(args),
+        Command::Attach(args) => ups_doctor::attach::command(args),
         Command::Env { json, markdown, public } => print_env(json, markdown, public),
         Command::CudaProbe => {
             println!("{}", serde_json::to_string(&trainer::cuda::support()).expect("serialises"));

@@ -8,7 +8,7 @@ pub mod catalog;
 pub mod evidence;
 mod verdict;
 
-pub use catalog::{ALL as PATTERNS, Pattern, SHM_FULL_SHARE, input_bound, used_of};
+pub use catalog::{ALL as PATTERNS, Pattern, SHM_FULL_SHARE, collective_of, input_bound, used_of};
 pub use evidence::{KeyLine, Observed, key_line, last_error_line};
 pub use verdict::{Judgement, judge, looked_like_ranks};
 

@@ -13,7 +13,7 @@ mod numeric;
 
 use super::evidence::{Evidence, RankEvidence};
 
-pub use distributed::odd_rank_by_markers;
+pub use distributed::{collective_of, odd_rank_by_markers};
 pub use loader::{SHM_FULL_SHARE, input_bound, used_of};
 
 /// A known failure pattern.
