@@ -101,8 +101,17 @@ fn argv(pid: u32) -> Vec<String> {
 
 /// Whether `pid` is a process that starts ranks: a known launcher, `python -m
 /// torch.distributed.run`, or a parent of `multiprocessing` spawn children.
+/// torchrun's own argv is often `python …/bin/torchrun …` (its script run by the interpreter),
+/// so a process whose child has a rank variable that it lacks itself is a launcher too.
 fn is_launcher(pid: u32, children: &BTreeMap<u32, Vec<u32>>) -> bool {
-    auto_style(&argv(pid)).0 || children.get(&pid).into_iter().flatten().any(|&c| is_spawn_child(c))
+    let mine = memory::environ(pid).and_then(|e| rank_of(&e));
+    let args = argv(pid);
+    let script_is_launcher = args.iter().skip(1).take(2).any(|a| auto_style(&[a.clone()]).0);
+    auto_style(&args).0
+        || script_is_launcher
+        || children.get(&pid).into_iter().flatten().any(|&c| {
+            is_spawn_child(c) || memory::environ(c).and_then(|e| rank_of(&e)).is_some_and(|r| Some(r) != mine)
+        })
 }
 
 /// Finds the job `pid` belongs to.

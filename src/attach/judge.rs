@@ -6,7 +6,7 @@
 use crate::diagnose::evidence::{StackFrame, py_spy_threads};
 use crate::diagnose::{Observed, collective_of, judge};
 use crate::scenario::{OutcomeKind, Scenario};
-use crate::schema::{Leftovers, ProcessDump, ProcessRole, RankResult, Verdict};
+use crate::schema::{KernelThread, Leftovers, ProcessDump, ProcessRole, RankResult, Verdict};
 
 use super::watch::Watched;
 
@@ -72,7 +72,12 @@ pub struct RankView {
     /// The last readable `py-spy` text, and why a look failed.
     pub py_spy: Option<String>,
     pub error: Option<String>,
+    /// Each thread's kernel state at the last look.
+    pub threads: Vec<KernelThread>,
 }
+
+/// How a dump taken by `attach` says when it was taken (the report reads the `attach` prefix).
+pub const TAKEN: &str = "attach: read at the end of the window, without stopping the process";
 
 impl RankView {
     /// Where the main thread is: `` `barrier` (torch/distributed/distributed_c10d.py:5037) ← ddp.py:48 ``.
@@ -158,6 +163,7 @@ pub fn view(ranks: &[(u32, u32)], watched: &[Watched], window_s: f64) -> Vec<Ran
                 frames: last.map(|(_, f)| f.clone()).unwrap_or_default(),
                 py_spy: last.map(|(t, _)| t.to_string()),
                 error: looks.iter().rev().find_map(|l| l.error.clone()),
+                threads: looks.last().map(|l| l.threads.clone()).unwrap_or_default(),
             }
         })
         .collect()
@@ -234,10 +240,10 @@ fn rank_result(v: &RankView, outcome: OutcomeKind, children: &[(u32, ProcessDump
         pid: v.pid,
         rank: v.rank,
         role: ProcessRole::Rank,
-        taken: None,
+        taken: Some(TAKEN.to_string()),
         py_spy: v.py_spy.clone(),
         error: if v.py_spy.is_none() { v.error.clone() } else { None },
-        threads: Vec::new(),
+        threads: v.threads.clone(),
     }];
     dumps.extend(children.iter().filter(|(r, _)| *r == v.rank).map(|(_, d)| d.clone()));
     RankResult {
@@ -388,9 +394,18 @@ pub fn conclude(
                     .filter(|v| v.motion == Motion::Busy)
                     .map(|v| format!(" It is busy, not waiting: CPU {} in the window.", seconds(v.cpu_s)))
                     .unwrap_or_default();
+                // The judge's account, without its sentence on collateral: a rank that waits
+                // has not failed.
+                let account: Vec<&str> = j
+                    .verdict
+                    .headline
+                    .trim_start_matches("Ranks out of step: ")
+                    .split_inclusive(". ")
+                    .filter(|s| !s.contains("(collateral)"))
+                    .collect();
                 format!(
-                    "Hung: rank {r} is the one the others wait for. {}{busy}",
-                    j.verdict.headline.trim_start_matches("Ranks out of step: ")
+                    "Hung: rank {r} is the one the others wait for: {}{busy}",
+                    account.concat().trim_end()
                 )
             }
             None => format!("Hung: cannot tell which rank the others wait for; the classes: {class_text}."),
@@ -402,7 +417,14 @@ pub fn conclude(
         for line in &j.verdict.evidence {
             // The judge's account of a named rank stands only where the rank was separated.
             if odd.is_some() || !line.starts_with("from py-spy stacks") {
-                if !evidence.contains(line) && !line.starts_with("rank ") {
+                // Lines about markers, output and collateral speak of a run ups-doctor started.
+                let of_a_run =
+                    ["rank ", "no marker", "collateral:", "1 process(es) looked at", "process(es) looked at"];
+                if !evidence.contains(line)
+                    && !of_a_run
+                        .iter()
+                        .any(|p| line.starts_with(p) || line.contains("looked at from outside"))
+                {
                     evidence.push(line.clone());
                 }
             }

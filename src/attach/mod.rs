@@ -155,7 +155,7 @@ fn attach_one(pid: u32, out: &Path, window: Duration, native: bool) -> Result<St
                     pid: c,
                     rank,
                     role: ProcessRole::Child,
-                    taken: None,
+                    taken: Some(judge::TAKEN.to_string()),
                     py_spy: last.py_spy.clone(),
                     error: last.error.clone(),
                     threads: last.threads.clone(),
@@ -184,10 +184,14 @@ fn attach_one(pid: u32, out: &Path, window: Duration, native: bool) -> Result<St
     let mut front = vec![format!(
         "attached at {started_at} to a job already running (not started under ups-doctor), found from pid {pid}; \
          watched {window_s:.1} s, {} looks at each of its {} processes; read-only: no signal sent, nothing written \
-         into its processes; stacks by `py-spy dump {}`",
+         into its processes; stacks by {}",
         options.looks,
         pids.len(),
-        if native { "--native` (each process paused while read)" } else { "--nonblocking` (never stopped)" }
+        if native {
+            "`py-spy dump --native` (each process paused while read)"
+        } else {
+            "`py-spy dump --nonblocking` (never stopped)"
+        }
     )];
     front.push(format!(
         "the job: {}{}; {}{of} found here{}",
