@@ -106,7 +106,7 @@ fn argv(pid: u32) -> Vec<String> {
 fn is_launcher(pid: u32, children: &BTreeMap<u32, Vec<u32>>) -> bool {
     let mine = memory::environ(pid).and_then(|e| rank_of(&e));
     let args = argv(pid);
-    let script_is_launcher = args.iter().skip(1).take(2).any(|a| auto_style(&[a.clone()]).0);
+    let script_is_launcher = args.iter().skip(1).take(2).any(|a| auto_style(std::slice::from_ref(a)).0);
     auto_style(&args).0
         || script_is_launcher
         || children.get(&pid).into_iter().flatten().any(|&c| {

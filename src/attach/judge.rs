@@ -101,20 +101,25 @@ pub fn main_frames(text: &str, pid: u32) -> Vec<StackFrame> {
 /// Whether a frame is in the user's own code (not PyTorch's, not the standard library's).
 fn own_code(f: &StackFrame) -> bool {
     let place = f.place.as_deref().unwrap_or_default();
-    !(place.is_empty()
-        || place.starts_with("torch/")
-        || place.contains("site-packages")
-        || place.contains("/lib/python")
-        || place.starts_with("<")
-        || ["threading.py", "multiprocessing/", "selectors.py", "queue.py", "socket.py", "runpy.py"]
-            .iter()
-            .any(|s| place.starts_with(s)))
+    place.contains(".py")
+        && !(place.starts_with("torch/")
+            || place.contains("site-packages")
+            || place.contains("/lib/python")
+            || place.starts_with("<")
+            || ["threading.py", "multiprocessing/", "selectors.py", "queue.py", "socket.py", "runpy.py"]
+                .iter()
+                .any(|s| place.starts_with(s)))
 }
 
 /// `` `fn` (place) ← own.py:12 ``: the innermost frame, and the innermost frame of the user's own
 /// code when that is another.
 pub fn place(frames: &[StackFrame]) -> String {
-    let Some(top) = frames.first() else { return "no Python frame".to_string() };
+    // With native frames (`--native`) the innermost ones are anonymous addresses in libc, which
+    // differ between processes: a rank is placed by its innermost Python frame, else its innermost
+    // named one.
+    let python = frames.iter().find(|f| f.place.as_deref().is_some_and(|p| p.contains(".py:")));
+    let named = || frames.iter().find(|f| !f.function.starts_with("0x"));
+    let Some(top) = python.or_else(named).or(frames.first()) else { return "no Python frame".to_string() };
     let at = |f: &StackFrame| match &f.place {
         Some(p) => format!("`{}` ({p})", f.function),
         None => format!("`{}`", f.function),
@@ -576,6 +581,22 @@ mod tests {
             "{:?}",
             j.verdict.evidence
         );
+    }
+
+    #[test]
+    fn with_native_frames_a_rank_is_placed_by_its_innermost_python_frame() {
+        let text = dump(
+            10,
+            &[
+                "0x7f22fdca3f16 (libc.so.6)",
+                "c10d::Reducer::finalize_backward (libtorch_cpu.so)",
+                "_engine_run_backward (torch/autograd/graph.py:869)",
+                "<module> (ddp.py:52)",
+            ],
+        );
+        let frames = main_frames(&text, 10);
+        assert_eq!(place(&frames), "`_engine_run_backward` (torch/autograd/graph.py:869) ← ddp.py:52");
+        assert_eq!(place(&frames[..2]), "`c10d::Reducer::finalize_backward` (libtorch_cpu.so)");
     }
 
     #[test]

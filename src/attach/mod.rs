@@ -407,3 +407,18 @@ fn list() -> Result<ExitCode, Error> {
     }
     Ok(ExitCode::from(exit::MET))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn py_spys_refusals_give_one_message_with_the_fix() {
+        assert!(refused("Error: Permission denied (os error 13)"));
+        assert!(refused("Error: Operation not permitted (os error 1)"));
+        assert!(!refused("Error: Failed to find python version from target process"));
+        let hint = ptrace_hint(&[12, 34]);
+        assert!(hint.starts_with("stacks cannot be read: py-spy was refused access to pid 12, 34"), "{hint}");
+        assert!(hint.contains("--cap-add SYS_PTRACE") && hint.contains("kernel.yama.ptrace_scope"), "{hint}");
+    }
+}
