@@ -319,4 +319,45 @@ fn an_mp_spawn_rank_that_skipped_a_collective_is_named_or_not_told_and_its_worke
         a.attach["processes"].as_array().unwrap().iter().filter(|p| p["who"]["role"] == "child").count();
     assert_eq!(children, 4, "{:#}", a.attach["processes"]);
     assert!(Path::new(&sb.path().join(format!("attach-{}", job.pid()))).join("report.md").exists());
+    // From a DataLoader worker's pid: the same job, the same ranks.
+    let worker = children_of(ranks[0])[0];
+    let from_worker = attach(&sb, worker);
+    assert_eq!(from_worker.attach["launcher"], job.pid(), "{:#}", from_worker.attach);
+    assert_eq!(from_worker.attach["ranks_found"], serde_json::json!([0, 1]));
+}
+
+#[test]
+fn a_rank_gone_before_the_rendezvous_makes_the_job_failed_and_the_rank_missing() {
+    let sb = Sandbox::new();
+    let script = program("launchers.py");
+    let site = repo().join("tests/programs/attach_stall").display().to_string();
+    let job = Job::start(
+        &sb,
+        &torchrun(2, free_port(), &[&script, "--launcher", "env", "--steps", "1000"]),
+        &[("PYTHONPATH", site), ("ATTACH_EXIT_RANK", "1".into())],
+    );
+    // Rank 0 alone, waiting for rank 1 in `init_process_group`.
+    assert!(
+        job.reaches(|| {
+            let ranks = job.ranks();
+            ranks.len() == 1 && stack(ranks[0]).contains("init_process_group")
+        }),
+        "rank 0 waits alone at the rendezvous:\n{}",
+        job.output()
+    );
+    let before = snapshot(&job.processes());
+    // From rank 0's pid this time: the job is found from any rank.
+    let a = attach(&sb, job.ranks()[0]);
+    assert_untouched(&before, &job, true);
+    assert_eq!(a.code, 1, "stderr:\n{}", a.stderr);
+    assert_eq!(a.attach["state"], "failed", "{:#}", a.attach);
+    assert_eq!(a.attach["launcher"], job.pid());
+    assert_eq!(a.attach["ranks_found"], serde_json::json!([0]));
+    assert_eq!(a.attach["ranks_missing"], serde_json::json!([1]));
+    let verdict = &a.result["scenarios"][0]["verdict"];
+    let headline = verdict["headline"].as_str().unwrap();
+    assert!(headline.starts_with("Failed: rank 1 gone before or during the window"), "{headline}");
+    assert!(headline.contains("rank 0 in"), "{headline}");
+    let evidence = verdict["evidence"].to_string();
+    assert!(evidence.contains("rank 1 of WORLD_SIZE 2 not found on this machine"), "{evidence}");
 }

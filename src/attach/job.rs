@@ -95,6 +95,13 @@ fn is_spawn_child(pid: u32) -> bool {
         .is_some_and(|c| c.contains("--multiprocessing-fork") && !c.contains("resource_tracker"))
 }
 
+/// Whether `child` of `parent` was started by `multiprocessing`'s spawn: a forked child (a
+/// DataLoader worker of a spawned rank) has its parent's command line, `--multiprocessing-fork`
+/// included, and is no spawned rank.
+fn spawned_by(parent: u32, child: u32) -> bool {
+    is_spawn_child(child) && memory::cmdline(child) != memory::cmdline(parent)
+}
+
 fn argv(pid: u32) -> Vec<String> {
     procfs::process::Process::new(pid as i32).and_then(|p| p.cmdline()).unwrap_or_default()
 }
@@ -110,7 +117,8 @@ fn is_launcher(pid: u32, children: &BTreeMap<u32, Vec<u32>>) -> bool {
     auto_style(&args).0
         || script_is_launcher
         || children.get(&pid).into_iter().flatten().any(|&c| {
-            is_spawn_child(c) || memory::environ(c).and_then(|e| rank_of(&e)).is_some_and(|r| Some(r) != mine)
+            spawned_by(pid, c)
+                || memory::environ(c).and_then(|e| rank_of(&e)).is_some_and(|r| Some(r) != mine)
         })
 }
 
@@ -194,7 +202,7 @@ pub fn find(pid: u32) -> Result<Job, String> {
     let run_id = first_with("TORCHELASTIC_RUN_ID");
     let found: Vec<FoundRank> = match root {
         Some(root) => {
-            let spawned = children.get(&root).into_iter().flatten().filter(|&&c| is_spawn_child(c)).count();
+            let spawned = children.get(&root).into_iter().flatten().filter(|&&c| spawned_by(root, c)).count();
             let world = world_size.unwrap_or(spawned.max(1) as u32);
             // No run id of ours: these processes were never ups-doctor's.
             discover_ranks(root, "\u{1}not-ups-doctor", world, &Known { port, ..Known::default() })
@@ -275,7 +283,7 @@ pub fn all() -> (Vec<Job>, Vec<u32>) {
                     .get(&p.pid)
                     .into_iter()
                     .flatten()
-                    .any(|&c| is_spawn_child(c) && has_torch(c))
+                    .any(|&c| spawned_by(p.pid, c) && has_torch(c))
                 {
                     seeds.push(p.pid);
                 }

@@ -1,10 +1,14 @@
 """A fault injected from outside a training program, for tests/attach.rs: with this folder on
 PYTHONPATH, Python imports this file at start-up in every process. In the rank whose `RANK` is
 `ATTACH_STALL_RANK`, a global optimizer step pre-hook stalls (sleeps, outside any collective) from
-its `ATTACH_STALL_STEP`-th step on, after writing its pid to `ATTACH_STALL_FILE`. Every other
-process is left alone."""
+its `ATTACH_STALL_STEP`-th step on, after writing its pid to `ATTACH_STALL_FILE`. The rank whose
+`RANK` is `ATTACH_EXIT_RANK` exits with status 0 at once, before its program runs (so before the
+rendezvous: the others wait for it there). Every other process is left alone."""
 
 import os
+
+if os.environ.get("RANK") is not None and os.environ.get("RANK") == os.environ.get("ATTACH_EXIT_RANK"):
+    os._exit(0)
 
 if os.environ.get("RANK") is not None and os.environ.get("RANK") == os.environ.get("ATTACH_STALL_RANK"):
     import time
