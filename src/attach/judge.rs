@@ -314,7 +314,9 @@ pub fn conclude(
         .map(|v| v.rank)
         .chain(missing.iter().copied())
         .collect();
-    let stuck = live.iter().any(|v| v.motion == Motion::Stuck);
+    // A rank whose stack could not be read but that used no CPU shows no progress either.
+    let idle = |v: &RankView| v.cpu_s.is_some_and(|c| c < IDLE_SHARE * window_s);
+    let stuck = live.iter().any(|v| v.motion == Motion::Stuck || (v.motion == Motion::Unread && idle(v)));
     let state = if !gone.is_empty() {
         State::Failed
     } else if stuck {
@@ -380,7 +382,7 @@ pub fn conclude(
     let n = views.len() + missing.len();
     let headline = match state {
         State::Running => format!(
-            "Running: {} of {} progressing over the {window_s:.1} s window ({class_text}).",
+            "Running: {} of {}, each moving or using CPU over the {window_s:.1} s window ({class_text}).",
             ranks_text(&live.iter().map(|v| v.rank).collect::<Vec<_>>()),
             world.map_or(n.to_string(), |w| w.to_string())
         ),
@@ -597,6 +599,32 @@ mod tests {
         let frames = main_frames(&text, 10);
         assert_eq!(place(&frames), "`_engine_run_backward` (torch/autograd/graph.py:869) ← ddp.py:52");
         assert_eq!(place(&frames[..2]), "`c10d::Reducer::finalize_backward` (libtorch_cpu.so)");
+    }
+
+    #[test]
+    fn ranks_whose_stacks_cannot_be_read_and_that_use_no_cpu_are_not_called_running() {
+        let unread = |pid: u32, cpu: f64| Watched {
+            pid,
+            looks: (0..3)
+                .map(|i| Look {
+                    at_s: f64::from(i),
+                    state: Some('S'),
+                    cpu_s: Some(cpu * f64::from(i)),
+                    py_spy: None,
+                    error: Some("`py-spy dump --nonblocking --pid 10` failed: Permission denied".into()),
+                    threads: Vec::new(),
+                })
+                .collect(),
+            memory: None,
+        };
+        let views = view(&[(0, 10), (1, 11)], &[unread(10, 0.0), unread(11, 0.0)], 3.0);
+        assert!(views.iter().all(|v| v.motion == Motion::Unread), "{views:?}");
+        let j = conclude(&scenario(), &views, &[], Some(2), &[], 3.0);
+        assert_eq!(j.state, State::Hung);
+        assert_eq!(j.culprit, None);
+        assert!(j.verdict.headline.contains("ranks 0, 1 in no readable stack"), "{}", j.verdict.headline);
+        let views = view(&[(0, 10), (1, 11)], &[unread(10, 1.0), unread(11, 1.0)], 3.0);
+        assert_eq!(conclude(&scenario(), &views, &[], Some(2), &[], 3.0).state, State::Running);
     }
 
     #[test]
