@@ -361,3 +361,24 @@ fn a_rank_gone_before_the_rendezvous_makes_the_job_failed_and_the_rank_missing()
     let evidence = verdict["evidence"].to_string();
     assert!(evidence.contains("rank 1 of WORLD_SIZE 2 not found on this machine"), "{evidence}");
 }
+
+#[test]
+fn a_process_that_is_no_pytorch_job_and_a_bad_window_are_bad_input_naming_the_fix() {
+    let sb = Sandbox::new();
+    let mut sleeper = Command::new("sleep").arg("60").spawn().unwrap();
+    let pid = sleeper.id().to_string();
+    let out = Command::new(bin()).args(["attach", &pid, "--out"]).arg(sb.path().join("a")).output().unwrap();
+    let _ = sleeper.kill();
+    let _ = sleeper.wait();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(&format!("no PyTorch job at pid {pid}: it is neither a launcher nor a rank")),
+        "{stderr}"
+    );
+    assert!(stderr.contains("ups-doctor attach --all"), "{stderr}");
+    let out = Command::new(bin()).args(["attach", &pid, "--watch", "0"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--watch 0 is not between 0.5 and 3600 seconds"), "{stderr}");
+}
