@@ -382,3 +382,48 @@ fn a_process_that_is_no_pytorch_job_and_a_bad_window_are_bad_input_naming_the_fi
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("--watch 0 is not between 0.5 and 3600 seconds"), "{stderr}");
 }
+
+/// `--native` (a ptrace stop per read, still no signal): a process forked after a 2-thread matmul
+/// deadlocks in libgomp on its own matmul (as a fork-started DataLoader worker does); the judge
+/// names the pattern from the child's native frames.
+#[test]
+fn a_child_deadlocked_after_fork_is_named_from_native_stacks_with_native() {
+    let sb = Sandbox::new();
+    let argv =
+        [venv_python().display().to_string(), program("patterns.py"), "--case".into(), "fork_threads".into()];
+    // One rank of its own, as a per-rank launch would start it.
+    let job = Job::start(&sb, &argv, &[("RANK", "0".into()), ("WORLD_SIZE", "1".into())]);
+    assert!(
+        job.reaches(|| job.output().contains("child: multiplying")),
+        "the child forks:\n{}",
+        job.output()
+    );
+    let child = children_of(job.pid());
+    assert_eq!(child.len(), 1);
+    assert!(job.reaches(|| stack(child[0]).contains("<module> (patterns.py")), "the child runs its matmul");
+    let before = snapshot(&job.processes());
+    let out_dir = sb.path().join("native");
+    let out = Command::new(bin())
+        .args(["attach", &job.pid().to_string(), "--native", "--out"])
+        .arg(&out_dir)
+        .env("PATH", venv_path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_untouched(&before, &job, true);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let attach: Value =
+        serde_json::from_str(&std::fs::read_to_string(out_dir.join("attach.json")).unwrap()).unwrap();
+    assert_eq!(attach["state"], "hung", "{attach:#}");
+    assert_eq!(attach["native"], true);
+    let result: Value =
+        serde_json::from_str(&std::fs::read_to_string(out_dir.join("result.json")).unwrap()).unwrap();
+    let verdict = &result["scenarios"][0]["verdict"];
+    assert_eq!(verdict["pattern"], "fork-after-threads", "{verdict:#}");
+    let headline = verdict["headline"].as_str().unwrap();
+    assert!(
+        headline
+            .starts_with(&format!("Hung: Fork after threads: a child process of rank 0 (pid {}", child[0])),
+        "{headline}"
+    );
+}

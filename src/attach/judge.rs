@@ -415,6 +415,13 @@ pub fn conclude(
                     account.concat().trim_end()
                 )
             }
+            // Another pattern the judge established (a worker deadlocked after fork, …).
+            None if j.verdict.pattern.as_deref().is_some_and(|p| p != "ranks-out-of-step") => {
+                format!("Hung: {}", j.verdict.headline)
+            }
+            None if live.len() == 1 => {
+                format!("Hung: no progress over the {window_s:.1} s window: {class_text}.")
+            }
             None => format!("Hung: cannot tell which rank the others wait for; the classes: {class_text}."),
         },
     };
