@@ -26,6 +26,9 @@ pub enum Command {
     /// Cut a failing scenario down to a 1-minimal configuration that still fails the same way.
     #[command(after_help = exit::HELP)]
     Bisect(BisectArgs),
+    /// Diagnose a PyTorch job that is already running (never started under ups-doctor), read-only.
+    #[command(after_help = exit::HELP)]
+    Attach(ups_doctor::attach::AttachArgs),
     /// Re-render report.md (and each scenario's full report) from a run folder's result.json.
     #[command(after_help = exit::HELP)]
     Report {

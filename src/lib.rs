@@ -8,6 +8,7 @@
 //! [`schema`] (the result types every stage reads) come from `ups-doctor-core`, which both sides
 //! share.
 
+pub mod attach;
 pub mod bisect;
 pub mod diagnose;
 mod error;

@@ -5,6 +5,7 @@
 mod util;
 
 mod architecture;
+mod attach;
 mod bad_input;
 mod bench;
 mod bisect;

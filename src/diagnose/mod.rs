@@ -11,7 +11,7 @@ pub mod evidence;
 mod verdict;
 pub mod words;
 
-pub use catalog::{ALL as PATTERNS, Pattern, SHM_FULL_SHARE, input_bound, used_of};
+pub use catalog::{ALL as PATTERNS, Pattern, SHM_FULL_SHARE, collective_of, input_bound, used_of};
 pub use conclude::{Circumstances, Conclusion, Unobserved, check_expectation, conclude, settle};
 pub use evidence::{KeyLine, Observed, key_line, last_error_line};
 pub use verdict::{Judgement, judge, looked_like_ranks};

@@ -21,7 +21,10 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 
 pub use classify::{Intervention, RankEnd, classify_rank};
-pub use external::{find_program, find_py_spy, kernel_threads, py_spy_dump};
+pub use external::{
+    FoundRank, Known, auto_style, discover_ranks, find_program, find_py_spy, kernel_threads, py_spy_dump,
+    rank_members_in,
+};
 pub use observe::capture::make_room;
 pub use observe::gpu::{GpuRecorder, GpuSample, clock_reason_names};
 pub use observe::state::RankState;

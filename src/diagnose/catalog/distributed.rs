@@ -90,6 +90,10 @@ pub fn collective_of(frames: &[crate::diagnose::evidence::StackFrame]) -> Option
             "`all_gather`"
         } else if func.contains("reduce_scatter") {
             "`reduce_scatter`"
+        } else if func == "_engine_run_backward" {
+            // Python frames only (`py-spy dump --nonblocking`, as `attach` takes them): DDP's
+            // all-reduce runs inside the autograd engine, under this frame.
+            "`loss.backward()` (DDP's gradient all-reduce waits inside it)"
         } else if func.contains("ProcessGroupNCCL") || func.contains("gloo::") {
             "a NCCL/gloo wait"
         } else {

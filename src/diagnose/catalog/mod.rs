@@ -14,7 +14,7 @@ mod pattern;
 
 use super::evidence::{Evidence, RankEvidence};
 
-pub use distributed::odd_rank_by_markers;
+pub use distributed::{collective_of, odd_rank_by_markers};
 pub use loader::{SHM_FULL_SHARE, input_bound, used_of};
 pub use pattern::{Finding, Pattern};
 

@@ -119,7 +119,10 @@ pub(super) fn dumps(doc: &mut Doc, r: &RankResult) {
     if r.dumps.is_empty() {
         return;
     }
-    doc.push(format!("### What rank {} was doing when it was stopped", r.rank));
+    // `ups-doctor attach` reads a running job without stopping it: its dumps say when.
+    let attached = r.dumps.iter().all(|d| d.taken.as_deref().is_some_and(|t| t.starts_with("attach")));
+    let when = if attached { "" } else { " when it was stopped" };
+    doc.push(format!("### What rank {} was doing{when}", r.rank));
     for d in &r.dumps {
         doc.push(details_open(&format!(
             "{} (pid {}): {}",

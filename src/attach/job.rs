@@ -1,0 +1,314 @@
+//! Finding a running PyTorch job from one of its processes, read from procfs only: the launcher
+//! (torchrun, `python -m torch.distributed.run`, an `mp.spawn` parent, …), every rank (by the rank
+//! variables of its starting environment, else `multiprocessing`'s spawn order) and every process
+//! below a rank (its DataLoader workers). Nothing here writes to or signals a process.
+
+use std::collections::BTreeMap;
+use std::ffi::OsStr;
+
+use crate::harness::{FoundRank, Known, auto_style, discover_ranks, rank_members_in};
+use crate::probe::memory::{self, ProcStat};
+use crate::schema::IdentifiedBy;
+
+/// One rank of the job and the processes below it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rank {
+    pub rank: u32,
+    pub pid: u32,
+    pub by: IdentifiedBy,
+    /// Processes below it (DataLoader workers, compile workers, …), not other ranks.
+    pub children: Vec<u32>,
+}
+
+/// A job as found on this machine.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Job {
+    /// The launcher process, when the ranks have one (absent: ranks started one by one).
+    pub launcher: Option<u32>,
+    /// Its command line (or the first rank's when there is no launcher).
+    pub command: Vec<String>,
+    pub ranks: Vec<Rank>,
+    /// `WORLD_SIZE` of the ranks' environments (else the ranks a spawn parent started).
+    pub world_size: Option<u32>,
+    /// `LOCAL_WORLD_SIZE`: the ranks this node should have.
+    pub local_world_size: Option<u32>,
+    /// `MASTER_ADDR:MASTER_PORT`.
+    pub master: Option<String>,
+    pub run_id: Option<String>,
+    /// Processes whose environment could not be read (another user's): named, not skipped.
+    pub unreadable: Vec<u32>,
+}
+
+impl Job {
+    /// Every pid of the job: launcher, ranks, their children.
+    pub fn pids(&self) -> Vec<u32> {
+        let mut pids: Vec<u32> = self.launcher.into_iter().collect();
+        for r in &self.ranks {
+            pids.push(r.pid);
+            pids.extend(&r.children);
+        }
+        pids
+    }
+
+    /// The ranks this machine should have: `LOCAL_WORLD_SIZE`, else `WORLD_SIZE`.
+    pub fn expected_here(&self) -> Option<u32> {
+        self.local_world_size.or(self.world_size)
+    }
+
+    /// Ranks of `0..WORLD_SIZE` not found here. On a node of several (`LOCAL_WORLD_SIZE` below
+    /// `WORLD_SIZE`) only the node's own range counts, from its first rank (`RANK − LOCAL_RANK`).
+    pub fn missing(&self) -> Vec<u32> {
+        let Some(world) = self.world_size else { return Vec::new() };
+        let found: Vec<u32> = self.ranks.iter().map(|r| r.rank).collect();
+        let (first, count) = match self.local_world_size {
+            Some(local) if local < world => {
+                let first = self.ranks.first().map_or(0, |r| r.rank - r.rank % local.max(1));
+                (first, local)
+            }
+            _ => (0, world),
+        };
+        (first..first + count).filter(|r| !found.contains(r)).collect()
+    }
+}
+
+/// Why no job was found.
+pub fn not_found(pid: u32, why: &str) -> String {
+    format!(
+        "no PyTorch job at pid {pid}: {why}. Give the launcher's pid (torchrun, `python -m torch.distributed.run`, \
+         the `mp.spawn` parent) or any rank's; `ups-doctor attach --all` lists the jobs on this machine"
+    )
+}
+
+type Env = std::collections::HashMap<std::ffi::OsString, std::ffi::OsString>;
+
+fn var(env: &Env, key: &str) -> Option<String> {
+    env.get(OsStr::new(key)).map(|v| v.to_string_lossy().trim().to_string()).filter(|v| !v.is_empty())
+}
+
+/// The rank variable of a starting environment (as the harness believes them).
+fn rank_of(env: &Env) -> Option<u32> {
+    IdentifiedBy::VARIABLES.iter().find_map(|by| var(env, by.variable()?)?.parse().ok())
+}
+
+fn is_spawn_child(pid: u32) -> bool {
+    memory::cmdline(pid)
+        .is_some_and(|c| c.contains("--multiprocessing-fork") && !c.contains("resource_tracker"))
+}
+
+/// Whether `child` of `parent` was started by `multiprocessing`'s spawn: a forked child (a
+/// DataLoader worker of a spawned rank) has its parent's command line, `--multiprocessing-fork`
+/// included, and is no spawned rank.
+fn spawned_by(parent: u32, child: u32) -> bool {
+    is_spawn_child(child) && memory::cmdline(child) != memory::cmdline(parent)
+}
+
+fn argv(pid: u32) -> Vec<String> {
+    procfs::process::Process::new(pid as i32).and_then(|p| p.cmdline()).unwrap_or_default()
+}
+
+/// Whether `pid` is a process that starts ranks: a known launcher, `python -m
+/// torch.distributed.run`, or a parent of `multiprocessing` spawn children.
+/// torchrun's own argv is often `python …/bin/torchrun …` (its script run by the interpreter),
+/// so a process whose child has a rank variable that it lacks itself is a launcher too.
+fn is_launcher(pid: u32, children: &BTreeMap<u32, Vec<u32>>) -> bool {
+    let mine = memory::environ(pid).and_then(|e| rank_of(&e));
+    let args = argv(pid);
+    let script_is_launcher = args.iter().skip(1).take(2).any(|a| auto_style(std::slice::from_ref(a)).0);
+    auto_style(&args).0
+        || script_is_launcher
+        || children.get(&pid).into_iter().flatten().any(|&c| {
+            spawned_by(pid, c)
+                || memory::environ(c).and_then(|e| rank_of(&e)).is_some_and(|r| Some(r) != mine)
+        })
+}
+
+/// Finds the job `pid` belongs to.
+///
+/// Long: one walk from the given pid to the whole job — a DataLoader worker to its rank, a rank
+/// to its launcher, the launcher's ranks and the processes below them, the job's variables from
+/// the first process that has them — where each step narrows what the next one reads.
+pub fn find(pid: u32) -> Result<Job, String> {
+    let table = memory::processes();
+    let stat = |p: u32| table.iter().find(|s| s.pid == p);
+    let Some(start) = stat(pid) else { return Err(not_found(pid, "there is no such process")) };
+    if start.zombie() {
+        return Err(not_found(pid, "it has already exited (a zombie)"));
+    }
+    let children = children_of(&table);
+    let ppid = |p: u32| stat(p).map_or(0, |s| s.ppid);
+    // A DataLoader worker (forked: the same environment and command line as its rank) → its rank.
+    let mut me = pid;
+    loop {
+        let up = ppid(me);
+        if up <= 1 {
+            break;
+        }
+        let same_rank = match (memory::environ(me), memory::environ(up)) {
+            (Some(a), Some(b)) => rank_of(&a).is_some() && rank_of(&a) == rank_of(&b),
+            _ => false,
+        };
+        let forked = memory::cmdline(me).is_some_and(|c| Some(c) == memory::cmdline(up));
+        if same_rank || (forked && !is_launcher(up, &children)) {
+            me = up;
+        } else {
+            break;
+        }
+    }
+    let env = memory::environ(me);
+    if env.is_none() {
+        return Err(not_found(
+            pid,
+            &format!(
+                "its environment `/proc/{me}/environ` cannot be read (another user's process: run as that user or as root)"
+            ),
+        ));
+    }
+    let env = env.unwrap_or_default();
+    let up = ppid(me);
+    // A rank variable makes a rank (whose DataLoader workers may be spawn children: no
+    // launcher for that); a launcher's own rank variable would be inherited by its ranks.
+    let root = if rank_of(&env).is_some() || is_spawn_child(me) {
+        (up > 1 && is_launcher(up, &children)).then_some(up)
+    } else if is_launcher(me, &children) {
+        Some(me)
+    } else {
+        return Err(not_found(
+            pid,
+            "it is neither a launcher nor a rank (no RANK, LOCAL_RANK, SLURM_PROCID, … in its environment, and it \
+             starts no `multiprocessing` children)",
+        ));
+    };
+    let mut unreadable = Vec::new();
+    let below: Vec<u32> = match root {
+        Some(root) => rank_members_in(&table, root, &[]),
+        None => vec![me],
+    };
+    // The job's variables, from the first process below the launcher that has them.
+    let envs: Vec<(u32, Env)> = below
+        .iter()
+        .filter_map(|&p| match memory::environ(p) {
+            Some(e) => Some((p, e)),
+            None => {
+                unreadable.push(p);
+                None
+            }
+        })
+        .collect();
+    let first_with = |key: &str| envs.iter().find_map(|(_, e)| var(e, key));
+    let world_size = first_with("WORLD_SIZE").and_then(|w| w.parse().ok());
+    let local_world_size = first_with("LOCAL_WORLD_SIZE").and_then(|w| w.parse().ok());
+    let master = match (first_with("MASTER_ADDR"), first_with("MASTER_PORT")) {
+        (Some(a), Some(p)) => Some(format!("{a}:{p}")),
+        (None, Some(p)) => Some(format!(":{p}")),
+        _ => None,
+    };
+    let port = first_with("MASTER_PORT").and_then(|p| p.parse().ok()).unwrap_or(0);
+    let run_id = first_with("TORCHELASTIC_RUN_ID");
+    let found: Vec<FoundRank> = match root {
+        Some(root) => {
+            let spawned = children.get(&root).into_iter().flatten().filter(|&&c| spawned_by(root, c)).count();
+            let world = world_size.unwrap_or(spawned.max(1) as u32);
+            // No run id of ours: these processes were never ups-doctor's.
+            discover_ranks(root, "\u{1}not-ups-doctor", world, &Known { port, ..Known::default() })
+        }
+        None => vec![FoundRank {
+            rank: rank_of(&env).unwrap_or(0),
+            pid: me,
+            by: IdentifiedBy::VARIABLES
+                .into_iter()
+                .find(|by| by.variable().is_some_and(|v| var(&env, v).is_some()))
+                .unwrap_or(IdentifiedBy::Rank),
+        }],
+    };
+    let mut found = found;
+    if root.is_none() {
+        // Ranks started one by one (a shell, a per-rank launcher): the others share the
+        // rendezvous address and have a rank variable; the topmost per rank.
+        let key = (var(&env, "MASTER_ADDR"), var(&env, "MASTER_PORT"));
+        for p in table.iter().filter(|p| !p.zombie() && p.pid != me) {
+            let Some(e) = memory::environ(p.pid) else { continue };
+            let Some(rank) = rank_of(&e) else { continue };
+            if key.1.is_none() || (var(&e, "MASTER_ADDR"), var(&e, "MASTER_PORT")) != key {
+                continue;
+            }
+            let parent_same = memory::environ(p.ppid).is_some_and(|pe| rank_of(&pe) == Some(rank));
+            if !parent_same && !found.iter().any(|f| f.rank == rank) {
+                found.push(FoundRank { rank, pid: p.pid, by: IdentifiedBy::Rank });
+            }
+        }
+        found.sort_by_key(|f| f.rank);
+    }
+    if found.is_empty() {
+        return Err(not_found(pid, "no rank process was found below it"));
+    }
+    let rank_pids: Vec<u32> = found.iter().map(|f| f.pid).collect();
+    let ranks = found
+        .iter()
+        .map(|f| {
+            let others: Vec<u32> = rank_pids.iter().copied().filter(|&p| p != f.pid).collect();
+            let members = rank_members_in(&table, f.pid, &others);
+            Rank {
+                rank: f.rank,
+                pid: f.pid,
+                by: f.by,
+                children: members.into_iter().filter(|&p| p != f.pid).collect(),
+            }
+        })
+        .collect();
+    let command = argv(root.unwrap_or(me));
+    let world_size = world_size.or_else(|| root.map(|_| found.len() as u32));
+    Ok(Job { launcher: root, command, ranks, world_size, local_world_size, master, run_id, unreadable })
+}
+
+fn children_of(table: &[ProcStat]) -> BTreeMap<u32, Vec<u32>> {
+    table.iter().filter(|p| !p.zombie()).fold(BTreeMap::new(), |mut map, p| {
+        map.entry(p.ppid).or_default().push(p.pid);
+        map
+    })
+}
+
+/// Every PyTorch job on this machine, each once: the pid to attach to (its launcher, else its
+/// lowest rank). A rank is a process with a rank variable whose parent has no same one; an
+/// `mp.spawn` job is a parent of spawn children that have libtorch loaded.
+pub fn all() -> (Vec<Job>, Vec<u32>) {
+    let table = memory::processes();
+    let children = children_of(&table);
+    let mut seeds: Vec<u32> = Vec::new();
+    let mut unreadable = Vec::new();
+    for p in table.iter().filter(|p| !p.zombie() && p.pid != std::process::id()) {
+        match memory::environ(p.pid) {
+            Some(env) => {
+                if let Some(rank) = rank_of(&env) {
+                    let parent_same = memory::environ(p.ppid).is_some_and(|pe| rank_of(&pe) == Some(rank));
+                    if !parent_same && var(&env, "WORLD_SIZE").is_some() {
+                        seeds.push(p.pid);
+                    }
+                } else if children
+                    .get(&p.pid)
+                    .into_iter()
+                    .flatten()
+                    .any(|&c| spawned_by(p.pid, c) && has_torch(c))
+                {
+                    seeds.push(p.pid);
+                }
+            }
+            None if p.ppid > 2 => unreadable.push(p.pid),
+            None => {}
+        }
+    }
+    let mut jobs: Vec<Job> = Vec::new();
+    for seed in seeds {
+        if jobs.iter().any(|j| j.pids().contains(&seed)) {
+            continue;
+        }
+        if let Ok(job) = find(seed) {
+            jobs.push(job);
+        }
+    }
+    (jobs, unreadable)
+}
+
+/// Whether `pid` has libtorch mapped (a PyTorch process), from `/proc/PID/maps`.
+fn has_torch(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/maps")).is_ok_and(|m| m.contains("libtorch"))
+}

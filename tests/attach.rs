@@ -1,0 +1,427 @@
+//! `ups-doctor attach` on real PyTorch 2.11 jobs (CPU, gloo) that the test starts itself, outside
+//! ups-doctor: torchrun with 2 and 4 ranks and `torch.multiprocessing.spawn` with DataLoader
+//! workers; faults injected from outside the program (a `sitecustomize` on `PYTHONPATH`) or by the
+//! program's own flag. Every test checks that attaching changed nothing: every process of the job
+//! has the same pid, start time and state after `attach` as before, and none was stopped.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use crate::util::{Sandbox, bin, children_of, eventually, repo, venv_path, venv_python};
+use serde_json::Value;
+
+fn program(name: &str) -> String {
+    repo().join("tests/programs").join(name).display().to_string()
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A job the test started: its launcher and everything below it are the test's own processes,
+/// killed when it is dropped.
+struct Job {
+    launcher: Child,
+    log: PathBuf,
+}
+
+impl Job {
+    fn start(sb: &Sandbox, argv: &[String], env: &[(&str, String)]) -> Job {
+        let log = sb.path().join("job.log");
+        let out = std::fs::File::create(&log).unwrap();
+        let launcher = Command::new(&argv[0])
+            .args(&argv[1..])
+            .env("PATH", venv_path())
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+            .stdin(Stdio::null())
+            .stdout(out.try_clone().unwrap())
+            .stderr(out)
+            .spawn()
+            .expect("the job starts");
+        Job { launcher, log }
+    }
+
+    fn pid(&self) -> u32 {
+        self.launcher.id()
+    }
+
+    /// Polls `cond` while the job runs: a job that ended without it fails the test at once.
+    fn reaches(&self, mut cond: impl FnMut() -> bool) -> bool {
+        eventually(LIMIT, || cond() || !crate::util::alive(u64::from(self.pid())))
+            && crate::util::alive(u64::from(self.pid()))
+    }
+
+    fn output(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The launcher and every process below it.
+    fn processes(&self) -> Vec<u32> {
+        let mut all = vec![self.pid()];
+        let mut i = 0;
+        while i < all.len() {
+            all.extend(children_of(all[i]));
+            i += 1;
+        }
+        all
+    }
+
+    /// The direct children of the launcher that are ranks (not multiprocessing's resource tracker).
+    fn ranks(&self) -> Vec<u32> {
+        children_of(self.pid())
+            .into_iter()
+            .filter(|&p| {
+                !std::fs::read_to_string(format!("/proc/{p}/cmdline"))
+                    .unwrap_or_default()
+                    .contains("resource_tracker")
+            })
+            .collect()
+    }
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        // Only the test's own processes: its child and what is below it.
+        let below = self.processes();
+        for pid in below.iter().rev() {
+            let _ =
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(*pid as i32), nix::sys::signal::SIGKILL);
+        }
+        let _ = self.launcher.wait();
+    }
+}
+
+/// `(pid, start time, state)` of each process, from `/proc/PID/stat`.
+fn snapshot(pids: &[u32]) -> Vec<(u32, u64, char)> {
+    pids.iter()
+        .filter_map(|&pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let after: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+            Some((pid, after[19].parse().ok()?, after[0].chars().next()?))
+        })
+        .collect()
+}
+
+/// The job's processes are all still there after `attach`, none stopped or traced, and (for a
+/// job that waits) each in the state it was in before.
+fn assert_untouched(before: &[(u32, u64, char)], job: &Job, exact_state: bool) {
+    let pids: Vec<u32> = before.iter().map(|b| b.0).collect();
+    let after = snapshot(&pids);
+    assert_eq!(after.len(), before.len(), "a process of the job is gone: before {before:?}, after {after:?}");
+    for (b, a) in before.iter().zip(&after) {
+        assert_eq!((b.0, b.1), (a.0, a.1), "the same process");
+        assert!(!matches!(a.2, 'T' | 't' | 'Z'), "pid {} is {} after attach", a.0, a.2);
+        // The launcher polls its ranks (torchrun every 0.1 s): running or sleeping by chance.
+        if exact_state && a.0 != job.pid() {
+            assert_eq!(b.2, a.2, "pid {} changed state: before {before:?}, after {after:?}", a.0);
+        }
+        let status = std::fs::read_to_string(format!("/proc/{}/status", a.0)).unwrap_or_default();
+        assert!(status.contains("TracerPid:\t0"), "pid {} is still traced", a.0);
+    }
+    assert_eq!(job.processes().len(), before.len(), "the job's process tree changed");
+}
+
+struct Attached {
+    code: i32,
+    stderr: String,
+    attach: Value,
+    result: Value,
+    report: String,
+}
+
+fn attach(sb: &Sandbox, pid: u32) -> Attached {
+    let out_dir = sb.path().join(format!("attach-{pid}"));
+    let out = Command::new(bin())
+        .args(["attach", &pid.to_string(), "--out"])
+        .arg(&out_dir)
+        .env("PATH", venv_path())
+        .output()
+        .expect("ups-doctor runs");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let read = |name: &str| -> String {
+        std::fs::read_to_string(out_dir.join(name))
+            .unwrap_or_else(|e| panic!("{name}: {e}; stderr:\n{stderr}"))
+    };
+    Attached {
+        code: out.status.code().unwrap_or(-1),
+        attach: serde_json::from_str(&read("attach.json")).unwrap(),
+        result: serde_json::from_str(&read("result.json")).unwrap(),
+        report: read("report.md"),
+        stderr,
+    }
+}
+
+/// The main thread of `pid` as py-spy sees it without stopping it (the test's own look, to know
+/// when the job has reached its fault).
+fn stack(pid: u32) -> String {
+    let py_spy = venv_python().with_file_name("py-spy");
+    Command::new(py_spy)
+        .args(["dump", "--nonblocking", "--pid", &pid.to_string()])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default()
+}
+
+fn torchrun(ranks: u32, port: u16, script: &[&str]) -> Vec<String> {
+    let mut argv = vec![
+        venv_python().with_file_name("torchrun").display().to_string(),
+        "--nproc_per_node".into(),
+        ranks.to_string(),
+        "--master_port".into(),
+        port.to_string(),
+    ];
+    argv.extend(script.iter().map(|s| s.to_string()));
+    argv
+}
+
+const LIMIT: Duration = Duration::from_secs(240);
+
+#[test]
+fn a_healthy_torchrun_job_is_running_and_attach_leaves_it_as_it_was() {
+    let sb = Sandbox::new();
+    let script = program("launchers.py");
+    let job =
+        Job::start(&sb, &torchrun(2, free_port(), &[&script, "--launcher", "env", "--steps", "100000"]), &[]);
+    assert!(
+        job.reaches(|| job.output().contains("rank 1 step 20") && job.output().contains("rank 0 step 20")),
+        "the job trains:\n{}",
+        job.output()
+    );
+    let before = snapshot(&job.processes());
+    let a = attach(&sb, job.pid());
+    assert_untouched(&before, &job, false);
+    assert!(job.output().lines().filter(|l| l.starts_with("rank 0 step")).count() > 20, "it still trains");
+    assert_eq!(a.code, 0, "running is exit 0; stderr:\n{}", a.stderr);
+    assert_eq!(a.attach["state"], "running", "{:#}", a.attach);
+    assert_eq!(a.attach["ranks_found"], serde_json::json!([0, 1]));
+    assert_eq!(a.attach["world_size"], 2);
+    assert_eq!(a.attach["launcher"], job.pid());
+    assert_eq!(a.attach["signalled"], serde_json::json!([]));
+    for r in a.attach["ranks"].as_array().unwrap() {
+        assert_ne!(r["motion"], "stuck", "{r}");
+        assert!(r["cpu_used_s"].as_f64().unwrap() > 0.0, "{r}");
+    }
+    let scenario = &a.result["scenarios"][0];
+    assert!(
+        scenario["verdict"]["headline"].as_str().unwrap().starts_with("Running: ranks 0, 1 of 2"),
+        "{}",
+        scenario["verdict"]
+    );
+    assert!(a.report.contains("read-only: no signal sent"), "{}", a.report);
+    // `--all` lists it with the pid to attach to.
+    let before = snapshot(&job.processes());
+    let list = Command::new(bin()).args(["attach", "--all"]).output().expect("ups-doctor runs");
+    assert_untouched(&before, &job, false);
+    let text = String::from_utf8_lossy(&list.stdout);
+    let entry =
+        text.split("\npid ").find(|e| e.trim_start_matches("pid ").starts_with(&format!("{}:", job.pid())));
+    let entry = entry.unwrap_or_else(|| panic!("the job is listed:\n{text}"));
+    assert!(entry.contains("torchrun --nproc_per_node 2"), "{entry}");
+    assert!(entry.contains("ranks 0, 1 of 2"), "{entry}");
+    assert!(entry.contains(&format!("ups-doctor attach {}", job.pid())), "{entry}");
+}
+
+#[test]
+fn a_rank_stalled_outside_any_collective_is_named_among_four_torchrun_ranks() {
+    let sb = Sandbox::new();
+    let script = program("launchers.py");
+    let stalled = sb.path().join("stalled");
+    let site = repo().join("tests/programs/attach_stall").display().to_string();
+    let job = Job::start(
+        &sb,
+        &torchrun(4, free_port(), &[&script, "--launcher", "env", "--steps", "1000"]),
+        &[
+            ("PYTHONPATH", site),
+            ("ATTACH_STALL_RANK", "2".into()),
+            ("ATTACH_STALL_STEP", "3".into()),
+            ("ATTACH_STALL_FILE", stalled.display().to_string()),
+        ],
+    );
+    assert!(job.reaches(|| stalled.exists()), "rank 2 reaches its stall:\n{}", job.output());
+    // The others wait for it in the next step's gradient all-reduce.
+    let ranks = job.ranks();
+    assert_eq!(ranks.len(), 4, "{}", job.output());
+    let stalled_pid: u32 = std::fs::read_to_string(&stalled).unwrap().trim().parse().unwrap();
+    assert!(
+        job.reaches(|| ranks
+            .iter()
+            .filter(|&&p| p != stalled_pid)
+            .all(|&p| stack(p).contains("_engine_run_backward"))),
+        "the other ranks wait in backward"
+    );
+    let before = snapshot(&job.processes());
+    let a = attach(&sb, job.pid());
+    assert_untouched(&before, &job, true);
+    assert_eq!(a.code, 1, "hung is exit 1; stderr:\n{}", a.stderr);
+    assert_eq!(a.attach["state"], "hung", "{:#}", a.attach);
+    assert_eq!(a.attach["ranks_found"], serde_json::json!([0, 1, 2, 3]));
+    assert_eq!(a.attach["culprit"], 2, "{:#}", a.attach);
+    let rank2 = &a.attach["ranks"][2];
+    assert_eq!(rank2["pid"], stalled_pid);
+    assert!(rank2["place"].as_str().unwrap().contains("stall_in_optimizer_hook"), "{rank2}");
+    let scenario = &a.result["scenarios"][0];
+    assert_eq!(scenario["first_failure"], 2);
+    let headline = scenario["verdict"]["headline"].as_str().unwrap();
+    assert!(headline.starts_with("Hung: rank 2 is the one the others wait for"), "{headline}");
+    assert!(headline.contains("stuck outside any collective"), "{headline}");
+}
+
+#[test]
+fn an_mp_spawn_rank_that_skipped_a_collective_is_named_or_not_told_and_its_workers_are_found() {
+    let sb = Sandbox::new();
+    let script = program("launchers.py");
+    let argv: Vec<String> = [
+        venv_python().display().to_string(),
+        script,
+        "--launcher".into(),
+        "spawn".into(),
+        "--steps".into(),
+        "40".into(),
+        "--workers".into(),
+        "2".into(),
+        "--hang-rank".into(),
+        "1".into(),
+        "--hang-step".into(),
+        "3".into(),
+    ]
+    .into();
+    let job = Job::start(&sb, &argv, &[("PET_MASTER_PORT", free_port().to_string())]);
+    assert!(
+        job.reaches(|| job.output().contains("rank 1: skipping the all-reduce of step 3")),
+        "rank 1 skips:\n{}",
+        job.output()
+    );
+    let ranks = job.ranks();
+    assert_eq!(ranks.len(), 2, "{}", job.output());
+    assert!(
+        job.reaches(|| ranks.iter().any(|&p| stack(p).contains("barrier"))
+            && ranks.iter().any(|&p| stack(p).contains("_engine_run_backward"))),
+        "one rank waits in barrier, the other in backward"
+    );
+    let before = snapshot(&job.processes());
+    let a = attach(&sb, job.pid());
+    assert_untouched(&before, &job, true);
+    assert_eq!(a.attach["state"], "hung", "{:#}\nstderr:\n{}", a.attach, a.stderr);
+    assert_eq!(a.attach["ranks_found"], serde_json::json!([0, 1]));
+    let headline = a.result["scenarios"][0]["verdict"]["headline"].as_str().unwrap().to_string();
+    match &a.attach["culprit"] {
+        Value::Null => assert!(headline.starts_with("Hung: cannot tell which rank"), "{headline}"),
+        culprit => {
+            assert_eq!(culprit, 1, "{headline}");
+            assert!(headline.contains("rank 1 waits in `dist.barrier()`"), "{headline}");
+        }
+    }
+    // Two forked DataLoader workers below each rank, each named as the rank's child.
+    let children =
+        a.attach["processes"].as_array().unwrap().iter().filter(|p| p["who"]["role"] == "child").count();
+    assert_eq!(children, 4, "{:#}", a.attach["processes"]);
+    assert!(Path::new(&sb.path().join(format!("attach-{}", job.pid()))).join("report.md").exists());
+    // From a DataLoader worker's pid: the same job, the same ranks.
+    let worker = children_of(ranks[0])[0];
+    let from_worker = attach(&sb, worker);
+    assert_eq!(from_worker.attach["launcher"], job.pid(), "{:#}", from_worker.attach);
+    assert_eq!(from_worker.attach["ranks_found"], serde_json::json!([0, 1]));
+}
+
+#[test]
+fn a_rank_gone_before_the_rendezvous_makes_the_job_failed_and_the_rank_missing() {
+    let sb = Sandbox::new();
+    let script = program("launchers.py");
+    let site = repo().join("tests/programs/attach_stall").display().to_string();
+    let job = Job::start(
+        &sb,
+        &torchrun(2, free_port(), &[&script, "--launcher", "env", "--steps", "1000"]),
+        &[("PYTHONPATH", site), ("ATTACH_EXIT_RANK", "1".into())],
+    );
+    // Rank 0 alone, waiting for rank 1 in `init_process_group`.
+    assert!(
+        job.reaches(|| {
+            let ranks = job.ranks();
+            ranks.len() == 1 && stack(ranks[0]).contains("init_process_group")
+        }),
+        "rank 0 waits alone at the rendezvous:\n{}",
+        job.output()
+    );
+    let before = snapshot(&job.processes());
+    // From rank 0's pid this time: the job is found from any rank.
+    let a = attach(&sb, job.ranks()[0]);
+    assert_untouched(&before, &job, true);
+    assert_eq!(a.code, 1, "stderr:\n{}", a.stderr);
+    assert_eq!(a.attach["state"], "failed", "{:#}", a.attach);
+    assert_eq!(a.attach["launcher"], job.pid());
+    assert_eq!(a.attach["ranks_found"], serde_json::json!([0]));
+    assert_eq!(a.attach["ranks_missing"], serde_json::json!([1]));
+    let verdict = &a.result["scenarios"][0]["verdict"];
+    let headline = verdict["headline"].as_str().unwrap();
+    assert!(headline.starts_with("Failed: rank 1 gone before or during the window"), "{headline}");
+    assert!(headline.contains("rank 0 in"), "{headline}");
+    let evidence = verdict["evidence"].to_string();
+    assert!(evidence.contains("rank 1 of WORLD_SIZE 2 not found on this machine"), "{evidence}");
+}
+
+#[test]
+fn a_process_that_is_no_pytorch_job_and_a_bad_window_are_bad_input_naming_the_fix() {
+    let sb = Sandbox::new();
+    let mut sleeper = Command::new("sleep").arg("60").spawn().unwrap();
+    let pid = sleeper.id().to_string();
+    let out = Command::new(bin()).args(["attach", &pid, "--out"]).arg(sb.path().join("a")).output().unwrap();
+    let _ = sleeper.kill();
+    let _ = sleeper.wait();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(&format!("no PyTorch job at pid {pid}: it is neither a launcher nor a rank")),
+        "{stderr}"
+    );
+    assert!(stderr.contains("ups-doctor attach --all"), "{stderr}");
+    let out = Command::new(bin()).args(["attach", &pid, "--watch", "0"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--watch 0 is not between 0.5 and 3600 seconds"), "{stderr}");
+}
+
+/// `--native` (a ptrace stop per read, still no signal): a process forked after a 2-thread matmul
+/// deadlocks in libgomp on its own matmul (as a fork-started DataLoader worker does); the judge
+/// names the pattern from the child's native frames.
+#[test]
+fn a_child_deadlocked_after_fork_is_named_from_native_stacks_with_native() {
+    let sb = Sandbox::new();
+    let argv =
+        [venv_python().display().to_string(), program("patterns.py"), "--case".into(), "fork_threads".into()];
+    // One rank of its own, as a per-rank launch would start it.
+    let job = Job::start(&sb, &argv, &[("RANK", "0".into()), ("WORLD_SIZE", "1".into())]);
+    assert!(
+        job.reaches(|| job.output().contains("child: multiplying")),
+        "the child forks:\n{}",
+        job.output()
+    );
+    let child = children_of(job.pid());
+    assert_eq!(child.len(), 1);
+    assert!(job.reaches(|| stack(child[0]).contains("<module> (patterns.py")), "the child runs its matmul");
+    let before = snapshot(&job.processes());
+    let out_dir = sb.path().join("native");
+    let out = Command::new(bin())
+        .args(["attach", &job.pid().to_string(), "--native", "--out"])
+        .arg(&out_dir)
+        .env("PATH", venv_path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_untouched(&before, &job, true);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let attach: Value =
+        serde_json::from_str(&std::fs::read_to_string(out_dir.join("attach.json")).unwrap()).unwrap();
+    assert_eq!(attach["state"], "hung", "{attach:#}");
+    assert_eq!(attach["native"], true);
+    let result: Value =
+        serde_json::from_str(&std::fs::read_to_string(out_dir.join("result.json")).unwrap()).unwrap();
+    let verdict = &result["scenarios"][0]["verdict"];
+    assert_eq!(verdict["pattern"], "fork-after-threads", "{verdict:#}");
+    let headline = verdict["headline"].as_str().unwrap();
+    assert!(
+        headline
+            .starts_with(&format!("Hung: Fork after threads: a child process of rank 0 (pid {}", child[0])),
+        "{headline}"
+    );
+}
