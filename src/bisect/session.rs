@@ -24,6 +24,8 @@ pub struct Request {
     /// Where cached observations live between bisects.
     pub cache_dir: PathBuf,
     pub show_progress: bool,
+    /// The machine, read once by the session before anything ran.
+    pub environment: crate::schema::EnvSummary,
 }
 
 /// Errors of the bisect machinery itself.
@@ -144,7 +146,7 @@ pub fn run(
             .map(|(delta, signature)| DifferentFailure { delta: delta.clone(), signature: signature.clone() })
             .collect(),
         probes,
-        environment: crate::probe::machine(&crate::harness::machine_needs([base], program)),
+        environment: request.environment.clone(),
     };
     let dir = &request.out_dir;
     write(&dir.join("bisect.json"), &serde_json::to_string_pretty(&record).expect("records serialise"))?;

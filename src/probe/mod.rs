@@ -26,21 +26,65 @@ pub struct Needs {
 
 /// The machine once per invocation: [`env::collect`], NVML's GPUs, and what `needs` asks for.
 pub fn machine(needs: &Needs) -> EnvSummary {
-    let mut env = env::collect();
-    if needs.python {
-        env.python = Some(env::probe_python().unwrap_or_else(|| crate::schema::PythonEnv {
-            executable: String::new(),
-            version: None,
-            torch_version: None,
-            start_method: None,
-            problem: Some("none on PATH (neither python3 nor python)".into()),
-        }));
-    }
-    let gpu = gpu_env::collect(needs.trainer.as_deref());
-    if let Some(cuda) = &gpu.cuda {
-        env.libtorch_version = cuda.libtorch_version.clone().unwrap_or_default();
-        env.libtorch_lib = cuda.libtorch_lib.clone().unwrap_or_default();
-    }
-    env.gpu = Some(gpu);
+    let (mut env, pending) = machine_started(needs);
+    pending.finish(&mut env);
     env
+}
+
+/// [`machine`] without waiting for the facts that take a process of their own (the Python on
+/// `PATH`, the trainer's libtorch and CUDA): they are asked on a thread while the run goes on,
+/// and [`Pending::finish`] adds them. What a pre-flight check needs (NVML's GPUs) is here at once.
+pub fn machine_started(needs: &Needs) -> (EnvSummary, Pending) {
+    let mut env = env::collect();
+    env.gpu = Some(gpu_env::collect(None));
+    let needs = needs.clone();
+    let slow = (needs.python || needs.trainer.is_some())
+        .then(|| {
+            std::thread::Builder::new()
+                .name("machine-facts".into())
+                .spawn(move || Slow {
+                    python: needs.python.then(python_or_why),
+                    cuda: needs.trainer.as_deref().map(gpu_env::cuda_support),
+                })
+                .ok()
+        })
+        .flatten();
+    (env, Pending(slow))
+}
+
+/// The facts [`machine_started`] is still asking for.
+pub struct Pending(Option<std::thread::JoinHandle<Slow>>);
+
+struct Slow {
+    python: Option<crate::schema::PythonEnv>,
+    cuda: Option<Result<crate::schema::CudaSupport, String>>,
+}
+
+impl Pending {
+    /// Waits for the facts still being asked for and adds them to `env`.
+    pub fn finish(self, env: &mut EnvSummary) {
+        let Some(slow) = self.0.and_then(|h| h.join().ok()) else { return };
+        env.python = slow.python;
+        let Some(cuda) = slow.cuda else { return };
+        let gpu = env.gpu.get_or_insert_with(Default::default);
+        match cuda {
+            Ok(c) => {
+                env.libtorch_version = c.libtorch_version.clone().unwrap_or_default();
+                env.libtorch_lib = c.libtorch_lib.clone().unwrap_or_default();
+                gpu.cuda = Some(c);
+            }
+            Err(e) => gpu.cuda_error = Some(e),
+        }
+    }
+}
+
+/// The Python on `PATH`, or why there is none.
+fn python_or_why() -> crate::schema::PythonEnv {
+    env::probe_python().unwrap_or_else(|| crate::schema::PythonEnv {
+        executable: String::new(),
+        version: None,
+        torch_version: None,
+        start_method: None,
+        problem: Some("none on PATH (neither python3 nor python)".into()),
+    })
 }

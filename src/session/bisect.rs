@@ -75,6 +75,7 @@ pub fn bisect(args: BisectRequest) -> Result<u8, Error> {
         out_dir: out_dir.clone(),
         cache_dir: args.cache,
         show_progress: !args.quiet,
+        environment: machine,
     };
     let record = crate::bisect::run_session(&request, &program, &INTERRUPTED)?;
     let report = out_dir.join("bisect.md");

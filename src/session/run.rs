@@ -38,8 +38,9 @@ pub fn run(request: RunRequest) -> Result<u8, Error> {
     let inputs = load_all(&request.paths, &request.set)?;
     let program = current_exe()?;
     check_trainer(&inputs, &program)?;
-    let machine =
-        crate::probe::machine(&harness::machine_needs(inputs.iter().map(|i| &i.scenario), &program));
+    // The facts that take a process of their own are asked while the run goes on.
+    let (machine, pending) =
+        crate::probe::machine_started(&harness::machine_needs(inputs.iter().map(|i| &i.scenario), &program));
     check_gpus(&inputs, &machine)?;
     check_memory_limits(&inputs)?;
     check_node_placement(node.as_ref(), &inputs)?;
@@ -49,6 +50,7 @@ pub fn run(request: RunRequest) -> Result<u8, Error> {
         invocation: Invocation::new(&out_dir, request.public),
         progress: Progress::new(mode),
         program,
+        pending: Some(pending),
         result: RunResult {
             tool_version: env!("CARGO_PKG_VERSION").to_string(),
             started_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
@@ -114,11 +116,16 @@ struct Session {
     progress: Progress,
     /// The `ups-doctor` binary (node agents are started as it; ranks as the trainer beside it).
     program: PathBuf,
+    /// The machine facts still being asked for: added before the result is first saved.
+    pending: Option<crate::probe::Pending>,
     result: RunResult,
 }
 
 impl Session {
-    fn save(&self) -> Result<(), Error> {
+    fn save(&mut self) -> Result<(), Error> {
+        if let Some(pending) = self.pending.take() {
+            pending.finish(&mut self.result.environment);
+        }
         save_honestly(&self.invocation.out_dir, &self.invocation.shown(&self.result)?)
     }
 
