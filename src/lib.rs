@@ -5,6 +5,11 @@
 //! process and talk to ranks only through processes and the [`protocol`] markers; [`diagnose`] judges
 //! what they left, without IO. [`schema`] holds the result types they all read.
 
+// First, so that its `print!`/`eprintln!`… (which never panic on a reader that left) are the
+// ones every module below sees.
+#[macro_use]
+pub mod output;
+
 pub mod bisect;
 pub mod diagnose;
 mod error;

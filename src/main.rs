@@ -18,6 +18,8 @@ use ups_doctor::scenario::{self, Override};
 use ups_doctor::schema::RunResult;
 use ups_doctor::trainer;
 use ups_doctor::{Error, exit};
+// Printing that survives a reader who left (`| head -1`): see ups_doctor::output.
+use ups_doctor::{eprintln, print, println};
 
 /// Finds out why distributed deep-learning training crashes, hangs or crawls.
 #[derive(Parser)]

@@ -1,0 +1,129 @@
+//! Reliability, second pass (issue 32), through the real binary: the world a user's shell, a
+//! shared `/tmp`, a full disk, a big job and a public issue tracker make for ups-doctor.
+
+mod util;
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use util::{Sandbox, eventually};
+
+/// The write end of a pipe whose reader has already gone: what `… | true` gives a program.
+fn reader_gone() -> std::io::PipeWriter {
+    let (reader, writer) = std::io::pipe().expect("a pipe");
+    drop(reader);
+    writer
+}
+
+/// What a test must never see on ups-doctor's stderr: a panic over a closed pipe.
+fn assert_no_panic(stderr: &str, what: &str) {
+    assert!(!stderr.contains("panicked"), "{what} panicked:\n{stderr}");
+    assert!(!stderr.contains("Broken pipe"), "{what} complained about the closed pipe:\n{stderr}");
+}
+
+#[test]
+fn env_into_a_reader_that_left_ends_quietly_with_0() {
+    let sb = Sandbox::new();
+    for args in [&["env"][..], &["env", "--json"], &["env", "--markdown"]] {
+        let out = sb.cmd().args(args).stdout(reader_gone()).stderr(Stdio::piped()).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let what = format!("`ups-doctor {}` ({})", args.join(" "), out.status);
+        assert_no_panic(&stderr, &what);
+        assert_eq!(out.status.code(), Some(0), "{what}:\n{stderr}");
+    }
+}
+
+#[test]
+fn run_into_a_reader_that_left_saves_everything_and_keeps_its_exit_status() {
+    let sb = Sandbox::new();
+    let passes = sb.scenario("passes", r#"{"command": ["true"]}"#);
+    let fails = sb.scenario("fails", r#"{"command": ["false"]}"#);
+    // `run … | true` (stdout gone), and `run … |& true` (both gone), with and without --json.
+    for (file, code) in [(&passes, 0), (&fails, 1)] {
+        for (stderr_gone, json) in [(false, false), (false, true), (true, false)] {
+            let out_dir = sb.path().join(format!("out-{code}-{stderr_gone}-{json}"));
+            let mut cmd = sb.cmd();
+            cmd.arg("run").arg(file).arg("--out").arg(&out_dir).stdout(reader_gone());
+            if json {
+                cmd.arg("--json");
+            }
+            if stderr_gone {
+                cmd.stderr(reader_gone());
+            } else {
+                cmd.stderr(Stdio::piped());
+            }
+            let out = cmd.output().unwrap();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            let what =
+                format!("{} (stderr gone: {stderr_gone}, --json: {json}): {}", file.display(), out.status);
+            assert_no_panic(&stderr, &what);
+            assert_eq!(out.status.code(), Some(code), "{what}:\n{stderr}");
+            for name in ["result.json", "report.md"] {
+                assert!(out_dir.join(name).is_file(), "no {name}: {what}:\n{stderr}");
+            }
+        }
+    }
+}
+
+/// Every file under `dir`, recursively.
+fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for entry in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                todo.push(path);
+            } else {
+                found.push(path);
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn ctrl_c_while_piped_into_a_tee_that_died_first_saves_and_exits_130() {
+    use std::os::unix::process::CommandExt;
+    let sb = Sandbox::new();
+    let started = sb.path().join("started");
+    let file = sb.scenario(
+        "waits",
+        &format!(
+            r#"{{"command": ["sh", "-c", "touch {}; exec sleep 600"], "limits": {{"timeout_s": 300, "hang_after_s": 200}}}}"#,
+            started.display()
+        ),
+    );
+    let (reader, writer) = std::io::pipe().unwrap();
+    let stderr_file = sb.path().join("stderr");
+    // Live progress on (not --quiet): the progress lines go to stderr, the matrix to stdout.
+    let mut child = sb
+        .cmd()
+        .arg("run")
+        .arg(&file)
+        .arg("--out")
+        .arg(sb.out())
+        .stdout(writer)
+        .stderr(std::fs::File::create(&stderr_file).unwrap())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    assert!(eventually(Duration::from_secs(120), || started.exists()), "the scenario never started");
+    // The terminal's Ctrl-C reaches the whole pipeline; `tee` dies of it first.
+    drop(reader);
+    // SAFETY: kill(2) on the process group of the child started above.
+    unsafe { libc::kill(-(child.id() as i32), libc::SIGINT) };
+    let status = child.wait().unwrap();
+    let stderr = std::fs::read_to_string(&stderr_file).unwrap();
+    let what = format!("status {status}\n{stderr}");
+    assert_no_panic(&stderr, &what);
+    assert_eq!(status.code(), Some(130), "{what}");
+    let result: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(sb.out().join("result.json")).unwrap()).unwrap();
+    assert_eq!(result["interrupted"], true, "{result:#}");
+    assert!(sb.out().join("report.md").is_file(), "{what}");
+    let temporary: Vec<PathBuf> =
+        files_under(&sb.out()).into_iter().filter(|f| f.extension().is_some_and(|e| e == "tmp")).collect();
+    assert!(temporary.is_empty(), "temporary files left: {temporary:?}");
+}
