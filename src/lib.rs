@@ -18,6 +18,7 @@ pub mod nodes;
 pub mod probe;
 pub mod protocol;
 pub mod report;
+pub mod run_files;
 pub mod scenario;
 pub mod schema;
 pub mod trainer;

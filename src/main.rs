@@ -476,7 +476,7 @@ fn prepare_out_dir(dir: &Path) -> Result<(), Error> {
     };
     std::fs::create_dir_all(dir).map_err(bad)?;
     let probe = dir.join(format!(".ups-doctor-write-test.{}", std::process::id()));
-    std::fs::write(&probe, b"").map_err(bad)?;
+    ups_doctor::run_files::create(&probe).map_err(bad)?;
     let _ = std::fs::remove_file(&probe);
     Ok(())
 }
@@ -740,7 +740,7 @@ fn save_honestly(dir: &Path, run: &RunResult) -> Result<(), Error> {
         if written.is_err()
             && let Some(old) = old
         {
-            let _ = std::fs::write(dir.join("result.stale.json"), old);
+            let _ = ups_doctor::run_files::replace(&dir.join("result.stale.json"), &old);
         }
     }
     if let Err(e) = written {

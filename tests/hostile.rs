@@ -127,3 +127,52 @@ fn ctrl_c_while_piped_into_a_tee_that_died_first_saves_and_exits_130() {
         files_under(&sb.out()).into_iter().filter(|f| f.extension().is_some_and(|e| e == "tmp")).collect();
     assert!(temporary.is_empty(), "temporary files left: {temporary:?}");
 }
+
+#[test]
+fn links_planted_in_a_reused_out_are_never_written_through() {
+    use std::os::unix::fs::symlink;
+    let sb = Sandbox::new();
+    let file = sb.scenario("plain", r#"{"command": ["sh", "-c", "echo out-line; echo err-line >&2"]}"#);
+    // Someone who could prepare the folder (a shared /tmp) planted links to a file of the victim.
+    let victim = sb.path().join("victim");
+    std::fs::write(&victim, "precious\n").unwrap();
+    let scenario_dir = sb.out().join("1-plain");
+    std::fs::create_dir_all(scenario_dir.join("python-site")).unwrap();
+    let planted = [
+        scenario_dir.join("rank0.stdout.log"),
+        scenario_dir.join("rank0.stderr.log"),
+        scenario_dir.join("scenario.json"),
+        scenario_dir.join("python-site/sitecustomize.py"),
+        sb.out().join("result.json"),
+        sb.out().join("report.md"),
+    ];
+    for link in &planted {
+        symlink(&victim, link).unwrap();
+    }
+    let out = sb.cmd().arg("run").arg(&file).arg("--out").arg(sb.out()).arg("--quiet").output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n", "written through a link:\n{stderr}");
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    for path in &planted {
+        let meta = std::fs::symlink_metadata(path).unwrap();
+        assert!(meta.file_type().is_file(), "{} is still a link", path.display());
+    }
+    assert_eq!(std::fs::read_to_string(&planted[0]).unwrap(), "out-line\n");
+    assert_eq!(std::fs::read_to_string(&planted[1]).unwrap(), "err-line\n");
+
+    // A scenario folder planted as a link to a folder elsewhere is refused, and nothing lands there.
+    let elsewhere = sb.path().join("elsewhere");
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    let out2 = sb.path().join("out2");
+    std::fs::create_dir_all(&out2).unwrap();
+    symlink(&elsewhere, out2.join("1-plain")).unwrap();
+    let out = sb.cmd().arg("run").arg(&file).arg("--out").arg(&out2).arg("--quiet").output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        std::fs::read_dir(&elsewhere).unwrap().count(),
+        0,
+        "files written into the linked folder:\n{stderr}"
+    );
+    assert_ne!(out.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("is a symbolic link"), "{stderr}");
+}

@@ -159,7 +159,5 @@ fn write(path: &Path, text: &str) -> Result<(), SessionError> {
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent).map_err(err)?;
     }
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, format!("{text}\n")).map_err(err)?;
-    std::fs::rename(&tmp, path).map_err(err)
+    crate::run_files::replace(path, format!("{text}\n").as_bytes()).map_err(err)
 }

@@ -3,7 +3,7 @@
 //! leaves either the old file or the new one, never a torn one.
 
 use std::fs;
-use std::io::{self, Write};
+use std::io;
 use std::path::{Path, PathBuf};
 
 use crate::schema::RunResult;
@@ -92,7 +92,7 @@ fn write_reports(dir: &Path, run: &RunResult) -> Result<PathBuf, ReportError> {
         for i in 0..run.scenarios.len() {
             let path = dir.join(scenario_report_path(run, i));
             if let Some(parent) = path.parent() {
-                fs::create_dir_all(parent)
+                crate::run_files::folder(parent)
                     .map_err(|source| ReportError::CreateDir { path: parent.to_path_buf(), source })?;
             }
             write_atomic(&path, render_scenario_markdown(run, i).as_bytes())?;
@@ -225,18 +225,9 @@ fn version_hint(text: &str, broken_syntax: bool) -> Option<String> {
     })
 }
 
-/// Writes `bytes` to a temporary file next to `path`, syncs it and renames it over `path`.
+/// Writes `bytes` to a new temporary file next to `path` (never through a link planted in a
+/// reused folder: [`crate::run_files::replace`]), syncs it and renames it over `path`.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ReportError> {
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
-    let result = (|| {
-        let mut file = fs::File::create(&tmp)?;
-        file.write_all(bytes)?;
-        file.sync_all()?;
-        fs::rename(&tmp, path)
-    })();
-    result.map_err(|source| {
-        let _ = fs::remove_file(&tmp);
-        ReportError::Write { path: path.to_path_buf(), source }
-    })
+    crate::run_files::replace(path, bytes)
+        .map_err(|source| ReportError::Write { path: path.to_path_buf(), source })
 }

@@ -189,7 +189,8 @@ const NOTE_ROOM: u64 = 512;
 
 impl Log {
     fn create(path: PathBuf) -> Log {
-        match File::create(&path) {
+        // Never through a link planted under the log's name (see `crate::run_files`).
+        match crate::run_files::create(&path) {
             Ok(file) => Log { path, file: Some(file), written: 0, error: None },
             Err(e) => Log { path, file: None, written: 0, error: Some(e) },
         }
