@@ -176,3 +176,64 @@ fn links_planted_in_a_reused_out_are_never_written_through() {
     assert_ne!(out.status.code(), Some(0), "{stderr}");
     assert!(stderr.contains("is a symbolic link"), "{stderr}");
 }
+
+/// A tmpfs of `size` mounted for one test (we run as root), unmounted on drop.
+struct SmallDisk(PathBuf);
+
+impl SmallDisk {
+    fn mount(at: PathBuf, size: &str) -> SmallDisk {
+        std::fs::create_dir_all(&at).unwrap();
+        let status = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(&at)
+            .status()
+            .unwrap();
+        assert!(status.success(), "mount -t tmpfs needs root");
+        SmallDisk(at)
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn a_full_disk_cuts_only_this_runs_own_logs_and_says_which_and_by_how_much() {
+    let sb = Sandbox::new();
+    // 290 kB of output.
+    let noisy = sb.scenario("noisy", r#"{"command": ["seq", "1", "50000"]}"#);
+    let disk = SmallDisk::mount(sb.path().join("small"), "192k");
+    let out_dir = disk.0.join("out");
+    // The user's own logs, in the --out they reuse: the largest files on the disk.
+    std::fs::create_dir_all(out_dir.join("1-noisy")).unwrap();
+    let theirs: Vec<(PathBuf, Vec<u8>)> = [("notes.log", 70_000), ("1-noisy/earlier.log", 20_000)]
+        .into_iter()
+        .map(|(name, len)| {
+            let bytes: Vec<u8> = (0..len).map(|i| b"user log line\n"[i % 14]).collect();
+            let path = out_dir.join(name);
+            std::fs::write(&path, &bytes).unwrap();
+            (path, bytes)
+        })
+        .collect();
+    let out = sb.cmd().arg("run").arg(&noisy).arg("--out").arg(&out_dir).arg("--quiet").output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let what = format!("status {}\n{stderr}", out.status);
+    for (path, bytes) in &theirs {
+        assert!(std::fs::read(path).unwrap() == *bytes, "the user's {} was changed; {what}", path.display());
+    }
+    assert_eq!(out.status.code(), Some(0), "{what}");
+    let result: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out_dir.join("result.json")).unwrap()).unwrap();
+    let cuts = result["logs_cut"].as_array().unwrap_or_else(|| panic!("no logs_cut: {result:#}"));
+    assert_eq!(cuts.len(), 1, "{result:#}");
+    assert_eq!(cuts[0]["path"], "1-noisy/rank0.stdout.log", "{result:#}");
+    let (from, to) = (cuts[0]["from_bytes"].as_u64().unwrap(), cuts[0]["to_bytes"].as_u64().unwrap());
+    let now = std::fs::metadata(out_dir.join("1-noisy/rank0.stdout.log")).unwrap().len();
+    assert_eq!(to, now, "the result's length of the cut log is not the file's");
+    assert!(to < from, "{result:#}");
+    let report = std::fs::read_to_string(out_dir.join("report.md")).unwrap();
+    assert!(report.contains(&format!("`1-noisy/rank0.stdout.log`: {from} → {to} bytes")), "{report}");
+    assert!(stderr.contains("1-noisy/rank0.stdout.log"), "{what}");
+}

@@ -22,7 +22,7 @@ use std::sync::atomic::AtomicBool;
 
 pub use classify::{Intervention, RankEnd, check_expectation, classify_rank};
 pub use external::{find_program, find_py_spy, kernel_threads, py_spy_dump};
-pub use observe::capture::make_room;
+pub use observe::capture::{logs_cut, make_room};
 pub use observe::gpu::{GpuRecorder, GpuSample, annotate_gpu, clock_reason_names};
 pub use observe::progress::{Progress, ProgressMode};
 pub use observe::state::RankState;

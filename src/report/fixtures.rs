@@ -55,6 +55,7 @@ pub fn run(scenarios: Vec<ScenarioResult>) -> RunResult {
         not_run: Vec::new(),
         interrupted: false,
         stopped_by: None,
+        logs_cut: Vec::new(),
     }
 }
 

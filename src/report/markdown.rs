@@ -126,7 +126,25 @@ fn header_blocks(run: &RunResult) -> Doc {
     doc.push("# ups-doctor report");
     doc.push(summary_line(run));
     interruption(&mut doc, run);
+    logs_cut(&mut doc, run);
     doc
+}
+
+/// The logs of this run cut to make room for the result on a full disk, and by how much.
+fn logs_cut(doc: &mut Doc, run: &RunResult) {
+    if run.logs_cut.is_empty() {
+        return;
+    }
+    let mut lines = vec![
+        "> [!WARNING]".to_string(),
+        "> The disk was full: to make room for this result, ups-doctor cut logs of this run (each ends \
+         with a note saying where; no file that was in the folder before the run was touched):"
+            .to_string(),
+    ];
+    for cut in &run.logs_cut {
+        lines.push(format!("> - {}: {} → {} bytes", code(&cut.path), cut.from_bytes, cut.to_bytes));
+    }
+    doc.push(lines.join("\n"));
 }
 
 fn full_report(run: &RunResult, index: usize) -> Doc {

@@ -23,6 +23,7 @@ mod markup;
 mod matrix;
 mod memory;
 mod mermaid;
+mod save;
 mod terminal;
 mod text;
 
@@ -40,4 +41,5 @@ pub use files::{
 pub use markdown::{
     is_summary, render_env_markdown, render_markdown, render_scenario_markdown, scenario_report_path,
 };
+pub use save::save_honestly;
 pub use terminal::{render_env_text, render_matrix};
