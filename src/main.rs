@@ -225,6 +225,7 @@ fn bisect(args: BisectArgs) -> Result<ExitCode, Error> {
     }];
     check_gpus(&input)?;
     check_memory_limits(&input)?;
+    harness::limits::check_open_files(&input).map_err(Error::BadInput)?;
     let out_dir = match args.out {
         Some(dir) => {
             prepare_out_dir(&dir)?;
@@ -521,6 +522,7 @@ fn run(
     }
     check_gpus(&inputs)?;
     check_memory_limits(&inputs)?;
+    harness::limits::check_open_files(&inputs).map_err(Error::BadInput)?;
     if node.is_some() && inputs.len() != 1 {
         return Err(Error::BadInput(format!(
             "a multi-node run runs one scenario; {} were given: run each with its own `ups-doctor run FILE --nodes …`",

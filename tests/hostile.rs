@@ -237,3 +237,78 @@ fn a_full_disk_cuts_only_this_runs_own_logs_and_says_which_and_by_how_much() {
     assert!(report.contains(&format!("`1-noisy/rank0.stdout.log`: {from} → {to} bytes")), "{report}");
     assert!(stderr.contains("1-noisy/rank0.stdout.log"), "{what}");
 }
+
+/// `ups-doctor` started with the open-file limit `soft`:`hard`, as `ulimit -Sn`/`-Hn` leave it.
+fn with_open_files(mut cmd: std::process::Command, soft: u64, hard: u64) -> std::process::Command {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: setrlimit(2) is async-signal-safe; nothing else runs between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            let limit = libc::rlimit { rlim_cur: soft, rlim_max: hard };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    cmd
+}
+
+#[test]
+fn a_low_soft_open_file_limit_is_raised_so_every_rank_starts() {
+    let sb = Sandbox::new();
+    // 100 ranks need about 600 files; the soft limit of 128 stopped rank 24 with EMFILE.
+    // Ranks that live until every one has started (`true` ranks would free their files at once).
+    let file = sb.scenario(
+        "many",
+        r#"{"command": ["sleep", "5"], "launch": {"style": "per_rank", "world_size": 100}}"#,
+    );
+    let mut cmd = sb.cmd();
+    cmd.arg("run").arg(&file).arg("--out").arg(sb.out()).args(["--quiet", "--json"]);
+    let out = with_open_files(cmd, 128, 4096).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let result: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    assert_eq!(out.status.code(), Some(0), "{stderr}\n{}", result["scenarios"][0]["verdict"]);
+    assert_eq!(result["scenarios"][0]["ranks"].as_array().map(Vec::len), Some(100));
+}
+
+#[test]
+fn a_world_size_the_hard_open_file_limit_cannot_hold_is_refused_before_launch() {
+    let sb = Sandbox::new();
+    // Ranks that live until every one has started (`true` ranks would free their files at once).
+    let file = sb.scenario(
+        "many",
+        r#"{"command": ["sleep", "5"], "launch": {"style": "per_rank", "world_size": 100}}"#,
+    );
+    let mut cmd = sb.cmd();
+    cmd.arg("run").arg(&file).arg("--out").arg(sb.out()).arg("--quiet");
+    let out = with_open_files(cmd, 256, 256).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("`launch.world_size`: 100 ranks need about"), "{stderr}");
+    assert!(stderr.contains("open-file limit is 256"), "{stderr}");
+    assert!(stderr.contains("ulimit -Hn"), "{stderr}");
+    let most: u64 = stderr
+        .split("use `world_size: ")
+        .nth(1)
+        .and_then(|rest| rest.split('`').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no world size offered: {stderr}"));
+    assert!((1..100).contains(&most), "{stderr}");
+    assert!(!sb.out().join("1-many").exists(), "ranks were launched");
+}
+
+#[test]
+fn many_ranks_that_could_not_start_are_summed_up_as_ranges() {
+    let sb = Sandbox::new();
+    let file = sb.scenario(
+        "missing",
+        r#"{"command": ["no-such-program-for-ups-doctor"], "launch": {"style": "per_rank", "world_size": 40}}"#,
+    );
+    let out = sb.run(&[&file], &[]);
+    let headline = out.scenario()["verdict"]["headline"].as_str().unwrap().to_string();
+    assert!(headline.contains("Ranks 1–39 failed after it"), "{headline}");
+    let evidence = out.scenario()["verdict"]["evidence"].to_string();
+    assert!(evidence.contains("ranks 1–39 could not be started"), "{evidence}");
+    assert!(!evidence.contains("rank 17 "), "{evidence}");
+}

@@ -11,6 +11,7 @@
 
 mod classify;
 mod external;
+pub mod limits;
 mod observe;
 pub mod os;
 mod plan;

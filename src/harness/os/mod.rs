@@ -7,6 +7,7 @@
 pub mod cgroup;
 pub mod kmsg;
 pub(crate) mod namespace;
+pub mod nofile;
 pub(crate) mod owner;
 pub(crate) mod process;
 pub mod sys;
