@@ -21,6 +21,7 @@ pub mod report;
 pub mod run_files;
 pub mod scenario;
 pub mod schema;
+pub mod secrets;
 pub mod trainer;
 
 pub use error::{Error, exit};

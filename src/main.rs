@@ -702,7 +702,7 @@ this node's own view: {}",
     if json {
         eprintln!("{matrix}");
         eprintln!("report: {}", report_path.display());
-        println!("{}", serde_json::to_string_pretty(&shown(&result)?).expect("results serialise"));
+        print!("{}", report::result_json(&shown(&result)?).expect("results serialise"));
     } else {
         println!("{matrix}");
         println!("report: {}", report_path.display());

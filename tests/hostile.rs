@@ -312,3 +312,99 @@ fn many_ranks_that_could_not_start_are_summed_up_as_ranges() {
     assert!(evidence.contains("ranks 1–39 could not be started"), "{evidence}");
     assert!(!evidence.contains("rank 17 "), "{evidence}");
 }
+
+#[test]
+fn secrets_in_env_argv_params_and_program_output_reach_no_output() {
+    let sb = Sandbox::new();
+    // Token-shaped values are long enough to be recognised as tokens by shape alone.
+    let ghp = "ghp_0123456789abcdefghijklmnopqrstuvwxyzAB";
+    let hf = "hf_abcdefghijklmnopqrstuvwxyz012345";
+    let sk = "sk-proj-abcdefghijklmnopqrstuvwxyz0123";
+    let aws = "AKIAIOSFODNN7EXAMPLE";
+    let env = [
+        ("TORCH_GITHUB_PAT", ghp.to_string()),
+        ("NCCL_DB_PASS", "passvalue1".to_string()),
+        ("NCCL_PWD", "pwdvalue1".to_string()),
+        ("TORCH_CREDS", "credsvalue1".to_string()),
+        ("UPS_DOCTOR_PW", "pwvalue1".to_string()),
+        ("UPS_DOCTOR_STORE", "tcp://admin:urlpassword1@10.0.0.1:29500".to_string()),
+    ];
+    // The program prints secrets too: a traceback-like error and its configuration.
+    let script = format!(
+        "echo \"config: HF_TOKEN=outputtoken1 store=tcp://u:outputpw1@h:1\"; \
+         echo \"RuntimeError: auth failed for {sk} and {aws}\" >&2; exit 1"
+    );
+    let file = sb.scenario(
+        "leaky",
+        &serde_json::json!({
+            "command": ["sh", "-c", script, "sh", "--api-key", "apikeyvalue1", "--hf-token", hf,
+                        "--token=tokenvalue1", "--key", "{api_key}"],
+            "launch": {"style": "per_rank"},
+            "params": {"api_key": "paramvalue0"}
+        })
+        .to_string(),
+    );
+    let secrets = [
+        ghp,
+        hf,
+        sk,
+        aws,
+        "passvalue1",
+        "pwdvalue1",
+        "credsvalue1",
+        "pwvalue1",
+        "urlpassword1",
+        "outputtoken1",
+        "outputpw1",
+        "apikeyvalue1",
+        "tokenvalue1",
+        "paramvalue0",
+        "paramvalue1",
+    ];
+    let run = sb
+        .cmd()
+        .arg("run")
+        .arg(&file)
+        .arg("--out")
+        .arg(sb.out())
+        .args(["--set", "params.api_key=paramvalue1", "--json", "--quiet"])
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr).into_owned();
+    assert_eq!(run.status.code(), Some(1), "{stderr}");
+    let mut shown = vec![("run --json".to_string(), String::from_utf8_lossy(&run.stdout).into_owned())];
+    // The program's own output did reach the result (so masking, not absence, keeps it out).
+    assert!(shown[0].1.contains("RuntimeError: auth failed for"), "{}", shown[0].1);
+    for args in [&["report", "out", "--issue", "--public"][..], &["report", "out", "--issue"]] {
+        let out = sb.cmd().args(args).output().unwrap();
+        assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+        shown.push((args.join(" "), String::from_utf8_lossy(&out.stdout).into_owned()));
+    }
+    for args in [&["env"][..], &["env", "--json"], &["env", "--markdown"], &["env", "--public"]] {
+        let out = sb.cmd().args(args).envs(env.iter().map(|(k, v)| (*k, v.as_str()))).output().unwrap();
+        shown.push((args.join(" "), String::from_utf8_lossy(&out.stdout).into_owned()));
+    }
+    // Every file of the run folder, but the program's own records: its logs, as it wrote them,
+    // and scenario.json, which must keep the values to run it again.
+    let mut checked = 0;
+    for path in files_under(&sb.out()) {
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if name.ends_with(".log") || name == "scenario.json" {
+            continue;
+        }
+        checked += 1;
+        shown.push((path.display().to_string(), std::fs::read_to_string(&path).unwrap()));
+    }
+    assert!(checked >= 2, "result.json and report.md at least");
+    for (what, text) in &shown {
+        for secret in secrets {
+            assert!(!text.contains(secret), "{what} shows `{secret}`:\n{text}");
+        }
+    }
+    let result = &shown[0].1;
+    for name in ["TORCH_GITHUB_PAT", "NCCL_DB_PASS", "UPS_DOCTOR_STORE", "--api-key", "--hf-token"] {
+        assert!(result.contains(name), "the result lost {name}:\n{result}");
+    }
+    assert!(result.contains("tcp://admin:<redacted>@10.0.0.1:29500"), "{result}");
+}

@@ -36,7 +36,7 @@ pub mod public;
 pub use bisect::render_bisect;
 pub use files::{
     IssueText, REPORT_FILE, RESULT_FILE, ReportError, issue_text, read_run, rerender, rerender_masked,
-    write_atomic, write_run,
+    result_json, write_atomic, write_run,
 };
 pub use markdown::{
     is_summary, render_env_markdown, render_markdown, render_scenario_markdown, scenario_report_path,

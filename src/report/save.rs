@@ -30,7 +30,7 @@ pub fn save_honestly(dir: &Path, run: &RunResult) -> Result<(), String> {
     let write_result = || {
         let mut run = run.clone();
         run.logs_cut = crate::harness::logs_cut(dir);
-        let json = serde_json::to_string_pretty(&run).expect("results serialise") + "\n";
+        let json = super::files::result_json(&run).expect("results serialise");
         write_atomic(&result_path, json.as_bytes())
     };
     let mut cut_logs = false;
