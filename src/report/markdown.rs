@@ -529,6 +529,14 @@ fn rank_notes(s: &ScenarioResult) -> Option<String> {
                 r.markers + r.bad_markers
             ));
         }
+        if r.dropped_markers > 0 {
+            notes.push(format!(
+                "Rank {}: {} dropped unread: they came faster than ups-doctor could take them in \
+                 (its marker queue is bounded); the counts and the timeline miss them.",
+                r.rank,
+                plural(r.dropped_markers as usize, "marker"),
+            ));
+        }
         for error in &r.log_errors {
             notes.push(format!(
                 "Rank {}: {}; the log ends with a note where it was cut, and its last lines are above.",
