@@ -408,3 +408,96 @@ fn secrets_in_env_argv_params_and_program_output_reach_no_output() {
     }
     assert!(result.contains("tcp://admin:<redacted>@10.0.0.1:29500"), "{result}");
 }
+
+/// `setsid sleep 600`, started by the test (so before any run): nobody's run. Killed on drop.
+struct Bystander(std::process::Child);
+
+impl Bystander {
+    fn start() -> Bystander {
+        Bystander(
+            std::process::Command::new("setsid")
+                .args(["sleep", "600"])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        )
+    }
+}
+
+impl Drop for Bystander {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The shell lines that put `$d` to the writing process's own scenario cgroup folder (cgroup v1's
+/// memory hierarchy, else v2).
+const OWN_CGROUP: &str = "d=$(grep -E '^[0-9]+:memory:' /proc/self/cgroup | cut -d: -f3); b=/sys/fs/cgroup/memory; \
+     [ -n \"$d\" ] || { d=$(grep '^0::' /proc/self/cgroup | cut -d: -f3); b=/sys/fs/cgroup; }; d=$b$d";
+
+#[test]
+fn a_foreign_process_moved_into_the_scenarios_cgroup_is_left_alone() {
+    let sb = Sandbox::new();
+    let bystander = Bystander::start();
+    let pid = bystander.0.id();
+    let moved = sb.path().join("moved");
+    // A program running as root writes a pid that is not its own into its cgroup.procs.
+    let script = format!("{OWN_CGROUP}; echo {pid} > $d/cgroup.procs && echo $d > {}", moved.display());
+    let file = sb.scenario("mover", &serde_json::json!({"command": ["sh", "-c", script]}).to_string());
+    let out = sb.run(&[&file], &[]);
+    let stderr = out.stderr();
+    let cgroup = std::fs::read_to_string(&moved).unwrap_or_else(|_| {
+        panic!("the program could not move the process (no scenario cgroup?):\n{stderr}")
+    });
+    assert!(util::alive(u64::from(pid)), "the foreign process was killed:\n{stderr}");
+    let leftovers = out.scenario()["leftovers"].to_string();
+    assert!(!leftovers.contains(&format!("\"pid\":{pid}")), "listed as the run's leftover: {leftovers}");
+    assert!(stderr.contains(&format!("left alone process {pid}")), "{stderr}");
+    drop(bystander);
+    // The group could not be removed while the process was in it; remove it now it is gone.
+    let cgroup = cgroup.trim().to_string();
+    assert!(eventually(Duration::from_secs(10), || std::fs::remove_dir(&cgroup).is_ok()
+        || !Path::new(&cgroup).exists()));
+}
+
+#[test]
+fn a_setsid_daemon_that_keeps_the_run_id_and_leaves_the_cgroup_is_ended_and_listed() {
+    let sb = Sandbox::new();
+    let pid_file = sb.path().join("daemon-pid");
+    let cgroup_file = sb.path().join("daemon-cgroup");
+    // Double fork + setsid, then out of the scenario's cgroup into its parent's.
+    let daemon = format!(
+        "{OWN_CGROUP}; echo $$ > $(dirname $d)/cgroup.procs; cat /proc/self/cgroup > {}; echo $$ > {}; exec sleep 600",
+        cgroup_file.display(),
+        pid_file.display()
+    );
+    // The rank leaves once the daemon is out (no `wait`: a daemon is not waited for).
+    let script = format!(
+        "(setsid sh -c '{}' < /dev/null > /dev/null 2>&1 &); while [ ! -s {} ]; do sleep 0.05; done",
+        daemon.replace('\'', "'\\''"),
+        pid_file.display()
+    );
+    let file = sb.scenario("daemon", &serde_json::json!({"command": ["sh", "-c", script]}).to_string());
+    let out = sb.run(&[&file], &[]);
+    let stderr = out.stderr();
+    let pid: u32 = std::fs::read_to_string(&pid_file)
+        .unwrap_or_else(|_| panic!("the daemon never started:\n{stderr}"))
+        .trim()
+        .parse()
+        .unwrap();
+    let alive_after = eventually(Duration::from_secs(5), || !util::alive(u64::from(pid)));
+    if !alive_after {
+        // SAFETY: kill(2) of the daemon this test's scenario started, so it does not outlive the test.
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    }
+    assert!(alive_after, "the daemon survived the run:\n{stderr}");
+    let cgroups = std::fs::read_to_string(&cgroup_file).unwrap();
+    assert!(!cgroups.contains("ups-doctor."), "the daemon did not leave the scenario's cgroup:\n{cgroups}");
+    let leftovers = &out.scenario()["leftovers"]["processes"];
+    let listed = leftovers.as_array().into_iter().flatten().find(|p| p["pid"] == pid);
+    let listed = listed.unwrap_or_else(|| panic!("the daemon is not a listed leftover: {leftovers}"));
+    assert_eq!(listed["killed"], true, "{leftovers}");
+}
