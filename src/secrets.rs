@@ -54,6 +54,16 @@ pub fn is_secret_name(name: &str) -> bool {
         || upper.split(|c: char| !c.is_ascii_alphanumeric()).any(|part| WHOLE_PART.contains(&part))
 }
 
+/// Sections of a scenario (`--set model.latent_tokens=16`): their fields hold no secrets, and
+/// some names would read as one (`latent_tokens`). `params.…` can, and is not among them.
+const SCENARIO_SECTIONS: [&str; 7] = ["model.", "data.", "train.", "launch.", "limits.", "expect.", "inject"];
+
+/// Whether the value assigned to or following `name` (`NAME=…`, `--name …`) is a secret.
+fn secret_setting(name: &str) -> bool {
+    let bare = name.trim_start_matches('-');
+    !SCENARIO_SECTIONS.iter().any(|s| bare.starts_with(s)) && is_secret_name(bare)
+}
+
 fn regex(cell: &'static OnceLock<Regex>, pattern: &str) -> &'static Regex {
     cell.get_or_init(|| Regex::new(pattern).expect("a valid pattern"))
 }
@@ -81,10 +91,10 @@ pub fn mask_text(text: &str) -> Cow<'_, str> {
     apply(url, &|c| format!("{}:{REDACTED}@", &c[1]));
     apply(token, &|_| REDACTED.to_string());
     apply(assigned, &|c| {
-        if is_secret_name(&c[1]) { format!("{}={REDACTED}", &c[1]) } else { c[0].to_string() }
+        if secret_setting(&c[1]) { format!("{}={REDACTED}", &c[1]) } else { c[0].to_string() }
     });
     apply(flag, &|c| {
-        if is_secret_name(&c[2]) && &c[4] != REDACTED {
+        if secret_setting(&c[2]) && &c[4] != REDACTED {
             format!("{}{}{}{REDACTED}", &c[1], &c[2], &c[3])
         } else {
             c[0].to_string()
@@ -109,7 +119,7 @@ pub fn mask_argv(argv: &[String]) -> Vec<String> {
 
 /// `--api-key`, `-p` is not: a flag without a value of its own whose name suggests a secret.
 fn secret_flag(arg: &str) -> bool {
-    arg.starts_with('-') && !arg.contains('=') && is_secret_name(arg.trim_start_matches('-'))
+    arg.starts_with('-') && !arg.contains('=') && secret_setting(arg)
 }
 
 /// Masks every secret in a JSON document (the form every output is written from): strings as
@@ -203,6 +213,7 @@ mod tests {
             ("python train.py --api-key s3cr3t --steps 4", "python train.py --api-key <redacted> --steps 4"),
             ("KeyError: 'weight' in task-manager", "KeyError: 'weight' in task-manager"),
             ("PATH=/usr/bin", "PATH=/usr/bin"),
+            ("--set model.latent_tokens=16", "--set model.latent_tokens=16"),
         ];
         for (text, want) in cases {
             assert_eq!(mask_text(text), want, "{text}");
