@@ -9,9 +9,14 @@ use std::time::Duration;
 
 use util::{Sandbox, eventually};
 
+/// A pipe: (read end, write end).
+fn pipe() -> (std::os::fd::OwnedFd, std::os::fd::OwnedFd) {
+    nix::unistd::pipe().expect("a pipe")
+}
+
 /// The write end of a pipe whose reader has already gone: what `… | true` gives a program.
-fn reader_gone() -> std::io::PipeWriter {
-    let (reader, writer) = std::io::pipe().expect("a pipe");
+fn reader_gone() -> std::os::fd::OwnedFd {
+    let (reader, writer) = pipe();
     drop(reader);
     writer
 }
@@ -95,7 +100,7 @@ fn ctrl_c_while_piped_into_a_tee_that_died_first_saves_and_exits_130() {
             started.display()
         ),
     );
-    let (reader, writer) = std::io::pipe().unwrap();
+    let (reader, writer) = pipe();
     let stderr_file = sb.path().join("stderr");
     // Live progress on (not --quiet): the progress lines go to stderr, the matrix to stdout.
     let mut child = sb

@@ -170,7 +170,7 @@ pub fn make_room(dir: &std::path::Path, wanted: u64) -> u64 {
             (meta.is_file() && meta.dev() == log.dev && meta.ino() == log.ino).then_some((meta.len(), i))
         })
         .collect();
-    found.sort_by(|a, b| b.0.cmp(&a.0));
+    found.sort_by_key(|f| std::cmp::Reverse(f.0));
     let mut freed = 0;
     for (len, i) in found {
         if freed >= wanted || len <= 2 * NOTE_ROOM {

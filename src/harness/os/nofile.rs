@@ -31,7 +31,7 @@ pub fn raise() -> Limit {
     let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
         return Limit { soft: u64::MAX, hard: u64::MAX };
     };
-    let as_u64 = |v: nix::sys::resource::rlim_t| if v == RLIM_INFINITY { u64::MAX } else { v as u64 };
+    let as_u64 = |v: nix::sys::resource::rlim_t| if v == RLIM_INFINITY { u64::MAX } else { v };
     if soft < hard && setrlimit(Resource::RLIMIT_NOFILE, hard, hard).is_ok() {
         return Limit { soft: as_u64(hard), hard: as_u64(hard) };
     }
@@ -73,7 +73,7 @@ mod tests {
     fn raising_never_lowers_the_limit() {
         let (before, _) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
         let after = raise();
-        assert!(after.soft >= before as u64);
+        assert!(after.soft >= before);
         assert!(after.soft <= after.hard);
     }
 }
