@@ -8,6 +8,11 @@
 //! [`schema`] (the result types every stage reads) come from `ups-doctor-core`, which both sides
 //! share.
 
+// First, so that its `print!`/`eprintln!`… (which never panic on a reader that left) are the
+// ones every module below sees.
+#[macro_use]
+pub mod output;
+
 pub mod attach;
 pub mod bisect;
 pub mod diagnose;
@@ -17,6 +22,8 @@ pub mod harness;
 pub mod nodes;
 pub mod probe;
 pub mod report;
+pub mod run_files;
+pub mod secrets;
 pub mod session;
 
 pub use ups_doctor_core::{protocol, scenario, schema};

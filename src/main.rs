@@ -14,6 +14,8 @@ use clap::Parser;
 
 use cli::{Cli, Command};
 use ups_doctor::session::{self, EnvFormat};
+// Printing that survives a reader who left (`| head -1`): see ups_doctor::output.
+use ups_doctor::eprintln;
 
 fn main() -> ExitCode {
     let result = match Cli::parse().command {

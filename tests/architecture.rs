@@ -560,9 +560,9 @@ fn the_import_reader_sees_every_form_and_finds_circles() {
         "{:?}",
         to("harness/observe/gpu.rs")
     );
-    // A path written in code: `crate::harness::os::files::write_atomic(…)` in bisect/executor.rs,
-    // and a child path through a child folder: `run::supervise::supervise(…)` in harness/mod.rs.
-    assert!(to("bisect/executor.rs").contains("harness/os/files.rs"), "{:?}", to("bisect/executor.rs"));
+    // A path written in code: `crate::run_files::replace(…)` in bisect/executor.rs, and a child
+    // path through a child folder: `run::supervise::supervise(…)` in harness/mod.rs.
+    assert!(to("bisect/executor.rs").contains("run_files.rs"), "{:?}", to("bisect/executor.rs"));
     assert!(to("harness/mod.rs").contains("harness/run/supervise.rs"), "{:?}", to("harness/mod.rs"));
     // Another crate's items are not edges: `crate::scenario` is `ups_doctor_core::scenario`.
     assert!(!to("harness/plan/mod.rs").iter().any(|f| f == "lib.rs"), "{:?}", to("harness/plan/mod.rs"));

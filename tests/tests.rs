@@ -15,6 +15,7 @@ mod external;
 mod fsdp;
 mod fuzz;
 mod gpu;
+mod hostile;
 mod killed;
 mod launchers;
 mod lifecycle;

@@ -282,6 +282,7 @@ fn rank_result(v: &RankView, outcome: OutcomeKind, children: &[(u32, ProcessDump
         log_tail: Vec::new(),
         markers: 0,
         bad_markers: 0,
+        dropped_markers: 0,
         foreign_pids: Vec::new(),
         log_errors: Vec::new(),
         workers: Vec::new(),

@@ -393,6 +393,7 @@ fn attach_one(pid: u32, out: &Path, window: Duration, native: bool) -> Result<St
         not_run: Vec::new(),
         interrupted: false,
         stopped_by: None,
+        logs_cut: Vec::new(),
     };
     let report = crate::report::write_run(out, &run)?;
     let attach = seen.record(judged.state, judged.culprit, &found, &missing, &views, &refused_pids, &shm);

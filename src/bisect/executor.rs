@@ -105,7 +105,7 @@ impl<'a> ProcessOracle<'a> {
         if let Some(parent) = path.parent() {
             let _ = std::fs::create_dir_all(parent);
         }
-        if let Err(e) = crate::harness::os::files::write_atomic(path, text.as_bytes()) {
+        if let Err(e) = crate::run_files::replace(path, text.as_bytes()) {
             self.cache_error.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(e.to_string());
         }
     }

@@ -160,5 +160,5 @@ fn write(path: &Path, text: &str) -> Result<(), SessionError> {
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent).map_err(err)?;
     }
-    crate::harness::os::files::write_atomic(path, format!("{text}\n").as_bytes()).map_err(err)
+    crate::run_files::replace(path, format!("{text}\n").as_bytes()).map_err(err)
 }

@@ -427,7 +427,11 @@ fn failure(ev: &Evidence, failed: &RankEvidence) -> (String, Vec<String>, Option
         }
         OutcomeKind::LaunchFailed => {
             let why = r.error.clone().unwrap_or_else(|| "unknown error".into());
-            let next = if ev.foreign {
+            let next = if why.contains("(os error 24)") || why.contains("(os error 23)") {
+                "ups-doctor ran out of open files starting the ranks (not the program's fault): raise the \
+                 hard open-file limit (`ulimit -Hn` as root, `LimitNOFILE=` under systemd, `--ulimit nofile=` \
+                 for docker; ups-doctor raises its soft limit to the hard one itself), or use fewer ranks."
+            } else if ev.foreign {
                 "Check `command`: the program must be on `PATH` (or given by its path) and its arguments right."
             } else {
                 "Check that the ups-doctor binary and libtorch are installed (see the README's set-up)."
@@ -475,8 +479,19 @@ fn add_collateral(ev: &Evidence, failed: &RankEvidence, verdict: &mut Verdict) {
     let mut collateral: Vec<&RankEvidence> =
         ev.ranks.iter().filter(|r| r.rank() != failed.rank() && r.failed()).collect();
     collateral.sort_by(|a, b| failure_time(a.result).total_cmp(&failure_time(b.result)));
+    // Ranks that could not be started, one line per cause (a thousand ranks stopped by one
+    // `EMFILE` are one line, not a thousand).
+    let mut not_started: Vec<(String, Vec<u32>)> = Vec::new();
     for other in &collateral {
         let o = other.result;
+        if o.outcome == OutcomeKind::LaunchFailed && !rank_unknown(o) {
+            let error = o.error.clone().unwrap_or_default();
+            match not_started.iter_mut().find(|(e, _)| *e == error) {
+                Some((_, ranks)) => ranks.push(o.rank),
+                None => not_started.push((error, vec![o.rank])),
+            }
+            continue;
+        }
         let how = match (o.outcome, &o.torn_down_with) {
             (_, Some(sent)) if o.outcome != OutcomeKind::Hung => format!("was torn down with {sent}"),
             (OutcomeKind::Signaled, _) => {
@@ -498,23 +513,61 @@ fn add_collateral(ev: &Evidence, failed: &RankEvidence, verdict: &mut Verdict) {
         let at = if ev.foreign && o.markers == 0 { String::new() } else { format!(" {}", location(o)) };
         verdict.evidence.push(format!("collateral: {} {how}{at}{later}{error}", rank_name(o, "rank")));
     }
+    for (error, ranks) in not_started {
+        let error = if error.is_empty() { String::new() } else { format!(": {error}") };
+        let which = if ranks.len() == 1 { "rank" } else { "ranks" };
+        verdict
+            .evidence
+            .push(format!("collateral: {which} {} could not be started{error}", rank_ranges(&ranks)));
+    }
     if !collateral.is_empty() && !verdict.headline.ends_with('.') {
         verdict.headline.push('.');
     }
     let (known, unknown): (Vec<&RankResult>, Vec<&RankResult>) =
         collateral.iter().map(|r| r.result).partition(|r| rank_name(r, "Rank") == format!("Rank {}", r.rank));
     if !known.is_empty() {
-        let ranks: Vec<String> = known.iter().map(|r| r.rank.to_string()).collect();
+        let ranks: Vec<u32> = known.iter().map(|r| r.rank).collect();
+        // A short list keeps the order the ranks failed in; a long one is summed up in ranges.
+        let list = if ranks.len() <= SHORT_LIST {
+            ranks.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
+        } else {
+            rank_ranges(&ranks)
+        };
         verdict.headline.push_str(&format!(
-            " {} {} failed after it (collateral).",
+            " {} {list} failed after it (collateral).",
             if ranks.len() == 1 { "Rank" } else { "Ranks" },
-            ranks.join(", ")
         ));
     }
     for r in unknown {
         let lead = if rank_unknown(r) { "The" } else { "Rank" };
         verdict.headline.push_str(&format!(" {} failed after it (collateral).", rank_name(r, lead)));
     }
+}
+
+/// Collateral ranks named one by one in the headline, in the order they failed; more are summed
+/// up as ranges ([`rank_ranges`]).
+const SHORT_LIST: usize = 4;
+
+/// Rank numbers in ascending order, runs of three or more as ranges: `3–1023`, `1, 3–5, 9`.
+pub fn rank_ranges(ranks: &[u32]) -> String {
+    let mut sorted = ranks.to_vec();
+    sorted.sort_unstable();
+    sorted.dedup();
+    let mut parts = Vec::new();
+    let mut i = 0;
+    while i < sorted.len() {
+        let mut j = i;
+        while j + 1 < sorted.len() && sorted[j + 1] == sorted[j] + 1 {
+            j += 1;
+        }
+        match j - i {
+            0 => parts.push(sorted[i].to_string()),
+            1 => parts.push(format!("{}, {}", sorted[i], sorted[j])),
+            _ => parts.push(format!("{}–{}", sorted[i], sorted[j])),
+        }
+        i = j + 1;
+    }
+    parts.join(", ")
 }
 
 /// Whether `r` stands for a process below a launcher whose rank number no signal gave.

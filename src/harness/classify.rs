@@ -113,6 +113,7 @@ pub fn classify_rank(end: &RankEnd) -> RankResult {
         log_tail,
         markers: s.markers,
         bad_markers: s.bad_markers,
+        dropped_markers: s.dropped_markers,
         foreign_pids: s.foreign_pids.clone(),
         log_errors: end.log_errors.clone(),
         workers: s.workers.clone(),

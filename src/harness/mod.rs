@@ -11,6 +11,7 @@
 
 mod classify;
 mod external;
+pub mod limits;
 mod observe;
 pub mod os;
 pub mod plan;
@@ -25,7 +26,7 @@ pub use external::{
     FoundRank, Known, auto_style, discover_ranks, find_program, find_py_spy, kernel_threads, py_spy_dump,
     rank_members_in,
 };
-pub use observe::capture::make_room;
+pub use observe::capture::{logs_cut, make_room};
 pub use observe::gpu::{GpuRecorder, GpuSample, clock_reason_names};
 pub use observe::state::RankState;
 use os::namespace;
@@ -234,18 +235,21 @@ pub fn run_scenario_on_node(
 ) -> Result<ScenarioResult, HarnessError> {
     let (placement, link) = node.map_or((None, None), |(p, l)| (Some(p), Some(l)));
     let prepare = |path: &Path, source| HarnessError::Prepare { path: path.to_path_buf(), source };
-    std::fs::create_dir_all(dir).map_err(|e| prepare(dir, e))?;
+    // Files of the run are created new, never through a link planted in a reused `--out`.
+    crate::run_files::folder(dir).map_err(|e| prepare(dir, e))?;
     let resolved_file = dir.join("scenario.json");
     let here = std::env::current_dir().map_err(|e| prepare(Path::new("."), e))?;
     let resolved = with_absolute_paths(&input.scenario, &here, &here.join(dir));
     let json = serde_json::to_string_pretty(&resolved).expect("scenarios always serialise");
-    std::fs::write(&resolved_file, json + "\n").map_err(|e| prepare(&resolved_file, e))?;
+    crate::run_files::replace(&resolved_file, (json + "\n").as_bytes())
+        .map_err(|e| prepare(&resolved_file, e))?;
 
     let plan = plan_on_this_machine(input, program, &resolved_file, dir, &here, placement)?;
     if let Some(site) = &plan.python_site {
         let file = site.join("sitecustomize.py");
-        std::fs::create_dir_all(site).map_err(|e| prepare(site, e))?;
-        std::fs::write(&file, external::SITECUSTOMIZE).map_err(|e| prepare(&file, e))?;
+        crate::run_files::folder(site).map_err(|e| prepare(site, e))?;
+        crate::run_files::replace(&file, external::SITECUSTOMIZE.as_bytes())
+            .map_err(|e| prepare(&file, e))?;
     }
     // Validation has checked the sizes; a value that slipped past it is refused by the plan.
     let private_shm = match &plan.private_shm {

@@ -66,13 +66,14 @@ pub fn run_local(
     // candidate), so that their hashes match.
     let file = dir.join("nodes-scenario.json");
     let json = serde_json::to_string_pretty(&input.scenario).expect("scenarios serialise");
-    std::fs::write(&file, json).map_err(|e| internal(&format!("write `{}`", file.display()), e))?;
+    crate::run_files::replace(&file, json.as_bytes())
+        .map_err(|e| internal(&format!("write `{}`", file.display()), e))?;
     let port =
         crate::harness::os::tcp::free_port().map_err(|e| internal("find a free port on 127.0.0.1", e))?;
     let coordinator = format!("127.0.0.1:{port}");
     let mut agents: Vec<(u32, Child)> = Vec::new();
     for node in 1..nodes {
-        let log = std::fs::File::create(dir.join(format!("node{node}.log")))
+        let log = crate::run_files::create(&dir.join(format!("node{node}.log")))
             .map_err(|e| internal("create an agent's log", e))?;
         let mut cmd = Command::new(program);
         cmd.arg("run")

@@ -59,38 +59,24 @@ fn ask(exe: &Path, timeout: std::time::Duration) -> Result<String, String> {
 
 /// Words in a variable's name that suggest its value is a secret: such values are never shown,
 /// whatever the variable's prefix (`TORCH_HOME_TOKEN`, `NCCL_…_KEY`, `UPS_DOCTOR_…_PASSWORD`).
-const SECRET_WORDS: [&str; 13] = [
-    "TOKEN",
-    "SECRET",
-    "KEY",
-    "PASSWORD",
-    "PASSWD",
-    "PASSPHRASE",
-    "CREDENTIAL",
-    "AUTH",
-    "COOKIE",
-    "SESSION",
-    "PRIVATE",
-    "SIGNATURE",
-    "CERT",
-];
-
 /// What a secret's value is shown as.
-pub const REDACTED: &str = "<redacted>";
+pub use crate::secrets::REDACTED;
 
-/// Whether a variable's name suggests its value is a secret.
+/// Whether a variable's name suggests its value is a secret: the one rule, [`crate::secrets`].
 pub fn is_secret_name(name: &str) -> bool {
-    let upper = name.to_ascii_uppercase();
-    SECRET_WORDS.iter().any(|w| upper.contains(w))
+    crate::secrets::is_secret_name(name)
 }
 
-/// Replaces the values of variables whose names suggest a secret with [`REDACTED`]. Applied
-/// where the environment is collected, and again where a saved one is shown (a result written by
-/// an older version).
+/// Replaces the values of variables whose names suggest a secret with [`REDACTED`], and masks
+/// secrets inside the others (a password in a URL, a token) as [`crate::secrets::mask_text`]
+/// does. Applied where the environment is collected, and again where a saved one is shown (a
+/// result written by an older version).
 pub fn redact_variables(variables: &mut [(String, String)]) {
     for (name, value) in variables.iter_mut() {
         if is_secret_name(name) {
             *value = REDACTED.to_string();
+        } else if let std::borrow::Cow::Owned(masked) = crate::secrets::mask_text(value) {
+            *value = masked;
         }
     }
 }

@@ -72,8 +72,7 @@ fn folder(path: &Path) -> String {
 /// be encoded.
 pub fn write_run(dir: &Path, run: &RunResult) -> Result<PathBuf, ReportError> {
     fs::create_dir_all(dir).map_err(|source| ReportError::CreateDir { path: dir.to_path_buf(), source })?;
-    let mut json = serde_json::to_string_pretty(run).map_err(ReportError::Encode)?;
-    json.push('\n');
+    let json = result_json(run).map_err(ReportError::Encode)?;
     write_atomic(&dir.join(RESULT_FILE), json.as_bytes())?;
     // JSON cannot hold every value a run may carry (a NaN loss is written as `null`); when the
     // text does not read back, the report still shows what the run had.
@@ -83,20 +82,34 @@ pub fn write_run(dir: &Path, run: &RunResult) -> Result<PathBuf, ReportError> {
     }
 }
 
+/// `result.json`'s text for `run` (pretty, ending in a newline), with every secret masked by the
+/// one rule of [`crate::secrets`]: what is written to the run folder and printed by `--json`.
+///
+/// # Errors
+///
+/// The result cannot be encoded as JSON.
+pub fn result_json(run: &RunResult) -> Result<String, serde_json::Error> {
+    let mut value = serde_json::to_value(run)?;
+    crate::secrets::mask_json(&mut value);
+    Ok(serde_json::to_string_pretty(&value)? + "\n")
+}
+
 /// `report.md` and, when it is a summary, each scenario's full report in its own folder.
+/// Rendered from a masked result; the text is masked again (a result that did not read back is
+/// rendered as it is).
 fn write_reports(dir: &Path, run: &RunResult) -> Result<PathBuf, ReportError> {
     if is_summary(run) {
         for i in 0..run.scenarios.len() {
             let path = dir.join(scenario_report_path(run, i));
             if let Some(parent) = path.parent() {
-                fs::create_dir_all(parent)
+                crate::run_files::folder(parent)
                     .map_err(|source| ReportError::CreateDir { path: parent.to_path_buf(), source })?;
             }
-            write_atomic(&path, render_scenario_markdown(run, i).as_bytes())?;
+            write_atomic(&path, crate::secrets::mask_text(&render_scenario_markdown(run, i)).as_bytes())?;
         }
     }
     let report = dir.join(REPORT_FILE);
-    write_atomic(&report, render_markdown(run).as_bytes())?;
+    write_atomic(&report, crate::secrets::mask_text(&render_markdown(run)).as_bytes())?;
     Ok(report)
 }
 
@@ -120,7 +133,7 @@ pub fn issue_text(run: &RunResult) -> IssueText {
         }
     }
     attach.push(RESULT_FILE.to_string());
-    IssueText { paste: render_markdown(run), attach }
+    IssueText { paste: crate::secrets::mask_text(&render_markdown(run)).into_owned(), attach }
 }
 
 /// `ups-doctor report DIR`: reads `DIR/result.json`, re-renders `DIR/report.md` and returns its
@@ -183,6 +196,13 @@ pub fn read_run(dir: &Path) -> Result<RunResult, ReportError> {
     })?;
     let mut run = parse(&path, &text)?;
     crate::probe::env::redact_variables(&mut run.environment.variables);
+    // A result written by an older version may hold secrets the rule masks now.
+    if let Ok(mut value) = serde_json::to_value(&run) {
+        crate::secrets::mask_json(&mut value);
+        if let Ok(masked) = serde_json::from_value(value) {
+            run = masked;
+        }
+    }
     Ok(run)
 }
 
@@ -222,8 +242,9 @@ fn version_hint(text: &str, broken_syntax: bool) -> Option<String> {
     })
 }
 
-/// Writes `bytes` to a temporary file next to `path`, syncs it and renames it over `path`.
+/// Writes `bytes` to a new temporary file next to `path` (never through a link planted in a
+/// reused folder: [`crate::run_files::replace`]), syncs it and renames it over `path`.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ReportError> {
-    crate::harness::os::files::write_atomic(path, bytes)
+    crate::run_files::replace(path, bytes)
         .map_err(|source| ReportError::Write { path: path.to_path_buf(), source })
 }

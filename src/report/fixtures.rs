@@ -55,6 +55,7 @@ pub fn run(scenarios: Vec<ScenarioResult>) -> RunResult {
         not_run: Vec::new(),
         interrupted: false,
         stopped_by: None,
+        logs_cut: Vec::new(),
     }
 }
 
@@ -108,6 +109,7 @@ pub fn rank(rank: u32, steps: u64) -> RankResult {
         ],
         markers: 250,
         bad_markers: 0,
+        dropped_markers: 0,
         foreign_pids: Vec::new(),
         log_errors: Vec::new(),
         workers: Vec::new(),

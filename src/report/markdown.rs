@@ -129,7 +129,25 @@ fn header_blocks(run: &RunResult) -> Doc {
     doc.push("# ups-doctor report");
     doc.push(summary_line(run));
     interruption(&mut doc, run);
+    logs_cut(&mut doc, run);
     doc
+}
+
+/// The logs of this run cut to make room for the result on a full disk, and by how much.
+fn logs_cut(doc: &mut Doc, run: &RunResult) {
+    if run.logs_cut.is_empty() {
+        return;
+    }
+    let mut lines = vec![
+        "> [!WARNING]".to_string(),
+        "> The disk was full: to make room for this result, ups-doctor cut logs of this run (each ends \
+         with a note saying where; no file that was in the folder before the run was touched):"
+            .to_string(),
+    ];
+    for cut in &run.logs_cut {
+        lines.push(format!("> - {}: {} → {} bytes", code(&cut.path), cut.from_bytes, cut.to_bytes));
+    }
+    doc.push(lines.join("\n"));
 }
 
 fn full_report(run: &RunResult, index: usize) -> Doc {
@@ -494,6 +512,14 @@ fn rank_notes(s: &ScenarioResult) -> Option<String> {
                 plural(r.bad_markers as usize, "line"),
                 if r.bad_markers == 1 { "was" } else { "were" },
                 r.markers + r.bad_markers
+            ));
+        }
+        if r.dropped_markers > 0 {
+            notes.push(format!(
+                "Rank {}: {} dropped unread: they came faster than ups-doctor could take them in \
+                 (its marker queue is bounded); the counts and the timeline miss them.",
+                r.rank,
+                plural(r.dropped_markers as usize, "marker"),
             ));
         }
         for error in &r.log_errors {

@@ -24,6 +24,7 @@ mod markup;
 mod matrix;
 mod memory;
 mod mermaid;
+mod save;
 mod terminal;
 mod text;
 
@@ -38,9 +39,10 @@ pub mod public;
 pub use bisect::render_bisect;
 pub use files::{
     IssueText, REPORT_FILE, RESULT_FILE, ReportError, issue_text, read_run, rerender, rerender_masked,
-    write_atomic, write_run,
+    result_json, write_atomic, write_run,
 };
 pub use markdown::{
     is_summary, render_env_markdown, render_markdown, render_scenario_markdown, scenario_report_path,
 };
+pub use save::save_honestly;
 pub use terminal::{render_env_text, render_matrix};

@@ -16,7 +16,7 @@ pub fn prepare_out_dir(dir: &Path) -> Result<(), Error> {
     };
     std::fs::create_dir_all(dir).map_err(bad)?;
     let probe = dir.join(format!(".ups-doctor-write-test.{}", std::process::id()));
-    std::fs::write(&probe, b"").map_err(bad)?;
+    crate::run_files::create(&probe).map_err(bad)?;
     let _ = std::fs::remove_file(&probe);
     Ok(())
 }

@@ -43,6 +43,7 @@ pub fn run(request: RunRequest) -> Result<u8, Error> {
         crate::probe::machine_started(&harness::machine_needs(inputs.iter().map(|i| &i.scenario), &program));
     check_gpus(&inputs, &machine)?;
     check_memory_limits(&inputs)?;
+    harness::limits::check_open_files(&inputs).map_err(Error::BadInput)?;
     check_node_placement(node.as_ref(), &inputs)?;
     let out_dir = out_dir_or_fresh(request.out.clone(), "")?;
     let mode = if request.quiet { ProgressMode::Quiet } else { ProgressMode::detect() };
@@ -60,6 +61,7 @@ pub fn run(request: RunRequest) -> Result<u8, Error> {
             not_run: Vec::new(),
             interrupted: false,
             stopped_by: None,
+            logs_cut: Vec::new(),
         },
     };
     if let Some(config) = &node {
@@ -242,10 +244,9 @@ impl Session {
         if json {
             eprintln!("{matrix}");
             eprintln!("report: {}", report_path.display());
-            println!(
+            print!(
                 "{}",
-                serde_json::to_string_pretty(&self.invocation.shown(&self.result)?)
-                    .expect("results serialise")
+                report::result_json(&self.invocation.shown(&self.result)?).expect("results serialise")
             );
         } else {
             println!("{matrix}");

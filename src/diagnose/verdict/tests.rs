@@ -644,3 +644,45 @@ fn the_built_in_trainers_gpu_patterns_are_named_too() {
     assert_eq!(v.pattern.as_deref(), Some("duplicate-gpu"));
     assert!(v.likely_cause.unwrap().starts_with("Two ranks were given the same GPU"));
 }
+
+#[test]
+fn rank_ranges_sum_up_runs() {
+    assert_eq!(super::rank_ranges(&(3..1024).collect::<Vec<_>>()), "3–1023");
+    assert_eq!(super::rank_ranges(&[9, 1, 3, 4, 5]), "1, 3–5, 9");
+    assert_eq!(super::rank_ranges(&[2, 3]), "2, 3");
+    assert_eq!(super::rank_ranges(&[7]), "7");
+}
+
+#[test]
+fn ranks_out_of_open_files_are_summed_up_and_not_sent_to_path() {
+    let ranks: Vec<RankResult> = (0..1024)
+        .map(|rank| {
+            let mut e = end(None);
+            e.rank = rank;
+            if rank == 0 {
+                e.exit = Some(Exit::Code(1));
+                e.ended_at_s = Some(1.0);
+            } else if rank >= 3 {
+                e.launch_error = Some("failed to start `python`: Too many open files (os error 24)".into());
+                e.ended_at_s = Some(0.5);
+            } else {
+                e.exit = Some(Exit::Code(0));
+                e.completed = Some(true);
+            }
+            classify_rank(&e)
+        })
+        .collect();
+    let mut case = Case::new(ranks);
+    case.scenario = external();
+    let (_, first, v) = case.judge();
+    assert_eq!(first, Some(3), "{v:#?}");
+    assert!(v.headline.contains("Ranks 0, 4–1023 failed after it"), "{}", v.headline);
+    assert!(v.headline.len() < 400, "{}", v.headline);
+    let launch_lines: Vec<&String> =
+        v.evidence.iter().filter(|e| e.contains("could not be started")).collect();
+    assert_eq!(launch_lines.len(), 1, "{:#?}", v.evidence);
+    assert!(launch_lines[0].contains("ranks 4–1023"), "{}", launch_lines[0]);
+    let next = v.next_step.as_deref().unwrap_or_default();
+    assert!(!next.contains("PATH"), "{next}");
+    assert!(next.contains("open-file limit"), "{next}");
+}

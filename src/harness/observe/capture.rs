@@ -134,33 +134,59 @@ fn drain_blocking_watching(mut stream: impl Read, path: PathBuf, mut watch: Watc
     }
 }
 
+/// A log this process created ([`Log::create`]), known by its file (device and inode), so that
+/// [`make_room`] cuts only this run's own logs: never a file that was in `--out` before the run,
+/// nor one put in a log's place since.
+struct OwnLog {
+    path: PathBuf,
+    dev: u64,
+    ino: u64,
+    /// Its length when first cut, once cut.
+    cut_from: Option<u64>,
+    /// Its length after the last cut.
+    cut_to: u64,
+}
+
+static OWN_LOGS: std::sync::Mutex<Vec<OwnLog>> = std::sync::Mutex::new(Vec::new());
+
+fn own_logs() -> std::sync::MutexGuard<'static, Vec<OwnLog>> {
+    OWN_LOGS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Makes room in a run folder whose disk is full, so that its result can still be written: cuts
-/// the largest `*.log` files under `dir` to half (each ends with a note saying so), largest
-/// first, until `wanted` bytes are freed. Returns the bytes freed.
+/// the largest logs this process created under `dir` to half (each ends with a note saying so),
+/// largest first, until `wanted` bytes are freed. Returns the bytes freed. Files it did not
+/// create (a user's own `*.log` in a reused `--out`) are never touched.
 pub fn make_room(dir: &std::path::Path, wanted: u64) -> u64 {
-    fn logs(dir: &std::path::Path, out: &mut Vec<(u64, PathBuf)>) {
-        let Ok(entries) = std::fs::read_dir(dir) else { return };
-        for entry in entries.flatten() {
-            let path = entry.path();
-            match entry.file_type() {
-                Ok(t) if t.is_dir() => logs(&path, out),
-                Ok(t) if t.is_file() && path.extension().is_some_and(|e| e == "log") => {
-                    out.push((entry.metadata().map_or(0, |m| m.len()), path));
-                }
-                _ => {}
-            }
-        }
-    }
-    let mut found = Vec::new();
-    logs(dir, &mut found);
-    found.sort_by(|a, b| b.0.cmp(&a.0));
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let dir = std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf());
+    let mut logs = own_logs();
+    let mut found: Vec<(u64, usize)> = logs
+        .iter()
+        .enumerate()
+        .filter(|(_, log)| log.path.starts_with(&dir))
+        .filter_map(|(i, log)| {
+            let meta = std::fs::symlink_metadata(&log.path).ok()?;
+            (meta.is_file() && meta.dev() == log.dev && meta.ino() == log.ino).then_some((meta.len(), i))
+        })
+        .collect();
+    found.sort_by_key(|f| std::cmp::Reverse(f.0));
     let mut freed = 0;
-    for (len, path) in found {
+    for (len, i) in found {
         if freed >= wanted || len <= 2 * NOTE_ROOM {
             break;
         }
+        let log = &mut logs[i];
         let keep = len / 2;
-        let Ok(mut file) = std::fs::OpenOptions::new().write(true).open(&path) else { continue };
+        let Ok(mut file) =
+            std::fs::OpenOptions::new().write(true).custom_flags(libc::O_NOFOLLOW).open(&log.path)
+        else {
+            continue;
+        };
+        // The name may have been given to another file since it was checked.
+        if !file.metadata().is_ok_and(|m| m.dev() == log.dev && m.ino() == log.ino) {
+            continue;
+        }
         if file.set_len(keep.saturating_sub(NOTE_ROOM)).is_err() {
             continue;
         }
@@ -170,9 +196,27 @@ pub fn make_room(dir: &std::path::Path, wanted: u64) -> u64 {
             file,
             "\n[ups-doctor: log cut here to {keep} of {len} bytes: the disk was full and the run's result needed the room]\n"
         );
-        freed += len - keep;
+        log.cut_from.get_or_insert(len);
+        log.cut_to = file.metadata().map_or(keep, |m| m.len());
+        freed += len.saturating_sub(log.cut_to);
     }
     freed
+}
+
+/// The logs under `dir` that [`make_room`] has cut, with paths relative to `dir`, in the order
+/// they were created.
+pub fn logs_cut(dir: &std::path::Path) -> Vec<crate::schema::LogCut> {
+    let dir = std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf());
+    own_logs()
+        .iter()
+        .filter_map(|log| {
+            Some(crate::schema::LogCut {
+                path: log.path.strip_prefix(&dir).ok()?.display().to_string(),
+                from_bytes: log.cut_from?,
+                to_bytes: log.cut_to,
+            })
+        })
+        .collect()
 }
 
 /// A log file that stops at its first failed write (a full disk) and then ends with a note
@@ -189,8 +233,21 @@ const NOTE_ROOM: u64 = 512;
 
 impl Log {
     fn create(path: PathBuf) -> Log {
-        match File::create(&path) {
-            Ok(file) => Log { path, file: Some(file), written: 0, error: None },
+        // Never through a link planted under the log's name (see `crate::run_files`).
+        match crate::run_files::create(&path) {
+            Ok(file) => {
+                if let Ok(meta) = file.metadata() {
+                    use std::os::unix::fs::MetadataExt;
+                    own_logs().push(OwnLog {
+                        path: std::path::absolute(&path).unwrap_or_else(|_| path.clone()),
+                        dev: meta.dev(),
+                        ino: meta.ino(),
+                        cut_from: None,
+                        cut_to: 0,
+                    });
+                }
+                Log { path, file: Some(file), written: 0, error: None }
+            }
             Err(e) => Log { path, file: None, written: 0, error: Some(e) },
         }
     }

@@ -9,11 +9,18 @@ use crate::schema::{PhaseSpan, ThreadStack, WorkerInfo};
 /// Losses kept per rank; longer runs are thinned to every k-th step.
 const MAX_LOSSES: usize = 500;
 
+/// Phase spans kept per rank: a program beginning new phases without end (a flood of `begin`
+/// markers) cannot grow the timeline without bound.
+pub const MAX_SPANS: usize = 4096;
+
 /// Accumulated evidence about one rank. Times are seconds since the scenario started.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct RankState {
     pub markers: u64,
     pub bad_markers: u64,
+    /// Markers dropped unread: they came faster than they could be folded in (the queue is
+    /// bounded, see `harness::os::process::Sink`).
+    pub dropped_markers: u64,
     /// Pids that `worker` markers named but that are not this run's processes (bad markers).
     pub foreign_pids: Vec<u32>,
     pub last_marker_at: Option<f64>,
@@ -83,7 +90,7 @@ impl RankState {
                         self.train_started_at = Some(at);
                         self.timeline.push(PhaseSpan { phase: "train".into(), start_s: at, end_s: None });
                     }
-                } else {
+                } else if self.timeline.len() < MAX_SPANS {
                     self.timeline.push(PhaseSpan { phase: phase.clone(), start_s: at, end_s: None });
                 }
                 self.phase = Some(phase);

@@ -14,6 +14,12 @@
 //! the group's `cgroup.procs`; while the pidfd's process lives its pid names no other process, so
 //! finding the pid there proves the process is in the group (and if it died in between, the
 //! signal goes nowhere). Kernels without pidfds (before 5.3) get no signal from here.
+//!
+//! Membership alone does not make a process the run's: a program running as root can write any
+//! pid into its group's `cgroup.procs`. So a scenario's teardown signals only members that were
+//! started after the group was made (a process can only have been spawned by the run, or
+//! started during it, then); one older than the group was moved in from outside and is left
+//! alone ([`ScenarioCgroup::spawned_since_created`]).
 
 use std::ffi::{CStr, CString};
 use std::io;
@@ -140,6 +146,15 @@ pub struct ScenarioCgroup {
     procs: CString,
     limit: Option<u64>,
     oom_kills_before: u64,
+    /// When the group was made, in clock ticks since boot (the unit of a process's start time).
+    created_ticks: u64,
+}
+
+/// Now, in clock ticks since boot: the unit of `/proc/<pid>/stat`'s start time.
+fn now_ticks() -> Option<u64> {
+    let uptime = std::fs::read_to_string("/proc/uptime").ok()?;
+    let seconds: f64 = uptime.split_whitespace().next()?.parse().ok()?;
+    Some((seconds * procfs::ticks_per_second() as f64) as u64)
 }
 
 impl ScenarioCgroup {
@@ -149,6 +164,8 @@ impl ScenarioCgroup {
         let start = start_time(me).ok_or("cannot read ups-doctor's own start time")?;
         let name = format!("{PREFIX}{me}.{start}.{tag}");
         let dir = parent.dir.join(&name);
+        // Taken before the group exists, rounded down: nothing spawned in it can be older.
+        let created_ticks = now_ticks().ok_or("cannot read `/proc/uptime`")?.saturating_sub(1);
         std::fs::create_dir(&dir)
             .map_err(|e| format!("cannot create the cgroup `{}`: {e}", dir.display()))?;
         let procs =
@@ -160,6 +177,7 @@ impl ScenarioCgroup {
             procs,
             limit,
             oom_kills_before: 0,
+            created_ticks,
         };
         if let Some(bytes) = limit {
             // On failure `cg` drops here, which removes the directory again.
@@ -268,16 +286,24 @@ impl ScenarioCgroup {
         }
     }
 
-    /// SIGKILLs every process in the group; returns the pids that got it.
+    /// SIGKILLs every process in the group that was started after the group was made (see the
+    /// module's documentation); returns the pids that got it.
     pub fn kill_all(&self) -> Vec<u32> {
-        kill_members(&self.dir)
+        kill_members(&self.dir, Some(self.created_ticks))
+    }
+
+    /// Whether a member that started at `start_ticks` (clock ticks since boot) can have been
+    /// spawned by the run: it started after the group was made. One older than the group was
+    /// moved in from outside.
+    pub fn spawned_since_created(&self, start_ticks: u64) -> bool {
+        start_ticks >= self.created_ticks
     }
 
     /// Kills what is left, waits for the group to empty and removes it. Returns the pids that
     /// were still in it.
     pub fn kill_and_remove(&self) -> Vec<u32> {
         let killed = self.kill_all();
-        remove_when_empty(&self.dir);
+        remove_when_empty(&self.dir, Some(self.created_ticks));
         killed
     }
 }
@@ -306,29 +332,34 @@ fn members(dir: &Path) -> Vec<u32> {
         .unwrap_or_default()
 }
 
-/// SIGKILLs every member of the group at `dir`, each through a pidfd proven to be a member (see
-/// the module's comment). v2's `cgroup.kill` does the same in the kernel where it exists.
-fn kill_members(dir: &Path) -> Vec<u32> {
+/// SIGKILLs every member of the group at `dir` (with `since`, only those started at or after
+/// it, in clock ticks since boot), each through a pidfd proven to be a member (see the module's
+/// comment). v2's `cgroup.kill` does the same in the kernel where it exists, and is used only
+/// when every member qualifies.
+fn kill_members(dir: &Path, since: Option<u64>) -> Vec<u32> {
     let pids = members(dir);
     if pids.is_empty() {
         return pids;
     }
+    let qualifies = |pid: u32| since.is_none_or(|t| start_time(pid).is_some_and(|s| s >= t));
     let kill_file = dir.join("cgroup.kill");
-    if kill_file.exists() && std::fs::write(&kill_file, "1").is_ok() {
+    if pids.iter().all(|&p| qualifies(p)) && kill_file.exists() && std::fs::write(&kill_file, "1").is_ok() {
         return pids;
     }
-    pids.into_iter().filter(|&pid| signal_member(dir, pid, Signal::SIGKILL as i32)).collect()
+    pids.into_iter().filter(|&pid| signal_member(dir, pid, Signal::SIGKILL as i32, since)).collect()
 }
 
-/// Sends `signal` to `pid` only if it is, provably, a member of the group at `dir`.
-fn signal_member(dir: &Path, pid: u32, signal: i32) -> bool {
-    // The pidfd first: membership is then checked for the process it names.
+/// Sends `signal` to `pid` only if it is, provably, a member of the group at `dir` (and, with
+/// `since`, started at or after it).
+fn signal_member(dir: &Path, pid: u32, signal: i32, since: Option<u64>) -> bool {
+    // The pidfd first: membership and start time are then checked for the process it names.
     let Ok(fd) = super::sys::pidfd_open(pid) else { return false };
-    members(dir).contains(&pid) && super::sys::pidfd_send_signal(&fd, signal).is_ok()
+    let started_since = since.is_none_or(|t| start_time(pid).is_some_and(|s| s >= t));
+    started_since && members(dir).contains(&pid) && super::sys::pidfd_send_signal(&fd, signal).is_ok()
 }
 
 /// Waits (bounded) until the group at `dir` is empty, then removes it.
-fn remove_when_empty(dir: &Path) -> bool {
+fn remove_when_empty(dir: &Path, since: Option<u64>) -> bool {
     let deadline = Instant::now() + EMPTY_WAIT;
     loop {
         if std::fs::remove_dir(dir).is_ok() || !dir.exists() {
@@ -338,7 +369,7 @@ fn remove_when_empty(dir: &Path) -> bool {
             return false;
         }
         // Members that exited but are not yet gone from the group keep it busy for a moment.
-        kill_members(dir);
+        kill_members(dir, since);
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -370,8 +401,8 @@ pub fn sweep_orphans(parent: &Parent) -> Vec<Orphan> {
         }
         let dir = entry.path();
         let before: Vec<(u32, String)> = members(&dir).into_iter().map(|p| (p, command_of(p))).collect();
-        let killed = kill_members(&dir);
-        remove_when_empty(&dir);
+        let killed = kill_members(&dir, None);
+        remove_when_empty(&dir, None);
         let left = members(&dir);
         found.extend(before.into_iter().map(|(pid, command)| Orphan {
             pid,

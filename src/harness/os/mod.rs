@@ -1,13 +1,13 @@
 //! The kernel seam of the harness: code here talks to the kernel directly (spawn, process groups,
 //! signals and `waitid` in `process`, ownership checks in `owner`, the private `/dev/shm` mount
-//! namespace in `namespace`, cgroupfs, `/dev/kmsg`, files written whole in `files`, and in `sys` the calls nix does not wrap: pidfds, `_exit`, …); everything above it works on plain
+//! namespace in `namespace`, cgroupfs, `/dev/kmsg`, and in `sys` the calls nix does not wrap: pidfds, `_exit`, …); everything above it works on plain
 //! data. It must not decide what an
 //! observation means: it reports what the kernel says.
 
 pub mod cgroup;
-pub mod files;
 pub mod kmsg;
 pub(crate) mod namespace;
+pub mod nofile;
 pub(crate) mod owner;
 pub(crate) mod process;
 pub mod sys;

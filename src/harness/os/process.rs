@@ -9,6 +9,7 @@ use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -106,25 +107,115 @@ impl Event {
 
 /// Where readers and watchers send [`Event`]s: every event is queued, and an urgent one
 /// ([`Event::urgent`]) also wakes the run loop, which otherwise sleeps until its next deadline.
+///
+/// Markers are bounded: a program writing them faster than the loop folds them in (a flood of
+/// millions a second) would otherwise grow the queue without limit (measured: 1.4 GiB at 10
+/// million markers, about 140 bytes each). Past [`MAX_QUEUED_MARKERS`] markers waiting, a marker
+/// that would not wake the loop is dropped, and past [`MAX_QUEUED_URGENT`] any marker is; each
+/// drop is counted for its rank ([`Sink::take_dropped`]) and reported. Other events (exits,
+/// interrupts, output) are never dropped: their number is bounded by the processes.
 #[derive(Debug, Clone)]
 pub struct Sink {
-    events: Sender<Event>,
+    events: Sender<(Event, usize)>,
     wake: SyncSender<()>,
+    load: std::sync::Arc<Load>,
+    dropped: std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<u32, u64>>>,
+}
+
+/// Markers waiting in the queue, and what they hold.
+#[derive(Debug, Default)]
+struct Load {
+    markers: AtomicUsize,
+    /// The lines they were read from, plus [`MARKER_OVERHEAD`] each: about their memory.
+    bytes: AtomicUsize,
+}
+
+/// Markers waiting in the queue past which one that does not wake the loop is dropped (a
+/// trainer sends about ten a step, a hundred steps a second at most).
+pub const MAX_QUEUED_MARKERS: usize = 1 << 16;
+/// Bytes of waiting markers past which one that does not wake the loop is dropped: a marker's
+/// line may be up to [`MAX_MARKER_LINE`] long, so the count alone would not bound memory.
+pub const MAX_QUEUED_BYTES: usize = 16 << 20;
+/// Past four times these limits even a marker that would wake the loop (a crash, `done`, a
+/// stack) is dropped, so that a flood of progress never costs those.
+pub const URGENT_FACTOR: usize = 4;
+/// What a queued marker costs besides its line: the event and the channel's slot (measured about
+/// 140 bytes a marker in all for short lines).
+pub const MARKER_OVERHEAD: usize = 160;
+
+/// The run loop's end of a [`Sink`]: events in the order they were sent.
+#[derive(Debug)]
+pub struct Queue {
+    events: Receiver<(Event, usize)>,
+    load: std::sync::Arc<Load>,
+}
+
+impl Queue {
+    /// The next event waiting, if any.
+    pub fn try_recv(&self) -> Result<Event, mpsc::TryRecvError> {
+        let (event, bytes) = self.events.try_recv()?;
+        if matches!(event, Event::Marker { .. } | Event::BadMarker { .. }) {
+            self.load.markers.fetch_sub(1, Ordering::Relaxed);
+            self.load.bytes.fetch_sub(bytes, Ordering::Relaxed);
+        }
+        Ok(event)
+    }
+
+    /// Every event waiting now, without blocking.
+    pub fn try_iter(&self) -> impl Iterator<Item = Event> + '_ {
+        std::iter::from_fn(|| self.try_recv().ok())
+    }
+
+    /// Markers waiting now, and about the memory they hold.
+    pub fn waiting(&self) -> (usize, usize) {
+        (self.load.markers.load(Ordering::Relaxed), self.load.bytes.load(Ordering::Relaxed))
+    }
 }
 
 impl Sink {
     /// A sink, the queue it fills and the wake-ups it gives.
-    pub fn new() -> (Sink, Receiver<Event>, Receiver<()>) {
+    pub fn new() -> (Sink, Queue, Receiver<()>) {
         let (events, queue) = mpsc::channel();
         // One pending wake-up is enough: the loop drains the whole queue when it wakes.
         let (wake, wakes) = mpsc::sync_channel(1);
-        (Sink { events, wake }, queue, wakes)
+        let load = std::sync::Arc::<Load>::default();
+        let sink =
+            Sink { events, wake, load: std::sync::Arc::clone(&load), dropped: std::sync::Arc::default() };
+        (sink, Queue { events: queue, load }, wakes)
+    }
+
+    /// Markers dropped since the last call, by rank (see [`Sink`]).
+    pub fn take_dropped(&self) -> std::collections::BTreeMap<u32, u64> {
+        std::mem::take(&mut *self.dropped.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
     /// Queues `event`; false once the run loop is gone.
     pub fn send(&self, event: Event) -> bool {
+        self.send_read(event, 0)
+    }
+
+    /// [`Sink::send`] for an event read from a line of `line` bytes (a marker): dropped and
+    /// counted when the queue holds too many markers already (see [`Sink`]).
+    pub fn send_read(&self, event: Event, line: usize) -> bool {
         let urgent = event.urgent();
-        let sent = self.events.send(event).is_ok();
+        let mut bytes = 0;
+        if let Event::Marker { rank, .. } | Event::BadMarker { rank, .. } = &event {
+            let factor = if urgent { URGENT_FACTOR } else { 1 };
+            bytes = line + MARKER_OVERHEAD;
+            let markers = self.load.markers.fetch_add(1, Ordering::Relaxed);
+            let held = self.load.bytes.fetch_add(bytes, Ordering::Relaxed);
+            if markers >= MAX_QUEUED_MARKERS * factor || held + bytes > MAX_QUEUED_BYTES * factor {
+                self.load.markers.fetch_sub(1, Ordering::Relaxed);
+                self.load.bytes.fetch_sub(bytes, Ordering::Relaxed);
+                *self.dropped.lock().unwrap_or_else(|e| e.into_inner()).entry(*rank).or_default() += 1;
+                return true;
+            }
+            // Half full: the loop takes them in now rather than at its next deadline.
+            if markers + 1 == MAX_QUEUED_MARKERS / 2 {
+                let _ = self.wake.try_send(());
+            }
+        }
+        let sent = self.events.send((event, bytes)).is_ok();
         if urgent {
             let _ = self.wake.try_send(());
         }
@@ -465,8 +556,9 @@ pub fn read_tagged_markers(
         let line = String::from_utf8_lossy(&buf);
         let at = written_at(&line, read_at);
         let parent = |pid: u32| crate::probe::memory::read_stat(pid).map(|s| s.ppid);
+        let line_bytes = buf.len();
         for event in router.route(line.trim_end(), at, &ranks, parent) {
-            if !events.send(event) {
+            if !events.send_read(event, line_bytes) {
                 return;
             }
         }
@@ -497,7 +589,7 @@ fn read_markers(rank: u32, pipe: File, events: Sink) {
             Ok(marker) => Event::Marker { rank, at: written_at(line, at), marker },
             Err(_) => Event::BadMarker { rank, at },
         };
-        if !events.send(event) {
+        if !events.send_read(event, n) {
             return;
         }
     }
@@ -675,5 +767,99 @@ mod tests {
         assert_eq!(queue.try_iter().count(), 2);
         drop(queue);
         assert!(!sink.send(Event::Interrupt), "the loop is gone");
+    }
+
+    /// A small deterministic generator (xorshift), so that every run checks the same cases.
+    struct Seeded(u64);
+
+    impl Seeded {
+        fn below(&mut self, n: u64) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0 % n
+        }
+    }
+
+    /// What a flood of `lines` lines of random kinds and sizes leaves in the queue, read by the
+    /// real reader from a real pipe while the loop takes nothing: (markers, bad lines, dropped,
+    /// the most markers and bytes waiting).
+    fn flood(seed: u64, lines: usize, urgent_share: u64) -> (u64, u64, u64, (usize, usize), u64) {
+        let mut rng = Seeded(seed);
+        let mut text = Vec::new();
+        let mut sent = 0u64;
+        for i in 0..lines {
+            let line: Vec<u8> = match rng.below(100) {
+                // Valid progress markers, short or long.
+                0..=59 => {
+                    let longest = if rng.below(50) == 0 { 20_000 } else { 40 };
+                    let phase = "p".repeat(1 + rng.below(longest) as usize);
+                    format!(r#"{{"t":"progress","phase":"{phase}","done":{i},"total":{lines}}}"#).into_bytes()
+                }
+                // Markers that wake the loop (`done`).
+                n if n < 60 + urgent_share => br#"{"t":"done"}"#.to_vec(),
+                // Not JSON, or not UTF-8, or JSON that is no marker.
+                n if n < 90 => match rng.below(3) {
+                    0 => b"not a marker".to_vec(),
+                    1 => vec![0xff, 0xfe, b'{', 0x80],
+                    _ => br#"{"t":"no-such-marker","x":1}"#.to_vec(),
+                },
+                // Empty lines: not counted at all.
+                n if n < 95 => Vec::new(),
+                // A line over the limit (rarely: a few MiB each).
+                _ if rng.below(200) == 0 => vec![b'x'; MAX_MARKER_LINE + 1 + rng.below(1000) as usize],
+                _ => br#"{"t":"begin","phase":"forward"}"#.to_vec(),
+            };
+            if !line.is_empty() {
+                sent += 1;
+            }
+            text.extend_from_slice(&line);
+            text.push(b'\n');
+        }
+        let (sink, queue, _wakes) = Sink::new();
+        let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
+        let writer = std::thread::spawn(move || {
+            use std::io::Write;
+            let mut w = File::from(write);
+            w.write_all(&text).unwrap();
+        });
+        let reader = std::thread::spawn({
+            let sink = sink.clone();
+            move || read_markers(0, File::from(read), sink)
+        });
+        writer.join().unwrap();
+        reader.join().unwrap();
+        let waiting = queue.waiting();
+        let (mut markers, mut bad) = (0, 0);
+        for event in queue.try_iter() {
+            match event {
+                Event::Marker { .. } => markers += 1,
+                Event::BadMarker { .. } => bad += 1,
+                _ => {}
+            }
+        }
+        let dropped = sink.take_dropped().get(&0).copied().unwrap_or(0);
+        (markers, bad, dropped, waiting, sent)
+    }
+
+    #[test]
+    fn a_marker_flood_of_any_shape_is_bounded_and_every_line_is_accounted_for() {
+        for (seed, lines, urgent) in [(1, 1_000, 0), (2, 120_000, 0), (3, 150_000, 30), (4, 400_000, 30)] {
+            let (markers, bad, dropped, (held, bytes), sent) = flood(seed, lines, urgent);
+            let what = format!(
+                "seed {seed}, {lines} lines: {markers} markers, {bad} bad, {dropped} dropped of {sent}; {held} waiting, {bytes} bytes"
+            );
+            // Every line is a marker, a bad line or a counted drop: none vanishes.
+            assert_eq!(markers + bad + dropped, sent, "{what}");
+            // The queue never holds more than its bounds.
+            assert!(held <= MAX_QUEUED_MARKERS * URGENT_FACTOR, "{what}");
+            assert!(bytes <= MAX_QUEUED_BYTES * URGENT_FACTOR, "{what}");
+            assert!(markers + bad <= (MAX_QUEUED_MARKERS * URGENT_FACTOR) as u64, "{what}");
+            if sent as usize <= MAX_QUEUED_MARKERS / 2 {
+                assert_eq!(dropped, 0, "{what}");
+            } else {
+                assert!(dropped > 0, "{what}");
+            }
+        }
     }
 }

@@ -27,7 +27,7 @@ use crate::harness::observe::state::RankState;
 use crate::harness::os::cgroup::ScenarioCgroup;
 use crate::harness::os::namespace::PrivateShm;
 use crate::harness::os::owner::{self, Identity};
-use crate::harness::os::process::{self, Event, RankProcess, RankSpec, Sink};
+use crate::harness::os::process::{self, Event, Queue, RankProcess, RankSpec, Sink};
 use crate::harness::plan::{Completion, Plan, ProcessPlan, Style};
 use crate::probe::shm;
 use crate::protocol::signal_name;
@@ -387,7 +387,7 @@ impl Supervisor<'_, '_> {
         &mut self,
         live: &mut dyn Listener,
         interrupted: &AtomicBool,
-        queue: &Receiver<Event>,
+        queue: &Queue,
         wakes: &Receiver<()>,
     ) {
         let live_every = live.tick_every();
@@ -580,7 +580,7 @@ impl Supervisor<'_, '_> {
 
     /// Sleeps until an urgent event or `deadline`, then folds every queued event in. Returns
     /// what woke it.
-    fn wait(&mut self, queue: &Receiver<Event>, wakes: &Receiver<()>, deadline: Option<Instant>) -> Input {
+    fn wait(&mut self, queue: &Queue, wakes: &Receiver<()>, deadline: Option<Instant>) -> Input {
         let timeout =
             deadline.map_or(Duration::from_secs(3600), |d| d.saturating_duration_since(Instant::now()));
         let input = match wakes.recv_timeout(timeout) {
@@ -595,7 +595,17 @@ impl Supervisor<'_, '_> {
         while let Ok(event) = queue.try_recv() {
             self.apply(event);
         }
+        self.count_dropped_markers();
         input
+    }
+
+    /// Markers the bounded queue dropped (see [`Sink`]), counted on their ranks.
+    fn count_dropped_markers(&mut self) {
+        for (rank, n) in self.sink.take_dropped() {
+            if let Some(slot) = self.slots.get_mut(rank as usize) {
+                slot.end.state.dropped_markers += n;
+            }
+        }
     }
 
     /// Folds one event into the slots.
@@ -954,7 +964,7 @@ impl Supervisor<'_, '_> {
     /// Stops sampling, collects every end and sweeps what outlived the ranks.
     fn finish(
         mut self,
-        queue: &Receiver<Event>,
+        queue: &Queue,
         swept: Vec<crate::schema::LeftoverSegment>,
         shm_dir: &Path,
         shm_before: &[shm::Segment],
@@ -967,6 +977,7 @@ impl Supervisor<'_, '_> {
                 self.apply(event);
             }
         }
+        self.count_dropped_markers();
         let Sampled { memory: recorder, oom, gpu } =
             self.sampler.take().and_then(SamplerThread::finish).unwrap_or_else(|| Sampled {
                 memory: MemoryRecorder::new(

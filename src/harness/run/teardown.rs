@@ -136,17 +136,28 @@ pub fn kill_leftover_processes(
 /// Teardown through the scenario's cgroup: whatever is still in it once every rank has ended
 /// and the process-group and run-id search has run (a process that left its session and
 /// process group and dropped the run id from its environment) is killed and reported. Only
-/// members of the scenario's own cgroup are signalled (see [`ScenarioCgroup::kill_all`]).
+/// members of the scenario's own cgroup that started after it was made are signalled (see
+/// [`ScenarioCgroup::kill_all`]); an older one was moved in from outside and is left alone.
 pub fn kill_cgroup_leftovers(cgroup: Option<&ScenarioCgroup>, members: &Membership) -> Vec<LeftoverProcess> {
     let Some(cgroup) = cgroup else {
         return Vec::new();
     };
     let table = memory::processes();
     let below = members.below(&table);
-    let left: Vec<LeftoverProcess> = cgroup
+    let (ours, foreign): (Vec<&memory::ProcStat>, Vec<&memory::ProcStat>) = cgroup
         .members()
         .into_iter()
         .filter_map(|pid| table.iter().find(|p| p.pid == pid && !p.zombie()))
+        .partition(|p| cgroup.spawned_since_created(p.start_ticks));
+    for p in foreign {
+        eprintln!(
+            "ups-doctor: warning: left alone process {} (`{}`) in the scenario's cgroup: it started before the \
+             cgroup was made, so the run did not start it (something moved it in)",
+            p.pid, p.command
+        );
+    }
+    let left: Vec<LeftoverProcess> = ours
+        .into_iter()
         .map(|p| LeftoverProcess {
             pid: p.pid,
             command: p.command.clone(),

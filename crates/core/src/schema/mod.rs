@@ -31,7 +31,7 @@ pub use process::{
     ExitSource, ExternalRun, ExternalStyle, IdentifiedBy, KernelThread, LauncherEnd, PhaseSpan, ProcessDump,
     Quote, QuoteKind, RankResult, ThreadStack, WorkerInfo,
 };
-pub use run::{RunResult, ScenarioResult};
+pub use run::{LogCut, RunResult, ScenarioResult};
 pub use signal::Signal;
 pub use verdict::Verdict;
 

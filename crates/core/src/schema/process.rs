@@ -247,6 +247,10 @@ pub struct RankResult {
     pub markers: u64,
     #[serde(default)]
     pub bad_markers: u64,
+    /// Markers dropped unread because they came faster than ups-doctor could fold them in (its
+    /// queue is bounded).
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub dropped_markers: u64,
     /// Pids that `worker` markers claimed but that were not processes of this run: counted in
     /// `bad_markers`, never signalled.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -488,6 +492,10 @@ impl TryFrom<String> for IdentifiedBy {
             )),
         }
     }
+}
+
+fn is_zero_u64(n: &u64) -> bool {
+    *n == 0
 }
 
 fn is_zero(n: &u32) -> bool {

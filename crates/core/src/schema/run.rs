@@ -29,6 +29,21 @@ pub struct RunResult {
     /// …): why, in one line. The scenarios after it are in `not_run`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stopped_by: Option<String>,
+    /// Logs of this run that ups-doctor cut to make room for this result on a full disk (never a
+    /// file that was in `--out` before the run).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub logs_cut: Vec<LogCut>,
+}
+
+/// One log of the run cut short to make room for the result on a full disk.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogCut {
+    /// Relative to the run folder.
+    pub path: String,
+    /// Its length when first cut.
+    pub from_bytes: u64,
+    /// Its length now (a note saying so included).
+    pub to_bytes: u64,
 }
 
 /// One scenario's end: its outcome, the verdict, and every rank's evidence.

@@ -1,0 +1,100 @@
+//! Saving a run's `result.json` and `report.md` when the disk is full: a result is never left
+//! claiming more or less than happened, and room is made only from this run's own logs.
+
+use std::path::Path;
+
+use crate::schema::RunResult;
+
+use super::files::{REPORT_FILE, RESULT_FILE, rerender, write_atomic, write_run};
+
+/// Writes `result.json` and `report.md` (each to a temporary file, then renamed). When that
+/// fails (a full disk), it does not leave an earlier `result.json` claiming the run ended there:
+/// it makes room by cutting this run's largest logs (each ends with a note; files that were in
+/// the folder before the run are never touched), then by removing the stale `report.md` (rendered
+/// again from the result) and the stale `result.json` (the new one holds all it held) before
+/// writing. The result lists every log cut (`logs_cut`: which, and from and to how many bytes).
+/// If the result still cannot be written, the earlier one is kept as `result.stale.json`.
+///
+/// # Errors
+///
+/// What could not be written, with the path and the cause, in words.
+pub fn save_honestly(dir: &Path, run: &RunResult) -> Result<(), String> {
+    let mut run = run.clone();
+    run.logs_cut = crate::harness::logs_cut(dir);
+    if write_run(dir, &run).is_ok() {
+        return Ok(());
+    }
+    let result_path = dir.join(RESULT_FILE);
+    let report_path = dir.join(REPORT_FILE);
+    // The list of cuts is taken again before each attempt, so that the result says all of them.
+    let write_result = || {
+        let mut run = run.clone();
+        run.logs_cut = crate::harness::logs_cut(dir);
+        let json = super::files::result_json(&run).expect("results serialise");
+        write_atomic(&result_path, json.as_bytes())
+    };
+    let mut cut_logs = false;
+    let mut written = with_room(dir, &mut cut_logs, write_result);
+    if written.is_err() {
+        let _ = std::fs::remove_file(&report_path);
+        written = write_result();
+    }
+    if written.is_err() {
+        let old = std::fs::read(&result_path).ok();
+        let _ = std::fs::remove_file(&result_path);
+        written = write_result();
+        if written.is_err()
+            && let Some(old) = old
+        {
+            let _ = crate::run_files::replace(&dir.join("result.stale.json"), &old);
+        }
+    }
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&report_path);
+        let kept = if dir.join("result.stale.json").exists() {
+            "; the earlier result, which does not tell the whole run, is kept as `result.stale.json`"
+        } else {
+            ""
+        };
+        return Err(format!("failed to write the result: {e}{kept}"));
+    }
+    let mut rendered = with_room(dir, &mut cut_logs, || rerender(dir));
+    let cuts = crate::harness::logs_cut(dir);
+    if rendered.is_ok() && cuts != run.logs_cut {
+        // The report was rendered from a result that does not list the last cuts yet.
+        rendered = write_result().and_then(|()| rerender(dir));
+    }
+    if cut_logs {
+        let list: Vec<String> =
+            cuts.iter().map(|c| format!("`{}` ({} → {} bytes)", c.path, c.from_bytes, c.to_bytes)).collect();
+        eprintln!(
+            "ups-doctor: warning: the disk of `{}` was full: this run's largest logs were cut (each ends with a note) to make room for the result: {}",
+            dir.display(),
+            list.join(", ")
+        );
+    }
+    rendered.map(|_| ()).map_err(|e| {
+        let _ = std::fs::remove_file(&report_path);
+        format!(
+            "wrote `{}`, but not the report: {e}; render it later with `ups-doctor report {}`",
+            result_path.display(),
+            dir.display()
+        )
+    })
+}
+
+/// `attempt`, again after cutting this run's largest logs each time it fails, while that frees
+/// anything (each round halves the largest logs, so a few rounds at most).
+fn with_room<T, E>(dir: &Path, cut: &mut bool, mut attempt: impl FnMut() -> Result<T, E>) -> Result<T, E> {
+    let mut outcome = attempt();
+    // Each pass halves the largest logs; keep cutting while that frees anything (a run of several
+    // scenarios writes a report per scenario besides the result), so the loop ends by itself.
+    loop {
+        if outcome.is_ok() || crate::harness::make_room(dir, 1 << 20) == 0 {
+            break;
+        }
+        *cut = true;
+        outcome = attempt();
+    }
+    outcome
+}
