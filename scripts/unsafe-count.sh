@@ -7,11 +7,11 @@
 # Prints one line per file holding any, then the totals, then the `unsafe` blocks and impls with no
 # `SAFETY:` comment on their line or in the 8 lines above.
 #
-#   scripts/unsafe-count.sh [DIR...]     (default: src)
+#   scripts/unsafe-count.sh [DIR...]     (default: every crate: src crates)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dirs=("$@")
-[ ${#dirs[@]} -gt 0 ] || dirs=(src)
+[ ${#dirs[@]} -gt 0 ] || dirs=(src crates)
 
 find "${dirs[@]}" -name '*.rs' -print0 | sort -z | xargs -0 perl -e '
   my ($tb, $tf, $ti, $te, $tt, $tp, $files) = (0, 0, 0, 0, 0, 0, 0);
