@@ -385,7 +385,8 @@ pub struct Orphan {
 }
 
 /// Kills the processes of scenario cgroups under `parent` whose ups-doctor is gone (no live
-/// process has the pid and start time in the group's name), and removes those groups.
+/// process has the pid and start time in the group's name), and removes those groups. Only
+/// members started after that ups-doctor are killed: an older one was moved in from outside.
 pub fn sweep_orphans(parent: &Parent) -> Vec<Orphan> {
     let Ok(entries) = std::fs::read_dir(&parent.dir) else {
         return Vec::new();
@@ -400,9 +401,15 @@ pub fn sweep_orphans(parent: &Parent) -> Vec<Orphan> {
             continue; // its ups-doctor still runs
         }
         let dir = entry.path();
-        let before: Vec<(u32, String)> = members(&dir).into_iter().map(|p| (p, command_of(p))).collect();
-        let killed = kill_members(&dir, None);
-        remove_when_empty(&dir, None);
+        // The group was made after its ups-doctor started: a member older than that was moved in
+        // from outside, is not the dead run's, and is left alone (and not listed), as a live
+        // run's teardown leaves it.
+        let since = Some(start);
+        let ours = |p: &u32| start_time(*p).is_some_and(|s| s >= start);
+        let before: Vec<(u32, String)> =
+            members(&dir).into_iter().filter(ours).map(|p| (p, command_of(p))).collect();
+        let killed = kill_members(&dir, since);
+        remove_when_empty(&dir, since);
         let left = members(&dir);
         found.extend(before.into_iter().map(|(pid, command)| Orphan {
             pid,
