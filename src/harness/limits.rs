@@ -7,7 +7,6 @@ use std::path::Path;
 use crate::scenario::LaunchStyle;
 
 use super::ScenarioInput;
-use super::external;
 use super::os::nofile;
 
 /// Processes ups-doctor itself starts for `input` on this machine (or on one node of several):
@@ -23,7 +22,7 @@ pub fn processes_started(input: &ScenarioInput) -> u64 {
         LaunchStyle::PerRank => false,
         LaunchStyle::Auto => {
             let dir = input.file.parent().unwrap_or(Path::new("."));
-            external::auto_style(&external::argv(s, dir, 0)).0
+            crate::harness::plan::command::auto_style(&crate::harness::plan::command::argv(s, dir, 0)).0
         }
     };
     if launcher { 1 } else { per_node }

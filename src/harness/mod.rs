@@ -10,7 +10,7 @@
 //! `result` is the data written to `result.json`.
 
 mod classify;
-mod external;
+mod discover;
 pub mod limits;
 mod observe;
 pub mod os;
@@ -22,15 +22,14 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 
 pub use classify::{Intervention, RankEnd, classify_rank};
-pub use external::{
-    FoundRank, Known, auto_style, discover_ranks, find_program, find_py_spy, kernel_threads, py_spy_dump,
-    rank_members_in,
-};
+pub use discover::{FoundRank, Known, discover_ranks, rank_members_in};
 pub use observe::capture::{logs_cut, make_room};
 pub use observe::gpu::{GpuRecorder, GpuSample, clock_reason_names};
 pub use observe::state::RankState;
 use os::namespace;
 pub use os::process::Exit;
+pub use os::stacks::{find_program, find_py_spy, kernel_threads, py_spy_dump};
+pub use plan::command::auto_style;
 
 use crate::scenario::Scenario;
 use crate::schema::{LeftoverProcess, RankResult, ScenarioResult};
@@ -128,7 +127,7 @@ fn plan_on_this_machine(
         env_has: &env_has,
         pythonpath: std::env::var_os("PYTHONPATH").map(|p| p.to_string_lossy().into_owned()),
         python_site: &python_site,
-        auto_style: &external::auto_style,
+        auto_style: &crate::harness::plan::command::auto_style,
     };
     plan::plan(&input.scenario, &facts).map_err(|e| refused(input, e))
 }
@@ -248,7 +247,7 @@ pub fn run_scenario_on_node(
     if let Some(site) = &plan.python_site {
         let file = site.join("sitecustomize.py");
         crate::run_files::folder(site).map_err(|e| prepare(site, e))?;
-        crate::run_files::replace(&file, external::SITECUSTOMIZE.as_bytes())
+        crate::run_files::replace(&file, crate::harness::plan::command::SITECUSTOMIZE.as_bytes())
             .map_err(|e| prepare(&file, e))?;
     }
     // Validation has checked the sizes; a value that slipped past it is refused by the plan.

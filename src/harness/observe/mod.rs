@@ -10,3 +10,4 @@ pub mod memory;
 pub mod oom;
 pub mod quotes;
 pub mod state;
+pub mod torchrun;

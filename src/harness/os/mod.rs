@@ -5,11 +5,13 @@
 //! observation means: it reports what the kernel says.
 
 pub mod cgroup;
+pub(crate) mod found;
 pub mod kmsg;
 pub(crate) mod namespace;
 pub mod nofile;
 pub(crate) mod owner;
 pub(crate) mod process;
+pub mod stacks;
 pub mod sys;
 pub mod tcp;
 

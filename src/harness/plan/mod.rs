@@ -7,6 +7,7 @@
 //! every decision here is unit-tested without a process. Every later stage reads the
 //! [`Plan`]; nothing is parsed twice.
 
+pub mod command;
 mod placement;
 pub mod torchrun;
 
@@ -18,8 +19,6 @@ use std::time::Duration;
 
 use crate::protocol::{MARKER_PATH_ENV, RUN_ID_ENV};
 use crate::scenario::{CompletesWhen, Device, LaunchStyle, Scenario};
-
-use super::external;
 
 /// How long stuck ranks get to answer a stack-dump request.
 pub const STACK_DUMP_WAIT: Duration = Duration::from_secs(5);
@@ -72,7 +71,7 @@ pub struct Facts<'a> {
     /// (`python/site/sitecustomize.py`: line-buffered output), in the scenario's log folder.
     pub python_site: &'a Path,
     /// What `launch.style: auto` makes of a command: launcher or not, and why (it may read the
-    /// script; see [`external::auto_style`]).
+    /// script; see [`crate::harness::plan::command::auto_style`]).
     pub auto_style: &'a dyn Fn(&[String]) -> (bool, String),
 }
 
@@ -241,8 +240,11 @@ impl Plan {
 pub fn plan(scenario: &Scenario, facts: &Facts) -> Result<Plan, PlanError> {
     let world = facts.node.map_or(scenario.launch.world_size, |n| n.local_world);
     let external = scenario.is_external();
-    let argv =
-        if external { external::argv(scenario, facts.scenario_dir, facts.master_port) } else { Vec::new() };
+    let argv = if external {
+        crate::harness::plan::command::argv(scenario, facts.scenario_dir, facts.master_port)
+    } else {
+        Vec::new()
+    };
     // On one node of several: torchrun's per-node form; a launcher's ranks carry global numbers.
     let (argv, offset) = match facts.node {
         Some(n) => (torchrun::per_node(&argv, n), n.global_rank(0)),
@@ -264,7 +266,7 @@ pub fn plan(scenario: &Scenario, facts: &Facts) -> Result<Plan, PlanError> {
         Some(CompletesWhen::Stdout(p)) => Completion::Stdout(regex::Regex::new(p)?),
     };
     let watch_stdout = matches!(completion, Completion::Stdout(_));
-    let mut python_env: Vec<(String, String)> = external::PYTHON_ENV
+    let mut python_env: Vec<(String, String)> = crate::harness::plan::command::PYTHON_ENV
         .iter()
         .filter(|(k, _)| external && !(facts.env_has)(k))
         .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -354,7 +356,7 @@ fn launcher_process(
         program: PathBuf::from(argv.first().map_or("", String::as_str)),
         args: argv.iter().skip(1).map(OsString::from).collect(),
         env,
-        env_remove: external::RANK_ENV.iter().map(|v| v.to_string()).collect(),
+        env_remove: crate::harness::plan::command::RANK_ENV.iter().map(|v| v.to_string()).collect(),
         stdout_log: facts.log_dir.join("launcher.stdout.log"),
         stderr_log: facts.log_dir.join("launcher.stderr.log"),
         marker_pipe: false,

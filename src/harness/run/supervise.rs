@@ -19,7 +19,6 @@ use std::time::{Duration, Instant};
 
 use super::events::{Listener, RunEvent};
 use crate::harness::classify::{Intervention, RankEnd};
-use crate::harness::external;
 use crate::harness::observe::memory::MemoryRecorder;
 use crate::harness::observe::oom::OomWatch;
 use crate::harness::observe::quotes;
@@ -184,7 +183,7 @@ struct Launcher {
     unidentified: Vec<Identity>,
     /// Which writer of the marker FIFO is which rank, and this node's first global rank: the
     /// plan's expectation until the ranks say where the launcher's rendezvous placed the node
-    /// (see [`process::PidRanks`], [`external::node_first_rank`]).
+    /// (see [`process::PidRanks`], [`crate::harness::discover::node_first_rank`]).
     pid_ranks: Arc<Mutex<process::PidRanks>>,
     /// Whether the ranks said where the node is (looked for only on one node of several, until they do).
     placed: bool,
@@ -223,7 +222,9 @@ impl Launcher {
 /// Stops at `stop`, or once the process is gone.
 fn watch_found(pid: u32, sink: Sink, stop: Arc<AtomicBool>) {
     while !stop.load(Ordering::Relaxed) {
-        if let external::FoundState::Ended(exit) = external::found_state(pid) {
+        if let crate::harness::os::found::FoundState::Ended(exit) =
+            crate::harness::os::found::found_state(pid)
+        {
             sink.send(Event::FoundExited { pid, exit, at: Instant::now() });
             return;
         }
@@ -240,7 +241,7 @@ fn signal_slot(slot: &Slot, run: &owner::Run, others: &[u32], signal: i32) -> bo
         p.signal_group(signal);
         true
     } else if let Some(who) = slot.found_id.filter(|_| !slot.found_gone) {
-        external::signal_found(run, who, others, signal)
+        crate::harness::os::found::signal_found(run, who, others, signal)
     } else {
         false
     }
@@ -254,7 +255,7 @@ fn slot_members(slot: &Slot, others: &[u32]) -> Vec<u32> {
         return p.live_group_members();
     }
     let Some(pid) = slot.found else { return Vec::new() };
-    external::rank_members(pid, others)
+    crate::harness::discover::rank_members(pid, others)
 }
 
 /// A rank found by a weaker signal whose process then reported that same rank through the
@@ -336,7 +337,7 @@ pub fn supervise<'p, 'l>(
     let shm_before = shm::segments(&shm_dir);
     let (sink, queue, wakes) = Sink::new();
     let _interrupts = super::interrupt::listen(sink.clone());
-    let program_path = plan.argv.first().and_then(|p| external::find_program(p));
+    let program_path = plan.argv.first().and_then(|p| crate::harness::os::stacks::find_program(p));
     let mut s = Supervisor {
         plan,
         res,
@@ -347,7 +348,7 @@ pub fn supervise<'p, 'l>(
         ownership: owner::Run { run_id: plan.run_id.clone(), groups: Vec::new(), ranks: Vec::new() },
         members: Arc::default(),
         machine: Machine::new(plan.timing, plan.is_external()),
-        py_spy: external::find_py_spy(program_path.as_deref()),
+        py_spy: crate::harness::os::stacks::find_py_spy(program_path.as_deref()),
         sampler: None,
         link,
         ended_told: vec![false; plan.world as usize],
@@ -749,7 +750,7 @@ impl Supervisor<'_, '_> {
             && self.slots.iter().any(|s| s.found.is_none() || s.weakly_identified())
     }
 
-    /// One round of rank discovery below the launcher (see [`external::discover_ranks`]): new
+    /// One round of rank discovery below the launcher (see [`crate::harness::discover::discover_ranks`]): new
     /// ranks take their slots (their pid watched for its exit, their identity recorded for
     /// ownership checks); a rank first found by a weak signal (spawn order) takes the stronger
     /// one's word when it comes, the same process or not, as long as nothing was sent to it yet.
@@ -766,7 +767,9 @@ impl Supervisor<'_, '_> {
         let Some(root) = l.process.as_ref().map(|p| p.pid) else { return };
         let world = self.slots.len() as u32;
         if !l.placed && self.slots.iter().all(|s| s.found.is_none()) {
-            if let Some(first) = external::node_first_rank(root, world, self.plan.global_world) {
+            if let Some(first) =
+                crate::harness::discover::node_first_rank(root, world, self.plan.global_world)
+            {
                 l.placed = true;
                 l.pid_ranks.lock().unwrap_or_else(|e| e.into_inner()).first = first;
                 if first != self.plan.offset {
@@ -776,13 +779,13 @@ impl Supervisor<'_, '_> {
         }
         let Some(l) = self.launcher.as_mut() else { return };
         let offset = l.first();
-        let known = external::Known {
+        let known = crate::harness::discover::Known {
             found: self.slots.iter().filter_map(|s| Some((s.end.rank + offset, s.found?))).collect(),
             claims: l.pid_ranks.lock().map(|r| r.claimed.clone()).unwrap_or_default(),
             port: self.plan.master_port,
         };
-        for external::FoundRank { rank, pid, by } in
-            external::discover_ranks(root, &self.plan.run_id, offset + world, &known)
+        for crate::harness::discover::FoundRank { rank, pid, by } in
+            crate::harness::discover::discover_ranks(root, &self.plan.run_id, offset + world, &known)
         {
             let Some(rank) = rank.checked_sub(offset) else { continue };
             let Some(slot) = self.slots.get_mut(rank as usize) else { continue };
@@ -820,7 +823,7 @@ impl Supervisor<'_, '_> {
         }
         let found: Vec<u32> = self.slots.iter().filter_map(|s| s.found).collect();
         if found.len() < self.slots.len() {
-            for pid in external::unidentified_children(root, &found) {
+            for pid in crate::harness::discover::unidentified_children(root, &found) {
                 if !l.unidentified.iter().any(|u| u.pid == pid)
                     && let Some(who) = owner::identify(pid)
                 {
@@ -951,7 +954,12 @@ impl Supervisor<'_, '_> {
                     .iter()
                     .map(|&pid| {
                         let role = if Some(pid) == rank_pid { ProcessRole::Rank } else { ProcessRole::Child };
-                        external::py_spy_dump(self.py_spy.as_deref(), pid, slot.end.rank, role)
+                        crate::harness::os::stacks::py_spy_dump(
+                            self.py_spy.as_deref(),
+                            pid,
+                            slot.end.rank,
+                            role,
+                        )
                     })
                     .collect();
             } else if slot.process.is_some() {
@@ -1035,7 +1043,7 @@ impl Supervisor<'_, '_> {
         let matched = stdout.matched;
         let mut lines = stderr.last_lines(400);
         lines.extend(stdout.last_lines(100));
-        let failures = external::torchrun_failures(&lines);
+        let failures = crate::harness::observe::torchrun::torchrun_failures(&lines);
         for slot in &mut self.slots {
             slot.end.quotes = quotes::program_quotes(&quotes::rank_lines(&lines, slot.end.rank + offset));
         }

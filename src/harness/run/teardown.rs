@@ -5,7 +5,6 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use crate::harness::external;
 use crate::harness::observe::memory::{new_segments, orphaned_segments};
 use crate::harness::os::cgroup::ScenarioCgroup;
 use crate::harness::os::owner::{self, Identity};
@@ -40,7 +39,7 @@ impl Membership {
         let mut below = BTreeMap::new();
         for &(rank, pid, _) in self.found.iter().filter(|f| f.2) {
             let others: Vec<u32> = self.found.iter().filter(|f| f.0 != rank).map(|f| f.1).collect();
-            for member in external::rank_members_in(table, pid, &others) {
+            for member in crate::harness::discover::rank_members_in(table, pid, &others) {
                 below.insert(member, rank);
             }
         }

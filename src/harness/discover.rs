@@ -1,0 +1,331 @@
+//! The rank processes a launcher starts, found from the process tree: by the rank variables in
+//! their environment, by the helper's markers, by the rendezvous port they connect to, or by the
+//! order `torch.multiprocessing.spawn` starts them; a node's first global rank; the processes
+//! that belong to a rank (its DataLoader workers). Reads procfs; decides nothing about teardown.
+
+use std::collections::BTreeMap;
+
+use crate::probe::memory;
+
+use super::os::tcp;
+use crate::schema::IdentifiedBy;
+
+/// A rank process found for a launcher-style run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FoundRank {
+    pub rank: u32,
+    pub pid: u32,
+    /// How it was found: a rank variable, the launcher itself, or a spawn order.
+    pub by: IdentifiedBy,
+}
+
+/// What rank discovery knows besides the process table.
+#[derive(Debug, Default)]
+pub struct Known {
+    /// Ranks already found (rank → pid): a spawn order keeps them.
+    pub found: BTreeMap<u32, u32>,
+    /// What the helper's markers said (pid → rank).
+    pub claims: BTreeMap<u32, u32>,
+    /// The run's rendezvous port (the one ups-doctor picked); `MASTER_PORT` and `PET_MASTER_PORT`
+    /// of the launcher's and its processes' starting environments are looked at too.
+    pub port: u16,
+}
+
+/// The rank number a process's starting environment gives, and the variable that gave it.
+/// `LOCAL_RANK` counts only on node 0 (`NODE_RANK` unset or 0): elsewhere it is not the rank.
+/// The environment is read once: a launcher's child read between its fork and its exec shows the
+/// launcher's environment, and reading `RANK` then and `LOCAL_RANK` after the exec named a
+/// DeepSpeed rank by `LOCAL_RANK` (seen in the full suite under load).
+fn env_rank(pid: u32) -> Option<(u32, IdentifiedBy)> {
+    let env = memory::environ(pid)?;
+    let var = |key: &str| env.get(std::ffi::OsStr::new(key)).map(|v| v.to_string_lossy().into_owned());
+    IdentifiedBy::VARIABLES.into_iter().find_map(|by| {
+        let value: u32 = var(by.variable()?)?.trim().parse().ok()?;
+        if by == IdentifiedBy::LocalRank && var("NODE_RANK").is_some_and(|n| n.trim() != "0") {
+            return None;
+        }
+        Some((value, by))
+    })
+}
+
+/// Where a launcher placed its node in the world: `RANK − LOCAL_RANK` of the first process below
+/// `root` whose starting environment has both (torchrun and DeepSpeed set both), when that leaves
+/// room for the node's `local` ranks in a world of `world`. torchrun's `c10d` rendezvous numbers
+/// the nodes by host name and agent pid, not by `--node-rank` (`dynamic_rendezvous.py` sorts its
+/// participants), so node R's ranks are R × `local` only when the hosts happen to sort that way;
+/// two nodes on one host swap whenever node 1's torchrun got the lower pid. Both variables come
+/// from one read of the environment (see [`env_rank`] on the exec window).
+pub fn node_first_rank(root: u32, local: u32, world: u32) -> Option<u32> {
+    let table = memory::processes();
+    let children = children_of(&table);
+    let first_of = |pid: u32| {
+        let env = memory::environ(pid)?;
+        let number = |key: &str| env.get(std::ffi::OsStr::new(key))?.to_str()?.trim().parse::<u32>().ok();
+        number("RANK")?.checked_sub(number("LOCAL_RANK")?)
+    };
+    let mut queue = vec![root];
+    while let Some(pid) = queue.pop() {
+        for &child in children.get(&pid).into_iter().flatten() {
+            match first_of(child) {
+                Some(first) if first + local <= world => return Some(first),
+                _ => queue.push(child),
+            }
+        }
+    }
+    None
+}
+
+/// Whether `pid` is a child that Python's `multiprocessing` started with the `spawn` or
+/// `forkserver` method (`torch.multiprocessing.spawn`'s ranks are), from its command line.
+fn is_spawn_child(pid: u32) -> bool {
+    memory::cmdline(pid)
+        .is_some_and(|text| text.contains("--multiprocessing-fork") && !text.contains("resource_tracker"))
+}
+
+/// When `pid` started, in clock ticks since boot (field 22 of `/proc/PID/stat`).
+fn start_ticks(pid: u32) -> u64 {
+    memory::read_stat(pid).map_or(u64::MAX, |s| s.start_ticks)
+}
+
+/// The rank processes of a launcher-style run whose launcher is `root`, by every signal there
+/// is, in this order:
+/// - a rank variable in the starting environment ([`IdentifiedBy::VARIABLES`]) of a process below the launcher,
+///   or of a process anywhere on the machine that carries this run's id (`srun`'s tasks are
+///   slurmstepd's children, not the launcher's): the topmost such process per rank (its
+///   DataLoader workers, below it, inherit the same variables);
+/// - the helper's markers: a process of this run that reported its rank (topmost per rank: a
+///   forked worker reports its rank's number too);
+/// - the rendezvous port: below the launcher, the process that listens on it is rank 0, and when
+///   one rank is left, the one other process connected to it is that rank;
+/// - the launcher itself as rank 0, when ranks were found by `LOCAL_RANK` and none is rank 0
+///   (Lightning runs rank 0 in the launcher process and starts the others with `LOCAL_RANK`);
+/// - `multiprocessing` spawn children of the launcher numbered in the order they started
+///   (`torch.multiprocessing.spawn(fn, nprocs=N)` starts rank i as its i-th child), when no
+///   other signal found a rank.
+pub fn discover_ranks(root: u32, run_id: &str, world: u32, known: &Known) -> Vec<FoundRank> {
+    let table = memory::processes();
+    let parent: BTreeMap<u32, u32> = table.iter().map(|p| (p.pid, p.ppid)).collect();
+    let children = children_of(&table);
+    let ours = |pid: u32| memory::environ_has(pid, crate::protocol::RUN_ID_ENV, run_id);
+    let mut found: Vec<FoundRank> = Vec::new();
+    let add = |found: &mut Vec<FoundRank>, rank: u32, pid: u32, by: IdentifiedBy| {
+        if rank < world && !found.iter().any(|f| f.rank == rank || f.pid == pid) {
+            found.push(FoundRank { rank, pid, by });
+        }
+    };
+    let mut below = vec![root];
+    let mut queue = vec![root];
+    while let Some(pid) = queue.pop() {
+        for &child in children.get(&pid).into_iter().flatten() {
+            match env_rank(child) {
+                // A rank's own subtree is its workers, not more ranks.
+                Some((rank, by)) => add(&mut found, rank, child, by),
+                None => {
+                    below.push(child);
+                    queue.push(child)
+                }
+            }
+        }
+    }
+    // Elsewhere on the machine: this run's processes whose parent is not one of them with a rank
+    // (that would make them a rank's workers).
+    for p in table.iter().filter(|p| !p.zombie() && p.pid != root && !below.contains(&p.pid)) {
+        if found.iter().any(|f| f.pid == p.pid) || !ours(p.pid) {
+            continue;
+        }
+        let Some((rank, by)) = env_rank(p.pid) else { continue };
+        let ppid = parent.get(&p.pid).copied().unwrap_or(0);
+        if !(ours(ppid) && env_rank(ppid).is_some()) {
+            add(&mut found, rank, p.pid, by);
+        }
+    }
+    // Whether `pid` is below a rank found so far (its worker): then it is no rank itself.
+    let under_a_rank = |found: &[FoundRank], pid: u32| {
+        let mut p = parent.get(&pid).copied().unwrap_or(0);
+        for _ in 0..64 {
+            if p <= 1 {
+                return false;
+            }
+            if found.iter().any(|f| f.pid == p && f.pid != root) {
+                return true;
+            }
+            p = parent.get(&p).copied().unwrap_or(0);
+        }
+        false
+    };
+    // The helper's markers, parents before children (a forked worker reports its rank's number).
+    let mut claims: Vec<(u32, u32)> = known.claims.iter().map(|(&pid, &rank)| (pid, rank)).collect();
+    claims.sort_by_key(|&(pid, _)| (start_ticks(pid), pid));
+    for (pid, rank) in claims {
+        let alive = table.iter().any(|p| p.pid == pid && !p.zombie());
+        // A forked child of a process of the run other than the launcher (a DataLoader worker,
+        // whose parent has not reported yet) has its parent's command line: not a rank.
+        let ppid = parent.get(&pid).copied().unwrap_or(0);
+        let forked = ppid != root
+            && ours(ppid)
+            && memory::cmdline(ppid).is_some_and(|c| Some(c) == memory::cmdline(pid));
+        if alive && ours(pid) && !forked && !under_a_rank(&found, pid) {
+            add(&mut found, rank, pid, IdentifiedBy::Markers);
+        }
+    }
+    let candidates: Vec<u32> = below
+        .iter()
+        .copied()
+        .filter(|&p| p != root && !found.iter().any(|f| f.pid == p) && !under_a_rank(&found, p))
+        .collect();
+    let mut ports: Vec<u16> = vec![known.port];
+    for pid in std::iter::once(root).chain(candidates.iter().copied()) {
+        for var in ["MASTER_PORT", "PET_MASTER_PORT"] {
+            ports.extend(memory::environ_var(pid, var).and_then(|v| v.trim().parse::<u16>().ok()));
+        }
+    }
+    ports.sort_unstable();
+    ports.dedup();
+    let (listeners, connected) = at_rendezvous(root, &candidates, &parent, &ports);
+    if let [rank0] = listeners[..] {
+        add(&mut found, 0, rank0, IdentifiedBy::RendezvousListens);
+    }
+    let left: Vec<u32> = (0..world).filter(|r| !found.iter().any(|f| f.rank == *r)).collect();
+    let others: Vec<u32> = connected.into_iter().filter(|p| !found.iter().any(|f| f.pid == *p)).collect();
+    if let ([rank], [pid]) = (&left[..], &others[..]) {
+        add(&mut found, *rank, *pid, IdentifiedBy::RendezvousConnected);
+    }
+    if !found.is_empty()
+        && found.iter().all(|f| f.by == IdentifiedBy::LocalRank)
+        && !found.iter().any(|f| f.rank == 0)
+    {
+        add(&mut found, 0, root, IdentifiedBy::LauncherProcess);
+    }
+    if found.is_empty() {
+        let mut spawned: Vec<u32> =
+            children.get(&root).into_iter().flatten().copied().filter(|&c| is_spawn_child(c)).collect();
+        spawned.sort_by_key(|&pid| (start_ticks(pid), pid));
+        let mut next = (0..world).filter(|r| !known.found.contains_key(r));
+        for pid in spawned {
+            if known.found.values().any(|&k| k == pid) {
+                continue;
+            }
+            match next.next() {
+                Some(rank) => add(&mut found, rank, pid, IdentifiedBy::SpawnOrder),
+                None => break,
+            }
+        }
+    }
+    found.sort_by_key(|f| f.rank);
+    found
+}
+
+fn children_of(table: &[memory::ProcStat]) -> BTreeMap<u32, Vec<u32>> {
+    table.iter().filter(|p| !p.zombie()).fold(BTreeMap::new(), |mut map, p| {
+        map.entry(p.ppid).or_default().push(p.pid);
+        map
+    })
+}
+
+/// Among `candidates`, the processes that listen on one of `ports` and those connected to one
+/// (the c10d store's clients). A socket counts for the topmost process that holds it: a forked
+/// child (a DataLoader worker, or a launcher's child between fork and exec) holds its parent's
+/// sockets too.
+fn at_rendezvous(
+    root: u32,
+    candidates: &[u32],
+    parent: &BTreeMap<u32, u32>,
+    ports: &[u16],
+) -> (Vec<u32>, Vec<u32>) {
+    if candidates.is_empty() {
+        return (Vec::new(), Vec::new());
+    }
+    let table = tcp::sockets(root);
+    let inodes = |pid: u32| -> Vec<tcp::Socket> {
+        let held = tcp::socket_inodes(pid);
+        table.iter().filter(|s| held.contains(&s.inode)).copied().collect()
+    };
+    let mut listeners = Vec::new();
+    let mut connected = Vec::new();
+    for &pid in candidates {
+        let held = inodes(pid);
+        let ppid = parent.get(&pid).copied().unwrap_or(0);
+        let from_parent = if ppid == root || candidates.contains(&ppid) {
+            tcp::socket_inodes(ppid)
+        } else {
+            Default::default()
+        };
+        let own = |s: &&tcp::Socket| !from_parent.contains(&s.inode);
+        if held.iter().filter(own).any(|s| s.listening && ports.contains(&s.local_port)) {
+            listeners.push(pid);
+        } else if held.iter().filter(own).any(|s| s.established && ports.contains(&s.remote_port)) {
+            connected.push(pid);
+        }
+    }
+    (listeners, connected)
+}
+
+/// The process `pid` and everything below it, except other ranks (`others`) and what is below
+/// them: a rank's own processes (its DataLoader workers), whatever their process group.
+pub fn rank_members(pid: u32, others: &[u32]) -> Vec<u32> {
+    rank_members_in(&memory::processes(), pid, others)
+}
+
+/// [`rank_members`] in a process table already read.
+pub fn rank_members_in(table: &[memory::ProcStat], pid: u32, others: &[u32]) -> Vec<u32> {
+    let children = children_of(table);
+    let mut members = vec![pid];
+    let mut queue = vec![pid];
+    while let Some(p) = queue.pop() {
+        for &child in children.get(&p).into_iter().flatten() {
+            if !others.contains(&child) {
+                members.push(child);
+                queue.push(child);
+            }
+        }
+    }
+    members.sort_unstable();
+    members
+}
+
+/// Processes below the launcher `root` that look like ranks but whose rank is not known:
+/// its children that are not found ranks, not `multiprocessing`'s resource tracker and not
+/// zombies.
+pub fn unidentified_children(root: u32, found: &[u32]) -> Vec<u32> {
+    memory::processes()
+        .into_iter()
+        .filter(|p| p.ppid == root && !p.zombie() && !found.contains(&p.pid))
+        .filter(|p| memory::cmdline(p.pid).is_some_and(|text| !text.contains("resource_tracker")))
+        .map(|p| p.pid)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// A launcher (`sh`) whose two children carry `RANK` 3 and 2 with `LOCAL_RANK` 1 and 0: the
+    /// node runs ranks from 2. A world too small for that is no placement.
+    #[test]
+    fn a_nodes_first_rank_is_rank_less_local_rank_of_a_process_below_its_launcher() {
+        let mut launcher = std::process::Command::new("sh")
+            .args(["-c", "RANK=3 LOCAL_RANK=1 sleep 60 & RANK=2 LOCAL_RANK=0 sleep 60 & wait"])
+            .spawn()
+            .expect("sh starts");
+        let root = launcher.id();
+        // The children show their variables once they have exec'd `sleep`.
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        let mut first = None;
+        while first.is_none() && std::time::Instant::now() < deadline {
+            first = node_first_rank(root, 2, 4);
+            std::thread::yield_now();
+        }
+        let too_small = node_first_rank(root, 2, 3);
+        for child in memory::processes().iter().filter(|p| p.ppid == root) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(child.pid as i32),
+                nix::sys::signal::SIGKILL,
+            );
+        }
+        let _ = launcher.kill();
+        let _ = launcher.wait();
+        assert_eq!(first, Some(2));
+        assert_eq!(too_small, None, "ranks 2-3 do not fit a world of 3");
+    }
+}

@@ -1,0 +1,168 @@
+//! What a stuck process is doing, read from outside: py-spy's stacks and each thread's wait
+//! channel and system call (procfs); where a command's program and `py-spy` are.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use procfs::process::Syscall;
+
+use crate::probe::run;
+use crate::schema::{KernelThread, ProcessDump, ProcessRole};
+
+/// Where `program` is: itself when it names a path, else the first executable of that name on
+/// `PATH` (as `execvp` would pick it).
+pub fn find_program(program: &str) -> Option<PathBuf> {
+    if program.contains('/') {
+        let path = PathBuf::from(program);
+        return path.is_file().then_some(path);
+    }
+    run::find_on_path(program)
+}
+
+/// `py-spy`: on `PATH`, or next to the command's program (a venv's `bin/python` or
+/// `bin/torchrun` has its `bin/py-spy` beside it).
+pub fn find_py_spy(program: Option<&Path>) -> Option<PathBuf> {
+    find_program("py-spy").or_else(|| {
+        let beside = program?.parent()?.join("py-spy");
+        run::is_executable(&beside).then_some(beside)
+    })
+}
+
+/// How long one `py-spy dump` may take.
+const PY_SPY_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Every thread of `pid` as py-spy sees it (Python and native frames), or why not.
+pub fn py_spy_dump(py_spy: Option<&Path>, pid: u32, rank: u32, role: ProcessRole) -> ProcessDump {
+    let threads = kernel_threads(pid);
+    let (text, error) = match py_spy {
+        None => (
+            None,
+            Some("py-spy is not installed (not on `PATH`, not next to the program): `pip install py-spy` for Python stacks".to_string()),
+        ),
+        Some(py_spy) => {
+            match run::bounded(Command::new(py_spy).args(["dump", "--native", "--pid", &pid.to_string()]), PY_SPY_TIMEOUT)
+            {
+                Ok(Some(done)) if done.status.success() => (Some(done.stdout), None),
+                Ok(Some(done)) => {
+                    let why = format!("{}\n{}", done.stdout.trim(), done.stderr.trim()).trim().to_string();
+                    (None, Some(format!("`py-spy dump --native --pid {pid}` failed: {why}")))
+                }
+                Ok(None) => (
+                    None,
+                    Some(format!(
+                        "`py-spy dump --native --pid {pid}` did not answer within {}",
+                        humantime::format_duration(PY_SPY_TIMEOUT)
+                    )),
+                ),
+                Err(e) => (None, Some(format!("cannot run `{}`: {e}", py_spy.display()))),
+            }
+        }
+    };
+    ProcessDump { pid, rank, role, taken: None, py_spy: text, error, threads }
+}
+
+/// Each thread's name, kernel wait channel and current system call, from procfs.
+pub fn kernel_threads(pid: u32) -> Vec<KernelThread> {
+    let Some(tasks) =
+        i32::try_from(pid).ok().and_then(|p| procfs::process::Process::new(p).ok()?.tasks().ok())
+    else {
+        return Vec::new();
+    };
+    let mut threads: Vec<KernelThread> = tasks
+        .filter_map(Result::ok)
+        .map(|task| {
+            // procfs has no reader for a task's `wchan` (only the process's): read it as text.
+            let wchan = std::fs::read_to_string(format!("/proc/{pid}/task/{}/wchan", task.tid))
+                .ok()
+                .map(|w| w.trim().to_string())
+                .filter(|w| !w.is_empty() && w != "0");
+            KernelThread {
+                tid: task.tid as u32,
+                name: task.stat().map(|s| s.comm).unwrap_or_default(),
+                wchan,
+                syscall: task.syscall().ok().map(|s| describe_syscall(&s)),
+            }
+        })
+        .collect();
+    threads.sort_unstable_by_key(|t| t.tid);
+    threads
+}
+
+/// `/proc/PID/task/TID/syscall` in words: `202 (futex)` (the number is this architecture's),
+/// `running`, or `-1` when the thread is blocked outside a system call.
+fn describe_syscall(syscall: &Syscall) -> String {
+    match *syscall {
+        Syscall::Running => "running".to_string(),
+        Syscall::Blocked { syscall_number: n, .. } => match syscall_name(n) {
+            Some(name) => format!("{n} ({name})"),
+            None => n.to_string(),
+        },
+        // `Syscall` is non-exhaustive: a form a later procfs learns to read.
+        ref other => format!("{other:?}"),
+    }
+}
+
+/// Names of the system calls a blocked training process usually sits in. The numbers are this
+/// architecture's (libc's `SYS_*` constants differ between x86-64, aarch64, …); a call the
+/// architecture lacks (aarch64 has no `poll`, `select` or `epoll_wait`) is simply not listed.
+fn syscall_name(n: i64) -> Option<&'static str> {
+    const NAMES: &[(libc::c_long, &str)] = &[
+        (libc::SYS_read, "read"),
+        (libc::SYS_write, "write"),
+        #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
+        (libc::SYS_poll, "poll"),
+        #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
+        (libc::SYS_select, "select"),
+        #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
+        (libc::SYS_nanosleep, "nanosleep"),
+        (libc::SYS_accept, "accept"),
+        (libc::SYS_recvfrom, "recvfrom"),
+        (libc::SYS_sendto, "sendto"),
+        (libc::SYS_recvmsg, "recvmsg"),
+        (libc::SYS_wait4, "wait4"),
+        (libc::SYS_waitid, "waitid"),
+        (libc::SYS_futex, "futex"),
+        (libc::SYS_clock_nanosleep, "clock_nanosleep"),
+        #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
+        (libc::SYS_epoll_wait, "epoll_wait"),
+        (libc::SYS_pselect6, "pselect6"),
+        (libc::SYS_ppoll, "ppoll"),
+        (libc::SYS_epoll_pwait, "epoll_pwait"),
+        (libc::SYS_accept4, "accept4"),
+    ];
+    NAMES.iter().find(|(num, _)| i64::from(*num) == n).map(|(_, name)| *name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::harness::os::found::{FoundState, found_state};
+
+    #[test]
+    fn programs_are_found_on_path_or_by_their_path() {
+        assert!(find_program("sh").is_some());
+        assert_eq!(find_program("/bin/sh"), Some(PathBuf::from("/bin/sh")));
+        assert_eq!(find_program("ups-doctor-no-such-program"), None);
+    }
+
+    #[test]
+    fn a_live_process_has_threads_with_a_syscall_and_this_one_is_no_zombie() {
+        // A thread of our own that waits in the kernel until told to go. (Other tests' threads in
+        // this process come and go while it is read, so only this one is judged.)
+        let (go, wait) = std::sync::mpsc::channel::<()>();
+        let (tell, tid) = std::sync::mpsc::channel();
+        let parked = std::thread::spawn(move || {
+            tell.send(nix::unistd::gettid().as_raw() as u32).unwrap();
+            wait.recv().ok();
+        });
+        let tid = tid.recv().unwrap();
+        let me = std::process::id();
+        let threads = kernel_threads(me);
+        let thread = threads.iter().find(|t| t.tid == tid).expect("the parked thread is listed");
+        assert!(thread.syscall.is_some(), "{thread:?}");
+        go.send(()).unwrap();
+        parked.join().unwrap();
+        assert_eq!(found_state(me), FoundState::Running);
+    }
+}

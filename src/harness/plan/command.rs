@@ -1,0 +1,127 @@
+//! A user's command as it runs: its argv with placeholders filled, the environment ups-doctor
+//! gives its Python, the variables that name a rank, and the style `auto` picks for it (one copy
+//! per rank, or a launcher that starts its own ranks). Pure.
+
+use std::path::Path;
+
+use crate::scenario::{Scenario, render_with};
+
+/// The command's argv with every placeholder filled in; `master_port` is the run's free port.
+pub fn argv(scenario: &Scenario, scenario_dir: &Path, master_port: u16) -> Vec<String> {
+    let command = scenario.command.as_deref().unwrap_or_default();
+    render_with(command, |name| match name {
+        "world_size" => Some(scenario.launch.world_size.to_string()),
+        "master_port" => Some(master_port.to_string()),
+        "scenario_dir" => Some(scenario_dir.display().to_string()),
+        _ => scenario.params.get(name).map(|p| p.value.render()),
+    })
+}
+
+/// Variables set for every process of a command unless the user set them: unbuffered Python
+/// output (so the last lines before a crash are not lost in a buffer, and output shows activity),
+/// and Python's fault handler (a Python stack on SIGSEGV, SIGBUS, SIGABRT).
+pub const PYTHON_ENV: [(&str, &str); 2] = [("PYTHONUNBUFFERED", "1"), ("PYTHONFAULTHANDLER", "1")];
+
+/// Line-buffered output for a command's Python processes, where ups-doctor chose unbuffered: see
+/// the file itself for why (a launcher's ranks share one stdout).
+pub const SITECUSTOMIZE: &str = include_str!("../../../python/site/sitecustomize.py");
+
+/// The torchrun variables a launcher must not inherit from ups-doctor's own environment (its
+/// ranks get their own from it; a stray `RANK` would also make the launcher look like a rank).
+pub const RANK_ENV: [&str; 8] = [
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+];
+
+/// Programs that start the ranks themselves: `launch.style: auto` starts them once.
+const LAUNCHERS: [&str; 7] =
+    ["torchrun", "accelerate", "deepspeed", "srun", "mpirun", "mpiexec", "lightning"];
+
+/// What `launch.style: auto` takes for `argv`: launcher (true) or per rank, and why, in words.
+/// A launcher is a known launcher program, `python -m torch.distributed.run` (or `.launch`), or
+/// a Python script whose source starts its own ranks (`torch.multiprocessing.spawn`, `mp.spawn`,
+/// Lightning's `Trainer`).
+pub fn auto_style(argv: &[String]) -> (bool, String) {
+    let name =
+        |s: &str| Path::new(s).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let program = argv.first().map(|p| name(p)).unwrap_or_default();
+    if LAUNCHERS.contains(&program.as_str()) {
+        return (true, format!("`{program}` is a launcher (it starts the ranks)"));
+    }
+    if program.starts_with("python") {
+        let mut args = argv.iter().skip(1).skip_while(|a| a.starts_with('-') && a.as_str() != "-m");
+        match args.next().map(String::as_str) {
+            Some("-m") => {
+                let module = args.next().cloned().unwrap_or_default();
+                if matches!(module.as_str(), "torch.distributed.run" | "torch.distributed.launch") {
+                    return (true, format!("`python -m {module}` is torchrun (it starts the ranks)"));
+                }
+            }
+            Some(script) => {
+                let source = std::fs::read_to_string(script).unwrap_or_default();
+                let starts_ranks = [
+                    ("multiprocessing.spawn(", "it calls `torch.multiprocessing.spawn`"),
+                    ("mp.spawn(", "it calls `torch.multiprocessing.spawn`"),
+                    ("import lightning", "it uses Lightning, whose `Trainer` starts the ranks"),
+                    ("from lightning", "it uses Lightning, whose `Trainer` starts the ranks"),
+                    ("pytorch_lightning", "it uses Lightning, whose `Trainer` starts the ranks"),
+                ];
+                if let Some((_, why)) = starts_ranks.iter().find(|(needle, _)| source.contains(needle)) {
+                    return (true, format!("`{}` starts its own ranks ({why})", name(script)));
+                }
+            }
+            None => {}
+        }
+    }
+    (false, format!("`{program}` is not a known launcher: one copy per rank, each with torchrun's variables"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_command_renders_params_and_built_in_placeholders() {
+        let s: Scenario = serde_json::from_value(serde_json::json!({
+            "command": ["torchrun", "--nproc_per_node", "{world_size}", "{scenario_dir}/t.py", "--d={depths}", "{pin}"],
+            "params": {"depths": [2, 2], "pin": {"value": false}},
+            "launch": {"world_size": 2, "style": "launcher"}
+        }))
+        .unwrap();
+        assert_eq!(
+            argv(&s, Path::new("/s"), 29501),
+            ["torchrun", "--nproc_per_node", "2", "/s/t.py", "--d=2,2", "false"]
+        );
+    }
+
+    #[test]
+    fn auto_takes_launcher_for_launchers_and_programs_that_start_their_own_ranks() {
+        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let programs = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/programs");
+        let launchers = programs.join("launchers.py").display().to_string();
+        let plain = programs.join("ddp.py").display().to_string();
+        for (argv, launcher, why) in [
+            (args(&["torchrun", "--nproc_per_node", "2", "t.py"]), true, "`torchrun` is a launcher"),
+            (args(&["/venv/bin/accelerate", "launch", "t.py"]), true, "`accelerate` is a launcher"),
+            (
+                args(&["python", "-u", "-m", "torch.distributed.run", "t.py"]),
+                true,
+                "`python -m torch.distributed.run` is torchrun",
+            ),
+            (args(&["python3", &launchers]), true, "`launchers.py` starts its own ranks"),
+            (args(&["python", &plain]), false, "`python` is not a known launcher"),
+            (args(&["python", "-m", "mypkg.train"]), false, "`python` is not a known launcher"),
+            (args(&["./train.sh"]), false, "`train.sh` is not a known launcher"),
+        ] {
+            let (is_launcher, text) = auto_style(&argv);
+            assert_eq!(is_launcher, launcher, "{argv:?}: {text}");
+            assert!(text.starts_with(why), "{argv:?}: {text}");
+        }
+    }
+}
