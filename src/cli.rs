@@ -20,8 +20,9 @@ pub struct Cli {
 
 #[derive(Subcommand)]
 pub enum Command {
-    /// Run scenario files (or every *.json in a folder) and write a report.
-    #[command(after_help = exit::HELP)]
+    /// Run scenario files (or every *.json in a folder), or your own command after `--`, and
+    /// write a report.
+    #[command(after_help = exit::HELP, long_about = RUN_ABOUT)]
     Run(RunArgs),
     /// Cut a failing scenario down to a 1-minimal configuration that still fails the same way.
     #[command(after_help = exit::HELP)]
@@ -98,6 +99,60 @@ pub struct RunArgs {
     pub public: bool,
     #[command(flatten)]
     pub nodes: NodeArgs,
+    #[command(flatten)]
+    pub command_options: CommandArgs,
+    /// Your training command, after `--`, exactly as you would run it: it is the scenario.
+    #[arg(last = true, value_name = "PROGRAM [ARGS]")]
+    pub command: Vec<String>,
+}
+
+/// `run --help`'s description, with an example of each form.
+const RUN_ABOUT: &str =
+    "Run scenario files (or every *.json in a folder), or your own command after `--`, and \
+write a report.
+
+Examples:
+  ups-doctor run -- torchrun --nproc_per_node 2 train.py --epochs 3
+  ups-doctor run --ranks 2 --env OMP_NUM_THREADS=1 --cwd runs/ -- python train.py
+  ups-doctor run --expect-output 'Trainer.fit. stopped' -- python lightning_train.py
+  ups-doctor run scenarios/ddp-rank1-segv.json
+  ups-doctor run scenarios/ --set train.steps=20";
+
+/// What a scenario file says about a command, as options of `run -- CMD`.
+#[derive(clap::Args, Default)]
+pub struct CommandArgs {
+    /// Ranks to start: copies of the command with torchrun's environment (a plain script), or the
+    /// ranks a launcher starts [default: the launcher's own flag, e.g. `--nproc_per_node`, else 1].
+    #[arg(long, value_name = "N", help_heading = "Your command")]
+    pub ranks: Option<u32>,
+    /// `auto` (a known launcher starts its own ranks), `per_rank` or `launcher`.
+    #[arg(long, value_name = "STYLE", help_heading = "Your command")]
+    pub style: Option<String>,
+    /// A rank silent this long (no marker, no output) is hung.
+    #[arg(long, value_name = "SECS", help_heading = "Your command")]
+    pub hang_after: Option<f64>,
+    /// The whole run's time limit.
+    #[arg(long, value_name = "SECS", help_heading = "Your command")]
+    pub timeout: Option<f64>,
+    /// A memory limit for all the command's processes together, like `docker run --memory` (`8g`).
+    #[arg(long, value_name = "SIZE", help_heading = "Your command")]
+    pub memory_limit: Option<String>,
+    /// A private `/dev/shm` of this size, like Docker's (`64m`).
+    #[arg(long, value_name = "SIZE", help_heading = "Your command")]
+    pub shm_size: Option<String>,
+    /// A variable for every process of the command (repeatable).
+    #[arg(long = "env", value_name = "NAME=VALUE", help_heading = "Your command")]
+    pub env: Vec<String>,
+    /// The folder the command runs in [default: this folder].
+    #[arg(long, value_name = "DIR", help_heading = "Your command")]
+    pub cwd: Option<PathBuf>,
+    /// A line the program prints (stdout or stderr) only when it finished: exit 0 without it is a
+    /// false success.
+    #[arg(long, value_name = "REGEX", help_heading = "Your command")]
+    pub expect_output: Option<String>,
+    /// The scenario's name in the report [default: the script's name].
+    #[arg(long, value_name = "NAME", help_heading = "Your command")]
+    pub name: Option<String>,
 }
 
 /// One node of a multi-node run (see README, "Across nodes"). Without these flags, Slurm's
@@ -177,16 +232,33 @@ impl From<NodeArgs> for NodeFlags {
     }
 }
 
-impl From<RunArgs> for RunRequest {
-    fn from(a: RunArgs) -> RunRequest {
+impl RunArgs {
+    /// The request; `dashdash` says whether the command line had a `--` (clap drops it).
+    pub fn into_request(self, dashdash: bool) -> RunRequest {
+        let RunArgs { paths, set, out, json, quiet, public, nodes, command_options: c, command } = self;
+        let options = ups_doctor::session::CommandOptions {
+            ranks: c.ranks,
+            style: c.style,
+            hang_after_s: c.hang_after,
+            timeout_s: c.timeout,
+            memory_limit: c.memory_limit,
+            shm_size: c.shm_size,
+            env: c.env,
+            cwd: c.cwd,
+            expect_output: c.expect_output,
+            name: c.name,
+        };
         RunRequest {
-            paths: a.paths,
-            set: a.set,
-            out: a.out,
-            json: a.json,
-            quiet: a.quiet,
-            public: a.public,
-            node: a.nodes.into(),
+            paths,
+            set,
+            out,
+            json,
+            quiet,
+            public,
+            node: nodes.into(),
+            dashdash: dashdash || !command.is_empty(),
+            command,
+            options,
         }
     }
 }

@@ -19,7 +19,11 @@ use ups_doctor::eprintln;
 
 fn main() -> ExitCode {
     let result = match Cli::parse().command {
-        Command::Run(args) => session::run(args.into()),
+        Command::Run(args) => {
+            // clap drops a bare `--`; `run --` with nothing after it is still a command (missing).
+            let dashdash = std::env::args().skip_while(|a| a != "run").any(|a| a == "--");
+            session::run(args.into_request(dashdash))
+        }
         Command::Bisect(args) => session::bisect(args.into()),
         Command::Attach(args) => ups_doctor::attach::command(args),
         Command::Report { dir, public, issue } => session::rerender(&dir, public, issue),

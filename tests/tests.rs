@@ -10,6 +10,7 @@ mod bad_input;
 mod bench;
 mod bisect;
 mod checkpoint;
+mod command;
 mod distributed;
 mod external;
 mod fsdp;

@@ -96,6 +96,9 @@ fn completion(scenario: &Scenario) -> String {
         None => "exit status 0".to_string(),
         Some(CompletesWhen::Done) => "exit status 0 and the helper's `done` marker".to_string(),
         Some(CompletesWhen::Stdout(p)) => format!("exit status 0 and a stdout line matching `{p}`"),
+        Some(CompletesWhen::Output(p)) => {
+            format!("exit status 0 and an output line (stdout or stderr) matching `{p}`")
+        }
     }
 }
 

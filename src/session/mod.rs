@@ -5,6 +5,7 @@
 //! Nothing here parses flags (that is `main`'s CLI) or decides a verdict (that is `diagnose`).
 
 mod bisect;
+mod command;
 mod invocation;
 mod out_dir;
 mod preflight;
@@ -14,6 +15,7 @@ mod save;
 use std::path::Path;
 
 pub use bisect::{BisectRequest, bisect};
+pub use command::CommandOptions;
 pub use out_dir::sanitize;
 pub use run::{RunRequest, run};
 

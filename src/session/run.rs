@@ -28,6 +28,10 @@ pub struct RunRequest {
     pub quiet: bool,
     pub public: bool,
     pub node: NodeFlags,
+    /// The user's command, after `--` (`dashdash`: a `--` was given, even with nothing after it).
+    pub command: Vec<String>,
+    pub dashdash: bool,
+    pub options: super::command::CommandOptions,
 }
 
 /// Runs the request; the exit status as [`exit`] documents it.
@@ -35,7 +39,23 @@ pub fn run(request: RunRequest) -> Result<u8, Error> {
     interrupt::install_handler();
     let node = NodeConfig::resolve(&request.node, &|name| std::env::var(name).ok())
         .map_err(|e| Error::BadInput(e.to_string()))?;
-    let inputs = load_all(&request.paths, &request.set)?;
+    let inputs = if request.dashdash {
+        if !request.paths.is_empty() {
+            return Err(Error::BadInput(format!(
+                "`ups-doctor run` was given both scenario files ({}) and a command after `--`\n  hint: run one \
+                 or the other: the command is the scenario (its options: `ups-doctor run --help`)",
+                request.paths.iter().map(|p| format!("`{}`", p.display())).collect::<Vec<_>>().join(", ")
+            )));
+        }
+        let scenario = super::command::scenario(&request.command, &request.options, &request.set)?;
+        vec![ScenarioInput {
+            file: PathBuf::from(super::command::ORIGIN),
+            overrides: request.set.iter().map(|o| o.raw.clone()).collect(),
+            scenario,
+        }]
+    } else {
+        load_all(&request.paths, &request.set)?
+    };
     let program = current_exe()?;
     check_trainer(&inputs, &program)?;
     // The facts that take a process of their own are asked while the run goes on.
@@ -46,6 +66,12 @@ pub fn run(request: RunRequest) -> Result<u8, Error> {
     harness::limits::check_open_files(&inputs).map_err(Error::BadInput)?;
     check_node_placement(node.as_ref(), &inputs)?;
     let out_dir = out_dir_or_fresh(request.out.clone(), "")?;
+    if request.dashdash {
+        // The equivalent scenario file: `ups-doctor run OUT/scenario.json` runs the command again.
+        let file = out_dir.join("scenario.json");
+        crate::run_files::replace(&file, (inputs[0].scenario.file_json() + "\n").as_bytes())
+            .map_err(|source| Error::Io { what: "write", path: file.clone(), source })?;
+    }
     let mode = if request.quiet { ProgressMode::Quiet } else { ProgressMode::detect() };
     let mut session = Session {
         invocation: Invocation::new(&out_dir, request.public),

@@ -39,6 +39,10 @@ pub struct RankSpec {
     pub report_output: bool,
     /// A stdout line matching this sets the capture's `matched`.
     pub stdout_pattern: Option<regex::Regex>,
+    /// The same for stderr (`completes_when.output`).
+    pub stderr_pattern: Option<regex::Regex>,
+    /// The folder it starts in; `None`: ups-doctor's own.
+    pub cwd: Option<PathBuf>,
     /// The scenario cgroup's `cgroup.procs`: the child moves itself in before `exec`, so all it
     /// starts is in the group from its first instruction on.
     pub cgroup: Option<CString>,
@@ -252,6 +256,11 @@ pub fn spawn_rank(spec: &RankSpec, events: Sink) -> io::Result<RankProcess> {
         cmd.env_remove(name);
     }
     cmd.args(&spec.args).envs(spec.env.iter().map(|(k, v)| (k, v)));
+    if let Some(cwd) = &spec.cwd {
+        // (With a private `/dev/shm` the child enters its namespace and changes to this folder
+        // again in `pre_exec`, which runs after this change: `mount_ns` carries the same folder.)
+        cmd.current_dir(cwd);
+    }
     if marker_pipe {
         use std::os::unix::fs::MetadataExt;
         let inode = writer.metadata().map(|m| m.ino()).unwrap_or(0);
@@ -319,8 +328,10 @@ pub fn spawn_rank(spec: &RankSpec, events: Sink) -> io::Result<RankProcess> {
         .stdout
         .take()
         .map(|s| capture::drain_watching(s, spec.stdout_log.clone(), watch(spec.stdout_pattern.clone())));
-    let stderr =
-        child.stderr.take().map(|s| capture::drain_watching(s, spec.stderr_log.clone(), watch(None)));
+    let stderr = child
+        .stderr
+        .take()
+        .map(|s| capture::drain_watching(s, spec.stderr_log.clone(), watch(spec.stderr_pattern.clone())));
     drop(events_for_output);
     Ok(RankProcess { pid, child, stdout, stderr })
 }

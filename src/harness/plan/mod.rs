@@ -115,6 +115,8 @@ pub enum Completion {
     Done,
     /// A stdout line matching the pattern.
     Stdout(regex::Regex),
+    /// A line of stdout or stderr matching the pattern.
+    Output(regex::Regex),
 }
 
 impl Completion {
@@ -129,6 +131,16 @@ impl Completion {
             Completion::ExitStatus => "exit status".to_string(),
             Completion::Done => "done marker".to_string(),
             Completion::Stdout(p) => format!("stdout matches `{}`", p.as_str()),
+            Completion::Output(p) => format!("stdout or stderr matches `{}`", p.as_str()),
+        }
+    }
+
+    /// The pattern a process's stdout and its stderr are watched for.
+    pub fn patterns(&self) -> (Option<&regex::Regex>, Option<&regex::Regex>) {
+        match self {
+            Completion::Stdout(p) => (Some(p), None),
+            Completion::Output(p) => (Some(p), Some(p)),
+            Completion::ExitStatus | Completion::Done => (None, None),
         }
     }
 }
@@ -150,8 +162,10 @@ pub struct ProcessPlan {
     pub marker_pipe: bool,
     /// Its output counts as a sign of life (programs that may send no markers).
     pub report_output: bool,
-    /// Its stdout is matched against [`Completion::Stdout`].
+    /// Its output is matched against the completion pattern ([`Completion::patterns`]).
     pub watch_stdout: bool,
+    /// The folder it starts in (`launch.cwd`); `None`: ups-doctor's own.
+    pub cwd: Option<PathBuf>,
 }
 
 /// When the supervisor acts.
@@ -264,8 +278,9 @@ pub fn plan(scenario: &Scenario, facts: &Facts) -> Result<Plan, PlanError> {
         None => Completion::ExitStatus,
         Some(CompletesWhen::Done) => Completion::Done,
         Some(CompletesWhen::Stdout(p)) => Completion::Stdout(regex::Regex::new(p)?),
+        Some(CompletesWhen::Output(p)) => Completion::Output(regex::Regex::new(p)?),
     };
-    let watch_stdout = matches!(completion, Completion::Stdout(_));
+    let watch_stdout = matches!(completion, Completion::Stdout(_) | Completion::Output(_));
     let mut python_env: Vec<(String, String)> = crate::harness::plan::command::PYTHON_ENV
         .iter()
         .filter(|(k, _)| external && !(facts.env_has)(k))
@@ -292,6 +307,18 @@ pub fn plan(scenario: &Scenario, facts: &Facts) -> Result<Plan, PlanError> {
             (ranks, None)
         }
     };
+    // The scenario's own variables and folder, for every process it starts (the user's `env`
+    // comes last: it wins over ups-doctor's defaults such as `OMP_NUM_THREADS`).
+    let cwd = scenario
+        .launch
+        .cwd
+        .as_ref()
+        .map(|c| PathBuf::from(c.replace("{scenario_dir}", &facts.scenario_dir.display().to_string())));
+    let mut processes = processes;
+    for p in &mut processes {
+        p.env.extend(scenario.launch.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+        p.cwd = cwd.clone();
+    }
     let private_shm = match &scenario.data.shm_size {
         Some(label) => {
             let bytes = crate::scenario::parse_size(label)
@@ -362,6 +389,7 @@ fn launcher_process(
         marker_pipe: false,
         report_output: true,
         watch_stdout,
+        cwd: None,
     }
 }
 
@@ -412,6 +440,7 @@ fn rank_process(
         marker_pipe: true,
         report_output: external,
         watch_stdout,
+        cwd: None,
     }
 }
 

@@ -281,23 +281,23 @@ fn spec(p: &ProcessPlan, plan: &Plan, res: &Resources) -> RankSpec {
         env: p.env.clone(),
         stdout_log: p.stdout_log.clone(),
         stderr_log: p.stderr_log.clone(),
-        mount_ns: mount_ns(res),
+        mount_ns: mount_ns(res, p.cwd.as_deref()),
         marker_pipe: p.marker_pipe,
         env_remove: p.env_remove.clone(),
         report_output: p.report_output,
-        stdout_pattern: match &plan.completion {
-            Completion::Stdout(re) if p.watch_stdout => Some(re.clone()),
-            _ => None,
-        },
+        stdout_pattern: plan.completion.patterns().0.filter(|_| p.watch_stdout).cloned(),
+        stderr_pattern: plan.completion.patterns().1.filter(|_| p.watch_stdout).cloned(),
+        cwd: p.cwd.as_ref().map(|c| std::path::absolute(c).unwrap_or_else(|_| c.clone())),
         cgroup: res.cgroup.map(|c| c.procs_file().to_owned()),
     }
 }
 
 /// The scenario's private `/dev/shm` namespace to join, with the directory to return to.
-fn mount_ns(res: &Resources) -> Option<(std::os::fd::RawFd, std::ffi::CString)> {
+fn mount_ns(res: &Resources, cwd: Option<&Path>) -> Option<(std::os::fd::RawFd, std::ffi::CString)> {
     res.private_shm.map(|shm| {
         use std::os::unix::ffi::OsStrExt;
-        let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
+        let here = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
+        let cwd = cwd.map_or(here.clone(), |c| here.join(c));
         (shm.ns_fd(), std::ffi::CString::new(cwd.as_os_str().as_bytes()).unwrap_or_default())
     })
 }
@@ -1040,7 +1040,7 @@ impl Supervisor<'_, '_> {
             }
             None => (None, Default::default(), Default::default()),
         };
-        let matched = stdout.matched;
+        let matched = stdout.matched || stderr.matched;
         let mut lines = stderr.last_lines(400);
         lines.extend(stdout.last_lines(100));
         let failures = crate::harness::observe::torchrun::torchrun_failures(&lines);
@@ -1122,7 +1122,7 @@ impl Supervisor<'_, '_> {
                     slot.end
                         .log_errors
                         .extend([&stdout, &stderr].into_iter().filter_map(|c| c.write_error.clone()));
-                    pattern_matched.set(pattern_matched.get() || stdout.matched);
+                    pattern_matched.set(pattern_matched.get() || stdout.matched || stderr.matched);
                     if is_external {
                         let mut lines = stderr.last_lines(tail_lines);
                         lines.extend(stdout.last_lines(100));
@@ -1139,7 +1139,7 @@ impl Supervisor<'_, '_> {
                 end.completed = Some(match &plan.completion {
                     Completion::ExitStatus => true,
                     Completion::Done => end.state.done,
-                    Completion::Stdout(_) => pattern_matched.get(),
+                    Completion::Stdout(_) | Completion::Output(_) => pattern_matched.get(),
                 });
             }
         }

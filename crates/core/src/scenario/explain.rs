@@ -323,6 +323,8 @@ pub(super) fn template() -> Scenario {
         completes_when: Some(CompletesWhen::Stdout("^training finished".to_string())),
     };
     scenario.launch.style = LaunchStyle::Launcher;
+    scenario.launch.env = BTreeMap::from([("OMP_NUM_THREADS".to_string(), "1".to_string())]);
+    scenario.launch.cwd = Some("{scenario_dir}".to_string());
     scenario.inject = vec![Fault {
         fault: FaultKind::Segv,
         phase: "forward".to_string(),

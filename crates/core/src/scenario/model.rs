@@ -84,6 +84,14 @@ pub struct Launch {
     /// node's `ups-doctor run --nodes N --node-rank R` places it (see `crate::nodes`).
     #[serde(skip_serializing_if = "is_one")]
     pub nodes: u32,
+    /// Variables set for every process of the scenario (each rank, a launcher and what it
+    /// starts), on top of ups-doctor's own environment.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    /// The folder every process starts in (`{scenario_dir}` is the scenario file's folder).
+    /// Absent: the folder ups-doctor was started in, as if the command were run there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<String>,
 }
 
 fn is_one(n: &u32) -> bool {
@@ -100,6 +108,8 @@ impl Default for Launch {
             style: LaunchStyle::Auto,
             memory_limit: None,
             nodes: 1,
+            env: BTreeMap::new(),
+            cwd: None,
         }
     }
 }
@@ -403,6 +413,9 @@ pub enum CompletesWhen {
     /// A line of the program's standard output matches this regular expression (any rank's
     /// output; under a launcher, the launcher's output, which its ranks share).
     Stdout(String),
+    /// A line of the program's output, standard output or standard error, matches this regular
+    /// expression (Lightning, for one, prints its end-of-fit line on stderr).
+    Output(String),
 }
 
 impl Default for Expect {

@@ -77,6 +77,7 @@ pub(crate) fn check(s: &Scenario) -> Checked {
     check_limits(&s.limits)?;
     check_launch(&s.launch)?;
     check_memory_limit(&s.launch)?;
+    check_env_and_cwd(&s.launch)?;
     check_cache_device(&s.data, &s.launch)?;
     check_expect(&s.expect)?;
     for (index, fault) in s.inject.iter().enumerate() {
@@ -631,6 +632,7 @@ fn check_external(s: &Scenario) -> Checked {
     check_limits(&s.limits)?;
     check_world_size(&s.launch, "2")?;
     check_memory_limit(&s.launch)?;
+    check_env_and_cwd(&s.launch)?;
     check_expect(&s.expect)?;
     check_completes_when(s)?;
     check_command(s)
@@ -734,22 +736,44 @@ fn check_builtin_has_no_command_fields(s: &Scenario) -> Checked {
 }
 
 fn check_completes_when(s: &Scenario) -> Checked {
-    if let Some(CompletesWhen::Stdout(pattern)) = &s.expect.completes_when {
-        if let Err(err) = regex::Regex::new(pattern) {
-            let why = err.to_string();
-            let last = why.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("").trim();
+    let (field, pattern) = match &s.expect.completes_when {
+        Some(CompletesWhen::Stdout(p)) => ("expect.completes_when.stdout", p),
+        Some(CompletesWhen::Output(p)) => ("expect.completes_when.output", p),
+        _ => return Ok(()),
+    };
+    if let Err(err) = regex::Regex::new(pattern) {
+        let why = err.to_string();
+        let last = why.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("").trim();
+        return Err(Invalid::new(
+            field,
+            format!("`{pattern}` is not a regular expression: {}", last.trim_start_matches("error: ")),
+        )
+        .hint("write a regular expression (Rust `regex` syntax) such as `\"^training finished\"`; escape `\\\\`, `(` and `[` with `\\\\`"));
+    }
+    if pattern.is_empty() {
+        return Err(Invalid::new(field, "an empty pattern matches any output")
+            .hint("give a line your program prints only when it finished, e.g. `\"^training finished\"`"));
+    }
+    Ok(())
+}
+
+/// `launch.env`'s names are variable names; `launch.cwd` is not empty.
+fn check_env_and_cwd(launch: &Launch) -> Checked {
+    for name in launch.env.keys() {
+        let ok = !name.is_empty()
+            && !name.starts_with(|c: char| c.is_ascii_digit())
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !ok {
             return Err(Invalid::new(
-                "expect.completes_when.stdout",
-                format!("`{pattern}` is not a regular expression: {}", last.trim_start_matches("error: ")),
+                format!("launch.env.{name}"),
+                format!("`{name}` is not a variable name"),
             )
-            .hint("write a regular expression (Rust `regex` syntax) such as `\"^training finished\"`; escape `\\\\`, `(` and `[` with `\\\\`"));
+            .hint("a name is letters, digits and `_`, not starting with a digit, e.g. `\"OMP_NUM_THREADS\": \"1\"`"));
         }
-        if pattern.is_empty() {
-            return Err(Invalid::new("expect.completes_when.stdout", "an empty pattern matches any output")
-                .hint(
-                    "give a line your program prints only when it finished, e.g. `\"^training finished\"`",
-                ));
-        }
+    }
+    if launch.cwd.as_deref().is_some_and(|c| c.trim().is_empty()) {
+        return Err(Invalid::new("launch.cwd", "is empty")
+            .hint("give a folder, e.g. `\"{scenario_dir}\"`, or remove `cwd` to run where ups-doctor runs"));
     }
     Ok(())
 }

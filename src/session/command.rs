@@ -1,0 +1,203 @@
+//! `ups-doctor run [OPTIONS] -- PROGRAM [ARGS…]`: the user's command is the scenario. The options
+//! say what a scenario file would (ranks, style, limits, variables, folder, the line that says it
+//! finished); the rank count comes from the launcher's own flags where it has them. The result is
+//! an ordinary scenario, loaded and checked by the same strict loader as a file, so `--set` and
+//! every error message work the same; `scenario.json` in the run folder re-runs it.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde_json::{Value, json};
+
+use crate::Error;
+use crate::scenario::{self, Override};
+
+/// What the command line says about a command.
+#[derive(Debug, Clone, Default)]
+pub struct CommandOptions {
+    pub ranks: Option<u32>,
+    /// `auto`, `per_rank` or `launcher`.
+    pub style: Option<String>,
+    pub hang_after_s: Option<f64>,
+    pub timeout_s: Option<f64>,
+    pub memory_limit: Option<String>,
+    pub shm_size: Option<String>,
+    /// `NAME=VALUE`, as given.
+    pub env: Vec<String>,
+    pub cwd: Option<PathBuf>,
+    pub expect_output: Option<String>,
+    pub name: Option<String>,
+}
+
+/// Where a command's scenario says it came from, in error messages.
+pub const ORIGIN: &str = "(the command line)";
+
+/// The scenario of `argv` run with `options` (and `--set`), checked as strictly as a file.
+pub fn scenario(
+    argv: &[String],
+    options: &CommandOptions,
+    set: &[Override],
+) -> Result<scenario::Scenario, Error> {
+    let Some(program) = argv.first() else {
+        return Err(Error::BadInput(
+            "`--` is followed by no program\n  hint: put the command after it, e.g. `ups-doctor run -- torchrun \
+             --nproc_per_node 2 train.py`, or leave `--` out to run scenario files"
+                .into(),
+        ));
+    };
+    if crate::harness::find_program(program).is_none() {
+        return Err(Error::BadInput(format!(
+            "`{program}` is not a program on PATH nor a file that can be run, so nothing was started\n  hint: \
+             check the spelling, activate the environment that has it (a virtualenv or conda env), or give its \
+             path (`./train.py` needs `chmod +x` and a `#!` line; else `python train.py`)"
+        )));
+    }
+    let declared = declared_ranks(argv);
+    let ranks = match (options.ranks, declared) {
+        (Some(0), _) => return Err(Error::BadInput("`--ranks 0`: a run needs at least one rank".into())),
+        (Some(n), Some((m, flag))) if n != m => {
+            return Err(Error::BadInput(format!(
+                "`--ranks {n}` contradicts the command's own `{flag}` ({m} ranks)\n  hint: drop `--ranks` (the \
+                 launcher's flag decides), or change `{flag}` to {n}"
+            )));
+        }
+        (Some(n), _) => n,
+        (None, Some((m, _))) => m,
+        (None, None) => 1,
+    };
+    let mut env = BTreeMap::new();
+    for pair in &options.env {
+        let Some((name, value)) = pair.split_once('=') else {
+            return Err(Error::BadInput(format!(
+                "`--env {pair}` has no `=`\n  hint: write `--env NAME=VALUE`, e.g. `--env OMP_NUM_THREADS=1`"
+            )));
+        };
+        env.insert(name.to_string(), value.to_string());
+    }
+    let cwd = match &options.cwd {
+        Some(dir) if !dir.is_dir() => {
+            return Err(Error::BadInput(format!(
+                "`--cwd {}` is not a folder\n  hint: give the folder the command should run in (it is created by \
+                 nobody else)",
+                dir.display()
+            )));
+        }
+        Some(dir) => Some(std::path::absolute(dir).unwrap_or_else(|_| dir.clone()).display().to_string()),
+        None => None,
+    };
+    let mut launch = json!({ "world_size": ranks });
+    let put = |section: &mut Value, key: &str, value: Option<Value>| {
+        if let Some(v) = value {
+            section[key] = v;
+        }
+    };
+    put(&mut launch, "style", options.style.clone().map(Value::from));
+    put(&mut launch, "memory_limit", options.memory_limit.clone().map(Value::from));
+    put(&mut launch, "env", (!env.is_empty()).then(|| json!(env)));
+    put(&mut launch, "cwd", cwd.map(Value::from));
+    let mut file = json!({
+        "name": options.name.clone().unwrap_or_else(|| name_of(argv)),
+        "command": argv,
+        "launch": launch,
+    });
+    let mut limits = json!({});
+    put(&mut limits, "hang_after_s", options.hang_after_s.map(Value::from));
+    put(&mut limits, "timeout_s", options.timeout_s.map(Value::from));
+    if limits.as_object().is_some_and(|m| !m.is_empty()) {
+        file["limits"] = limits;
+    }
+    if let Some(size) = &options.shm_size {
+        file["data"] = json!({ "shm_size": size });
+    }
+    if let Some(pattern) = &options.expect_output {
+        file["expect"] = json!({ "completes_when": { "output": pattern } });
+    }
+    let text = serde_json::to_string_pretty(&file).expect("serialises");
+    Ok(scenario::load_str(&text, Path::new(ORIGIN), set)?)
+}
+
+/// The scenario's name: the script's stem (`train` for `torchrun … train.py`), else the program's.
+fn name_of(argv: &[String]) -> String {
+    let stem = |a: &String| Path::new(a).file_stem().map(|s| s.to_string_lossy().into_owned());
+    argv.iter().find(|a| a.ends_with(".py")).and_then(stem).or_else(|| stem(&argv[0])).unwrap_or_default()
+}
+
+/// The ranks a launcher's own flags declare, with the flag that says so: torchrun's (and
+/// `python -m torch.distributed.run`'s) `--nproc_per_node` × `--nnodes`, `accelerate launch
+/// --num_processes`, `deepspeed --num_gpus` × `--num_nodes`, `srun -n`/`--ntasks`, `mpirun
+/// -np`/`-n`. `None` where the command names none (a plain script, Lightning, `mp.spawn`).
+pub fn declared_ranks(argv: &[String]) -> Option<(u32, String)> {
+    let name =
+        |a: &str| Path::new(a).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let program = name(argv.first()?);
+    let module = argv.windows(2).find(|w| w[0] == "-m").map(|w| w[1].clone()).unwrap_or_default();
+    let (per, nodes): (&[&str], &[&str]) = if program == "torchrun" || module == "torch.distributed.run" {
+        (&["--nproc_per_node", "--nproc-per-node"], &["--nnodes"])
+    } else if program == "accelerate" {
+        (&["--num_processes", "--num-processes"], &[])
+    } else if program == "deepspeed" {
+        (&["--num_gpus", "--num-gpus"], &["--num_nodes", "--num-nodes"])
+    } else if program == "srun" {
+        (&["-n", "--ntasks"], &[])
+    } else if program == "mpirun" || program == "mpiexec" {
+        (&["-np", "-n"], &[])
+    } else {
+        return None;
+    };
+    let (count, flag) = flag_value(argv, per)?;
+    let count: u32 = count.parse().ok()?;
+    let nodes = flag_value(argv, nodes).and_then(|(v, _)| v.parse::<u32>().ok()).unwrap_or(1);
+    Some((count * nodes, flag))
+}
+
+/// The value of the first of `flags` in `argv` (`--flag V` or `--flag=V`), and how it was written.
+fn flag_value(argv: &[String], flags: &[&str]) -> Option<(String, String)> {
+    for (i, arg) in argv.iter().enumerate() {
+        for flag in flags {
+            if arg == flag {
+                let value = argv.get(i + 1)?.clone();
+                return Some((value.clone(), format!("{flag} {value}")));
+            }
+            if let Some(value) = arg.strip_prefix(&format!("{flag}=")) {
+                return Some((value.to_string(), arg.clone()));
+            }
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn words(line: &str) -> Vec<String> {
+        line.split(' ').map(str::to_string).collect()
+    }
+
+    #[test]
+    fn the_launchers_own_flags_give_the_rank_count() {
+        for (line, want) in [
+            ("torchrun --nproc_per_node 2 train.py", Some(2)),
+            ("torchrun --nproc-per-node=4 --nnodes 2 train.py", Some(8)),
+            ("python -m torch.distributed.run --nproc_per_node=3 t.py", Some(3)),
+            ("accelerate launch --num_processes 2 t.py", Some(2)),
+            ("deepspeed --num_gpus 2 --num_nodes 1 t.py", Some(2)),
+            ("srun -n 4 python t.py", Some(4)),
+            ("mpirun -np 2 python t.py", Some(2)),
+            ("python train.py --nproc_per_node 9", None),
+            ("torchrun --nproc_per_node gpu train.py", None),
+        ] {
+            assert_eq!(declared_ranks(&words(line)).map(|(n, _)| n), want, "{line}");
+        }
+        assert_eq!(
+            declared_ranks(&words("torchrun --nproc-per-node=4 t.py")).unwrap().1,
+            "--nproc-per-node=4"
+        );
+    }
+
+    #[test]
+    fn a_scripts_stem_names_the_scenario() {
+        assert_eq!(name_of(&words("torchrun --nproc_per_node 2 /x/train.py --lr 1")), "train");
+        assert_eq!(name_of(&words("./bin/run-job --x")), "run-job");
+    }
+}

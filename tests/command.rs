@@ -1,0 +1,123 @@
+//! `ups-doctor run [OPTIONS] -- PROGRAM [ARGS…]`: a user's command as it is, no scenario file.
+//! Real torchrun and PyTorch (CPU, gloo) from the test venv; the program is
+//! `tests/programs/cmd_ddp.py`.
+
+use std::path::Path;
+
+use crate::util::{RunOutput, Sandbox, repo, venv_path};
+
+fn program() -> String {
+    repo().join("tests/programs/cmd_ddp.py").display().to_string()
+}
+
+/// `ups-doctor run --json --quiet ARGS…` in `sb`, with the venv's torchrun and python first.
+fn run(sb: &Sandbox, args: &[&str]) -> RunOutput {
+    let mut cmd = sb.cmd();
+    cmd.env("PATH", venv_path());
+    sb.run_with(cmd, &[], args)
+}
+
+#[test]
+fn a_torchrun_command_passes_with_its_env_and_cwd_on_every_rank_and_its_scenario_json_reruns_it() {
+    let sb = Sandbox::new();
+    let work = sb.path().join("work");
+    std::fs::create_dir(&work).unwrap();
+    let prog = program();
+    let out = run(
+        &sb,
+        &[
+            "--env",
+            "CMD_TEST_VAR=from-the-flag",
+            "--cwd",
+            "work",
+            "--expect-output",
+            "^training finished",
+            "--",
+            "torchrun",
+            "--nproc_per_node",
+            "2",
+            &prog,
+        ],
+    );
+    assert_eq!(out.code(), 0, "{}\n{}", out.stderr(), out.scenario());
+    let s = out.scenario();
+    assert_eq!(s["outcome"], "passed", "{s}");
+    assert_eq!(s["ranks"].as_array().unwrap().len(), 2, "the rank count comes from --nproc_per_node: {s}");
+    for rank in 0..2 {
+        let file = work.join(format!("wrote-rank{rank}.txt"));
+        let text = std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        assert_eq!(text, "from-the-flag", "rank {rank} saw --env");
+        assert!(!sb.path().join(format!("wrote-rank{rank}.txt")).exists(), "not in ups-doctor's folder");
+    }
+    // The report names the command as typed.
+    let report = std::fs::read_to_string(sb.out().join("report.md")).unwrap();
+    assert!(report.contains("torchrun --nproc_per_node 2"), "{report}");
+    // The run folder's scenario.json is the command as a scenario file, and re-runs it.
+    let file = sb.out().join("scenario.json");
+    let saved: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    assert_eq!(saved["launch"]["env"]["CMD_TEST_VAR"], "from-the-flag", "{saved}");
+    assert_eq!(saved["expect"]["completes_when"]["output"], "^training finished", "{saved}");
+    for rank in 0..2 {
+        std::fs::remove_file(work.join(format!("wrote-rank{rank}.txt"))).unwrap();
+    }
+    let again = Sandbox::new();
+    let mut cmd = again.cmd();
+    cmd.env("PATH", venv_path());
+    let rerun = again.run_with(cmd, &[Path::new(&file)], &[]);
+    assert_eq!(rerun.code(), 0, "{}", rerun.stderr());
+    assert_eq!(rerun.scenario()["outcome"], "passed");
+    assert!(work.join("wrote-rank1.txt").exists(), "the re-run ran in the same --cwd");
+}
+
+/// The end-of-run line is on stderr: it satisfies `--expect-output`, and a line the program never
+/// prints makes the same exit 0 a false success.
+#[test]
+fn expect_output_reads_stderr_and_a_line_never_printed_is_a_false_success_under_python_m() {
+    let prog = program();
+    for (pattern, outcome, code) in
+        [("finished: all-reduce", "passed", 0), ("^never printed$", "false_success", 1)]
+    {
+        let sb = Sandbox::new();
+        let out = run(
+            &sb,
+            &[
+                "--expect-output",
+                pattern,
+                "--",
+                "python",
+                "-m",
+                "torch.distributed.run",
+                "--nproc-per-node=2",
+                &prog,
+            ],
+        );
+        assert_eq!(out.code(), code, "{pattern}: {}", out.stderr());
+        assert_eq!(out.scenario()["outcome"], outcome, "{pattern}: {}", out.scenario());
+        assert_eq!(out.scenario()["ranks"].as_array().unwrap().len(), 2);
+    }
+}
+
+#[test]
+fn a_command_that_cannot_run_is_bad_input_naming_what_to_change_and_nothing_runs() {
+    let sb = Sandbox::new();
+    std::fs::write(sb.path().join("x.json"), "{}").unwrap();
+    for (args, says) in [
+        (vec!["--"], "`--` is followed by no program"),
+        (vec!["x.json", "--", "true"], "both scenario files (`x.json`) and a command"),
+        (
+            vec!["--ranks", "4", "--", "torchrun", "--nproc_per_node", "2", "t.py"],
+            "`--ranks 4` contradicts the command's own `--nproc_per_node 2` (2 ranks)",
+        ),
+        (vec!["--", "no-such-program-here", "--x"], "`no-such-program-here` is not a program on PATH"),
+        (vec!["--env", "NOVALUE", "--", "true"], "`--env NOVALUE` has no `=`"),
+        (vec!["--cwd", "missing-folder", "--", "true"], "`--cwd missing-folder` is not a folder"),
+    ] {
+        let mut cmd = sb.cmd();
+        cmd.env("PATH", venv_path());
+        let out = cmd.arg("run").arg("--out").arg(sb.out()).args(&args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(says) && stderr.contains("hint:"), "{args:?}: {stderr}");
+        assert!(!sb.out().join("result.json").exists(), "{args:?}: nothing ran");
+    }
+}
