@@ -21,6 +21,7 @@ fn main() -> ExitCode {
     let result = match Cli::parse().command {
         Command::Run(args) => session::run(args.into()),
         Command::Bisect(args) => session::bisect(args.into()),
+        Command::Sweep(args) => session::sweep(args.into()),
         Command::Attach(args) => ups_doctor::attach::command(args),
         Command::Report { dir, public, issue } => session::rerender(&dir, public, issue),
         Command::Env { json, markdown, public } => {

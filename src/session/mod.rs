@@ -10,12 +10,14 @@ mod out_dir;
 mod preflight;
 mod run;
 mod save;
+mod sweep;
 
 use std::path::Path;
 
 pub use bisect::{BisectRequest, bisect};
 pub use out_dir::sanitize;
 pub use run::{RunRequest, run};
+pub use sweep::{SweepRequest, sweep};
 
 use invocation::current_exe;
 
