@@ -28,4 +28,5 @@ mod patterns;
 mod reliability;
 mod render;
 mod slurm;
+mod sweep;
 mod training;
