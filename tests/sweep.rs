@@ -111,7 +111,7 @@ fn a_grid_over_workers_start_method_and_cache_measures_every_point_and_shows_the
     );
     assert!(md.contains("each hold a private copy of the"), "{md}");
     assert!(
-        stderr(&out).contains("│ configuration"),
+        stderr(&out).contains("┆ configuration"),
         "the table goes to stderr with --json: {}",
         stderr(&out)
     );
