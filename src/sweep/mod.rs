@@ -16,4 +16,4 @@ pub use record::{
     PointMemory, PointRecord, PointRun, PointSummary, ProcessPeak, Range, SweepRecord, summarise_point,
     summarise_run,
 };
-pub use verdict::{Failed, Fastest, MemoryStory, Scaling, SweepVerdict, judge};
+pub use verdict::judge;

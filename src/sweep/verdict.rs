@@ -4,82 +4,7 @@
 //! ranges do not overlap; with one run a point there is no measure of noise, and the verdict
 //! says so.
 
-use serde::{Deserialize, Serialize};
-
-use crate::scenario::OutcomeKind;
-
-use super::record::{PointRecord, Range};
-
-/// What the sweep found, point numbers 1-based as in [`PointRecord::index`].
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct SweepVerdict {
-    pub fastest: Option<Fastest>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub scaling: Vec<Scaling>,
-    pub memory: MemoryStory,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub failed: Vec<Failed>,
-    /// Some measured point has a single run: its noise is unknown.
-    pub noise_unknown: bool,
-    /// Points with no run yet (budget or interrupt).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub unmeasured: Vec<usize>,
-}
-
-/// The passing point with the highest median samples/s.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Fastest {
-    pub point: usize,
-    pub samples_per_s: Range,
-    /// Its median over the first point's median, when the first point passed.
-    pub ratio_to_first: Option<f64>,
-    /// Passing points whose samples/s range overlaps the fastest's: no winner between them.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub within_noise_of: Vec<usize>,
-}
-
-/// A point with more ranks against the same configuration with the fewest ranks.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Scaling {
-    pub point: usize,
-    pub baseline: usize,
-    pub ranks: u32,
-    pub baseline_ranks: u32,
-    /// Median samples/s (all ranks) over the baseline's median.
-    pub speedup: f64,
-    /// `speedup / (ranks / baseline_ranks)`.
-    pub efficiency: f64,
-    /// The ranks' median share of step time waiting for data at this point.
-    pub data_wait_fraction: Option<f64>,
-    /// The two samples/s ranges overlap: no speed-up the measurements support.
-    pub within_noise: bool,
-}
-
-/// Memory across the points that passed.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct MemoryStory {
-    /// (point, median peak PSS of the whole tree) with the least and the most.
-    pub smallest: Option<(usize, u64)>,
-    pub largest: Option<(usize, u64)>,
-    /// Points whose workers held private copies of the dataset cache.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub duplicated: Vec<usize>,
-    /// Points whose workers shared the cache (judged, no private copy).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub shared: Vec<usize>,
-}
-
-/// A point where some run failed.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Failed {
-    pub point: usize,
-    pub outcome: OutcomeKind,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pattern: Option<String>,
-    pub headline: String,
-    pub failed_runs: usize,
-    pub runs: usize,
-}
+use super::record::{Failed, Fastest, MemoryStory, PointRecord, Range, Scaling, SweepVerdict};
 
 fn passed(p: &PointRecord) -> bool {
     p.summary.runs > 0 && p.summary.failure.is_none()
@@ -186,6 +111,7 @@ fn memory(points: &[PointRecord]) -> MemoryStory {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::scenario::OutcomeKind;
     use crate::sweep::record::{FailureSeen, PointSummary};
 
     fn point(index: usize, settings: &[&str], ws: u32, samples: &[f64]) -> PointRecord {
