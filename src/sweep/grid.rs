@@ -150,7 +150,7 @@ mod tests {
         }
         let a = parse_vary("data.workers=0,2").unwrap();
         let set: Vec<Override> = vec!["data.workers=4".parse().unwrap()];
-        assert!(check_axes(&[a.clone()], &set).unwrap_err().contains("drop the `--set`"));
+        assert!(check_axes(std::slice::from_ref(&a), &set).unwrap_err().contains("drop the `--set`"));
         assert!(check_axes(&[a.clone(), a], &[]).unwrap_err().contains("in one `--vary`"));
         assert!(check_axes(&[], &[]).unwrap_err().contains("nothing to sweep"));
     }
