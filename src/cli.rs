@@ -8,7 +8,7 @@ use clap::{Parser, Subcommand};
 use ups_doctor::exit;
 use ups_doctor::nodes::config::NodeFlags;
 use ups_doctor::scenario::Override;
-use ups_doctor::session::{BisectRequest, RunRequest};
+use ups_doctor::session::{BisectRequest, RunRequest, SweepRequest};
 
 /// Finds out why distributed deep-learning training crashes, hangs or crawls.
 #[derive(Parser)]
@@ -27,6 +27,10 @@ pub enum Command {
     /// Cut a failing scenario down to a 1-minimal configuration that still fails the same way.
     #[command(after_help = exit::HELP)]
     Bisect(BisectArgs),
+    /// Run a grid of configurations of one scenario: speed, memory, data waits and failures per
+    /// point, a verdict first.
+    #[command(after_help = exit::HELP)]
+    Sweep(SweepArgs),
     /// Diagnose a PyTorch job that is already running (never started under ups-doctor), read-only.
     #[command(after_help = exit::HELP)]
     Attach(ups_doctor::attach::AttachArgs),
@@ -218,6 +222,55 @@ pub struct BisectArgs {
     /// runs the ladder saves.
     #[arg(long, hide = true, value_enum, default_value_t = StrategyArg::Ladder)]
     pub strategy: StrategyArg,
+}
+
+/// `ups-doctor sweep`'s flags.
+#[derive(clap::Args)]
+pub struct SweepArgs {
+    /// The scenario file every point starts from.
+    pub scenario: PathBuf,
+    /// A field and the values it takes, e.g. `--vary data.workers=0,2,4`; several `--vary` span
+    /// a grid (the first varies slowest).
+    #[arg(long = "vary", value_name = "PATH=V1,V2,…", required = true)]
+    pub vary: Vec<String>,
+    /// Override a scenario field for every point, e.g. `--set train.steps=20`.
+    #[arg(long = "set", value_name = "PATH=VALUE")]
+    pub set: Vec<Override>,
+    /// Runs of each point, interleaved (round after round over every point).
+    #[arg(long, default_value_t = 1)]
+    pub runs: usize,
+    /// Runs thrown away before the first measured one (they count against --budget).
+    #[arg(long, default_value_t = 1)]
+    pub warmup: usize,
+    /// Most real runs to spend (cached runs are free); the same command resumes the rest.
+    #[arg(long, default_value_t = 100)]
+    pub budget: usize,
+    /// Folder for the sweep [default: reports/runs/<time>-sweep-<name>]; finished runs are
+    /// cached there, so the same --out resumes an interrupted sweep.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Print sweep.json on stdout (the table goes to stderr).
+    #[arg(long)]
+    pub json: bool,
+    /// No progress lines.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+impl From<SweepArgs> for SweepRequest {
+    fn from(a: SweepArgs) -> SweepRequest {
+        SweepRequest {
+            scenario: a.scenario,
+            set: a.set,
+            vary: a.vary,
+            runs: a.runs,
+            warmup: a.warmup,
+            budget: a.budget,
+            out: a.out,
+            json: a.json,
+            quiet: a.quiet,
+        }
+    }
 }
 
 impl From<NodeArgs> for NodeFlags {

@@ -25,6 +25,7 @@ pub mod report;
 pub mod run_files;
 pub mod secrets;
 pub mod session;
+pub mod sweep;
 
 pub use ups_doctor_core::{protocol, scenario, schema};
 

@@ -25,6 +25,7 @@ fn main() -> ExitCode {
             session::run(args.into_request(dashdash))
         }
         Command::Bisect(args) => session::bisect(args.into()),
+        Command::Sweep(args) => session::sweep(args.into()),
         Command::Attach(args) => ups_doctor::attach::command(args),
         Command::Report { dir, public, issue } => session::rerender(&dir, public, issue),
         Command::Env { json, markdown, public } => {

@@ -29,4 +29,5 @@ mod patterns;
 mod reliability;
 mod render;
 mod slurm;
+mod sweep;
 mod training;

@@ -25,6 +25,7 @@ mod matrix;
 mod memory;
 mod mermaid;
 mod save;
+mod sweep;
 mod terminal;
 mod text;
 
@@ -45,4 +46,5 @@ pub use markdown::{
     is_summary, render_env_markdown, render_markdown, render_scenario_markdown, scenario_report_path,
 };
 pub use save::save_honestly;
+pub use sweep::{render_sweep, render_sweep_table, verdict_lines};
 pub use terminal::{render_env_text, render_matrix};

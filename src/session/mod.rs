@@ -11,6 +11,7 @@ mod out_dir;
 mod preflight;
 mod run;
 mod save;
+mod sweep;
 
 use std::path::Path;
 
@@ -18,6 +19,7 @@ pub use bisect::{BisectRequest, bisect};
 pub use command::CommandOptions;
 pub use out_dir::sanitize;
 pub use run::{RunRequest, run};
+pub use sweep::{SweepRequest, sweep};
 
 use invocation::current_exe;
 

@@ -1,0 +1,295 @@
+//! `sweep.md` and the terminal table of `ups-doctor sweep`: the verdict first (fastest passing
+//! configuration, scaling, memory, failures, noise), then one row per point, then each point's
+//! processes and run folders. Rendered from [`SweepRecord`], the content of `sweep.json`. Pure.
+
+use comfy_table::{CellAlignment, ContentArrangement, Table, presets};
+
+use crate::scenario::human_bytes;
+use crate::sweep::{PointRecord, Range, SweepRecord};
+
+use super::markup::{self, Align, code};
+use super::text::{NONE, kind_label, percent, plural, sig};
+
+/// A value with its spread: `12.3` for one run, `12.3 (11.9–12.8)` for several.
+fn range(r: Option<Range>, f: impl Fn(f64) -> String) -> String {
+    match r {
+        None => NONE.to_string(),
+        Some(r) if r.n == 1 || r.min == r.max => f(r.median),
+        Some(r) => format!("{} ({}–{})", f(r.median), f(r.min), f(r.max)),
+    }
+}
+
+fn rate(v: f64) -> String {
+    sig(v, 3)
+}
+
+fn bytes(v: f64) -> String {
+    human_bytes(v as u64)
+}
+
+/// The outcome cell: `passed`, `hung: fork-after-threads`, `1 of 3 hung: …`.
+fn outcome(p: &PointRecord) -> String {
+    let s = &p.summary;
+    if s.runs == 0 {
+        return "not run".to_string();
+    }
+    let Some(f) = &s.failure else { return "passed".to_string() };
+    let what = match &f.pattern {
+        Some(pattern) => format!("{}: {pattern}", kind_label(f.outcome)),
+        None => kind_label(f.outcome).to_string(),
+    };
+    if f.failed_runs == s.runs { what } else { format!("{} of {} {what}", f.failed_runs, s.runs) }
+}
+
+fn dataset(p: &PointRecord) -> String {
+    match &p.summary.dataset {
+        None => NONE.to_string(),
+        Some(d) if d.workers == 0 => format!("{} in the rank", d.cache),
+        Some(d) if !d.judged => format!("{}: too small to tell", d.cache),
+        Some(d) if d.private_copies > 0 => {
+            format!(
+                "{}: {} private copies, {} duplicated",
+                d.cache,
+                d.private_copies,
+                human_bytes(d.duplicated_bytes)
+            )
+        }
+        Some(d) => format!("{}: shared by {}", d.cache, plural(d.workers as usize, "worker")),
+    }
+}
+
+/// The cells of one point's row, in [`HEADER`]'s order.
+fn row(p: &PointRecord) -> Vec<String> {
+    let s = &p.summary;
+    let worker = match (s.worker_peak_pss_bytes, s.worker_peak_uss_bytes) {
+        (Some(pss), Some(uss)) => format!("{} / {}", human_bytes(pss), human_bytes(uss)),
+        _ => NONE.to_string(),
+    };
+    vec![
+        p.index.to_string(),
+        p.label.clone(),
+        outcome(p),
+        range(s.steps_per_s, rate),
+        range(s.samples_per_s, rate),
+        range(s.data_wait_fraction, percent),
+        range(s.tree_peak_pss_bytes, bytes),
+        worker,
+        dataset(p),
+        range(s.shm_peak_ours_bytes, bytes),
+        s.runs.to_string(),
+    ]
+}
+
+const HEADER: [&str; 11] = [
+    "#",
+    "configuration",
+    "outcome",
+    "steps/s",
+    "samples/s",
+    "data wait",
+    "peak PSS (tree)",
+    "worker PSS / USS",
+    "dataset cache",
+    "/dev/shm peak",
+    "runs",
+];
+const ALIGN: [Align; 11] = [
+    Align::Right,
+    Align::Left,
+    Align::Left,
+    Align::Right,
+    Align::Right,
+    Align::Right,
+    Align::Right,
+    Align::Right,
+    Align::Left,
+    Align::Right,
+    Align::Right,
+];
+
+/// The verdict as sentences, for markdown (configurations as code, free text escaped) or plain.
+pub fn verdict_lines(r: &SweepRecord, markdown: bool) -> Vec<String> {
+    let name = |s: &str| if markdown { code(s) } else { s.to_string() };
+    let free = |s: &str| if markdown { markup::text(s) } else { s.to_string() };
+    let v = &r.verdict;
+    let label = |i: usize| {
+        r.points
+            .get(i.wrapping_sub(1))
+            .map_or_else(|| format!("point {i}"), |p| format!("{i} ({})", name(&p.label)))
+    };
+    let mut out = Vec::new();
+    match &v.fastest {
+        None => out.push("No configuration passed with a throughput to compare.".to_string()),
+        Some(f) => {
+            let mut line = format!(
+                "Fastest passing configuration: {}, {} samples/s",
+                label(f.point),
+                range(Some(f.samples_per_s), rate)
+            );
+            match f.ratio_to_first {
+                Some(x) if f.point != 1 => line.push_str(&format!(", {}× the first point", sig(x, 3))),
+                _ if f.point == 1 => line.push_str(" (the first point itself)"),
+                _ => line.push_str(" (the first point did not pass: no ratio)"),
+            }
+            line.push('.');
+            if !f.within_noise_of.is_empty() {
+                let others: Vec<String> = f.within_noise_of.iter().map(|i| label(*i)).collect();
+                line.push_str(&format!(
+                    " Within noise of {}: their samples/s ranges overlap, so no winner among them.",
+                    others.join(", ")
+                ));
+            }
+            out.push(line);
+        }
+    }
+    if v.noise_unknown {
+        out.push(format!(
+            "One run per point ({} each): no measure of noise, so small differences may be chance; \
+             rerun with `--runs 3` before trusting them.",
+            plural(r.runs_per_point, "run")
+        ));
+    }
+    for s in &v.scaling {
+        let mut line = format!(
+            "{} ranks ({}): {}× the samples/s of {} ({}), ideal {}×: scaling efficiency {}",
+            s.ranks,
+            label(s.point),
+            sig(s.speedup, 3),
+            plural(s.baseline_ranks as usize, "rank"),
+            label(s.baseline),
+            sig(f64::from(s.ranks) / f64::from(s.baseline_ranks), 3),
+            percent(s.efficiency)
+        );
+        if s.within_noise {
+            line.push_str(" (within noise: the ranges overlap)");
+        }
+        if let Some(w) = s.data_wait_fraction {
+            line.push_str(&format!("; each rank waits {} of its step for data", percent(w)));
+            if w >= 0.5 {
+                line.push_str(" — input-bound");
+            }
+        }
+        line.push('.');
+        out.push(line);
+    }
+    let m = &v.memory;
+    if let (Some(small), Some(large)) = (m.smallest, m.largest)
+        && small.0 != large.0
+    {
+        out.push(format!(
+            "Memory: peak PSS of the whole tree from {} at {} to {} at {}.",
+            human_bytes(small.1),
+            label(small.0),
+            human_bytes(large.1),
+            label(large.0)
+        ));
+    }
+    for i in &m.duplicated {
+        if let Some(d) = r.points.get(i - 1).and_then(|p| p.summary.dataset.as_ref()) {
+            out.push(format!(
+                "Duplicated at {}: {} of {} each hold a private copy of the {} `{}` cache ({} duplicated).",
+                label(*i),
+                d.private_copies,
+                plural(d.workers as usize, "worker"),
+                human_bytes(d.bytes),
+                d.cache,
+                human_bytes(d.duplicated_bytes)
+            ));
+        }
+    }
+    if !m.shared.is_empty() {
+        let shared: Vec<String> = m.shared.iter().map(|i| label(*i)).collect();
+        out.push(format!("Shared, nothing duplicated: {}.", shared.join(", ")));
+    }
+    for f in &v.failed {
+        let how = match &f.pattern {
+            Some(p) => format!("{} (pattern `{p}`)", kind_label(f.outcome)),
+            None => kind_label(f.outcome).to_string(),
+        };
+        out.push(format!(
+            "Failed: {} — {how} in {} of {}: {}",
+            label(f.point),
+            f.failed_runs,
+            plural(f.runs, "run"),
+            free(&f.headline)
+        ));
+    }
+    if !v.unmeasured.is_empty() {
+        let why = if r.interrupted { "the sweep was interrupted" } else { "the budget ran out" };
+        out.push(format!(
+            "Not measured ({why}): points {}; run the same command again to resume from the cache.",
+            v.unmeasured.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+        ));
+    }
+    out
+}
+
+/// `sweep.md`.
+pub fn render_sweep(r: &SweepRecord) -> String {
+    let mut out = vec![format!("# ups-doctor sweep: {}", markup::text(&r.scenario_name))];
+    out.push("## Verdict".to_string());
+    out.push(verdict_lines(r, true).iter().map(|l| format!("- {l}")).collect::<Vec<_>>().join("\n"));
+    out.push("## Points".to_string());
+    out.push(format!(
+        "Throughput is the trainer's own clock (steps/s of rank 0; samples/s of all ranks together); \
+         data wait is the ranks' mean share of step time spent waiting for data; peak PSS adds up \
+         every process of every rank at one sample; worker PSS / USS is the largest worker's. \
+         Medians with min–max over the runs that passed; a failed run is never averaged in. {} per \
+         point, {} warm-up thrown away.",
+        plural(r.runs_per_point, "run"),
+        r.warmup_runs
+    ));
+    let rows: Vec<Vec<String>> = r
+        .points
+        .iter()
+        .map(|p| {
+            let mut cells = row(p);
+            cells[1] = code(&p.label);
+            cells
+        })
+        .collect();
+    out.push(markup::table(&HEADER, &ALIGN, &rows));
+    out.push("## Run folders".to_string());
+    let mut folders = Vec::new();
+    for p in &r.points {
+        for run in &p.runs {
+            folders.push(format!(
+                "- {} {}: `{}/` — {}{}",
+                p.index,
+                code(&p.label),
+                run.dir,
+                kind_label(run.outcome),
+                if run.cached { " (cached)" } else { "" }
+            ));
+        }
+    }
+    out.push(if folders.is_empty() { "None yet.".to_string() } else { folders.join("\n") });
+    out.push(format!(
+        "{} real {} this time (budget {}){}. Command: `{}`",
+        r.real_runs,
+        if r.real_runs == 1 { "run" } else { "runs" },
+        r.budget,
+        if r.budget_exhausted { ", budget exhausted" } else { "" },
+        r.command.join(" ")
+    ));
+    out.join("\n\n") + "\n"
+}
+
+/// The terminal table (no trailing newline).
+pub fn render_sweep_table(r: &SweepRecord) -> String {
+    let mut table = Table::new();
+    table
+        .load_preset(presets::UTF8_FULL_CONDENSED)
+        .set_content_arrangement(ContentArrangement::Disabled)
+        .force_no_tty()
+        .set_header(HEADER);
+    for p in &r.points {
+        table.add_row(row(p));
+    }
+    for (i, align) in ALIGN.iter().enumerate() {
+        if let (Some(column), Align::Right) = (table.column_mut(i), align) {
+            column.set_cell_alignment(CellAlignment::Right);
+        }
+    }
+    table.to_string()
+}

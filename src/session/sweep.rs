@@ -1,0 +1,365 @@
+//! `ups-doctor sweep SCENARIO --vary path=v1,v2 …`: load every point before any runs (a bad
+//! value is exit 2, naming the `--vary` and the fix), read the machine once, then run the
+//! points under the same harness as `run`: round after round (interleaved, so that a drift of
+//! the machine spreads over every point), after a thrown-away warm-up, within `--budget`. Each
+//! run keeps its own run folder; each finished run is cached in the out folder by configuration
+//! hash, so the same command resumes an interrupted sweep. `sweep.json` and `sweep.md` are
+//! rewritten after every run.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+
+use super::invocation::current_exe;
+use super::out_dir::{out_dir_or_fresh, sanitize};
+use super::preflight::{check_gpus, check_memory_limits, check_trainer};
+use super::save::save_honestly;
+use crate::harness::run::events::Silent;
+use crate::harness::run::interrupt::{self, INTERRUPTED};
+use crate::harness::{self, ScenarioInput};
+use crate::scenario::{self, Override, ScenarioError};
+use crate::schema::{EnvSummary, RunResult, ScenarioResult};
+use crate::sweep::{self, PointRecord, PointRun, SweepRecord};
+use crate::{Error, exit, report};
+
+/// What `ups-doctor sweep` was asked, as plain data.
+pub struct SweepRequest {
+    pub scenario: PathBuf,
+    pub set: Vec<Override>,
+    /// Each `--vary` as written.
+    pub vary: Vec<String>,
+    pub runs: usize,
+    pub warmup: usize,
+    pub budget: usize,
+    pub out: Option<PathBuf>,
+    pub json: bool,
+    pub quiet: bool,
+}
+
+/// One point of the grid, ready to run.
+struct Point {
+    settings: Vec<Override>,
+    input: ScenarioInput,
+    hash: String,
+    /// `points/NN-name`, relative to the sweep folder.
+    dir: String,
+    runs: Vec<PointRun>,
+}
+
+/// Runs the sweep; the exit status as [`exit`] documents it (0: every point met its `expect`).
+pub fn sweep(args: SweepRequest) -> Result<u8, Error> {
+    interrupt::install_handler();
+    for (flag, value) in [("--runs", args.runs), ("--budget", args.budget)] {
+        if value == 0 {
+            return Err(Error::BadInput(format!("`{flag} 0`: must be at least 1")));
+        }
+    }
+    let axes: Vec<sweep::Axis> = args
+        .vary
+        .iter()
+        .map(|raw| sweep::parse_vary(raw))
+        .collect::<Result<_, _>>()
+        .map_err(Error::BadInput)?;
+    sweep::check_axes(&axes, &args.set).map_err(Error::BadInput)?;
+    let base = scenario::load_file(&args.scenario, &args.set)?;
+    let mut points = load_points(&args, &axes)?;
+    let inputs: Vec<ScenarioInput> = points.iter().map(|p| p.input.clone()).collect();
+    let program = current_exe()?;
+    check_trainer(&inputs, &program)?;
+    let machine =
+        crate::probe::machine(&harness::machine_needs(inputs.iter().map(|i| &i.scenario), &program));
+    check_gpus(&inputs, &machine)?;
+    check_memory_limits(&inputs)?;
+    harness::limits::check_open_files(&inputs).map_err(Error::BadInput)?;
+    let out_dir = out_dir_or_fresh(args.out.clone(), &format!("-sweep-{}", sanitize(&base.name)))?;
+    for p in &mut points {
+        p.runs = read_cache(&out_dir, &p.hash);
+    }
+    let mut sweep = Sweep {
+        out_dir,
+        program,
+        machine,
+        quiet: args.quiet,
+        record: SweepRecord {
+            tool_version: env!("CARGO_PKG_VERSION").to_string(),
+            started_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+            command: std::env::args().collect(),
+            scenario_file: args.scenario.display().to_string(),
+            scenario_name: base.name.clone(),
+            set: args.set.iter().map(|o| o.raw.clone()).collect(),
+            vary: args.vary.clone(),
+            runs_per_point: args.runs,
+            warmup_runs: 0,
+            budget: args.budget,
+            real_runs: 0,
+            budget_exhausted: false,
+            interrupted: false,
+            points: Vec::new(),
+            verdict: Default::default(),
+        },
+    };
+    let cached: usize = points.iter().map(|p| p.runs.len().min(args.runs)).sum();
+    if !args.quiet {
+        eprintln!(
+            "sweeping {} over {} ({} each, budget {} runs{})",
+            args.scenario.display(),
+            plural_points(points.len()),
+            if args.runs == 1 { "1 run".to_string() } else { format!("{} runs", args.runs) },
+            args.budget,
+            if cached > 0 {
+                format!("; {cached} cached from an earlier sweep in this folder")
+            } else {
+                String::new()
+            }
+        );
+    }
+    sweep.run_rounds(&mut points, args.runs, args.warmup, args.budget)?;
+    sweep.save(&points)?;
+    sweep.print(args.json)
+}
+
+fn plural_points(n: usize) -> String {
+    if n == 1 { "1 point".to_string() } else { format!("{n} points") }
+}
+
+/// Every point loaded and validated before anything runs; every bad one reported at once.
+fn load_points(args: &SweepRequest, axes: &[sweep::Axis]) -> Result<Vec<Point>, Error> {
+    let grid = sweep::points(axes);
+    let width = grid.len().to_string().len();
+    let mut points = Vec::new();
+    let mut errors: Vec<ScenarioError> = Vec::new();
+    for (i, settings) in grid.into_iter().enumerate() {
+        let all: Vec<Override> = args.set.iter().chain(&settings).cloned().collect();
+        match scenario::load_file(&args.scenario, &all) {
+            Ok(s) => {
+                let name: Vec<String> = settings
+                    .iter()
+                    .map(|o| {
+                        let field = o.path.rsplit('.').next().unwrap_or(&o.path);
+                        let value = o.raw.split_once('=').map_or("", |(_, v)| v);
+                        format!("{field}-{value}")
+                    })
+                    .collect();
+                points.push(Point {
+                    hash: crate::bisect::config_hash(&s),
+                    dir: format!("points/{:0width$}-{}", i + 1, sanitize(&name.join("_"))),
+                    input: ScenarioInput {
+                        file: args.scenario.clone(),
+                        overrides: all.iter().map(|o| o.raw.clone()).collect(),
+                        scenario: s,
+                    },
+                    settings,
+                    runs: Vec::new(),
+                });
+            }
+            Err(mut e) => {
+                // The value came from a `--vary`: say so, not `--set`, which the user never wrote.
+                if let Some(axis) = e
+                    .from_override
+                    .as_ref()
+                    .and_then(|raw| axes.iter().find(|a| a.values.iter().any(|v| &v.raw == raw)))
+                {
+                    let value = e.from_override.take().unwrap_or_default();
+                    e.message = format!("`--vary {}` gives `{value}`: {}", axis.raw, e.message);
+                }
+                if !errors.contains(&e) {
+                    errors.push(e);
+                }
+            }
+        }
+    }
+    if errors.is_empty() { Ok(points) } else { Err(Error::Scenarios(errors)) }
+}
+
+/// The runs of one configuration that earlier sweeps in this folder finished.
+fn read_cache(out_dir: &Path, hash: &str) -> Vec<PointRun> {
+    let text = std::fs::read_to_string(cache_file(out_dir, hash)).ok();
+    let mut runs: Vec<PointRun> = text.and_then(|t| serde_json::from_str(&t).ok()).unwrap_or_default();
+    for r in &mut runs {
+        r.cached = true;
+    }
+    runs
+}
+
+fn cache_file(out_dir: &Path, hash: &str) -> PathBuf {
+    out_dir.join("cache").join(format!("{hash}.json"))
+}
+
+/// One sweep's state while its points run.
+struct Sweep {
+    out_dir: PathBuf,
+    program: PathBuf,
+    machine: EnvSummary,
+    quiet: bool,
+    record: SweepRecord,
+}
+
+impl Sweep {
+    /// Round `r` gives every point its `r`-th run (points cached that far are skipped); the
+    /// warm-up goes before the first real run. Stops at the budget or an interrupt.
+    fn run_rounds(
+        &mut self,
+        points: &mut [Point],
+        runs: usize,
+        warmup: usize,
+        budget: usize,
+    ) -> Result<(), Error> {
+        let total = points.len();
+        for round in 0..runs {
+            for i in 0..total {
+                if points[i].runs.len() > round {
+                    continue;
+                }
+                if INTERRUPTED.load(Ordering::SeqCst) {
+                    self.record.interrupted = true;
+                    return Ok(());
+                }
+                while self.record.warmup_runs < warmup && self.record.real_runs < budget {
+                    let rel = format!("warmup/run-{}", self.record.warmup_runs + 1);
+                    let r = self.run_once(&points[i].input, &rel)?;
+                    self.record.real_runs += 1;
+                    self.record.warmup_runs += 1;
+                    if !self.quiet {
+                        eprintln!(
+                            "  warm-up  {}  →  {} (thrown away)",
+                            sweep::label(&points[i].settings),
+                            r.outcome.as_str()
+                        );
+                    }
+                    if r.interrupted {
+                        self.record.interrupted = true;
+                        return Ok(());
+                    }
+                }
+                if self.record.real_runs >= budget {
+                    self.record.budget_exhausted = true;
+                    return Ok(());
+                }
+                let rel = next_run_dir(&self.out_dir, &points[i].dir);
+                let result = self.run_once(&points[i].input, &rel)?;
+                self.record.real_runs += 1;
+                if result.interrupted {
+                    // Cut short by the user: says nothing about the configuration, never cached.
+                    self.record.interrupted = true;
+                    return Ok(());
+                }
+                let run = sweep::summarise_run(&result, rel);
+                if !self.quiet {
+                    eprintln!(
+                        "  point {}/{total} run {}/{runs}  {}  →  {}{}  ({:.1} s)",
+                        i + 1,
+                        round + 1,
+                        sweep::label(&points[i].settings),
+                        result.outcome.as_str(),
+                        result.samples_per_s.map_or(String::new(), |s| format!(", {s:.1} samples/s")),
+                        result.wall_s
+                    );
+                }
+                points[i].runs.push(run);
+                self.cache(&points[i])?;
+                self.save(points)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// One supervised run in its own run folder (`result.json`, `report.md`, the logs).
+    fn run_once(&self, input: &ScenarioInput, rel: &str) -> Result<ScenarioResult, Error> {
+        let dir = self.out_dir.join(rel);
+        std::fs::create_dir_all(&dir).map_err(|source| Error::Io {
+            what: "create",
+            path: dir.clone(),
+            source,
+        })?;
+        let scenario_rel = format!("1-{}", sanitize(&input.scenario.name));
+        let result = crate::nodes::local::run_scenario(
+            input,
+            &self.program,
+            &dir,
+            &scenario_rel,
+            &mut Silent,
+            &INTERRUPTED,
+        )
+        .map_err(Error::Internal)?;
+        let run = RunResult {
+            tool_version: env!("CARGO_PKG_VERSION").to_string(),
+            started_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+            command: std::env::args().collect(),
+            environment: self.machine.clone(),
+            scenarios: vec![result.clone()],
+            not_run: Vec::new(),
+            interrupted: result.interrupted,
+            stopped_by: None,
+            logs_cut: Vec::new(),
+        };
+        save_honestly(&dir, &run)?;
+        Ok(result)
+    }
+
+    fn cache(&self, p: &Point) -> Result<(), Error> {
+        let path = cache_file(&self.out_dir, &p.hash);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).map_err(|source| Error::Io {
+                what: "create",
+                path: parent.to_path_buf(),
+                source,
+            })?;
+        }
+        let text = serde_json::to_string_pretty(&p.runs).expect("runs serialise");
+        report::write_atomic(&path, text.as_bytes())?;
+        Ok(())
+    }
+
+    /// `sweep.json` and `sweep.md` as things stand.
+    fn save(&mut self, points: &[Point]) -> Result<(), Error> {
+        self.record.points = points
+            .iter()
+            .enumerate()
+            .map(|(i, p)| PointRecord {
+                index: i + 1,
+                label: sweep::label(&p.settings),
+                settings: p.settings.iter().map(|o| o.raw.clone()).collect(),
+                world_size: p.input.scenario.launch.world_size,
+                hash: p.hash.clone(),
+                summary: sweep::summarise_point(&p.runs),
+                runs: p.runs.clone(),
+            })
+            .collect();
+        self.record.verdict = sweep::judge(&self.record.points);
+        let json = serde_json::to_string_pretty(&self.record).expect("the sweep serialises") + "\n";
+        report::write_atomic(&self.out_dir.join("sweep.json"), json.as_bytes())?;
+        report::write_atomic(&self.out_dir.join("sweep.md"), report::render_sweep(&self.record).as_bytes())?;
+        Ok(())
+    }
+
+    /// The verdict, the table and where the report is (stderr with `--json`, which prints
+    /// `sweep.json` instead).
+    fn print(&self, json: bool) -> Result<u8, Error> {
+        let text = format!(
+            "{}\n{}\nreport: {}",
+            report::verdict_lines(&self.record, false).join("\n"),
+            report::render_sweep_table(&self.record),
+            self.out_dir.join("sweep.md").display()
+        );
+        if json {
+            eprintln!("{text}");
+            println!("{}", serde_json::to_string_pretty(&self.record).expect("the sweep serialises"));
+        } else {
+            println!("{text}");
+        }
+        let met =
+            self.record.points.iter().all(|p| !p.runs.is_empty() && p.runs.iter().all(|r| r.met_expectation));
+        Ok(if self.record.interrupted {
+            exit::INTERRUPTED
+        } else if met && !self.record.budget_exhausted {
+            exit::MET
+        } else {
+            exit::NOT_MET
+        })
+    }
+}
+
+/// `points/NN-name/run-K` with the first K whose folder does not exist (a run cut short by an
+/// interrupt left its folder, but no cache entry).
+fn next_run_dir(out_dir: &Path, point_dir: &str) -> String {
+    (1..).map(|k| format!("{point_dir}/run-{k}")).find(|rel| !out_dir.join(rel).exists()).expect("unbounded")
+}

@@ -1,0 +1,19 @@
+//! A grid of scenario configurations, each point run under the same harness as `run`
+//! (`ups-doctor sweep`): which configuration is fastest, what each costs in memory, which fail
+//! and how.
+//!
+//! Pure: [`grid`] turns `--vary path=v1,v2` into points (each a list of `--set` overrides),
+//! [`record`] is what `sweep.json` holds and how one run's result is summarised, [`verdict`]
+//! judges the points (fastest passing, scaling, memory, failures, noise). Running the points,
+//! the cache and the files are the session's (`session/sweep.rs`); rendering is `report`'s.
+
+pub mod grid;
+pub mod record;
+pub mod verdict;
+
+pub use grid::{Axis, check_axes, label, parse_vary, points};
+pub use record::{
+    PointMemory, PointRecord, PointRun, PointSummary, ProcessPeak, Range, SweepRecord, summarise_point,
+    summarise_run,
+};
+pub use verdict::judge;

@@ -1,0 +1,206 @@
+//! `ups-doctor sweep`: a grid of real runs of the built-in trainer, each point judged like `run`
+//! judges a scenario. Nothing here compares timings: only outcomes, patterns and whether each
+//! figure is there.
+
+use std::path::Path;
+use std::process::Output;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::util::{Sandbox, eventually, repo};
+
+/// `ups-doctor sweep SCENARIO --out OUT --json --quiet --warmup 0 ARGS`: its output and sweep.json.
+fn sweep(sb: &Sandbox, scenario: &Path, args: &[&str]) -> (Output, Value) {
+    let output = sb
+        .cmd()
+        .arg("sweep")
+        .arg(scenario)
+        .arg("--out")
+        .arg(sb.out())
+        .args(["--json", "--quiet", "--warmup", "0"])
+        .args(args)
+        .output()
+        .expect("ups-doctor starts");
+    let record = serde_json::from_slice(&output.stdout).unwrap_or(Value::Null);
+    (output, record)
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// A dataset cache of 64 × 501 × 1024 floats (125 MiB): twice the private memory of a spawned
+/// worker with libtorch loaded, so a private copy of it shows in the worker's USS and a shared
+/// one cannot be mistaken for one (see tests/memory.rs). 501 snapshots cost no more solving
+/// than 4 would.
+const STORY: &str = r#"{
+  "model": { "depths": [1], "hidden": 32, "heads": 2, "latent_tokens": 8, "window": 2 },
+  "data": { "samples": 64, "grid": 1024, "timesteps": 501, "queries": 32, "batch_size": 8 },
+  "train": { "steps": 4 },
+  "limits": { "timeout_s": 300, "hang_after_s": 120 }
+}"#;
+
+fn point<'a>(record: &'a Value, label: &str) -> &'a Value {
+    record["points"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["label"] == label)
+        .unwrap_or_else(|| panic!("no point `{label}` in {record:#}"))
+}
+
+#[test]
+fn a_grid_over_workers_start_method_and_cache_measures_every_point_and_shows_the_duplicated_cache() {
+    let sb = Sandbox::new();
+    let file = sb.scenario("story", STORY);
+    let (out, record) = sweep(
+        &sb,
+        &file,
+        &[
+            "--vary",
+            "data.workers=0,2",
+            "--vary",
+            "data.start_method=fork,spawn",
+            "--vary",
+            "data.cache=memory,shm",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let points = record["points"].as_array().unwrap();
+    assert_eq!(points.len(), 8);
+    for p in points {
+        let s = &p["summary"];
+        assert_eq!((s["runs"].as_u64(), s["passed_runs"].as_u64()), (Some(1), Some(1)), "{p:#}");
+        for figure in ["steps_per_s", "samples_per_s", "data_wait_fraction", "tree_peak_pss_bytes"] {
+            assert!(s[figure]["median"].as_f64().is_some_and(|v| v >= 0.0), "{figure} of {p:#}");
+        }
+        assert!(s["samples_per_s"]["median"].as_f64().unwrap() > 0.0, "{p:#}");
+        // Each run kept its own run folder, which `ups-doctor report` reads like any other.
+        let dir = sb.out().join(p["runs"][0]["dir"].as_str().unwrap());
+        assert!(dir.join("result.json").is_file() && dir.join("report.md").is_file(), "{}", dir.display());
+    }
+    let spawn_memory = &point(&record, "data.workers=2 data.start_method=spawn data.cache=memory")["summary"];
+    let d = &spawn_memory["dataset"];
+    assert_eq!(
+        (d["cache"].as_str(), d["workers"].as_u64(), d["judged"].as_bool()),
+        (Some("memory"), Some(2), Some(true)),
+        "{d}"
+    );
+    assert_eq!(d["private_copies"], 2, "each spawned worker rebuilds the memory cache: {d}");
+    assert!(d["duplicated_bytes"].as_u64().unwrap() >= 2 * d["bytes"].as_u64().unwrap(), "{d}");
+    let spawn_shm = &point(&record, "data.workers=2 data.start_method=spawn data.cache=shm")["summary"];
+    let d = &spawn_shm["dataset"];
+    assert_eq!(
+        (d["cache"].as_str(), d["private_copies"].as_u64(), d["duplicated_bytes"].as_u64()),
+        (Some("shm"), Some(0), Some(0)),
+        "{d}"
+    );
+    assert!(spawn_shm["shm_peak_ours_bytes"]["median"].as_f64().unwrap() > 0.0, "{spawn_shm:#}");
+    let verdict = &record["verdict"];
+    assert!(verdict["fastest"]["point"].as_u64().is_some(), "{verdict:#}");
+    let duplicated = verdict["memory"]["duplicated"].as_array().unwrap();
+    assert!(
+        duplicated
+            .contains(&point(&record, "data.workers=2 data.start_method=spawn data.cache=memory")["index"])
+    );
+    let md = std::fs::read_to_string(sb.out().join("sweep.md")).unwrap();
+    assert!(
+        md.starts_with("# ups-doctor sweep: story\n\n## Verdict\n\n- Fastest passing configuration: "),
+        "{md}"
+    );
+    assert!(md.contains("each hold a private copy of the"), "{md}");
+    assert!(
+        stderr(&out).contains("┆ configuration"),
+        "the table goes to stderr with --json: {}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn the_shipped_fork_after_threads_configuration_is_named_a_deadlock_and_never_the_fastest() {
+    let sb = Sandbox::new();
+    let file = repo().join("scenarios/loader-fork-deadlock.json");
+    let (out, record) =
+        sweep(&sb, &file, &["--vary", "data.worker_threads=one,inherit", "--set", "train.steps=2"]);
+    // The file expects the deadlock: the `one` point does not meet that expectation.
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let hung = &point(&record, "data.worker_threads=inherit")["summary"];
+    assert_eq!(hung["failure"]["outcome"], "hung", "{hung:#}");
+    assert_eq!(hung["failure"]["pattern"], "fork-after-threads", "{hung:#}");
+    assert!(hung["samples_per_s"].is_null(), "a failed run is never averaged in: {hung:#}");
+    let ok = point(&record, "data.worker_threads=one");
+    assert_eq!(ok["summary"]["passed_runs"], 1, "{ok:#}");
+    let verdict = &record["verdict"];
+    assert_eq!(verdict["fastest"]["point"], ok["index"], "{verdict:#}");
+    assert_eq!(verdict["failed"][0]["pattern"], "fork-after-threads", "{verdict:#}");
+    let md = std::fs::read_to_string(sb.out().join("sweep.md")).unwrap();
+    assert!(md.contains("hung (pattern `fork-after-threads`)"), "{md}");
+}
+
+fn tiny_sweep_args() -> Vec<&'static str> {
+    vec!["--vary", "data.workers=0,1", "--vary", "train.steps=2,3"]
+}
+
+#[test]
+fn a_sweep_cut_short_by_its_budget_or_an_interrupt_resumes_from_the_cache() {
+    let sb = Sandbox::new();
+    let file = sb.scenario("tiny", &crate::util::tiny(""));
+    let mut args = tiny_sweep_args();
+    args.extend(["--budget", "1"]);
+    let (out, record) = sweep(&sb, &file, &args);
+    assert_eq!(out.status.code(), Some(1), "budget exhausted: {}", stderr(&out));
+    assert_eq!(record["budget_exhausted"], true);
+    assert_eq!(record["real_runs"], 1);
+    assert_eq!(record["verdict"]["unmeasured"], serde_json::json!([2, 3, 4]));
+
+    // Interrupted after the second point's run is cached: SIGINT to the sweep (our own child).
+    let mut child = sb
+        .cmd()
+        .arg("sweep")
+        .arg(&file)
+        .arg("--out")
+        .arg(sb.out())
+        .args(["--quiet", "--warmup", "0"])
+        .args(tiny_sweep_args())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let cached = || std::fs::read_dir(sb.out().join("cache")).map(|d| d.count()).unwrap_or(0);
+    assert!(eventually(Duration::from_secs(120), || cached() >= 2), "a second point was cached");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGINT)
+        .unwrap();
+    let status = child.wait().unwrap();
+    assert!(matches!(status.code(), Some(130) | Some(0)), "{status:?}");
+
+    let (out, record) = sweep(&sb, &file, &tiny_sweep_args());
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let runs: Vec<&Value> = record["points"].as_array().unwrap().iter().map(|p| &p["runs"]).collect();
+    assert!(runs.iter().all(|r| r.as_array().unwrap().len() == 1), "one run per point: {record:#}");
+    assert_eq!(runs[0][0]["cached"], true, "the budget-bound run is reused");
+    assert_eq!(runs[1][0]["cached"], true, "the run before the interrupt is reused");
+    let fresh = runs.iter().filter(|r| r[0]["cached"] == false).count();
+    assert_eq!(record["real_runs"].as_u64(), Some(fresh as u64), "cached runs are free: {record:#}");
+    assert!(fresh <= 2, "{record:#}");
+}
+
+#[test]
+fn bad_vary_input_is_exit_2_naming_the_flag_the_value_and_the_fix() {
+    let sb = Sandbox::new();
+    let file = sb.scenario("tiny", &crate::util::tiny(""));
+    for (args, says) in [
+        (vec!["--vary", "data.workers"], "`--vary data.workers`: no `=`"),
+        (vec!["--vary", "data.workers=2"], "one value is not a sweep"),
+        (vec!["--vary", "data.wrokers=0,2"], "data.wrokers"),
+        (vec!["--vary", "data.workers=0,many"], "`--vary data.workers=0,many` gives `data.workers=many`"),
+        (vec!["--vary", "data.workers=0,2", "--set", "data.workers=4"], "drop the `--set`"),
+        (vec!["--vary", "data.workers=0,2", "--runs", "0"], "`--runs 0`"),
+    ] {
+        let (out, _) = sweep(&sb, &file, &args);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+        assert!(!sb.out().join("sweep.json").exists(), "nothing ran for {args:?}");
+    }
+}
