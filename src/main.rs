@@ -49,6 +49,9 @@ enum Command {
         /// Mask GPU UUIDs and your home folder in the report and result.json, for a public issue.
         #[arg(long)]
         public: bool,
+        /// Do not observe a command's Python processes (same as `--set launch.observe=false`).
+        #[arg(long)]
+        no_observe: bool,
         #[command(flatten)]
         nodes: NodeArgs,
     },
@@ -143,7 +146,10 @@ enum StrategyArg {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Run { paths, set, out, json, quiet, public, nodes } => {
+        Command::Run { paths, mut set, out, json, quiet, public, no_observe, nodes } => {
+            if no_observe {
+                set.push("launch.observe=false".parse().expect("a valid override"));
+            }
             run(paths, set, out, json, quiet, public, nodes)
         }
         Command::Report { dir, public, issue } => rerender(&dir, public, issue),

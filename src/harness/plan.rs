@@ -269,6 +269,9 @@ pub fn plan(scenario: &Scenario, facts: &Facts) -> Result<Plan, PlanError> {
     // line) by the sitecustomize, which goes first on the path.
     let python_site =
         python_env.iter().any(|(k, _)| k == "PYTHONUNBUFFERED").then(|| facts.python_site.to_path_buf());
+    if python_site.is_some() && !scenario.launch.observe {
+        python_env.push(("UPS_DOCTOR_OBSERVE".into(), "0".into()));
+    }
     if let Some(site) = &python_site {
         let path = std::iter::once(site.display().to_string())
             .chain(facts.pythonpath.clone().filter(|p| !p.is_empty()));

@@ -84,10 +84,19 @@ pub struct Launch {
     /// node's `ups-doctor run --nodes N --node-rank R` places it (see `crate::nodes`).
     #[serde(skip_serializing_if = "is_one")]
     pub nodes: u32,
+    /// Whether the observer in the `sitecustomize` ups-doctor puts first on a command's
+    /// `PYTHONPATH` records the program's process group, steps, data waits and collectives
+    /// (`--no-observe` sets it to `false`). Only with `command`.
+    #[serde(skip_serializing_if = "is_true")]
+    pub observe: bool,
 }
 
 fn is_one(n: &u32) -> bool {
     *n == 1
+}
+
+fn is_true(b: &bool) -> bool {
+    *b
 }
 
 impl Default for Launch {
@@ -100,6 +109,7 @@ impl Default for Launch {
             style: LaunchStyle::Auto,
             memory_limit: None,
             nodes: 1,
+            observe: true,
         }
     }
 }

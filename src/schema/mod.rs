@@ -11,6 +11,7 @@
 mod gpu;
 mod memory;
 mod nodes;
+mod observed;
 mod process;
 mod run;
 mod signal;
@@ -25,6 +26,7 @@ pub use memory::{
 pub use nodes::{
     Calibration, FirstFailure, LostNode, NodeSection, NodesReport, Offset, RemoteFailureSeen, Snapshot,
 };
+pub use observed::{GroupFormed, LedgerEntry, ObservedProgram};
 pub use process::{
     ExitSource, ExternalRun, ExternalStyle, IdentifiedBy, KernelThread, LauncherEnd, PhaseSpan, ProcessDump,
     Quote, QuoteKind, RankResult, ThreadStack, WorkerInfo,
