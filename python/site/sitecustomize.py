@@ -17,6 +17,8 @@ import time
 
 
 def _line_buffered():
+    if os.environ.get("UPS_DOCTOR_LINE_BUFFERED") != "1":  # unbuffered by the user's own choice
+        return
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.reconfigure(line_buffering=True, write_through=False)
