@@ -510,7 +510,11 @@ mod tests {
             r#"{"launch": {"mode": "ddp", "world_size": 2, "observe": false}, "command": ["python", "t.py"]}"#,
         );
         let p = planned(&unobserved, &["PYTHONUNBUFFERED"], false).unwrap();
-        assert_eq!((env(&p.processes[0], "PYTHONPATH"), &p.python_site), (None, &None), "nothing to put there");
+        assert_eq!(
+            (env(&p.processes[0], "PYTHONPATH"), &p.python_site),
+            (None, &None),
+            "nothing to put there"
+        );
         let p = planned(&unobserved, &[], false).unwrap();
         assert_eq!(env(&p.processes[0], "UPS_DOCTOR_OBSERVE"), Some("0"));
         let single = planned(&scenario(r#"{}"#), &[], false).unwrap();

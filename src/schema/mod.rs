@@ -26,7 +26,7 @@ pub use memory::{
 pub use nodes::{
     Calibration, FirstFailure, LostNode, NodeSection, NodesReport, Offset, RemoteFailureSeen, Snapshot,
 };
-pub use observed::{GroupFormed, LedgerEntry, ObservedProgram};
+pub use observed::{GroupFormed, LEDGER_KEPT, LedgerEntry, ObservedProgram};
 pub use process::{
     ExitSource, ExternalRun, ExternalStyle, IdentifiedBy, KernelThread, LauncherEnd, PhaseSpan, ProcessDump,
     Quote, QuoteKind, RankResult, ThreadStack, WorkerInfo,

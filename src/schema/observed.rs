@@ -39,8 +39,10 @@ impl LedgerEntry {
     /// `all_gather #3 (train.py:40, 1,1 float32)`.
     pub fn render(&self) -> String {
         let group = if self.group == "default" { String::new() } else { format!(" of group {}", self.group) };
-        let what: Vec<&str> =
-            [self.site.as_str(), self.shapes.as_str(), self.dtype.as_str()].into_iter().filter(|s| !s.is_empty()).collect();
+        let what: Vec<&str> = [self.site.as_str(), self.shapes.as_str(), self.dtype.as_str()]
+            .into_iter()
+            .filter(|s| !s.is_empty())
+            .collect();
         let what = if what.is_empty() { String::new() } else { format!(" ({})", what.join(", ")) };
         format!("`{}` #{}{group}{what}", self.op, self.seq)
     }

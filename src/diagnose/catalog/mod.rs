@@ -10,6 +10,7 @@ mod fork;
 mod loader;
 mod memory;
 mod numeric;
+mod observed;
 
 use super::evidence::{Evidence, RankEvidence};
 
@@ -69,6 +70,7 @@ pub const ALL: &[&Pattern] = &[
     &crash::NATIVE_CRASH,
     &crash::FALSE_SUCCESS,
     &memory::OOM_KILL,
+    &observed::COLLECTIVE_MISMATCH,
     &distributed::RANKS_OUT_OF_STEP,
     &distributed::PEER_LOST,
     &distributed::RENDEZVOUS_INCOMPLETE,
@@ -83,6 +85,8 @@ pub const ALL: &[&Pattern] = &[
     &fork::FORK_AFTER_THREADS,
     &fork::CUDA_IN_FORKED_CHILD,
     &numeric::NAN_LOSS,
+    &observed::STRAGGLER,
+    &observed::NOT_DISTRIBUTED,
     &loader::INPUT_BOUND,
     &loader::LEAKED_SHM,
 ];
@@ -104,6 +108,7 @@ const FAILURE_DETECTORS: &[Detector] = &[
     loader::worker_killed,
     fork::fork_after_threads,
     distributed::rendezvous_incomplete,
+    observed::collective_mismatch,
     distributed::ranks_out_of_step,
     crash::native_crash,
     crash::false_success,
@@ -112,7 +117,13 @@ const FAILURE_DETECTORS: &[Detector] = &[
 ];
 
 /// Detectors of a run where every rank passed.
-const PASSED_DETECTORS: &[Detector] = &[numeric::nan_loss, loader::input_bound_run, loader::leaked_shm];
+const PASSED_DETECTORS: &[Detector] = &[
+    numeric::nan_loss,
+    observed::not_distributed,
+    observed::straggler,
+    loader::input_bound_run,
+    loader::leaked_shm,
+];
 
 /// The pattern the evidence establishes, if any.
 pub fn find(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Finding> {
