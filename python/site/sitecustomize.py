@@ -242,7 +242,7 @@ def _call_site():
     first = None
     while frame is not None:
         name = frame.f_code.co_filename
-        if name != here and "/torch/" not in name and not name.startswith("<"):
+        if name != here and "/torch/" not in name and not name.startswith("<") and not name.endswith("sitecustomize.py"):
             site = f"{os.path.basename(name)}:{frame.f_lineno}"
             if "-packages/" not in name:
                 return site
@@ -314,8 +314,7 @@ def _wrap_init(dist):
         rank = kwargs.get("rank", -1)
         if isinstance(rank, int) and rank >= 0:
             obs.rank = rank
-        obs.send({"t": "begin", "phase": "dist.init"}, urgent=True)
-        started = time.perf_counter()
+        # No `begin` marker: the rank's last phase would stay `dist.init` after it returned.
         result = original(*args, **kwargs)
         try:
             obs.rank, obs.world_size = int(dist.get_rank()), int(dist.get_world_size())
@@ -325,7 +324,6 @@ def _wrap_init(dist):
                 store = "env://{}:{}".format(os.environ.get("MASTER_ADDR", "?"), os.environ.get("MASTER_PORT", "?"))
             if kwargs.get("store") is not None:
                 store = type(kwargs["store"]).__name__
-            obs.send({"t": "end", "phase": "dist.init", "ms": (time.perf_counter() - started) * 1000.0})
             obs.send({"t": "group", "backend": backend, "rank": obs.rank, "world_size": obs.world_size,
                       "store": str(store)}, urgent=True)
         except Exception:
