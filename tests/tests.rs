@@ -23,7 +23,6 @@ mod lifecycle;
 mod loader;
 mod memory;
 mod nodes;
-mod observe;
 mod oom;
 mod outcomes;
 mod patterns;

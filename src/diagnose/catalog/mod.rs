@@ -10,7 +10,6 @@ mod fork;
 mod loader;
 mod memory;
 mod numeric;
-mod observed;
 mod pattern;
 
 use super::evidence::{Evidence, RankEvidence};
@@ -24,7 +23,6 @@ pub const ALL: &[&Pattern] = &[
     &crash::NATIVE_CRASH,
     &crash::FALSE_SUCCESS,
     &memory::OOM_KILL,
-    &observed::COLLECTIVE_MISMATCH,
     &distributed::RANKS_OUT_OF_STEP,
     &distributed::PEER_LOST,
     &distributed::RENDEZVOUS_INCOMPLETE,
@@ -39,8 +37,6 @@ pub const ALL: &[&Pattern] = &[
     &fork::FORK_AFTER_THREADS,
     &fork::CUDA_IN_FORKED_CHILD,
     &numeric::NAN_LOSS,
-    &observed::STRAGGLER,
-    &observed::NOT_DISTRIBUTED,
     &loader::INPUT_BOUND,
     &loader::LEAKED_SHM,
 ];
@@ -62,7 +58,6 @@ const FAILURE_DETECTORS: &[Detector] = &[
     loader::worker_killed,
     fork::fork_after_threads,
     distributed::rendezvous_incomplete,
-    observed::collective_mismatch,
     distributed::ranks_out_of_step,
     crash::native_crash,
     crash::false_success,
@@ -71,13 +66,7 @@ const FAILURE_DETECTORS: &[Detector] = &[
 ];
 
 /// Detectors of a run where every rank passed.
-const PASSED_DETECTORS: &[Detector] = &[
-    numeric::nan_loss,
-    observed::not_distributed,
-    observed::straggler,
-    loader::input_bound_run,
-    loader::leaked_shm,
-];
+const PASSED_DETECTORS: &[Detector] = &[numeric::nan_loss, loader::input_bound_run, loader::leaked_shm];
 
 /// The pattern the evidence establishes, if any.
 pub fn find(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Finding> {

@@ -12,7 +12,6 @@ mod env;
 mod gpu;
 mod memory;
 mod nodes;
-mod observed;
 mod process;
 mod run;
 mod signal;
@@ -28,7 +27,6 @@ pub use memory::{
 pub use nodes::{
     Calibration, FirstFailure, LostNode, NodeSection, NodesReport, Offset, RemoteFailureSeen, Snapshot,
 };
-pub use observed::{GroupFormed, LEDGER_KEPT, LedgerEntry, ObservedProgram};
 pub use process::{
     ExitSource, ExternalRun, ExternalStyle, IdentifiedBy, KernelThread, LauncherEnd, PhaseSpan, ProcessDump,
     Quote, QuoteKind, RankResult, ThreadStack, WorkerInfo,
