@@ -116,10 +116,14 @@ fn plan_on_this_machine(
     let env_has = |name: &str| std::env::var_os(name).is_some();
     let python_site = here.join(dir).join("python-site");
     let trainer = trainer_program(program);
+    // Absolute: a command in another folder (`launch.cwd`) still finds the marker FIFO, its logs
+    // and the resolved scenario.
+    let log_dir = here.join(dir);
+    let resolved_file = here.join(resolved_file);
     let facts = plan::Facts {
         trainer: &trainer,
-        resolved_file,
-        log_dir: dir,
+        resolved_file: &resolved_file,
+        log_dir: &log_dir,
         run_id: &run_id,
         scenario_dir: &scenario_dir,
         master_port: placement.map_or_else(run::supervise::free_port, |n| n.master_port),

@@ -33,8 +33,13 @@ pub struct Trajectories {
     pub nu: Tensor,
 }
 
+/// The longest the solver goes without reporting progress.
+pub const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// Solves `samples` trajectories on `grid` points and keeps `timesteps` snapshots of each.
-/// `progress(done, total)` is called after each snapshot.
+/// `progress(done, total)` is called after each snapshot, and between snapshots at least every
+/// [`PROGRESS_EVERY`] of wall time: a large set on a busy machine can take longer than a hang
+/// limit between two snapshots, and a rank that computes must not look stuck.
 pub fn generate(samples: i64, grid: i64, timesteps: i64, progress: &mut dyn FnMut(u64, u64)) -> Trajectories {
     let opts = (Kind::Double, tch::Device::Cpu);
     let x = Tensor::arange(grid, opts) / grid as f64;
@@ -70,6 +75,7 @@ pub fn generate(samples: i64, grid: i64, timesteps: i64, progress: &mut dyn FnMu
     let mut snapshots = Vec::with_capacity(timesteps as usize);
     snapshots.push(u.shallow_clone());
     let mut uh = u.fft_rfft(None, -1, "backward");
+    let mut last_report = std::time::Instant::now();
     for step in 1..=every * (timesteps - 1) {
         // Heun's method on v = e^{νk²t} û: predictor, then corrector, both with the exact decay.
         let v0 = uh.fft_irfft(grid, -1, "backward");
@@ -80,7 +86,10 @@ pub fn generate(samples: i64, grid: i64, timesteps: i64, progress: &mut dyn FnMu
         uh = (&uh + &n0 * (DT / 2.0)) * &decay_full + &n1 * (DT / 2.0);
         if step % every == 0 {
             snapshots.push(uh.fft_irfft(grid, -1, "backward"));
+        }
+        if step % every == 0 || last_report.elapsed() >= PROGRESS_EVERY {
             progress(snapshots.len() as u64, timesteps as u64);
+            last_report = std::time::Instant::now();
         }
     }
     let u = Tensor::stack(&snapshots, 1); // (S, T, G)
