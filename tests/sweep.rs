@@ -33,12 +33,11 @@ fn stderr(o: &Output) -> String {
 /// A dataset cache of 64 × 501 × 1024 floats (125 MiB): twice the private memory of a spawned
 /// worker with libtorch loaded, so a private copy of it shows in the worker's USS and a shared
 /// one cannot be mistaken for one (see tests/memory.rs). 501 snapshots cost no more solving
-/// than 4 would. 24 steps keep the cache's `/dev/shm` segment alive over several of the
-/// sampler's readings (4 steps were over between two of them on a busy machine).
+/// than 4 would.
 const STORY: &str = r#"{
   "model": { "depths": [1], "hidden": 32, "heads": 2, "latent_tokens": 8, "window": 2 },
   "data": { "samples": 64, "grid": 1024, "timesteps": 501, "queries": 32, "batch_size": 8 },
-  "train": { "steps": 24 },
+  "train": { "steps": 4 },
   "limits": { "timeout_s": 300, "hang_after_s": 120 }
 }"#;
 
@@ -97,7 +96,9 @@ fn a_grid_over_workers_start_method_and_cache_measures_every_point_and_shows_the
         (Some("shm"), Some(0), Some(0)),
         "{d}"
     );
-    assert!(spawn_shm["shm_peak_ours_bytes"]["median"].as_f64().unwrap() > 0.0, "{spawn_shm:#}");
+    // (Not asserted: a `/dev/shm` peak of the run's own segments. The cache's file loses its name
+    // as soon as the rank and its workers have mapped it (loader/cache.rs, `unlink_name`), so
+    // only a reading in that start-up moment sees it: 0 B with 4 and with 24 steps, measured.)
     let verdict = &record["verdict"];
     assert!(verdict["fastest"]["point"].as_u64().is_some(), "{verdict:#}");
     let duplicated = verdict["memory"]["duplicated"].as_array().unwrap();
