@@ -63,7 +63,7 @@ pub fn command(args: AttachArgs) -> Result<u8, Error> {
         let out = match (&args.out, args.pids.len()) {
             (Some(dir), 1) => dir.clone(),
             (Some(dir), _) => dir.join(pid.to_string()),
-            (None, _) => fresh_dir(Path::new("reports/runs"), &format!("-attach-{pid}"))?,
+            (None, _) => crate::session::fresh_run_dir(Path::new("reports/runs"), &format!("-attach-{pid}"))?,
         };
         if i > 0 {
             eprintln!();
@@ -74,21 +74,6 @@ pub fn command(args: AttachArgs) -> Result<u8, Error> {
         }
     }
     Ok(worst)
-}
-
-fn fresh_dir(parent: &Path, suffix: &str) -> Result<PathBuf, Error> {
-    let io = |source| Error::Io { what: "create a folder under", path: parent.to_path_buf(), source };
-    std::fs::create_dir_all(parent).map_err(io)?;
-    let stamp = humantime::format_rfc3339_seconds(SystemTime::now()).to_string().replace(':', "-") + suffix;
-    for n in 1.. {
-        let dir = if n == 1 { parent.join(&stamp) } else { parent.join(format!("{stamp}-{n}")) };
-        match std::fs::create_dir(&dir) {
-            Ok(()) => return Ok(dir),
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-            Err(e) => return Err(io(e)),
-        }
-    }
-    unreachable!("the loop returns")
 }
 
 /// Whether a py-spy error is a refusal to read the process (ptrace permission).

@@ -17,7 +17,7 @@ use std::path::Path;
 
 pub use bisect::{BisectRequest, bisect};
 pub use command::CommandOptions;
-pub use out_dir::sanitize;
+pub use out_dir::{fresh_run_dir, sanitize};
 pub use run::{RunRequest, run};
 pub use sweep::{SweepRequest, sweep};
 
