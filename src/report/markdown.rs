@@ -80,6 +80,9 @@ pub fn render_markdown(run: &RunResult) -> String {
         verdict(&mut doc, s);
         doc.push(format!("Full report: {}", code(&scenario_report_path(run, i))));
     }
+    if !run.scenarios.is_empty() {
+        doc.push(TIMELINE_LINE);
+    }
     environment_section(&mut doc, &run.environment);
     fit(doc, RESULT_FILE_NOTE)
 }
@@ -135,6 +138,10 @@ fn full_report(run: &RunResult, index: usize) -> Doc {
     environment_section(&mut doc, &run.environment);
     doc
 }
+
+/// Where the run's timeline is, and what opens it.
+const TIMELINE_LINE: &str = "Timeline: `trace.json` beside this report (every rank and worker, phases, \
+     deaths with their stacks, memory) — open it in <https://ui.perfetto.dev>.";
 
 /// What a report cut to fit a comment points to.
 const RESULT_FILE_NOTE: &str = "the run folder's `result.json` and the full reports next to it";
@@ -296,6 +303,7 @@ fn scenario(doc: &mut Doc, s: &ScenarioResult) {
     nodes::overview(doc, s);
     external::program_words(doc, s);
     doc.push(rank_table(s));
+    doc.push(TIMELINE_LINE);
     if let Some(notes) = rank_notes(s) {
         doc.push(notes);
     }

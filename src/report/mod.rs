@@ -12,7 +12,7 @@
 //! markdown and HTML, `matrix` is the one table shape that the terminal (`terminal`) and the
 //! markdown report (`markdown`) both show, `environment` is the same for the machine, `memory`
 //! writes the memory and leftovers sections, `mermaid` draws the charts, `files` reads and writes
-//! the run folder.
+//! the run folder; `trace` writes the run's timeline for Perfetto (`trace.json`).
 
 mod bisect;
 mod environment;
@@ -25,6 +25,7 @@ mod memory;
 mod mermaid;
 mod terminal;
 mod text;
+mod trace;
 
 #[cfg(test)]
 pub(crate) mod fixtures;
@@ -41,3 +42,4 @@ pub use markdown::{
     is_summary, render_env_markdown, render_markdown, render_scenario_markdown, scenario_report_path,
 };
 pub use terminal::{render_env_text, render_matrix};
+pub use trace::{TRACE_FILE, render_trace};

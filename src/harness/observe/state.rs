@@ -70,7 +70,12 @@ impl RankState {
     /// Folds one marker written at `at` (its writer's stamp, else when it was read) into the state.
     pub fn apply(&mut self, at: f64, marker: Marker) {
         self.markers += 1;
-        self.last_marker_at = Some(at);
+        // A stack dump is written because ups-doctor asked for it (the hang was already declared,
+        // or the run is being torn down): it is not progress, and counting it would put the
+        // rank's last marker after the hang was declared.
+        if !matches!(marker, Marker::Stack { .. } | Marker::StackEnd { .. }) {
+            self.last_marker_at = Some(at);
+        }
         match marker {
             Marker::Start { pid, intra_op_threads, device, .. } => {
                 self.pid = Some(pid);
@@ -82,6 +87,10 @@ impl RankState {
                     if self.train_started_at.is_none() {
                         self.train_started_at = Some(at);
                         self.timeline.push(PhaseSpan { phase: "train".into(), start_s: at, end_s: None });
+                    } else if let Some(span) = self.timeline.iter_mut().rev().find(|s| s.phase == "train") {
+                        // A step began: training is under way again until its `step` marker, so
+                        // a rank that dies or hangs inside a step shows `train` as never ended.
+                        span.end_s = None;
                     }
                 } else {
                     self.timeline.push(PhaseSpan { phase: phase.clone(), start_s: at, end_s: None });
@@ -208,8 +217,21 @@ mod tests {
         assert_eq!(s.timeline.len(), 2);
         assert_eq!(s.timeline[0].end_s, Some(0.2));
         assert_eq!(s.timeline[1].phase, "train");
-        assert_eq!(s.timeline[1].end_s, Some(0.5));
+        // Inside step 1: training has not ended.
+        assert_eq!(s.timeline[1].end_s, None);
         assert_eq!(s.data_wait_fraction(), Some(0.25));
+        s.apply(0.7, Marker::Step { step: 1, loss: 0.9, data_ms: 10.0, compute_ms: 30.0, samples: 8 });
+        assert_eq!(s.timeline[1].end_s, Some(0.7));
+    }
+
+    #[test]
+    fn a_stack_dump_is_not_progress() {
+        let mut s = RankState::default();
+        s.apply(1.0, begin("forward", Some(0)));
+        s.apply(9.0, Marker::Stack { tid: 7, thread: "main".into(), frames: vec![] });
+        s.apply(9.1, Marker::StackEnd { threads: 1 });
+        assert_eq!(s.last_marker_at, Some(1.0));
+        assert_eq!(s.stacks.len(), 1);
     }
 
     #[test]
