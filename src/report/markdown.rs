@@ -18,6 +18,7 @@ use super::markup::{self, Align, DETAILS_CLOSE, code, details_open, fence, html_
 use super::matrix;
 use super::memory;
 use super::mermaid;
+use super::stack;
 use super::text::{self, NONE, count, plural};
 
 /// Longest text kept in a table cell.
@@ -133,7 +134,7 @@ fn header_blocks(run: &RunResult) -> Doc {
 }
 
 fn full_report(run: &RunResult, index: usize) -> Doc {
-    let mut doc = header_blocks(run);
+    let mut doc = if is_summary(run) { scenario_header(run, index) } else { header_blocks(run) };
     scenario(&mut doc, &run.scenarios[index]);
     environment_section(&mut doc, &run.environment);
     doc
@@ -235,6 +236,43 @@ impl Doc {
     }
 }
 
+/// The header of one scenario's own report in a run of several: it speaks of that scenario, not
+/// of the run's count ("Ran 27 scenarios" above a report of one).
+fn scenario_header(run: &RunResult, index: usize) -> Doc {
+    let mut doc = Doc::default();
+    doc.push("# ups-doctor report");
+    let s = &run.scenarios[index];
+    let met = if s.interrupted {
+        "it was interrupted"
+    } else if s.met_expectation {
+        "it met its expectation"
+    } else {
+        "it did **not** meet its expectation"
+    };
+    doc.push(format!(
+        "Scenario {} of {} of one run: {met}. {}",
+        index + 1,
+        run.scenarios.len() + run.not_run.len(),
+        started(run)
+    ));
+    interruption(&mut doc, run);
+    doc
+}
+
+/// `Started AT with `CMD` (ups-doctor V).`
+fn started(run: &RunResult) -> String {
+    let command = if run.command.is_empty() {
+        String::new()
+    } else {
+        format!(" with {}", code(&text::shell_line(&run.command)))
+    };
+    format!(
+        "Started {}{command} (ups-doctor {}).",
+        markup::text(&run.started_at),
+        markup::text(&run.tool_version)
+    )
+}
+
 fn summary_line(run: &RunResult) -> String {
     let total = run.scenarios.len();
     let met = run.scenarios.iter().filter(|s| s.met_expectation).count();
@@ -250,16 +288,7 @@ fn summary_line(run: &RunResult) -> String {
             n - m
         ),
     };
-    let command = if run.command.is_empty() {
-        String::new()
-    } else {
-        format!(" with {}", code(&text::shell_line(&run.command)))
-    };
-    format!(
-        "{outcome} Started {}{command} (ups-doctor {}).",
-        markup::text(&run.started_at),
-        markup::text(&run.tool_version)
-    )
+    format!("{outcome} {}", started(run))
 }
 
 fn interruption(doc: &mut Doc, run: &RunResult) {
@@ -288,13 +317,10 @@ fn interruption(doc: &mut Doc, run: &RunResult) {
     doc.push(lines.join("\n"));
 }
 
+/// `## name: outcome`. Whether it met its `expect` is said once, on the **Expected** line of the
+/// verdict: in a heading, "NOT MET" on a user's own program read as if ups-doctor had failed.
 fn scenario_heading(doc: &mut Doc, s: &ScenarioResult) {
-    doc.push(format!(
-        "## {}: {} (expectation {})",
-        markup::text(&s.name),
-        markup::text(&text::scenario_outcome(s)),
-        text::expectation_of(s)
-    ));
+    doc.push(format!("## {}: {}", markup::text(&s.name), markup::text(&text::scenario_outcome(s))));
 }
 
 fn scenario(doc: &mut Doc, s: &ScenarioResult) {
@@ -360,10 +386,17 @@ fn verdict(doc: &mut Doc, s: &ScenarioResult) {
     }
     if let Some(pattern) = &v.pattern {
         let reference = v.reference.as_deref().map(|r| format!(" — see <{r}>")).unwrap_or_default();
-        doc.push(format!(
-            "**Pattern:** {} (listed in ups-doctor's `docs/patterns.md`){reference}",
-            code(pattern)
-        ));
+        // Named with its title and, when the verdict has no cause of its own, its explanation,
+        // so that the line reads wherever the report is pasted (no link into this project).
+        let known = crate::diagnose::PATTERNS.iter().find(|p| p.id == pattern);
+        let what = match known {
+            Some(p) if v.likely_cause.is_none() => {
+                format!("{} ({}): {}", p.title, code(pattern), p.explanation)
+            }
+            Some(p) => format!("{} ({})", p.title, code(pattern)),
+            None => code(pattern),
+        };
+        doc.push(format!("**Pattern:** {what}{reference}"));
     }
     if let Some(cause) = &v.likely_cause {
         doc.push(format!("**Likely cause:** {}", inline(cause)));
@@ -438,7 +471,8 @@ fn rank_table(s: &ScenarioResult) -> String {
                 opt(r.pid),
                 format!("{} ({})", text::kind_label(r.outcome), markup::text(&end_status(r))),
                 place,
-                r.steps_done.to_string(),
+                // No marker at all: how many steps it did is unknown, not 0.
+                if r.markers == 0 && r.steps_done == 0 { NONE.to_string() } else { r.steps_done.to_string() },
                 loss,
                 r.error.as_deref().map_or_else(
                     || NONE.to_string(),
@@ -472,6 +506,8 @@ fn end_status(r: &RankResult) -> String {
     };
     match r.torn_down_with {
         Some(sent) if r.signal == Some(sent) => format!("{sent} from ups-doctor"),
+        // Its own end was not seen (a launcher's rank): only what ups-doctor sent is known.
+        Some(sent) if r.signal.is_none() && r.exit_code.is_none() => format!("{sent} sent by ups-doctor"),
         Some(sent) => format!("{status} (after {sent} from ups-doctor)"),
         None => status,
     }
@@ -596,8 +632,8 @@ fn backtrace(doc: &mut Doc, r: &RankResult) {
     if r.backtrace.is_empty() && r.raw_backtrace.is_empty() {
         return;
     }
-    let signal = r.signal.map_or("crash".to_string(), |s| s.name());
-    doc.push(format!("### Backtrace of rank {} ({})", r.rank, markup::text(&signal)));
+    let (owner, signal) = stack::backtrace_owner(r);
+    doc.push(format!("### Backtrace of {} ({})", markup::text(&owner), markup::text(&signal)));
     if r.backtrace.is_empty() {
         doc.push(
             "Symbolisation failed in the crash handler; these are the raw return addresses, \
@@ -610,45 +646,10 @@ fn backtrace(doc: &mut Doc, r: &RankResult) {
     }
 }
 
-/// `#0  symbol  (location)`, one frame per line; a frame without a symbol shows its address.
-/// The process start-up machinery below the program's own entry (`…::main` on the main thread,
-/// `__rust_begin_short_backtrace` on a spawned one) is folded into one line: it is the same in
-/// every backtrace, and `result.json` keeps it.
+/// `#0  symbol  (location)`, one frame per line, demangled, the machinery every stack shares
+/// folded ([`stack::lines`]); `result.json` keeps every frame.
 fn frames(frames: &[Frame]) -> String {
-    let shown = startup_boundary(frames).unwrap_or(frames.len());
-    let mut lines: Vec<String> = frames[..shown]
-        .iter()
-        .map(|f| {
-            let what = f.symbol.as_deref().unwrap_or(&f.addr);
-            match &f.location {
-                Some(loc) => format!("{what}  ({loc})"),
-                None => what.to_string(),
-            }
-        })
-        .collect();
-    let mut text = numbered(std::mem::take(&mut lines));
-    if shown < frames.len() {
-        text.push_str(&format!(
-            "\n…   {} of process and thread start-up (in result.json)",
-            text::plural(frames.len() - shown, "more frame")
-        ));
-    }
-    text
-}
-
-/// Where the start-up frames begin: after the first `…::main` of the program (kept), or at a
-/// spawned thread's `__rust_begin_short_backtrace` (dropped with everything below it).
-fn startup_boundary(frames: &[Frame]) -> Option<usize> {
-    frames.iter().enumerate().find_map(|(i, f)| {
-        let s = f.symbol.as_deref()?;
-        if s.contains("__rust_begin_short_backtrace") {
-            Some(i)
-        } else if s.ends_with("::main") && !s.starts_with("std::") && !s.starts_with("core::") {
-            Some(i + 1)
-        } else {
-            None
-        }
-    })
+    stack::lines(frames).iter().map(|l| text::strip_control(l)).collect::<Vec<_>>().join("\n")
 }
 
 fn numbered(lines: Vec<String>) -> String {
@@ -685,7 +686,10 @@ fn stacks(doc: &mut Doc, r: &RankResult) {
 /// frame of the caller's own code, which is what tells two waiting threads apart.
 fn stack_summary(t: &ThreadStack) -> String {
     let name = if t.thread.is_empty() { "(unnamed)" } else { &t.thread };
-    let shown = |f: &Frame| html_code(&text::truncate(f.symbol.as_deref().unwrap_or(&f.addr), SUMMARY_MAX));
+    let shown = |f: &Frame| {
+        let what = f.symbol.as_deref().map_or_else(|| f.addr.clone(), stack::demangle);
+        html_code(&text::truncate(&what, SUMMARY_MAX))
+    };
     let top = match t.frames.first() {
         None => "no frames".to_string(),
         Some(first) if is_runtime_frame(first) => {
@@ -813,10 +817,7 @@ mod startup_frames {
         let text = frames(&fs);
         assert!(text.contains("#2  ups_doctor::main"), "{text}");
         assert!(!text.contains("_start") && !text.contains("call_once"), "{text}");
-        assert!(
-            text.ends_with("…   3 more frames of process and thread start-up (in result.json)"),
-            "{text}"
-        );
+        assert!(text.ends_with("…   3 frames of the runtime (call shims, catch_unwind, start-up)"), "{text}");
     }
 
     #[test]

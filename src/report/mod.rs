@@ -23,6 +23,7 @@ mod markup;
 mod matrix;
 mod memory;
 mod mermaid;
+mod stack;
 mod terminal;
 mod text;
 mod trace;

@@ -316,7 +316,7 @@ fn frame_lines(frames: &[Frame]) -> String {
         .iter()
         .enumerate()
         .map(|(i, f)| {
-            let what = f.symbol.as_deref().unwrap_or(&f.addr);
+            let what = f.symbol.as_deref().map_or_else(|| f.addr.clone(), super::stack::demangle);
             match &f.location {
                 Some(loc) => format!("#{i} {what} ({loc})"),
                 None => format!("#{i} {what}"),
