@@ -67,6 +67,10 @@ enum Command {
         /// and on stderr the files to attach with it.
         #[arg(long)]
         issue: bool,
+        /// Also write DIR/ups-doctor-bundle.tar.gz to attach to an issue: report, result.json,
+        /// trace.json and every process's log tail, masked as --public masks.
+        #[arg(long)]
+        bundle: bool,
     },
     /// Describe this machine: libtorch, CPUs, memory, /dev/shm, ulimits, cgroup limits, variables.
     Env {
@@ -146,7 +150,9 @@ fn main() -> ExitCode {
         Command::Run { paths, set, out, json, quiet, public, nodes } => {
             run(paths, set, out, json, quiet, public, nodes)
         }
-        Command::Report { dir, public, issue } => rerender(&dir, public, issue),
+        Command::Report { dir, public, issue, bundle } => {
+            rerender(&dir, public, issue).and_then(|code| if bundle { write_bundle(&dir) } else { Ok(code) })
+        }
         Command::Bisect(args) => bisect(args),
         Command::Env { json, markdown, public } => print_env(json, markdown, public),
         Command::CudaProbe => {
@@ -312,6 +318,13 @@ fn rerender(dir: &Path, public: bool, issue: bool) -> Result<ExitCode, Error> {
     } else {
         println!("{}", path.display());
     }
+    Ok(ExitCode::from(exit::MET))
+}
+
+fn write_bundle(dir: &Path) -> Result<ExitCode, Error> {
+    let (path, files) = report::write_bundle(dir)?;
+    eprintln!("ups-doctor: {} files, masked, in {} — attach it to the issue", files.len(), path.display());
+    println!("{}", path.display());
     Ok(ExitCode::from(exit::MET))
 }
 

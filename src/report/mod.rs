@@ -15,6 +15,7 @@
 //! the run folder; `trace` writes the run's timeline for Perfetto (`trace.json`).
 
 mod bisect;
+mod bundle;
 mod environment;
 mod files;
 mod gpu;
@@ -35,6 +36,7 @@ mod tests;
 
 pub mod public;
 pub use bisect::render_bisect;
+pub use bundle::{BUNDLE_FILE, write_bundle};
 pub use files::{
     IssueText, REPORT_FILE, RESULT_FILE, ReportError, issue_text, read_run, rerender, rerender_masked,
     write_atomic, write_run,
