@@ -647,20 +647,8 @@ fn run(
             }
         };
         if mode != ProgressMode::Quiet {
-            let mark = if scenario_result.interrupted {
-                "-"
-            } else if scenario_result.met_expectation {
-                "✓"
-            } else {
-                "✗"
-            };
-            let pattern = scenario_result.verdict.pattern.as_deref();
-            eprintln!(
-                "  {mark} {}: {}{}",
-                scenario_result.name,
-                scenario_result.verdict.headline,
-                pattern.map(|p| format!(" [{p}]")).unwrap_or_default()
-            );
+            let width = harness::os::sys::terminal_columns().unwrap_or(usize::MAX);
+            eprintln!("{}", report::render_verdict_lines(&scenario_result, width));
         }
         let cut_short = scenario_result.interrupted;
         result.scenarios.push(scenario_result);
@@ -705,7 +693,10 @@ this node's own view: {}",
     }
     let color =
         !json && std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
-    let matrix = report::render_matrix(&result, color);
+    let matrix = match harness::os::sys::terminal_columns() {
+        Some(width) => report::render_matrix_fit(&result, color, width),
+        None => report::render_matrix(&result, color),
+    };
     let report_path = out_dir.join(report::REPORT_FILE);
     if json {
         eprintln!("{matrix}");
