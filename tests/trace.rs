@@ -190,3 +190,59 @@ fn a_hang_has_the_open_phase_and_the_moment_it_was_declared_with_every_threads_s
         .unwrap_or_else(|| panic!("{:#}", own["instants"]));
     assert!(teardown["ts"].as_f64().unwrap() >= declared["ts"].as_f64().unwrap());
 }
+
+#[test]
+fn a_multi_node_run_has_each_rank_on_its_node_on_the_calibrated_timeline() {
+    // The committed multi-node example (two agents, ranks 2 and 3 on node 1, rank 3 segfaults):
+    // its result.json holds every node's evidence already moved onto node 0's clock with the
+    // calibrated offsets; `ups-doctor report` writes its trace.
+    let sb = Sandbox::new();
+    let dir = sb.path().join("run-nodes");
+    std::fs::create_dir_all(&dir).unwrap();
+    let example = repo().join("reports/examples/run-nodes/result.json");
+    std::fs::copy(&example, dir.join("result.json")).unwrap();
+    let out = sb.cmd().arg("report").arg(&dir).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let parsed = parse(&dir.join("trace.json"));
+    let result: Value = serde_json::from_str(&std::fs::read_to_string(&example).unwrap()).unwrap();
+    let s = &result["scenarios"][0];
+    let name = s["name"].as_str().unwrap();
+    for node in s["nodes"]["per_node"].as_array().unwrap() {
+        for rank in node["ranks"].as_array().unwrap() {
+            let process =
+                format!("{name}: rank {rank} (node {}, {})", node["node"], node["host"].as_str().unwrap());
+            let r = &s["ranks"][rank.as_u64().unwrap() as usize];
+            let own = parsed["threads"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|t| t["process"] == process.as_str())
+                .unwrap_or_else(|| panic!("no process `{process}`: {:#}", parsed["processes"]));
+            // Its end, where the merged (calibrated) result puts it.
+            let end = own["instants"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|i| i["args"]["outcome"] == r["outcome"])
+                .unwrap_or_else(|| panic!("rank {rank}: {:#}", own["instants"]));
+            assert_eq!(end["ts"].as_f64().unwrap(), us(&r["ended_at_s"]));
+        }
+    }
+    // Rank 3 (node 1) died first, before the collateral ends on node 0: the order holds on the trace.
+    let ts_of = |rank: u32| {
+        parsed["threads"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["process"].as_str().is_some_and(|p| p.starts_with(&format!("{name}: rank {rank} "))))
+            .unwrap()["instants"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|i| i["args"]["outcome"].is_string())
+            .unwrap()["ts"]
+            .as_f64()
+            .unwrap()
+    };
+    assert!(ts_of(3) < ts_of(0) && ts_of(3) < ts_of(1));
+}
