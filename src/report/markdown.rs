@@ -742,8 +742,26 @@ fn log_tail(doc: &mut Doc, r: &RankResult) {
         doc.push(format!("Full logs: {}", files.join(", ")));
     }
     let lines: Vec<String> = r.log_tail.iter().map(|l| text::strip_control(l)).collect();
-    doc.push(fence("text", &lines.join("\n")));
+    doc.push(fence("text", &once(&lines).join("\n")));
     doc.push(DETAILS_CLOSE);
+}
+
+/// `lines` with each run of identical lines written once, with how often it came
+/// (`… [the line above, 3 times in all]`): several workers print the same sentence as they die.
+fn once(lines: &[String]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::with_capacity(lines.len());
+    let mut i = 0;
+    while i < lines.len() {
+        let n = lines[i..].iter().take_while(|l| **l == lines[i]).count();
+        out.push(lines[i].clone());
+        if n > 1 && !lines[i].trim().is_empty() {
+            out.push(format!("… [the line above, {n} times in all]"));
+        } else {
+            out.extend(lines[i + 1..i + n].iter().cloned());
+        }
+        i += n;
+    }
+    out
 }
 
 fn scenario_details(doc: &mut Doc, s: &ScenarioResult) {
@@ -833,6 +851,12 @@ mod startup_frames {
         .to_vec();
         let text = frames(&fs);
         assert!(text.contains("#1  inject_hang::{{closure}}") && !text.contains("clone3"), "{text}");
+    }
+
+    #[test]
+    fn a_repeated_log_line_is_written_once_with_its_count() {
+        let lines: Vec<String> = ["a", "shm!", "shm!", "shm!", "", "", "b"].map(String::from).to_vec();
+        assert_eq!(once(&lines), ["a", "shm!", "… [the line above, 3 times in all]", "", "", "b"]);
     }
 
     #[test]

@@ -38,9 +38,11 @@ enum Fold {
     Unresolved,
 }
 
-fn fold_of(symbol: Option<&str>) -> Fold {
-    let Some(s) = symbol.map(str::trim).filter(|s| !s.is_empty()) else {
-        return Fold::Unresolved;
+fn fold_of(frame: &Frame) -> Fold {
+    let Some(s) = frame.symbol.as_deref().map(str::trim).filter(|s| !s.is_empty()) else {
+        // The null return address that ends an unwound stack is its outermost frame.
+        let null = frame.addr.trim_start_matches("0x").trim_start_matches('0').is_empty();
+        return if null { Fold::Runtime } else { Fold::Unresolved };
     };
     if s.starts_with('<') && s.contains("+0x") && s.ends_with('>') {
         return Fold::Unresolved;
@@ -99,7 +101,7 @@ pub(crate) fn lines(frames: &[Frame]) -> Vec<String> {
     let mut out = Vec::new();
     let mut i = 0;
     while i < frames.len() {
-        let fold = fold_of(frames[i].symbol.as_deref());
+        let fold = fold_of(&frames[i]);
         if fold == Fold::Keep {
             let f = &frames[i];
             let what = f.symbol.as_deref().map_or_else(|| f.addr.clone(), demangle);
@@ -111,7 +113,7 @@ pub(crate) fn lines(frames: &[Frame]) -> Vec<String> {
             continue;
         }
         let start = i;
-        while i < frames.len() && fold_of(frames[i].symbol.as_deref()) == fold {
+        while i < frames.len() && fold_of(&frames[i]) == fold {
             i += 1;
         }
         let n = i - start;
