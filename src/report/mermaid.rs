@@ -183,11 +183,14 @@ pub(crate) struct MemoryChart {
     pub(crate) lines: Vec<String>,
     /// Seconds since the scenario started of the first and last sample drawn.
     pub(crate) window: (f64, f64),
+    /// `/dev/shm` used over the same window, on its own axis (0 to its size), when it was ever
+    /// in use.
+    pub(crate) shm: Option<String>,
 }
 
-/// A line chart over time of each rank's PSS (with its workers) and of `/dev/shm` used, in MiB.
+/// A line chart over time of each rank's PSS (with its workers), in MiB, and one of `/dev/shm`.
 /// Only samples taken while every rank's process existed are drawn (a process that does not exist
-/// has no memory, not 0 MiB); failing two such samples, those where any did. The `/dev/shm` line
+/// has no memory, not 0 MiB); failing two such samples, those where any did. The `/dev/shm` chart
 /// is drawn only when something was ever in use there. `None` with fewer than two samples.
 pub(crate) fn memory_chart(m: &MemoryReport, ranks: usize) -> Option<MemoryChart> {
     let alive = |p: &crate::schema::MemoryPoint, all: bool| {
@@ -217,12 +220,21 @@ pub(crate) fn memory_chart(m: &MemoryReport, ranks: usize) -> Option<MemoryChart
         out.push_str(&format!("\n    line [{}]", values.join(", ")));
         lines.push(format!("PSS of rank {rank} with its workers"));
     }
-    if series.iter().any(|p| p.shm_used_bytes.unwrap_or(0) > 0) {
+    // `/dev/shm` on an axis of its own, from 0 to its size: a few MiB next to hundreds of MiB of
+    // PSS would draw as a flat line at zero however full it was.
+    let shm = series.iter().any(|p| p.shm_used_bytes.unwrap_or(0) > 0).then(|| {
         let values: Vec<String> = series.iter().map(|p| mib(p.shm_used_bytes.unwrap_or(0))).collect();
-        out.push_str(&format!("\n    line [{}]", values.join(", ")));
-        lines.push("`/dev/shm` used".to_string());
-    }
-    Some(MemoryChart { source: out, lines, window: (first, last) })
+        let top = m.shm.total_bytes.map(|t| format!(" 0 --> {}", mib(t))).unwrap_or_default();
+        format!(
+            "{}\nxychart-beta\n    title \"/dev/shm used (MiB)\"\n    x-axis \"seconds since the scenario started\" {} \
+             --> {}\n    y-axis \"MiB\"{top}\n    line [{}]",
+            xychart_init(),
+            sig(first, 3),
+            sig(last, 3),
+            values.join(", ")
+        )
+    });
+    Some(MemoryChart { source: out, lines, window: (first, last), shm })
 }
 
 fn ms(s: f64) -> i64 {
