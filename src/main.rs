@@ -315,6 +315,10 @@ fn rerender(dir: &Path, public: bool, issue: bool) -> Result<ExitCode, Error> {
         for file in &text.attach {
             eprintln!("  {}", dir.join(file).display());
         }
+        eprintln!(
+            "or all of it and every log tail in one file: ups-doctor report {} --bundle",
+            dir.display()
+        );
     } else {
         println!("{}", path.display());
     }

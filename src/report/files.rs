@@ -113,7 +113,7 @@ pub struct IssueText {
 }
 
 /// The text to paste into an issue for the run in `dir` and the files to attach with it: each
-/// failed scenario's full report (when `report.md` is a summary) and `result.json`.
+/// failed scenario's full report (when `report.md` is a summary), `result.json` and `trace.json`.
 pub fn issue_text(run: &RunResult) -> IssueText {
     let mut attach = Vec::new();
     if is_summary(run) {
@@ -124,6 +124,7 @@ pub fn issue_text(run: &RunResult) -> IssueText {
         }
     }
     attach.push(RESULT_FILE.to_string());
+    attach.push(super::trace::TRACE_FILE.to_string());
     IssueText { paste: render_markdown(run), attach }
 }
 
