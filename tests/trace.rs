@@ -83,11 +83,26 @@ fn a_two_rank_crash_has_a_track_per_rank_and_worker_and_the_death_with_its_stack
         let timeline = r["timeline"].as_array().unwrap();
         assert!(!timeline.is_empty());
         let slices = own["slices"].as_array().unwrap();
-        assert_eq!(slices.len(), timeline.len(), "rank {rank}: {slices:#?}");
-        for (span, slice) in timeline.iter().zip(slices) {
+        let phases: Vec<&Value> = slices.iter().filter(|s| s["cat"] == "phase").collect();
+        assert_eq!(phases.len(), timeline.len(), "rank {rank}: {slices:#?}");
+        for (span, slice) in timeline.iter().zip(&phases) {
             assert_eq!(slice["name"], span["phase"]);
             assert_eq!(slice["ts"].as_f64().unwrap(), us(&span["start_s"]));
         }
+        // Each step a slice ending when result.json says it did, one after the other.
+        let steps: Vec<&Value> = slices.iter().filter(|s| s["cat"] == "step").collect();
+        let ends = r["step_ends_s"].as_array().unwrap();
+        assert!(!ends.is_empty());
+        for (end, slice) in ends.iter().zip(&steps) {
+            assert_eq!(slice["name"], format!("step {}", end[0]));
+            assert_eq!(slice["ts"].as_f64().unwrap() + slice["dur"].as_f64().unwrap(), us(&end[1]));
+        }
+        // Rank 1 died inside step 3: that step is drawn too, open, up to its death; rank 0 was
+        // torn down inside its next step as well.
+        assert_eq!(steps.len(), ends.len() + 1, "rank {rank}: {steps:#?}");
+        let open = steps.last().unwrap();
+        assert_eq!(open["args"]["open"], true);
+        assert_eq!(open["ts"].as_f64().unwrap() + open["dur"].as_f64().unwrap(), us(&r["ended_at_s"]));
         let worker = &r["workers"][0];
         let w = thread(&parsed, &format!("worker 0 (pid {}, fork)", worker["pid"]));
         assert_eq!(w["pid"], own["pid"], "a rank's worker is a thread of the rank's process");
@@ -167,6 +182,16 @@ fn a_hang_has_the_open_phase_and_the_moment_it_was_declared_with_every_threads_s
         assert_eq!(s["ts"].as_f64().unwrap() + s["dur"].as_f64().unwrap(), end);
     }
     assert!(open.iter().any(|s| s["name"] == "train" && s["args"]["last_phase"] == "optimizer"), "{open:#?}");
+    // Inside it steps 0 and 1 ended, and step 2 is the one that never did.
+    assert!(open.iter().any(|s| s["cat"] == "step" && s["name"] == "step 2"), "{open:#?}");
+    let done: Vec<&str> = own["slices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["cat"] == "step" && s["args"]["open"].is_null())
+        .filter_map(|s| s["name"].as_str())
+        .collect();
+    assert_eq!(done, ["step 0", "step 1"]);
 
     // The hang's moment: last marker + the silence it was declared after, with the stacks.
     let declared = own["instants"]

@@ -108,6 +108,7 @@ pub fn classify_rank(end: &RankEnd) -> RankResult {
         final_loss: s.last_loss,
         data_wait_fraction: s.data_wait_fraction(),
         losses: s.losses.clone(),
+        step_ends_s: s.step_ends.clone(),
         timeline: closed_when_passed(&s.timeline, outcome, s.last_step_at),
         stdout_log: end.stdout_log.clone(),
         stderr_log: end.stderr_log.clone(),

@@ -8,7 +8,8 @@
 //! - phases as complete slices (`X`), a phase that never ended drawn up to the rank's end and
 //!   marked `open`; the training loop is one `train` slice (`result.json` folds the per-step
 //!   phases into it; its args carry the steps done, the last step and, when it never ended, the
-//!   phase the rank was last in);
+//!   phase the rank was last in), and inside it each step as a slice of its own (from the
+//!   previous step's end to its own; one under way at the rank's end drawn to it, marked `open`);
 //! - the rank's end (a signal, an exit code, a hang, a teardown by ups-doctor), the moment the
 //!   hang was declared, a worker's start and an OOM kill as instant events (`I`, thread scope),
 //!   the backtrace, thread stacks or py-spy dump attached in `args`;
@@ -160,6 +161,7 @@ impl Scenario<'_> {
                 "args": Value::Object(args),
             }));
         }
+        self.step_events(r, end, pid, out);
         if let (Some(last), Some(after)) = (r.last_marker_at_s, r.hang_detected_after_s) {
             let mut args = serde_json::Map::new();
             args.insert("silent_s".into(), json!(after));
@@ -190,6 +192,50 @@ impl Scenario<'_> {
             }
             out.push(instant("killed by the OOM killer", "end", self.ts(at), pid, tid, args));
         }
+    }
+
+    /// The steps as slices inside `train`: each from the previous step's end (the first from
+    /// `train`'s start) to its own; `steps a–b` where `result.json` thinned them. A step under way
+    /// when the rank ended is drawn to its end, marked `open`.
+    fn step_events(&self, r: &RankResult, end: f64, pid: u64, out: &mut Vec<Value>) {
+        let Some(train) = r.timeline.iter().find(|p| p.phase == "train") else { return };
+        let mut from = (train.start_s, r.step_ends_s.first().map_or(0, |&(s, _)| s));
+        for (i, &(step, at)) in r.step_ends_s.iter().enumerate() {
+            let first = if i == 0 { step } else { from.1 };
+            let name = if first == step { format!("step {step}") } else { format!("steps {first}–{step}") };
+            out.push(self.slice(&name, "step", from.0, at.max(from.0), pid, json!({ "step": step })));
+            from = (at, step + 1);
+        }
+        if train.end_s.is_none() && !r.step_ends_s.is_empty() {
+            let mut args = serde_json::Map::new();
+            args.insert("open".into(), json!(true));
+            args.insert("step".into(), json!(r.last_step.unwrap_or(from.1)));
+            if let Some(phase) = &r.last_phase {
+                args.insert("last_phase".into(), json!(phase));
+            }
+            let step = r.last_step.unwrap_or(from.1);
+            out.push(self.slice(
+                &format!("step {step}"),
+                "step",
+                from.0,
+                end.max(from.0),
+                pid,
+                Value::Object(args),
+            ));
+        }
+    }
+
+    fn slice(&self, name: &str, cat: &str, start_s: f64, end_s: f64, pid: u64, args: Value) -> Value {
+        json!({
+            "name": name,
+            "cat": cat,
+            "ph": "X",
+            "ts": self.ts(start_s),
+            "dur": (self.ts(end_s) - self.ts(start_s)).max(0.0),
+            "pid": pid,
+            "tid": RANK_TID,
+            "args": args,
+        })
     }
 
     fn memory_events(&self, out: &mut Vec<Value>) {
@@ -412,5 +458,18 @@ mod tests {
             ev.iter().filter(|e| e["ph"] == "C" && e["name"] == "/dev/shm used (MiB)").collect();
         assert_eq!(shm.len(), m.series.iter().filter(|p| p.shm_used_bytes.is_some()).count());
         assert!(shm.iter().all(|e| e["pid"].as_u64().unwrap() > PER_SCENARIO + 1_000));
+    }
+
+    #[test]
+    fn thinned_steps_are_slices_over_the_steps_they_stand_for() {
+        let mut s = fixtures::passing();
+        let r = &mut s.ranks[0];
+        let train = r.timeline.iter().find(|p| p.phase == "train").unwrap().clone();
+        let t = |d: f64| train.start_s + d;
+        r.step_ends_s = vec![(0, t(0.1)), (2, t(0.2)), (4, t(0.3))];
+        let ev = events(&fixtures::run(vec![s]));
+        let steps: Vec<&str> =
+            ev.iter().filter(|e| e["cat"] == "step").filter_map(|e| e["name"].as_str()).collect();
+        assert_eq!(steps, ["step 0", "steps 1–2", "steps 3–4"]);
     }
 }

@@ -35,7 +35,7 @@ for (const [pid, proc] of Renderer.processes) {
     const instants = [];
     for (const e of thread.entries) {
       if (Trace.Types.Events.isComplete(e)) {
-        slices.push({name: e.name, ts: e.ts, dur: e.dur, args: e.args ?? {}});
+        slices.push({name: e.name, cat: e.cat, ts: e.ts, dur: e.dur, args: e.args ?? {}});
       } else if (Trace.Types.Events.isInstant(e)) {
         instants.push({name: e.name, ts: e.ts, scope: e.s, args: e.args ?? {}});
       }

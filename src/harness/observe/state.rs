@@ -28,6 +28,9 @@ pub struct RankState {
     pub steps_done: u64,
     pub losses: Vec<(u64, f64)>,
     loss_stride: u64,
+    /// When each step ended (step, seconds), thinned as `losses` are.
+    pub step_ends: Vec<(u64, f64)>,
+    step_stride: u64,
     pub first_loss: Option<f64>,
     pub last_loss: Option<f64>,
     pub data_ms: f64,
@@ -107,6 +110,7 @@ impl RankState {
             }
             Marker::Step { step, loss, data_ms, compute_ms, samples } => {
                 self.steps_done = step + 1;
+                self.record_step_end(step, at);
                 // JSON has no NaN: a non-finite loss would not survive result.json. The trainer
                 // stops on one before reporting the step, so this only guards foreign writers.
                 let Some(loss) = loss.is_finite().then_some(loss) else {
@@ -157,6 +161,21 @@ impl RankState {
     pub fn apply_bad(&mut self, at: f64) {
         self.bad_markers += 1;
         self.last_marker_at = Some(at);
+    }
+
+    fn record_step_end(&mut self, step: u64, at: f64) {
+        let stride = self.step_stride.max(1);
+        if step % stride == 0 {
+            self.step_ends.push((step, at));
+        }
+        if self.step_ends.len() >= MAX_LOSSES {
+            self.step_stride = stride * 2;
+            let mut i = 0;
+            self.step_ends.retain(|_| {
+                i += 1;
+                i % 2 == 1
+            });
+        }
     }
 
     fn record_loss(&mut self, step: u64, loss: f64) {
@@ -222,6 +241,7 @@ mod tests {
         assert_eq!(s.data_wait_fraction(), Some(0.25));
         s.apply(0.7, Marker::Step { step: 1, loss: 0.9, data_ms: 10.0, compute_ms: 30.0, samples: 8 });
         assert_eq!(s.timeline[1].end_s, Some(0.7));
+        assert_eq!(s.step_ends, [(0, 0.5), (1, 0.7)]);
     }
 
     #[test]
