@@ -370,6 +370,7 @@ pub fn supervise<'p, 'l>(
     })
     .ok();
     progress.scenario_started(&res.scenario.name, plan.world);
+    progress.set_hang_after(res.scenario.limits.hang_after_s);
     s.run(progress, interrupted, &queue, &wakes);
     progress.scenario_finished();
     s.finish(&queue, swept, &shm_dir, &shm_before)
