@@ -211,7 +211,10 @@ fn a_hang_has_the_open_phase_and_the_moment_it_was_declared_with_every_threads_s
         .as_array()
         .unwrap()
         .iter()
-        .find(|i| i["name"].as_str().unwrap().ends_with("from ups-doctor"))
+        .find(|i| {
+            i["name"].as_str().unwrap().contains(" by ups-doctor")
+                || i["name"].as_str().unwrap().ends_with("from ups-doctor")
+        })
         .unwrap_or_else(|| panic!("{:#}", own["instants"]));
     assert!(teardown["ts"].as_f64().unwrap() >= declared["ts"].as_f64().unwrap());
 }

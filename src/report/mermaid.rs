@@ -108,7 +108,7 @@ fn end_label(r: &RankResult) -> String {
         (Some(sig), _, Some(sent)) if sig == sent => format!("{} from ups-doctor", sig.name()),
         (Some(sig), _, _) => format!("killed by {}", sig.name()),
         (None, Some(code), _) => format!("exit {code}"),
-        (None, None, Some(sent)) => format!("{} from ups-doctor", sent.name()),
+        (None, None, Some(sent)) => format!("{} sent by ups-doctor", sent.name()),
         (None, None, None) => "ended".to_string(),
     }
 }

@@ -308,7 +308,8 @@ fn end_event(r: &RankResult) -> Option<(String, Value)> {
         (Some(sig), _) => format!("killed by {}", sig.name()),
         (None, Some(0)) if sent.is_none() && r.error.is_none() => return None,
         (None, Some(code)) => format!("exited with code {code}"),
-        (None, None) if sent.is_some() => format!("{} from ups-doctor", sent?.name()),
+        // Its own end was not seen (a launcher's rank, a hung one torn down): what was sent.
+        (None, None) if sent.is_some() => format!("{} sent by ups-doctor", sent?.name()),
         (None, None) => return None,
     };
     let mut args = serde_json::Map::new();
