@@ -48,6 +48,36 @@ fn thread<'a>(parsed: &'a Value, prefix: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no track named `{prefix}…` in {:#}", parsed["threads"]))
 }
 
+/// Nothing on the trace lies after the scenario's end (its wall time): a slice, an instant or a
+/// sample there would contradict `result.json`.
+fn assert_within_run(parsed: &Value, wall_s: f64) {
+    let end = (wall_s * 1e6).round();
+    for t in parsed["threads"].as_array().unwrap() {
+        for s in t["slices"].as_array().unwrap() {
+            let stop = s["ts"].as_f64().unwrap() + s["dur"].as_f64().unwrap();
+            assert!(
+                stop <= end,
+                "slice {} of `{}` ends at {stop} µs, after the run's end {end}",
+                s["name"],
+                t["name"]
+            );
+        }
+        for i in t["instants"].as_array().unwrap() {
+            let at = i["ts"].as_f64().unwrap();
+            assert!(
+                at <= end,
+                "instant {} of `{}` at {at} µs, after the run's end {end}",
+                i["name"],
+                t["name"]
+            );
+        }
+    }
+    for c in parsed["counters"].as_array().unwrap() {
+        let at = c["ts"].as_f64().unwrap();
+        assert!(at <= end, "counter {} at {at} µs, after the run's end {end}", c["name"]);
+    }
+}
+
 fn us(seconds: &Value) -> f64 {
     (seconds.as_f64().unwrap() * 1e6).round()
 }
@@ -70,6 +100,7 @@ fn a_two_rank_crash_has_a_track_per_rank_and_worker_and_the_death_with_its_stack
     assert_eq!(run.code(), 0, "stderr:\n{}", run.stderr());
     let trace = sb.out().join("trace.json");
     let parsed = parse(&trace);
+    assert_within_run(&parsed, run.scenario()["wall_s"].as_f64().unwrap());
 
     // A process per rank, named for it; a thread for the rank and one for its worker.
     let processes: Vec<&str> =
@@ -170,6 +201,7 @@ fn a_hang_has_the_open_phase_and_the_moment_it_was_declared_with_every_threads_s
     assert_eq!(run.code(), 0, "stderr:\n{}", run.stderr());
     let r = run.rank(0);
     let parsed = parse(&sb.out().join("trace.json"));
+    assert_within_run(&parsed, run.scenario()["wall_s"].as_f64().unwrap());
     let own = thread(&parsed, &format!("rank 0 (pid {})", r["pid"]));
 
     // Training never ended (the rank hung inside step 2's optimizer phase): a slice drawn to the
