@@ -416,17 +416,36 @@ fn secrets_in_env_argv_params_and_program_output_reach_no_output() {
 struct Bystander(std::process::Child);
 
 impl Bystander {
+    /// Started, and older than anything started after this returns by at least two clock ticks:
+    /// ups-doctor tells a process moved in from outside by its start time, which the kernel keeps
+    /// in ticks (1/100 s), so one started in the same tick as the run is not provably older.
     fn start() -> Bystander {
-        Bystander(
-            std::process::Command::new("setsid")
-                .args(["sleep", "600"])
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap(),
-        )
+        let child = std::process::Command::new("setsid")
+            .args(["sleep", "600"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let started = start_ticks(child.id()).expect("the bystander's start time");
+        assert!(
+            eventually(Duration::from_secs(5), || uptime_ticks() >= started + 3),
+            "the clock did not move"
+        );
+        Bystander(child)
     }
+}
+
+/// A process's start time in clock ticks since boot (`/proc/PID/stat`, field 22).
+fn start_ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?.1.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// The time since boot in the same ticks (`/proc/uptime`; USER_HZ is 100).
+fn uptime_ticks() -> u64 {
+    let text = std::fs::read_to_string("/proc/uptime").unwrap_or_default();
+    text.split_whitespace().next().and_then(|s| s.parse::<f64>().ok()).map_or(0, |s| (s * 100.0) as u64)
 }
 
 impl Drop for Bystander {
