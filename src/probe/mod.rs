@@ -31,43 +31,36 @@ pub fn machine(needs: &Needs) -> EnvSummary {
     env
 }
 
-/// [`machine`] without waiting for the facts that take a process of their own (the Python on
-/// `PATH`, the trainer's libtorch and CUDA): they are asked on a thread while the run goes on,
-/// and [`Pending::finish`] adds them. What a pre-flight check needs (NVML's GPUs) is here at once.
+/// [`machine`] without waiting for the facts that take a process of their own: the Python on
+/// `PATH` is asked on a thread while the run goes on; the trainer's libtorch and CUDA are asked by
+/// [`Pending::finish`], after the first scenario ended (a libtorch process beside the ranks would
+/// compete with them and sit in their process tree). What a pre-flight check needs (NVML's GPUs)
+/// is here at once.
 pub fn machine_started(needs: &Needs) -> (EnvSummary, Pending) {
     let mut env = env::collect();
     env.gpu = Some(gpu_env::collect(None));
-    let needs = needs.clone();
-    let slow = (needs.python || needs.trainer.is_some())
-        .then(|| {
-            std::thread::Builder::new()
-                .name("machine-facts".into())
-                .spawn(move || Slow {
-                    python: needs.python.then(python_or_why),
-                    cuda: needs.trainer.as_deref().map(gpu_env::cuda_support),
-                })
-                .ok()
-        })
+    let python = needs
+        .python
+        .then(|| std::thread::Builder::new().name("machine-facts".into()).spawn(python_or_why).ok())
         .flatten();
-    (env, Pending(slow))
+    (env, Pending { python, trainer: needs.trainer.clone() })
 }
 
-/// The facts [`machine_started`] is still asking for.
-pub struct Pending(Option<std::thread::JoinHandle<Slow>>);
-
-struct Slow {
-    python: Option<crate::schema::PythonEnv>,
-    cuda: Option<Result<crate::schema::CudaSupport, String>>,
+/// The facts [`machine_started`] has not added yet.
+pub struct Pending {
+    python: Option<std::thread::JoinHandle<crate::schema::PythonEnv>>,
+    trainer: Option<PathBuf>,
 }
 
 impl Pending {
-    /// Waits for the facts still being asked for and adds them to `env`.
+    /// Waits for the Python facts, asks the trainer about libtorch and CUDA, and adds both to `env`.
     pub fn finish(self, env: &mut EnvSummary) {
-        let Some(slow) = self.0.and_then(|h| h.join().ok()) else { return };
-        env.python = slow.python;
-        let Some(cuda) = slow.cuda else { return };
+        if let Some(python) = self.python.and_then(|h| h.join().ok()) {
+            env.python = Some(python);
+        }
+        let Some(trainer) = self.trainer else { return };
         let gpu = env.gpu.get_or_insert_with(Default::default);
-        match cuda {
+        match gpu_env::cuda_support(&trainer) {
             Ok(c) => {
                 env.libtorch_version = c.libtorch_version.clone().unwrap_or_default();
                 env.libtorch_lib = c.libtorch_lib.clone().unwrap_or_default();
