@@ -180,34 +180,12 @@ fn links_planted_in_a_reused_out_are_never_written_through() {
     assert!(stderr.contains("is a symbolic link"), "{stderr}");
 }
 
-/// A tmpfs of `size` mounted for one test (we run as root), unmounted on drop.
-struct SmallDisk(PathBuf);
-
-impl SmallDisk {
-    fn mount(at: PathBuf, size: &str) -> SmallDisk {
-        std::fs::create_dir_all(&at).unwrap();
-        let status = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(&at)
-            .status()
-            .unwrap();
-        assert!(status.success(), "mount -t tmpfs needs root");
-        SmallDisk(at)
-    }
-}
-
-impl Drop for SmallDisk {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount").arg(&self.0).status();
-    }
-}
-
 #[test]
 fn a_full_disk_cuts_only_this_runs_own_logs_and_says_which_and_by_how_much() {
     let sb = Sandbox::new();
     // 290 kB of output.
     let noisy = sb.scenario("noisy", r#"{"command": ["seq", "1", "50000"]}"#);
-    let disk = SmallDisk::mount(sb.path().join("small"), "192k");
+    let disk = crate::util::SmallDisk::mount(sb.path().join("small"), "192k");
     let out_dir = disk.0.join("out");
     // The user's own logs, in the --out they reuse: the largest files on the disk.
     std::fs::create_dir_all(out_dir.join("1-noisy")).unwrap();

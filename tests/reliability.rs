@@ -400,36 +400,13 @@ fn the_reports_rerun_command_line_is_shell_quoted() {
     );
 }
 
-/// A 128 KiB tmpfs mounted for one test (we run as root), unmounted on drop: room for the result
-/// and a report per scenario once the logs are cut, not for the logs.
-struct SmallDisk(std::path::PathBuf);
-
-impl SmallDisk {
-    fn mount(at: std::path::PathBuf) -> SmallDisk {
-        std::fs::create_dir_all(&at).unwrap();
-        let status = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", "size=128k", "tmpfs"])
-            .arg(&at)
-            .status()
-            .unwrap();
-        assert!(status.success(), "mount -t tmpfs needs root");
-        SmallDisk(at)
-    }
-}
-
-impl Drop for SmallDisk {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.0).status();
-    }
-}
-
 #[test]
 fn a_full_disk_never_leaves_a_result_that_claims_more_or_less_than_happened() {
     let sb = Sandbox::new();
     let first = sb.scenario("a-quiet", r#"{"command": ["true"]}"#);
     // 290 kB of output into a 128 KiB disk.
     let second = sb.scenario("b-noisy", r#"{"command": ["seq", "1", "50000"]}"#);
-    let disk = SmallDisk::mount(sb.path().join("small"));
+    let disk = crate::util::SmallDisk::mount(sb.path().join("small"), "128k");
     let out_dir = disk.0.join("out");
     let out = sb
         .cmd()

@@ -234,3 +234,26 @@ pub fn children_of(pid: u32) -> Vec<u32> {
         })
         .collect()
 }
+
+/// A tmpfs of `size` mounted at a folder for one test (a full disk on demand; needs root),
+/// unmounted when dropped.
+pub struct SmallDisk(pub PathBuf);
+
+impl SmallDisk {
+    pub fn mount(at: PathBuf, size: &str) -> SmallDisk {
+        std::fs::create_dir_all(&at).unwrap();
+        let status = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(&at)
+            .status()
+            .unwrap();
+        assert!(status.success(), "mount -t tmpfs needs root");
+        SmallDisk(at)
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
