@@ -101,6 +101,7 @@ pub fn classify_rank(end: &RankEnd) -> RankResult {
         torn_down_with: end.torn_down_with,
         collateral: false,
         steps_done: s.steps_done,
+        observed: s.observed.clone(),
         params_checksum: s.checksum.clone(),
         optimizer_state_bytes: s.optimizer_state_bytes,
         first_loss: s.first_loss,

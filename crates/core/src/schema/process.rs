@@ -221,6 +221,10 @@ pub struct RankResult {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub torn_down_with: Option<Signal>,
     pub steps_done: u64,
+    /// What the observer in a user's Python program saw of this rank (`None` for the built-in
+    /// trainer, with `--no-observe`, or when it reported nothing).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed: Option<super::ObservedProgram>,
     /// Hash of the rank's parameters after training (equal on every rank when DDP kept them in
     /// sync).
     #[serde(default, skip_serializing_if = "Option::is_none")]
