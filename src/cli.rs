@@ -101,6 +101,9 @@ pub struct RunArgs {
     /// Mask GPU UUIDs and your home folder in the report and result.json, for a public issue.
     #[arg(long)]
     pub public: bool,
+    /// Do not observe a command's Python processes (same as `--set launch.observe=false`).
+    #[arg(long)]
+    pub no_observe: bool,
     #[command(flatten)]
     pub nodes: NodeArgs,
     #[command(flatten)]
@@ -288,7 +291,21 @@ impl From<NodeArgs> for NodeFlags {
 impl RunArgs {
     /// The request; `dashdash` says whether the command line had a `--` (clap drops it).
     pub fn into_request(self, dashdash: bool) -> RunRequest {
-        let RunArgs { paths, set, out, json, quiet, public, nodes, command_options: c, command } = self;
+        let RunArgs {
+            paths,
+            mut set,
+            out,
+            json,
+            quiet,
+            public,
+            no_observe,
+            nodes,
+            command_options: c,
+            command,
+        } = self;
+        if no_observe {
+            set.push("launch.observe=false".parse().expect("a valid override"));
+        }
         let options = ups_doctor::session::CommandOptions {
             ranks: c.ranks,
             style: c.style,

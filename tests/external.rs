@@ -184,7 +184,8 @@ fn a_dataloader_worker_out_of_a_16m_private_dev_shm_is_named_with_its_rank_and_p
 
 /// ups-doctor's unbuffered output is line-buffered by its sitecustomize (one write a line, so
 /// ranks sharing a launcher's stdout cannot split each other's lines), which runs the user's own
-/// sitecustomize after it; a user's `PYTHONUNBUFFERED` is theirs, and no sitecustomize is put in.
+/// sitecustomize after it; a user's `PYTHONUNBUFFERED` is theirs: the observer's sitecustomize
+/// leaves it unbuffered, and with the observer off no sitecustomize is put in.
 #[test]
 fn a_commands_python_writes_whole_lines_and_still_runs_the_users_sitecustomize() {
     let sb = Sandbox::new();
@@ -209,9 +210,17 @@ fn a_commands_python_writes_whole_lines_and_still_runs_the_users_sitecustomize()
         r#"{"command": ["python", "-c", "import sys; print('line_buffering', sys.stdout.line_buffering, 'write_through', sys.stdout.write_through)"],
             "expect": {"completes_when": {"stdout": "^line_buffering False write_through True$"}}}"#,
     );
-    let run = theirs.run_in_venv_with_env(&[&file], &[("PYTHONUNBUFFERED", std::ffi::OsStr::new("1"))]);
+    let unobserved = theirs.scenario(
+        "buffering-unobserved",
+        r#"{"command": ["python", "-c", "import sys; print('line_buffering', sys.stdout.line_buffering, 'write_through', sys.stdout.write_through)"],
+            "launch": {"observe": false},
+            "expect": {"completes_when": {"stdout": "^line_buffering False write_through True$"}}}"#,
+    );
+    let run = theirs
+        .run_in_venv_with_env(&[&file, &unobserved], &[("PYTHONUNBUFFERED", std::ffi::OsStr::new("1"))]);
     assert_eq!(run.code(), 0, "the user's unbuffered output; stderr:\n{}", run.stderr());
-    assert!(!theirs.out().join("1-buffering/python-site").exists());
+    assert!(theirs.out().join("1-buffering/python-site/sitecustomize.py").is_file(), "the observer's");
+    assert!(!theirs.out().join("2-buffering-unobserved/python-site").exists());
 }
 
 #[test]

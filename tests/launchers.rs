@@ -6,7 +6,10 @@
 //! rank 1 segfaulting at step 4, and the same with rank 1 skipping a gradient all-reduce (both
 //! ranks hang). The program (tests/programs/launchers.py) sends no markers unless `--helper`:
 //! ranks are judged from what any program leaves. Scenarios that name no `launch.style` must get
-//! `launcher` from `auto`.
+//! `launcher` from `auto`. The signals that stand in for a rank variable (spawn order, the
+//! rendezvous port, the launcher as rank 0, the helper's markers) are tested with the observer off
+//! (`launch.observe: false`, as for a program that never imports torch): with it on, the process
+//! group each process formed names it (the last test).
 
 use crate::util::{RunOutput, Sandbox, repo};
 use serde_json::Value;
@@ -115,7 +118,7 @@ fn spawned_ranks_that_import_the_helper_are_found_by_its_markers_with_their_work
         "spawn-helper",
         r#""python""#,
         r#""--launcher", "spawn", "--helper", "--workers", "2""#,
-        "",
+        r#", "observe": false"#,
     );
     check(&run, ["markers", "markers"]);
     let [pass, _, hang] = &scenarios(&run)[..] else { unreachable!() };
@@ -148,8 +151,12 @@ fn spawned_ranks_that_import_the_helper_are_found_by_its_markers_with_their_work
 /// ups-doctor's port: the process listening on it is rank 0, the other one connected to it rank 1.
 #[test]
 fn a_home_made_launchers_ranks_are_found_by_the_rendezvous_port() {
-    let (sb, run) =
-        three_cases("popen", r#""python""#, r#""--launcher", "popen""#, r#", "style": "launcher""#);
+    let (sb, run) = three_cases(
+        "popen",
+        r#""python""#,
+        r#""--launcher", "popen""#,
+        r#", "style": "launcher", "observe": false"#,
+    );
     check(&run, ["rendezvous_port_listens", "rendezvous_port_connected"]);
     let md = sb.reports();
     assert!(md.contains("rank 0 by the rendezvous port (the process listens on it: the c10d store)"), "{md}");
@@ -157,7 +164,12 @@ fn a_home_made_launchers_ranks_are_found_by_the_rendezvous_port() {
 
 #[test]
 fn torch_multiprocessing_spawn_ranks_are_found_by_spawn_order() {
-    let (sb, run) = three_cases("spawn", r#""python""#, r#""--launcher", "spawn", "--port-from", "own""#, "");
+    let (sb, run) = three_cases(
+        "spawn",
+        r#""python""#,
+        r#""--launcher", "spawn", "--port-from", "own""#,
+        r#", "observe": false"#,
+    );
     check(&run, ["spawn_order", "spawn_order"]);
     let chosen = scenarios(&run)[0]["external"]["style_chosen"].as_str().unwrap_or_default();
     assert!(chosen.contains("it calls `torch.multiprocessing.spawn`"), "{chosen}");
@@ -174,7 +186,8 @@ fn torch_multiprocessing_spawn_ranks_are_found_by_spawn_order() {
 
 #[test]
 fn lightnings_rank_0_is_the_launcher_and_rank_1_its_local_rank_child() {
-    let (sb, run) = three_cases("lightning", r#""python""#, r#""--launcher", "lightning""#, "");
+    let (sb, run) =
+        three_cases("lightning", r#""python""#, r#""--launcher", "lightning""#, r#", "observe": false"#);
     check(&run, ["launcher_process", "LOCAL_RANK"]);
     let pass = &scenarios(&run)[0];
     assert_eq!(pass["ranks"][0]["pid"], pass["external"]["launcher"]["pid"]);
@@ -256,8 +269,8 @@ fn ranks_no_signal_identifies_are_judged_by_the_launchers_exit_status() {
     );
 }
 
-/// A home-made launcher whose ranks meet at a port of their own (nothing outside knows it): no
-/// signal gives a rank number. Rank 1 segfaulting at step 4 makes the launcher SIGTERM the other
+/// A home-made launcher whose ranks meet at a port of their own (nothing outside knows it), the
+/// observer off: no signal gives a rank number. Rank 1 segfaulting at step 4 makes the launcher SIGTERM the other
 /// and exit 1: the processes are judged as processes, the one killed by SIGSEGV first, named by
 /// its pid and not by a rank number nobody knows; a clean run passes on the launcher's status.
 #[test]
@@ -269,7 +282,7 @@ fn processes_whose_rank_is_unknown_are_judged_by_what_they_did() {
             name,
             &format!(
                 r#"{{"command": ["python", "{program}", "--launcher", "popen", "--port-from", "own", "--steps", "6"{extra}],
-                    "launch": {{"world_size": 2, "style": "launcher"}},
+                    "launch": {{"world_size": 2, "style": "launcher", "observe": false}},
                     "limits": {{"timeout_s": 300, "hang_after_s": 30}}, "expect": {expect}}}"#
             ),
         )
@@ -312,4 +325,26 @@ fn processes_whose_rank_is_unknown_are_judged_by_what_they_did() {
         md.contains("2 processes below the launcher look like ranks; their rank numbers are unknown."),
         "{md}"
     );
+}
+
+/// The launchers no outside signal can read (a home-made one whose ranks meet at their own port,
+/// `mp.spawn`), with the observer on as by default: each process is the rank its
+/// `init_process_group` formed, so the segfaulting rank is named by number, not by pid.
+#[test]
+fn the_observer_names_ranks_by_the_process_group_they_formed() {
+    let (sb, run) = three_cases(
+        "observed-popen",
+        r#""python""#,
+        r#""--launcher", "popen", "--port-from", "own""#,
+        r#", "style": "launcher""#,
+    );
+    check(&run, ["process_group", "process_group"]);
+    let md = sb.reports();
+    assert!(
+        md.contains("Ranks identified: rank 0 by the process group it formed (`init_process_group` gave it rank 0, seen by the observer); rank 1 by the process group it formed"),
+        "{md}"
+    );
+    let (_sb, run) =
+        three_cases("observed-spawn", r#""python""#, r#""--launcher", "spawn", "--port-from", "own""#, "");
+    check(&run, ["process_group", "process_group"]);
 }

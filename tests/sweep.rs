@@ -33,11 +33,12 @@ fn stderr(o: &Output) -> String {
 /// A dataset cache of 64 × 501 × 1024 floats (125 MiB): twice the private memory of a spawned
 /// worker with libtorch loaded, so a private copy of it shows in the worker's USS and a shared
 /// one cannot be mistaken for one (see tests/memory.rs). 501 snapshots cost no more solving
-/// than 4 would.
+/// than 4 would. 24 steps keep the cache's `/dev/shm` segment alive over several of the
+/// sampler's readings (4 steps were over between two of them on a busy machine).
 const STORY: &str = r#"{
   "model": { "depths": [1], "hidden": 32, "heads": 2, "latent_tokens": 8, "window": 2 },
   "data": { "samples": 64, "grid": 1024, "timesteps": 501, "queries": 32, "batch_size": 8 },
-  "train": { "steps": 4 },
+  "train": { "steps": 24 },
   "limits": { "timeout_s": 300, "hang_after_s": 120 }
 }"#;
 

@@ -23,6 +23,7 @@ mod lifecycle;
 mod loader;
 mod memory;
 mod nodes;
+mod observe;
 mod oom;
 mod outcomes;
 mod patterns;

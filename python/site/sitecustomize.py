@@ -11,10 +11,14 @@ the two (`rank 1 step 5 loss 2.7400training finished`), which a line-anchored co
 then misses. Then it runs the `sitecustomize` it shadows, if there is one further on the path.
 """
 
+import os
 import sys
+import time
 
 
 def _line_buffered():
+    if os.environ.get("UPS_DOCTOR_LINE_BUFFERED") != "1":  # unbuffered by the user's own choice
+        return
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.reconfigure(line_buffering=True, write_through=False)
@@ -37,5 +41,424 @@ def _chain():
     spec.loader.exec_module(module)
 
 
+# --- The observer ---------------------------------------------------------------------------
+# Under ups-doctor (a marker pipe or FIFO is named in the environment, and not turned off with
+# `--no-observe` / `launch.observe: false`, which sets UPS_DOCTOR_OBSERVE=0), once the program
+# imports torch this records, without changing the program: the process group it forms
+# (`init_process_group`: backend, rank, world size, store address), its optimizer steps and their
+# time, the time each step waits in `DataLoader.__next__` and in DDP's forward, and a ledger of
+# every `torch.distributed` collective it issues (op, sequence number per group, shapes, dtype,
+# the call site). Markers go on the wire the helper uses (src/protocol.rs): the program's thread
+# only appends to a bounded queue; a daemon thread writes it in batches of whole lines of at most
+# PIPE_BUF bytes (lines of several processes on one FIFO never mix). A full queue drops markers
+# and counts them; the count goes out in every `observer` marker. Torch is never imported here.
+
+_WATCH = ("torch", "torch.distributed", "torch.nn.parallel.distributed")
+_QUEUE_MAX = 8192
+_PIPE_BUF = 4096
+_COLLECTIVES = (
+    "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "broadcast",
+    "broadcast_object_list", "reduce", "reduce_scatter", "reduce_scatter_tensor", "all_to_all",
+    "all_to_all_single", "barrier", "monitored_barrier", "gather", "gather_object", "scatter",
+    "scatter_object_list",
+)
+
+
+class _Observer:
+    def __init__(self, fd, fifo):
+        import collections
+        import threading
+
+        # The FIFO is opened on the first write: most Python processes of a run never send.
+        self.fd, self.fifo, self.tagged = fd, fifo, fifo is not None
+        self.lock = threading.Lock()
+        self.queue = collections.deque()
+        self.dropped = 0
+        self.wake = threading.Event()
+        self.thread = None
+        self.rank = None
+        self.world_size = None
+        self.seq = {}
+        self.patched = set()
+        self.optimizer = None
+        self.steps = 0
+        self.last_step_at = None
+        self.data_ms = self.forward_ms = self.collective_ms = 0.0
+        self.history = collections.deque(maxlen=256)
+        self.summary_sent_at = 0.0
+        self.summarised = None
+        self.helper_steps = False
+
+    # -- the wire -------------------------------------------------------------------------
+    def send(self, marker, urgent=False):
+        if len(self.queue) >= _QUEUE_MAX:
+            self.dropped += 1
+            return
+        marker["mono_ns"] = time.monotonic_ns()
+        self.queue.append(marker)
+        if self.thread is None:
+            self._start()
+        if urgent:
+            self.wake.set()
+
+    def _start(self):
+        import threading
+
+        self.thread = threading.Thread(target=self._run, name="ups-doctor-observer", daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        while True:
+            self.wake.wait(0.25)
+            self.wake.clear()
+            try:
+                self.summary()
+            except RuntimeError:  # the history changed while it was read: next time
+                pass
+            self.flush()
+
+    def _tag(self, marker):
+        rank = self.rank
+        if rank is None:
+            rank = _env_int("RANK")
+        if rank is None and self.tagged and marker.get("t") in ("step", "observer") and self.world_size is None:
+            # Training with no process group and no RANK: the one process that trains is shown as
+            # rank 0; its `observer` marker says it never formed a group.
+            rank = 0
+        if rank is not None:
+            marker["rank"] = rank
+        marker["pid"] = os.getpid()
+
+    def flush(self):
+        with self.lock:
+            self._flush()
+
+    def _flush(self):
+        import json
+
+        chunk = b""
+        while self.queue:
+            marker = self.queue.popleft()
+            if self.tagged:
+                self._tag(marker)
+            try:
+                line = (json.dumps(marker, allow_nan=False, default=str) + "\n").encode()
+            except ValueError:
+                continue
+            if len(line) > _PIPE_BUF:
+                self.dropped += 1
+                continue
+            if len(chunk) + len(line) > _PIPE_BUF:
+                self._write(chunk)
+                chunk = b""
+            chunk += line
+        if chunk:
+            self._write(chunk)
+
+    def _write(self, data):
+        if self.fd is None:
+            try:
+                # Non-blocking open fails at once if nobody reads; then writes block as a pipe's do
+                # (in this thread only).
+                self.fd = os.open(self.fifo, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+                os.set_blocking(self.fd, True)
+            except OSError:
+                self.dropped += data.count(b"\n")
+                return
+        try:
+            os.write(self.fd, data)
+        except OSError:
+            self.dropped += data.count(b"\n")
+
+    def at_exit(self):
+        self.summary(force=True)
+        self.flush()
+
+    def after_fork(self):
+        import collections
+        import threading
+
+        self.queue = collections.deque()
+        self.wake = threading.Event()
+        self.lock = threading.Lock()
+        self.thread = None
+
+    # -- what is recorded -----------------------------------------------------------------
+    def summary(self, force=False):
+        now = time.monotonic()
+        if not force and now - self.summary_sent_at < 1.0:
+            return
+        state = (self.steps, self.world_size, sum(self.seq.values()), self.dropped)
+        if self.steps == 0 and self.world_size is None and not self.seq or state == self.summarised:
+            return
+        self.summary_sent_at, self.summarised = now, state
+
+        def median(i):
+            values = sorted(h[i] for h in self.history)
+            return round(values[len(values) // 2], 3) if values else 0.0
+
+        self.send({"t": "observer", "steps": self.steps, "timed_steps": len(self.history),
+                   "step_ms": median(0), "data_ms": median(1), "forward_ms": median(2),
+                   "collective_ms": median(3), "distributed": self.world_size is not None,
+                   "dropped": self.dropped})
+
+    def on_step(self, optimizer):
+        if self.optimizer is None:
+            self.optimizer = id(optimizer)
+        elif self.optimizer != id(optimizer):
+            return
+        now = time.perf_counter()
+        step = self.steps
+        self.steps += 1
+        data, forward, collective = self.data_ms, self.forward_ms, self.collective_ms
+        self.data_ms = self.forward_ms = self.collective_ms = 0.0
+        if self.last_step_at is not None:
+            self.history.append(((now - self.last_step_at) * 1000.0, data, forward, collective))
+        step_ms = (now - self.last_step_at) * 1000.0 if self.last_step_at is not None else 0.0
+        self.last_step_at = now
+        if not self.helper_steps:
+            self.helper_steps = "ups_doctor" in sys.modules
+        if not self.helper_steps:
+            self.send({"t": "step", "step": step, "loss": None, "data_ms": round(data, 3),
+                       "compute_ms": round(max(step_ms - data, 0.0), 3)})
+        self.summary()
+
+
+_observer = None
+
+
+def _env_int(name, default=None):
+    try:
+        return int(os.environ[name])
+    except (KeyError, ValueError):
+        return default
+
+
+def _call_site():
+    """The innermost frame outside torch and this file: `train.py:40`; a frame of the user's own
+    code (not in site-packages) is preferred."""
+    here = os.path.abspath(__file__)
+    frame = sys._getframe(2)
+    first = None
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if name != here and "/torch/" not in name and not name.startswith("<") and not name.endswith("sitecustomize.py"):
+            site = f"{os.path.basename(name)}:{frame.f_lineno}"
+            if "-packages/" not in name:
+                return site
+            first = first or site
+        frame = frame.f_back
+    return first or ""
+
+
+def _tensors(value, out):
+    if len(out) >= 4:
+        return
+    shape = getattr(value, "shape", None)
+    if shape is not None and hasattr(value, "dtype"):
+        out.append(value)
+    elif isinstance(value, (list, tuple)):
+        for v in value[:4]:
+            _tensors(v, out)
+
+
+def _wrap_collective(dist, op, original):
+    import functools
+    import inspect
+
+    try:
+        signature = inspect.signature(original)
+    except (TypeError, ValueError):
+        signature = None
+
+    @functools.wraps(original)
+    def collective(*args, **kwargs):
+        obs = _observer
+        try:
+            bound = signature.bind_partial(*args, **kwargs).arguments if signature else {}
+            group = bound.get("group")
+            name = "default" if group is None else str(getattr(group, "group_name", None) or id(group))
+            seq = obs.seq.get(name, 0) + 1
+            obs.seq[name] = seq
+            tensors = []
+            for key, value in bound.items():
+                if key not in ("group", "async_op", "op", "src", "dst", "timeout"):
+                    _tensors(value, tensors)
+            shapes = ",".join("x".join(str(d) for d in t.shape) or "scalar" for t in tensors)
+            dtype = str(tensors[0].dtype).replace("torch.", "") if tensors else ""
+            entry = {"t": "collective", "op": op, "group": name, "seq": seq, "shapes": shapes,
+                     "dtype": dtype, "site": _call_site()}
+            obs.send(dict(entry), urgent=True)
+        except Exception:
+            entry = None
+        started = time.perf_counter()
+        result = original(*args, **kwargs)
+        if entry is not None:
+            ms = (time.perf_counter() - started) * 1000.0
+            obs.collective_ms += ms
+            entry["ms"] = round(ms, 3)
+            obs.send(entry)
+        return result
+
+    setattr(dist, op, collective)
+
+
+def _wrap_init(dist):
+    import functools
+
+    original = dist.init_process_group
+
+    @functools.wraps(original)
+    def init_process_group(*args, **kwargs):
+        obs = _observer
+        rank = kwargs.get("rank", -1)
+        if isinstance(rank, int) and rank >= 0:
+            obs.rank = rank
+        # No `begin` marker: the rank's last phase would stay `dist.init` after it returned.
+        result = original(*args, **kwargs)
+        try:
+            obs.rank, obs.world_size = int(dist.get_rank()), int(dist.get_world_size())
+            backend = str(dist.get_backend())
+            store = kwargs.get("init_method") or (args[1] if len(args) > 1 else None)
+            if not store:
+                store = "env://{}:{}".format(os.environ.get("MASTER_ADDR", "?"), os.environ.get("MASTER_PORT", "?"))
+            if kwargs.get("store") is not None:
+                store = type(kwargs["store"]).__name__
+            obs.send({"t": "group", "backend": backend, "rank": obs.rank, "world_size": obs.world_size,
+                      "store": str(store)}, urgent=True)
+        except Exception:
+            pass
+        return result
+
+    dist.init_process_group = init_process_group
+
+
+def _timed(cls, name, field):
+    import functools
+
+    original = getattr(cls, name)
+
+    @functools.wraps(original)
+    def timed(self, *args, **kwargs):
+        started = time.perf_counter()
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            obs = _observer
+            setattr(obs, field, getattr(obs, field) + (time.perf_counter() - started) * 1000.0)
+
+    setattr(cls, name, timed)
+
+
+def _patch():
+    """Wraps what torch has loaded so far; each part once."""
+    obs = _observer
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return
+    try:
+        if "optim" not in obs.patched and "torch.optim.optimizer" in sys.modules:
+            from torch.optim.optimizer import register_optimizer_step_post_hook
+
+            register_optimizer_step_post_hook(lambda optimizer, args, kwargs: obs.on_step(optimizer))
+            obs.patched.add("optim")
+    except Exception:
+        pass
+    # A module may be half-loaded here (torch.distributed loads while the DataLoader's module
+    # does): what it has not defined yet is wrapped on a later call.
+    try:
+        loader = sys.modules.get("torch.utils.data.dataloader")
+        if "data" not in obs.patched and hasattr(loader, "_BaseDataLoaderIter"):
+            obs.patched.add("data")
+            _timed(loader._BaseDataLoaderIter, "__next__", "data_ms")
+    except Exception:
+        pass
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if "dist" not in obs.patched and dist is not None and hasattr(dist, "init_process_group"):
+            obs.patched.add("dist")
+            _wrap_init(dist)
+            for op in _COLLECTIVES:
+                if hasattr(dist, op):
+                    _wrap_collective(dist, op, getattr(dist, op))
+    except Exception:
+        pass
+    ddp = sys.modules.get("torch.nn.parallel.distributed")
+    try:
+        if "ddp" not in obs.patched and ddp is not None and hasattr(ddp, "DistributedDataParallel"):
+            obs.patched.add("ddp")
+            _timed(ddp.DistributedDataParallel, "forward", "forward_ms")
+    except Exception:
+        pass
+
+
+class _TorchFinder:
+    """Finds the watched torch modules through the rest of `sys.meta_path` and runs `_patch`
+    after each has loaded."""
+
+    def __init__(self):
+        self.busy = False
+
+    def find_spec(self, name, path, target=None):
+        if name not in _WATCH or self.busy:
+            return None
+        self.busy = True
+        try:
+            spec = None
+            for finder in sys.meta_path:
+                find = getattr(finder, "find_spec", None)
+                if finder is self or find is None:
+                    continue
+                spec = find(name, path, target)
+                if spec is not None:
+                    break
+        finally:
+            self.busy = False
+        loader = getattr(spec, "loader", None)
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        original = loader.exec_module
+
+        def exec_module(module):
+            original(module)
+            try:
+                _patch()
+            except Exception:
+                pass
+
+        loader.exec_module = exec_module
+        return spec
+
+
+def _observe():
+    global _observer
+    _os = os
+    if _os.environ.get("UPS_DOCTOR_OBSERVE", "1") == "0":
+        return
+    fd = None
+    number, inode = _env_int("UPS_DOCTOR_MARKER_FD"), _env_int("UPS_DOCTOR_MARKER_INO")
+    if number is not None:
+        try:
+            if inode is None or _os.fstat(number).st_ino == inode:
+                fd = number
+        except OSError:
+            pass
+    fifo = None if fd is not None else _os.environ.get("UPS_DOCTOR_MARKER_PATH") or None
+    if fd is None and fifo is None:
+        return
+    import atexit
+
+    _observer = _Observer(fd, fifo)
+    atexit.register(_observer.at_exit)
+    _os.register_at_fork(after_in_child=_observer.after_fork)
+    sys.meta_path.insert(0, _TorchFinder())
+    if "torch" in sys.modules:
+        _patch()
+
+
 _line_buffered()
+try:
+    _observe()
+except Exception:  # the observer never stops the program
+    _observer = None
 _chain()

@@ -283,6 +283,7 @@ fn rank_result(v: &RankView, outcome: OutcomeKind, children: &[(u32, ProcessDump
         markers: 0,
         bad_markers: 0,
         dropped_markers: 0,
+        observed: None,
         foreign_pids: Vec::new(),
         log_errors: Vec::new(),
         workers: Vec::new(),

@@ -350,19 +350,36 @@ fn user_frame(frame: &str) -> Option<String> {
 }
 
 fn is_user_path(path: &str) -> bool {
-    const NOT_USER: [&str; 6] =
-        ["site-packages", "dist-packages", "/lib/python3", "<frozen", "/usr/lib/", "<string>"];
+    // `python-site/sitecustomize.py` is ups-doctor's observer, in the run's folder.
+    const NOT_USER: [&str; 7] = [
+        "site-packages",
+        "dist-packages",
+        "/lib/python3",
+        "<frozen",
+        "/usr/lib/",
+        "<string>",
+        "python-site/sitecustomize.py",
+    ];
     !NOT_USER.iter().any(|n| path.contains(n))
 }
 
-/// `Fatal Python error: Segmentation fault` and the first of the user's frames under it.
+/// `Fatal Python error: Segmentation fault` and the first of the user's frames under it: in the
+/// thread that faulted (faulthandler's `Current thread` block) when it names one, since the other
+/// threads (a logger, ups-doctor's observer, a DataLoader's pin-memory thread) were only waiting.
 fn fault_handler(lines: &[String]) -> Option<KeyLine> {
     let start = lines.iter().rposition(|l| l.starts_with("Fatal Python error:"))?;
-    let at = lines[start + 1..]
-        .iter()
-        .take_while(|l| !l.starts_with("Extension modules:"))
-        .filter_map(|l| l.trim_start().strip_prefix("File \"").and_then(user_frame))
-        .next();
+    let dump: Vec<&String> =
+        lines[start + 1..].iter().take_while(|l| !l.starts_with("Extension modules:")).collect();
+    let frames = |from: usize| {
+        dump[from..]
+            .iter()
+            .enumerate()
+            .take_while(|(i, l)| *i == 0 || !l.starts_with("Thread 0x"))
+            .filter_map(|(_, l)| l.trim_start().strip_prefix("File \"").and_then(user_frame))
+            .next()
+    };
+    let current = dump.iter().position(|l| l.starts_with("Current thread"));
+    let at = current.and_then(frames).or_else(|| frames(0));
     Some(KeyLine { text: lines[start].trim().to_string(), at })
 }
 
@@ -443,6 +460,19 @@ mod tests {
                     File \"/t/ddp.py\", line 44 in <module>\n\nExtension modules: numpy";
         assert_eq!(
             key_line(&lines(segv)).unwrap().render(),
+            "Fatal Python error: Segmentation fault (ddp.py:44 in <module>)"
+        );
+        // With other threads (ups-doctor's observer waiting in its own thread), the thread that
+        // faulted names the site, not the first thread faulthandler lists.
+        let threads = "Fatal Python error: Segmentation fault\n\nThread 0x00007fea (most recent call first):\n  \
+                       File \"/usr/lib/python3.11/threading.py\", line 331 in wait\n  \
+                       File \"/runs/1-segv/python-site/sitecustomize.py\", line 112 in _run\n  \
+                       File \"/t/logger.py\", line 9 in run\n\n\
+                       Current thread 0x00007feb (most recent call first):\n  \
+                       File \"/usr/lib/python3.11/ctypes/__init__.py\", line 519 in string_at\n  \
+                       File \"/t/ddp.py\", line 44 in <module>\n\nExtension modules: numpy";
+        assert_eq!(
+            key_line(&lines(threads)).unwrap().render(),
             "Fatal Python error: Segmentation fault (ddp.py:44 in <module>)"
         );
         let cpp = "terminate called after throwing an instance of 'c10::Error'\n  what():  CUDA error: initialization error\nException raised from c10_cuda_check_implementation";

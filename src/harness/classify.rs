@@ -3,7 +3,7 @@
 
 use crate::diagnose::key_line;
 use crate::scenario::OutcomeKind;
-use crate::schema::{ExitSource, IdentifiedBy, ProcessDump, Quote, RankResult, Signal};
+use crate::schema::{ExitSource, IdentifiedBy, ObservedProgram, ProcessDump, Quote, RankResult, Signal};
 
 use super::observe::state::RankState;
 use super::os::process::Exit;
@@ -101,6 +101,7 @@ pub fn classify_rank(end: &RankEnd) -> RankResult {
         torn_down_with: end.torn_down_with,
         collateral: false,
         steps_done: s.steps_done,
+        observed: s.observed.clone(),
         params_checksum: s.checksum.clone(),
         optimizer_state_bytes: s.optimizer_state_bytes,
         first_loss: s.first_loss,
@@ -118,10 +119,25 @@ pub fn classify_rank(end: &RankEnd) -> RankResult {
         log_errors: end.log_errors.clone(),
         workers: s.workers.clone(),
         exit_source: end.exit_source,
-        identified_by: end.identified_by,
+        identified_by: by_process_group(end.identified_by, s.observed.as_ref(), end.rank),
         last_output_at_s: end.last_output_at,
         quotes: end.quotes.clone(),
         dumps: end.dumps.clone(),
+    }
+}
+
+/// A rank the process itself reported is credited to the process group it formed when the
+/// observer saw `init_process_group` give it that rank: the program's own word, whoever sent the
+/// first marker (the helper and the observer may both write).
+fn by_process_group(
+    by: Option<IdentifiedBy>,
+    observed: Option<&ObservedProgram>,
+    rank: u32,
+) -> Option<IdentifiedBy> {
+    let formed = observed.and_then(|o| o.group.as_ref()).is_some_and(|g| g.rank == rank);
+    match by {
+        Some(IdentifiedBy::Markers) if formed => Some(IdentifiedBy::ProcessGroup),
+        other => other,
     }
 }
 

@@ -91,6 +91,7 @@ pub fn rank(rank: u32, steps: u64) -> RankResult {
         params_checksum: None,
         optimizer_state_bytes: None,
         steps_done: steps,
+        observed: None,
         first_loss: losses.first().map(|l| l.1),
         final_loss: losses.last().map(|l| l.1),
         data_wait_fraction: Some(0.031),

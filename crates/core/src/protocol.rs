@@ -157,6 +157,50 @@ pub enum Marker {
     Worker { id: u32, pid: u32, start_method: String },
     /// The dataset cache is ready: its size and where it lives (`memory`, `disk`, `shm`).
     Dataset { bytes: u64, cache: String },
+    /// From the observer in a user's Python program (`python/site/sitecustomize.py`): the process
+    /// group `init_process_group` formed, as the program formed it.
+    Group {
+        backend: String,
+        rank: u32,
+        world_size: u32,
+        #[serde(default)]
+        store: String,
+    },
+    /// From the observer: a `torch.distributed` collective the program issued (`ms` absent) or
+    /// that returned after `ms`; `seq` counts the collectives of its `group` from 1.
+    Collective {
+        op: String,
+        group: String,
+        seq: u64,
+        #[serde(default)]
+        shapes: String,
+        #[serde(default)]
+        dtype: String,
+        /// The program's own call site, `train.py:40`.
+        #[serde(default)]
+        site: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        ms: Option<f64>,
+    },
+    /// From the observer, at most once a second and at exit: optimizer steps, the median time of
+    /// a step and of its parts, whether the process formed a group, and markers it dropped.
+    Observer {
+        steps: u64,
+        #[serde(default)]
+        timed_steps: u64,
+        #[serde(default)]
+        step_ms: f64,
+        #[serde(default)]
+        data_ms: f64,
+        #[serde(default)]
+        forward_ms: f64,
+        #[serde(default)]
+        collective_ms: f64,
+        #[serde(default)]
+        distributed: bool,
+        #[serde(default)]
+        dropped: u64,
+    },
 }
 
 fn not_a_number() -> f64 {

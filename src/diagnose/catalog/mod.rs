@@ -10,6 +10,7 @@ mod fork;
 mod loader;
 mod memory;
 mod numeric;
+mod observed;
 mod pattern;
 
 use super::evidence::{Evidence, RankEvidence};
@@ -23,6 +24,7 @@ pub const ALL: &[&Pattern] = &[
     &crash::NATIVE_CRASH,
     &crash::FALSE_SUCCESS,
     &memory::OOM_KILL,
+    &observed::COLLECTIVE_MISMATCH,
     &distributed::RANKS_OUT_OF_STEP,
     &distributed::PEER_LOST,
     &distributed::RENDEZVOUS_INCOMPLETE,
@@ -37,6 +39,8 @@ pub const ALL: &[&Pattern] = &[
     &fork::FORK_AFTER_THREADS,
     &fork::CUDA_IN_FORKED_CHILD,
     &numeric::NAN_LOSS,
+    &observed::STRAGGLER,
+    &observed::NOT_DISTRIBUTED,
     &loader::INPUT_BOUND,
     &loader::LEAKED_SHM,
 ];
@@ -58,6 +62,7 @@ const FAILURE_DETECTORS: &[Detector] = &[
     loader::worker_killed,
     fork::fork_after_threads,
     distributed::rendezvous_incomplete,
+    observed::collective_mismatch,
     distributed::ranks_out_of_step,
     crash::native_crash,
     crash::false_success,
@@ -66,7 +71,13 @@ const FAILURE_DETECTORS: &[Detector] = &[
 ];
 
 /// Detectors of a run where every rank passed.
-const PASSED_DETECTORS: &[Detector] = &[numeric::nan_loss, loader::input_bound_run, loader::leaked_shm];
+const PASSED_DETECTORS: &[Detector] = &[
+    numeric::nan_loss,
+    observed::not_distributed,
+    observed::straggler,
+    loader::input_bound_run,
+    loader::leaked_shm,
+];
 
 /// The pattern the evidence establishes, if any.
 pub fn find(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Finding> {

@@ -112,16 +112,29 @@ fn torchrun_root_cause(lines: &[String]) -> Option<Vec<String>> {
 
 /// `Fatal Python error: Segmentation fault` and the stack faulthandler prints after it (up to
 /// its list of extension modules, or another process's line).
+/// The block of ups-doctor's own observer thread (only waiting) is left out, so the thread that
+/// faulted is not cut off by the quote's length.
 fn fault_handler(lines: &[String]) -> Option<Vec<String>> {
     let start = lines.iter().rposition(|l| l.starts_with("Fatal Python error:"))?;
-    Some(
-        lines[start..]
-            .iter()
-            .take_while(|l| !l.starts_with("Extension modules:") && !l.starts_with("[rank"))
-            .take(BLOCK_LINES)
-            .map(|l| l.trim_end().to_string())
-            .collect(),
-    )
+    let dump: Vec<&String> = lines[start..]
+        .iter()
+        .take_while(|l| !l.starts_with("Extension modules:") && !l.starts_with("[rank"))
+        .collect();
+    let mut kept = Vec::new();
+    let mut i = 0;
+    while i < dump.len() {
+        let end = (i + 1..dump.len())
+            .find(|&j| dump[j].starts_with("Thread 0x") || dump[j].starts_with("Current thread"))
+            .unwrap_or(dump.len());
+        let observer = dump[i].starts_with("Thread 0x")
+            && dump[i..end].iter().any(|l| l.contains("python-site/sitecustomize.py"));
+        if !observer {
+            kept.extend(dump[i..end].iter().map(|l| l.trim_end().to_string()));
+        }
+        i = end;
+    }
+    kept.truncate(BLOCK_LINES);
+    Some(kept)
 }
 
 /// A rank's own lines in a launcher's output: PyTorch prefixes what a rank's uncaught exception
@@ -200,6 +213,23 @@ RuntimeError: unable to allocate shared memory(shm) for file </torch_4242_182736
             Some("RuntimeError: Connection closed by peer")
         );
         assert!(rank_lines(&l, 1).is_empty());
+    }
+
+    #[test]
+    fn the_observers_waiting_thread_is_left_out_of_a_fault_handler_quote() {
+        let l = lines(
+            "Fatal Python error: Segmentation fault\n\nThread 0x00007fea (most recent call first):\n  \
+             File \"/usr/lib/python3.11/threading.py\", line 331 in wait\n  \
+             File \"/runs/1-segv/python-site/sitecustomize.py\", line 112 in _run\n\n\
+             Thread 0x00007fec (most recent call first):\n  File \"/t/logger.py\", line 9 in run\n\n\
+             Current thread 0x00007feb (most recent call first):\n  File \"/t/ddp.py\", line 44 in <module>\n\n\
+             Extension modules: numpy",
+        );
+        let quote = fault_handler(&l).unwrap();
+        let text = quote.join("\n");
+        assert!(!text.contains("sitecustomize"), "{text}");
+        assert!(text.contains("logger.py") && text.contains("ddp.py\", line 44"), "{text}");
+        assert_eq!(quote[0], "Fatal Python error: Segmentation fault");
     }
 
     #[test]

@@ -4,7 +4,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::protocol::{Frame, Marker};
 
-use crate::schema::{PhaseSpan, ThreadStack, WorkerInfo};
+use crate::schema::{ObservedProgram, PhaseSpan, ThreadStack, WorkerInfo};
 
 /// Losses kept per rank; longer runs are thinned to every k-th step.
 const MAX_LOSSES: usize = 500;
@@ -58,6 +58,8 @@ pub struct RankState {
     /// Data-loader workers this rank started, in start order.
     pub workers: Vec<WorkerInfo>,
     pub dataset: Option<DatasetInfo>,
+    /// What the observer in a user's Python program reported.
+    pub observed: Option<ObservedProgram>,
 }
 
 /// The rank's dataset cache.
@@ -78,6 +80,9 @@ impl RankState {
     pub fn apply(&mut self, at: f64, marker: Marker) {
         self.markers += 1;
         self.last_marker_at = Some(at);
+        if ObservedProgram::apply(&mut self.observed, &marker) {
+            return;
+        }
         match marker {
             Marker::Start { pid, intra_op_threads, device, .. } => {
                 self.pid = Some(pid);
@@ -105,6 +110,18 @@ impl RankState {
             }
             Marker::Step { step, loss, data_ms, compute_ms, samples } => {
                 self.steps_done = step + 1;
+                // A step without a loss (the observer's: it cannot see the loss) still has its time.
+                self.data_ms += data_ms;
+                self.compute_ms += compute_ms;
+                self.samples += samples;
+                self.last_step_at = Some(at);
+                if self.train_started_at.is_none() {
+                    self.train_started_at = Some(at);
+                    self.timeline.push(PhaseSpan { phase: "train".into(), start_s: at, end_s: None });
+                }
+                if let Some(span) = self.timeline.iter_mut().rev().find(|s| s.phase == "train") {
+                    span.end_s = Some(at);
+                }
                 // JSON has no NaN: a non-finite loss would not survive result.json. The trainer
                 // stops on one before reporting the step, so this only guards foreign writers.
                 let Some(loss) = loss.is_finite().then_some(loss) else {
@@ -112,14 +129,7 @@ impl RankState {
                 };
                 self.first_loss.get_or_insert(loss);
                 self.last_loss = Some(loss);
-                self.data_ms += data_ms;
-                self.compute_ms += compute_ms;
-                self.samples += samples;
-                self.last_step_at = Some(at);
                 self.record_loss(step, loss);
-                if let Some(span) = self.timeline.iter_mut().rev().find(|s| s.phase == "train") {
-                    span.end_s = Some(at);
-                }
             }
             // Its time is all a progress marker is for (it moved `last_marker_at` above).
             Marker::Progress { .. } => {}
@@ -148,6 +158,8 @@ impl RankState {
                 self.workers.push(WorkerInfo { id, pid, start_method, started_at_s: at })
             }
             Marker::Dataset { bytes, cache } => self.dataset = Some(DatasetInfo { bytes, cache }),
+            // Folded into `observed` above.
+            Marker::Group { .. } | Marker::Collective { .. } | Marker::Observer { .. } => {}
         }
     }
 

@@ -102,6 +102,9 @@ impl Event {
                     | Marker::Progress { .. }
                     | Marker::Step { .. }
                     | Marker::Dataset { .. }
+                    | Marker::Group { .. }
+                    | Marker::Collective { .. }
+                    | Marker::Observer { .. }
             ),
             Event::BadMarker { .. } | Event::Output { .. } => false,
             _ => true,

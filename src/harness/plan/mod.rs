@@ -287,9 +287,17 @@ pub fn plan(scenario: &Scenario, facts: &Facts) -> Result<Plan, PlanError> {
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
     // Unbuffered output by ups-doctor's choice, not the user's: made line-buffered (one write a
-    // line) by the sitecustomize, which goes first on the path.
-    let python_site =
-        python_env.iter().any(|(k, _)| k == "PYTHONUNBUFFERED").then(|| facts.python_site.to_path_buf());
+    // line) by the sitecustomize, which goes first on the path. The same file carries the
+    // observer, which needs it there whoever chose the buffering.
+    let line_buffered = python_env.iter().any(|(k, _)| k == "PYTHONUNBUFFERED");
+    let observe = external && scenario.launch.observe;
+    let python_site = (line_buffered || observe).then(|| facts.python_site.to_path_buf());
+    if line_buffered {
+        python_env.push(("UPS_DOCTOR_LINE_BUFFERED".into(), "1".into()));
+    }
+    if python_site.is_some() && !observe {
+        python_env.push(("UPS_DOCTOR_OBSERVE".into(), "0".into()));
+    }
     if let Some(site) = &python_site {
         let path = std::iter::once(site.display().to_string())
             .chain(facts.pythonpath.clone().filter(|p| !p.is_empty()));
@@ -531,7 +539,19 @@ mod tests {
         assert_eq!(env(r0, "OMP_NUM_THREADS"), None);
         assert_eq!(env(r0, "PYTHONUNBUFFERED"), None);
         assert_eq!(env(r0, "PYTHONFAULTHANDLER"), Some("1"));
-        assert_eq!((env(r0, "PYTHONPATH"), &p.python_site), (None, &None), "unbuffered by the user's choice");
+        assert_eq!(env(r0, "UPS_DOCTOR_LINE_BUFFERED"), None, "unbuffered by the user's choice");
+        assert_eq!(env(r0, "PYTHONPATH"), Some("/runs/a/python-site"), "the observer's sitecustomize");
+        let unobserved = scenario(
+            r#"{"launch": {"mode": "ddp", "world_size": 2, "observe": false}, "command": ["python", "t.py"]}"#,
+        );
+        let p = planned(&unobserved, &["PYTHONUNBUFFERED"], false).unwrap();
+        assert_eq!(
+            (env(&p.processes[0], "PYTHONPATH"), &p.python_site),
+            (None, &None),
+            "nothing to put there"
+        );
+        let p = planned(&unobserved, &[], false).unwrap();
+        assert_eq!(env(&p.processes[0], "UPS_DOCTOR_OBSERVE"), Some("0"));
         let single = planned(&scenario(r#"{}"#), &[], false).unwrap();
         assert_eq!(env(&single.processes[0], "OMP_NUM_THREADS"), None, "one rank keeps every core");
     }
@@ -556,7 +576,11 @@ mod tests {
         assert_eq!(p.marker_fifo.as_deref(), Some(Path::new("/runs/a/markers.fifo")));
         let own_port = planned(&s, &["PET_MASTER_PORT"], true).unwrap();
         assert_eq!(env(&own_port.processes[0], "PET_MASTER_PORT"), None, "the user's port stands");
-        assert_eq!(own_port.processes[0].env.len(), 5, "run id, FIFO, two Python variables, PYTHONPATH");
+        assert_eq!(
+            own_port.processes[0].env.len(),
+            6,
+            "run id, FIFO, two Python variables, UPS_DOCTOR_LINE_BUFFERED, PYTHONPATH"
+        );
 
         let named = scenario(r#"{"launch": {"style": "per_rank"}, "command": ["torchrun", "t.py"]}"#);
         let p = planned(&named, &[], true).unwrap();

@@ -43,6 +43,10 @@ fn identified_line(ranks: &[RankResult], launcher: Option<&LauncherEnd>) -> Stri
             Some(IdentifiedBy::Markers) => {
                 format!("rank {} by the helper's markers (the process reported rank {0})", r.rank)
             }
+            Some(IdentifiedBy::ProcessGroup) => format!(
+                "rank {} by the process group it formed (`init_process_group` gave it rank {0}, seen by the observer)",
+                r.rank
+            ),
             Some(IdentifiedBy::RendezvousListens) => {
                 format!("rank {} by the rendezvous port (the process listens on it: the c10d store)", r.rank)
             }

@@ -92,10 +92,19 @@ pub struct Launch {
     /// Absent: the folder ups-doctor was started in, as if the command were run there.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cwd: Option<String>,
+    /// Whether the observer in the `sitecustomize` ups-doctor puts first on a command's
+    /// `PYTHONPATH` records the program's process group, steps, data waits and collectives
+    /// (`--no-observe` sets it to `false`). Only with `command`.
+    #[serde(skip_serializing_if = "is_true")]
+    pub observe: bool,
 }
 
 fn is_one(n: &u32) -> bool {
     *n == 1
+}
+
+fn is_true(b: &bool) -> bool {
+    *b
 }
 
 impl Default for Launch {
@@ -110,6 +119,7 @@ impl Default for Launch {
             nodes: 1,
             env: BTreeMap::new(),
             cwd: None,
+            observe: true,
         }
     }
 }

@@ -12,6 +12,7 @@ mod env;
 mod gpu;
 mod memory;
 mod nodes;
+mod observed;
 mod process;
 mod run;
 mod signal;
@@ -27,6 +28,7 @@ pub use memory::{
 pub use nodes::{
     Calibration, FirstFailure, LostNode, NodeSection, NodesReport, Offset, RemoteFailureSeen, Snapshot,
 };
+pub use observed::{GroupFormed, LEDGER_KEPT, LedgerEntry, ObservedProgram};
 pub use process::{
     ExitSource, ExternalRun, ExternalStyle, IdentifiedBy, KernelThread, LauncherEnd, PhaseSpan, ProcessDump,
     Quote, QuoteKind, RankResult, ThreadStack, WorkerInfo,

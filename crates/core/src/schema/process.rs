@@ -221,6 +221,10 @@ pub struct RankResult {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub torn_down_with: Option<Signal>,
     pub steps_done: u64,
+    /// What the observer in a user's Python program saw of this rank (`None` for the built-in
+    /// trainer, with `--no-observe`, or when it reported nothing).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed: Option<super::ObservedProgram>,
     /// Hash of the rank's parameters after training (equal on every rank when DDP kept them in
     /// sync).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -414,6 +418,10 @@ pub enum IdentifiedBy {
     /// `torch.distributed.get_rank()` once the process group is up), with the writer's pid.
     #[serde(rename = "markers")]
     Markers,
+    /// The rank the process formed in `init_process_group`, as ups-doctor's observer recorded it
+    /// inside the process (no code change): the writer's pid with the group's rank.
+    #[serde(rename = "process_group")]
+    ProcessGroup,
     /// The process listening on the rendezvous port: the c10d store's server, rank 0 outside
     /// torchrun (whose agent hosts the store itself).
     #[serde(rename = "rendezvous_port_listens")]
@@ -444,6 +452,7 @@ impl IdentifiedBy {
             IdentifiedBy::LauncherProcess
             | IdentifiedBy::SpawnOrder
             | IdentifiedBy::Markers
+            | IdentifiedBy::ProcessGroup
             | IdentifiedBy::RendezvousListens
             | IdentifiedBy::RendezvousConnected => None,
         }
@@ -459,7 +468,7 @@ impl IdentifiedBy {
             IdentifiedBy::LauncherProcess => 1,
             IdentifiedBy::RendezvousConnected => 2,
             IdentifiedBy::RendezvousListens => 3,
-            IdentifiedBy::Markers => 4,
+            IdentifiedBy::Markers | IdentifiedBy::ProcessGroup => 4,
             IdentifiedBy::Rank
             | IdentifiedBy::SlurmProcid
             | IdentifiedBy::OmpiCommWorldRank
@@ -482,13 +491,14 @@ impl TryFrom<String> for IdentifiedBy {
             "launcher_process" | "launcher process" => Ok(IdentifiedBy::LauncherProcess),
             "spawn_order" | "spawn order" => Ok(IdentifiedBy::SpawnOrder),
             "markers" => Ok(IdentifiedBy::Markers),
+            "process_group" => Ok(IdentifiedBy::ProcessGroup),
             "rendezvous_port_listens" | "rendezvous port (listens)" => Ok(IdentifiedBy::RendezvousListens),
             "rendezvous_port_connected" | "rendezvous port (connected)" => {
                 Ok(IdentifiedBy::RendezvousConnected)
             }
             _ => Err(format!(
                 "unknown `identified_by` `{text}` (expected a rank variable such as `RANK`, `launcher_process`, \
-                 `spawn_order`, `markers`, `rendezvous_port_listens` or `rendezvous_port_connected`)"
+                 `spawn_order`, `markers`, `process_group`, `rendezvous_port_listens` or `rendezvous_port_connected`)"
             )),
         }
     }

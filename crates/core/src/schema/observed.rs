@@ -1,0 +1,188 @@
+//! What the observer in a user's Python program (`python/site/sitecustomize.py`) reported about
+//! one rank: the process group it formed, its optimizer steps and their time, and the tail of its
+//! collective ledger. Folded from the observer's markers; read by the judge.
+
+use serde::{Deserialize, Serialize};
+
+use crate::protocol::Marker;
+
+/// Ledger entries kept per rank (the newest): enough to find where ranks part ways on a hang.
+pub const LEDGER_KEPT: usize = 32;
+
+/// The process group a rank formed with `init_process_group`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GroupFormed {
+    pub backend: String,
+    pub rank: u32,
+    pub world_size: u32,
+    pub store: String,
+}
+
+/// One collective the rank issued.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LedgerEntry {
+    pub op: String,
+    pub group: String,
+    pub seq: u64,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub shapes: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub dtype: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub site: String,
+    /// How long it took; `None` while the rank was still in it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ms: Option<f64>,
+}
+
+impl LedgerEntry {
+    /// `all_gather #3 (train.py:40, 1,1 float32)`.
+    pub fn render(&self) -> String {
+        let group = if self.group == "default" { String::new() } else { format!(" of group {}", self.group) };
+        let what: Vec<&str> = [self.site.as_str(), self.shapes.as_str(), self.dtype.as_str()]
+            .into_iter()
+            .filter(|s| !s.is_empty())
+            .collect();
+        let what = if what.is_empty() { String::new() } else { format!(" ({})", what.join(", ")) };
+        format!("`{}` #{}{group}{what}", self.op, self.seq)
+    }
+}
+
+/// The observer's account of one rank.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ObservedProgram {
+    /// `None`: the process never formed a process group (or the observer did not see it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<GroupFormed>,
+    /// Whether the process said, in its last summary, that it formed a group.
+    #[serde(default)]
+    pub distributed: bool,
+    pub steps: u64,
+    /// Steps whose time was measured (every step after the first).
+    #[serde(default)]
+    pub timed_steps: u64,
+    /// Medians over the last 256 steps: the whole step, and its time in `DataLoader.__next__`,
+    /// in DDP's forward and in `torch.distributed` collectives.
+    #[serde(default)]
+    pub step_ms: f64,
+    #[serde(default)]
+    pub data_ms: f64,
+    #[serde(default)]
+    pub forward_ms: f64,
+    #[serde(default)]
+    pub collective_ms: f64,
+    /// Collectives issued, over every group.
+    #[serde(default)]
+    pub collectives: u64,
+    /// The newest collectives (at most [`LEDGER_KEPT`]), oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ledger: Vec<LedgerEntry>,
+    /// Markers the observer could not send (its queue was full, or the pipe was gone).
+    #[serde(default)]
+    pub dropped: u64,
+}
+
+impl ObservedProgram {
+    /// Folds one observer marker in; `false` for any other marker.
+    pub fn apply(this: &mut Option<Self>, marker: &Marker) -> bool {
+        match marker {
+            Marker::Group { backend, rank, world_size, store } => {
+                let o = this.get_or_insert_with(Default::default);
+                o.distributed = true;
+                o.group = Some(GroupFormed {
+                    backend: backend.clone(),
+                    rank: *rank,
+                    world_size: *world_size,
+                    store: store.clone(),
+                });
+            }
+            Marker::Collective { op, group, seq, shapes, dtype, site, ms } => {
+                let o = this.get_or_insert_with(Default::default);
+                match o.ledger.iter_mut().rev().find(|e| e.group == *group && e.seq == *seq) {
+                    Some(e) => e.ms = *ms,
+                    None => {
+                        o.collectives += 1;
+                        o.ledger.push(LedgerEntry {
+                            op: op.clone(),
+                            group: group.clone(),
+                            seq: *seq,
+                            shapes: shapes.clone(),
+                            dtype: dtype.clone(),
+                            site: site.clone(),
+                            ms: *ms,
+                        });
+                        if o.ledger.len() > LEDGER_KEPT {
+                            o.ledger.remove(0);
+                        }
+                    }
+                }
+            }
+            Marker::Observer {
+                steps,
+                timed_steps,
+                step_ms,
+                data_ms,
+                forward_ms,
+                collective_ms,
+                distributed,
+                dropped,
+            } => {
+                let o = this.get_or_insert_with(Default::default);
+                o.steps = *steps;
+                o.timed_steps = *timed_steps;
+                o.step_ms = *step_ms;
+                o.data_ms = *data_ms;
+                o.forward_ms = *forward_ms;
+                o.collective_ms = *collective_ms;
+                o.distributed = *distributed || o.group.is_some();
+                o.dropped = *dropped;
+            }
+            _ => return false,
+        }
+        true
+    }
+
+    /// The newest collective of `group` the rank issued.
+    pub fn last_of(&self, group: &str) -> Option<&LedgerEntry> {
+        self.ledger.iter().rev().find(|e| e.group == group)
+    }
+
+    /// The rank's collective `seq` of `group`, if the kept ledger still holds it.
+    pub fn at(&self, group: &str, seq: u64) -> Option<&LedgerEntry> {
+        self.ledger.iter().find(|e| e.group == group && e.seq == seq)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn collective(op: &str, seq: u64, ms: Option<f64>) -> Marker {
+        Marker::Collective {
+            op: op.into(),
+            group: "default".into(),
+            seq,
+            shapes: "1".into(),
+            dtype: "float32".into(),
+            site: "train.py:40".into(),
+            ms,
+        }
+    }
+
+    #[test]
+    fn the_ledger_pairs_issue_and_return_and_keeps_the_newest() {
+        let mut o = None;
+        for seq in 1..=40 {
+            assert!(ObservedProgram::apply(&mut o, &collective("all_reduce", seq, None)));
+            assert!(ObservedProgram::apply(&mut o, &collective("all_reduce", seq, Some(1.0))));
+        }
+        ObservedProgram::apply(&mut o, &collective("all_gather", 41, None));
+        let o = o.unwrap();
+        assert_eq!((o.collectives, o.ledger.len()), (41, LEDGER_KEPT));
+        let last = o.last_of("default").unwrap();
+        assert_eq!((last.op.as_str(), last.seq, last.ms), ("all_gather", 41, None));
+        assert_eq!(o.at("default", 40).unwrap().ms, Some(1.0));
+        assert_eq!(last.render(), "`all_gather` #41 (train.py:40, 1, float32)");
+        assert!(!ObservedProgram::apply(&mut None, &Marker::Error { message: "x".into() }));
+    }
+}

@@ -1,0 +1,399 @@
+//! Patterns read from the observer in a user's Python program (`python/site/sitecustomize.py`):
+//! its collective ledger (which rank issued which collective, in which order), its per-step
+//! times, and the process group it formed. Each is stated only when every rank it speaks of
+//! reported; otherwise the detector stays silent and the others judge.
+
+use super::{Finding, Pattern};
+use crate::diagnose::evidence::{EndedBy, Evidence, RankEvidence};
+use crate::scenario::OutcomeKind;
+use crate::schema::{LEDGER_KEPT, LedgerEntry, ObservedProgram};
+
+pub const COLLECTIVE_MISMATCH: Pattern = Pattern {
+    id: "collective-mismatch",
+    title: "Collectives out of step",
+    matches: "the observer's collective ledgers of a failed or hung run part ways: at the same sequence number \
+              of a process group, one rank issued a collective another never issued, or a different one",
+    explanation: "Every rank of a process group must issue the same collectives in the same order. A rank that \
+                  skips one (a rank-dependent `if`, an early `continue`, an exception caught on one rank) or \
+                  adds one leaves the others waiting in it, or pairs it with a different collective: the run \
+                  hangs until a timeout or fails with a size mismatch.",
+    next_step: "Look at the named rank's code path at the call site: make every rank issue the same collectives \
+                (the condition that differs between ranks is the bug). `TORCH_DISTRIBUTED_DEBUG=DETAIL` checks \
+                collectives' order and shapes across ranks on the next run.",
+    reference: "https://pytorch.org/docs/stable/distributed.html#debugging-torch-distributed-applications",
+};
+
+pub const STRAGGLER: Pattern = Pattern {
+    id: "straggler",
+    title: "Straggler rank",
+    matches: "one rank's median step time in one phase (`DataLoader.__next__`, DDP's forward, time outside \
+              collectives) is at least twice the other ranks' and at least 5 ms more, over at least 5 timed steps \
+              of every rank",
+    explanation: "Synchronous data parallelism runs at the pace of its slowest rank: the others wait for it in \
+                  every collective (DDP's gradient all-reduce), so the whole job is as slow as this rank.",
+    next_step: "Find why this rank is slower in that phase: its data (uneven shards, a slow disk or worker), its \
+                CPU or GPU (shared with another job, throttled, a different device), or work only it does.",
+    reference: "https://pytorch.org/docs/stable/notes/ddp.html",
+};
+
+pub const NOT_DISTRIBUTED: Pattern = Pattern {
+    id: "not-distributed",
+    title: "Not distributed",
+    matches: "more than one rank declared, but the observer saw a process train without \
+              `init_process_group`, or a process group of another size formed",
+    explanation: "The command did not run the distributed job it was meant to: the launcher started one \
+                  ordinary process (`accelerate launch --cpu` ignores `--num_processes` without \
+                  `--multi_cpu`-style configuration), or the program formed a group of a different size, so \
+                  what passed is not a test of distributed training.",
+    next_step: "Check the launcher's flags and configuration (`accelerate config`, `--multi_gpu`, \
+                `--nproc_per_node`) and the `WORLD_SIZE` the program sees.",
+    reference: "https://pytorch.org/docs/stable/elastic/run.html",
+};
+
+fn observed<'e>(r: &'e RankEvidence) -> Option<&'e ObservedProgram> {
+    r.result.observed.as_ref()
+}
+
+fn ranks_list(ranks: &[u32]) -> String {
+    let words: Vec<String> = ranks.iter().map(u32::to_string).collect();
+    match words.len() {
+        1 => format!("rank {}", words[0]),
+        _ => format!("ranks {}", words.join(", ")),
+    }
+}
+
+/// Where one rank stands in a group's ledger.
+fn standing(rank: u32, e: Option<&LedgerEntry>) -> String {
+    match e {
+        Some(e) if e.ms.is_none() => format!("rank {rank} is in {}", e.render()),
+        Some(e) => format!("rank {rank}'s last is {}, returned", e.render()),
+        None => format!("rank {rank} issued none"),
+    }
+}
+
+pub fn collective_mismatch(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Finding> {
+    first?;
+    if ev.ranks.len() < 2 {
+        return None;
+    }
+    // A rank that crashed by itself has its own cause, which the crash patterns name.
+    let crashed = |r: &&RankEvidence| {
+        r.result.outcome == OutcomeKind::Signaled
+            && matches!(r.ended_by, EndedBy::Itself | EndedBy::OomKiller)
+    };
+    if ev.ranks.iter().any(|r| crashed(&r)) {
+        return None;
+    }
+    let ledgers: Vec<(u32, &ObservedProgram)> =
+        ev.ranks.iter().map(|r| Some((r.rank(), observed(r)?))).collect::<Option<_>>()?;
+    let mut groups: Vec<&str> =
+        ledgers.iter().flat_map(|(_, o)| o.ledger.iter().map(|e| e.group.as_str())).collect();
+    groups.sort_unstable();
+    groups.dedup();
+    for group in groups {
+        let last: Vec<(u32, u64)> =
+            ledgers.iter().map(|(r, o)| (*r, o.last_of(group).map_or(0, |e| e.seq))).collect();
+        let lo = last.iter().map(|(_, s)| *s).min()?;
+        let hi = last.iter().map(|(_, s)| *s).max()?;
+        // The first sequence number where the ranks' ops differ, among those every rank holds.
+        let differ_at = (lo.saturating_sub(LEDGER_KEPT as u64)..=lo).filter(|s| *s > 0).find(|s| {
+            let ops: Vec<Option<&str>> =
+                ledgers.iter().map(|(_, o)| o.at(group, *s).map(|e| e.op.as_str())).collect();
+            ops.iter().all(Option::is_some) && ops.iter().any(|op| *op != ops[0])
+        });
+        let mut f = Finding::of(&COLLECTIVE_MISMATCH);
+        let places: Vec<String> = ledgers.iter().map(|(r, o)| standing(*r, o.last_of(group))).collect();
+        f.evidence.push(format!("from the observer's collective ledgers: {}", places.join("; ")));
+        if let Some(seq) = differ_at {
+            let ops: Vec<(u32, &LedgerEntry)> =
+                ledgers.iter().filter_map(|(r, o)| Some((*r, o.at(group, seq)?))).collect();
+            let odd: Vec<u32> = ops
+                .iter()
+                .filter(|(_, e)| ops.iter().filter(|(_, x)| x.op == e.op).count() == 1)
+                .map(|(r, _)| *r)
+                .collect();
+            let each: Vec<String> =
+                ops.iter().map(|(r, e)| format!("rank {r} issued {}", e.render())).collect();
+            if odd.len() == 1 && ops.len() > 2 {
+                f.culprit = Some(odd[0]);
+                f.headline = Some(format!(
+                    "Collectives out of step: at collective #{seq} {}; rank {} is the one that differs.",
+                    each.join(", "),
+                    odd[0]
+                ));
+            } else {
+                f.headline = Some(format!(
+                    "Collectives out of step: at collective #{seq} {}. Cannot tell which rank diverged: no \
+                     majority among {} ranks.",
+                    each.join(", "),
+                    ops.len()
+                ));
+            }
+            return Some(f);
+        }
+        if lo == hi {
+            continue;
+        }
+        let seq = lo + 1;
+        let havers: Vec<u32> = last.iter().filter(|(_, s)| *s >= seq).map(|(r, _)| *r).collect();
+        let lackers: Vec<u32> = last.iter().filter(|(_, s)| *s < seq).map(|(r, _)| *r).collect();
+        let issued = ledgers.iter().find_map(|(_, o)| o.at(group, seq))?.render();
+        let waiting = ledgers
+            .iter()
+            .filter(|(r, _)| havers.contains(r))
+            .all(|(_, o)| o.last_of(group).is_some_and(|e| e.ms.is_none()));
+        let lacker_last = |r: u32| {
+            ledgers.iter().find(|(x, _)| *x == r).and_then(|(_, o)| o.last_of(group)).map_or_else(
+                || "it issued none before".to_string(),
+                |e| format!("its last was {}", e.render()),
+            )
+        };
+        if lackers.len() < havers.len() || (lackers.len() == havers.len() && waiting) {
+            // The rank that never issued what the others wait in went another way in the program.
+            if lackers.len() == 1 {
+                f.culprit = Some(lackers[0]);
+            }
+            f.headline = Some(format!(
+                "Collectives out of step: {} never issued {issued}, which {} {}; {} had gone on past it ({}).",
+                ranks_list(&lackers),
+                ranks_list(&havers),
+                match (waiting, havers.len()) {
+                    (true, 1) => "waits in",
+                    (true, _) => "wait in",
+                    (false, _) => "issued",
+                },
+                ranks_list(&lackers),
+                lacker_last(lackers[0]),
+            ));
+        } else if havers.len() < lackers.len() {
+            if havers.len() == 1 {
+                f.culprit = Some(havers[0]);
+            }
+            f.headline = Some(format!(
+                "Collectives out of step: {} issued {issued}, which no other rank issued ({} did not).",
+                ranks_list(&havers),
+                ranks_list(&lackers),
+            ));
+        } else {
+            f.headline = Some(format!(
+                "Collectives out of step: {} issued {issued} and {} did not. Cannot tell which rank diverged.",
+                ranks_list(&havers),
+                ranks_list(&lackers),
+            ));
+        }
+        return Some(f);
+    }
+    None
+}
+
+/// Fewest timed steps of every rank before step times are compared.
+const TIMED_STEPS: u64 = 5;
+
+pub fn straggler(ev: &Evidence, _first: Option<&RankEvidence>) -> Option<Finding> {
+    let obs: Vec<(u32, &ObservedProgram)> = ev
+        .ranks
+        .iter()
+        .map(|r| Some((r.rank(), observed(r).filter(|o| o.timed_steps >= TIMED_STEPS)?)))
+        .collect::<Option<_>>()?;
+    if obs.len() < 2 {
+        return None;
+    }
+    let with_collectives = obs.iter().any(|(_, o)| o.collective_ms > 0.0);
+    type Phase = (&'static str, fn(&ObservedProgram) -> f64);
+    let mut phases: Vec<Phase> =
+        vec![("data loading (`DataLoader.__next__`)", |o| o.data_ms), ("DDP's forward", |o| o.forward_ms)];
+    if with_collectives {
+        phases.push(("work outside collectives", |o| (o.step_ms - o.collective_ms).max(0.0)));
+    }
+    let mut best: Option<(f64, u32, &str, f64, f64)> = None;
+    for (name, of) in phases {
+        let (rank, slow) = obs.iter().map(|(r, o)| (*r, of(o))).max_by(|a, b| a.1.total_cmp(&b.1))?;
+        let others = obs.iter().filter(|(r, _)| *r != rank).map(|(_, o)| of(o)).fold(0.0, f64::max);
+        if slow >= 2.0 * others && slow - others >= 5.0 && best.is_none_or(|b| slow - others > b.0) {
+            best = Some((slow - others, rank, name, slow, others));
+        }
+    }
+    let (_, rank, phase, slow, others) = best?;
+    let mut f = Finding::of(&STRAGGLER);
+    f.culprit = Some(rank);
+    let steps: Vec<String> = obs.iter().map(|(r, o)| format!("rank {r} {:.1} ms", o.step_ms)).collect();
+    f.appendix = Some(format!(
+        " Rank {rank} is a straggler: its steps spend {slow:.1} ms (median) in {phase}, the other ranks' at most \
+         {others:.1} ms; the others wait for it."
+    ));
+    f.evidence.push(format!(
+        "from the observer, median step time over the last steps: {}; in {phase}: rank {rank} {slow:.1} ms, the \
+         others at most {others:.1} ms",
+        steps.join(", ")
+    ));
+    Some(f)
+}
+
+pub fn not_distributed(ev: &Evidence, _first: Option<&RankEvidence>) -> Option<Finding> {
+    let declared = ev.scenario.launch.world_size;
+    if declared < 2 || !ev.foreign {
+        return None;
+    }
+    let obs: Vec<(u32, &ObservedProgram)> =
+        ev.ranks.iter().filter_map(|r| Some((r.rank(), observed(r)?))).collect();
+    let mut f = Finding::of(&NOT_DISTRIBUTED);
+    let alone: Vec<&(u32, &ObservedProgram)> =
+        obs.iter().filter(|(_, o)| o.steps > 0 && !o.distributed).collect();
+    if !alone.is_empty() && obs.iter().all(|(_, o)| !o.distributed) {
+        let steps = alone.iter().map(|(_, o)| o.steps).max().unwrap_or(0);
+        let n = alone.len();
+        f.appendix = Some(format!(
+            " But it was not distributed: {declared} ranks were declared, {n} {} trained ({steps} optimizer steps) \
+             and none called `init_process_group`.",
+            if n == 1 { "process" } else { "processes" }
+        ));
+        f.evidence.push(format!(
+            "from the observer: {n} of {declared} declared ranks reported optimizer steps, without a process group"
+        ));
+        return Some(f);
+    }
+    let sizes: Vec<(u32, u32)> =
+        obs.iter().filter_map(|(r, o)| Some((*r, o.group.as_ref()?.world_size))).collect();
+    let (rank, size) = sizes.iter().find(|(_, size)| *size != declared)?;
+    f.appendix = Some(format!(
+        " But the process group is not the one declared: {declared} ranks were declared, rank {rank} formed a \
+         group of {size}."
+    ));
+    f.evidence.push(format!(
+        "from the observer: the groups formed: {}",
+        sizes.iter().map(|(r, s)| format!("rank {r} in a group of {s}")).collect::<Vec<_>>().join(", ")
+    ));
+    Some(f)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::diagnose::evidence::Observed;
+    use crate::schema::{GroupFormed, Leftovers, RankResult};
+
+    fn entry(op: &str, seq: u64, ms: Option<f64>) -> LedgerEntry {
+        LedgerEntry {
+            op: op.into(),
+            group: "default".into(),
+            seq,
+            shapes: "1".into(),
+            dtype: "float32".into(),
+            site: "train.py:40".into(),
+            ms,
+        }
+    }
+
+    /// A hung rank whose ledger holds `ops` (the last still running when `in_it`).
+    fn hung(rank: u32, ops: &[&str], in_it: bool) -> RankResult {
+        let mut r = crate::report::fixtures::rank(rank, 3);
+        r.outcome = OutcomeKind::Hung;
+        let n = ops.len();
+        let ledger = ops
+            .iter()
+            .enumerate()
+            .map(|(i, op)| entry(op, i as u64 + 1, (i + 1 < n || !in_it).then_some(1.0)))
+            .collect();
+        r.observed = Some(ObservedProgram {
+            group: Some(GroupFormed { backend: "gloo".into(), rank, world_size: 2, store: String::new() }),
+            distributed: true,
+            collectives: n as u64,
+            ledger,
+            ..Default::default()
+        });
+        r
+    }
+
+    fn judge(ranks: &[RankResult], scenario: &crate::scenario::Scenario) -> Option<Finding> {
+        let leftovers = Leftovers::default();
+        let o = Observed {
+            scenario,
+            ranks,
+            wall_s: 1.0,
+            memory: None,
+            leftovers: &leftovers,
+            oom_kills: &[],
+            cgroup: None,
+            launcher: None,
+        };
+        let ev = Evidence::gather(&o);
+        let first = ev.ranks.first().cloned();
+        collective_mismatch(&ev, first.as_ref())
+    }
+
+    fn scenario(world: u32) -> crate::scenario::Scenario {
+        serde_json::from_str(&format!(
+            r#"{{"command": ["python", "t.py"], "launch": {{"world_size": {world}}}}}"#
+        ))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_rank_that_skipped_a_collective_is_named_whichever_it_is() {
+        let s = scenario(2);
+        for skipper in 0..2 {
+            let ranks: Vec<RankResult> = (0..2)
+                .map(|r| {
+                    if r == skipper {
+                        hung(r, &["all_gather"; 2], false)
+                    } else {
+                        hung(r, &["all_gather"; 3], true)
+                    }
+                })
+                .collect();
+            let f = judge(&ranks, &s).expect("a mismatch");
+            assert_eq!(f.culprit, Some(skipper));
+            let h = f.headline.unwrap();
+            assert!(h.contains(&format!("rank {skipper} never issued `all_gather` #3 (train.py:40")), "{h}");
+        }
+        let s = scenario(4);
+        let ranks: Vec<RankResult> =
+            (0..4)
+                .map(|r| {
+                    if r == 2 {
+                        hung(r, &["all_gather"; 2], false)
+                    } else {
+                        hung(r, &["all_gather"; 3], true)
+                    }
+                })
+                .collect();
+        assert_eq!(judge(&ranks, &s).unwrap().culprit, Some(2));
+        // One rank issued a collective three others did not.
+        let ranks: Vec<RankResult> =
+            (0..4)
+                .map(|r| {
+                    if r == 3 {
+                        hung(r, &["all_gather"; 3], true)
+                    } else {
+                        hung(r, &["all_gather"; 2], false)
+                    }
+                })
+                .collect();
+        assert_eq!(judge(&ranks, &s).unwrap().culprit, Some(3));
+    }
+
+    #[test]
+    fn different_ops_at_one_seq_name_the_minority_or_say_it_cannot_tell() {
+        let s = scenario(2);
+        let ranks = [hung(0, &["all_reduce", "barrier"], true), hung(1, &["all_reduce", "all_gather"], true)];
+        let f = judge(&ranks, &s).unwrap();
+        assert_eq!(f.culprit, None);
+        assert!(f.headline.unwrap().contains("Cannot tell which rank diverged"));
+        let s = scenario(3);
+        let ranks = [
+            hung(0, &["all_reduce", "barrier"], true),
+            hung(1, &["all_reduce", "all_gather"], true),
+            hung(2, &["all_reduce", "barrier"], true),
+        ];
+        assert_eq!(judge(&ranks, &s).unwrap().culprit, Some(1));
+    }
+
+    #[test]
+    fn ledgers_that_agree_or_a_rank_without_one_say_nothing() {
+        let s = scenario(2);
+        assert!(judge(&[hung(0, &["all_gather"; 3], true), hung(1, &["all_gather"; 3], true)], &s).is_none());
+        let mut silent = hung(1, &["all_gather"; 2], false);
+        silent.observed = None;
+        assert!(judge(&[hung(0, &["all_gather"; 3], true), silent], &s).is_none());
+    }
+}

@@ -1,0 +1,113 @@
+//! The observer in the `sitecustomize` ups-doctor puts first on a command's `PYTHONPATH`
+//! (`python/site/sitecustomize.py`) and the verdicts that read it, on real PyTorch 2.11 programs
+//! (CPU, gloo) that know nothing of ups-doctor, with faults injected from outside them: a
+//! second `sitecustomize` on `PYTHONPATH` (`tests/programs/inject/`), which ups-doctor's runs after
+//! its own.
+
+use std::ffi::OsStr;
+
+use crate::util::{Sandbox, repo};
+use serde_json::Value;
+
+/// `torchrun` over `tests/programs/observed_ddp.py` on `ranks` ranks, expecting `outcome`.
+fn ddp_scenario(sb: &Sandbox, name: &str, ranks: u32, outcome: &str) -> std::path::PathBuf {
+    let program = repo().join("tests/programs/observed_ddp.py").display().to_string();
+    sb.scenario(
+        name,
+        &format!(
+            r#"{{"command": ["torchrun", "--nproc_per_node", "{ranks}", "--master_port", "{{master_port}}",
+                 "{program}", "--steps", "20"],
+                "launch": {{"world_size": {ranks}}}, "limits": {{"timeout_s": 180, "hang_after_s": 10}},
+                "expect": {{"outcome": "{outcome}"}}}}"#
+        ),
+    )
+}
+
+/// Runs one scenario with the injector on `PYTHONPATH` and `env` set; its result.
+fn run_injected(sb: &Sandbox, file: &std::path::Path, env: &[(&str, &str)]) -> Value {
+    let inject = repo().join("tests/programs/inject");
+    let mut vars: Vec<(&str, &OsStr)> = vec![("PYTHONPATH", inject.as_os_str())];
+    vars.extend(env.iter().map(|(k, v)| (*k, OsStr::new(*v))));
+    let run = sb.run_in_venv_with_env(&[file], &vars);
+    let s = run.result["scenarios"][0].clone();
+    assert_eq!(run.code(), 0, "outcome as expected; stderr:\n{}\nverdict: {:#}", run.stderr(), s["verdict"]);
+    s
+}
+
+fn verdict<'v>(s: &'v Value, field: &str) -> &'v str {
+    s["verdict"][field].as_str().unwrap_or_else(|| panic!("no verdict.{field}: {:#}", s["verdict"]))
+}
+
+#[test]
+fn a_skipped_collective_is_attributed_to_the_rank_that_skipped_it_whichever_it_is() {
+    for skipper in ["0", "1"] {
+        let sb = Sandbox::new();
+        let file = ddp_scenario(&sb, "skip", 2, "hung");
+        // The 5th `all_gather` of the skipping rank returns at once without gathering.
+        let s = run_injected(&sb, &file, &[("INJECT_SKIP_RANK", skipper), ("INJECT_SKIP_CALL", "5")]);
+        assert_eq!(verdict(&s, "pattern"), "collective-mismatch", "{:#}", s["verdict"]);
+        assert_eq!(s["first_failure"].as_u64().map(|r| r.to_string()).as_deref(), Some(skipper));
+        let other = if skipper == "0" { "1" } else { "0" };
+        let headline = verdict(&s, "headline");
+        assert!(
+            headline.starts_with(&format!(
+                "Collectives out of step: rank {skipper} never issued `all_gather` #5 (observed_ddp.py:40, \
+                 1,1,1, float32), which rank {other} waits in"
+            )),
+            "{headline}"
+        );
+        let rank = &s["ranks"][skipper.parse::<usize>().unwrap()]["observed"];
+        assert_eq!(
+            (rank["group"]["backend"].as_str(), rank["group"]["world_size"].as_u64()),
+            (Some("gloo"), Some(2))
+        );
+    }
+}
+
+#[test]
+fn a_rank_slow_to_load_its_data_is_named_a_straggler_with_its_phase() {
+    let sb = Sandbox::new();
+    let file = ddp_scenario(&sb, "straggler", 2, "passed");
+    let s = run_injected(&sb, &file, &[("INJECT_SLOW_RANK", "1"), ("INJECT_SLOW_MS", "40")]);
+    assert_eq!(verdict(&s, "pattern"), "straggler", "{:#}", s["verdict"]);
+    let headline = verdict(&s, "headline");
+    assert!(
+        headline.starts_with("Passed: 2 ranks of `torchrun … observed_ddp.py` finished in"),
+        "{headline}"
+    );
+    assert!(
+        headline.contains("Rank 1 is a straggler: its steps spend")
+            && headline.contains("in data loading (`DataLoader.__next__`)"),
+        "{headline}"
+    );
+    // Both ranks' steps were counted by the optimizer hook, without a change to the program.
+    for r in s["ranks"].as_array().unwrap() {
+        assert_eq!(r["steps_done"], 20, "{r}");
+        assert_eq!(r["observed"]["steps"], 20, "{r}");
+    }
+}
+
+#[test]
+fn accelerate_launch_cpu_with_two_processes_is_reported_as_one_process_not_distributed() {
+    let sb = Sandbox::new();
+    let program = repo().join("tests/programs/accelerate_train.py").display().to_string();
+    let file = sb.scenario(
+        "accelerate",
+        &format!(
+            r#"{{"command": ["accelerate", "launch", "--cpu", "--num_processes", "2", "{program}"],
+                "launch": {{"world_size": 2}}, "limits": {{"timeout_s": 180, "hang_after_s": 60}}}}"#
+        ),
+    );
+    let run = sb.run_in_venv(&[&file]);
+    let s = &run.result["scenarios"][0];
+    assert_eq!(run.code(), 0, "stderr:\n{}", run.stderr());
+    assert_eq!(verdict(s, "pattern"), "not-distributed", "{:#}", s["verdict"]);
+    let headline = verdict(s, "headline");
+    assert!(
+        headline.contains(
+            "But it was not distributed: 2 ranks were declared, 1 process trained (20 optimizer steps) and none \
+             called `init_process_group`."
+        ),
+        "{headline}"
+    );
+}

@@ -1,0 +1,60 @@
+"""Faults injected from outside a program, for tests/observe.rs: put this folder on PYTHONPATH
+(ups-doctor's sitecustomize runs first and then this one, which it shadows) and name the fault:
+
+- INJECT_SKIP_RANK=R, INJECT_SKIP_CALL=K: on rank R, the K-th call (1-based) of
+  `torch.distributed.all_gather` returns without gathering: the rank skips that collective.
+- INJECT_SLOW_RANK=R, INJECT_SLOW_MS=M: on rank R every batch the DataLoader fetches takes M ms
+  longer (a straggler in data loading).
+
+Rank: the `RANK` the launcher set. Nothing happens without these variables."""
+
+import builtins
+import os
+import sys
+import time
+
+_import = builtins.__import__
+_done = set()
+
+
+def _rank_is(name):
+    return os.environ.get(name) is not None and os.environ.get(name) == os.environ.get("RANK")
+
+
+def _inject():
+    dist = sys.modules.get("torch.distributed")
+    if "skip" not in _done and _rank_is("INJECT_SKIP_RANK") and hasattr(dist, "all_gather"):
+        _done.add("skip")
+        gather, calls, skip = dist.all_gather, [0], int(os.environ.get("INJECT_SKIP_CALL", "1"))
+
+        def all_gather(*args, **kwargs):
+            calls[0] += 1
+            if calls[0] == skip:
+                return None
+            return gather(*args, **kwargs)
+
+        dist.all_gather = all_gather
+    fetch = sys.modules.get("torch.utils.data._utils.fetch")
+    if "slow" not in _done and _rank_is("INJECT_SLOW_RANK") and hasattr(fetch, "_MapDatasetFetcher"):
+        _done.add("slow")
+        cls, delay = fetch._MapDatasetFetcher, float(os.environ.get("INJECT_SLOW_MS", "50")) / 1000.0
+        original = cls.fetch
+
+        def slow_fetch(self, index):
+            time.sleep(delay)
+            return original(self, index)
+
+        cls.fetch = slow_fetch
+
+
+def _hooked(name, globals=None, *args, **kwargs):
+    module = _import(name, globals, *args, **kwargs)
+    # Only at the program's own imports, once torch has loaded: the fault sits where the
+    # program's code would, outside anything that wraps torch while it loads.
+    if len(_done) < 2 and "torch" in sys.modules and (globals or {}).get("__name__") == "__main__":
+        _inject()
+    return module
+
+
+if os.environ.get("INJECT_SKIP_RANK") or os.environ.get("INJECT_SLOW_RANK"):
+    builtins.__import__ = _hooked

@@ -1,0 +1,51 @@
+"""A small DDP program of the kind ups-doctor's observer is for (CPU, gloo): it knows nothing of
+ups-doctor. Each step reads a batch from a DataLoader, runs DDP's forward and backward, steps the
+optimizer and gathers the loss from every rank with `dist.all_gather` (a metric, as many training
+scripts do). Run it under torchrun or one copy
+per rank with torchrun's variables."""
+
+import argparse
+import os
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--hidden", type=int, default=64)
+    args = parser.parse_args()
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(64 * args.steps, 16), torch.randn(64 * args.steps, 1))
+    loader = DataLoader(data, batch_size=32, sampler=DistributedSampler(data, shuffle=False))
+    model = DistributedDataParallel(
+        torch.nn.Sequential(torch.nn.Linear(16, args.hidden), torch.nn.ReLU(), torch.nn.Linear(args.hidden, 1))
+    )
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    world = dist.get_world_size()
+    for step, (x, y) in enumerate(loader):
+        if step == args.steps:
+            break
+        optimizer.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        optimizer.step()
+        losses = [torch.zeros(1) for _ in range(world)]
+        dist.all_gather(losses, loss.detach().reshape(1))
+        if rank == 0 and step % 10 == 0:
+            print(f"step {step} loss {sum(l.item() for l in losses) / world:.4f}", flush=True)
+    dist.barrier()
+    if rank == 0:
+        print("training finished", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    main()
