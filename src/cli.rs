@@ -35,6 +35,8 @@ pub enum Command {
     #[command(after_help = exit::HELP)]
     Attach(ups_doctor::attach::AttachArgs),
     /// Re-render report.md (and each scenario's full report) from a run folder's result.json.
+    ///
+    /// trace.json (the run's timeline for Perfetto) is written again beside it.
     #[command(after_help = exit::HELP)]
     Report {
         /// A run folder (it holds result.json).
@@ -46,6 +48,10 @@ pub enum Command {
         /// and on stderr the files to attach with it.
         #[arg(long)]
         issue: bool,
+        /// Also write DIR/ups-doctor-bundle.tar.gz to attach to an issue: report, result.json,
+        /// trace.json and every process's log tail, masked as --public masks.
+        #[arg(long)]
+        bundle: bool,
     },
     /// Describe this machine: libtorch, CPUs, memory, /dev/shm, ulimits, cgroup limits, variables.
     Env {

@@ -27,7 +27,7 @@ fn main() -> ExitCode {
         Command::Bisect(args) => session::bisect(args.into()),
         Command::Sweep(args) => session::sweep(args.into()),
         Command::Attach(args) => ups_doctor::attach::command(args),
-        Command::Report { dir, public, issue } => session::rerender(&dir, public, issue),
+        Command::Report { dir, public, issue, bundle } => session::rerender(&dir, public, issue, bundle),
         Command::Env { json, markdown, public } => {
             let format = if json {
                 EnvFormat::Json

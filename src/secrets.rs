@@ -1,6 +1,7 @@
 //! The one rule for secrets, applied to every output ups-doctor writes: `result.json` (and
-//! `--json`), `report.md` and each scenario's report, `report --issue` (with or without
-//! `--public`), and `env` in all its forms. What it masks, as [`REDACTED`]:
+//! `--json`), `report.md` and each scenario's report, `trace.json`, `report --issue` (with or
+//! without `--public`), `report --bundle` (the log tails in it included), and `env` in all its
+//! forms. What it masks, as [`REDACTED`]:
 //!
 //! - the value of a variable, a `params` entry or an `NAME=value` assignment whose name suggests a
 //!   secret ([`is_secret_name`]: `TOKEN`, `SECRET`, `KEY`, `PASSWORD`, … anywhere in the name, and
@@ -13,9 +14,9 @@
 //!   (`ghp_…`, `github_pat_…`), Hugging Face (`hf_…`), OpenAI-style (`sk-…`), Slack (`xox?-…`),
 //!   AWS access key ids (`AKIA…`, `ASIA…`).
 //!
-//! The rank logs (`rankR.stdout.log`, …) stay as the program wrote them, and `scenario.json`
-//! keeps the values it needs to run again: they are the program's own records, not text to
-//! paste. Pure: no IO.
+//! The rank logs (`rankR.stdout.log`, …) stay as the program wrote them (their tails in a bundle
+//! are masked), and `scenario.json` keeps the values it needs to run again: they are the
+//! program's own records, not text to paste. Pure: no IO.
 
 use std::borrow::Cow;
 use std::sync::OnceLock;

@@ -86,7 +86,7 @@ fn errors_of_real_programs_are_named_by_pattern_with_culprit_and_key_line() {
         md.contains("**Key line:** `RuntimeError: Expected to have finished reduction in the prior iteration before starting a new one. … (patterns.py:"),
         "{md}"
     );
-    assert!(md.contains("**Pattern:** `ddp-unused-parameters`"), "{md}");
+    assert!(md.contains("**Pattern:** DDP: unused parameters (`ddp-unused-parameters`)"), "{md}");
 
     // Rank 1 leaves before init_process_group; rank 0 waits at the rendezvous and gives up.
     let s = by_name(&run, "early_exit");
@@ -172,7 +172,7 @@ fn hangs_of_real_programs_are_named_from_py_spy_stacks() {
 
     // The summary and each scenario's full report, where the rank notes are.
     let md = sb.reports();
-    assert!(md.contains("**Pattern:** `ranks-out-of-step`"), "{md}");
+    assert!(md.contains("**Pattern:** Ranks out of step (`ranks-out-of-step`)"), "{md}");
     assert!(!md.contains("before the trainer started"), "no trainer texts for a program: {md}");
     assert!(md.contains("Rank 0 sent no marker and wrote no output for"), "{md}");
 }

@@ -276,6 +276,7 @@ fn rank_result(v: &RankView, outcome: OutcomeKind, children: &[(u32, ProcessDump
         final_loss: None,
         data_wait_fraction: None,
         losses: Vec::new(),
+        step_ends_s: Vec::new(),
         timeline: Vec::new(),
         stdout_log: String::new(),
         stderr_log: String::new(),

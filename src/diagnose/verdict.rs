@@ -380,8 +380,13 @@ fn failure(ev: &Evidence, failed: &RankEvidence) -> (String, Vec<String>, Option
                     scenario.limits.hang_after_s
                 ));
                 if !r.stacks.is_empty() {
-                    evidence
-                        .push(format!("stacks of {} threads dumped from inside the process", r.stacks.len()));
+                    evidence.push(format!(
+                        "stacks of {} dumped from inside the process",
+                        match r.stacks.len() {
+                            1 => "1 thread".to_string(),
+                            n => format!("{n} threads"),
+                        }
+                    ));
                 }
                 if let Some(how) = &r.torn_down_with {
                     evidence.push(format!("torn down with {how} after the stack dump"));

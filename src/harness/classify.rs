@@ -108,7 +108,8 @@ pub fn classify_rank(end: &RankEnd) -> RankResult {
         final_loss: s.last_loss,
         data_wait_fraction: s.data_wait_fraction(),
         losses: s.losses.clone(),
-        timeline: s.timeline.clone(),
+        step_ends_s: s.step_ends.clone(),
+        timeline: closed_when_passed(&s.timeline, outcome, s.last_step_at),
         stdout_log: end.stdout_log.clone(),
         stderr_log: end.stderr_log.clone(),
         log_tail,
@@ -141,9 +142,35 @@ fn by_process_group(
     }
 }
 
+/// A rank that passed finished training at its last step, even when a per-step phase began after
+/// it (a program whose loop asks its data loader once more before it stops): `train` reopens on a
+/// step's first phase so that a rank dying or hanging inside a step shows it never ended, and only
+/// a rank that did not pass keeps it open.
+fn closed_when_passed(
+    timeline: &[crate::schema::PhaseSpan],
+    outcome: OutcomeKind,
+    last_step_at: Option<f64>,
+) -> Vec<crate::schema::PhaseSpan> {
+    let mut timeline = timeline.to_vec();
+    if outcome == OutcomeKind::Passed
+        && let Some(span) = timeline.iter_mut().rev().find(|p| p.phase == "train" && p.end_s.is_none())
+    {
+        span.end_s = last_step_at.or(Some(span.start_s));
+    }
+    timeline
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn train_stays_open_only_for_a_rank_that_did_not_pass() {
+        use crate::schema::PhaseSpan;
+        let open = [PhaseSpan { phase: "train".into(), start_s: 1.0, end_s: None }];
+        assert_eq!(closed_when_passed(&open, OutcomeKind::Passed, Some(3.0))[0].end_s, Some(3.0));
+        assert_eq!(closed_when_passed(&open, OutcomeKind::Hung, Some(3.0))[0].end_s, None);
+    }
 
     fn end(exit: Option<Exit>) -> RankEnd {
         RankEnd { exit, ..Default::default() }

@@ -1,4 +1,4 @@
-//! The file edge of the report: `result.json` and `report.md` in a run folder, each written to a
+//! The file edge of the report: `result.json`, `report.md` and `trace.json` in a run folder, each written to a
 //! temporary file in the same folder, synced and renamed over the old one, so a crash or Ctrl-C
 //! leaves either the old file or the new one, never a torn one.
 
@@ -59,7 +59,7 @@ fn folder(path: &Path) -> String {
         .map_or_else(|| ".".to_string(), |p| p.display().to_string())
 }
 
-/// Writes `result.json` (pretty) and `report.md` into `dir`, creating it if missing, and returns
+/// Writes `result.json` (pretty), `report.md` and `trace.json` into `dir`, creating it if missing, and returns
 /// the path of `report.md`.
 ///
 /// The report is rendered from the JSON just written, read back, so that it shows exactly what
@@ -108,6 +108,10 @@ fn write_reports(dir: &Path, run: &RunResult) -> Result<PathBuf, ReportError> {
             write_atomic(&path, crate::secrets::mask_text(&render_scenario_markdown(run, i)).as_bytes())?;
         }
     }
+    write_atomic(
+        &dir.join(super::trace::TRACE_FILE),
+        crate::secrets::mask_text(&super::trace::render_trace(run)).as_bytes(),
+    )?;
     let report = dir.join(REPORT_FILE);
     write_atomic(&report, crate::secrets::mask_text(&render_markdown(run)).as_bytes())?;
     Ok(report)
@@ -122,7 +126,7 @@ pub struct IssueText {
 }
 
 /// The text to paste into an issue for the run in `dir` and the files to attach with it: each
-/// failed scenario's full report (when `report.md` is a summary) and `result.json`.
+/// failed scenario's full report (when `report.md` is a summary), `result.json` and `trace.json`.
 pub fn issue_text(run: &RunResult) -> IssueText {
     let mut attach = Vec::new();
     if is_summary(run) {
@@ -133,6 +137,7 @@ pub fn issue_text(run: &RunResult) -> IssueText {
         }
     }
     attach.push(RESULT_FILE.to_string());
+    attach.push(super::trace::TRACE_FILE.to_string());
     IssueText { paste: crate::secrets::mask_text(&render_markdown(run)).into_owned(), attach }
 }
 

@@ -112,6 +112,7 @@ pub fn rank(rank: u32, steps: u64) -> RankResult {
         bad_markers: 0,
         dropped_markers: 0,
         foreign_pids: Vec::new(),
+        step_ends_s: Vec::new(),
         log_errors: Vec::new(),
         workers: Vec::new(),
         exit_source: None,

@@ -1,15 +1,16 @@
 //! Live progress on the terminal while ranks run: a [`Listener`] of the supervisor's events.
 //!
 //! On a terminal: one status line, redrawn at most ten times a second, with each rank's phase,
-//! step and loss. Otherwise (CI logs, pipes): a plain line every tenth of the steps. Nothing is
-//! coloured, so `NO_COLOR` holds trivially; the final matrix decides colour on its own.
+//! step and loss, and for a rank silent a while how long and when that becomes a hang. Otherwise
+//! (CI logs, pipes): a plain line every tenth of the steps, and every rank's state at least every
+//! 5 s. Nothing is coloured, so `NO_COLOR` holds trivially; the final matrix decides colour on its
+//! own.
 
 use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 
 use crate::harness::RankState;
 use crate::harness::run::events::{Listener, RunEvent};
-use crate::schema::ScenarioResult;
 
 /// How often the status line (or a plain line's check) is refreshed.
 const EVERY: Duration = Duration::from_millis(250);
@@ -39,7 +40,18 @@ pub struct Progress {
     /// The scenario being shown and the steps it trains.
     name: String,
     steps: u64,
+    /// Seconds of silence after which a rank is declared hung (`limits.hang_after_s`).
+    hang_after_s: Option<f64>,
+    /// Plain mode: when (seconds into the scenario) the last line was printed.
+    last_plain_s: f64,
 }
+
+/// Plain mode prints every rank's state at least this often, progress or not: a run that is
+/// silent (starting, stuck) still shows it is alive, and how long it has been quiet.
+const PLAIN_EVERY_S: f64 = 5.0;
+
+/// A rank silent this long gets `silent N s, hang at H s` on the status line.
+const SHOW_SILENCE_AFTER_S: f64 = 2.0;
 
 impl Listener for Progress {
     fn tick_every(&self) -> Option<Duration> {
@@ -48,9 +60,10 @@ impl Listener for Progress {
 
     fn event(&mut self, event: RunEvent) {
         match event {
-            RunEvent::ScenarioStarted { name, ranks, steps } => {
+            RunEvent::ScenarioStarted { name, ranks, steps, hang_after_s } => {
                 (self.name, self.steps) = (name.to_string(), steps);
                 self.scenario_started(name, ranks);
+                self.hang_after_s = Some(hang_after_s);
             }
             RunEvent::Tick { at_s, states, .. } => {
                 let name = std::mem::take(&mut self.name);
@@ -65,7 +78,15 @@ impl Listener for Progress {
 
 impl Progress {
     pub fn new(mode: ProgressMode) -> Progress {
-        Progress { mode, last_draw: None, reported_steps: Vec::new(), name: String::new(), steps: 0 }
+        Progress {
+            mode,
+            last_draw: None,
+            reported_steps: Vec::new(),
+            name: String::new(),
+            steps: 0,
+            hang_after_s: None,
+            last_plain_s: 0.0,
+        }
     }
 
     pub fn mode(&self) -> ProgressMode {
@@ -75,6 +96,8 @@ impl Progress {
     fn scenario_started(&mut self, name: &str, ranks: u32) {
         self.reported_steps = vec![0; ranks as usize];
         self.last_draw = None;
+        self.last_plain_s = 0.0;
+        self.hang_after_s = None;
         if self.mode != ProgressMode::Quiet {
             eprintln!("▶ {name}: {ranks} {}", if ranks == 1 { "rank" } else { "ranks" });
         }
@@ -88,28 +111,31 @@ impl Progress {
                     return;
                 }
                 self.last_draw = Some(Instant::now());
-                let parts: Vec<String> = ranks
-                    .iter()
-                    .enumerate()
-                    .map(|(i, r)| format!("r{i} {}", describe(r, total_steps)))
-                    .collect();
-                let line = format!("  {name} {:>5.1}s  {}", elapsed.as_secs_f64(), parts.join(" | "));
-                let width = terminal_width();
-                let line: String = line.chars().take(width.saturating_sub(1)).collect();
+                let line = live_line(
+                    name,
+                    elapsed.as_secs_f64(),
+                    total_steps,
+                    ranks,
+                    self.hang_after_s,
+                    terminal_width(),
+                );
                 let mut err = std::io::stderr().lock();
                 let _ = write!(err, "\r\x1b[K{line}");
                 let _ = err.flush();
             }
             ProgressMode::Plain => {
+                let now = elapsed.as_secs_f64();
                 let every = (total_steps / 10).max(1);
+                let due = now - self.last_plain_s >= PLAIN_EVERY_S;
                 for (i, r) in ranks.iter().enumerate() {
                     let Some(reported) = self.reported_steps.get_mut(i) else { continue };
-                    if r.steps_done >= *reported + every {
-                        *reported = r.steps_done;
+                    if r.steps_done >= *reported + every || due {
+                        *reported = (*reported).max(r.steps_done);
+                        self.last_plain_s = now;
                         eprintln!(
-                            "  {name} {:>5.1}s  rank {i}: {}",
-                            elapsed.as_secs_f64(),
-                            describe(r, total_steps)
+                            "  {name} {now:>5.1}s  rank {i}: {}{}",
+                            describe(r, total_steps),
+                            silence(r, now, self.hang_after_s)
                         );
                     }
                 }
@@ -130,34 +156,56 @@ fn describe(r: &RankState, total_steps: u64) -> String {
     format!("{phase} step {}/{total_steps}{loss}", r.steps_done)
 }
 
-fn terminal_width() -> usize {
-    crate::harness::os::terminal_columns().unwrap_or(100)
+/// The live status line: each rank's phase, step and loss, and for a rank silent a while how long
+/// and when that becomes a hang; cut to `width` columns.
+pub fn live_line(
+    name: &str,
+    elapsed_s: f64,
+    total_steps: u64,
+    ranks: &[&RankState],
+    hang_after_s: Option<f64>,
+    width: usize,
+) -> String {
+    let parts: Vec<String> = ranks
+        .iter()
+        .enumerate()
+        .map(|(i, r)| format!("r{i} {}{}", describe(r, total_steps), silence(r, elapsed_s, hang_after_s)))
+        .collect();
+    let line = format!("  {name} {elapsed_s:>5.1}s  {}", parts.join(" | "));
+    line.chars().take(width.saturating_sub(1)).collect()
 }
 
-/// `  ✓ name: headline [pattern]`, printed as each scenario ends.
-pub fn scenario_line(r: &ScenarioResult) -> String {
-    let mark = if r.interrupted {
-        "-"
-    } else if r.met_expectation {
-        "✓"
-    } else {
-        "✗"
-    };
-    let pattern = r.verdict.pattern.as_deref().map(|p| format!(" [{p}]")).unwrap_or_default();
-    format!("  {mark} {}: {}{pattern}", r.name, r.verdict.headline)
+/// `, silent 3 s, hang at 60 s` for a rank whose last marker is that old; empty otherwise.
+fn silence(r: &RankState, now_s: f64, hang_after_s: Option<f64>) -> String {
+    let Some(last) = r.last_marker_at else { return String::new() };
+    let quiet = now_s - last;
+    if quiet < SHOW_SILENCE_AFTER_S {
+        return String::new();
+    }
+    match hang_after_s {
+        Some(limit) => format!(", silent {quiet:.0} s, hang at {limit:.0} s"),
+        None => format!(", silent {quiet:.0} s"),
+    }
+}
+
+fn terminal_width() -> usize {
+    crate::harness::os::terminal_columns().unwrap_or(100)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::protocol::Marker;
 
     #[test]
-    fn the_scenario_line_carries_the_mark_headline_and_pattern() {
-        let mut r = crate::report::fixtures::segv();
-        r.met_expectation = false;
-        r.interrupted = false;
-        let line = scenario_line(&r);
-        assert!(line.starts_with("  ✗ "), "{line}");
-        assert!(line.contains(&r.verdict.headline), "{line}");
+    fn the_live_line_during_a_hang_shows_the_silence_and_the_threshold() {
+        let mut stuck = RankState::default();
+        stuck.apply(1.0, Marker::Begin { phase: "optimizer".into(), step: Some(2) });
+        stuck.steps_done = 2;
+        let mut busy = RankState::default();
+        busy.apply(13.9, Marker::Begin { phase: "forward".into(), step: Some(5) });
+        let line = live_line("hang-deadlock", 14.2, 8, &[&stuck, &busy], Some(60.0), 200);
+        insta::assert_snapshot!(line, @"  hang-deadlock  14.2s  r0 optimizer step 2/8, silent 13 s, hang at 60 s | r1 forward step 0/8");
+        assert!(live_line("hang-deadlock", 14.2, 8, &[&stuck, &busy], Some(60.0), 80).chars().count() < 80);
     }
 }

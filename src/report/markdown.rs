@@ -21,6 +21,7 @@ use super::markup::{self, Align, DETAILS_CLOSE, code, details_open, fence, html_
 use super::matrix;
 use super::memory;
 use super::mermaid;
+use super::stack;
 use super::text::{self, NONE, count, plural};
 
 /// Longest text kept in a table cell.
@@ -82,6 +83,9 @@ pub fn render_markdown(run: &RunResult) -> String {
         scenario_heading(&mut doc, s);
         verdict(&mut doc, s);
         doc.push(format!("Full report: {}", code(&scenario_report_path(run, i))));
+    }
+    if !run.scenarios.is_empty() {
+        doc.push(TIMELINE_LINE);
     }
     environment_section(&mut doc, &run.environment);
     fit(doc, RESULT_FILE_NOTE)
@@ -151,11 +155,15 @@ fn logs_cut(doc: &mut Doc, run: &RunResult) {
 }
 
 fn full_report(run: &RunResult, index: usize) -> Doc {
-    let mut doc = header_blocks(run);
+    let mut doc = if is_summary(run) { scenario_header(run, index) } else { header_blocks(run) };
     scenario(&mut doc, &run.scenarios[index]);
     environment_section(&mut doc, &run.environment);
     doc
 }
+
+/// Where the run's timeline is, and what opens it.
+const TIMELINE_LINE: &str = "Timeline: `trace.json` beside this report (every rank and worker, phases, \
+     deaths with their stacks, memory) — open it in <https://ui.perfetto.dev>.";
 
 /// What a report cut to fit a comment points to.
 const RESULT_FILE_NOTE: &str = "the run folder's `result.json` and the full reports next to it";
@@ -231,6 +239,43 @@ fn fit(mut doc: Doc, whole: &str) -> String {
     doc.finish()
 }
 
+/// The header of one scenario's own report in a run of several: it speaks of that scenario, not
+/// of the run's count ("Ran 27 scenarios" above a report of one).
+fn scenario_header(run: &RunResult, index: usize) -> Doc {
+    let mut doc = Doc::default();
+    doc.push("# ups-doctor report");
+    let s = &run.scenarios[index];
+    let met = if s.interrupted {
+        "it was interrupted"
+    } else if s.met_expectation {
+        "it met its expectation"
+    } else {
+        "it did **not** meet its expectation"
+    };
+    doc.push(format!(
+        "Scenario {} of {} of one run: {met}. {}",
+        index + 1,
+        run.scenarios.len() + run.not_run.len(),
+        started(run)
+    ));
+    interruption(&mut doc, run);
+    doc
+}
+
+/// `Started AT with `CMD` (ups-doctor V).`
+fn started(run: &RunResult) -> String {
+    let command = if run.command.is_empty() {
+        String::new()
+    } else {
+        format!(" with {}", code(&text::shell_line(&run.command)))
+    };
+    format!(
+        "Started {}{command} (ups-doctor {}).",
+        markup::text(&run.started_at),
+        markup::text(&run.tool_version)
+    )
+}
+
 fn summary_line(run: &RunResult) -> String {
     let total = run.scenarios.len();
     let met = run.scenarios.iter().filter(|s| s.met_expectation).count();
@@ -246,16 +291,7 @@ fn summary_line(run: &RunResult) -> String {
             n - m
         ),
     };
-    let command = if run.command.is_empty() {
-        String::new()
-    } else {
-        format!(" with {}", code(&text::shell_line(&run.command)))
-    };
-    format!(
-        "{outcome} Started {}{command} (ups-doctor {}).",
-        markup::text(&run.started_at),
-        markup::text(&run.tool_version)
-    )
+    format!("{outcome} {}", started(run))
 }
 
 fn interruption(doc: &mut Doc, run: &RunResult) {
@@ -284,13 +320,10 @@ fn interruption(doc: &mut Doc, run: &RunResult) {
     doc.push(lines.join("\n"));
 }
 
+/// `## name: outcome`. Whether it met its `expect` is said once, on the **Expected** line of the
+/// verdict: in a heading, "NOT MET" on a user's own program read as if ups-doctor had failed.
 fn scenario_heading(doc: &mut Doc, s: &ScenarioResult) {
-    doc.push(format!(
-        "## {}: {} (expectation {})",
-        markup::text(&s.name),
-        markup::text(&text::scenario_outcome(s)),
-        text::expectation_of(s)
-    ));
+    doc.push(format!("## {}: {}", markup::text(&s.name), markup::text(&text::scenario_outcome(s))));
 }
 
 fn scenario(doc: &mut Doc, s: &ScenarioResult) {
@@ -299,6 +332,7 @@ fn scenario(doc: &mut Doc, s: &ScenarioResult) {
     nodes::overview(doc, s);
     external::program_words(doc, s);
     doc.push(rank_table(s));
+    doc.push(TIMELINE_LINE);
     if let Some(notes) = rank_notes(s) {
         doc.push(notes);
     }
@@ -355,10 +389,17 @@ fn verdict(doc: &mut Doc, s: &ScenarioResult) {
     }
     if let Some(pattern) = &v.pattern {
         let reference = v.reference.as_deref().map(|r| format!(" — see <{r}>")).unwrap_or_default();
-        doc.push(format!(
-            "**Pattern:** {} (listed in ups-doctor's `docs/patterns.md`){reference}",
-            code(pattern)
-        ));
+        // Named with its title and, when the verdict has no cause of its own, its explanation,
+        // so that the line reads wherever the report is pasted (no link into this project).
+        let known = crate::diagnose::PATTERNS.iter().find(|p| p.id == pattern);
+        let what = match known {
+            Some(p) if v.likely_cause.is_none() => {
+                format!("{} ({}): {}", p.title, code(pattern), p.explanation)
+            }
+            Some(p) => format!("{} ({})", p.title, code(pattern)),
+            None => code(pattern),
+        };
+        doc.push(format!("**Pattern:** {what}{reference}"));
     }
     if let Some(cause) = &v.likely_cause {
         doc.push(format!("**Likely cause:** {}", inline(cause)));
@@ -433,7 +474,8 @@ fn rank_table(s: &ScenarioResult) -> String {
                 opt(r.pid),
                 format!("{} ({})", text::kind_label(r.outcome), markup::text(&end_status(r))),
                 place,
-                r.steps_done.to_string(),
+                // No marker at all: how many steps it did is unknown, not 0.
+                if r.markers == 0 && r.steps_done == 0 { NONE.to_string() } else { r.steps_done.to_string() },
                 loss,
                 r.error.as_deref().map_or_else(
                     || NONE.to_string(),
@@ -467,6 +509,8 @@ fn end_status(r: &RankResult) -> String {
     };
     match r.torn_down_with {
         Some(sent) if r.signal == Some(sent) => format!("{sent} from ups-doctor"),
+        // Its own end was not seen (a launcher's rank): only what ups-doctor sent is known.
+        Some(sent) if r.signal.is_none() && r.exit_code.is_none() => format!("{sent} sent by ups-doctor"),
         Some(sent) => format!("{status} (after {sent} from ups-doctor)"),
         None => status,
     }
@@ -599,8 +643,8 @@ fn backtrace(doc: &mut Doc, r: &RankResult) {
     if r.backtrace.is_empty() && r.raw_backtrace.is_empty() {
         return;
     }
-    let signal = r.signal.map_or("crash".to_string(), |s| s.name());
-    doc.push(format!("### Backtrace of rank {} ({})", r.rank, markup::text(&signal)));
+    let (owner, signal) = stack::backtrace_owner(r);
+    doc.push(format!("### Backtrace of {} ({})", markup::text(&owner), markup::text(&signal)));
     if r.backtrace.is_empty() {
         doc.push(
             "Symbolisation failed in the crash handler; these are the raw return addresses, \
@@ -613,45 +657,10 @@ fn backtrace(doc: &mut Doc, r: &RankResult) {
     }
 }
 
-/// `#0  symbol  (location)`, one frame per line; a frame without a symbol shows its address.
-/// The process start-up machinery below the program's own entry (`…::main` on the main thread,
-/// `__rust_begin_short_backtrace` on a spawned one) is folded into one line: it is the same in
-/// every backtrace, and `result.json` keeps it.
+/// `#0  symbol  (location)`, one frame per line, demangled, the machinery every stack shares
+/// folded ([`stack::lines`]); `result.json` keeps every frame.
 fn frames(frames: &[Frame]) -> String {
-    let shown = startup_boundary(frames).unwrap_or(frames.len());
-    let mut lines: Vec<String> = frames[..shown]
-        .iter()
-        .map(|f| {
-            let what = f.symbol.as_deref().unwrap_or(&f.addr);
-            match &f.location {
-                Some(loc) => format!("{what}  ({loc})"),
-                None => what.to_string(),
-            }
-        })
-        .collect();
-    let mut text = numbered(std::mem::take(&mut lines));
-    if shown < frames.len() {
-        text.push_str(&format!(
-            "\n…   {} of process and thread start-up (in result.json)",
-            text::plural(frames.len() - shown, "more frame")
-        ));
-    }
-    text
-}
-
-/// Where the start-up frames begin: after the first `…::main` of the program (kept), or at a
-/// spawned thread's `__rust_begin_short_backtrace` (dropped with everything below it).
-fn startup_boundary(frames: &[Frame]) -> Option<usize> {
-    frames.iter().enumerate().find_map(|(i, f)| {
-        let s = f.symbol.as_deref()?;
-        if s.contains("__rust_begin_short_backtrace") {
-            Some(i)
-        } else if s.ends_with("::main") && !s.starts_with("std::") && !s.starts_with("core::") {
-            Some(i + 1)
-        } else {
-            None
-        }
-    })
+    stack::lines(frames).iter().map(|l| text::strip_control(l)).collect::<Vec<_>>().join("\n")
 }
 
 fn numbered(lines: Vec<String>) -> String {
@@ -688,7 +697,10 @@ fn stacks(doc: &mut Doc, r: &RankResult) {
 /// frame of the caller's own code, which is what tells two waiting threads apart.
 fn stack_summary(t: &ThreadStack) -> String {
     let name = if t.thread.is_empty() { "(unnamed)" } else { &t.thread };
-    let shown = |f: &Frame| html_code(&text::truncate(f.symbol.as_deref().unwrap_or(&f.addr), SUMMARY_MAX));
+    let shown = |f: &Frame| {
+        let what = f.symbol.as_deref().map_or_else(|| f.addr.clone(), stack::demangle);
+        html_code(&text::truncate(&what, SUMMARY_MAX))
+    };
     let top = match t.frames.first() {
         None => "no frames".to_string(),
         Some(first) if is_runtime_frame(first) => {
@@ -741,8 +753,26 @@ fn log_tail(doc: &mut Doc, r: &RankResult) {
         doc.push(format!("Full logs: {}", files.join(", ")));
     }
     let lines: Vec<String> = r.log_tail.iter().map(|l| text::strip_control(l)).collect();
-    doc.push(fence("text", &lines.join("\n")));
+    doc.push(fence("text", &once(&lines).join("\n")));
     doc.push(DETAILS_CLOSE);
+}
+
+/// `lines` with each run of identical lines written once, with how often it came
+/// (`… [the line above, 3 times in all]`): several workers print the same sentence as they die.
+fn once(lines: &[String]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::with_capacity(lines.len());
+    let mut i = 0;
+    while i < lines.len() {
+        let n = lines[i..].iter().take_while(|l| **l == lines[i]).count();
+        out.push(lines[i].clone());
+        if n > 1 && !lines[i].trim().is_empty() {
+            out.push(format!("… [the line above, {n} times in all]"));
+        } else {
+            out.extend(lines[i + 1..i + n].iter().cloned());
+        }
+        i += n;
+    }
+    out
 }
 
 fn scenario_details(doc: &mut Doc, s: &ScenarioResult) {
@@ -816,10 +846,7 @@ mod startup_frames {
         let text = frames(&fs);
         assert!(text.contains("#2  ups_doctor::main"), "{text}");
         assert!(!text.contains("_start") && !text.contains("call_once"), "{text}");
-        assert!(
-            text.ends_with("…   3 more frames of process and thread start-up (in result.json)"),
-            "{text}"
-        );
+        assert!(text.ends_with("…   3 frames of the runtime (call shims, catch_unwind, start-up)"), "{text}");
     }
 
     #[test]
@@ -835,6 +862,12 @@ mod startup_frames {
         .to_vec();
         let text = frames(&fs);
         assert!(text.contains("#1  inject_hang::{{closure}}") && !text.contains("clone3"), "{text}");
+    }
+
+    #[test]
+    fn a_repeated_log_line_is_written_once_with_its_count() {
+        let lines: Vec<String> = ["a", "shm!", "shm!", "shm!", "", "", "b"].map(String::from).to_vec();
+        assert_eq!(once(&lines), ["a", "shm!", "… [the line above, 3 times in all]", "", "", "b"]);
     }
 
     #[test]

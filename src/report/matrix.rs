@@ -46,7 +46,7 @@ pub(crate) const ALIGN: [Align; 8] = [
 ];
 
 /// Title of the column added when some scenario sampled a GPU: median and peak utilisation.
-const GPU_TITLE: &str = "GPU util (median / peak)";
+pub(crate) const GPU_TITLE: &str = "GPU util (median / peak)";
 /// Where it goes: after `steps/s`.
 const GPU_AT: usize = 6;
 

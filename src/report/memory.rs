@@ -43,12 +43,13 @@ pub(crate) fn memory_blocks(s: &ScenarioResult) -> Vec<String> {
                 super::text::secs(chart.window.1)
             ));
         }
-        if !chart.lines.iter().any(|l| l.contains("/dev/shm"))
-            && m.series.iter().any(|p| p.shm_used_bytes.is_some())
-        {
-            caption.push_str(" `/dev/shm` stayed empty, so it has no line.");
+        if chart.shm.is_none() && m.series.iter().any(|p| p.shm_used_bytes.is_some()) {
+            caption.push_str(" `/dev/shm` stayed empty, so it has no chart.");
         }
         blocks.push(caption);
+        if let Some(shm) = &chart.shm {
+            blocks.push(fence("mermaid", shm));
+        }
     }
     blocks
 }

@@ -71,7 +71,7 @@ pub(crate) fn timeline(s: &ScenarioResult) -> Option<String> {
     let _ = writeln!(out, "    todayMarker off");
     for r in ranks {
         let _ = writeln!(out, "    section rank {}", r.rank);
-        for span in &r.timeline {
+        for span in folded(&r.timeline) {
             let start = ms(span.start_s);
             let real_end = ms(span_end(r, span.end_s)).max(start);
             let end = real_end.max(start + min_bar);
@@ -85,8 +85,62 @@ pub(crate) fn timeline(s: &ScenarioResult) -> Option<String> {
                 let _ = writeln!(out, "    {name} (never ended) :crit, {start}, {end}");
             }
         }
+        // The moments that matter, as milestones: the hang declared, the rank's end when it
+        // did not pass.
+        if let (Some(last), Some(after)) = (r.last_marker_at_s, r.hang_detected_after_s) {
+            let t = ms(last + after);
+            let _ = writeln!(out, "    hang declared ({after:.0} s silent) :milestone, crit, {t}, {t}");
+        }
+        if r.outcome != crate::scenario::OutcomeKind::Passed
+            && let Some(at) = r.ended_at_s
+        {
+            let t = ms(at);
+            let _ = writeln!(out, "    {} :milestone, crit, {t}, {t}", task_name(&end_label(r)));
+        }
     }
     Some(out.trim_end().to_string())
+}
+
+/// How a rank's end reads on its milestone: `killed by SIGSEGV`, `exit 1`, `SIGTERM from
+/// ups-doctor`.
+fn end_label(r: &RankResult) -> String {
+    match (r.signal, r.exit_code, r.torn_down_with) {
+        (Some(sig), _, Some(sent)) if sig == sent => format!("{} from ups-doctor", sig.name()),
+        (Some(sig), _, _) => format!("killed by {}", sig.name()),
+        (None, Some(code), _) => format!("exit {code}"),
+        (None, None, Some(sent)) => format!("{} sent by ups-doctor", sent.name()),
+        (None, None, None) => "ended".to_string(),
+    }
+}
+
+/// The timeline with its start-up folded: the phases that ended before training began (model
+/// building block by block, data generation, …; two or more of them) become one `start-up` bar
+/// that names the longest. A phase that never ended, and checkpoints, stay on their own.
+fn folded(timeline: &[crate::schema::PhaseSpan]) -> Vec<crate::schema::PhaseSpan> {
+    let train_at = timeline.iter().position(|p| p.phase == "train").unwrap_or(timeline.len());
+    let foldable = |p: &crate::schema::PhaseSpan| p.end_s.is_some() && !p.phase.starts_with("checkpoint.");
+    let startup: Vec<&crate::schema::PhaseSpan> =
+        timeline[..train_at].iter().filter(|p| foldable(p)).collect();
+    if startup.len() < 2 {
+        return timeline.to_vec();
+    }
+    let start = startup.iter().map(|p| p.start_s).fold(f64::INFINITY, f64::min);
+    let end = startup.iter().filter_map(|p| p.end_s).fold(f64::NEG_INFINITY, f64::max);
+    let longest = startup
+        .iter()
+        .max_by(|a, b| {
+            (a.end_s.unwrap_or(a.start_s) - a.start_s).total_cmp(&(b.end_s.unwrap_or(b.start_s) - b.start_s))
+        })
+        .expect("two or more");
+    let longest_s = longest.end_s.unwrap_or(longest.start_s) - longest.start_s;
+    let mut out = vec![crate::schema::PhaseSpan {
+        phase: format!("start-up, {} phases (longest {} {:.2} s)", startup.len(), longest.phase, longest_s),
+        start_s: start,
+        end_s: Some(end),
+    }];
+    out.extend(timeline[..train_at].iter().filter(|p| !foldable(p)).cloned());
+    out.extend(timeline[train_at..].iter().cloned());
+    out
 }
 
 /// Fewer steps than this are drawn on a categorical axis (one label per step); a numeric axis
@@ -129,11 +183,14 @@ pub(crate) struct MemoryChart {
     pub(crate) lines: Vec<String>,
     /// Seconds since the scenario started of the first and last sample drawn.
     pub(crate) window: (f64, f64),
+    /// `/dev/shm` used over the same window, on its own axis (0 to its size), when it was ever
+    /// in use.
+    pub(crate) shm: Option<String>,
 }
 
-/// A line chart over time of each rank's PSS (with its workers) and of `/dev/shm` used, in MiB.
+/// A line chart over time of each rank's PSS (with its workers), in MiB, and one of `/dev/shm`.
 /// Only samples taken while every rank's process existed are drawn (a process that does not exist
-/// has no memory, not 0 MiB); failing two such samples, those where any did. The `/dev/shm` line
+/// has no memory, not 0 MiB); failing two such samples, those where any did. The `/dev/shm` chart
 /// is drawn only when something was ever in use there. `None` with fewer than two samples.
 pub(crate) fn memory_chart(m: &MemoryReport, ranks: usize) -> Option<MemoryChart> {
     let alive = |p: &crate::schema::MemoryPoint, all: bool| {
@@ -163,12 +220,21 @@ pub(crate) fn memory_chart(m: &MemoryReport, ranks: usize) -> Option<MemoryChart
         out.push_str(&format!("\n    line [{}]", values.join(", ")));
         lines.push(format!("PSS of rank {rank} with its workers"));
     }
-    if series.iter().any(|p| p.shm_used_bytes.unwrap_or(0) > 0) {
+    // `/dev/shm` on an axis of its own, from 0 to its size: a few MiB next to hundreds of MiB of
+    // PSS would draw as a flat line at zero however full it was.
+    let shm = series.iter().any(|p| p.shm_used_bytes.unwrap_or(0) > 0).then(|| {
         let values: Vec<String> = series.iter().map(|p| mib(p.shm_used_bytes.unwrap_or(0))).collect();
-        out.push_str(&format!("\n    line [{}]", values.join(", ")));
-        lines.push("`/dev/shm` used".to_string());
-    }
-    Some(MemoryChart { source: out, lines, window: (first, last) })
+        let top = m.shm.total_bytes.map(|t| format!(" 0 --> {}", mib(t))).unwrap_or_default();
+        format!(
+            "{}\nxychart-beta\n    title \"/dev/shm used (MiB)\"\n    x-axis \"seconds since the scenario started\" {} \
+             --> {}\n    y-axis \"MiB\"{top}\n    line [{}]",
+            xychart_init(),
+            sig(first, 3),
+            sig(last, 3),
+            values.join(", ")
+        )
+    });
+    Some(MemoryChart { source: out, lines, window: (first, last), shm })
 }
 
 fn ms(s: f64) -> i64 {

@@ -12,9 +12,10 @@
 //! markdown and HTML, `matrix` is the one table shape that the terminal (`terminal`) and the
 //! markdown report (`markdown`) both show, `environment` is the same for the machine, `memory`
 //! writes the memory and leftovers sections, `mermaid` draws the charts, `files` reads and writes
-//! the run folder.
+//! the run folder; `trace` writes the run's timeline for Perfetto (`trace.json`).
 
 mod bisect;
+mod bundle;
 mod environment;
 mod files;
 mod gpu;
@@ -25,9 +26,11 @@ mod matrix;
 mod memory;
 mod mermaid;
 mod save;
+mod stack;
 mod sweep;
 mod terminal;
 mod text;
+mod trace;
 
 #[cfg(test)]
 pub(crate) mod fixtures;
@@ -38,6 +41,7 @@ mod tests;
 
 pub mod public;
 pub use bisect::render_bisect;
+pub use bundle::{BUNDLE_FILE, write_bundle};
 pub use files::{
     IssueText, REPORT_FILE, RESULT_FILE, ReportError, issue_text, read_run, rerender, rerender_masked,
     result_json, write_atomic, write_run,
@@ -47,4 +51,5 @@ pub use markdown::{
 };
 pub use save::save_honestly;
 pub use sweep::{render_sweep, render_sweep_table, verdict_lines};
-pub use terminal::{render_env_text, render_matrix};
+pub use terminal::{render_env_text, render_matrix, render_matrix_fit, render_narrow, render_verdict_lines};
+pub use trace::{TRACE_FILE, render_trace};

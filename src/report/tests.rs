@@ -289,3 +289,35 @@ fn issue_text_is_the_summary_and_names_the_failed_scenarios_reports_to_attach() 
     assert_eq!(issue.paste, render_markdown(&both));
     insta::assert_snapshot!(issue.attach.join("\n"));
 }
+
+#[test]
+fn matrix_at_80_columns_takes_the_narrow_layout_and_fits() {
+    let all = run(vec![
+        fixtures::passing(),
+        fixtures::segv(),
+        fixtures::hung(),
+        fixtures::false_success(),
+        fixtures::abort_raw_only(),
+        fixtures::shm_bus_error(),
+    ]);
+    let text = render_matrix_fit(&all, false, 80);
+    for line in text.lines() {
+        assert!(line.chars().count() <= 80, "{} columns: {line}", line.chars().count());
+    }
+    insta::assert_snapshot!(text);
+    // Wide enough, it is the table.
+    assert_eq!(render_matrix_fit(&all, false, 200), render_matrix(&all, false));
+}
+
+#[test]
+fn verdict_lines_at_80_columns_carry_the_key_line_and_the_next_step() {
+    let mut s = fixtures::shm_bus_error();
+    s.verdict.key_line =
+        Some("RuntimeError: DataLoader worker (pid 5567) is killed by signal: Bus error.".into());
+    let text = render_verdict_lines(&s, 80);
+    for line in text.lines() {
+        assert!(line.chars().count() <= 80, "{line}");
+    }
+    insta::assert_snapshot!(text);
+    assert!(text.contains("key line: RuntimeError") && text.contains("next step: "), "{text}");
+}

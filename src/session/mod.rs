@@ -26,9 +26,10 @@ use invocation::current_exe;
 use crate::report;
 use crate::{Error, exit};
 
-/// `ups-doctor report DIR [--public] [--issue]`: re-renders the report from `result.json`; with
-/// `--issue` prints the text to paste and lists the files to attach.
-pub fn rerender(dir: &Path, public: bool, issue: bool) -> Result<u8, Error> {
+/// `ups-doctor report DIR [--public] [--issue] [--bundle]`: re-renders the report (and
+/// `trace.json`) from `result.json`; with `--issue` prints the text to paste and lists the files to
+/// attach; with `--bundle` also writes them, masked, into one archive to attach.
+pub fn rerender(dir: &Path, public: bool, issue: bool, bundle: bool) -> Result<u8, Error> {
     let path = report::rerender_masked(dir, public)?;
     if issue {
         let run = report::read_run(dir)?;
@@ -42,7 +43,20 @@ pub fn rerender(dir: &Path, public: bool, issue: bool) -> Result<u8, Error> {
         for file in &text.attach {
             eprintln!("  {}", dir.join(file).display());
         }
+        eprintln!(
+            "or all of it and every log tail in one file: ups-doctor report {} --bundle",
+            dir.display()
+        );
     } else {
+        println!("{}", path.display());
+    }
+    if bundle {
+        let (path, files) = report::write_bundle(dir)?;
+        eprintln!(
+            "ups-doctor: {} files, masked, in {} — attach it to the issue",
+            files.len(),
+            path.display()
+        );
         println!("{}", path.display());
     }
     Ok(exit::MET)

@@ -189,7 +189,8 @@ impl Session {
                 }
             };
             if mode != ProgressMode::Quiet {
-                eprintln!("{}", crate::report::live::scenario_line(&scenario_result));
+                let width = harness::os::terminal_columns().unwrap_or(usize::MAX);
+                eprintln!("{}", report::render_verdict_lines(&scenario_result, width));
             }
             let cut_short = scenario_result.interrupted;
             self.result.scenarios.push(scenario_result);
@@ -265,7 +266,10 @@ impl Session {
         let color = !json
             && std::io::stdout().is_terminal()
             && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
-        let matrix = report::render_matrix(&self.result, color);
+        let matrix = match harness::os::terminal_columns() {
+            Some(width) => report::render_matrix_fit(&self.result, color, width),
+            None => report::render_matrix(&self.result, color),
+        };
         let report_path = self.invocation.out_dir.join(report::REPORT_FILE);
         if json {
             eprintln!("{matrix}");

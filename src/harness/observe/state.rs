@@ -35,6 +35,9 @@ pub struct RankState {
     pub steps_done: u64,
     pub losses: Vec<(u64, f64)>,
     loss_stride: u64,
+    /// When each step ended (step, seconds), thinned as `losses` are.
+    pub step_ends: Vec<(u64, f64)>,
+    step_stride: u64,
     pub first_loss: Option<f64>,
     pub last_loss: Option<f64>,
     pub data_ms: f64,
@@ -79,7 +82,12 @@ impl RankState {
     /// Folds one marker written at `at` (its writer's stamp, else when it was read) into the state.
     pub fn apply(&mut self, at: f64, marker: Marker) {
         self.markers += 1;
-        self.last_marker_at = Some(at);
+        // A stack dump is written because ups-doctor asked for it (the hang was already declared,
+        // or the run is being torn down): it is not progress, and counting it would put the
+        // rank's last marker after the hang was declared.
+        if !matches!(marker, Marker::Stack { .. } | Marker::StackEnd { .. }) {
+            self.last_marker_at = Some(at);
+        }
         if ObservedProgram::apply(&mut self.observed, &marker) {
             return;
         }
@@ -94,6 +102,10 @@ impl RankState {
                     if self.train_started_at.is_none() {
                         self.train_started_at = Some(at);
                         self.timeline.push(PhaseSpan { phase: "train".into(), start_s: at, end_s: None });
+                    } else if let Some(span) = self.timeline.iter_mut().rev().find(|s| s.phase == "train") {
+                        // A step began: training is under way again until its `step` marker, so
+                        // a rank that dies or hangs inside a step shows `train` as never ended.
+                        span.end_s = None;
                     }
                 } else if self.timeline.len() < MAX_SPANS {
                     self.timeline.push(PhaseSpan { phase: phase.clone(), start_s: at, end_s: None });
@@ -110,6 +122,7 @@ impl RankState {
             }
             Marker::Step { step, loss, data_ms, compute_ms, samples } => {
                 self.steps_done = step + 1;
+                self.record_step_end(step, at);
                 // A step without a loss (the observer's: it cannot see the loss) still has its time.
                 self.data_ms += data_ms;
                 self.compute_ms += compute_ms;
@@ -167,6 +180,21 @@ impl RankState {
     pub fn apply_bad(&mut self, at: f64) {
         self.bad_markers += 1;
         self.last_marker_at = Some(at);
+    }
+
+    fn record_step_end(&mut self, step: u64, at: f64) {
+        let stride = self.step_stride.max(1);
+        if step % stride == 0 {
+            self.step_ends.push((step, at));
+        }
+        if self.step_ends.len() >= MAX_LOSSES {
+            self.step_stride = stride * 2;
+            let mut i = 0;
+            self.step_ends.retain(|_| {
+                i += 1;
+                i % 2 == 1
+            });
+        }
     }
 
     fn record_loss(&mut self, step: u64, loss: f64) {
@@ -227,8 +255,22 @@ mod tests {
         assert_eq!(s.timeline.len(), 2);
         assert_eq!(s.timeline[0].end_s, Some(0.2));
         assert_eq!(s.timeline[1].phase, "train");
-        assert_eq!(s.timeline[1].end_s, Some(0.5));
+        // Inside step 1: training has not ended.
+        assert_eq!(s.timeline[1].end_s, None);
         assert_eq!(s.data_wait_fraction(), Some(0.25));
+        s.apply(0.7, Marker::Step { step: 1, loss: 0.9, data_ms: 10.0, compute_ms: 30.0, samples: 8 });
+        assert_eq!(s.timeline[1].end_s, Some(0.7));
+        assert_eq!(s.step_ends, [(0, 0.5), (1, 0.7)]);
+    }
+
+    #[test]
+    fn a_stack_dump_is_not_progress() {
+        let mut s = RankState::default();
+        s.apply(1.0, begin("forward", Some(0)));
+        s.apply(9.0, Marker::Stack { tid: 7, thread: "main".into(), frames: vec![] });
+        s.apply(9.1, Marker::StackEnd { threads: 1 });
+        assert_eq!(s.last_marker_at, Some(1.0));
+        assert_eq!(s.stacks.len(), 1);
     }
 
     #[test]

@@ -372,6 +372,7 @@ pub fn supervise<'p, 'l>(
         name: &res.scenario.name,
         ranks: plan.world,
         steps: res.scenario.train.steps,
+        hang_after_s: res.scenario.limits.hang_after_s,
     });
     s.run(live, interrupted, &queue, &wakes);
     live.event(RunEvent::ScenarioFinished { at_s: s.since(Instant::now()) });

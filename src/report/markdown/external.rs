@@ -16,16 +16,42 @@ pub(super) fn program_words(doc: &mut Doc, s: &ScenarioResult) {
     if ext.launcher.is_some() {
         doc.push(identified_line(&s.ranks, ext.launcher.as_ref()));
     }
+    // The same lines quoted by several ranks (each rank's copy of one peer's error) are shown
+    // once, naming every rank that wrote them.
+    let mut shown: Vec<(&crate::schema::Quote, Vec<u32>)> = Vec::new();
     for r in &s.ranks {
         for q in &r.quotes {
-            doc.push(format!("Rank {}, {}:", r.rank, q.title));
-            doc.push(quote_fence(&q.lines));
+            match shown.iter_mut().find(|(seen, _)| seen.title == q.title && seen.lines == q.lines) {
+                Some((_, ranks)) => ranks.push(r.rank),
+                None => shown.push((q, vec![r.rank])),
+            }
         }
+    }
+    for (q, ranks) in &shown {
+        let who = match ranks.as_slice() {
+            [one] => format!("Rank {one}"),
+            [rest @ .., last] => format!(
+                "Ranks {} and {last} (the same lines)",
+                rest.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
+            ),
+            [] => unreachable!("a quote is shown for the rank that wrote it"),
+        };
+        doc.push(format!("{who}, {}:", q.title));
+        doc.push(quote_fence(&q.lines));
     }
     if let Some(l) = &ext.launcher {
         for q in &l.quotes {
-            doc.push(format!("Launcher output, {}:", q.title));
-            doc.push(quote_fence(&q.lines));
+            let same = shown.iter().find(|(seen, _)| seen.lines == q.lines).map(|(_, ranks)| ranks[0]);
+            match same {
+                Some(rank) => doc.push(format!(
+                    "Launcher output, {}: the same lines as rank {rank}'s above (the ranks share its output).",
+                    q.title
+                )),
+                None => {
+                    doc.push(format!("Launcher output, {}:", q.title));
+                    doc.push(quote_fence(&q.lines));
+                }
+            }
         }
     }
 }
@@ -172,4 +198,43 @@ pub(super) fn launcher_log_tail(doc: &mut Doc, s: &ScenarioResult) {
     let lines: Vec<String> = l.log_tail.iter().map(|x| strip_control(x)).collect();
     doc.push(fence("text", &lines.join("\n")));
     doc.push(DETAILS_CLOSE);
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::report::fixtures;
+    use crate::report::render_markdown;
+    use crate::schema::{ExternalRun, ExternalStyle, Quote, QuoteKind};
+
+    #[test]
+    fn the_same_quote_from_several_ranks_is_shown_once_naming_them() {
+        let mut s = fixtures::segv();
+        s.external = Some(ExternalRun {
+            argv: vec!["python".into(), "train.py".into()],
+            style: ExternalStyle::PerRank,
+            style_chosen: None,
+            markers_seen: false,
+            completion: "exit status".into(),
+            launcher: None,
+            py_spy: None,
+        });
+        let peer = Quote {
+            title: QuoteKind::PythonTraceback,
+            lines: vec!["RuntimeError: Connection closed by peer [127.0.0.1]:29500".into()],
+        };
+        let own = Quote { title: QuoteKind::PythonTraceback, lines: vec!["ValueError: bad sample".into()] };
+        s.ranks[0].quotes = vec![peer.clone()];
+        s.ranks[1].quotes = vec![own];
+        let mut third = s.ranks[0].clone();
+        third.rank = 2;
+        s.ranks.push(third);
+        let md = render_markdown(&fixtures::run(vec![s]));
+        assert_eq!(
+            md.matches("RuntimeError: Connection closed by peer [127.0.0.1]:29500").count(),
+            1,
+            "{md}"
+        );
+        assert!(md.contains("Ranks 0 and 2 (the same lines), Python traceback (tail):"), "{md}");
+        assert!(md.contains("Rank 1, Python traceback (tail):"), "{md}");
+    }
 }

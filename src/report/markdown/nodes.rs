@@ -71,7 +71,9 @@ fn table(n: &NodesReport) -> String {
                 .map_or(NONE.to_string(), signed_ms);
             let verdict = match (&s.lost, &s.own_headline) {
                 (Some(l), _) => format!("**lost** at {}: {}", secs(l.at_s), markup::text(&l.how)),
-                (None, Some(h)) => markup::text(h),
+                // Harness-written, like every verdict: its code spans are kept, the rest escaped
+                // (escaping it whole showed the backticks literally).
+                (None, Some(h)) => markup::harness(h, &[], 300),
                 (None, None) => NONE.to_string(),
             };
             vec![

@@ -239,6 +239,10 @@ pub struct RankResult {
     /// Loss per step (thinned to at most a few hundred points).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub losses: Vec<(u64, f64)>,
+    /// When each optimizer step ended: (step, seconds since the scenario started), thinned like
+    /// `losses` (absent in results of older versions).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub step_ends_s: Vec<(u64, f64)>,
     /// Phases in order with their begin/end times, per-step phases folded into one `train` span.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub timeline: Vec<PhaseSpan>,
