@@ -38,28 +38,40 @@ fn verdict<'v>(s: &'v Value, field: &str) -> &'v str {
     s["verdict"][field].as_str().unwrap_or_else(|| panic!("no verdict.{field}: {:#}", s["verdict"]))
 }
 
+/// Rank 0 or rank 1 of 2 skips, and rank 2 of 4: the ledger names the one that skipped, whichever
+/// it is and however many wait.
 #[test]
 fn a_skipped_collective_is_attributed_to_the_rank_that_skipped_it_whichever_it_is() {
-    for skipper in ["0", "1"] {
+    for (ranks, skipper) in [(2u32, 0u32), (2, 1), (4, 2)] {
         let sb = Sandbox::new();
-        let file = ddp_scenario(&sb, "skip", 2, "hung");
+        let file = ddp_scenario(&sb, "skip", ranks, "hung");
         // The 5th `all_gather` of the skipping rank returns at once without gathering.
-        let s = run_injected(&sb, &file, &[("INJECT_SKIP_RANK", skipper), ("INJECT_SKIP_CALL", "5")]);
+        let s = run_injected(
+            &sb,
+            &file,
+            &[("INJECT_SKIP_RANK", &skipper.to_string()), ("INJECT_SKIP_CALL", "5")],
+        );
         assert_eq!(verdict(&s, "pattern"), "collective-mismatch", "{:#}", s["verdict"]);
-        assert_eq!(s["first_failure"].as_u64().map(|r| r.to_string()).as_deref(), Some(skipper));
-        let other = if skipper == "0" { "1" } else { "0" };
+        assert_eq!(s["first_failure"].as_u64(), Some(u64::from(skipper)), "{:#}", s["verdict"]);
+        let others: Vec<String> = (0..ranks).filter(|r| *r != skipper).map(|r| r.to_string()).collect();
+        let (waiters, verb) = if others.len() == 1 {
+            (format!("rank {}", others[0]), "waits")
+        } else {
+            (format!("ranks {}", others.join(", ")), "wait")
+        };
+        let shapes = vec!["1"; (ranks as usize + 1).min(4)].join(",");
         let headline = verdict(&s, "headline");
         assert!(
             headline.starts_with(&format!(
                 "Collectives out of step: rank {skipper} never issued `all_gather` #5 (observed_ddp.py:40, \
-                 1,1,1, float32), which rank {other} waits in"
+                 {shapes}, float32), which {waiters} {verb} in"
             )),
             "{headline}"
         );
-        let rank = &s["ranks"][skipper.parse::<usize>().unwrap()]["observed"];
+        let rank = &s["ranks"][skipper as usize]["observed"];
         assert_eq!(
             (rank["group"]["backend"].as_str(), rank["group"]["world_size"].as_u64()),
-            (Some("gloo"), Some(2))
+            (Some("gloo"), Some(u64::from(ranks)))
         );
     }
 }
@@ -110,4 +122,58 @@ fn accelerate_launch_cpu_with_two_processes_is_reported_as_one_process_not_distr
         ),
         "{headline}"
     );
+}
+
+/// The rendezvous port is held by another process (started here, outside the run, as a user's
+/// earlier job would be): torchrun cannot open its store and no rank starts. The verdict names the
+/// port and the process holding it, and no rank "failed" that never started.
+#[test]
+fn a_rendezvous_port_in_use_names_the_port_and_its_holder_and_no_rank_failed() {
+    use std::io::BufRead;
+    let sb = Sandbox::new();
+    let mut holder = std::process::Command::new(crate::util::venv_python())
+        .args([
+            "-c",
+            "import socket, time\ns = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen()\n\
+             print(s.getsockname()[1], flush=True); time.sleep(600)",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("the port holder starts");
+    let mut port = String::new();
+    std::io::BufReader::new(holder.stdout.take().unwrap()).read_line(&mut port).unwrap();
+    let port = port.trim().to_string();
+    let program = repo().join("tests/programs/observed_ddp.py").display().to_string();
+    let mut cmd = sb.cmd();
+    cmd.env("PATH", crate::util::venv_path());
+    let run = sb.run_with(
+        cmd,
+        &[],
+        &["--", "torchrun", "--nproc_per_node", "2", "--master_port", &port, &program, "--steps", "5"],
+    );
+    let holder_pid = holder.id();
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    let s = &run.result["scenarios"][0];
+    assert_eq!(run.code(), 1, "not met; stderr:\n{}", run.stderr());
+    assert_eq!(verdict(s, "pattern"), "rendezvous-port-in-use", "{:#}", s["verdict"]);
+    let headline = verdict(s, "headline");
+    assert!(
+        headline.starts_with(&format!(
+            "The rendezvous port {port} was already in use (`EADDRINUSE`), held by process {holder_pid} (`"
+        )) && headline.ends_with("`torchrun` could not open its store, and no rank started."),
+        "{headline}"
+    );
+    assert!(verdict(s, "key_line").contains("EADDRINUSE"));
+    assert!(s["first_failure"].is_null(), "no rank is the first failure: {}", s["first_failure"]);
+    for r in s["ranks"].as_array().unwrap() {
+        assert_eq!(
+            (r["outcome"].as_str(), r["collateral"].as_bool()),
+            (Some("launch_failed"), Some(false)),
+            "{r}"
+        );
+    }
+    let launcher = &s["external"]["launcher"]["port_in_use"];
+    assert_eq!(launcher["port"].to_string(), port, "{launcher}");
+    assert_eq!(launcher["holder_pid"], holder_pid, "{launcher}");
 }

@@ -14,6 +14,8 @@ pub struct Judgement {
     pub outcome: OutcomeKind,
     pub first_failure: Option<u32>,
     pub verdict: Verdict,
+    /// Ranks that failed with the first failure's own error, each by itself: not collateral.
+    pub same_failure: Vec<u32>,
 }
 
 /// Judges one scenario from what was observed.
@@ -40,19 +42,88 @@ pub fn judge(o: &Observed) -> Judgement {
             outcome: OutcomeKind::Passed,
             first_failure: None,
             verdict: passed(&ev, o.wall_s, finding),
+            same_failure: Vec::new(),
         };
     };
+    if let Some(launcher) = ev.launcher
+        && ev.ranks.iter().all(|r| r.result.outcome == OutcomeKind::LaunchFailed && r.result.pid.is_none())
+    {
+        return launcher_alone(&ev, launcher, finding);
+    }
     let (headline, evidence, likely_cause, next_step) = failure(&ev, failed);
     let mut verdict = Verdict { headline, evidence, likely_cause, next_step, ..Default::default() };
     if let Some(f) = finding {
         apply(&mut verdict, f);
     }
-    add_collateral(&ev, failed, &mut verdict);
+    let same = same_failure(&ev, failed);
+    add_collateral(&ev, failed, &same, &mut verdict);
     for line in catalog::shm_evidence(&ev, Some(failed)) {
         push_new(&mut verdict.evidence, line);
     }
     verdict.key_line = failed.key.as_ref().map(|k| k.render());
-    Judgement { outcome: failed.result.outcome, first_failure: Some(failed.rank()), verdict }
+    Judgement {
+        outcome: failed.result.outcome,
+        first_failure: Some(failed.rank()),
+        verdict,
+        same_failure: same,
+    }
+}
+
+/// The other ranks that ended by themselves with the first failure's own error (its key line,
+/// numbers aside: pids, worker ids, ranks): each failed for the same reason on its own (every
+/// rank out of `/dev/shm`, no driver on any), which timing alone cannot turn into a culprit and
+/// collateral. A rank torn down, hung, or that lost its peer is not one of them.
+fn same_failure(ev: &Evidence, failed: &RankEvidence) -> Vec<u32> {
+    let shape = |r: &RankEvidence| {
+        r.key
+            .as_ref()
+            .map(|k| k.text.chars().map(|c| if c.is_ascii_digit() { '#' } else { c }).collect::<String>())
+    };
+    let Some(own) = shape(failed) else { return Vec::new() };
+    let by_itself = |r: &RankEvidence| {
+        matches!(r.result.outcome, OutcomeKind::Exited | OutcomeKind::Signaled)
+            && r.result.torn_down_with.is_none()
+            && matches!(r.ended_by, EndedBy::Itself)
+            && !catalog::lost_its_peer(r)
+    };
+    if !by_itself(failed) {
+        return Vec::new();
+    }
+    ev.ranks
+        .iter()
+        .filter(|r| r.rank() != failed.rank() && by_itself(r) && shape(r).as_deref() == Some(own.as_str()))
+        .map(RankEvidence::rank)
+        .collect()
+}
+
+/// A launcher that ended before any process of a rank was found under it: the failure is the
+/// launcher's (its own error line says why), and no rank failed, first or collateral.
+fn launcher_alone(ev: &Evidence, launcher: &LauncherEnd, finding: Option<Finding>) -> Judgement {
+    let name = program(ev.scenario).split(' ').next().unwrap_or_default().to_string();
+    let how = match (launcher.exit_code, launcher.signal, &launcher.launch_error) {
+        (_, _, Some(e)) => format!("could not be started: {e}"),
+        (Some(c), _, _) => format!("exited with status {c}"),
+        (_, Some(s), _) => format!("was killed by {s}"),
+        _ => "ended".to_string(),
+    };
+    let key = super::evidence::key_line(&launcher.log_tail);
+    let said = key.as_ref().map(|k| format!(": {}", k.render())).unwrap_or_default();
+    let n = ev.ranks.len();
+    let mut verdict = Verdict {
+        headline: format!("`{name}` {how} before any of its {n} ranks started{said}."),
+        evidence: vec![
+            format!("no process of any rank was found under the launcher: the program never ran"),
+            format!("the launcher's output: `{}`", launcher.stderr_log),
+        ],
+        likely_cause: Some("The launcher itself failed (its arguments, its rendezvous, its environment) before it started the program.".into()),
+        next_step: Some("Read the launcher's own error above: fix its flags or what it names, then run again.".into()),
+        key_line: key.map(|k| k.render()),
+        ..Default::default()
+    };
+    if let Some(f) = finding {
+        apply(&mut verdict, f);
+    }
+    Judgement { outcome: OutcomeKind::LaunchFailed, first_failure: None, verdict, same_failure: Vec::new() }
 }
 
 fn push_new(lines: &mut Vec<String>, line: String) {
@@ -482,10 +553,28 @@ fn hang_cause(rank: &RankEvidence) -> String {
 }
 
 /// Names the ranks that failed after the culprit (collateral) in the headline and evidence.
-fn add_collateral(ev: &Evidence, failed: &RankEvidence, verdict: &mut Verdict) {
+fn add_collateral(ev: &Evidence, failed: &RankEvidence, same: &[u32], verdict: &mut Verdict) {
     let first_at = failure_time(failed.result);
-    let mut collateral: Vec<&RankEvidence> =
-        ev.ranks.iter().filter(|r| r.rank() != failed.rank() && r.failed()).collect();
+    if !same.is_empty() {
+        if !verdict.headline.ends_with('.') {
+            verdict.headline.push('.');
+        }
+        let list = same.iter().map(u32::to_string).collect::<Vec<_>>().join(", ");
+        verdict.headline.push_str(&if same.len() == 1 {
+            format!(" Rank {list} failed the same way on its own (not collateral).")
+        } else {
+            format!(" Ranks {list} failed the same way, each on its own (not collateral).")
+        });
+        for r in ev.ranks.iter().filter(|r| same.contains(&r.rank())) {
+            let key = r.key.as_ref().map(|k| k.render()).unwrap_or_default();
+            verdict.evidence.push(format!("rank {} ended by itself with the same error: {key}", r.rank()));
+        }
+    }
+    let mut collateral: Vec<&RankEvidence> = ev
+        .ranks
+        .iter()
+        .filter(|r| r.rank() != failed.rank() && r.failed() && !same.contains(&r.rank()))
+        .collect();
     collateral.sort_by(|a, b| failure_time(a.result).total_cmp(&failure_time(b.result)));
     // Ranks that could not be started, one line per cause (a thousand ranks stopped by one
     // `EMFILE` are one line, not a thousand).

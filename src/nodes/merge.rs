@@ -224,7 +224,7 @@ pub fn merge(input: MergeInput) -> ScenarioResult {
     let judged = judge(&observed);
     let (judged, order_note) =
         order_across_nodes(&observed, judged, &Clocks { node_of: &node_of, host_of: &host_of, u_of: &u_of });
-    let crate::diagnose::Judgement { outcome, first_failure, verdict } = judged;
+    let crate::diagnose::Judgement { outcome, first_failure, verdict, same_failure } = judged;
 
     // A lost node's ranks were not observed: the run is not a hang of everything.
     let unobserved: Vec<Unobserved> = sections
@@ -246,7 +246,7 @@ pub fn merge(input: MergeInput) -> ScenarioResult {
         .collect();
     // The GPU notes of the coordinator's node: the merged result carries no GPU report of its own.
     let gpu = base.result.gpu.as_ref();
-    let judgement = crate::diagnose::Judgement { outcome, first_failure, verdict };
+    let judgement = crate::diagnose::Judgement { outcome, first_failure, verdict, same_failure };
     let circumstances = Circumstances { interrupted, gpu, unobserved: &unobserved };
     let conclusion = settle(judgement, &observed, &circumstances);
     conclusion.mark(&mut ranks);
@@ -336,7 +336,7 @@ fn order_across_nodes(
             0
         }
     };
-    let crate::diagnose::Judgement { mut outcome, mut first_failure, mut verdict } = judged;
+    let crate::diagnose::Judgement { mut outcome, mut first_failure, mut verdict, mut same_failure } = judged;
     let ranks = observed.ranks;
     let mut order_note = None;
     if let Some(f) = first_failure.and_then(|f| ranks.iter().find(|r| r.rank == f)) {
@@ -380,6 +380,7 @@ fn order_across_nodes(
                 let again = judge(&Observed { ranks: &reordered(&ranks, chosen.rank), ..*observed });
                 outcome = again.outcome;
                 verdict = again.verdict;
+                same_failure = again.same_failure;
                 first_failure = Some(chosen.rank);
             }
             verdict.evidence.insert(0, capitalise(&note));
@@ -387,7 +388,7 @@ fn order_across_nodes(
         }
     }
 
-    (crate::diagnose::Judgement { outcome, first_failure, verdict }, order_note)
+    (crate::diagnose::Judgement { outcome, first_failure, verdict, same_failure }, order_note)
 }
 
 /// Where each node's ranks start in the world: node × `lw`, unless its launcher's rendezvous

@@ -49,6 +49,21 @@ pub const RENDEZVOUS_INCOMPLETE: Pattern = Pattern {
     reference: "https://pytorch.org/docs/stable/distributed.html#torch.distributed.init_process_group",
 };
 
+pub const RENDEZVOUS_PORT_IN_USE: Pattern = Pattern {
+    id: "rendezvous-port-in-use",
+    title: "Rendezvous port already in use",
+    matches: "`EADDRINUSE` or `address already in use` with the port, in the launcher's or a rank's output \
+              (`DistNetworkError: The server socket has failed to listen on any local network address. port: \
+              29500, …, name: EADDRINUSE`); the process listening on it is named when it can be found",
+    explanation: "The process that hosts the rendezvous store (torchrun's agent, or rank 0) could not listen \
+                  on `MASTER_PORT`: another process holds it — a job still running, the leftover of an \
+                  earlier run, or a second job given the same port — so the group could not form.",
+    next_step: "Stop the process holding the port if it is a leftover of yours, or give this job another \
+                port (`--master_port`, `MASTER_PORT`; torchrun's `--rdzv-endpoint localhost:0` or \
+                `--standalone` picks a free one).",
+    reference: "https://pytorch.org/docs/stable/elastic/run.html",
+};
+
 pub const NCCL_WATCHDOG_TIMEOUT: Pattern = Pattern {
     id: "nccl-watchdog-timeout",
     title: "NCCL watchdog timeout",
@@ -364,5 +379,56 @@ pub fn duplicate_gpu(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Find
     let line = ev.ranks.iter().find_map(|r| r.line_with("Duplicate GPU detected"))?;
     let mut f = Finding::of(&DUPLICATE_GPU);
     f.evidence.push(format!("NCCL: `{}`", line.trim()));
+    Some(f)
+}
+
+/// A store that could not listen on its port: the launcher's output (no rank started), or the
+/// rank whose output says so.
+pub fn port_in_use(ev: &Evidence, _first: Option<&RankEvidence>) -> Option<Finding> {
+    let from_launcher = ev.launcher.and_then(|l| {
+        let held = l.port_in_use.clone();
+        crate::schema::port_in_use_line(&l.log_tail).map(|(port, line)| (port, line.to_string(), held))
+    });
+    let from_rank = ev.ranks.iter().find_map(|r| {
+        crate::schema::port_in_use_line(&r.text).map(|(port, line)| (r.rank(), port, line.to_string()))
+    });
+    let mut f = Finding::of(&RENDEZVOUS_PORT_IN_USE);
+    let held_by = |held: Option<&crate::schema::PortInUse>| match held {
+        Some(crate::schema::PortInUse { holder_pid: Some(pid), holder_command, .. }) => {
+            let cmd = holder_command.as_deref().unwrap_or_default();
+            let cmd: String = cmd.chars().take(80).collect();
+            format!(", held by process {pid} (`{cmd}`)")
+        }
+        _ => String::new(),
+    };
+    match (from_launcher, from_rank) {
+        (Some((port, line, held)), _) => {
+            let started = ev.ranks.iter().any(|r| r.result.pid.is_some());
+            let launcher = ev
+                .scenario
+                .command
+                .as_deref()
+                .and_then(|c| c.first())
+                .map_or("the launcher", |c| c.rsplit('/').next().unwrap_or(c));
+            f.headline = Some(format!(
+                "The rendezvous port {port} was already in use (`EADDRINUSE`){}: `{launcher}` could not open its \
+                 store{}.",
+                held_by(held.as_ref()),
+                if started { "" } else { ", and no rank started" }
+            ));
+            f.evidence.push(format!("the launcher said: `{}`", line.trim()));
+            if held.as_ref().is_some_and(|h| h.holder_pid.is_none()) {
+                f.evidence.push(format!("no process was listening on port {port} when the launcher ended: it was freed since, or held in another network namespace"));
+            }
+        }
+        (None, Some((rank, port, line))) => {
+            f.culprit = Some(rank);
+            f.headline = Some(format!(
+                "Rank {rank} could not open the rendezvous store: port {port} was already in use (`EADDRINUSE`)."
+            ));
+            f.evidence.push(format!("rank {rank} said: `{}`", line.trim()));
+        }
+        (None, None) => return None,
+    }
     Some(f)
 }

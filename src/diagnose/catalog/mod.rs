@@ -28,6 +28,7 @@ pub const ALL: &[&Pattern] = &[
     &distributed::RANKS_OUT_OF_STEP,
     &distributed::PEER_LOST,
     &distributed::RENDEZVOUS_INCOMPLETE,
+    &distributed::RENDEZVOUS_PORT_IN_USE,
     &distributed::NCCL_WATCHDOG_TIMEOUT,
     &distributed::DUPLICATE_GPU,
     &ddp::DDP_UNUSED_PARAMETERS,
@@ -51,6 +52,7 @@ type Detector = fn(&Evidence, Option<&RankEvidence>) -> Option<Finding>;
 /// Detectors of a failed run, most specific first: the first that matches names the pattern.
 const FAILURE_DETECTORS: &[Detector] = &[
     memory::oom_kill,
+    distributed::port_in_use,
     distributed::duplicate_gpu,
     fork::cuda_in_forked_child,
     distributed::nccl_watchdog,

@@ -686,3 +686,85 @@ fn ranks_out_of_open_files_are_summed_up_and_not_sent_to_path() {
     assert!(!next.contains("PATH"), "{next}");
     assert!(next.contains("open-file limit"), "{next}");
 }
+
+#[test]
+fn ranks_that_fail_with_the_same_error_each_by_itself_are_not_collateral() {
+    let shm = |rank: u32, at: f64, pid: u32| {
+        program_rank(
+            rank,
+            Exit::Code(1),
+            at,
+            &format!(
+                "Traceback (most recent call last):\n  File \"/t/train.py\", line 9, in <module>\n    next(it)\n\
+                 RuntimeError: unable to allocate shared memory(shm) for file </torch_{pid}_1827363_0>: Resource exhausted (12)"
+            ),
+        )
+    };
+    let mut case = Case::new(vec![shm(0, 3.00, 4242), shm(1, 3.01, 4243)]);
+    case.scenario = external();
+    let j = judge(&Observed {
+        scenario: &case.scenario,
+        ranks: &case.ranks,
+        wall_s: 4.0,
+        memory: None,
+        leftovers: &case.leftovers,
+        oom_kills: &[],
+        cgroup: None,
+        launcher: None,
+    });
+    assert_eq!(j.first_failure, Some(0));
+    assert_eq!(j.same_failure, [1]);
+    assert!(!j.verdict.headline.contains("failed after it"), "{}", j.verdict.headline);
+    // A different error on the other rank keeps it collateral.
+    let other = program_rank(1, Exit::Code(1), 3.5, "RuntimeError: Connection closed by peer");
+    let (_, first, v) = Case { scenario: external(), ..Case::new(vec![shm(0, 3.0, 4242), other]) }.judge();
+    assert_eq!(first, Some(0));
+    assert!(v.headline.contains("Rank 1 failed after it (collateral)"), "{}", v.headline);
+}
+
+#[test]
+fn a_launcher_that_ended_before_any_rank_is_the_failure_and_no_rank_is() {
+    let never = |rank: u32| {
+        let mut e = end(None);
+        e.rank = rank;
+        e.launch_error = Some(format!("no process of rank {rank} was identified under the launcher"));
+        classify_rank(&e)
+    };
+    let ranks = vec![never(0), never(1)];
+    let scenario: Scenario = serde_json::from_value(serde_json::json!({
+        "command": ["torchrun", "--nproc_per_node", "2", "train.py"], "launch": {"world_size": 2, "style": "launcher"}
+    }))
+    .unwrap();
+    let launcher = LauncherEnd {
+        pid: Some(77),
+        exit_code: Some(2),
+        signal: None,
+        launch_error: None,
+        stdout_log: "launcher.stdout.log".into(),
+        stderr_log: "launcher.stderr.log".into(),
+        unidentified_processes: 0,
+        quotes: Vec::new(),
+        log_tail: vec![
+            "usage: torchrun [-h]".into(),
+            "torchrun: error: argument --master_port: expected one argument".into(),
+        ],
+        port_in_use: None,
+    };
+    let j = judge(&Observed {
+        scenario: &scenario,
+        ranks: &ranks,
+        wall_s: 1.0,
+        memory: None,
+        leftovers: &Leftovers::default(),
+        oom_kills: &[],
+        cgroup: None,
+        launcher: Some(&launcher),
+    });
+    assert_eq!((j.outcome, j.first_failure), (OutcomeKind::LaunchFailed, None));
+    assert!(
+        j.verdict.headline.starts_with("`torchrun` exited with status 2 before any of its 2 ranks started"),
+        "{}",
+        j.verdict.headline
+    );
+    assert!(!j.verdict.headline.contains("collateral"), "{}", j.verdict.headline);
+}

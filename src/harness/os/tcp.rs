@@ -61,6 +61,31 @@ pub fn socket_inodes(pid: u32) -> BTreeSet<u64> {
     .collect()
 }
 
+/// The process listening on TCP `port` in this network namespace, and its command line: read
+/// from `/proc` only (it may be anyone's; it is named, never signalled).
+pub fn listener_of(port: u16) -> Option<(u32, String)> {
+    let me = std::process::id();
+    let inodes: BTreeSet<u64> =
+        sockets(me).into_iter().filter(|s| s.listening && s.local_port == port).map(|s| s.inode).collect();
+    if inodes.is_empty() {
+        return None;
+    }
+    let pids =
+        std::fs::read_dir("/proc").ok()?.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok());
+    pids.filter(|&pid| pid != me).find(|&pid| !socket_inodes(pid).is_disjoint(&inodes)).map(|pid| {
+        let cmd = std::fs::read(format!("/proc/{pid}/cmdline"))
+            .map(|b| {
+                b.split(|&c| c == 0)
+                    .filter(|a| !a.is_empty())
+                    .map(|a| String::from_utf8_lossy(a))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            })
+            .unwrap_or_default();
+        (pid, cmd)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -89,6 +114,25 @@ mod tests {
                 },
             ]
         );
+    }
+
+    #[test]
+    fn the_listener_of_a_port_is_another_process_found_by_its_socket() {
+        let port = free_port().unwrap();
+        let mut holder = std::process::Command::new("python3")
+            .args(["-c", &format!("import socket,sys,time; s=socket.socket(); s.bind(('127.0.0.1',{port})); s.listen(); print(1,flush=True); time.sleep(60)")])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(holder.stdout.as_mut().unwrap()), &mut line)
+            .unwrap();
+        let found = listener_of(port);
+        holder.kill().unwrap();
+        holder.wait().unwrap();
+        let (pid, cmd) = found.expect("the listener is found");
+        assert_eq!(pid, holder.id());
+        assert!(cmd.contains("python3 -c import socket"), "{cmd}");
     }
 
     #[test]

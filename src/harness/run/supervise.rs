@@ -1091,6 +1091,14 @@ impl Supervisor<'_, '_> {
             } else {
                 stderr.last_lines(40)
             },
+            port_in_use: crate::schema::port_in_use_line(&lines).map(|(port, _)| {
+                let holder = crate::harness::os::tcp::listener_of(port);
+                crate::schema::PortInUse {
+                    port,
+                    holder_pid: holder.as_ref().map(|h| h.0),
+                    holder_command: holder.map(|h| h.1),
+                }
+            }),
         };
         Some((end, matched))
     }

@@ -30,8 +30,8 @@ pub use nodes::{
 };
 pub use observed::{GroupFormed, LEDGER_KEPT, LedgerEntry, ObservedProgram};
 pub use process::{
-    ExitSource, ExternalRun, ExternalStyle, IdentifiedBy, KernelThread, LauncherEnd, PhaseSpan, ProcessDump,
-    Quote, QuoteKind, RankResult, ThreadStack, WorkerInfo,
+    ExitSource, ExternalRun, ExternalStyle, IdentifiedBy, KernelThread, LauncherEnd, PhaseSpan, PortInUse,
+    ProcessDump, Quote, QuoteKind, RankResult, ThreadStack, WorkerInfo, port_in_use_line,
 };
 pub use run::{LogCut, RunResult, ScenarioResult};
 pub use signal::Signal;

@@ -49,6 +49,35 @@ pub struct LauncherEnd {
     pub quotes: Vec<Quote>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub log_tail: Vec<String>,
+    /// The port its output said was already in use (`EADDRINUSE`), and the process that listened
+    /// on it when the launcher ended, when one could be found.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port_in_use: Option<PortInUse>,
+}
+
+/// A rendezvous port another process held.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PortInUse {
+    pub port: u16,
+    /// The process listening on it (read from `/proc`, never signalled), and its command line.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holder_pid: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holder_command: Option<String>,
+}
+
+/// The port an `EADDRINUSE` line names (`… port: 29500, useIpv6: false, code: -98, name:
+/// EADDRINUSE …`), when a line says so.
+pub fn port_in_use_line(lines: &[String]) -> Option<(u16, &str)> {
+    let line = lines
+        .iter()
+        .find(|l| l.contains("EADDRINUSE") || l.to_ascii_lowercase().contains("address already in use"))?;
+    let port = line.split("port").skip(1).find_map(|rest| {
+        let digits: String =
+            rest.trim_start_matches([':', ' ', '=']).chars().take_while(char::is_ascii_digit).collect();
+        digits.parse::<u16>().ok()
+    })?;
+    Some((port, line.as_str()))
 }
 
 /// Lines quoted verbatim from a program's output.
