@@ -190,7 +190,8 @@ fn model_nan_fsdp_and_input_bound_patterns_of_real_programs() {
     let run = run(&sb, &files);
 
     // Rank 1 built an extra layer: both ranks' DDP constructors compare parameter counts and
-    // raise; whichever exits first is the culprit, quoting its own count, the other collateral.
+    // raise, each for itself: one is named first, quoting its own count, and the other failed the
+    // same way on its own — not collateral (issue 29: timing alone makes no culprit).
     let s = by_name(&run, "model_mismatch");
     assert_eq!(text(s, "pattern"), "ddp-model-mismatch", "{:#}", s["verdict"]);
     let culprit = s["first_failure"].as_u64().unwrap();
@@ -213,7 +214,11 @@ fn model_nan_fsdp_and_input_bound_patterns_of_real_programs() {
         )),
         "{headline}"
     );
-    assert!(headline.contains(&format!("Rank {} failed after it (collateral)", 1 - culprit)), "{headline}");
+    assert!(
+        headline.ends_with(&format!("Rank {} failed the same way on its own (not collateral).", 1 - culprit)),
+        "{headline}"
+    );
+    assert_eq!(s["ranks"][(1 - culprit) as usize]["collateral"], false, "{}", s["ranks"]);
 
     // Rank 1's loss of step 3 is NaN and it raises; rank 0 then loses its peer in the all-reduce.
     let s = by_name(&run, "nan_loss");

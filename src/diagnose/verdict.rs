@@ -185,6 +185,12 @@ fn passed(ev: &Evidence, wall_s: f64, finding: Option<Finding>) -> Verdict {
             evidence.push(
                 "no markers: the program does not use `python/ups_doctor.py`, so phases and steps are unknown".into(),
             );
+        } else if ranks.iter().all(|r| r.last_phase.is_none()) && ranks.iter().any(|r| r.steps_done > 0) {
+            evidence.push(
+                "steps counted by ups-doctor's observer (the optimizer's step hook); phases are unknown without \
+                 `python/ups_doctor.py`'s markers"
+                    .into(),
+            );
         }
         Verdict {
             headline: format!(
@@ -347,7 +353,7 @@ fn failure(ev: &Evidence, failed: &RankEvidence) -> (String, Vec<String>, Option
     let r = failed.result;
     let scenario = ev.scenario;
     let who = rank_name(r, "Rank");
-    let at = if ev.foreign && r.markers == 0 { String::new() } else { format!(" {}", location(r)) };
+    let at = if ev.foreign && r.last_phase.is_none() { String::new() } else { format!(" {}", location(r)) };
     let mut evidence = vec![last_sign(ev, r)];
     if ev.foreign {
         evidence.extend(exit_source(r, ev.launcher));
@@ -607,7 +613,8 @@ fn add_collateral(ev: &Evidence, failed: &RankEvidence, same: &[u32], verdict: &
             Some(k) if ev.foreign => format!(": {}", k.text),
             _ => o.error.as_deref().map(|e| format!(": {e}")).unwrap_or_default(),
         };
-        let at = if ev.foreign && o.markers == 0 { String::new() } else { format!(" {}", location(o)) };
+        let at =
+            if ev.foreign && o.last_phase.is_none() { String::new() } else { format!(" {}", location(o)) };
         verdict.evidence.push(format!("collateral: {} {how}{at}{later}{error}", rank_name(o, "rank")));
     }
     for (error, ranks) in not_started {

@@ -58,12 +58,17 @@ pub fn save_honestly(dir: &Path, run: &RunResult) -> Result<(), String> {
         };
         return Err(format!("failed to write the result: {e}{kept}"));
     }
+    // The result just written lists the cuts made so far.
+    let mut listed = crate::harness::logs_cut(dir);
     let mut rendered = with_room(dir, &mut cut_logs, || rerender(dir));
-    let cuts = crate::harness::logs_cut(dir);
-    if rendered.is_ok() && cuts != run.logs_cut {
-        // The report was rendered from a result that does not list the last cuts yet.
-        rendered = write_result().and_then(|()| rerender(dir));
+    // Room made for the reports (report.md, trace.json, each scenario's report) cut more logs: the
+    // result is written again to list them, and the reports rendered from it, with room made the
+    // same way; each round only cuts what the last one could not hold, so this ends.
+    while rendered.is_ok() && crate::harness::logs_cut(dir) != listed {
+        listed = crate::harness::logs_cut(dir);
+        rendered = with_room(dir, &mut cut_logs, || write_result().and_then(|()| rerender(dir)));
     }
+    let cuts = crate::harness::logs_cut(dir);
     if cut_logs {
         let list: Vec<String> =
             cuts.iter().map(|c| format!("`{}` ({} → {} bytes)", c.path, c.from_bytes, c.to_bytes)).collect();

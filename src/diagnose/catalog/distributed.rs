@@ -138,7 +138,7 @@ fn alone(picked: Vec<&RankResult>) -> Option<&RankResult> {
 /// later step's collective. `None` when no single rank stands out.
 pub fn odd_rank_by_markers(ranks: &[RankResult]) -> Option<&RankResult> {
     let failed: Vec<&RankResult> = ranks.iter().filter(|r| r.outcome != OutcomeKind::Passed).collect();
-    if failed.len() < 2 || failed.iter().any(|r| r.outcome != OutcomeKind::Hung || r.markers == 0) {
+    if failed.len() < 2 || failed.iter().any(|r| r.outcome != OutcomeKind::Hung || r.last_phase.is_none()) {
         return None;
     }
     let waits = |r: &RankResult| r.last_phase.as_deref().is_some_and(|p| COLLECTIVE_PHASES.contains(&p));

@@ -191,7 +191,7 @@ fn consequence(r: &RankResult, foreign: bool) -> (String, String) {
     let code = r
         .exit_code
         .map_or("exited with an unobserved status".to_string(), |c| format!("exited with status {c}"));
-    let at = if foreign && r.markers == 0 { String::new() } else { format!(" {}", location(r)) };
+    let at = if foreign && r.last_phase.is_none() { String::new() } else { format!(" {}", location(r)) };
     (code, at)
 }
 

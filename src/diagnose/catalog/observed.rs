@@ -148,6 +148,23 @@ pub fn collective_mismatch(ev: &Evidence, first: Option<&RankEvidence>) -> Optio
                 |e| format!("its last was {}", e.render()),
             )
         };
+        // In a tie, the ledger shows a skip only where the ranks that lack the collective issued
+        // that op before (they were on the path that issues it, then left it): a rank that never
+        // issued it at all may as well be where the program meant it to be while the others
+        // added a collective (ran out of data, reached a barrier early), and it may wait in what
+        // the ledger cannot see (DDP's gradient reductions run in C++). Then the ledger cannot
+        // tell, and the stacks decide (`ranks-out-of-step`).
+        let op =
+            ledgers.iter().find_map(|(_, o)| o.at(group, seq)).map(|e| e.op.as_str()).unwrap_or_default();
+        let issued_before = lackers.iter().all(|l| {
+            ledgers
+                .iter()
+                .find(|(r, _)| r == l)
+                .is_some_and(|(_, o)| o.ledger.iter().any(|e| e.group == group && e.op == op))
+        });
+        if lackers.len() == havers.len() && !issued_before {
+            continue;
+        }
         if lackers.len() < havers.len() || (lackers.len() == havers.len() && waiting) {
             // The rank that never issued what the others wait in went another way in the program.
             if lackers.len() == 1 {
@@ -326,6 +343,16 @@ mod tests {
             r#"{{"command": ["python", "t.py"], "launch": {{"world_size": {world}}}}}"#
         ))
         .unwrap()
+    }
+
+    /// Rank 0 ran out of data and waits in a barrier no rank issued before; rank 1 issued no
+    /// collective the observer sees (it waits in DDP's C++ all-reduce): the ledger cannot say which
+    /// diverged, so the pattern is not claimed (the stacks decide).
+    #[test]
+    fn a_collective_the_other_rank_never_issued_at_all_is_not_called_a_skip() {
+        let s = scenario(2);
+        let ranks = vec![hung(0, &["barrier"], true), hung(1, &[], false)];
+        assert!(judge(&ranks, &s).is_none(), "{:?}", judge(&ranks, &s).and_then(|f| f.headline));
     }
 
     #[test]
