@@ -236,12 +236,20 @@ pub struct BisectArgs {
 /// `ups-doctor sweep`'s flags.
 #[derive(clap::Args)]
 pub struct SweepArgs {
-    /// The scenario file every point starts from.
-    pub scenario: PathBuf,
+    /// The scenario file every point starts from (or a command after `--`).
+    pub scenario: Option<PathBuf>,
     /// A field and the values it takes, e.g. `--vary data.workers=0,2,4`; several `--vary` span
     /// a grid (the first varies slowest).
-    #[arg(long = "vary", value_name = "PATH=V1,V2,…", required = true)]
+    #[arg(long = "vary", value_name = "PATH=V1,V2,…")]
     pub vary: Vec<String>,
+    /// A placeholder of the command after `--` and its values, hyperfine's way:
+    /// `-L workers 0,2,4 -- python train.py --workers {workers}`. `-L ranks 1,2` with
+    /// `--nproc_per_node {ranks}` also sets the rank count.
+    #[arg(short = 'L', long = "parameter-list", num_args = 2, value_names = ["NAME", "V1,V2,…"])]
+    pub list: Vec<String>,
+    /// Your own command, its `{NAME}` placeholders filled in per point from `-L`.
+    #[arg(last = true, value_name = "COMMAND")]
+    pub command: Vec<String>,
     /// Override a scenario field for every point, e.g. `--set train.steps=20`.
     #[arg(long = "set", value_name = "PATH=VALUE")]
     pub set: Vec<Override>,
@@ -272,6 +280,8 @@ impl From<SweepArgs> for SweepRequest {
             scenario: a.scenario,
             set: a.set,
             vary: a.vary,
+            lists: a.list.chunks(2).map(|p| (p[0].clone(), p.get(1).cloned().unwrap_or_default())).collect(),
+            command: a.command,
             runs: a.runs,
             warmup: a.warmup,
             budget: a.budget,

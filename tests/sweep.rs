@@ -207,3 +207,74 @@ fn bad_vary_input_is_exit_2_naming_the_flag_the_value_and_the_fix() {
         assert!(!sb.out().join("sweep.json").exists(), "nothing ran for {args:?}");
     }
 }
+
+/// `ups-doctor sweep -L NAME V1,V2 -- COMMAND {NAME}` over a real PyTorch program under torchrun
+/// (`tests/programs/slow_data.py`: DDP, gloo, a dataset that costs CPU per sample, no ups-doctor
+/// code in it): `-L ranks 1,2` fills `--nproc_per_node {ranks}` and sets the rank count with it,
+/// so the verdict compares 2 ranks with 1 (scaling, with each rank's data wait); samples/s come
+/// from the observer (batches counted in `DataLoader.__next__`, steps from the optimizer hook).
+/// Only presence and structure are checked here, never a timing.
+#[test]
+fn a_commands_placeholders_span_the_grid_and_ranks_scale_against_one_rank() {
+    let sb = Sandbox::new();
+    let program = repo().join("tests/programs/slow_data.py").display().to_string();
+    let output = sb
+        .cmd()
+        .env("PATH", crate::util::venv_path())
+        .args(["sweep", "--out"])
+        .arg(sb.out())
+        .args(["--json", "--quiet", "--warmup", "0", "-L", "ranks", "1,2", "--"])
+        .args(["torchrun", "--nproc_per_node", "{ranks}", &program, "--steps", "20", "--decode-ms", "2"])
+        .output()
+        .expect("ups-doctor starts");
+    let record: Value = serde_json::from_slice(&output.stdout).unwrap_or(Value::Null);
+    assert_eq!(output.status.code(), Some(0), "{}\n{record:#}", stderr(&output));
+    let file: Value =
+        serde_json::from_str(&std::fs::read_to_string(sb.out().join("scenario.json")).unwrap()).unwrap();
+    assert_eq!(file["command"][2], "{ranks}", "the command is kept with its placeholder: {file:#}");
+    assert_eq!(file["params"]["ranks"], 1, "{file:#}");
+    for (ranks, label) in
+        [(1, "params.ranks=1 launch.world_size=1"), (2, "params.ranks=2 launch.world_size=2")]
+    {
+        let p = point(&record, label);
+        assert_eq!(p["world_size"], ranks, "{p:#}");
+        let s = &p["summary"];
+        assert_eq!(s["passed_runs"], 1, "{p:#}");
+        for figure in ["steps_per_s", "samples_per_s", "data_wait_fraction", "tree_peak_pss_bytes"] {
+            assert!(s[figure]["median"].as_f64().is_some_and(|v| v > 0.0), "{figure} of {label}: {s:#}");
+        }
+    }
+    let scaling =
+        record["verdict"]["scaling"].as_array().unwrap_or_else(|| panic!("{:#}", record["verdict"]));
+    assert_eq!(scaling.len(), 1, "{scaling:#?}");
+    assert_eq!((scaling[0]["ranks"].as_u64(), scaling[0]["baseline_ranks"].as_u64()), (Some(2), Some(1)));
+    assert!(scaling[0]["data_wait_fraction"].as_f64().is_some(), "{scaling:#?}");
+    let md = std::fs::read_to_string(sb.out().join("sweep.md")).unwrap();
+    assert!(md.contains("2 ranks"), "{md}");
+}
+
+#[test]
+fn a_parameter_list_without_its_placeholder_or_without_a_command_is_exit_2_naming_the_fix() {
+    let sb = Sandbox::new();
+    let file = sb.scenario("tiny", &crate::util::tiny(""));
+    let cases: [(Vec<&str>, &str); 4] = [
+        (vec!["-L", "workers", "0,2", "--", "python", "-c", "pass"], "the command has no `{workers}`"),
+        (vec!["-L", "num-workers", "0,2", "--", "python", "-c", "pass"], "is not a placeholder name"),
+        (vec!["-L", "workers", "0,2", file.to_str().unwrap()], "`--vary params.workers=0,2`"),
+        (vec!["--", "python", "-c", "pass"], "nothing to sweep over"),
+    ];
+    for (args, says) in cases {
+        let out = sb
+            .cmd()
+            .env("PATH", crate::util::venv_path())
+            .args(["sweep", "--out"])
+            .arg(sb.out())
+            .args(&args)
+            .output()
+            .expect("ups-doctor starts");
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+        assert!(!sb.out().join("sweep.json").exists(), "nothing ran for {args:?}");
+    }
+}

@@ -84,6 +84,7 @@ class _Observer:
         self.steps = 0
         self.last_step_at = None
         self.data_ms = self.forward_ms = self.collective_ms = 0.0
+        self.samples = 0
         self.history = collections.deque(maxlen=256)
         self.summary_sent_at = 0.0
         self.summarised = None
@@ -211,6 +212,7 @@ class _Observer:
         step = self.steps
         self.steps += 1
         data, forward, collective = self.data_ms, self.forward_ms, self.collective_ms
+        samples, self.samples = self.samples, 0
         self.data_ms = self.forward_ms = self.collective_ms = 0.0
         if self.last_step_at is not None:
             self.history.append(((now - self.last_step_at) * 1000.0, data, forward, collective))
@@ -220,7 +222,7 @@ class _Observer:
             self.helper_steps = "ups_doctor" in sys.modules
         if not self.helper_steps:
             self.send({"t": "step", "step": step, "loss": None, "data_ms": round(data, 3),
-                       "compute_ms": round(max(step_ms - data, 0.0), 3)})
+                       "compute_ms": round(max(step_ms - data, 0.0), 3), "samples": samples})
         self.summary()
 
 
@@ -333,7 +335,23 @@ def _wrap_init(dist):
     dist.init_process_group = init_process_group
 
 
-def _timed(cls, name, field):
+def _batch_size(batch):
+    """Samples in a batch as a DataLoader yields it: the first dimension of its first tensor
+    (a tensor, or one inside a tuple, list or dict); 0 when it holds none."""
+    for _ in range(3):
+        shape = getattr(batch, "shape", None)
+        if shape is not None:
+            return int(shape[0]) if len(shape) else 1
+        if isinstance(batch, dict):
+            batch = next(iter(batch.values()), None)
+        elif isinstance(batch, (list, tuple)) and batch:
+            batch = batch[0]
+        else:
+            return 0
+    return 0
+
+
+def _timed(cls, name, field, count_samples=False):
     import functools
 
     original = getattr(cls, name)
@@ -341,11 +359,18 @@ def _timed(cls, name, field):
     @functools.wraps(original)
     def timed(self, *args, **kwargs):
         started = time.perf_counter()
+        batch = None
         try:
-            return original(self, *args, **kwargs)
+            batch = original(self, *args, **kwargs)
+            return batch
         finally:
             obs = _observer
             setattr(obs, field, getattr(obs, field) + (time.perf_counter() - started) * 1000.0)
+            if count_samples and batch is not None:
+                try:
+                    obs.samples += _batch_size(batch)
+                except Exception:
+                    pass
 
     setattr(cls, name, timed)
 
@@ -370,7 +395,7 @@ def _patch():
         loader = sys.modules.get("torch.utils.data.dataloader")
         if "data" not in obs.patched and hasattr(loader, "_BaseDataLoaderIter"):
             obs.patched.add("data")
-            _timed(loader._BaseDataLoaderIter, "__next__", "data_ms")
+            _timed(loader._BaseDataLoaderIter, "__next__", "data_ms", count_samples=True)
     except Exception:
         pass
     dist = sys.modules.get("torch.distributed")

@@ -38,6 +38,14 @@ pub fn scenario(
     options: &CommandOptions,
     set: &[Override],
 ) -> Result<scenario::Scenario, Error> {
+    let file = scenario_file(argv, options)?;
+    let text = serde_json::to_string_pretty(&file).expect("serialises");
+    Ok(scenario::load_str(&text, Path::new(ORIGIN), set)?)
+}
+
+/// The scenario file `argv` with `options` stands for (not yet checked by the loader): what
+/// `sweep -- CMD` writes to its folder.
+pub fn scenario_file(argv: &[String], options: &CommandOptions) -> Result<Value, Error> {
     let Some(program) = argv.first() else {
         return Err(Error::BadInput(
             "`--` is followed by no program\n  hint: put the command after it, e.g. `ups-doctor run -- torchrun \
@@ -112,8 +120,7 @@ pub fn scenario(
     if let Some(pattern) = &options.expect_output {
         file["expect"] = json!({ "completes_when": { "output": pattern } });
     }
-    let text = serde_json::to_string_pretty(&file).expect("serialises");
-    Ok(scenario::load_str(&text, Path::new(ORIGIN), set)?)
+    Ok(file)
 }
 
 /// The scenario's name: the script's stem (`train` for `torchrun … train.py`), else the program's.
@@ -127,6 +134,22 @@ fn name_of(argv: &[String]) -> String {
 /// --num_processes`, `deepspeed --num_gpus` × `--num_nodes`, `srun -n`/`--ntasks`, `mpirun
 /// -np`/`-n`. `None` where the command names none (a plain script, Lightning, `mp.spawn`).
 pub fn declared_ranks(argv: &[String]) -> Option<(u32, String)> {
+    let (per, nodes) = rank_flags(argv)?;
+    let (count, flag) = flag_value(argv, per)?;
+    let count: u32 = count.parse().ok()?;
+    let nodes = flag_value(argv, nodes).and_then(|(v, _)| v.parse::<u32>().ok()).unwrap_or(1);
+    Some((count * nodes, flag))
+}
+
+/// The value of the launcher's per-node rank flag as written (`{ranks}` in `--nproc_per_node
+/// {ranks}`), where the command has one.
+pub fn rank_flag_value(argv: &[String]) -> Option<String> {
+    let (per, _) = rank_flags(argv)?;
+    flag_value(argv, per).map(|(value, _)| value)
+}
+
+/// The launcher's flags for ranks per node and for nodes.
+fn rank_flags(argv: &[String]) -> Option<(&'static [&'static str], &'static [&'static str])> {
     let name =
         |a: &str| Path::new(a).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let program = name(argv.first()?);
@@ -144,10 +167,7 @@ pub fn declared_ranks(argv: &[String]) -> Option<(u32, String)> {
     } else {
         return None;
     };
-    let (count, flag) = flag_value(argv, per)?;
-    let count: u32 = count.parse().ok()?;
-    let nodes = flag_value(argv, nodes).and_then(|(v, _)| v.parse::<u32>().ok()).unwrap_or(1);
-    Some((count * nodes, flag))
+    Some((per, nodes))
 }
 
 /// The value of the first of `flags` in `argv` (`--flag V` or `--flag=V`), and how it was written.

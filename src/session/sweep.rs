@@ -23,10 +23,15 @@ use crate::{Error, exit, report};
 
 /// What `ups-doctor sweep` was asked, as plain data.
 pub struct SweepRequest {
-    pub scenario: PathBuf,
+    /// The scenario file; `None` with a command.
+    pub scenario: Option<PathBuf>,
     pub set: Vec<Override>,
     /// Each `--vary` as written.
     pub vary: Vec<String>,
+    /// Each `-L NAME V1,V2` as (NAME, V1,V2).
+    pub lists: Vec<(String, String)>,
+    /// The command after `--`, placeholders and all.
+    pub command: Vec<String>,
     pub runs: usize,
     pub warmup: usize,
     pub budget: usize,
@@ -46,21 +51,24 @@ struct Point {
 }
 
 /// Runs the sweep; the exit status as [`exit`] documents it (0: every point met its `expect`).
-pub fn sweep(args: SweepRequest) -> Result<u8, Error> {
+pub fn sweep(mut args: SweepRequest) -> Result<u8, Error> {
     interrupt::install_handler();
     for (flag, value) in [("--runs", args.runs), ("--budget", args.budget)] {
         if value == 0 {
             return Err(Error::BadInput(format!("`{flag} 0`: must be at least 1")));
         }
     }
-    let axes: Vec<sweep::Axis> = args
+    let mut axes: Vec<sweep::Axis> = args
         .vary
         .iter()
         .map(|raw| sweep::parse_vary(raw))
         .collect::<Result<_, _>>()
         .map_err(Error::BadInput)?;
+    let lists = from_command(&mut args)?;
+    args.vary = lists.iter().map(|a| a.raw.clone()).chain(args.vary.iter().cloned()).collect();
+    axes.splice(0..0, lists);
     sweep::check_axes(&axes, &args.set).map_err(Error::BadInput)?;
-    let base = scenario::load_file(&args.scenario, &args.set)?;
+    let base = scenario::load_file(args.file(), &args.set)?;
     let mut points = load_points(&args, &axes)?;
     let inputs: Vec<ScenarioInput> = points.iter().map(|p| p.input.clone()).collect();
     let program = current_exe()?;
@@ -83,7 +91,7 @@ pub fn sweep(args: SweepRequest) -> Result<u8, Error> {
             tool_version: env!("CARGO_PKG_VERSION").to_string(),
             started_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
             command: std::env::args().collect(),
-            scenario_file: args.scenario.display().to_string(),
+            scenario_file: args.file().display().to_string(),
             scenario_name: base.name.clone(),
             set: args.set.iter().map(|o| o.raw.clone()).collect(),
             vary: args.vary.clone(),
@@ -101,7 +109,7 @@ pub fn sweep(args: SweepRequest) -> Result<u8, Error> {
     if !args.quiet {
         eprintln!(
             "sweeping {} over {} ({} each, budget {} runs{})",
-            args.scenario.display(),
+            args.file().display(),
             plural_points(points.len()),
             if args.runs == 1 { "1 run".to_string() } else { format!("{} runs", args.runs) },
             args.budget,
@@ -117,6 +125,77 @@ pub fn sweep(args: SweepRequest) -> Result<u8, Error> {
     sweep.print(args.json)
 }
 
+impl SweepRequest {
+    /// The scenario file every point starts from (a command's is written by [`from_command`]).
+    fn file(&self) -> &Path {
+        self.scenario.as_deref().unwrap_or(Path::new(super::command::ORIGIN))
+    }
+}
+
+/// A command after `--`: its scenario file, written into the sweep's folder (which it creates,
+/// and which `--out` then names), and an axis per `-L NAME V1,V2` over `params.NAME`, which fills
+/// the command's `{NAME}`. An `-L` that fills the launcher's rank flag (`--nproc_per_node
+/// {ranks}`) sets `launch.world_size` with it. Without a command, checks that there is a scenario
+/// and no `-L`.
+fn from_command(args: &mut SweepRequest) -> Result<Vec<sweep::Axis>, Error> {
+    const FORMS: &str = "give a scenario file and `--vary PATH=V1,V2`, or a command: `ups-doctor sweep -L \
+                         workers 0,2 -- python train.py --num-workers {workers}`";
+    match (&args.scenario, args.command.is_empty()) {
+        (Some(file), false) => {
+            return Err(Error::BadInput(format!(
+                "both a scenario file (`{}`) and a command after `--`: {FORMS}",
+                file.display()
+            )));
+        }
+        (None, true) => return Err(Error::BadInput(format!("nothing to sweep: {FORMS}"))),
+        (Some(_), true) => {
+            if let Some((name, list)) = args.lists.first() {
+                return Err(Error::BadInput(format!(
+                    "`-L {name} {list}` fills a placeholder of a command, and there is none after `--`: for a \
+                     scenario file use `--vary params.{name}={list}` (or any field), else {FORMS}"
+                )));
+            }
+            return Ok(Vec::new());
+        }
+        (None, false) => {}
+    }
+    if args.lists.is_empty() && args.vary.is_empty() {
+        return Err(Error::BadInput(format!("nothing to sweep over: {FORMS}")));
+    }
+    let argv = args.command.clone();
+    let mut file = super::command::scenario_file(&argv, &super::command::CommandOptions::default())?;
+    let rank_flag = super::command::rank_flag_value(&argv);
+    let mut axes = Vec::new();
+    for (name, list) in &args.lists {
+        let mut axis = sweep::parse_list(name, list).map_err(Error::BadInput)?;
+        let placeholder = format!("{{{name}}}");
+        if !argv.iter().any(|a| a.contains(&placeholder)) {
+            return Err(Error::BadInput(format!(
+                "`-L {name} {list}`: the command has no `{placeholder}`\n  hint: put `{placeholder}` where the value \
+                 goes, e.g. `--num-workers {placeholder}`"
+            )));
+        }
+        file["params"][name.as_str()] = axis.values[0].value.clone();
+        if rank_flag.as_deref() == Some(placeholder.as_str()) {
+            axis.also.push("launch.world_size".to_string());
+            file["launch"]["world_size"] = axis.values[0].value.clone();
+        }
+        axes.push(axis);
+    }
+    let name = file["name"].as_str().unwrap_or("command").to_string();
+    let out = out_dir_or_fresh(args.out.clone(), &format!("-sweep-{}", sanitize(&name)))?;
+    let path = out.join("scenario.json");
+    let text = serde_json::to_string_pretty(&file).expect("serialises") + "\n";
+    crate::run_files::replace(&path, text.as_bytes()).map_err(|source| Error::Io {
+        what: "write",
+        path: path.clone(),
+        source,
+    })?;
+    args.scenario = Some(path);
+    args.out = Some(out);
+    Ok(axes)
+}
+
 fn plural_points(n: usize) -> String {
     if n == 1 { "1 point".to_string() } else { format!("{n} points") }
 }
@@ -129,7 +208,7 @@ fn load_points(args: &SweepRequest, axes: &[sweep::Axis]) -> Result<Vec<Point>, 
     let mut errors: Vec<ScenarioError> = Vec::new();
     for (i, settings) in grid.into_iter().enumerate() {
         let all: Vec<Override> = args.set.iter().chain(&settings).cloned().collect();
-        match scenario::load_file(&args.scenario, &all) {
+        match scenario::load_file(args.file(), &all) {
             Ok(s) => {
                 let name: Vec<String> = settings
                     .iter()
@@ -143,7 +222,7 @@ fn load_points(args: &SweepRequest, axes: &[sweep::Axis]) -> Result<Vec<Point>, 
                     hash: crate::bisect::config_hash(&s),
                     dir: format!("points/{:0width$}-{}", i + 1, sanitize(&name.join("_"))),
                     input: ScenarioInput {
-                        file: args.scenario.clone(),
+                        file: args.file().to_path_buf(),
                         overrides: all.iter().map(|o| o.raw.clone()).collect(),
                         scenario: s,
                     },

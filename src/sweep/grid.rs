@@ -12,6 +12,9 @@ pub struct Axis {
     pub values: Vec<Override>,
     /// The flag's argument as written.
     pub raw: String,
+    /// Other fields that take the same value at every point (`-L ranks 1,2` with
+    /// `--nproc_per_node {ranks}` also sets `launch.world_size`).
+    pub also: Vec<String>,
 }
 
 /// Parses one `--vary` argument: `path=v1,v2,…`. Commas inside `[…]` or `{…}` belong to the
@@ -39,7 +42,31 @@ pub fn parse_vary(raw: &str) -> Result<Axis, String> {
             "`--vary {raw}`: one value is not a sweep: give two or more (`{path}=a,b`), or use `--set {path}=…`"
         ));
     }
-    Ok(Axis { path: path.to_string(), values, raw: raw.to_string() })
+    Ok(Axis { path: path.to_string(), values, raw: raw.to_string(), also: Vec::new() })
+}
+
+/// Parses one `-L NAME V1,V2,…` (hyperfine's parameter list): the values of the command's
+/// `{NAME}` placeholder, as the scenario's `params.NAME`.
+pub fn parse_list(name: &str, list: &str) -> Result<Axis, String> {
+    let flag = format!("-L {name} {list}");
+    let valid = name.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if !valid {
+        return Err(format!(
+            "`{flag}`: `{name}` is not a placeholder name: use letters, digits and `_` (e.g. `-L workers 0,2,4` \
+             with `{{workers}}` in the command)"
+        ));
+    }
+    let raw = format!("params.{name}={list}");
+    let mut axis = parse_vary(&raw).map_err(|e| {
+        let why = e.split_once("`: ").map_or(e.as_str(), |(_, why)| why).to_string();
+        format!(
+            "`{flag}`: {}",
+            why.replace(&format!("`--set params.{name}=…`"), "a fixed value in the command")
+        )
+    })?;
+    axis.raw = flag;
+    Ok(axis)
 }
 
 fn split_top_level(list: &str) -> Vec<&str> {
@@ -96,6 +123,8 @@ pub fn points(axes: &[Axis]) -> Vec<Vec<Override>> {
                 axis.values.iter().map(move |v| {
                     let mut p = prefix.clone();
                     p.push(v.clone());
+                    let value = v.raw.split_once('=').map_or("", |(_, value)| value);
+                    p.extend(axis.also.iter().filter_map(|path| format!("{path}={value}").parse().ok()));
                     p
                 })
             })
@@ -127,6 +156,23 @@ mod tests {
                 "data.workers=2 data.start_method=spawn"
             ]
         );
+    }
+
+    #[test]
+    fn a_parameter_list_is_the_commands_placeholder_and_may_set_linked_fields() {
+        let mut ranks = parse_list("ranks", "1,2").unwrap();
+        assert_eq!(ranks.path, "params.ranks");
+        ranks.also.push("launch.world_size".into());
+        let labels: Vec<String> = points(&[ranks]).iter().map(|p| label(p)).collect();
+        assert_eq!(labels, ["params.ranks=1 launch.world_size=1", "params.ranks=2 launch.world_size=2"]);
+        for (name, list, says) in [
+            ("num-workers", "0,2", "not a placeholder name"),
+            ("workers", "2", "one value is not a sweep"),
+            ("workers", "0,0", "given twice"),
+        ] {
+            let e = parse_list(name, list).unwrap_err();
+            assert!(e.starts_with(&format!("`-L {name} {list}`: ")) && e.contains(says), "{e}");
+        }
     }
 
     #[test]

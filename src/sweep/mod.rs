@@ -11,7 +11,7 @@ pub mod grid;
 pub mod record;
 pub mod verdict;
 
-pub use grid::{Axis, check_axes, label, parse_vary, points};
+pub use grid::{Axis, check_axes, label, parse_list, parse_vary, points};
 pub use record::{
     PointMemory, PointRecord, PointRun, PointSummary, ProcessPeak, Range, SweepRecord, summarise_point,
     summarise_run,

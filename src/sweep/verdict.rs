@@ -50,9 +50,20 @@ pub fn judge(points: &[PointRecord]) -> SweepVerdict {
     }
 }
 
-/// The settings of a point other than its rank count.
-fn others(p: &PointRecord) -> Vec<&String> {
-    p.settings.iter().filter(|s| !s.starts_with("launch.world_size=")).collect()
+/// The settings of a point other than its rank count: `launch.world_size` and any setting that
+/// is the rank count under another name at every point (`-L ranks 1,2` fills `--nproc_per_node
+/// {ranks}` and sets `params.ranks` with the world size).
+fn others<'p>(p: &'p PointRecord, points: &[PointRecord]) -> Vec<&'p String> {
+    let field = |s: &str| s.split_once('=').map_or(s, |(f, _)| f).to_string();
+    let is_rank_count = |path: &str| {
+        points.iter().all(|q| {
+            q.settings
+                .iter()
+                .find(|s| field(s) == path)
+                .is_some_and(|s| s.split_once('=').is_some_and(|(_, v)| v == q.world_size.to_string()))
+        })
+    };
+    p.settings.iter().filter(|s| !s.starts_with("launch.world_size=") && !is_rank_count(&field(s))).collect()
 }
 
 fn scaling(points: &[PointRecord]) -> Vec<Scaling> {
@@ -62,7 +73,9 @@ fn scaling(points: &[PointRecord]) -> Vec<Scaling> {
     }
     let mut out = Vec::new();
     for p in points.iter().filter(|p| p.world_size > fewest && passed(p)) {
-        let Some(base) = points.iter().find(|q| q.world_size == fewest && others(q) == others(p)) else {
+        let Some(base) =
+            points.iter().find(|q| q.world_size == fewest && others(q, points) == others(p, points))
+        else {
             continue;
         };
         let (Some(s), Some(b)) = (p.summary.samples_per_s, base.summary.samples_per_s) else { continue };
@@ -158,6 +171,18 @@ mod tests {
         assert_eq!(v.fastest.unwrap().point, 1);
         assert_eq!(v.failed[0].pattern.as_deref(), Some("fork-after-threads"));
         assert!(v.noise_unknown);
+    }
+
+    #[test]
+    fn a_placeholder_that_is_the_rank_count_is_not_another_configuration() {
+        let points = vec![
+            point(1, &["params.ranks=1", "launch.world_size=1", "params.workers=0"], 1, &[10.0]),
+            point(2, &["params.ranks=2", "launch.world_size=2", "params.workers=0"], 2, &[13.0]),
+        ];
+        let s = judge(&points).scaling;
+        assert_eq!(s.len(), 1, "{s:?}");
+        assert_eq!((s[0].point, s[0].baseline), (2, 1));
+        assert!((s[0].efficiency - 0.65).abs() < 1e-9, "{s:?}");
     }
 
     #[test]

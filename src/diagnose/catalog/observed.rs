@@ -71,6 +71,35 @@ fn standing(rank: u32, e: Option<&LedgerEntry>) -> String {
     }
 }
 
+/// The ranks issued different collectives at the same sequence number `seq` of `group`: the one
+/// that differs where a majority agrees, else "cannot tell".
+fn ops_differ(ledgers: &[(u32, &ObservedProgram)], group: &str, seq: u64, mut f: Finding) -> Finding {
+    let ops: Vec<(u32, &LedgerEntry)> =
+        ledgers.iter().filter_map(|(r, o)| Some((*r, o.at(group, seq)?))).collect();
+    let odd: Vec<u32> = ops
+        .iter()
+        .filter(|(_, e)| ops.iter().filter(|(_, x)| x.op == e.op).count() == 1)
+        .map(|(r, _)| *r)
+        .collect();
+    let each: Vec<String> = ops.iter().map(|(r, e)| format!("rank {r} issued {}", e.render())).collect();
+    if odd.len() == 1 && ops.len() > 2 {
+        f.culprit = Some(odd[0]);
+        f.headline = Some(format!(
+            "Collectives out of step: at collective #{seq} {}; rank {} is the one that differs.",
+            each.join(", "),
+            odd[0]
+        ));
+    } else {
+        f.headline = Some(format!(
+            "Collectives out of step: at collective #{seq} {}. Cannot tell which rank diverged: no \
+             majority among {} ranks.",
+            each.join(", "),
+            ops.len()
+        ));
+    }
+    f
+}
+
 pub fn collective_mismatch(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Finding> {
     first?;
     if ev.ranks.len() < 2 {
@@ -105,31 +134,7 @@ pub fn collective_mismatch(ev: &Evidence, first: Option<&RankEvidence>) -> Optio
         let places: Vec<String> = ledgers.iter().map(|(r, o)| standing(*r, o.last_of(group))).collect();
         f.evidence.push(format!("from the observer's collective ledgers: {}", places.join("; ")));
         if let Some(seq) = differ_at {
-            let ops: Vec<(u32, &LedgerEntry)> =
-                ledgers.iter().filter_map(|(r, o)| Some((*r, o.at(group, seq)?))).collect();
-            let odd: Vec<u32> = ops
-                .iter()
-                .filter(|(_, e)| ops.iter().filter(|(_, x)| x.op == e.op).count() == 1)
-                .map(|(r, _)| *r)
-                .collect();
-            let each: Vec<String> =
-                ops.iter().map(|(r, e)| format!("rank {r} issued {}", e.render())).collect();
-            if odd.len() == 1 && ops.len() > 2 {
-                f.culprit = Some(odd[0]);
-                f.headline = Some(format!(
-                    "Collectives out of step: at collective #{seq} {}; rank {} is the one that differs.",
-                    each.join(", "),
-                    odd[0]
-                ));
-            } else {
-                f.headline = Some(format!(
-                    "Collectives out of step: at collective #{seq} {}. Cannot tell which rank diverged: no \
-                     majority among {} ranks.",
-                    each.join(", "),
-                    ops.len()
-                ));
-            }
-            return Some(f);
+            return Some(ops_differ(&ledgers, group, seq, f));
         }
         if lo == hi {
             continue;
