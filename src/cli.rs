@@ -25,11 +25,11 @@ pub enum Command {
     #[command(after_help = exit::HELP, long_about = RUN_ABOUT)]
     Run(RunArgs),
     /// Cut a failing scenario down to a 1-minimal configuration that still fails the same way.
-    #[command(after_help = exit::HELP)]
+    #[command(after_help = exit::HELP, long_about = BISECT_ABOUT)]
     Bisect(BisectArgs),
     /// Run a grid of configurations of one scenario: speed, memory, data waits and failures per
     /// point, a verdict first.
-    #[command(after_help = exit::HELP)]
+    #[command(after_help = exit::HELP, long_about = SWEEP_ABOUT)]
     Sweep(SweepArgs),
     /// Diagnose a PyTorch job that is already running (never started under ups-doctor), read-only.
     #[command(after_help = exit::HELP)]
@@ -131,6 +131,24 @@ Examples:
   ups-doctor run scenarios/ddp-rank1-segv.json
   ups-doctor run scenarios/ --set train.steps=20";
 
+/// `bisect --help`'s description, with an example of each form.
+const BISECT_ABOUT: &str = "Cut a failing scenario, or your own failing command line, down to a 1-minimal \
+configuration that still fails the same way, and say where the failure starts.
+
+Examples:
+  ups-doctor bisect -- python train.py --num-workers 8 --batch-size 32 --pin-memory
+  ups-doctor bisect --keep --data --cut=--batch-size=64,8 -- torchrun --nproc_per_node 4 train.py --batch-size 256
+  ups-doctor bisect scenarios/segv-needs-conditioning.json";
+
+/// `sweep --help`'s description, with an example of each form.
+const SWEEP_ABOUT: &str = "Run a grid of configurations (of a scenario, or of your own command's \
+placeholders): speed, memory, data waits and failures per point, a verdict first.
+
+Examples:
+  ups-doctor sweep -L workers 0,2,4 -- python train.py --num-workers {workers}
+  ups-doctor sweep -L ranks 1,2 -- torchrun --nproc_per_node {ranks} train.py
+  ups-doctor sweep scenarios/train-cpu.json --vary data.workers=0,2 --vary data.start_method=fork,spawn";
+
 /// What a scenario file says about a command, as options of `run -- CMD`.
 #[derive(clap::Args, Default)]
 pub struct CommandArgs {
@@ -199,8 +217,18 @@ pub enum StrategyArg {
 
 #[derive(clap::Args)]
 pub struct BisectArgs {
-    /// The failing scenario file.
-    pub scenario: PathBuf,
+    /// The failing scenario file (or a command after `--`).
+    pub scenario: Option<PathBuf>,
+    /// With a command: a flag bisect leaves as it is (repeatable), e.g. `--keep --data`.
+    #[arg(long, value_name = "FLAG", allow_hyphen_values = true)]
+    pub keep: Vec<String>,
+    /// With a command: the values to try for a flag, in order, e.g. `--cut=--batch-size=64,8`.
+    #[arg(long, value_name = "FLAG=V1,V2,…", allow_hyphen_values = true)]
+    pub cut: Vec<String>,
+    /// Your own failing command: its flags are what bisect cuts
+    /// (`ups-doctor bisect -- torchrun --nproc_per_node 2 train.py --num-workers 8 --pin-memory`).
+    #[arg(last = true, value_name = "COMMAND")]
+    pub command: Vec<String>,
     #[arg(long = "set", value_name = "PATH=VALUE")]
     pub set: Vec<Override>,
     /// Most real runs to spend (cached results are free).
@@ -353,6 +381,9 @@ impl From<BisectArgs> for BisectRequest {
     fn from(a: BisectArgs) -> BisectRequest {
         BisectRequest {
             scenario: a.scenario,
+            command: a.command,
+            keep: a.keep,
+            cut: a.cut,
             set: a.set,
             budget: a.budget,
             confidence: a.confidence,

@@ -208,3 +208,91 @@ fn a_scenario_that_passes_has_nothing_to_bisect() {
     assert_eq!(b.code, 1);
     assert!(b.record["signature"].is_null());
 }
+
+/// `ups-doctor bisect -- CMD`: the components are the command line's own flags
+/// (`tests/programs/flags_crash.py`, real PyTorch, a SIGSEGV that needs a combination). Each case
+/// is cut to the command line derived by hand before running it (integers lowered to 0 unless
+/// the crash needs them, the unneeded `--amp yes` switched to `no`, the float and the word
+/// flags kept), the boundary is said in the program's own flags, and the printed line, pasted
+/// into a shell, fails the same way (killed by SIGSEGV: status 139 from `sh`).
+#[test]
+fn a_command_line_is_cut_to_its_minimal_failing_flags_printed_ready_to_paste() {
+    let program = crate::util::repo().join("tests/programs/flags_crash.py").display().to_string();
+    let cases = [
+        (
+            "--bug threshold --num-workers 8 --batch-size 32 --samples 64 --depth 3 --epochs 2 --lr 0.1 --pin-memory --amp yes",
+            "--bug threshold --num-workers 3 --batch-size 0 --samples 0 --depth 0 --epochs 0 --lr 0.1 --pin-memory --amp no",
+            "passes once `--num-workers 2`, or once `--pin-memory` is removed",
+        ),
+        (
+            "--bug product --batch-size 32 --samples 64 --num-workers 2",
+            "--bug product --batch-size 16 --samples 63 --num-workers 0",
+            "passes once `--batch-size 15`, or once `--samples 62`",
+        ),
+    ];
+    for (flags, minimal, boundary) in cases {
+        let sb = Sandbox::new();
+        let out = sb
+            .cmd()
+            .env("PATH", crate::util::venv_path())
+            .args(["bisect", "--out"])
+            .arg(sb.out())
+            .arg("--cache")
+            .arg(sb.path().join("cache"))
+            .args(["--quiet", "--", "python", &program])
+            .args(flags.split(' '))
+            .output()
+            .expect("ups-doctor starts");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(0), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+        let line = format!("python {program} {minimal}");
+        assert!(stdout.contains(&format!("minimal failing command:\n  {line}\n")), "{stdout}");
+        assert!(stdout.contains(boundary), "{stdout}");
+        let scenario: Value =
+            serde_json::from_str(&std::fs::read_to_string(sb.out().join("scenario.json")).unwrap()).unwrap();
+        assert!(
+            scenario["params"].as_object().is_some_and(|p| p.contains_key("num_workers")),
+            "{scenario:#}"
+        );
+        let pasted = std::process::Command::new("sh")
+            .args(["-c", &line])
+            .env("PATH", crate::util::venv_path())
+            .current_dir(sb.path())
+            .output()
+            .unwrap();
+        assert_eq!(
+            pasted.status.code(),
+            Some(139),
+            "the pasted line segfaults: {}",
+            String::from_utf8_lossy(&pasted.stderr)
+        );
+    }
+}
+
+#[test]
+fn bisect_of_a_command_refuses_what_it_cannot_cut_naming_the_fix() {
+    let sb = Sandbox::new();
+    let file = sb.scenario("tiny", &crate::util::tiny(""));
+    let cases: [(Vec<&str>, &str); 4] = [
+        (vec!["--", "python", "-c", "pass"], "nothing in this command line can be cut"),
+        (
+            vec!["--keep", "--lr", "--", "python", "t.py", "--workers", "2"],
+            "`--keep --lr`: the command has no `--lr`",
+        ),
+        (vec!["--cut=--workers", "--", "python", "t.py", "--workers", "2"], "expected `FLAG=V1,V2,…`"),
+        (vec!["--keep", "--lr", file.to_str().unwrap()], "`--keep` and `--cut` name flags of a command"),
+    ];
+    for (args, says) in cases {
+        let out = sb
+            .cmd()
+            .env("PATH", crate::util::venv_path())
+            .args(["bisect", "--out"])
+            .arg(sb.out())
+            .args(&args)
+            .output()
+            .expect("ups-doctor starts");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+}

@@ -1,8 +1,11 @@
 //! `ups-doctor bisect`: check the request, read the machine once, run the search
 //! ([`crate::bisect::run_session`]) and print its conclusion.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
+
+use serde_json::json;
 
 use super::invocation::current_exe;
 use super::out_dir::{out_dir_or_fresh, sanitize};
@@ -14,7 +17,14 @@ use crate::{Error, exit};
 
 /// What `ups-doctor bisect` was asked, as plain data.
 pub struct BisectRequest {
-    pub scenario: PathBuf,
+    /// The scenario file; `None` with a command.
+    pub scenario: Option<PathBuf>,
+    /// A failing command after `--`: its command line is what is cut.
+    pub command: Vec<String>,
+    /// `--keep FLAG`: flags of the command left as they are.
+    pub keep: Vec<String>,
+    /// `--cut FLAG=V1,V2`: a flag's values to try, in order.
+    pub cut: Vec<String>,
     pub set: Vec<Override>,
     pub budget: usize,
     pub confidence: f64,
@@ -25,6 +35,109 @@ pub struct BisectRequest {
     pub json: bool,
     pub quiet: bool,
     pub strategy: crate::bisect::Strategy,
+}
+
+/// A command after `--`: its scenario, its command line cut into placeholders
+/// ([`super::command::decompose`]), written into the bisect's folder (which it creates, and which
+/// `--out` then names); the flags each param stands for. Without a command, checks that there is
+/// a scenario file and no `--keep`/`--cut`.
+fn from_command(args: &mut BisectRequest) -> Result<Option<BTreeMap<String, String>>, Error> {
+    const FORMS: &str = "give a failing scenario file, or a command after `--`: `ups-doctor bisect -- torchrun \
+                         --nproc_per_node 2 train.py --num-workers 8`";
+    match (&args.scenario, args.command.is_empty()) {
+        (Some(file), false) => {
+            return Err(Error::BadInput(format!(
+                "both a scenario file (`{}`) and a command after `--`: {FORMS}",
+                file.display()
+            )));
+        }
+        (None, true) => return Err(Error::BadInput(format!("nothing to bisect: {FORMS}"))),
+        (Some(_), true) => {
+            if let Some(flag) = args.keep.first().or(args.cut.first()) {
+                return Err(Error::BadInput(format!(
+                    "`{flag}`: `--keep` and `--cut` name flags of a command after `--`; a scenario file says \
+                     its cuts in `params` (`\"cuts\": [8, 4, 0]`)"
+                )));
+            }
+            return Ok(None);
+        }
+        (None, false) => {}
+    }
+    let mut cuts = Vec::new();
+    for raw in &args.cut {
+        let Some((flag, list)) = raw.split_once('=').filter(|(f, l)| f.starts_with('-') && !l.is_empty())
+        else {
+            return Err(Error::BadInput(format!(
+                "`--cut {raw}`: expected `FLAG=V1,V2,…`, e.g. `--cut=--batch-size=64,8`"
+            )));
+        };
+        if !args.command.iter().any(|a| a == flag || a.starts_with(&format!("{flag}="))) {
+            return Err(Error::BadInput(format!("`--cut {raw}`: the command has no `{flag}`")));
+        }
+        cuts.push((flag.to_string(), list.split(',').map(str::to_string).collect()));
+    }
+    for flag in &args.keep {
+        if !args.command.iter().any(|a| a == flag || a.starts_with(&format!("{flag}="))) {
+            return Err(Error::BadInput(format!("`--keep {flag}`: the command has no `{flag}`")));
+        }
+    }
+    let mut file = super::command::scenario_file(&args.command, &super::command::CommandOptions::default())?;
+    let (argv, params, flags) = super::command::decompose(&args.command, &args.keep, &cuts);
+    if params.is_empty() && !argv.iter().any(|a| a.contains("{world_size}")) {
+        return Err(Error::BadInput(
+            "nothing in this command line can be cut: no integer flag, on/off value or bare flag after the \
+             script, and one rank\n  hint: name a flag's values with `--cut=--flag=V1,V2`, or write a scenario \
+             file with `params`"
+                .into(),
+        ));
+    }
+    file["command"] = json!(argv);
+    file["params"] = serde_json::Value::Object(params);
+    let name = file["name"].as_str().unwrap_or("command").to_string();
+    let out = out_dir_or_fresh(args.out.clone(), &format!("-bisect-{}", sanitize(&name)))?;
+    let path = out.join("scenario.json");
+    let text = serde_json::to_string_pretty(&file).expect("serialises") + "\n";
+    crate::run_files::replace(&path, text.as_bytes()).map_err(|source| Error::Io {
+        what: "write",
+        path: path.clone(),
+        source,
+    })?;
+    args.scenario = Some(path);
+    args.out = Some(out);
+    Ok(Some(flags))
+}
+
+/// The minimal scenario's command line with its params filled in (other placeholders as written).
+fn minimal_argv(minimal: &crate::scenario::Scenario) -> Vec<String> {
+    let command = minimal.command.as_deref().unwrap_or_default();
+    crate::scenario::render_with(command, |name| match name {
+        "world_size" => Some(minimal.launch.world_size.to_string()),
+        _ => minimal.params.get(name).map(|p| p.value.render()),
+    })
+}
+
+/// A command line to paste into a POSIX shell: each word quoted where it needs to be.
+fn shell_line(argv: &[String]) -> String {
+    let quote = |w: &String| {
+        let plain =
+            !w.is_empty() && w.chars().all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%^".contains(c));
+        if plain { w.clone() } else { format!("'{}'", w.replace('\'', "'\\''")) }
+    };
+    argv.iter().map(quote).collect::<Vec<_>>().join(" ")
+}
+
+/// A boundary setting (`params.num_workers=3`) in the command's own words (`` `--num-workers 3` ``,
+/// `` `--pin-memory` removed ``); anything else as it is.
+fn in_flag_words(setting: &str, flags: &BTreeMap<String, String>) -> String {
+    let Some((field, value)) = setting.split_once('=') else { return format!("`{setting}`") };
+    if field == "launch.world_size" {
+        return format!("the launcher runs {value} rank{}", if value == "1" { "" } else { "s" });
+    }
+    let Some(flag) = field.strip_prefix("params.").and_then(|name| flags.get(name)) else {
+        return format!("`{setting}`");
+    };
+    let value = value.trim_matches('"');
+    if value.is_empty() { format!("`{flag}` is removed") } else { format!("`{flag} {value}`") }
 }
 
 /// Runs the bisect; the exit status as [`exit`] documents it for `bisect`.
@@ -41,9 +154,12 @@ pub fn bisect(args: BisectRequest) -> Result<u8, Error> {
             return Err(Error::BadInput(format!("{flag} must be at least 1")));
         }
     }
-    let scenario = scenario::load_file(&args.scenario, &args.set)?;
+    let mut args = args;
+    let flags = from_command(&mut args)?;
+    let file = args.scenario.clone().unwrap_or_default();
+    let scenario = scenario::load_file(&file, &args.set)?;
     let input = [ScenarioInput {
-        file: args.scenario.clone(),
+        file: file.clone(),
         overrides: args.set.iter().map(|o| o.raw.clone()).collect(),
         scenario: scenario.clone(),
     }];
@@ -55,15 +171,10 @@ pub fn bisect(args: BisectRequest) -> Result<u8, Error> {
     harness::limits::check_open_files(&input).map_err(Error::BadInput)?;
     let out_dir = out_dir_or_fresh(args.out.clone(), &format!("-bisect-{}", sanitize(&scenario.name)))?;
     if !args.quiet {
-        eprintln!(
-            "bisecting {} (budget {} runs, {} in parallel)",
-            args.scenario.display(),
-            args.budget,
-            args.jobs
-        );
+        eprintln!("bisecting {} (budget {} runs, {} in parallel)", file.display(), args.budget, args.jobs);
     }
     let request = crate::bisect::Request {
-        file: args.scenario.clone(),
+        file: file.clone(),
         overrides: args.set.iter().map(|o| o.raw.clone()).collect(),
         scenario,
         options: crate::bisect::Options {
@@ -98,6 +209,24 @@ pub fn bisect(args: BisectRequest) -> Result<u8, Error> {
             record.minimal_delta.join(", "),
             record.boundary.join(", ")
         ),
+    };
+    let summary = match (&flags, record.signature.is_some()) {
+        (Some(flags), true) => {
+            let minimal = shell_line(&minimal_argv(&record.minimal));
+            let words: Vec<String> = record
+                .boundary_detail
+                .iter()
+                .filter(|b| b.passes)
+                .map(|b| in_flag_words(&b.cut, flags))
+                .collect();
+            let boundary = if words.is_empty() {
+                String::new()
+            } else {
+                format!("\npasses once {}", words.join(", or once "))
+            };
+            format!("{summary}\nminimal failing command:\n  {minimal}{boundary}")
+        }
+        _ => summary,
     };
     if args.json {
         eprintln!("{summary}\nreport: {}", report.display());

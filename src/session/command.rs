@@ -123,6 +123,105 @@ pub fn scenario_file(argv: &[String], options: &CommandOptions) -> Result<Value,
     Ok(file)
 }
 
+/// What `bisect -- CMD` may cut in a command line, as placeholders and the params that fill them:
+/// the launcher's rank count (`{world_size}`, which bisect lowers to 1, when the command runs on
+/// one node), and each flag of the program after its script: an integer `--flag N` (lowered
+/// towards 0), an on/off value (`true`/`1`/`yes`/`on` switched to its off word), a bare
+/// `--flag` (removed: its value `""` drops the argument). `keep` names flags left as they are;
+/// `cuts` gives a flag's values to try, in order (`--cut --batch-size=64,8`). Anything else (a
+/// float, a path, a word) stays as written. Returns the argv and the params, each with the flag
+/// it stands for.
+pub fn decompose(
+    argv: &[String],
+    keep: &[String],
+    cuts: &[(String, Vec<String>)],
+) -> (Vec<String>, serde_json::Map<String, Value>, BTreeMap<String, String>) {
+    let mut out = argv.to_vec();
+    let mut params = serde_json::Map::new();
+    let mut flags = BTreeMap::new();
+    if let Some((per, nodes)) = rank_flags(argv)
+        && flag_value(argv, nodes).is_none()
+        && declared_ranks(argv).is_some_and(|(n, _)| n > 1)
+    {
+        for (i, arg) in argv.iter().enumerate() {
+            for flag in per {
+                if arg == flag && i + 1 < out.len() {
+                    out[i + 1] = "{world_size}".to_string();
+                } else if arg.starts_with(&format!("{flag}=")) {
+                    out[i] = format!("{flag}={{world_size}}");
+                }
+            }
+        }
+    }
+    let Some(script) = argv.iter().position(|a| a.ends_with(".py")).or((!argv.is_empty()).then_some(0))
+    else {
+        return (out, params, flags);
+    };
+    let is_flag = |a: &str| a.starts_with("--") && a.len() > 2;
+    let name_for = |flag: &str, params: &serde_json::Map<String, Value>| {
+        let base: String = flag
+            .trim_start_matches('-')
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+            .collect();
+        let base = if base.starts_with(|c: char| c.is_ascii_digit()) { format!("f_{base}") } else { base };
+        let mut name = base.clone();
+        let mut n = 2;
+        while params.contains_key(&name) {
+            name = format!("{base}_{n}");
+            n += 1;
+        }
+        name
+    };
+    const ON_OFF: [(&str, &str); 4] = [("true", "false"), ("1", "0"), ("yes", "no"), ("on", "off")];
+    let mut i = script + 1;
+    while i < argv.len() {
+        let arg = &argv[i];
+        if !is_flag(arg) {
+            i += 1;
+            continue;
+        }
+        let (flag, inline) = match arg.split_once('=') {
+            Some((f, v)) => (f.to_string(), Some(v.to_string())),
+            None => (arg.clone(), None),
+        };
+        let next = argv.get(i + 1).filter(|n| !is_flag(n) && inline.is_none()).cloned();
+        let value = inline.clone().or(next.clone());
+        let width = if next.is_some() { 2 } else { 1 };
+        if keep.iter().any(|k| k == &flag) {
+            i += width;
+            continue;
+        }
+        let slot = |out: &mut Vec<String>, name: &str| match (&inline, &next) {
+            (Some(_), _) => out[i] = format!("{flag}={{{name}}}"),
+            (None, Some(_)) => out[i + 1] = format!("{{{name}}}"),
+            (None, None) => out[i] = format!("{{{name}}}"),
+        };
+        let given = cuts.iter().find(|(f, _)| f == &flag).map(|(_, v)| v.clone());
+        let param = match (&value, given) {
+            (Some(v), Some(list)) => Some(json!({"value": v, "cuts": list})),
+            (None, Some(_)) | (None, None) => Some(json!({"value": flag, "cuts": [""]})),
+            (Some(v), None) => {
+                if let Ok(n) = v.parse::<u64>() {
+                    (n > 0).then(|| json!(n))
+                } else if let Some((_, off)) = ON_OFF.iter().find(|(on, _)| v.eq_ignore_ascii_case(on)) {
+                    Some(json!({"value": v, "cuts": [off]}))
+                } else {
+                    None
+                }
+            }
+        };
+        if let Some(param) = param {
+            let name = name_for(&flag, &params);
+            slot(&mut out, &name);
+            flags.insert(name.clone(), flag.clone());
+            params.insert(name, param);
+        }
+        i += width;
+    }
+    (out, params, flags)
+}
+
 /// The scenario's name: the script's stem (`train` for `torchrun … train.py`), else the program's.
 fn name_of(argv: &[String]) -> String {
     let stem = |a: &String| Path::new(a).file_stem().map(|s| s.to_string_lossy().into_owned());
@@ -213,6 +312,31 @@ mod tests {
             declared_ranks(&words("torchrun --nproc-per-node=4 t.py")).unwrap().1,
             "--nproc-per-node=4"
         );
+    }
+
+    #[test]
+    fn a_command_line_is_cut_into_its_flags_and_the_launchers_rank_count() {
+        let argv = words(
+            "torchrun --nproc_per_node 2 t.py --num-workers 8 --lr 0.1 --pin-memory --amp=yes --data /d --batch-size 64",
+        );
+        let keep = vec!["--lr".to_string()];
+        let cuts = vec![("--batch-size".to_string(), vec!["16".to_string(), "8".to_string()])];
+        let (out, params, flags) = decompose(&argv, &keep, &cuts);
+        assert_eq!(
+            out,
+            words(
+                "torchrun --nproc_per_node {world_size} t.py --num-workers {num_workers} --lr 0.1 {pin_memory} --amp={amp} --data /d --batch-size {batch_size}"
+            )
+        );
+        assert_eq!(params["num_workers"], json!(8));
+        assert_eq!(params["pin_memory"], json!({"value": "--pin-memory", "cuts": [""]}));
+        assert_eq!(params["amp"], json!({"value": "yes", "cuts": ["no"]}));
+        assert_eq!(params["batch_size"], json!({"value": "64", "cuts": ["16", "8"]}));
+        assert_eq!(flags["pin_memory"], "--pin-memory");
+        assert_eq!(params.len(), 4, "the float, the path and the kept flag stay: {params:?}");
+        // Several nodes: the rank count per node is not the world size, so it is left alone.
+        let (out, _, _) = decompose(&words("torchrun --nnodes 2 --nproc_per_node 2 t.py"), &[], &[]);
+        assert_eq!(out, words("torchrun --nnodes 2 --nproc_per_node 2 t.py"));
     }
 
     #[test]

@@ -345,11 +345,15 @@ pub fn placeholders(command: &[String]) -> Vec<(usize, String)> {
 
 /// The argv with every placeholder replaced; `value_of` gives a placeholder's text (`None`: left
 /// as written, which validation rules out).
+/// An argument that is one placeholder alone whose value is empty is left out (a bare flag
+/// `bisect -- CMD` removes, `{pin_memory}` = `""`), not passed as an empty argument.
 pub fn render_with(command: &[String], value_of: impl Fn(&str) -> Option<String>) -> Vec<String> {
     command
         .iter()
-        .map(|arg| {
-            pieces(arg)
+        .filter_map(|arg| {
+            let pieces = pieces(arg);
+            let alone = matches!(pieces.as_slice(), [Piece::Placeholder { .. }]);
+            let rendered: String = pieces
                 .into_iter()
                 .map(|piece| match piece {
                     Piece::Text(text) => text,
@@ -357,7 +361,8 @@ pub fn render_with(command: &[String], value_of: impl Fn(&str) -> Option<String>
                         value_of(&name).unwrap_or_else(|| format!("{{{name}}}"))
                     }
                 })
-                .collect()
+                .collect();
+            (!(alone && rendered.is_empty())).then_some(rendered)
         })
         .collect()
 }
@@ -441,6 +446,9 @@ mod tests {
             render_with(&argv, |n| values.get(n).map(|v| v.to_string())),
             ["train.py", "--workers", "4", "--depths=2,2", "{workers}", "--cfg={\"a\": 1}", "$h"]
         );
+        // A placeholder alone that renders empty is no argument at all; inside text it is text.
+        let flags = ["t.py", "{pin}", "--x={pin}"].map(String::from).to_vec();
+        assert_eq!(render_with(&flags, |_| Some(String::new())), ["t.py", "--x="]);
         assert_eq!(
             pieces("a{b c}{x}"),
             vec![Piece::Text("a{b c}".into()), Piece::Placeholder { name: "x".into(), at: 6 }]
