@@ -592,12 +592,13 @@ fn check_memory_of(text: &str, m: &Value) -> Vec<String> {
             continue;
         };
         let rank = re(r"^rank (\d+)").captures(&who).map(|c| c[1].parse::<u64>().unwrap());
-        let role = if who.contains("worker") {
-            "worker"
-        } else if who.contains("child") {
-            "child"
-        } else {
-            "rank"
+        // `rank 0`, `rank 0 · worker 1`, `rank 0 · child `pt_data_worker`` (a program's own
+        // process, whose command may say "worker": the role is the word after the dot).
+        let role = match who.split_once(" · ").map(|(_, r)| r) {
+            Some(r) if r.starts_with("worker") => "worker",
+            Some(r) if r.starts_with("child") => "child",
+            Some(_) => "an unknown role",
+            None => "rank",
         };
         if rank != p["rank"].as_u64() || p["role"].as_str() != Some(role) {
             found.push(format!(
