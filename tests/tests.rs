@@ -12,6 +12,7 @@ mod bisect;
 mod bundle;
 mod checkpoint;
 mod command;
+mod consistency;
 mod distributed;
 mod external;
 mod fsdp;

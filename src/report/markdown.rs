@@ -524,8 +524,11 @@ fn rank_notes(s: &ScenarioResult) -> Option<String> {
     let foreign = s.external.is_some();
     for r in &s.ranks {
         if let Some(silent) = r.hang_detected_after_s {
+            // The last marker only where it is before the hang was declared (see
+            // `text::hang_declared_at`): a later one would contradict the silence.
             let last = r
                 .last_marker_at_s
+                .filter(|_| text::hang_declared_at(r, s.wall_s).is_some())
                 .map(|t| format!(" (last marker at {})", text::secs(t)))
                 .unwrap_or_default();
             notes.push(if foreign {

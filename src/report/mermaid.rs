@@ -87,8 +87,9 @@ pub(crate) fn timeline(s: &ScenarioResult) -> Option<String> {
         }
         // The moments that matter, as milestones: the hang declared, the rank's end when it
         // did not pass.
-        if let (Some(last), Some(after)) = (r.last_marker_at_s, r.hang_detected_after_s) {
-            let t = ms(last + after);
+        if let (Some(at), Some(after)) = (super::text::hang_declared_at(r, s.wall_s), r.hang_detected_after_s)
+        {
+            let t = ms(at);
             let _ = writeln!(out, "    hang declared ({after:.0} s silent) :milestone, crit, {t}, {t}");
         }
         if r.outcome != crate::scenario::OutcomeKind::Passed

@@ -166,6 +166,21 @@ pub(crate) fn outcome_phrase(kind: OutcomeKind, signal: Option<&str>, exit_code:
     }
 }
 
+/// Clock slack between a marker's writer and the harness, in seconds.
+const CLOCK_SLACK_S: f64 = 0.05;
+
+/// When the hang of rank `r` was declared (its last marker plus the silence that made it a hang),
+/// in seconds since the scenario started, or `None` when the result does not tell it consistently:
+/// results written before stack-dump markers stopped counting as progress have a last marker
+/// after the hang was declared, and that sum lands after the rank ended (`ddp-uneven-steps` of
+/// the examples: "no marker for 5.0 s (last marker at 7.8 s)" in a 7.86 s run). A moment after
+/// the rank's end is never drawn or stated.
+pub(crate) fn hang_declared_at(r: &RankResult, wall_s: f64) -> Option<f64> {
+    let at = r.last_marker_at_s? + r.hang_detected_after_s?;
+    let end = r.ended_at_s.map_or(wall_s, |e| e.min(wall_s));
+    (at <= end + CLOCK_SLACK_S).then_some(at)
+}
+
 /// The rank that failed first, when there is one and it is among the results.
 pub(crate) fn first_failed_rank(s: &ScenarioResult) -> Option<&RankResult> {
     let first = s.first_failure?;

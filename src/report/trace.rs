@@ -162,23 +162,18 @@ impl Scenario<'_> {
             }));
         }
         self.step_events(r, end, pid, out);
-        if let (Some(last), Some(after)) = (r.last_marker_at_s, r.hang_detected_after_s) {
+        if let (Some(at), Some(after)) =
+            (super::text::hang_declared_at(r, self.s.wall_s), r.hang_detected_after_s)
+        {
             let mut args = serde_json::Map::new();
             args.insert("silent_s".into(), json!(after));
             if let Some(phase) = &r.last_phase {
                 args.insert("last_phase".into(), json!(phase));
             }
             attach_stacks(&mut args, r);
-            out.push(instant(
-                "hang declared",
-                "hang",
-                self.ts(last + after),
-                pid,
-                RANK_TID,
-                Value::Object(args),
-            ));
+            out.push(instant("hang declared", "hang", self.ts(at), pid, RANK_TID, Value::Object(args)));
         }
-        if let Some((what, args)) = end_event(r)
+        if let Some((what, args)) = end_event(r, super::text::hang_declared_at(r, self.s.wall_s).is_some())
             && let Some(at) = r.ended_at_s
         {
             out.push(instant(&what, "end", self.ts(at), pid, RANK_TID, args));
@@ -301,7 +296,9 @@ impl Scenario<'_> {
 }
 
 /// The instant event of a rank's end, when it ended in a way worth marking: its name and args.
-fn end_event(r: &RankResult) -> Option<(String, Value)> {
+/// A stuck rank's stacks go on its "hang declared" event when that is drawn (`hang_drawn`), else
+/// here.
+fn end_event(r: &RankResult, hang_drawn: bool) -> Option<(String, Value)> {
     let sent = r.torn_down_with;
     let what = match (r.signal, r.exit_code) {
         (Some(sig), _) if sent == Some(sig) => format!("{} from ups-doctor", sig.name()),
@@ -331,7 +328,7 @@ fn end_event(r: &RankResult) -> Option<(String, Value)> {
     } else if !r.raw_backtrace.is_empty() {
         args.insert("stack".into(), json!(r.raw_backtrace.join("\n")));
     }
-    if r.hang_detected_after_s.is_none() {
+    if !hang_drawn {
         attach_stacks(&mut args, r);
     }
     Some((what, Value::Object(args)))

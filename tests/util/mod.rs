@@ -116,6 +116,12 @@ impl Sandbox {
             .output()
             .expect("ups-doctor starts");
         let result = serde_json::from_slice(&output.stdout).unwrap_or(Value::Null);
+        // Every report a test produces is read back against its result.json (issue 30).
+        let out = self.out();
+        if out.join("result.json").is_file() && out.join("report.md").is_file() {
+            let found = crate::consistency::check_run_dir(&out);
+            assert!(found.is_empty(), "the report contradicts its result.json:\n{}", found.join("\n"));
+        }
         RunOutput { output, result }
     }
 }
