@@ -97,6 +97,18 @@ fn a_rank_slow_to_load_its_data_is_named_a_straggler_with_its_phase() {
         assert_eq!(r["steps_done"], 20, "{r}");
         assert_eq!(r["observed"]["steps"], 20, "{r}");
     }
+    // The PyTorch the program ran, read inside it (not the bundled libtorch), leads the
+    // report's Environment section: the venv's torch 2.11.0, its CUDA build and its NCCL.
+    let torch = &s["ranks"][0]["observed"]["torch"];
+    assert!(torch["version"].as_str().is_some_and(|v| v.starts_with("2.11.0")), "{torch}");
+    assert_eq!(torch["executable"], crate::util::venv_python().display().to_string(), "{torch}");
+    let md = std::fs::read_to_string(sb.out().join("report.md")).unwrap();
+    let line =
+        md.lines().find(|l| l.starts_with("**Your program ran:** Python ")).unwrap_or_else(|| panic!("{md}"));
+    assert!(line.contains(&format!("torch `{}`", torch["version"].as_str().unwrap())), "{line}");
+    if let Some(nccl) = torch["nccl"].as_str() {
+        assert!(line.contains(&format!("NCCL {nccl}")) && nccl.split('.').count() == 3, "{line}");
+    }
 }
 
 #[test]

@@ -398,6 +398,22 @@ def _patch():
             _timed(loader._BaseDataLoaderIter, "__next__", "data_ms", count_samples=True)
     except Exception:
         pass
+    try:
+        version = getattr(torch, "version", None)
+        if "facts" not in obs.patched and hasattr(version, "cuda") and hasattr(torch, "__version__"):
+            obs.patched.add("facts")
+            nccl = None
+            read = getattr(getattr(torch, "_C", None), "_nccl_version", None)
+            if read is not None:
+                try:  # ncclGetVersion, as torch.cuda.nccl.version() decodes it: nothing initialised
+                    n = read()
+                    nccl = f"{n >> 32}.{(n >> 16) & 0xFFFF}.{n & 0xFFFF}"
+                except Exception:
+                    nccl = None
+            obs.send({"t": "torch", "version": str(torch.__version__), "cuda": version.cuda, "nccl": nccl,
+                      "python": sys.version.split()[0], "executable": sys.executable})
+    except Exception:
+        pass
     dist = sys.modules.get("torch.distributed")
     try:
         if "dist" not in obs.patched and dist is not None and hasattr(dist, "init_process_group"):

@@ -52,7 +52,7 @@ pub fn render_markdown(run: &RunResult) -> String {
             Some(_) => fit(full_report(run, 0), RESULT_FILE_NOTE),
             None => {
                 let mut doc = header_blocks(run);
-                environment_section(&mut doc, &run.environment);
+                environment_section(&mut doc, &run.environment, None);
                 fit(doc, RESULT_FILE_NOTE)
             }
         };
@@ -87,7 +87,7 @@ pub fn render_markdown(run: &RunResult) -> String {
     if !run.scenarios.is_empty() {
         doc.push(TIMELINE_LINE);
     }
-    environment_section(&mut doc, &run.environment);
+    environment_section(&mut doc, &run.environment, program_torch(run.scenarios.iter()));
     fit(doc, RESULT_FILE_NOTE)
 }
 
@@ -157,7 +157,7 @@ fn logs_cut(doc: &mut Doc, run: &RunResult) {
 fn full_report(run: &RunResult, index: usize) -> Doc {
     let mut doc = if is_summary(run) { scenario_header(run, index) } else { header_blocks(run) };
     scenario(&mut doc, &run.scenarios[index]);
-    environment_section(&mut doc, &run.environment);
+    environment_section(&mut doc, &run.environment, program_torch(run.scenarios[index..=index].iter()));
     doc
 }
 
@@ -800,12 +800,39 @@ fn scenario_details(doc: &mut Doc, s: &ScenarioResult) {
 /// an issue.
 pub fn render_env_markdown(env: &EnvSummary) -> String {
     let mut doc = Doc { blocks: Vec::new() };
-    environment_section(&mut doc, env);
+    environment_section(&mut doc, env, None);
     doc.finish()
 }
 
-fn environment_section(doc: &mut Doc, env: &EnvSummary) {
+/// The Python and PyTorch a user's program ran, as the observer read them inside its first rank
+/// that reported them.
+fn program_torch<'r>(
+    mut scenarios: impl Iterator<Item = &'r crate::schema::ScenarioResult>,
+) -> Option<&'r crate::schema::TorchFacts> {
+    scenarios.find_map(|s| s.ranks.iter().find_map(|r| r.observed.as_ref().and_then(|o| o.torch.as_ref())))
+}
+
+/// `ups-doctor env`'s facts; a user's program's own Python and PyTorch first, where the observer
+/// read them (the bundled libtorch is only the built-in trainer's).
+fn environment_section(doc: &mut Doc, env: &EnvSummary, program: Option<&crate::schema::TorchFacts>) {
     doc.push("## Environment");
+    if let Some(t) = program {
+        let mut facts = vec![
+            format!("Python {} ({})", markup::text(&t.python), code(&t.executable)),
+            format!("torch {}", code(&t.version)),
+            match &t.cuda {
+                Some(c) => format!("built with CUDA {}", markup::text(c)),
+                None => "a CPU build (no CUDA)".to_string(),
+            },
+        ];
+        if let Some(n) = &t.nccl {
+            facts.push(format!("NCCL {}", markup::text(n)));
+        }
+        if let Some(m) = env.python.as_ref().and_then(|p| p.start_method.as_ref()) {
+            facts.push(format!("start method {}", markup::text(m)));
+        }
+        doc.push(format!("**Your program ran:** {}.", facts.join(" · ")));
+    }
     let line: Vec<String> = environment::headline(env).iter().map(|p| markup::text(p)).collect();
     doc.push(line.join(" · "));
     doc.push(details_open("Full environment"));

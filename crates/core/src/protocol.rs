@@ -166,6 +166,19 @@ pub enum Marker {
         #[serde(default)]
         store: String,
     },
+    /// From the observer, once torch is imported: the Python and the PyTorch the program runs
+    /// (what it was built with, read from `torch.version`; nothing that touches CUDA).
+    Torch {
+        version: String,
+        #[serde(default)]
+        cuda: Option<String>,
+        #[serde(default)]
+        nccl: Option<String>,
+        #[serde(default)]
+        python: String,
+        #[serde(default)]
+        executable: String,
+    },
     /// From the observer: a `torch.distributed` collective the program issued (`ms` absent) or
     /// that returned after `ms`; `seq` counts the collectives of its `group` from 1.
     Collective {

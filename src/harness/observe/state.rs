@@ -172,7 +172,10 @@ impl RankState {
             }
             Marker::Dataset { bytes, cache } => self.dataset = Some(DatasetInfo { bytes, cache }),
             // Folded into `observed` above.
-            Marker::Group { .. } | Marker::Collective { .. } | Marker::Observer { .. } => {}
+            Marker::Group { .. }
+            | Marker::Collective { .. }
+            | Marker::Observer { .. }
+            | Marker::Torch { .. } => {}
         }
     }
 

@@ -105,6 +105,7 @@ impl Event {
                     | Marker::Group { .. }
                     | Marker::Collective { .. }
                     | Marker::Observer { .. }
+                    | Marker::Torch { .. }
             ),
             Event::BadMarker { .. } | Event::Output { .. } => false,
             _ => true,

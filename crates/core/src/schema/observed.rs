@@ -18,6 +18,20 @@ pub struct GroupFormed {
     pub store: String,
 }
 
+/// The Python and PyTorch a rank's process ran, as the observer read them inside it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TorchFacts {
+    pub version: String,
+    /// The CUDA torch was built with (`torch.version.cuda`); `None` for a CPU build.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cuda: Option<String>,
+    /// The NCCL torch was built with; `None` where it has none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nccl: Option<String>,
+    pub python: String,
+    pub executable: String,
+}
+
 /// One collective the rank issued.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LedgerEntry {
@@ -54,6 +68,9 @@ pub struct ObservedProgram {
     /// `None`: the process never formed a process group (or the observer did not see it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub group: Option<GroupFormed>,
+    /// The Python and PyTorch the process ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub torch: Option<TorchFacts>,
     /// Whether the process said, in its last summary, that it formed a group.
     #[serde(default)]
     pub distributed: bool,
@@ -116,6 +133,15 @@ impl ObservedProgram {
                         }
                     }
                 }
+            }
+            Marker::Torch { version, cuda, nccl, python, executable } => {
+                this.get_or_insert_with(Default::default).torch.get_or_insert_with(|| TorchFacts {
+                    version: version.clone(),
+                    cuda: cuda.clone(),
+                    nccl: nccl.clone(),
+                    python: python.clone(),
+                    executable: executable.clone(),
+                });
             }
             Marker::Observer {
                 steps,
