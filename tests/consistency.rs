@@ -292,13 +292,29 @@ fn check_verdict(section: &str, s: &Value) -> Vec<String> {
     for c in re(r"Ranks? ([0-9, –]+) failed after it \(collateral\)").captures_iter(headline) {
         named.extend(rank_list(&c[1]));
     }
+    // A rank whose process was not identified is named with why; one whose rank number is
+    // unknown, by its pid (the verdict's `rank_name`).
+    for c in re(r"Rank (\d+) \(its process was not identified: the launcher's status\) failed after it \(collateral\)")
+        .captures_iter(headline)
+    {
+        named.extend(c[1].parse::<u64>().ok());
+    }
+    for c in
+        re(r"[Tt]he process (\d+) below the launcher \(rank number unknown\) failed after it \(collateral\)")
+            .captures_iter(headline)
+    {
+        let pid: u64 = c[1].parse().unwrap();
+        match ranks.iter().find(|r| r["pid"].as_u64() == Some(pid)) {
+            Some(r) => named.extend(r["rank"].as_u64()),
+            None => {
+                found.push(format!("the headline names process {pid} collateral, which is no rank's pid"))
+            }
+        }
+    }
     named.sort_unstable();
     let mut want_named = collateral.clone();
     want_named.sort_unstable();
-    // Ranks whose number is unknown (a launcher's unidentified process) are named otherwise.
-    let numbered = |r: &&Value| r["identified_by"].is_null() && r["exit_source"] == "launcher_status";
-    let unnamed = ranks.iter().filter(|r| r["collateral"] == true).filter(numbered).count();
-    if named != want_named && unnamed == 0 {
+    if named != want_named {
         found.push(format!(
             "the headline names ranks {named:?} collateral but result.json has {want_named:?}"
         ));
