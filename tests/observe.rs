@@ -189,3 +189,35 @@ fn a_rendezvous_port_in_use_names_the_port_and_its_holder_and_no_rank_failed() {
     assert_eq!(launcher["port"].to_string(), port, "{launcher}");
     assert_eq!(launcher["holder_pid"], holder_pid, "{launcher}");
 }
+
+/// Observing must not change what is observed: the same failing command (rank 1 of a DDP program
+/// under torchrun segfaults at step 3; a fault from the program, nothing injected by us) judged
+/// with the observer and with `--no-observe` ends in the same outcome, signal and first failure.
+#[test]
+fn a_failing_run_ends_the_same_way_with_and_without_the_observer() {
+    let program = repo().join("tests/programs/ddp.py").display().to_string();
+    let argv = ["torchrun", "--nproc_per_node", "2", &program, "--segv-rank", "1", "--segv-step", "3"];
+    let mut ends = Vec::new();
+    for observe in [true, false] {
+        let sb = Sandbox::new();
+        let mut cmd = sb.cmd();
+        cmd.env("PATH", crate::util::venv_path());
+        let mut args = vec!["--hang-after", "60"];
+        if !observe {
+            args.push("--no-observe");
+        }
+        args.push("--");
+        args.extend(argv);
+        let run = sb.run_with(cmd, &[], &args);
+        let s = run.result["scenarios"][0].clone();
+        assert_eq!(
+            s["ranks"][0]["observed"].is_object(),
+            observe,
+            "observed only with the observer on: {}",
+            s["ranks"][0]
+        );
+        ends.push((s["outcome"].clone(), s["first_failure"].clone(), s["ranks"][1]["signal"].clone()));
+    }
+    assert_eq!(ends[0], ends[1], "observed vs --no-observe");
+    assert_eq!(ends[0], (Value::from("signaled"), Value::from(1), Value::from("SIGSEGV")));
+}
