@@ -112,7 +112,7 @@ fn launcher_alone(ev: &Evidence, launcher: &LauncherEnd, finding: Option<Finding
     let mut verdict = Verdict {
         headline: format!("`{name}` {how} before any of its {n} ranks started{said}."),
         evidence: vec![
-            format!("no process of any rank was found under the launcher: the program never ran"),
+            "no process of any rank was found under the launcher: the program never ran".to_string(),
             format!("the launcher's output: `{}`", launcher.stderr_log),
         ],
         likely_cause: Some("The launcher itself failed (its arguments, its rendezvous, its environment) before it started the program.".into()),

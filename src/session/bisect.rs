@@ -93,15 +93,7 @@ fn from_command(args: &mut BisectRequest) -> Result<Option<BTreeMap<String, Stri
     }
     file["command"] = json!(argv);
     file["params"] = serde_json::Value::Object(params);
-    let name = file["name"].as_str().unwrap_or("command").to_string();
-    let out = out_dir_or_fresh(args.out.clone(), &format!("-bisect-{}", sanitize(&name)))?;
-    let path = out.join("scenario.json");
-    let text = serde_json::to_string_pretty(&file).expect("serialises") + "\n";
-    crate::run_files::replace(&path, text.as_bytes()).map_err(|source| Error::Io {
-        what: "write",
-        path: path.clone(),
-        source,
-    })?;
+    let (path, out) = super::command::write_scenario(&file, args.out.clone(), "bisect")?;
     args.scenario = Some(path);
     args.out = Some(out);
     Ok(Some(flags))

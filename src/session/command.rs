@@ -123,6 +123,22 @@ pub fn scenario_file(argv: &[String], options: &CommandOptions) -> Result<Value,
     Ok(file)
 }
 
+/// Writes a command's scenario `file` as `scenario.json` into `out` (or a fresh
+/// `reports/runs/<time>-<what>-<name>` folder), where `bisect -- CMD` and `sweep -- CMD` then read
+/// it like any scenario file; the file's path and the folder.
+pub fn write_scenario(file: &Value, out: Option<PathBuf>, what: &str) -> Result<(PathBuf, PathBuf), Error> {
+    let name = file["name"].as_str().unwrap_or("command");
+    let out = super::out_dir::out_dir_or_fresh(out, &format!("-{what}-{}", super::out_dir::sanitize(name)))?;
+    let path = out.join("scenario.json");
+    let text = serde_json::to_string_pretty(file).expect("serialises") + "\n";
+    crate::run_files::replace(&path, text.as_bytes()).map_err(|source| Error::Io {
+        what: "write",
+        path: path.clone(),
+        source,
+    })?;
+    Ok((path, out))
+}
+
 /// What `bisect -- CMD` may cut in a command line, as placeholders and the params that fill them:
 /// the launcher's rank count (`{world_size}`, which bisect lowers to 1, when the command runs on
 /// one node), and each flag of the program after its script: an integer `--flag N` (lowered

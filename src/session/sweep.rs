@@ -182,15 +182,7 @@ fn from_command(args: &mut SweepRequest) -> Result<Vec<sweep::Axis>, Error> {
         }
         axes.push(axis);
     }
-    let name = file["name"].as_str().unwrap_or("command").to_string();
-    let out = out_dir_or_fresh(args.out.clone(), &format!("-sweep-{}", sanitize(&name)))?;
-    let path = out.join("scenario.json");
-    let text = serde_json::to_string_pretty(&file).expect("serialises") + "\n";
-    crate::run_files::replace(&path, text.as_bytes()).map_err(|source| Error::Io {
-        what: "write",
-        path: path.clone(),
-        source,
-    })?;
+    let (path, out) = super::command::write_scenario(&file, args.out.clone(), "sweep")?;
     args.scenario = Some(path);
     args.out = Some(out);
     Ok(axes)
