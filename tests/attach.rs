@@ -103,19 +103,19 @@ fn snapshot(pids: &[u32]) -> Vec<(u32, u64, char)> {
         .collect()
 }
 
-/// The job's processes are all still there after `attach`, none stopped or traced, and (for a
-/// job that waits) each in the state it was in before.
-fn assert_untouched(before: &[(u32, u64, char)], job: &Job, exact_state: bool) {
+/// The job's processes are all still there after `attach` (the same pid and start time), none
+/// stopped, traced or dead. Running (`R`) against sleeping (`S`) is not compared: a rank that
+/// waits at a rendezvous or in a collective retries and polls, so on a busy machine it is `R` at
+/// one reading and `S` at the next whatever `attach` does (the fresh-clone suite under load caught
+/// a waiting rank `R` before and `S` after). Where a wait is the point, the test checks that the
+/// rank still waits where it did.
+fn assert_untouched(before: &[(u32, u64, char)], job: &Job) {
     let pids: Vec<u32> = before.iter().map(|b| b.0).collect();
     let after = snapshot(&pids);
     assert_eq!(after.len(), before.len(), "a process of the job is gone: before {before:?}, after {after:?}");
     for (b, a) in before.iter().zip(&after) {
         assert_eq!((b.0, b.1), (a.0, a.1), "the same process");
         assert!(!matches!(a.2, 'T' | 't' | 'Z'), "pid {} is {} after attach", a.0, a.2);
-        // The launcher polls its ranks (torchrun every 0.1 s): running or sleeping by chance.
-        if exact_state && a.0 != job.pid() {
-            assert_eq!(b.2, a.2, "pid {} changed state: before {before:?}, after {after:?}", a.0);
-        }
         let status = std::fs::read_to_string(format!("/proc/{}/status", a.0)).unwrap_or_default();
         assert!(status.contains("TracerPid:\t0"), "pid {} is still traced", a.0);
     }
@@ -190,7 +190,7 @@ fn a_healthy_torchrun_job_is_running_and_attach_leaves_it_as_it_was() {
     );
     let before = snapshot(&job.processes());
     let a = attach(&sb, job.pid());
-    assert_untouched(&before, &job, false);
+    assert_untouched(&before, &job);
     assert!(job.output().lines().filter(|l| l.starts_with("rank 0 step")).count() > 20, "it still trains");
     assert_eq!(a.code, 0, "running is exit 0; stderr:\n{}", a.stderr);
     assert_eq!(a.attach["state"], "running", "{:#}", a.attach);
@@ -212,7 +212,7 @@ fn a_healthy_torchrun_job_is_running_and_attach_leaves_it_as_it_was() {
     // `--all` lists it with the pid to attach to.
     let before = snapshot(&job.processes());
     let list = Command::new(bin()).args(["attach", "--all"]).output().expect("ups-doctor runs");
-    assert_untouched(&before, &job, false);
+    assert_untouched(&before, &job);
     let text = String::from_utf8_lossy(&list.stdout);
     let entry =
         text.split("\npid ").find(|e| e.trim_start_matches("pid ").starts_with(&format!("{}:", job.pid())));
@@ -252,7 +252,7 @@ fn a_rank_stalled_outside_any_collective_is_named_among_four_torchrun_ranks() {
     );
     let before = snapshot(&job.processes());
     let a = attach(&sb, job.pid());
-    assert_untouched(&before, &job, true);
+    assert_untouched(&before, &job);
     assert_eq!(a.code, 1, "hung is exit 1; stderr:\n{}", a.stderr);
     assert_eq!(a.attach["state"], "hung", "{:#}", a.attach);
     assert_eq!(a.attach["ranks_found"], serde_json::json!([0, 1, 2, 3]));
@@ -301,7 +301,7 @@ fn an_mp_spawn_rank_that_skipped_a_collective_is_named_or_not_told_and_its_worke
     );
     let before = snapshot(&job.processes());
     let a = attach(&sb, job.pid());
-    assert_untouched(&before, &job, true);
+    assert_untouched(&before, &job);
     assert_eq!(a.attach["state"], "hung", "{:#}\nstderr:\n{}", a.attach, a.stderr);
     assert_eq!(a.attach["ranks_found"], serde_json::json!([0, 1]));
     let headline = a.result["scenarios"][0]["verdict"]["headline"].as_str().unwrap().to_string();
@@ -346,7 +346,12 @@ fn a_rank_gone_before_the_rendezvous_makes_the_job_failed_and_the_rank_missing()
     let before = snapshot(&job.processes());
     // From rank 0's pid this time: the job is found from any rank.
     let a = attach(&sb, job.ranks()[0]);
-    assert_untouched(&before, &job, true);
+    assert_untouched(&before, &job);
+    assert!(
+        stack(job.ranks()[0]).contains("init_process_group"),
+        "rank 0 still waits at the rendezvous after attach:\n{}",
+        job.output()
+    );
     assert_eq!(a.code, 1, "stderr:\n{}", a.stderr);
     assert_eq!(a.attach["state"], "failed", "{:#}", a.attach);
     assert_eq!(a.attach["launcher"], job.pid());
@@ -408,7 +413,7 @@ fn a_child_deadlocked_after_fork_is_named_from_native_stacks_with_native() {
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_untouched(&before, &job, true);
+    assert_untouched(&before, &job);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     let attach: Value =
         serde_json::from_str(&std::fs::read_to_string(out_dir.join("attach.json")).unwrap()).unwrap();
