@@ -501,3 +501,132 @@ fn a_setsid_daemon_that_keeps_the_run_id_and_leaves_the_cgroup_is_ended_and_list
     let listed = listed.unwrap_or_else(|| panic!("the daemon is not a listed leftover: {leftovers}"));
     assert_eq!(listed["killed"], true, "{leftovers}");
 }
+
+/// The host pids of the processes whose environment carries `UPS_DOCTOR_RUN_ID=run_id`.
+fn processes_of_run(run_id: &str) -> Vec<u32> {
+    let needle = format!("UPS_DOCTOR_RUN_ID={run_id}\0");
+    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ"))
+                .is_ok_and(|env| env.windows(needle.len()).any(|w| w == needle.as_bytes()))
+        })
+        .filter(|&pid| crate::util::alive(u64::from(pid)))
+        .collect()
+}
+
+/// An ups-doctor run inside its own PID namespace (`unshare --pid`: a container that shares the
+/// host's cgroup tree and `/dev/shm`), under a shell that is the namespace's pid 1, so that killing
+/// ups-doctor leaves its program running as a SIGKILLed harness would.
+struct Contained {
+    unshare: std::process::Child,
+    segment: PathBuf,
+    run_id: String,
+    program: Vec<u32>,
+}
+
+impl Contained {
+    fn start(sb: &Sandbox) -> Option<Contained> {
+        use std::os::unix::process::CommandExt;
+        let probe =
+            std::process::Command::new("unshare").args(["--pid", "--fork", "--mount-proc", "true"]).output();
+        if !probe.is_ok_and(|o| o.status.success()) {
+            eprintln!("skipped: `unshare --pid --fork --mount-proc` is not permitted here (needs root)");
+            return None;
+        }
+        let named = sb.path().join("segment");
+        // The program makes a `/dev/shm` segment in the run's name, as the built-in trainer does.
+        let script = format!(
+            "f=/dev/shm/ups-doctor-$UPS_DOCTOR_RUN_ID-keep; echo x > $f; echo $f > {}; exec sleep 600",
+            named.display()
+        );
+        let body = serde_json::json!({
+            "command": ["sh", "-c", script],
+            "limits": { "timeout_s": 900, "hang_after_s": 800 }
+        });
+        let file = sb.scenario("contained", &body.to_string());
+        let line = format!(
+            "'{}' run '{}' --out '{}' --quiet; sleep 600",
+            crate::util::bin().display(),
+            file.display(),
+            sb.path().join("contained-out").display()
+        );
+        let unshare = std::process::Command::new("unshare")
+            .args(["--pid", "--fork", "--mount-proc", "sh", "-c", &line])
+            .current_dir(sb.path())
+            .env("NO_COLOR", "1")
+            .process_group(0)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("unshare starts");
+        let mut contained =
+            Contained { unshare, segment: PathBuf::new(), run_id: String::new(), program: Vec::new() };
+        let started = eventually(Duration::from_secs(120), || {
+            let Ok(path) = std::fs::read_to_string(&named) else { return false };
+            contained.segment = PathBuf::from(path.trim());
+            let name = contained.segment.file_name().unwrap().to_string_lossy().into_owned();
+            contained.run_id = name["ups-doctor-".len()..name.len() - "-keep".len()].to_string();
+            contained.program = processes_of_run(&contained.run_id);
+            !contained.program.is_empty()
+        });
+        assert!(started, "the contained run's program never started");
+        Some(contained)
+    }
+
+    /// The host pid of the contained ups-doctor: the child of the namespace's shell.
+    fn harness(&self) -> u32 {
+        let shell = crate::util::children_of(self.unshare.id());
+        let harness = shell.iter().flat_map(|&s| crate::util::children_of(s)).find(|&p| {
+            std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == "ups-doctor")
+        });
+        harness.expect("the contained ups-doctor runs")
+    }
+}
+
+impl Drop for Contained {
+    fn drop(&mut self) {
+        // SAFETY: killpg(2) of the process group this test made for unshare; its namespace's
+        // processes all die with its pid 1.
+        unsafe { libc::killpg(self.unshare.id() as i32, libc::SIGKILL) };
+        let _ = self.unshare.wait();
+        let _ = std::fs::remove_file(&self.segment);
+    }
+}
+
+#[test]
+fn a_run_in_another_pid_namespace_is_left_alone_while_it_lives_and_swept_once_it_is_dead() {
+    let sb = Sandbox::new();
+    let Some(contained) = Contained::start(&sb) else { return };
+    let plain = sb.scenario("plain", &crate::util::tiny(""));
+    // Its pid means nothing here (it is 2 in its namespace): a later run on the host must see
+    // from its locks that it lives.
+    let later = sb.run(&[&plain], &[]);
+    assert_eq!(later.code(), 0, "{}", later.stderr());
+    let killed: Vec<_> = contained.program.iter().filter(|&&p| !crate::util::alive(p.into())).collect();
+    assert!(killed.is_empty(), "a later run killed the live contained run's {killed:?}:\n{}", later.stderr());
+    assert!(contained.segment.exists(), "a later run removed the live contained run's segment");
+    let leftovers = later.scenario()["leftovers"].to_string();
+    assert!(!leftovers.contains("earlier_run"), "listed as an earlier run's: {leftovers}");
+    // Without a cgroup only the segment's lock tells; the program is found by the cgroup alone.
+    let cgroups = ups_doctor::harness::os::cgroup::parent().is_ok();
+    if cgroups {
+        assert!(later.stderr().contains("left alone the cgroup"), "{}", later.stderr());
+    }
+    // SIGKILLed, the contained ups-doctor leaves its program running in its namespace: now it is
+    // dead, and the next run on the host ends what it left.
+    let harness = contained.harness();
+    // SAFETY: kill(2) of the ups-doctor this test started, found as its shell's child.
+    unsafe { libc::kill(harness as i32, libc::SIGKILL) };
+    assert!(eventually(Duration::from_secs(30), || !crate::util::alive(harness.into())));
+    let next = sb.run(&[&plain], &[]);
+    assert_eq!(next.code(), 0, "{}", next.stderr());
+    let ended = eventually(Duration::from_secs(30), || {
+        contained.program.iter().all(|&p| !crate::util::alive(p.into()))
+    });
+    assert!(ended || !cgroups, "the dead contained run's program outlived the next run:\n{}", next.stderr());
+    assert!(!contained.segment.exists(), "the dead contained run's segment outlived the next run");
+    let lock = Path::new("/dev/shm").join(format!(".ups-doctor-{}.lock", contained.run_id));
+    assert!(!lock.exists(), "the dead run's lock file outlived the next run");
+}

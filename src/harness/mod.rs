@@ -82,7 +82,12 @@ fn scenario_cgroup(input: &ScenarioInput, bytes: Option<u64>) -> Result<Containm
         }
         Err(why) => return Err(refuse(why)),
     };
-    let orphans = os::cgroup::sweep_orphans(&parent)
+    let sweep = os::cgroup::sweep_orphans(&parent);
+    for (dir, why) in &sweep.spared {
+        eprintln!("ups-doctor: note: left alone the cgroup `{}` of another run: {why}", dir.display());
+    }
+    let orphans = sweep
+        .orphans
         .into_iter()
         .map(|o| LeftoverProcess {
             pid: o.pid,

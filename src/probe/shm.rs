@@ -31,7 +31,33 @@ pub fn usage(dir: &Path) -> Option<Usage> {
     Some(Usage { total, used: total.saturating_sub(st.blocks_free() as u64 * frsize) })
 }
 
-/// The regular files directly in `dir`, sorted by name (nothing when it cannot be read).
+/// The start of the name of a run's lock file in `/dev/shm` (`crate::harness::os::life`): not a
+/// segment, never listed as one.
+const LOCK_PREFIX: &str = ".ups-doctor-";
+
+/// The lock file that a live run holds beside its segments in `dir`.
+pub fn lock_path(dir: &Path, run_id: &str) -> std::path::PathBuf {
+    dir.join(format!("{LOCK_PREFIX}{run_id}.lock"))
+}
+
+/// The runs' lock files in `dir`.
+pub fn lock_files(dir: &Path) -> Vec<std::path::PathBuf> {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(LOCK_PREFIX) && n.ends_with(".lock"))
+        })
+        .collect()
+}
+
+/// The regular files directly in `dir`, sorted by name (nothing when it cannot be read), the
+/// runs' lock files left out.
 pub fn segments(dir: &Path) -> Vec<Segment> {
     segments_named(dir, "")
 }
@@ -46,6 +72,7 @@ pub fn segments_named(dir: &Path, prefix: &str) -> Vec<Segment> {
     let mut out: Vec<Segment> = entries
         .filter_map(|e| e.ok())
         .filter(|e| e.file_name().as_encoded_bytes().starts_with(prefix.as_bytes()))
+        .filter(|e| !e.file_name().as_encoded_bytes().starts_with(LOCK_PREFIX.as_bytes()))
         .filter_map(|e| {
             let meta = e.metadata().ok().filter(|m| m.is_file())?;
             Some(Segment {

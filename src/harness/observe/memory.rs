@@ -284,17 +284,30 @@ pub fn new_segments(before: &[Segment], after: &[Segment], run_id: &str) -> Vec<
         .collect()
 }
 
-/// Segments of earlier ups-doctor runs whose harness is gone: run ids start with the harness's
-/// pid (`ups-doctor-<pid>-<n>-<nanos>-…`), and `alive` says whether a pid still runs. A live
-/// pid, even a reused one, keeps its segments: only the dead are swept.
-pub fn orphaned_segments(segments: &[Segment], alive: impl Fn(u32) -> bool) -> Vec<&Segment> {
-    segments
-        .iter()
-        .filter(|s| {
-            let pid = s.name.strip_prefix("ups-doctor-").and_then(|rest| rest.split('-').next());
-            pid.and_then(|p| p.parse::<u32>().ok()).is_some_and(|pid| !alive(pid))
-        })
-        .collect()
+/// The run id and the harness's pid in a segment's name: run ids start with the harness's pid
+/// and are three parts long (`ups-doctor-<pid>-<n>-<nanos>-…`, see `new_run_id`).
+pub fn run_of(name: &str) -> Option<(&str, u32)> {
+    let rest = name.strip_prefix("ups-doctor-")?;
+    let mut ends = rest.match_indices('-').map(|(i, _)| i);
+    let (first, third) = (ends.next()?, ends.nth(1)?);
+    Some((&rest[..third], rest[..first].parse().ok()?))
+}
+
+/// Segments of earlier ups-doctor runs that are gone, by run: `gone(run id, harness pid)` is
+/// asked once per run, and only a run it proves gone has its segments listed.
+pub fn orphaned_segments<'s, T>(
+    segments: &'s [Segment],
+    mut gone: impl FnMut(&str, u32) -> Option<T>,
+) -> Vec<(T, Vec<&'s Segment>)> {
+    let mut runs: Vec<(&str, Option<T>, Vec<&Segment>)> = Vec::new();
+    for seg in segments {
+        let Some((run, pid)) = run_of(&seg.name) else { continue };
+        match runs.iter_mut().find(|(r, _, _)| *r == run) {
+            Some((_, _, segs)) => segs.push(seg),
+            None => runs.push((run, gone(run, pid), vec![seg])),
+        }
+    }
+    runs.into_iter().filter_map(|(_, proof, segs)| Some((proof?, segs))).collect()
 }
 
 #[cfg(test)]
@@ -463,14 +476,23 @@ mod tests {
     }
 
     #[test]
-    fn only_segments_of_dead_harnesses_are_orphans() {
-        let all =
-            [seg("ups-doctor-100-0-ab-leak-0", 1), seg("ups-doctor-200-1-cd-ring", 2), seg("torch_5", 3)];
-        let orphans = orphaned_segments(&all, |pid| pid == 200);
-        assert_eq!(
-            orphans.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(),
-            ["ups-doctor-100-0-ab-leak-0"]
-        );
+    fn only_segments_of_runs_proven_gone_are_orphans_and_each_run_is_asked_once() {
+        let all = [
+            seg("ups-doctor-100-0-ab-leak-0", 1),
+            seg("ups-doctor-100-0-ab-r1-cache", 2),
+            seg("ups-doctor-200-1-cd-ring", 3),
+            seg("ups-doctor-manual-7-r0-cache", 4),
+            seg("torch_5", 5),
+        ];
+        let mut asked = Vec::new();
+        let orphans = orphaned_segments(&all, |run, pid| {
+            asked.push((run.to_string(), pid));
+            (pid != 200).then_some(run.to_string())
+        });
+        assert_eq!(asked, [("100-0-ab".to_string(), 100), ("200-1-cd".to_string(), 200)]);
+        let names: Vec<_> = orphans.iter().flat_map(|(_, s)| s.iter().map(|s| s.name.as_str())).collect();
+        assert_eq!(names, ["ups-doctor-100-0-ab-leak-0", "ups-doctor-100-0-ab-r1-cache"]);
+        assert_eq!(orphans[0].0, "100-0-ab");
     }
 
     fn seg(name: &str, inode: u64) -> Segment {

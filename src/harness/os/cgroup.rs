@@ -148,6 +148,9 @@ pub struct ScenarioCgroup {
     oom_kills_before: u64,
     /// When the group was made, in clock ticks since boot (the unit of a process's start time).
     created_ticks: u64,
+    /// The shared lock on the group's directory that tells other runs, in any PID namespace,
+    /// that its ups-doctor still runs ([`super::life`]).
+    _alive: super::life::Held,
 }
 
 /// Now, in clock ticks since boot: the unit of `/proc/<pid>/stat`'s start time.
@@ -168,6 +171,12 @@ impl ScenarioCgroup {
         let created_ticks = now_ticks().ok_or("cannot read `/proc/uptime`")?.saturating_sub(1);
         std::fs::create_dir(&dir)
             .map_err(|e| format!("cannot create the cgroup `{}`: {e}", dir.display()))?;
+        // Only a sweep in another PID namespace, between the mkdir and this lock, can make it fail
+        // (it holds the lock while it removes the empty group it took for a dead run's).
+        let alive = super::life::hold(&dir).map_err(|e| {
+            let _ = std::fs::remove_dir(&dir);
+            format!("cannot lock the cgroup `{}`: {e}", dir.display())
+        })?;
         let procs =
             CString::new(dir.join("cgroup.procs").as_os_str().as_bytes()).map_err(|e| e.to_string())?;
         let mut cg = ScenarioCgroup {
@@ -178,6 +187,7 @@ impl ScenarioCgroup {
             limit,
             oom_kills_before: 0,
             created_ticks,
+            _alive: alive,
         };
         if let Some(bytes) = limit {
             // On failure `cg` drops here, which removes the directory again.
@@ -384,14 +394,25 @@ pub struct Orphan {
     pub killed: bool,
 }
 
-/// Kills the processes of scenario cgroups under `parent` whose ups-doctor is gone (no live
-/// process has the pid and start time in the group's name), and removes those groups. Only
-/// members started after that ups-doctor are killed: an older one was moved in from outside.
-pub fn sweep_orphans(parent: &Parent) -> Vec<Orphan> {
+/// What [`sweep_orphans`] did.
+#[derive(Debug, Default)]
+pub struct Sweep {
+    pub orphans: Vec<Orphan>,
+    /// Groups whose ups-doctor seemed gone by its pid but could not be proven dead, with why:
+    /// left alone.
+    pub spared: Vec<(PathBuf, String)>,
+}
+
+/// Kills the processes of scenario cgroups under `parent` whose ups-doctor is gone, and removes
+/// those groups. Gone means both: no live process here has the pid and start time in the group's
+/// name, and nobody holds the group's lock ([`super::life`]) — a pid means nothing across PID
+/// namespaces, the lock does. Only members started after that ups-doctor are killed: an older
+/// one was moved in from outside.
+pub fn sweep_orphans(parent: &Parent) -> Sweep {
     let Ok(entries) = std::fs::read_dir(&parent.dir) else {
-        return Vec::new();
+        return Sweep::default();
     };
-    let mut found = Vec::new();
+    let mut sweep = Sweep::default();
     for entry in entries.filter_map(Result::ok) {
         let name = entry.file_name().to_string_lossy().into_owned();
         let Some((pid, start)) = owner_of(&name) else {
@@ -401,6 +422,21 @@ pub fn sweep_orphans(parent: &Parent) -> Vec<Orphan> {
             continue; // its ups-doctor still runs
         }
         let dir = entry.path();
+        // Held until the group is emptied and removed, so that no other sweep does it too.
+        let _dead = match super::life::owner(&dir) {
+            super::life::Owner::Gone(held) => held,
+            super::life::Owner::Absent => continue,
+            super::life::Owner::Alive => {
+                let why =
+                    format!("its ups-doctor (pid {pid} where it runs, another PID namespace) still holds it");
+                sweep.spared.push((dir, why));
+                continue;
+            }
+            super::life::Owner::Unknown(e) => {
+                sweep.spared.push((dir, format!("its owner cannot be proven gone: {e}")));
+                continue;
+            }
+        };
         // The group was made after its ups-doctor started: a member older than that was moved in
         // from outside, is not the dead run's, and is left alone (and not listed), as a live
         // run's teardown leaves it.
@@ -411,14 +447,14 @@ pub fn sweep_orphans(parent: &Parent) -> Vec<Orphan> {
         let killed = kill_members(&dir, since);
         remove_when_empty(&dir, since);
         let left = members(&dir);
-        found.extend(before.into_iter().map(|(pid, command)| Orphan {
+        sweep.orphans.extend(before.into_iter().map(|(pid, command)| Orphan {
             pid,
             command,
             cgroup: dir.clone(),
             killed: killed.contains(&pid) && !left.contains(&pid),
         }));
     }
-    found
+    sweep
 }
 
 /// `(pid, start time)` of the ups-doctor that named a group `ups-doctor.<pid>.<start>.<tag>`.

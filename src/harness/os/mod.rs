@@ -1,5 +1,5 @@
 //! The kernel seam of the harness: code here talks to the kernel directly (spawn, process groups,
-//! signals and `waitid` in `process`, ownership checks in `owner`, the private `/dev/shm` mount
+//! signals and `waitid` in `process`, ownership checks in `owner`, a run's proof of life across PID namespaces in `life`, the private `/dev/shm` mount
 //! namespace in `namespace`, cgroupfs, `/dev/kmsg`, and in `sys` the calls nix does not wrap: pidfds, `_exit`, …); everything above it works on plain
 //! data. It must not decide what an
 //! observation means: it reports what the kernel says.
@@ -7,6 +7,7 @@
 pub mod cgroup;
 pub(crate) mod found;
 pub mod kmsg;
+pub mod life;
 pub(crate) mod namespace;
 pub mod nofile;
 pub(crate) mod owner;

@@ -334,6 +334,15 @@ pub fn supervise<'p, 'l>(
     let start = Instant::now();
     let shm_dir = res.private_shm.map_or_else(|| PathBuf::from("/dev/shm"), PrivateShm::dir);
     let swept = teardown::sweep_orphaned_segments();
+    // Held until the run's segments are gone: tells a sweep in any PID namespace this run lives.
+    let alive =
+        crate::harness::os::life::LockFile::create(&shm::lock_path(Path::new("/dev/shm"), &plan.run_id));
+    if let Err(e) = &alive {
+        eprintln!(
+            "ups-doctor: warning: cannot make this run's lock file in `/dev/shm` ({e}): a run in another PID \
+             namespace cannot tell it is alive, and may take its segments for a dead run's"
+        );
+    }
     let shm_before = shm::segments(&shm_dir);
     let (sink, queue, wakes) = Sink::new();
     let _interrupts = super::interrupt::listen(sink.clone());
@@ -376,7 +385,9 @@ pub fn supervise<'p, 'l>(
     });
     s.run(live, interrupted, &queue, &wakes);
     live.event(RunEvent::ScenarioFinished { at_s: s.since(Instant::now()) });
-    s.finish(&queue, swept, &shm_dir, &shm_before)
+    let supervised = s.finish(&queue, swept, &shm_dir, &shm_before);
+    drop(alive);
+    supervised
 }
 
 impl Supervisor<'_, '_> {

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use crate::harness::observe::memory::{new_segments, orphaned_segments};
 use crate::harness::os::cgroup::ScenarioCgroup;
+use crate::harness::os::life;
 use crate::harness::os::owner::{self, Identity};
 use crate::probe::{memory, shm};
 use crate::protocol::STACK_DUMP_SIGNAL;
@@ -181,14 +182,20 @@ pub fn kill_cgroup_leftovers(cgroup: Option<&ScenarioCgroup>, members: &Membersh
 }
 
 /// Removes the machine's `/dev/shm` segments of ups-doctor runs whose harness died before it
-/// could clean up (killed with SIGKILL, say), so that none outlives the next run.
+/// could clean up (killed with SIGKILL, say), so that none outlives the next run. A run is gone
+/// when nobody holds its lock file ([`shm::lock_path`]), which holds across PID namespaces; only a
+/// run without one (an older ups-doctor) is judged by its pid. The lock files of gone runs go too.
 pub fn sweep_orphaned_segments() -> Vec<LeftoverSegment> {
     let dir = std::path::Path::new("/dev/shm");
     let all = shm::segments(dir);
-    let alive = |pid: u32| std::path::Path::new(&format!("/proc/{pid}")).exists();
-    orphaned_segments(&all, alive)
-        .into_iter()
-        .map(|seg| {
+    let gone = |run: &str, pid: u32| match life::owner(&shm::lock_path(dir, run)) {
+        life::Owner::Gone(held) => Some(Some(held)),
+        life::Owner::Absent => (!std::path::Path::new(&format!("/proc/{pid}")).exists()).then_some(None),
+        life::Owner::Alive | life::Owner::Unknown(_) => None,
+    };
+    let mut swept = Vec::new();
+    for (held, segs) in orphaned_segments(&all, gone) {
+        swept.extend(segs.into_iter().map(|seg| {
             let error = shm::remove(dir, &seg.name).err().map(|e| e.to_string());
             LeftoverSegment {
                 name: seg.name.clone(),
@@ -199,8 +206,15 @@ pub fn sweep_orphaned_segments() -> Vec<LeftoverSegment> {
                 removed: error.is_none(),
                 error,
             }
-        })
-        .collect()
+        }));
+        drop(held);
+    }
+    for lock in shm::lock_files(dir) {
+        if let life::Owner::Gone(_held) = life::owner(&lock) {
+            let _ = std::fs::remove_file(&lock);
+        }
+    }
+    swept
 }
 
 /// Files created in `/dev/shm` during the run: this run's own are removed, others reported.
