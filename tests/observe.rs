@@ -111,6 +111,27 @@ fn a_rank_slow_to_load_its_data_is_named_a_straggler_with_its_phase() {
     }
 }
 
+/// Rank 0 computes for 25 s without a word before a gather (a long validation, a compile) while
+/// rank 1 waits in it, silent: with `hang_after_s` at 10 the run is busy, not hung (issue 32:
+/// "a hang is declared only on a rank whose own progress and CPU time have stopped").
+#[test]
+fn a_rank_computing_silently_past_the_hang_threshold_is_busy_and_the_run_is_not_called_hung() {
+    let sb = Sandbox::new();
+    let file = ddp_scenario(&sb, "busy", 2, "passed");
+    let s = run_injected(
+        &sb,
+        &file,
+        &[("INJECT_BUSY_RANK", "0"), ("INJECT_BUSY_S", "25"), ("INJECT_BUSY_CALL", "3")],
+    );
+    // The silence really was past the threshold: the computing alone takes 25 s of wall time.
+    assert!(s["wall_s"].as_f64().is_some_and(|w| w >= 25.0), "{:#}", s["verdict"]);
+    for r in s["ranks"].as_array().unwrap() {
+        assert_eq!(r["outcome"], "passed", "{r}");
+        assert!(r["hang_detected_after_s"].is_null(), "{r}");
+        assert_eq!(r["steps_done"], 20, "{r}");
+    }
+}
+
 #[test]
 fn accelerate_launch_cpu_with_two_processes_is_reported_as_one_process_not_distributed() {
     let sb = Sandbox::new();

@@ -159,6 +159,12 @@ pub fn parse_statm_rss(text: &str) -> Option<u64> {
     Some(pages * procfs::page_size())
 }
 
+/// The CPU time `pid` has used (its threads, not its children), in seconds.
+pub fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = procfs::process::Process::new(i32::try_from(pid).ok()?).and_then(|p| p.stat()).ok()?;
+    Some((stat.utime + stat.stime) as f64 / procfs::ticks_per_second() as f64)
+}
+
 /// `/proc/<pid>/stat`, or `None` when the process is gone or unreadable.
 pub fn read_stat(pid: u32) -> Option<ProcStat> {
     ProcHandle::open(pid)?.stat()

@@ -108,6 +108,9 @@ pub struct View<'a> {
     pub launcher_live: bool,
     /// Launcher style and no rank of it found yet: the launcher itself may be what hangs.
     pub no_rank_found: bool,
+    /// The last moment a live rank's own process was seen using CPU (a tenth of a core or
+    /// more): a run with a busy rank is not hung, though its other ranks may wait for it silently.
+    pub busy_at: Option<Duration>,
     /// Every process asked for stacks has answered.
     pub stacks_answered: bool,
     /// Every process has ended and its markers and output are in.
@@ -283,14 +286,18 @@ impl Machine {
     fn watch(&mut self, now: Duration, view: &View, actions: &mut Vec<Action>) {
         // Hang: a live rank silent for `hang_after`. Silence counts from the start until the first
         // sign of life, so a rank stuck before it reports anything is caught too.
+        // Only once no rank has used CPU for as long: a rank that computes without a word (a long
+        // validation, a compile, rank 0 preparing the data while the others wait in a barrier) is
+        // busy, not hung. A rank that spins while it waits is caught by the timeout.
         let limit = self.timing.hang_after;
         let silence = |r: &RankView| now.saturating_sub(r.last_activity);
-        let mut stuck = view.ranks.iter().any(|r| r.live && silence(r) >= limit);
+        let idle = view.busy_at.is_none_or(|b| now.saturating_sub(b) >= limit);
+        let mut stuck = idle && view.ranks.iter().any(|r| r.live && silence(r) >= limit);
         let mut marked = Vec::new();
         if view.no_rank_found && !stuck {
             // Nothing found: the launcher (or what runs below it unidentified) may be what hangs,
             // silent as every rank's output is the launcher's.
-            stuck = view.launcher_live && view.ranks.iter().all(|r| silence(r) >= limit);
+            stuck = idle && view.launcher_live && view.ranks.iter().all(|r| silence(r) >= limit);
             if stuck {
                 for r in view.ranks {
                     actions.push(Action::MarkHung { rank: r.rank, silence_s: silence(r).as_secs_f64() });
@@ -378,6 +385,7 @@ impl Machine {
                     .then(|| view.ranks.iter().map(|r| r.last_activity + self.timing.hang_after).max())
                     .flatten();
                 let hang = [hang, all_silent].into_iter().flatten().min();
+                let hang = hang.map(|h| view.busy_at.map_or(h, |b| h.max(b + self.timing.hang_after)));
                 let grace = match self.phase {
                     Phase::Failing { until } => Some(until),
                     _ => None,
@@ -422,7 +430,14 @@ mod tests {
     }
 
     fn view(ranks: &[RankView]) -> View<'_> {
-        View { ranks, launcher_live: false, no_rank_found: false, stacks_answered: false, finished: false }
+        View {
+            ranks,
+            launcher_live: false,
+            no_rank_found: false,
+            busy_at: None,
+            stacks_answered: false,
+            finished: false,
+        }
     }
 
     #[test]
@@ -435,6 +450,28 @@ mod tests {
         let done = View { finished: true, ..view(&ranks) };
         assert_eq!(m.step(Input::Changed, S(20), &done), [Action::Finish]);
         assert_eq!((m.phase(), m.cause()), (Phase::Done, None));
+    }
+
+    #[test]
+    fn no_rank_is_hung_while_a_rank_of_the_run_uses_cpu_and_one_is_once_the_cpu_has_stopped_too() {
+        let mut m = Machine::new(timing(), false);
+        // Rank 0 computes without a word; rank 1 waits for it in a barrier.
+        let ranks = [rank(0, 1), rank(1, 2)];
+        let busy = |at| View { busy_at: Some(S(at)), ..view(&ranks) };
+        assert_eq!(m.step(Input::Timer, S(11), &busy(9)), [], "rank 0 used CPU 2 s ago");
+        assert_eq!(m.next_deadline(&busy(9)), Some(S(19)), "the last CPU use + hang_after");
+        assert_eq!(m.step(Input::Timer, S(18), &busy(9)), []);
+        let actions = m.step(Input::Timer, S(19), &busy(9));
+        assert_eq!(
+            actions,
+            [
+                Action::MarkHung { rank: 0, silence_s: 18.0 },
+                Action::MarkHung { rank: 1, silence_s: 17.0 },
+                Action::DumpStacks { ranks: vec![0, 1], look: Look::Stuck },
+            ],
+            "the silence is the markers' (what the report says), the decision the CPU's too"
+        );
+        assert_eq!(m.cause(), Some(&Cause::Hang));
     }
 
     #[test]

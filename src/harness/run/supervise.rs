@@ -51,6 +51,44 @@ const ZOMBIE_POLL: Duration = Duration::from_millis(2);
 /// How often the link to the other nodes of a multi-node run is read and told of progress: it
 /// has no way to wake the loop.
 const LINK_EVERY: Duration = Duration::from_millis(50);
+/// How often the ranks' CPU time is read, for [`CpuWatch`].
+const CPU_EVERY: Duration = Duration::from_secs(1);
+/// The share of one core over [`CPU_EVERY`] above which a rank counts as busy: a rank waiting in
+/// a gloo collective or a store uses well under 1 %.
+const BUSY_SHARE: f64 = 0.1;
+
+/// Whether a rank of the run is computing: its own process's CPU time, read once a second.
+struct CpuWatch {
+    /// Per slot: when its CPU time was read, and what it was.
+    last: Vec<Option<(Instant, u32, f64)>>,
+    busy_at: Option<Instant>,
+    next: Instant,
+}
+
+impl CpuWatch {
+    fn new(ranks: usize, start: Instant) -> CpuWatch {
+        CpuWatch { last: vec![None; ranks], busy_at: None, next: start }
+    }
+
+    /// Reads the CPU time of every live rank's process (`pids`, by slot) once [`CPU_EVERY`] has
+    /// passed since the last read.
+    fn read(&mut self, now: Instant, pids: impl Iterator<Item = Option<u32>>) {
+        if now < self.next {
+            return;
+        }
+        self.next = now + CPU_EVERY;
+        for (last, pid) in self.last.iter_mut().zip(pids) {
+            let read = pid.and_then(|p| Some((now, p, crate::probe::memory::cpu_seconds(p)?)));
+            if let (Some((then, was, before)), Some((_, pid, cpu))) = (*last, read) {
+                let wall = now.duration_since(then).as_secs_f64();
+                if was == pid && wall > 0.0 && (cpu - before) / wall >= BUSY_SHARE {
+                    self.busy_at = Some(now);
+                }
+            }
+            *last = read;
+        }
+    }
+}
 
 /// What the run owns besides the plan: the scenario (for its name and step count), its private
 /// `/dev/shm` and its cgroup.
@@ -320,6 +358,7 @@ struct Supervisor<'p, 'l> {
     ended_told: Vec<bool>,
     remote_failed: bool,
     next_link: Instant,
+    cpu: CpuWatch,
 }
 
 /// Runs the scenario's processes to their end. `link` connects this node to the others of a
@@ -363,6 +402,7 @@ pub fn supervise<'p, 'l>(
         ended_told: vec![false; plan.world as usize],
         remote_failed: false,
         next_link: start,
+        cpu: CpuWatch::new(plan.world as usize, start),
     };
     s.spawn_all();
     s.sampler = SamplerThread::start(Setup {
@@ -427,6 +467,11 @@ impl Supervisor<'_, '_> {
             }
             let peer = matches!(input, Input::PeerFailed { .. });
             let watching = matches!(self.machine.phase(), Phase::Running | Phase::Failing { .. });
+            if watching {
+                let pids: Vec<Option<u32>> =
+                    self.slots.iter().map(|s| s.end.pid.filter(|_| s.live())).collect();
+                self.cpu.read(now, pids.into_iter());
+            }
             let views = self.rank_views();
             let view = self.view(&views, now);
             let actions = self.machine.step(input, now.duration_since(self.start), &view);
@@ -461,6 +506,7 @@ impl Supervisor<'_, '_> {
                 self.launcher.as_ref().filter(|_| self.looking_for_ranks()).map(|l| l.next_discovery),
                 live_every.map(|_| next_progress),
                 self.link.as_ref().map(|_| self.next_link),
+                watching.then_some(self.cpu.next),
             ]
             .into_iter()
             .flatten()
@@ -872,6 +918,7 @@ impl Supervisor<'_, '_> {
         View {
             ranks,
             launcher_live: self.launcher.as_ref().is_some_and(Launcher::live),
+            busy_at: self.cpu.busy_at.map(|b| b.saturating_duration_since(self.start)),
             no_rank_found: self.plan.style == Style::Launcher && self.slots.iter().all(|s| s.found.is_none()),
             stacks_answered: self.stacks_answered(),
             finished: !self.launcher.as_ref().is_some_and(Launcher::live)

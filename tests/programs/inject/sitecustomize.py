@@ -5,6 +5,9 @@
   `torch.distributed.all_gather` returns without gathering: the rank skips that collective.
 - INJECT_SLOW_RANK=R, INJECT_SLOW_MS=M: on rank R every batch the DataLoader fetches takes M ms
   longer (a straggler in data loading).
+- INJECT_BUSY_RANK=R, INJECT_BUSY_S=S, INJECT_BUSY_CALL=K: on rank R, before the K-th call of
+  `torch.distributed.all_gather`, S seconds of computing (matrix products) without a word, as a
+  long validation or a compile would; the other ranks wait in that gather meanwhile.
 
 Rank: the `RANK` the launcher set. Nothing happens without these variables."""
 
@@ -34,6 +37,22 @@ def _inject():
             return gather(*args, **kwargs)
 
         dist.all_gather = all_gather
+    if "busy" not in _done and _rank_is("INJECT_BUSY_RANK") and hasattr(dist, "all_gather"):
+        _done.add("busy")
+        gather, calls = dist.all_gather, [0]
+        at, seconds = int(os.environ.get("INJECT_BUSY_CALL", "1")), float(os.environ.get("INJECT_BUSY_S", "10"))
+
+        def busy_all_gather(*args, **kwargs):
+            calls[0] += 1
+            if calls[0] == at:
+                import torch
+
+                x, end = torch.randn(256, 256), time.monotonic() + seconds
+                while time.monotonic() < end:
+                    x = torch.tanh(x @ x)
+            return gather(*args, **kwargs)
+
+        dist.all_gather = busy_all_gather
     fetch = sys.modules.get("torch.utils.data._utils.fetch")
     if "slow" not in _done and _rank_is("INJECT_SLOW_RANK") and hasattr(fetch, "_MapDatasetFetcher"):
         _done.add("slow")
@@ -51,10 +70,10 @@ def _hooked(name, globals=None, *args, **kwargs):
     module = _import(name, globals, *args, **kwargs)
     # Only at the program's own imports, once torch has loaded: the fault sits where the
     # program's code would, outside anything that wraps torch while it loads.
-    if len(_done) < 2 and "torch" in sys.modules and (globals or {}).get("__name__") == "__main__":
+    if len(_done) < 3 and "torch" in sys.modules and (globals or {}).get("__name__") == "__main__":
         _inject()
     return module
 
 
-if os.environ.get("INJECT_SKIP_RANK") or os.environ.get("INJECT_SLOW_RANK"):
+if any(os.environ.get(v) for v in ("INJECT_SKIP_RANK", "INJECT_SLOW_RANK", "INJECT_BUSY_RANK")):
     builtins.__import__ = _hooked
