@@ -10,6 +10,9 @@
 //! - the value of such a flag in a command line (`--api-key X`, `--hf-token X`, `--token=X`,
 //!   `--set params.api_key=X`);
 //! - a password inside a URL (`tcp://admin:PW@host` becomes `tcp://admin:<redacted>@host`);
+//! - the value of a variable of `launch.env` whose name suggests a secret;
+//! - every such value found in the document (at least 6 characters) wherever else it appears: a
+//!   program that prints its `--api-key` or its `HF_TOKEN` is quoted masked ([`secret_values`]);
 //! - token-shaped strings wherever they appear, quoted program output included: GitHub
 //!   (`ghp_…`, `github_pat_…`), Hugging Face (`hf_…`), OpenAI-style (`sk-…`), Slack (`xox?-…`),
 //!   AWS access key ids (`AKIA…`, `ASIA…`).
@@ -127,16 +130,106 @@ fn secret_flag(arg: &str) -> bool {
 /// [`mask_text`], arrays of strings as command lines ([`mask_argv`]), the values of `params`
 /// entries and of `variables` pairs whose names suggest a secret.
 pub fn mask_json(value: &mut Value) {
+    let known = secret_values(value);
+    mask_json_knowing(value, &known);
+}
+
+/// The shortest secret value that is also masked wherever it appears (shorter ones would mask
+/// ordinary words and numbers).
+const MIN_KNOWN: usize = 6;
+
+/// The secret values a document holds under a secret name (a variable, a `params` or `env` entry,
+/// the value of a secret flag in a command line): a program that prints its `--api-key` or its
+/// `HF_TOKEN` puts it in the output ups-doctor quotes, so these are masked wherever they appear,
+/// longest first.
+pub fn secret_values(value: &Value) -> Vec<String> {
+    let mut found = Vec::new();
+    collect_values(value, &mut found);
+    found.retain(|v: &String| v.len() >= MIN_KNOWN && v != REDACTED);
+    found.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
+    found.dedup();
+    found
+}
+
+fn collect_values(value: &Value, found: &mut Vec<String>) {
+    match value {
+        Value::Array(items) if items.iter().all(Value::is_string) => {
+            let argv: Vec<&str> = items.iter().filter_map(Value::as_str).collect();
+            for (i, arg) in argv.iter().enumerate() {
+                if let Some((name, v)) = arg.split_once('=')
+                    && name.starts_with('-')
+                    && secret_setting(name)
+                {
+                    found.push(v.to_string());
+                } else if secret_flag(arg)
+                    && let Some(next) = argv.get(i + 1).filter(|n| !n.starts_with("--"))
+                {
+                    found.push((*next).to_string());
+                }
+            }
+        }
+        Value::Array(items) => {
+            for item in items {
+                if let Value::Array(pair) = item
+                    && let [Value::String(name), Value::String(v)] = pair.as_slice()
+                    && is_secret_name(name)
+                {
+                    found.push(v.clone());
+                }
+                collect_values(item, found);
+            }
+        }
+        Value::Object(map) => {
+            for (key, v) in map {
+                if (key == "params" || key == "env")
+                    && let Value::Object(entries) = v
+                {
+                    found.extend(
+                        entries
+                            .iter()
+                            .filter(|(name, _)| is_secret_name(name))
+                            .filter_map(|(_, p)| p.as_str().map(str::to_string)),
+                    );
+                }
+                collect_values(v, found);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// [`mask_text`], and every one of `known` ([`secret_values`]) wherever it appears.
+pub fn mask_text_knowing<'t>(text: &'t str, known: &[String]) -> Cow<'t, str> {
+    let mut out = mask_text(text);
+    for secret in known {
+        if out.contains(secret.as_str()) {
+            out = Cow::Owned(out.replace(secret.as_str(), REDACTED));
+        }
+    }
+    out
+}
+
+/// [`mask_text_knowing`] with the secret values of `doc` (the run a report is rendered from).
+pub fn mask_rendered<'t>(text: &'t str, doc: &impl serde::Serialize) -> Cow<'t, str> {
+    let known = serde_json::to_value(doc).map(|v| secret_values(&v)).unwrap_or_default();
+    mask_text_knowing(text, &known)
+}
+
+/// [`mask_json`] with `known` secret values ([`secret_values`] of another document) too.
+pub fn mask_json_knowing(value: &mut Value, known: &[String]) {
     match value {
         Value::String(text) => {
-            if let Cow::Owned(masked) = mask_text(text) {
+            if let Cow::Owned(masked) = mask_text_knowing(text, known) {
                 *text = masked;
             }
         }
         Value::Array(items) => {
             if items.iter().all(Value::is_string) {
                 let argv: Vec<String> = items.iter().filter_map(|v| v.as_str().map(str::to_string)).collect();
-                *items = mask_argv(&argv).into_iter().map(Value::String).collect();
+                *items = mask_argv(&argv)
+                    .into_iter()
+                    .map(|a| Value::String(mask_text_knowing(&a, known).into_owned()))
+                    .collect();
                 return;
             }
             for item in items.iter_mut() {
@@ -147,12 +240,12 @@ pub fn mask_json(value: &mut Value) {
                 {
                     *value = REDACTED.to_string();
                 }
-                mask_json(item);
+                mask_json_knowing(item, known);
             }
         }
         Value::Object(map) => {
             for (key, v) in map.iter_mut() {
-                if key == "params"
+                if (key == "params" || key == "env")
                     && let Value::Object(params) = v
                 {
                     for (name, p) in params.iter_mut() {
@@ -161,7 +254,7 @@ pub fn mask_json(value: &mut Value) {
                         }
                     }
                 }
-                mask_json(v);
+                mask_json_knowing(v, known);
             }
         }
         _ => {}
@@ -171,6 +264,23 @@ pub fn mask_json(value: &mut Value) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn values_under_secret_names_are_masked_wherever_else_they_appear() {
+        let mut doc = serde_json::json!({
+            "command": ["python", "train.py", "--api-key", "k3y-value", "--token=t0ken-value", "--lr", "0.1"],
+            "launch": {"env": {"HF_TOKEN": "env-secret", "OMP_NUM_THREADS": "4"}},
+            "params": {"db_pass": "short", "steps": 5},
+            "variables": [["NCCL_DB_PASS", "variable-secret"]],
+            "tail": "using k3y-value, t0ken-value, env-secret and variable-secret; lr 0.1; 4 threads"
+        });
+        assert_eq!(secret_values(&doc), ["variable-secret", "t0ken-value", "env-secret", "k3y-value"]);
+        mask_json(&mut doc);
+        assert_eq!(doc["tail"], "using <redacted>, <redacted>, <redacted> and <redacted>; lr 0.1; 4 threads");
+        assert_eq!(doc["launch"]["env"]["HF_TOKEN"], REDACTED);
+        assert_eq!(doc["launch"]["env"]["OMP_NUM_THREADS"], "4");
+        assert_eq!(doc["params"]["db_pass"], REDACTED, "masked by name, too short to be masked elsewhere");
+    }
 
     #[test]
     fn names_by_word_parts() {

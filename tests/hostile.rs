@@ -311,8 +311,10 @@ fn secrets_in_env_argv_params_and_program_output_reach_no_output() {
         ("UPS_DOCTOR_STORE", "tcp://admin:urlpassword1@10.0.0.1:29500".to_string()),
     ];
     // The program prints secrets too: a traceback-like error and its configuration.
+    // And the values it was given, echoed: its `--api-key` ($2) and its scenario's `HF_TOKEN`.
     let script = format!(
         "echo \"config: HF_TOKEN=outputtoken1 store=tcp://u:outputpw1@h:1\"; \
+         echo \"using key $2 and token $HF_TOKEN\"; \
          echo \"RuntimeError: auth failed for {sk} and {aws}\" >&2; exit 1"
     );
     let file = sb.scenario(
@@ -320,7 +322,7 @@ fn secrets_in_env_argv_params_and_program_output_reach_no_output() {
         &serde_json::json!({
             "command": ["sh", "-c", script, "sh", "--api-key", "apikeyvalue1", "--hf-token", hf,
                         "--token=tokenvalue1", "--key", "{api_key}"],
-            "launch": {"style": "per_rank"},
+            "launch": {"style": "per_rank", "env": {"HF_TOKEN": "envtokenvalue1"}},
             "params": {"api_key": "paramvalue0"}
         })
         .to_string(),
@@ -341,6 +343,7 @@ fn secrets_in_env_argv_params_and_program_output_reach_no_output() {
         "tokenvalue1",
         "paramvalue0",
         "paramvalue1",
+        "envtokenvalue1",
     ];
     let run = sb
         .cmd()
@@ -362,6 +365,24 @@ fn secrets_in_env_argv_params_and_program_output_reach_no_output() {
         assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
         shown.push((args.join(" "), String::from_utf8_lossy(&out.stdout).into_owned()));
     }
+    // The bundle's files, log tails included.
+    let bundled = sb.cmd().args(["report", "out", "--bundle"]).output().unwrap();
+    assert_eq!(bundled.status.code(), Some(0), "{}", String::from_utf8_lossy(&bundled.stderr));
+    let unpacked = sb.path().join("unpacked");
+    std::fs::create_dir_all(&unpacked).unwrap();
+    let tar = std::process::Command::new("tar")
+        .arg("-xzf")
+        .arg(sb.out().join("ups-doctor-bundle.tar.gz"))
+        .arg("-C")
+        .arg(&unpacked)
+        .status()
+        .unwrap();
+    assert!(tar.success());
+    let in_bundle = files_under(&unpacked);
+    assert!(in_bundle.iter().any(|p| p.to_string_lossy().contains("logs/")), "{in_bundle:?}");
+    for path in in_bundle {
+        shown.push((format!("bundle: {}", path.display()), std::fs::read_to_string(&path).unwrap()));
+    }
     for args in [&["env"][..], &["env", "--json"], &["env", "--markdown"], &["env", "--public"]] {
         let out = sb.cmd().args(args).envs(env.iter().map(|(k, v)| (*k, v.as_str()))).output().unwrap();
         shown.push((args.join(" "), String::from_utf8_lossy(&out.stdout).into_owned()));
@@ -371,7 +392,7 @@ fn secrets_in_env_argv_params_and_program_output_reach_no_output() {
     let mut checked = 0;
     for path in files_under(&sb.out()) {
         let name = path.file_name().unwrap().to_string_lossy().into_owned();
-        if name.ends_with(".log") || name == "scenario.json" {
+        if name.ends_with(".log") || name == "scenario.json" || name.ends_with(".tar.gz") {
             continue;
         }
         checked += 1;
@@ -388,6 +409,71 @@ fn secrets_in_env_argv_params_and_program_output_reach_no_output() {
         assert!(result.contains(name), "the result lost {name}:\n{result}");
     }
     assert!(result.contains("tcp://admin:<redacted>@10.0.0.1:29500"), "{result}");
+}
+
+/// `bisect -- CMD` and `sweep -- CMD` of a command that carries secrets in its flags and prints
+/// them: bisect.json, bisect.md, sweep.json, sweep.md and every run folder under them show none.
+/// minimal.json and scenario.json are scenarios to run again and keep their values.
+#[test]
+fn secrets_in_a_commands_flags_reach_no_bisect_or_sweep_output() {
+    let hf = "hf_abcdefghijklmnopqrstuvwxyz012345";
+    let script = "echo \"RuntimeError: auth failed with $2 and $4\" >&2; exit 1";
+    // `--steps 5` gives bisect something to cut.
+    let leaky = [
+        "sh",
+        "-c",
+        script,
+        "sh",
+        "--api-key",
+        "apikeyvalue2",
+        "--hf-token",
+        hf,
+        "--token=tokenvalue2",
+        "--steps",
+        "5",
+    ];
+    let secrets = ["apikeyvalue2", hf, "tokenvalue2"];
+    let sb = Sandbox::new();
+    let bisect = sb
+        .cmd()
+        .args(["bisect", "--quiet", "--budget", "12", "--out"])
+        .arg(sb.path().join("bisect"))
+        .arg("--cache")
+        .arg(sb.path().join("cache"))
+        .arg("--")
+        .args(leaky)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&bisect.stderr);
+    assert!(sb.path().join("bisect/bisect.json").exists(), "bisect wrote nothing:\n{stderr}");
+    let sweep = sb
+        .cmd()
+        .args(["sweep", "--quiet", "-L", "n", "1,2", "--out"])
+        .arg(sb.path().join("sweep"))
+        .arg("--")
+        .args(leaky)
+        .args(["--n", "{n}"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&sweep.stderr);
+    assert!(sb.path().join("sweep/sweep.json").exists(), "sweep wrote nothing:\n{stderr}");
+    let mut checked = Vec::new();
+    for path in
+        files_under(&sb.path().join("bisect")).into_iter().chain(files_under(&sb.path().join("sweep")))
+    {
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if name.ends_with(".log") || name == "scenario.json" || name == "minimal.json" {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        for secret in secrets {
+            assert!(!text.contains(secret), "{} shows `{secret}`:\n{text}", path.display());
+        }
+        checked.push(name);
+    }
+    for name in ["bisect.json", "bisect.md", "sweep.json", "sweep.md", "result.json", "report.md"] {
+        assert!(checked.iter().any(|c| c == name), "{name} was not among the files checked: {checked:?}");
+    }
 }
 
 /// `setsid sleep 600`, started by the test (so before any run): nobody's run. Killed on drop.

@@ -149,7 +149,11 @@ pub fn run(
         environment: request.environment.clone(),
     };
     let dir = &request.out_dir;
-    write(&dir.join("bisect.json"), &serde_json::to_string_pretty(&record).expect("records serialise"))?;
+    // Masked as every output is (issue text is pasted from it); minimal.json is a scenario to run
+    // and keeps what it needs to run.
+    let mut masked = serde_json::to_value(&record).expect("records serialise");
+    crate::secrets::mask_json(&mut masked);
+    write(&dir.join("bisect.json"), &serde_json::to_string_pretty(&masked).expect("records serialise"))?;
     write(&dir.join("minimal.json"), &record.minimal.file_json())?;
     Ok(record)
 }

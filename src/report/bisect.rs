@@ -71,7 +71,7 @@ pub fn render_bisect(r: &BisectRecord) -> String {
     }
     out.push(format!(
         "## Minimal failing scenario\n\nSaved as `minimal.json` next to this report; `ups-doctor run minimal.json` reproduces it (its `expect` is the failure).\n\n{}",
-        fence("json", &r.minimal.file_json())
+        fence("json", &masked_json(&r.minimal.file_json()))
     ));
     let boundary_rows: Vec<Vec<String>> = r
         .boundary_detail
@@ -245,5 +245,17 @@ mod tests {
         let mut r = record();
         r.signature = None;
         insta::assert_snapshot!(render_bisect(&r));
+    }
+}
+
+/// A JSON document as it may be shown: its secrets masked value by value (a flag's value sits on
+/// the line after the flag, out of reach of a line-by-line mask), pretty-printed again.
+fn masked_json(text: &str) -> String {
+    match serde_json::from_str::<serde_json::Value>(text) {
+        Ok(mut value) => {
+            crate::secrets::mask_json(&mut value);
+            serde_json::to_string_pretty(&value).unwrap_or_else(|_| text.to_string())
+        }
+        Err(_) => text.to_string(),
     }
 }

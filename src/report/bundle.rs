@@ -36,6 +36,7 @@ pub struct Entry {
 pub fn contents(
     run: &RunResult,
     home: Option<&str>,
+    known: &[String],
     read_log: impl Fn(&str) -> Option<String>,
 ) -> Vec<Entry> {
     let mut out = vec![
@@ -77,11 +78,27 @@ pub fn contents(
     }
     for e in out.iter_mut().filter(|e| e.path != RESULT_FILE) {
         // result.json is masked field by field by `result_json`.
-        if let std::borrow::Cow::Owned(masked) = crate::secrets::mask_text(&e.text) {
+        if let std::borrow::Cow::Owned(masked) = crate::secrets::mask_text_knowing(&e.text, known) {
             e.text = masked;
         }
     }
     out
+}
+
+/// The secret values the run's scenarios were given (each scenario folder's `scenario.json` keeps
+/// them to run again; `result.json` has them masked): a program that printed one put it in its
+/// logs, whose tails go into the bundle.
+fn known_secrets(dir: &Path) -> Vec<String> {
+    let Ok(entries) = fs::read_dir(dir) else { return Vec::new() };
+    let mut known: Vec<String> = entries
+        .filter_map(Result::ok)
+        .filter_map(|e| fs::read_to_string(e.path().join("scenario.json")).ok())
+        .filter_map(|text| serde_json::from_str::<serde_json::Value>(&text).ok())
+        .flat_map(|doc| crate::secrets::secret_values(&doc))
+        .collect();
+    known.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
+    known.dedup();
+    known
 }
 
 /// The last `n` lines of `text`, with a first line saying how many were left out.
@@ -126,7 +143,7 @@ pub fn write_bundle(dir: &Path) -> Result<(PathBuf, Vec<String>), ReportError> {
         let p = if p.is_absolute() { p.to_path_buf() } else { dir.join(p) };
         fs::read(p).ok().map(|b| String::from_utf8_lossy(&b).into_owned())
     };
-    let entries = contents(&run, home.as_deref(), read_log);
+    let entries = contents(&run, home.as_deref(), &known_secrets(dir), read_log);
     let top = dir
         .canonicalize()
         .ok()
@@ -170,8 +187,9 @@ mod tests {
                 format!("line {i} /home/ann/x GPU-2f6c1a3e-5b7d-4c8e-9f0a-1b2c3d4e5f60 HF_TOKEN=hf_abc{i}\n")
             })
             .collect();
-        let entries =
-            contents(&run, Some("/home/ann"), |name| (name == "1-segv/rank0.stderr").then(|| long.clone()));
+        let entries = contents(&run, Some("/home/ann"), &[], |name| {
+            (name == "1-segv/rank0.stderr").then(|| long.clone())
+        });
         let names: Vec<&str> = entries.iter().map(|e| e.path.as_str()).collect();
         assert_eq!(&names[..3], ["report.md", "result.json", "trace.json"]);
         let r0 = entries.iter().find(|e| e.path == "logs/1-segv/rank0.stderr").expect("rank 0's log");

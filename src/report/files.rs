@@ -105,15 +105,18 @@ fn write_reports(dir: &Path, run: &RunResult) -> Result<PathBuf, ReportError> {
                 crate::run_files::folder(parent)
                     .map_err(|source| ReportError::CreateDir { path: parent.to_path_buf(), source })?;
             }
-            write_atomic(&path, crate::secrets::mask_text(&render_scenario_markdown(run, i)).as_bytes())?;
+            write_atomic(
+                &path,
+                crate::secrets::mask_rendered(&render_scenario_markdown(run, i), run).as_bytes(),
+            )?;
         }
     }
     write_atomic(
         &dir.join(super::trace::TRACE_FILE),
-        crate::secrets::mask_text(&super::trace::render_trace(run)).as_bytes(),
+        crate::secrets::mask_rendered(&super::trace::render_trace(run), run).as_bytes(),
     )?;
     let report = dir.join(REPORT_FILE);
-    write_atomic(&report, crate::secrets::mask_text(&render_markdown(run)).as_bytes())?;
+    write_atomic(&report, crate::secrets::mask_rendered(&render_markdown(run), run).as_bytes())?;
     Ok(report)
 }
 
@@ -138,7 +141,7 @@ pub fn issue_text(run: &RunResult) -> IssueText {
     }
     attach.push(RESULT_FILE.to_string());
     attach.push(super::trace::TRACE_FILE.to_string());
-    IssueText { paste: crate::secrets::mask_text(&render_markdown(run)).into_owned(), attach }
+    IssueText { paste: crate::secrets::mask_rendered(&render_markdown(run), run).into_owned(), attach }
 }
 
 /// `ups-doctor report DIR`: reads `DIR/result.json`, re-renders `DIR/report.md` and returns its

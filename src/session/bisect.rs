@@ -183,7 +183,8 @@ pub fn bisect(args: BisectRequest) -> Result<u8, Error> {
     };
     let record = crate::bisect::run_session(&request, &program, &INTERRUPTED)?;
     let report = out_dir.join("bisect.md");
-    crate::report::write_atomic(&report, (crate::report::render_bisect(&record) + "\n").as_bytes())?;
+    let text = crate::report::render_bisect(&record) + "\n";
+    crate::report::write_atomic(&report, crate::secrets::mask_rendered(&text, &record).as_bytes())?;
     if INTERRUPTED.load(Ordering::SeqCst) {
         eprintln!("interrupted; partial bisect written to {}", out_dir.display());
         return Ok(exit::INTERRUPTED);

@@ -375,7 +375,13 @@ impl Sweep {
                 source,
             })?;
         }
-        let text = serde_json::to_string_pretty(&p.runs).expect("runs serialise");
+        // Masked as the outputs are: the headlines quote the program, which may print a secret the
+        // sweep's command line holds.
+        let mut runs = serde_json::to_value(&p.runs).expect("runs serialise");
+        let known =
+            serde_json::to_value(&self.record).map(|r| crate::secrets::secret_values(&r)).unwrap_or_default();
+        crate::secrets::mask_json_knowing(&mut runs, &known);
+        let text = serde_json::to_string_pretty(&runs).expect("runs serialise");
         report::write_atomic(&path, text.as_bytes())?;
         Ok(())
     }
@@ -396,9 +402,16 @@ impl Sweep {
             })
             .collect();
         self.record.verdict = sweep::judge(&self.record.points);
-        let json = serde_json::to_string_pretty(&self.record).expect("the sweep serialises") + "\n";
+        // Masked as every output is: both may be pasted into an issue.
+        let mut record = serde_json::to_value(&self.record).expect("the sweep serialises");
+        crate::secrets::mask_json(&mut record);
+        let json = serde_json::to_string_pretty(&record).expect("the sweep serialises") + "\n";
         report::write_atomic(&self.out_dir.join("sweep.json"), json.as_bytes())?;
-        report::write_atomic(&self.out_dir.join("sweep.md"), report::render_sweep(&self.record).as_bytes())?;
+        let md = report::render_sweep(&self.record);
+        report::write_atomic(
+            &self.out_dir.join("sweep.md"),
+            crate::secrets::mask_rendered(&md, &self.record).as_bytes(),
+        )?;
         Ok(())
     }
 
