@@ -131,10 +131,15 @@ struct Attached {
 }
 
 fn attach(sb: &Sandbox, pid: u32) -> Attached {
+    attach_with(sb, pid, &[])
+}
+
+fn attach_with(sb: &Sandbox, pid: u32, args: &[&str]) -> Attached {
     let out_dir = sb.path().join(format!("attach-{pid}"));
     let out = Command::new(bin())
         .args(["attach", &pid.to_string(), "--out"])
         .arg(&out_dir)
+        .args(args)
         .env("PATH", venv_path())
         .output()
         .expect("ups-doctor runs");
@@ -209,6 +214,13 @@ fn a_healthy_torchrun_job_is_running_and_attach_leaves_it_as_it_was() {
         scenario["verdict"]
     );
     assert!(a.report.contains("read-only: no signal sent"), "{}", a.report);
+    // The job's TCP connections: torchrun's agent holds the store, both ranks are connected to it
+    // and to each other (gloo).
+    let tcp = &a.attach["tcp"];
+    assert_eq!(tcp["store_holder"]["role"], "launcher", "{tcp}");
+    assert_eq!(tcp["connected_to_store"], serde_json::json!([0, 1]), "{tcp}");
+    assert_eq!((tcp["peers"][0][0].as_u64(), tcp["peers"][0][1].as_u64()), (Some(0), Some(1)), "{tcp}");
+    assert!(a.report.contains("TCP on this machine: the rendezvous store at :"), "{}", a.report);
     // `--all` lists it with the pid to attach to.
     let before = snapshot(&job.processes());
     let list = Command::new(bin()).args(["attach", "--all"]).output().expect("ups-doctor runs");
@@ -220,6 +232,63 @@ fn a_healthy_torchrun_job_is_running_and_attach_leaves_it_as_it_was() {
     assert!(entry.contains("torchrun --nproc_per_node 2"), "{entry}");
     assert!(entry.contains("ranks 0, 1 of 2"), "{entry}");
     assert!(entry.contains(&format!("ups-doctor attach {}", job.pid())), "{entry}");
+}
+
+/// `--then stop` on a hung job: the stacks are read first (the same verdict as without it), then
+/// the launcher and ranks get SIGTERM and the whole job ends; nothing else is touched.
+#[test]
+fn then_stop_reads_a_hung_job_first_and_then_ends_every_process_of_it() {
+    let sb = Sandbox::new();
+    let stalled = sb.path().join("stalled");
+    let site = repo().join("tests/programs/attach_stall").display().to_string();
+    let mut job = Job::start(
+        &sb,
+        &torchrun(2, free_port(), &[&program("launchers.py"), "--launcher", "env", "--steps", "1000"]),
+        &[
+            ("PYTHONPATH", site),
+            ("ATTACH_STALL_RANK", "1".into()),
+            ("ATTACH_STALL_STEP", "3".into()),
+            ("ATTACH_STALL_FILE", stalled.display().to_string()),
+        ],
+    );
+    assert!(job.reaches(|| stalled.exists()), "rank 1 reaches its stall:\n{}", job.output());
+    let ranks = job.ranks();
+    let rank0 = ranks
+        .iter()
+        .copied()
+        .find(|&p| std::fs::read_to_string(&stalled).is_ok_and(|s| s.trim() != p.to_string()));
+    let rank0 = rank0.expect("rank 0");
+    assert!(job.reaches(|| stack(rank0).contains("_engine_run_backward")), "rank 0 waits in backward");
+    let everyone = job.processes();
+    let mut bystander = Command::new("sleep").arg("600").spawn().unwrap();
+    let a = attach_with(&sb, job.pid(), &["--then", "stop"]);
+    assert_eq!(a.code, 1, "hung is exit 1; stderr:\n{}", a.stderr);
+    assert_eq!(
+        (a.attach["state"].as_str(), a.attach["culprit"].as_u64()),
+        (Some("hung"), Some(1)),
+        "{:#}",
+        a.attach
+    );
+    let termed = a.attach["stopped"]["sigterm"].as_array().cloned().unwrap_or_default();
+    assert!(termed.contains(&serde_json::json!(job.pid())), "the launcher got SIGTERM: {:#}", a.attach);
+    let gone =
+        eventually(Duration::from_secs(30), || everyone.iter().all(|&p| !crate::util::alive(p.into())));
+    assert!(
+        gone,
+        "still there: {:?}",
+        everyone.iter().filter(|&&p| crate::util::alive(p.into())).collect::<Vec<_>>()
+    );
+    assert!(job.launcher.try_wait().unwrap().is_some(), "the launcher ended");
+    let untouched = bystander.try_wait().unwrap().is_none();
+    let _ = bystander.kill();
+    let _ = bystander.wait();
+    assert!(untouched, "a process outside the job was touched");
+    assert!(
+        a.report.contains("then stopped as asked (`--then stop`), after the stacks were read"),
+        "{}",
+        a.report
+    );
+    assert!(a.report.contains("read-only: no signal sent"), "the window itself was read-only:\n{}", a.report);
 }
 
 #[test]
@@ -363,6 +432,9 @@ fn a_rank_gone_before_the_rendezvous_makes_the_job_failed_and_the_rank_missing()
     assert!(headline.contains("rank 0 in"), "{headline}");
     let evidence = verdict["evidence"].to_string();
     assert!(evidence.contains("rank 1 of WORLD_SIZE 2 not found on this machine"), "{evidence}");
+    // Rank 0 reached the store; rank 1 never did.
+    assert_eq!(a.attach["tcp"]["connected_to_store"], serde_json::json!([0]), "{:#}", a.attach["tcp"]);
+    assert!(evidence.contains("**not connected: rank 1**"), "{evidence}");
 }
 
 #[test]

@@ -11,6 +11,8 @@
 
 pub mod job;
 pub mod judge;
+pub mod stop;
+pub mod tcp;
 pub mod watch;
 
 use std::path::{Path, PathBuf};
@@ -45,6 +47,11 @@ pub struct AttachArgs {
     /// (a ptrace stop; still no signal). Without it the job never stops.
     #[arg(long)]
     pub native: bool,
+    /// What to do with the job once its evidence is written: `stop` ends it in order (SIGTERM to
+    /// the launcher and ranks, SIGKILL 10 s later to what is left). Without it nothing is
+    /// signalled.
+    #[arg(long, value_name = "ACTION", value_parser = ["stop"], conflicts_with = "all")]
+    pub then: Option<String>,
 }
 
 /// Runs `ups-doctor attach`.
@@ -68,7 +75,8 @@ pub fn command(args: AttachArgs) -> Result<u8, Error> {
         if i > 0 {
             eprintln!();
         }
-        let state = attach_one(pid, &out, Duration::from_secs_f64(args.watch), args.native)?;
+        let stop = args.then.as_deref() == Some("stop");
+        let state = attach_one(pid, &out, Duration::from_secs_f64(args.watch), args.native, stop)?;
         if state != State::Running {
             worst = exit::NOT_MET;
         }
@@ -281,8 +289,14 @@ impl Seen<'_> {
     }
 }
 
-fn attach_one(pid: u32, out: &Path, window: Duration, native: bool) -> Result<State, Error> {
+fn attach_one(pid: u32, out: &Path, window: Duration, native: bool, stop: bool) -> Result<State, Error> {
     let job = job::find(pid).map_err(Error::BadInput)?;
+    // Who is signalled if the job is to be stopped: as first seen, before the window.
+    let first_seen = |pids: &[u32]| {
+        pids.iter().filter_map(|&p| crate::harness::os::owner::identify(p)).collect::<Vec<_>>()
+    };
+    let heads: Vec<u32> = job.launcher.into_iter().chain(job.ranks.iter().map(|r| r.pid)).collect();
+    let (heads, everyone) = (first_seen(&heads), first_seen(&job.pids()));
     let started = SystemTime::now();
     let started_at = humantime::format_rfc3339_seconds(started).to_string();
     let py_spy = watch::find_py_spy(job.ranks[0].pid);
@@ -330,7 +344,10 @@ fn attach_one(pid: u32, out: &Path, window: Duration, native: bool) -> Result<St
         looks: options.looks,
         native,
     };
+    let connections = tcp::read(&job);
     let mut front = seen.evidence(&found, &of, &refused_pids, &shm);
+    let expected: Vec<u32> = found.iter().chain(&missing).copied().collect();
+    front.extend(connections.sentence(&expected));
     front.append(&mut judged.verdict.evidence);
     judged.verdict.evidence = front;
     let external = ExternalRun {
@@ -369,7 +386,7 @@ fn attach_one(pid: u32, out: &Path, window: Duration, native: bool) -> Result<St
         cgroup_unavailable: None,
         nodes: None,
     };
-    let run = RunResult {
+    let mut run = RunResult {
         tool_version: env!("CARGO_PKG_VERSION").to_string(),
         started_at: started_at.clone(),
         command: std::env::args().collect(),
@@ -380,10 +397,21 @@ fn attach_one(pid: u32, out: &Path, window: Duration, native: bool) -> Result<St
         stopped_by: None,
         logs_cut: Vec::new(),
     };
-    let report = crate::report::write_run(out, &run)?;
-    let attach = seen.record(judged.state, judged.culprit, &found, &missing, &views, &refused_pids, &shm);
-    let text = serde_json::to_string_pretty(&attach).expect("serialises") + "\n";
-    crate::report::write_atomic(&out.join("attach.json"), text.as_bytes())?;
+    let mut attach = seen.record(judged.state, judged.culprit, &found, &missing, &views, &refused_pids, &shm);
+    attach["tcp"] = json!(connections);
+    let mut report = write_attach(out, &run, &attach)?;
+    if stop {
+        // Written first: whatever stopping does, the evidence is already on disk.
+        let stopped = stop::stop(&heads, &everyone, stop::TERM_GRACE);
+        eprintln!("{}", stopped.sentence());
+        run.scenarios[0].verdict.evidence.push(stopped.sentence());
+        attach["signalled"] = json!(stopped.termed.iter().chain(&stopped.killed).collect::<Vec<_>>());
+        attach["stopped"] = json!({
+            "sigterm": stopped.termed, "sigkill": stopped.killed, "survivors": stopped.survivors,
+            "took_s": stopped.took_s,
+        });
+        report = write_attach(out, &run, &attach)?;
+    }
     eprintln!("{}", judged.verdict.headline);
     for v in &views {
         if v.motion == Motion::Unread {
@@ -392,6 +420,16 @@ fn attach_one(pid: u32, out: &Path, window: Duration, native: bool) -> Result<St
     }
     eprintln!("report: {}", report.display());
     Ok(judged.state)
+}
+
+/// Writes the run folder (result.json, report.md, trace.json) and attach.json; the report's path.
+fn write_attach(out: &Path, run: &RunResult, attach: &serde_json::Value) -> Result<PathBuf, Error> {
+    let report = crate::report::write_run(out, run)?;
+    let mut attach = attach.clone();
+    crate::secrets::mask_json(&mut attach);
+    let text = serde_json::to_string_pretty(&attach).expect("serialises") + "\n";
+    crate::report::write_atomic(&out.join("attach.json"), text.as_bytes())?;
+    Ok(report)
 }
 
 /// `ups-doctor attach --all`: the PyTorch jobs on this machine.

@@ -141,22 +141,42 @@ impl Run {
     /// Sends `signal` to `who` if, and only if, it is still the process first seen and this
     /// run's.
     pub fn signal(&self, who: Identity, signal: i32) -> Result<(), SignalError> {
-        let pidfd = sys::pidfd_open(who.pid);
-        // The pidfd (when there is one) was opened first: the checks below are about the process
-        // it names, or, if the pid was recycled in between, they fail on the newcomer.
-        self.check(who).map_err(SignalError::NotOurs)?;
-        let sent = match &pidfd {
-            Ok(fd) => sys::pidfd_send_signal(fd, signal),
-            Err(e) if e.raw_os_error() == Some(Errno::ENOSYS as i32) => {
-                // kill(2) on a process just checked to be this run's.
-                Signal::try_from(signal)
-                    .and_then(|signal| kill(Pid::from_raw(who.pid as i32), signal))
-                    .map_err(io::Error::from)
-            }
-            Err(e) => Err(io::Error::from_raw_os_error(e.raw_os_error().unwrap_or(Errno::ESRCH as i32))),
-        };
-        sent.map_err(SignalError::Os)
+        send_checked(who, signal, || self.check(who))
     }
+}
+
+/// Sends `signal` to `who` if, and only if, it is still the process first seen (its pid and start
+/// time): for a job the user named and asked to stop (`attach --then stop`), which carries no run
+/// id of ours.
+pub fn signal_as_first_seen(who: Identity, signal: i32) -> Result<(), SignalError> {
+    send_checked(who, signal, || match identify(who.pid) {
+        None => Err(NotOurs::Gone),
+        Some(now) if now != who => Err(NotOurs::Recycled),
+        Some(_) => Ok(()),
+    })
+}
+
+/// Opens a pidfd, then runs `check`, then signals through the pidfd.
+fn send_checked(
+    who: Identity,
+    signal: i32,
+    check: impl FnOnce() -> Result<(), NotOurs>,
+) -> Result<(), SignalError> {
+    let pidfd = sys::pidfd_open(who.pid);
+    // The pidfd (when there is one) was opened first: the checks below are about the process it
+    // names, or, if the pid was recycled in between, they fail on the newcomer.
+    check().map_err(SignalError::NotOurs)?;
+    let sent = match &pidfd {
+        Ok(fd) => sys::pidfd_send_signal(fd, signal),
+        Err(e) if e.raw_os_error() == Some(Errno::ENOSYS as i32) => {
+            // kill(2) on a process just checked.
+            Signal::try_from(signal)
+                .and_then(|signal| kill(Pid::from_raw(who.pid as i32), signal))
+                .map_err(io::Error::from)
+        }
+        Err(e) => Err(io::Error::from_raw_os_error(e.raw_os_error().unwrap_or(Errno::ESRCH as i32))),
+    };
+    sent.map_err(SignalError::Os)
 }
 
 /// Why a signal was not sent.
