@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
 
+use crate::harness::os::owner::{Identity, identify};
 use crate::harness::{FoundRank, Known, auto_style, discover_ranks, rank_members_in};
 use crate::probe::memory::{self, ProcStat};
 use crate::schema::IdentifiedBy;
@@ -48,6 +49,14 @@ impl Job {
             pids.extend(&r.children);
         }
         pids
+    }
+
+    /// The launcher and ranks, then every process of the job, as they are now (pid and start
+    /// time): what `--then stop` may signal, and only while each is still that process.
+    pub fn first_seen(&self) -> (Vec<Identity>, Vec<Identity>) {
+        let now = |pids: &mut dyn Iterator<Item = u32>| pids.filter_map(identify).collect::<Vec<_>>();
+        let heads = now(&mut self.launcher.into_iter().chain(self.ranks.iter().map(|r| r.pid)));
+        (heads, now(&mut self.pids().into_iter()))
     }
 
     /// The ranks this machine should have: `LOCAL_WORLD_SIZE`, else `WORLD_SIZE`.

@@ -292,11 +292,7 @@ impl Seen<'_> {
 fn attach_one(pid: u32, out: &Path, window: Duration, native: bool, stop: bool) -> Result<State, Error> {
     let job = job::find(pid).map_err(Error::BadInput)?;
     // Who is signalled if the job is to be stopped: as first seen, before the window.
-    let first_seen = |pids: &[u32]| {
-        pids.iter().filter_map(|&p| crate::harness::os::owner::identify(p)).collect::<Vec<_>>()
-    };
-    let heads: Vec<u32> = job.launcher.into_iter().chain(job.ranks.iter().map(|r| r.pid)).collect();
-    let (heads, everyone) = (first_seen(&heads), first_seen(&job.pids()));
+    let (heads, everyone) = job.first_seen();
     let started = SystemTime::now();
     let started_at = humantime::format_rfc3339_seconds(started).to_string();
     let py_spy = watch::find_py_spy(job.ranks[0].pid);
@@ -401,16 +397,7 @@ fn attach_one(pid: u32, out: &Path, window: Duration, native: bool, stop: bool) 
     attach["tcp"] = json!(connections);
     let mut report = write_attach(out, &run, &attach)?;
     if stop {
-        // Written first: whatever stopping does, the evidence is already on disk.
-        let stopped = stop::stop(&heads, &everyone, stop::TERM_GRACE);
-        eprintln!("{}", stopped.sentence());
-        run.scenarios[0].verdict.evidence.push(stopped.sentence());
-        attach["signalled"] = json!(stopped.termed.iter().chain(&stopped.killed).collect::<Vec<_>>());
-        attach["stopped"] = json!({
-            "sigterm": stopped.termed, "sigkill": stopped.killed, "survivors": stopped.survivors,
-            "took_s": stopped.took_s,
-        });
-        report = write_attach(out, &run, &attach)?;
+        report = stop_and_record(out, &mut run, &mut attach, &heads, &everyone)?;
     }
     eprintln!("{}", judged.verdict.headline);
     for v in &views {
@@ -420,6 +407,26 @@ fn attach_one(pid: u32, out: &Path, window: Duration, native: bool, stop: bool) 
     }
     eprintln!("report: {}", report.display());
     Ok(judged.state)
+}
+
+/// `--then stop`, once the evidence is on disk (whatever stopping does, it stays): stops the job
+/// and writes the run folder again with what was sent to whom.
+fn stop_and_record(
+    out: &Path,
+    run: &mut RunResult,
+    attach: &mut serde_json::Value,
+    heads: &[crate::harness::os::owner::Identity],
+    everyone: &[crate::harness::os::owner::Identity],
+) -> Result<PathBuf, Error> {
+    let stopped = stop::stop(heads, everyone, stop::TERM_GRACE);
+    eprintln!("{}", stopped.sentence());
+    run.scenarios[0].verdict.evidence.push(stopped.sentence());
+    attach["signalled"] = json!(stopped.termed.iter().chain(&stopped.killed).collect::<Vec<_>>());
+    attach["stopped"] = json!({
+        "sigterm": stopped.termed, "sigkill": stopped.killed, "survivors": stopped.survivors,
+        "took_s": stopped.took_s,
+    });
+    write_attach(out, run, attach)
 }
 
 /// Writes the run folder (result.json, report.md, trace.json) and attach.json; the report's path.
