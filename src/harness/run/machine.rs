@@ -113,6 +113,9 @@ pub struct View<'a> {
     pub busy_at: Option<Duration>,
     /// Every process asked for stacks has answered.
     pub stacks_answered: bool,
+    /// A process asked for stacks and not done has used CPU since it was asked: it is answering
+    /// (the trainer symbolises each thread's stack, seconds on a loaded machine).
+    pub stacks_coming: bool,
     /// Every process has ended and its markers and output are in.
     pub finished: bool,
 }
@@ -171,7 +174,12 @@ pub struct Machine {
     /// When SIGTERM went out (the launcher's grace counts from it).
     term_at: Option<Duration>,
     launcher_killed: bool,
+    /// The latest a quick look (interrupt, peer) may be waited for while its ranks still answer.
+    quick_until: Option<Duration>,
 }
+
+/// How often a quick look whose ranks are still answering is looked at again.
+const STACKS_COMING_LOOK: Duration = Duration::from_millis(250);
 
 impl Machine {
     pub fn new(timing: Timing, external: bool) -> Machine {
@@ -184,6 +192,7 @@ impl Machine {
             first_failure_at: None,
             term_at: None,
             launcher_killed: false,
+            quick_until: None,
         }
     }
 
@@ -250,6 +259,16 @@ impl Machine {
         }
         // `stacks_answered` is about requests made before this step: stacks asked for just now
         // are waited for (until answered, at the next step, or until the wait is over).
+        // A quick look (interrupt, peer) that the ranks are still answering gets more time, up to
+        // the full wait of a hang's look: a stack is what a user interrupts a stuck run for.
+        if let (Phase::DumpingStacks { until }, Some(longest)) = (self.phase, self.quick_until)
+            && now >= until
+            && now < longest
+            && view.stacks_coming
+            && !view.stacks_answered
+        {
+            self.phase = Phase::DumpingStacks { until: (now + STACKS_COMING_LOOK).min(longest) };
+        }
         if let Phase::DumpingStacks { until } = self.phase
             && ((asked_before && view.stacks_answered) || now >= until)
         {
@@ -356,6 +375,7 @@ impl Machine {
         };
         if !self.external {
             actions.push(Action::DumpStacks { ranks, look });
+            self.quick_until = Some(now + wait.max(self.timing.stack_dump_wait));
         }
         self.phase = Phase::DumpingStacks { until: now + wait };
     }
@@ -436,6 +456,7 @@ mod tests {
             no_rank_found: false,
             busy_at: None,
             stacks_answered: false,
+            stacks_coming: false,
             finished: false,
         }
     }
@@ -535,6 +556,25 @@ mod tests {
             [Action::MarkTimedOut { rank: 0 }, Action::DumpStacks { ranks: vec![0], look: Look::Stuck }]
         );
         assert_eq!(m.cause(), Some(&Cause::Timeout));
+    }
+
+    #[test]
+    fn an_interrupt_waits_longer_for_stacks_the_ranks_are_still_answering_but_not_for_ever() {
+        let mut m = Machine::new(timing(), false);
+        let ranks = [rank(0, 1)];
+        m.step(Input::Interrupt, S(2), &view(&ranks));
+        let coming = View { stacks_coming: true, ..view(&ranks) };
+        assert_eq!(m.step(Input::Timer, S(5), &coming), [], "the rank is symbolising its stacks");
+        assert_eq!(m.next_deadline(&coming), Some(S(5) + STACKS_COMING_LOOK));
+        assert_eq!(m.step(Input::Timer, S(6), &coming), []);
+        let answered = View { stacks_answered: true, ..view(&ranks) };
+        assert_eq!(m.step(Input::Changed, S(7), &answered), [Action::Signal(Teardown::Term)]);
+        // Still answering at the full wait of a hang's look: torn down all the same.
+        let mut m = Machine::new(timing(), false);
+        m.step(Input::Interrupt, S(2), &view(&ranks));
+        let longest = S(2) + timing().stack_dump_wait.max(timing().interrupt_dump_wait);
+        assert_eq!(m.step(Input::Timer, longest - S(1), &coming), []);
+        assert_eq!(m.step(Input::Timer, longest, &coming), [Action::Signal(Teardown::Term)]);
     }
 
     #[test]

@@ -54,6 +54,8 @@ const STOP_LOOK_MS: u16 = 200;
 /// How often the link to the other nodes of a multi-node run is read and told of progress: it
 /// has no way to wake the loop.
 const LINK_EVERY: Duration = Duration::from_millis(50);
+/// CPU time a rank asked for stacks must have used since, to count as answering.
+const DUMPING_CPU_S: f64 = 0.05;
 /// How often the ranks' CPU time is read, for [`CpuWatch`].
 const CPU_EVERY: Duration = Duration::from_secs(1);
 /// The share of one core over [`CPU_EVERY`] above which a rank counts as busy: a rank waiting in
@@ -140,6 +142,8 @@ struct Slot {
     dump_requested: bool,
     /// How many processes of its group (the rank and its loader workers) were asked.
     dumps_requested: u32,
+    /// The rank process's CPU time when its stacks were asked for (seconds).
+    dump_cpu: Option<f64>,
     /// A launcher's rank, found in its process tree: the pid, not our child.
     found: Option<u32>,
     /// The found rank as first seen: what a signal to it is checked against.
@@ -167,6 +171,7 @@ impl Slot {
             markers_closed: false,
             dump_requested: false,
             dumps_requested: 0,
+            dump_cpu: None,
             found: None,
             found_id: None,
             found_gone: false,
@@ -939,9 +944,23 @@ impl Supervisor<'_, '_> {
             busy_at: self.cpu.busy_at.map(|b| b.saturating_duration_since(self.start)),
             no_rank_found: self.plan.style == Style::Launcher && self.slots.iter().all(|s| s.found.is_none()),
             stacks_answered: self.stacks_answered(),
+            stacks_coming: self.stacks_coming(),
             finished: !self.launcher.as_ref().is_some_and(Launcher::live)
                 && self.slots.iter().all(|s| s.finished(now, drain)),
         }
+    }
+
+    /// A live rank asked for stacks that has not answered has used CPU since (its dump thread
+    /// symbolising: seconds on a loaded machine). Read only while such a rank waits.
+    fn stacks_coming(&self) -> bool {
+        self.slots
+            .iter()
+            .filter(|s| s.live() && s.dump_requested)
+            .filter(|s| !(s.end.state.stacks_complete && s.end.state.stack_ends >= s.dumps_requested))
+            .any(|s| {
+                let now = s.end.pid.and_then(crate::probe::memory::cpu_seconds);
+                matches!((s.dump_cpu, now), (Some(then), Some(now)) if now - then >= DUMPING_CPU_S)
+            })
     }
 
     /// Every live rank asked for stacks has answered, from every process asked.
@@ -975,6 +994,7 @@ impl Supervisor<'_, '_> {
                     .iter_mut()
                     .filter(|s| s.live() && ranks.contains(&s.end.rank) && s.process.is_some())
                 {
+                    slot.dump_cpu = slot.end.pid.and_then(crate::probe::memory::cpu_seconds);
                     slot.dumps_requested = teardown::request_stacks(&slot_members(slot, &[]), ownership);
                     slot.dump_requested = slot.dumps_requested > 0;
                 }
@@ -1040,6 +1060,7 @@ impl Supervisor<'_, '_> {
                     })
                     .collect();
             } else if slot.process.is_some() {
+                slot.dump_cpu = slot.end.pid.and_then(crate::probe::memory::cpu_seconds);
                 slot.dumps_requested = teardown::request_stacks(&members, &self.ownership);
             }
             slot.dump_requested = true;
