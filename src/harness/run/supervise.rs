@@ -45,11 +45,8 @@ const DISCOVER_EVERY: Duration = Duration::from_millis(50);
 /// How often, once every rank is found, discovery runs again while a weak identification (spawn
 /// order) may still be confirmed or corrected by the markers or the port.
 const REDISCOVER_EVERY: Duration = Duration::from_millis(250);
-/// How often a launcher's rank is looked for in `/proc` while it may be a zombie: after its pidfd
-/// said it exited, or all along where there is no pidfd (Linux before 5.3).
+/// How often a launcher's rank is looked for in `/proc` while it may be a zombie.
 const ZOMBIE_POLL: Duration = Duration::from_millis(2);
-/// How often a rank's exit watcher sleeping on its pidfd looks whether the run still wants it.
-const STOP_LOOK_MS: u16 = 200;
 /// How often the live progress line is redrawn (never with `--quiet`).
 /// How often the link to the other nodes of a multi-node run is read and told of progress: it
 /// has no way to wake the loop.
@@ -267,21 +264,6 @@ impl Launcher {
 /// with `torch.multiprocessing.spawn` the launcher won that race, leaving a SIGSEGV unobserved.
 /// Stops at `stop`, or once the process is gone.
 fn watch_found(pid: u32, sink: Sink, stop: Arc<AtomicBool>) {
-    // A pidfd turns readable the moment the process exits (a zombie until its launcher reaps it,
-    // which is when its status can be read): sleep in poll(2) until then, waking only to look at
-    // `stop`, instead of reading /proc every 2 ms (0.09 s of CPU a rank in 7 s, measured).
-    if let Ok(fd) = crate::harness::os::sys::pidfd_open(pid) {
-        use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
-        use std::os::fd::AsFd;
-        while !stop.load(Ordering::Relaxed) {
-            let mut fds = [PollFd::new(fd.as_fd(), PollFlags::POLLIN)];
-            match poll(&mut fds, PollTimeout::from(STOP_LOOK_MS)) {
-                Ok(0) | Err(nix::errno::Errno::EINTR) => continue,
-                // Exited (or poll cannot tell): read how, as below.
-                _ => break,
-            }
-        }
-    }
     while !stop.load(Ordering::Relaxed) {
         if let crate::harness::os::found::FoundState::Ended(exit) =
             crate::harness::os::found::found_state(pid)
