@@ -144,6 +144,11 @@ fn attach_with(sb: &Sandbox, pid: u32, args: &[&str]) -> Attached {
         .output()
         .expect("ups-doctor runs");
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    // The report attach writes is read back against its result.json, as every run's is (issue 30).
+    if out_dir.join("result.json").is_file() && out_dir.join("report.md").is_file() {
+        let found = crate::consistency::check_run_dir(&out_dir);
+        assert!(found.is_empty(), "the report contradicts its result.json:\n{}", found.join("\n"));
+    }
     let read = |name: &str| -> String {
         std::fs::read_to_string(out_dir.join(name))
             .unwrap_or_else(|e| panic!("{name}: {e}; stderr:\n{stderr}"))
