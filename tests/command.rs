@@ -121,3 +121,57 @@ fn a_command_that_cannot_run_is_bad_input_naming_what_to_change_and_nothing_runs
         assert!(!sb.out().join("result.json").exists(), "{args:?}: nothing ran");
     }
 }
+
+/// Where the test venv's `accelerate` package is installed.
+fn accelerate_dir() -> std::path::PathBuf {
+    let out = std::process::Command::new(crate::util::venv_python())
+        .args(["-c", "import accelerate, os; print(os.path.dirname(accelerate.__file__))"])
+        .output()
+        .expect("the venv's python runs");
+    assert!(
+        out.status.success(),
+        "accelerate is not installed in the test venv: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::path::PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+}
+
+/// Accelerate's own test script, shipped inside the package (`accelerate/test_utils/scripts/
+/// test_ops.py`: gather, broadcast, pad and reduce across processes, each result asserted), as it
+/// is, under `run -- torchrun`: it passes, both ranks named by `RANK` and their gloo group seen by
+/// the observer. Then with rank 1's first `all_gather` skipped from outside the program (a
+/// `sitecustomize` on `PYTHONPATH`): rank 1's own assertion fails first, and rank 0 is collateral.
+#[test]
+fn accelerates_own_test_script_passes_as_it_is_and_the_rank_that_skipped_a_gather_is_named() {
+    let script = accelerate_dir().join("test_utils/scripts/test_ops.py").display().to_string();
+    let argv = ["--", "torchrun", "--nproc_per_node", "2", script.as_str()];
+    let sb = Sandbox::new();
+    let out = run(&sb, &argv);
+    let s = out.scenario();
+    assert_eq!(
+        (out.code(), s["outcome"].as_str()),
+        (0, Some("passed")),
+        "{}\n{:#}",
+        out.stderr(),
+        s["verdict"]
+    );
+    for (rank, r) in s["ranks"].as_array().unwrap().iter().enumerate() {
+        assert_eq!(r["identified_by"], "RANK", "{r}");
+        assert_eq!(r["observed"]["group"]["backend"], "gloo", "{r}");
+        assert_eq!(r["observed"]["group"]["rank"], rank, "{r}");
+    }
+
+    let sb = Sandbox::new();
+    let mut cmd = sb.cmd();
+    cmd.env("PATH", venv_path())
+        .env("PYTHONPATH", repo().join("tests/programs/inject"))
+        .env("INJECT_SKIP_RANK", "1")
+        .env("INJECT_SKIP_CALL", "1");
+    let out = sb.run_with(cmd, &[], &argv);
+    let s = out.scenario();
+    assert_eq!(s["first_failure"], 1, "{:#}", s["verdict"]);
+    assert_eq!(s["ranks"][0]["collateral"], true, "{:#}", s["ranks"][0]);
+    let headline = s["verdict"]["headline"].as_str().unwrap();
+    assert!(headline.starts_with("Rank 1 exited with status 1: AssertionError"), "{headline}");
+    assert!(headline.contains("Rank 0 failed after it (collateral)"), "{headline}");
+}
