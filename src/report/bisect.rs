@@ -248,14 +248,12 @@ mod tests {
     }
 }
 
-/// A JSON document as it may be shown: its secrets masked value by value (a flag's value sits on
-/// the line after the flag, out of reach of a line-by-line mask), pretty-printed again.
+/// A JSON document as it may be shown: every secret value it holds (a flag's value sits on the
+/// line after the flag, out of reach of a line-by-line mask) masked where it stands, the layout
+/// kept.
 fn masked_json(text: &str) -> String {
-    match serde_json::from_str::<serde_json::Value>(text) {
-        Ok(mut value) => {
-            crate::secrets::mask_json(&mut value);
-            serde_json::to_string_pretty(&value).unwrap_or_else(|_| text.to_string())
-        }
-        Err(_) => text.to_string(),
-    }
+    let known = serde_json::from_str::<serde_json::Value>(text)
+        .map(|v| crate::secrets::secret_values(&v))
+        .unwrap_or_default();
+    crate::secrets::mask_text_knowing(text, &known).into_owned()
 }
