@@ -175,3 +175,46 @@ fn accelerates_own_test_script_passes_as_it_is_and_the_rank_that_skipped_a_gathe
     assert!(headline.starts_with("Rank 1 exited with status 1: AssertionError"), "{headline}");
     assert!(headline.contains("Rank 0 failed after it (collateral)"), "{headline}");
 }
+
+/// A Lightning program (`Trainer(devices=2, strategy="ddp")`, which starts its second rank
+/// itself) as a bare `run -- python train.py`: the command line has no rank count, so one rank is
+/// watched. Its rank 1 segfaults: the verdict must not pass off rank 0's "connection closed" as
+/// the cause without saying that rank 1 was never watched, and names the fix; with that fix
+/// (`--set launch.world_size=2`), rank 1's SIGSEGV is the first failure.
+#[test]
+fn a_lightning_command_whose_ranks_the_command_line_does_not_count_says_what_it_did_not_watch() {
+    let prog = repo().join("tests/programs/launchers.py").display().to_string();
+    let argv = [
+        "--",
+        "python",
+        &prog,
+        "--launcher",
+        "lightning",
+        "--steps",
+        "6",
+        "--segv-rank",
+        "1",
+        "--segv-step",
+        "4",
+    ];
+    let sb = Sandbox::new();
+    let out = run(&sb, &argv);
+    let s = out.scenario();
+    let headline = s["verdict"]["headline"].as_str().unwrap();
+    assert!(
+        headline.contains("But only 1 of the 2 ranks the program started was watched")
+            && headline.contains("`--set launch.world_size=2`"),
+        "{headline}"
+    );
+    assert_eq!(s["met_expectation"], false, "{s}");
+
+    let sb = Sandbox::new();
+    let mut with_count = vec!["--set", "launch.world_size=2"];
+    with_count.extend(argv);
+    let out = run(&sb, &with_count);
+    let s = out.scenario();
+    assert_eq!(s["first_failure"], 1, "{:#}", s["verdict"]);
+    assert_eq!(s["ranks"][1]["signal"], "SIGSEGV", "{:#}", s["ranks"][1]);
+    let headline = s["verdict"]["headline"].as_str().unwrap();
+    assert!(!headline.contains("only 1 of the 2"), "{headline}");
+}

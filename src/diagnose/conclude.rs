@@ -76,6 +76,28 @@ pub fn settle(j: Judgement, observed: &Observed, c: &Circumstances) -> Conclusio
         }
     }
     annotate_gpu(&mut verdict, observed.scenario, c.gpu);
+    let unwatched = unwatched_ranks(observed);
+    if let Some((told, formed)) = unwatched {
+        let missed = if formed - told == 1 {
+            format!("rank {told} was")
+        } else {
+            format!("ranks {told}–{} were", formed - 1)
+        };
+        let line = format!(
+            "The program formed a process group of {formed} ranks, but this run watched {told} (the \
+             command line has no rank count ups-doctor reads): {missed} not watched, and what failed \
+             first may be among them. Run again with `--set launch.world_size={formed}`"
+        );
+        verdict.evidence.insert(0, line);
+        if outcome != OutcomeKind::Passed {
+            verdict.headline = format!(
+                "{} But only {told} of the {formed} ranks the program started {} watched: what failed \
+                 first may be a rank that was not (run again with `--set launch.world_size={formed}`)",
+                verdict.headline.trim_end_matches('.').to_string() + ".",
+                if told == 1 { "was" } else { "were" }
+            );
+        }
+    }
     let collateral = ranks
         .iter()
         .filter(|r| first_failure.is_some_and(|f| f != r.rank) && r.outcome != OutcomeKind::Passed)
@@ -95,6 +117,9 @@ pub fn settle(j: Judgement, observed: &Observed, c: &Circumstances) -> Conclusio
             mismatches.retain(|m| !m.starts_with("expected the error to contain"));
         }
     }
+    if let Some((told, formed)) = unwatched {
+        mismatches.push(format!("only {told} of the program's {formed} ranks watched"));
+    }
     if !c.unobserved.is_empty() {
         let parts: Vec<&str> = c.unobserved.iter().map(|u| u.part.as_str()).collect();
         mismatches.push(format!("{} lost: its ranks were not observed", parts.join(", ")));
@@ -110,6 +135,19 @@ pub fn settle(j: Judgement, observed: &Observed, c: &Circumstances) -> Conclusio
     }
     let met = mismatches.is_empty() && !c.interrupted;
     Conclusion { outcome, first_failure, collateral, verdict, mismatches, met }
+}
+
+/// `(watched, formed)` when a watched rank's process formed a process group larger than the ranks
+/// this run was told to watch (a command whose launcher starts its ranks itself, with no rank
+/// count on its command line: Lightning's `devices=2`, `mp.spawn(nprocs=…)`).
+fn unwatched_ranks(observed: &Observed) -> Option<(u32, u32)> {
+    let told = observed.scenario.launch.world_size;
+    let formed = observed
+        .ranks
+        .iter()
+        .filter_map(|r| r.observed.as_ref()?.group.as_ref().map(|g| g.world_size))
+        .max()?;
+    (formed > told).then_some((told, formed))
 }
 
 /// How the outcome differs from `expect`, one line per differing field (empty: met).
