@@ -139,10 +139,31 @@ fn real_reports_render_on_github_without_a_defect() {
         .unwrap();
     assert_eq!(run.status.code(), Some(0), "{}", String::from_utf8_lossy(&run.stderr));
 
-    let paste = vec![shipped.join("report.md"), external.join("report.md"), bisect.join("bisect.md")];
+    // A sweep of two points: its table and its bar charts.
+    let sweep = sb.path().join("sweep");
+    let file = sb.scenario("sweep", &crate::util::tiny(""));
+    let run = sb
+        .cmd()
+        .arg("sweep")
+        .arg(&file)
+        .args(["--vary", "data.workers=0,1", "--runs", "1", "--warmup", "0", "--quiet", "--out"])
+        .arg(&sweep)
+        .output()
+        .unwrap();
+    assert_eq!(run.status.code(), Some(0), "{}", String::from_utf8_lossy(&run.stderr));
+    let sweep_md = std::fs::read_to_string(sweep.join("sweep.md")).unwrap();
+    assert!(sweep_md.contains("## Charts") && sweep_md.matches("xychart-beta").count() == 2, "{sweep_md}");
+
+    let paste = vec![
+        shipped.join("report.md"),
+        external.join("report.md"),
+        bisect.join("bisect.md"),
+        sweep.join("sweep.md"),
+    ];
     let mut files = markdown_files(&shipped);
     files.extend(markdown_files(&external));
     files.push(bisect.join("bisect.md"));
+    files.push(sweep.join("sweep.md"));
     // The committed examples, as they are (re-generated with the reports they show).
     let examples = repo().join("reports/examples");
     let example_files = markdown_files(&examples);

@@ -238,6 +238,25 @@ pub(crate) fn memory_chart(m: &MemoryReport, ranks: usize) -> Option<MemoryChart
     Some(MemoryChart { source: out, lines, window: (first, last), shm })
 }
 
+/// A bar per sweep point (`(point number, value)`, `None`: the point has no figure, it failed),
+/// from 0: the sweep's comparison at a glance. `None` when fewer than two points have a figure.
+pub(crate) fn point_bars(title: &str, unit: &str, points: &[(usize, Option<f64>)]) -> Option<String> {
+    if points.iter().filter(|(_, v)| v.is_some()).count() < 2 {
+        return None;
+    }
+    let top = points.iter().filter_map(|(_, v)| *v).fold(0.0_f64, f64::max);
+    let names: Vec<String> = points.iter().map(|(i, _)| format!("\"{i}\"")).collect();
+    let values: Vec<String> = points.iter().map(|(_, v)| sig(v.unwrap_or(0.0), 4)).collect();
+    Some(format!(
+        "{}\nxychart-beta\n    title \"{title}\"\n    x-axis \"point\" [{}]\n    y-axis \"{unit}\" 0 --> {}\n    \
+         bar [{}]",
+        xychart_init(),
+        names.join(", "),
+        sig(top * 1.1, 3),
+        values.join(", ")
+    ))
+}
+
 fn ms(s: f64) -> i64 {
     (s.max(0.0) * 1000.0).round() as i64
 }
@@ -264,6 +283,15 @@ fn thin(points: &[(u64, f64)], max: usize) -> Vec<(u64, f64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn point_bars_draw_a_bar_per_point_with_a_failed_one_at_zero_and_need_two_figures() {
+        let chart = point_bars("Throughput", "samples/s", &[(1, Some(181.0)), (2, Some(241.0)), (3, None)]).unwrap();
+        assert!(chart.contains("x-axis \"point\" [\"1\", \"2\", \"3\"]"), "{chart}");
+        assert!(chart.contains("y-axis \"samples/s\" 0 --> 265"), "{chart}");
+        assert!(chart.ends_with("bar [181, 241, 0]"), "{chart}");
+        assert_eq!(point_bars("Throughput", "samples/s", &[(1, Some(181.0)), (2, None)]), None);
+    }
 
     #[test]
     fn thinning_keeps_the_ends() {

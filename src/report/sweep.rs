@@ -249,6 +249,7 @@ pub fn render_sweep(r: &SweepRecord) -> String {
         })
         .collect();
     out.push(markup::table(&HEADER, &ALIGN, &rows));
+    out.extend(charts(r));
     out.push("## Run folders".to_string());
     let mut folders = Vec::new();
     for p in &r.points {
@@ -273,6 +274,41 @@ pub fn render_sweep(r: &SweepRecord) -> String {
         r.command.join(" ")
     ));
     out.join("\n\n") + "\n"
+}
+
+/// Throughput and peak memory per point as bar charts (medians of the passing runs; a point that
+/// failed has no bar), when at least two points have each.
+fn charts(r: &SweepRecord) -> Vec<String> {
+    let by = |f: &dyn Fn(&PointRecord) -> Option<f64>| -> Vec<(usize, Option<f64>)> {
+        r.points.iter().map(|p| (p.index, f(p))).collect()
+    };
+    let samples = by(&|p| p.summary.samples_per_s.map(|x| x.median));
+    let throughput = if samples.iter().filter(|(_, v)| v.is_some()).count() >= 2 {
+        super::mermaid::point_bars("Throughput per point (samples/s, median)", "samples/s", &samples)
+    } else {
+        let steps = by(&|p| p.summary.steps_per_s.map(|x| x.median));
+        super::mermaid::point_bars("Throughput per point (steps/s, median)", "steps/s", &steps)
+    };
+    let mib = by(&|p| p.summary.tree_peak_pss_bytes.map(|x| x.median / f64::from(1 << 20)));
+    let memory =
+        super::mermaid::point_bars("Peak PSS of the whole tree per point (MiB, median)", "MiB", &mib);
+    let drawn: Vec<String> =
+        [throughput, memory].into_iter().flatten().map(|c| markup::fence("mermaid", &c)).collect();
+    if drawn.is_empty() {
+        return Vec::new();
+    }
+    let failed: Vec<String> =
+        r.points.iter().filter(|p| p.summary.passed_runs == 0).map(|p| p.index.to_string()).collect();
+    let mut note =
+        "Bars are numbered as the points in the table above, medians over the runs that passed".to_string();
+    match failed.len() {
+        0 => {}
+        1 => note += &format!("; point {} failed and has no bar", failed[0]),
+        _ => note += &format!("; points {} failed and have no bar", failed.join(", ")),
+    }
+    let mut out = vec!["## Charts".to_string(), format!("{note}.")];
+    out.extend(drawn);
+    out
 }
 
 /// The terminal table (no trailing newline).

@@ -196,7 +196,19 @@ try {
               }
               el.style.maxWidth = "100%";
               el.style.height = "auto";
-              if (/^xychart-beta/m.test(source)) {
+              if (/^xychart-beta/m.test(source) && /^\s*bar \[/m.test(source)) {
+                // A bar per value: every non-zero value shows, in a colour that reads on the page.
+                const values = source.match(/^\s*bar \[([^\]]*)\]/m)[1].split(",").map(Number);
+                const bars = [...el.querySelectorAll('g[class^="bar-plot-"] rect')];
+                if (bars.length !== values.length) out.push(`${where}: ${bars.length} bars drawn for ${values.length} values`);
+                bars.forEach((r, i) => {
+                  const h = r.getBBox().height;
+                  if (values[i] > 0 && h < 1.5) out.push(`${where}: bar ${i + 1} (${values[i]}) is ${h.toFixed(2)} px high: it does not show`);
+                  const fill = r.getAttribute("fill") || getComputedStyle(r).fill;
+                  const c = contrast(fill, theme.background);
+                  if (c < 3) out.push(`${where}: bar ${i + 1} is ${fill}, contrast ${c.toFixed(2)}:1 against the ${theme.name} background ${theme.background} (needs 3:1)`);
+                });
+              } else if (/^xychart-beta/m.test(source)) {
                 const lines = [...el.querySelectorAll('g[class^="line-plot-"] path')];
                 if (!lines.length) out.push(`${where}: no line drawn`);
                 lines.forEach((p, i) => {
