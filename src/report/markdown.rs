@@ -352,8 +352,11 @@ fn scenario(doc: &mut Doc, s: &ScenarioResult) {
     if let Some(gantt) = mermaid::timeline(s) {
         doc.push(fence("mermaid", &gantt));
     }
-    if let Some(chart) = s.ranks.iter().min_by_key(|r| r.rank).and_then(mermaid::loss_chart) {
+    let first = s.ranks.iter().min_by_key(|r| r.rank);
+    if let Some(chart) = first.and_then(mermaid::loss_chart) {
         doc.push(fence("mermaid", &chart));
+    } else if let Some(line) = first.and_then(mermaid::loss_line) {
+        doc.push(line);
     }
     if s.nodes.is_some() {
         nodes::per_node_evidence(doc, s);

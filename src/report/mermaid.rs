@@ -7,6 +7,21 @@ use crate::schema::{MemoryReport, RankResult, ScenarioResult};
 
 use super::text::sig;
 
+/// Fewest losses worth a chart (500 px high): fewer are written out in a line instead
+/// ([`loss_line`]).
+pub(crate) const MIN_LOSS_POINTS: usize = 6;
+
+/// The losses of a rank too few for a chart, as a line: `Loss of rank 0: 3.2 (step 0) → 19.1 (step
+/// 1) → 2.8 (step 2).`
+pub(crate) fn loss_line(r: &RankResult) -> Option<String> {
+    let points: Vec<(u64, f64)> = r.losses.iter().copied().filter(|(_, l)| l.is_finite()).collect();
+    if points.is_empty() || points.len() >= MIN_LOSS_POINTS {
+        return None;
+    }
+    let steps: Vec<String> = points.iter().map(|(s, l)| format!("{} (step {s})", sig(*l, 4))).collect();
+    Some(format!("Loss of rank {}: {}.", r.rank, steps.join(" → ")))
+}
+
 /// Most points drawn in the loss chart; longer series are thinned evenly.
 const MAX_LOSS_POINTS: usize = 60;
 
@@ -164,7 +179,7 @@ fn step_axis(points: &[(u64, f64)]) -> String {
 /// A line chart of one rank's loss per step, when it has at least two finite points.
 pub(crate) fn loss_chart(r: &RankResult) -> Option<String> {
     let points: Vec<(u64, f64)> = r.losses.iter().copied().filter(|(_, l)| l.is_finite()).collect();
-    if points.len() < 2 {
+    if points.len() < MIN_LOSS_POINTS {
         return None;
     }
     let points = thin(&points, MAX_LOSS_POINTS);
