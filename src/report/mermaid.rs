@@ -89,7 +89,7 @@ pub(crate) fn timeline(s: &ScenarioResult) -> Option<String> {
         for span in folded(&r.timeline) {
             let start = ms(span.start_s);
             let real_end = ms(span_end(r, span.end_s)).max(start);
-            let end = real_end.max(start + min_bar);
+            let end = real_end.max(start.saturating_add(min_bar));
             let mut name = task_name(&span.phase);
             if end > real_end {
                 name.push_str(&format!(" ({} ms)", real_end - start));
@@ -301,7 +301,8 @@ mod tests {
 
     #[test]
     fn point_bars_draw_a_bar_per_point_with_a_failed_one_at_zero_and_need_two_figures() {
-        let chart = point_bars("Throughput", "samples/s", &[(1, Some(181.0)), (2, Some(241.0)), (3, None)]).unwrap();
+        let chart =
+            point_bars("Throughput", "samples/s", &[(1, Some(181.0)), (2, Some(241.0)), (3, None)]).unwrap();
         assert!(chart.contains("x-axis \"point\" [\"1\", \"2\", \"3\"]"), "{chart}");
         assert!(chart.contains("y-axis \"samples/s\" 0 --> 265"), "{chart}");
         assert!(chart.ends_with("bar [181, 241, 0]"), "{chart}");
