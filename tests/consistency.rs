@@ -826,12 +826,12 @@ fn every_check_catches_a_contradiction() {
         (
             "run-shipped-scenarios",
             "report.md",
-            "| 20.31 | 2.0\u{a0}s | met |",
-            "| 20.31 | 2.0\u{a0}s | NOT MET |",
+            "| 69.49 | 0.90\u{a0}s | met |",
+            "| 69.49 | 0.90\u{a0}s | NOT MET |",
             "expect",
         ),
-        ("run-shipped-scenarios", "report.md", "| 20.31 | 2.0\u{a0}s |", "| 20.31 | 3.0\u{a0}s |", "wall"),
-        ("run-shipped-scenarios", "report.md", "| 20.31 |", "| 21.31 |", "steps/s"),
+        ("run-shipped-scenarios", "report.md", "| 69.49 | 0.90\u{a0}s |", "| 69.49 | 1.90\u{a0}s |", "wall"),
+        ("run-shipped-scenarios", "report.md", "| 69.49 |", "| 70.49 |", "steps/s"),
         (
             "run-shipped-scenarios",
             "report.md",
@@ -857,8 +857,8 @@ fn every_check_catches_a_contradiction() {
         (
             "run-shipped-scenarios",
             "03-ddp-rank1-segv/report.md",
-            "last marker from rank 1 at 1.75 s",
-            "last marker from rank 1 at 9.75 s",
+            "last marker from rank 1 at 0.78 s",
+            "last marker from rank 1 at 9.78 s",
             "after the scenario ended",
         ),
         (
@@ -918,7 +918,13 @@ fn every_check_catches_a_contradiction() {
             "3 threads dumped",
             "3 threads",
         ),
-        ("run-shipped-scenarios", "04-ddp-uneven-steps/report.md", "(tid 4604)", "(tid 4615)", "thread 4615"),
+        (
+            "run-shipped-scenarios",
+            "04-ddp-uneven-steps/report.md",
+            "(tid 30129)",
+            "(tid 30999)",
+            "thread 30999",
+        ),
         (
             "run-shipped-scenarios",
             "04-ddp-uneven-steps/report.md",
@@ -943,22 +949,22 @@ fn every_check_catches_a_contradiction() {
         (
             "run-shipped-scenarios",
             "04-ddp-uneven-steps/report.md",
-            "| rank 0 | 4599 |",
-            "| rank 1 | 4599 |",
+            "| rank 0 | 30129 |",
+            "| rank 1 | 30129 |",
             "memory row",
         ),
         (
             "run-shipped-scenarios",
             "04-ddp-uneven-steps/report.md",
+            "(28 samples)",
             "(29 samples)",
-            "(30 samples)",
-            "29 samples",
+            "28 samples",
         ),
         (
             "run-external-scenarios",
             "3-swallowed-error/report.md",
-            "| rank | pid | outcome |\n| ---: | ---: | --- |\n| 0 | 20137 | false success (exit 0) |",
-            "| rank | pid | outcome | steps done |\n| ---: | ---: | --- | ---: |\n| 0 | 20137 | false success (exit 0) | 0 |",
+            "| rank | pid | outcome |\n| ---: | ---: | --- |\n| 0 | 30444 | false success (exit 0) |",
+            "| rank | pid | outcome | steps done |\n| ---: | ---: | --- | ---: |\n| 0 | 30444 | false success (exit 0) | 0 |",
             "unknown",
         ),
     ];
