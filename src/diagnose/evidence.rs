@@ -77,6 +77,9 @@ pub enum EndedBy {
     OomKiller,
     /// A signal nobody in the run is known to have sent (SIGKILL, SIGTERM from outside).
     Outside { signal: Signal },
+    /// Its launcher said it sent the signal (torchrun's `Sending process N closing signal
+    /// SIGTERM`, after another rank failed): the rank may have been on its way out already.
+    Launcher { signal: Signal },
     /// It could not be started, or how it ended was not observed.
     Unknown,
 }
@@ -145,7 +148,7 @@ pub struct Observed<'a> {
 impl<'a> Evidence<'a> {
     pub fn gather(o: &Observed<'a>) -> Self {
         let foreign = o.scenario.is_external();
-        let ranks = o.ranks.iter().map(|r| rank_evidence(r, foreign, o.oom_kills)).collect();
+        let ranks = o.ranks.iter().map(|r| rank_evidence(r, foreign, o.oom_kills, o.launcher)).collect();
         Evidence {
             scenario: o.scenario,
             foreign,
@@ -184,7 +187,12 @@ impl<'a> Evidence<'a> {
     }
 }
 
-fn rank_evidence<'a>(r: &'a RankResult, foreign: bool, oom_kills: &[OomKill]) -> RankEvidence<'a> {
+fn rank_evidence<'a>(
+    r: &'a RankResult,
+    foreign: bool,
+    oom_kills: &[OomKill],
+    launcher: Option<&LauncherEnd>,
+) -> RankEvidence<'a> {
     let mut text: Vec<String> = r.error.iter().cloned().collect();
     for q in &r.quotes {
         text.extend(q.lines.iter().cloned());
@@ -216,6 +224,9 @@ fn rank_evidence<'a>(r: &'a RankResult, foreign: bool, oom_kills: &[OomKill]) ->
         (OutcomeKind::LaunchFailed, _, _) => EndedBy::Unknown,
         (OutcomeKind::Hung | OutcomeKind::TimedOut, Some(sent), _) => EndedBy::Teardown { signal: sent },
         (_, Some(sent), _) => EndedBy::Teardown { signal: sent },
+        (OutcomeKind::Signaled, None, Some(sig)) if launcher_sent(launcher, r.pid, sig) => {
+            EndedBy::Launcher { signal: sig }
+        }
         (
             OutcomeKind::Signaled,
             None,
@@ -225,6 +236,14 @@ fn rank_evidence<'a>(r: &'a RankResult, foreign: bool, oom_kills: &[OomKill]) ->
         _ => EndedBy::Itself,
     };
     RankEvidence { result: r, text, key, threads, ended_by }
+}
+
+/// Whether the launcher's output says it sent `signal` to `pid` (torchrun's elastic agent:
+/// `Sending process 798 closing signal SIGTERM`).
+fn launcher_sent(launcher: Option<&LauncherEnd>, pid: Option<u32>, signal: Signal) -> bool {
+    let (Some(l), Some(pid)) = (launcher, pid) else { return false };
+    let said = format!("Sending process {pid} closing signal {}", signal.name());
+    l.log_tail.iter().chain(l.quotes.iter().flat_map(|q| q.lines.iter())).any(|line| line.contains(&said))
 }
 
 /// `in `forward` at step 3`, `in `model.build/encoder``, or `before its first marker`.

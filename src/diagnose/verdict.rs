@@ -387,6 +387,18 @@ fn failure(ev: &Evidence, failed: &RankEvidence) -> (String, Vec<String>, Option
                 EndedBy::Outside { signal } => {
                     format!("{who} was killed by {signal} from outside{at} (not sent by ups-doctor).")
                 }
+                EndedBy::Launcher { signal } => {
+                    let program = program(ev.scenario);
+                    let launcher = program.split(' ').next().unwrap_or_default();
+                    match &failed.key {
+                        // It had already failed on its own: the signal only cut its exit short.
+                        Some(k) => format!(
+                            "{who} failed{at}: {}; `{launcher}` then ended it with {signal} while it was exiting.",
+                            k.text
+                        ),
+                        None => format!("{who} was ended by its launcher `{launcher}` with {signal}{at}."),
+                    }
+                }
                 _ => format!("{who} was killed by {sig}{at}."),
             };
             let next = if ev.foreign {

@@ -768,3 +768,60 @@ fn a_launcher_that_ended_before_any_rank_is_the_failure_and_no_rank_is() {
     );
     assert!(!j.verdict.headline.contains("collateral"), "{}", j.verdict.headline);
 }
+
+/// torchrun's agent SIGTERMs a rank that had already raised (it was exiting when rank 0, which
+/// lost its peer, failed first in torchrun's eyes): the headline leads with the rank's own error
+/// and says who sent the signal, not "from outside".
+#[test]
+fn a_rank_the_launcher_says_it_sigtermed_after_its_own_error_is_named_with_that_error() {
+    let raised = program_rank(
+        1,
+        Exit::Signal { signal: Signal::TERM.number(), core_dumped: false },
+        1.0,
+        "Traceback (most recent call last):\n  File \"/t/test_ops.py\", line 40, in test_gather\nAssertionError",
+    );
+    let lost = program_rank(
+        0,
+        Exit::Code(1),
+        0.9,
+        "Traceback (most recent call last):\n  File \"/t/test_ops.py\", line 38, in test_gather\nRuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:4000",
+    );
+    let scenario: Scenario = serde_json::from_value(serde_json::json!({
+        "command": ["torchrun", "--nproc_per_node", "2", "test_ops.py"], "launch": {"world_size": 2, "style": "launcher"}
+    }))
+    .unwrap();
+    let launcher = LauncherEnd {
+        pid: Some(77),
+        exit_code: Some(1),
+        signal: None,
+        launch_error: None,
+        stdout_log: "launcher.stdout.log".into(),
+        stderr_log: "launcher.stderr.log".into(),
+        unidentified_processes: 0,
+        quotes: Vec::new(),
+        log_tail: vec![
+            "W1127 07:33:05.456000 764 torch/distributed/elastic/multiprocessing/api.py:1012] Sending process 1001 closing signal SIGTERM".into(),
+        ],
+        port_in_use: None,
+    };
+    let ranks = vec![lost, raised];
+    let j = judge(&Observed {
+        scenario: &scenario,
+        ranks: &ranks,
+        wall_s: 1.2,
+        memory: None,
+        leftovers: &Leftovers::default(),
+        oom_kills: &[],
+        cgroup: None,
+        launcher: Some(&launcher),
+    });
+    assert_eq!(j.first_failure, Some(1), "{}", j.verdict.headline);
+    assert!(
+        j.verdict.headline.starts_with(
+            "Rank 1 failed: AssertionError; `torchrun` then ended it with SIGTERM while it was exiting."
+        ),
+        "{}",
+        j.verdict.headline
+    );
+    assert!(!j.verdict.headline.contains("from outside"), "{}", j.verdict.headline);
+}
