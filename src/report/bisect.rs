@@ -141,6 +141,16 @@ fn footer(r: &BisectRecord) -> String {
     )
 }
 
+/// A JSON document as it may be shown: every secret value it holds (a flag's value sits on the
+/// line after the flag, out of reach of a line-by-line mask) masked where it stands, the layout
+/// kept.
+fn masked_json(text: &str) -> String {
+    let known = serde_json::from_str::<serde_json::Value>(text)
+        .map(|v| crate::secrets::secret_values(&v))
+        .unwrap_or_default();
+    crate::secrets::mask_text_knowing(text, &known).into_owned()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -246,14 +256,4 @@ mod tests {
         r.signature = None;
         insta::assert_snapshot!(render_bisect(&r));
     }
-}
-
-/// A JSON document as it may be shown: every secret value it holds (a flag's value sits on the
-/// line after the flag, out of reach of a line-by-line mask) masked where it stands, the layout
-/// kept.
-fn masked_json(text: &str) -> String {
-    let known = serde_json::from_str::<serde_json::Value>(text)
-        .map(|v| crate::secrets::secret_values(&v))
-        .unwrap_or_default();
-    crate::secrets::mask_text_knowing(text, &known).into_owned()
 }

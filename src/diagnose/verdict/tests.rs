@@ -67,6 +67,22 @@ fn program_rank(rank: u32, exit: Exit, ended_at: f64, stderr: &str) -> RankResul
     classify_rank(&e)
 }
 
+/// A launcher (pid 77) that exited with `code`, its output ending in `tail`.
+fn torchrun_end(code: i32, tail: &[&str]) -> LauncherEnd {
+    LauncherEnd {
+        pid: Some(77),
+        exit_code: Some(code),
+        signal: None,
+        launch_error: None,
+        stdout_log: "launcher.stdout.log".into(),
+        stderr_log: "launcher.stderr.log".into(),
+        unidentified_processes: 0,
+        quotes: Vec::new(),
+        log_tail: tail.iter().map(|l| l.to_string()).collect(),
+        port_in_use: None,
+    }
+}
+
 fn external() -> Scenario {
     serde_json::from_value(
         serde_json::json!({"command": ["python", "train.py"], "launch": {"world_size": 2}}),
@@ -735,21 +751,10 @@ fn a_launcher_that_ended_before_any_rank_is_the_failure_and_no_rank_is() {
         "command": ["torchrun", "--nproc_per_node", "2", "train.py"], "launch": {"world_size": 2, "style": "launcher"}
     }))
     .unwrap();
-    let launcher = LauncherEnd {
-        pid: Some(77),
-        exit_code: Some(2),
-        signal: None,
-        launch_error: None,
-        stdout_log: "launcher.stdout.log".into(),
-        stderr_log: "launcher.stderr.log".into(),
-        unidentified_processes: 0,
-        quotes: Vec::new(),
-        log_tail: vec![
-            "usage: torchrun [-h]".into(),
-            "torchrun: error: argument --master_port: expected one argument".into(),
-        ],
-        port_in_use: None,
-    };
+    let launcher = torchrun_end(
+        2,
+        &["usage: torchrun [-h]", "torchrun: error: argument --master_port: expected one argument"],
+    );
     let j = judge(&Observed {
         scenario: &scenario,
         ranks: &ranks,
@@ -790,20 +795,12 @@ fn a_rank_the_launcher_says_it_sigtermed_after_its_own_error_is_named_with_that_
         "command": ["torchrun", "--nproc_per_node", "2", "test_ops.py"], "launch": {"world_size": 2, "style": "launcher"}
     }))
     .unwrap();
-    let launcher = LauncherEnd {
-        pid: Some(77),
-        exit_code: Some(1),
-        signal: None,
-        launch_error: None,
-        stdout_log: "launcher.stdout.log".into(),
-        stderr_log: "launcher.stderr.log".into(),
-        unidentified_processes: 0,
-        quotes: Vec::new(),
-        log_tail: vec![
-            "W1127 07:33:05.456000 764 torch/distributed/elastic/multiprocessing/api.py:1012] Sending process 1001 closing signal SIGTERM".into(),
+    let launcher = torchrun_end(
+        1,
+        &[
+            "W1127 07:33:05.456000 764 torch/distributed/elastic/multiprocessing/api.py:1012] Sending process 1001 closing signal SIGTERM",
         ],
-        port_in_use: None,
-    };
+    );
     let ranks = vec![lost, raised];
     let j = judge(&Observed {
         scenario: &scenario,

@@ -295,10 +295,10 @@ pub fn run_of(name: &str) -> Option<(&str, u32)> {
 
 /// Segments of earlier ups-doctor runs that are gone, by run: `gone(run id, harness pid)` is
 /// asked once per run, and only a run it proves gone has its segments listed.
-pub fn orphaned_segments<'s, T>(
-    segments: &'s [Segment],
+pub fn orphaned_segments<T>(
+    segments: &[Segment],
     mut gone: impl FnMut(&str, u32) -> Option<T>,
-) -> Vec<(T, Vec<&'s Segment>)> {
+) -> Vec<(T, Vec<&Segment>)> {
     let mut runs: Vec<(&str, Option<T>, Vec<&Segment>)> = Vec::new();
     for seg in segments {
         let Some((run, pid)) = run_of(&seg.name) else { continue };

@@ -194,7 +194,8 @@ pub fn sweep_orphaned_segments() -> Vec<LeftoverSegment> {
         life::Owner::Alive | life::Owner::Unknown(_) => None,
     };
     let mut swept = Vec::new();
-    for (held, segs) in orphaned_segments(&all, gone) {
+    // Each gone run's lock stays held (`_held`) until its segments are removed.
+    for (_held, segs) in orphaned_segments(&all, gone) {
         swept.extend(segs.into_iter().map(|seg| {
             let error = shm::remove(dir, &seg.name).err().map(|e| e.to_string());
             LeftoverSegment {
@@ -207,7 +208,6 @@ pub fn sweep_orphaned_segments() -> Vec<LeftoverSegment> {
                 error,
             }
         }));
-        drop(held);
     }
     for lock in shm::lock_files(dir) {
         if let life::Owner::Gone(_held) = life::owner(&lock) {
