@@ -138,6 +138,7 @@ configuration that still fails the same way, and say where the failure starts.
 Examples:
   ups-doctor bisect -- python train.py --num-workers 8 --batch-size 32 --pin-memory
   ups-doctor bisect --keep --data --cut=--batch-size=64,8 -- torchrun --nproc_per_node 4 train.py --batch-size 256
+  ups-doctor bisect --env NCCL_P2P_DISABLE=1 --env OMP_NUM_THREADS=4 -- python train.py --depths 2,2,2
   ups-doctor bisect scenarios/segv-needs-conditioning.json";
 
 /// `sweep --help`'s description, with an example of each form.
@@ -219,7 +220,8 @@ pub enum StrategyArg {
 pub struct BisectArgs {
     /// The failing scenario file (or a command after `--`).
     pub scenario: Option<PathBuf>,
-    /// With a command: a flag bisect leaves as it is (repeatable), e.g. `--keep --data`.
+    /// With a command: a flag (or an `--env` variable) bisect leaves as it is (repeatable), e.g.
+    /// `--keep --data`, `--keep PYTHONPATH`.
     #[arg(long, value_name = "FLAG", allow_hyphen_values = true)]
     pub keep: Vec<String>,
     /// With a command: the values to try for a flag, in order, e.g. `--cut=--batch-size=64,8`.
@@ -229,6 +231,11 @@ pub struct BisectArgs {
     /// (`ups-doctor bisect -- torchrun --nproc_per_node 2 train.py --num-workers 8 --pin-memory`).
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<String>,
+    /// What a scenario file would say about the command; each `--env` variable is also cut
+    /// (unset) unless kept.
+    #[command(flatten)]
+    pub command_options: CommandArgs,
+    /// Override a field of the scenario (or of a command's), e.g. `--set limits.timeout_s=60`.
     #[arg(long = "set", value_name = "PATH=VALUE")]
     pub set: Vec<Override>,
     /// Most real runs to spend (cached results are free).
@@ -350,18 +357,7 @@ impl RunArgs {
         if no_observe {
             set.push("launch.observe=false".parse().expect("a valid override"));
         }
-        let options = ups_doctor::session::CommandOptions {
-            ranks: c.ranks,
-            style: c.style,
-            hang_after_s: c.hang_after,
-            timeout_s: c.timeout,
-            memory_limit: c.memory_limit,
-            shm_size: c.shm_size,
-            env: c.env,
-            cwd: c.cwd,
-            expect_output: c.expect_output,
-            name: c.name,
-        };
+        let options = c.into();
         RunRequest {
             paths,
             set,
@@ -377,6 +373,23 @@ impl RunArgs {
     }
 }
 
+impl From<CommandArgs> for ups_doctor::session::CommandOptions {
+    fn from(c: CommandArgs) -> ups_doctor::session::CommandOptions {
+        ups_doctor::session::CommandOptions {
+            ranks: c.ranks,
+            style: c.style,
+            hang_after_s: c.hang_after,
+            timeout_s: c.timeout,
+            memory_limit: c.memory_limit,
+            shm_size: c.shm_size,
+            env: c.env,
+            cwd: c.cwd,
+            expect_output: c.expect_output,
+            name: c.name,
+        }
+    }
+}
+
 impl From<BisectArgs> for BisectRequest {
     fn from(a: BisectArgs) -> BisectRequest {
         BisectRequest {
@@ -384,6 +397,7 @@ impl From<BisectArgs> for BisectRequest {
             command: a.command,
             keep: a.keep,
             cut: a.cut,
+            options: a.command_options.into(),
             set: a.set,
             budget: a.budget,
             confidence: a.confidence,

@@ -209,28 +209,46 @@ fn a_scenario_that_passes_has_nothing_to_bisect() {
     assert!(b.record["signature"].is_null());
 }
 
-/// `ups-doctor bisect -- CMD`: the components are the command line's own flags
-/// (`tests/programs/flags_crash.py`, real PyTorch, a SIGSEGV that needs a combination). Each case
-/// is cut to the command line derived by hand before running it (integers lowered to 0 unless
-/// the crash needs them, the unneeded `--amp yes` switched to `no`, the float and the word
-/// flags kept), the boundary is said in the program's own flags, and the printed line, pasted
-/// into a shell, fails the same way (killed by SIGSEGV: status 139 from `sh`).
+/// `ups-doctor bisect -- CMD`: the components are the command line's own flags and its `--env`
+/// variables (`tests/programs/flags_crash.py`, real PyTorch, a SIGSEGV that needs a
+/// combination). Each case is cut to the command line derived by hand before running it
+/// (integers lowered to 0 unless the crash needs them, the unneeded `--amp yes` switched to `no`,
+/// a list kept at the two items the crash needs, variables unset unless needed or kept, the float
+/// and the word flags kept), the boundary is said in the program's own flags, and the printed
+/// line, pasted into a shell, fails the same way (killed by SIGSEGV: status 139 from `sh`).
 #[test]
 fn a_command_line_is_cut_to_its_minimal_failing_flags_printed_ready_to_paste() {
     let program = crate::util::repo().join("tests/programs/flags_crash.py").display().to_string();
-    let cases = [
+    let cases: [(&[&str], &str, &str, &str); 3] = [
         (
+            &[],
             "--bug threshold --num-workers 8 --batch-size 32 --samples 64 --depth 3 --epochs 2 --lr 0.1 --pin-memory --amp yes",
-            "--bug threshold --num-workers 3 --batch-size 0 --samples 0 --depth 0 --epochs 0 --lr 0.1 --pin-memory --amp no",
+            "python {program} --bug threshold --num-workers 3 --batch-size 0 --samples 0 --depth 0 --epochs 0 --lr 0.1 --pin-memory --amp no",
             "passes once `--num-workers 2`, or once `--pin-memory` is removed",
         ),
         (
+            &[],
             "--bug product --batch-size 32 --samples 64 --num-workers 2",
-            "--bug product --batch-size 16 --samples 63 --num-workers 0",
+            "python {program} --bug product --batch-size 16 --samples 63 --num-workers 0",
             "passes once `--batch-size 15`, or once `--samples 62`",
         ),
+        (
+            &[
+                "--env",
+                "TRAIN_KERNEL=fused",
+                "--env",
+                "OMP_NUM_THREADS=1",
+                "--env",
+                "TRAIN_LOG=debug",
+                "--keep",
+                "TRAIN_LOG",
+            ],
+            "--bug env --depths 3,3,3 --batch-size 16 --amp yes",
+            "TRAIN_KERNEL=fused TRAIN_LOG=debug python {program} --bug env --depths 3,3 --batch-size 0 --amp no",
+            "passes once `--depths 3`, or once `TRAIN_KERNEL` is unset",
+        ),
     ];
-    for (flags, minimal, boundary) in cases {
+    for (options, flags, minimal, boundary) in cases {
         let sb = Sandbox::new();
         let out = sb
             .cmd()
@@ -239,21 +257,25 @@ fn a_command_line_is_cut_to_its_minimal_failing_flags_printed_ready_to_paste() {
             .arg(sb.out())
             .arg("--cache")
             .arg(sb.path().join("cache"))
-            .args(["--quiet", "--", "python", &program])
+            .arg("--quiet")
+            .args(options)
+            .args(["--", "python", &program])
             .args(flags.split(' '))
             .output()
             .expect("ups-doctor starts");
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert_eq!(out.status.code(), Some(0), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
-        let line = format!("python {program} {minimal}");
+        let line = minimal.replace("{program}", &program);
         assert!(stdout.contains(&format!("minimal failing command:\n  {line}\n")), "{stdout}");
         assert!(stdout.contains(boundary), "{stdout}");
+        let report = std::fs::read_to_string(sb.out().join("bisect.md")).unwrap();
+        assert!(
+            report.contains(&format!("```sh\n{line}\n```")),
+            "bisect.md shows the line to paste:\n{report}"
+        );
         let scenario: Value =
             serde_json::from_str(&std::fs::read_to_string(sb.out().join("scenario.json")).unwrap()).unwrap();
-        assert!(
-            scenario["params"].as_object().is_some_and(|p| p.contains_key("num_workers")),
-            "{scenario:#}"
-        );
+        assert!(scenario["params"].as_object().is_some_and(|p| !p.is_empty()), "{scenario:#}");
         let pasted = std::process::Command::new("sh")
             .args(["-c", &line])
             .env("PATH", crate::util::venv_path())
@@ -269,12 +291,85 @@ fn a_command_line_is_cut_to_its_minimal_failing_flags_printed_ready_to_paste() {
     }
 }
 
+/// A flaky crash of a command (`flags_crash.py --bug flaky`: with 2 or more workers, in about
+/// half of the runs; the coins are a fixed sequence in a file, so every test run sees the same
+/// flips) is still cut to the command line derived by hand: two workers, the batch at 0, the
+/// bare `--pin-memory` removed; the boundary is one worker, held for enough passing runs for
+/// the confidence asked. The printed line, pasted into a shell again and again, segfaults in
+/// some runs and passes in the others, as the original did.
+#[test]
+fn a_flaky_command_is_cut_to_its_minimal_command_line_with_its_rate() {
+    let program = crate::util::repo().join("tests/programs/flags_crash.py").display().to_string();
+    let sb = Sandbox::new();
+    let coins = sb.path().join("coins");
+    let out = sb
+        .cmd()
+        .env("PATH", crate::util::venv_path())
+        .env("FLAKY_COINS", &coins)
+        .args(["bisect", "--out"])
+        .arg(sb.out())
+        .arg("--cache")
+        .arg(sb.path().join("cache"))
+        .args(["--quiet", "--json", "--confirm", "6", "--confidence", "0.95", "--budget", "80"])
+        .args([
+            "--",
+            "python",
+            &program,
+            "--bug",
+            "flaky",
+            "--num-workers",
+            "4",
+            "--batch-size",
+            "8",
+            "--pin-memory",
+        ])
+        .output()
+        .expect("ups-doctor starts");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {stderr}"));
+    assert_eq!(r["is_flaky"], true, "{r:#}");
+    let rate = r["flaky"].as_f64().unwrap();
+    assert!(rate > 0.0 && rate < 1.0, "observed failure rate {rate}");
+    assert!(r["confidence"].as_f64().unwrap() >= 0.95, "{r:#}");
+    let line = format!("python {program} --bug flaky --num-workers 2 --batch-size 0");
+    assert_eq!(r["minimal_command"]["line"], line.as_str(), "{r:#}");
+    assert_eq!(r["minimal_command"]["passes_once"], serde_json::json!(["`--num-workers 1`"]), "{r:#}");
+    assert!(
+        stderr.contains(&format!("minimal failing command:\n  {line}\npasses once `--num-workers 1`")),
+        "{stderr}"
+    );
+    let statuses: Vec<Option<i32>> = (0..8)
+        .map(|_| {
+            let pasted = std::process::Command::new("sh")
+                .args(["-c", &line])
+                .env("PATH", crate::util::venv_path())
+                .env("FLAKY_COINS", &coins)
+                .current_dir(sb.path())
+                .output()
+                .unwrap();
+            pasted.status.code()
+        })
+        .collect();
+    assert!(statuses.contains(&Some(139)) && statuses.contains(&Some(0)), "{statuses:?}");
+    assert!(statuses.iter().all(|s| *s == Some(139) || *s == Some(0)), "{statuses:?}");
+}
+
 #[test]
 fn bisect_of_a_command_refuses_what_it_cannot_cut_naming_the_fix() {
     let sb = Sandbox::new();
     let file = sb.scenario("tiny", &crate::util::tiny(""));
-    let cases: [(Vec<&str>, &str); 4] = [
+    let cases: [(Vec<&str>, &str); 7] = [
         (vec!["--", "python", "-c", "pass"], "nothing in this command line can be cut"),
+        (
+            vec!["--env", "A=1", "--keep", "A", "--", "python", "-c", "pass"],
+            "nothing in this command line can be cut",
+        ),
+        (vec!["--env", "A=1", file.to_str().unwrap()], "`--env` describes a command after `--`"),
+        (
+            vec!["--keep", "B", "--env", "A=1", "--", "python", "t.py", "--workers", "2"],
+            "`--keep B`: the command has no `B`, and no `--env B=…` was given",
+        ),
         (
             vec!["--keep", "--lr", "--", "python", "t.py", "--workers", "2"],
             "`--keep --lr`: the command has no `--lr`",

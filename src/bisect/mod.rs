@@ -5,8 +5,10 @@
 //! 1-minimality search over an [`Oracle`] that runs candidates ([`search`]). Those three start no
 //! processes, touch no files and never use tch. The IO edge around them is [`executor`] (an
 //! [`Oracle`] that runs candidates as real supervised scenarios), [`session`] (one bisect: the
-//! persisted [`Cache`], the search, the record) and [`record`] (what `bisect.json` holds).
+//! persisted [`Cache`], the search, the record) and [`record`] (what `bisect.json` holds);
+//! [`command_line`] says a command's result in the command's own words.
 
+pub mod command_line;
 pub mod executor;
 pub mod record;
 pub mod search;
@@ -18,6 +20,7 @@ pub mod space;
 mod tests;
 
 pub use crate::scenario::describe_delta;
+pub use command_line::MinimalCommand;
 pub use record::{BisectRecord, DifferentFailure, ProbeRow};
 pub use search::{BoundaryEntry, Cache, Options, Oracle, Outcome, Probe, ProbeVerdict, Strategy, bisect};
 pub use session::{Request, SessionError, run as run_session};

@@ -43,6 +43,10 @@ pub struct BisectRecord {
     pub unknown: Vec<String>,
     /// The 1-minimal failing scenario, ready to run (its `expect` is the failure).
     pub minimal: Scenario,
+    /// A command's bisect (`bisect -- CMD`): `minimal` as the command line to paste into a shell,
+    /// and the boundary in the program's own flags.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub minimal_command: Option<super::MinimalCommand>,
     /// How `minimal` differs from the original.
     pub minimal_delta: Vec<String>,
     /// Components whose removal makes the failure disappear.

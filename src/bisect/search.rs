@@ -72,11 +72,20 @@ pub struct Options {
     /// Whether big cuts go first on a ladder (the product) or join delta debugging (to measure
     /// what the ladder saves; bench/).
     pub strategy: Strategy,
+    /// Ids of components the user asked to keep as they are (`--keep NAME` of an `--env`
+    /// variable): never cut.
+    pub keep: Vec<String>,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Options { budget: 60, confidence: 0.95, confirm_runs: 3, strategy: Strategy::Ladder }
+        Options {
+            budget: 60,
+            confidence: 0.95,
+            confirm_runs: 3,
+            strategy: Strategy::Ladder,
+            keep: Vec::new(),
+        }
     }
 }
 
@@ -211,7 +220,8 @@ impl Cache {
 /// Cuts `base` down to a 1-minimal configuration that fails with the same signature; see the
 /// module documentation for the algorithm.
 pub fn bisect(base: &Scenario, oracle: &mut dyn Oracle, cache: &mut Cache, opts: &Options) -> Outcome {
-    let components = derive(base);
+    let mut components = derive(base);
+    components.retain(|c| !opts.keep.contains(&c.id));
     let current: Assignment = components.iter().map(|c| (c.id.clone(), Setting::Original)).collect();
     let mut search = Search {
         base,

@@ -26,6 +26,9 @@ pub struct Request {
     pub show_progress: bool,
     /// The machine, read once by the session before anything ran.
     pub environment: crate::schema::EnvSummary,
+    /// A command's bisect: the flag each param stands for (`num_workers` → `--num-workers`), so
+    /// that the result is said as a command line.
+    pub flags: Option<std::collections::BTreeMap<String, String>>,
 }
 
 /// Errors of the bisect machinery itself.
@@ -136,6 +139,12 @@ pub fn run(
         budget_exhausted: outcome.budget_exhausted,
         interrupted: outcome.stopped,
         unknown: outcome.unknown.clone(),
+        minimal_command: match (&request.flags, &outcome.signature) {
+            (Some(flags), Some(_)) => {
+                Some(super::command_line::minimal_command(&minimal, &outcome.boundary, flags))
+            }
+            _ => None,
+        },
         minimal,
         minimal_delta: outcome.minimal_delta.clone(),
         boundary: outcome.boundary.iter().filter(|b| b.passes).map(|b| b.component.clone()).collect(),

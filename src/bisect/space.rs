@@ -52,6 +52,9 @@ pub enum Kind {
     /// A param with its own ladder (`"cuts": [8, 4, 1, 0]`): `values[0]` is the original value,
     /// then each cut in the order given; the last is the full cut.
     Choices { field: String, values: Vec<Value> },
+    /// A variable of the command's `launch.env`: cutting unsets it (the command then sees
+    /// whatever ups-doctor's own environment has, as when the user had not set it).
+    Unset { name: String },
 }
 
 /// A configuration: for each component id, its setting. A missing id means [`Setting::Original`].
@@ -76,7 +79,9 @@ impl Component {
             Kind::Numeric { min, .. } | Kind::Prefix { min, .. } => Setting::Value(*min),
             Kind::StageDepth { .. } => Setting::Value(1),
             Kind::Choices { .. } => Setting::Value(0),
-            Kind::Ladder { .. } | Kind::Toggle { .. } | Kind::Stage { .. } => Setting::Cut,
+            Kind::Ladder { .. } | Kind::Toggle { .. } | Kind::Stage { .. } | Kind::Unset { .. } => {
+                Setting::Cut
+            }
         }
     }
 
@@ -97,7 +102,9 @@ impl Component {
             Kind::StageDepth { from, .. } => (*from, 1),
             Kind::Prefix { items, min, .. } => (items.len() as u64, *min),
             Kind::Choices { values, .. } => (values.len().saturating_sub(1) as u64, 0),
-            Kind::Ladder { .. } | Kind::Toggle { .. } | Kind::Stage { .. } => return None,
+            Kind::Ladder { .. } | Kind::Toggle { .. } | Kind::Stage { .. } | Kind::Unset { .. } => {
+                return None;
+            }
         };
         Some(match setting {
             Setting::Original => from,
@@ -129,7 +136,7 @@ impl Component {
             Kind::Choices { values, .. } => {
                 Some(Domain::Range { min: 0, max: values.len().saturating_sub(1) as u64 })
             }
-            Kind::Ladder { .. } | Kind::Toggle { .. } | Kind::Stage { .. } => None,
+            Kind::Ladder { .. } | Kind::Toggle { .. } | Kind::Stage { .. } | Kind::Unset { .. } => None,
         }
     }
 
@@ -320,10 +327,11 @@ fn keep_valid_cuts(scenario: &Scenario, mut all: Vec<Component>) -> Vec<Componen
 
 /// The components of a scenario that runs the user's `command`: one rank instead of several and
 /// the machine's `/dev/shm` instead of a small one (the ladder), then the program's own `params`
-/// in name order. A param is cut by its own `cuts` when it gives them; otherwise a boolean that
-/// is on switches off, an integer halves down to its `min` (default 0) and a list of numbers
-/// keeps fewer of its first items, down to `min` of them (default 1). Strings, numbers with a
-/// fraction and booleans that are off are left alone unless they give `cuts`.
+/// in name order, then each variable of `launch.env` (unset). A param is cut by its own `cuts`
+/// when it gives them; otherwise a boolean that is on switches off, an integer halves down to
+/// its `min` (default 0) and a list of numbers keeps fewer of its first items, down to `min` of
+/// them (default 1). Strings, numbers with a fraction and booleans that are off are left alone
+/// unless they give `cuts`.
 fn derive_external(scenario: &Scenario) -> Vec<Component> {
     let mut all = Vec::new();
     let nodes = scenario.launch.nodes;
@@ -384,6 +392,9 @@ fn derive_external(scenario: &Scenario) -> Vec<Component> {
         };
         all.push(Component { id: field, kind });
     }
+    for name in scenario.launch.env.keys() {
+        all.push(Component { id: env_id(name), kind: Kind::Unset { name: name.clone() } });
+    }
     keep_valid_cuts(scenario, all)
 }
 
@@ -438,6 +449,14 @@ pub fn apply(base: &Scenario, components: &[Component], assignment: &Assignment)
                 let at = values.len().saturating_sub(1).saturating_sub(left);
                 set_field(&mut value, field, values[at].clone())?;
             }
+            Kind::Unset { name } => {
+                let Setting::Cut = setting else { return Err(wrong_setting()) };
+                value
+                    .pointer_mut("/launch/env")
+                    .and_then(Value::as_object_mut)
+                    .and_then(|env| env.remove(name))
+                    .ok_or_else(|| format!("no variable `{name}` in `launch.env`"))?;
+            }
         }
     }
     let mut candidate: Scenario =
@@ -462,6 +481,11 @@ pub fn apply(base: &Scenario, components: &[Component], assignment: &Assignment)
         Err((_, message, _)) if message.contains("not supported yet") => Ok(candidate),
         Err((field, message, _)) => Err(format!("`{field}`: {message}")),
     }
+}
+
+/// The id of the component that unsets variable `name` of `launch.env`.
+pub fn env_id(name: &str) -> String {
+    format!("launch.env.{name}")
 }
 
 /// Sets the dotted object path `field` (`model.attention`) of `value`; the field must exist.

@@ -126,6 +126,7 @@ fn at_original(base: &Scenario, s: &Scenario, component: &Component) -> bool {
         Kind::Stage { index } => s.model.depths.len() > *index,
         Kind::StageDepth { index, from } => s.model.depths.get(*index).map(|d| u64::from(*d)) == Some(*from),
         Kind::Prefix { field, .. } | Kind::Choices { field, .. } => lookup(s, field) == lookup(base, field),
+        Kind::Unset { name } => s.launch.env.get(name) == base.launch.env.get(name),
     }
 }
 
@@ -938,6 +939,51 @@ fn a_failure_that_needs_workers_and_pinned_memory_is_cut_to_exactly_those() {
     let boundary: Vec<&str> = outcome.boundary.iter().map(|b| b.cut.as_str()).collect();
     assert_eq!(boundary, ["params.pin_memory=false", "params.workers=0"]);
     assert!(runs <= 25, "{runs} runs");
+}
+
+#[test]
+fn a_commands_variables_are_unset_one_by_one_and_a_kept_one_is_never_touched() {
+    // The program fails only while `KERNEL=fast` is set and it has workers.
+    let mut s = external(json!({"workers": 4}));
+    s.launch.env = [("KERNEL", "fast"), ("OMP_NUM_THREADS", "1"), ("TRAIN_LOG", "debug")]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let ids: Vec<String> = derive(&s).into_iter().map(|c| c.id).collect();
+    assert_eq!(
+        ids,
+        [
+            "launch.world_size",
+            "params.workers",
+            "launch.env.KERNEL",
+            "launch.env.OMP_NUM_THREADS",
+            "launch.env.TRAIN_LOG"
+        ]
+    );
+    let decide = |c: &Scenario| {
+        let workers = param(c, "workers").as_u64().unwrap_or(0);
+        (workers > 0 && c.launch.env.get("KERNEL").is_some_and(|v| v == "fast")).then(|| segv("data.next"))
+    };
+    let (outcome, _) = run(&s, &Options::default(), decide);
+    assert_one_minimal(&s, &outcome, decide);
+    assert_eq!(
+        outcome.minimal.launch.env.keys().collect::<Vec<_>>(),
+        ["KERNEL"],
+        "{:?}",
+        outcome.minimal_delta
+    );
+    assert!(
+        outcome.minimal_delta.contains(&"launch.env.TRAIN_LOG=null".to_string()),
+        "{:?}",
+        outcome.minimal_delta
+    );
+    let boundary: Vec<&str> = outcome.boundary.iter().map(|b| b.cut.as_str()).collect();
+    assert_eq!(boundary, ["params.workers=0", "launch.env.KERNEL=null"]);
+
+    let keep = Options { keep: vec!["launch.env.TRAIN_LOG".into()], ..Options::default() };
+    let (kept, _) = run(&s, &keep, decide);
+    assert_eq!(kept.minimal.launch.env.keys().collect::<Vec<_>>(), ["KERNEL", "TRAIN_LOG"]);
+    assert!(!kept.components.iter().any(|c| c.id == "launch.env.TRAIN_LOG"));
 }
 
 #[test]

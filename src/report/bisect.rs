@@ -56,19 +56,8 @@ pub fn render_bisect(r: &BisectRecord) -> String {
             "> [!WARNING]\n> The budget ran out before the search finished: the scenario below fails, but may not be minimal.{unknown} Re-run with a larger `--budget`: cached runs are reused."
         ));
     }
-    if !r.different_failures.is_empty() {
-        let rows: Vec<Vec<String>> = r
-            .different_failures
-            .iter()
-            .map(|d| {
-                vec![d.delta.iter().map(|x| code(x)).collect::<Vec<_>>().join(", "), d.signature.describe()]
-            })
-            .collect();
-        out.push(format!(
-            "These cuts made it fail **differently**, so they were not taken (a different failure is another bug, not a reproduction):\n\n{}",
-            table(&["cut", "failure"], &[Align::Left, Align::Left], &rows)
-        ));
-    }
+    out.extend(different_failures(r));
+    out.extend(r.minimal_command.as_ref().map(command_section));
     out.push(format!(
         "## Minimal failing scenario\n\nSaved as `minimal.json` next to this report; `ups-doctor run minimal.json` reproduces it (its `expect` is the failure).\n\n{}",
         fence("json", &masked_json(&r.minimal.file_json()))
@@ -128,6 +117,35 @@ pub fn render_bisect(r: &BisectRecord) -> String {
     ));
     out.push(footer(r));
     out.join("\n\n") + "\n"
+}
+
+/// Cuts that made the failure different, when there were any.
+fn different_failures(r: &BisectRecord) -> Option<String> {
+    if r.different_failures.is_empty() {
+        return None;
+    }
+    let rows: Vec<Vec<String>> = r
+        .different_failures
+        .iter()
+        .map(|d| vec![d.delta.iter().map(|x| code(x)).collect::<Vec<_>>().join(", "), d.signature.describe()])
+        .collect();
+    Some(format!(
+        "These cuts made it fail **differently**, so they were not taken (a different failure is another bug, not a reproduction):\n\n{}",
+        table(&["cut", "failure"], &[Align::Left, Align::Left], &rows)
+    ))
+}
+
+/// A command's bisect: the minimal failing command line to paste, and the flags that make it pass.
+fn command_section(minimal: &crate::bisect::MinimalCommand) -> String {
+    let passes = if minimal.passes_once.is_empty() {
+        String::new()
+    } else {
+        format!("\n\nIt passes once {}.", minimal.passes_once.join(", or once "))
+    };
+    format!(
+        "## Minimal failing command\n\nPaste it into a shell to see the failure again:\n\n{}{passes}",
+        fence("sh", &minimal.line)
+    )
 }
 
 fn footer(r: &BisectRecord) -> String {
@@ -198,6 +216,7 @@ mod tests {
             budget_exhausted: false,
             interrupted: false,
             unknown: Vec::new(),
+            minimal_command: None,
             minimal,
             minimal_delta: vec!["model.attention=false".into(), "model.depths=[1]".into()],
             boundary: vec!["model.conditioning".into()],
@@ -248,6 +267,21 @@ mod tests {
     #[test]
     fn flaky_bisect_with_a_different_failure() {
         insta::assert_snapshot!(render_bisect(&record()));
+    }
+
+    #[test]
+    fn a_commands_bisect_leads_with_the_command_to_paste_and_the_flags_that_make_it_pass() {
+        let mut r = record();
+        r.minimal_command = Some(crate::bisect::MinimalCommand {
+            line: "KERNEL=fast python t.py --workers 2".into(),
+            passes_once: vec!["`--workers 1`".into(), "`KERNEL` is unset".into()],
+        });
+        let text = render_bisect(&r);
+        let section = "## Minimal failing command\n\nPaste it into a shell to see the failure again:\n\n```sh\n\
+                       KERNEL=fast python t.py --workers 2\n```\n\nIt passes once `--workers 1`, or once `KERNEL` is \
+                       unset.";
+        assert!(text.contains(section), "{text}");
+        assert!(text.find(section) < text.find("## Minimal failing scenario"), "{text}");
     }
 
     #[test]

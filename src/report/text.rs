@@ -101,16 +101,7 @@ pub(crate) fn strip_control(s: &str) -> String {
     out
 }
 
-/// Quotes one argument for a POSIX shell, leaving plain words as they are.
-pub(crate) fn shell_quote(arg: &str) -> String {
-    let plain = !arg.is_empty() && arg.chars().all(|c| c.is_ascii_alphanumeric() || "_@%+=:,./-".contains(c));
-    if plain { arg.to_string() } else { format!("'{}'", arg.replace('\'', r"'\''")) }
-}
-
-/// A command line that can be pasted into a shell.
-pub(crate) fn shell_line<S: AsRef<str>>(args: &[S]) -> String {
-    args.iter().map(|a| shell_quote(a.as_ref())).collect::<Vec<_>>().join(" ")
-}
+pub(crate) use crate::scenario::shell_line;
 
 /// How to run a scenario again: `ups-doctor run FILE --set a=b …`.
 pub(crate) fn rerun_command(s: &ScenarioResult) -> String {
@@ -243,6 +234,7 @@ pub(crate) fn describe_expect(e: &Expect, code: impl Fn(&str) -> String) -> Stri
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::scenario::shell_quote;
 
     #[test]
     fn count_uses_the_right_number() {

@@ -21,10 +21,12 @@ pub struct BisectRequest {
     pub scenario: Option<PathBuf>,
     /// A failing command after `--`: its command line is what is cut.
     pub command: Vec<String>,
-    /// `--keep FLAG`: flags of the command left as they are.
+    /// `--keep FLAG`: flags of the command (or variables of its `--env`) left as they are.
     pub keep: Vec<String>,
     /// `--cut FLAG=V1,V2`: a flag's values to try, in order.
     pub cut: Vec<String>,
+    /// What `run -- CMD` takes about a command (`--env`, `--cwd`, `--ranks`, limits, …).
+    pub options: super::command::CommandOptions,
     pub set: Vec<Override>,
     pub budget: usize,
     pub confidence: f64,
@@ -41,7 +43,7 @@ pub struct BisectRequest {
 /// ([`super::command::decompose`]), written into the bisect's folder (which it creates, and which
 /// `--out` then names); the flags each param stands for. Without a command, checks that there is
 /// a scenario file and no `--keep`/`--cut`.
-fn from_command(args: &mut BisectRequest) -> Result<Option<BTreeMap<String, String>>, Error> {
+fn from_command(args: &mut BisectRequest) -> Result<Option<Command>, Error> {
     const FORMS: &str = "give a failing scenario file, or a command after `--`: `ups-doctor bisect -- torchrun \
                          --nproc_per_node 2 train.py --num-workers 8`";
     match (&args.scenario, args.command.is_empty()) {
@@ -57,6 +59,12 @@ fn from_command(args: &mut BisectRequest) -> Result<Option<BTreeMap<String, Stri
                 return Err(Error::BadInput(format!(
                     "`{flag}`: `--keep` and `--cut` name flags of a command after `--`; a scenario file says \
                      its cuts in `params` (`\"cuts\": [8, 4, 0]`)"
+                )));
+            }
+            if let Some(option) = args.options.first_given() {
+                return Err(Error::BadInput(format!(
+                    "`{option}` describes a command after `--`; a scenario file says it in its own fields \
+                     (`launch.env`, `launch.cwd`, `limits`, …) or with `--set`"
                 )));
             }
             return Ok(None);
@@ -76,18 +84,31 @@ fn from_command(args: &mut BisectRequest) -> Result<Option<BTreeMap<String, Stri
         }
         cuts.push((flag.to_string(), list.split(',').map(str::to_string).collect()));
     }
+    let env_names: Vec<&str> =
+        args.options.env.iter().filter_map(|pair| pair.split_once('=')).map(|(n, _)| n).collect();
+    let mut keep_env = Vec::new();
     for flag in &args.keep {
-        if !args.command.iter().any(|a| a == flag || a.starts_with(&format!("{flag}="))) {
-            return Err(Error::BadInput(format!("`--keep {flag}`: the command has no `{flag}`")));
+        if env_names.contains(&flag.as_str()) {
+            keep_env.push(crate::bisect::space::env_id(flag));
+        } else if !args.command.iter().any(|a| a == flag || a.starts_with(&format!("{flag}="))) {
+            let or_env = if flag.starts_with('-') {
+                String::new()
+            } else {
+                format!(", and no `--env {flag}=…` was given")
+            };
+            return Err(Error::BadInput(format!("`--keep {flag}`: the command has no `{flag}`{or_env}")));
         }
     }
-    let mut file = super::command::scenario_file(&args.command, &super::command::CommandOptions::default())?;
+    let mut file = super::command::scenario_file(&args.command, &args.options)?;
     let (argv, params, flags) = super::command::decompose(&args.command, &args.keep, &cuts);
-    if params.is_empty() && !argv.iter().any(|a| a.contains("{world_size}")) {
+    if params.is_empty()
+        && env_names.len() == keep_env.len()
+        && !argv.iter().any(|a| a.contains("{world_size}"))
+    {
         return Err(Error::BadInput(
-            "nothing in this command line can be cut: no integer flag, on/off value or bare flag after the \
-             script, and one rank\n  hint: name a flag's values with `--cut=--flag=V1,V2`, or write a scenario \
-             file with `params`"
+            "nothing in this command line can be cut: no integer flag, list, on/off value or bare flag after \
+             the script, no `--env` variable, and one rank\n  hint: name a flag's values with \
+             `--cut=--flag=V1,V2`, or write a scenario file with `params`"
                 .into(),
         ));
     }
@@ -96,40 +117,15 @@ fn from_command(args: &mut BisectRequest) -> Result<Option<BTreeMap<String, Stri
     let (path, out) = super::command::write_scenario(&file, args.out.clone(), "bisect")?;
     args.scenario = Some(path);
     args.out = Some(out);
-    Ok(Some(flags))
+    Ok(Some(Command { flags, keep: keep_env }))
 }
 
-/// The minimal scenario's command line with its params filled in (other placeholders as written).
-fn minimal_argv(minimal: &crate::scenario::Scenario) -> Vec<String> {
-    let command = minimal.command.as_deref().unwrap_or_default();
-    crate::scenario::render_with(command, |name| match name {
-        "world_size" => Some(minimal.launch.world_size.to_string()),
-        _ => minimal.params.get(name).map(|p| p.value.render()),
-    })
-}
-
-/// A command line to paste into a POSIX shell: each word quoted where it needs to be.
-fn shell_line(argv: &[String]) -> String {
-    let quote = |w: &String| {
-        let plain =
-            !w.is_empty() && w.chars().all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%^".contains(c));
-        if plain { w.clone() } else { format!("'{}'", w.replace('\'', "'\\''")) }
-    };
-    argv.iter().map(quote).collect::<Vec<_>>().join(" ")
-}
-
-/// A boundary setting (`params.num_workers=3`) in the command's own words (`` `--num-workers 3` ``,
-/// `` `--pin-memory` removed ``); anything else as it is.
-fn in_flag_words(setting: &str, flags: &BTreeMap<String, String>) -> String {
-    let Some((field, value)) = setting.split_once('=') else { return format!("`{setting}`") };
-    if field == "launch.world_size" {
-        return format!("the launcher runs {value} rank{}", if value == "1" { "" } else { "s" });
-    }
-    let Some(flag) = field.strip_prefix("params.").and_then(|name| flags.get(name)) else {
-        return format!("`{setting}`");
-    };
-    let value = value.trim_matches('"');
-    if value.is_empty() { format!("`{flag}` is removed") } else { format!("`{flag} {value}`") }
+/// What a command's bisect knows beyond its scenario file.
+struct Command {
+    /// The flag each param stands for.
+    flags: BTreeMap<String, String>,
+    /// Components the user kept (`--keep NAME` of an `--env` variable).
+    keep: Vec<String>,
 }
 
 /// Runs the bisect; the exit status as [`exit`] documents it for `bisect`.
@@ -147,7 +143,7 @@ pub fn bisect(args: BisectRequest) -> Result<u8, Error> {
         }
     }
     let mut args = args;
-    let flags = from_command(&mut args)?;
+    let command = from_command(&mut args)?;
     let file = args.scenario.clone().unwrap_or_default();
     let scenario = scenario::load_file(&file, &args.set)?;
     let input = [ScenarioInput {
@@ -174,12 +170,14 @@ pub fn bisect(args: BisectRequest) -> Result<u8, Error> {
             confidence: args.confidence,
             confirm_runs: args.confirm,
             strategy: args.strategy,
+            keep: command.as_ref().map(|c| c.keep.clone()).unwrap_or_default(),
         },
         jobs: args.jobs,
         out_dir: out_dir.clone(),
         cache_dir: args.cache,
         show_progress: !args.quiet,
         environment: machine,
+        flags: command.map(|c| c.flags),
     };
     let record = crate::bisect::run_session(&request, &program, &INTERRUPTED)?;
     let report = out_dir.join("bisect.md");
@@ -203,24 +201,18 @@ pub fn bisect(args: BisectRequest) -> Result<u8, Error> {
             record.boundary.join(", ")
         ),
     };
-    let summary = match (&flags, record.signature.is_some()) {
-        (Some(flags), true) => {
-            let minimal = shell_line(&minimal_argv(&record.minimal));
-            let words: Vec<String> = record
-                .boundary_detail
-                .iter()
-                .filter(|b| b.passes)
-                .map(|b| in_flag_words(&b.cut, flags))
-                .collect();
-            let boundary = if words.is_empty() {
+    let summary = match &record.minimal_command {
+        Some(minimal) => {
+            let boundary = if minimal.passes_once.is_empty() {
                 String::new()
             } else {
-                format!("\npasses once {}", words.join(", or once "))
+                format!("\npasses once {}", minimal.passes_once.join(", or once "))
             };
-            format!("{summary}\nminimal failing command:\n  {minimal}{boundary}")
+            format!("{summary}\nminimal failing command:\n  {}{boundary}", minimal.line)
         }
-        _ => summary,
+        None => summary,
     };
+    let summary = crate::secrets::mask_rendered(&summary, &record);
     if args.json {
         eprintln!("{summary}\nreport: {}", report.display());
         println!("{}", serde_json::to_string_pretty(&record).expect("records serialise"));

@@ -29,6 +29,26 @@ pub struct CommandOptions {
     pub name: Option<String>,
 }
 
+impl CommandOptions {
+    /// The first option given, as its flag (`--env`), for a refusal where none applies.
+    pub fn first_given(&self) -> Option<&'static str> {
+        [
+            ("--ranks", self.ranks.is_some()),
+            ("--style", self.style.is_some()),
+            ("--hang-after", self.hang_after_s.is_some()),
+            ("--timeout", self.timeout_s.is_some()),
+            ("--memory-limit", self.memory_limit.is_some()),
+            ("--shm-size", self.shm_size.is_some()),
+            ("--env", !self.env.is_empty()),
+            ("--cwd", self.cwd.is_some()),
+            ("--expect-output", self.expect_output.is_some()),
+            ("--name", self.name.is_some()),
+        ]
+        .into_iter()
+        .find_map(|(flag, given)| given.then_some(flag))
+    }
+}
+
 /// Where a command's scenario says it came from, in error messages.
 pub const ORIGIN: &str = "(the command line)";
 
@@ -142,8 +162,9 @@ pub fn write_scenario(file: &Value, out: Option<PathBuf>, what: &str) -> Result<
 /// What `bisect -- CMD` may cut in a command line, as placeholders and the params that fill them:
 /// the launcher's rank count (`{world_size}`, which bisect lowers to 1, when the command runs on
 /// one node), and each flag of the program after its script: an integer `--flag N` (lowered
-/// towards 0), an on/off value (`true`/`1`/`yes`/`on` switched to its off word), a bare
-/// `--flag` (removed: its value `""` drops the argument). `keep` names flags left as they are;
+/// towards 0), a comma-joined list of integers (`--depths 2,2,1`: fewer of its first items are
+/// kept), an on/off value (`true`/`1`/`yes`/`on` switched to its off word), a bare `--flag`
+/// (removed: its value `""` drops the argument). `keep` names flags left as they are;
 /// `cuts` gives a flag's values to try, in order (`--cut --batch-size=64,8`). Anything else (a
 /// float, a path, a word) stays as written. Returns the argv and the params, each with the flag
 /// it stands for.
@@ -218,8 +239,15 @@ pub fn decompose(
             (Some(v), Some(list)) => Some(json!({"value": v, "cuts": list})),
             (None, Some(_)) | (None, None) => Some(json!({"value": flag, "cuts": [""]})),
             (Some(v), None) => {
+                // Only where the list renders back exactly as written (`2,2`, not `02, 2`).
+                let list: Option<Vec<u64>> = v
+                    .split(',')
+                    .map(|item| item.parse().ok().filter(|n: &u64| n.to_string() == item))
+                    .collect();
                 if let Ok(n) = v.parse::<u64>() {
                     (n > 0).then(|| json!(n))
+                } else if let Some(items) = list.filter(|items| items.len() > 1) {
+                    Some(json!(items))
                 } else if let Some((_, off)) = ON_OFF.iter().find(|(on, _)| v.eq_ignore_ascii_case(on)) {
                     Some(json!({"value": v, "cuts": [off]}))
                 } else {
@@ -350,6 +378,14 @@ mod tests {
         assert_eq!(params["batch_size"], json!({"value": "64", "cuts": ["16", "8"]}));
         assert_eq!(flags["pin_memory"], "--pin-memory");
         assert_eq!(params.len(), 4, "the float, the path and the kept flag stay: {params:?}");
+        // A comma-joined list of integers keeps fewer items; other lists stay as written.
+        let (out, params, _) = decompose(
+            &words("python t.py --depths 2,2,1 --gpus 0 --lrs 0.1,0.2 --ids 01,2 --one=3,4"),
+            &[],
+            &[],
+        );
+        assert_eq!(out, words("python t.py --depths {depths} --gpus 0 --lrs 0.1,0.2 --ids 01,2 --one={one}"));
+        assert_eq!((&params["depths"], &params["one"]), (&json!([2, 2, 1]), &json!([3, 4])));
         // Several nodes: the rank count per node is not the world size, so it is left alone.
         let (out, _, _) = decompose(&words("torchrun --nnodes 2 --nproc_per_node 2 t.py"), &[], &[]);
         assert_eq!(out, words("torchrun --nnodes 2 --nproc_per_node 2 t.py"));

@@ -367,6 +367,17 @@ pub fn render_with(command: &[String], value_of: impl Fn(&str) -> Option<String>
         .collect()
 }
 
+/// Quotes one argument for a POSIX shell, leaving plain words as they are.
+pub fn shell_quote(arg: &str) -> String {
+    let plain = !arg.is_empty() && arg.chars().all(|c| c.is_ascii_alphanumeric() || "_@%+=:,./-".contains(c));
+    if plain { arg.to_string() } else { format!("'{}'", arg.replace('\'', r"'\''")) }
+}
+
+/// A command line that can be pasted into a POSIX shell.
+pub fn shell_line<S: AsRef<str>>(args: &[S]) -> String {
+    args.iter().map(|a| shell_quote(a.as_ref())).collect::<Vec<_>>().join(" ")
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;

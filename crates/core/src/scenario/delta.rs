@@ -21,10 +21,12 @@ pub fn run_relevant(s: &Scenario) -> Value {
 /// "model.depths=[1]"]`. Sections come in schema order, fields alphabetically within them.
 pub fn describe_delta(base: &Scenario, candidate: &Scenario) -> Vec<String> {
     let (mut before, mut after) = (run_relevant(base), run_relevant(candidate));
-    // `launch.nodes` is left out of the JSON at its default (1): a cut to it still reads `=1`.
+    // `launch.nodes` is left out of the JSON at its default (1): a cut to it still reads `=1`;
+    // and `launch.env` when empty: unsetting its last variable still reads `launch.env.NAME=null`.
     for (value, s) in [(&mut before, base), (&mut after, candidate)] {
         if let Some(launch) = value.get_mut("launch").and_then(Value::as_object_mut) {
             launch.insert("nodes".into(), json!(s.launch.nodes));
+            launch.insert("env".into(), json!(s.launch.env));
         }
     }
     let mut out = Vec::new();

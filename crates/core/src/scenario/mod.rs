@@ -17,7 +17,9 @@ mod rules;
 mod size;
 mod suggest;
 
-pub use command::{BUILTIN_PLACEHOLDERS, Piece, is_identifier, pieces, placeholders, render_with};
+pub use command::{
+    BUILTIN_PLACEHOLDERS, Piece, is_identifier, pieces, placeholders, render_with, shell_line, shell_quote,
+};
 pub use delta::{describe_delta, run_relevant};
 pub use fields::{lookup, when_matches};
 pub use load::*;

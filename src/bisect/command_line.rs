@@ -1,0 +1,118 @@
+//! A command's bisect in the command's own words: the minimal failing command line, ready to
+//! paste into a POSIX shell (its folder and variables included), and the boundary as the
+//! program's flags (`` `--num-workers 2` ``, `` `--pin-memory` is removed ``, `` `NCCL_P2P_DISABLE`
+//! is unset ``).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::scenario::{Scenario, shell_line, shell_quote};
+
+use super::search::BoundaryEntry;
+use super::space::env_id;
+
+/// The minimal failing command of a command's bisect.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MinimalCommand {
+    /// The line to paste into a shell: `cd DIR && NAME=VALUE … PROGRAM ARGS…`.
+    pub line: String,
+    /// Each cut that makes it pass, in the program's own words.
+    pub passes_once: Vec<String>,
+}
+
+/// The minimal command of `minimal` and the cuts of `boundary` that pass, with `flags` naming
+/// the flag each param stands for.
+pub fn minimal_command(
+    minimal: &Scenario,
+    boundary: &[BoundaryEntry],
+    flags: &BTreeMap<String, String>,
+) -> MinimalCommand {
+    let mut words: Vec<String> =
+        minimal.launch.env.iter().map(|(k, v)| format!("{k}={}", shell_quote(v))).collect();
+    words.push(shell_line(&minimal_argv(minimal)));
+    let mut line = words.join(" ");
+    if let Some(dir) = &minimal.launch.cwd {
+        line = format!("cd {} && {line}", shell_quote(dir));
+    }
+    let passes_once = boundary.iter().filter(|b| b.passes).map(|b| in_flag_words(&b.cut, flags)).collect();
+    MinimalCommand { line, passes_once }
+}
+
+/// The minimal scenario's command line with its params filled in (other placeholders as written).
+fn minimal_argv(minimal: &Scenario) -> Vec<String> {
+    let command = minimal.command.as_deref().unwrap_or_default();
+    crate::scenario::render_with(command, |name| match name {
+        "world_size" => Some(minimal.launch.world_size.to_string()),
+        _ => minimal.params.get(name).map(|p| p.value.render()),
+    })
+}
+
+/// A boundary setting (`params.num_workers=3`) in the command's own words (`` `--num-workers 3` ``,
+/// `` `--pin-memory` is removed ``, `` `NAME` is unset ``); anything else as it is.
+fn in_flag_words(setting: &str, flags: &BTreeMap<String, String>) -> String {
+    let Some((field, value)) = setting.split_once('=') else { return format!("`{setting}`") };
+    if field == "launch.world_size" {
+        return format!("the launcher runs {value} rank{}", if value == "1" { "" } else { "s" });
+    }
+    if let Some(name) = field.strip_prefix("launch.env.").filter(|n| env_id(n) == field) {
+        return format!("`{name}` is unset");
+    }
+    let Some(flag) = field.strip_prefix("params.").and_then(|name| flags.get(name)) else {
+        return format!("`{setting}`");
+    };
+    let value = value.trim_matches('"');
+    let value = value.strip_prefix('[').and_then(|v| v.strip_suffix(']')).unwrap_or(value);
+    if value.is_empty() { format!("`{flag}` is removed") } else { format!("`{flag} {value}`") }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(cut: &str, passes: bool) -> BoundaryEntry {
+        BoundaryEntry { component: String::new(), cut: cut.into(), passes, runs: 1 }
+    }
+
+    #[test]
+    fn the_minimal_command_carries_its_folder_and_variables_and_says_each_passing_cut_in_flags() {
+        let scenario: Scenario = serde_json::from_value(serde_json::json!({
+            "name": "t",
+            "command": ["torchrun", "--nproc_per_node", "{world_size}", "t.py", "--workers", "{workers}",
+                        "--depths", "{depths}", "{pin}"],
+            "launch": {"world_size": 2, "env": {"KERNEL": "fast one", "NCCL_P2P_DISABLE": "1"},
+                       "cwd": "/runs/it's here"},
+            "params": {"workers": 3, "depths": [4, 4], "pin": {"value": "--pin-memory", "cuts": [""]}}
+        }))
+        .unwrap();
+        let flags = BTreeMap::from([
+            ("workers".to_string(), "--workers".to_string()),
+            ("depths".to_string(), "--depths".to_string()),
+            ("pin".to_string(), "--pin-memory".to_string()),
+        ]);
+        let boundary = [
+            entry("params.workers=2", true),
+            entry("params.depths=[4]", true),
+            entry("params.pin=\"\"", true),
+            entry("launch.env.NCCL_P2P_DISABLE=null", true),
+            entry("launch.world_size=1", true),
+            entry("launch.env.KERNEL=null", false),
+        ];
+        let m = minimal_command(&scenario, &boundary, &flags);
+        assert_eq!(
+            m.line,
+            "cd '/runs/it'\\''s here' && KERNEL='fast one' NCCL_P2P_DISABLE=1 torchrun --nproc_per_node 2 t.py \
+             --workers 3 --depths 4,4 --pin-memory"
+        );
+        assert_eq!(
+            m.passes_once,
+            [
+                "`--workers 2`",
+                "`--depths 4`",
+                "`--pin-memory` is removed",
+                "`NCCL_P2P_DISABLE` is unset",
+                "the launcher runs 1 rank"
+            ]
+        );
+    }
+}
