@@ -73,6 +73,48 @@ fn a_skipped_collective_is_attributed_to_the_rank_that_skipped_it_whichever_it_i
             (rank["group"]["backend"].as_str(), rank["group"]["world_size"].as_u64()),
             (Some("gloo"), Some(u64::from(ranks)))
         );
+        if ranks == 2 {
+            the_trace_shows_each_ranks_collectives_and_the_one_it_waits_in(&sb, &s, 1 - skipper);
+        }
+    }
+}
+
+/// `trace.json`, loaded by Chrome DevTools' trace engine: each rank has a track of its
+/// collectives as the observer's ledger kept them, at the times result.json gives; the waiting
+/// rank's `all_gather` #5 is drawn open up to its end.
+fn the_trace_shows_each_ranks_collectives_and_the_one_it_waits_in(sb: &Sandbox, s: &Value, waiter: u32) {
+    let parsed = crate::trace::parse(&sb.out().join("trace.json"));
+    crate::trace::assert_within_run(&parsed, s["wall_s"].as_f64().unwrap());
+    for rank in 0..2u32 {
+        let r = &s["ranks"][rank as usize];
+        let ledger = r["observed"]["ledger"].as_array().unwrap();
+        let tracks: Vec<&Value> = parsed["threads"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|t| t["name"].as_str().is_some_and(|n| n.starts_with("collectives")))
+            .filter(|t| t["process"] == format!("rank {rank}"))
+            .collect();
+        assert_eq!(tracks.len(), 1, "rank {rank}: one collectives track: {:#}", parsed["threads"]);
+        let slices = tracks[0]["slices"].as_array().unwrap();
+        assert_eq!(slices.len(), ledger.iter().filter(|e| e["at_s"].is_number()).count(), "rank {rank}");
+        for (slice, entry) in slices.iter().zip(ledger.iter().filter(|e| e["at_s"].is_number())) {
+            assert_eq!(
+                slice["name"],
+                format!("{} #{}", entry["op"].as_str().unwrap(), entry["seq"]),
+                "rank {rank}"
+            );
+            assert_eq!(slice["ts"].as_f64().unwrap(), (entry["at_s"].as_f64().unwrap() * 1e6).round());
+        }
+        if rank == waiter {
+            let open = slices
+                .iter()
+                .find(|x| x["args"]["open"] == true)
+                .expect("the waiting rank's collective is open");
+            assert_eq!(open["name"], "all_gather #5", "{slices:#?}");
+            let end = (r["ended_at_s"].as_f64().unwrap() * 1e6).round();
+            assert_eq!(open["ts"].as_f64().unwrap() + open["dur"].as_f64().unwrap(), end);
+        }
     }
 }
 

@@ -14,7 +14,7 @@ use crate::util::{Sandbox, repo, tiny};
 use serde_json::Value;
 
 /// What the trace engine made of `trace`.
-fn parse(trace: &Path) -> Value {
+pub(crate) fn parse(trace: &Path) -> Value {
     let dir = repo().join("tests/trace");
     assert!(
         dir.join("node_modules/@paulirish/trace_engine").is_dir(),
@@ -48,7 +48,7 @@ fn thread<'a>(parsed: &'a Value, prefix: &str) -> &'a Value {
 
 /// Nothing on the trace lies after the scenario's end (its wall time): a slice, an instant or a
 /// sample there would contradict `result.json`.
-fn assert_within_run(parsed: &Value, wall_s: f64) {
+pub(crate) fn assert_within_run(parsed: &Value, wall_s: f64) {
     let end = (wall_s * 1e6).round();
     for t in parsed["threads"].as_array().unwrap() {
         for s in t["slices"].as_array().unwrap() {

@@ -102,6 +102,9 @@ fn gather(nodes: &[NodeOutcome], base_ns: i64, lw: u32, first_of: &dyn Fn(u32) -
                         span.start_s += p.shift_s;
                         span.end_s = p.at(span.end_s);
                     }
+                    for entry in global.observed.iter_mut().flat_map(|o| o.ledger.iter_mut()) {
+                        entry.at_s = p.at(entry.at_s);
+                    }
                     global.dumps.extend(
                         run.snapshots.iter().filter(|(l, _)| *l == rank.rank).map(|(_, d)| d.clone()),
                     );

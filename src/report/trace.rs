@@ -13,6 +13,10 @@
 //! - the rank's end (a signal, an exit code, a hang, a teardown by ups-doctor), the moment the
 //!   hang was declared, a worker's start and an OOM kill as instant events (`I`, thread scope),
 //!   the backtrace, thread stacks or py-spy dump attached in `args`;
+//! - a command's collectives, as the observer's ledger keeps them (the newest 32 of each rank),
+//!   as slices on a track of their own beside the rank's (`all_gather #3`, from its issue for as
+//!   long as it took; one the rank was still in drawn to its end, marked `open`), with their call
+//!   site, shapes and dtype in `args`;
 //! - each rank's PSS (with its workers) as a counter (`C`) on its process; `/dev/shm` and GPU
 //!   samples as counters on a process of their own (`/dev/shm`, `GPU N`), so each has its own axis.
 //!
@@ -36,6 +40,8 @@ const GAP_US: f64 = 1_000_000.0;
 const PER_SCENARIO: u64 = 100_000;
 /// The thread of a rank's own track; worker `w` is `WORKER_TID + w`.
 const RANK_TID: u64 = 1;
+/// The thread of a rank's collectives (the observer's ledger).
+const COLLECTIVE_TID: u64 = 2;
 const WORKER_TID: u64 = 1_000;
 
 /// The trace of `run`, as the JSON text `trace.json` holds (ending in a newline).
@@ -121,7 +127,7 @@ impl Scenario<'_> {
             let tid = WORKER_TID + u64::from(w.id);
             let label = format!("worker {} (pid {}, {})", w.id, w.pid, w.start_method);
             out.push(meta("thread_name", pid, tid, json!({ "name": label })));
-            out.push(meta("thread_sort_index", pid, tid, json!({ "sort_index": 1 + w.id })));
+            out.push(meta("thread_sort_index", pid, tid, json!({ "sort_index": 2 + w.id })));
             out.push(instant(
                 &format!("worker {} started ({})", w.id, w.start_method),
                 "worker",
@@ -162,6 +168,7 @@ impl Scenario<'_> {
             }));
         }
         self.step_events(r, end, pid, out);
+        self.collective_events(r, end, pid, out);
         if let (Some(at), Some(after)) =
             (super::text::hang_declared_at(r, self.s.wall_s), r.hang_detected_after_s)
         {
@@ -217,6 +224,57 @@ impl Scenario<'_> {
                 pid,
                 Value::Object(args),
             ));
+        }
+    }
+
+    /// The observer's ledger (the newest collectives of a command's rank) on a track of its own:
+    /// each collective from when the rank issued it for as long as it took; one the rank was
+    /// still in drawn to the rank's end, marked `open`.
+    fn collective_events(&self, r: &RankResult, end: f64, pid: u64, out: &mut Vec<Value>) {
+        let Some(o) = &r.observed else { return };
+        let timed: Vec<_> = o.ledger.iter().filter_map(|e| Some((e, e.at_s?))).collect();
+        if timed.is_empty() {
+            return;
+        }
+        let label = if o.collectives > timed.len() as u64 {
+            format!("collectives (the newest {} of {})", timed.len(), o.collectives)
+        } else {
+            "collectives".to_string()
+        };
+        out.push(meta("thread_name", pid, COLLECTIVE_TID, json!({ "name": label })));
+        out.push(meta("thread_sort_index", pid, COLLECTIVE_TID, json!({ "sort_index": 1 })));
+        for (e, at) in timed {
+            let mut args = serde_json::Map::new();
+            for (key, value) in
+                [("group", &e.group), ("shapes", &e.shapes), ("dtype", &e.dtype), ("site", &e.site)]
+            {
+                if !value.is_empty() {
+                    args.insert(key.into(), json!(value));
+                }
+            }
+            args.insert("seq".into(), json!(e.seq));
+            let stop = match e.ms {
+                Some(ms) => {
+                    args.insert("ms".into(), json!(ms));
+                    at + ms / 1000.0
+                }
+                None => {
+                    args.insert("open".into(), json!(true));
+                    args.insert("note".into(), json!("the rank was still in it: drawn up to the rank's end"));
+                    end.max(at)
+                }
+            };
+            let group = if e.group == "default" { String::new() } else { format!(" ({})", e.group) };
+            let mut slice = self.slice(
+                &format!("{} #{}{group}", e.op, e.seq),
+                "collective",
+                at,
+                stop,
+                pid,
+                Value::Object(args),
+            );
+            slice["tid"] = json!(COLLECTIVE_TID);
+            out.push(slice);
         }
     }
 
@@ -456,6 +514,49 @@ mod tests {
             ev.iter().filter(|e| e["ph"] == "C" && e["name"] == "/dev/shm used (MiB)").collect();
         assert_eq!(shm.len(), m.series.iter().filter(|p| p.shm_used_bytes.is_some()).count());
         assert!(shm.iter().all(|e| e["pid"].as_u64().unwrap() > PER_SCENARIO + 1_000));
+    }
+
+    #[test]
+    fn a_commands_collectives_are_slices_on_a_track_of_their_own_the_open_one_to_the_ranks_end() {
+        let mut s = fixtures::hung();
+        let r = &mut s.ranks[0];
+        let end = r.ended_at_s.or(r.last_marker_at_s).unwrap_or(s.wall_s);
+        let entry = |op: &str, seq: u64, at_s: Option<f64>, ms: Option<f64>| crate::schema::LedgerEntry {
+            op: op.into(),
+            group: "default".into(),
+            seq,
+            shapes: "4x4".into(),
+            dtype: "float32".into(),
+            site: "train.py:40".into(),
+            ms,
+            at_s,
+        };
+        r.observed = Some(crate::schema::ObservedProgram {
+            collectives: 40,
+            ledger: vec![
+                entry("all_reduce", 38, Some(0.5), Some(2.0)),
+                entry("broadcast", 39, None, Some(1.0)),
+                entry("all_gather", 40, Some(0.75), None),
+            ],
+            ..Default::default()
+        });
+        let ev = events(&fixtures::run(vec![s]));
+        let track = ev
+            .iter()
+            .find(|e| e["name"] == "thread_name" && e["tid"] == json!(COLLECTIVE_TID))
+            .expect("a track for the collectives");
+        assert_eq!(track["args"]["name"], "collectives (the newest 2 of 40)");
+        let slices: Vec<&Value> = ev.iter().filter(|e| e["cat"] == "collective").collect();
+        assert_eq!(slices.len(), 2, "one without a time is not drawn: {slices:?}");
+        assert!(slices.iter().all(|e| e["tid"] == json!(COLLECTIVE_TID) && e["ph"] == "X"));
+        assert_eq!(
+            (&slices[0]["name"], &slices[0]["ts"], &slices[0]["dur"]),
+            (&json!("all_reduce #38"), &json!(500_000.0), &json!(2_000.0))
+        );
+        assert_eq!(slices[0]["args"]["site"], "train.py:40");
+        assert_eq!(slices[1]["name"], "all_gather #40");
+        assert_eq!(slices[1]["args"]["open"], true);
+        assert_eq!(slices[1]["dur"], json!((end * 1e6).round() - 750_000.0));
     }
 
     #[test]

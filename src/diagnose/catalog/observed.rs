@@ -303,6 +303,7 @@ mod tests {
             dtype: "float32".into(),
             site: "train.py:40".into(),
             ms,
+            at_s: None,
         }
     }
 

@@ -88,7 +88,7 @@ impl RankState {
         if !matches!(marker, Marker::Stack { .. } | Marker::StackEnd { .. }) {
             self.last_marker_at = Some(at);
         }
-        if ObservedProgram::apply(&mut self.observed, &marker) {
+        if ObservedProgram::apply(&mut self.observed, at, &marker) {
             return;
         }
         match marker {

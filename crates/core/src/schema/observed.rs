@@ -47,6 +47,9 @@ pub struct LedgerEntry {
     /// How long it took; `None` while the rank was still in it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ms: Option<f64>,
+    /// When the rank issued it, in seconds since the scenario started (its observer's stamp).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at_s: Option<f64>,
 }
 
 impl LedgerEntry {
@@ -100,8 +103,9 @@ pub struct ObservedProgram {
 }
 
 impl ObservedProgram {
-    /// Folds one observer marker in; `false` for any other marker.
-    pub fn apply(this: &mut Option<Self>, marker: &Marker) -> bool {
+    /// Folds one observer marker, written at `at` (seconds since the scenario started), in;
+    /// `false` for any other marker.
+    pub fn apply(this: &mut Option<Self>, at: f64, marker: &Marker) -> bool {
         match marker {
             Marker::Group { backend, rank, world_size, store } => {
                 let o = this.get_or_insert_with(Default::default);
@@ -127,6 +131,7 @@ impl ObservedProgram {
                             dtype: dtype.clone(),
                             site: site.clone(),
                             ms: *ms,
+                            at_s: Some(at),
                         });
                         if o.ledger.len() > LEDGER_KEPT {
                             o.ledger.remove(0);
@@ -199,16 +204,16 @@ mod tests {
     fn the_ledger_pairs_issue_and_return_and_keeps_the_newest() {
         let mut o = None;
         for seq in 1..=40 {
-            assert!(ObservedProgram::apply(&mut o, &collective("all_reduce", seq, None)));
-            assert!(ObservedProgram::apply(&mut o, &collective("all_reduce", seq, Some(1.0))));
+            assert!(ObservedProgram::apply(&mut o, 1.0, &collective("all_reduce", seq, None)));
+            assert!(ObservedProgram::apply(&mut o, 1.0, &collective("all_reduce", seq, Some(1.0))));
         }
-        ObservedProgram::apply(&mut o, &collective("all_gather", 41, None));
+        ObservedProgram::apply(&mut o, 1.0, &collective("all_gather", 41, None));
         let o = o.unwrap();
         assert_eq!((o.collectives, o.ledger.len()), (41, LEDGER_KEPT));
         let last = o.last_of("default").unwrap();
         assert_eq!((last.op.as_str(), last.seq, last.ms), ("all_gather", 41, None));
         assert_eq!(o.at("default", 40).unwrap().ms, Some(1.0));
         assert_eq!(last.render(), "`all_gather` #41 (train.py:40, 1, float32)");
-        assert!(!ObservedProgram::apply(&mut None, &Marker::Error { message: "x".into() }));
+        assert!(!ObservedProgram::apply(&mut None, 1.0, &Marker::Error { message: "x".into() }));
     }
 }
