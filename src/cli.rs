@@ -39,7 +39,7 @@ pub enum Command {
     /// trace.json (the run's timeline for Perfetto) is written again beside it.
     #[command(after_help = exit::HELP)]
     Report {
-        /// A run folder (it holds result.json).
+        /// A run folder (it holds result.json), or a bisect's folder (it holds bisect.json).
         dir: PathBuf,
         /// Mask GPU UUIDs and your home folder (result.json is rewritten masked too).
         #[arg(long)]

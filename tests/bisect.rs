@@ -41,7 +41,19 @@ fn bisect(sb: &Sandbox, file: &std::path::Path, args: &[&str]) -> Bisected {
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     let record = serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|e| panic!("no bisect.json on stdout ({e}):\n{stderr}"));
+    assert_consistent(&sb.out());
     Bisected { code: out.status.code().unwrap_or(-1), record, stderr }
+}
+
+/// `bisect.md` says what `bisect.json` says (tests/consistency.rs).
+fn assert_consistent(dir: &std::path::Path) {
+    let found = crate::consistency::check_bisect_dir(dir);
+    assert!(
+        found.is_empty(),
+        "bisect.md contradicts bisect.json in {}:\n{}",
+        dir.display(),
+        found.join("\n")
+    );
 }
 
 fn strings(v: &Value) -> Vec<String> {
@@ -273,6 +285,7 @@ fn a_command_line_is_cut_to_its_minimal_failing_flags_printed_ready_to_paste() {
             report.contains(&format!("```sh\n{line}\n```")),
             "bisect.md shows the line to paste:\n{report}"
         );
+        assert_consistent(&sb.out());
         let scenario: Value =
             serde_json::from_str(&std::fs::read_to_string(sb.out().join("scenario.json")).unwrap()).unwrap();
         assert!(scenario["params"].as_object().is_some_and(|p| !p.is_empty()), "{scenario:#}");
@@ -335,6 +348,7 @@ fn a_flaky_command_is_cut_to_its_minimal_command_line_with_its_rate() {
     let line = format!("python {program} --bug flaky --num-workers 2 --batch-size 0");
     assert_eq!(r["minimal_command"]["line"], line.as_str(), "{r:#}");
     assert_eq!(r["minimal_command"]["passes_once"], serde_json::json!(["`--num-workers 1`"]), "{r:#}");
+    assert_consistent(&sb.out());
     assert!(
         stderr.contains(&format!("minimal failing command:\n  {line}\npasses once `--num-workers 1`")),
         "{stderr}"
@@ -390,4 +404,26 @@ fn bisect_of_a_command_refuses_what_it_cannot_cut_naming_the_fix() {
         assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
         assert!(err.contains(says), "{args:?}: {err}");
     }
+}
+
+/// `ups-doctor report DIR` of a bisect's folder renders `bisect.md` again from `bisect.json`
+/// (the same text as the committed example's), and refuses the run folder's flags with the fix.
+#[test]
+fn report_of_a_bisect_folder_renders_bisect_md_again_and_refuses_a_run_folders_flags() {
+    let sb = Sandbox::new();
+    let example = crate::util::repo().join("reports/examples/bisect-segv-needs-conditioning");
+    let dir = sb.path().join("b");
+    std::fs::create_dir(&dir).unwrap();
+    for name in ["bisect.json", "bisect.md"] {
+        std::fs::copy(example.join(name), dir.join(name)).unwrap();
+    }
+    std::fs::write(dir.join("bisect.md"), "stale").unwrap();
+    let out = sb.cmd().arg("report").arg(&dir).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let again = std::fs::read_to_string(dir.join("bisect.md")).unwrap();
+    assert_eq!(again, std::fs::read_to_string(example.join("bisect.md")).unwrap());
+    let out = sb.cmd().arg("report").arg(&dir).arg("--issue").output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("is a bisect's folder") && err.contains("attach `bisect.md`"), "{err}");
 }

@@ -757,6 +757,229 @@ fn expectation_word(s: &Value) -> &'static str {
     }
 }
 
+/// The contradictions between a bisect's `bisect.md` and the `bisect.json` it was rendered from
+/// (the folder `ups-doctor bisect` wrote): its verdict (the failure, what it still happens with,
+/// what makes it pass), the runs and the budget, how flaky it was, the minimal command or
+/// scenario, the boundary table and every probe's row.
+pub fn check_bisect_dir(dir: &Path) -> Vec<String> {
+    let read = |name: &str| std::fs::read_to_string(dir.join(name)).map_err(|e| format!("{name}: {e}"));
+    let (json, text) = match (read("bisect.json"), read("bisect.md")) {
+        (Ok(j), Ok(t)) => (j, t),
+        (Err(e), _) | (_, Err(e)) => return vec![e],
+    };
+    let r: Value = match serde_json::from_str(&json) {
+        Ok(v) => v,
+        Err(e) => return vec![format!("bisect.json does not parse: {e}")],
+    };
+    let mut out = Vec::new();
+    let title = format!("# ups-doctor bisect: {}", r["original"]["name"].as_str().unwrap_or_default());
+    if text.lines().next() != Some(title.as_str()) {
+        out.push(format!("the title is not `{title}`"));
+    }
+    if r["signature"].is_null() {
+        if !text.contains("**The scenario did not fail**") {
+            out.push("bisect.json has no signature (it did not fail), the report does not say so".into());
+        }
+        return out.into_iter().map(|c| format!("bisect.md: {c}")).collect();
+    }
+    out.extend(check_bisect_verdict(&text, &r));
+    out.extend(check_bisect_command(&text, &r));
+    out.extend(check_bisect_tables(&text, &r));
+    out.into_iter().map(|c| format!("bisect.md: {c}")).collect()
+}
+
+/// Every `code` span of `text`, in order.
+fn code_spans(text: &str) -> Vec<String> {
+    re(r"`([^`]+)`").captures_iter(text).map(|c| c[1].to_string()).collect()
+}
+
+fn strings_of(v: &Value) -> Vec<String> {
+    v.as_array().into_iter().flatten().filter_map(|x| x.as_str().map(str::to_string)).collect()
+}
+
+/// The verdict lines: the failure, what it still happens with, what makes it pass, the runs.
+fn check_bisect_verdict(text: &str, r: &Value) -> Vec<String> {
+    let mut out = Vec::new();
+    let sig = &r["signature"];
+    match re(r"(?m)^\*\*The failure \((.+?)\) still happens with (.+)\.\*\*$").captures(text) {
+        None => out.push("no verdict line `The failure (…) still happens with …`".into()),
+        Some(c) => {
+            let outcome = sig["outcome"].as_str().unwrap_or_default().replace('_', " ");
+            if !c[1].starts_with(&outcome) {
+                out.push(format!("the failure reads `{}` but the signature's outcome is `{outcome}`", &c[1]));
+            }
+            if let Some(signal) = sig["signal"].as_str()
+                && !c[1].contains(signal)
+            {
+                out.push(format!("the failure reads `{}` but the signature's signal is {signal}", &c[1]));
+            }
+            let delta = strings_of(&r["minimal_delta"]);
+            let said =
+                if c[2].starts_with("the original configuration") { Vec::new() } else { code_spans(&c[2]) };
+            if said != delta {
+                out.push(format!("it still happens with {said:?}, but minimal_delta is {delta:?}"));
+            }
+        }
+    }
+    let passing: Vec<String> = r["boundary_detail"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|b| b["passes"] == true)
+        .filter_map(|b| b["cut"].as_str().map(str::to_string))
+        .collect();
+    match re(r"(?m)^It passes once any one of these is applied: (.+)\. Those components").captures(text) {
+        Some(c) if code_spans(&c[1]) != passing => {
+            out.push(format!("it passes once {:?}, but the passing cuts are {passing:?}", code_spans(&c[1])))
+        }
+        None if !passing.is_empty() => out.push(format!("no line of what makes it pass, but {passing:?} do")),
+        _ => {}
+    }
+    match re(r"(\d+) real runs? of a budget of (\d+)\.").captures(text) {
+        Some(c) if (c[1].parse().ok(), c[2].parse().ok()) != (r["runs"].as_u64(), r["budget"].as_u64()) => {
+            out.push(format!(
+                "{} real runs of a budget of {}, but bisect.json has {} of {}",
+                &c[1], &c[2], r["runs"], r["budget"]
+            ))
+        }
+        None => out.push("no line of the runs and the budget".into()),
+        _ => {}
+    }
+    let flaky = re(r"The original fails in ([\d.]+)% of runs \(flaky\)").captures(text);
+    match (r["is_flaky"].as_bool(), flaky) {
+        (Some(true), Some(c)) => {
+            let said: f64 = c[1].parse().unwrap_or(-1.0);
+            let rate = r["flaky"].as_f64().unwrap_or(-1.0) * 100.0;
+            if (said - rate).abs() > 0.5 + 1e-9 {
+                out.push(format!("it fails in {said}% of runs, but the observed rate is {rate:.2}%"));
+            }
+        }
+        (Some(true), None) => out.push("bisect.json says flaky, the report does not".into()),
+        (_, Some(_)) => out.push("the report says flaky, bisect.json does not".into()),
+        _ => {}
+    }
+    if text.contains("The budget ran out") != (r["budget_exhausted"] == true) {
+        out.push(format!("the budget warning does not match budget_exhausted = {}", r["budget_exhausted"]));
+    }
+    out
+}
+
+/// A command's minimal failing command line and what makes it pass, and the minimal scenario.
+fn check_bisect_command(text: &str, r: &Value) -> Vec<String> {
+    let mut out = Vec::new();
+    let section =
+        text.split("## Minimal failing command\n").nth(1).map(|s| s.split("\n## ").next().unwrap_or(s));
+    match (&r["minimal_command"], section) {
+        (Value::Null, Some(_)) => out.push("a minimal failing command, but bisect.json has none".into()),
+        (Value::Null, None) => {}
+        (_, None) => out.push("bisect.json has a minimal command, the report shows none".into()),
+        (m, Some(section)) => {
+            let line = m["line"].as_str().unwrap_or_default();
+            if fenced(section, "sh") != [line.to_string()] {
+                out.push(format!(
+                    "the command to paste is {:?}, bisect.json's is {line:?}",
+                    fenced(section, "sh")
+                ));
+            }
+            let passes = strings_of(&m["passes_once"]);
+            let said = re(r"(?m)^It passes once (.+)\.$").captures(section).map(|c| c[1].to_string());
+            if said
+                .as_deref()
+                .map(|s| s.split(", or once ").map(str::to_string).collect::<Vec<_>>())
+                .unwrap_or_default()
+                != passes
+            {
+                out.push(format!("it passes once {said:?}, bisect.json's passes_once is {passes:?}"));
+            }
+        }
+    }
+    let scenario =
+        fenced(text, "json").into_iter().next().and_then(|j| serde_json::from_str::<Value>(&j).ok());
+    match scenario {
+        None => out.push("no minimal failing scenario as JSON".into()),
+        Some(shown) => {
+            let mut leaves = Vec::new();
+            json_leaves(&shown, String::new(), &mut leaves);
+            for (field, value) in leaves {
+                let theirs = r["minimal"].pointer(&field);
+                if theirs != Some(&value) {
+                    out.push(format!(
+                        "the minimal scenario's `{field}` is {value}, bisect.json's is {theirs:?}"
+                    ));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Every scalar of `v` with its JSON pointer.
+fn json_leaves(v: &Value, at: String, out: &mut Vec<(String, Value)>) {
+    match v {
+        Value::Object(o) => o.iter().for_each(|(k, x)| json_leaves(x, format!("{at}/{k}"), out)),
+        Value::Array(a) => a.iter().enumerate().for_each(|(i, x)| json_leaves(x, format!("{at}/{i}"), out)),
+        scalar => out.push((at, scalar.clone())),
+    }
+}
+
+/// The boundary table and the probes table, row by row.
+fn check_bisect_tables(text: &str, r: &Value) -> Vec<String> {
+    let mut out = Vec::new();
+    let boundary = r["boundary_detail"].as_array().cloned().unwrap_or_default();
+    let rows = table_after(text, "| component | cut |");
+    if rows.len() != boundary.len() {
+        out.push(format!(
+            "the boundary table has {} rows, bisect.json {} entries",
+            rows.len(),
+            boundary.len()
+        ));
+    }
+    for (row, b) in rows.iter().zip(&boundary) {
+        let result = if b["passes"] == true { "passes" } else { "still fails" };
+        let want = [
+            ("component", format!("`{}`", b["component"].as_str().unwrap_or_default())),
+            ("cut", format!("`{}`", b["cut"].as_str().unwrap_or_default())),
+            ("result", result.to_string()),
+            ("runs", b["runs"].to_string()),
+        ];
+        for (column, value) in want {
+            if cell(row, column).map(|c| unescape(&c)) != Some(value.clone()) {
+                out.push(format!("boundary row {:?}: `{column}` should be {value}", cell(row, "component")));
+            }
+        }
+    }
+    let probes = r["probes"].as_array().cloned().unwrap_or_default();
+    let rows = table_after(text, "| # | stage |");
+    if rows.len() != probes.len() {
+        out.push(format!("the probes table has {} rows, bisect.json {} probes", rows.len(), probes.len()));
+    }
+    for (i, (row, p)) in rows.iter().zip(&probes).enumerate() {
+        let delta = strings_of(&p["delta"]);
+        let said = cell(row, "configuration delta").unwrap_or_default();
+        let said = if said == "(original)" { Vec::new() } else { code_spans(&unescape(&said)) };
+        let verdict = match p["verdict"].as_str() {
+            Some("same") => "same failure",
+            Some("passed") => "passed",
+            _ => "**different**",
+        };
+        let wall = cell(row, "wall").unwrap_or_default();
+        let wall_ok = match (p["cached"].as_bool(), parse_secs(&wall), p["wall_s"].as_f64()) {
+            (Some(true), ..) => wall == "cached",
+            (_, Some((v, slack)), Some(w)) => (v - w).abs() <= slack,
+            _ => false,
+        };
+        if cell(row, "#") != Some((i + 1).to_string())
+            || cell(row, "stage").as_deref() != p["stage"].as_str()
+            || said != delta
+            || cell(row, "signature").as_deref() != Some(verdict)
+            || !wall_ok
+        {
+            out.push(format!("probe {}'s row {row:?} does not match its probe {p}", i + 1));
+        }
+    }
+    out
+}
+
 /// The committed examples (`reports/examples/*/`), copied into a temporary folder and each run
 /// folder in them re-rendered by this build's `ups-doctor report`, so the check reads what the
 /// code writes today and the repository is never touched.
@@ -765,7 +988,9 @@ fn rendered_examples() -> tempfile::TempDir {
     let examples = crate::util::repo().join("reports/examples");
     let status = std::process::Command::new("cp").arg("-r").arg(&examples).arg(copy.path()).status().unwrap();
     assert!(status.success(), "cp -r {} failed", examples.display());
-    for run in run_dirs(&copy.path().join("examples")) {
+    let bisects =
+        sub_dirs(&copy.path().join("examples")).into_iter().filter(|d| d.join("bisect.json").is_file());
+    for run in run_dirs(&copy.path().join("examples")).into_iter().chain(bisects) {
         let out = std::process::Command::new(crate::util::bin()).arg("report").arg(&run).output().unwrap();
         assert!(
             matches!(out.status.code(), Some(0 | 1)),
@@ -796,8 +1021,20 @@ fn every_committed_example_is_consistent() {
     let runs: Vec<PathBuf> =
         sub_dirs(&root).into_iter().filter(|d| d.join("result.json").is_file()).collect();
     assert!(runs.len() >= 3, "the examples' run folders: {runs:?}");
-    let found: Vec<String> = runs.iter().flat_map(|r| check_run_dir(r)).collect();
-    assert!(found.is_empty(), "the examples contradict their result.json:\n{}", found.join("\n"));
+    let bisects: Vec<PathBuf> =
+        sub_dirs(&root).into_iter().filter(|d| d.join("bisect.json").is_file()).collect();
+    assert!(bisects.len() >= 2, "the examples' bisect folders: {bisects:?}");
+    let found: Vec<String> = runs.iter().chain(&bisects).flat_map(|r| check_dir(r)).collect();
+    assert!(
+        found.is_empty(),
+        "the examples contradict their result.json or bisect.json:\n{}",
+        found.join("\n")
+    );
+}
+
+/// [`check_bisect_dir`] for a bisect's folder, else [`check_run_dir`].
+fn check_dir(dir: &Path) -> Vec<String> {
+    if dir.join("bisect.json").is_file() { check_bisect_dir(dir) } else { check_run_dir(dir) }
 }
 
 /// Each check can fail: a re-rendered example is consistent, and the same report with one word,
@@ -967,10 +1204,67 @@ fn every_check_catches_a_contradiction() {
             "| rank | pid | outcome | steps done |\n| ---: | ---: | --- | ---: |\n| 0 | 30444 | false success (exit 0) | 0 |",
             "unknown",
         ),
+        (
+            "bisect-external-workers-pin-memory",
+            "bisect.md",
+            "still happens with `params.depths=[2]`, `params.workers=1`.",
+            "still happens with `params.depths=[2]`, `params.workers=2`.",
+            "minimal_delta",
+        ),
+        (
+            "bisect-external-workers-pin-memory",
+            "bisect.md",
+            "applied: `params.pin_memory=false`, `params.workers=0`.",
+            "applied: `params.workers=0`.",
+            "passing cuts",
+        ),
+        (
+            "bisect-external-workers-pin-memory",
+            "bisect.md",
+            "10 real runs of",
+            "9 real runs of",
+            "9 real runs",
+        ),
+        (
+            "bisect-external-workers-pin-memory",
+            "bisect.md",
+            "(exited with code 1 in rank",
+            "(signaled SIGSEGV in rank",
+            "outcome",
+        ),
+        (
+            "bisect-external-workers-pin-memory",
+            "bisect.md",
+            "| `params.workers=0` | passes | 1 |",
+            "| `params.workers=0` | still fails | 1 |",
+            "boundary row",
+        ),
+        (
+            "bisect-external-workers-pin-memory",
+            "bisect.md",
+            "| 4 | ddmin | `params.workers=0` | passed | passed |",
+            "| 4 | ddmin | `params.workers=0` | passed | same failure |",
+            "probe 4",
+        ),
+        (
+            "bisect-external-workers-pin-memory",
+            "bisect.md",
+            "| 10 | verify |",
+            "| 10 | halving |",
+            "probe 10",
+        ),
+        ("bisect-segv-needs-conditioning", "bisect.md", "\"hidden\": 4,", "\"hidden\": 8,", "/model/hidden"),
+        (
+            "bisect-segv-needs-conditioning",
+            "bisect.md",
+            "The failure reproduced in every confirming run",
+            "The original fails in 50% of runs (flaky)",
+            "flaky",
+        ),
     ];
     let mut clean = Vec::new();
     for (run, _, _, _, _) in cases {
-        let found = check_run_dir(&root.join(run));
+        let found = check_dir(&root.join(run));
         assert!(found.is_empty(), "{run} is not consistent to begin with:\n{}", found.join("\n"));
         clean.push(run);
     }
@@ -980,7 +1274,7 @@ fn every_check_catches_a_contradiction() {
         let original = std::fs::read_to_string(&path).unwrap();
         assert!(original.contains(from), "{run}/{file} no longer contains {from:?}: update this case");
         std::fs::write(&path, original.replacen(from, to, 1)).unwrap();
-        let found = check_run_dir(&root.join(run));
+        let found = check_dir(&root.join(run));
         if !found.iter().any(|c| c.contains(names)) {
             missed.push(format!("{run}/{file}: {from:?} → {to:?} not caught (found: {found:?})"));
         }

@@ -350,6 +350,8 @@ fn bisect_over_params_finds_that_only_workers_with_pinned_memory_fail_and_is_one
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{stderr}");
     let record: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {stderr}"));
+    let found = crate::consistency::check_bisect_dir(&sb.out());
+    assert!(found.is_empty(), "bisect.md contradicts bisect.json:\n{}", found.join("\n"));
     assert_eq!(record["signature"]["outcome"], "exited", "{record:#}");
     // 1-minimal: one worker, pinning on, everything else at its minimum...
     let params = &record["minimal"]["params"];

@@ -6,6 +6,17 @@ use crate::bisect::{BisectRecord, ProbeVerdict};
 use super::markup::{Align, code, fence, table, text};
 use super::text::{NONE, percent, plural, secs, shell_line};
 
+/// Renders `record` into `dir/bisect.md`, masked as every output is; its path.
+pub fn write_bisect_md(
+    dir: &std::path::Path,
+    record: &BisectRecord,
+) -> Result<std::path::PathBuf, super::ReportError> {
+    let report = dir.join("bisect.md");
+    let text = render_bisect(record) + "\n";
+    super::write_atomic(&report, crate::secrets::mask_rendered(&text, record).as_bytes())?;
+    Ok(report)
+}
+
 /// The markdown report of a bisect.
 pub fn render_bisect(r: &BisectRecord) -> String {
     let mut out: Vec<String> = vec![format!("# ups-doctor bisect: {}", text(&r.original.name))];

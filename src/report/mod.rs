@@ -40,7 +40,7 @@ mod schema_doc_tests;
 mod tests;
 
 pub mod public;
-pub use bisect::render_bisect;
+pub use bisect::{render_bisect, write_bisect_md};
 pub use bundle::{BUNDLE_FILE, write_bundle};
 pub use files::{
     IssueText, REPORT_FILE, RESULT_FILE, ReportError, issue_text, read_run, rerender, rerender_masked,

@@ -180,9 +180,7 @@ pub fn bisect(args: BisectRequest) -> Result<u8, Error> {
         flags: command.map(|c| c.flags),
     };
     let record = crate::bisect::run_session(&request, &program, &INTERRUPTED)?;
-    let report = out_dir.join("bisect.md");
-    let text = crate::report::render_bisect(&record) + "\n";
-    crate::report::write_atomic(&report, crate::secrets::mask_rendered(&text, &record).as_bytes())?;
+    let report = crate::report::write_bisect_md(&out_dir, &record)?;
     if INTERRUPTED.load(Ordering::SeqCst) {
         eprintln!("interrupted; partial bisect written to {}", out_dir.display());
         return Ok(exit::INTERRUPTED);

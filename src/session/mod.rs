@@ -30,6 +30,9 @@ use crate::{Error, exit};
 /// `trace.json`) from `result.json`; with `--issue` prints the text to paste and lists the files to
 /// attach; with `--bundle` also writes them, masked, into one archive to attach.
 pub fn rerender(dir: &Path, public: bool, issue: bool, bundle: bool) -> Result<u8, Error> {
+    if dir.join("bisect.json").is_file() && !dir.join(report::RESULT_FILE).exists() {
+        return rerender_bisect(dir, public || issue || bundle);
+    }
     let path = report::rerender_masked(dir, public)?;
     if issue {
         let run = report::read_run(dir)?;
@@ -59,6 +62,34 @@ pub fn rerender(dir: &Path, public: bool, issue: bool, bundle: bool) -> Result<u
         );
         println!("{}", path.display());
     }
+    Ok(exit::MET)
+}
+
+/// `ups-doctor report BISECT_DIR`: re-renders `bisect.md` from `bisect.json`.
+fn rerender_bisect(dir: &Path, flags: bool) -> Result<u8, Error> {
+    if flags {
+        return Err(Error::BadInput(format!(
+            "`{}` is a bisect's folder: `--public`, `--issue` and `--bundle` apply to a run folder; attach \
+             `bisect.md` as it is (it is masked)",
+            dir.display()
+        )));
+    }
+    let path = dir.join("bisect.json");
+    let text = std::fs::read_to_string(&path).map_err(|source| Error::Io {
+        what: "read",
+        path: path.clone(),
+        source,
+    })?;
+    let record: crate::bisect::BisectRecord = serde_json::from_str(&text).map_err(|e| {
+        Error::BadInput(format!(
+            "`{}` is not a bisect record (line {}, column {}: {e})\n  hint: pass the folder `ups-doctor bisect` \
+             wrote, unchanged",
+            path.display(),
+            e.line(),
+            e.column()
+        ))
+    })?;
+    println!("{}", report::write_bisect_md(dir, &record)?.display());
     Ok(exit::MET)
 }
 
