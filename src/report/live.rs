@@ -125,11 +125,12 @@ impl Progress {
             }
             ProgressMode::Plain => {
                 let now = elapsed.as_secs_f64();
-                let every = (total_steps / 10).max(1);
+                // Unknown total: only the time-based lines.
+                let every = if total_steps == 0 { u64::MAX } else { (total_steps / 10).max(1) };
                 let due = now - self.last_plain_s >= PLAIN_EVERY_S;
                 for (i, r) in ranks.iter().enumerate() {
                     let Some(reported) = self.reported_steps.get_mut(i) else { continue };
-                    if r.steps_done >= *reported + every || due {
+                    if r.steps_done >= reported.saturating_add(every) || due {
                         *reported = (*reported).max(r.steps_done);
                         self.last_plain_s = now;
                         eprintln!(
@@ -150,10 +151,20 @@ impl Progress {
     }
 }
 
+/// A rank's phase, step and loss: `forward step 3/8 loss 0.4123`; `step 20` where the total is
+/// not known (`total_steps` 0: a command's own program) or no phase is (the observer counts
+/// steps but names no phase); `starting` before either.
 fn describe(r: &RankState, total_steps: u64) -> String {
-    let phase = r.phase.as_deref().unwrap_or("starting");
     let loss = r.last_loss.map(|l| format!(" loss {l:.4}")).unwrap_or_default();
-    format!("{phase} step {}/{total_steps}{loss}", r.steps_done)
+    let step = match total_steps {
+        0 => format!("step {}", r.steps_done),
+        total => format!("step {}/{total}", r.steps_done),
+    };
+    match r.phase.as_deref() {
+        Some(phase) => format!("{phase} {step}{loss}"),
+        None if r.steps_done > 0 => format!("{step}{loss}"),
+        None => format!("starting{loss}"),
+    }
 }
 
 /// The live status line: each rank's phase, step and loss, and for a rank silent a while how long
@@ -207,5 +218,14 @@ mod tests {
         let line = live_line("hang-deadlock", 14.2, 8, &[&stuck, &busy], Some(60.0), 200);
         insta::assert_snapshot!(line, @"  hang-deadlock  14.2s  r0 optimizer step 2/8, silent 13 s, hang at 60 s | r1 forward step 0/8");
         assert!(live_line("hang-deadlock", 14.2, 8, &[&stuck, &busy], Some(60.0), 80).chars().count() < 80);
+    }
+
+    #[test]
+    fn a_commands_ranks_show_their_step_without_an_invented_total_or_phase() {
+        let mut observed = RankState::default();
+        observed.steps_done = 20;
+        let waiting = RankState::default();
+        let line = live_line("train", 4.0, 0, &[&observed, &waiting], None, 200);
+        insta::assert_snapshot!(line, @"  train   4.0s  r0 step 20 | r1 starting");
     }
 }

@@ -11,8 +11,9 @@ use crate::harness::RankState;
 /// are this node's (local) ranks.
 #[derive(Debug)]
 pub enum RunEvent<'a> {
-    /// The scenario's supervision began: its name, ranks on this node, the steps it trains and the
-    /// seconds of silence after which a rank is declared hung (`limits.hang_after_s`).
+    /// The scenario's supervision began: its name, ranks on this node, the steps it trains (0: not
+    /// known, a command's own program) and the seconds of silence after which a rank is declared
+    /// hung (`limits.hang_after_s`).
     ScenarioStarted { name: &'a str, ranks: u32, steps: u64, hang_after_s: f64 },
     /// The supervision loop ended (teardown done; the result is judged next).
     ScenarioFinished { at_s: f64 },

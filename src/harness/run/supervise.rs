@@ -425,7 +425,8 @@ pub fn supervise<'p, 'l>(
     live.event(RunEvent::ScenarioStarted {
         name: &res.scenario.name,
         ranks: plan.world,
-        steps: res.scenario.train.steps,
+        // A command's program says nothing of its total (`train.steps` is the built-in trainer's).
+        steps: if res.scenario.is_external() { 0 } else { res.scenario.train.steps },
         hang_after_s: res.scenario.limits.hang_after_s,
     });
     s.run(live, interrupted, &queue, &wakes);
