@@ -185,12 +185,14 @@ fn accelerates_own_test_script_passes_as_it_is_and_the_rank_that_skipped_a_gathe
 }
 
 /// A Lightning program (`Trainer(devices=2, strategy="ddp")`, which starts its second rank
-/// itself) as a bare `run -- python train.py`: the command line has no rank count, so one rank is
-/// watched. Its rank 1 segfaults: the verdict must not pass off rank 0's "connection closed" as
-/// the cause without saying that rank 1 was never watched, and names the fix; with that fix
-/// (`--set launch.world_size=2`), rank 1's SIGSEGV is the first failure.
+/// itself) as a bare `run -- python train.py`: the command line has no rank count. `auto` sees a
+/// program that starts its own ranks and runs it as a launcher, whose world grows to the process
+/// group the program forms: both ranks are watched, rank 1's SIGSEGV is the first failure, and
+/// the report says where the count came from. (Where the world cannot grow, several nodes or
+/// more than 64 ranks, the verdict says how many ranks were not watched and names the fix:
+/// `diagnose::conclude`'s unit tests.)
 #[test]
-fn a_lightning_command_whose_ranks_the_command_line_does_not_count_says_what_it_did_not_watch() {
+fn a_lightning_command_whose_ranks_the_command_line_does_not_count_is_watched_whole() {
     let prog = repo().join("tests/programs/launchers.py").display().to_string();
     let argv = [
         "--",
@@ -208,21 +210,29 @@ fn a_lightning_command_whose_ranks_the_command_line_does_not_count_says_what_it_
     let sb = Sandbox::new();
     let out = run(&sb, &argv);
     let s = out.scenario();
+    assert_eq!(s["scenario"]["launch"]["world_size"], 2, "{:#}", s["scenario"]["launch"]);
+    assert_eq!(s["external"]["world_size_declared"], 1, "{:#}", s["external"]);
+    assert_eq!(s["first_failure"], 1, "{:#}", s["verdict"]);
+    assert_eq!(s["ranks"][1]["signal"], "SIGSEGV", "{:#}", s["ranks"][1]);
     let headline = s["verdict"]["headline"].as_str().unwrap();
+    assert!(headline.starts_with("Rank 1 was killed by SIGSEGV"), "{headline}");
+    assert!(!headline.contains("only 1 of the 2"), "{headline}");
     assert!(
-        headline.contains("But only 1 of the 2 ranks the program started was watched")
-            && headline.contains("`--set launch.world_size=2`"),
-        "{headline}"
+        sb.reports().contains(
+            "Ranks watched: 2, the process group the program formed (`init_process_group`, seen by the \
+             observer); the command line said 1 (`launch.world_size`)."
+        ),
+        "{}",
+        sb.reports()
     );
-    assert_eq!(s["met_expectation"], false, "{s}");
 
+    // Told the count, the run watches it from the start and has nothing to say about it.
     let sb = Sandbox::new();
     let mut with_count = vec!["--set", "launch.world_size=2"];
     with_count.extend(argv);
     let out = run(&sb, &with_count);
     let s = out.scenario();
     assert_eq!(s["first_failure"], 1, "{:#}", s["verdict"]);
-    assert_eq!(s["ranks"][1]["signal"], "SIGSEGV", "{:#}", s["ranks"][1]);
-    let headline = s["verdict"]["headline"].as_str().unwrap();
-    assert!(!headline.contains("only 1 of the 2"), "{headline}");
+    assert!(s["external"]["world_size_declared"].is_null(), "{:#}", s["external"]);
+    assert!(!sb.reports().contains("Ranks watched:"), "{}", sb.reports());
 }

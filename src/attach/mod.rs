@@ -354,6 +354,7 @@ fn attach_one(pid: u32, out: &Path, window: Duration, native: bool, stop: bool) 
         completion: format!("attached read-only for {window_s:.1} s (state {})", judged.state.as_str()),
         launcher: None,
         py_spy: py_spy.as_ref().map(|p| p.display().to_string()),
+        world_size_declared: None,
     };
     for r in &mut judged.ranks {
         r.identified_by = job.ranks.iter().find(|k| k.rank == r.rank).map(|k| k.by);

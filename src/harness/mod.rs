@@ -277,6 +277,19 @@ pub fn run_scenario_on_node(
     drop(private_shm);
     drop(cgroup);
     observed.leftovers.processes.extend(orphans);
+    // The program formed a larger process group than the scenario said: the run watched that
+    // many ranks, and the result's scenario says so (`external.world_size_declared` keeps what was
+    // said).
+    let grown;
+    let scenario = match observed.external.as_ref().and_then(|e| e.world_size_declared) {
+        Some(_) => {
+            let mut s = input.scenario.clone();
+            s.launch.world_size = u32::try_from(observed.ends.len()).unwrap_or(u32::MAX);
+            grown = s;
+            &grown
+        }
+        None => &input.scenario,
+    };
     let mut ranks: Vec<RankResult> = observed.ends.iter().map(classify_rank).collect();
     for r in &mut ranks {
         r.stdout_log = format!("{rel}/{}", r.stdout_log);
@@ -284,7 +297,7 @@ pub fn run_scenario_on_node(
     }
     let conclusion = crate::diagnose::conclude(
         &crate::diagnose::Observed {
-            scenario: &input.scenario,
+            scenario,
             ranks: &ranks,
             wall_s: observed.wall_s,
             memory: Some(&observed.memory),
@@ -306,7 +319,7 @@ pub fn run_scenario_on_node(
         name: input.scenario.name.clone(),
         file: input.file.display().to_string(),
         overrides: input.overrides.clone(),
-        scenario: input.scenario.clone(),
+        scenario: scenario.clone(),
         outcome,
         met_expectation: met,
         interrupted: observed.interrupted,

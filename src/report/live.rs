@@ -128,6 +128,10 @@ impl Progress {
                 // Unknown total: only the time-based lines.
                 let every = if total_steps == 0 { u64::MAX } else { (total_steps / 10).max(1) };
                 let due = now - self.last_plain_s >= PLAIN_EVERY_S;
+                // Ranks the run began to watch when the program formed a larger group.
+                if self.reported_steps.len() < ranks.len() {
+                    self.reported_steps.resize(ranks.len(), 0);
+                }
                 for (i, r) in ranks.iter().enumerate() {
                     let Some(reported) = self.reported_steps.get_mut(i) else { continue };
                     if r.steps_done >= reported.saturating_add(every) || due {

@@ -61,6 +61,12 @@ impl MemoryRecorder {
     /// Adds one sample of every process of the run and of `/dev/shm`, taken at `t_s`.
     pub fn record(&mut self, t_s: f64, procs: &[ProcSample], shm: ShmSample) {
         self.samples += 1;
+        // A run whose program formed a larger process group watches more ranks from then on: the
+        // earlier samples had none of theirs.
+        if let Some(world) = procs.iter().map(|p| p.rank + 1).max().filter(|w| *w > self.world) {
+            self.world = world;
+            self.points.iter_mut().for_each(|p| p.pss_bytes.resize(world as usize, 0));
+        }
         let mut pss = vec![0u64; self.world as usize];
         for p in procs {
             if let Some(total) = pss.get_mut(p.rank as usize) {

@@ -86,6 +86,13 @@ pub enum Event {
     },
     /// The user interrupted ups-doctor (see `run::interrupt`).
     Interrupt,
+    /// A launcher's program formed a process group of more ranks than the run was watching (a
+    /// script that starts its own ranks, whose command line says not how many): the run now
+    /// watches `world` ranks. Sent before any marker of the new ranks.
+    WorldGrew {
+        world: u32,
+        at: Instant,
+    },
 }
 
 impl Event {
@@ -486,6 +493,9 @@ struct TaggedRouter {
     world: u32,
     /// How many ranks this node runs, from [`PidRanks::first`]; events are numbered from it.
     local: u32,
+    /// A one-node run whose world may grow to the process group its program forms, up to this
+    /// many ranks ([`Event::WorldGrew`]); `None`: the world is fixed.
+    grow_to: Option<u32>,
     pending: std::collections::BTreeMap<u32, Vec<(Instant, serde_json::Value)>>,
 }
 
@@ -500,6 +510,7 @@ impl TaggedRouter {
         let Ok(serde_json::Value::Object(v)) = serde_json::from_str::<serde_json::Value>(line) else {
             return Vec::new();
         };
+        let grew = self.grow(&v);
         let pid = v.get("pid").and_then(|p| p.as_u64()).and_then(|p| u32::try_from(p).ok());
         let said = v.get("rank").and_then(|r| u32::try_from(r.as_u64()?).ok()).filter(|r| *r < self.world);
         let v = serde_json::Value::Object(v);
@@ -516,11 +527,12 @@ impl TaggedRouter {
             };
             global.and_then(|g| g.checked_sub(known.first)).filter(|l| *l < self.local)
         };
+        let grew = grew.map(|world| Event::WorldGrew { world, at });
         match (rank, pid) {
             (Some(rank), _) => {
                 let mut lines = pid.and_then(|p| self.pending.remove(&p)).unwrap_or_default();
                 lines.push((at, v));
-                lines.into_iter().map(|(at, v)| Self::event(rank, at, v)).collect()
+                grew.into_iter().chain(lines.into_iter().map(|(at, v)| Self::event(rank, at, v))).collect()
             }
             (None, Some(pid)) => {
                 if self.pending.len() < PENDING_WRITERS || self.pending.contains_key(&pid) {
@@ -529,10 +541,25 @@ impl TaggedRouter {
                         lines.push((at, v));
                     }
                 }
-                Vec::new()
+                grew.into_iter().collect()
             }
-            (None, None) => Vec::new(),
+            (None, None) => grew.into_iter().collect(),
         }
+    }
+
+    /// A `group` line of a world larger than the one watched, in a run that may grow (up to
+    /// `grow_to`): the new world, which this router routes from now on.
+    fn grow(&mut self, v: &serde_json::Map<String, serde_json::Value>) -> Option<u32> {
+        let cap = self.grow_to?;
+        if v.get("t").and_then(|t| t.as_str()) != Some("group") {
+            return None;
+        }
+        let world = u32::try_from(v.get("world_size")?.as_u64()?).ok()?;
+        if world <= self.world || world > cap {
+            return None;
+        }
+        (self.world, self.local) = (world, world);
+        Some(world)
     }
 
     /// The marker of a line routed to `rank`: the rank is filled in where the writer did not know
@@ -549,18 +576,19 @@ impl TaggedRouter {
 }
 
 /// Reads a launcher-style run's FIFO and routes each line to its writer's rank (see
-/// [`TaggedRouter`]) among `local` ranks from [`PidRanks::first`] of a run of `world`; lines of
-/// ranks beyond the world are dropped, those of no known writer or another node's rank wait. The
-/// thread ends when the receiver is gone.
+/// [`TaggedRouter`]) among `local` ranks from [`PidRanks::first`] of a run of `world` (which a
+/// process group of more ranks grows, up to `grow_to`, when given); lines of ranks beyond the
+/// world are dropped, those of no known writer or another node's rank wait. The thread ends when
+/// the receiver is gone.
 pub fn read_tagged_markers(
     fifo: File,
-    (world, local): (u32, u32),
+    (world, local, grow_to): (u32, u32, Option<u32>),
     ranks: std::sync::Arc<std::sync::Mutex<PidRanks>>,
     events: Sink,
 ) {
     let mut reader = BufReader::with_capacity(1 << 16, Paced::new(fifo));
     let mut buf = Vec::with_capacity(4096);
-    let mut router = TaggedRouter { world, local, pending: Default::default() };
+    let mut router = TaggedRouter { world, local, grow_to, pending: Default::default() };
     loop {
         buf.clear();
         match Read::take(&mut reader, MAX_MARKER_LINE as u64).read_until(b'\n', &mut buf) {
@@ -719,7 +747,7 @@ mod tests {
     #[test]
     fn tagged_lines_wait_for_their_writers_rank_and_workers_go_to_their_parents() {
         let ranks = std::sync::Mutex::new(PidRanks::default());
-        let mut router = TaggedRouter { world: 2, local: 2, pending: Default::default() };
+        let mut router = TaggedRouter { world: 2, local: 2, grow_to: None, pending: Default::default() };
         let at = Instant::now();
         let parent = |pid: u32| (pid == 200).then_some(100);
         // An `mp.spawn` rank before `init_process_group`: it does not know its rank yet.
@@ -749,10 +777,35 @@ mod tests {
     }
 
     #[test]
+    fn a_group_larger_than_the_world_grows_it_before_the_new_ranks_lines_are_routed() {
+        let ranks = std::sync::Mutex::new(PidRanks::default());
+        let mut router = TaggedRouter { world: 1, local: 1, grow_to: Some(4), pending: Default::default() };
+        let at = Instant::now();
+        let none = |_: u32| None;
+        // Rank 1 (Lightning's child, an `mp.spawn` rank) speaks first: beyond the world, it waits.
+        let start = r#"{"t":"start","pid":701,"world_size":1,"device":"python","rank":1}"#;
+        assert!(router.route(start, at, &ranks, none).is_empty());
+        // Rank 0 formed a group of 2: the world grows first, then its line goes to rank 0.
+        let group = r#"{"t":"group","backend":"gloo","rank":0,"world_size":2,"store":"env://","pid":700}"#;
+        let events = router.route(group, at, &ranks, none);
+        assert!(matches!(events[0], Event::WorldGrew { world: 2, .. }), "{events:?}");
+        assert_eq!(ranks_of(&events[1..]), [(0, true)]);
+        // Rank 1's next line is routed, with the line that waited.
+        let group1 = r#"{"t":"group","backend":"gloo","rank":1,"world_size":2,"store":"env://","pid":701}"#;
+        assert_eq!(ranks_of(&router.route(group1, at, &ranks, none)), [(1, true), (1, true)]);
+        // A group past the cap, or no larger, grows nothing.
+        let huge = r#"{"t":"group","backend":"gloo","rank":0,"world_size":9,"store":"env://","pid":700}"#;
+        assert_eq!(ranks_of(&router.route(huge, at, &ranks, none)), [(0, true)]);
+        let mut fixed = TaggedRouter { world: 1, local: 1, grow_to: None, pending: Default::default() };
+        let ranks = std::sync::Mutex::new(PidRanks::default());
+        assert!(fixed.route(group, at, &ranks, none).iter().all(|e| !matches!(e, Event::WorldGrew { .. })));
+    }
+
+    #[test]
     fn another_nodes_rank_waits_until_this_node_is_placed_there() {
         // Node 0 of two, two ranks each; torchrun's rendezvous gave it ranks 2 and 3.
         let ranks = std::sync::Mutex::new(PidRanks::default());
-        let mut router = TaggedRouter { world: 4, local: 2, pending: Default::default() };
+        let mut router = TaggedRouter { world: 4, local: 2, grow_to: None, pending: Default::default() };
         let at = Instant::now();
         let none = |_: u32| None;
         let start = r#"{"t":"start","pid":500,"world_size":4,"device":"python","rank":3}"#;

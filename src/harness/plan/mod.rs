@@ -148,7 +148,7 @@ impl Completion {
 /// One process to start.
 #[derive(Debug, Clone)]
 pub struct ProcessPlan {
-    /// Its rank; a launcher gets `world_size` (past the ranks).
+    /// Its rank; a launcher gets [`LAUNCHER_NUMBER`] (past any rank, however many the run grows to).
     pub rank: u32,
     pub program: PathBuf,
     pub args: Vec<OsString>,
@@ -216,6 +216,10 @@ pub struct Plan {
     pub offset: u32,
     /// The whole run's ranks, over every node (`world` on one machine).
     pub global_world: u32,
+    /// A launcher on one machine: the process group its program forms may grow the world up to
+    /// this many ranks (a script that starts its own ranks, whose command line says not how
+    /// many); `None`: the world is fixed.
+    pub grow_to: Option<u32>,
     /// The rendezvous port (rank 0 binds it; a launcher's ranks are found by it too).
     pub master_port: u16,
     /// The external command, rendered; empty for the built-in trainer.
@@ -249,6 +253,14 @@ impl Plan {
         !self.argv.is_empty()
     }
 }
+
+/// The number a launcher's events carry: past every rank, also those of a grown world.
+pub const LAUNCHER_NUMBER: u32 = u32::MAX;
+
+/// The most ranks a launcher's world grows to from the process group its program forms: beyond,
+/// the command line must say (a one-machine group of more is unlikely, and each rank found is
+/// watched by a thread of its own).
+pub const MAX_GROWN_WORLD: u32 = 64;
 
 /// Plans one scenario.
 pub fn plan(scenario: &Scenario, facts: &Facts) -> Result<Plan, PlanError> {
@@ -306,7 +318,7 @@ pub fn plan(scenario: &Scenario, facts: &Facts) -> Result<Plan, PlanError> {
     let (processes, marker_fifo) = match style {
         Style::Launcher => {
             let fifo = facts.log_dir.join("markers.fifo");
-            (vec![launcher_process(&argv, world, &fifo, python_env, watch_stdout, facts)], Some(fifo))
+            (vec![launcher_process(&argv, &fifo, python_env, watch_stdout, facts)], Some(fifo))
         }
         Style::PerRank => {
             let ranks = (0..world)
@@ -347,6 +359,8 @@ pub fn plan(scenario: &Scenario, facts: &Facts) -> Result<Plan, PlanError> {
         world,
         offset,
         global_world: facts.node.map_or(world, |n| n.world()),
+        grow_to: (style == Style::Launcher && facts.node.is_none() && scenario.launch.nodes <= 1)
+            .then_some(MAX_GROWN_WORLD.max(world)),
         master_port: facts.master_port,
         argv,
         style,
@@ -369,7 +383,6 @@ pub fn plan(scenario: &Scenario, facts: &Facts) -> Result<Plan, PlanError> {
 /// environment; its ranks find the marker FIFO through `UPS_DOCTOR_MARKER_PATH`.
 fn launcher_process(
     argv: &[String],
-    world: u32,
     fifo: &Path,
     python_env: Vec<(String, String)>,
     watch_stdout: bool,
@@ -387,7 +400,7 @@ fn launcher_process(
     }
     env.extend(python_env);
     ProcessPlan {
-        rank: world,
+        rank: LAUNCHER_NUMBER,
         program: PathBuf::from(argv.first().map_or("", String::as_str)),
         args: argv.iter().skip(1).map(OsString::from).collect(),
         env,
@@ -499,6 +512,7 @@ mod tests {
         let s = scenario(r#"{"launch": {"mode": "ddp", "world_size": 2}}"#);
         let p = planned(&s, &[], false).unwrap();
         assert_eq!((p.style, p.style_chosen.as_deref(), p.is_external()), (Style::PerRank, None, false));
+        assert_eq!(p.grow_to, None, "ranks it starts itself are as many as it starts");
         assert_eq!(p.processes.len(), 2);
         let r1 = &p.processes[1];
         assert_eq!(r1.program, Path::new("/bin/ups-doctor-trainer"));
@@ -566,7 +580,12 @@ mod tests {
         assert_eq!(p.style_chosen.as_deref(), Some("chosen for `torchrun`"));
         assert_eq!(p.processes.len(), 1, "the launcher starts the ranks");
         let l = &p.processes[0];
-        assert_eq!(l.rank, 2, "a launcher's number is past the ranks");
+        assert_eq!(l.rank, LAUNCHER_NUMBER, "a launcher's number is past the ranks");
+        assert_eq!(
+            p.grow_to,
+            Some(MAX_GROWN_WORLD),
+            "a launcher on one machine may grow to its program's group"
+        );
         assert_eq!(l.args[1], OsString::from("2"));
         assert_eq!(env(l, "PET_MASTER_PORT"), Some("29611"));
         assert_eq!(env(l, MARKER_PATH_ENV), Some("/runs/a/markers.fifo"));
@@ -641,7 +660,8 @@ mod tests {
         );
         let p = planned_on(&torchrun, &[], true, Some(&node)).unwrap();
         assert_eq!(p.style, Style::Launcher);
-        assert_eq!(p.processes[0].rank, 2, "the launcher's number is past this node's ranks");
+        assert_eq!(p.processes[0].rank, LAUNCHER_NUMBER, "the launcher's number is past this node's ranks");
+        assert_eq!(p.grow_to, None, "one node of several: the world is the nodes' together, fixed");
         let argv = p.argv.join(" ");
         assert!(argv.contains("--node-rank 1") && argv.contains("--nproc-per-node 2"), "{argv}");
         assert!(!argv.contains("--standalone"), "{argv}");

@@ -149,6 +149,9 @@ struct Slot {
     found_gone: bool,
     /// When the process was seen to exit, by the thread waiting for it.
     exit_seen_at: Option<f64>,
+    /// A rank the run began to watch only when the program formed a larger process group
+    /// ([`Event::WorldGrew`]): when (seconds), its silence counted from then.
+    added_at: Option<f64>,
     /// Workers its `worker` markers named that were checked to be this run's when the marker
     /// arrived ([`owner::Run::claim`]).
     verified_workers: Vec<Identity>,
@@ -173,6 +176,7 @@ impl Slot {
             found_id: None,
             found_gone: false,
             exit_seen_at: None,
+            added_at: None,
             verified_workers: Vec::new(),
         }
     }
@@ -364,6 +368,8 @@ struct Supervisor<'p, 'l> {
     remote_failed: bool,
     next_link: Instant,
     cpu: CpuWatch,
+    /// The ranks the run watched before the program's process group grew it (see [`Self::grow`]).
+    grown_from: Option<u32>,
 }
 
 /// Runs the scenario's processes to their end. `link` connects this node to the others of a
@@ -405,6 +411,7 @@ pub fn supervise<'p, 'l>(
         sampler: None,
         link,
         ended_told: vec![false; plan.world as usize],
+        grown_from: None,
         remote_failed: false,
         next_link: start,
         cpu: CpuWatch::new(plan.world as usize, start),
@@ -621,7 +628,7 @@ impl Supervisor<'_, '_> {
         match process::open_marker_fifo(&fifo) {
             Ok(file) => {
                 let (events, ranks) = (self.sink.clone(), l.pid_ranks.clone());
-                let worlds = (plan.global_world, plan.world);
+                let worlds = (plan.global_world, plan.world, plan.grow_to);
                 let _ = std::thread::Builder::new()
                     .name("markers-fifo".into())
                     .spawn(move || process::read_tagged_markers(file, worlds, ranks, events));
@@ -733,7 +740,27 @@ impl Supervisor<'_, '_> {
             }
             // The flag is read at the top of the loop.
             Event::Interrupt => {}
+            Event::WorldGrew { world, at } => {
+                let t = self.since(at);
+                self.grow(world, t);
+            }
         }
+    }
+
+    /// The program formed a process group of `world` ranks, more than the run watched: a slot for
+    /// each new rank (found by discovery from now on, silent from `t` on), and the result says
+    /// the count came from the program.
+    fn grow(&mut self, world: u32, t: f64) {
+        let from = self.slots.len() as u32;
+        let Some(p) = self.plan.processes.first().filter(|_| world > from) else { return };
+        for rank in from..world {
+            let mut slot = Slot::new(rank, p);
+            slot.added_at = Some(t);
+            self.slots.push(slot);
+        }
+        self.ended_told.resize(world as usize, false);
+        self.cpu.last.resize(world as usize, None);
+        self.grown_from.get_or_insert(from);
     }
 
     /// Takes the exit status of every process whose exit was announced.
@@ -908,6 +935,7 @@ impl Supervisor<'_, '_> {
                 // An external program may send no markers: its output counts as a sign of life.
                 let marker = s.end.state.last_marker_at.unwrap_or(0.0);
                 let last = if external { marker.max(s.end.last_output_at.unwrap_or(0.0)) } else { marker };
+                let last = last.max(s.added_at.unwrap_or(0.0));
                 RankView {
                     rank: s.end.rank,
                     live: s.live(),
@@ -1240,6 +1268,7 @@ impl Supervisor<'_, '_> {
             completion: plan.completion.describe(),
             launcher: launcher_end,
             py_spy: self.py_spy.as_ref().map(|p| p.display().to_string()),
+            world_size_declared: self.grown_from,
         });
         (ends, external_run, processes)
     }

@@ -16,6 +16,13 @@ pub(super) fn program_words(doc: &mut Doc, s: &ScenarioResult) {
     if ext.launcher.is_some() {
         doc.push(identified_line(&s.ranks, ext.launcher.as_ref()));
     }
+    if let Some(said) = ext.world_size_declared {
+        doc.push(format!(
+            "Ranks watched: {}, the process group the program formed (`init_process_group`, seen by the \
+             observer); the command line said {said} (`launch.world_size`).",
+            s.scenario.launch.world_size
+        ));
+    }
     // The same lines quoted by several ranks (each rank's copy of one peer's error) are shown
     // once, naming every rank that wrote them.
     let mut shown: Vec<(&crate::schema::Quote, Vec<u32>)> = Vec::new();
@@ -217,6 +224,7 @@ mod tests {
             completion: "exit status".into(),
             launcher: None,
             py_spy: None,
+            world_size_declared: None,
         });
         let peer = Quote {
             title: QuoteKind::PythonTraceback,

@@ -27,6 +27,11 @@ pub struct ExternalRun {
     /// Where py-spy was found (absent: not installed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub py_spy: Option<String>,
+    /// The ranks the scenario said (`launch.world_size`, 1 when the command line gave no count),
+    /// when the program formed a larger process group and the run watched that many instead (the
+    /// result's `scenario.launch.world_size` is the group's); absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub world_size_declared: Option<u32>,
 }
 
 /// The launcher process (torchrun) of a `launcher` run.
