@@ -285,6 +285,9 @@ pub struct SweepArgs {
     /// Your own command, its `{NAME}` placeholders filled in per point from `-L`.
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<String>,
+    /// What a scenario file would say about the command, for every point.
+    #[command(flatten)]
+    pub command_options: CommandArgs,
     /// Override a scenario field for every point, e.g. `--set train.steps=20`.
     #[arg(long = "set", value_name = "PATH=VALUE")]
     pub set: Vec<Override>,
@@ -317,6 +320,7 @@ impl From<SweepArgs> for SweepRequest {
             vary: a.vary,
             lists: a.list.chunks(2).map(|p| (p[0].clone(), p.get(1).cloned().unwrap_or_default())).collect(),
             command: a.command,
+            options: a.command_options.into(),
             runs: a.runs,
             warmup: a.warmup,
             budget: a.budget,

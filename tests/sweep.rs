@@ -257,8 +257,12 @@ fn a_commands_placeholders_span_the_grid_and_ranks_scale_against_one_rank() {
 fn a_parameter_list_without_its_placeholder_or_without_a_command_is_exit_2_naming_the_fix() {
     let sb = Sandbox::new();
     let file = sb.scenario("tiny", &crate::util::tiny(""));
-    let cases: [(Vec<&str>, &str); 4] = [
+    let cases: [(Vec<&str>, &str); 5] = [
         (vec!["-L", "workers", "0,2", "--", "python", "-c", "pass"], "the command has no `{workers}`"),
+        (
+            vec!["--env", "A=1", "--vary", "data.workers=0,1", file.to_str().unwrap()],
+            "`--env` describes a command after `--`",
+        ),
         (vec!["-L", "num-workers", "0,2", "--", "python", "-c", "pass"], "is not a placeholder name"),
         (vec!["-L", "workers", "0,2", file.to_str().unwrap()], "`--vary params.workers=0,2`"),
         (vec!["--", "python", "-c", "pass"], "nothing to sweep over"),
@@ -277,4 +281,32 @@ fn a_parameter_list_without_its_placeholder_or_without_a_command_is_exit_2_namin
         assert!(err.contains(says), "{args:?}: {err}");
         assert!(!sb.out().join("sweep.json").exists(), "nothing ran for {args:?}");
     }
+}
+
+/// `sweep -- CMD` takes what `run -- CMD` takes about a command: `--env` and `--cwd` reach every
+/// point's program, and the sweep's `scenario.json` holds them.
+#[test]
+fn a_commands_variables_and_folder_reach_every_point() {
+    let sb = Sandbox::new();
+    let work = sb.path().join("work");
+    std::fs::create_dir(&work).unwrap();
+    let check = r#"test "$GREETING" = hi && test "$(pwd)" = "$1" && touch "point-$2""#;
+    let out = sb
+        .cmd()
+        .args(["sweep", "--quiet", "--warmup", "0", "--out"])
+        .arg(sb.out())
+        .args(["--env", "GREETING=hi", "--cwd"])
+        .arg(&work)
+        .args(["-L", "n", "1,2", "--", "sh", "-c", check, "sh"])
+        .arg(&work)
+        .arg("{n}")
+        .output()
+        .expect("ups-doctor starts");
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    for n in [1, 2] {
+        assert!(work.join(format!("point-{n}")).is_file(), "point {n} ran with the variable, in the folder");
+    }
+    let scenario: Value =
+        serde_json::from_str(&std::fs::read_to_string(sb.out().join("scenario.json")).unwrap()).unwrap();
+    assert_eq!(scenario["launch"]["env"]["GREETING"], "hi", "{scenario:#}");
 }

@@ -32,6 +32,8 @@ pub struct SweepRequest {
     pub lists: Vec<(String, String)>,
     /// The command after `--`, placeholders and all.
     pub command: Vec<String>,
+    /// What `run -- CMD` takes about a command (`--env`, `--cwd`, limits, …), for every point.
+    pub options: super::command::CommandOptions,
     pub runs: usize,
     pub warmup: usize,
     pub budget: usize,
@@ -155,6 +157,12 @@ fn from_command(args: &mut SweepRequest) -> Result<Vec<sweep::Axis>, Error> {
                      scenario file use `--vary params.{name}={list}` (or any field), else {FORMS}"
                 )));
             }
+            if let Some(option) = args.options.first_given() {
+                return Err(Error::BadInput(format!(
+                    "`{option}` describes a command after `--`; a scenario file says it in its own fields \
+                     (`launch.env`, `launch.cwd`, `limits`, …) or with `--set`"
+                )));
+            }
             return Ok(Vec::new());
         }
         (None, false) => {}
@@ -163,7 +171,7 @@ fn from_command(args: &mut SweepRequest) -> Result<Vec<sweep::Axis>, Error> {
         return Err(Error::BadInput(format!("nothing to sweep over: {FORMS}")));
     }
     let argv = args.command.clone();
-    let mut file = super::command::scenario_file(&argv, &super::command::CommandOptions::default())?;
+    let mut file = super::command::scenario_file(&argv, &args.options)?;
     let rank_flag = super::command::rank_flag_value(&argv);
     let mut axes = Vec::new();
     for (name, list) in &args.lists {
