@@ -1,7 +1,12 @@
 //! The rank processes a launcher starts, found from the process tree: by the rank variables in
 //! their environment, by the helper's markers, by the rendezvous port they connect to, or by the
 //! order `torch.multiprocessing.spawn` starts them; a node's first global rank; the processes
-//! that belong to a rank (its DataLoader workers). Reads procfs; decides nothing about teardown.
+//! that belong to a rank (its DataLoader workers). Decides nothing about teardown.
+//!
+//! The decision is a pure core, [`find_ranks`], over what a [`ProcessView`] says of the machine
+//! (the process table, each process's rank variable, run id, command line, start time and
+//! rendezvous sockets); [`Procfs`] is the view of the real `/proc`, and the tests give made-up
+//! process trees of every launcher.
 
 use std::collections::BTreeMap;
 
@@ -75,16 +80,73 @@ pub fn node_first_rank(root: u32, local: u32, world: u32) -> Option<u32> {
     None
 }
 
-/// Whether `pid` is a child that Python's `multiprocessing` started with the `spawn` or
-/// `forkserver` method (`torch.multiprocessing.spawn`'s ranks are), from its command line.
-fn is_spawn_child(pid: u32) -> bool {
-    memory::cmdline(pid)
-        .is_some_and(|text| text.contains("--multiprocessing-fork") && !text.contains("resource_tracker"))
+/// Whether a command line is that of a child Python's `multiprocessing` started with the `spawn`
+/// or `forkserver` method (`torch.multiprocessing.spawn`'s ranks are).
+fn is_spawn_child(cmdline: Option<String>) -> bool {
+    cmdline.is_some_and(|text| text.contains("--multiprocessing-fork") && !text.contains("resource_tracker"))
 }
 
-/// When `pid` started, in clock ticks since boot (field 22 of `/proc/PID/stat`).
-fn start_ticks(pid: u32) -> u64 {
-    memory::read_stat(pid).map_or(u64::MAX, |s| s.start_ticks)
+/// What rank discovery reads of the machine: the process table and, per process, what procfs
+/// says of it. [`Procfs`] reads the real `/proc`; the tests give made-up process trees.
+pub trait ProcessView {
+    /// Every process (zombies included).
+    fn table(&self) -> Vec<memory::ProcStat>;
+    /// The rank its starting environment gives ([`env_rank`]).
+    fn env_rank(&self, pid: u32) -> Option<(u32, IdentifiedBy)>;
+    /// Whether it carries this run's id in its environment.
+    fn ours(&self, pid: u32) -> bool;
+    fn cmdline(&self, pid: u32) -> Option<String>;
+    /// When it started, in clock ticks since boot (`u64::MAX` when unknown).
+    fn start_ticks(&self, pid: u32) -> u64;
+    /// The rendezvous ports its starting environment names (`MASTER_PORT`, `PET_MASTER_PORT`).
+    fn env_ports(&self, pid: u32) -> Vec<u16>;
+    /// Among `candidates`, those that listen on one of `ports` and those connected to one (see
+    /// [`at_rendezvous`]).
+    fn at_rendezvous(
+        &self,
+        root: u32,
+        candidates: &[u32],
+        parent: &BTreeMap<u32, u32>,
+        ports: &[u16],
+    ) -> (Vec<u32>, Vec<u32>);
+}
+
+/// The real machine's `/proc`, for the run `run_id`.
+pub struct Procfs<'a> {
+    pub run_id: &'a str,
+}
+
+impl ProcessView for Procfs<'_> {
+    fn table(&self) -> Vec<memory::ProcStat> {
+        memory::processes()
+    }
+    fn env_rank(&self, pid: u32) -> Option<(u32, IdentifiedBy)> {
+        env_rank(pid)
+    }
+    fn ours(&self, pid: u32) -> bool {
+        memory::environ_has(pid, crate::protocol::RUN_ID_ENV, self.run_id)
+    }
+    fn cmdline(&self, pid: u32) -> Option<String> {
+        memory::cmdline(pid)
+    }
+    fn start_ticks(&self, pid: u32) -> u64 {
+        memory::read_stat(pid).map_or(u64::MAX, |s| s.start_ticks)
+    }
+    fn env_ports(&self, pid: u32) -> Vec<u16> {
+        ["MASTER_PORT", "PET_MASTER_PORT"]
+            .into_iter()
+            .filter_map(|var| memory::environ_var(pid, var)?.trim().parse::<u16>().ok())
+            .collect()
+    }
+    fn at_rendezvous(
+        &self,
+        root: u32,
+        candidates: &[u32],
+        parent: &BTreeMap<u32, u32>,
+        ports: &[u16],
+    ) -> (Vec<u32>, Vec<u32>) {
+        at_rendezvous(root, candidates, parent, ports)
+    }
 }
 
 /// The rank processes of a launcher-style run whose launcher is `root`, by every signal there
@@ -103,10 +165,16 @@ fn start_ticks(pid: u32) -> u64 {
 ///   (`torch.multiprocessing.spawn(fn, nprocs=N)` starts rank i as its i-th child), when no
 ///   other signal found a rank.
 pub fn discover_ranks(root: u32, run_id: &str, world: u32, known: &Known) -> Vec<FoundRank> {
-    let table = memory::processes();
+    find_ranks(&Procfs { run_id }, root, world, known)
+}
+
+/// [`discover_ranks`] over what `view` says of the machine: the pure core.
+pub fn find_ranks(view: &impl ProcessView, root: u32, world: u32, known: &Known) -> Vec<FoundRank> {
+    let table = view.table();
     let parent: BTreeMap<u32, u32> = table.iter().map(|p| (p.pid, p.ppid)).collect();
     let children = children_of(&table);
-    let ours = |pid: u32| memory::environ_has(pid, crate::protocol::RUN_ID_ENV, run_id);
+    let ours = |pid: u32| view.ours(pid);
+    let env_rank = |pid: u32| view.env_rank(pid);
     let mut found: Vec<FoundRank> = Vec::new();
     let add = |found: &mut Vec<FoundRank>, rank: u32, pid: u32, by: IdentifiedBy| {
         if rank < world && !found.iter().any(|f| f.rank == rank || f.pid == pid) {
@@ -155,15 +223,14 @@ pub fn discover_ranks(root: u32, run_id: &str, world: u32, known: &Known) -> Vec
     };
     // The helper's markers, parents before children (a forked worker reports its rank's number).
     let mut claims: Vec<(u32, u32)> = known.claims.iter().map(|(&pid, &rank)| (pid, rank)).collect();
-    claims.sort_by_key(|&(pid, _)| (start_ticks(pid), pid));
+    claims.sort_by_key(|&(pid, _)| (view.start_ticks(pid), pid));
     for (pid, rank) in claims {
         let alive = table.iter().any(|p| p.pid == pid && !p.zombie());
         // A forked child of a process of the run other than the launcher (a DataLoader worker,
         // whose parent has not reported yet) has its parent's command line: not a rank.
         let ppid = parent.get(&pid).copied().unwrap_or(0);
-        let forked = ppid != root
-            && ours(ppid)
-            && memory::cmdline(ppid).is_some_and(|c| Some(c) == memory::cmdline(pid));
+        let forked =
+            ppid != root && ours(ppid) && view.cmdline(ppid).is_some_and(|c| Some(c) == view.cmdline(pid));
         if alive && ours(pid) && !forked && !under_a_rank(&found, pid) {
             add(&mut found, rank, pid, IdentifiedBy::Markers);
         }
@@ -175,13 +242,11 @@ pub fn discover_ranks(root: u32, run_id: &str, world: u32, known: &Known) -> Vec
         .collect();
     let mut ports: Vec<u16> = vec![known.port];
     for pid in std::iter::once(root).chain(candidates.iter().copied()) {
-        for var in ["MASTER_PORT", "PET_MASTER_PORT"] {
-            ports.extend(memory::environ_var(pid, var).and_then(|v| v.trim().parse::<u16>().ok()));
-        }
+        ports.extend(view.env_ports(pid));
     }
     ports.sort_unstable();
     ports.dedup();
-    let (listeners, connected) = at_rendezvous(root, &candidates, &parent, &ports);
+    let (listeners, connected) = view.at_rendezvous(root, &candidates, &parent, &ports);
     if let [rank0] = listeners[..] {
         add(&mut found, 0, rank0, IdentifiedBy::RendezvousListens);
     }
@@ -197,9 +262,14 @@ pub fn discover_ranks(root: u32, run_id: &str, world: u32, known: &Known) -> Vec
         add(&mut found, 0, root, IdentifiedBy::LauncherProcess);
     }
     if found.is_empty() {
-        let mut spawned: Vec<u32> =
-            children.get(&root).into_iter().flatten().copied().filter(|&c| is_spawn_child(c)).collect();
-        spawned.sort_by_key(|&pid| (start_ticks(pid), pid));
+        let mut spawned: Vec<u32> = children
+            .get(&root)
+            .into_iter()
+            .flatten()
+            .copied()
+            .filter(|&c| is_spawn_child(view.cmdline(c)))
+            .collect();
+        spawned.sort_by_key(|&pid| (view.start_ticks(pid), pid));
         let mut next = (0..world).filter(|r| !known.found.contains_key(r));
         for pid in spawned {
             if known.found.values().any(|&k| k == pid) {
@@ -299,6 +369,224 @@ pub fn unidentified_children(root: u32, found: &[u32]) -> Vec<u32> {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    /// A made-up machine: each process with its parent, rank variable, run id, command line,
+    /// start time and rendezvous socket.
+    #[derive(Default)]
+    struct Fake(Vec<P>);
+
+    #[derive(Clone, Default)]
+    struct P {
+        pid: u32,
+        ppid: u32,
+        rank: Option<(u32, IdentifiedBy)>,
+        ours: bool,
+        cmd: &'static str,
+        start: u64,
+        listens: bool,
+        connects: bool,
+        zombie: bool,
+    }
+
+    impl Fake {
+        fn with(mut self, p: P) -> Fake {
+            self.0.push(P { start: p.start.max(u64::from(p.pid)), ..p });
+            self
+        }
+        fn get(&self, pid: u32) -> Option<&P> {
+            self.0.iter().find(|p| p.pid == pid)
+        }
+    }
+
+    impl ProcessView for Fake {
+        fn table(&self) -> Vec<memory::ProcStat> {
+            self.0
+                .iter()
+                .map(|p| memory::ProcStat {
+                    pid: p.pid,
+                    command: p.cmd.split(' ').next().unwrap_or_default().to_string(),
+                    state: if p.zombie { 'Z' } else { 'S' },
+                    ppid: p.ppid,
+                    pgid: p.pid,
+                    start_ticks: p.start,
+                    exit_code: None,
+                })
+                .collect()
+        }
+        fn env_rank(&self, pid: u32) -> Option<(u32, IdentifiedBy)> {
+            self.get(pid)?.rank
+        }
+        fn ours(&self, pid: u32) -> bool {
+            self.get(pid).is_some_and(|p| p.ours)
+        }
+        fn cmdline(&self, pid: u32) -> Option<String> {
+            self.get(pid).map(|p| p.cmd.to_string())
+        }
+        fn start_ticks(&self, pid: u32) -> u64 {
+            self.get(pid).map_or(u64::MAX, |p| p.start)
+        }
+        fn env_ports(&self, _: u32) -> Vec<u16> {
+            Vec::new()
+        }
+        fn at_rendezvous(
+            &self,
+            _: u32,
+            candidates: &[u32],
+            _: &BTreeMap<u32, u32>,
+            _: &[u16],
+        ) -> (Vec<u32>, Vec<u32>) {
+            let with = |f: fn(&P) -> bool| {
+                candidates.iter().copied().filter(|c| self.get(*c).is_some_and(f)).collect()
+            };
+            (with(|p| p.listens), with(|p| p.connects))
+        }
+    }
+
+    fn found(view: &Fake, world: u32, known: &Known) -> Vec<(u32, u32, IdentifiedBy)> {
+        find_ranks(view, 10, world, known).into_iter().map(|f| (f.rank, f.pid, f.by)).collect()
+    }
+
+    const RANK: IdentifiedBy = IdentifiedBy::Rank;
+    const LOCAL: IdentifiedBy = IdentifiedBy::LocalRank;
+
+    /// torchrun (pid 10) → its agent's children carry `RANK`; each rank's DataLoader worker
+    /// inherits the same variables and is no rank.
+    #[test]
+    fn torchruns_ranks_are_the_topmost_processes_with_a_rank_variable() {
+        let ours = true;
+        let view = Fake::default()
+            .with(P { pid: 10, ppid: 1, ours, cmd: "torchrun", ..P::default() })
+            .with(P { pid: 12, ppid: 10, rank: Some((1, RANK)), ours, cmd: "python t.py", ..P::default() })
+            .with(P { pid: 11, ppid: 10, rank: Some((0, RANK)), ours, cmd: "python t.py", ..P::default() })
+            .with(P { pid: 13, ppid: 11, rank: Some((0, RANK)), ours, cmd: "python t.py", ..P::default() })
+            .with(P { pid: 14, ppid: 10, rank: Some((5, RANK)), ours, cmd: "python t.py", ..P::default() });
+        assert_eq!(
+            found(&view, 2, &Known::default()),
+            [(0, 11, RANK), (1, 12, RANK)],
+            "rank 5 is beyond the world"
+        );
+    }
+
+    /// Lightning runs rank 0 in the launcher process and starts the others with `LOCAL_RANK`.
+    #[test]
+    fn lightnings_launcher_is_rank_0_when_the_others_have_only_local_rank() {
+        let view = Fake::default()
+            .with(P { pid: 10, ppid: 1, ours: true, cmd: "python train.py", ..P::default() })
+            .with(P {
+                pid: 11,
+                ppid: 10,
+                rank: Some((1, LOCAL)),
+                ours: true,
+                cmd: "python train.py",
+                ..P::default()
+            });
+        assert_eq!(
+            found(&view, 2, &Known::default()),
+            [(0, 10, IdentifiedBy::LauncherProcess), (1, 11, LOCAL)]
+        );
+    }
+
+    /// `mp.spawn`'s ranks carry no rank variable: numbered in the order they started, the
+    /// resource tracker left out, ranks already found kept.
+    #[test]
+    fn spawn_children_are_numbered_in_the_order_they_started() {
+        let spawn = "python -c from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=5) --multiprocessing-fork";
+        let view = Fake::default()
+            .with(P { pid: 10, ppid: 1, ours: true, cmd: "python train.py", ..P::default() })
+            .with(P {
+                pid: 11,
+                ppid: 10,
+                ours: true,
+                cmd: "python -c from multiprocessing.resource_tracker import main",
+                start: 1,
+                ..P::default()
+            })
+            .with(P { pid: 13, ppid: 10, ours: true, cmd: spawn, start: 20, ..P::default() })
+            .with(P { pid: 12, ppid: 10, ours: true, cmd: spawn, start: 30, ..P::default() });
+        let order = |f: &[(u32, u32, IdentifiedBy)]| f.iter().map(|(r, p, _)| (*r, *p)).collect::<Vec<_>>();
+        assert_eq!(order(&found(&view, 2, &Known::default())), [(0, 13), (1, 12)]);
+        let known = Known { found: BTreeMap::from([(0, 13)]), ..Known::default() };
+        assert_eq!(order(&found(&view, 2, &known)), [(1, 12)], "rank 0 is kept, the next one is rank 1");
+    }
+
+    /// srun's tasks are slurmstepd's children, not srun's: found anywhere by this run's id; a
+    /// task's own child with the same variables (its worker) is no rank; another run's task is
+    /// not ours.
+    #[test]
+    fn tasks_elsewhere_on_the_machine_are_found_by_the_runs_id() {
+        let proc_id = IdentifiedBy::SlurmProcid;
+        let view = Fake::default()
+            .with(P { pid: 10, ppid: 1, ours: true, cmd: "srun", ..P::default() })
+            .with(P { pid: 50, ppid: 1, cmd: "slurmstepd", ..P::default() })
+            .with(P {
+                pid: 51,
+                ppid: 50,
+                rank: Some((0, proc_id)),
+                ours: true,
+                cmd: "python t.py",
+                ..P::default()
+            })
+            .with(P {
+                pid: 52,
+                ppid: 50,
+                rank: Some((1, proc_id)),
+                ours: true,
+                cmd: "python t.py",
+                ..P::default()
+            })
+            .with(P {
+                pid: 53,
+                ppid: 51,
+                rank: Some((0, proc_id)),
+                ours: true,
+                cmd: "python t.py",
+                ..P::default()
+            })
+            .with(P {
+                pid: 60,
+                ppid: 50,
+                rank: Some((1, proc_id)),
+                ours: false,
+                cmd: "python t.py",
+                ..P::default()
+            });
+        assert_eq!(found(&view, 2, &Known::default()), [(0, 51, proc_id), (1, 52, proc_id)]);
+    }
+
+    /// The helper's markers: a live process of this run that said its rank, parents first; a
+    /// forked worker (its parent's command line) that says the same rank is no rank, nor is a
+    /// process of another run or one that is gone.
+    #[test]
+    fn a_rank_the_markers_claim_is_taken_but_not_a_forked_worker_nor_another_runs_process() {
+        let view = Fake::default()
+            .with(P { pid: 10, ppid: 1, ours: true, cmd: "launcher", ..P::default() })
+            .with(P { pid: 11, ppid: 10, ours: true, cmd: "python a.py", ..P::default() })
+            .with(P { pid: 12, ppid: 11, ours: true, cmd: "python a.py", ..P::default() })
+            .with(P { pid: 13, ppid: 10, ours: false, cmd: "python b.py", ..P::default() })
+            .with(P { pid: 14, ppid: 10, ours: true, cmd: "python c.py", zombie: true, ..P::default() });
+        let known =
+            Known { claims: BTreeMap::from([(11, 1), (12, 1), (13, 0), (14, 0)]), ..Known::default() };
+        assert_eq!(found(&view, 2, &known), [(1, 11, IdentifiedBy::Markers)]);
+    }
+
+    /// A home-made launcher's children without variables or markers: the one listening on the
+    /// rendezvous port is rank 0, and the one other process connected to it the last rank left.
+    #[test]
+    fn the_rendezvous_port_names_rank_0_and_the_last_rank_left() {
+        let view = Fake::default()
+            .with(P { pid: 10, ppid: 1, ours: true, cmd: "python launch.py", ..P::default() })
+            .with(P { pid: 11, ppid: 10, ours: true, cmd: "python w.py", connects: true, ..P::default() })
+            .with(P { pid: 12, ppid: 10, ours: true, cmd: "python w.py", listens: true, ..P::default() });
+        assert_eq!(
+            found(&view, 2, &Known::default()),
+            [(0, 12, IdentifiedBy::RendezvousListens), (1, 11, IdentifiedBy::RendezvousConnected)]
+        );
+        assert_eq!(
+            found(&view, 3, &Known::default()),
+            [(0, 12, IdentifiedBy::RendezvousListens)],
+            "two left: no guess"
+        );
+    }
 
     /// A launcher (`sh`) whose two children carry `RANK` 3 and 2 with `LOCAL_RANK` 1 and 0: the
     /// node runs ranks from 2. A world too small for that is no placement.
