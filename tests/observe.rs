@@ -284,3 +284,54 @@ fn a_failing_run_ends_the_same_way_with_and_without_the_observer() {
     assert_eq!(ends[0], ends[1], "observed vs --no-observe");
     assert_eq!(ends[0], (Value::from("signaled"), Value::from(1), Value::from("SIGSEGV")));
 }
+
+/// A command's DataLoader workers, which the program starts without a word to ups-doctor, are
+/// announced by the observer in the rank that started them: each rank's `workers` holds its own
+/// (their pids below that rank, the start method the loader used), and the memory table shows
+/// them as workers with their PSS and USS, not as anonymous children. Per rank (`python`, the
+/// marker pipe) and under torchrun (the FIFO, where a worker's marker goes to its parent's rank).
+#[test]
+fn a_commands_dataloader_workers_are_named_per_rank_with_their_memory() {
+    let program = repo().join("tests/programs/slow_data.py").display().to_string();
+    for (argv, ranks) in [
+        (vec!["--", "python", &program, "--steps", "12", "--num-workers", "2"], 1usize),
+        (vec!["--", "torchrun", "--nproc_per_node", "2", &program, "--steps", "12", "--num-workers", "2"], 2),
+    ] {
+        let sb = Sandbox::new();
+        let mut cmd = sb.cmd();
+        cmd.env("PATH", crate::util::venv_path());
+        let run = sb.run_with(cmd, &[], &argv);
+        assert_eq!(run.code(), 0, "{}", run.stderr());
+        let s = run.scenario();
+        let processes = s["memory"]["processes"].as_array().unwrap();
+        for rank in 0..ranks {
+            let r = &s["ranks"][rank];
+            let workers =
+                r["workers"].as_array().unwrap_or_else(|| panic!("rank {rank} names no worker: {r:#}"));
+            assert_eq!(workers.len(), 2, "rank {rank}: {workers:#?}");
+            for (id, w) in workers.iter().enumerate() {
+                assert_eq!(
+                    (w["id"].as_u64(), w["start_method"].as_str()),
+                    (Some(id as u64), Some("fork")),
+                    "{w}"
+                );
+                let row = processes
+                    .iter()
+                    .find(|p| p["pid"] == w["pid"])
+                    .unwrap_or_else(|| panic!("worker {w} has no memory row: {processes:#?}"));
+                assert_eq!(
+                    (row["rank"].as_u64(), row["role"].as_str()),
+                    (Some(rank as u64), Some("worker")),
+                    "{row}"
+                );
+                assert!(row["peak_uss_bytes"].as_u64().is_some_and(|b| b > 0), "{row}");
+            }
+        }
+        // The report speaks of the program's own DataLoader and re-runs the run folder's
+        // `scenario.json`, without the built-in trainer's fields the command never used.
+        let md = sb.reports();
+        assert!(md.contains("```sh\nups-doctor run scenario.json\n```"), "{md}");
+        assert!(!md.contains("`data.workers`") && !md.contains("\"model\": {"), "{md}");
+        assert!(sb.out().join("scenario.json").is_file());
+    }
+}

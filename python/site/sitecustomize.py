@@ -48,13 +48,14 @@ def _chain():
 # (`init_process_group`: backend, rank, world size, store address), its optimizer steps and their
 # time, the time each step waits in `DataLoader.__next__` and in DDP's forward, and a ledger of
 # every `torch.distributed` collective it issues (op, sequence number per group, shapes, dtype,
-# the call site). Markers go on the wire the helper uses (src/protocol.rs): the program's thread
+# the call site), and the DataLoader worker processes it starts (id, pid, start method). Markers go on the wire the helper uses (src/protocol.rs): the program's thread
 # only appends to a bounded queue; a daemon thread writes it in batches of whole lines of at most
 # PIPE_BUF bytes (lines of several processes on one FIFO never mix). A full queue drops markers
 # and counts them; the count goes out in every `observer` marker. Torch is never imported here.
 
 _WATCH = ("torch", "torch.distributed", "torch.nn.parallel.distributed")
 _QUEUE_MAX = 8192
+_WORKERS_MAX = 64
 _PIPE_BUF = 4096
 _COLLECTIVES = (
     "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "broadcast",
@@ -89,6 +90,7 @@ class _Observer:
         self.summary_sent_at = 0.0
         self.summarised = None
         self.helper_steps = False
+        self.workers_sent = 0
 
     # -- the wire -------------------------------------------------------------------------
     def send(self, marker, urgent=False):
@@ -119,6 +121,10 @@ class _Observer:
             self.flush()
 
     def _tag(self, marker):
+        if marker.get("t") == "worker":
+            # Names the worker's own pid; on a FIFO it goes to the rank of the worker's parent
+            # (the rank that sent it), and claims no rank for the worker.
+            return
         rank = self.rank
         if rank is None:
             rank = _env_int("RANK")
@@ -375,6 +381,40 @@ def _timed(cls, name, field, count_samples=False):
     setattr(cls, name, timed)
 
 
+def _announce_workers(cls):
+    """A DataLoader's worker processes, announced by the rank that started them (`worker`
+    markers: id, pid, start method), so that the run shows their memory as its workers' (PSS
+    against USS: what each holds privately); at most `_WORKERS_MAX` per process, as a loader
+    without persistent workers starts new ones every epoch."""
+    import functools
+
+    original = cls.__init__
+
+    @functools.wraps(original)
+    def init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        try:
+            obs = _observer
+            ctx = getattr(self, "_multiprocessing_context", None)
+            if ctx is None:
+                import multiprocessing
+
+                method = multiprocessing.get_start_method()
+            else:
+                method = ctx.get_start_method()
+            for i, worker in enumerate(getattr(self, "_workers", ())):
+                if obs.workers_sent >= _WORKERS_MAX:
+                    break
+                if worker.pid:
+                    obs.workers_sent += 1
+                    obs.send({"t": "worker", "id": i, "pid": int(worker.pid), "start_method": str(method)},
+                             urgent=True)
+        except Exception:
+            pass
+
+    cls.__init__ = init
+
+
 def _patch():
     """Wraps what torch has loaded so far; each part once."""
     obs = _observer
@@ -396,6 +436,13 @@ def _patch():
         if "data" not in obs.patched and hasattr(loader, "_BaseDataLoaderIter"):
             obs.patched.add("data")
             _timed(loader._BaseDataLoaderIter, "__next__", "data_ms", count_samples=True)
+    except Exception:
+        pass
+    try:
+        loader = sys.modules.get("torch.utils.data.dataloader")
+        if "workers" not in obs.patched and hasattr(loader, "_MultiProcessingDataLoaderIter"):
+            obs.patched.add("workers")
+            _announce_workers(loader._MultiProcessingDataLoaderIter)
     except Exception:
         pass
     try:

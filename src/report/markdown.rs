@@ -787,15 +787,21 @@ fn scenario_details(doc: &mut Doc, s: &ScenarioResult) {
     if !s.scenario.description.trim().is_empty() {
         doc.push(format!("> {}", one_line(&markup::text(&s.scenario.description))));
     }
-    doc.push("Re-run it from the same checkout:");
+    if s.file == crate::scenario::COMMAND_LINE {
+        doc.push(
+            "Re-run it from this report's folder: `scenario.json` there is the command as a scenario \
+             (options and `--set` applied):",
+        );
+    } else {
+        doc.push("Re-run it from the same checkout:");
+    }
     doc.push(fence("sh", &rerun));
     doc.push(
         "Or save the resolved scenario below (overrides applied) as a `.json` file and pass it \
          to `ups-doctor run`:",
     );
-    let json = serde_json::to_string_pretty(&s.scenario)
-        .unwrap_or_else(|e| format!("(the scenario could not be shown: {e})"));
-    doc.push(fence("json", &json));
+    // A command's scenario without the built-in trainer's fields, which it never used.
+    doc.push(fence("json", &s.scenario.file_json()));
     doc.push(DETAILS_CLOSE);
 }
 

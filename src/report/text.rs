@@ -103,8 +103,12 @@ pub(crate) fn strip_control(s: &str) -> String {
 
 pub(crate) use crate::scenario::shell_line;
 
-/// How to run a scenario again: `ups-doctor run FILE --set a=b …`.
+/// How to run a scenario again: `ups-doctor run FILE --set a=b …`; for a command typed after
+/// `--`, `ups-doctor run scenario.json` (the run folder's, with the `--set`s applied).
 pub(crate) fn rerun_command(s: &ScenarioResult) -> String {
+    if s.file == crate::scenario::COMMAND_LINE {
+        return "ups-doctor run scenario.json".to_string();
+    }
     let mut args = vec!["ups-doctor".to_string(), "run".to_string(), s.file.clone()];
     for o in &s.overrides {
         args.push("--set".to_string());

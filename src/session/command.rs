@@ -50,7 +50,7 @@ impl CommandOptions {
 }
 
 /// Where a command's scenario says it came from, in error messages.
-pub const ORIGIN: &str = "(the command line)";
+pub const ORIGIN: &str = crate::scenario::COMMAND_LINE;
 
 /// The scenario of `argv` run with `options` (and `--set`), checked as strictly as a file.
 pub fn scenario(

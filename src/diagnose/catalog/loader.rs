@@ -93,11 +93,17 @@ pub fn input_bound_run(ev: &Evidence, _: Option<&RankEvidence>) -> Option<Findin
     let mut f = Finding::of(&INPUT_BOUND);
     f.appendix = Some(format!(" Input-bound: {line}."));
     f.cause = None;
-    f.next_step = Some(
+    f.next_step = Some(if ev.scenario.is_external() {
+        // A command's program has its own DataLoader, not the built-in trainer's `data` fields.
+        "The ranks wait for batches more than they compute: give the DataLoader more workers \
+         (`num_workers`) or a larger `prefetch_factor`, or make each sample cheaper to load (decode or \
+         augment once, cache it); a bigger batch only makes each wait longer."
+            .into()
+    } else {
         "The ranks wait for batches more than they compute: try more workers (`data.workers`), a larger \
          `data.prefetch`, or a faster cache (`data.cache`); a bigger batch only makes each wait longer."
-            .into(),
-    );
+            .into()
+    });
     Some(f)
 }
 
@@ -446,9 +452,12 @@ pub fn shm_lines(ev: &Evidence, failed: Option<&RankEvidence>) -> Vec<String> {
     }
     let ranks: Vec<RankResult> = ev.ranks.iter().map(|r| r.result.clone()).collect();
     if let Some(line) = input_bound(&ranks) {
-        out.push(format!(
-            "input-bound: {line}; try more workers (`data.workers`) or a larger `data.prefetch`"
-        ));
+        let fields = if ev.scenario.is_external() {
+            "the DataLoader's `num_workers` or `prefetch_factor`"
+        } else {
+            "more workers (`data.workers`) or a larger `data.prefetch`"
+        };
+        out.push(format!("input-bound: {line}; try {fields}"));
     }
     out
 }

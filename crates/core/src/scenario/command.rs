@@ -367,6 +367,10 @@ pub fn render_with(command: &[String], value_of: impl Fn(&str) -> Option<String>
         .collect()
 }
 
+/// The `file` of a scenario that is a command typed after `--` (`ups-doctor run -- CMD`): its
+/// scenario file is written into the run folder as `scenario.json`.
+pub const COMMAND_LINE: &str = "(the command line)";
+
 /// Quotes one argument for a POSIX shell, leaving plain words as they are.
 pub fn shell_quote(arg: &str) -> String {
     let plain = !arg.is_empty() && arg.chars().all(|c| c.is_ascii_alphanumeric() || "_@%+=:,./-".contains(c));
