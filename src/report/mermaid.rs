@@ -104,17 +104,40 @@ pub(crate) fn timeline(s: &ScenarioResult) -> Option<String> {
         // did not pass.
         if let (Some(at), Some(after)) = (super::text::hang_declared_at(r, s.wall_s), r.hang_detected_after_s)
         {
-            let t = ms(at);
-            let _ = writeln!(out, "    hang declared ({after:.0} s silent) :milestone, crit, {t}, {t}");
+            let _ = writeln!(
+                out,
+                "{}",
+                milestone(&format!("hang declared ({after:.0} s silent)"), ms(at), latest)
+            );
         }
         if r.outcome != crate::scenario::OutcomeKind::Passed
             && let Some(at) = r.ended_at_s
         {
-            let t = ms(at);
-            let _ = writeln!(out, "    {} :milestone, crit, {t}, {t}", task_name(&end_label(r)));
+            let _ = writeln!(out, "{}", milestone(&task_name(&end_label(r)), ms(at), latest));
         }
     }
     Some(out.trim_end().to_string())
+}
+
+/// Pixels of the narrowest column a gantt is read in (GitHub's, a phone's excepted) and of one
+/// character of a milestone's label.
+const GANTT_PX: f64 = 700.0;
+const LABEL_CHAR_PX: f64 = 6.5;
+
+/// A milestone at `t` ms, on a chart whose tasks end at `latest_s`. Mermaid draws a milestone
+/// at the middle of its start and end, and its label to the right when there is room before the
+/// chart's edge: one near the end gets a span around `t` wide enough for the label to fit after
+/// it (the axis grows by half of it), instead of a label drawn across its own diamond and cut off
+/// at the edge.
+fn milestone(label: &str, t: i64, latest_s: f64) -> String {
+    let span = (latest_s * 1000.0).max(1.0);
+    let share = ((label.chars().count() as f64 * LABEL_CHAR_PX + 24.0) / GANTT_PX).min(0.45);
+    // The room on the right that the label needs, in ms of the axis once it has grown.
+    let room = span * share / (1.0 - share);
+    // Symmetric about `t` (never before 0), so that the diamond stays exactly at `t`.
+    let half = if (t as f64) + room > span { (room.ceil() as i64).min(t.max(0)) } else { 0 };
+    let (start, end) = (t - half, t.saturating_add(half));
+    format!("    {label} :milestone, crit, {start}, {end}")
 }
 
 /// How a rank's end reads on its milestone: `killed by SIGSEGV`, `exit 1`, `SIGTERM from
