@@ -130,6 +130,10 @@ impl Progress {
                 let due = now - self.last_plain_s >= PLAIN_EVERY_S;
                 // Ranks the run began to watch when the program formed a larger group.
                 if self.reported_steps.len() < ranks.len() {
+                    eprintln!(
+                        "  {name} {now:>5.1}s  the program formed a process group of {} ranks: watching all {0}",
+                        ranks.len()
+                    );
                     self.reported_steps.resize(ranks.len(), 0);
                 }
                 for (i, r) in ranks.iter().enumerate() {
