@@ -74,6 +74,14 @@ fn a_missing_path_is_bad_input() {
     insta::assert_snapshot!(String::from_utf8_lossy(&out.stderr));
 }
 
+/// An option that describes a command (`--env`, `--cwd`, …) given with a scenario file would be
+/// dropped without a word: refused, naming it and where a file says it.
+#[test]
+fn a_commands_option_with_a_scenario_file_is_refused_not_dropped() {
+    let err = rejected("plain", &crate::util::tiny(""), &["--env", "A=1"]);
+    assert!(err.contains("`--env` describes a command after `--`") && err.contains("`launch.env`"), "{err}");
+}
+
 /// Absurd numbers are refused at load time, with the field and a sane example, before any rank
 /// starts (they used to panic the supervisor, abort the trainer, or start 41 of 100000 ranks).
 #[test]

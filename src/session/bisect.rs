@@ -61,12 +61,7 @@ fn from_command(args: &mut BisectRequest) -> Result<Option<Command>, Error> {
                      its cuts in `params` (`\"cuts\": [8, 4, 0]`)"
                 )));
             }
-            if let Some(option) = args.options.first_given() {
-                return Err(Error::BadInput(format!(
-                    "`{option}` describes a command after `--`; a scenario file says it in its own fields \
-                     (`launch.env`, `launch.cwd`, `limits`, …) or with `--set`"
-                )));
-            }
+            args.options.none_given()?;
             return Ok(None);
         }
         (None, false) => {}

@@ -30,9 +30,10 @@ pub struct CommandOptions {
 }
 
 impl CommandOptions {
-    /// The first option given, as its flag (`--env`), for a refusal where none applies.
-    pub fn first_given(&self) -> Option<&'static str> {
-        [
+    /// Refuses options that describe a command when there is none (scenario files were given):
+    /// they would be dropped without a word. Names the first one given and where a file says it.
+    pub fn none_given(&self) -> Result<(), Error> {
+        let given = [
             ("--ranks", self.ranks.is_some()),
             ("--style", self.style.is_some()),
             ("--hang-after", self.hang_after_s.is_some()),
@@ -45,7 +46,14 @@ impl CommandOptions {
             ("--name", self.name.is_some()),
         ]
         .into_iter()
-        .find_map(|(flag, given)| given.then_some(flag))
+        .find_map(|(flag, given)| given.then_some(flag));
+        match given {
+            None => Ok(()),
+            Some(option) => Err(Error::BadInput(format!(
+                "`{option}` describes a command after `--`; a scenario file says it in its own fields \
+                 (`launch.env`, `launch.cwd`, `limits`, …) or with `--set`"
+            ))),
+        }
     }
 }
 

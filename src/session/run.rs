@@ -54,6 +54,7 @@ pub fn run(request: RunRequest) -> Result<u8, Error> {
             scenario,
         }]
     } else {
+        request.options.none_given()?;
         load_all(&request.paths, &request.set)?
     };
     let program = current_exe()?;

@@ -157,12 +157,7 @@ fn from_command(args: &mut SweepRequest) -> Result<Vec<sweep::Axis>, Error> {
                      scenario file use `--vary params.{name}={list}` (or any field), else {FORMS}"
                 )));
             }
-            if let Some(option) = args.options.first_given() {
-                return Err(Error::BadInput(format!(
-                    "`{option}` describes a command after `--`; a scenario file says it in its own fields \
-                     (`launch.env`, `launch.cwd`, `limits`, …) or with `--set`"
-                )));
-            }
+            args.options.none_given()?;
             return Ok(Vec::new());
         }
         (None, false) => {}
