@@ -290,12 +290,16 @@ fn a_failing_run_ends_the_same_way_with_and_without_the_observer() {
 /// (their pids below that rank, the start method the loader used), and the memory table shows
 /// them as workers with their PSS and USS, not as anonymous children. Per rank (`python`, the
 /// marker pipe) and under torchrun (the FIFO, where a worker's marker goes to its parent's rank).
+/// A worker is sampled when it is announced; its samples at 250 ms after that are what a busy
+/// machine may not get round to, so the workers here decode slowly enough to live about 2 s (at
+/// the default 4 ms a sample they lived 0.45 s, and CI once saw no worker row at all).
 #[test]
 fn a_commands_dataloader_workers_are_named_per_rank_with_their_memory() {
     let program = repo().join("tests/programs/slow_data.py").display().to_string();
+    let args = ["--steps", "12", "--num-workers", "2", "--decode-ms", "40"];
     for (argv, ranks) in [
-        (vec!["--", "python", &program, "--steps", "12", "--num-workers", "2"], 1usize),
-        (vec!["--", "torchrun", "--nproc_per_node", "2", &program, "--steps", "12", "--num-workers", "2"], 2),
+        ([&["--", "python", &program][..], &args].concat(), 1usize),
+        ([&["--", "torchrun", "--nproc_per_node", "2", &program][..], &args].concat(), 2),
     ] {
         let sb = Sandbox::new();
         let mut cmd = sb.cmd();

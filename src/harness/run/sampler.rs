@@ -29,6 +29,9 @@ enum Message {
         t_s: f64,
         shm: ShmSample,
     },
+    /// A process joined the run that may not live until the next sample (a DataLoader worker
+    /// lives as long as one epoch's loader, often well under a second): sample now.
+    SampleNow,
     Stop,
 }
 
@@ -150,6 +153,7 @@ impl SamplerThread {
                 let next = gpu.1.as_ref().map_or(next_memory, |(_, _, g)| next_memory.min(*g));
                 match rx.recv_timeout(next.saturating_duration_since(Instant::now())) {
                     Ok(Message::RankEnded { rank, t_s, shm }) => memory.rank_ended(rank, t_s, shm),
+                    Ok(Message::SampleNow) => next_memory = Instant::now(),
                     Ok(Message::Stop) | Err(RecvTimeoutError::Disconnected) => break,
                     Err(RecvTimeoutError::Timeout) => {}
                 }
@@ -164,6 +168,12 @@ impl SamplerThread {
     pub fn rank_ended(&self, rank: u32, t_s: f64) {
         let shm = shm_now(&self.shm_dir, &self.run_id);
         let _ = self.tx.send(Message::RankEnded { rank, t_s, shm });
+    }
+
+    /// Takes the next memory sample now rather than when it is due: the run has a new process
+    /// that may be gone by then.
+    pub fn sample_now(&self) {
+        let _ = self.tx.send(Message::SampleNow);
     }
 
     /// Stops sampling and hands back what it gathered.

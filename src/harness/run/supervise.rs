@@ -362,6 +362,8 @@ struct Supervisor<'p, 'l> {
     machine: Machine,
     py_spy: Option<PathBuf>,
     sampler: Option<SamplerThread>,
+    /// A worker was announced since the sampler last heard of it (see [`SamplerThread::sample_now`]).
+    new_worker: bool,
     /// The link to the other nodes of a multi-node run, with what it was told.
     link: Option<&'l mut (dyn Listener + 'l)>,
     ended_told: Vec<bool>,
@@ -409,6 +411,7 @@ pub fn supervise<'p, 'l>(
         machine: Machine::new(plan.timing, plan.is_external()),
         py_spy: crate::harness::os::stacks::find_py_spy(program_path.as_deref()),
         sampler: None,
+        new_worker: false,
         link,
         ended_told: vec![false; plan.world as usize],
         grown_from: None,
@@ -469,6 +472,11 @@ impl Supervisor<'_, '_> {
                 self.discover(now);
             }
             self.share_membership();
+            if std::mem::take(&mut self.new_worker)
+                && let Some(sampler) = self.sampler.as_ref()
+            {
+                sampler.sample_now();
+            }
             if let Some(every) = live_every.filter(|_| now >= next_progress) {
                 self.tick(live, now);
                 next_progress = now + every;
@@ -689,7 +697,10 @@ impl Supervisor<'_, '_> {
                 // A worker marker is a claim on a process: checked now, while the worker runs.
                 if let crate::protocol::Marker::Worker { pid, .. } = &marker {
                     match self.ownership.claim(*pid) {
-                        Ok(Some(who)) => slot.verified_workers.push(who),
+                        Ok(Some(who)) => {
+                            slot.verified_workers.push(who);
+                            self.new_worker = true;
+                        }
                         Ok(None) => {}
                         Err(_) => {
                             slot.end.state.apply_bad(t);
