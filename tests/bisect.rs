@@ -225,8 +225,9 @@ fn a_scenario_that_passes_has_nothing_to_bisect() {
 /// variables (`tests/programs/flags_crash.py`, real PyTorch, a SIGSEGV that needs a
 /// combination). Each case is cut to the command line derived by hand before running it
 /// (integers lowered to 0 unless the crash needs them, the unneeded `--amp yes` switched to `no`,
-/// a list kept at the two items the crash needs, variables unset unless needed or kept, the float
-/// and the word flags kept), the boundary is said in the program's own flags, and the printed
+/// a list kept at the two items the crash needs and one the crash does not need, written as
+/// separate words, cut to its first, variables unset unless needed or kept, the float and the
+/// word flags kept), the boundary is said in the program's own flags, and the printed
 /// line, pasted into a shell, fails the same way (killed by SIGSEGV: status 139 from `sh`).
 #[test]
 fn a_command_line_is_cut_to_its_minimal_failing_flags_printed_ready_to_paste() {
@@ -255,8 +256,8 @@ fn a_command_line_is_cut_to_its_minimal_failing_flags_printed_ready_to_paste() {
                 "--keep",
                 "TRAIN_LOG",
             ],
-            "--bug env --depths 3,3,3 --batch-size 16 --amp yes",
-            "TRAIN_KERNEL=fused TRAIN_LOG=debug python {program} --bug env --depths 3,3 --batch-size 0 --amp no",
+            "--bug env --depths 3,3,3 --gpus 0 1 2 --batch-size 16 --amp yes",
+            "TRAIN_KERNEL=fused TRAIN_LOG=debug python {program} --bug env --depths 3,3 --gpus 0 --batch-size 0 --amp no",
             "passes once `--depths 3`, or once `TRAIN_KERNEL` is unset",
         ),
     ];

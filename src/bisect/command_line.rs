@@ -35,34 +35,39 @@ pub fn minimal_command(
     if let Some(dir) = &minimal.launch.cwd {
         line = format!("cd {} && {line}", shell_quote(dir));
     }
-    let passes_once = boundary.iter().filter(|b| b.passes).map(|b| in_flag_words(&b.cut, flags)).collect();
+    let passes_once =
+        boundary.iter().filter(|b| b.passes).map(|b| in_flag_words(&b.cut, flags, minimal)).collect();
     MinimalCommand { line, passes_once }
 }
 
 /// The minimal scenario's command line with its params filled in (other placeholders as written).
 fn minimal_argv(minimal: &Scenario) -> Vec<String> {
     let command = minimal.command.as_deref().unwrap_or_default();
-    crate::scenario::render_with(command, |name| match name {
-        "world_size" => Some(minimal.launch.world_size.to_string()),
-        _ => minimal.params.get(name).map(|p| p.value.render()),
+    crate::scenario::render_with(command, &minimal.params, |name| {
+        (name == "world_size").then(|| minimal.launch.world_size.to_string())
     })
 }
 
 /// A boundary setting (`params.num_workers=3`) in the command's own words (`` `--num-workers 3` ``,
-/// `` `--pin-memory` is removed ``, `` `NAME` is unset ``); anything else as it is.
-fn in_flag_words(setting: &str, flags: &BTreeMap<String, String>) -> String {
+/// `` `--depths 4,4` `` or `` `--gpus 0 1` `` as the list was written, `` `--pin-memory` is
+/// removed ``, `` `NAME` is unset ``); anything else as it is.
+fn in_flag_words(setting: &str, flags: &BTreeMap<String, String>, scenario: &Scenario) -> String {
     let Some((field, value)) = setting.split_once('=') else { return format!("`{setting}`") };
     if field == "launch.world_size" {
         return format!("the launcher runs {value} rank{}", if value == "1" { "" } else { "s" });
     }
-    if let Some(name) = field.strip_prefix("launch.env.").filter(|n| env_id(n) == field) {
+    if let Some(name) = field.strip_prefix(env_id("").as_str()) {
         return format!("`{name}` is unset");
     }
-    let Some(flag) = field.strip_prefix("params.").and_then(|name| flags.get(name)) else {
+    let Some((name, flag)) = field.strip_prefix("params.").and_then(|name| flags.get_key_value(name)) else {
         return format!("`{setting}`");
     };
     let value = value.trim_matches('"');
-    let value = value.strip_prefix('[').and_then(|v| v.strip_suffix(']')).unwrap_or(value);
+    let value = match value.strip_prefix('[').and_then(|v| v.strip_suffix(']')) {
+        Some(items) if scenario.params.get(name).is_some_and(|p| p.words) => items.replace(',', " "),
+        Some(items) => items.to_string(),
+        None => value.to_string(),
+    };
     if value.is_empty() { format!("`{flag}` is removed") } else { format!("`{flag} {value}`") }
 }
 
@@ -79,21 +84,24 @@ mod tests {
         let scenario: Scenario = serde_json::from_value(serde_json::json!({
             "name": "t",
             "command": ["torchrun", "--nproc_per_node", "{world_size}", "t.py", "--workers", "{workers}",
-                        "--depths", "{depths}", "{pin}"],
+                        "--depths", "{depths}", "{pin}", "--gpus", "{gpus}"],
             "launch": {"world_size": 2, "env": {"KERNEL": "fast one", "NCCL_P2P_DISABLE": "1"},
                        "cwd": "/runs/it's here"},
-            "params": {"workers": 3, "depths": [4, 4], "pin": {"value": "--pin-memory", "cuts": [""]}}
+            "params": {"workers": 3, "depths": [4, 4], "pin": {"value": "--pin-memory", "cuts": [""]},
+                       "gpus": {"value": [0, 1, 2], "words": true}}
         }))
         .unwrap();
         let flags = BTreeMap::from([
             ("workers".to_string(), "--workers".to_string()),
             ("depths".to_string(), "--depths".to_string()),
             ("pin".to_string(), "--pin-memory".to_string()),
+            ("gpus".to_string(), "--gpus".to_string()),
         ]);
         let boundary = [
             entry("params.workers=2", true),
             entry("params.depths=[4]", true),
             entry("params.pin=\"\"", true),
+            entry("params.gpus=[0,1]", true),
             entry("launch.env.NCCL_P2P_DISABLE=null", true),
             entry("launch.world_size=1", true),
             entry("launch.env.KERNEL=null", false),
@@ -102,7 +110,7 @@ mod tests {
         assert_eq!(
             m.line,
             "cd '/runs/it'\\''s here' && KERNEL='fast one' NCCL_P2P_DISABLE=1 torchrun --nproc_per_node 2 t.py \
-             --workers 3 --depths 4,4 --pin-memory"
+             --workers 3 --depths 4,4 --pin-memory --gpus 0 1 2"
         );
         assert_eq!(
             m.passes_once,
@@ -110,6 +118,7 @@ mod tests {
                 "`--workers 2`",
                 "`--depths 4`",
                 "`--pin-memory` is removed",
+                "`--gpus 0 1`",
                 "`NCCL_P2P_DISABLE` is unset",
                 "the launcher runs 1 rank"
             ]

@@ -488,7 +488,9 @@ pub fn env_id(name: &str) -> String {
     format!("launch.env.{name}")
 }
 
-/// Sets the dotted object path `field` (`model.attention`) of `value`; the field must exist.
+/// Sets the dotted object path `field` (`model.attention`) of `value`; the field must exist. A
+/// param's cutting rules (`min`, `cuts`) go with its old value, but a list written as separate
+/// words stays one: `words` says how it is written into the command.
 fn set_field(value: &mut Value, field: &str, to: Value) -> Result<(), String> {
     let mut at = value;
     for key in field.split('.') {
@@ -497,7 +499,12 @@ fn set_field(value: &mut Value, field: &str, to: Value) -> Result<(), String> {
             .and_then(|object| object.get_mut(key))
             .ok_or_else(|| format!("no field `{field}` in the scenario"))?;
     }
-    *at = to;
+    match at.as_object_mut().filter(|param| param.get("words") == Some(&Value::Bool(true))) {
+        Some(param) => {
+            param.insert("value".into(), to);
+        }
+        None => *at = to,
+    }
     Ok(())
 }
 

@@ -1000,3 +1000,29 @@ fn a_saved_external_scenario_leaves_out_the_built_in_trainers_fields_and_loads_b
         "built-in scenarios stay whole"
     );
 }
+
+#[test]
+fn a_list_written_as_separate_words_keeps_fewer_words_and_stays_separate() {
+    let s: Scenario = serde_json::from_value(json!({
+        "name": "words",
+        "command": ["python", "t.py", "--gpus", "{gpus}", "--steps", "{steps}"],
+        "params": {"gpus": {"value": [0, 1, 2], "words": true}, "steps": 4},
+    }))
+    .unwrap();
+    let components = derive(&s);
+    assert_eq!(ids(&components), ["params.gpus", "params.steps"]);
+    let gpus = components.iter().find(|c| c.id == "params.gpus").unwrap();
+    let keep = |n: u64| {
+        let candidate =
+            apply(&s, &components, &Assignment::from([("params.gpus".to_string(), Setting::Value(n))]))
+                .unwrap();
+        assert_valid(&candidate);
+        candidate
+    };
+    let argv = |c: &Scenario| crate::harness::plan::command::argv(c, std::path::Path::new("/"), 0);
+    assert_eq!(argv(&keep(2)), ["python", "t.py", "--gpus", "0", "1", "--steps", "4"]);
+    let cut = apply(&s, &components, &Assignment::from([(gpus.id.clone(), gpus.cut_setting())])).unwrap();
+    assert_eq!(argv(&cut), ["python", "t.py", "--gpus", "0", "--steps", "4"]);
+    assert!(cut.params["gpus"].words, "the cut list is still written as words");
+    assert_eq!(describe_delta(&s, &keep(2)), ["params.gpus=[0,1]"], "a delta names the param, not its parts");
+}

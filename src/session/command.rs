@@ -170,8 +170,9 @@ pub fn write_scenario(file: &Value, out: Option<PathBuf>, what: &str) -> Result<
 /// What `bisect -- CMD` may cut in a command line, as placeholders and the params that fill them:
 /// the launcher's rank count (`{world_size}`, which bisect lowers to 1, when the command runs on
 /// one node), and each flag of the program after its script: an integer `--flag N` (lowered
-/// towards 0), a comma-joined list of integers (`--depths 2,2,1`: fewer of its first items are
-/// kept), an on/off value (`true`/`1`/`yes`/`on` switched to its off word), a bare `--flag`
+/// towards 0), a list of integers, comma-joined (`--depths 2,2,1`) or as separate words
+/// (`--gpus 0 1 2`, argparse's `nargs="+"`: every integer up to the next flag), of which fewer
+/// of its first items are kept, an on/off value (`true`/`1`/`yes`/`on` switched to its off word), a bare `--flag`
 /// (removed: its value `""` drops the argument). `keep` names flags left as they are;
 /// `cuts` gives a flag's values to try, in order (`--cut --batch-size=64,8`). Anything else (a
 /// float, a path, a word) stays as written. Returns the argv and the params, each with the flag
@@ -219,6 +220,7 @@ pub fn decompose(
         name
     };
     const ON_OFF: [(&str, &str); 4] = [("true", "false"), ("1", "0"), ("yes", "no"), ("on", "off")];
+    let mut dropped = Vec::new();
     let mut i = script + 1;
     while i < argv.len() {
         let arg = &argv[i];
@@ -243,6 +245,16 @@ pub fn decompose(
             (None, None) => out[i] = format!("{{{name}}}"),
         };
         let given = cuts.iter().find(|(f, _)| f == &flag).map(|(_, v)| v.clone());
+        let words = if inline.is_none() && given.is_none() { word_list(&argv[i + 1..]) } else { Vec::new() };
+        if words.len() > 1 {
+            let name = name_for(&flag, &params);
+            out[i + 1] = format!("{{{name}}}");
+            dropped.extend(i + 2..i + 1 + words.len());
+            flags.insert(name.clone(), flag.clone());
+            params.insert(name, json!({"value": words, "words": true}));
+            i += 1 + words.len();
+            continue;
+        }
         let param = match (&value, given) {
             (Some(v), Some(list)) => Some(json!({"value": v, "cuts": list})),
             (None, Some(_)) | (None, None) => Some(json!({"value": flag, "cuts": [""]})),
@@ -271,7 +283,14 @@ pub fn decompose(
         }
         i += width;
     }
+    let out = out.into_iter().enumerate().filter(|(k, _)| !dropped.contains(k)).map(|(_, a)| a).collect();
     (out, params, flags)
+}
+
+/// The integers at the start of `rest` (the words after a flag), each written as it renders
+/// back (`0`, not `00`): the items of a list written as separate words.
+fn word_list(rest: &[String]) -> Vec<u64> {
+    rest.iter().map_while(|a| a.parse::<u64>().ok().filter(|n| n.to_string() == *a)).collect()
 }
 
 /// The scenario's name: the script's stem (`train` for `torchrun … train.py`), else the program's.
@@ -394,6 +413,16 @@ mod tests {
         );
         assert_eq!(out, words("python t.py --depths {depths} --gpus 0 --lrs 0.1,0.2 --ids 01,2 --one={one}"));
         assert_eq!((&params["depths"], &params["one"]), (&json!([2, 2, 1]), &json!([3, 4])));
+        // A list written as separate words: the integers up to the next flag or other word.
+        let (out, params, flags) =
+            decompose(&words("python t.py --gpus 0 1 2 --seeds 7 8 data.csv --ids 1 02 --n 3"), &[], &[]);
+        assert_eq!(out, words("python t.py --gpus {gpus} --seeds {seeds} data.csv --ids {ids} 02 --n {n}"));
+        assert_eq!(params["gpus"], json!({"value": [0, 1, 2], "words": true}));
+        assert_eq!(params["seeds"], json!({"value": [7, 8], "words": true}));
+        assert_eq!(
+            (&params["ids"], &params["n"], &flags["gpus"]),
+            (&json!(1), &json!(3), &"--gpus".to_string())
+        );
         // Several nodes: the rank count per node is not the world size, so it is left alone.
         let (out, _, _) = decompose(&words("torchrun --nnodes 2 --nproc_per_node 2 t.py"), &[], &[]);
         assert_eq!(out, words("torchrun --nnodes 2 --nproc_per_node 2 t.py"));

@@ -8,7 +8,8 @@ extension gives) needs a particular combination of them, for `ups-doctor bisect 
   run's coin is the next of a fixed sequence when `FLAKY_COINS` names a counter file, so a test
   sees the same flips every time; else a random one).
 
-Every other flag only changes the (tiny) work done."""
+Every other flag only changes the (tiny) work done (`--gpus 0 1`, a list in separate words, none:
+this program runs on the CPU)."""
 
 import argparse
 import ctypes
@@ -29,6 +30,7 @@ p.add_argument("--lr", type=float, default=0.1)
 p.add_argument("--pin-memory", action="store_true")
 p.add_argument("--amp", default="no")
 p.add_argument("--depths", default="1")
+p.add_argument("--gpus", type=int, nargs="+", default=[0])  # a list written as separate words
 a = p.parse_args()
 
 model = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(a.depth)])

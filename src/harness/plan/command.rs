@@ -9,11 +9,11 @@ use crate::scenario::{Scenario, render_with};
 /// The command's argv with every placeholder filled in; `master_port` is the run's free port.
 pub fn argv(scenario: &Scenario, scenario_dir: &Path, master_port: u16) -> Vec<String> {
     let command = scenario.command.as_deref().unwrap_or_default();
-    render_with(command, |name| match name {
+    render_with(command, &scenario.params, |name| match name {
         "world_size" => Some(scenario.launch.world_size.to_string()),
         "master_port" => Some(master_port.to_string()),
         "scenario_dir" => Some(scenario_dir.display().to_string()),
-        _ => scenario.params.get(name).map(|p| p.value.render()),
+        _ => None,
     })
 }
 

@@ -11,6 +11,7 @@
 //! numbers as JSON writes them (`4`, `0.5`), strings as they are, lists of numbers comma-joined
 //! (`[2, 2]` → `2,2`; `[]` → the empty string).
 
+use std::collections::BTreeMap;
 use std::fmt;
 
 use serde::de::{self, MapAccess, SeqAccess, Visitor};
@@ -32,13 +33,36 @@ pub struct Param {
     pub min: Option<f64>,
     /// The values bisect tries, in order, instead of its own ladder (`[8, 4, 1, 0]`).
     pub cuts: Option<Vec<ParamValue>>,
+    /// A list written as separate words (`--gpus 0 1`, argparse's `nargs="+"`): the argument
+    /// that is its placeholder alone becomes one argument per item.
+    pub words: bool,
 }
 
 impl Param {
     /// A param with a value and no cutting rules of its own.
     pub fn new(value: ParamValue) -> Param {
-        Param { value, min: None, cuts: None }
+        Param { value, min: None, cuts: None, words: false }
     }
+
+    /// What the param's placeholder is filled with.
+    pub fn fill(&self) -> Fill {
+        match &self.value {
+            ParamValue::List(items) if self.words => {
+                Fill::Words(items.iter().map(Number::to_string).collect())
+            }
+            value => Fill::Text(value.render()),
+        }
+    }
+}
+
+/// What a placeholder is filled with.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Fill {
+    /// Text, in the argument where the placeholder is.
+    Text(String),
+    /// Arguments of their own, in place of the argument that is the placeholder alone (a list
+    /// written as separate words); inside a longer argument, the words joined by commas.
+    Words(Vec<String>),
 }
 
 /// The value of a param.
@@ -189,6 +213,8 @@ struct ParamObject {
     min: Option<f64>,
     #[serde(default)]
     cuts: Option<Vec<ParamValue>>,
+    #[serde(default)]
+    words: bool,
 }
 
 struct ParamVisitor;
@@ -228,7 +254,7 @@ impl<'de> Visitor<'de> for ParamVisitor {
         // Through the caller's MapAccess, so that a path-tracking deserializer still knows where
         // an unknown or missing field is (`params.workers.valu`).
         let object = ParamObject::deserialize(de::value::MapAccessDeserializer::new(map))?;
-        Ok(Param { value: object.value, min: object.min, cuts: object.cuts })
+        Ok(Param { value: object.value, min: object.min, cuts: object.cuts, words: object.words })
     }
 }
 
@@ -242,7 +268,7 @@ impl Serialize for Param {
     /// Bare when the param has no cutting rules, so a file round-trips as it was written.
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeMap;
-        if self.min.is_none() && self.cuts.is_none() {
+        if self.min.is_none() && self.cuts.is_none() && !self.words {
             return self.value.serialize(s);
         }
         let mut map = s.serialize_map(None)?;
@@ -258,6 +284,9 @@ impl Serialize for Param {
         }
         if let Some(cuts) = &self.cuts {
             map.serialize_entry("cuts", cuts)?;
+        }
+        if self.words {
+            map.serialize_entry("words", &true)?;
         }
         map.end()
     }
@@ -343,26 +372,39 @@ pub fn placeholders(command: &[String]) -> Vec<(usize, String)> {
         .collect()
 }
 
-/// The argv with every placeholder replaced; `value_of` gives a placeholder's text (`None`: left
-/// as written, which validation rules out).
+/// The argv with every placeholder replaced: a built-in one by `builtin`'s text, a param by its
+/// [`Param::fill`] (one unknown to both is left as written, which validation rules out).
 /// An argument that is one placeholder alone whose value is empty is left out (a bare flag
-/// `bisect -- CMD` removes, `{pin_memory}` = `""`), not passed as an empty argument.
-pub fn render_with(command: &[String], value_of: impl Fn(&str) -> Option<String>) -> Vec<String> {
+/// `bisect -- CMD` removes, `{pin_memory}` = `""`), not passed as an empty argument; one that is
+/// a list written as separate words becomes its words.
+pub fn render_with(
+    command: &[String],
+    params: &BTreeMap<String, Param>,
+    builtin: impl Fn(&str) -> Option<String>,
+) -> Vec<String> {
+    let fill = |name: &str| builtin(name).map(Fill::Text).or_else(|| params.get(name).map(Param::fill));
     command
         .iter()
-        .filter_map(|arg| {
+        .flat_map(|arg| {
             let pieces = pieces(arg);
+            if let [Piece::Placeholder { name, .. }] = pieces.as_slice()
+                && let Some(Fill::Words(words)) = fill(name)
+            {
+                return words;
+            }
             let alone = matches!(pieces.as_slice(), [Piece::Placeholder { .. }]);
             let rendered: String = pieces
                 .into_iter()
                 .map(|piece| match piece {
                     Piece::Text(text) => text,
-                    Piece::Placeholder { name, .. } => {
-                        value_of(&name).unwrap_or_else(|| format!("{{{name}}}"))
-                    }
+                    Piece::Placeholder { name, .. } => match fill(&name) {
+                        Some(Fill::Text(text)) => text,
+                        Some(Fill::Words(words)) => words.join(","),
+                        None => format!("{{{name}}}"),
+                    },
                 })
                 .collect();
-            (!(alone && rendered.is_empty())).then_some(rendered)
+            if alone && rendered.is_empty() { Vec::new() } else { vec![rendered] }
         })
         .collect()
 }
@@ -412,6 +454,7 @@ mod tests {
             json!([2, 0.5]),
             json!({"value": 4, "min": 0}),
             json!({"value": 8, "cuts": [8, 4]}),
+            json!({"value": [0, 1], "words": true}),
         ] {
             assert_eq!(serde_json::to_value(param(v.clone())).unwrap(), v);
         }
@@ -456,14 +499,28 @@ mod tests {
             placeholders(&argv),
             vec![(2, "workers".to_string()), (3, "depths".to_string()), (6, "HOME".to_string())]
         );
+        let none = BTreeMap::new();
         let values = BTreeMap::from([("workers", "4"), ("depths", "2,2"), ("HOME", "h")]);
         assert_eq!(
-            render_with(&argv, |n| values.get(n).map(|v| v.to_string())),
+            render_with(&argv, &none, |n| values.get(n).map(|v| v.to_string())),
             ["train.py", "--workers", "4", "--depths=2,2", "{workers}", "--cfg={\"a\": 1}", "$h"]
         );
         // A placeholder alone that renders empty is no argument at all; inside text it is text.
         let flags = ["t.py", "{pin}", "--x={pin}"].map(String::from).to_vec();
-        assert_eq!(render_with(&flags, |_| Some(String::new())), ["t.py", "--x="]);
+        assert_eq!(render_with(&flags, &none, |_| Some(String::new())), ["t.py", "--x="]);
+        // A list written as separate words is as many arguments, none when it is empty; a
+        // built-in placeholder comes before a param.
+        let gpus = |items: &[u64]| Param {
+            words: true,
+            ..Param::new(ParamValue::List(items.iter().map(|&i| i.into()).collect()))
+        };
+        let argv = ["t.py", "--gpus", "{gpus}", "--n={gpus}", "{world_size}"].map(String::from).to_vec();
+        let params =
+            BTreeMap::from([("gpus".to_string(), gpus(&[0, 1])), ("world_size".to_string(), gpus(&[9]))]);
+        let builtin = |n: &str| (n == "world_size").then(|| "2".to_string());
+        assert_eq!(render_with(&argv, &params, builtin), ["t.py", "--gpus", "0", "1", "--n=0,1", "2"]);
+        let params = BTreeMap::from([("gpus".to_string(), gpus(&[]))]);
+        assert_eq!(render_with(&argv, &params, builtin), ["t.py", "--gpus", "--n=", "2"]);
         assert_eq!(
             pieces("a{b c}{x}"),
             vec![Piece::Text("a{b c}".into()), Piece::Placeholder { name: "x".into(), at: 6 }]

@@ -28,6 +28,15 @@ pub fn describe_delta(base: &Scenario, candidate: &Scenario) -> Vec<String> {
             launch.insert("nodes".into(), json!(s.launch.nodes));
             launch.insert("env".into(), json!(s.launch.env));
         }
+        // A param is its value, as `--set params.NAME=…` sets it (its `min`, `cuts` and `words`
+        // are how it is cut and written, which no cut changes).
+        if let Some(params) = value.get_mut("params").and_then(Value::as_object_mut) {
+            for param in params.values_mut() {
+                if let Some(v) = param.get("value").cloned() {
+                    *param = v;
+                }
+            }
+        }
     }
     let mut out = Vec::new();
     for section in ["launch", "model", "data", "train", "limits", "inject", "params"] {

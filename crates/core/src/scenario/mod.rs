@@ -18,8 +18,8 @@ mod size;
 mod suggest;
 
 pub use command::{
-    BUILTIN_PLACEHOLDERS, COMMAND_LINE, Piece, is_identifier, pieces, placeholders, render_with, shell_line,
-    shell_quote,
+    BUILTIN_PLACEHOLDERS, COMMAND_LINE, Fill, Piece, is_identifier, pieces, placeholders, render_with,
+    shell_line, shell_quote,
 };
 pub use delta::{describe_delta, run_relevant};
 pub use fields::{lookup, when_matches};

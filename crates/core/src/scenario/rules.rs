@@ -815,6 +815,16 @@ fn check_command(s: &Scenario) -> Checked {
         };
         return Err(Invalid::new(field, format!("unknown placeholder `{{{name}}}` in `{arg}`")).hint(hint));
     }
+    for (index, name) in command::placeholders(argv) {
+        let alone = matches!(command::pieces(&argv[index]).as_slice(), [command::Piece::Placeholder { .. }]);
+        if !alone && s.params.get(&name).is_some_and(|p| p.words) {
+            return Err(Invalid::new(
+                format!("command[{index}]"),
+                format!("`{{{name}}}` stands for separate arguments (`words`), so it cannot be part of `{}`", argv[index]),
+            )
+            .hint(format!("give `{{{name}}}` an argument of its own, e.g. `\"--{}\", \"{{{name}}}\"`, or remove `words` to join the list with commas", name.replace('_', "-"))));
+        }
+    }
     let used: Vec<String> = command::placeholders(argv).into_iter().map(|(_, n)| n).collect();
     if let Some(name) = s.params.keys().find(|n| !used.contains(n)) {
         let mut invalid = Invalid::new(
@@ -846,6 +856,17 @@ fn check_param(name: &str, param: &Param) -> Checked {
             .hint("give the param another name");
         invalid.at_key = true;
         return Err(invalid);
+    }
+    if param.words && !matches!(param.value, ParamValue::List(_)) {
+        return Err(Invalid::new(
+            format!("{field}.words"),
+            format!(
+                "`words` writes a list as separate arguments, but the value `{}` is {}",
+                param.value,
+                param.value.kind()
+            ),
+        )
+        .hint("give the value as a list of numbers, e.g. `[0, 1]`, or remove `words`"));
     }
     if param.min.is_some() && param.cuts.is_some() {
         return Err(Invalid::new(format!("{field}.min"), "a param has either `min` or `cuts`, not both")
@@ -1457,6 +1478,11 @@ mod tests {
                 "params.w.cuts",
                 "a boolean param has no `cuts`: bisect switches it off",
             ),
+            (
+                json!({"w": {"value": 4, "words": true}}),
+                "params.w.words",
+                "`words` writes a list as separate arguments, but the value `4` is an integer",
+            ),
         ];
         for (params, field, message) in cases {
             let name = params.as_object().unwrap().keys().next().unwrap().clone();
@@ -1466,6 +1492,18 @@ mod tests {
         }
         let s = external(&["python", "{lr}"], json!({"lr": {"value": 0.5, "cuts": [0.1, 0]}}));
         assert_eq!(check(&s), Ok(()), "integer cuts of a float param are numbers");
+        // A list written as separate words is an argument of its own.
+        let gpus = json!({"gpus": {"value": [0, 1], "words": true}});
+        assert_eq!(check(&external(&["python", "t.py", "--gpus", "{gpus}"], gpus.clone())), Ok(()));
+        let invalid = external_problem(&external(&["python", "t.py", "--gpus={gpus}"], gpus));
+        assert_eq!(
+            (invalid.field.as_str(), invalid.message.as_str()),
+            (
+                "command[2]",
+                "`{gpus}` stands for separate arguments (`words`), so it cannot be part of `--gpus={gpus}`"
+            )
+        );
+        assert!(invalid.hint.unwrap().contains("`\"--gpus\", \"{gpus}\"`"));
     }
 
     #[test]
