@@ -28,7 +28,12 @@ struct Job {
 
 impl Job {
     fn start(sb: &Sandbox, argv: &[String], env: &[(&str, String)]) -> Job {
-        let log = sb.path().join("job.log");
+        Job::start_as(sb, "job", argv, env)
+    }
+
+    /// A job whose output goes to `NAME.log` (two jobs of one test each have their own).
+    fn start_as(sb: &Sandbox, name: &str, argv: &[String], env: &[(&str, String)]) -> Job {
+        let log = sb.path().join(format!("{name}.log"));
         let out = std::fs::File::create(&log).unwrap();
         let launcher = Command::new(&argv[0])
             .args(&argv[1..])
@@ -339,6 +344,110 @@ fn a_rank_stalled_outside_any_collective_is_named_among_four_torchrun_ranks() {
     let headline = scenario["verdict"]["headline"].as_str().unwrap();
     assert!(headline.starts_with("Hung: rank 2 is the one the others wait for"), "{headline}");
     assert!(headline.contains("stuck outside any collective"), "{headline}");
+}
+
+/// `attach` on each node of a two-node torchrun job (two launchers on this machine, each its
+/// node's 2 ranks, one c10d rendezvous), with rank 3 stalled outside any collective: node 0
+/// judges all four ranks at once and names rank 3, on whichever node the rendezvous put it; node
+/// 1 keeps its own report, sees its ranks connected to the store on the other node, and exits
+/// with node 0's verdict; no process of either node's job is touched.
+#[test]
+fn attach_on_each_node_of_a_two_node_job_names_the_stalled_rank_among_all_four() {
+    let sb = Sandbox::new();
+    let (rdzv, coordinator) = (free_port(), format!("127.0.0.1:{}", free_port()));
+    let script = program("launchers.py");
+    let stalled = sb.path().join("stalled");
+    let env = [
+        ("PYTHONPATH", repo().join("tests/programs/attach_stall").display().to_string()),
+        ("ATTACH_STALL_RANK", "3".into()),
+        ("ATTACH_STALL_STEP", "3".into()),
+        ("ATTACH_STALL_FILE", stalled.display().to_string()),
+    ];
+    let jobs: Vec<Job> = (0..2u32)
+        .map(|node| {
+            let mut argv = vec![venv_python().with_file_name("torchrun").display().to_string()];
+            argv.extend(
+                [
+                    "--nnodes=2",
+                    &format!("--node-rank={node}"),
+                    "--nproc-per-node=2",
+                    "--rdzv-backend=c10d",
+                    &format!("--rdzv-endpoint=127.0.0.1:{rdzv}"),
+                    "--rdzv-id=two-nodes",
+                    &format!("--rdzv-conf=is_host={}", u8::from(node == 0)),
+                    &script,
+                    "--launcher",
+                    "env",
+                    "--steps",
+                    "1000",
+                ]
+                .map(String::from),
+            );
+            Job::start_as(&sb, &format!("node{node}"), &argv, &env)
+        })
+        .collect();
+    assert!(jobs[0].reaches(|| stalled.exists()), "rank 3 reaches its stall:\n{}", jobs[0].output());
+    let stalled_pid: u32 = std::fs::read_to_string(&stalled).unwrap().trim().parse().unwrap();
+    let ranks: Vec<u32> = jobs.iter().flat_map(Job::ranks).collect();
+    assert_eq!(ranks.len(), 4, "{}\n{}", jobs[0].output(), jobs[1].output());
+    assert!(
+        jobs[0].reaches(|| ranks
+            .iter()
+            .filter(|&&p| p != stalled_pid)
+            .all(|&p| stack(p).contains("_engine_run_backward"))),
+        "the other ranks wait in backward"
+    );
+    let before: Vec<_> = jobs.iter().map(|j| snapshot(&j.processes())).collect();
+    let node1_out = sb.path().join("node1-attach");
+    let node1 = Command::new(bin())
+        .args(["attach", &jobs[1].pid().to_string(), "--nodes", "2", "--node-rank", "1"])
+        .args(["--coordinator", &coordinator, "--out"])
+        .arg(&node1_out)
+        .env("PATH", venv_path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("ups-doctor starts");
+    let a =
+        attach_with(&sb, jobs[0].pid(), &["--nodes", "2", "--node-rank", "0", "--coordinator", &coordinator]);
+    let node1 = node1.wait_with_output().unwrap();
+    for (job, before) in jobs.iter().zip(&before) {
+        assert_untouched(before, job);
+    }
+    // Node 0: one verdict on all four ranks.
+    assert_eq!(a.code, 1, "hung is exit 1; stderr:\n{}", a.stderr);
+    assert_eq!(a.attach["state"], "hung", "{:#}", a.attach);
+    assert_eq!(a.attach["ranks_found"], serde_json::json!([0, 1, 2, 3]), "{:#}", a.attach);
+    assert_eq!(a.attach["ranks_missing"], serde_json::json!([]));
+    assert_eq!(a.attach["culprit"], 3, "{:#}", a.attach);
+    let scenario = &a.result["scenarios"][0];
+    let headline = scenario["verdict"]["headline"].as_str().unwrap();
+    assert!(headline.starts_with("Hung: rank 3 is the one the others wait for"), "{headline}");
+    let nodes = scenario["nodes"]["per_node"].as_array().unwrap();
+    assert_eq!(nodes.len(), 2, "{:#}", scenario["nodes"]);
+    let mut placed: Vec<u64> = nodes
+        .iter()
+        .flat_map(|n| n["ranks"].as_array().unwrap().iter().map(|r| r.as_u64().unwrap()))
+        .collect();
+    placed.sort_unstable();
+    assert_eq!(placed, [0, 1, 2, 3], "each rank on the node that found it");
+    assert!(nodes[1]["clock"]["start"]["samples"].as_u64().unwrap() > 0, "node 1's clock is calibrated");
+    assert!(
+        a.report.contains("`ups-doctor attach` on each to the job already running there"),
+        "{}",
+        a.report
+    );
+    // Node 1: its own report of its two ranks, and node 0's verdict as its exit status.
+    let stderr1 = String::from_utf8_lossy(&node1.stderr);
+    assert_eq!(node1.status.code(), Some(1), "{stderr1}");
+    assert!(stderr1.contains("node 0 judged every node's ranks together"), "{stderr1}");
+    let own: Value =
+        serde_json::from_str(&std::fs::read_to_string(node1_out.join("attach.json")).unwrap()).unwrap();
+    assert_eq!(own["ranks_found"], nodes[1]["ranks"], "{own:#}");
+    assert_eq!(own["tcp"]["store_holder"], Value::Null, "the store is on node 0: {:#}", own["tcp"]);
+    assert_eq!(own["tcp"]["connected_to_store"], nodes[1]["ranks"], "{:#}", own["tcp"]);
+    let found = crate::consistency::check_run_dir(&node1_out);
+    assert!(found.is_empty(), "node 1's report contradicts its result.json:\n{}", found.join("\n"));
 }
 
 #[test]

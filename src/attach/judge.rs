@@ -6,12 +6,15 @@
 use crate::diagnose::evidence::{StackFrame, py_spy_threads};
 use crate::diagnose::{Observed, collective_of, judge};
 use crate::scenario::{OutcomeKind, Scenario};
+use serde::{Deserialize, Serialize};
+
 use crate::schema::{KernelThread, Leftovers, ProcessDump, ProcessRole, RankResult, Verdict};
 
 use super::watch::Watched;
 
 /// A rank's main thread over the window.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Motion {
     /// Its stack changed between looks: it makes progress.
     Moving,
@@ -58,8 +61,9 @@ impl State {
 /// A CPU share below this over the window is waiting, not computing.
 const IDLE_SHARE: f64 = 0.05;
 
-/// One rank as the window showed it.
-#[derive(Debug, Clone)]
+/// One rank as the window showed it. Sent between the nodes of a multi-node attach: `frames` are
+/// not, they are read again from `py_spy` ([`RankView::reread`]).
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RankView {
     pub rank: u32,
     pub pid: u32,
@@ -68,6 +72,7 @@ pub struct RankView {
     /// Readable looks of its stack.
     pub looks: usize,
     /// The main thread's frames at the last readable look, innermost first.
+    #[serde(skip)]
     pub frames: Vec<StackFrame>,
     /// The last readable `py-spy` text, and why a look failed.
     pub py_spy: Option<String>,
@@ -80,6 +85,12 @@ pub struct RankView {
 pub const TAKEN: &str = "attach: read at the end of the window, without stopping the process";
 
 impl RankView {
+    /// The main thread's frames again from the last `py_spy` text, after the view came over the
+    /// wire without them.
+    pub fn reread(&mut self) {
+        self.frames = self.py_spy.as_deref().map(|t| main_frames(t, self.pid)).unwrap_or_default();
+    }
+
     /// Where the main thread is: `` `barrier` (torch/distributed/distributed_c10d.py:5037) ← ddp.py:48 ``.
     pub fn place(&self) -> String {
         place(&self.frames)
@@ -300,8 +311,12 @@ fn seconds(s: Option<f64>) -> String {
     s.map_or("?".to_string(), |s| format!("{s:.2} s"))
 }
 
-/// Judges the job: `views` of its ranks, `missing` ranks of this machine's share of
-/// `WORLD_SIZE` not found, `children` dumps of processes below ranks (rank, dump).
+/// Where ranks not found were looked for, on one machine.
+pub const HERE: &str = "on this machine";
+
+/// Judges the job: `views` of its ranks, `missing` ranks of `WORLD_SIZE` not found `scope`
+/// ([`HERE`], or on every node of a multi-node attach), `children` dumps of processes below
+/// ranks (rank, dump).
 ///
 /// Long: one headline per job state (running; failed; hung with the rank the others wait for;
 /// hung with another pattern the judge established; hung and cannot tell), each from the same
@@ -313,6 +328,7 @@ pub fn conclude(
     world: Option<u32>,
     children: &[(u32, ProcessDump)],
     window_s: f64,
+    scope: &str,
 ) -> Judged {
     let live: Vec<&RankView> = views.iter().filter(|v| v.motion != Motion::Gone).collect();
     let gone: Vec<u32> = views
@@ -351,7 +367,7 @@ pub fn conclude(
     if !missing.is_empty() {
         let of = world.map(|w| format!(" of WORLD_SIZE {w}")).unwrap_or_default();
         evidence.push(format!(
-            "{}{of} not found on this machine: exited before the window (or never started)",
+            "{}{of} not found {scope}: exited before the window (or never started)",
             ranks_text(missing)
         ));
     }
@@ -537,7 +553,7 @@ mod tests {
         let watched = [still(10, &BACKWARD, 0.0), still(11, &SLEEP, 0.0)];
         let views = view(&[(0, 10), (1, 11)], &watched, 3.0);
         assert!(views.iter().all(|v| v.motion == Motion::Stuck), "{views:?}");
-        let j = conclude(&scenario(), &views, &[], Some(2), &[], 3.0);
+        let j = conclude(&scenario(), &views, &[], Some(2), &[], 3.0, HERE);
         assert_eq!(j.state, State::Hung);
         assert_eq!(j.culprit, Some(1), "{:?}", j.verdict);
         assert!(j.verdict.headline.starts_with("Hung: rank 1 is the one"), "{}", j.verdict.headline);
@@ -547,7 +563,7 @@ mod tests {
     fn a_rank_in_barrier_while_the_other_waits_in_backward_is_named() {
         let watched = [still(10, &BACKWARD, 0.0), still(11, &BARRIER, 0.0)];
         let views = view(&[(0, 10), (1, 11)], &watched, 3.0);
-        let j = conclude(&scenario(), &views, &[], Some(2), &[], 3.0);
+        let j = conclude(&scenario(), &views, &[], Some(2), &[], 3.0, HERE);
         assert_eq!(j.culprit, Some(1), "{:?}", j.verdict);
     }
 
@@ -556,7 +572,7 @@ mod tests {
         let other = ["all_reduce (torch/distributed/distributed_c10d.py:2900)", "<module> (t.py:20)"];
         let watched = [still(10, &BACKWARD, 0.0), still(11, &other, 0.0)];
         let views = view(&[(0, 10), (1, 11)], &watched, 3.0);
-        let j = conclude(&scenario(), &views, &[], Some(2), &[], 3.0);
+        let j = conclude(&scenario(), &views, &[], Some(2), &[], 3.0, HERE);
         assert_eq!(j.state, State::Hung);
         assert_eq!(j.culprit, None);
         assert!(j.verdict.headline.starts_with("Hung: cannot tell which rank"), "{}", j.verdict.headline);
@@ -579,7 +595,7 @@ mod tests {
             memory: None,
         };
         let views = view(&[(0, 10), (1, 11)], &[moving(10), moving(11)], 3.0);
-        let j = conclude(&scenario(), &views, &[], Some(2), &[], 3.0);
+        let j = conclude(&scenario(), &views, &[], Some(2), &[], 3.0, HERE);
         assert_eq!(j.state, State::Running, "{views:?}");
         assert_eq!(j.outcome, OutcomeKind::Passed);
         assert!(j.verdict.headline.starts_with("Running: ranks 0, 1 of 2"), "{}", j.verdict.headline);
@@ -589,7 +605,7 @@ mod tests {
     fn a_missing_rank_of_world_size_makes_the_job_failed() {
         let watched = [still(10, &BACKWARD, 0.0)];
         let views = view(&[(0, 10)], &watched, 3.0);
-        let j = conclude(&scenario(), &views, &[1], Some(2), &[], 3.0);
+        let j = conclude(&scenario(), &views, &[1], Some(2), &[], 3.0, HERE);
         assert_eq!(j.state, State::Failed);
         assert!(j.verdict.headline.starts_with("Failed: rank 1 gone"), "{}", j.verdict.headline);
         assert!(
@@ -633,12 +649,12 @@ mod tests {
         };
         let views = view(&[(0, 10), (1, 11)], &[unread(10, 0.0), unread(11, 0.0)], 3.0);
         assert!(views.iter().all(|v| v.motion == Motion::Unread), "{views:?}");
-        let j = conclude(&scenario(), &views, &[], Some(2), &[], 3.0);
+        let j = conclude(&scenario(), &views, &[], Some(2), &[], 3.0, HERE);
         assert_eq!(j.state, State::Hung);
         assert_eq!(j.culprit, None);
         assert!(j.verdict.headline.contains("ranks 0, 1 in no readable stack"), "{}", j.verdict.headline);
         let views = view(&[(0, 10), (1, 11)], &[unread(10, 1.0), unread(11, 1.0)], 3.0);
-        assert_eq!(conclude(&scenario(), &views, &[], Some(2), &[], 3.0).state, State::Running);
+        assert_eq!(conclude(&scenario(), &views, &[], Some(2), &[], 3.0, HERE).state, State::Running);
     }
 
     #[test]
@@ -646,7 +662,7 @@ mod tests {
         let watched = [still(10, &BACKWARD, 0.0), still(11, &SLEEP, 1.0)];
         let views = view(&[(0, 10), (1, 11)], &watched, 3.0);
         assert_eq!(views[1].motion, Motion::Busy);
-        let j = conclude(&scenario(), &views, &[], Some(2), &[], 3.0);
+        let j = conclude(&scenario(), &views, &[], Some(2), &[], 3.0, HERE);
         assert_eq!(j.culprit, Some(1), "{:?}", j.verdict);
         assert!(j.verdict.headline.contains("It is busy"), "{}", j.verdict.headline);
     }

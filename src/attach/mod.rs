@@ -11,6 +11,7 @@
 
 pub mod job;
 pub mod judge;
+pub mod nodes;
 pub mod stop;
 pub mod tcp;
 pub mod watch;
@@ -52,6 +53,28 @@ pub struct AttachArgs {
     /// signalled.
     #[arg(long, value_name = "ACTION", value_parser = ["stop"], conflicts_with = "all")]
     pub then: Option<String>,
+    /// Nodes the job runs on: start `ups-doctor attach PID --nodes N --node-rank R --coordinator
+    /// HOST:PORT` on each, with a pid of the job there; node 0 writes the one report.
+    #[arg(
+        long,
+        value_name = "N",
+        help_heading = "Across nodes",
+        conflicts_with = "all",
+        requires = "node_rank"
+    )]
+    pub nodes: Option<u32>,
+    /// This node's rank: 0 gathers the others and judges every rank.
+    #[arg(long, value_name = "R", help_heading = "Across nodes", requires = "nodes")]
+    pub node_rank: Option<u32>,
+    /// Node 0's address, which every other node connects to [default: 127.0.0.1:29411].
+    #[arg(long, value_name = "HOST:PORT", help_heading = "Across nodes", requires = "nodes")]
+    pub coordinator: Option<String>,
+    /// What node 0 listens on, when not the coordinator's address (`0.0.0.0:PORT`: every interface).
+    #[arg(long, value_name = "ADDR:PORT", help_heading = "Across nodes", requires = "nodes")]
+    pub listen: Option<String>,
+    /// How long node 0 waits for the others to join, and they for it.
+    #[arg(long, value_name = "SECS", default_value_t = 120.0, help_heading = "Across nodes")]
+    pub join_timeout: f64,
 }
 
 /// Runs `ups-doctor attach`.
@@ -64,6 +87,39 @@ pub fn command(args: AttachArgs) -> Result<u8, Error> {
             "--watch {} is not between 0.5 and 3600 seconds; e.g. `--watch 3`",
             args.watch
         )));
+    }
+    // Only the flags place a node: an attach started inside a Slurm allocation or beside
+    // torchrun's variables is still on this machine alone unless it says otherwise.
+    let flags = crate::nodes::config::NodeFlags {
+        nodes: args.nodes,
+        node_rank: args.node_rank,
+        coordinator: args.coordinator.clone(),
+        listen: args.listen.clone(),
+        join_timeout_s: Some(args.join_timeout),
+    };
+    let port_only =
+        |name: &str| (name == crate::nodes::config::PORT_ENV).then(|| std::env::var(name).ok()).flatten();
+    let config = crate::nodes::NodeConfig::resolve(&flags, &port_only).map_err(|e| Error::BadInput(e.0))?;
+    if let Some(config) = config.filter(|c| c.nodes > 1) {
+        let [pid] = args.pids[..] else {
+            return Err(Error::BadInput(format!(
+                "`--nodes {}` attaches to one job: give one pid (this node's launcher or one of its ranks), not {}",
+                config.nodes,
+                args.pids.len()
+            )));
+        };
+        let out = match &args.out {
+            Some(dir) => dir.clone(),
+            None => crate::session::fresh_run_dir(Path::new("reports/runs"), &format!("-attach-{pid}"))?,
+        };
+        let part = nodes::Part {
+            pid,
+            out: &out,
+            window: Duration::from_secs_f64(args.watch),
+            native: args.native,
+            stop: args.then.as_deref() == Some("stop"),
+        };
+        return Ok(if nodes::attach(part, config)? { exit::MET } else { exit::NOT_MET });
     }
     let mut worst = exit::MET;
     for (i, &pid) in args.pids.iter().enumerate() {
@@ -293,121 +349,231 @@ fn attach_one(pid: u32, out: &Path, window: Duration, native: bool, stop: bool) 
     let job = job::find(pid).map_err(Error::BadInput)?;
     // Who is signalled if the job is to be stopped: as first seen, before the window.
     let (heads, everyone) = job.first_seen();
-    let started = SystemTime::now();
-    let started_at = humantime::format_rfc3339_seconds(started).to_string();
-    let py_spy = watch::find_py_spy(job.ranks[0].pid);
-    let found: Vec<u32> = job.ranks.iter().map(|r| r.rank).collect();
-    let of = job.world_size.map(|w| format!(" of WORLD_SIZE {w}")).unwrap_or_default();
-    eprintln!(
-        "attaching to {} (pid {}): {}{of}; watching {:.1} s, read-only",
-        job.command.iter().map(|a| a.rsplit('/').next().unwrap_or(a)).collect::<Vec<_>>().join(" "),
-        job.launcher.unwrap_or(job.ranks[0].pid),
-        judge::ranks_text(&found),
-        window.as_secs_f64()
-    );
-    let pids = job.pids();
-    let options = watch::Options { window, looks: 4, native, py_spy: py_spy.clone() };
-    let watched = watch::watch(&pids, &options);
-    let shm = watch::dev_shm();
-    let window_s = window.as_secs_f64();
-    let rank_pids: Vec<(u32, u32)> = job.ranks.iter().map(|r| (r.rank, r.pid)).collect();
-    let views = judge::view(&rank_pids, &watched, window_s);
-    let children = child_dumps(&job, &watched);
-    let scenario = Scenario {
-        name: format!("attach-{pid}"),
-        command: Some(job.command.clone()),
-        launch: crate::scenario::Launch {
-            world_size: job.world_size.unwrap_or(job.ranks.len() as u32),
-            style: if job.launcher.is_some() { LaunchStyle::Launcher } else { LaunchStyle::PerRank },
-            ..Default::default()
-        },
-        ..Scenario::default()
-    };
-    let missing = job.missing();
-    let mut judged = judge::conclude(&scenario, &views, &missing, job.world_size, &children, window_s);
-    // What the window could not read: named, with the fix once.
-    let refused_pids: Vec<u32> = watched
-        .iter()
-        .filter(|w| w.looks.iter().any(|l| l.error.as_deref().is_some_and(refused)))
-        .map(|w| w.pid)
-        .collect();
-    let seen = Seen {
-        pid,
-        job: &job,
-        watched: &watched,
-        started_at: &started_at,
-        window_s,
-        looks: options.looks,
-        native,
-    };
-    let connections = tcp::read(&job);
-    let mut front = seen.evidence(&found, &of, &refused_pids, &shm);
-    let expected: Vec<u32> = found.iter().chain(&missing).copied().collect();
-    front.extend(connections.sentence(&expected));
-    front.append(&mut judged.verdict.evidence);
-    judged.verdict.evidence = front;
-    let external = ExternalRun {
-        argv: job.command.clone(),
-        style: if job.launcher.is_some() { ExternalStyle::Launcher } else { ExternalStyle::PerRank },
-        style_chosen: Some(format!("attached to a running job from pid {pid}: ups-doctor did not start it")),
-        markers_seen: false,
-        completion: format!("attached read-only for {window_s:.1} s (state {})", judged.state.as_str()),
-        launcher: None,
-        py_spy: py_spy.as_ref().map(|p| p.display().to_string()),
-        world_size_declared: None,
-    };
-    for r in &mut judged.ranks {
-        r.identified_by = job.ranks.iter().find(|k| k.rank == r.rank).map(|k| k.by);
-    }
-    let result = ScenarioResult {
-        name: scenario.name.clone(),
-        file: format!("(attached to pid {pid})"),
-        overrides: Vec::new(),
-        scenario: scenario.clone(),
-        outcome: judged.outcome,
-        met_expectation: judged.state == State::Running,
-        interrupted: false,
-        expectation_mismatches: Vec::new(),
-        verdict: judged.verdict.clone(),
-        first_failure: judged.culprit,
-        ranks: judged.ranks.clone(),
-        wall_s: window_s,
-        steps_per_s: None,
-        samples_per_s: None,
-        memory: None,
-        leftovers: Default::default(),
-        gpu: None,
-        external: Some(external),
-        cgroup: None,
-        oom_kills: Vec::new(),
-        cgroup_unavailable: None,
+    let local = Local::observe(pid, job, window, native);
+    let missing = local.job.missing();
+    let judging = Judging {
+        views: local.views.clone(),
+        children: local.children.clone(),
+        missing,
+        world: local.job.world_size,
+        scope: judge::HERE.to_string(),
+        front: local.front(),
         nodes: None,
     };
-    let mut run = RunResult {
-        tool_version: env!("CARGO_PKG_VERSION").to_string(),
-        started_at: started_at.clone(),
-        command: std::env::args().collect(),
-        environment: crate::probe::machine(&crate::probe::Needs { python: true, trainer: None }),
-        scenarios: vec![result],
-        not_run: Vec::new(),
-        interrupted: false,
-        stopped_by: None,
-        logs_cut: Vec::new(),
-    };
-    let mut attach = seen.record(judged.state, judged.culprit, &found, &missing, &views, &refused_pids, &shm);
-    attach["tcp"] = json!(connections);
+    let (judged, mut run, mut attach) = local.judge(judging);
     let mut report = write_attach(out, &run, &attach)?;
     if stop {
         report = stop_and_record(out, &mut run, &mut attach, &heads, &everyone)?;
     }
-    eprintln!("{}", judged.verdict.headline);
-    for v in &views {
-        if v.motion == Motion::Unread {
-            eprintln!("  rank {} (pid {}): stack unreadable", v.rank, v.pid);
+    tell(&judged, &local.views, &report);
+    Ok(judged.state)
+}
+
+/// What one machine's window saw of the job, before it is judged.
+struct Local {
+    pid: u32,
+    job: job::Job,
+    started_at: String,
+    /// When the window began (ns since the Unix epoch, this machine's clock).
+    started_ns: i64,
+    window_s: f64,
+    looks: u32,
+    native: bool,
+    py_spy: Option<PathBuf>,
+    watched: Vec<watch::Watched>,
+    shm: watch::Shm,
+    views: Vec<judge::RankView>,
+    children: Vec<(u32, ProcessDump)>,
+    refused_pids: Vec<u32>,
+    connections: tcp::Connections,
+}
+
+/// What the judge is given: one machine's ranks, or every node's.
+struct Judging {
+    views: Vec<judge::RankView>,
+    children: Vec<(u32, ProcessDump)>,
+    missing: Vec<u32>,
+    world: Option<u32>,
+    /// Where ranks not found were looked for (`on this machine`).
+    scope: String,
+    /// The evidence before the judge's.
+    front: Vec<String>,
+    nodes: Option<crate::schema::NodesReport>,
+}
+
+impl Local {
+    /// Watches every process of `job` over `window`, read-only.
+    fn observe(pid: u32, job: job::Job, window: Duration, native: bool) -> Local {
+        let started = SystemTime::now();
+        let started_ns = crate::nodes::clock::now_ns();
+        let started_at = humantime::format_rfc3339_seconds(started).to_string();
+        let py_spy = watch::find_py_spy(job.ranks[0].pid);
+        let found: Vec<u32> = job.ranks.iter().map(|r| r.rank).collect();
+        let of = job.world_size.map(|w| format!(" of WORLD_SIZE {w}")).unwrap_or_default();
+        eprintln!(
+            "attaching to {} (pid {}): {}{of}; watching {:.1} s, read-only",
+            job.command.iter().map(|a| a.rsplit('/').next().unwrap_or(a)).collect::<Vec<_>>().join(" "),
+            job.launcher.unwrap_or(job.ranks[0].pid),
+            judge::ranks_text(&found),
+            window.as_secs_f64()
+        );
+        let options = watch::Options { window, looks: 4, native, py_spy: py_spy.clone() };
+        let watched = watch::watch(&job.pids(), &options);
+        let shm = watch::dev_shm();
+        let window_s = window.as_secs_f64();
+        let rank_pids: Vec<(u32, u32)> = job.ranks.iter().map(|r| (r.rank, r.pid)).collect();
+        let views = judge::view(&rank_pids, &watched, window_s);
+        let children = child_dumps(&job, &watched);
+        // What the window could not read: named, with the fix once.
+        let refused_pids: Vec<u32> = watched
+            .iter()
+            .filter(|w| w.looks.iter().any(|l| l.error.as_deref().is_some_and(refused)))
+            .map(|w| w.pid)
+            .collect();
+        let connections = tcp::read(&job);
+        Local {
+            pid,
+            job,
+            started_at,
+            started_ns,
+            window_s,
+            looks: options.looks,
+            native,
+            py_spy,
+            watched,
+            shm,
+            views,
+            children,
+            refused_pids,
+            connections,
         }
     }
+
+    fn found(&self) -> Vec<u32> {
+        self.job.ranks.iter().map(|r| r.rank).collect()
+    }
+
+    fn seen(&self) -> Seen<'_> {
+        Seen {
+            pid: self.pid,
+            job: &self.job,
+            watched: &self.watched,
+            started_at: &self.started_at,
+            window_s: self.window_s,
+            looks: self.looks,
+            native: self.native,
+        }
+    }
+
+    /// This machine's evidence before the judge's: how the job was read, memory, `/dev/shm`,
+    /// its connections.
+    fn front(&self) -> Vec<String> {
+        let found = self.found();
+        let of = self.job.world_size.map(|w| format!(" of WORLD_SIZE {w}")).unwrap_or_default();
+        let mut front = self.seen().evidence(&found, &of, &self.refused_pids, &self.shm);
+        let expected: Vec<u32> = found.iter().chain(&self.job.missing()).copied().collect();
+        front.extend(self.connections.sentence(&expected));
+        front
+    }
+
+    /// The job as a scenario: its command, its world, its launch style.
+    fn scenario(&self, world: Option<u32>, nodes: u32) -> Scenario {
+        Scenario {
+            name: format!("attach-{}", self.pid),
+            command: Some(self.job.command.clone()),
+            launch: crate::scenario::Launch {
+                world_size: world.unwrap_or(self.job.ranks.len() as u32),
+                nodes,
+                style: if self.job.launcher.is_some() { LaunchStyle::Launcher } else { LaunchStyle::PerRank },
+                ..Default::default()
+            },
+            ..Scenario::default()
+        }
+    }
+
+    /// Judges `what` (this machine's ranks, or every node's) and makes the run's result and
+    /// `attach.json`.
+    fn judge(&self, what: Judging) -> (judge::Judged, RunResult, serde_json::Value) {
+        let Judging { views, children, missing, world, scope, front, nodes } = what;
+        let scenario = self.scenario(world, nodes.as_ref().map_or(1, |n| n.nodes));
+        let window_s = self.window_s;
+        let mut judged = judge::conclude(&scenario, &views, &missing, world, &children, window_s, &scope);
+        let mut evidence = front;
+        evidence.append(&mut judged.verdict.evidence);
+        judged.verdict.evidence = evidence;
+        let pid = self.pid;
+        let external = ExternalRun {
+            argv: self.job.command.clone(),
+            style: if self.job.launcher.is_some() { ExternalStyle::Launcher } else { ExternalStyle::PerRank },
+            style_chosen: Some(format!(
+                "attached to a running job from pid {pid}: ups-doctor did not start it"
+            )),
+            markers_seen: false,
+            completion: format!("attached read-only for {window_s:.1} s (state {})", judged.state.as_str()),
+            launcher: None,
+            py_spy: self.py_spy.as_ref().map(|p| p.display().to_string()),
+            world_size_declared: None,
+        };
+        for r in &mut judged.ranks {
+            r.identified_by = self.job.ranks.iter().find(|k| k.rank == r.rank).map(|k| k.by);
+        }
+        let result = ScenarioResult {
+            name: scenario.name.clone(),
+            file: format!("(attached to pid {pid})"),
+            overrides: Vec::new(),
+            scenario,
+            outcome: judged.outcome,
+            met_expectation: judged.state == State::Running,
+            interrupted: false,
+            expectation_mismatches: Vec::new(),
+            verdict: judged.verdict.clone(),
+            first_failure: judged.culprit,
+            ranks: judged.ranks.clone(),
+            wall_s: window_s,
+            steps_per_s: None,
+            samples_per_s: None,
+            memory: None,
+            leftovers: Default::default(),
+            gpu: None,
+            external: Some(external),
+            cgroup: None,
+            oom_kills: Vec::new(),
+            cgroup_unavailable: None,
+            nodes,
+        };
+        let run = RunResult {
+            tool_version: env!("CARGO_PKG_VERSION").to_string(),
+            started_at: self.started_at.clone(),
+            command: std::env::args().collect(),
+            environment: crate::probe::machine(&crate::probe::Needs { python: true, trainer: None }),
+            scenarios: vec![result],
+            not_run: Vec::new(),
+            interrupted: false,
+            stopped_by: None,
+            logs_cut: Vec::new(),
+        };
+        let found: Vec<u32> = views.iter().map(|v| v.rank).collect();
+        let mut attach = self.seen().record(
+            judged.state,
+            judged.culprit,
+            &found,
+            &missing,
+            &views,
+            &self.refused_pids,
+            &self.shm,
+        );
+        attach["tcp"] = json!(self.connections);
+        (judged, run, attach)
+    }
+}
+
+/// The headline, the ranks of `views` whose stacks could not be read, and where the report is.
+fn tell(judged: &judge::Judged, views: &[judge::RankView], report: &Path) {
+    eprintln!("{}", judged.verdict.headline);
+    for v in views.iter().filter(|v| v.motion == Motion::Unread) {
+        eprintln!("  rank {} (pid {}): stack unreadable", v.rank, v.pid);
+    }
     eprintln!("report: {}", report.display());
-    Ok(judged.state)
 }
 
 /// `--then stop`, once the evidence is on disk (whatever stopping does, it stays): stops the job

@@ -109,7 +109,9 @@ pub fn read(job: &Job) -> Connections {
     let mut pairs: BTreeMap<(u32, u32), usize> = BTreeMap::new();
     for s in table.iter().filter(|s| s.established) {
         let Some(rank) = owner_of(s.inode).and_then(rank_of) else { continue };
-        if Some(s.remote_port) == store_port && store_holder.is_some() {
+        // To the store, here or on another node (a multi-node job's ranks off node 0 reach it
+        // across the network: no holder here, and still connected).
+        if Some(s.remote_port) == store_port {
             connected.insert(rank);
             continue;
         }

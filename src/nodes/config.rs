@@ -21,7 +21,12 @@ pub struct NodeConfig {
     pub join_timeout: Duration,
     /// Where the values came from: `flags`, `Slurm`, `NNODES/NODE_RANK`.
     pub source: &'static str,
+    /// What each node runs, for the hints of a failed join: `ups-doctor run SCENARIO`.
+    pub each_node_runs: &'static str,
 }
+
+/// What each node of a multi-node run runs.
+pub const RUN_ON_EACH_NODE: &str = "ups-doctor run SCENARIO";
 
 /// What the command line said about nodes.
 #[derive(Debug, Clone, Default)]
@@ -120,7 +125,15 @@ impl NodeConfig {
                 "`--coordinator {coordinator}` is not HOST:PORT (e.g. `node01:{DEFAULT_PORT}`)"
             ));
         }
-        Ok(Some(NodeConfig { nodes, node, coordinator, listen: flags.listen.clone(), join_timeout, source }))
+        Ok(Some(NodeConfig {
+            nodes,
+            node,
+            coordinator,
+            listen: flags.listen.clone(),
+            join_timeout,
+            source,
+            each_node_runs: RUN_ON_EACH_NODE,
+        }))
     }
 
     /// Node 0's host, for the ranks' `MASTER_ADDR`.

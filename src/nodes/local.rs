@@ -104,6 +104,7 @@ pub fn run_local(
         listen: None,
         join_timeout: JOIN_WAIT,
         source: "launch.nodes",
+        each_node_runs: super::config::RUN_ON_EACH_NODE,
     };
     let request = NodeRequest { config: &config, input, program, out_dir, rel, progress, interrupted };
     let outcome = run_node(request);

@@ -163,21 +163,10 @@ fn gather(nodes: &[NodeOutcome], base_ns: i64, lw: u32, first_of: &dyn Fn(u32) -
             }
             NodeOutcome::Lost { node, host, agent_pid, calibration, lost } => {
                 g.sections.push(NodeSection {
-                    node: *node,
-                    host: host.clone(),
-                    ranks: (0..lw).map(|l| first_of(*node) + l).collect(),
                     agent_pid: *agent_pid,
                     clock: *calibration,
-                    started_at_s: None,
                     lost: Some(lost.clone()),
-                    remote_failure: None,
-                    snapshot: None,
-                    own_headline: None,
-                    wall_s: None,
-                    out_dir: None,
-                    memory: None,
-                    leftovers: Leftovers::default(),
-                    gpu: None,
+                    ..NodeSection::new(*node, host.clone(), (0..lw).map(|l| first_of(*node) + l).collect())
                 });
             }
         }
@@ -304,6 +293,7 @@ pub fn merge(input: MergeInput) -> ScenarioResult {
             first_failure: first,
             order_note,
             per_node: sections,
+            attached: false,
         }),
         ranks,
     }

@@ -140,13 +140,19 @@ impl Coordinator {
                             .map(|n| n.to_string())
                             .collect();
                         let why = format!(
-                            "node{} {} did not join within {:.0} s: start `ups-doctor run SCENARIO --nodes {} --node-rank R \
-                             --coordinator {}` on each other node (the same scenario file and `--set`s)",
+                            "node{} {} did not join within {:.0} s: start `{} --nodes {} --node-rank R \
+                             --coordinator {}` on each other node{}",
                             if missing.len() == 1 { "" } else { "s" },
                             missing.join(", "),
                             config.join_timeout.as_secs_f64(),
+                            config.each_node_runs,
                             terms.nodes,
-                            config.coordinator
+                            config.coordinator,
+                            if config.each_node_runs == super::config::RUN_ON_EACH_NODE {
+                                " (the same scenario file and `--set`s)"
+                            } else {
+                                ""
+                            }
                         );
                         refuse_all(&joined, &format!("the run was called off: {why}"));
                         return Err(NodeError::BadInput(why));
@@ -279,7 +285,7 @@ fn read_agent(
             }
             Ok(Some(Message::Heartbeat)) => {}
             Ok(Some(message)) => {
-                let last = matches!(message, Message::Result { .. });
+                let last = matches!(message, Message::Result { .. } | Message::Findings { .. });
                 if tx.send(Inbound::Message { node, at_ns: clock::now_ns(), message }).is_err() || last {
                     return;
                 }
@@ -325,11 +331,12 @@ impl Agent {
         })?;
         let unreachable = |why: String| {
             NodeError::BadInput(format!(
-                "node {}: cannot reach the coordinator at {} within {:.0} s: {why}\n  hint: node 0's agent (`ups-doctor run SCENARIO \
+                "node {}: cannot reach the coordinator at {} within {:.0} s: {why}\n  hint: node 0's agent (`{} \
                  --nodes {} --node-rank 0 --coordinator {}`) must be running, and `{host}` must name node 0 from this host",
                 config.node,
                 config.coordinator,
                 config.join_timeout.as_secs_f64(),
+                config.each_node_runs,
                 config.nodes,
                 config.coordinator
             ))

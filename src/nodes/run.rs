@@ -49,7 +49,8 @@ pub fn finish(coordinator: &Coordinator, met: bool, report: &str) {
     coordinator.broadcast(&Message::Done { met, report: report.to_string() }, None);
 }
 
-fn host_name() -> String {
+/// This machine's host name, as the nodes of a run name each other.
+pub(crate) fn host_name() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map_or_else(|_| "localhost".into(), |h| h.trim().to_string())
 }

@@ -45,6 +45,9 @@ pub enum Message {
     Heartbeat,
     /// Agent → coordinator, last: everything its node saw.
     Result { run: Box<NodeRun> },
+    /// Agent → coordinator, last, for `ups-doctor attach` on several nodes: what its window saw
+    /// of the job there (the attach's own record, carried as it is).
+    Findings { node: u32, findings: Box<serde_json::Value> },
     /// Coordinator → agent: the merged result is written; `met` is the run's verdict against
     /// `expect` (the agent's exit status follows it).
     Done { met: bool, report: String },

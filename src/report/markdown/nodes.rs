@@ -15,14 +15,24 @@ use super::doc::Doc;
 pub(super) fn overview(doc: &mut Doc, s: &ScenarioResult) {
     let Some(n) = &s.nodes else { return };
     doc.push("### Nodes".to_string());
-    doc.push(format!(
+    if n.attached {
+        doc.push(format!(
+            "{} nodes, `ups-doctor attach` on each to the job already running there; ranks as the job's own `RANK` \
+             variables number them; coordinator (node 0) at {}. A node's window start is on node 0's clock, placed \
+             through its calibrated offset (± half the shortest round trip).",
+            n.nodes,
+            code(&n.coordinator)
+        ));
+    } else {
+        doc.push(format!(
         "{} nodes × {} ranks; global rank = node × {} + local rank; coordinator (node 0) at {}. Times are on node 0's \
          clock, each node's placed through its calibrated offset (± half the shortest round trip).",
-        n.nodes,
-        n.ranks_per_node,
-        n.ranks_per_node,
-        code(&n.coordinator)
-    ));
+            n.nodes,
+            n.ranks_per_node,
+            n.ranks_per_node,
+            code(&n.coordinator)
+        ));
+    }
     doc.push(table(n));
     let mut lines = Vec::new();
     if let Some(f) = &n.first_failure {
@@ -51,8 +61,8 @@ fn table(n: &NodesReport) -> String {
         "ranks",
         "clock offset to node 0",
         "drift",
-        "started",
-        "its own verdict (local rank numbers)",
+        if n.attached { "window from" } else { "started" },
+        if n.attached { "its own verdict" } else { "its own verdict (local rank numbers)" },
     ];
     let align = [Align::Right, Align::Left, Align::Left, Align::Left, Align::Left, Align::Left, Align::Left];
     let rows: Vec<Vec<String>> = n

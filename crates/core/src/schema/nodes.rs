@@ -108,6 +108,11 @@ pub struct NodesReport {
     pub order_note: Option<String>,
     /// Every node, by node rank.
     pub per_node: Vec<NodeSection>,
+    /// `ups-doctor attach` on each node to a job already running: ranks are numbered by the job's
+    /// own `RANK` variables, each node's `started_at_s` is when its window began, and its own
+    /// verdict uses the same global rank numbers.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub attached: bool,
 }
 
 /// Where the first failure was.
@@ -160,6 +165,29 @@ pub struct NodeSection {
     pub leftovers: Leftovers,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu: Option<GpuReport>,
+}
+
+impl NodeSection {
+    /// A node with its host and ranks, and nothing yet of what it saw.
+    pub fn new(node: u32, host: String, ranks: Vec<u32>) -> NodeSection {
+        NodeSection {
+            node,
+            host,
+            ranks,
+            agent_pid: None,
+            clock: None,
+            started_at_s: None,
+            lost: None,
+            remote_failure: None,
+            snapshot: None,
+            own_headline: None,
+            wall_s: None,
+            out_dir: None,
+            memory: None,
+            leftovers: Leftovers::default(),
+            gpu: None,
+        }
+    }
 }
 
 /// A node whose agent went away before it sent its result.
