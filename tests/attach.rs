@@ -570,6 +570,20 @@ fn a_process_that_is_no_pytorch_job_and_a_bad_window_are_bad_input_naming_the_fi
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("--watch 0 is not between 0.5 and 3600 seconds"), "{stderr}");
+    // Several nodes: each flag's value and the fix, before any waiting for the others.
+    for (args, says) in [
+        (&["--nodes", "2", "--node-rank", "2"][..], "node rank 2 is not below the number of nodes 2"),
+        (
+            &["--nodes", "2", "--node-rank", "1", "--coordinator", "node0"],
+            "`--coordinator node0` is not HOST:PORT",
+        ),
+        (&["1", "--nodes", "2", "--node-rank", "1"], "`--nodes 2` attaches to one job: give one pid"),
+    ] {
+        let out = Command::new(bin()).args(["attach", &pid]).args(args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+    }
 }
 
 /// `--native` (a ptrace stop per read, still no signal): a process forked after a 2-thread matmul
