@@ -448,6 +448,30 @@ fn attach_on_each_node_of_a_two_node_job_names_the_stalled_rank_among_all_four()
     assert_eq!(own["tcp"]["connected_to_store"], nodes[1]["ranks"], "{:#}", own["tcp"]);
     let found = crate::consistency::check_run_dir(&node1_out);
     assert!(found.is_empty(), "node 1's report contradicts its result.json:\n{}", found.join("\n"));
+    // Both nodes given node 0's job: not one job's two shares, so node 0 refuses to merge (exit
+    // 2, naming the rank found twice) and node 1 says so and keeps its own report.
+    let pid0 = jobs[0].pid().to_string();
+    let coordinator = format!("127.0.0.1:{}", free_port());
+    let attach_as = |node: &str| {
+        Command::new(bin())
+            .args(["attach", &pid0, "--watch", "1", "--nodes", "2", "--node-rank", node, "--coordinator"])
+            .arg(&coordinator)
+            .arg("--out")
+            .arg(sb.path().join(format!("twice-{node}")))
+            .env("PATH", venv_path())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (second, first) = (attach_as("1"), attach_as("0"));
+    let (first, second) = (first.wait_with_output().unwrap(), second.wait_with_output().unwrap());
+    let (stderr0, stderr1) =
+        (String::from_utf8_lossy(&first.stderr), String::from_utf8_lossy(&second.stderr));
+    assert_eq!(first.status.code(), Some(2), "{stderr0}");
+    assert!(stderr0.contains("rank 0 was found on node 0 and on node 1"), "{stderr0}");
+    assert!(stderr1.contains("node 0 did not merge: rank 0 was found on node 0 and on node 1"), "{stderr1}");
+    assert!(sb.path().join("twice-1/report.md").is_file(), "node 1's own report stands");
 }
 
 #[test]

@@ -21,8 +21,9 @@ use crate::nodes::wire::{self, Message};
 use crate::scenario::Scenario;
 use crate::schema::{LostNode, NodeSection, NodesReport, ProcessDump};
 
+use super::job;
 use super::judge::{self, RankView, State};
-use super::{Judging, Local, job, stop_and_record, tell, write_attach};
+use super::machine::{Judging, Local, stop_and_record, tell, write_attach};
 
 /// How long node 0 waits for the others' findings once its own window is over (theirs began
 /// within a few milliseconds of its own).
@@ -151,19 +152,6 @@ fn node_error(e: NodeError) -> Error {
     }
 }
 
-/// This machine's ranks alone, as a node's own report judges them.
-fn alone(local: &Local) -> Judging {
-    Judging {
-        views: local.views.clone(),
-        children: local.children.clone(),
-        missing: local.job.missing(),
-        world: local.job.world_size,
-        scope: judge::HERE.to_string(),
-        front: local.front(),
-        nodes: None,
-    }
-}
-
 /// How one node takes part.
 pub struct Part<'a> {
     pub pid: u32,
@@ -201,7 +189,7 @@ fn coordinate(part: Part, config: &NodeConfig, job: job::Job) -> Result<bool, Er
     );
     let coordinator = Coordinator::gather(config, &terms).map_err(node_error)?;
     let local = Local::observe(part.pid, job, part.window, part.native);
-    let (own, _, own_record) = local.judge(alone(&local));
+    let (own, _, own_record) = local.judge(Judging::alone(&local));
     let mine = findings(&local, 0, part.out, None, own.verdict.headline.clone(), own_record);
     let (theirs, lost) = gather_findings(&coordinator, config.nodes);
     let mut all = vec![mine];
@@ -210,7 +198,7 @@ fn coordinate(part: Part, config: &NodeConfig, job: job::Job) -> Result<bool, Er
     let merged = match merge(&all, &lost_how) {
         Ok(m) => m,
         Err(why) => {
-            coordinator.broadcast(&Message::Done { met: false, report: format!("not merged: {why}") }, None);
+            coordinator.broadcast(&Message::Refused { reason: why.clone() }, None);
             return Err(Error::BadInput(why));
         }
     };
@@ -376,7 +364,7 @@ fn join(part: Part, config: &NodeConfig, job: job::Job) -> Result<bool, Error> {
     let end = agent.calibrate(&mut |_| {});
     let clock = start.map(|start| Calibration { start, end });
     // Its own report first: what this node saw stays on its host whatever node 0 does.
-    let (own, mut run, mut record) = local.judge(alone(&local));
+    let (own, mut run, mut record) = local.judge(Judging::alone(&local));
     let mut path = write_attach(part.out, &run, &record)?;
     let mine = findings(&local, config.node, part.out, clock, own.verdict.headline.clone(), record.clone());
     let sent =
@@ -391,32 +379,31 @@ fn join(part: Part, config: &NodeConfig, job: job::Job) -> Result<bool, Error> {
     }
     eprint!("this node alone: ");
     tell(&own, &local.views, &path);
-    match verdict {
-        Ok(Some((met, report))) => {
+    match verdict.map_err(|e| e.to_string()).and_then(|v| v) {
+        Ok((met, report)) => {
             eprintln!("node 0 judged every node's ranks together: {report} (on node 0)");
             Ok(met)
         }
-        Ok(None) => {
-            eprintln!("warning: node 0 gave no verdict; this node's own report stands");
-            Ok(own.state == State::Running)
-        }
-        Err(e) => {
-            eprintln!("warning: {e}; this node's own report stands");
+        Err(why) => {
+            eprintln!("warning: {why}; this node's own report stands");
             Ok(own.state == State::Running)
         }
     }
 }
 
-/// Node 0's verdict on the merged job (`met`, its report's path there), or `None` when it closed
-/// the connection or said nothing in time.
-fn wait_for_verdict(agent: &mut Agent) -> Option<(bool, String)> {
+/// Node 0's verdict on the merged job (`met`, its report's path there), or why there is none:
+/// node 0 refused to merge (the nodes read different jobs), closed the connection, or said
+/// nothing in time.
+fn wait_for_verdict(agent: &mut Agent) -> Result<(bool, String), String> {
     let deadline = Instant::now() + FINDINGS_WAIT;
     loop {
         match agent.next(deadline.saturating_duration_since(Instant::now())) {
-            Ok(Some(Message::Done { met, report })) => return Some((met, report)),
+            Ok(Some(Message::Done { met, report })) => return Ok((met, report)),
+            Ok(Some(Message::Refused { reason })) => return Err(format!("node 0 did not merge: {reason}")),
             Ok(Some(_)) => {}
             Ok(None) if Instant::now() < deadline => {}
-            Ok(None) | Err(()) => return None,
+            Ok(None) => return Err(format!("node 0 gave no verdict within {} s", FINDINGS_WAIT.as_secs())),
+            Err(()) => return Err("node 0 closed the connection before its verdict".into()),
         }
     }
 }

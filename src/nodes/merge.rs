@@ -189,7 +189,6 @@ pub fn merge(input: MergeInput) -> ScenarioResult {
     let lw = input.ranks_per_node;
     let firsts = first_ranks(&nodes, lw);
     let first_of = |node: u32| firsts.get(&node).copied().unwrap_or(node * lw);
-
     let Gathered { mut ranks, uncertainty, oom_kills, leftovers, sections, wall_s, interrupted } =
         gather(&nodes, base_ns, lw, &first_of);
     ranks.sort_by_key(|r| r.rank);
