@@ -448,6 +448,18 @@ fn attach_on_each_node_of_a_two_node_job_names_the_stalled_rank_among_all_four()
     assert_eq!(own["tcp"]["connected_to_store"], nodes[1]["ranks"], "{:#}", own["tcp"]);
     let found = crate::consistency::check_run_dir(&node1_out);
     assert!(found.is_empty(), "node 1's report contradicts its result.json:\n{}", found.join("\n"));
+    // `attach --all` on this machine lists each node's share with how to read all of them at once.
+    let all = Command::new(bin()).args(["attach", "--all"]).env("PATH", venv_path()).output().unwrap();
+    let listed = String::from_utf8_lossy(&all.stdout);
+    for job in &jobs {
+        let at = listed.find(&format!("pid {}:", job.pid())).unwrap_or_else(|| panic!("{listed}"));
+        let entry = &listed[at..listed[at + 1..].find("\npid ").map_or(listed.len(), |e| at + 1 + e)];
+        assert!(entry.contains("this machine holds 2 of the job's 4 ranks, on node "), "{entry}");
+        assert!(
+            entry.contains(&format!("`ups-doctor attach {} --nodes 2 --node-rank ", job.pid())),
+            "{entry}"
+        );
+    }
     // Both nodes given node 0's job: not one job's two shares, so node 0 refuses to merge (exit
     // 2, naming the rank found twice) and node 1 says so and keeps its own report.
     let pid0 = jobs[0].pid().to_string();

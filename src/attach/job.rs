@@ -33,6 +33,9 @@ pub struct Job {
     pub world_size: Option<u32>,
     /// `LOCAL_WORLD_SIZE`: the ranks this node should have.
     pub local_world_size: Option<u32>,
+    /// torchrun's `GROUP_RANK` and `GROUP_WORLD_SIZE`: this node's rank among the job's nodes,
+    /// and how many there are.
+    pub group: (Option<u32>, Option<u32>),
     /// `MASTER_ADDR:MASTER_PORT`.
     pub master: Option<String>,
     pub run_id: Option<String>,
@@ -57,6 +60,24 @@ impl Job {
         let now = |pids: &mut dyn Iterator<Item = u32>| pids.filter_map(identify).collect::<Vec<_>>();
         let heads = now(&mut self.launcher.into_iter().chain(self.ranks.iter().map(|r| r.pid)));
         (heads, now(&mut self.pids().into_iter()))
+    }
+
+    /// For one node's share of a job on several (torchrun's `GROUP_WORLD_SIZE` above 1, or
+    /// `LOCAL_WORLD_SIZE` below `WORLD_SIZE`): how to read every node's at once, with `pid`.
+    pub fn several_nodes_hint(&self, pid: u32) -> Option<String> {
+        let (world, local) = (self.world_size?, self.local_world_size.unwrap_or(0));
+        let nodes = match self.group.1 {
+            Some(n) if n > 1 => n,
+            None if local > 0 && local < world => world.div_ceil(local),
+            _ => return None,
+        };
+        let node = self.group.0.map_or("R".to_string(), |g| g.to_string());
+        Some(format!(
+            "this machine holds {} of the job's {world} ranks, on node {node} of {nodes}: for one verdict on every rank, \
+             run `ups-doctor attach {pid} --nodes {nodes} --node-rank {node} --coordinator NODE0:29411` here and the same \
+             on each node with its own pid and node rank (NODE0: the host where node rank 0 runs it)",
+            self.ranks.len()
+        ))
     }
 
     /// The ranks this machine should have: `LOCAL_WORLD_SIZE`, else `WORLD_SIZE`.
@@ -266,7 +287,21 @@ pub fn find(pid: u32) -> Result<Job, String> {
         .collect();
     let command = argv(root.unwrap_or(me));
     let world_size = world_size.or_else(|| root.map(|_| found.len() as u32));
-    Ok(Job { launcher: root, command, ranks, world_size, local_world_size, master, run_id, unreadable })
+    let group = (
+        first_with("GROUP_RANK").and_then(|g| g.parse().ok()),
+        first_with("GROUP_WORLD_SIZE").and_then(|g| g.parse().ok()),
+    );
+    Ok(Job {
+        launcher: root,
+        command,
+        ranks,
+        world_size,
+        local_world_size,
+        group,
+        master,
+        run_id,
+        unreadable,
+    })
 }
 
 fn children_of(table: &[ProcStat]) -> BTreeMap<u32, Vec<u32>> {

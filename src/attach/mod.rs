@@ -143,13 +143,18 @@ fn attach_one(pid: u32, out: &Path, window: Duration, native: bool, stop: bool) 
     // Who is signalled if the job is to be stopped: as first seen, before the window.
     let (heads, everyone) = job.first_seen();
     let local = Local::observe(pid, job, window, native);
-    let judging = Judging::alone(&local);
+    let mut judging = Judging::alone(&local);
+    let several = local.job.several_nodes_hint(pid);
+    judging.front.extend(several.clone());
     let (judged, mut run, mut attach) = local.judge(judging);
     let mut report = write_attach(out, &run, &attach)?;
     if stop {
         report = stop_and_record(out, &mut run, &mut attach, &heads, &everyone)?;
     }
     tell(&judged, &local.views, &report);
+    if let Some(hint) = several {
+        eprintln!("hint: {hint}");
+    }
     Ok(judged.state)
 }
 
@@ -202,6 +207,9 @@ fn list() -> Result<u8, Error> {
             judge::ranks_text(&found),
             cpu.join(", ")
         );
+        if let Some(hint) = j.several_nodes_hint(attach_to) {
+            println!("  ({hint})");
+        }
     }
     if !unreadable.is_empty() {
         println!(
