@@ -236,3 +236,31 @@ fn a_lightning_command_whose_ranks_the_command_line_does_not_count_is_watched_wh
     assert!(s["external"]["world_size_declared"].is_null(), "{:#}", s["external"]);
     assert!(!sb.reports().contains("Ranks watched:"), "{}", sb.reports());
 }
+
+/// `torchrun --nnodes 2` run on one machine waits in its rendezvous for a node nobody started: no
+/// rank process ever exists. The run is called hung without blaming any rank (before, every rank
+/// "hung" and the others were "collateral"), and says what the launcher waits for and how to
+/// start the other node or play both nodes here.
+#[test]
+fn torchrun_waiting_for_a_node_never_started_is_hung_and_no_rank_is_blamed() {
+    let sb = Sandbox::new();
+    let prog = program();
+    let out =
+        run(&sb, &["--hang-after", "5", "--", "torchrun", "--nnodes", "2", "--nproc_per_node", "1", &prog]);
+    assert_eq!(out.code(), 1, "{}", out.stderr());
+    let s = out.scenario();
+    assert_eq!(s["outcome"], "hung", "{:#}", s["verdict"]);
+    assert!(s["first_failure"].is_null(), "{:#}", s["verdict"]);
+    for r in s["ranks"].as_array().unwrap() {
+        assert!(r["pid"].is_null() && r["collateral"] == false, "{r:#}");
+    }
+    let headline = s["verdict"]["headline"].as_str().unwrap();
+    assert!(
+        headline.starts_with("No rank started: `torchrun` ran without starting any of its 2 ranks"),
+        "{headline}"
+    );
+    assert!(headline.contains("It was started with `--nnodes 2`"), "{headline}");
+    let md = sb.reports();
+    assert!(md.contains("Ranks 0–1 never started"), "{md}");
+    assert!(md.contains("`--set launch.nodes=2`"), "{md}");
+}

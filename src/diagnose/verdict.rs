@@ -50,6 +50,13 @@ pub fn judge(o: &Observed) -> Judgement {
     {
         return launcher_alone(&ev, launcher, finding);
     }
+    if let Some(launcher) = ev.launcher
+        && ev.ranks.iter().all(|r| {
+            r.result.pid.is_none() && matches!(r.result.outcome, OutcomeKind::Hung | OutcomeKind::TimedOut)
+        })
+    {
+        return launcher_waited(&ev, launcher, failed.result.outcome, finding);
+    }
     let (headline, evidence, likely_cause, next_step) = failure(&ev, failed);
     let mut verdict = Verdict { headline, evidence, likely_cause, next_step, ..Default::default() };
     if let Some(f) = finding {
@@ -124,6 +131,76 @@ fn launcher_alone(ev: &Evidence, launcher: &LauncherEnd, finding: Option<Finding
         apply(&mut verdict, f);
     }
     Judgement { outcome: OutcomeKind::LaunchFailed, first_failure: None, verdict, same_failure: Vec::new() }
+}
+
+/// A launcher still running when the run was called hung (or timed out) that never started a
+/// process of any rank: nothing of the program ran, so no rank hung, first or after another. When
+/// its own flags ask for several nodes and this run started it on one, that is what it waits for.
+fn launcher_waited(
+    ev: &Evidence,
+    launcher: &LauncherEnd,
+    outcome: OutcomeKind,
+    finding: Option<Finding>,
+) -> Judgement {
+    let name = program(ev.scenario).split(' ').next().unwrap_or_default().to_string();
+    let n = ev.ranks.len();
+    let limits = &ev.scenario.limits;
+    let (waited, limit) = match outcome {
+        OutcomeKind::TimedOut => (limits.timeout_s, "`limits.timeout_s`"),
+        _ => (limits.hang_after_s, "`limits.hang_after_s`"),
+    };
+    let argv = ev.scenario.command.as_deref().unwrap_or_default();
+    let nodes = crate::scenario::declared_nodes(argv).filter(|_| ev.scenario.launch.nodes <= 1);
+    let mut headline = format!(
+        "No rank started: `{name}` ran without starting any of its {n} ranks, and without a word for {waited:.0} s ({limit})."
+    );
+    if let Some((count, flag)) = &nodes {
+        headline.push_str(&format!(
+            " It was started with `{flag}`: it starts its ranks once {count} nodes have joined its rendezvous, and \
+             this run started it on this machine only."
+        ));
+    }
+    let ended = match (launcher.signal, launcher.exit_code) {
+        (Some(sig), _) => format!("ups-doctor's teardown ended it ({sig})"),
+        (None, Some(code)) => format!("it then exited with status {code}"),
+        _ => "it was then ended".to_string(),
+    };
+    let last = launcher.log_tail.iter().rev().find(|l| !l.trim().is_empty());
+    let mut evidence = vec![
+        "no process of any rank was found under the launcher: the program never ran, so no rank hung or failed"
+            .to_string(),
+        format!(
+            "the launcher was still running when the run was called {}; {ended}",
+            if outcome == OutcomeKind::TimedOut { "timed out" } else { "hung" }
+        ),
+    ];
+    evidence.extend(last.map(|l| format!("the launcher's last line: `{}`", l.trim())));
+    evidence.push(format!("the launcher's output: `{}`", launcher.stderr_log));
+    let (likely_cause, next_step) = match &nodes {
+        Some((count, flag)) => (
+            format!("`{name}` waits in its rendezvous for the other nodes `{flag}` asks for, and none was started."),
+            format!(
+                "Start the same command on each of the {count} nodes with its own node rank (`--node_rank R`), each under \
+                 `ups-doctor run --nodes {count} --node-rank R --coordinator HOST:PORT -- …` for one report; or play every \
+                 node on this machine with `--set launch.nodes={count}`."
+            ),
+        ),
+        None => (
+            format!("`{name}` waits before it starts its ranks: for its rendezvous store (`--rdzv-endpoint`, `MASTER_ADDR:MASTER_PORT`) or for other nodes of its rendezvous."),
+            "Read the launcher's output above; check that its rendezvous endpoint is reachable from this machine and that every node it waits for was started.".to_string(),
+        ),
+    };
+    let mut verdict = Verdict {
+        headline,
+        evidence,
+        likely_cause: Some(likely_cause),
+        next_step: Some(next_step),
+        ..Default::default()
+    };
+    if let Some(f) = finding {
+        apply(&mut verdict, f);
+    }
+    Judgement { outcome, first_failure: None, verdict, same_failure: Vec::new() }
 }
 
 fn push_new(lines: &mut Vec<String>, line: String) {

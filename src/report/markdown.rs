@@ -525,7 +525,26 @@ fn rank_notes(s: &ScenarioResult) -> Option<String> {
     // A program's own ranks have no trainer and may send no markers at all: their silence is
     // judged by output too, and said once in the command line.
     let foreign = s.external.is_some();
-    for r in &s.ranks {
+    // A launcher's ranks of which no process was ever found did not hang: they never started.
+    let unstarted: Vec<u32> = s
+        .ranks
+        .iter()
+        .filter(|r| foreign && r.pid.is_none() && r.hang_detected_after_s.is_some())
+        .map(|r| r.rank)
+        .collect();
+    if let Some(silent) =
+        s.ranks.iter().find_map(|r| r.hang_detected_after_s).filter(|_| !unstarted.is_empty())
+    {
+        notes.push(format!(
+            "{} {} never started: no process of {} was found under the launcher before the run was called hung, \
+             after {} without a word.",
+            if unstarted.len() == 1 { "Rank" } else { "Ranks" },
+            crate::diagnose::words::ranks_text(&unstarted),
+            if unstarted.len() == 1 { "it" } else { "them" },
+            text::secs(silent)
+        ));
+    }
+    for r in s.ranks.iter().filter(|r| !unstarted.contains(&r.rank)) {
         if let Some(silent) = r.hang_detected_after_s {
             // The last marker only where it is before the hang was declared (see
             // `text::hang_declared_at`): a later one would contradict the silence.

@@ -774,6 +774,58 @@ fn a_launcher_that_ended_before_any_rank_is_the_failure_and_no_rank_is() {
     assert!(!j.verdict.headline.contains("collateral"), "{}", j.verdict.headline);
 }
 
+/// torchrun started with `--nnodes 2` on one machine waits in its rendezvous for a node that was
+/// never started: the run is called hung with no rank process ever found. No rank hung, first or
+/// collateral; the verdict says what the launcher waits for and how to start the other node.
+#[test]
+fn a_launcher_that_waited_for_its_other_nodes_started_no_rank_and_none_is_blamed() {
+    let waiting = |rank: u32| {
+        let mut e = end(None);
+        e.rank = rank;
+        let mut r = classify_rank(&e);
+        r.outcome = OutcomeKind::Hung;
+        r.pid = None;
+        r.hang_detected_after_s = Some(8.0);
+        r
+    };
+    let ranks = vec![waiting(0), waiting(1), waiting(2), waiting(3)];
+    let scenario = |argv: &[&str]| -> Scenario {
+        serde_json::from_value(serde_json::json!({
+            "command": argv, "launch": {"world_size": 4, "style": "launcher"}, "limits": {"hang_after_s": 8}
+        }))
+        .unwrap()
+    };
+    let mut launcher = torchrun_end(0, &["W1127 torch/distributed/run.py:851] *****"]);
+    (launcher.exit_code, launcher.signal) = (None, Some(Signal::TERM));
+    let judged = |s: &Scenario| {
+        judge(&Observed {
+            scenario: s,
+            ranks: &ranks,
+            wall_s: 9.0,
+            memory: None,
+            leftovers: &Leftovers::default(),
+            oom_kills: &[],
+            cgroup: None,
+            launcher: Some(&launcher),
+        })
+    };
+    let two = scenario(&["torchrun", "--nnodes", "2", "--nproc_per_node", "2", "train.py"]);
+    let j = judged(&two);
+    assert_eq!((j.outcome, j.first_failure), (OutcomeKind::Hung, None));
+    let h = &j.verdict.headline;
+    assert!(h.starts_with("No rank started: `torchrun` ran without starting any of its 4 ranks"), "{h}");
+    assert!(
+        h.contains("It was started with `--nnodes 2`: it starts its ranks once 2 nodes have joined"),
+        "{h}"
+    );
+    assert!(!h.contains("collateral") && !h.contains("Rank 0"), "{h}");
+    assert!(j.verdict.next_step.as_deref().is_some_and(|n| n.contains("--set launch.nodes=2")));
+    // One node asked for: it waits for its store, not for nodes.
+    let j = judged(&scenario(&["torchrun", "--nproc_per_node", "4", "train.py"]));
+    assert!(!j.verdict.headline.contains("--nnodes"), "{}", j.verdict.headline);
+    assert!(j.verdict.likely_cause.as_deref().is_some_and(|c| c.contains("rendezvous store")));
+}
+
 /// torchrun's agent SIGTERMs a rank that had already raised (it was exiting when rank 0, which
 /// lost its peer, failed first in torchrun's eyes): the headline leads with the rank's own error
 /// and says who sent the signal, not "from outside".

@@ -9,6 +9,7 @@ mod command;
 mod delta;
 mod explain;
 mod fields;
+mod launcher;
 mod load;
 mod locate;
 mod model;
@@ -23,6 +24,7 @@ pub use command::{
 };
 pub use delta::{describe_delta, run_relevant};
 pub use fields::{lookup, when_matches};
+pub use launcher::{declared_nodes, declared_ranks, flag_value, rank_flag_value, rank_flags};
 pub use load::*;
 pub use model::*;
 pub use size::{SIZE_FORMS, human_bytes, parse_size};
