@@ -264,3 +264,36 @@ fn torchrun_waiting_for_a_node_never_started_is_hung_and_no_rank_is_blamed() {
     assert!(md.contains("Ranks 0–1 never started"), "{md}");
     assert!(md.contains("`--set launch.nodes=2`"), "{md}");
 }
+
+/// A shell script that wraps torchrun, as most training jobs are started (`./train.sh`): `auto`
+/// reads the script, takes it for the launcher it runs, and the run judges the ranks torchrun
+/// started (before, the script was one "rank" whose failure was torchrun's `ChildFailedError`,
+/// and rank 1's SIGSEGV was only quoted).
+#[test]
+fn a_shell_script_that_runs_torchrun_is_a_launcher_and_its_ranks_are_judged() {
+    let sb = Sandbox::new();
+    let prog = repo().join("tests/programs/launchers.py").display().to_string();
+    let script = sb.path().join("train.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/bash\n# the job, as a cluster user writes it\nset -e\ntorchrun --nproc_per_node 2 {prog} \
+             --launcher env --steps 6 --segv-rank 1 --segv-step 4\n"
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let script = script.display().to_string();
+    let out = run(&sb, &["--", &script]);
+    let s = out.scenario();
+    assert_eq!(
+        s["external"]["style_chosen"], "`train.sh` runs `torchrun` (line 4), a launcher: it starts the ranks",
+        "{:#}",
+        s["external"]
+    );
+    assert_eq!(s["scenario"]["launch"]["world_size"], 2, "the process group it formed");
+    assert_eq!(s["first_failure"], 1, "{:#}", s["verdict"]);
+    assert_eq!(s["ranks"][1]["signal"], "SIGSEGV", "{:#}", s["ranks"][1]);
+    let headline = s["verdict"]["headline"].as_str().unwrap();
+    assert!(headline.starts_with("Rank 1 was killed by SIGSEGV"), "{headline}");
+}

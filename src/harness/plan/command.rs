@@ -79,7 +79,70 @@ pub fn auto_style(argv: &[String]) -> (bool, String) {
             None => {}
         }
     }
+    if let Some((what, source)) = shell_source(argv, &program)
+        && let Some((launcher, line)) = launcher_in(&source)
+    {
+        return (true, format!("`{what}` runs `{launcher}` (line {line}), a launcher: it starts the ranks"));
+    }
     (false, format!("`{program}` is not a known launcher: one copy per rank, each with torchrun's variables"))
+}
+
+/// Shells whose command or script `auto` reads for a launcher.
+const SHELLS: [&str; 5] = ["bash", "sh", "zsh", "dash", "ksh"];
+
+/// The shell text `argv` runs, and what to call it: `bash -c '…'`'s command, `bash train.sh`'s
+/// script, or `./train.sh` itself when it starts with a shell's `#!`.
+fn shell_source(argv: &[String], program: &str) -> Option<(String, String)> {
+    let name =
+        |s: &str| Path::new(s).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let read = |path: &str| {
+        let mut text = std::fs::read_to_string(path).ok()?;
+        text.truncate(text.floor_char_boundary(64 << 10));
+        Some(text)
+    };
+    if SHELLS.contains(&program) {
+        let mut rest = argv.iter().skip(1);
+        while let Some(arg) = rest.next() {
+            if arg == "-c" {
+                return rest.next().map(|c| ("the shell command".to_string(), c.clone()));
+            }
+            if !arg.starts_with('-') {
+                return read(arg).map(|t| (name(arg), t));
+            }
+        }
+        return None;
+    }
+    let text = read(argv.first()?)?;
+    let shebang = text.lines().next().filter(|l| l.starts_with("#!"))?;
+    SHELLS.iter().any(|sh| shebang.split(['/', ' ']).any(|w| w == *sh)).then(|| (name(&argv[0]), text))
+}
+
+/// The first launcher a shell text runs (comments aside), and its line number.
+fn launcher_in(source: &str) -> Option<(&'static str, usize)> {
+    const NEEDLES: [&str; 8] = [
+        "torchrun",
+        "torch.distributed.run",
+        "torch.distributed.launch",
+        "accelerate launch",
+        "deepspeed",
+        "srun",
+        "mpirun",
+        "mpiexec",
+    ];
+    let word = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+    // A comment runs nothing: a whole line from `#`, or from ` #` on.
+    fn code(line: &str) -> &str {
+        if line.trim_start().starts_with('#') { "" } else { line.split(" #").next().unwrap_or(line) }
+    }
+    source.lines().map(code).enumerate().find_map(|(i, line)| {
+        NEEDLES.iter().find_map(|needle| {
+            line.match_indices(needle)
+                .any(|(at, _)| {
+                    !word(line[..at].chars().next_back()) && !word(line[at + needle.len()..].chars().next())
+                })
+                .then_some((*needle, i + 1))
+        })
+    })
 }
 
 #[cfg(test)]
@@ -118,10 +181,32 @@ mod tests {
             (args(&["python", &plain]), false, "`python` is not a known launcher"),
             (args(&["python", "-m", "mypkg.train"]), false, "`python` is not a known launcher"),
             (args(&["./train.sh"]), false, "`train.sh` is not a known launcher"),
+            (
+                args(&["bash", "-c", "export X=1; torchrun --nproc_per_node 2 t.py"]),
+                true,
+                "`the shell command` runs `torchrun` (line 1), a launcher",
+            ),
+            (args(&["sh", "-c", "python t.py  # not torchrun here"]), false, "`sh` is not a known launcher"),
+            (args(&["bash", "-c", "python mytorchrun.py"]), false, "`bash` is not a known launcher"),
         ] {
             let (is_launcher, text) = auto_style(&argv);
             assert_eq!(is_launcher, launcher, "{argv:?}: {text}");
             assert!(text.starts_with(why), "{argv:?}: {text}");
         }
+        // A script with a shell's `#!`, run as it is or through its shell.
+        let dir = std::env::temp_dir().join(format!("auto-style-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let script = dir.join("train.sh");
+        std::fs::write(&script, "#!/usr/bin/env bash\n# torchrun in a comment is not a launch\nset -e\n\npython -m torch.distributed.run --nproc_per_node 2 t.py\n").unwrap();
+        let script = script.display().to_string();
+        for argv in [args(&[&script]), args(&["bash", "-e", &script])] {
+            let (is_launcher, text) = auto_style(&argv);
+            assert!(is_launcher, "{argv:?}: {text}");
+            assert_eq!(
+                text,
+                "`train.sh` runs `torch.distributed.run` (line 5), a launcher: it starts the ranks"
+            );
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
