@@ -260,6 +260,12 @@ fn torchrun_waiting_for_a_node_never_started_is_hung_and_no_rank_is_blamed() {
         "{headline}"
     );
     assert!(headline.contains("It was started with `--nnodes 2`"), "{headline}");
+    assert!(
+        out.stderr()
+            .contains("warning: `--nnodes 2`: the launcher starts its ranks once 2 nodes have joined"),
+        "said before the wait: {}",
+        out.stderr()
+    );
     let md = sb.reports();
     assert!(md.contains("Ranks 0–1 never started"), "{md}");
     assert!(md.contains("`--set launch.nodes=2`"), "{md}");

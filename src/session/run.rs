@@ -48,6 +48,18 @@ pub fn run(request: RunRequest) -> Result<u8, Error> {
             )));
         }
         let scenario = super::command::scenario(&request.command, &request.options, &request.set)?;
+        if node.is_none()
+            && scenario.launch.nodes <= 1
+            && let Some((count, flag)) = crate::scenario::declared_nodes(&request.command)
+        {
+            // Said before the wait, not only in the verdict after it.
+            eprintln!(
+                "warning: `{flag}`: the launcher starts its ranks once {count} nodes have joined its rendezvous, and \
+                 this run starts it on this machine only; start it on the other nodes too (each under \
+                 `ups-doctor run --nodes {count} --node-rank R --coordinator HOST:PORT -- …` for one report), or \
+                 play every node here with `--set launch.nodes={count}`"
+            );
+        }
         vec![ScenarioInput {
             file: PathBuf::from(super::command::ORIGIN),
             overrides: request.set.iter().map(|o| o.raw.clone()).collect(),
