@@ -95,10 +95,10 @@ const SHELLS: [&str; 5] = ["bash", "sh", "zsh", "dash", "ksh"];
 fn shell_source(argv: &[String], program: &str) -> Option<(String, String)> {
     let name =
         |s: &str| Path::new(s).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    // Its first 64 KiB: a script, not a binary or a data file that happens to be named.
     let read = |path: &str| {
-        let mut text = std::fs::read_to_string(path).ok()?;
-        text.truncate(text.floor_char_boundary(64 << 10));
-        Some(text)
+        let bytes = std::fs::read(path).ok()?;
+        Some(String::from_utf8_lossy(&bytes[..bytes.len().min(64 << 10)]).into_owned())
     };
     if SHELLS.contains(&program) {
         let mut rest = argv.iter().skip(1);
