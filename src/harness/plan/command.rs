@@ -97,8 +97,10 @@ fn shell_source(argv: &[String], program: &str) -> Option<(String, String)> {
         |s: &str| Path::new(s).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     // Its first 64 KiB: a script, not a binary or a data file that happens to be named.
     let read = |path: &str| {
-        let bytes = std::fs::read(path).ok()?;
-        Some(String::from_utf8_lossy(&bytes[..bytes.len().min(64 << 10)]).into_owned())
+        use std::io::Read;
+        let mut bytes = Vec::new();
+        std::fs::File::open(path).ok()?.take(64 << 10).read_to_end(&mut bytes).ok()?;
+        Some(String::from_utf8_lossy(&bytes).into_owned())
     };
     if SHELLS.contains(&program) {
         let mut rest = argv.iter().skip(1);
