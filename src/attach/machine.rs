@@ -236,6 +236,8 @@ pub(super) struct Local {
     pub(super) children: Vec<(u32, ProcessDump)>,
     pub(super) refused_pids: Vec<u32>,
     pub(super) connections: tcp::Connections,
+    /// This machine's facts, read once (it starts Python) however many times the job is judged.
+    pub(super) environment: std::sync::OnceLock<crate::schema::EnvSummary>,
 }
 
 /// What the judge is given: one machine's ranks, or every node's.
@@ -311,6 +313,7 @@ impl Local {
             children,
             refused_pids,
             connections,
+            environment: std::sync::OnceLock::new(),
         }
     }
 
@@ -410,7 +413,10 @@ impl Local {
             tool_version: env!("CARGO_PKG_VERSION").to_string(),
             started_at: self.started_at.clone(),
             command: std::env::args().collect(),
-            environment: crate::probe::machine(&crate::probe::Needs { python: true, trainer: None }),
+            environment: self
+                .environment
+                .get_or_init(|| crate::probe::machine(&crate::probe::Needs { python: true, trainer: None }))
+                .clone(),
             scenarios: vec![result],
             not_run: Vec::new(),
             interrupted: false,
