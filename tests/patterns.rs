@@ -54,6 +54,7 @@ fn errors_of_real_programs_are_named_by_pattern_with_culprit_and_key_line() {
     let files = [
         case(&sb, "unused", 2, "exited", 120),
         case(&sb, "early_exit", 2, "exited", 120),
+        case(&sb, "uneven_steps", 2, "exited", 120),
         case(&sb, "dataset_error", 1, "exited", 120),
         case(&sb, "worker_kill", 1, "exited", 120),
         case(&sb, "rank_kill", 2, "signaled", 120),
@@ -101,6 +102,15 @@ fn errors_of_real_programs_are_named_by_pattern_with_culprit_and_key_line() {
     let key = text(s, "key_line");
     assert!(key.contains("waiting for clients. 1/2 clients joined."), "{key}");
     assert!(!format!("{:#}", s["verdict"]).contains("trainer"), "no trainer texts for a program");
+
+    // Rank 1 leaves the loop early and exits 0; rank 0's next all-reduce loses its peer. The rank
+    // that left is named, and rank 0 (which only noticed) is the first to fail.
+    let s = by_name(&run, "uneven_steps");
+    assert_eq!(text(s, "pattern"), "rank-left-early", "{:#}", s["verdict"]);
+    assert_eq!(s["first_failure"], 0);
+    let headline = text(s, "headline");
+    assert!(headline.starts_with("Rank 1 left early: it exited with status 0"), "{headline}");
+    assert!(headline.contains("Connection closed by peer"), "{headline}");
 
     // A dataset that raises in a worker: the dataset's own line and the sample index.
     let s = by_name(&run, "dataset_error");

@@ -317,10 +317,14 @@ fn last_sign(ev: &Evidence, rank: &RankResult) -> String {
         };
     }
     match (rank.last_marker_at_s, rank.last_output_at_s) {
+        // The observer's markers name no phase: only where the program's own markers do.
         (Some(t), _) => format!(
-            "last marker from rank {} at {t:.2} s: {}; {} steps reported",
+            "last marker from rank {} at {t:.2} s{}; {} steps reported",
             rank.rank,
-            location(rank).trim_start_matches("in "),
+            rank.last_phase
+                .as_ref()
+                .map(|_| format!(": {}", location(rank).trim_start_matches("in ")))
+                .unwrap_or_default(),
             rank.steps_done
         ),
         (None, Some(t)) => format!(

@@ -10,6 +10,8 @@ what any program leaves (exit status, output, py-spy stacks). `--case`:
   runs a big matmul: it deadlocks in libgomp; the parent waits for it.
 - `early_exit`: rank 1 leaves with status 0 before `init_process_group`; rank 0 waits at the
   rendezvous until its short `timeout=` and fails.
+- `uneven_steps`: DDP, rank 1's shard is shorter: it leaves the loop after 2 steps and exits
+  with status 0 while rank 0 goes on; rank 0's next all-reduce loses its peer.
 - `dataset_error`: a DataLoader worker's `__getitem__` raises for sample 5.
 - `worker_kill`: a DataLoader worker SIGKILLs itself (a kill by hand, not the OOM killer).
 - `rank_kill`: DDP, rank 1 SIGKILLs itself in step 2; rank 0 loses its peer.
@@ -107,6 +109,10 @@ elif args.case == "early_exit":
         sys.exit(0)
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=8))
     train(ddp_model(), args.steps)
+elif args.case == "uneven_steps":
+    dist.init_process_group("gloo")
+    train(ddp_model(), 2 if rank == 1 else 12)
+    print(f"rank {rank}: my shard is done", flush=True)
 elif args.case in ("dataset_error", "worker_kill"):
     loader = torch.utils.data.DataLoader(Samples(), batch_size=2, num_workers=2)
     for batch in loader:

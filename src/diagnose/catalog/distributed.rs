@@ -33,6 +33,21 @@ pub const PEER_LOST: Pattern = Pattern {
     reference: "https://pytorch.org/docs/stable/distributed.html#debugging-torch-distributed-applications",
 };
 
+pub const RANK_LEFT_EARLY: Pattern = Pattern {
+    id: "rank-left-early",
+    title: "A rank left early",
+    matches: "a rank exited with status 0 while another still expected it in a collective, which then failed \
+              with `Connection closed by peer` or `Connection reset by peer`: the rank that left is the cause, the \
+              one that lost it only noticed",
+    explanation: "Every rank must run the same collectives. A rank that finished its loop sooner (a shorter data \
+                  shard, a rank-dependent `break` or `return`, an early `sys.exit(0)`) left while another still \
+                  expected it in its next collective, which failed when the connection closed.",
+    next_step: "Make every rank run the same number of steps: equal shards (`DistributedSampler(drop_last=True)`), \
+                no rank-dependent `break` or `exit`, or DDP's `join()` context manager for uneven inputs; compare \
+                the steps each rank reported.",
+    reference: "https://pytorch.org/docs/stable/distributed.algorithms.join.html",
+};
+
 pub const RENDEZVOUS_INCOMPLETE: Pattern = Pattern {
     id: "rendezvous-incomplete",
     title: "Rendezvous never completed",
@@ -270,6 +285,66 @@ pub fn peer_lost(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Finding>
         PEER_LOST.next_step
     ));
     Some(f)
+}
+
+/// Every rank that failed only lost its peer, and a rank exited with status 0: that rank left
+/// early. Not by timing (a rank's sockets close before its interpreter is done, so either end can
+/// be seen first), but because no rank failed for a reason of its own.
+pub fn left_early(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Finding> {
+    let first = first?;
+    let line = lost_peer_line(first)?;
+    if ev.ranks.iter().any(|r| r.failed() && lost_peer_line(r).is_none()) {
+        return None;
+    }
+    let left = ev
+        .ranks
+        .iter()
+        .filter(|r| r.result.outcome == OutcomeKind::Passed && r.result.exit_code == Some(0))
+        .min_by(|a, b| {
+            let end = |r: &RankEvidence| r.result.ended_at_s.unwrap_or(f64::INFINITY);
+            end(a).total_cmp(&end(b))
+        })?;
+    let counted = |r: &RankEvidence| r.result.observed.is_some() || r.result.markers > 0;
+    let steps = |r: &RankEvidence, how: &str, after: &str| {
+        let n = r.result.steps_done;
+        if counted(r) {
+            format!("{how}{n} step{}{after}", if n == 1 { "" } else { "s" })
+        } else {
+            String::new()
+        }
+    };
+    let mut f = Finding::of(&RANK_LEFT_EARLY);
+    f.headline = Some(format!(
+        "Rank {} left early: it exited with status 0{} while rank {}{} still expected it in a collective, which \
+         failed when the connection closed (`{}`).",
+        left.rank(),
+        steps(left, " after ", ""),
+        first.rank(),
+        steps(first, " (", " done)"),
+        short(line)
+    ));
+    let at = |t: Option<f64>| t.map(|t| format!(" at {t:.2} s")).unwrap_or_default();
+    f.evidence.push(format!(
+        "rank {} exited with status 0{}{}",
+        left.rank(),
+        at(left.result.ended_at_s),
+        steps(left, ", ", " reported")
+    ));
+    f.evidence.push(format!(
+        "rank {} failed{} only because its peer was gone: `{}`; no rank failed for a reason of its own",
+        first.rank(),
+        at(first.result.ended_at_s),
+        line.trim()
+    ));
+    Some(f)
+}
+
+/// A lost-peer error without gloo's source path: `Connection closed by peer [127.0.0.1]:25742`.
+fn short(line: &str) -> &str {
+    ["Connection closed by peer", "Connection reset by peer", "connection closed by peer"]
+        .iter()
+        .find_map(|n| line.find(n).map(|at| line[at..].trim()))
+        .unwrap_or(line)
 }
 
 /// `1/2 clients joined` → (1, 2).

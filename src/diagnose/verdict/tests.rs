@@ -874,3 +874,39 @@ fn a_rank_the_launcher_says_it_sigtermed_after_its_own_error_is_named_with_that_
     );
     assert!(!j.verdict.headline.contains("from outside"), "{}", j.verdict.headline);
 }
+
+/// A rank whose loop ended sooner exits 0; the other's next all-reduce fails with `Connection
+/// closed by peer`: the rank that left is named, not the one that only noticed. Without a rank
+/// that ended first, the lost peer stays what it was.
+#[test]
+fn a_rank_that_exited_0_before_its_peer_lost_it_is_the_one_that_left_early() {
+    let lost = "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:547] Connection closed by peer [127.0.0.1]:4000";
+    let left = program_rank(1, Exit::Code(0), 4.6, "rank 1 done");
+    let noticed = program_rank(0, Exit::Code(1), 5.0, lost);
+    let (outcome, first, v) = Case { scenario: external(), ..Case::new(vec![noticed.clone(), left]) }.judge();
+    assert_eq!((outcome, first), (OutcomeKind::Exited, Some(0)));
+    assert_eq!(v.pattern.as_deref(), Some("rank-left-early"));
+    assert!(
+        v.headline.starts_with(
+            "Rank 1 left early: it exited with status 0 while rank 0 still expected it in a collective, which failed \
+             when the connection closed (`Connection closed by peer [127.0.0.1]:4000`)."
+        ),
+        "{}",
+        v.headline
+    );
+    assert!(v.evidence.contains(&"rank 1 exited with status 0 at 4.60 s".to_string()), "{:?}", v.evidence);
+    // Seen to end after the failure it still left first: its sockets closed before its
+    // interpreter was done.
+    let later = program_rank(1, Exit::Code(0), 5.5, "rank 1 done");
+    let (_, _, v) = Case { scenario: external(), ..Case::new(vec![noticed.clone(), later]) }.judge();
+    assert_eq!(v.pattern.as_deref(), Some("rank-left-early"), "{}", v.headline);
+    // A rank that failed for its own reason is the cause, whoever else exited 0.
+    let mut three = external();
+    three.launch.world_size = 3;
+    let crashed =
+        program_rank(2, Exit::Signal { signal: Signal::SEGV.number(), core_dumped: false }, 4.8, "");
+    let done = program_rank(1, Exit::Code(0), 4.6, "rank 1 done");
+    let (_, first, v) = Case { scenario: three, ..Case::new(vec![noticed, done, crashed]) }.judge();
+    assert_ne!(v.pattern.as_deref(), Some("rank-left-early"), "{}", v.headline);
+    assert_eq!(first, Some(2), "{}", v.headline);
+}
