@@ -187,7 +187,7 @@ pub struct CommandArgs {
     pub name: Option<String>,
 }
 
-/// One node of a multi-node run (see README, "Across nodes"). Without these flags, Slurm's
+/// One node of a multi-node run (see docs/slurm-and-nodes.md, "Across nodes"). Without these flags, Slurm's
 /// `SLURM_NNODES`/`SLURM_NODEID`/`SLURM_JOB_NODELIST` or torchrun-style `NNODES`/`NODE_RANK`/
 /// `MASTER_ADDR` place the node; with none of them the run is on this machine only.
 #[derive(clap::Args, Default)]
