@@ -432,6 +432,9 @@ fn attach_on_each_node_of_a_two_node_job_names_the_stalled_rank_among_all_four()
     placed.sort_unstable();
     assert_eq!(placed, [0, 1, 2, 3], "each rank on the node that found it");
     assert!(nodes[1]["clock"]["start"]["samples"].as_u64().unwrap() > 0, "node 1's clock is calibrated");
+    for r in scenario["ranks"].as_array().unwrap() {
+        assert_eq!(r["identified_by"], "RANK", "each node says how it told its ranks: {r:#}");
+    }
     assert!(
         a.report.contains("`ups-doctor attach` on each to the job already running there"),
         "{}",

@@ -245,6 +245,8 @@ pub(super) struct Judging {
     pub(super) views: Vec<judge::RankView>,
     pub(super) children: Vec<(u32, ProcessDump)>,
     pub(super) missing: Vec<u32>,
+    /// How each rank was told (`RANK`, spawn order, …), on whichever node it was found.
+    pub(super) identified: Vec<(u32, crate::schema::IdentifiedBy)>,
     pub(super) world: Option<u32>,
     /// Where ranks not found were looked for (`on this machine`).
     pub(super) scope: String,
@@ -260,6 +262,7 @@ impl Judging {
             views: local.views.clone(),
             children: local.children.clone(),
             missing: local.job.missing(),
+            identified: local.identified(),
             world: local.job.world_size,
             scope: judge::HERE.to_string(),
             front: local.front(),
@@ -317,6 +320,11 @@ impl Local {
         }
     }
 
+    /// How each rank of this machine was told.
+    pub(super) fn identified(&self) -> Vec<(u32, crate::schema::IdentifiedBy)> {
+        self.job.ranks.iter().map(|r| (r.rank, r.by)).collect()
+    }
+
     fn found(&self) -> Vec<u32> {
         self.job.ranks.iter().map(|r| r.rank).collect()
     }
@@ -362,7 +370,7 @@ impl Local {
     /// Judges `what` (this machine's ranks, or every node's) and makes the run's result and
     /// `attach.json`.
     pub(super) fn judge(&self, what: Judging) -> (judge::Judged, RunResult, serde_json::Value) {
-        let Judging { views, children, missing, world, scope, front, nodes } = what;
+        let Judging { views, children, missing, identified, world, scope, front, nodes } = what;
         let scenario = self.scenario(world, nodes.as_ref().map_or(1, |n| n.nodes));
         let window_s = self.window_s;
         let mut judged = judge::conclude(&scenario, &views, &missing, world, &children, window_s, &scope);
@@ -383,7 +391,7 @@ impl Local {
             world_size_declared: None,
         };
         for r in &mut judged.ranks {
-            r.identified_by = self.job.ranks.iter().find(|k| k.rank == r.rank).map(|k| k.by);
+            r.identified_by = identified.iter().find(|(rank, _)| *rank == r.rank).map(|(_, by)| *by);
         }
         let result = ScenarioResult {
             name: scenario.name.clone(),

@@ -19,7 +19,7 @@ use crate::nodes::clock::{self, Calibration};
 use crate::nodes::net::{Agent, Coordinator, Inbound, JoinTerms, NodeError};
 use crate::nodes::wire::{self, Message};
 use crate::scenario::Scenario;
-use crate::schema::{LostNode, NodeSection, NodesReport, ProcessDump};
+use crate::schema::{IdentifiedBy, LostNode, NodeSection, NodesReport, ProcessDump};
 
 use super::job;
 use super::judge::{self, RankView, State};
@@ -50,6 +50,8 @@ pub struct Findings {
     pub master: Option<String>,
     pub run_id: Option<String>,
     pub views: Vec<RankView>,
+    /// How each of its ranks was told (`RANK`, spawn order, …).
+    pub identified: Vec<(u32, IdentifiedBy)>,
     pub children: Vec<(u32, ProcessDump)>,
     /// Its evidence before the judge's: how it read the job, memory, `/dev/shm`, connections.
     pub front: Vec<String>,
@@ -193,7 +195,7 @@ fn coordinate(part: Part, config: &NodeConfig, job: job::Job) -> Result<bool, Er
     let mine = findings(&local, 0, part.out, None, own.verdict.headline.clone(), own_record);
     let (theirs, lost) = gather_findings(&coordinator, config.nodes);
     let mut all = vec![mine];
-    all.extend(theirs.into_iter().map(|(f, _)| f));
+    all.extend(theirs);
     let lost_how: Vec<(u32, String)> = lost.iter().map(|(n, how, _)| (*n, how.clone())).collect();
     let merged = match merge(&all, &lost_how) {
         Ok(m) => m,
@@ -219,6 +221,7 @@ fn coordinate(part: Part, config: &NodeConfig, job: job::Job) -> Result<bool, Er
         views: merged.views,
         children: merged.children,
         missing: merged.missing,
+        identified: all.iter().flat_map(|f| f.identified.iter().copied()).collect(),
         world: merged.world,
         scope: format!("on any of the {n} nodes"),
         front: merged.front,
@@ -260,6 +263,7 @@ fn findings(
         master: local.job.master.clone(),
         run_id: local.job.run_id.clone(),
         views: local.views.clone(),
+        identified: local.identified(),
         children: local.children.clone(),
         front: local.front(),
         own_headline,
@@ -267,22 +271,21 @@ fn findings(
     }
 }
 
-/// The others' findings as they come in (with when, on node 0's clock), and the nodes lost:
-/// (node, how, when).
-type Gathered = (Vec<(Findings, i64)>, Vec<(u32, String, i64)>);
+/// The others' findings, and the nodes lost: (node, how, when on node 0's clock).
+type Gathered = (Vec<Findings>, Vec<(u32, String, i64)>);
 
 fn gather_findings(coordinator: &Coordinator, nodes: u32) -> Gathered {
     let deadline = Instant::now() + FINDINGS_WAIT;
-    let mut got: Vec<(Findings, i64)> = Vec::new();
+    let mut got: Vec<Findings> = Vec::new();
     let mut lost: Vec<(u32, String, i64)> = Vec::new();
-    let answered = |got: &[(Findings, i64)], lost: &[(u32, String, i64)], node: u32| {
-        got.iter().any(|(f, _)| f.node == node) || lost.iter().any(|l| l.0 == node)
+    let answered = |got: &[Findings], lost: &[(u32, String, i64)], node: u32| {
+        got.iter().any(|f| f.node == node) || lost.iter().any(|l| l.0 == node)
     };
     while (got.len() + lost.len()) < (nodes - 1) as usize {
         match coordinator.inbox.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
             Ok(Inbound::Message { node, at_ns, message: Message::Findings { findings, .. } }) => {
                 match serde_json::from_value::<Findings>(*findings) {
-                    Ok(f) if f.node == node => got.push((f, at_ns)),
+                    Ok(f) if f.node == node => got.push(f),
                     Ok(f) => lost.push((node, format!("its findings say node {}", f.node), at_ns)),
                     Err(e) => lost.push((node, format!("its findings could not be read: {e}"), at_ns)),
                 }
@@ -302,7 +305,7 @@ fn gather_findings(coordinator: &Coordinator, nodes: u32) -> Gathered {
             lost.push((node, how, clock::now_ns()));
         }
     }
-    got.sort_by_key(|(f, _)| f.node);
+    got.sort_by_key(|f| f.node);
     lost.sort_by_key(|l| l.0);
     (got, lost)
 }
@@ -441,6 +444,7 @@ mod tests {
             master: Some("10.0.0.1:29500".into()),
             run_id: Some("job".into()),
             views: ranks.iter().map(|&r| view(r, Motion::Stuck)).collect(),
+            identified: Vec::new(),
             children: Vec::new(),
             front: vec!["read".into()],
             own_headline: "Hung".into(),
