@@ -145,15 +145,16 @@ fn launcher_waited(
     let name = program(ev.scenario).split(' ').next().unwrap_or_default().to_string();
     let n = ev.ranks.len();
     let limits = &ev.scenario.limits;
-    let (waited, limit) = match outcome {
-        OutcomeKind::TimedOut => (limits.timeout_s, "`limits.timeout_s`"),
-        _ => (limits.hang_after_s, "`limits.hang_after_s`"),
+    let how_long = match outcome {
+        OutcomeKind::TimedOut => {
+            format!("until the run's time limit, {:.0} s (`limits.timeout_s`)", limits.timeout_s)
+        }
+        _ => format!("and without a word for {:.0} s (`limits.hang_after_s`)", limits.hang_after_s),
     };
     let argv = ev.scenario.command.as_deref().unwrap_or_default();
     let nodes = crate::scenario::declared_nodes(argv).filter(|_| ev.scenario.launch.nodes <= 1);
-    let mut headline = format!(
-        "No rank started: `{name}` ran without starting any of its {n} ranks, and without a word for {waited:.0} s ({limit})."
-    );
+    let mut headline =
+        format!("No rank started: `{name}` ran without starting any of its {n} ranks, {how_long}.");
     if let Some((count, flag)) = &nodes {
         headline.push_str(&format!(
             " It was started with `{flag}`: it starts its ranks once {count} nodes have joined its rendezvous, and \
