@@ -363,17 +363,35 @@ pub fn run_spawned(config_json: &str) -> i32 {
     let mut _cache_map = None;
     let view = match &config.cache {
         CacheSource::Regenerate | CacheSource::RegenerateOnGpu(_) => {
+            // With `cache_device: cuda` the copy goes to the GPU: this worker initialises CUDA
+            // and holds a context and a dataset of its own there.
+            let on = match config.cache {
+                CacheSource::RegenerateOnGpu(gpu) => {
+                    // A spawned worker is a fresh process: libtorch's CUDA part must be loaded here
+                    // too, and before any other libtorch call (`manual_seed` below asks for the
+                    // CUDA hooks, and libtorch keeps the first answer: "no CUDA"). Seen on an
+                    // H200 (scripts/gpu-check.sh): without it the copy failed with "Could not run
+                    // 'aten::empty_strided' with arguments from the 'CUDA' backend", and with it
+                    // after `manual_seed`, CUDA saw no GPU.
+                    let cuda = crate::cuda::probe();
+                    if !cuda.available() {
+                        eprintln!(
+                            "error: data-loader worker {}: the dataset cache is on cuda:{gpu}, but CUDA is unusable \
+                             in this worker: {}",
+                            config.id,
+                            cuda.why_not.as_deref().unwrap_or("no GPU")
+                        );
+                        return 1;
+                    }
+                    Device::Cuda(gpu)
+                }
+                _ => Device::Cpu,
+            };
             // REFERENCE.md failure 5: with the cache in the trainer's memory, every spawned
             // worker holds a full copy of the dataset of its own.
             let d = &config.scenario.data;
             tch::manual_seed(config.scenario.train.seed as i64);
             let data = burgers::generate(d.samples.into(), d.grid.into(), d.timesteps.into(), &mut |_, _| {});
-            // With `cache_device: cuda` the copy goes to the GPU: this worker initialises CUDA
-            // and holds a context and a dataset of its own there.
-            let on = match config.cache {
-                CacheSource::RegenerateOnGpu(gpu) => Device::Cuda(gpu),
-                _ => Device::Cpu,
-            };
             DatasetView {
                 frames: data.u.view([dims.samples * dims.timesteps, dims.grid]).to_device(on),
                 nu: data.nu_feature.to_device(on),
