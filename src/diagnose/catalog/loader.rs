@@ -33,6 +33,21 @@ pub const WORKER_KILLED_BY_SIGNAL: Pattern = Pattern {
     reference: "https://pytorch.org/docs/stable/data.html#multi-process-data-loading",
 };
 
+pub const WORKER_EXITED: Pattern = Pattern {
+    id: "worker-exited",
+    title: "DataLoader worker exited with a status of its own",
+    matches: "`DataLoader worker (pid N) exited unexpectedly with exit code K.` (K a number: the worker \
+              called exit, it was not killed by a signal)",
+    explanation: "The worker ended itself with a non-zero status without handing an exception to the main \
+                  process (a Python exception in a worker is re-raised in the rank): a call to `exit` or \
+                  `os._exit` in the dataset's code or a library, or a runtime that ends the process on its \
+                  own error (a Rust panic exits with 101). What it printed before, if anything, is in the \
+                  rank's stderr, which workers share.",
+    next_step: "Read the worker's last lines in the rank's stderr (quoted in the evidence where found); \
+                `num_workers=0` runs the same code in the rank, where the error surfaces with its traceback.",
+    reference: "https://pytorch.org/docs/stable/data.html#multi-process-data-loading",
+};
+
 pub const SHM_EXHAUSTED: Pattern = Pattern {
     id: "shm-exhausted",
     title: "/dev/shm exhausted",
@@ -239,7 +254,9 @@ pub fn worker_killed(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Find
         return None;
     }
     let r = first.rank();
-    let mut f = Finding::of(&WORKER_KILLED_BY_SIGNAL);
+    let own_status =
+        number_after(&l.what, "with exit code ").filter(|_| l.what.contains("exited unexpectedly"));
+    let mut f = Finding::of(if own_status.is_some() { &WORKER_EXITED } else { &WORKER_KILLED_BY_SIGNAL });
     f.culprit = Some(r);
     f.headline = Some(worker_headline(&l, first.result, ev.foreign));
     f.evidence.push(format!("culprit: {} of rank {r} {}", worker_name(&l), l.what));
@@ -248,8 +265,40 @@ pub fn worker_killed(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Find
     if !first.result.backtrace.is_empty() {
         f.evidence.push("the native backtrace below is the worker's, written by its crash handler".into());
     }
+    let own_words = l.pid.and_then(|pid| worker_own_error(&first.text, pid, l.worker));
+    if let Some(words) = &own_words {
+        f.evidence.push(format!("the worker's last words in the rank's stderr: `{words}`"));
+    } else if own_status.is_some() {
+        // Workers share the rank's stderr, whose tail may have kept a sibling's words and not the
+        // culprit's: quoted as the sibling's, never as the culprit's.
+        let sibling = first
+            .result
+            .workers
+            .iter()
+            .filter(|w| Some(w.pid) != l.pid)
+            .find_map(|w| worker_own_error(&first.text, w.pid, Some(w.id)).map(|words| (w, words)));
+        if let Some((w, words)) = sibling {
+            f.evidence.push(format!(
+                "another worker of rank {r}, worker {} (pid {}), ended with: `{words}`",
+                w.id, w.pid
+            ));
+        }
+    }
     let how = l.what.as_str();
-    f.cause = Some(if how.contains("Killed") || how.contains("exited unexpectedly") {
+    f.cause = Some(if let Some(status) = own_status {
+        format!(
+            "The worker exited by itself with status {status}: it was not killed by a signal, and no exception \
+             reached the rank.{}",
+            match &own_words {
+                Some(words) => format!(" Its last words: `{words}`."),
+                None if status == 101 =>
+                    " Status 101 is what a Rust panic exits with; no line of the worker's is \
+                                          left in the rank's stderr tail."
+                        .to_string(),
+                None => " No line of the worker's is left in the rank's stderr tail.".to_string(),
+            }
+        )
+    } else if how.contains("Killed") || how.contains("exited unexpectedly") {
         let no_oom = match ev.cgroup {
             Some(_) => "no OOM event was recorded for it (the scenario's memory cgroup counted no OOM kill)"
                 .to_string(),
@@ -282,6 +331,35 @@ pub fn worker_killed(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Find
             .into()
     });
     Some(f)
+}
+
+/// What the worker with this pid said last before it ended, where the rank's stderr kept it: a
+/// panic's message (`thread 'main' (PID) panicked at …` and the line after it), else the last
+/// `error:` line that names the worker (`pid N`, or the built-in trainer's `worker ID:`). Cut to
+/// 300 characters.
+fn worker_own_error(text: &[String], pid: u32, id: Option<u32>) -> Option<String> {
+    let tag = format!("({pid}) panicked at");
+    let words = match text.iter().position(|l| l.contains(&tag)) {
+        Some(i) => {
+            text.get(i + 1).filter(|next| !next.trim().is_empty()).unwrap_or(&text[i]).trim().to_string()
+        }
+        None => {
+            let pid = format!("pid {pid}");
+            let id = id.map(|id| format!("data-loader worker {id}:"));
+            let names =
+                |l: &String| l.contains(&pid) || id.as_ref().is_some_and(|id| l.contains(id.as_str()));
+            // The rank's own account of the worker's end ("… exited unexpectedly …") is not the
+            // worker's words.
+            let own = |l: &&String| {
+                l.trim_start().starts_with("error:") && names(l) && !l.contains("exited unexpectedly")
+            };
+            text.iter().rev().find(own)?.trim().to_string()
+        }
+    };
+    Some(match words.char_indices().nth(300) {
+        Some((cut, _)) => format!("{}…", &words[..cut]),
+        None => words,
+    })
 }
 
 /// For a rank killed by SIGBUS, or one whose data-loader worker was: the `/dev/shm` figure at

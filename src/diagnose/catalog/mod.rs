@@ -37,6 +37,7 @@ pub const ALL: &[&Pattern] = &[
     &ddp::FSDP_INPLACE_VIEW,
     &loader::DATALOADER_WORKER_EXCEPTION,
     &loader::WORKER_KILLED_BY_SIGNAL,
+    &loader::WORKER_EXITED,
     &loader::SHM_EXHAUSTED,
     &fork::FORK_AFTER_THREADS,
     &fork::CUDA_IN_FORKED_CHILD,

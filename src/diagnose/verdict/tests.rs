@@ -8,7 +8,7 @@ use crate::harness::{Intervention, RankEnd, classify_rank};
 use crate::protocol::Frame;
 use crate::schema::{
     CgroupReport, CgroupVersion, Leftovers, MemoryReport, OomKill, OomSource, ProcessMemory, ProcessRole,
-    ShmAt, Signal,
+    ShmAt, Signal, WorkerInfo,
 };
 
 fn end(exit: Option<Exit>) -> RankEnd {
@@ -909,4 +909,86 @@ fn a_rank_that_exited_0_before_its_peer_lost_it_is_the_one_that_left_early() {
     let (_, first, v) = Case { scenario: three, ..Case::new(vec![noticed, done, crashed]) }.judge();
     assert_ne!(v.pattern.as_deref(), Some("rank-left-early"), "{}", v.headline);
     assert_eq!(first, Some(2), "{}", v.headline);
+}
+
+/// Recorded on an H200 (scripts/gpu-check.sh): spawned workers whose dataset cache was on the GPU
+/// panicked (libtorch's CUDA part was not loaded in them) and exited with Rust's status 101. The
+/// rank's stderr tail kept worker 0's panic, not that of worker 2, the one the rank named.
+fn worker_exit_101(tail: &[&str]) -> RankResult {
+    let mut e = end(Some(Exit::Code(1)));
+    e.state.phase = Some("data.next".into());
+    e.state.step = Some(0);
+    e.state.error = Some(
+        "DataLoader worker (pid 1592) exited unexpectedly with exit code 101. [data-loader worker 2 of rank 0, spawn]"
+            .into(),
+    );
+    e.stderr_tail = tail.iter().map(|l| l.to_string()).collect();
+    let mut r = classify_rank(&e);
+    r.workers = (0..4)
+        .map(|id| WorkerInfo { id, pid: 1590 + id, start_method: "spawn".into(), started_at_s: 1.2 })
+        .collect();
+    r
+}
+
+#[test]
+fn a_worker_that_exits_with_a_status_of_its_own_is_not_called_killed_and_its_words_are_quoted() {
+    let panic = "called `Result::unwrap()` on an `Err` value: Torch(\"Could not run 'aten::empty_strided' with \
+                 arguments from the 'CUDA' backend.\")";
+    let sibling = worker_exit_101(&[
+        "   7: core::ops::function::FnOnce::call_once",
+        "thread 'main' (1590) panicked at tch-0.24.0/src/wrappers/tensor_generated.rs:18501:27:",
+        panic,
+        "stack backtrace:",
+    ]);
+    let (outcome, first, v) = verdict(std::slice::from_ref(&sibling));
+    assert_eq!((outcome, first), (OutcomeKind::Exited, Some(0)));
+    assert_eq!(v.pattern.as_deref(), Some("worker-exited"));
+    let cause = v.likely_cause.clone().unwrap();
+    assert!(
+        cause.starts_with("The worker exited by itself with status 101: it was not killed by a signal"),
+        "{cause}"
+    );
+    assert!(cause.contains("Rust panic") && !cause.contains("SIGKILL") && !cause.contains("OOM"), "{cause}");
+    let quoted = format!("another worker of rank 0, worker 0 (pid 1590), ended with: `{panic}`");
+    assert!(v.evidence.contains(&quoted), "{:?}", v.evidence);
+    assert!(
+        v.headline.starts_with("DataLoader worker 2 (pid 1592) of rank 0 failed first"),
+        "{}",
+        v.headline
+    );
+
+    // The culprit's own panic, when the tail kept it, is its last words.
+    let own = worker_exit_101(&["thread 'main' (1592) panicked at src/loader/worker.rs:9:5:", panic]);
+    let (_, _, v) = verdict(&[own]);
+    assert!(v.likely_cause.unwrap().contains(&format!("Its last words: `{panic}`.")));
+    assert!(!v.evidence.iter().any(|l| l.starts_with("another worker")), "{:?}", v.evidence);
+
+    // PyTorch's words for a signal stay the signal pattern.
+    let mut killed = worker_exit_101(&[]);
+    killed.error = Some("DataLoader worker (pid 1592) is killed by signal: Killed.".into());
+    let (_, _, v) = verdict(&[killed]);
+    assert_eq!(v.pattern.as_deref(), Some("worker-killed-by-signal"));
+}
+
+/// Recorded on an H200 after a first fix: each spawned worker said why before it exited with 1.
+#[test]
+fn a_worker_that_exits_after_an_error_line_of_its_own_is_quoted() {
+    let mut r = worker_exit_101(&[
+        "error: data-loader worker 0: the dataset cache is on cuda:0, but CUDA is unusable in this worker: \
+         libtorch_cuda.so and the NVIDIA driver are loaded, but CUDA sees no GPU",
+        "error: data-loader worker 3: the dataset cache is on cuda:0, but CUDA is unusable in this worker: …",
+        "error: DataLoader worker (pid 1590) exited unexpectedly with exit code 1. [data-loader worker 0 of rank 0, spawn]",
+    ]);
+    r.error = Some(
+        "DataLoader worker (pid 1590) exited unexpectedly with exit code 1. [data-loader worker 0 of rank 0, spawn]"
+            .into(),
+    );
+    let (_, _, v) = verdict(&[r]);
+    assert_eq!(v.pattern.as_deref(), Some("worker-exited"));
+    let cause = v.likely_cause.unwrap();
+    assert!(cause.starts_with("The worker exited by itself with status 1"), "{cause}");
+    assert!(
+        cause.contains("Its last words: `error: data-loader worker 0: the dataset cache is on cuda:0"),
+        "{cause}"
+    );
 }
