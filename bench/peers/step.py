@@ -37,7 +37,10 @@ def main():
     p.add_argument("--lr", type=float, default=0.002)
     p.add_argument("--weight-decay", type=float, default=0.01)
     p.add_argument("--parallel", choices=["single", "ddp"], default="single")
+    p.add_argument("--device", default="cpu", help="cpu, or cuda: model and batches on the GPU (copied "
+                   "from pinned memory, like the trainer's `launch.device: cuda`)")
     a = p.parse_args()
+    dev = torch.device(a.device)
     if a.threads:
         torch.set_num_threads(a.threads)
     cfg = dict(upsmodel.DEFAULT_MODEL, **json.loads(a.model))
@@ -49,12 +52,12 @@ def main():
     torch.manual_seed(a.seed)
     data = upsdata.generate(a.samples, a.grid, a.timesteps)
     frames = data.u.reshape(a.samples * a.timesteps, a.grid)
-    model = upsmodel.Operator(cfg)
+    model = upsmodel.Operator(cfg).to(dev)
     params = upsmodel.parameter_count(model)
     if a.parallel == "ddp":
         model = torch.nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=a.weight_decay)
-    x = torch.arange(a.grid, dtype=torch.float32) / a.grid
+    x = (torch.arange(a.grid, dtype=torch.float32) / a.grid).to(dev)
     gen = torch.Generator().manual_seed(a.seed)
     pairs = a.samples * (a.timesteps - 1)
     global_batch = a.batch * world
@@ -72,6 +75,8 @@ def main():
         cursor += global_batch
         u, nu, xq, target = upsdata.make_batch(frames, data.nu_feature, data.u_mean, data.u_std, a.timesteps,
                                                a.grid, a.queries, picks, gen)
+        if dev.type == "cuda":
+            u, nu, xq, target = (t.pin_memory().to(dev, non_blocking=True) for t in (u, nu, xq, target))
         t1 = time.perf_counter()
         pred = model(u, x, nu, xq)
         loss = F.mse_loss(pred, target)
@@ -93,6 +98,8 @@ def main():
         compute_s += t2 - t1
         if step == 0:
             first_loss = loss_value
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
     loop_s = time.perf_counter() - loop_start
     if rank == 0:
         print(f"parameters: {params}; intra-op threads: {torch.get_num_threads()}; ranks: {world}")
