@@ -222,8 +222,10 @@ mod tests {
 
     const GIB: u64 = 1 << 30;
 
-    /// An H100 under a training loop: readings shaped like NVML's (utilisation in whole percent,
-    /// power in mW, GPM SM activity below utilisation because kernels do not fill every SM).
+    /// An H100 under a training loop: hand-written readings shaped like NVML's (utilisation in
+    /// whole percent, power in mW, GPM SM activity below utilisation because kernels do not fill
+    /// every SM). Kept beside the real H200 recording below for what that one never showed: a
+    /// power cap holding clocks down, and a process of another program on the GPU.
     fn fixture() -> Vec<GpuSample> {
         let text = include_str!("fixtures/nvml-h100-training.json");
         serde_json::from_str(text).expect("the fixture parses")
@@ -286,6 +288,50 @@ mod tests {
                 },
             ]
         );
+    }
+
+    /// Recorded, not written: `ups-doctor nvml-record --count 100 --every-ms 200` on an H200 while
+    /// `scenarios/gpu/single-cuda.json` trained beside it (rank pid 789; scripts/gpu-check.sh,
+    /// 2026-11-27). The figures below were computed from the file by a separate script, and
+    /// match what that run's own sampler put in its result.json (utilisation median 21 %, peak
+    /// 27 %, the rank's peak 1061158912 bytes).
+    #[test]
+    fn a_real_h200_recording_counts_the_samples_the_rank_held_the_gpu() {
+        let samples: Vec<GpuSample> = include_str!("fixtures/nvml-h200-single-cuda.jsonl")
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("a recorded line parses"))
+            .collect();
+        let h200 = vec![GpuInfo {
+            index: 0,
+            name: "NVIDIA H200".into(),
+            uuid: "GPU-0".into(),
+            memory_total_bytes: 150_754_820_096,
+        }];
+        let mut rec = GpuRecorder::new(0.2, h200, Vec::new());
+        for s in samples {
+            rec.record(s);
+        }
+        let report = rec.finish(&[&RankState::default()], &[Some(789)]);
+        let g = &report.gpus[0];
+        assert!(g.used_by_run);
+        // 100 readings over 20 s; the rank held the GPU in 47 of them (1.2 s to 10.4 s).
+        assert_eq!((report.samples, g.samples_counted), (100, 47));
+        let util = g.util_percent.unwrap();
+        assert_eq!((util.median, util.peak), (21.0, 27.0));
+        let sm = g.sm_active_percent.unwrap();
+        assert!((sm.median - 4.9156).abs() < 1e-3 && (sm.peak - 6.2668).abs() < 1e-3, "{sm:?}");
+        assert_eq!(g.memory_used_peak_bytes, Some(1_070_399_488));
+        assert_eq!(g.temperature_peak_c, Some(39));
+        assert_eq!(g.power_w.unwrap().peak, 141.46);
+        // No clock reason was set while the rank held the GPU (no power cap, no throttling).
+        assert!(g.clock_reasons.is_empty(), "{:?}", g.clock_reasons);
+        assert_eq!(g.sm_activity_missing, None);
+        let rank = report.processes.iter().find(|p| p.pid == 789).unwrap();
+        assert_eq!(
+            (rank.role, rank.rank, rank.peak_memory_bytes),
+            (ProcessRole::Rank, Some(0), Some(1_061_158_912))
+        );
+        assert_eq!(report.processes.len(), 1, "{:?}", report.processes);
     }
 
     #[test]
