@@ -231,6 +231,33 @@ mod tests {
         serde_json::from_str(text).expect("the fixture parses")
     }
 
+    /// Recorded, not written: `ups-doctor nvml-record --count 100 --every-ms 200` on an H200 while
+    /// `scenarios/gpu/single-cuda.json` trained beside it (rank pid 789; scripts/gpu-check.sh,
+    /// 2026-11-27).
+    fn recording() -> Vec<GpuSample> {
+        include_str!("fixtures/nvml-h200-single-cuda.jsonl")
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("a recorded line parses"))
+            .collect()
+    }
+
+    fn h200() -> Vec<GpuInfo> {
+        vec![GpuInfo {
+            index: 0,
+            name: "NVIDIA H200".into(),
+            uuid: "GPU-0".into(),
+            memory_total_bytes: 150_754_820_096,
+        }]
+    }
+
+    fn h200_recorder(samples: Vec<GpuSample>, missing: Vec<(u32, String)>) -> GpuRecorder {
+        let mut rec = GpuRecorder::new(0.2, h200(), missing);
+        for s in samples {
+            rec.record(s);
+        }
+        rec
+    }
+
     fn h100() -> Vec<GpuInfo> {
         vec![GpuInfo {
             index: 0,
@@ -290,28 +317,12 @@ mod tests {
         );
     }
 
-    /// Recorded, not written: `ups-doctor nvml-record --count 100 --every-ms 200` on an H200 while
-    /// `scenarios/gpu/single-cuda.json` trained beside it (rank pid 789; scripts/gpu-check.sh,
-    /// 2026-11-27). The figures below were computed from the file by a separate script, and
-    /// match what that run's own sampler put in its result.json (utilisation median 21 %, peak
-    /// 27 %, the rank's peak 1061158912 bytes).
+    /// The figures below were computed from the recording by a separate script, and match what
+    /// that run's own sampler put in its result.json (utilisation median 21 %, peak 27 %, the
+    /// rank's peak 1061158912 bytes).
     #[test]
     fn a_real_h200_recording_counts_the_samples_the_rank_held_the_gpu() {
-        let samples: Vec<GpuSample> = include_str!("fixtures/nvml-h200-single-cuda.jsonl")
-            .lines()
-            .map(|l| serde_json::from_str(l).expect("a recorded line parses"))
-            .collect();
-        let h200 = vec![GpuInfo {
-            index: 0,
-            name: "NVIDIA H200".into(),
-            uuid: "GPU-0".into(),
-            memory_total_bytes: 150_754_820_096,
-        }];
-        let mut rec = GpuRecorder::new(0.2, h200, Vec::new());
-        for s in samples {
-            rec.record(s);
-        }
-        let report = rec.finish(&[&RankState::default()], &[Some(789)]);
+        let report = h200_recorder(recording(), Vec::new()).finish(&[&RankState::default()], &[Some(789)]);
         let g = &report.gpus[0];
         assert!(g.used_by_run);
         // 100 readings over 20 s; the rank held the GPU in 47 of them (1.2 s to 10.4 s).
@@ -349,22 +360,18 @@ mod tests {
 
     #[test]
     fn without_gpm_the_report_says_why_sm_activity_is_missing() {
-        let mut samples = fixture();
+        let mut samples = recording();
         for s in &mut samples {
             for g in &mut s.gpus {
                 g.sm_active_percent = None;
                 g.tensor_active_percent = None;
             }
         }
-        let mut rec = GpuRecorder::new(
-            0.2,
-            h100(),
+        let rec = h200_recorder(
+            samples,
             vec![(0, "this GPU has no GPM counters (they need Hopper or newer)".into())],
         );
-        for s in samples {
-            rec.record(s);
-        }
-        let g = &rec.finish(&[&RankState::default()], &[Some(4242)]).gpus[0];
+        let g = &rec.finish(&[&RankState::default()], &[Some(789)]).gpus[0];
         assert_eq!(g.sm_active_percent, None);
         assert_eq!(
             g.sm_activity_missing.as_deref(),
@@ -374,33 +381,37 @@ mod tests {
 
     #[test]
     fn workers_are_labelled_and_a_run_never_on_the_gpu_counts_every_sample() {
-        let mut samples = fixture();
+        // The recording's rank (pid 789) becomes a process of another program, and one reading
+        // gains a worker of this run's rank.
+        let mut samples = recording();
         for s in &mut samples {
             for g in &mut s.gpus {
                 for p in &mut g.processes {
-                    if p.pid == 4242 {
+                    if p.pid == 789 {
                         p.pid = 5000;
                     }
                 }
             }
         }
-        samples[5].gpus[0].processes.push(GpuProcess { pid: 5001, memory_bytes: Some(600 << 20) });
+        samples[30].gpus[0].processes.push(GpuProcess { pid: 5001, memory_bytes: Some(600 << 20) });
         let mut rank = RankState::default();
         rank.workers.push(WorkerInfo { id: 1, pid: 5001, start_method: "spawn".into(), started_at_s: 1.0 });
-        let report = recorder(samples.clone()).finish(&[&rank], &[Some(4242)]);
+        let report = h200_recorder(samples.clone(), Vec::new()).finish(&[&rank], &[Some(789)]);
         let w = report.processes.iter().find(|p| p.pid == 5001).unwrap();
         assert_eq!((w.role.as_str(), w.rank, w.worker), ("worker", Some(0), Some(1)));
-        // The worker was on the GPU in one sample: that one counts.
+        let other = report.processes.iter().find(|p| p.pid == 5000).unwrap();
+        assert_eq!((other.role, other.rank), (ProcessRole::Other, None));
+        // The worker was on the GPU in one reading: that one counts.
         assert_eq!(report.gpus[0].samples_counted, 1);
-        let none = recorder(samples).finish(&[&RankState::default()], &[Some(1)]);
+        let none = h200_recorder(samples, Vec::new()).finish(&[&RankState::default()], &[Some(1)]);
         assert!(!none.gpus[0].used_by_run);
-        assert_eq!(none.gpus[0].samples_counted, 12);
+        assert_eq!(none.gpus[0].samples_counted, 100);
     }
 
     #[test]
     fn long_series_are_thinned_keeping_peaks() {
-        let base = fixture();
-        let mut rec = GpuRecorder::new(0.2, h100(), Vec::new());
+        let base = recording();
+        let mut rec = GpuRecorder::new(0.2, h200(), Vec::new());
         for i in 0..1000 {
             let mut s = base[i % base.len()].clone();
             s.t_s = i as f64 * 0.2;
