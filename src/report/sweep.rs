@@ -58,14 +58,52 @@ fn dataset(p: &PointRecord) -> String {
     }
 }
 
-/// The cells of one point's row, in [`HEADER`]'s order.
-fn row(p: &PointRecord) -> Vec<String> {
+/// Whole percent, as NVML reports utilisation.
+fn pct(v: f64) -> String {
+    format!("{v:.0}%")
+}
+
+/// The GPU cell: `21% (19–25%)` for one GPU, `GPU 0 21%, GPU 1 20%` for several (medians of
+/// the runs' utilisation medians, over the passing runs).
+fn gpu_cell(p: &PointRecord) -> String {
+    match p.summary.gpus.as_slice() {
+        [] => NONE.to_string(),
+        [one] => range(one.util_percent, pct),
+        many => many
+            .iter()
+            .map(|g| format!("GPU {} {}", g.index, range(g.util_percent, pct)))
+            .collect::<Vec<_>>()
+            .join(", "),
+    }
+}
+
+/// Whether any point measured a GPU: only then does the table have a GPU column.
+fn has_gpu(r: &SweepRecord) -> bool {
+    r.points.iter().any(|p| !p.summary.gpus.is_empty())
+}
+
+/// The header and alignment of the table; the GPU column only where a GPU was measured.
+fn columns(gpu: bool) -> (Vec<&'static str>, Vec<Align>) {
+    let mut header = HEADER.to_vec();
+    let mut align = ALIGN.to_vec();
+    if gpu {
+        header.insert(GPU_AT, "GPU util");
+        align.insert(GPU_AT, Align::Right);
+    }
+    (header, align)
+}
+
+/// Where the GPU column goes: after the data wait, which it is read against.
+const GPU_AT: usize = 6;
+
+/// The cells of one point's row, in [`columns`]' order.
+fn row(p: &PointRecord, gpu: bool) -> Vec<String> {
     let s = &p.summary;
     let worker = match (s.worker_peak_pss_bytes, s.worker_peak_uss_bytes) {
         (Some(pss), Some(uss)) => format!("{} / {}", human_bytes(pss), human_bytes(uss)),
         _ => NONE.to_string(),
     };
-    vec![
+    let mut cells = vec![
         p.index.to_string(),
         p.label.clone(),
         outcome(p),
@@ -77,7 +115,11 @@ fn row(p: &PointRecord) -> Vec<String> {
         dataset(p),
         range(s.shm_peak_ours_bytes, bytes),
         s.runs.to_string(),
-    ]
+    ];
+    if gpu {
+        cells.insert(GPU_AT, gpu_cell(p));
+    }
+    cells
 }
 
 const HEADER: [&str; 11] = [
@@ -172,6 +214,7 @@ pub fn verdict_lines(r: &SweepRecord, markdown: bool) -> Vec<String> {
         line.push('.');
         out.push(line);
     }
+    out.extend(gpu_line(r, &label));
     let m = &v.memory;
     if let (Some(small), Some(large)) = (m.smallest, m.largest)
         && small.0 != large.0
@@ -224,6 +267,23 @@ pub fn verdict_lines(r: &SweepRecord, markdown: bool) -> Vec<String> {
     out
 }
 
+/// Each point's GPU utilisation, where any point measured one.
+fn gpu_line(r: &SweepRecord, label: &dyn Fn(usize) -> String) -> Option<String> {
+    let per: Vec<String> = r
+        .points
+        .iter()
+        .filter(|p| !p.summary.gpus.is_empty())
+        .map(|p| format!("{} {}", label(p.index), gpu_cell(p)))
+        .collect();
+    (!per.is_empty()).then(|| {
+        format!(
+            "GPU utilisation (median over the readings in which the run held the GPU; utilisation only says \
+             a kernel ran): {}.",
+            per.join(", ")
+        )
+    })
+}
+
 /// `sweep.md`.
 pub fn render_sweep(r: &SweepRecord) -> String {
     let mut out = vec![format!("# ups-doctor sweep: {}", markup::text(&r.scenario_name))];
@@ -239,16 +299,18 @@ pub fn render_sweep(r: &SweepRecord) -> String {
         plural(r.runs_per_point, "run"),
         r.warmup_runs
     ));
+    let gpu = has_gpu(r);
     let rows: Vec<Vec<String>> = r
         .points
         .iter()
         .map(|p| {
-            let mut cells = row(p);
+            let mut cells = row(p, gpu);
             cells[1] = code(&p.label);
             cells
         })
         .collect();
-    out.push(markup::table(&HEADER, &ALIGN, &rows));
+    let (header, align) = columns(gpu);
+    out.push(markup::table(&header, &align, &rows));
     out.extend(charts(r));
     out.push("## Run folders".to_string());
     let mut folders = Vec::new();
@@ -317,15 +379,96 @@ pub fn render_sweep_table(r: &SweepRecord) -> String {
     table
         .load_preset(presets::UTF8_FULL_CONDENSED)
         .set_content_arrangement(ContentArrangement::Disabled)
-        .force_no_tty()
-        .set_header(HEADER);
+        .force_no_tty();
+    let gpu = has_gpu(r);
+    let (header, aligns) = columns(gpu);
+    table.set_header(header);
     for p in &r.points {
-        table.add_row(row(p));
+        table.add_row(row(p, gpu));
     }
-    for (i, align) in ALIGN.iter().enumerate() {
+    for (i, align) in aligns.iter().enumerate() {
         if let (Some(column), Align::Right) = (table.column_mut(i), align) {
             column.set_cell_alignment(CellAlignment::Right);
         }
     }
     table.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sweep::{GpuRange, PointSummary, SweepVerdict};
+
+    fn point(index: usize, label: &str, gpus: Vec<GpuRange>) -> PointRecord {
+        PointRecord {
+            index,
+            label: label.into(),
+            settings: vec![label.into()],
+            world_size: 1,
+            hash: String::new(),
+            runs: Vec::new(),
+            summary: PointSummary {
+                runs: 2,
+                passed_runs: 2,
+                samples_per_s: Range::of([960.0, 1000.0]),
+                gpus,
+                ..PointSummary::default()
+            },
+        }
+    }
+
+    fn gpu(index: u32, medians: &[f64]) -> GpuRange {
+        GpuRange {
+            index,
+            util_percent: Range::of(medians.iter().copied()),
+            util_peak: Some(30.0),
+            sm_active_percent: None,
+            memory_used_peak_bytes: Some(1 << 30),
+        }
+    }
+
+    fn record(points: Vec<PointRecord>) -> SweepRecord {
+        SweepRecord {
+            tool_version: "0".into(),
+            started_at: "2026-11-27T16:00:00Z".into(),
+            command: vec!["ups-doctor".into(), "sweep".into()],
+            scenario_file: "scenarios/gpu/single-cuda.json".into(),
+            scenario_name: "single-cuda".into(),
+            set: Vec::new(),
+            vary: vec!["data.workers=0,4".into()],
+            runs_per_point: 2,
+            warmup_runs: 1,
+            budget: 10,
+            real_runs: 5,
+            budget_exhausted: false,
+            interrupted: false,
+            points,
+            verdict: SweepVerdict::default(),
+        }
+    }
+
+    /// Figures shaped like the H200's input-heavy pair (docs/gpu.md): 8 % with the loader in the
+    /// trainer, 22 % with 4 spawned workers.
+    #[test]
+    fn gpu_utilisation_has_a_column_and_a_verdict_line_only_where_a_gpu_was_measured() {
+        let r = record(vec![
+            point(1, "data.workers=0", vec![gpu(0, &[8.0, 9.0])]),
+            point(2, "data.workers=4", vec![gpu(0, &[22.0])]),
+        ]);
+        let md = render_sweep(&r);
+        assert!(md.contains("| data wait | GPU util | peak PSS (tree) |"), "{md}");
+        assert!(md.contains("| 8% (8%–9%) |") && md.contains("| 22% |"), "{md}");
+        let lines = verdict_lines(&r, false);
+        let line = lines.iter().find(|l| l.starts_with("GPU utilisation")).expect("a GPU line");
+        assert!(line.ends_with("1 (data.workers=0) 8% (8%–9%), 2 (data.workers=4) 22%."), "{line}");
+        assert!(render_sweep_table(&r).contains("GPU util"));
+
+        // Several GPUs: each named; no GPU anywhere: no column, no line.
+        let two = record(vec![point(1, "launch.world_size=2", vec![gpu(0, &[50.0]), gpu(1, &[48.0])])]);
+        assert!(render_sweep(&two).contains("| GPU 0 50%, GPU 1 48% |"));
+        let cpu = record(vec![point(1, "data.workers=0", Vec::new())]);
+        assert!(!render_sweep(&cpu).contains("GPU"));
+        assert!(!render_sweep_table(&cpu).contains("GPU"));
+        assert!(!verdict_lines(&cpu, true).iter().any(|l| l.contains("GPU")));
+    }
 }

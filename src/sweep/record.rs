@@ -74,6 +74,36 @@ pub struct PointRun {
     pub data_wait_fraction: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory: Option<PointMemory>,
+    /// Each GPU the run used (NVML), over the readings in which a process of the run held it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpus: Vec<PointGpu>,
+}
+
+/// One GPU of one run: utilisation and SM activity (median and peak over the readings in which
+/// the run held it) and the peak memory used on it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PointGpu {
+    pub index: u32,
+    pub util_median: Option<f64>,
+    pub util_peak: Option<f64>,
+    /// GPM SM activity; absent on GPUs without GPM counters (before Hopper).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sm_active_median: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_used_peak_bytes: Option<u64>,
+}
+
+/// One GPU over a point's passing runs: the runs' utilisation medians as a range, the highest
+/// peak, and the SM activity medians.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GpuRange {
+    pub index: u32,
+    pub util_percent: Option<Range>,
+    pub util_peak: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sm_active_percent: Option<Range>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_used_peak_bytes: Option<u64>,
 }
 
 /// A run's memory: the tree's peak PSS, each process's peak, the dataset's sharing, `/dev/shm`.
@@ -148,6 +178,9 @@ pub struct PointSummary {
     /// The dataset cache as the last passing run with one saw it (every rank together).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dataset: Option<DatasetStory>,
+    /// Each GPU the passing runs used, by index.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpus: Vec<GpuRange>,
 }
 
 /// How a point failed.
@@ -281,7 +314,40 @@ pub fn summarise_run(result: &ScenarioResult, dir: String) -> PointRun {
         samples_per_s: result.samples_per_s,
         data_wait_fraction: (!waits.is_empty()).then(|| waits.iter().sum::<f64>() / waits.len() as f64),
         memory,
+        gpus: result.gpu.as_ref().map_or_else(Vec::new, |g| {
+            g.gpus
+                .iter()
+                .filter(|g| g.used_by_run)
+                .map(|g| PointGpu {
+                    index: g.index,
+                    util_median: g.util_percent.map(|u| u.median),
+                    util_peak: g.util_percent.map(|u| u.peak),
+                    sm_active_median: g.sm_active_percent.map(|u| u.median),
+                    memory_used_peak_bytes: g.memory_used_peak_bytes,
+                })
+                .collect()
+        }),
     }
+}
+
+/// Each GPU over the passing runs, by index.
+fn gpu_ranges(passed: &[&PointRun]) -> Vec<GpuRange> {
+    let mut indices: Vec<u32> = passed.iter().flat_map(|r| r.gpus.iter().map(|g| g.index)).collect();
+    indices.sort_unstable();
+    indices.dedup();
+    indices
+        .into_iter()
+        .map(|index| {
+            let of = || passed.iter().flat_map(|r| r.gpus.iter()).filter(move |g| g.index == index);
+            GpuRange {
+                index,
+                util_percent: Range::of(of().filter_map(|g| g.util_median)),
+                util_peak: of().filter_map(|g| g.util_peak).reduce(f64::max),
+                sm_active_percent: Range::of(of().filter_map(|g| g.sm_active_median)),
+                memory_used_peak_bytes: of().filter_map(|g| g.memory_used_peak_bytes).max(),
+            }
+        })
+        .collect()
 }
 
 /// A point's summary over its runs.
@@ -323,6 +389,7 @@ pub fn summarise_point(runs: &[PointRun]) -> PointSummary {
         worker_peak_uss_bytes: peak(ProcessRole::Worker, |p| p.peak_uss_bytes),
         rank_peak_pss_bytes: peak(ProcessRole::Rank, |p| p.peak_pss_bytes),
         dataset,
+        gpus: gpu_ranges(&passed),
     }
 }
 
@@ -339,5 +406,40 @@ mod tests {
         assert!(a.overlaps(&b));
         assert!(!a.overlaps(&Range::of([3.5]).unwrap()));
         assert!(Range::of([f64::NAN]).is_none());
+    }
+
+    /// The H200 recording (scripts/gpu-check.sh) folded the way a run folds it: a sweep point
+    /// keeps each used GPU's figures, and a point's summary ranges them over its passing runs
+    /// only.
+    #[test]
+    fn a_point_keeps_the_gpu_figures_of_its_passing_runs() {
+        use crate::report::fixtures;
+        let mut s = fixtures::passing();
+        s.gpu = Some(fixtures::h200_gpu_report());
+        let run = summarise_run(&s, "1-a".into());
+        assert_eq!(run.gpus.len(), 1);
+        let g = &run.gpus[0];
+        assert_eq!((g.index, g.util_median, g.util_peak), (0, Some(21.0), Some(27.0)));
+        assert_eq!(g.memory_used_peak_bytes, Some(1_070_399_488));
+        assert!((g.sm_active_median.unwrap() - 4.9156).abs() < 1e-3);
+
+        let mut other = run.clone();
+        other.gpus[0].util_median = Some(25.0);
+        other.gpus[0].util_peak = Some(31.0);
+        let mut failed = run.clone();
+        failed.outcome = OutcomeKind::Exited;
+        failed.gpus[0].util_median = Some(99.0);
+        let summary = summarise_point(&[run.clone(), other, failed]);
+        let r = &summary.gpus[0];
+        let util = r.util_percent.unwrap();
+        assert_eq!((util.min, util.median, util.max, util.n), (21.0, 23.0, 25.0, 2));
+        assert_eq!(r.util_peak, Some(31.0));
+
+        // A run on the CPU (no GPU report, or a GPU it never used) has no GPU figures.
+        s.gpu = Some(fixtures::h200_gpu_report());
+        s.gpu.as_mut().unwrap().gpus[0].used_by_run = false;
+        assert!(summarise_run(&s, "1-b".into()).gpus.is_empty());
+        s.gpu = None;
+        assert!(summarise_point(&[summarise_run(&s, "1-c".into())]).gpus.is_empty());
     }
 }
