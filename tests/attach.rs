@@ -135,6 +135,17 @@ struct Attached {
     report: String,
 }
 
+/// No NVIDIA driver's NVML on this machine (CI and the project's CPU machines).
+fn nvml_absent() -> bool {
+    ![
+        "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1",
+        "/usr/lib64/libnvidia-ml.so.1",
+        "/usr/local/nvidia/lib64/libnvidia-ml.so.1",
+    ]
+    .iter()
+    .any(|p| std::path::Path::new(p).exists())
+}
+
 fn attach(sb: &Sandbox, pid: u32) -> Attached {
     attach_with(sb, pid, &[])
 }
@@ -224,6 +235,16 @@ fn a_healthy_torchrun_job_is_running_and_attach_leaves_it_as_it_was() {
         scenario["verdict"]
     );
     assert!(a.report.contains("read-only: no signal sent"), "{}", a.report);
+    // GPU activity per process is read through NVML over the window; on a machine without one
+    // the report says why there is none (with a GPU: src/attach/gpu.rs's test on an H200
+    // recording).
+    let gpu = &scenario["gpu"];
+    if nvml_absent() {
+        assert!(gpu["unavailable"].as_str().is_some_and(|w| w.contains("libnvidia-ml")), "{gpu}");
+        assert!(a.report.contains("metrics unavailable"), "{}", a.report);
+    } else {
+        assert!(gpu["gpus"].as_array().is_some_and(|g| !g.is_empty()), "{gpu}");
+    }
     // The job's TCP connections: torchrun's agent holds the store, both ranks are connected to it
     // and to each other (gloo).
     let tcp = &a.attach["tcp"];

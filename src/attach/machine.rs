@@ -12,7 +12,7 @@ use crate::scenario::{LaunchStyle, Scenario};
 use crate::schema::{ExternalRun, ExternalStyle, ProcessDump, ProcessRole, RunResult, ScenarioResult};
 
 use super::judge::{self, Motion, State};
-use super::{job, stop, tcp, watch};
+use super::{gpu, job, stop, tcp, watch};
 
 /// Whether a py-spy error is a refusal to read the process (ptrace permission).
 fn refused(error: &str) -> bool {
@@ -236,6 +236,8 @@ pub(super) struct Local {
     pub(super) children: Vec<(u32, ProcessDump)>,
     pub(super) refused_pids: Vec<u32>,
     pub(super) connections: tcp::Connections,
+    /// Every GPU of this machine over the window (NVML), the job's processes on it labelled.
+    pub(super) gpu: crate::schema::GpuReport,
     /// This machine's facts, read once (it starts Python) however many times the job is judged.
     pub(super) environment: std::sync::OnceLock<crate::schema::EnvSummary>,
 }
@@ -288,7 +290,17 @@ impl Local {
             window.as_secs_f64()
         );
         let options = watch::Options { window, looks: 4, native, py_spy: py_spy.clone() };
+        let gpus = std::thread::Builder::new().name("gpu".into()).spawn(move || gpu::watch(window));
         let watched = watch::watch(&job.pids(), &options);
+        let gpu = gpu::report(
+            match gpus {
+                Ok(thread) => {
+                    thread.join().unwrap_or_else(|_| Err("the GPU sampling thread panicked".into()))
+                }
+                Err(e) => Err(format!("no thread to sample GPUs: {e}")),
+            },
+            &job,
+        );
         let shm = watch::dev_shm();
         let window_s = window.as_secs_f64();
         let rank_pids: Vec<(u32, u32)> = job.ranks.iter().map(|r| (r.rank, r.pid)).collect();
@@ -316,6 +328,7 @@ impl Local {
             children,
             refused_pids,
             connections,
+            gpu,
             environment: std::sync::OnceLock::new(),
         }
     }
@@ -410,7 +423,9 @@ impl Local {
             samples_per_s: None,
             memory: None,
             leftovers: Default::default(),
-            gpu: None,
+            // One machine's GPUs; a merge of several nodes' windows has no GPU report (each
+            // node's own report has its own).
+            gpu: nodes.is_none().then(|| self.gpu.clone()),
             external: Some(external),
             cgroup: None,
             oom_kills: Vec::new(),

@@ -1,7 +1,8 @@
 //! `ups-doctor attach`: diagnoses a PyTorch job that is already running and was never started
 //! under ups-doctor, read-only. From one pid it finds the job ([`job`]: launcher, ranks, their
 //! DataLoader workers), watches every process over a short window ([`watch`]: state, CPU time,
-//! wait channels, Python stacks by `py-spy dump --nonblocking`, memory, `/dev/shm`), judges it
+//! wait channels, Python stacks by `py-spy dump --nonblocking`, memory, `/dev/shm`; [`gpu`]:
+//! NVML's readings of every GPU and each process's GPU memory), judges it
 //! ([`judge`], through the one judge of [`crate::diagnose`]) and writes the same run folder as
 //! `run` (`result.json`, `report.md`) plus `attach.json`.
 //!
@@ -9,6 +10,7 @@
 //! into them (py-spy's `--nonblocking` reads memory without stopping the process; `--native`
 //! needs a ptrace stop and is only taken when asked for).
 
+pub mod gpu;
 pub mod job;
 pub mod judge;
 mod machine;

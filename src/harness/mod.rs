@@ -24,7 +24,7 @@ use std::sync::atomic::AtomicBool;
 pub use classify::{Intervention, RankEnd, classify_rank};
 pub use discover::{FoundRank, Known, discover_ranks, rank_members_in};
 pub use observe::capture::{logs_cut, make_room};
-pub use observe::gpu::{GpuRecorder, GpuSample, clock_reason_names};
+pub use observe::gpu::{GpuRecorder, GpuSample, Label as GpuLabel, clock_reason_names};
 pub use observe::state::RankState;
 use os::namespace;
 pub use os::process::Exit;

@@ -46,6 +46,9 @@ pub struct GpuSample {
     pub gpus: Vec<GpuReading>,
 }
 
+/// What a process on a GPU is to the run: its role, its rank, its worker id.
+pub type Label = (ProcessRole, Option<u32>, Option<u32>);
+
 /// Accumulates samples during a run; [`GpuRecorder::finish`] makes the report.
 #[derive(Debug)]
 pub struct GpuRecorder {
@@ -67,7 +70,7 @@ impl GpuRecorder {
     /// The report, with processes labelled from the ranks' pids (`rank_pids[r]`) and the workers
     /// their markers reported.
     pub fn finish(self, ranks: &[&RankState], rank_pids: &[Option<u32>]) -> GpuReport {
-        let label = |pid: u32| -> (ProcessRole, Option<u32>, Option<u32>) {
+        self.finish_labelled(|pid: u32| -> Label {
             if let Some(r) = rank_pids.iter().position(|p| *p == Some(pid)) {
                 return (ProcessRole::Rank, Some(r as u32), None);
             }
@@ -77,7 +80,12 @@ impl GpuRecorder {
                 }
             }
             (ProcessRole::Other, None, None)
-        };
+        })
+    }
+
+    /// The report, with each process on a GPU labelled by `label` (role, rank, worker id);
+    /// readings count where a process not labelled `Other` held the GPU.
+    pub fn finish_labelled(self, label: impl Fn(u32) -> Label) -> GpuReport {
         let of_run = |pid: u32| label(pid).0 != ProcessRole::Other;
         let indexes: Vec<u32> = match self.samples.first() {
             Some(s) => s.gpus.iter().map(|g| g.index).collect(),
