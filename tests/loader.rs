@@ -126,6 +126,21 @@ fn a_worker_that_exits_is_reported_with_its_exit_code() {
     assert_eq!(run.code(), 0, "stderr:\n{}", run.stderr());
     let error = run.rank(0)["error"].as_str().unwrap();
     assert!(error.contains("[data-loader worker 0 of rank 0, spawn]"), "{error}");
+    // It exited by itself: not called a signal, and its own last words are quoted.
+    let v = &run.scenario()["verdict"];
+    assert_eq!(v["pattern"], "worker-exited", "{v:#}");
+    let cause = v["likely_cause"].as_str().unwrap();
+    assert!(
+        cause.starts_with("The worker exited by itself with status 1: it was not killed by a signal"),
+        "{cause}"
+    );
+    assert!(
+        cause.contains(
+            "Its last words: `error: data-loader worker 0: injected failure: fault `exit_error` at phase `worker.batch` \
+             step 2`."
+        ),
+        "{cause}"
+    );
     assert_eq!(leftovers(pid), Vec::<String>::new());
 }
 

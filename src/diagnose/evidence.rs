@@ -327,6 +327,11 @@ pub fn py_spy_threads(text: &str) -> Vec<PySpyThread> {
 pub fn key_line(lines: &[String]) -> Option<KeyLine> {
     let lines: Vec<String> = lines.iter().map(|l| strip_rank_prefix(l).to_string()).collect();
     let lines = lines.as_slice();
+    if lost_traceback(lines) {
+        // What follows is Python's account of the failed write (`object repr : …Error…`), which
+        // any fallback below would take for the error.
+        return None;
+    }
     python_exception(lines)
         .or_else(|| fault_handler(lines))
         .or_else(|| cpp_exception(lines))
@@ -347,9 +352,33 @@ fn python_exception(lines: &[String]) -> Option<KeyLine> {
         if line.starts_with(' ') || line.trim().is_empty() || trimmed.starts_with('^') {
             continue;
         }
-        return Some(KeyLine { text: line.trim().to_string(), at });
+        // A traceback cut off before its exception (Python lost stderr while printing it, and
+        // wrote its own account of that instead: `object address  : 0x…`) has no key line.
+        return looks_like_exception(line).then(|| KeyLine { text: line.trim().to_string(), at });
     }
     None
+}
+
+/// `ValueError: …`, `torch.distributed.DistBackendError: …`, `KeyboardInterrupt`: a dotted name
+/// first, then the end of the line or `:`.
+fn looks_like_exception(line: &str) -> bool {
+    let line = line.trim();
+    let name_end =
+        line.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '.')).unwrap_or(line.len());
+    let name = &line[..name_end];
+    let starts_well = name.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
+    starts_well && (name_end == line.len() || line[name_end..].starts_with(':'))
+}
+
+/// Python's last words when it could not print a traceback: `lost sys.stderr`.
+pub const LOST_STDERR: &str = "lost sys.stderr";
+
+/// The last traceback was cut off: Python lost stderr while printing it.
+fn lost_traceback(lines: &[String]) -> bool {
+    let Some(lost) = lines.iter().rposition(|l| l.trim() == LOST_STDERR) else { return false };
+    let traceback =
+        lines.iter().rposition(|l| l.trim_start().ends_with("Traceback (most recent call last):"));
+    traceback.is_some_and(|t| t < lost)
 }
 
 /// `patterns.py:66 in __getitem__` from `path", line 66, in __getitem__` when the path is the

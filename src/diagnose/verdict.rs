@@ -521,6 +521,15 @@ fn failure(ev: &Evidence, failed: &RankEvidence) -> (String, Vec<String>, Option
             } else {
                 "The error message and the log tail below say what went wrong.".to_string()
             };
+            let lost =
+                failed.key.is_none() && failed.text.iter().any(|l| l.trim() == super::evidence::LOST_STDERR);
+            if lost {
+                evidence.push(format!(
+                    "its stderr ends in Python's `{}`: it began a traceback and could not finish writing it, so \
+                     the error it exited with is not in its log",
+                    super::evidence::LOST_STDERR
+                ));
+            }
             let cause = failed
                 .key
                 .as_ref()

@@ -14,6 +14,8 @@ what any program leaves (exit status, output, py-spy stacks). `--case`:
   with status 0 while rank 0 goes on; rank 0's next all-reduce loses its peer.
 - `dataset_error`: a DataLoader worker's `__getitem__` raises for sample 5.
 - `worker_kill`: a DataLoader worker SIGKILLs itself (a kill by hand, not the OOM killer).
+- `worker_exit`: a DataLoader worker's `__getitem__` says why on stderr and calls `sys.exit(3)`
+  for sample 5: the worker ends with status 3, no exception reaches the main process.
 - `rank_kill`: DDP, rank 1 SIGKILLs itself in step 2; rank 0 loses its peer.
 - `model_mismatch`: rank 1 builds its model with an extra layer; DDP's constructor refuses
   ("DDP expects same model across all ranks…").
@@ -81,6 +83,11 @@ class Samples(torch.utils.data.Dataset):
             raise ValueError(f"corrupt sample at index {index}")
         if args.case == "worker_kill" and index == 5:
             os.kill(os.getpid(), signal.SIGKILL)
+        if args.case == "worker_exit" and index == 5:
+            # A library that gives up by exiting (SystemExit is no Exception: the DataLoader
+            # worker does not catch it, and the worker process ends with that status).
+            print(f"error: sample {index} is unreadable, giving up", file=sys.stderr, flush=True)
+            sys.exit(3)
         if args.case == "input_bound":
             time.sleep(0.2)
         return torch.full((4,), float(index))
@@ -113,7 +120,7 @@ elif args.case == "uneven_steps":
     dist.init_process_group("gloo")
     train(ddp_model(), 2 if rank == 1 else 12)
     print(f"rank {rank}: my shard is done", flush=True)
-elif args.case in ("dataset_error", "worker_kill"):
+elif args.case in ("dataset_error", "worker_kill", "worker_exit"):
     loader = torch.utils.data.DataLoader(Samples(), batch_size=2, num_workers=2)
     for batch in loader:
         print(f"batch {batch[:, 0].tolist()}", flush=True)

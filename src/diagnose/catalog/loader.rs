@@ -22,11 +22,12 @@ pub const DATALOADER_WORKER_EXCEPTION: Pattern = Pattern {
 
 pub const WORKER_KILLED_BY_SIGNAL: Pattern = Pattern {
     id: "worker-killed-by-signal",
-    title: "DataLoader worker killed by a signal",
+    title: "DataLoader worker killed by a signal, or gone without saying how",
     matches: "`DataLoader worker (pid N) is killed by signal: …` or `DataLoader worker (pid(s) N) exited \
               unexpectedly` without an OOM kill or a full `/dev/shm` recorded for it",
     explanation: "A worker process died without raising an exception: a crash in native code, or a signal from \
-                  outside (SIGKILL). PyTorch's DataLoader only sees that the worker is gone and fails the rank.",
+                  outside (SIGKILL). PyTorch's DataLoader only sees that the worker is gone and fails the rank; \
+                  its shorter words (`exited unexpectedly`, no status) do not say whether a signal ended it.",
     next_step: "The signal says which: `Segmentation fault` is a native crash in the dataset's code or a \
                 library it calls; `Killed` is a SIGKILL from outside (the OOM killer, a job scheduler, a \
                 person): check the memory figures and the kernel log (`dmesg`).",
@@ -185,8 +186,13 @@ pub fn loader_failure(text: &[String]) -> Option<LoaderFailure> {
     } else if let Some(line) = killed {
         let rest = &line[line.find("DataLoader worker (pid").unwrap_or(0)..];
         let pid = number_after(rest, "(pid");
-        let what = rest.split_once(") ").map_or(rest, |(_, how)| how);
-        let what = what.split(" [").next().unwrap_or(what).trim().to_string();
+        // After the parenthesis that holds the pid: `(pid 12)` or `(pid(s) 12, 13)`.
+        let digits = rest.find(|c: char| c.is_ascii_digit()).unwrap_or(0);
+        let what = rest[digits..].split_once(") ").map_or(rest, |(_, how)| how);
+        let what = what.split(" [").next().unwrap_or(what);
+        // PyTorch's advice after the fact is not what happened.
+        let what =
+            what.split(" Details are lost due to multiprocessing.").next().unwrap_or(what).trim().to_string();
         (what, pid, true)
     } else if worker.is_some() {
         let last = text.iter().rev().find(|l| !l.trim().is_empty()).cloned().unwrap_or_default();
@@ -308,11 +314,19 @@ pub fn worker_killed(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Find
                     .to_string()
             }
         };
-        format!(
-            "The worker ended without an exception{}; {no_oom}. Something outside the program sent it SIGKILL \
-             or it crashed: an OOM kill is not established by the evidence here.",
-            if how.contains("Killed") { ", killed by SIGKILL" } else { "" }
-        )
+        if how.contains("Killed") {
+            format!(
+                "The worker ended without an exception, killed by SIGKILL; {no_oom}. Something outside the \
+                 program sent it SIGKILL: an OOM kill is not established by the evidence here."
+            )
+        } else {
+            // `(pid(s) N) exited unexpectedly`: PyTorch saw it gone, not how.
+            format!(
+                "The worker ended without an exception reaching the rank, and PyTorch's words do not say how: a \
+                 signal (a kill from outside, a crash) or an exit with a status of its own; {no_oom}, so an OOM \
+                 kill is not established by the evidence here."
+            )
+        }
     } else if how.contains("signal") {
         "The worker crashed in native code while building a batch; the rank only sees that its worker is gone."
             .into()

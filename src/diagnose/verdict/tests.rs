@@ -992,3 +992,57 @@ fn a_worker_that_exits_after_an_error_line_of_its_own_is_quoted() {
         "{cause}"
     );
 }
+
+/// Recorded from `tests/programs/patterns.py --case worker_exit` run bare (1 run in 6): a
+/// DataLoader worker exited with status 3 and the main process, interrupted while printing its
+/// traceback, lost stderr. Python's account of that failed write is not the rank's error.
+#[test]
+fn a_traceback_cut_off_by_lost_stderr_gives_no_key_line_and_says_so() {
+    let r = program_rank(
+        0,
+        Exit::Code(1),
+        2.0,
+        "error: sample 5 is unreadable, giving up\nTraceback (most recent call last):\nobject address  : \
+         0x7f663a9e60c0\nobject refcount : 2\nobject type     : 0x7f66f9850f20\nobject type name: \
+         ConnectionResetError\nobject repr     : ConnectionResetError(104, 'Connection reset by peer')\nlost \
+         sys.stderr",
+    );
+    let mut case = Case::new(vec![r]);
+    case.scenario = external();
+    case.scenario.launch.world_size = 1;
+    let (outcome, _, v) = case.judge();
+    assert_eq!(outcome, OutcomeKind::Exited);
+    assert_eq!(v.headline, "Rank 0 exited with status 1", "{v:?}");
+    assert!(v.key_line.is_none(), "{v:?}");
+    assert!(v.likely_cause.is_none(), "{v:?}");
+    assert!(v.evidence.iter().any(|l| l.contains("`lost sys.stderr`")), "{:?}", v.evidence);
+    assert!(!format!("{v:?}").contains("object address"), "{v:?}");
+}
+
+/// PyTorch's two words for a worker gone: `(pid 12) exited unexpectedly with exit code 3.
+/// Details are lost …` and `(pid(s) 12) exited unexpectedly`; both name the pid and what
+/// happened, without PyTorch's advice.
+#[test]
+fn both_forms_of_a_vanished_worker_name_its_pid_and_what_happened() {
+    for (error, what) in [
+        (
+            "RuntimeError: DataLoader worker (pid 14501) exited unexpectedly with exit code 3. Details are lost due \
+             to multiprocessing. Rerunning with num_workers=0 may give better error trace.",
+            "exited unexpectedly with exit code 3.",
+        ),
+        ("RuntimeError: DataLoader worker (pid(s) 14501) exited unexpectedly", "exited unexpectedly"),
+    ] {
+        let r =
+            program_rank(0, Exit::Code(1), 2.0, &format!("Traceback (most recent call last):\n  x\n{error}"));
+        let mut case = Case::new(vec![r]);
+        case.scenario = external();
+        case.scenario.launch.world_size = 1;
+        let (_, _, v) = case.judge();
+        assert!(
+            v.headline
+                .starts_with(&format!("A DataLoader worker (pid 14501) of rank 0 failed first ({what});")),
+            "{}",
+            v.headline
+        );
+    }
+}

@@ -190,7 +190,7 @@ fn serve(
         };
         if faults.at("worker.batch", spec.step) == Effect::ExitError {
             eprintln!(
-                "error: injected failure: fault `exit_error` at phase `worker.batch` step {} (worker {id})",
+                "error: data-loader worker {id}: injected failure: fault `exit_error` at phase `worker.batch` step {}",
                 spec.step
             );
             return 1;
