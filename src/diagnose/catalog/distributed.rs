@@ -133,7 +133,7 @@ pub fn collective_of(frames: &[crate::diagnose::evidence::StackFrame]) -> Option
 }
 
 /// The rank's own main thread (not a child's), as the stacks show it.
-fn main_thread<'e>(rank: &'e RankEvidence) -> Option<&'e Thread> {
+pub(super) fn main_thread<'e>(rank: &'e RankEvidence) -> Option<&'e Thread> {
     let own: Vec<&Thread> = rank.threads.iter().filter(|t| !t.in_child).collect();
     own.iter().find(|t| t.name == "MainThread" || t.name == "main").or(own.first()).copied()
 }
@@ -247,9 +247,40 @@ pub fn ranks_out_of_step(ev: &Evidence, first: Option<&RankEvidence>) -> Option<
     if !kernel.is_empty() {
         f.evidence.push(format!("the kernel: {}", kernel.join("; ")));
     }
-    f.cause =
-        Some(format!("The ranks are out of step: {}. {}", places.join("; "), RANKS_OUT_OF_STEP.explanation));
+    let outside = waits.iter().find(|(r, _)| *r == odd).is_some_and(|(_, c)| c.is_none());
+    f.cause = Some(if outside {
+        // Not a collective the others will never join: the rank has not come to it yet.
+        let at = ev
+            .ranks
+            .iter()
+            .find(|r| r.rank() == odd)
+            .and_then(main_thread)
+            .and_then(|t| program_frame(&t.frames))
+            .map(|at| format!(", at `{at}` when its stack was taken"))
+            .unwrap_or_default();
+        format!(
+            "The ranks are out of step: {}. Rank {odd} is behind, in its own work outside any collective{at}: a long \
+             evaluation, I/O, a slow step, or a lock it waits on. The others wait in their collective until it comes, \
+             or until the process group's timeout.",
+            places.join("; ")
+        )
+    } else {
+        format!("The ranks are out of step: {}. {}", places.join("; "), RANKS_OUT_OF_STEP.explanation)
+    });
     Some(f)
+}
+
+/// The innermost frame of the program's own code (`<module> (slow.py:6)`): not torch's, the
+/// standard library's or an installed package's.
+fn program_frame(frames: &[crate::diagnose::evidence::StackFrame]) -> Option<String> {
+    frames.iter().find_map(|f| {
+        let place = f.place.as_deref()?;
+        let own = place.contains(".py:")
+            && !["site-packages", "dist-packages", "torch/", "/lib/python3", "<frozen", "sitecustomize.py"]
+                .iter()
+                .any(|n| place.contains(n));
+        own.then(|| format!("{} ({place})", f.function))
+    })
 }
 
 /// The rank's line saying its peer went away.

@@ -171,12 +171,36 @@ pub fn collective_mismatch(ev: &Evidence, first: Option<&RankEvidence>) -> Optio
             continue;
         }
         if lackers.len() < havers.len() || (lackers.len() == havers.len() && waiting) {
-            // The rank that never issued what the others wait in went another way in the program.
+            // Where the ranks that never issued it are: past it in another collective (they went
+            // another way), outside any (they were behind: not this pattern, the stacks judge),
+            // or not known (no stack: the ledger alone cannot tell a skip from a late rank).
+            let in_collective: Vec<bool> = lackers
+                .iter()
+                .filter_map(|l| {
+                    let rank = ev.ranks.iter().find(|r| r.rank() == *l)?;
+                    let thread = super::distributed::main_thread(rank)?;
+                    Some(super::distributed::collective_of(&thread.frames).is_some())
+                })
+                .collect();
+            if in_collective.iter().any(|inside| !inside) {
+                return None;
+            }
+            let seen = in_collective.len() == lackers.len();
             if lackers.len() == 1 {
                 f.culprit = Some(lackers[0]);
             }
+            let position = if seen {
+                format!("{} had gone on past it into another collective", ranks_list(&lackers))
+            } else {
+                format!(
+                    "{} had not issued it: skipped it, or was still busy elsewhere; no stack of {} was taken to \
+                     tell which",
+                    ranks_list(&lackers),
+                    if lackers.len() == 1 { "it" } else { "them" }
+                )
+            };
             f.headline = Some(format!(
-                "Collectives out of step: {} never issued {issued}, which {} {}; {} had gone on past it ({}).",
+                "Collectives out of step: {} never issued {issued}, which {} {}; {position} ({}).",
                 ranks_list(&lackers),
                 ranks_list(&havers),
                 match (waiting, havers.len()) {
@@ -184,9 +208,18 @@ pub fn collective_mismatch(ev: &Evidence, first: Option<&RankEvidence>) -> Optio
                     (true, _) => "wait in",
                     (false, _) => "issued",
                 },
-                ranks_list(&lackers),
                 lacker_last(lackers[0]),
             ));
+            if !seen {
+                f.cause = Some(format!(
+                    "{} had not issued the collective the others waited in: a rank-dependent path skipped it, or \
+                     the rank was still busy outside collectives (a long evaluation, I/O, a slow step) when the \
+                     others gave up. The ledger cannot tell these apart; the stacks of a hang can: with \
+                     `limits.hang_after_s` below the process group's timeout, ups-doctor takes every rank's \
+                     stack before the group times out.",
+                    ranks_list(&lackers).replacen('r', "R", 1)
+                ));
+            }
         } else if havers.len() < lackers.len() {
             if havers.len() == 1 {
                 f.culprit = Some(havers[0]);

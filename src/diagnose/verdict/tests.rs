@@ -1046,3 +1046,98 @@ fn both_forms_of_a_vanished_worker_name_its_pid_and_what_happened() {
         );
     }
 }
+
+/// `ledger` of `n` returned `all_reduce`s at slow.py:7, the last still running when `in_it`.
+fn with_ledger(mut r: RankResult, n: u64, in_it: bool) -> RankResult {
+    let ledger = (1..=n)
+        .map(|seq| crate::schema::LedgerEntry {
+            op: "all_reduce".into(),
+            group: "default".into(),
+            seq,
+            shapes: "4".into(),
+            dtype: "float32".into(),
+            site: "slow.py:7".into(),
+            ms: (seq < n || !in_it).then_some(1.0),
+            at_s: None,
+        })
+        .collect();
+    r.observed = Some(crate::schema::ObservedProgram {
+        group: Some(crate::schema::GroupFormed {
+            backend: "gloo".into(),
+            rank: r.rank,
+            world_size: 2,
+            store: String::new(),
+        }),
+        distributed: true,
+        collectives: n,
+        ledger,
+        ..Default::default()
+    });
+    r
+}
+
+/// Recorded by hand under torchrun (slow.py, gloo timeout 8 s): rank 1 sleeps 30 s before its
+/// 4th `all_reduce`; rank 0 times out in it and torchrun ends rank 1. Rank 1 never issued #4,
+/// but it had not gone past it: without a stack, which of skip or late cannot be told, and the
+/// verdict says so. With a stack outside any collective it is not called a mismatch at all; with
+/// one inside another collective, it had gone on past it.
+#[test]
+fn a_rank_behind_in_the_ledger_is_not_said_to_have_gone_past_without_a_stack_showing_it() {
+    let timeout = "Traceback (most recent call last):\n  File \"/tmp/u/slow.py\", line 7, in <module>\nRuntimeError: \
+                   [/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 8000ms for \
+                   recv operation to complete";
+    let rank0 = with_ledger(program_rank(0, Exit::Code(1), 9.0, timeout), 4, true);
+    let mut rank1 = with_ledger(
+        program_rank(1, Exit::Signal { signal: Signal::TERM.number(), core_dumped: false }, 9.05, ""),
+        3,
+        false,
+    );
+    rank1.torn_down_with = None;
+    let mut case = Case::new(vec![rank0, rank1]);
+    case.scenario = external();
+    let (_, _, v) = case.judge();
+    assert_eq!(v.pattern.as_deref(), Some("collective-mismatch"), "{v:?}");
+    assert!(!v.headline.contains("gone on past"), "{}", v.headline);
+    assert!(
+        v.headline.contains(
+            "rank 1 had not issued it: skipped it, or was still busy elsewhere; no stack of it was taken"
+        ),
+        "{}",
+        v.headline
+    );
+    let cause = v.likely_cause.unwrap();
+    assert!(cause.starts_with("Rank 1 had not issued the collective the others waited in"), "{cause}");
+
+    // Caught as a hang, with stacks: rank 1 in `time.sleep` is outside any collective (not a
+    // mismatch; the stacks judge), and rank 1 in DDP's all-reduce had gone past it.
+    let in_all_reduce = "    futex_wait (libc.so.6)\n    all_reduce (torch/distributed/distributed_c10d.py:2900)\n    <module> (slow.py:7)\n";
+    let sleeping = "    <module> (slow.py:6)\n";
+    let backward = "    futex_wait (libc.so.6)\n    c10d::Reducer::finalize_backward (libtorch_cpu.so)\n    backward (torch/_tensor.py:630)\n    <module> (slow.py:9)\n";
+    for (frames, past) in [(sleeping, None), (backward, Some(true))] {
+        let mut case = Case::new(vec![
+            with_ledger(hung_with_stack(0, in_all_reduce), 4, true),
+            with_ledger(hung_with_stack(1, frames), 3, false),
+        ]);
+        case.scenario = external();
+        let (_, first, v) = case.judge();
+        match past {
+            None => {
+                assert_eq!(v.pattern.as_deref(), Some("ranks-out-of-step"), "{v:?}");
+                assert_eq!(first, Some(1), "{v:?}");
+                let cause = v.likely_cause.unwrap();
+                assert!(
+                    cause.contains(
+                        "Rank 1 is behind, in its own work outside any collective, at `<module> (slow.py:6)`"
+                    ),
+                    "{cause}"
+                );
+                assert!(!cause.contains("will never join"), "{cause}");
+            }
+            Some(_) => assert!(
+                v.headline.contains("rank 1 had gone on past it into another collective"),
+                "{}",
+                v.headline
+            ),
+        }
+    }
+}
