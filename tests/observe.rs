@@ -339,3 +339,55 @@ fn a_commands_dataloader_workers_are_named_per_rank_with_their_memory() {
         assert!(sb.out().join("scenario.json").is_file());
     }
 }
+
+/// Under torchrun every rank's traceback lands, unprefixed, in one shared stream: which rank
+/// raised what cannot be told from the output. The observer's `sys.excepthook` (chained) sends
+/// the rank's uncaught exception as its error, with the program's own frame. Rank 1's
+/// `import torch.utils.data.distributed` fails (injected from outside: a package missing from
+/// one node's image); rank 0, stopped by torchrun, is collateral.
+#[test]
+fn a_ranks_uncaught_exception_under_torchrun_is_that_ranks_error_with_the_programs_line() {
+    let sb = Sandbox::new();
+    let file = ddp_scenario(&sb, "missing", 2, "exited");
+    let s = run_injected(
+        &sb,
+        &file,
+        &[("INJECT_MISSING_RANK", "1"), ("INJECT_MISSING_MODULE", "torch.utils.data.distributed")],
+    );
+    assert_eq!(s["first_failure"], 1, "{:#}", s["verdict"]);
+    let error = "ModuleNotFoundError: No module named 'torch.utils.data.distributed' (observed_ddp.py:14 in <module>)";
+    assert_eq!(s["ranks"][1]["error"], error, "{:#}", s["ranks"][1]);
+    assert_eq!(verdict(&s, "key_line"), error);
+    let headline = verdict(&s, "headline");
+    assert!(headline.starts_with(&format!("Rank 1 exited with status 1: {error}")), "{headline}");
+    assert!(headline.ends_with("Rank 0 failed after it (collateral)."), "{headline}");
+    // The launcher's own `ChildFailedError` is no rank's error.
+    assert!(s["ranks"][0]["error"].is_null(), "{:#}", s["ranks"][0]);
+}
+
+/// Rank 1 falls asleep before its 3rd gather (a slow disk, a lock: injected from outside) while
+/// rank 0 waits in it. Rank 1 never issued that gather, but not because it skipped it: its stack
+/// is outside any collective. It is named as the rank the other waits for and said to be behind,
+/// with the program's line it was at; the ledger alone is not made to say it "went past".
+#[test]
+fn a_rank_asleep_outside_any_collective_is_behind_not_a_collective_mismatch() {
+    let sb = Sandbox::new();
+    let file = ddp_scenario(&sb, "sleep", 2, "hung");
+    let s = run_injected(
+        &sb,
+        &file,
+        &[("INJECT_SLEEP_RANK", "1"), ("INJECT_SLEEP_S", "60"), ("INJECT_SLEEP_CALL", "3")],
+    );
+    assert_eq!(verdict(&s, "pattern"), "ranks-out-of-step", "{:#}", s["verdict"]);
+    assert_eq!(s["first_failure"], 1, "{:#}", s["verdict"]);
+    let headline = verdict(&s, "headline");
+    assert!(headline.contains("Rank 1 is the odd one: it is stuck outside any collective"), "{headline}");
+    let cause = verdict(&s, "likely_cause");
+    assert!(
+        cause.contains(
+            "Rank 1 is behind, in its own work outside any collective, at `main (observed_ddp.py:40)`"
+        ),
+        "{cause}"
+    );
+    assert!(!format!("{:#}", s["verdict"]).contains("gone on past"), "{:#}", s["verdict"]);
+}

@@ -48,7 +48,8 @@ def _chain():
 # (`init_process_group`: backend, rank, world size, store address), its optimizer steps and their
 # time, the time each step waits in `DataLoader.__next__` and in DDP's forward, and a ledger of
 # every `torch.distributed` collective it issues (op, sequence number per group, shapes, dtype,
-# the call site), and the DataLoader worker processes it starts (id, pid, start method). Markers go on the wire the helper uses (src/protocol.rs): the program's thread
+# the call site), the DataLoader worker processes it starts (id, pid, start method), and a rank's
+# uncaught exception (`sys.excepthook`, chained). Markers go on the wire the helper uses (src/protocol.rs): the program's thread
 # only appends to a bounded queue; a daemon thread writes it in batches of whole lines of at most
 # PIPE_BUF bytes (lines of several processes on one FIFO never mix). A full queue drops markers
 # and counts them; the count goes out in every `observer` marker. Torch is never imported here.
@@ -233,6 +234,46 @@ class _Observer:
 
 
 _observer = None
+
+
+def _user_frame(tb):
+    """`train.py:52 in train`: the innermost frame of a traceback in the program's own code (not
+    the standard library's, an installed package's or a `sitecustomize`'s); None when there is
+    none."""
+    here = os.path.abspath(__file__)
+    found = None
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        name = code.co_filename
+        if (name != here and not name.startswith("<") and "-packages/" not in name
+                and "/lib/python3" not in name and os.path.basename(name) != "sitecustomize.py"):
+            found = f"{os.path.basename(name)}:{tb.tb_lineno} in {code.co_name}"
+        tb = tb.tb_next
+    return found
+
+
+def _report_uncaught(observer):
+    """Chains `sys.excepthook`: a rank's uncaught exception becomes an `error` marker of that rank
+    (type, message, the program's own frame), then the traceback prints as before. Under a
+    launcher every rank's traceback goes to one shared stream, unprefixed: without this, which
+    rank raised what cannot be told from the output. Only processes that are a rank (RANK set, or
+    a process group formed) send; the launcher's own error is not a rank's."""
+    previous = sys.excepthook
+
+    def hook(kind, value, tb):
+        try:
+            if "ups_doctor" not in sys.modules and (observer.rank is not None or _env_int("RANK") is not None):
+                lines = [line for line in str(value).strip().splitlines() if line.strip()]
+                text = lines[0] if len(lines) == 1 else f"{lines[0]} … {lines[-1].strip()}" if lines else ""
+                message = f"{kind.__name__}: {text}" if text else kind.__name__
+                where = _user_frame(tb)
+                observer.send({"t": "error", "message": f"{message} ({where})" if where else message}, urgent=True)
+                observer.flush()
+        except Exception:  # the observer never changes how the program ends
+            pass
+        previous(kind, value, tb)
+
+    sys.excepthook = hook
 
 
 def _env_int(name, default=None):
@@ -537,6 +578,7 @@ def _observe():
     import atexit
 
     _observer = _Observer(fd, fifo)
+    _report_uncaught(_observer)
     atexit.register(_observer.at_exit)
     _os.register_at_fork(after_in_child=_observer.after_fork)
     sys.meta_path.insert(0, _TorchFinder())

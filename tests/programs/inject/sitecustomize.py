@@ -8,6 +8,11 @@
 - INJECT_BUSY_RANK=R, INJECT_BUSY_S=S, INJECT_BUSY_CALL=K: on rank R, before the K-th call of
   `torch.distributed.all_gather`, S seconds of computing (matrix products) without a word, as a
   long validation or a compile would; the other ranks wait in that gather meanwhile.
+- INJECT_SLEEP_RANK=R, INJECT_SLEEP_S=S, INJECT_SLEEP_CALL=K: on rank R, before the K-th call of
+  `torch.distributed.all_gather`, S seconds asleep (a rank waiting on a slow disk or a lock, not
+  in any collective); the other ranks wait in that gather meanwhile.
+- INJECT_MISSING_RANK=R, INJECT_MISSING_MODULE=M: on rank R, the program's own `import M` fails
+  with `ModuleNotFoundError: No module named 'M'` (a package missing from one node's image).
 
 Rank: the `RANK` the launcher set. Nothing happens without these variables."""
 
@@ -53,6 +58,18 @@ def _inject():
             return gather(*args, **kwargs)
 
         dist.all_gather = busy_all_gather
+    if "sleep" not in _done and _rank_is("INJECT_SLEEP_RANK") and hasattr(dist, "all_gather"):
+        _done.add("sleep")
+        gather, calls = dist.all_gather, [0]
+        at, seconds = int(os.environ.get("INJECT_SLEEP_CALL", "1")), float(os.environ.get("INJECT_SLEEP_S", "30"))
+
+        def _sleep_first(*args, **kwargs):
+            calls[0] += 1
+            if calls[0] == at:
+                time.sleep(seconds)
+            return gather(*args, **kwargs)
+
+        dist.all_gather = _sleep_first
     fetch = sys.modules.get("torch.utils.data._utils.fetch")
     if "slow" not in _done and _rank_is("INJECT_SLOW_RANK") and hasattr(fetch, "_MapDatasetFetcher"):
         _done.add("slow")
@@ -67,13 +84,17 @@ def _inject():
 
 
 def _hooked(name, globals=None, *args, **kwargs):
+    own = (globals or {}).get("__name__") == "__main__"
+    if own and _rank_is("INJECT_MISSING_RANK") and name == os.environ.get("INJECT_MISSING_MODULE"):
+        raise ModuleNotFoundError(f"No module named '{name}'", name=name)
     module = _import(name, globals, *args, **kwargs)
     # Only at the program's own imports, once torch has loaded: the fault sits where the
     # program's code would, outside anything that wraps torch while it loads.
-    if len(_done) < 3 and "torch" in sys.modules and (globals or {}).get("__name__") == "__main__":
+    if len(_done) < 4 and "torch" in sys.modules and (globals or {}).get("__name__") == "__main__":
         _inject()
     return module
 
 
-if any(os.environ.get(v) for v in ("INJECT_SKIP_RANK", "INJECT_SLOW_RANK", "INJECT_BUSY_RANK")):
+_ANY = ("INJECT_SKIP_RANK", "INJECT_SLOW_RANK", "INJECT_BUSY_RANK", "INJECT_SLEEP_RANK", "INJECT_MISSING_RANK")
+if any(os.environ.get(v) for v in _ANY):
     builtins.__import__ = _hooked
