@@ -319,6 +319,34 @@ fn confirm_by_markers(l: &Launcher, slots: &mut [Slot]) {
     }
 }
 
+/// A process below the launcher that no round of discovery matched while it lived, but whose
+/// own markers named its rank (the observer's `group` marker, the helper's `start`): that rank's
+/// process, by its own word, with the exit read while it was a zombie. Seen on a busy machine: a
+/// Lightning rank that segfaulted soon after `init_process_group` had its `group` marker read
+/// after it died, and was then listed only "by the order the processes that failed started".
+fn claim_by_markers(slots: &mut [Slot], l: &Launcher, start: Instant) {
+    let claims = l.pid_ranks.lock().map(|r| r.claimed.clone()).unwrap_or_default();
+    let first = l.first();
+    for u in &l.unidentified {
+        let Some(rank) = claims.get(&u.pid).and_then(|r| r.checked_sub(first)) else { continue };
+        let Some(slot) = slots.get_mut(rank as usize) else { continue };
+        if slot.found.is_some() {
+            continue;
+        }
+        slot.found = Some(u.pid);
+        slot.found_id = Some(*u);
+        slot.end.pid = Some(u.pid);
+        slot.end.identified_by = Some(IdentifiedBy::Markers);
+        if let Some(&(exit, at)) = l.exits.get(&u.pid) {
+            slot.found_gone = true;
+            slot.end.exit = exit;
+            slot.end.exit_source =
+                Some(if exit.is_some() { ExitSource::Procfs } else { ExitSource::Unknown });
+            slot.end.ended_at_s = Some(at.duration_since(start).as_secs_f64());
+        }
+    }
+}
+
 /// The process spec the OS edge needs: the plan's, with the namespace and cgroup this run holds.
 fn spec(p: &ProcessPlan, plan: &Plan, res: &Resources) -> RankSpec {
     RankSpec {
@@ -1184,6 +1212,7 @@ impl Supervisor<'_, '_> {
             }
         }
         confirm_by_markers(&l, &mut self.slots);
+        claim_by_markers(&mut self.slots, &l, self.start);
         settle_unidentified(&mut self.slots, &l, exit, &launcher_name, self.start, offset);
         let _ = std::fs::remove_file(&l.fifo);
         let end = LauncherEnd {
