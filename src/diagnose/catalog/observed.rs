@@ -171,55 +171,12 @@ pub fn collective_mismatch(ev: &Evidence, first: Option<&RankEvidence>) -> Optio
             continue;
         }
         if lackers.len() < havers.len() || (lackers.len() == havers.len() && waiting) {
-            // Where the ranks that never issued it are: past it in another collective (they went
-            // another way), outside any (they were behind: not this pattern, the stacks judge),
-            // or not known (no stack: the ledger alone cannot tell a skip from a late rank).
-            let in_collective: Vec<bool> = lackers
-                .iter()
-                .filter_map(|l| {
-                    let rank = ev.ranks.iter().find(|r| r.rank() == *l)?;
-                    let thread = super::distributed::main_thread(rank)?;
-                    Some(super::distributed::collective_of(&thread.frames).is_some())
-                })
-                .collect();
-            if in_collective.iter().any(|inside| !inside) {
-                return None;
-            }
-            let seen = in_collective.len() == lackers.len();
-            if lackers.len() == 1 {
-                f.culprit = Some(lackers[0]);
-            }
-            let position = if seen {
-                format!("{} had gone on past it into another collective", ranks_list(&lackers))
-            } else {
-                format!(
-                    "{} had not issued it: skipped it, or was still busy elsewhere; no stack of {} was taken to \
-                     tell which",
-                    ranks_list(&lackers),
-                    if lackers.len() == 1 { "it" } else { "them" }
-                )
-            };
-            f.headline = Some(format!(
-                "Collectives out of step: {} never issued {issued}, which {} {}; {position} ({}).",
-                ranks_list(&lackers),
-                ranks_list(&havers),
-                match (waiting, havers.len()) {
-                    (true, 1) => "waits in",
-                    (true, _) => "wait in",
-                    (false, _) => "issued",
-                },
-                lacker_last(lackers[0]),
-            ));
-            if !seen {
-                f.cause = Some(format!(
-                    "{} had not issued the collective the others waited in: a rank-dependent path skipped it, or \
-                     the rank was still busy outside collectives (a long evaluation, I/O, a slow step) when the \
-                     others gave up. The ledger cannot tell these apart; the stacks of a hang can: with \
-                     `limits.hang_after_s` below the process group's timeout, ups-doctor takes every rank's \
-                     stack before the group times out.",
-                    ranks_list(&lackers).replacen('r', "R", 1)
-                ));
-            }
+            let last = lacker_last(lackers[0]);
+            return never_issued(
+                ev,
+                f,
+                Missing { lackers: &lackers, havers: &havers, waiting, issued: &issued, last: &last },
+            );
         } else if havers.len() < lackers.len() {
             if havers.len() == 1 {
                 f.culprit = Some(havers[0]);
@@ -239,6 +196,68 @@ pub fn collective_mismatch(ev: &Evidence, first: Option<&RankEvidence>) -> Optio
         return Some(f);
     }
     None
+}
+
+/// The ranks that never issued what the others issued (and wait in, when `waiting`).
+struct Missing<'a> {
+    lackers: &'a [u32],
+    havers: &'a [u32],
+    waiting: bool,
+    /// The collective, rendered.
+    issued: &'a str,
+    /// The first lacking rank's last collective, rendered (`its last was …`).
+    last: &'a str,
+}
+
+/// Where the ranks that never issued it are decides what can be said: past it in another
+/// collective (they went another way); outside any (they were behind: not this pattern, the
+/// stacks judge); not known (no stack: the ledger alone cannot tell a skip from a late rank).
+fn never_issued(ev: &Evidence, mut f: Finding, m: Missing) -> Option<Finding> {
+    let Missing { lackers, havers, waiting, issued, last } = m;
+    let in_collective: Vec<bool> = lackers
+        .iter()
+        .filter_map(|l| {
+            let rank = ev.ranks.iter().find(|r| r.rank() == *l)?;
+            let thread = super::distributed::main_thread(rank)?;
+            Some(super::distributed::collective_of(&thread.frames).is_some())
+        })
+        .collect();
+    if in_collective.iter().any(|inside| !inside) {
+        return None;
+    }
+    let seen = in_collective.len() == lackers.len();
+    if lackers.len() == 1 {
+        f.culprit = Some(lackers[0]);
+    }
+    let position = if seen {
+        format!("{} had gone on past it into another collective", ranks_list(lackers))
+    } else {
+        format!(
+            "{} had not issued it: skipped it, or was still busy elsewhere; no stack of {} was taken to tell which",
+            ranks_list(lackers),
+            if lackers.len() == 1 { "it" } else { "them" }
+        )
+    };
+    f.headline = Some(format!(
+        "Collectives out of step: {} never issued {issued}, which {} {}; {position} ({last}).",
+        ranks_list(lackers),
+        ranks_list(havers),
+        match (waiting, havers.len()) {
+            (true, 1) => "waits in",
+            (true, _) => "wait in",
+            (false, _) => "issued",
+        },
+    ));
+    if !seen {
+        f.cause = Some(format!(
+            "{} had not issued the collective the others waited in: a rank-dependent path skipped it, or the rank \
+             was still busy outside collectives (a long evaluation, I/O, a slow step) when the others gave up. The \
+             ledger cannot tell these apart; the stacks of a hang can: with `limits.hang_after_s` below the process \
+             group's timeout, ups-doctor takes every rank's stack before the group times out.",
+            ranks_list(lackers).replacen('r', "R", 1)
+        ));
+    }
+    Some(f)
 }
 
 /// Fewest timed steps of every rank before step times are compared.
