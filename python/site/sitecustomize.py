@@ -252,17 +252,26 @@ def _user_frame(tb):
     return found
 
 
+_RANK_PID = "UPS_DOCTOR_RANK_PID"
+
+
 def _report_uncaught(observer):
     """Chains `sys.excepthook`: a rank's uncaught exception becomes an `error` marker of that rank
     (type, message, the program's own frame), then the traceback prints as before. Under a
     launcher every rank's traceback goes to one shared stream, unprefixed: without this, which
     rank raised what cannot be told from the output. Only processes that are a rank (RANK set, or
-    a process group formed) send; the launcher's own error is not a rank's."""
+    a process group formed) send, not a process a rank started; the launcher's own error is not a
+    rank's."""
     previous = sys.excepthook
+    # A process a rank starts (an evaluation script, a tokenizer server) inherits `RANK`: only the
+    # first process that saw it is the rank. The variable is ups-doctor's own, named like the rest.
+    if os.environ.get("RANK") is not None and _RANK_PID not in os.environ:
+        os.environ[_RANK_PID] = str(os.getpid())
 
     def hook(kind, value, tb):
         try:
-            if "ups_doctor" not in sys.modules and (observer.rank is not None or _env_int("RANK") is not None):
+            by_env = _env_int("RANK") is not None and os.environ.get(_RANK_PID) == str(os.getpid())
+            if "ups_doctor" not in sys.modules and (observer.rank is not None or by_env):
                 lines = [line for line in str(value).strip().splitlines() if line.strip()]
                 text = lines[0] if len(lines) == 1 else f"{lines[0]} … {lines[-1].strip()}" if lines else ""
                 message = f"{kind.__name__}: {text}" if text else kind.__name__

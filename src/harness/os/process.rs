@@ -266,6 +266,9 @@ pub fn spawn_rank(spec: &RankSpec, events: Sink) -> io::Result<RankProcess> {
     for name in &spec.env_remove {
         cmd.env_remove(name);
     }
+    // Set by the observer in the first process that sees `RANK` (python/site/sitecustomize.py):
+    // one left over from an outer run would make this run's ranks look like a rank's children.
+    cmd.env_remove("UPS_DOCTOR_RANK_PID");
     cmd.args(&spec.args).envs(spec.env.iter().map(|(k, v)| (k, v)));
     if let Some(cwd) = &spec.cwd {
         // (With a private `/dev/shm` the child enters its namespace and changes to this folder
