@@ -49,11 +49,16 @@ fn spawned_workers_each_copying_a_memory_cache_are_oom_killed_and_the_kill_names
         )),
         "{headline}"
     );
-    // The rank saw it the way PyTorch words it.
+    // The rank saw it the way PyTorch words it. When both workers were killed before it looked
+    // (seen in a rehearsal: worker 1 at 2.748 s, worker 0 4.5 ms later), it names the first dead
+    // one in worker order, as PyTorch's check does: a killed worker, not necessarily the first.
     let error = s["ranks"][0]["error"].as_str().unwrap_or_default();
     assert!(
-        error.contains(&format!("DataLoader worker (pid {}) is killed by signal: Killed.", kills[0]["pid"])),
-        "{error}"
+        kills
+            .iter()
+            .any(|k| error
+                .contains(&format!("DataLoader worker (pid {}) is killed by signal: Killed.", k["pid"]))),
+        "{error}\n{kills:#?}"
     );
     let md = sb.reports();
     assert!(md.contains("**Memory limit:** 640.0 MiB for all the scenario's processes"), "{md}");
