@@ -391,3 +391,31 @@ fn a_rank_asleep_outside_any_collective_is_behind_not_a_collective_mismatch() {
     );
     assert!(!format!("{:#}", s["verdict"]).contains("gone on past"), "{:#}", s["verdict"]);
 }
+
+/// A DataLoader worker's exception under torchrun, re-raised in the rank: the rank's error (from
+/// the observer's `sys.excepthook`) places it at the dataset's own line, from the worker's
+/// `Original Traceback` in the message, not at the rank's `for batch in loader`.
+#[test]
+fn a_workers_exception_under_torchrun_is_placed_at_the_datasets_line() {
+    let sb = Sandbox::new();
+    let program = repo().join("tests/programs/patterns.py").display().to_string();
+    let file = sb.scenario(
+        "dataset",
+        &format!(
+            r#"{{"command": ["torchrun", "--nproc_per_node", "1", "--master_port", "{{master_port}}", "{program}",
+                 "--case", "dataset_error"],
+                "launch": {{"world_size": 1}}, "limits": {{"timeout_s": 180, "hang_after_s": 60}},
+                "expect": {{"outcome": "exited"}}}}"#
+        ),
+    );
+    let run = sb.run_in_venv(&[&file]);
+    let s = &run.result["scenarios"][0];
+    assert_eq!(run.code(), 0, "stderr:\n{}\n{:#}", run.stderr(), s["verdict"]);
+    assert_eq!(verdict(s, "pattern"), "dataloader-worker-exception", "{:#}", s["verdict"]);
+    let error = s["ranks"][0]["error"].as_str().unwrap_or_default();
+    assert!(error.starts_with("ValueError: Caught ValueError in DataLoader worker process 0."), "{error}");
+    let source = std::fs::read_to_string(&program).unwrap();
+    let line = source.lines().position(|l| l.contains("raise ValueError(f\"corrupt sample")).unwrap() + 1;
+    let at = format!("ValueError: corrupt sample at index 5 (patterns.py:{line} in __getitem__)");
+    assert!(error.ends_with(&at), "{error}");
+}

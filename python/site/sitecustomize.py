@@ -255,6 +255,21 @@ def _user_frame(tb):
 _RANK_PID = "UPS_DOCTOR_RANK_PID"
 
 
+def _frame_in_text(text):
+    """The innermost program frame of a traceback quoted inside an exception's message (PyTorch
+    re-raises a DataLoader worker's error with the worker's `Original Traceback` in it):
+    `train.py:81 in __getitem__`."""
+    import re
+
+    found = None
+    for m in re.finditer(r'File "([^"]+)", line (\d+), in (\S+)', text):
+        name = m.group(1)
+        if (not name.startswith("<") and "-packages/" not in name and "/lib/python3" not in name
+                and os.path.basename(name) != "sitecustomize.py"):
+            found = f"{os.path.basename(name)}:{m.group(2)} in {m.group(3)}"
+    return found
+
+
 def _report_uncaught(observer):
     """Chains `sys.excepthook`: a rank's uncaught exception becomes an `error` marker of that rank
     (type, message, the program's own frame), then the traceback prints as before. Under a
@@ -275,7 +290,10 @@ def _report_uncaught(observer):
                 lines = [line for line in str(value).strip().splitlines() if line.strip()]
                 text = lines[0] if len(lines) == 1 else f"{lines[0]} … {lines[-1].strip()}" if lines else ""
                 message = f"{kind.__name__}: {text}" if text else kind.__name__
-                where = _user_frame(tb)
+                # A worker's error re-raised in the rank: where the worker's code failed, not
+                # the rank's `for batch in loader` line.
+                where = _frame_in_text(str(value)) if "Original Traceback" in str(value) else None
+                where = where or _user_frame(tb)
                 observer.send({"t": "error", "message": f"{message} ({where})" if where else message}, urgent=True)
                 observer.flush()
         except Exception:  # the observer never changes how the program ends
