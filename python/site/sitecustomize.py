@@ -236,18 +236,21 @@ class _Observer:
 _observer = None
 
 
+def _program_file(name):
+    """Whether a frame's file is the program's own: not the standard library's, an installed
+    package's or a `sitecustomize`'s (this file, or one it shadows)."""
+    return (not name.startswith("<") and "-packages/" not in name and "/lib/python3" not in name
+            and os.path.basename(name) != "sitecustomize.py")
+
+
 def _user_frame(tb):
-    """`train.py:52 in train`: the innermost frame of a traceback in the program's own code (not
-    the standard library's, an installed package's or a `sitecustomize`'s); None when there is
-    none."""
-    here = os.path.abspath(__file__)
+    """`train.py:52 in train`: the innermost frame of a traceback in the program's own code; None
+    when there is none."""
     found = None
     while tb is not None:
         code = tb.tb_frame.f_code
-        name = code.co_filename
-        if (name != here and not name.startswith("<") and "-packages/" not in name
-                and "/lib/python3" not in name and os.path.basename(name) != "sitecustomize.py"):
-            found = f"{os.path.basename(name)}:{tb.tb_lineno} in {code.co_name}"
+        if _program_file(code.co_filename):
+            found = f"{os.path.basename(code.co_filename)}:{tb.tb_lineno} in {code.co_name}"
         tb = tb.tb_next
     return found
 
@@ -263,10 +266,8 @@ def _frame_in_text(text):
 
     found = None
     for m in re.finditer(r'File "([^"]+)", line (\d+), in (\S+)', text):
-        name = m.group(1)
-        if (not name.startswith("<") and "-packages/" not in name and "/lib/python3" not in name
-                and os.path.basename(name) != "sitecustomize.py"):
-            found = f"{os.path.basename(name)}:{m.group(2)} in {m.group(3)}"
+        if _program_file(m.group(1)):
+            found = f"{os.path.basename(m.group(1))}:{m.group(2)} in {m.group(3)}"
     return found
 
 

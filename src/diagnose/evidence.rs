@@ -397,8 +397,9 @@ fn user_frame(frame: &str) -> Option<String> {
     })
 }
 
-fn is_user_path(path: &str) -> bool {
-    // `python-site/sitecustomize.py` is ups-doctor's observer, in the run's folder.
+/// Whether a frame's file is the program's own: not the standard library's, an installed
+/// package's, or a `sitecustomize.py`'s (ups-doctor's observer, or a fault injected from outside).
+pub(crate) fn is_user_path(path: &str) -> bool {
     const NOT_USER: [&str; 7] = [
         "site-packages",
         "dist-packages",
@@ -406,7 +407,7 @@ fn is_user_path(path: &str) -> bool {
         "<frozen",
         "/usr/lib/",
         "<string>",
-        "python-site/sitecustomize.py",
+        "sitecustomize.py",
     ];
     !NOT_USER.iter().any(|n| path.contains(n))
 }

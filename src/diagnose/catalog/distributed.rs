@@ -275,10 +275,9 @@ pub fn ranks_out_of_step(ev: &Evidence, first: Option<&RankEvidence>) -> Option<
 fn program_frame(frames: &[crate::diagnose::evidence::StackFrame]) -> Option<String> {
     frames.iter().find_map(|f| {
         let place = f.place.as_deref()?;
-        let own = place.contains(".py:")
-            && !["site-packages", "dist-packages", "torch/", "/lib/python3", "<frozen", "sitecustomize.py"]
-                .iter()
-                .any(|n| place.contains(n));
+        // py-spy may print torch's files relative to site-packages (`torch/_tensor.py:630`).
+        let torch = place.starts_with("torch/") || place.contains("/torch/");
+        let own = place.contains(".py:") && !torch && crate::diagnose::evidence::is_user_path(place);
         own.then(|| format!("{} ({place})", f.function))
     })
 }
