@@ -77,19 +77,12 @@ mod tests {
             run_id: None,
             unreadable: Vec::new(),
         };
-        let mut recorder = GpuRecorder::new(0.2, Vec::new(), Vec::new());
-        for (i, line) in
-            include_str!("../harness/observe/fixtures/nvml-h200-single-cuda.jsonl").lines().enumerate()
-        {
-            let mut s: GpuSample = serde_json::from_str(line).unwrap();
-            if i == 20 {
-                let procs = &mut s.gpus[0].processes;
-                procs.push(crate::probe::nvml::GpuProcess { pid: 800, memory_bytes: Some(600 << 20) });
-                procs.push(crate::probe::nvml::GpuProcess { pid: 4242, memory_bytes: Some(1 << 30) });
-            }
-            recorder.record(s);
-        }
-        let report = report(Ok(recorder), &job);
+        use crate::harness::gpu_h200;
+        let mut samples = gpu_h200::recording();
+        let procs = &mut samples[20].gpus[0].processes;
+        procs.push(crate::probe::nvml::GpuProcess { pid: 800, memory_bytes: Some(600 << 20) });
+        procs.push(crate::probe::nvml::GpuProcess { pid: 4242, memory_bytes: Some(1 << 30) });
+        let report = report(Ok(gpu_h200::h200_recorder(samples, Vec::new())), &job);
         let g = &report.gpus[0];
         assert!(g.used_by_run);
         assert_eq!(g.util_percent.unwrap().median, 21.0);

@@ -24,6 +24,8 @@ use std::sync::atomic::AtomicBool;
 pub use classify::{Intervention, RankEnd, classify_rank};
 pub use discover::{FoundRank, Known, discover_ranks, rank_members_in};
 pub use observe::capture::{logs_cut, make_room};
+#[cfg(test)]
+pub(crate) use observe::gpu::h200 as gpu_h200;
 pub use observe::gpu::{GpuRecorder, GpuSample, Label as GpuLabel, clock_reason_names};
 pub use observe::state::RankState;
 use os::namespace;

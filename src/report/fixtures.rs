@@ -751,20 +751,7 @@ pub fn gpu_report() -> crate::schema::GpuReport {
 /// The GPU report of a real run: NVML readings recorded on an H200 while `single-cuda` trained
 /// (rank 0 is pid 789; scripts/gpu-check.sh, 2026-11-27).
 pub fn h200_gpu_report() -> crate::schema::GpuReport {
-    let samples: Vec<crate::harness::GpuSample> =
-        include_str!("../harness/observe/fixtures/nvml-h200-single-cuda.jsonl")
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect();
-    let info = vec![crate::probe::nvml::GpuInfo {
-        index: 0,
-        name: "NVIDIA H200".into(),
-        uuid: "GPU-0".into(),
-        memory_total_bytes: 150_754_820_096,
-    }];
-    let mut rec = crate::harness::GpuRecorder::new(0.2, info, Vec::new());
-    for s in samples {
-        rec.record(s);
-    }
-    rec.finish(&[&crate::harness::RankState::default()], &[Some(789)])
+    use crate::harness::gpu_h200;
+    gpu_h200::h200_recorder(gpu_h200::recording(), Vec::new())
+        .finish(&[&crate::harness::RankState::default()], &[Some(789)])
 }

@@ -222,6 +222,41 @@ fn thin(points: Vec<GpuPoint>, max: usize) -> Vec<GpuPoint> {
         .collect()
 }
 
+/// The real H200 recording, for the tests of every module that folds NVML readings.
+#[cfg(test)]
+pub(crate) mod h200 {
+    use super::{GpuRecorder, GpuSample};
+    use crate::probe::nvml::GpuInfo;
+
+    /// Recorded, not written: `ups-doctor nvml-record --count 100 --every-ms 200` on an H200 while
+    /// `scenarios/gpu/single-cuda.json` trained beside it (rank pid 789; scripts/gpu-check.sh,
+    /// 2026-11-27).
+    pub(crate) fn recording() -> Vec<GpuSample> {
+        include_str!("fixtures/nvml-h200-single-cuda.jsonl")
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("a recorded line parses"))
+            .collect()
+    }
+
+    pub(crate) fn h200() -> Vec<GpuInfo> {
+        vec![GpuInfo {
+            index: 0,
+            name: "NVIDIA H200".into(),
+            uuid: "GPU-0".into(),
+            memory_total_bytes: 150_754_820_096,
+        }]
+    }
+
+    /// A recorder at 200 ms over `samples`, the H200 described.
+    pub(crate) fn h200_recorder(samples: Vec<GpuSample>, missing: Vec<(u32, String)>) -> GpuRecorder {
+        let mut rec = GpuRecorder::new(0.2, h200(), missing);
+        for s in samples {
+            rec.record(s);
+        }
+        rec
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -239,32 +274,7 @@ mod tests {
         serde_json::from_str(text).expect("the fixture parses")
     }
 
-    /// Recorded, not written: `ups-doctor nvml-record --count 100 --every-ms 200` on an H200 while
-    /// `scenarios/gpu/single-cuda.json` trained beside it (rank pid 789; scripts/gpu-check.sh,
-    /// 2026-11-27).
-    fn recording() -> Vec<GpuSample> {
-        include_str!("fixtures/nvml-h200-single-cuda.jsonl")
-            .lines()
-            .map(|l| serde_json::from_str(l).expect("a recorded line parses"))
-            .collect()
-    }
-
-    fn h200() -> Vec<GpuInfo> {
-        vec![GpuInfo {
-            index: 0,
-            name: "NVIDIA H200".into(),
-            uuid: "GPU-0".into(),
-            memory_total_bytes: 150_754_820_096,
-        }]
-    }
-
-    fn h200_recorder(samples: Vec<GpuSample>, missing: Vec<(u32, String)>) -> GpuRecorder {
-        let mut rec = GpuRecorder::new(0.2, h200(), missing);
-        for s in samples {
-            rec.record(s);
-        }
-        rec
-    }
+    use super::h200::{h200, h200_recorder, recording};
 
     fn h100() -> Vec<GpuInfo> {
         vec![GpuInfo {

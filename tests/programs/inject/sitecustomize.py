@@ -29,6 +29,28 @@ def _rank_is(name):
     return os.environ.get(name) is not None and os.environ.get(name) == os.environ.get("RANK")
 
 
+def _compute(seconds):
+    """Matrix products without a word for `seconds`, as a long validation or a compile would."""
+    import torch
+
+    x, end = torch.randn(256, 256), time.monotonic() + seconds
+    while time.monotonic() < end:
+        x = torch.tanh(x @ x)
+
+
+def _hold_before_gather(dist, at, hold, seconds):
+    """Before the `at`-th call of `dist.all_gather`, `hold(seconds)`; the other ranks wait in it."""
+    gather, calls = dist.all_gather, [0]
+
+    def _held_first(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] == at:
+            hold(seconds)
+        return gather(*args, **kwargs)
+
+    dist.all_gather = _held_first
+
+
 def _inject():
     dist = sys.modules.get("torch.distributed")
     if "skip" not in _done and _rank_is("INJECT_SKIP_RANK") and hasattr(dist, "all_gather"):
@@ -42,34 +64,11 @@ def _inject():
             return gather(*args, **kwargs)
 
         dist.all_gather = all_gather
-    if "busy" not in _done and _rank_is("INJECT_BUSY_RANK") and hasattr(dist, "all_gather"):
-        _done.add("busy")
-        gather, calls = dist.all_gather, [0]
-        at, seconds = int(os.environ.get("INJECT_BUSY_CALL", "1")), float(os.environ.get("INJECT_BUSY_S", "10"))
-
-        def busy_all_gather(*args, **kwargs):
-            calls[0] += 1
-            if calls[0] == at:
-                import torch
-
-                x, end = torch.randn(256, 256), time.monotonic() + seconds
-                while time.monotonic() < end:
-                    x = torch.tanh(x @ x)
-            return gather(*args, **kwargs)
-
-        dist.all_gather = busy_all_gather
-    if "sleep" not in _done and _rank_is("INJECT_SLEEP_RANK") and hasattr(dist, "all_gather"):
-        _done.add("sleep")
-        gather, calls = dist.all_gather, [0]
-        at, seconds = int(os.environ.get("INJECT_SLEEP_CALL", "1")), float(os.environ.get("INJECT_SLEEP_S", "30"))
-
-        def _sleep_first(*args, **kwargs):
-            calls[0] += 1
-            if calls[0] == at:
-                time.sleep(seconds)
-            return gather(*args, **kwargs)
-
-        dist.all_gather = _sleep_first
+    for kind, hold, default_s in (("BUSY", _compute, "10"), ("SLEEP", time.sleep, "30")):
+        if kind not in _done and _rank_is(f"INJECT_{kind}_RANK") and hasattr(dist, "all_gather"):
+            _done.add(kind)
+            at = int(os.environ.get(f"INJECT_{kind}_CALL", "1"))
+            _hold_before_gather(dist, at, hold, float(os.environ.get(f"INJECT_{kind}_S", default_s)))
     fetch = sys.modules.get("torch.utils.data._utils.fetch")
     if "slow" not in _done and _rank_is("INJECT_SLOW_RANK") and hasattr(fetch, "_MapDatasetFetcher"):
         _done.add("slow")
