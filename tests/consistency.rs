@@ -604,9 +604,14 @@ fn check_memory_of(text: &str, m: &Value) -> Vec<String> {
         found.push(format!("\"{}\" but result.json has {} samples", &c[0], m["samples"]));
     }
     let processes = m["processes"].as_array().map_or(&[][..], Vec::as_slice);
+    let mut seen = std::collections::BTreeMap::new();
     for row in table_after(text, "| process | pid |") {
         let who = cell(&row, "process").unwrap_or_default();
         let pid: Option<u64> = cell(&row, "pid").and_then(|p| p.parse().ok());
+        // One process, one row: a pid under two labels says it was two things at once.
+        if let Some(first) = seen.insert(pid, who.clone()) {
+            found.push(format!("memory rows `{first}` and `{who}` are one process, pid {pid:?}"));
+        }
         let Some(p) = processes.iter().find(|p| p["pid"].as_u64() == pid) else {
             found.push(format!("memory row `{who}` with pid {pid:?}, a process result.json does not have"));
             continue;
@@ -1193,6 +1198,13 @@ fn every_check_catches_a_contradiction() {
             "| rank 0 | 30129 |",
             "| rank 1 | 30129 |",
             "memory row",
+        ),
+        (
+            "run-shipped-scenarios",
+            "04-ddp-uneven-steps/report.md",
+            "| rank 1 | 30134 |",
+            "| rank 0 · child `python` | 30134 | 1 | 1 | 1 | 1 |\n| rank 1 | 30134 |",
+            "are one process",
         ),
         (
             "run-shipped-scenarios",

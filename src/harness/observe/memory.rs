@@ -22,6 +22,8 @@ const MIN_JUDGED_BYTES: u64 = 64 << 20;
 #[derive(Debug, Clone)]
 pub struct ProcSample {
     pub pid: u32,
+    /// The process's start time (`/proc/PID/stat` field 22): a pid used again is another process.
+    pub start_ticks: u64,
     pub rank: u32,
     pub command: String,
     pub mem: Rollup,
@@ -40,8 +42,11 @@ pub struct MemoryRecorder {
     world: u32,
     interval_s: f64,
     samples: u64,
-    /// Keyed by (rank, pid): the peaks and the command.
-    peaks: BTreeMap<(u32, u32), (String, Rollup)>,
+    /// Keyed by (pid, start time): the rank the run last placed the process under, its command
+    /// and its peaks. One entry per process even when its rank became known only later (the ranks
+    /// below a launcher are counted as the launcher's until each names its own rank): a process
+    /// listed under two ranks would be two rows with one pid in the report.
+    peaks: BTreeMap<(u32, u64), (u32, String, Rollup)>,
     points: Vec<MemoryPoint>,
     shm: ShmUsage,
 }
@@ -72,10 +77,13 @@ impl MemoryRecorder {
             if let Some(total) = pss.get_mut(p.rank as usize) {
                 *total += p.mem.pss;
             }
-            let entry =
-                self.peaks.entry((p.rank, p.pid)).or_insert_with(|| (p.command.clone(), Rollup::default()));
-            entry.0.clone_from(&p.command);
-            let peak = &mut entry.1;
+            let entry = self
+                .peaks
+                .entry((p.pid, p.start_ticks))
+                .or_insert_with(|| (p.rank, p.command.clone(), Rollup::default()));
+            entry.0 = p.rank;
+            entry.1.clone_from(&p.command);
+            let peak = &mut entry.2;
             peak.rss = peak.rss.max(p.mem.rss);
             peak.pss = peak.pss.max(p.mem.pss);
             peak.uss = peak.uss.max(p.mem.uss);
@@ -107,7 +115,7 @@ impl MemoryRecorder {
         let mut processes: Vec<ProcessMemory> = self
             .peaks
             .into_iter()
-            .map(|((rank, pid), (command, peak))| {
+            .map(|((pid, _), (rank, command, peak))| {
                 let state = ranks.get(rank as usize);
                 let worker = state.and_then(|s| s.workers.iter().find(|w| w.pid == pid)).map(|w| w.id);
                 let is_rank = rank_pids.get(rank as usize).copied().flatten() == Some(pid);
@@ -329,7 +337,7 @@ mod tests {
     }
 
     fn sample(pid: u32, rank: u32, m: Rollup) -> ProcSample {
-        ProcSample { pid, rank, command: "ups-doctor".into(), mem: m }
+        ProcSample { pid, start_ticks: 1, rank, command: "ups-doctor".into(), mem: m }
     }
 
     fn shm(used: u64, ours: u64) -> ShmSample {
@@ -369,6 +377,28 @@ mod tests {
             [ShmAt { rank: 1, t_s: 0.6, used_bytes: 64 * MIB, total_bytes: 64 * MIB }]
         );
         assert!(report.shm.private);
+    }
+
+    /// Below a launcher a rank is counted as the launcher's (rank 0) until it names its own rank:
+    /// it stays one process, under the rank it named, with its peak over both (the CI run of
+    /// stop 39 listed pid 4658 twice, as `rank 0 · child` and as `rank 1`).
+    #[test]
+    fn a_process_placed_under_another_rank_later_is_one_row_under_the_later_rank() {
+        let mut rec = MemoryRecorder::new(1, 0.25, true);
+        rec.record(0.25, &[sample(10, 0, mem(30, 30, 30)), sample(11, 0, mem(200, 150, 100))], shm(0, 0));
+        rec.record(0.5, &[sample(10, 0, mem(30, 30, 30)), sample(11, 1, mem(120, 90, 60))], shm(0, 0));
+        // The same pid, another process (a new start time): its own row.
+        rec.record(0.75, &[ProcSample { start_ticks: 2, ..sample(11, 0, mem(10, 10, 10)) }], shm(0, 0));
+        let (rank0, rank1) = (RankState::default(), RankState::default());
+        let report = rec.finish(&[&rank0, &rank1], &[Some(10), Some(11)]);
+        let rows: Vec<(u32, u32, &str, u64)> = report
+            .processes
+            .iter()
+            .map(|p| (p.rank, p.pid, p.role.as_str(), p.peak_pss_bytes / MIB))
+            .collect();
+        assert_eq!(rows, [(0, 10, "rank", 30), (0, 11, "child", 10), (1, 11, "rank", 150)]);
+        assert_eq!(report.series[0].pss_bytes, [180 * MIB, 0], "a sample's totals stay as they were taken");
+        assert_eq!(report.series[1].pss_bytes, [30 * MIB, 90 * MIB]);
     }
 
     #[test]

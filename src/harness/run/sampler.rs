@@ -197,7 +197,7 @@ fn sample_processes(members: &Membership, cadence: &mut RollupCadence) -> Vec<Pr
             let rss = memory::read_rss(p.pid)?;
             let mem = cadence
                 .memory((p.pid, p.start_ticks), rss, now, || memory::read_smaps_rollup_timed(p.pid))?;
-            Some(ProcSample { pid: p.pid, rank, command: p.command.clone(), mem })
+            Some(ProcSample { pid: p.pid, start_ticks: p.start_ticks, rank, command: p.command.clone(), mem })
         })
         .collect();
     cadence.keep_only(&table.iter().map(|p| (p.pid, p.start_ticks)).collect());
