@@ -255,6 +255,20 @@ def _user_frame(tb):
     return found
 
 
+def _tensor_passing_frame(tb):
+    """The function of the innermost frame in torch's `multiprocessing` package, where tensors pass
+    between processes (`rebuild_storage_fd`: a batch a DataLoader worker put on the queue is taken
+    by asking that worker for its shared memory): an error raised there is about the other
+    process, not the program's line. None when the traceback does not pass through it."""
+    found = None
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if f"torch{os.sep}multiprocessing{os.sep}" in code.co_filename:
+            found = code.co_name
+        tb = tb.tb_next
+    return found
+
+
 _RANK_PID = "UPS_DOCTOR_RANK_PID"
 
 
@@ -295,6 +309,9 @@ def _report_uncaught(observer):
                 # the rank's `for batch in loader` line.
                 where = _frame_in_text(str(value)) if "Original Traceback" in str(value) else None
                 where = where or _user_frame(tb)
+                passing = _tensor_passing_frame(tb)
+                if passing:
+                    where = f"{where}; raised in torch's `{passing}`" if where else f"raised in torch's `{passing}`"
                 observer.send({"t": "error", "message": f"{message} ({where})" if where else message}, urgent=True)
                 observer.flush()
         except Exception:  # the observer never changes how the program ends

@@ -24,7 +24,10 @@ pub const WORKER_KILLED_BY_SIGNAL: Pattern = Pattern {
     id: "worker-killed-by-signal",
     title: "DataLoader worker killed by a signal, or gone without saying how",
     matches: "`DataLoader worker (pid N) is killed by signal: …` or `DataLoader worker (pid(s) N) exited \
-              unexpectedly` without an OOM kill or a full `/dev/shm` recorded for it",
+              unexpectedly` without an OOM kill or a full `/dev/shm` recorded for it; or the rank's traceback \
+              through `rebuild_storage_fd` ending in `ConnectionResetError`, `ConnectionRefusedError`, \
+              `EOFError` or `FileNotFoundError` (the worker that sent a batch was gone when the rank asked it for the \
+              batch's shared memory)",
     explanation: "A worker process died without raising an exception: a crash in native code, or a signal from \
                   outside (SIGKILL). PyTorch's DataLoader only sees that the worker is gone and fails the rank; \
                   its shorter words (`exited unexpectedly`, no status) do not say whether a signal ended it.",
@@ -197,10 +200,42 @@ pub fn loader_failure(text: &[String]) -> Option<LoaderFailure> {
     } else if worker.is_some() {
         let last = text.iter().rev().find(|l| !l.trim().is_empty()).cloned().unwrap_or_default();
         (last.trim().to_string(), None, false)
+    } else if let Some(error) = batch_from_a_gone_worker(text) {
+        (
+            format!(
+                "was gone before the rank could take the batch it had sent: `{error}` in PyTorch's \
+                 `rebuild_storage_fd`, asking the worker for the batch's shared memory"
+            ),
+            None,
+            true,
+        )
     } else {
         return None;
     };
     Some(LoaderFailure { worker, pid, out_of_shm: shm.is_some() || bus, what, died })
+}
+
+/// The error that ends a traceback through PyTorch's `rebuild_storage_fd`, when it says the
+/// process on the other end is gone: a batch a worker put on the queue is taken out by asking that
+/// worker for its shared memory's file descriptor (multiprocessing's `resource_sharer`), and a
+/// worker that has exited meanwhile answers with a reset or refused connection, an end of file,
+/// or its socket is gone. PyTorch then never says the worker died: the rank fails with that error (seen with
+/// `patterns.py --case worker_exit`, a worker calling `sys.exit(3)`, in CI at stop 40).
+/// The traceback's `File "…/reductions.py", line 540, in rebuild_storage_fd` is read from the
+/// rank's stderr; where Python lost stderr while printing it, the observer's error marker says the
+/// same (`… (train.py:12 in <module>; raised in torch's `rebuild_storage_fd`)`).
+fn batch_from_a_gone_worker(text: &[String]) -> Option<String> {
+    let through = text.iter().rposition(|l| l.contains("rebuild_storage_fd"))?;
+    let error = text[through..].iter().map(|l| l.trim()).find(|l| {
+        ["ConnectionResetError", "ConnectionRefusedError", "FileNotFoundError", "EOFError"].iter().any(|e| {
+            l.strip_prefix(e).is_some_and(|rest| rest.is_empty() || rest.starts_with(':') || rest.starts_with(" ("))
+        })
+    })?;
+    // The observer's frames in parentheses are not the error's words.
+    Some(match error.rfind(" (").filter(|_| error.ends_with(')') && error.contains("rebuild_storage_fd")) {
+        Some(cut) => error[..cut].to_string(),
+        None => error.to_string(),
+    })
 }
 
 /// `DataLoader worker 1 (pid 42)`, as far as it is known.
@@ -304,7 +339,7 @@ pub fn worker_killed(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Find
                 None => " No line of the worker's is left in the rank's stderr tail.".to_string(),
             }
         )
-    } else if how.contains("Killed") || how.contains("exited unexpectedly") {
+    } else if how.contains("Killed") || how.contains("exited unexpectedly") || how.starts_with("was gone") {
         let no_oom = match ev.cgroup {
             Some(_) => "no OOM event was recorded for it (the scenario's memory cgroup counted no OOM kill)"
                 .to_string(),
@@ -320,7 +355,8 @@ pub fn worker_killed(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Find
                  program sent it SIGKILL: an OOM kill is not established by the evidence here."
             )
         } else {
-            // `(pid(s) N) exited unexpectedly`: PyTorch saw it gone, not how.
+            // `(pid(s) N) exited unexpectedly`, or a batch that could not be taken from a worker
+            // gone meanwhile: PyTorch saw it gone, not how.
             format!(
                 "The worker ended without an exception reaching the rank, and PyTorch's words do not say how: a \
                  signal (a kill from outside, a crash) or an exit with a status of its own; {no_oom}, so an OOM \
