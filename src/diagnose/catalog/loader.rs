@@ -228,7 +228,8 @@ fn batch_from_a_gone_worker(text: &[String]) -> Option<String> {
     let through = text.iter().rposition(|l| l.contains("rebuild_storage_fd"))?;
     let error = text[through..].iter().map(|l| l.trim()).find(|l| {
         ["ConnectionResetError", "ConnectionRefusedError", "FileNotFoundError", "EOFError"].iter().any(|e| {
-            l.strip_prefix(e).is_some_and(|rest| rest.is_empty() || rest.starts_with(':') || rest.starts_with(" ("))
+            l.strip_prefix(e)
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with(':') || rest.starts_with(" ("))
         })
     })?;
     // The observer's frames in parentheses are not the error's words.

@@ -1103,8 +1103,10 @@ fn a_batch_from_a_worker_gone_meanwhile_names_the_worker_gone_and_not_how() {
     let (_, _, v) = case.judge();
     assert_eq!(v.pattern.as_deref(), Some("worker-killed-by-signal"), "{v:?}");
     assert!(
-        v.headline.contains("(was gone before the rank could take the batch it had sent: `ConnectionResetError: \
-             [Errno 104] Connection reset by peer` in PyTorch's"),
+        v.headline.contains(
+            "(was gone before the rank could take the batch it had sent: `ConnectionResetError: \
+             [Errno 104] Connection reset by peer` in PyTorch's"
+        ),
         "{}",
         v.headline
     );

@@ -27,6 +27,25 @@ pub fn found_state(pid: u32) -> FoundState {
     }
 }
 
+/// One launcher-started process watched until it ends: [`found_state`] from a descriptor opened
+/// once (see [`memory::StatReader`]), for a watcher that polls every few milliseconds.
+pub struct FoundWatch(Option<memory::StatReader>);
+
+impl FoundWatch {
+    pub fn open(pid: u32) -> FoundWatch {
+        FoundWatch(memory::StatReader::open(pid))
+    }
+
+    /// As [`found_state`]; a process that was already gone when opened has ended.
+    pub fn state(&mut self) -> FoundState {
+        match self.0.as_mut().and_then(memory::StatReader::read) {
+            None => FoundState::Ended(None),
+            Some(s) if s.state == 'Z' => FoundState::Ended(s.exit_code.map(decode_wait_status)),
+            Some(_) => FoundState::Running,
+        }
+    }
+}
+
 /// A raw wait status as [`Exit`].
 pub fn decode_wait_status(status: i32) -> Exit {
     if status & 0x7f == 0 {
@@ -85,5 +104,32 @@ mod tests {
         drop(child.wait_with_output());
         // Reaped: gone, with no status left to read.
         assert_eq!(found_state(pid), FoundState::Ended(None));
+    }
+
+    /// The watcher's descriptor, opened while the process runs, reads it running, then its
+    /// zombie's status, then nothing once it is reaped.
+    #[test]
+    fn a_watch_opened_once_sees_running_the_zombies_status_and_then_gone() {
+        let mut child = Command::new("sh")
+            .args(["-c", "read line; exit 5"])
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut watch = FoundWatch::open(child.id());
+        assert_eq!(watch.state(), FoundState::Running);
+        assert_eq!(watch.state(), FoundState::Running, "read again from the same descriptor");
+        drop(child.stdin.take());
+        let mut seen = FoundState::Running;
+        for _ in 0..500 {
+            seen = watch.state();
+            if seen != FoundState::Running {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(seen, FoundState::Ended(Some(Exit::Code(5))));
+        let _ = child.wait();
+        assert_eq!(watch.state(), FoundState::Ended(None));
+        assert_eq!(FoundWatch::open(child.id()).state(), FoundState::Ended(None));
     }
 }

@@ -268,10 +268,9 @@ impl Launcher {
 /// with `torch.multiprocessing.spawn` the launcher won that race, leaving a SIGSEGV unobserved.
 /// Stops at `stop`, or once the process is gone.
 fn watch_found(pid: u32, sink: Sink, stop: Arc<AtomicBool>) {
+    let mut watch = crate::harness::os::found::FoundWatch::open(pid);
     while !stop.load(Ordering::Relaxed) {
-        if let crate::harness::os::found::FoundState::Ended(exit) =
-            crate::harness::os::found::found_state(pid)
-        {
+        if let crate::harness::os::found::FoundState::Ended(exit) = watch.state() {
             sink.send(Event::FoundExited { pid, exit, at: Instant::now() });
             return;
         }
