@@ -257,16 +257,21 @@ def _program_file(name):
             and os.path.basename(name) != "sitecustomize.py")
 
 
+def _innermost(tb, keep):
+    """The innermost (code, line) of a traceback whose file `keep` accepts; None when none does."""
+    found = None
+    while tb is not None:
+        if keep(tb.tb_frame.f_code.co_filename):
+            found = (tb.tb_frame.f_code, tb.tb_lineno)
+        tb = tb.tb_next
+    return found
+
+
 def _user_frame(tb):
     """`train.py:52 in train`: the innermost frame of a traceback in the program's own code; None
     when there is none."""
-    found = None
-    while tb is not None:
-        code = tb.tb_frame.f_code
-        if _program_file(code.co_filename):
-            found = f"{os.path.basename(code.co_filename)}:{tb.tb_lineno} in {code.co_name}"
-        tb = tb.tb_next
-    return found
+    found = _innermost(tb, _program_file)
+    return found and f"{os.path.basename(found[0].co_filename)}:{found[1]} in {found[0].co_name}"
 
 
 def _tensor_passing_frame(tb):
@@ -274,13 +279,8 @@ def _tensor_passing_frame(tb):
     between processes (`rebuild_storage_fd`: a batch a DataLoader worker put on the queue is taken
     by asking that worker for its shared memory): an error raised there is about the other
     process, not the program's line. None when the traceback does not pass through it."""
-    found = None
-    while tb is not None:
-        code = tb.tb_frame.f_code
-        if f"torch{os.sep}multiprocessing{os.sep}" in code.co_filename:
-            found = code.co_name
-        tb = tb.tb_next
-    return found
+    found = _innermost(tb, lambda name: f"torch{os.sep}multiprocessing{os.sep}" in name)
+    return found and found[0].co_name
 
 
 _RANK_PID = "UPS_DOCTOR_RANK_PID"

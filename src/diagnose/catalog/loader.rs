@@ -219,8 +219,10 @@ pub fn loader_failure(text: &[String]) -> Option<LoaderFailure> {
 /// process on the other end is gone: a batch a worker put on the queue is taken out by asking that
 /// worker for its shared memory's file descriptor (multiprocessing's `resource_sharer`), and a
 /// worker that has exited meanwhile answers with a reset or refused connection, an end of file,
-/// or its socket is gone. PyTorch then never says the worker died: the rank fails with that error (seen with
-/// `patterns.py --case worker_exit`, a worker calling `sys.exit(3)`, in CI at stop 40).
+/// or its socket is gone. PyTorch then never says the worker died: the rank fails with that
+/// error (seen with `patterns.py --case worker_exit`, a worker calling `sys.exit(3)`, in a
+/// fresh-clone run of the CI command and in 4 of 30 runs by hand).
+///
 /// The traceback's `File "…/reductions.py", line 540, in rebuild_storage_fd` is read from the
 /// rank's stderr; where Python lost stderr while printing it, the observer's error marker says the
 /// same (`… (train.py:12 in <module>; raised in torch's `rebuild_storage_fd`)`).

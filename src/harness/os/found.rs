@@ -17,18 +17,9 @@ pub enum FoundState {
     Ended(Option<Exit>),
 }
 
-/// Whether `pid` runs or has ended, and how, from one read: two reads (is it a zombie? is it
-/// alive?) can straddle its death and report it gone without the status it left.
-pub fn found_state(pid: u32) -> FoundState {
-    match memory::read_stat(pid) {
-        None => FoundState::Ended(None),
-        Some(s) if s.state == 'Z' => FoundState::Ended(s.exit_code.map(decode_wait_status)),
-        Some(_) => FoundState::Running,
-    }
-}
-
-/// One launcher-started process watched until it ends: [`found_state`] from a descriptor opened
-/// once (see [`memory::StatReader`]), for a watcher that polls every few milliseconds.
+/// One launcher-started process: whether it runs or has ended, and how, from one read of a
+/// descriptor opened once (see [`memory::StatReader`]), so that a watcher can poll it every few
+/// milliseconds.
 pub struct FoundWatch(Option<memory::StatReader>);
 
 impl FoundWatch {
@@ -36,7 +27,9 @@ impl FoundWatch {
         FoundWatch(memory::StatReader::open(pid))
     }
 
-    /// As [`found_state`]; a process that was already gone when opened has ended.
+    /// Its state now, from one read (two reads, is it a zombie? is it alive?, could straddle its
+    /// death and report it gone without the status it left); a process already gone when opened
+    /// has ended.
     pub fn state(&mut self) -> FoundState {
         match self.0.as_mut().and_then(memory::StatReader::read) {
             None => FoundState::Ended(None),
@@ -94,7 +87,7 @@ mod tests {
         // Not reaped yet: it stays a zombie until waited for.
         let mut seen = FoundState::Running;
         for _ in 0..500 {
-            seen = found_state(pid);
+            seen = FoundWatch::open(pid).state();
             if seen != FoundState::Running {
                 break;
             }
@@ -103,7 +96,7 @@ mod tests {
         assert_eq!(seen, FoundState::Ended(Some(Exit::Code(3))));
         drop(child.wait_with_output());
         // Reaped: gone, with no status left to read.
-        assert_eq!(found_state(pid), FoundState::Ended(None));
+        assert_eq!(FoundWatch::open(pid).state(), FoundState::Ended(None));
     }
 
     /// The watcher's descriptor, opened while the process runs, reads it running, then its

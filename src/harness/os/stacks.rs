@@ -137,7 +137,7 @@ fn syscall_name(n: i64) -> Option<&'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::harness::os::found::{FoundState, found_state};
+    use crate::harness::os::found::{FoundState, FoundWatch};
 
     #[test]
     fn programs_are_found_on_path_or_by_their_path() {
@@ -163,6 +163,6 @@ mod tests {
         assert!(thread.syscall.is_some(), "{thread:?}");
         go.send(()).unwrap();
         parked.join().unwrap();
-        assert_eq!(found_state(me), FoundState::Running);
+        assert_eq!(FoundWatch::open(me).state(), FoundState::Running);
     }
 }
