@@ -8,15 +8,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use crate::util::{Sandbox, bin, children_of, eventually, repo, venv_path, venv_python};
+use crate::util::{Sandbox, bin, children_of, eventually, free_port, repo, venv_path, venv_python};
 use serde_json::Value;
 
 fn program(name: &str) -> String {
     repo().join("tests/programs").join(name).display().to_string()
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 /// A job the test started: its launcher and everything below it are the test's own processes,

@@ -221,6 +221,15 @@ fn a_scenario_that_passes_has_nothing_to_bisect() {
     assert!(b.record["signature"].is_null());
 }
 
+/// `ups-doctor bisect --out OUT --cache CACHE` in `sb`, with the venv's `python` and `torchrun`
+/// first on `PATH`: a command's bisect, its options and the command still to add.
+fn bisect_command(sb: &Sandbox) -> std::process::Command {
+    let mut cmd = sb.cmd();
+    cmd.env("PATH", crate::util::venv_path()).arg("bisect").arg("--out").arg(sb.out());
+    cmd.arg("--cache").arg(sb.path().join("cache"));
+    cmd
+}
+
 /// `ups-doctor bisect -- CMD`: the components are the command line's own flags and its `--env`
 /// variables (`tests/programs/flags_crash.py`, real PyTorch, a SIGSEGV that needs a
 /// combination). Each case is cut to the command line derived by hand before running it
@@ -263,13 +272,7 @@ fn a_command_line_is_cut_to_its_minimal_failing_flags_printed_ready_to_paste() {
     ];
     for (options, flags, minimal, boundary) in cases {
         let sb = Sandbox::new();
-        let out = sb
-            .cmd()
-            .env("PATH", crate::util::venv_path())
-            .args(["bisect", "--out"])
-            .arg(sb.out())
-            .arg("--cache")
-            .arg(sb.path().join("cache"))
+        let out = bisect_command(&sb)
             .arg("--quiet")
             .args(options)
             .args(["--", "python", &program])
@@ -316,14 +319,8 @@ fn a_flaky_command_is_cut_to_its_minimal_command_line_with_its_rate() {
     let program = crate::util::repo().join("tests/programs/flags_crash.py").display().to_string();
     let sb = Sandbox::new();
     let coins = sb.path().join("coins");
-    let out = sb
-        .cmd()
-        .env("PATH", crate::util::venv_path())
+    let out = bisect_command(&sb)
         .env("FLAKY_COINS", &coins)
-        .args(["bisect", "--out"])
-        .arg(sb.out())
-        .arg("--cache")
-        .arg(sb.path().join("cache"))
         .args(["--quiet", "--json", "--confirm", "6", "--confidence", "0.95", "--budget", "80"])
         .args([
             "--",
@@ -368,6 +365,69 @@ fn a_flaky_command_is_cut_to_its_minimal_command_line_with_its_rate() {
         .collect();
     assert!(statuses.contains(&Some(139)) && statuses.contains(&Some(0)), "{statuses:?}");
     assert!(statuses.iter().all(|s| *s == Some(139) || *s == Some(0)), "{statuses:?}");
+}
+
+/// `bisect -- torchrun --nnodes 2 …`: bisect plays the nodes on this machine (an agent each, as
+/// `run --set launch.nodes=2` does) and cuts the node count like the rank count. A crash that
+/// needs a rank on torchrun's second node (`flags_crash.py --bug node`: `GROUP_RANK` of 1 or
+/// more, with 2 or more workers) keeps both nodes and is cut to the line derived by hand:
+/// `--num-workers 2`, nodes and ranks per node as given. It passes once its 2 ranks run on one
+/// node, once one rank runs, or with one worker. The printed line, run on two "nodes" (two
+/// shells here, each told its node rank and node 0's address as a cluster's job script does,
+/// through torchrun's `PET_` variables), fails the same way: node 1's torchrun reports its rank
+/// killed by SIGSEGV.
+#[test]
+fn a_torchrun_command_over_two_nodes_keeps_the_nodes_its_crash_needs() {
+    let program = crate::util::repo().join("tests/programs/flags_crash.py").display().to_string();
+    let sb = Sandbox::new();
+    let out = bisect_command(&sb)
+        .args(["--quiet", "--json", "--", "torchrun", "--nnodes", "2", "--nproc_per_node", "1", &program])
+        .args(["--bug", "node", "--num-workers", "4"])
+        .output()
+        .expect("ups-doctor starts");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {stderr}"));
+    assert_eq!((&r["original"]["launch"]["nodes"], &r["original"]["launch"]["world_size"]), (&2.into(), &2.into()));
+    let line = format!("torchrun --nnodes 2 --nproc_per_node 1 {program} --bug node --num-workers 2");
+    let m = &r["minimal_command"];
+    assert_eq!(m["line"], line.as_str(), "{r:#}");
+    assert_eq!(m["nodes"], 2, "{r:#}");
+    assert_eq!(
+        m["passes_once"],
+        serde_json::json!(["its 2 ranks run on one node", "the launcher runs 1 rank", "`--num-workers 1`"]),
+        "{r:#}"
+    );
+    assert_consistent(&sb.out());
+    let report = std::fs::read_to_string(sb.out().join("bisect.md")).unwrap();
+    assert!(report.contains("Paste it into a shell on each of its 2 nodes"), "{report}");
+    let port = crate::util::free_port().to_string();
+    let node = |rank: &str| {
+        // `exec`: the shell becomes torchrun, so that the signal below reaches torchrun itself.
+        std::process::Command::new("sh")
+            .args(["-c", &format!("exec {line}")])
+            .env("PATH", crate::util::venv_path())
+            .envs([("PET_NODE_RANK", rank), ("PET_MASTER_ADDR", "127.0.0.1"), ("PET_MASTER_PORT", &port)])
+            .current_dir(sb.path())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let mut node0 = node("0");
+    let node1 = node("1").wait_with_output().unwrap();
+    // Node 0's rank passes and ends by itself; its torchrun then waits at its exit barrier for
+    // node 1 (300 s, deaf to SIGTERM meanwhile), so it is killed once it has no rank left.
+    let torchrun = node0.id();
+    let alone = crate::util::eventually(std::time::Duration::from_secs(120), || {
+        crate::util::children_of(torchrun).is_empty()
+    });
+    node0.kill().unwrap();
+    node0.wait().unwrap();
+    assert!(alone, "node 0's rank ended by itself");
+    let said = String::from_utf8_lossy(&node1.stderr);
+    assert_eq!(node1.status.code(), Some(1), "{said}");
+    assert!(said.contains("Signal 11 (SIGSEGV)"), "node 1's torchrun names the signal: {said}");
 }
 
 #[test]

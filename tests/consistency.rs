@@ -890,6 +890,13 @@ fn check_bisect_command(text: &str, r: &Value) -> Vec<String> {
                     fenced(section, "sh")
                 ));
             }
+            let said_nodes = re(r"on each of its (\d+) nodes").captures(section).map(|c| c[1].to_string());
+            if said_nodes != m["nodes"].as_u64().map(|n| n.to_string()) {
+                out.push(format!(
+                    "the command is run on each of {said_nodes:?} nodes, bisect.json's nodes is {}",
+                    m["nodes"]
+                ));
+            }
             let passes = strings_of(&m["passes_once"]);
             let said = re(r"(?m)^It passes once (.+)\.$").captures(section).map(|c| c[1].to_string());
             if said
@@ -1244,8 +1251,8 @@ fn every_check_catches_a_contradiction() {
         (
             "bisect-external-workers-pin-memory",
             "bisect.md",
-            "(exited with code 1 in rank",
-            "(signaled SIGSEGV in rank",
+            "(exited with code 1 in a rank",
+            "(signaled SIGSEGV in a rank",
             "outcome",
         ),
         (

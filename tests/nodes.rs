@@ -5,13 +5,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
-use crate::util::{Sandbox, eventually};
+use crate::util::{Sandbox, eventually, free_port};
 use serde_json::Value;
-
-/// A port nobody listens on now, for the coordinator.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
 
 /// `ups-doctor run FILE --nodes N --node-rank R --coordinator 127.0.0.1:PORT --out OUT/nodeR`.
 fn agent(sb: &Sandbox, file: &Path, node: u32, nodes: u32, port: u16, extra: &[&str]) -> Command {

@@ -8,19 +8,13 @@
 //! cluster (`UPS_DOCTOR_SLURM=1`) a cluster that does not answer fails the test instead.
 
 use std::ffi::OsString;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
 use crate::util::slurm::cluster;
-use crate::util::{RunOutput, Sandbox, eventually, repo};
+use crate::util::{RunOutput, Sandbox, eventually, free_port, repo};
 use serde_json::Value;
-
-/// A port nobody listens on now, for the program's rendezvous.
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
 
 /// A scenario whose command is `srun -N 1 -n 2 -J JOB python srun_ddp.py --port PORT ARGS`.
 fn srun_scenario(sb: &Sandbox, name: &str, job: &str, args: &str, rest: &str) -> PathBuf {

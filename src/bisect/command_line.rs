@@ -19,6 +19,10 @@ pub struct MinimalCommand {
     pub line: String,
     /// Each cut that makes it pass, in the program's own words.
     pub passes_once: Vec<String>,
+    /// The nodes the line is run on, one copy each, where it needs more than one (a torchrun
+    /// `--nnodes N` that still fails only across nodes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nodes: Option<u32>,
 }
 
 /// The minimal command of `minimal` and the cuts of `boundary` that pass, with `flags` naming
@@ -37,24 +41,37 @@ pub fn minimal_command(
     }
     let passes_once =
         boundary.iter().filter(|b| b.passes).map(|b| in_flag_words(&b.cut, flags, minimal)).collect();
-    MinimalCommand { line, passes_once }
+    let nodes = (minimal.launch.nodes > 1).then_some(minimal.launch.nodes);
+    MinimalCommand { line, passes_once, nodes }
 }
 
 /// The minimal scenario's command line with its params filled in (other placeholders as written).
 fn minimal_argv(minimal: &Scenario) -> Vec<String> {
     let command = minimal.command.as_deref().unwrap_or_default();
-    crate::scenario::render_with(command, &minimal.params, |name| {
-        (name == "world_size").then(|| minimal.launch.world_size.to_string())
-    })
+    crate::scenario::render_with(command, &minimal.params, |name| minimal.launch_placeholder(name))
 }
 
 /// A boundary setting (`params.num_workers=3`) in the command's own words (`` `--num-workers 3` ``,
 /// `` `--depths 4,4` `` or `` `--gpus 0 1` `` as the list was written, `` `--pin-memory` is
 /// removed ``, `` `NAME` is unset ``); anything else as it is.
-fn in_flag_words(setting: &str, flags: &BTreeMap<String, String>, scenario: &Scenario) -> String {
+fn in_flag_words(cut: &str, flags: &BTreeMap<String, String>, scenario: &Scenario) -> String {
+    let settings: Vec<&str> = cut.split(", ").collect();
+    // One rank is on one node: the rank cut takes the nodes along, and says so by itself.
+    let said = |s: &&&str| !(s.starts_with("launch.nodes=") && settings.len() > 1);
+    let words: Vec<String> =
+        settings.iter().filter(said).map(|s| setting_in_flag_words(s, flags, scenario)).collect();
+    words.join(" and ")
+}
+
+/// One setting of a cut in the command's own words.
+fn setting_in_flag_words(setting: &str, flags: &BTreeMap<String, String>, scenario: &Scenario) -> String {
     let Some((field, value)) = setting.split_once('=') else { return format!("`{setting}`") };
     if field == "launch.world_size" {
         return format!("the launcher runs {value} rank{}", if value == "1" { "" } else { "s" });
+    }
+    if field == "launch.nodes" && value == "1" {
+        let ranks = scenario.launch.world_size;
+        return format!("its {ranks} rank{} run on one node", if ranks == 1 { "" } else { "s" });
     }
     if let Some(name) = field.strip_prefix(env_id("").as_str()) {
         return format!("`{name}` is unset");
@@ -123,5 +140,27 @@ mod tests {
                 "the launcher runs 1 rank"
             ]
         );
+    }
+
+    #[test]
+    fn a_command_that_still_needs_its_nodes_is_given_per_node_and_the_one_node_cut_in_words() {
+        let scenario: Scenario = serde_json::from_value(serde_json::json!({
+            "name": "t",
+            "command": ["torchrun", "--nnodes", "{nodes}", "--nproc_per_node", "{ranks_per_node}", "t.py"],
+            "launch": {"world_size": 4, "nodes": 2},
+        }))
+        .unwrap();
+        let boundary = [entry("launch.nodes=1", true), entry("launch.world_size=1", true)];
+        let m = minimal_command(&scenario, &boundary, &BTreeMap::new());
+        assert_eq!(m.line, "torchrun --nnodes 2 --nproc_per_node 2 t.py");
+        assert_eq!(m.passes_once, ["its 4 ranks run on one node", "the launcher runs 1 rank"]);
+        // The rank cut's own ladder takes the nodes along, and is said as the rank cut.
+        let m = minimal_command(&scenario, &[entry("launch.nodes=1, launch.world_size=1", true)], &BTreeMap::new());
+        assert_eq!(m.passes_once, ["the launcher runs 1 rank"]);
+        assert_eq!(m.nodes, Some(2));
+        let mut one = scenario.clone();
+        one.launch.nodes = 1;
+        let m = minimal_command(&one, &[], &BTreeMap::new());
+        assert_eq!((m.line.as_str(), m.nodes), ("torchrun --nnodes 1 --nproc_per_node 4 t.py", None));
     }
 }

@@ -26,8 +26,9 @@ pub struct Signature {
 }
 
 impl Signature {
-    /// One line for reports: "signaled SIGSEGV in rank at `forward`",
-    /// "exited with code 1 in rank at `backward`", "hung in worker".
+    /// One line for reports: "signaled SIGSEGV in a rank at `forward`",
+    /// "exited with code 1 in a rank at `backward`", "hung in a worker". Which rank is not part of
+    /// the failure's identity: a cut of the rank count moves it.
     pub fn describe(&self) -> String {
         let mut out = match self.outcome {
             OutcomeKind::FalseSuccess => "false success".to_string(),
@@ -42,8 +43,10 @@ impl Signature {
         if let Some(code) = self.exit_code {
             out.push_str(&format!(" with code {code}"));
         }
-        out.push_str(" in ");
-        out.push_str(self.role.as_str());
+        match self.role {
+            ProcessRole::Other => out.push_str(" in a process"),
+            role => out.push_str(&format!(" in a {role}")),
+        }
         if let Some(phase) = &self.phase {
             out.push_str(&format!(" at `{phase}`"));
         }
@@ -69,18 +72,20 @@ mod tests {
             phase: Some("forward".into()),
             ..signature(OutcomeKind::Signaled)
         };
-        assert_eq!(segv.describe(), "signaled SIGSEGV in rank at `forward`");
+        assert_eq!(segv.describe(), "signaled SIGSEGV in a rank at `forward`");
         let exited = Signature {
             exit_code: Some(1),
             phase: Some("backward".into()),
             ..signature(OutcomeKind::Exited)
         };
-        assert_eq!(exited.describe(), "exited with code 1 in rank at `backward`");
-        assert_eq!(signature(OutcomeKind::TimedOut).describe(), "timed out in rank");
+        assert_eq!(exited.describe(), "exited with code 1 in a rank at `backward`");
+        assert_eq!(signature(OutcomeKind::TimedOut).describe(), "timed out in a rank");
         assert_eq!(
             Signature { role: ProcessRole::Worker, ..signature(OutcomeKind::Hung) }.describe(),
-            "hung in worker"
+            "hung in a worker"
         );
+        let other = Signature { role: ProcessRole::Other, ..signature(OutcomeKind::Exited) };
+        assert_eq!(other.describe(), "exited in a process");
     }
 
     #[test]

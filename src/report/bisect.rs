@@ -153,10 +153,14 @@ fn command_section(minimal: &crate::bisect::MinimalCommand) -> String {
     } else {
         format!("\n\nIt passes once {}.", minimal.passes_once.join(", or once "))
     };
-    format!(
-        "## Minimal failing command\n\nPaste it into a shell to see the failure again:\n\n{}{passes}",
-        fence("sh", &minimal.line)
-    )
+    let paste = match minimal.nodes {
+        Some(n) => format!(
+            "Paste it into a shell on each of its {n} nodes to see the failure again (on one machine, \
+             `ups-doctor run --set launch.nodes={n} -- …` plays them all, as this bisect did)"
+        ),
+        None => "Paste it into a shell to see the failure again".to_string(),
+    };
+    format!("## Minimal failing command\n\n{paste}:\n\n{}{passes}", fence("sh", &minimal.line))
 }
 
 fn footer(r: &BisectRecord) -> String {
@@ -286,6 +290,7 @@ mod tests {
         r.minimal_command = Some(crate::bisect::MinimalCommand {
             line: "KERNEL=fast python t.py --workers 2".into(),
             passes_once: vec!["`--workers 1`".into(), "`KERNEL` is unset".into()],
+            nodes: None,
         });
         let text = render_bisect(&r);
         let section = "## Minimal failing command\n\nPaste it into a shell to see the failure again:\n\n```sh\n\

@@ -96,9 +96,14 @@ fn from_command(args: &mut BisectRequest) -> Result<Option<Command>, Error> {
     }
     let mut file = super::command::scenario_file(&args.command, &args.options)?;
     let (argv, params, flags) = super::command::decompose(&args.command, &args.keep, &cuts);
+    if let Some(nodes) = super::command::torchrun_nodes(&args.command) {
+        // The nodes are played on this machine, one agent each, as `--set launch.nodes` does
+        // for `run`: a bisect cannot wait for nodes started by hand.
+        file["launch"]["nodes"] = json!(nodes);
+    }
     if params.is_empty()
         && env_names.len() == keep_env.len()
-        && !argv.iter().any(|a| a.contains("{world_size}"))
+        && !argv.iter().any(|a| a.contains("{world_size}") || a.contains("{nodes}"))
     {
         return Err(Error::BadInput(
             "nothing in this command line can be cut: no integer flag, list, on/off value or bare flag after \

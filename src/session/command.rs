@@ -186,18 +186,23 @@ pub fn decompose(
     let mut out = argv.to_vec();
     let mut params = serde_json::Map::new();
     let mut flags = BTreeMap::new();
-    if let Some((per, nodes)) = rank_flags(argv)
-        && flag_value(argv, nodes).is_none()
-        && declared_ranks(argv).is_some_and(|(n, _)| n > 1)
-    {
+    let mut fill = |names: &[&str], placeholder: &str| {
         for (i, arg) in argv.iter().enumerate() {
-            for flag in per {
-                if arg == flag && i + 1 < out.len() {
-                    out[i + 1] = "{world_size}".to_string();
+            for flag in names {
+                if arg == flag && i + 1 < argv.len() {
+                    out[i + 1] = format!("{{{placeholder}}}");
                 } else if arg.starts_with(&format!("{flag}=")) {
-                    out[i] = format!("{flag}={{world_size}}");
+                    out[i] = format!("{flag}={{{placeholder}}}");
                 }
             }
+        }
+    };
+    if let Some((per, nodes)) = rank_flags(argv) {
+        if torchrun_nodes(argv).is_some() {
+            fill(nodes, "nodes");
+            fill(per, "ranks_per_node");
+        } else if flag_value(argv, nodes).is_none() && declared_ranks(argv).is_some_and(|(n, _)| n > 1) {
+            fill(per, "world_size");
         }
     }
     let Some(script) = argv.iter().position(|a| a.ends_with(".py")).or((!argv.is_empty()).then_some(0))
@@ -214,7 +219,7 @@ pub fn decompose(
         let base = if base.starts_with(|c: char| c.is_ascii_digit()) { format!("f_{base}") } else { base };
         let mut name = base.clone();
         let mut n = 2;
-        while params.contains_key(&name) {
+        while params.contains_key(&name) || scenario::BUILTIN_PLACEHOLDERS.contains(&name.as_str()) {
             name = format!("{base}_{n}");
             n += 1;
         }
@@ -288,6 +293,16 @@ pub fn decompose(
     (out, params, flags)
 }
 
+/// The node count of a torchrun command over several nodes (`--nnodes 2`; not an elastic
+/// `MIN:MAX`), which bisect plays on this machine as `launch.nodes`: its node count and ranks per
+/// node become `{nodes}` and `{ranks_per_node}`, and cutting the nodes to one gives the same
+/// ranks on one node.
+pub fn torchrun_nodes(argv: &[String]) -> Option<u32> {
+    let (_, nodes) = rank_flags(argv)?;
+    let (value, _) = flag_value(argv, nodes).filter(|_| nodes.contains(&"--nnodes"))?;
+    value.parse::<u32>().ok().filter(|n| *n > 1)
+}
+
 /// The integers at the start of `rest` (the words after a flag), each written as it renders
 /// back (`0`, not `00`): the items of a list written as separate words.
 fn word_list(rest: &[String]) -> Vec<u64> {
@@ -346,9 +361,41 @@ mod tests {
             (&params["ids"], &params["n"], &flags["gpus"]),
             (&json!(1), &json!(3), &"--gpus".to_string())
         );
-        // Several nodes: the rank count per node is not the world size, so it is left alone.
-        let (out, _, _) = decompose(&words("torchrun --nnodes 2 --nproc_per_node 2 t.py"), &[], &[]);
-        assert_eq!(out, words("torchrun --nnodes 2 --nproc_per_node 2 t.py"));
+        // A flag named as a built-in placeholder gets another name, which the loader accepts.
+        let (out, params, flags) = decompose(&words("python t.py --world-size 4 --nodes 2"), &[], &[]);
+        assert_eq!(out, words("python t.py --world-size {world_size_2} --nodes {nodes_2}"));
+        assert_eq!((&params["world_size_2"], &flags["nodes_2"]), (&json!(4), &"--nodes".to_string()));
+    }
+
+    #[test]
+    fn torchrun_over_several_nodes_gives_its_node_count_and_ranks_per_node_to_the_scenario() {
+        for line in ["torchrun --nnodes 2 --nproc_per_node 3 t.py", "torchrun --nnodes=2 --nproc-per-node=3 t.py"] {
+            let (out, _, _) = decompose(&words(line), &[], &[]);
+            let want = line.replace("2 ", "{nodes} ").replace("=2", "={nodes}").replace('3', "{ranks_per_node}");
+            assert_eq!(out, words(&want), "{line}");
+            assert_eq!(torchrun_nodes(&words(line)), Some(2));
+        }
+        // An elastic `MIN:MAX` range, one node, or another launcher's nodes: left as written.
+        for line in [
+            "torchrun --nnodes 1:4 --nproc_per_node 2 t.py",
+            "torchrun --nnodes 1 --nproc_per_node 1 t.py",
+            "deepspeed --num_nodes 2 --num_gpus 1 t.py",
+        ] {
+            assert_eq!(decompose(&words(line), &[], &[]).0, words(line), "{line}");
+            assert_eq!(torchrun_nodes(&words(line)), None, "{line}");
+        }
+        // The scenario a bisect makes of it plays the nodes here, and fills the placeholders back.
+        let argv = words("torchrun --nnodes 2 --nproc_per_node 3 t.py --workers 4");
+        let (out, params, _) = decompose(&argv, &[], &[]);
+        let ranks = declared_ranks(&argv).unwrap().0;
+        let file = json!({"name": "t", "command": out, "params": params, "launch": {"world_size": ranks, "nodes": 2}});
+        let s = scenario::load_str(&file.to_string(), Path::new(ORIGIN), &[]).unwrap();
+        assert_eq!((s.launch.world_size, s.launch.nodes), (6, 2));
+        let filled: Vec<String> = ["{nodes}", "{ranks_per_node}", "{world_size}"]
+            .iter()
+            .map(|p| s.launch_placeholder(p.trim_matches(['{', '}'])).unwrap())
+            .collect();
+        assert_eq!(filled, ["2", "3", "6"]);
     }
 
     #[test]

@@ -4,6 +4,8 @@ extension gives) needs a particular combination of them, for `ups-doctor bisect 
 - `--bug threshold`: `--num-workers` of 3 or more together with `--pin-memory`;
 - `--bug product`: `--batch-size` × `--samples` above 1000;
 - `--bug env`: `TRAIN_KERNEL=fused` in the environment together with two or more `--depths`;
+- `--bug node`: `--num-workers` of 2 or more on a rank of torchrun's second node or later
+  (`GROUP_RANK`, the node's rank, of 1 or more): the same ranks on one node pass;
 - `--bug flaky`: `--num-workers` of 2 or more, and then only in about half of the runs (each
   run's coin is the next of a fixed sequence when `FLAKY_COINS` names a counter file, so a test
   sees the same flips every time; else a random one).
@@ -20,7 +22,7 @@ import random
 import torch
 
 p = argparse.ArgumentParser()
-p.add_argument("--bug", choices=["threshold", "product", "env", "flaky"], required=True)
+p.add_argument("--bug", choices=["threshold", "product", "env", "node", "flaky"], required=True)
 p.add_argument("--num-workers", type=int, default=0)
 p.add_argument("--batch-size", type=int, default=8)
 p.add_argument("--samples", type=int, default=16)
@@ -61,6 +63,8 @@ elif a.bug == "product":
     crash = a.batch_size * a.samples > 1000
 elif a.bug == "env":
     crash = os.environ.get("TRAIN_KERNEL") == "fused" and len(depths) >= 2
+elif a.bug == "node":
+    crash = a.num_workers >= 2 and int(os.environ.get("GROUP_RANK", "0")) >= 1
 else:
     crash = a.num_workers >= 2 and coin()
 if crash:

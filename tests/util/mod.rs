@@ -215,6 +215,11 @@ pub fn venv_python() -> PathBuf {
     python
 }
 
+/// A port nobody listens on now, for a coordinator or a program's rendezvous.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
 /// `PATH` with the venv's `bin` first, so that `python` and `torchrun` in a command are its own.
 pub fn venv_path() -> std::ffi::OsString {
     let python = venv_python();

@@ -10,10 +10,9 @@ use crate::scenario::{Scenario, render_with};
 pub fn argv(scenario: &Scenario, scenario_dir: &Path, master_port: u16) -> Vec<String> {
     let command = scenario.command.as_deref().unwrap_or_default();
     render_with(command, &scenario.params, |name| match name {
-        "world_size" => Some(scenario.launch.world_size.to_string()),
         "master_port" => Some(master_port.to_string()),
         "scenario_dir" => Some(scenario_dir.display().to_string()),
-        _ => None,
+        _ => scenario.launch_placeholder(name),
     })
 }
 

@@ -19,11 +19,13 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::Number;
 
 /// Placeholders every command may use besides its params: `{world_size}` (`launch.world_size`,
-/// e.g. for `torchrun --nproc_per_node {world_size}`), `{scenario_dir}` (the absolute folder of
-/// the scenario file, to name a program next to it) and `{master_port}` (a free TCP port picked
-/// for the run's rendezvous, for launchers that take it as an argument: `deepspeed
-/// --master_port {master_port}`, `accelerate launch --main_process_port {master_port}`).
-pub const BUILTIN_PLACEHOLDERS: [&str; 3] = ["world_size", "scenario_dir", "master_port"];
+/// e.g. for `torchrun --nproc_per_node {world_size}`), `{nodes}` (`launch.nodes`) and
+/// `{ranks_per_node}` (`world_size / nodes`), for `torchrun --nnodes {nodes} --nproc_per_node
+/// {ranks_per_node}`, `{scenario_dir}` (the absolute folder of the scenario file, to name a
+/// program next to it) and `{master_port}` (a free TCP port picked for the run's rendezvous, for
+/// launchers that take it as an argument: `deepspeed --master_port {master_port}`, `accelerate
+/// launch --main_process_port {master_port}`).
+pub const BUILTIN_PLACEHOLDERS: [&str; 5] = ["world_size", "nodes", "ranks_per_node", "scenario_dir", "master_port"];
 
 /// One user knob of an external command.
 #[derive(Debug, Clone, PartialEq)]

@@ -40,6 +40,18 @@ impl Scenario {
         self.command.is_some()
     }
 
+    /// The value of a built-in placeholder that follows from `launch`: `world_size`, `nodes` and
+    /// `ranks_per_node` (the ranks each node starts); `None` for any other name.
+    pub fn launch_placeholder(&self, name: &str) -> Option<String> {
+        let launch = &self.launch;
+        match name {
+            "world_size" => Some(launch.world_size.to_string()),
+            "nodes" => Some(launch.nodes.to_string()),
+            "ranks_per_node" => Some((launch.world_size / launch.nodes.max(1)).to_string()),
+            _ => None,
+        }
+    }
+
     /// The scenario as a file would say it, pretty JSON: for a `command`, the built-in trainer's
     /// fields that are at their defaults (all of them, once loaded) are left out, so a saved
     /// scenario shows what the program runs with and nothing that does not apply (its keys are
