@@ -194,6 +194,26 @@ fn hangs_of_real_programs_are_named_from_py_spy_stacks() {
         "{headline}"
     );
     assert!(!headline.contains("marker"), "no marker texts for a program: {headline}");
+    // The group's own count of collectives places the barrier among DDP's reductions, which
+    // rank 1 issued from C++ (the ledger of its Python collectives is empty).
+    let evidence = s["verdict"]["evidence"].as_array().unwrap();
+    let said = |words: &str| evidence.iter().filter_map(Value::as_str).find(|l| l.contains(words));
+    let count = said("the process group's own count").unwrap_or_else(|| panic!("{evidence:#?}"));
+    let per_step = s["ranks"][1]["observed"]["unseen_per_step"].as_f64().unwrap_or(0.0);
+    assert!(per_step >= 1.0, "DDP reduces its gradients at least once a backward: {:#}", s["ranks"][1]);
+    assert!(count.contains("DDP's gradient reductions"), "{count}");
+    let pos = s["ranks"][0]["observed"]["ledger"][0]["pos"].as_u64().unwrap();
+    assert_eq!(
+        said("waits in `barrier`"),
+        Some(
+            format!(
+                "at the group's collective #{pos}, rank 0 waits in `barrier` #1 (patterns.py:99); rank 1 issued it \
+                 from C++ (as DDP issues its gradient reductions)"
+            )
+            .as_str()
+        ),
+        "{evidence:#?}"
+    );
 
     // A child forked after a 2-thread matmul deadlocks in libgomp on its own matmul.
     let s = by_name(&run, "fork_threads");

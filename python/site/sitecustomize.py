@@ -92,6 +92,15 @@ class _Observer:
         self.summarised = None
         self.helper_steps = False
         self.workers_sent = 0
+        # The default group's own count of the collectives issued on it (its sequence number),
+        # which counts those issued from C++ too (DDP's gradient reductions), read once a step
+        # and by the sending thread; `spans` the part of it the Python collectives account for.
+        self.pg = None
+        self.issued_at_step = None
+        self.issued_sent = None
+        self.spans = 0
+        self.spans_at_step = 0
+        self.issued_base = 0
 
     # -- the wire -------------------------------------------------------------------------
     def send(self, marker, urgent=False):
@@ -105,17 +114,18 @@ class _Observer:
         if urgent:
             self.wake.set()
 
-    def returned(self, entry, ms):
-        """A collective queued by `send` returned after `ms`: still queued, it goes out once with its
-        duration; already sent (`_flush` marks it), it goes again with it."""
+    def returned(self, entry, ms, span=None):
+        """A collective queued by `send` returned after `ms` (having issued `span` of the group's
+        collectives): still queued, it goes out once with them; already sent (`_flush` marks it),
+        it goes again with them."""
         with self.lock:
             if entry.pop("_sent", False):
-                again = dict(entry)
-                again["ms"] = ms
-                again["mono_ns"] = time.monotonic_ns()
-                self.send(again)
-            else:
-                entry["ms"] = ms
+                entry = dict(entry)
+                entry["mono_ns"] = time.monotonic_ns()
+                self.send(entry)
+            entry["ms"] = ms
+            if span is not None:
+                entry["span"] = span
 
     def _start(self):
         import threading
@@ -131,6 +141,7 @@ class _Observer:
                 self.summary()
             except RuntimeError:  # the history changed while it was read: next time
                 pass
+            self.send_issued()
             self.flush()
 
     def _tag(self, marker):
@@ -194,18 +205,44 @@ class _Observer:
 
     def at_exit(self):
         self.summary(force=True)
+        self.send_issued()
         self.flush()
 
     def after_fork(self):
         import collections
         import threading
 
+        # A forked child (a DataLoader worker) issues no collective; the parent's group may have
+        # been mid-call at the fork, so the child never touches it.
+        self.pg = None
         self.queue = collections.deque()
         self.wake = threading.Event()
         self.lock = threading.Lock()
         self.thread = None
 
     # -- what is recorded -----------------------------------------------------------------
+    def issued(self):
+        """The default group's count of collectives issued on it so far; None without a group or
+        where its backend keeps no count."""
+        pg = self.pg
+        if pg is None:
+            return None
+        try:
+            return int(pg._get_sequence_number_for_group())
+        except Exception:
+            self.pg = None
+            return None
+
+    def send_issued(self):
+        """The group's count, when it moved: on a hang, how far each rank got, counting the
+        collectives the ledger cannot see. `unseen`: those not issued through torch.distributed's
+        Python functions (DDP's gradient reductions, from C++)."""
+        n = self.issued()
+        if n is None or n == self.issued_sent:
+            return
+        self.issued_sent = n
+        self.send({"t": "issued", "n": n, "unseen": max(n - self.spans - self.issued_base, 0)})
+
     def summary(self, force=False):
         now = time.monotonic()
         if not force and now - self.summary_sent_at < 1.0:
@@ -216,13 +253,17 @@ class _Observer:
         self.summary_sent_at, self.summarised = now, state
 
         def median(i):
-            values = sorted(h[i] for h in self.history)
-            return round(values[len(values) // 2], 3) if values else 0.0
+            values = sorted(h[i] for h in self.history if h[i] is not None)
+            return round(values[len(values) // 2], 3) if values else None
 
-        self.send({"t": "observer", "steps": self.steps, "timed_steps": len(self.history),
-                   "step_ms": median(0), "data_ms": median(1), "forward_ms": median(2),
-                   "collective_ms": median(3), "distributed": self.world_size is not None,
-                   "dropped": self.dropped})
+        marker = {"t": "observer", "steps": self.steps, "timed_steps": len(self.history),
+                  "step_ms": median(0) or 0.0, "data_ms": median(1) or 0.0, "forward_ms": median(2) or 0.0,
+                  "collective_ms": median(3) or 0.0, "distributed": self.world_size is not None,
+                  "dropped": self.dropped}
+        unseen = median(4)
+        if unseen is not None:
+            marker["unseen_per_step"] = unseen
+        self.send(marker)
 
     def on_step(self, optimizer):
         if self.optimizer is None:
@@ -235,8 +276,13 @@ class _Observer:
         data, forward, collective = self.data_ms, self.forward_ms, self.collective_ms
         samples, self.samples = self.samples, 0
         self.data_ms = self.forward_ms = self.collective_ms = 0.0
+        # Collectives of this step issued other than through the Python functions: DDP's.
+        issued, unseen = self.issued(), None
+        if issued is not None and self.issued_at_step is not None:
+            unseen = issued - self.issued_at_step - (self.spans - self.spans_at_step)
+        self.issued_at_step, self.spans_at_step = issued, self.spans
         if self.last_step_at is not None:
-            self.history.append(((now - self.last_step_at) * 1000.0, data, forward, collective))
+            self.history.append(((now - self.last_step_at) * 1000.0, data, forward, collective, unseen))
         step_ms = (now - self.last_step_at) * 1000.0 if self.last_step_at is not None else 0.0
         self.last_step_at = now
         if not self.helper_steps:
@@ -403,15 +449,28 @@ def _wrap_collective(dist, op, original):
             dtype = str(tensors[0].dtype).replace("torch.", "") if tensors else ""
             entry = {"t": "collective", "op": op, "group": name, "seq": seq, "shapes": shapes,
                      "dtype": dtype, "site": _call_site()}
+            # Its place in the default group's own count (which DDP's collectives move too).
+            before = obs.issued() if name == "default" or group is obs.pg else None
+            if before is not None:
+                entry["pos"] = before + 1
+                # Counted as one while it runs (a rank may hang in it), as many as it issued after.
+                obs.spans += 1
             obs.send(entry)
         except Exception:
-            entry = None
+            entry = before = None
         started = time.perf_counter()
         result = original(*args, **kwargs)
         if entry is not None:
             ms = (time.perf_counter() - started) * 1000.0
             obs.collective_ms += ms
-            obs.returned(entry, round(ms, 3))
+            span = None
+            if before is not None:
+                after = obs.issued()
+                if after is not None:
+                    # `all_gather_object` and the like issue more than one.
+                    span = after - before
+                    obs.spans += span - 1
+            obs.returned(entry, round(ms, 3), span)
         return result
 
     setattr(dist, op, collective)
@@ -432,6 +491,8 @@ def _wrap_init(dist):
         result = original(*args, **kwargs)
         try:
             obs.rank, obs.world_size = int(dist.get_rank()), int(dist.get_world_size())
+            obs.pg = dist.distributed_c10d._get_default_group()
+            obs.issued_base = obs.issued() or 0
             backend = str(dist.get_backend())
             store = kwargs.get("init_method") or (args[1] if len(args) > 1 else None)
             if not store:

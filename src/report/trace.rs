@@ -530,6 +530,8 @@ mod tests {
             site: "train.py:40".into(),
             ms,
             at_s,
+            pos: None,
+            span: None,
         };
         r.observed = Some(crate::schema::ObservedProgram {
             collectives: 40,

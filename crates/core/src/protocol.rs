@@ -180,7 +180,9 @@ pub enum Marker {
         executable: String,
     },
     /// From the observer: a `torch.distributed` collective the program issued (`ms` absent) or
-    /// that returned after `ms`; `seq` counts the collectives of its `group` from 1.
+    /// that returned after `ms`; `seq` counts the collectives of its `group` from 1. On the
+    /// default group, `pos` is its place in the group's own count (which counts the collectives
+    /// issued from C++ too: DDP's), and `span` how many of them it issued once it returned.
     Collective {
         op: String,
         group: String,
@@ -194,7 +196,15 @@ pub enum Marker {
         site: String,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         ms: Option<f64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pos: Option<u64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        span: Option<u64>,
     },
+    /// From the observer, whenever it moved (read every 0.25 s): the default group's own count of
+    /// the collectives issued on it since it formed (`n`, the group's sequence number), and how
+    /// many of them were `unseen` by the ledger: issued from C++, as DDP's gradient reductions are.
+    Issued { n: u64, unseen: u64 },
     /// From the observer, at most once a second and at exit: optimizer steps, the median time of
     /// a step and of its parts, whether the process formed a group, and markers it dropped.
     Observer {
@@ -213,6 +223,9 @@ pub enum Marker {
         distributed: bool,
         #[serde(default)]
         dropped: u64,
+        /// The median of the collectives a step issued from C++ (DDP's gradient reductions).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        unseen_per_step: Option<f64>,
     },
 }
 

@@ -244,6 +244,7 @@ pub fn ranks_out_of_step(ev: &Evidence, first: Option<&RankEvidence>) -> Option<
         }
     ));
     f.evidence.push(format!("from py-spy stacks of each rank's main thread: {}", places.join("; ")));
+    f.evidence.extend(super::group_count::group_count_evidence(ev));
     if !kernel.is_empty() {
         f.evidence.push(format!("the kernel: {}", kernel.join("; ")));
     }

@@ -7,6 +7,7 @@ mod crash;
 mod ddp;
 mod distributed;
 mod fork;
+mod group_count;
 mod loader;
 mod memory;
 mod numeric;

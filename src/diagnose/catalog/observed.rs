@@ -133,6 +133,7 @@ pub fn collective_mismatch(ev: &Evidence, first: Option<&RankEvidence>) -> Optio
         let mut f = Finding::of(&COLLECTIVE_MISMATCH);
         let places: Vec<String> = ledgers.iter().map(|(r, o)| standing(*r, o.last_of(group))).collect();
         f.evidence.push(format!("from the observer's collective ledgers: {}", places.join("; ")));
+        f.evidence.extend(super::group_count::group_count_evidence(ev));
         if let Some(seq) = differ_at {
             return Some(ops_differ(&ledgers, group, seq, f));
         }
@@ -356,6 +357,8 @@ mod tests {
             site: "train.py:40".into(),
             ms,
             at_s: None,
+            pos: None,
+            span: None,
         }
     }
 
@@ -379,7 +382,12 @@ mod tests {
         r
     }
 
-    fn judge(ranks: &[RankResult], scenario: &crate::scenario::Scenario) -> Option<Finding> {
+    /// `f` of the evidence gathered from `ranks` of `scenario`.
+    fn with_evidence<T>(
+        ranks: &[RankResult],
+        scenario: &crate::scenario::Scenario,
+        f: impl FnOnce(&Evidence) -> T,
+    ) -> T {
         let leftovers = Leftovers::default();
         let o = Observed {
             scenario,
@@ -391,9 +399,14 @@ mod tests {
             cgroup: None,
             launcher: None,
         };
-        let ev = Evidence::gather(&o);
-        let first = ev.ranks.first().cloned();
-        collective_mismatch(&ev, first.as_ref())
+        f(&Evidence::gather(&o))
+    }
+
+    fn judge(ranks: &[RankResult], scenario: &crate::scenario::Scenario) -> Option<Finding> {
+        with_evidence(ranks, scenario, |ev| {
+            let first = ev.ranks.first().cloned();
+            collective_mismatch(ev, first.as_ref())
+        })
     }
 
     fn scenario(world: u32) -> crate::scenario::Scenario {
@@ -480,5 +493,42 @@ mod tests {
         let mut silent = hung(1, &["all_gather"; 2], false);
         silent.observed = None;
         assert!(judge(&[hung(0, &["all_gather"; 3], true), silent], &s).is_none());
+    }
+
+    /// Rank 0 waits in a `barrier` at the group's collective #9; rank 1 issued 9 (or 8), none
+    /// through the Python functions (DDP's reductions, from C++).
+    #[test]
+    fn the_groups_own_count_says_who_issued_the_waited_collective_from_cpp_and_who_has_not_reached_it() {
+        let with_count = |mut r: RankResult, n: u64, unseen: u64| {
+            let o = r.observed.as_mut().unwrap();
+            (o.issued, o.unseen, o.unseen_per_step) = (Some(n), Some(unseen), Some(3.0));
+            if let Some(e) = o.ledger.last_mut() {
+                e.pos = Some(n);
+            }
+            r
+        };
+        let lines = |ranks: &[RankResult]| {
+            with_evidence(ranks, &crate::scenario::Scenario::default(), super::super::group_count::group_count_evidence)
+        };
+        let barrier = with_count(hung(0, &["barrier"], true), 9, 8);
+        let got = lines(&[barrier.clone(), with_count(hung(1, &[], false), 9, 9)]);
+        assert_eq!(
+            got,
+            [
+                "the process group's own count of the collectives issued on it (those from C++ included, which the \
+                 ledger cannot see): rank 0 issued 9, 8 of them from C++ (3 a step: DDP's gradient reductions); rank 1 \
+                 issued 9, 9 of them from C++ (3 a step: DDP's gradient reductions)",
+                "at the group's collective #9, rank 0 waits in `barrier` #1 (train.py:40, 1, float32); rank 1 issued it \
+                 from C++ (as DDP issues its gradient reductions)"
+            ]
+        );
+        let got = lines(&[barrier.clone(), with_count(hung(1, &[], false), 8, 8)]);
+        assert_eq!(got[1], "at the group's collective #9, rank 0 waits in `barrier` #1 (train.py:40, 1, float32); rank 1 has not reached it (it issued 8)");
+        // A rank whose kept ledger no longer reaches back to #9 (it dropped older entries) is not judged.
+        let mut late = with_count(hung(1, &["all_reduce"], false), 60, 10);
+        late.observed.as_mut().unwrap().collectives = 50;
+        assert_eq!(lines(&[barrier.clone(), late]).len(), 1);
+        // A rank whose observer kept no count: nothing.
+        assert!(lines(&[barrier, hung(1, &[], false)]).is_empty());
     }
 }

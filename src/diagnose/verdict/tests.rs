@@ -1148,6 +1148,8 @@ fn with_ledger(mut r: RankResult, n: u64, in_it: bool) -> RankResult {
             site: "slow.py:7".into(),
             ms: (seq < n || !in_it).then_some(1.0),
             at_s: None,
+            pos: None,
+            span: None,
         })
         .collect();
     r.observed = Some(crate::schema::ObservedProgram {

@@ -174,6 +174,7 @@ impl RankState {
             // Folded into `observed` above.
             Marker::Group { .. }
             | Marker::Collective { .. }
+            | Marker::Issued { .. }
             | Marker::Observer { .. }
             | Marker::Torch { .. } => {}
         }

@@ -111,6 +111,7 @@ impl Event {
                     | Marker::Dataset { .. }
                     | Marker::Group { .. }
                     | Marker::Collective { .. }
+                    | Marker::Issued { .. }
                     | Marker::Observer { .. }
                     | Marker::Torch { .. }
             ),

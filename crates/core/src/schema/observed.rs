@@ -50,6 +50,12 @@ pub struct LedgerEntry {
     /// When the rank issued it, in seconds since the scenario started (its observer's stamp).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub at_s: Option<f64>,
+    /// On the default group: its place in the group's own count of collectives (see
+    /// [`ObservedProgram::issued`]), and how many it issued (`all_gather_object` issues two).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pos: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub span: Option<u64>,
 }
 
 impl LedgerEntry {
@@ -62,6 +68,11 @@ impl LedgerEntry {
             .collect();
         let what = if what.is_empty() { String::new() } else { format!(" ({})", what.join(", ")) };
         format!("`{}` #{}{group}{what}", self.op, self.seq)
+    }
+
+    /// Whether it issued the default group's collective `pos` (counting from C++ too).
+    pub fn holds(&self, pos: u64) -> bool {
+        self.pos.is_some_and(|p| p <= pos && pos < p + self.span.unwrap_or(1).max(1))
     }
 }
 
@@ -100,6 +111,18 @@ pub struct ObservedProgram {
     /// Markers the observer could not send (its queue was full, or the pipe was gone).
     #[serde(default)]
     pub dropped: u64,
+    /// The default group's own count of the collectives issued on it, at the observer's last
+    /// reading (every 0.25 s while it moves): those issued from C++ included, which the ledger
+    /// cannot see. `None` without a group, or where its backend keeps no count.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub issued: Option<u64>,
+    /// Of those, the ones not issued through `torch.distributed`'s Python functions: DDP's
+    /// gradient reductions (and its start-up broadcasts), from C++.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unseen: Option<u64>,
+    /// The median of those a step issued: DDP's gradient reductions per backward.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unseen_per_step: Option<f64>,
 }
 
 impl ObservedProgram {
@@ -117,10 +140,13 @@ impl ObservedProgram {
                     store: store.clone(),
                 });
             }
-            Marker::Collective { op, group, seq, shapes, dtype, site, ms } => {
+            Marker::Collective { op, group, seq, shapes, dtype, site, ms, pos, span } => {
                 let o = this.get_or_insert_with(Default::default);
                 match o.ledger.iter_mut().rev().find(|e| e.group == *group && e.seq == *seq) {
-                    Some(e) => e.ms = *ms,
+                    Some(e) => {
+                        e.ms = *ms;
+                        e.span = span.or(e.span);
+                    }
                     None => {
                         o.collectives += 1;
                         o.ledger.push(LedgerEntry {
@@ -132,6 +158,8 @@ impl ObservedProgram {
                             site: site.clone(),
                             ms: *ms,
                             at_s: Some(at),
+                            pos: *pos,
+                            span: *span,
                         });
                         if o.ledger.len() > LEDGER_KEPT {
                             o.ledger.remove(0);
@@ -157,6 +185,7 @@ impl ObservedProgram {
                 collective_ms,
                 distributed,
                 dropped,
+                unseen_per_step,
             } => {
                 let o = this.get_or_insert_with(Default::default);
                 o.steps = *steps;
@@ -167,6 +196,12 @@ impl ObservedProgram {
                 o.collective_ms = *collective_ms;
                 o.distributed = *distributed || o.group.is_some();
                 o.dropped = *dropped;
+                o.unseen_per_step = unseen_per_step.or(o.unseen_per_step);
+            }
+            Marker::Issued { n, unseen } => {
+                let o = this.get_or_insert_with(Default::default);
+                o.issued = Some(*n);
+                o.unseen = Some(*unseen);
             }
             _ => return false,
         }
@@ -197,6 +232,8 @@ mod tests {
             dtype: "float32".into(),
             site: "train.py:40".into(),
             ms,
+            pos: None,
+            span: None,
         }
     }
 
@@ -215,5 +252,25 @@ mod tests {
         assert_eq!(o.at("default", 40).unwrap().ms, Some(1.0));
         assert_eq!(last.render(), "`all_gather` #41 (train.py:40, 1, float32)");
         assert!(!ObservedProgram::apply(&mut None, 1.0, &Marker::Error { message: "x".into() }));
+    }
+
+    #[test]
+    fn the_groups_own_count_places_each_collective_and_counts_those_from_cpp() {
+        let mut o = None;
+        let at = |op: &str, seq, pos, ms, span| {
+            let mut m = collective(op, seq, ms);
+            if let Marker::Collective { pos: p, span: s, .. } = &mut m {
+                (*p, *s) = (Some(pos), span);
+            }
+            m
+        };
+        ObservedProgram::apply(&mut o, 1.0, &at("all_gather_object", 1, 4, None, None));
+        ObservedProgram::apply(&mut o, 1.0, &at("all_gather_object", 1, 4, Some(2.0), Some(2)));
+        ObservedProgram::apply(&mut o, 1.0, &Marker::Issued { n: 19, unseen: 17 });
+        let o = o.unwrap();
+        let e = o.last_of("default").unwrap();
+        assert_eq!((e.pos, e.span, e.ms), (Some(4), Some(2), Some(2.0)), "the return keeps its place");
+        assert!(!e.holds(3) && e.holds(4) && e.holds(5) && !e.holds(6));
+        assert_eq!((o.issued, o.unseen), (Some(19), Some(17)));
     }
 }
