@@ -455,8 +455,7 @@ pub fn conclude(
             // The judge's account of a named rank stands only where the rank was separated.
             if odd.is_some() || !line.starts_with("from py-spy stacks") {
                 // Lines about markers, output and collateral speak of a run ups-doctor started.
-                let of_a_run =
-                    ["rank ", "no marker", "collateral:", "1 process(es) looked at", "process(es) looked at"];
+                let of_a_run = ["rank ", "no marker", "collateral:"];
                 if !evidence.contains(line)
                     && !of_a_run
                         .iter()

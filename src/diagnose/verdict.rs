@@ -544,14 +544,22 @@ fn failure(ev: &Evidence, failed: &RankEvidence) -> (String, Vec<String>, Option
                     scenario.limits.hang_after_s
                 ));
                 let with_py_spy = r.dumps.iter().filter(|d| d.py_spy.is_some()).count();
+                let rank = r.rank;
+                let its = match r.dumps.len() {
+                    1 => format!("rank {rank}'s process"),
+                    n => format!("rank {rank}'s {n} processes"),
+                };
                 evidence.push(match (r.dumps.len(), with_py_spy) {
                     (0, _) => "no process of the rank was left to look at".to_string(),
-                    (n, 0) => format!(
-                        "{n} process(es) looked at from outside: each thread's kernel wait channel and system call (no py-spy stacks: {})",
+                    (_, 0) => format!(
+                        "{its} looked at from outside: each thread's kernel wait channel and system call (no py-spy stacks: {})",
                         r.dumps[0].error.as_deref().unwrap_or("py-spy failed")
                     ),
-                    (n, k) => format!(
-                        "{n} process(es) looked at from outside: py-spy stacks of {k}, and each thread's kernel wait channel and system call"
+                    (1, _) => format!(
+                        "{its} looked at from outside: its py-spy stacks, and each thread's kernel wait channel and system call"
+                    ),
+                    (_, k) => format!(
+                        "{its} looked at from outside: py-spy stacks of {k}, and each thread's kernel wait channel and system call"
                     ),
                 });
             } else {
