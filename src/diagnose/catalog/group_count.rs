@@ -56,7 +56,10 @@ pub fn group_count_evidence(ev: &Evidence) -> Vec<String> {
             .filter(|(r, _, _)| *r != waiter)
             .filter_map(|(r, o, n)| {
                 if *n < pos {
-                    return Some(format!("rank {r} has not reached it (it issued {n})"));
+                    // Read every 0.25 s while it moves, and at exit: on a hang, its count then.
+                    return Some(format!(
+                        "rank {r} had not reached it when its count was last read (it had issued {n})"
+                    ));
                 }
                 // Only where its kept ledger reaches back that far (it dropped none, or its oldest
                 // kept entry of the group is no later), and no entry of it is there.

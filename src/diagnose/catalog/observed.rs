@@ -523,7 +523,11 @@ mod tests {
             ]
         );
         let got = lines(&[barrier.clone(), with_count(hung(1, &[], false), 8, 8)]);
-        assert_eq!(got[1], "at the group's collective #9, rank 0 waits in `barrier` #1 (train.py:40, 1, float32); rank 1 has not reached it (it issued 8)");
+        assert_eq!(
+            got[1],
+            "at the group's collective #9, rank 0 waits in `barrier` #1 (train.py:40, 1, float32); rank 1 had not \
+             reached it when its count was last read (it had issued 8)"
+        );
         // A rank whose kept ledger no longer reaches back to #9 (it dropped older entries) is not judged.
         let mut late = with_count(hung(1, &["all_reduce"], false), 60, 10);
         late.observed.as_mut().unwrap().collectives = 50;
