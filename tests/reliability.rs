@@ -445,4 +445,9 @@ fn a_full_disk_never_leaves_a_result_that_claims_more_or_less_than_happened() {
     // The scenario's own report (report.md is the run's summary) says so too.
     let report = std::fs::read_to_string(out_dir.join("2-b-noisy/report.md")).unwrap();
     assert!(report.contains("No space left on device"), "{report}");
+    // ups-doctor's own copies of its sitecustomize.py (about 30 KB each, needed only while a
+    // scenario ran) made room first.
+    for scenario in ["1-a-quiet", "2-b-noisy"] {
+        assert!(!out_dir.join(scenario).join("python-site").exists(), "{scenario}'s python-site is still there");
+    }
 }

@@ -92,6 +92,10 @@ pub fn save_honestly(dir: &Path, run: &RunResult) -> Result<(), String> {
 /// anything (each round halves the largest logs, so a few rounds at most).
 fn with_room<T, E>(dir: &Path, cut: &mut bool, mut attempt: impl FnMut() -> Result<T, E>) -> Result<T, E> {
     let mut outcome = attempt();
+    // ups-doctor's own files go before any of the program's output.
+    if outcome.is_err() && remove_own_sites(dir) > 0 {
+        outcome = attempt();
+    }
     // Each pass halves the largest logs; keep cutting while that frees anything (a run of several
     // scenarios writes a report per scenario besides the result), so the loop ends by itself.
     loop {
@@ -102,4 +106,25 @@ fn with_room<T, E>(dir: &Path, cut: &mut bool, mut attempt: impl FnMut() -> Resu
         outcome = attempt();
     }
     outcome
+}
+
+/// Removes the copies of ups-doctor's own `sitecustomize.py` that the run's scenarios put first
+/// on their `PYTHONPATH` (`N-name/python-site/`): needed only while a scenario ran, a copy of a
+/// file built into this binary, about 30 KB each. Only a regular file identical to that copy goes
+/// (then its folder, if empty). The bytes freed.
+fn remove_own_sites(dir: &Path) -> u64 {
+    let ours = crate::harness::plan::command::SITECUSTOMIZE.as_bytes();
+    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
+    let mut freed = 0;
+    for entry in entries.flatten() {
+        let site = entry.path().join("python-site");
+        let file = site.join("sitecustomize.py");
+        let is_file = std::fs::symlink_metadata(&file).is_ok_and(|m| m.file_type().is_file());
+        let is_folder = std::fs::symlink_metadata(&site).is_ok_and(|m| m.file_type().is_dir());
+        if is_folder && is_file && std::fs::read(&file).is_ok_and(|b| b == ours) && std::fs::remove_file(&file).is_ok() {
+            freed += ours.len() as u64;
+            let _ = std::fs::remove_dir(&site);
+        }
+    }
+    freed
 }
