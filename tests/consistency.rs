@@ -1223,8 +1223,8 @@ fn every_check_catches_a_contradiction() {
         (
             "run-external-scenarios",
             "3-swallowed-error/report.md",
-            "| rank | pid | outcome |\n| ---: | ---: | --- |\n| 0 | 9696 | false success (exit 0) |",
-            "| rank | pid | outcome | steps done |\n| ---: | ---: | --- | ---: |\n| 0 | 9696 | false success (exit 0) | 0 |",
+            "| rank | pid | outcome |\n| ---: | ---: | --- |\n| 0 | 15783 | false success (exit 0) |",
+            "| rank | pid | outcome | steps done |\n| ---: | ---: | --- | ---: |\n| 0 | 15783 | false success (exit 0) | 0 |",
             "unknown",
         ),
         (

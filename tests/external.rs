@@ -119,6 +119,13 @@ fn rank_1_segfaulting_is_the_first_failure_and_rank_0_collateral_per_rank_and_un
         evidence.contains("torchrun's summary names rank 1 (local_rank: 1) as the root cause (first observed failure), exitcode -11"),
         "{evidence}"
     );
+    // The fault handler's stack is in torchrun's shared output, not the rank's own: the one rank
+    // a fatal signal ended owns it, and its frame is the program's line, as the quote shows.
+    assert!(
+        evidence.contains("first frame in the program's own code: `ddp.py:44 in <module>`, from Python's fault handler in the launcher's output"),
+        "{evidence}"
+    );
+    assert!(!evidence.contains("named no frame"), "{evidence}");
     let source = torchrun["ranks"][1]["exit_source"].as_str().unwrap();
     assert!(source == "procfs" || source == "torchrun", "{source}");
     let quotes = torchrun["external"]["launcher"]["quotes"].as_array().unwrap();

@@ -1,9 +1,9 @@
 //! A rank that crashed in native code, and one that claimed success without finishing.
 
 use super::{Finding, Pattern};
-use crate::diagnose::evidence::{Evidence, RankEvidence};
+use crate::diagnose::evidence::{EndedBy, Evidence, KeyLine, RankEvidence, key_line};
 use crate::scenario::OutcomeKind;
-use crate::schema::Signal;
+use crate::schema::{QuoteKind, Signal};
 
 pub const NATIVE_CRASH: Pattern = Pattern {
     id: "native-crash",
@@ -34,6 +34,35 @@ pub const FALSE_SUCCESS: Pattern = Pattern {
 
 const CRASH_SIGNALS: [Signal; 5] = [Signal::SEGV, Signal::BUS, Signal::ILL, Signal::FPE, Signal::ABRT];
 
+/// The lines of Python's fault handler the launcher printed (ranks under a launcher share its
+/// output, and the handler names no rank), if it holds one.
+fn launcher_fault_handler<'e>(ev: &Evidence<'e>) -> Option<&'e [String]> {
+    let quote = ev.launcher?.quotes.iter().find(|q| q.title == QuoteKind::FaultHandler)?;
+    Some(&quote.lines)
+}
+
+/// The fault handler's key line in the launcher's output, as `first`'s: only where `first` has
+/// none of its own and is the only rank a fatal signal ended by itself (the handler prints only
+/// on such a signal, so the stack can be no other rank's).
+fn fault_handler_in_launcher_output(ev: &Evidence, first: &RankEvidence) -> Option<KeyLine> {
+    if first.key.as_ref().is_some_and(|k| k.text.starts_with("Fatal Python error")) {
+        return None;
+    }
+    let crashed = ev
+        .ranks
+        .iter()
+        .filter(|r| {
+            r.result.outcome == OutcomeKind::Signaled
+                && r.result.signal.is_some_and(|s| CRASH_SIGNALS.contains(&s))
+                && matches!(r.ended_by, EndedBy::Itself)
+        })
+        .count();
+    if crashed != 1 {
+        return None;
+    }
+    key_line(launcher_fault_handler(ev)?).filter(|k| k.text.starts_with("Fatal Python error"))
+}
+
 pub fn native_crash(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Finding> {
     let first = first?;
     let r = first.result;
@@ -42,8 +71,14 @@ pub fn native_crash(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Findi
         return None;
     }
     let mut f = Finding::of(&NATIVE_CRASH);
+    let in_launcher = if ev.foreign { fault_handler_in_launcher_output(ev, first) } else { None };
     let own = if ev.foreign {
-        first.key.as_ref().filter(|k| k.text.starts_with("Fatal Python error")).and_then(|k| k.at.clone())
+        first
+            .key
+            .as_ref()
+            .filter(|k| k.text.starts_with("Fatal Python error"))
+            .and_then(|k| k.at.clone())
+            .or_else(|| in_launcher.as_ref().and_then(|h| h.at.clone()))
     } else {
         r.backtrace
             .iter()
@@ -53,14 +88,27 @@ pub fn native_crash(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Findi
                 None => fr.symbol.clone().unwrap_or_else(|| fr.addr.clone()),
             })
     };
-    f.evidence.push(match &own {
-        Some(place) => format!("first frame in the program's own code: `{place}`"),
-        None if ev.foreign => {
+    f.evidence.push(match (&own, &in_launcher) {
+        (Some(place), Some(h)) if h.at.as_ref() == Some(place) => format!(
+            "first frame in the program's own code: `{place}`, from Python's fault handler in the launcher's output \
+             (rank {} is the only rank a fatal signal ended, so the stack is its)",
+            r.rank
+        ),
+        (Some(place), _) => format!("first frame in the program's own code: `{place}`"),
+        (None, Some(_)) => "Python's fault handler in the launcher's output (quoted below) named no frame of the \
+                            program's own code (the crash came from a thread or library without Python frames)"
+            .to_string(),
+        (None, None) if ev.foreign && launcher_fault_handler(ev).is_some() => {
+            "Python's fault handler printed a stack into the launcher's shared output (quoted below); it does not \
+             say whose, and more than one rank was ended by a fatal signal"
+                .to_string()
+        }
+        (None, None) if ev.foreign => {
             "Python's fault handler named no frame of the program's own code (the crash came \
                                from a thread or library without Python frames)"
                 .to_string()
         }
-        None => format!(
+        (None, None) => format!(
             "the crash handler's backtrace has {} frames, none in the trainer's own code",
             r.backtrace.len()
         ),
