@@ -156,8 +156,8 @@ fn ranks_started_by_hand_with_the_torchrun_environment_train_together() {
 fn a_rank_that_cannot_reach_the_store_names_the_address_and_the_timeout() {
     let sb = Sandbox::new();
     let file = sb.scenario("lonely", &ddp(""));
-    // Rank 1 of 2, and nobody hosts the store.
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    // Rank 1 of 2, and nobody hosts the store: the port refuses connections for the whole test.
+    let (_held, port) = crate::util::refused_port();
     let out = Command::new(crate::util::bin())
         .arg("train")
         .arg(&file)

@@ -415,7 +415,9 @@ fn redacted(check: impl FnOnce()) {
 fn an_agent_that_cannot_reach_the_coordinator_says_so() {
     let sb = Sandbox::new();
     let file = ddp(&sb, "alone", "");
-    let out = agent(&sb, &file, 1, 2, free_port(), &["--join-timeout", "1"]).output().unwrap();
+    // Nobody hosts the coordinator: its port refuses connections for the whole test.
+    let (_held, port) = crate::util::refused_port();
+    let out = agent(&sb, &file, 1, 2, port, &["--join-timeout", "1"]).output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(

@@ -220,6 +220,33 @@ pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
+/// A port on 127.0.0.1 that refuses every connection for as long as the returned socket lives.
+///
+/// A port from [`free_port`] that nobody binds is free for anyone while a test waits on it: another
+/// test's store can bind it, and a connection to it can be given that very port as its own local
+/// port and connect to itself (TCP's self-connect). Either way a client that should have been
+/// refused talks to something. This socket is bound without `SO_REUSEADDR` and never listens, so the
+/// kernel refuses connections to it and gives its port to no other socket.
+pub fn refused_port() -> (std::os::fd::OwnedFd, u16) {
+    use std::os::fd::FromRawFd;
+    // SAFETY: plain socket calls on a descriptor this function owns; every result is checked.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        assert!(fd >= 0, "socket: {}", std::io::Error::last_os_error());
+        let socket = std::os::fd::OwnedFd::from_raw_fd(fd);
+        let mut addr: libc::sockaddr_in = std::mem::zeroed();
+        addr.sin_family = libc::AF_INET as libc::sa_family_t;
+        addr.sin_addr.s_addr = u32::from(std::net::Ipv4Addr::LOCALHOST).to_be();
+        let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+        let bound = libc::bind(fd, (&raw const addr).cast(), len);
+        assert_eq!(bound, 0, "bind: {}", std::io::Error::last_os_error());
+        let mut got = len;
+        let named = libc::getsockname(fd, (&raw mut addr).cast(), &mut got);
+        assert_eq!(named, 0, "getsockname: {}", std::io::Error::last_os_error());
+        (socket, u16::from_be(addr.sin_port))
+    }
+}
+
 /// `PATH` with the venv's `bin` first, so that `python` and `torchrun` in a command are its own.
 pub fn venv_path() -> std::ffi::OsString {
     let python = venv_python();
