@@ -153,6 +153,26 @@ fn a_rank_slow_to_load_its_data_is_named_a_straggler_with_its_phase() {
     }
 }
 
+/// torchrun itself computes for 12 s without a word before it starts any rank (a slow `import
+/// torch` on a loaded machine) with `hang_after_s` at 4: the launcher is busy, not hung, and the
+/// run passes. Before the launcher's own CPU time counted, such a run was "No rank started".
+#[test]
+fn a_launcher_computing_silently_past_the_hang_threshold_before_its_ranks_start_is_not_hung() {
+    let sb = Sandbox::new();
+    let file = ddp_scenario(&sb, "slow-launcher", 2, "passed");
+    let text = std::fs::read_to_string(&file).unwrap().replace(r#""hang_after_s": 10"#, r#""hang_after_s": 4"#);
+    assert!(text.contains(r#""hang_after_s": 4"#), "{text}");
+    std::fs::write(&file, text).unwrap();
+    let s = run_injected(&sb, &file, &[("INJECT_LAUNCHER_BUSY_S", "12")]);
+    // The silence really was past the threshold: the launcher's computing alone takes 12 s.
+    assert!(s["wall_s"].as_f64().is_some_and(|w| w >= 12.0), "{:#}", s["verdict"]);
+    for r in s["ranks"].as_array().unwrap() {
+        assert_eq!(r["outcome"], "passed", "{r}");
+        assert!(r["hang_detected_after_s"].is_null(), "{r}");
+        assert_eq!(r["steps_done"], 20, "{r}");
+    }
+}
+
 /// Rank 0 computes for 25 s without a word before a gather (a long validation, a compile) while
 /// rank 1 waits in it, silent: with `hang_after_s` at 10 the run is busy, not hung (issue 32:
 /// "a hang is declared only on a rank whose own progress and CPU time have stopped").

@@ -109,7 +109,8 @@ pub struct View<'a> {
     /// Launcher style and no rank of it found yet: the launcher itself may be what hangs.
     pub no_rank_found: bool,
     /// The last moment a live rank's own process was seen using CPU (a tenth of a core or
-    /// more): a run with a busy rank is not hung, though its other ranks may wait for it silently.
+    /// more), or, while no rank of a launcher is found, the launcher with what runs below it: a
+    /// run with a busy rank is not hung, though its other ranks may wait for it silently.
     pub busy_at: Option<Duration>,
     /// Every process asked for stacks has answered.
     pub stacks_answered: bool,

@@ -59,36 +59,60 @@ const CPU_EVERY: Duration = Duration::from_secs(1);
 /// a gloo collective or a store uses well under 1 %.
 const BUSY_SHARE: f64 = 0.1;
 
-/// Whether a rank of the run is computing: its own process's CPU time, read once a second.
+/// Whether a rank of the run is computing: its own process's CPU time, read once a second; and,
+/// while no rank of a launcher is found yet, whether the launcher is (with everything below it).
 struct CpuWatch {
     /// Per slot: when its CPU time was read, and what it was.
     last: Vec<Option<(Instant, u32, f64)>>,
+    /// The launcher's tree while no rank is found: when it was read, the launcher's pid, the CPU
+    /// time of the processes in it then.
+    tree: Option<(Instant, u32, f64)>,
     busy_at: Option<Instant>,
     next: Instant,
 }
 
 impl CpuWatch {
     fn new(ranks: usize, start: Instant) -> CpuWatch {
-        CpuWatch { last: vec![None; ranks], busy_at: None, next: start }
+        CpuWatch { last: vec![None; ranks], tree: None, busy_at: None, next: start }
     }
 
-    /// Reads the CPU time of every live rank's process (`pids`, by slot) once [`CPU_EVERY`] has
-    /// passed since the last read.
-    fn read(&mut self, now: Instant, pids: impl Iterator<Item = Option<u32>>) {
+    /// Reads the CPU time of every live rank's process (`pids`, by slot), and of the launcher
+    /// `tree` (its pid, while no rank is found), once [`CPU_EVERY`] has passed since the last read.
+    ///
+    /// The launcher's tree counts so that a launcher that computes before it starts its ranks or
+    /// before they can be told apart (torchrun importing torch on a loaded machine, seconds
+    /// without a word) is not taken for a launcher that hangs.
+    fn read(&mut self, now: Instant, pids: impl Iterator<Item = Option<u32>>, tree: Option<u32>) {
         if now < self.next {
             return;
         }
         self.next = now + CPU_EVERY;
+        let busy = |then: Instant, before: f64, cpu: f64| {
+            let wall = now.duration_since(then).as_secs_f64();
+            wall > 0.0 && (cpu - before) / wall >= BUSY_SHARE
+        };
         for (last, pid) in self.last.iter_mut().zip(pids) {
             let read = pid.and_then(|p| Some((now, p, crate::probe::memory::cpu_seconds(p)?)));
-            if let (Some((then, was, before)), Some((_, pid, cpu))) = (*last, read) {
-                let wall = now.duration_since(then).as_secs_f64();
-                if was == pid && wall > 0.0 && (cpu - before) / wall >= BUSY_SHARE {
-                    self.busy_at = Some(now);
-                }
+            if let (Some((then, was, before)), Some((_, pid, cpu))) = (*last, read)
+                && was == pid
+                && busy(then, before, cpu)
+            {
+                self.busy_at = Some(now);
             }
             *last = read;
         }
+        let read = tree.map(|root| {
+            let members = crate::harness::discover::rank_members(root, &[]);
+            (now, root, members.into_iter().filter_map(crate::probe::memory::cpu_seconds).sum::<f64>())
+        });
+        // A process of the tree that ended takes its CPU time with it: only a rise counts.
+        if let (Some((then, was, before)), Some((_, root, cpu))) = (self.tree, read)
+            && was == root
+            && busy(then, before, cpu)
+        {
+            self.busy_at = Some(now);
+        }
+        self.tree = read;
     }
 }
 
@@ -518,7 +542,9 @@ impl Supervisor<'_, '_> {
             if watching {
                 let pids: Vec<Option<u32>> =
                     self.slots.iter().map(|s| s.end.pid.filter(|_| s.live())).collect();
-                self.cpu.read(now, pids.into_iter());
+                let tree = self.launcher.as_ref().filter(|l| l.live()).and_then(|l| l.process.as_ref());
+                let tree = tree.map(|p| p.pid).filter(|_| self.no_rank_found());
+                self.cpu.read(now, pids.into_iter(), tree);
             }
             let views = self.rank_views();
             let view = self.view(&views, now);
@@ -985,13 +1011,18 @@ impl Supervisor<'_, '_> {
             .collect()
     }
 
+    /// Launcher style, and no rank of it found yet.
+    fn no_rank_found(&self) -> bool {
+        self.plan.style == Style::Launcher && self.slots.iter().all(|s| s.found.is_none())
+    }
+
     fn view<'v>(&self, ranks: &'v [RankView], now: Instant) -> View<'v> {
         let drain = self.plan.timing.pipe_drain_wait;
         View {
             ranks,
             launcher_live: self.launcher.as_ref().is_some_and(Launcher::live),
             busy_at: self.cpu.busy_at.map(|b| b.saturating_duration_since(self.start)),
-            no_rank_found: self.plan.style == Style::Launcher && self.slots.iter().all(|s| s.found.is_none()),
+            no_rank_found: self.no_rank_found(),
             stacks_answered: self.stacks_answered(),
             stacks_coming: self.stacks_coming(),
             finished: !self.launcher.as_ref().is_some_and(Launcher::live)

@@ -13,6 +13,9 @@
   in any collective); the other ranks wait in that gather meanwhile.
 - INJECT_MISSING_RANK=R, INJECT_MISSING_MODULE=M: on rank R, the program's own `import M` fails
   with `ModuleNotFoundError: No module named 'M'` (a package missing from one node's image).
+- INJECT_LAUNCHER_BUSY_S=S: in torchrun's own process (not its ranks), S seconds of computing
+  without a word before it reads its arguments and starts any rank, as a slow `import torch` on a
+  loaded machine or a network filesystem would.
 
 Rank: the `RANK` the launcher set. Nothing happens without these variables."""
 
@@ -93,6 +96,16 @@ def _hooked(name, globals=None, *args, **kwargs):
         _inject()
     return module
 
+
+def _launcher_busy(seconds):
+    """Pure Python, so that the launcher imports nothing it would not have imported itself."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        sum(range(10_000))
+
+
+if os.environ.get("INJECT_LAUNCHER_BUSY_S") and os.path.basename(sys.argv[0]) == "torchrun":
+    _launcher_busy(float(os.environ["INJECT_LAUNCHER_BUSY_S"]))
 
 _ANY = ("INJECT_SKIP_RANK", "INJECT_SLOW_RANK", "INJECT_BUSY_RANK", "INJECT_SLEEP_RANK", "INJECT_MISSING_RANK")
 if any(os.environ.get(v) for v in _ANY):
