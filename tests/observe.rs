@@ -439,3 +439,59 @@ fn a_workers_exception_under_torchrun_is_placed_at_the_datasets_line() {
     let at = format!("ValueError: corrupt sample at index 5 (patterns.py:{line} in __getitem__)");
     assert!(error.ends_with(&at), "{error}");
 }
+
+/// The observer's sending thread reads the default group's count in C++ without the GIL; a daemon
+/// thread that takes the GIL back while the interpreter finalizes is ended by `pthread_exit`, which
+/// aborts the process when it unwinds through pybind11's guard ("terminate called without an
+/// active exception", SIGABRT at the program's exit, seen once under load). So `at_exit` (an atexit
+/// handler, which runs before finalizing) waits for a read under way and lets the group go; no read
+/// follows it. The group here is a stand-in whose read blocks until released, so that the read is
+/// under way for certain when the exit begins.
+#[test]
+fn the_observers_exit_waits_for_a_read_of_the_groups_count_and_no_read_follows_it() {
+    let script = r#"
+import importlib.util, sys, threading
+spec = importlib.util.spec_from_file_location("ups_site", sys.argv[1])
+site = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(site)
+import os
+markers, sink = os.pipe()
+obs = site._Observer(sink, None)
+inside, release, calls = threading.Event(), threading.Event(), []
+class Group:
+    def _get_sequence_number_for_group(self):
+        calls.append(threading.current_thread().name)
+        inside.set()
+        release.wait()
+        return 7
+obs.pg = Group()
+reader = threading.Thread(target=obs.send_issued, name="sender")
+reader.start()
+assert inside.wait(60), "the sender's read began"
+exited = threading.Event()
+threading.Thread(target=lambda: (obs.at_exit(), exited.set()), name="exit").start()
+print("exit returned during the read:", exited.wait(3), flush=True)
+release.set()
+assert exited.wait(60), "exit returned once the read did"
+reader.join()
+print("reads after exit:", obs.issued(), obs.pg, flush=True)
+print("calls:", calls, flush=True)
+os.close(sink)
+print(os.read(markers, 65536).decode(), flush=True)
+"#;
+    let out = std::process::Command::new(crate::util::venv_python())
+        .args(["-c", script])
+        .arg(repo().join("python/site/sitecustomize.py"))
+        .env_remove("UPS_DOCTOR_MARKER_FD")
+        .env_remove("UPS_DOCTOR_MARKER_PATH")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("exit returned during the read: False"), "{stdout}");
+    assert!(stdout.contains("reads after exit: None None"), "{stdout}");
+    // The sender's read, then exit's own last one (made once the sender's had returned).
+    assert!(stdout.contains("calls: ['sender', 'exit']"), "{stdout}");
+    // And the count the sender read went out.
+    assert!(stdout.contains(r#"{"t": "issued", "n": 7"#), "{stdout}");
+}

@@ -74,6 +74,8 @@ class _Observer:
         # The FIFO is opened on the first write: most Python processes of a run never send.
         self.fd, self.fifo, self.tagged = fd, fifo, fifo is not None
         self.lock = threading.Lock()
+        # Held while the group's count is read, a C++ call that lets go of the GIL (see `at_exit`).
+        self.pg_lock = threading.Lock()
         self.queue = collections.deque()
         self.dropped = 0
         self.wake = threading.Event()
@@ -206,7 +208,20 @@ class _Observer:
     def at_exit(self):
         self.summary(force=True)
         self.send_issued()
+        self.forget_group()
         self.flush()
+
+    def forget_group(self):
+        """No read of the group's count from here on, and none under way when it returns.
+
+        At exit this keeps the program alive to its end: the sending thread is a daemon, and a
+        daemon thread that takes the GIL back while the interpreter finalizes is ended with
+        `pthread_exit`, whose unwinding through pybind11's GIL guard (a destructor, so noexcept)
+        aborts the whole process: SIGABRT, "terminate called without an active exception". A read
+        of the count lets go of the GIL, so one under way as the program ended did that (about one
+        exit in a hundred on a loaded machine). atexit handlers run before finalizing starts."""
+        with self.pg_lock:
+            self.pg = None
 
     def after_fork(self):
         import collections
@@ -218,20 +233,22 @@ class _Observer:
         self.queue = collections.deque()
         self.wake = threading.Event()
         self.lock = threading.Lock()
+        self.pg_lock = threading.Lock()
         self.thread = None
 
     # -- what is recorded -----------------------------------------------------------------
     def issued(self):
         """The default group's count of collectives issued on it so far; None without a group or
         where its backend keeps no count."""
-        pg = self.pg
-        if pg is None:
-            return None
-        try:
-            return int(pg._get_sequence_number_for_group())
-        except Exception:
-            self.pg = None
-            return None
+        with self.pg_lock:
+            pg = self.pg
+            if pg is None:
+                return None
+            try:
+                return int(pg._get_sequence_number_for_group())
+            except Exception:
+                self.pg = None
+                return None
 
     def send_issued(self):
         """The group's count, when it moved: on a hang, how far each rank got, counting the
@@ -506,6 +523,20 @@ def _wrap_init(dist):
         return result
 
     dist.init_process_group = init_process_group
+    destroy = getattr(dist, "destroy_process_group", None)
+    if destroy is None:
+        return
+
+    @functools.wraps(destroy)
+    def destroy_process_group(group=None, *args, **kwargs):
+        # The default group (no argument, or the group itself) is let go before it is destroyed:
+        # its count is read no more, and the observer holds no reference that keeps it alive.
+        obs = _observer
+        if obs is not None and (group is None or group is obs.pg):
+            obs.forget_group()
+        return destroy(group, *args, **kwargs)
+
+    dist.destroy_process_group = destroy_process_group
 
 
 def _batch_size(batch):
