@@ -218,8 +218,8 @@ class _Observer:
         daemon thread that takes the GIL back while the interpreter finalizes is ended with
         `pthread_exit`, whose unwinding through pybind11's GIL guard (a destructor, so noexcept)
         aborts the whole process: SIGABRT, "terminate called without an active exception". A read
-        of the count lets go of the GIL, so one under way as the program ended did that (about one
-        exit in a hundred on a loaded machine). atexit handlers run before finalizing starts."""
+        of the count lets go of the GIL, so one under way as the program ended did that (seen once,
+        under load). atexit handlers run before finalizing starts."""
         with self.pg_lock:
             self.pg = None
 
