@@ -388,7 +388,10 @@ fn a_torchrun_command_over_two_nodes_keeps_the_nodes_its_crash_needs() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{stderr}");
     let r: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {stderr}"));
-    assert_eq!((&r["original"]["launch"]["nodes"], &r["original"]["launch"]["world_size"]), (&2.into(), &2.into()));
+    assert_eq!(
+        (&r["original"]["launch"]["nodes"], &r["original"]["launch"]["world_size"]),
+        (&2.into(), &2.into())
+    );
     let line = format!("torchrun --nnodes 2 --nproc_per_node 1 {program} --bug node --num-workers 2");
     let m = &r["minimal_command"];
     assert_eq!(m["line"], line.as_str(), "{r:#}");

@@ -186,8 +186,7 @@ fn a_full_disk_cuts_only_this_runs_own_logs_and_says_which_and_by_how_much() {
     // 290 kB of output. No copy of ups-doctor's own sitecustomize.py in the scenario's folder
     // (the user chose the buffering and no observer is asked for): a full disk removes that copy
     // before it cuts any log (`reliability::a_full_disk…`), and this test is about the logs.
-    let noisy =
-        sb.scenario("noisy", r#"{"command": ["seq", "1", "50000"], "launch": {"observe": false}}"#);
+    let noisy = sb.scenario("noisy", r#"{"command": ["seq", "1", "50000"], "launch": {"observe": false}}"#);
     let disk = crate::util::SmallDisk::mount(sb.path().join("small"), "192k");
     let out_dir = disk.0.join("out");
     // The user's own logs, in the --out they reuse: the largest files on the disk.
@@ -213,7 +212,10 @@ fn a_full_disk_cuts_only_this_runs_own_logs_and_says_which_and_by_how_much() {
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     let what = format!("status {}\n{stderr}", out.status);
-    assert!(!out_dir.join("1-noisy/python-site").exists(), "ups-doctor's sitecustomize.py was written; {what}");
+    assert!(
+        !out_dir.join("1-noisy/python-site").exists(),
+        "ups-doctor's sitecustomize.py was written; {what}"
+    );
     for (path, bytes) in &theirs {
         assert!(std::fs::read(path).unwrap() == *bytes, "the user's {} was changed; {what}", path.display());
     }

@@ -160,7 +160,8 @@ fn a_rank_slow_to_load_its_data_is_named_a_straggler_with_its_phase() {
 fn a_launcher_computing_silently_past_the_hang_threshold_before_its_ranks_start_is_not_hung() {
     let sb = Sandbox::new();
     let file = ddp_scenario(&sb, "slow-launcher", 2, "passed");
-    let text = std::fs::read_to_string(&file).unwrap().replace(r#""hang_after_s": 10"#, r#""hang_after_s": 4"#);
+    let text =
+        std::fs::read_to_string(&file).unwrap().replace(r#""hang_after_s": 10"#, r#""hang_after_s": 4"#);
     assert!(text.contains(r#""hang_after_s": 4"#), "{text}");
     std::fs::write(&file, text).unwrap();
     let s = run_injected(&sb, &file, &[("INJECT_LAUNCHER_BUSY_S", "12")]);

@@ -256,7 +256,11 @@ fn timeout_sigint_or_sigterm_at_any_moment_always_leaves_a_result_and_nothing_be
     let whole = (0..2)
         .map(|n| {
             let mut cmd = sb.cmd();
-            cmd.arg("run").arg(&file).arg("--out").arg(sb.path().join(format!("out-whole-{n}"))).arg("--quiet");
+            cmd.arg("run")
+                .arg(&file)
+                .arg("--out")
+                .arg(sb.path().join(format!("out-whole-{n}")))
+                .arg("--quiet");
             let mut child = cmd.stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
             let pid = child.id();
             assert!(eventually(Duration::from_secs(60), || catches(pid, libc::SIGINT) || !alive(pid as u64)));
@@ -467,6 +471,9 @@ fn a_full_disk_never_leaves_a_result_that_claims_more_or_less_than_happened() {
     // ups-doctor's own copies of its sitecustomize.py (about 30 KB each, needed only while a
     // scenario ran) made room first.
     for scenario in ["1-a-quiet", "2-b-noisy"] {
-        assert!(!out_dir.join(scenario).join("python-site").exists(), "{scenario}'s python-site is still there");
+        assert!(
+            !out_dir.join(scenario).join("python-site").exists(),
+            "{scenario}'s python-site is still there"
+        );
     }
 }

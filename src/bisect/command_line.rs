@@ -155,7 +155,11 @@ mod tests {
         assert_eq!(m.line, "torchrun --nnodes 2 --nproc_per_node 2 t.py");
         assert_eq!(m.passes_once, ["its 4 ranks run on one node", "the launcher runs 1 rank"]);
         // The rank cut's own ladder takes the nodes along, and is said as the rank cut.
-        let m = minimal_command(&scenario, &[entry("launch.nodes=1, launch.world_size=1", true)], &BTreeMap::new());
+        let m = minimal_command(
+            &scenario,
+            &[entry("launch.nodes=1, launch.world_size=1", true)],
+            &BTreeMap::new(),
+        );
         assert_eq!(m.passes_once, ["the launcher runs 1 rank"]);
         assert_eq!(m.nodes, Some(2));
         let mut one = scenario.clone();

@@ -121,7 +121,11 @@ fn remove_own_sites(dir: &Path) -> u64 {
         let file = site.join("sitecustomize.py");
         let is_file = std::fs::symlink_metadata(&file).is_ok_and(|m| m.file_type().is_file());
         let is_folder = std::fs::symlink_metadata(&site).is_ok_and(|m| m.file_type().is_dir());
-        if is_folder && is_file && std::fs::read(&file).is_ok_and(|b| b == ours) && std::fs::remove_file(&file).is_ok() {
+        if is_folder
+            && is_file
+            && std::fs::read(&file).is_ok_and(|b| b == ours)
+            && std::fs::remove_file(&file).is_ok()
+        {
             freed += ours.len() as u64;
             let _ = std::fs::remove_dir(&site);
         }

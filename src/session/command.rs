@@ -369,9 +369,12 @@ mod tests {
 
     #[test]
     fn torchrun_over_several_nodes_gives_its_node_count_and_ranks_per_node_to_the_scenario() {
-        for line in ["torchrun --nnodes 2 --nproc_per_node 3 t.py", "torchrun --nnodes=2 --nproc-per-node=3 t.py"] {
+        for line in
+            ["torchrun --nnodes 2 --nproc_per_node 3 t.py", "torchrun --nnodes=2 --nproc-per-node=3 t.py"]
+        {
             let (out, _, _) = decompose(&words(line), &[], &[]);
-            let want = line.replace("2 ", "{nodes} ").replace("=2", "={nodes}").replace('3', "{ranks_per_node}");
+            let want =
+                line.replace("2 ", "{nodes} ").replace("=2", "={nodes}").replace('3', "{ranks_per_node}");
             assert_eq!(out, words(&want), "{line}");
             assert_eq!(torchrun_nodes(&words(line)), Some(2));
         }

@@ -30,7 +30,9 @@ pub fn group_count_evidence(ev: &Evidence) -> Vec<String> {
         .iter()
         .map(|(r, o, n)| {
             let cpp = match (o.unseen, o.unseen_per_step) {
-                (Some(u), Some(per)) if u > 0 => format!(", {u} of them from C++ ({per} a step: DDP's gradient reductions)"),
+                (Some(u), Some(per)) if u > 0 => {
+                    format!(", {u} of them from C++ ({per} a step: DDP's gradient reductions)")
+                }
                 (Some(u), None) if u > 0 => format!(", {u} of them from C++"),
                 _ => String::new(),
             };
@@ -66,7 +68,8 @@ pub fn group_count_evidence(ev: &Evidence) -> Vec<String> {
                 let kept_from = o.ledger.iter().find(|e| e.group == "default").and_then(|e| e.pos);
                 let reaches = o.collectives as usize == o.ledger.len() || kept_from.is_some_and(|k| k <= pos);
                 let from_cpp = reaches && !o.ledger.iter().any(|e| e.group == "default" && e.holds(pos));
-                from_cpp.then(|| format!("rank {r} issued it from C++ (as DDP issues its gradient reductions)"))
+                from_cpp
+                    .then(|| format!("rank {r} issued it from C++ (as DDP issues its gradient reductions)"))
             })
             .collect();
         if !others.is_empty() {

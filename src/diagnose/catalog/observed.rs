@@ -508,7 +508,11 @@ mod tests {
             r
         };
         let lines = |ranks: &[RankResult]| {
-            with_evidence(ranks, &crate::scenario::Scenario::default(), super::super::group_count::group_count_evidence)
+            with_evidence(
+                ranks,
+                &crate::scenario::Scenario::default(),
+                super::super::group_count::group_count_evidence,
+            )
         };
         let barrier = with_count(hung(0, &["barrier"], true), 9, 8);
         let got = lines(&[barrier.clone(), with_count(hung(1, &[], false), 9, 9)]);

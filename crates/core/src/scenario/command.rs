@@ -25,7 +25,8 @@ use serde_json::Number;
 /// program next to it) and `{master_port}` (a free TCP port picked for the run's rendezvous, for
 /// launchers that take it as an argument: `deepspeed --master_port {master_port}`, `accelerate
 /// launch --main_process_port {master_port}`).
-pub const BUILTIN_PLACEHOLDERS: [&str; 5] = ["world_size", "nodes", "ranks_per_node", "scenario_dir", "master_port"];
+pub const BUILTIN_PLACEHOLDERS: [&str; 5] =
+    ["world_size", "nodes", "ranks_per_node", "scenario_dir", "master_port"];
 
 /// One user knob of an external command.
 #[derive(Debug, Clone, PartialEq)]
