@@ -41,10 +41,14 @@ fn launcher_fault_handler<'e>(ev: &Evidence<'e>) -> Option<&'e [String]> {
     Some(&quote.lines)
 }
 
-/// The fault handler's key line in the launcher's output, as `first`'s: only where `first` has
-/// none of its own and is the only rank a fatal signal ended by itself (the handler prints only
-/// on such a signal, so the stack can be no other rank's).
-fn fault_handler_in_launcher_output(ev: &Evidence, first: &RankEvidence) -> Option<KeyLine> {
+/// The key line of the fault handler's lines in the launcher's output (`handler`), as `first`'s:
+/// only where `first` has none of its own and is the only rank a fatal signal ended by itself
+/// (the handler prints only on such a signal, so the stack can be no other rank's).
+fn fault_handler_in_launcher_output(
+    ev: &Evidence,
+    first: &RankEvidence,
+    handler: &[String],
+) -> Option<KeyLine> {
     if first.key.as_ref().is_some_and(|k| k.text.starts_with("Fatal Python error")) {
         return None;
     }
@@ -60,7 +64,7 @@ fn fault_handler_in_launcher_output(ev: &Evidence, first: &RankEvidence) -> Opti
     if crashed != 1 {
         return None;
     }
-    key_line(launcher_fault_handler(ev)?).filter(|k| k.text.starts_with("Fatal Python error"))
+    key_line(handler).filter(|k| k.text.starts_with("Fatal Python error"))
 }
 
 pub fn native_crash(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Finding> {
@@ -71,7 +75,8 @@ pub fn native_crash(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Findi
         return None;
     }
     let mut f = Finding::of(&NATIVE_CRASH);
-    let in_launcher = if ev.foreign { fault_handler_in_launcher_output(ev, first) } else { None };
+    let handler = if ev.foreign { launcher_fault_handler(ev) } else { None };
+    let in_launcher = handler.and_then(|h| fault_handler_in_launcher_output(ev, first, h));
     let own = if ev.foreign {
         first
             .key
@@ -98,7 +103,7 @@ pub fn native_crash(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Findi
         (None, Some(_)) => "Python's fault handler in the launcher's output (quoted below) named no frame of the \
                             program's own code (the crash came from a thread or library without Python frames)"
             .to_string(),
-        (None, None) if ev.foreign && launcher_fault_handler(ev).is_some() => {
+        (None, None) if handler.is_some() => {
             "Python's fault handler printed a stack into the launcher's shared output (quoted below); it does not \
              say whose, and more than one rank was ended by a fatal signal"
                 .to_string()
