@@ -15,7 +15,8 @@
 //!      │                                     │
 //!      ├──hung / timed out / grace over / peer failed / interrupt──┐
 //!      ▼                                                           ▼
-//!   DumpingStacks (ask stuck ranks for stacks; wait until answered or the wait is over)
+//!   DumpingStacks (ask stuck ranks for stacks; wait until answered or the wait is over, and
+//!      │           at least until the next step: the grace below counts from SIGTERM itself)
 //!      ▼
 //!   Terminating (SIGTERM sent; the grace before SIGKILL)
 //!      ▼
@@ -270,7 +271,14 @@ impl Machine {
         {
             self.phase = Phase::DumpingStacks { until: (now + STACKS_COMING_LOOK).min(longest) };
         }
+        // Never in the step that asks for stacks: taking them from outside (py-spy, one process
+        // after another) is done before the next step and takes seconds on a busy machine, and
+        // the grace before SIGKILL counts from this step's time. A SIGTERM sent in the same step
+        // went out after the stacks, with its grace already spent, and SIGKILL followed at once.
+        let asking_now =
+            actions.iter().any(|a| matches!(a, Action::DumpStacks { ranks, .. } if !ranks.is_empty()));
         if let Phase::DumpingStacks { until } = self.phase
+            && !asking_now
             && ((asked_before && view.stacks_answered) || now >= until)
         {
             actions.push(Action::Signal(Teardown::Term));
@@ -613,10 +621,17 @@ mod tests {
             m.step(Input::Timer, S(10), &view(&ranks)),
             [
                 Action::MarkHung { rank: 0, silence_s: 10.0 },
-                Action::DumpStacks { ranks: vec![0], look: Look::Stuck },
-                Action::Signal(Teardown::Term),
+                Action::DumpStacks { ranks: vec![0], look: Look::Stuck }
             ]
         );
+        // No wait for an answer: the next step comes as soon as py-spy is done.
+        assert_eq!(m.next_deadline(&view(&ranks)), Some(S(10)));
+        // py-spy took 4 s (a busy machine): SIGTERM now, and its grace counts from now. Sent in
+        // the asking step, at 10 s, its 3 s would have been over before it went out.
+        assert_eq!(m.step(Input::Timer, S(14), &view(&ranks)), [Action::Signal(Teardown::Term)]);
+        assert_eq!(m.next_deadline(&view(&ranks)), Some(S(17)));
+        assert_eq!(m.step(Input::Timer, S(16), &view(&ranks)), []);
+        assert_eq!(m.step(Input::Timer, S(17), &view(&ranks)), [Action::Signal(Teardown::Kill)]);
         let mut m = Machine::new(timing(), true);
         assert_eq!(m.step(Input::Interrupt, S(1), &view(&ranks)), [], "py-spy is too slow for an interrupt");
         assert_eq!(m.step(Input::Changed, S(1), &view(&ranks)), [Action::Signal(Teardown::Term)]);
@@ -661,9 +676,9 @@ mod tests {
                 Action::MarkTimedOut { rank: 0 },
                 Action::MarkTimedOut { rank: 1 },
                 Action::DumpStacks { ranks: vec![0], look: Look::Stuck },
-                Action::Signal(Teardown::Term),
             ]
         );
+        assert_eq!(m.step(Input::Timer, S(100), &v), [Action::Signal(Teardown::Term)]);
         // Interrupted during the teardown: the launcher's grace is the short one.
         assert_eq!(m.step(Input::Interrupt, S(101), &v), []);
         assert_eq!(m.next_deadline(&v), Some(S(101)), "the ranks' SIGKILL, 1 s after SIGTERM");
