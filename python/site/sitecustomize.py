@@ -405,21 +405,53 @@ def _env_int(name, default=None):
         return default
 
 
+_HERE = os.path.abspath(__file__)
+# What the hot path works out once: a call site by the calling line, a shape's and a dtype's
+# text. Bounded: a program that calls from or passes ever new ones stops adding, and works them
+# out each time.
+_SITES, _SHAPES, _DTYPES = {}, {}, {}
+_CACHE_MAX = 4096
+
+
 def _call_site():
     """The innermost frame outside torch and this file: `train.py:40`; a frame of the user's own
     code (not in site-packages) is preferred."""
-    here = os.path.abspath(__file__)
     frame = sys._getframe(2)
+    key = (frame.f_code, frame.f_lineno)
+    site = _SITES.get(key)
+    if site is not None:
+        return site
     first = None
     while frame is not None:
         name = frame.f_code.co_filename
-        if name != here and "/torch/" not in name and not name.startswith("<") and not name.endswith("sitecustomize.py"):
+        if name != _HERE and "/torch/" not in name and not name.startswith("<") and not name.endswith("sitecustomize.py"):
             site = f"{os.path.basename(name)}:{frame.f_lineno}"
             if "-packages/" not in name:
+                if frame.f_code is key[0] and len(_SITES) < _CACHE_MAX:
+                    # The calling line is the user's own: it alone decides the site.
+                    _SITES[key] = site
                 return site
             first = first or site
         frame = frame.f_back
     return first or ""
+
+
+def _shape_text(tensor):
+    shape = tensor.shape
+    text = _SHAPES.get(shape)
+    if text is None:
+        text = "x".join(str(d) for d in shape) or "scalar"
+        if len(_SHAPES) < _CACHE_MAX:
+            _SHAPES[shape] = text
+    return text
+
+
+def _dtype_text(tensor):
+    dtype = tensor.dtype
+    text = _DTYPES.get(dtype)
+    if text is None:
+        text = _DTYPES[dtype] = str(dtype).replace("torch.", "")
+    return text
 
 
 def _tensors(value, out):
@@ -462,8 +494,8 @@ def _wrap_collective(dist, op, original):
             for key, value in bound.items():
                 if key not in ("group", "async_op", "op", "src", "dst", "timeout"):
                     _tensors(value, tensors)
-            shapes = ",".join("x".join(str(d) for d in t.shape) or "scalar" for t in tensors)
-            dtype = str(tensors[0].dtype).replace("torch.", "") if tensors else ""
+            shapes = ",".join([_shape_text(t) for t in tensors])
+            dtype = _dtype_text(tensors[0]) if tensors else ""
             entry = {"t": "collective", "op": op, "group": name, "seq": seq, "shapes": shapes,
                      "dtype": dtype, "site": _call_site()}
             # Its place in the default group's own count (which DDP's collectives move too).
