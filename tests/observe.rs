@@ -153,6 +153,47 @@ fn a_rank_slow_to_load_its_data_is_named_a_straggler_with_its_phase() {
     }
 }
 
+/// A program stepping faster than the observer sends (every 0.25 s) sends one step marker per
+/// batch, each saying the steps since the last: every step is still counted, its samples too, and
+/// the trace draws a batch as `steps a–b`.
+#[test]
+fn fast_steps_are_sent_in_batches_and_every_step_still_counts() {
+    let sb = Sandbox::new();
+    let program = repo().join("tests/programs/observed_ddp.py").display().to_string();
+    let file = sb.scenario(
+        "fast",
+        &format!(
+            r#"{{"command": ["torchrun", "--nproc_per_node", "1", "--master_port", "{{master_port}}",
+                 "{program}", "--steps", "400"],
+                "launch": {{"world_size": 1}}, "limits": {{"timeout_s": 180}},
+                "expect": {{"outcome": "passed"}}}}"#
+        ),
+    );
+    let run = sb.run_in_venv(&[&file]);
+    let s = &run.result["scenarios"][0];
+    assert_eq!(run.code(), 0, "stderr:\n{}\nverdict: {:#}", run.stderr(), s["verdict"]);
+    let r = &s["ranks"][0];
+    assert_eq!(r["steps_done"], 400, "{r}");
+    assert_eq!(r["observed"]["steps"], 400, "{r}");
+    // 400 steps of 32 samples (the batch size `DataLoader.__next__` returned).
+    let samples_per_s = s["samples_per_s"].as_f64().unwrap_or_else(|| panic!("{s}"));
+    let steps_per_s = s["steps_per_s"].as_f64().unwrap_or_else(|| panic!("{s}"));
+    assert!((samples_per_s / steps_per_s - 32.0).abs() < 1e-6, "{samples_per_s} / {steps_per_s}");
+    // Fewer markers than steps: 400 would need a send between every two steps, 100 s of them.
+    let ends = r["step_ends_s"].as_array().unwrap();
+    assert!(!ends.is_empty() && ends.len() < 400, "{ends:?}");
+    assert_eq!(ends.last().unwrap()[0], 399, "{ends:?}");
+    let trace: Value =
+        serde_json::from_str(&std::fs::read_to_string(sb.out().join("trace.json")).unwrap()).unwrap();
+    let batches = trace["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["cat"] == "step" && e["name"].as_str().is_some_and(|n| n.starts_with("steps ")))
+        .count();
+    assert!(batches > 0, "no `steps a–b` slice in trace.json");
+}
+
 /// torchrun itself computes for 12 s without a word before it starts any rank (a slow `import
 /// torch` on a loaded machine) with `hang_after_s` at 4: the launcher is busy, not hung, and the
 /// run passes. Before the launcher's own CPU time counted, such a run was "No rank started".

@@ -94,6 +94,8 @@ class _Observer:
         self.summarised = None
         self.helper_steps = False
         self.workers_sent = 0
+        # The step marker still in the queue (`send_step`), which `_flush` lets go of.
+        self.step_marker = None
         # The default group's own count of the collectives issued on it (its sequence number),
         # which counts those issued from C++ too (DDP's gradient reductions), read once a step
         # and by the sending thread; `spans` the part of it the Python collectives account for.
@@ -108,13 +110,33 @@ class _Observer:
     def send(self, marker, urgent=False):
         if len(self.queue) >= _QUEUE_MAX:
             self.dropped += 1
-            return
+            return False
         marker["mono_ns"] = time.monotonic_ns()
         self.queue.append(marker)
         if self.thread is None:
             self._start()
         if urgent:
             self.wake.set()
+        return True
+
+    def send_step(self, step, data_ms, compute_ms, samples):
+        """A step's marker; while the one of an earlier step still waits in the queue, that one
+        says this step too (its number, stamp and summed times), so a program stepping faster than
+        the queue is sent (every 0.25 s) sends one step marker per batch, not one a step (each
+        costs encoding here and reading in ups-doctor)."""
+        with self.lock:  # `_flush` takes it from the queue under this lock
+            marker = self.step_marker
+            if marker is not None:
+                marker["step"] = step
+                marker["data_ms"] += data_ms
+                marker["compute_ms"] += compute_ms
+                marker["samples"] += samples
+                marker["mono_ns"] = time.monotonic_ns()
+                return
+            marker = {"t": "step", "step": step, "loss": None, "data_ms": data_ms, "compute_ms": compute_ms,
+                      "samples": samples}
+            if self.send(marker):
+                self.step_marker = marker
 
     def returned(self, entry, ms, span=None):
         """A collective queued by `send` returned after `ms` (having issued `span` of the group's
@@ -167,15 +189,21 @@ class _Observer:
             self._flush()
 
     def _flush(self):
-        import json
+        global _ENCODER
+        if _ENCODER is None:
+            import json
 
+            # One encoder for every marker: `json.dumps` with options makes a new one each call.
+            _ENCODER = json.JSONEncoder(allow_nan=False, default=str)
         chunk = b""
         while self.queue:
             marker = self.queue.popleft()
+            if marker is self.step_marker:
+                self.step_marker = None
             if self.tagged:
                 self._tag(marker)
             try:
-                line = (json.dumps(marker, allow_nan=False, default=str) + "\n").encode()
+                line = (_ENCODER.encode(marker) + "\n").encode()
             except ValueError:
                 continue
             if marker.get("t") == "collective" and "ms" not in marker:
@@ -231,6 +259,7 @@ class _Observer:
         # been mid-call at the fork, so the child never touches it.
         self.pg = None
         self.queue = collections.deque()
+        self.step_marker = None
         self.wake = threading.Event()
         self.lock = threading.Lock()
         self.pg_lock = threading.Lock()
@@ -305,12 +334,12 @@ class _Observer:
         if not self.helper_steps:
             self.helper_steps = "ups_doctor" in sys.modules
         if not self.helper_steps:
-            self.send({"t": "step", "step": step, "loss": None, "data_ms": round(data, 3),
-                       "compute_ms": round(max(step_ms - data, 0.0), 3), "samples": samples})
+            self.send_step(step, data, max(step_ms - data, 0.0), samples)
         self.summary()
 
 
 _observer = None
+_ENCODER = None
 
 
 def _program_file(name):
@@ -465,6 +494,9 @@ def _tensors(value, out):
             _tensors(v, out)
 
 
+_NOT_DATA = frozenset(("group", "async_op", "op", "src", "dst", "timeout", "group_src", "group_dst"))
+
+
 def _wrap_collective(dist, op, original):
     """Wraps one collective: its ledger entry is queued when the program issues it (what a hung
     rank waits in), without waking the observer's thread, which sends it within 0.25 s, while the
@@ -479,21 +511,30 @@ def _wrap_collective(dist, op, original):
         names = list(inspect.signature(original).parameters)
     except (TypeError, ValueError):
         names = []
+    # Where the arguments sit, worked out once: the group's position, and those that may hold the
+    # tensors (not the group, the reduce op, a rank, a flag or a timeout).
+    group_at = names.index("group") if "group" in names else None
+    data_at = [i for i, name in enumerate(names) if name not in _NOT_DATA]
 
     @functools.wraps(original)
     def collective(*args, **kwargs):
         obs = _observer
         try:
-            bound = dict(zip(names, args))
-            bound.update(kwargs)
-            group = bound.get("group")
+            group = kwargs.get("group")
+            if group is None and group_at is not None and group_at < len(args):
+                group = args[group_at]
             name = "default" if group is None else str(getattr(group, "group_name", None) or id(group))
             seq = obs.seq.get(name, 0) + 1
             obs.seq[name] = seq
             tensors = []
-            for key, value in bound.items():
-                if key not in ("group", "async_op", "op", "src", "dst", "timeout"):
-                    _tensors(value, tensors)
+            for i in data_at:
+                if i >= len(args):
+                    break
+                _tensors(args[i], tensors)
+            if kwargs:
+                for key, value in kwargs.items():
+                    if key not in _NOT_DATA:
+                        _tensors(value, tensors)
             shapes = ",".join([_shape_text(t) for t in tensors])
             dtype = _dtype_text(tensors[0]) if tensors else ""
             entry = {"t": "collective", "op": op, "group": name, "seq": seq, "shapes": shapes,

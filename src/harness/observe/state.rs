@@ -85,8 +85,10 @@ impl RankState {
         // A stack dump is written because ups-doctor asked for it (the hang was already declared,
         // or the run is being torn down): it is not progress, and counting it would put the
         // rank's last marker after the hang was declared.
+        // Never earlier than one already seen: the observer's step marker carries its newest
+        // step's stamp, and may go out before markers stamped a little earlier.
         if !matches!(marker, Marker::Stack { .. } | Marker::StackEnd { .. }) {
-            self.last_marker_at = Some(at);
+            self.last_marker_at = Some(self.last_marker_at.map_or(at, |last| last.max(at)));
         }
         if ObservedProgram::apply(&mut self.observed, at, &marker) {
             return;
@@ -183,12 +185,14 @@ impl RankState {
     /// Counts a line on the marker pipe that was not a marker.
     pub fn apply_bad(&mut self, at: f64) {
         self.bad_markers += 1;
-        self.last_marker_at = Some(at);
+        self.last_marker_at = Some(self.last_marker_at.map_or(at, |last| last.max(at)));
     }
 
+    /// Keeps the end of one step in every `stride`: the first seen of each run of `stride` step
+    /// numbers (the observer's step markers may skip numbers, each saying several steps).
     fn record_step_end(&mut self, step: u64, at: f64) {
         let stride = self.step_stride.max(1);
-        if step % stride == 0 {
+        if self.step_ends.last().is_none_or(|&(last, _)| step / stride != last / stride) {
             self.step_ends.push((step, at));
         }
         if self.step_ends.len() >= MAX_LOSSES {
@@ -275,6 +279,36 @@ mod tests {
         s.apply(9.1, Marker::StackEnd { threads: 1 });
         assert_eq!(s.last_marker_at, Some(1.0));
         assert_eq!(s.stacks.len(), 1);
+    }
+
+    #[test]
+    fn a_step_marker_that_says_several_steps_counts_them_all_and_keeps_its_end() {
+        // The observer's step marker, sent once per batch: steps 0 to 2, then 3 to 9.
+        let mut s = RankState::default();
+        s.apply(0.5, Marker::Step { step: 2, loss: f64::NAN, data_ms: 3.0, compute_ms: 9.0, samples: 96 });
+        // A collective issued before step 9's end, sent after the step marker.
+        s.apply(0.45, Marker::Progress { phase: "x".into(), done: 1, total: 2 });
+        assert_eq!(s.last_marker_at, Some(0.5), "the last marker's time never goes back");
+        s.apply(1.2, Marker::Step { step: 9, loss: f64::NAN, data_ms: 7.0, compute_ms: 21.0, samples: 224 });
+        assert_eq!(s.steps_done, 10);
+        assert_eq!((s.data_ms, s.compute_ms, s.samples), (10.0, 30.0, 320));
+        assert_eq!(s.step_ends, [(2, 0.5), (9, 1.2)]);
+    }
+
+    #[test]
+    fn thinned_step_ends_keep_markers_that_skip_step_numbers() {
+        let mut s = RankState::default();
+        // A marker every other step, each with an odd number: once the stride is even, no number
+        // is a multiple of it, and one end per stride must still be kept.
+        for step in (1..200_000).step_by(2) {
+            s.apply(
+                step as f64,
+                Marker::Step { step, loss: f64::NAN, data_ms: 0.0, compute_ms: 1.0, samples: 1 },
+            );
+        }
+        assert!(s.step_stride > 2);
+        assert!(s.step_ends.len() >= MAX_LOSSES / 4, "kept {}", s.step_ends.len());
+        assert!(s.step_ends.last().unwrap().0 > 190_000, "{:?}", s.step_ends.last());
     }
 
     #[test]
