@@ -13,26 +13,37 @@ fn oom_kills(scenario: &Value) -> Vec<Value> {
     scenario["oom_kills"].as_array().cloned().unwrap_or_default()
 }
 
+/// The first kill is always a worker: the rank holds about 200 MiB and the two workers grow past
+/// it, so at the limit the larger worker is the kernel's pick. What comes next is the kernel's
+/// choice, not ups-doctor's: usually the rank sees its worker die and exits 1 in PyTorch's words
+/// (the scenario's `expect`); under load, the kernel has also picked the rank itself before that
+/// (seen in a loaded rehearsal: worker 0, then the rank 11 ms later). Both are checked in full.
 #[test]
 fn spawned_workers_each_copying_a_memory_cache_are_oom_killed_and_the_kill_names_the_worker() {
     let sb = Sandbox::new();
     let file = repo().join("scenarios/loader-spawn-memory-cache-oom.json");
     let run = sb.run(&[&file], &[]);
-    assert_eq!(run.code(), 0, "the scenario meets its expectation:\n{}", run.stderr());
     let s = run.scenario();
+    let rank = &s["ranks"][0];
     let cgroup = &s["cgroup"];
     assert_eq!(cgroup["limit_bytes"], 640u64 << 20, "{cgroup}");
     let counted = cgroup["oom_kills"].as_u64().unwrap();
     assert!(counted >= 1, "the cgroup counted the kill: {cgroup}");
     let kills = oom_kills(s);
     assert_eq!(kills.len() as u64, counted, "every counted kill is attributed: {kills:#?}");
-    let workers = s["ranks"][0]["workers"].as_array().unwrap();
+    let workers = rank["workers"].as_array().unwrap();
+    assert!(kills[0]["worker"].is_number(), "the first kill is a worker: {kills:#?}");
+    let rank_killed = kills.iter().any(|k| k["pid"] == rank["pid"]);
     for kill in &kills {
         assert_eq!(kill["rank"], 0, "{kill}");
+        if kill["pid"] == rank["pid"] {
+            assert!(kill.get("worker").is_none(), "{kill}");
+            continue;
+        }
         let worker = workers
             .iter()
             .find(|w| w["pid"] == kill["pid"])
-            .unwrap_or_else(|| panic!("the killed pid is one of rank 0's workers {workers:?}: {kill}"));
+            .unwrap_or_else(|| panic!("the killed pid is rank 0 or one of its workers {workers:?}: {kill}"));
         assert_eq!(kill["worker"], worker["id"], "{kill}");
         if kill["source"] == "kmsg" {
             assert_eq!(kill["process_name"], format!("loader-w{}", worker["id"]), "{kill}");
@@ -49,21 +60,32 @@ fn spawned_workers_each_copying_a_memory_cache_are_oom_killed_and_the_kill_names
         )),
         "{headline}"
     );
-    // The rank saw it the way PyTorch words it. When both workers were killed before it looked
-    // (seen in a rehearsal: worker 1 at 2.748 s, worker 0 4.5 ms later), it names the first dead
-    // one in worker order, as PyTorch's check does: a killed worker, not necessarily the first.
-    let error = s["ranks"][0]["error"].as_str().unwrap_or_default();
-    assert!(
-        kills
-            .iter()
-            .any(|k| error
+    if rank_killed {
+        // Killed, not failed as a consequence: the scenario's `expect` (exit 1 in PyTorch's words)
+        // is not met, and the verdict says why.
+        assert_eq!(run.code(), 1, "{}", run.stderr());
+        assert_eq!((&rank["outcome"], &rank["signal"]), (&"signaled".into(), &"SIGKILL".into()), "{rank}");
+        assert!(
+            headline.contains(&format!("; rank 0 (pid {}) was killed by it too", rank["pid"]))
+                && !headline.contains("consequence"),
+            "{headline}"
+        );
+    } else {
+        assert_eq!(run.code(), 0, "the scenario meets its expectation:\n{}", run.stderr());
+        // The rank saw it the way PyTorch words it. When both workers were killed before it looked
+        // (seen in a rehearsal: worker 1 at 2.748 s, worker 0 4.5 ms later), it names the first dead
+        // one in worker order, as PyTorch's check does: a killed worker, not necessarily the first.
+        let error = rank["error"].as_str().unwrap_or_default();
+        assert!(
+            kills.iter().any(|k| error
                 .contains(&format!("DataLoader worker (pid {}) is killed by signal: Killed.", k["pid"]))),
-        "{error}\n{kills:#?}"
-    );
+            "{error}\n{kills:#?}"
+        );
+    }
     let md = sb.reports();
     assert!(md.contains("**Memory limit:** 640.0 MiB for all the scenario's processes"), "{md}");
     // Both workers may outgrow the limit before the first one's memory is given back: one line
-    // counts every kill and names each worker.
+    // counts every kill and names each.
     let ended = match kills.len() {
         1 => "1 process".to_string(),
         n => format!("{n} processes"),
@@ -76,7 +98,11 @@ fn spawned_workers_each_copying_a_memory_cache_are_oom_killed_and_the_kill_names
         "{md}"
     );
     for kill in &kills[1..] {
-        assert!(md.contains(&format!("worker {} of rank 0 (pid {}", kill["worker"], kill["pid"])), "{md}");
+        let named = match kill["worker"].as_u64() {
+            Some(w) => format!("worker {w} of rank 0 (pid {}", kill["pid"]),
+            None => format!("rank 0 (pid {}", kill["pid"]),
+        };
+        assert!(md.contains(&named), "{named}: {md}");
     }
 }
 

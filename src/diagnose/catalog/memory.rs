@@ -2,6 +2,7 @@
 
 use super::{Finding, Pattern};
 use crate::diagnose::evidence::{Evidence, RankEvidence};
+use crate::diagnose::words::ms;
 use crate::scenario::OutcomeKind;
 use crate::scenario::human_bytes;
 use crate::schema::{OomKill, OomSource};
@@ -67,9 +68,23 @@ pub fn oom_kill(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Finding> 
         .rank
         .and_then(|r| ev.rank(r))
         .filter(|r| kill.worker.is_some() && r.result.outcome != OutcomeKind::Passed)
-        .map(|r| match r.result.exit_code {
-            Some(c) => format!("; rank {} exited with status {c} as a consequence", r.rank()),
-            None => format!("; rank {} failed as a consequence", r.rank()),
+        .map(|r| {
+            // The kernel may pick the rank itself next, before it saw its worker die: then it did
+            // not fail "as a consequence", it was killed too.
+            let itself = ev.oom_kills.iter().find(|k| k.pid != kill.pid && r.result.pid == Some(k.pid));
+            match (itself, r.result.exit_code) {
+                (Some(k), _) => format!(
+                    "; rank {} (pid {}) was killed by it too{}",
+                    r.rank(),
+                    k.pid,
+                    match (kill.at_s, k.at_s) {
+                        (Some(a), Some(b)) if b >= a => format!(", {} later", ms((b - a) * 1000.0)),
+                        _ => String::new(),
+                    }
+                ),
+                (None, Some(c)) => format!("; rank {} exited with status {c} as a consequence", r.rank()),
+                (None, None) => format!("; rank {} failed as a consequence", r.rank()),
+            }
         })
         .unwrap_or_default();
     f.headline = Some(format!("{} was killed by the OOM killer{figures}{consequence}.", who(kill, ev)));
@@ -106,7 +121,22 @@ pub fn oom_kill(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Finding> 
         }
     }
     if ev.oom_kills.len() > 1 {
-        f.evidence.push(format!("{} OOM kills in all; the first is named above", ev.oom_kills.len()));
+        let mut kills: Vec<&OomKill> = ev.oom_kills.iter().collect();
+        kills.sort_by(|a, b| a.at_s.unwrap_or(f64::INFINITY).total_cmp(&b.at_s.unwrap_or(f64::INFINITY)));
+        let each: Vec<String> = kills
+            .iter()
+            .map(|k| {
+                let at = k.at_s.map(|t| format!(" at {t:.3} s")).unwrap_or_default();
+                let mut name = who(k, ev);
+                if !name.starts_with("DataLoader")
+                    && let Some(first) = name.get(..1)
+                {
+                    name = first.to_lowercase() + &name[1..];
+                }
+                format!("{name}{at}")
+            })
+            .collect();
+        f.evidence.push(format!("{} OOM kills in all: {}", ev.oom_kills.len(), each.join(", ")));
     }
     Some(f)
 }

@@ -600,6 +600,48 @@ fn an_oom_killed_worker_and_an_oom_killed_rank_are_named_with_the_cgroup_figures
     );
 }
 
+/// The kernel killed a worker, then the rank itself 11 ms later, before the rank saw its worker
+/// die (seen in a loaded rehearsal): the rank did not fail "as a consequence", it was killed too.
+#[test]
+fn a_rank_oom_killed_after_its_worker_is_named_as_killed_too_not_as_a_consequence() {
+    let kmsg = |pid, worker, at_s, name: &str| OomKill {
+        pid,
+        rank: Some(0),
+        worker,
+        at_s: Some(at_s),
+        source: OomSource::Kmsg,
+        process_name: Some(name.into()),
+        anon_rss_bytes: Some(200 << 20),
+    };
+    let mut case = oom_case(kmsg(502, Some(2), 3.9, "loader-w2"));
+    // Rank 0 ended by that SIGKILL, not with an exit status of its own.
+    let mut e = end(Some(Exit::Signal { signal: Signal::KILL.number(), core_dumped: false }));
+    e.pid = Some(500);
+    e.ended_at_s = Some(3.95);
+    case.ranks[0] = classify_rank(&e);
+    case.oom_kills.push(kmsg(500, None, 3.911, "ups-doctor-trai"));
+    case.cgroup.as_mut().unwrap().oom_kills = 2;
+    let (_, first, v) = case.judge();
+    assert_eq!(first, Some(0));
+    assert_eq!(v.pattern.as_deref(), Some("oom-kill"));
+    assert!(
+        v.headline.starts_with(
+            "DataLoader worker 2 (pid 502) of rank 0 was killed by the OOM killer: cgroup limit 2.0 GiB, the \
+             scenario's processes held 1.98 GiB; rank 0 (pid 500) was killed by it too, 11 ms later."
+        ) && !v.headline.contains("consequence"),
+        "{}",
+        v.headline
+    );
+    assert!(
+        v.evidence.contains(
+            &"2 OOM kills in all: DataLoader worker 2 (pid 502) of rank 0 at 3.900 s, rank 0 (pid 500) at 3.911 s"
+                .to_string()
+        ),
+        "{:#?}",
+        v.evidence
+    );
+}
+
 #[test]
 fn a_program_that_swallowed_its_error_is_a_false_success_in_its_own_words() {
     let mut r = program_rank(0, Exit::Code(0), 1.0, "wrapper: ignoring the dataset path does not exist");
