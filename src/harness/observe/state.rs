@@ -78,6 +78,25 @@ fn collapses_into_train(phase: &str, step: Option<u64>) -> bool {
     step.is_some() && !phase.starts_with("checkpoint.")
 }
 
+/// Keeps `(step, value)` for one step in every `stride`: the first seen of each run of `stride`
+/// step numbers, so that markers whose numbers skip (the observer's, each saying several steps; a
+/// helper's loss logged every 10th step) are still kept once the stride has grown. At
+/// [`MAX_LOSSES`] points it keeps every other one and doubles the stride.
+fn keep_thinned<T>(points: &mut Vec<(u64, T)>, stride: &mut u64, step: u64, value: T) {
+    let every = (*stride).max(1);
+    if points.last().is_none_or(|&(last, _)| step / every != last / every) {
+        points.push((step, value));
+    }
+    if points.len() >= MAX_LOSSES {
+        *stride = every * 2;
+        let mut i = 0;
+        points.retain(|_| {
+            i += 1;
+            i % 2 == 1
+        });
+    }
+}
+
 impl RankState {
     /// Folds one marker written at `at` (its writer's stamp, else when it was read) into the state.
     pub fn apply(&mut self, at: f64, marker: Marker) {
@@ -188,37 +207,12 @@ impl RankState {
         self.last_marker_at = Some(self.last_marker_at.map_or(at, |last| last.max(at)));
     }
 
-    /// Keeps the end of one step in every `stride`: the first seen of each run of `stride` step
-    /// numbers (the observer's step markers may skip numbers, each saying several steps).
     fn record_step_end(&mut self, step: u64, at: f64) {
-        let stride = self.step_stride.max(1);
-        if self.step_ends.last().is_none_or(|&(last, _)| step / stride != last / stride) {
-            self.step_ends.push((step, at));
-        }
-        if self.step_ends.len() >= MAX_LOSSES {
-            self.step_stride = stride * 2;
-            let mut i = 0;
-            self.step_ends.retain(|_| {
-                i += 1;
-                i % 2 == 1
-            });
-        }
+        keep_thinned(&mut self.step_ends, &mut self.step_stride, step, at);
     }
 
     fn record_loss(&mut self, step: u64, loss: f64) {
-        let stride = self.loss_stride.max(1);
-        if step % stride == 0 {
-            self.losses.push((step, loss));
-        }
-        if self.losses.len() >= MAX_LOSSES {
-            // Keep every other point and halve the rate from now on.
-            self.loss_stride = stride * 2;
-            let mut i = 0;
-            self.losses.retain(|_| {
-                i += 1;
-                i % 2 == 1
-            });
-        }
+        keep_thinned(&mut self.losses, &mut self.loss_stride, step, loss);
     }
 
     /// Optimizer steps per second over the training loop.
@@ -309,6 +303,17 @@ mod tests {
         assert!(s.step_stride > 2);
         assert!(s.step_ends.len() >= MAX_LOSSES / 4, "kept {}", s.step_ends.len());
         assert!(s.step_ends.last().unwrap().0 > 190_000, "{:?}", s.step_ends.last());
+    }
+
+    #[test]
+    fn a_loss_logged_every_tenth_step_is_still_kept_once_thinned() {
+        // A helper's loss logged at steps 9, 19, 29, …: none a multiple of an even stride.
+        let mut s = RankState::default();
+        for step in (9..100_000).step_by(10) {
+            s.apply(step as f64, Marker::Step { step, loss: 1.0, data_ms: 0.0, compute_ms: 1.0, samples: 1 });
+        }
+        assert!(s.losses.len() < MAX_LOSSES);
+        assert!(s.losses.last().unwrap().0 > 90_000, "{:?}", s.losses.last());
     }
 
     #[test]
