@@ -150,9 +150,7 @@ impl RemoteRecord {
 
     fn note(&mut self, event: &RunEvent, placement: &NodePlacement, host: &str) {
         match event {
-            RunEvent::Started { at_s, .. } => {
-                self.started_ns = Some(clock::now_ns() - (at_s * 1e9) as i64);
-            }
+            RunEvent::Started { start, .. } => self.started_ns = Some(clock::wall_ns_of(*start)),
             RunEvent::Tick { pids, .. } => self.live = pids.to_vec(),
             RunEvent::RankEnded { rank, failed: true, how, .. } => {
                 let why = format!(

@@ -17,8 +17,9 @@ pub enum RunEvent<'a> {
     ScenarioStarted { name: &'a str, ranks: u32, steps: u64, hang_after_s: f64 },
     /// The supervision loop ended (teardown done; the result is judged next).
     ScenarioFinished { at_s: f64 },
-    /// The ranks were started (pids by local rank; `None` where one failed to start).
-    Started { at_s: f64, pids: Vec<Option<u32>> },
+    /// The ranks were started (pids by local rank; `None` where one failed to start); `start` is
+    /// the instant every `at_s` counts from.
+    Started { at_s: f64, start: std::time::Instant, pids: Vec<Option<u32>> },
     /// At the pace the listener asked for ([`Listener::tick_every`]; the loop cannot be woken by a
     /// listener, so it reads it at this pace): rank states so far, and the pids of ranks still
     /// running (by local rank).

@@ -662,7 +662,8 @@ impl Supervisor<'_, '_> {
             }
         }
         let pids = self.slots.iter().map(|s| s.end.pid).collect();
-        self.tell(|at_s| RunEvent::Started { at_s, pids });
+        let start = self.start;
+        self.tell(|at_s| RunEvent::Started { at_s, start, pids });
     }
 
     /// Starts a launcher-style command: the marker FIFO and its reader, then the launcher.
