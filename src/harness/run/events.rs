@@ -19,7 +19,7 @@ pub enum RunEvent<'a> {
     ScenarioFinished { at_s: f64 },
     /// The ranks were started (pids by local rank; `None` where one failed to start); `start` is
     /// the instant every `at_s` counts from.
-    Started { at_s: f64, start: std::time::Instant, pids: Vec<Option<u32>> },
+    Started { start: std::time::Instant, pids: Vec<Option<u32>> },
     /// At the pace the listener asked for ([`Listener::tick_every`]; the loop cannot be woken by a
     /// listener, so it reads it at this pace): rank states so far, and the pids of ranks still
     /// running (by local rank).

@@ -663,7 +663,7 @@ impl Supervisor<'_, '_> {
         }
         let pids = self.slots.iter().map(|s| s.end.pid).collect();
         let start = self.start;
-        self.tell(|at_s| RunEvent::Started { at_s, start, pids });
+        self.tell(|_| RunEvent::Started { start, pids });
     }
 
     /// Starts a launcher-style command: the marker FIFO and its reader, then the launcher.
