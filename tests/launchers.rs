@@ -9,9 +9,11 @@
 //! `launcher` from `auto`. The signals that stand in for a rank variable (spawn order, the
 //! rendezvous port, the launcher as rank 0, the helper's markers) are tested with the observer off
 //! (`launch.observe: false`, as for a program that never imports torch): with it on, the process
-//! group each process formed names it (the last test).
+//! group each process formed names it (the last two tests).
 
-use crate::util::{RunOutput, Sandbox, repo};
+use std::time::Duration;
+
+use crate::util::{RunOutput, Sandbox, alive, children_of, eventually, repo, venv_path};
 use serde_json::Value;
 
 fn scenarios(run: &RunOutput) -> &Vec<Value> {
@@ -48,7 +50,22 @@ fn three_cases(launcher: &str, command: &str, program_args: &str, style: &str) -
 fn check(run: &RunOutput, identified: [&str; 2]) {
     let summary: Vec<String> = scenarios(run)
         .iter()
-        .map(|s| format!("{}: {} {} {}", s["name"], s["verdict"], s["expectation_mismatches"], s["ranks"]))
+        .map(|s| {
+            // Short enough to survive a CI log's cuts: the headline, what was not met, and per
+            // rank how it was found and how its end was read.
+            let ranks: Vec<String> = (s["ranks"].as_array().into_iter().flatten())
+                .map(|r| {
+                    format!("{}:{}/{}/{}", r["rank"], r["identified_by"], r["outcome"], r["exit_source"])
+                })
+                .collect();
+            format!(
+                "{}: {} {} [{}]",
+                s["name"],
+                s["verdict"]["headline"],
+                s["expectation_mismatches"],
+                ranks.join(" ")
+            )
+        })
         .collect();
     assert_eq!(run.code(), 0, "every scenario meets its expectation:\n{}", summary.join("\n"));
     let [pass, segv, hang] = &scenarios(run)[..] else { panic!("three scenarios: {summary:?}") };
@@ -347,4 +364,87 @@ fn the_observer_names_ranks_by_the_process_group_they_formed() {
     let (_sb, run) =
         three_cases("observed-spawn", r#""python""#, r#""--launcher", "spawn", "--port-from", "own""#, "");
     check(&run, ["process_group", "process_group"]);
+}
+
+/// Resumes a stopped process when dropped, so that a failing test never leaves ups-doctor frozen.
+struct Stopped(u32);
+
+impl Stopped {
+    fn stop(pid: u32) -> Stopped {
+        let pid = nix::unistd::Pid::from_raw(pid as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::SIGSTOP).expect("ups-doctor is ours to stop");
+        Stopped(pid.as_raw() as u32)
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.0 as i32), nix::sys::signal::SIGCONT);
+    }
+}
+
+/// `torch.multiprocessing.spawn` reaps a process the moment it ends, so on a busy machine
+/// ups-doctor can find the rank already gone, its status unread (seen once in CI: "Rank 1 exited
+/// with an unobserved status" for a segfault). Made certain here from outside: ups-doctor is
+/// frozen (SIGSTOP) while rank 1 segfaults and the launcher reaps it, tears rank 0 down and exits;
+/// after SIGCONT the status is spawn's own account of it.
+#[test]
+fn a_rank_mp_spawn_reaped_before_ups_doctor_looked_ends_as_spawns_exception_says() {
+    let sb = Sandbox::new();
+    let program = repo().join("tests/programs/launchers.py").display().to_string();
+    let wait = sb.path().join("segv");
+    let scenario = sb.scenario(
+        "reaped",
+        &format!(
+            r#"{{"command": ["python", "{program}", "--launcher", "spawn", "--port-from", "own", "--steps", "6",
+                             "--segv-rank", "1", "--segv-step", "4", "--segv-wait", "{}"],
+                "launch": {{"world_size": 2}},
+                "limits": {{"timeout_s": 300, "hang_after_s": 120}},
+                "expect": {{"outcome": "signaled", "signal": "SIGSEGV", "rank": 1}}}}"#,
+            wait.display()
+        ),
+    );
+    let out = sb.out();
+    let mut cmd = sb.cmd();
+    cmd.env("PATH", venv_path()).arg("run").arg(&scenario).arg("--out").arg(&out).args(["--json", "--quiet"]);
+    let child =
+        cmd.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    let doctor = child.id();
+    let waiting = wait.with_extension("waiting");
+    assert!(eventually(Duration::from_secs(240), || waiting.exists()), "rank 1 reached its segfault");
+    let launcher = children_of(doctor)
+        .into_iter()
+        .find(|&p| {
+            std::fs::read(format!("/proc/{p}/cmdline"))
+                .is_ok_and(|c| c.windows(12).any(|w| w == b"launchers.py"))
+        })
+        .expect("the launcher is ups-doctor's child");
+    let frozen = Stopped::stop(doctor);
+    std::fs::write(wait.with_extension("go"), b"").unwrap();
+    // spawn reaps rank 1, tears rank 0 down and raises; the launcher then ends (a zombie of
+    // ups-doctor's, which cannot reap it while frozen).
+    assert!(
+        eventually(Duration::from_secs(240), || !alive(launcher as u64)),
+        "the launcher ended while ups-doctor was frozen"
+    );
+    drop(frozen);
+    let output = child.wait_with_output().unwrap();
+    let run = RunOutput { result: serde_json::from_slice(&output.stdout).unwrap_or(Value::Null), output };
+    let found = crate::consistency::check_run_dir(&out);
+    assert!(found.is_empty(), "the report contradicts its result.json:\n{}", found.join("\n"));
+    let s = &scenarios(&run)[0];
+    assert_eq!(run.code(), 0, "the expectation is met: {}", s["verdict"]["headline"]);
+    let rank1 = &s["ranks"][1];
+    assert_eq!(
+        (&rank1["outcome"], &rank1["signal"]),
+        (&Value::from("signaled"), &Value::from("SIGSEGV")),
+        "{rank1}"
+    );
+    assert_eq!(rank1["exit_source"], "spawn", "{rank1}");
+    assert_eq!(rank1["identified_by"], "process_group", "{rank1}");
+    let headline = s["verdict"]["headline"].as_str().unwrap();
+    assert!(headline.starts_with("Rank 1 was killed by SIGSEGV"), "{headline}");
+    let md = sb.reports();
+    assert!(md.contains("rank 1's exit status is the one `torch.multiprocessing.spawn` gives"), "{md}");
+    assert!(md.contains("ProcessExitedException: process 1 terminated with signal SIGSEGV"), "{md}");
 }

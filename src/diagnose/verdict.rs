@@ -366,6 +366,11 @@ fn exit_source(rank: &RankResult, launcher: Option<&LauncherEnd>) -> Option<Stri
             rank.pid.map_or("?".into(), |p| p.to_string())
         ),
         ExitSource::Torchrun => format!("rank {}'s exit status is the one torchrun's error summary gives", rank.rank),
+        ExitSource::Spawn => format!(
+            "rank {}'s exit status is the one `torch.multiprocessing.spawn` gives (it reaped process {} before ups-doctor could read it)",
+            rank.rank,
+            rank.pid.map_or("?".into(), |p| p.to_string())
+        ),
         ExitSource::Launcher => format!("rank {} is the launcher process itself: its exit status is the launcher's", rank.rank),
         ExitSource::NotIdentified => format!(
             "rank {}'s process was never identified{}; the launcher exited with status 0",

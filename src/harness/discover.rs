@@ -365,6 +365,16 @@ pub fn unidentified_children(root: u32, found: &[u32]) -> Vec<u32> {
         .collect()
 }
 
+/// The processes `torch.multiprocessing.spawn` (or any `multiprocessing` spawn) started directly
+/// below `root`: their command lines carry `--multiprocessing-fork`.
+pub fn spawn_children(root: u32) -> Vec<u32> {
+    memory::processes()
+        .into_iter()
+        .filter(|p| p.ppid == root && !p.zombie() && is_spawn_child(memory::cmdline(p.pid)))
+        .map(|p| p.pid)
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -17,6 +17,8 @@ gets only as an argument: nothing outside the program knows it.
 `--workers N`: each rank reads its batches through a DataLoader with N (forked) workers.
 
 `--segv-rank R --segv-step S`: rank R reads address 0 (a real SIGSEGV) at step S.
+`--segv-wait PATH`: before that, rank R creates `PATH.waiting` and waits for `PATH.go` (a test
+freezes ups-doctor in between).
 `--hang-rank R --hang-step S`: rank R skips step S's gradient all-reduce and waits in
 `dist.barrier()`; the other rank waits in the all-reduce: both hang.
 Rank 0 prints `training finished` at the end.
@@ -38,6 +40,7 @@ parser.add_argument("--launcher", required=True, choices=["env", "spawn", "light
 parser.add_argument("--steps", type=int, default=6)
 parser.add_argument("--segv-rank", type=int, default=-1)
 parser.add_argument("--segv-step", type=int, default=-1)
+parser.add_argument("--segv-wait", default="")
 parser.add_argument("--hang-rank", type=int, default=-1)
 parser.add_argument("--hang-step", type=int, default=-1)
 parser.add_argument("--local_rank", type=int, default=-1, help="set by the deepspeed launcher (RANK is set too)")
@@ -57,6 +60,10 @@ else:
 
 def faults(rank, step):
     if rank == args.segv_rank and step == args.segv_step:
+        if args.segv_wait:
+            open(args.segv_wait + ".waiting", "w").close()
+            while not os.path.exists(args.segv_wait + ".go"):
+                time.sleep(0.05)
         print(f"rank {rank}: segfaulting at step {step}", flush=True)
         ctypes.string_at(0)
     if rank == args.hang_rank and step == args.hang_step:

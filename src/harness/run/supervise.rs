@@ -252,6 +252,9 @@ struct Launcher {
     /// Processes seen below the launcher that looked like ranks but whose rank number no signal
     /// gave, as first seen, in the order they were seen (their exits are watched too).
     unidentified: Vec<Identity>,
+    /// The processes `torch.multiprocessing.spawn` started below it, as first seen: sorted by
+    /// start time they are its process indices, which its `ProcessExitedException` names.
+    spawned: Vec<Identity>,
     /// Which writer of the marker FIFO is which rank, and this node's first global rank: the
     /// plan's expectation until the ranks say where the launcher's rendezvous placed the node
     /// (see [`process::PidRanks`], [`crate::harness::discover::node_first_rank`]).
@@ -326,6 +329,21 @@ fn slot_members(slot: &Slot, others: &[u32]) -> Vec<u32> {
     }
     let Some(pid) = slot.found else { return Vec::new() };
     crate::harness::discover::rank_members(pid, others)
+}
+
+/// The exit status `torch.multiprocessing.spawn` gives for the process it names in its
+/// `ProcessExitedException`, for the rank that process was found to be when its own status was
+/// not read (spawn reaps at once: on a busy machine before the watcher looked). The index is
+/// spawn's: its processes in the order they started.
+fn spawns_account(slots: &mut [Slot], l: &Launcher, lines: &[String]) {
+    let Some(failure) = crate::harness::observe::spawn::spawn_failure(lines) else { return };
+    let mut spawned = l.spawned.clone();
+    spawned.sort_by_key(|who| (who.start_ticks, who.pid));
+    let Some(who) = spawned.get(failure.index as usize) else { return };
+    if let Some(slot) = slots.iter_mut().find(|s| s.found_id == Some(*who) && s.end.exit.is_none()) {
+        slot.end.exit = Some(failure.exit);
+        slot.end.exit_source = Some(ExitSource::Spawn);
+    }
 }
 
 /// A rank found by a weaker signal whose process then reported that same rank through the
@@ -681,6 +699,7 @@ impl Supervisor<'_, '_> {
             stop: Arc::default(),
             fifo: fifo.clone(),
             unidentified: Vec::new(),
+            spawned: Vec::new(),
             pid_ranks: Arc::new(Mutex::new(process::PidRanks { first: plan.offset, ..Default::default() })),
             placed: plan.global_world == plan.world,
             next_discovery: self.start,
@@ -977,6 +996,13 @@ impl Supervisor<'_, '_> {
                 other.end.identified_by = None;
             }
         }
+        for pid in crate::harness::discover::spawn_children(root) {
+            if !l.spawned.iter().any(|s| s.pid == pid)
+                && let Some(who) = owner::identify(pid)
+            {
+                l.spawned.push(who);
+            }
+        }
         let found: Vec<u32> = self.slots.iter().filter_map(|s| s.found).collect();
         if found.len() < self.slots.len() {
             for pid in crate::harness::discover::unidentified_children(root, &found) {
@@ -1242,6 +1268,7 @@ impl Supervisor<'_, '_> {
                 _ => {}
             }
         }
+        spawns_account(&mut self.slots, &l, &lines);
         confirm_by_markers(&l, &mut self.slots);
         claim_by_markers(&mut self.slots, &l, self.start);
         settle_unidentified(&mut self.slots, &l, exit, &launcher_name, self.start, offset);

@@ -387,6 +387,9 @@ pub enum ExitSource {
     Procfs,
     /// The exit status torchrun's error summary gives.
     Torchrun,
+    /// The exit status `torch.multiprocessing.spawn` gives in its `ProcessExitedException` (it
+    /// reaps its processes at once, before `/proc` could be read on a busy machine).
+    Spawn,
     /// The rank is the launcher process itself: its exit status is the launcher's.
     Launcher,
     /// Not observed, but the launcher exited with status 0, which torchrun does only when every
@@ -413,6 +416,7 @@ impl TryFrom<String> for ExitSource {
         Ok(match text.as_str() {
             "procfs" => ExitSource::Procfs,
             "torchrun" => ExitSource::Torchrun,
+            "spawn" => ExitSource::Spawn,
             "launcher" => ExitSource::Launcher,
             "launcher_status_0" | "launcher status 0" => ExitSource::LauncherStatus0,
             "not_identified" => ExitSource::NotIdentified,
@@ -422,7 +426,7 @@ impl TryFrom<String> for ExitSource {
             "unknown" => ExitSource::Unknown,
             _ => {
                 return Err(format!(
-                    "unknown exit source `{text}` (expected `procfs`, `torchrun`, `launcher`, `launcher_status_0`, \
+                    "unknown exit source `{text}` (expected `procfs`, `torchrun`, `spawn`, `launcher`, `launcher_status_0`, \
                      `not_identified`, `launcher_status`, `procfs_rank_unknown` or `unknown`)"
                 ));
             }

@@ -1,0 +1,78 @@
+//! `torch.multiprocessing.spawn`'s own account of a failure: the `ProcessExitedException` it
+//! raises in the launcher when one of its processes ended with a non-zero status or a signal
+//! (`process 1 terminated with signal SIGSEGV`, `process 0 terminated with exit code 1`). It
+//! reaps its processes as soon as they end, so ups-doctor, which may read a status only while
+//! the process is a zombie, can miss it on a busy machine; this is then the status the launcher
+//! itself saw. Pure over its output lines.
+
+use crate::harness::os::process::Exit;
+use crate::schema::Signal;
+
+/// The process `spawn` names (its index among the processes it started, in the order it started
+/// them) and how it ended.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SpawnFailure {
+    pub index: u32,
+    pub exit: Exit,
+}
+
+/// The failure in the last `ProcessExitedException` line of `lines`, if any. A process that
+/// raised a Python exception is reported otherwise (`ProcessRaisedException`, with its
+/// traceback): its exit status is no part of that text, and nothing is taken from it.
+pub fn spawn_failure(lines: &[String]) -> Option<SpawnFailure> {
+    lines.iter().rev().find_map(|line| {
+        let (_, text) = line.split_once("ProcessExitedException: process ")?;
+        let (index, how) = text.split_once(" terminated with ")?;
+        let index = index.trim().parse().ok()?;
+        let exit = if let Some(name) = how.strip_prefix("signal ") {
+            Exit::Signal { signal: Signal::parse(name.trim())?.number(), core_dumped: false }
+        } else {
+            let code: i32 = how.strip_prefix("exit code ")?.trim().parse().ok()?;
+            Exit::Code(code)
+        };
+        Some(SpawnFailure { index, exit })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lines(text: &str) -> Vec<String> {
+        text.lines().map(str::to_string).collect()
+    }
+
+    #[test]
+    fn spawns_exception_gives_the_index_and_the_signal_or_the_code() {
+        // As torch 2.11 prints it (tests/programs/launchers.py, rank 1 segfaulting).
+        let text = "\
+  File \"/venv/lib/python3.11/site-packages/torch/multiprocessing/spawn.py\", line 192, in join
+    raise ProcessExitedException(
+torch.multiprocessing.spawn.ProcessExitedException: process 1 terminated with signal SIGSEGV
+rank 0 step 3 loss 6.9526";
+        assert_eq!(
+            spawn_failure(&lines(text)),
+            Some(SpawnFailure {
+                index: 1,
+                exit: Exit::Signal { signal: Signal::SEGV.number(), core_dumped: false }
+            })
+        );
+        let code =
+            "torch.multiprocessing.spawn.ProcessExitedException: process 0 terminated with exit code 3";
+        assert_eq!(spawn_failure(&lines(code)), Some(SpawnFailure { index: 0, exit: Exit::Code(3) }));
+    }
+
+    #[test]
+    fn a_raised_exception_an_unknown_signal_or_other_text_gives_nothing() {
+        let raised = "\
+torch.multiprocessing.spawn.ProcessRaisedException:
+
+-- Process 1 terminated with the following error:
+Traceback (most recent call last):
+RuntimeError: boom";
+        assert_eq!(spawn_failure(&lines(raised)), None);
+        let odd = "torch.multiprocessing.spawn.ProcessExitedException: process 1 terminated with signal <Unknown signal 99>";
+        assert_eq!(spawn_failure(&lines(odd)), None);
+        assert_eq!(spawn_failure(&lines("rank 1: process 1 terminated with signal SIGSEGV")), None);
+    }
+}
