@@ -47,6 +47,10 @@ pub struct Identity {
 pub enum NotOurs {
     /// No such process (or only a zombie).
     Gone,
+    /// It is exiting: its memory is already released (reading its environment then fails with
+    /// ESRCH while `stat` still shows it running, until it is a zombie), so nothing of it can be
+    /// proved, and there is nothing to signal.
+    Exiting,
     /// Its environment lacks this run's id.
     NoRunId,
     /// Its process group is not one of this run's.
@@ -59,6 +63,7 @@ impl std::fmt::Display for NotOurs {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             NotOurs::Gone => "no such process",
+            NotOurs::Exiting => "it is exiting (its memory is already released)",
             NotOurs::NoRunId => "it does not carry this run's id",
             NotOurs::ForeignGroup => "its process group is not one of this run's",
             NotOurs::Recycled => "its pid was reused by a later process",
@@ -97,8 +102,10 @@ impl Run {
         if stat.start_ticks != who.start_ticks {
             return Err(NotOurs::Recycled);
         }
-        if !process.environ_has(RUN_ID_ENV, &self.run_id) {
-            return Err(NotOurs::NoRunId);
+        match process.environ_holds(RUN_ID_ENV, &self.run_id) {
+            Some(true) => {}
+            Some(false) => return Err(NotOurs::NoRunId),
+            None => return Err(NotOurs::Exiting),
         }
         let pgid = stat.pgid;
         let group_of_run =
@@ -127,13 +134,15 @@ impl Run {
     }
 
     /// Whether a process a marker names can be taken as this run's: it must be alive and pass
-    /// [`Run::check`] now. `Ok(None)` when it is already gone (a worker that ended before its
-    /// marker was read): then it cannot be proved either way, and it is never signalled.
+    /// [`Run::check`] now. `Ok(None)` when it is already gone or exiting (a worker killed before
+    /// its marker was read: seen in the suite, where a SIGKILLed worker whose environment could
+    /// no longer be read was called "not a process of this run"): then it cannot be proved either way, and it is never
+    /// signalled.
     pub fn claim(&self, pid: u32) -> Result<Option<Identity>, NotOurs> {
         let Some(who) = identify(pid) else { return Ok(None) };
         match self.check(who) {
             Ok(()) => Ok(Some(who)),
-            Err(NotOurs::Gone) => Ok(None),
+            Err(NotOurs::Gone | NotOurs::Exiting) => Ok(None),
             Err(e) => Err(e),
         }
     }
