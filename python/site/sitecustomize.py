@@ -80,6 +80,8 @@ class _Observer:
         self.dropped = 0
         self.wake = threading.Event()
         self.thread = None
+        # Set at exit: the sending thread stops (`at_exit`).
+        self.stopping = False
         self.rank = None
         self.world_size = None
         self.seq = {}
@@ -158,9 +160,11 @@ class _Observer:
         self.thread.start()
 
     def _run(self):
-        while True:
+        while not self.stopping:
             self.wake.wait(0.25)
             self.wake.clear()
+            if self.stopping:
+                return
             try:
                 self.summary()
             except RuntimeError:  # the history changed while it was read: next time
@@ -234,6 +238,15 @@ class _Observer:
             self.dropped += data.count(b"\n")
 
     def at_exit(self):
+        # The sending thread ends here, before the interpreter finalizes: a daemon thread that
+        # runs on into finalizing is ended by `pthread_exit` when it next takes the GIL, which
+        # aborts the process when a C++ frame is on its stack (see `forget_group`). Waited for
+        # briefly: a write blocked on a full pipe must not hold the program's exit.
+        thread = self.thread
+        if thread is not None:
+            self.stopping = True
+            self.wake.set()
+            thread.join(1.0)
         self.summary(force=True)
         self.send_issued()
         self.forget_group()
