@@ -239,11 +239,27 @@ fn rank_evidence<'a>(
 }
 
 /// Whether the launcher's output says it sent `signal` to `pid` (torchrun's elastic agent:
-/// `Sending process 798 closing signal SIGTERM`).
+/// `Sending process 798 closing signal SIGTERM`; `torch.multiprocessing.spawn`: `Terminating
+/// process 798 via signal SIGTERM`).
 fn launcher_sent(launcher: Option<&LauncherEnd>, pid: Option<u32>, signal: Signal) -> bool {
     let (Some(l), Some(pid)) = (launcher, pid) else { return false };
-    let said = format!("Sending process {pid} closing signal {}", signal.name());
-    l.log_tail.iter().chain(l.quotes.iter().flat_map(|q| q.lines.iter())).any(|line| line.contains(&said))
+    let name = signal.name();
+    let said = [
+        format!("Sending process {pid} closing signal {name}"),
+        format!("Terminating process {pid} via signal {name}"),
+    ];
+    l.log_tail
+        .iter()
+        .chain(l.quotes.iter().flat_map(|q| q.lines.iter()))
+        .any(|line| said.iter().any(|s| line.contains(s.as_str())))
+}
+
+/// A rank whose end was not observed (its launcher reaped it first) and that its launcher says
+/// it signalled to stop, which torchrun and `torch.multiprocessing.spawn` do only to the ranks
+/// still running once another has failed: nothing says it failed for a reason of its own.
+pub fn stopped_by_launcher_unobserved(rank: &RankEvidence, launcher: Option<&LauncherEnd>) -> bool {
+    matches!(rank.ended_by, EndedBy::Unknown)
+        && [Signal::TERM, Signal::KILL].into_iter().any(|s| launcher_sent(launcher, rank.result.pid, s))
 }
 
 /// `in `forward` at step 3`, `in `model.build/encoder``, or `before its first marker`.

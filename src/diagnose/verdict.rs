@@ -6,7 +6,9 @@ use crate::scenario::{CompletesWhen, OutcomeKind, Scenario};
 use crate::schema::{ExitSource, LauncherEnd, QuoteKind, RankResult, Signal, Verdict};
 
 use super::catalog::{self, Finding};
-use super::evidence::{EndedBy, Evidence, Observed, RankEvidence, failure_time, location};
+use super::evidence::{
+    EndedBy, Evidence, Observed, RankEvidence, failure_time, location, stopped_by_launcher_unobserved,
+};
 
 /// The scenario's outcome (the culprit's, or passed), the culprit, and the verdict.
 #[derive(Debug, Clone)]
@@ -22,8 +24,13 @@ pub struct Judgement {
 pub fn judge(o: &Observed) -> Judgement {
     let ev = Evidence::gather(o);
     let failing: Vec<&RankEvidence> = ev.ranks.iter().filter(|r| r.failed()).collect();
-    // A rank that only lost its peer is collateral whenever another failed for its own reason.
-    let own: Vec<&RankEvidence> = failing.iter().copied().filter(|r| !catalog::lost_its_peer(r)).collect();
+    // A rank that only lost its peer, or that its launcher stopped with nothing else seen of its
+    // end, is collateral whenever another failed for its own reason.
+    let own: Vec<&RankEvidence> = failing
+        .iter()
+        .copied()
+        .filter(|r| !catalog::lost_its_peer(r) && !stopped_by_launcher_unobserved(r, ev.launcher))
+        .collect();
     let pool = if own.is_empty() { failing } else { own };
     let mut first = pool.into_iter().min_by(|a, b| failure_time(a.result).total_cmp(&failure_time(b.result)));
     // Ranks stuck out of step: the odd rank is known by where it waits, not by whose last marker

@@ -917,6 +917,56 @@ fn a_rank_the_launcher_says_it_sigtermed_after_its_own_error_is_named_with_that_
     assert!(!j.verdict.headline.contains("from outside"), "{}", j.verdict.headline);
 }
 
+/// `torch.multiprocessing.spawn` reaped both ranks before ups-doctor read either status (seen
+/// with ups-doctor frozen): each end was noticed at about the same moment, rank 0's a little
+/// first. spawn's account names process 1's SIGSEGV, and its log says it then stopped rank 0's
+/// process: rank 0, of whose end nothing else is known, is collateral, not the first failure.
+#[test]
+fn a_rank_the_launcher_stopped_whose_end_was_not_seen_is_never_the_first_failure() {
+    let mut stopped = end(None);
+    stopped.rank = 0;
+    stopped.pid = Some(1000);
+    stopped.ended_at_s = Some(2.0);
+    stopped.exit_source = Some(ExitSource::Unknown);
+    let stopped = classify_rank(&stopped);
+    let mut segv = program_rank(
+        1,
+        Exit::Signal { signal: Signal::SEGV.number(), core_dumped: false },
+        2.001,
+        "Fatal Python error: Segmentation fault",
+    );
+    segv.exit_source = Some(ExitSource::Spawn);
+    let scenario: Scenario = serde_json::from_value(serde_json::json!({
+        "command": ["python", "train.py"], "launch": {"world_size": 2, "style": "launcher"}
+    }))
+    .unwrap();
+    let ranks = vec![stopped, segv];
+    let judged = |tail: &[&str]| {
+        let launcher = torchrun_end(1, tail);
+        judge(&Observed {
+            scenario: &scenario,
+            ranks: &ranks,
+            wall_s: 3.0,
+            memory: None,
+            leftovers: &Leftovers::default(),
+            oom_kills: &[],
+            cgroup: None,
+            launcher: Some(&launcher),
+        })
+    };
+    let said = judged(&[
+        "W1128 13:27:51.056000 6017 torch/multiprocessing/spawn.py:165] Terminating process 1000 via signal SIGTERM",
+        "torch.multiprocessing.spawn.ProcessExitedException: process 1 terminated with signal SIGSEGV",
+    ]);
+    assert_eq!(said.first_failure, Some(1), "{}", said.verdict.headline);
+    assert!(said.verdict.headline.starts_with("Rank 1 was killed by SIGSEGV"), "{}", said.verdict.headline);
+    // Without the launcher's word, the earlier end is all there is to go by.
+    let unsaid = judged(&[
+        "torch.multiprocessing.spawn.ProcessExitedException: process 1 terminated with signal SIGSEGV",
+    ]);
+    assert_eq!(unsaid.first_failure, Some(0), "{}", unsaid.verdict.headline);
+}
+
 /// A rank whose loop ended sooner exits 0; the other's next all-reduce fails with `Connection
 /// closed by peer`: the rank that left is named, not the one that only noticed. Without a rank
 /// that ended first, the lost peer stays what it was.
