@@ -29,3 +29,38 @@ fn the_same_seed_gives_the_same_loss_curve() {
     assert_eq!(losses(&a), losses(&b));
     assert_ne!(losses(&a), losses(&c));
 }
+
+/// The trainer generating its data set computes for seconds without finishing a snapshot (one
+/// interval: `timesteps` 2) with `hang_after_s` at 2: it reports progress inside the solver and
+/// uses CPU, so the run is not hung (issue 32: a busy rank was declared hung, its stacks in MKL's
+/// FFT called an OpenMP deadlock after a fork that never happened).
+#[test]
+fn a_rank_generating_its_data_past_the_hang_threshold_is_busy_and_not_hung() {
+    let sb = Sandbox::new();
+    let file = sb.scenario(
+        "busy-data",
+        r#"{
+  "model": { "depths": [1], "hidden": 32, "heads": 2, "latent_tokens": 8, "window": 2 },
+  "data": { "samples": 3000, "grid": 256, "timesteps": 2, "queries": 32, "batch_size": 8 },
+  "train": { "steps": 2 },
+  "limits": { "timeout_s": 300, "hang_after_s": 2 },
+  "expect": { "outcome": "passed" }
+}"#,
+    );
+    let run = sb.run(&[&file], &[]);
+    let rank = run.rank(0);
+    assert_eq!(run.code(), 0, "verdict: {:#}\nstderr:\n{}", run.scenario()["verdict"], run.stderr());
+    assert_eq!(rank["outcome"], "passed", "{rank}");
+    assert!(rank["hang_detected_after_s"].is_null(), "{rank}");
+    assert_eq!(rank["steps_done"], 2, "{rank}");
+    // The generation really was silent past the threshold as the old progress counted it (one
+    // report a snapshot): it took longer than `hang_after_s` half as much again.
+    let generate = rank["timeline"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["phase"] == "data.generate")
+        .unwrap_or_else(|| panic!("no data.generate phase: {}", rank["timeline"]));
+    let took = generate["end_s"].as_f64().unwrap() - generate["start_s"].as_f64().unwrap();
+    assert!(took >= 3.0, "generation took {took:.2} s, too short to test anything: raise data.samples");
+}
