@@ -2,7 +2,8 @@
 """What ups-doctor costs around a program, side by side in one run (standard library only).
 
     python3 bench/fixed_cost.py [--binary target/release/ups-doctor] [--python VENV_PYTHON]
-                                [--runs 15] [--pairs 7] [--steps 3000] [--out FILE.md]
+                                [--runs 15] [--pairs 7] [--steps 3000] [--hidden 64]
+                                [--programs observed_ddp.py,ddp.py] [--out FILE.md]
 
 1. `ups-doctor --version`: the start of the binary alone (it links no libtorch).
 2. `ups-doctor run` of a one-line scenario whose command is `true`: the fixed cost of a run
@@ -16,6 +17,10 @@
      DataLoader, DDP, and an `all_gather` of the loss every step): what ups-doctor costs;
    - tests/programs/ddp.py, which marks four phases a step with python/ups_doctor.py: what the
      helper's markers cost besides (no-ops when the program runs bare).
+   The observer's cost is a fixed amount of CPU a step, so its ratio depends on the step's length:
+   `--hidden` widens observed_ddp.py's model (64 by default: a step of about 2.5 ms, the worst
+   case; 16384: tens of milliseconds), and the median step time the observer measured (rank 0,
+   from the observed runs' result.json) is printed beside the ratios.
 
 Medians with min–max. Nothing here is asserted by the test suite.
 """
@@ -49,11 +54,13 @@ def stat(values):
 def ddp_rounds(binary, work, env, script, what, args):
     program = REPO / "tests" / "programs" / script
     argv = ["torchrun", "--nproc_per_node", "2", str(program), "--steps", str(args.steps)]
+    if script == "observed_ddp.py":
+        argv += ["--hidden", str(args.hidden)]
     scenario = work / f"{script}.json"
     scenario.write_text(
         json.dumps({"name": "ddp", "command": argv, "launch": {"world_size": 2, "style": "launcher"}})
     )
-    bare, under, unobserved = [], [], []
+    bare, under, unobserved, steps = [], [], [], []
     for i in range(args.pairs + 1):
         b = wall(argv, env=env, cwd=work)
         u = wall([binary, "run", scenario, "--quiet", "--out", work / f"{script}-{i}"], env=env, cwd=work)
@@ -66,12 +73,16 @@ def ddp_rounds(binary, work, env, script, what, args):
             bare.append(b)
             under.append(u)
             unobserved.append(n)
+            step = observed_step_ms(work / f"{script}-{i}" / "result.json")
+            if step is not None:
+                steps.append(step)
     ratios = [b / u for b, u in zip(bare, under)]
     observer = [n / u for n, u in zip(unobserved, under)]
     return [
         "",
-        f"`tests/programs/{script} --steps {args.steps}` under torchrun (2 CPU ranks, gloo; {what}), "
-        f"{args.pairs} interleaved rounds after one warm-up:",
+        f"`{' '.join(argv[3:]).replace(str(REPO) + '/', '')}` under torchrun (2 CPU ranks, gloo; {what}), "
+        f"{args.pairs} interleaved rounds after one warm-up; a step (the observer's median, rank 0): "
+        f"{stat(steps) + ' ms' if steps else 'not measured'}:",
         "",
         "| contender | wall s, median (min–max) |",
         "| --- | --- |",
@@ -83,6 +94,16 @@ def ddp_rounds(binary, work, env, script, what, args):
     ]
 
 
+def observed_step_ms(result):
+    """Rank 0's median step time as the observer measured it, from a run's result.json."""
+    try:
+        ranks = json.loads(result.read_text())["scenarios"][0]["ranks"]
+        step = next(r for r in ranks if r["rank"] == 0)["observed"]["step_ms"]
+    except (OSError, ValueError, KeyError, IndexError, StopIteration, TypeError):
+        return None
+    return step or None
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--binary", default=str(REPO / "target" / "release" / "ups-doctor"))
@@ -90,6 +111,8 @@ def main():
     ap.add_argument("--runs", type=int, default=15)
     ap.add_argument("--pairs", type=int, default=7)
     ap.add_argument("--steps", type=int, default=3000)
+    ap.add_argument("--hidden", type=int, default=64, help="observed_ddp.py's hidden width")
+    ap.add_argument("--programs", default="observed_ddp.py,ddp.py", help="which of the two programs to run")
     ap.add_argument("--out")
     args = ap.parse_args()
     binary = Path(args.binary).resolve()
@@ -118,7 +141,8 @@ def main():
             ("observed_ddp.py", "no ups-doctor import: a program as users bring it"),
             ("ddp.py", "four helper markers a step, no-ops when bare"),
         ):
-            lines += ddp_rounds(binary, work, env, script, what, args)
+            if script in args.programs.split(","):
+                lines += ddp_rounds(binary, work, env, script, what, args)
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
