@@ -17,10 +17,10 @@
      DataLoader, DDP, and an `all_gather` of the loss every step): what ups-doctor costs;
    - tests/programs/ddp.py, which marks four phases a step with python/ups_doctor.py: what the
      helper's markers cost besides (no-ops when the program runs bare).
-   The observer's cost is a fixed amount of CPU a step, so its ratio depends on the step's length:
-   `--hidden` widens observed_ddp.py's model (64 by default: a step of about 2.5 ms, the worst
-   case; 16384: tens of milliseconds), and the median step time the observer measured (rank 0,
-   from the observed runs' result.json) is printed beside the ratios.
+   `--hidden` widens observed_ddp.py's model, to tell a cost per step from a cost per run (64 by
+   default: steps of about 3 ms on a 2-core machine; 16384 is hardly slower; 65536: about 29 ms),
+   and the median step time the observer measured (rank 0, from the observed runs' result.json)
+   is printed beside the ratios. `--programs` runs only the named ones.
 
 Medians with min–max. Nothing here is asserted by the test suite.
 """
