@@ -420,6 +420,7 @@ mod tests {
                     pgid: p.pid,
                     start_ticks: p.start,
                     exit_code: None,
+                    exiting: false,
                 })
                 .collect()
         }

@@ -55,7 +55,13 @@ pub struct ProcStat {
     /// The wait status of a zombie (field 52, Linux 3.5+): how a process that is not our child
     /// ended, readable until its parent reaps it. `None` on older kernels; 0 while it runs.
     pub exit_code: Option<i32>,
+    /// Its first thread has begun to exit (`PF_EXITING` in field 9): the process is dying, and
+    /// turns a zombie within milliseconds (see [`crate::harness::os::found`]).
+    pub exiting: bool,
 }
+
+/// `PF_EXITING` in `/proc/PID/stat`'s flags (include/linux/sched.h).
+const PF_EXITING: u32 = 0x4;
 
 impl ProcStat {
     pub fn zombie(&self) -> bool {
@@ -96,6 +102,7 @@ fn proc_stat(s: &Stat) -> ProcStat {
         pgid: s.pgrp as u32,
         start_ticks: s.starttime,
         exit_code: s.exit_code,
+        exiting: s.flags & PF_EXITING != 0,
     }
 }
 
@@ -349,6 +356,7 @@ Swap:                  0 kB
                 pgid: 4200,
                 start_ticks: 77,
                 exit_code: Some(0),
+                exiting: false,
             }
         );
         assert!(!s.zombie());

@@ -12,8 +12,21 @@ use std::os::unix::process::CommandExt;
 
 /// A pidfd for `pid`; `ENOSYS` where the kernel has none.
 pub fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
-    // SAFETY: pidfd_open(2) with no flags; the fd returned is owned below.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::c_long, 0 as libc::c_long) };
+    pidfd_open_flags(pid, 0)
+}
+
+/// A pidfd for the thread `pid` alone (`PIDFD_THREAD`, Linux 6.9+; `EINVAL` before): it turns
+/// readable when that thread exits, not when the last thread of its process has. For a process's
+/// first thread, that is when `/proc/PID/stat` starts to show it a zombie with its exit status,
+/// while its other threads are still being torn down and before its parent can reap it.
+pub fn pidfd_open_thread(pid: u32) -> io::Result<OwnedFd> {
+    // PIDFD_THREAD is O_EXCL (include/uapi/linux/pidfd.h).
+    pidfd_open_flags(pid, libc::O_EXCL as libc::c_uint)
+}
+
+fn pidfd_open_flags(pid: u32, flags: libc::c_uint) -> io::Result<OwnedFd> {
+    // SAFETY: pidfd_open(2) with plain flags; the fd returned is owned below.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::c_long, flags as libc::c_long) };
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }

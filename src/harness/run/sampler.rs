@@ -153,7 +153,10 @@ impl SamplerThread {
                 let next = gpu.1.as_ref().map_or(next_memory, |(_, _, g)| next_memory.min(*g));
                 match rx.recv_timeout(next.saturating_duration_since(Instant::now())) {
                     Ok(Message::RankEnded { rank, t_s, shm }) => memory.rank_ended(rank, t_s, shm),
-                    Ok(Message::SampleNow) => next_memory = Instant::now(),
+                    Ok(Message::SampleNow) => {
+                        cadence.joined();
+                        next_memory = Instant::now();
+                    }
                     Ok(Message::Stop) | Err(RecvTimeoutError::Disconnected) => break,
                     Err(RecvTimeoutError::Timeout) => {}
                 }

@@ -262,6 +262,7 @@ mod tests {
             pgid,
             start_ticks: 7,
             exit_code: None,
+            exiting: false,
         }
     }
 
