@@ -235,8 +235,13 @@ pub fn processes() -> Vec<ProcStat> {
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
+    processes_among(dir.filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok()))
+}
+
+/// The processes `pids` that exist, as [`processes`] reads them.
+pub fn processes_among(pids: impl IntoIterator<Item = u32>) -> Vec<ProcStat> {
     let mut text = Vec::with_capacity(1024);
-    dir.filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+    pids.into_iter()
         .filter_map(|pid| {
             read_proc_file(&format!("/proc/{pid}/stat"), &mut text)?;
             Some(proc_stat(&Stat::from_read(&text[..]).ok()?))

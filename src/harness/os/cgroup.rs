@@ -337,9 +337,14 @@ pub fn enter(procs: &CStr) -> io::Result<()> {
 }
 
 fn members(dir: &Path) -> Vec<u32> {
+    read_members(dir).unwrap_or_default()
+}
+
+/// The processes in the group at `dir` now, `None` when its `cgroup.procs` cannot be read.
+pub fn read_members(dir: &Path) -> Option<Vec<u32>> {
     std::fs::read_to_string(dir.join("cgroup.procs"))
+        .ok()
         .map(|t| t.lines().filter_map(|l| l.trim().parse().ok()).collect())
-        .unwrap_or_default()
 }
 
 /// SIGKILLs every member of the group at `dir` (with `since`, only those started at or after

@@ -506,6 +506,7 @@ pub fn supervise<'p, 'l>(
         shm_dir: shm_dir.clone(),
         run_id: plan.run_id.clone(),
         members: s.members.clone(),
+        cgroup: res.cgroup.map(|c| c.dir().to_path_buf()),
         memory: MemoryRecorder::new(plan.world, plan.sample_every.as_secs_f64(), res.private_shm.is_some()),
         oom: OomWatch::start(res.cgroup),
         pressure: super::sampler::MemoryPressure { cgroup: res.cgroup.and_then(|c| c.usage_file()) },
