@@ -12,7 +12,9 @@
    under `ups-doctor run`, and under `ups-doctor run --no-observe` (no observer in its Python
    processes), interleaved A B C A B C after one thrown-away warm-up round: wall time of each,
    bare/under per round (1.0 = no cost), and the observer's own cost, no-observe/observed per
-   round (issue 29's goal: at least 0.99):
+   round (issue 29's goal: at least 0.99), and the same for the CPU time of every process of the
+   run (ups-doctor's, torchrun's, the ranks'): the work ups-doctor and the observer add, apart
+   from when the scheduler let it run:
    - tests/programs/observed_ddp.py, a program as users bring it (no ups-doctor import; a
      DataLoader, DDP, and an `all_gather` of the loss every step): what ups-doctor costs;
    - tests/programs/ddp.py, which marks four phases a step with python/ups_doctor.py: what the
@@ -28,6 +30,8 @@ Medians with min–max. Nothing here is asserted by the test suite.
 import argparse
 import json
 import os
+import resource
+import socket
 import statistics
 import subprocess
 import sys
@@ -39,12 +43,26 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def wall(cmd, env=None, cwd=None):
+    return measure(cmd, env, cwd)[0]
+
+
+def measure(cmd, env=None, cwd=None):
+    """Wall seconds, and CPU seconds (user + system) of the command and every process below it
+    that was waited for: ups-doctor's own, torchrun's and the ranks'."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     done = subprocess.run(cmd, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     took = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
         sys.exit(f"fixed_cost: {' '.join(map(str, cmd))} exited {done.returncode}:\n{done.stderr.decode()[-2000:]}")
-    return took
+    return took, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return str(s.getsockname()[1])
 
 
 def stat(values):
@@ -61,36 +79,44 @@ def ddp_rounds(binary, work, env, script, what, args):
         json.dumps({"name": "ddp", "command": argv, "launch": {"world_size": 2, "style": "launcher"}})
     )
     bare, under, unobserved, steps = [], [], [], []
+    bare_cpu, under_cpu, unobserved_cpu = [], [], []
     for i in range(args.pairs + 1):
-        b = wall(argv, env=env, cwd=work)
-        u = wall([binary, "run", scenario, "--quiet", "--out", work / f"{script}-{i}"], env=env, cwd=work)
-        n = wall(
+        # A free port, as ups-doctor gives its runs: torchrun's default (29500) is shared with
+        # whatever else runs on the machine (a bare run aborted on it beside the test suite).
+        b = measure(argv, env=dict(env, PET_MASTER_PORT=free_port()), cwd=work)
+        u = measure([binary, "run", scenario, "--quiet", "--out", work / f"{script}-{i}"], env=env, cwd=work)
+        n = measure(
             [binary, "run", scenario, "--quiet", "--no-observe", "--out", work / f"{script}-plain-{i}"],
             env=env,
             cwd=work,
         )
         if i > 0:  # the first round warms the page cache
-            bare.append(b)
-            under.append(u)
-            unobserved.append(n)
+            bare.append(b[0])
+            under.append(u[0])
+            unobserved.append(n[0])
+            bare_cpu.append(b[1])
+            under_cpu.append(u[1])
+            unobserved_cpu.append(n[1])
             step = observed_step_ms(work / f"{script}-{i}" / "result.json")
             if step is not None:
                 steps.append(step)
     ratios = [b / u for b, u in zip(bare, under)]
     observer = [n / u for n, u in zip(unobserved, under)]
+    cpu_ratios = [b / u for b, u in zip(bare_cpu, under_cpu)]
+    cpu_observer = [n / u for n, u in zip(unobserved_cpu, under_cpu)]
     return [
         "",
         f"`{' '.join(argv[3:]).replace(str(REPO) + '/', '')}` under torchrun (2 CPU ranks, gloo; {what}), "
         f"{args.pairs} interleaved rounds after one warm-up; a step (the observer's median, rank 0): "
         f"{stat(steps) + ' ms' if steps else 'not measured'}:",
         "",
-        "| contender | wall s, median (min–max) |",
-        "| --- | --- |",
-        f"| bare `torchrun` | {stat(bare)} |",
-        f"| under `ups-doctor run` (observer on, the default) | {stat(under)} |",
-        f"| under `ups-doctor run --no-observe` | {stat(unobserved)} |",
-        f"| bare / under, per round (1.0: no cost) | {stat(ratios)} |",
-        f"| no-observe / observed, per round: the observer's cost (1.0: none) | {stat(observer)} |",
+        "| contender | wall s, median (min–max) | CPU s of every process, median (min–max) |",
+        "| --- | --- | --- |",
+        f"| bare `torchrun` | {stat(bare)} | {stat(bare_cpu)} |",
+        f"| under `ups-doctor run` (observer on, the default) | {stat(under)} | {stat(under_cpu)} |",
+        f"| under `ups-doctor run --no-observe` | {stat(unobserved)} | {stat(unobserved_cpu)} |",
+        f"| bare / under, per round (1.0: no cost) | {stat(ratios)} | {stat(cpu_ratios)} |",
+        f"| no-observe / observed, per round: the observer's cost (1.0: none) | {stat(observer)} | {stat(cpu_observer)} |",
     ]
 
 

@@ -33,8 +33,8 @@ pub enum FoundState {
 /// at once. A multi-threaded process (every rank that imported torch) shows as a zombie with its
 /// status as soon as its first thread has exited, while its other threads are still being torn
 /// down; the launcher is told only when the last one has. A pidfd of the whole process turns
-/// readable at that last moment, with the launcher: measured, it lost the race to spawn in 5 of
-/// 9 runs of a segfaulting rank. So the watch sleeps on pidfds of a few of the process's other
+/// readable at that last moment, with the launcher: measured, it lost the race to spawn in 6 of
+/// 10 runs of a segfaulting rank. So the watch sleeps on pidfds of a few of the process's other
 /// threads (`PIDFD_THREAD`, Linux 6.9+), which turn readable as each exits, and on the whole
 /// process's pidfd for the end of a process with no other thread; once the first thread shows
 /// [`FoundState::Exiting`] the caller reads every few milliseconds until the zombie appears.
