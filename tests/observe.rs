@@ -175,6 +175,13 @@ fn fast_steps_are_sent_in_batches_and_every_step_still_counts() {
     let r = &s["ranks"][0];
     assert_eq!(r["steps_done"], 400, "{r}");
     assert_eq!(r["observed"]["steps"], 400, "{r}");
+    // Every collective counted (400 `all_gather`s and the closing `barrier`), though a batch sends
+    // only its newest 32 that have returned; the ledger keeps the newest, in order.
+    assert_eq!(r["observed"]["collectives"], 401, "{r}");
+    let ledger = r["observed"]["ledger"].as_array().unwrap();
+    let seqs: Vec<u64> = ledger.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
+    assert_eq!(seqs, (401 - seqs.len() as u64 + 1..=401).collect::<Vec<_>>(), "{ledger:?}");
+    assert_eq!((ledger.len(), ledger.last().unwrap()["op"].as_str()), (32, Some("barrier")), "{ledger:?}");
     // 400 steps of 32 samples (the batch size `DataLoader.__next__` returned).
     let samples_per_s = s["samples_per_s"].as_f64().unwrap_or_else(|| panic!("{s}"));
     let steps_per_s = s["steps_per_s"].as_f64().unwrap_or_else(|| panic!("{s}"));
@@ -506,7 +513,7 @@ class Group:
         inside.set()
         release.wait()
         return 7
-obs.pg = Group()
+obs.use_group(Group())
 reader = threading.Thread(target=obs.send_issued, name="sender")
 reader.start()
 assert inside.wait(60), "the sender's read began"

@@ -58,6 +58,8 @@ _WATCH = ("torch", "torch.distributed", "torch.nn.parallel.distributed")
 _QUEUE_MAX = 8192
 _WORKERS_MAX = 64
 _PIPE_BUF = 4096
+# The collectives of a rank ups-doctor keeps (`LEDGER_KEPT`, crates/core/src/schema/observed.rs).
+_LEDGER_KEPT = 32
 _COLLECTIVES = (
     "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "broadcast",
     "broadcast_object_list", "reduce", "reduce_scatter", "reduce_scatter_tensor", "all_to_all",
@@ -78,6 +80,8 @@ class _Observer:
         self.pg_lock = threading.Lock()
         self.queue = collections.deque()
         self.dropped = 0
+        # Returned collectives counted but not sent (`_flush`), not yet told.
+        self.skipped = 0
         self.wake = threading.Event()
         self.thread = None
         # Set at exit: the sending thread stops (`at_exit`).
@@ -102,6 +106,8 @@ class _Observer:
         # which counts those issued from C++ too (DDP's gradient reductions), read once a step
         # and by the sending thread; `spans` the part of it the Python collectives account for.
         self.pg = None
+        # Its count's reader (`issued`), looked up once.
+        self.read_count = None
         self.issued_at_step = None
         self.issued_sent = None
         self.spans = 0
@@ -148,6 +154,7 @@ class _Observer:
             if entry.pop("_sent", False):
                 entry = dict(entry)
                 entry["mono_ns"] = time.monotonic_ns()
+                entry["_again"] = True
                 self.send(entry)
             entry["ms"] = ms
             if span is not None:
@@ -200,18 +207,43 @@ class _Observer:
             # One encoder for every marker: `json.dumps` with options makes a new one each call.
             _ENCODER = json.JSONEncoder(allow_nan=False, default=str)
         chunk = b""
+        # ups-doctor keeps a rank's newest `_LEDGER_KEPT` collectives: of a batch with more, the
+        # older ones that have returned are counted (`skipped`, on the next one sent), not sent.
+        # A program issuing hundreds a second spent more on encoding them than on the wrapper.
+        # (Returns of ones sent before, `_again`, are always sent: they add no entry.)
+        over = sum(1 for m in self.queue if m.get("t") == "collective" and "_again" not in m) - _LEDGER_KEPT
+        skipped, self.skipped = self.skipped, 0
         while self.queue:
             marker = self.queue.popleft()
             if marker is self.step_marker:
                 self.step_marker = None
+            collective = marker.get("t") == "collective"
+            if collective:
+                again = marker.pop("_again", False)
+                if over > 0 and not again:
+                    over -= 1
+                    if "ms" in marker:
+                        skipped += 1
+                        continue
+                if skipped:
+                    marker["skipped"], skipped = skipped, 0
+                _describe(marker)
             if self.tagged:
                 self._tag(marker)
             try:
                 line = (_ENCODER.encode(marker) + "\n").encode()
             except ValueError:
+                line = None
+            if collective:
+                # The count goes once: not again with this one's return, nor lost with a line
+                # that could not go.
+                carried = marker.pop("skipped", 0)
+                if line is None or len(line) > _PIPE_BUF:
+                    skipped += carried
+                elif "ms" not in marker:
+                    marker["_sent"] = True  # still running: `returned` sends its duration
+            if line is None:
                 continue
-            if marker.get("t") == "collective" and "ms" not in marker:
-                marker["_sent"] = True  # still running: `returned` sends its duration
             if len(line) > _PIPE_BUF:
                 self.dropped += 1
                 continue
@@ -221,6 +253,7 @@ class _Observer:
             chunk += line
         if chunk:
             self._write(chunk)
+        self.skipped = skipped  # none sent after them: with the next batch
 
     def _write(self, data):
         if self.fd is None:
@@ -262,7 +295,7 @@ class _Observer:
         of the count lets go of the GIL, so one under way as the program ended did that (seen once,
         under load). atexit handlers run before finalizing starts."""
         with self.pg_lock:
-            self.pg = None
+            self.pg = self.read_count = None
 
     def after_fork(self):
         import collections
@@ -270,26 +303,32 @@ class _Observer:
 
         # A forked child (a DataLoader worker) issues no collective; the parent's group may have
         # been mid-call at the fork, so the child never touches it.
-        self.pg = None
+        self.pg = self.read_count = None
         self.queue = collections.deque()
         self.step_marker = None
+        self.skipped = 0
         self.wake = threading.Event()
         self.lock = threading.Lock()
         self.pg_lock = threading.Lock()
         self.thread = None
 
     # -- what is recorded -----------------------------------------------------------------
+    def use_group(self, pg):
+        """The default group whose count `issued` reads, and its reader, looked up once."""
+        with self.pg_lock:
+            self.pg, self.read_count = pg, getattr(pg, "_get_sequence_number_for_group", None)
+
     def issued(self):
         """The default group's count of collectives issued on it so far; None without a group or
         where its backend keeps no count."""
         with self.pg_lock:
-            pg = self.pg
-            if pg is None:
+            read = self.read_count
+            if read is None:
                 return None
             try:
-                return int(pg._get_sequence_number_for_group())
+                return read()
             except Exception:
-                self.pg = None
+                self.pg = self.read_count = None
                 return None
 
     def send_issued(self):
@@ -325,29 +364,31 @@ class _Observer:
         self.send(marker)
 
     def on_step(self, optimizer):
-        if self.optimizer is None:
+        if self.optimizer != id(optimizer):
+            if self.optimizer is not None:
+                return
             self.optimizer = id(optimizer)
-        elif self.optimizer != id(optimizer):
-            return
         now = time.perf_counter()
         step = self.steps
-        self.steps += 1
-        data, forward, collective = self.data_ms, self.forward_ms, self.collective_ms
-        samples, self.samples = self.samples, 0
+        self.steps = step + 1
+        data, forward, collective, samples = self.data_ms, self.forward_ms, self.collective_ms, self.samples
         self.data_ms = self.forward_ms = self.collective_ms = 0.0
+        self.samples = 0
         # Collectives of this step issued other than through the Python functions: DDP's.
-        issued, unseen = self.issued(), None
+        issued, spans, unseen = self.issued(), self.spans, None
         if issued is not None and self.issued_at_step is not None:
-            unseen = issued - self.issued_at_step - (self.spans - self.spans_at_step)
-        self.issued_at_step, self.spans_at_step = issued, self.spans
-        if self.last_step_at is not None:
-            self.history.append(((now - self.last_step_at) * 1000.0, data, forward, collective, unseen))
-        step_ms = (now - self.last_step_at) * 1000.0 if self.last_step_at is not None else 0.0
-        self.last_step_at = now
+            unseen = issued - self.issued_at_step - (spans - self.spans_at_step)
+        self.issued_at_step, self.spans_at_step = issued, spans
+        last, self.last_step_at = self.last_step_at, now
+        step_ms = 0.0
+        if last is not None:
+            step_ms = (now - last) * 1000.0
+            self.history.append((step_ms, data, forward, collective, unseen))
         if not self.helper_steps:
-            self.helper_steps = "ups_doctor" in sys.modules
-        if not self.helper_steps:
-            self.send_step(step, data, max(step_ms - data, 0.0), samples)
+            if "ups_doctor" in sys.modules:
+                self.helper_steps = True
+            else:
+                self.send_step(step, data, max(step_ms - data, 0.0), samples)
         self.summary()
 
 
@@ -459,52 +500,71 @@ def _call_site():
     """The innermost frame outside torch and this file: `train.py:40`; a frame of the user's own
     code (not in site-packages) is preferred."""
     frame = sys._getframe(2)
-    key = (frame.f_code, frame.f_lineno)
-    site = _SITES.get(key)
-    if site is not None:
-        return site
+    # Known by the calling instruction: a frame's line number is worked out from its code's
+    # line table each time it is read, which for a long training function cost more than the
+    # rest of the wrapper (about 12,000 instructions a call, counted with callgrind).
+    # By the code's id, not the code: a code object's hash is worked out from its contents at
+    # every lookup. The entry holds the code, so that id is not given to another while cached.
+    code = frame.f_code
+    key = (id(code), frame.f_lasti)
+    hit = _SITES.get(key)
+    if hit is not None and hit[0] is code:
+        return hit[1]
     first = None
     while frame is not None:
         name = frame.f_code.co_filename
         if name != _HERE and "/torch/" not in name and not name.startswith("<") and not name.endswith("sitecustomize.py"):
-            site = f"{os.path.basename(name)}:{frame.f_lineno}"
             if "-packages/" not in name:
-                if frame.f_code is key[0] and len(_SITES) < _CACHE_MAX:
+                site = f"{os.path.basename(name)}:{frame.f_lineno}"
+                if frame.f_code is code and len(_SITES) < _CACHE_MAX:
                     # The calling line is the user's own: it alone decides the site.
-                    _SITES[key] = site
+                    _SITES[key] = (code, site)
                 return site
-            first = first or site
+            first = first or frame
         frame = frame.f_back
-    return first or ""
+    return f"{os.path.basename(first.f_code.co_filename)}:{first.f_lineno}" if first is not None else ""
 
 
-def _shape_text(tensor):
-    shape = tensor.shape
-    text = _SHAPES.get(shape)
-    if text is None:
-        text = "x".join(str(d) for d in shape) or "scalar"
-        if len(_SHAPES) < _CACHE_MAX:
-            _SHAPES[shape] = text
-    return text
+def _describe(entry):
+    """A collective's entry as it is sent: its tensors' sizes and dtype as text (`1x16,1x16`,
+    `float32`), its duration rounded to the microsecond."""
+    sizes = entry["shapes"]
+    if sizes.__class__ is list:
+        texts = []
+        for size in sizes:
+            text = _SHAPES.get(size)
+            if text is None:
+                text = "x".join(str(d) for d in size) or "scalar"
+                if len(_SHAPES) < _CACHE_MAX:
+                    _SHAPES[size] = text
+            texts.append(text)
+        entry["shapes"] = ",".join(texts)
+        dtype = entry["dtype"]
+        if dtype != "":
+            text = _DTYPES.get(dtype)
+            if text is None:
+                text = _DTYPES[dtype] = str(dtype).replace("torch.", "")
+            entry["dtype"] = text
+    ms = entry.get("ms")
+    if ms is not None:
+        entry["ms"] = round(ms, 3)
 
 
-def _dtype_text(tensor):
-    dtype = tensor.dtype
-    text = _DTYPES.get(dtype)
-    if text is None:
-        text = _DTYPES[dtype] = str(dtype).replace("torch.", "")
-    return text
-
-
-def _tensors(value, out):
+def _tensors(value, out, tensor):
+    """Up to 4 tensors of a collective's argument (`tensor`: torch's class): the argument, or
+    those in lists or tuples of them."""
     if len(out) >= 4:
         return
-    shape = getattr(value, "shape", None)
-    if shape is not None and hasattr(value, "dtype"):
+    if isinstance(value, tensor):
         out.append(value)
     elif isinstance(value, (list, tuple)):
         for v in value[:4]:
-            _tensors(v, out)
+            if len(out) >= 4:
+                return
+            if isinstance(v, tensor):
+                out.append(v)
+            elif isinstance(v, (list, tuple)):
+                _tensors(v, out, tensor)
 
 
 _NOT_DATA = frozenset(("group", "async_op", "op", "src", "dst", "timeout", "group_src", "group_dst"))
@@ -527,31 +587,37 @@ def _wrap_collective(dist, op, original):
     # Where the arguments sit, worked out once: the group's position, and those that may hold the
     # tensors (not the group, the reduce op, a rank, a flag or a timeout).
     group_at = names.index("group") if "group" in names else None
+    tensor = sys.modules["torch"].Tensor
     data_at = [i for i, name in enumerate(names) if name not in _NOT_DATA]
 
     @functools.wraps(original)
     def collective(*args, **kwargs):
         obs = _observer
         try:
-            group = kwargs.get("group")
-            if group is None and group_at is not None and group_at < len(args):
+            group = kwargs.get("group") if kwargs else None
+            n = len(args)
+            if group is None and group_at is not None and group_at < n:
                 group = args[group_at]
             name = "default" if group is None else str(getattr(group, "group_name", None) or id(group))
             seq = obs.seq.get(name, 0) + 1
             obs.seq[name] = seq
             tensors = []
             for i in data_at:
-                if i >= len(args):
+                if i >= n:
                     break
-                _tensors(args[i], tensors)
+                value = args[i]
+                if isinstance(value, tensor):
+                    tensors.append(value)
+                else:
+                    _tensors(value, tensors, tensor)
             if kwargs:
                 for key, value in kwargs.items():
                     if key not in _NOT_DATA:
-                        _tensors(value, tensors)
-            shapes = ",".join([_shape_text(t) for t in tensors])
-            dtype = _dtype_text(tensors[0]) if tensors else ""
-            entry = {"t": "collective", "op": op, "group": name, "seq": seq, "shapes": shapes,
-                     "dtype": dtype, "site": _call_site()}
+                        _tensors(value, tensors, tensor)
+            # Sizes and dtype as torch gives them: made text only for the entries sent (`_flush`).
+            entry = {"t": "collective", "op": op, "group": name, "seq": seq,
+                     "shapes": [t.shape for t in tensors[:4]], "dtype": tensors[0].dtype if tensors else "",
+                     "site": _call_site()}
             # Its place in the default group's own count (which DDP's collectives move too).
             before = obs.issued() if name == "default" or group is obs.pg else None
             if before is not None:
@@ -573,7 +639,7 @@ def _wrap_collective(dist, op, original):
                     # `all_gather_object` and the like issue more than one.
                     span = after - before
                     obs.spans += span - 1
-            obs.returned(entry, round(ms, 3), span)
+            obs.returned(entry, ms, span)
         return result
 
     setattr(dist, op, collective)
@@ -594,7 +660,7 @@ def _wrap_init(dist):
         result = original(*args, **kwargs)
         try:
             obs.rank, obs.world_size = int(dist.get_rank()), int(dist.get_world_size())
-            obs.pg = dist.distributed_c10d._get_default_group()
+            obs.use_group(dist.distributed_c10d._get_default_group())
             obs.issued_base = obs.issued() or 0
             backend = str(dist.get_backend())
             store = kwargs.get("init_method") or (args[1] if len(args) > 1 else None)
@@ -628,6 +694,10 @@ def _wrap_init(dist):
 def _batch_size(batch):
     """Samples in a batch as a DataLoader yields it: the first dimension of its first tensor
     (a tensor, or one inside a tuple, list or dict); 0 when it holds none."""
+    if batch.__class__ is tuple or batch.__class__ is list:  # most often: (inputs, targets)
+        shape = getattr(batch[0], "shape", None) if batch else None
+        if shape is not None:
+            return int(shape[0]) if len(shape) else 1
     for _ in range(3):
         shape = getattr(batch, "shape", None)
         if shape is not None:

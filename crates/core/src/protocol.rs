@@ -200,6 +200,10 @@ pub enum Marker {
         pos: Option<u64>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         span: Option<u64>,
+        /// Collectives issued before this one that returned and were counted but not sent (the
+        /// observer sends a batch's newest [`crate::schema::LEDGER_KEPT`] only).
+        #[serde(default, skip_serializing_if = "is_zero")]
+        skipped: u64,
     },
     /// From the observer, whenever it moved (read every 0.25 s): the default group's own count of
     /// the collectives issued on it since it formed (`n`, the group's sequence number), and how
@@ -227,6 +231,10 @@ pub enum Marker {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         unseen_per_step: Option<f64>,
     },
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 fn not_a_number() -> f64 {

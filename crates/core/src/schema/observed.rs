@@ -140,8 +140,9 @@ impl ObservedProgram {
                     store: store.clone(),
                 });
             }
-            Marker::Collective { op, group, seq, shapes, dtype, site, ms, pos, span } => {
+            Marker::Collective { op, group, seq, shapes, dtype, site, ms, pos, span, skipped } => {
                 let o = this.get_or_insert_with(Default::default);
+                o.collectives += skipped;
                 match o.ledger.iter_mut().rev().find(|e| e.group == *group && e.seq == *seq) {
                     Some(e) => {
                         e.ms = *ms;
@@ -234,6 +235,7 @@ mod tests {
             ms,
             pos: None,
             span: None,
+            skipped: 0,
         }
     }
 
@@ -252,6 +254,21 @@ mod tests {
         assert_eq!(o.at("default", 40).unwrap().ms, Some(1.0));
         assert_eq!(last.render(), "`all_gather` #41 (train.py:40, 1, float32)");
         assert!(!ObservedProgram::apply(&mut None, 1.0, &Marker::Error { message: "x".into() }));
+    }
+
+    #[test]
+    fn collectives_the_observer_counted_but_did_not_send_are_counted_once() {
+        let mut o = None;
+        let mut first = collective("all_gather", 65, Some(1.0));
+        if let Marker::Collective { skipped, .. } = &mut first {
+            *skipped = 64;
+        }
+        ObservedProgram::apply(&mut o, 1.0, &first);
+        ObservedProgram::apply(&mut o, 1.0, &collective("all_gather", 66, None));
+        ObservedProgram::apply(&mut o, 1.0, &collective("all_gather", 66, Some(1.0)));
+        let o = o.unwrap();
+        assert_eq!((o.collectives, o.ledger.len()), (66, 2));
+        assert_eq!(o.last_of("default").unwrap().seq, 66);
     }
 
     #[test]
