@@ -324,11 +324,14 @@ pub fn spawn_rank(spec: &RankSpec, events: Sink) -> io::Result<RankProcess> {
     let rank = spec.rank;
     let events_for_output = events.clone();
     let events_for_exit = events.clone();
+    // Named for `top -H` and bench/own_cpu.py: a launcher's number is past any rank's.
+    let who =
+        if rank == crate::harness::plan::LAUNCHER_NUMBER { "launcher".to_string() } else { rank.to_string() };
     std::thread::Builder::new()
-        .name(format!("exit-{rank}"))
+        .name(format!("exit-{who}"))
         .spawn(move || watch_exit(pid, rank, events_for_exit))?;
     std::thread::Builder::new()
-        .name(format!("markers-{rank}"))
+        .name(format!("markers-{who}"))
         .spawn(move || read_markers(rank, reader, events))?;
     let watch = |pattern: Option<regex::Regex>| capture::Watch {
         on_output: spec.report_output.then(|| {
