@@ -99,7 +99,7 @@ def child(blocks, calls, steps, clock):
         optimizer.step()
         dist.all_gather([torch.zeros(1)], out.detach().reshape(1))
 
-    now = time.process_time if clock == "cpu" else time.perf_counter
+    now = {"cpu": time.process_time, "thread": time.thread_time, "wall": time.perf_counter}[clock]
 
     def block(fn, count):
         started = now()
@@ -156,8 +156,9 @@ def main():
     parser.add_argument("--blocks", type=int, default=30, help="alternating blocks per measurement (default 30)")
     parser.add_argument("--calls", type=int, default=200, help="calls per block of one hook (default 200)")
     parser.add_argument("--steps", type=int, default=100, help="steps per block of whole steps (default 100)")
-    parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
-                        help="cpu: the process's CPU time, every thread (default); wall: elapsed time")
+    parser.add_argument("--clock", choices=("cpu", "thread", "wall"), default="cpu",
+                        help="cpu: the process's CPU time, every thread (default); thread: the main "
+                             "thread's alone; wall: elapsed time")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -187,7 +188,7 @@ def main():
     def med(values):
         return statistics.median(values)
 
-    what = "CPU µs (all threads)" if args.clock == "cpu" else "wall µs"
+    what = {"cpu": "CPU µs (all threads)", "thread": "CPU µs of the main thread", "wall": "wall µs"}[args.clock]
     print(f"{what}, median over {args.processes} processes of the median of {args.blocks} "
           f"alternating blocks ({args.calls} calls or {args.steps} steps a block):\n")
     names = list(readings[sites[0]][0]["hooks"])
