@@ -508,7 +508,7 @@ def _call_site():
     code = frame.f_code
     key = (id(code), frame.f_lasti)
     hit = _SITES.get(key)
-    if hit is not None and hit[0] is code:
+    if hit is not None:
         return hit[1]
     first = None
     while frame is not None:
@@ -559,12 +559,7 @@ def _tensors(value, out, tensor):
         out.append(value)
     elif isinstance(value, (list, tuple)):
         for v in value[:4]:
-            if len(out) >= 4:
-                return
-            if isinstance(v, tensor):
-                out.append(v)
-            elif isinstance(v, (list, tuple)):
-                _tensors(v, out, tensor)
+            _tensors(v, out, tensor)
 
 
 _NOT_DATA = frozenset(("group", "async_op", "op", "src", "dst", "timeout", "group_src", "group_dst"))

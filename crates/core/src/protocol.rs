@@ -202,7 +202,7 @@ pub enum Marker {
         span: Option<u64>,
         /// Collectives issued before this one that returned and were counted but not sent (the
         /// observer sends a batch's newest [`crate::schema::LEDGER_KEPT`] only).
-        #[serde(default, skip_serializing_if = "is_zero")]
+        #[serde(default, skip_serializing_if = "crate::schema::is_zero_u64")]
         skipped: u64,
     },
     /// From the observer, whenever it moved (read every 0.25 s): the default group's own count of
@@ -231,10 +231,6 @@ pub enum Marker {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         unseen_per_step: Option<f64>,
     },
-}
-
-fn is_zero(n: &u64) -> bool {
-    *n == 0
 }
 
 fn not_a_number() -> f64 {

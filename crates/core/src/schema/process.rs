@@ -546,7 +546,8 @@ impl TryFrom<String> for IdentifiedBy {
     }
 }
 
-fn is_zero_u64(n: &u64) -> bool {
+/// For `skip_serializing_if` (the protocol's `Marker` uses it too).
+pub(crate) fn is_zero_u64(n: &u64) -> bool {
     *n == 0
 }
 
