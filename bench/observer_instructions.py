@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The observer's cost a training step in instructions, counted by valgrind's callgrind: the same
-figure on every run, where time on a shared machine is not (standard library in this script;
+figure run after run on an idle machine, where time on a shared one is not (standard library in this script;
 the child needs torch, and `valgrind` must be installed: `apt-get install valgrind`).
 
     python3 bench/observer_instructions.py --python PYTHON [--site DIR ...] [--steps 200]
@@ -13,7 +13,9 @@ callgrind, once with the observer off (`UPS_DOCTOR_OBSERVE=0`) and once per `--s
 does (`callgrind_control -i on`: the start-up is not counted) and ends with the process.
 
 Printed: instructions a step of the main thread (where the program and the observer's hooks
-run: the same count on every run, to within a few hundred) and of the other threads (the
+run: the same count run after run on an idle machine, to within a few hundred; on a loaded one the
+observer's time-driven work, its once-a-second summary and its batches of step markers, falls on
+fewer steps and the count grows, so compare versions in one invocation) and of the other threads (the
 observer's sending thread wakes every 0.25 s of *wall* time, and under valgrind a step takes
 about 50 times as long, so its share here is larger than in a real run), and the ratio of the
 main thread's counts, off against on. About 75 s a run on this machine. Nothing here is asserted
