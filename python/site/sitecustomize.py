@@ -280,7 +280,9 @@ class _Observer:
             self.stopping = True
             self.wake.set()
             thread.join(1.0)
-        self.summary(force=True)
+        # `exiting`: the program's own code has finished (atexit handlers run once it returned or
+        # called `sys.exit`); a crash after this marker is one of Python shutting down.
+        self.summary(force=True, exiting=True)
         self.send_issued()
         self.forget_group()
         self.flush()
@@ -341,12 +343,12 @@ class _Observer:
         self.issued_sent = n
         self.send({"t": "issued", "n": n, "unseen": max(n - self.spans - self.issued_base, 0)})
 
-    def summary(self, force=False):
+    def summary(self, force=False, exiting=False):
         now = time.monotonic()
         if not force and now - self.summary_sent_at < 1.0:
             return
         state = (self.steps, self.world_size, sum(self.seq.values()), self.dropped)
-        if self.steps == 0 and self.world_size is None and not self.seq or state == self.summarised:
+        if self.steps == 0 and self.world_size is None and not self.seq or state == self.summarised and not exiting:
             return
         self.summary_sent_at, self.summarised = now, state
 
@@ -361,6 +363,8 @@ class _Observer:
         unseen = median(4)
         if unseen is not None:
             marker["unseen_per_step"] = unseen
+        if exiting:
+            marker["exiting"] = True
         self.send(marker)
 
     def on_step(self, optimizer):

@@ -230,6 +230,10 @@ pub enum Marker {
         /// The median of the collectives a step issued from C++ (DDP's gradient reductions).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         unseen_per_step: Option<f64>,
+        /// Sent from the process's exit handlers (`atexit`): the program's own code had finished
+        /// (returned, or called `sys.exit`) and Python was about to shut down.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        exiting: bool,
     },
 }
 

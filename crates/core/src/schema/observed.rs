@@ -123,6 +123,10 @@ pub struct ObservedProgram {
     /// The median of those a step issued: DDP's gradient reductions per backward.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unseen_per_step: Option<f64>,
+    /// When the program's own code had finished and its exit handlers (`atexit`) ran, in seconds
+    /// since the scenario started: anything after it happened while Python shut down.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exiting_at_s: Option<f64>,
 }
 
 impl ObservedProgram {
@@ -187,6 +191,7 @@ impl ObservedProgram {
                 distributed,
                 dropped,
                 unseen_per_step,
+                exiting,
             } => {
                 let o = this.get_or_insert_with(Default::default);
                 o.steps = *steps;
@@ -198,6 +203,9 @@ impl ObservedProgram {
                 o.distributed = *distributed || o.group.is_some();
                 o.dropped = *dropped;
                 o.unseen_per_step = unseen_per_step.or(o.unseen_per_step);
+                if *exiting {
+                    o.exiting_at_s = Some(at);
+                }
             }
             Marker::Issued { n, unseen } => {
                 let o = this.get_or_insert_with(Default::default);
@@ -289,5 +297,26 @@ mod tests {
         assert_eq!((e.pos, e.span, e.ms), (Some(4), Some(2), Some(2.0)), "the return keeps its place");
         assert!(!e.holds(3) && e.holds(4) && e.holds(5) && !e.holds(6));
         assert_eq!((o.issued, o.unseen), (Some(19), Some(17)));
+    }
+
+    #[test]
+    fn the_summary_sent_at_exit_says_when_the_program_had_finished() {
+        let marker = |line: &str| serde_json::from_str::<Marker>(line).unwrap();
+        let mut o = None;
+        ObservedProgram::apply(
+            &mut o,
+            4.0,
+            &marker(r#"{"t": "observer", "steps": 200, "distributed": true}"#),
+        );
+        assert_eq!(o.as_ref().unwrap().exiting_at_s, None);
+        ObservedProgram::apply(
+            &mut o,
+            5.25,
+            &marker(r#"{"t": "observer", "steps": 200, "distributed": true, "exiting": true}"#),
+        );
+        let o = o.unwrap();
+        assert_eq!((o.steps, o.exiting_at_s), (200, Some(5.25)));
+        let back = serde_json::to_string(&marker(r#"{"t": "observer", "steps": 1}"#)).unwrap();
+        assert!(!back.contains("exiting"), "{back}");
     }
 }
