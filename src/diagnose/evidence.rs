@@ -6,8 +6,8 @@
 
 use crate::scenario::{OutcomeKind, Scenario};
 use crate::schema::{
-    CgroupReport, LauncherEnd, Leftovers, MemoryReport, OomKill, ProcessRole, QuoteKind, RankResult, Signal,
-    ThreadStack,
+    CgroupReport, ExitSource, LauncherEnd, Leftovers, MemoryReport, OomKill, ProcessRole, QuoteKind,
+    RankResult, Signal, ThreadStack,
 };
 
 /// The line that says what went wrong, and where in the user's code.
@@ -481,6 +481,27 @@ pub fn last_error_line(lines: &[String]) -> Option<String> {
             NEEDLES.iter().any(|n| lower.contains(n))
         })
         .cloned()
+}
+
+/// Whether `r` stands for a process below a launcher whose rank number no signal gave.
+pub fn rank_unknown(r: &RankResult) -> bool {
+    r.identified_by.is_none() && r.exit_source == Some(ExitSource::ProcfsRankUnknown)
+}
+
+/// `Rank 1`, or for a process whose rank number is unknown `The process 4242 below the launcher
+/// (rank number unknown)`; `lead` is how the sentence starts (`Rank`/`rank`, `The`/`the`).
+pub fn rank_name(r: &RankResult, lead: &str) -> String {
+    if rank_unknown(r) {
+        let the = if lead.starts_with(char::is_uppercase) { "The" } else { "the" };
+        return format!(
+            "{the} process {} below the launcher (rank number unknown)",
+            r.pid.map_or("?".into(), |p| p.to_string())
+        );
+    }
+    if r.identified_by.is_none() && r.exit_source == Some(ExitSource::LauncherStatus) {
+        return format!("{lead} {} (its process was not identified: the launcher's status)", r.rank);
+    }
+    format!("{lead} {}", r.rank)
 }
 
 #[cfg(test)]

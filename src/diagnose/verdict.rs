@@ -7,7 +7,8 @@ use crate::schema::{ExitSource, LauncherEnd, QuoteKind, RankResult, Signal, Verd
 
 use super::catalog::{self, Finding};
 use super::evidence::{
-    EndedBy, Evidence, Observed, RankEvidence, failure_time, location, stopped_by_launcher_unobserved,
+    EndedBy, Evidence, Observed, RankEvidence, failure_time, location, rank_name, rank_unknown,
+    stopped_by_launcher_unobserved,
 };
 
 /// The scenario's outcome (the culprit's, or passed), the culprit, and the verdict.
@@ -738,7 +739,16 @@ fn add_collateral(ev: &Evidence, failed: &RankEvidence, same: &[u32], verdict: &
         };
         let at =
             if ev.foreign && o.last_phase.is_none() { String::new() } else { format!(" {}", location(o)) };
-        verdict.evidence.push(format!("collateral: {} {how}{at}{later}{error}", rank_name(o, "rank")));
+        // Its program had returned before it was ended: it lost nothing of its work.
+        let finished = match o.observed.as_ref().and_then(|obs| obs.exiting_at_s) {
+            Some(t) if o.ended_at_s.is_none_or(|end| t <= end) => {
+                format!(" (its program had finished too: its exit handlers ran at {t:.2} s)")
+            }
+            _ => String::new(),
+        };
+        verdict
+            .evidence
+            .push(format!("collateral: {} {how}{at}{later}{error}{finished}", rank_name(o, "rank")));
     }
     for (error, ranks) in not_started {
         let error = if error.is_empty() { String::new() } else { format!(": {error}") };
@@ -795,27 +805,6 @@ pub fn rank_ranges(ranks: &[u32]) -> String {
         i = j + 1;
     }
     parts.join(", ")
-}
-
-/// Whether `r` stands for a process below a launcher whose rank number no signal gave.
-fn rank_unknown(r: &RankResult) -> bool {
-    r.identified_by.is_none() && r.exit_source == Some(ExitSource::ProcfsRankUnknown)
-}
-
-/// `Rank 1`, or for a process whose rank number is unknown `The process 4242 below the launcher
-/// (rank number unknown)`; `lead` is how the sentence starts (`Rank`/`rank`, `The`/`the`).
-fn rank_name(r: &RankResult, lead: &str) -> String {
-    if rank_unknown(r) {
-        let the = if lead.starts_with(char::is_uppercase) { "The" } else { "the" };
-        return format!(
-            "{the} process {} below the launcher (rank number unknown)",
-            r.pid.map_or("?".into(), |p| p.to_string())
-        );
-    }
-    if r.identified_by.is_none() && r.exit_source == Some(ExitSource::LauncherStatus) {
-        return format!("{lead} {} (its process was not identified: the launcher's status)", r.rank);
-    }
-    format!("{lead} {}", r.rank)
 }
 
 #[cfg(test)]

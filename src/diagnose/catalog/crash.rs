@@ -1,7 +1,7 @@
 //! A rank that crashed in native code, and one that claimed success without finishing.
 
 use super::{Finding, Pattern};
-use crate::diagnose::evidence::{EndedBy, Evidence, KeyLine, RankEvidence, key_line};
+use crate::diagnose::evidence::{EndedBy, Evidence, KeyLine, RankEvidence, key_line, rank_name};
 use crate::scenario::OutcomeKind;
 use crate::schema::{QuoteKind, Signal};
 
@@ -125,7 +125,65 @@ pub fn native_crash(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Findi
             NATIVE_CRASH.explanation
         ));
     }
+    if ev.foreign {
+        at_exit(first, sig, handler, &mut f);
+    }
     Some(f)
+}
+
+/// C++'s last words when a thread is torn down while it still runs: a joinable `std::thread`
+/// destroyed, or a thread ended from inside C++ (Python ends a thread that takes the interpreter
+/// lock back while it shuts down).
+const TERMINATE_WITHOUT_EXCEPTION: &str = "terminate called without an active exception";
+
+/// A crash after the program's own code had finished, as the observer's exit summary shows: it
+/// came while Python shut down, not in training; said so in the headline, evidence, cause and
+/// next step.
+fn at_exit(first: &RankEvidence, sig: Signal, handler: Option<&[String]>, f: &mut Finding) {
+    let r = first.result;
+    let Some((exiting, steps)) = r.observed.as_ref().and_then(|o| Some((o.exiting_at_s?, o.steps))) else {
+        return;
+    };
+    let done = match steps {
+        0 => String::new(),
+        1 => " (1 optimizer step done)".to_string(),
+        n => format!(" ({n} optimizer steps done)"),
+    };
+    f.headline = Some(format!(
+        "{} was killed by {sig} after its program had finished, as Python shut down{done}.",
+        rank_name(r, "Rank")
+    ));
+    let when = r.ended_at_s.map(|t| format!(" by {t:.2} s")).unwrap_or_default();
+    f.evidence.push(format!(
+        "{}'s program had finished its own code: its exit handlers ran at {exiting:.2} s (the observer's summary \
+         at exit), and it was killed by {sig}{when}",
+        rank_name(r, "rank")
+    ));
+    let terminate = first.said(TERMINATE_WITHOUT_EXCEPTION)
+        || handler.is_some_and(|h| h.iter().any(|l| l.starts_with(TERMINATE_WITHOUT_EXCEPTION)));
+    f.cause = Some(if terminate {
+        f.evidence.push(format!("C++ printed `{TERMINATE_WITHOUT_EXCEPTION}` before the abort"));
+        "A crash at exit, not in training: a thread was still running native code when the process shut down. \
+         `terminate called without an active exception` is what C++ prints when a thread is torn down while it \
+         runs: a joinable `std::thread` destroyed at exit, or a thread that Python ends as it takes the \
+         interpreter lock back from inside a C++ call (a PyTorch or extension call that had let go of it) during \
+         shutdown."
+            .to_string()
+    } else {
+        format!(
+            "A crash at exit, not in training: it came during Python's shutdown (module teardown, garbage \
+             collection, the destructors of native libraries and their threads). {}",
+            NATIVE_CRASH.explanation
+        )
+    });
+    let work = if steps > 0 { format!("ran to its end{done}") } else { "ran to its end".to_string() };
+    f.next_step = Some(format!(
+        "The program's own work {work}: what it wrote before returning is there, but the exit status says it \
+         failed, so a scheduler or launcher treats the run as failed. Stop background work before the program \
+         returns: `dist.destroy_process_group()`, DataLoader workers (`persistent_workers`), threads a library or \
+         the program started. If the program already does, the race is inside a library at shutdown: re-running \
+         shows how often it happens, and the quoted lines belong in that library's issue tracker."
+    ));
 }
 
 pub fn false_success(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Finding> {

@@ -1324,3 +1324,86 @@ fn a_rank_behind_in_the_ledger_is_not_said_to_have_gone_past_without_a_stack_sho
         }
     }
 }
+
+/// A rank that aborted after its program had returned (what PyTorch 2.11 printed when a thread
+/// was still in C++ as Python shut down): the observer's summary at exit dates the end of the
+/// program's own code, so the verdict says the crash came at exit, not in training; without that
+/// summary it says only what it saw.
+#[test]
+fn a_crash_after_the_programs_exit_handlers_ran_is_called_a_crash_at_exit() {
+    let aborted = |exiting: Option<f64>, stderr: &str| {
+        let mut r =
+            program_rank(0, Exit::Signal { signal: Signal::ABRT.number(), core_dumped: false }, 5.3, stderr);
+        r.observed =
+            Some(crate::schema::ObservedProgram { steps: 200, exiting_at_s: exiting, ..Default::default() });
+        r
+    };
+    let printed = "training finished\nterminate called without an active exception\nFatal Python error: Aborted\n\n\
+                   Current thread 0x00007fe6cda126c0 (most recent call first):\n  <no Python frame>\n";
+    let mut case = Case::new(vec![aborted(Some(5.12), printed)]);
+    case.scenario = external();
+    let (outcome, first, v) = case.judge();
+    assert_eq!((outcome, first), (OutcomeKind::Signaled, Some(0)));
+    assert_eq!(v.pattern.as_deref(), Some("native-crash"));
+    assert_eq!(
+        v.headline,
+        "Rank 0 was killed by SIGABRT after its program had finished, as Python shut down (200 optimizer steps done)."
+    );
+    assert!(
+        v.evidence.iter().any(|e| e
+            == "rank 0's program had finished its own code: its exit handlers ran at 5.12 s (the observer's summary \
+                at exit), and it was killed by SIGABRT by 5.30 s"),
+        "{:#?}",
+        v.evidence
+    );
+    assert!(
+        v.evidence.iter().any(|e| e.contains("C++ printed `terminate called without an active exception`"))
+    );
+    let cause = v.likely_cause.unwrap();
+    assert!(
+        cause.starts_with("A crash at exit, not in training: a thread was still running native code"),
+        "{cause}"
+    );
+    assert!(
+        v.next_step.unwrap().starts_with("The program's own work ran to its end (200 optimizer steps done)")
+    );
+
+    // Under torchrun, which then ends the other rank with SIGTERM as it too shuts down: that one
+    // lost nothing, and the evidence says so.
+    let mut ended =
+        program_rank(1, Exit::Signal { signal: Signal::TERM.number(), core_dumped: false }, 5.4, "");
+    ended.observed =
+        Some(crate::schema::ObservedProgram { steps: 200, exiting_at_s: Some(5.11), ..Default::default() });
+    let mut case = Case::new(vec![aborted(Some(5.12), printed), ended]);
+    case.scenario = external();
+    let (_, first, v) = case.judge();
+    assert_eq!(first, Some(0));
+    assert!(
+        v.evidence.iter().any(|e| e
+            == "collateral: rank 1 was killed by SIGTERM 0.10 s later (its program had finished too: its exit \
+                handlers ran at 5.11 s)"),
+        "{:#?}",
+        v.evidence
+    );
+
+    // Another crash at exit, without C++'s line: the shutdown is named, no thread is.
+    let mut case = Case::new(vec![aborted(Some(5.12), "Fatal Python error: Aborted\n")]);
+    case.scenario = external();
+    let v = case.judge().2;
+    assert!(v.headline.contains("after its program had finished"), "{}", v.headline);
+    assert!(
+        v.likely_cause
+            .unwrap()
+            .starts_with("A crash at exit, not in training: it came during Python's shutdown")
+    );
+    assert!(!v.evidence.iter().any(|e| e.contains("terminate called")), "{:#?}", v.evidence);
+
+    // No summary at exit (the observer off, or the crash came before): nothing about an exit.
+    let mut case = Case::new(vec![aborted(None, printed)]);
+    case.scenario = external();
+    let v = case.judge().2;
+    assert_eq!(v.pattern.as_deref(), Some("native-crash"));
+    assert!(v.headline.starts_with("Rank 0 was killed by SIGABRT"), "{}", v.headline);
+    let said = format!("{} {:?} {:?} {:?}", v.headline, v.evidence, v.likely_cause, v.next_step);
+    assert!(!said.contains("finished") && !said.contains("at exit"), "{said}");
+}

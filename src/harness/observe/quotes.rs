@@ -111,11 +111,15 @@ fn torchrun_root_cause(lines: &[String]) -> Option<Vec<String>> {
 }
 
 /// `Fatal Python error: Segmentation fault` and the stack faulthandler prints after it (up to
-/// its list of extension modules, or another process's line).
+/// its list of extension modules, or another process's line), with C++'s own last words just
+/// before it when it aborted (`terminate called without an active exception`, or `terminate
+/// called after throwing …` and its `what():`).
 /// The block of ups-doctor's own observer thread (only waiting) is left out, so the thread that
 /// faulted is not cut off by the quote's length.
 fn fault_handler(lines: &[String]) -> Option<Vec<String>> {
-    let start = lines.iter().rposition(|l| l.starts_with("Fatal Python error:"))?;
+    let at = lines.iter().rposition(|l| l.starts_with("Fatal Python error:"))?;
+    let terminate = lines[at.saturating_sub(3)..at].iter().rposition(|l| l.starts_with("terminate called"));
+    let start = terminate.map_or(at, |i| at.saturating_sub(3) + i);
     let dump: Vec<&String> = lines[start..]
         .iter()
         .take_while(|l| !l.starts_with("Extension modules:") && !l.starts_with("[rank"))
@@ -230,6 +234,26 @@ RuntimeError: unable to allocate shared memory(shm) for file </torch_4242_182736
         assert!(!text.contains("sitecustomize"), "{text}");
         assert!(text.contains("logger.py") && text.contains("ddp.py\", line 44"), "{text}");
         assert_eq!(quote[0], "Fatal Python error: Segmentation fault");
+    }
+
+    /// What PyTorch 2.11 under torchrun printed when a rank's thread was still in C++ as Python
+    /// shut down: C++'s line, then the fault handler's dump, every thread without a Python frame.
+    #[test]
+    fn cpp_last_words_before_an_abort_open_the_fault_handler_quote() {
+        let l = lines(
+            "step 10 loss 0.7786\nterminate called without an active exception\nFatal Python error: Aborted\n\n\
+             Current thread 0x00007fe6cda126c0 (most recent call first):\n  <no Python frame>\n\n\
+             Thread 0x00007fe78703db80 (most recent call first):\n  <no Python frame>\n\n\
+             Extension modules: numpy._core._multiarray_umath, torch._C (total: 2)",
+        );
+        let quote = fault_handler(&l).unwrap();
+        assert_eq!(
+            quote[..2],
+            ["terminate called without an active exception", "Fatal Python error: Aborted"]
+        );
+        assert!(!quote.iter().any(|q| q.contains("step 10") || q.contains("Extension")), "{quote:?}");
+        let without = lines("step 10\nFatal Python error: Aborted\n");
+        assert_eq!(fault_handler(&without).unwrap()[0], "Fatal Python error: Aborted");
     }
 
     #[test]

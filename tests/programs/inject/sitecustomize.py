@@ -13,6 +13,11 @@
   in any collective); the other ranks wait in that gather meanwhile.
 - INJECT_MISSING_RANK=R, INJECT_MISSING_MODULE=M: on rank R, the program's own `import M` fails
   with `ModuleNotFoundError: No module named 'M'` (a package missing from one node's image).
+- INJECT_EXIT_ABORT_RANK=R: on rank R, once the program has finished (an exit handler, which
+  runs after the program's own ones), a daemon thread starts matrix products, which run in C++
+  with the GIL let go. When Python then shuts down, the thread is ended as it takes the GIL back
+  from inside C++, and the process dies of SIGABRT ("terminate called without an active
+  exception"): a library thread still running at exit, as PyTorch's own sometimes are.
 - INJECT_LAUNCHER_BUSY_S=S: in torchrun's own process (not its ranks), S seconds of computing
   without a word before it reads its arguments and starts any rank, as a slow `import torch` on a
   loaded machine or a network filesystem would.
@@ -103,6 +108,28 @@ def _launcher_busy(seconds):
     while time.monotonic() < end:
         sum(range(10_000))
 
+
+def _abort_at_exit():
+    import threading
+
+    import torch
+
+    a, b, c = torch.randn(384, 384), torch.randn(384, 384), torch.empty(384, 384)
+    running = threading.Event()
+
+    def products():
+        running.set()
+        while True:
+            torch.mm(a, b, out=c)
+
+    threading.Thread(target=products, daemon=True).start()
+    running.wait(10.0)
+
+
+if _rank_is("INJECT_EXIT_ABORT_RANK"):
+    import atexit
+
+    atexit.register(_abort_at_exit)
 
 if os.environ.get("INJECT_LAUNCHER_BUSY_S") and os.path.basename(sys.argv[0]) == "torchrun":
     _launcher_busy(float(os.environ["INJECT_LAUNCHER_BUSY_S"]))
