@@ -186,7 +186,7 @@ fn accelerates_own_test_script_passes_as_it_is_and_the_rank_that_skipped_a_gathe
 
 /// Accelerate's own test script again, whole and passing, but with rank 1 made to abort as Python
 /// shuts down (from outside: `INJECT_EXIT_ABORT_RANK`, a thread left in C++ at exit, as PyTorch's
-/// own sometimes are: twice in about 75 runs of a 2-rank DDP program here, once without
+/// own sometimes are: twice in 71 runs of a 2-rank DDP program here, once without
 /// ups-doctor): the verdict says the crash came after the program had finished, from the
 /// observer's summary at exit and C++'s own line, and that rank 0, if torchrun then ended it, had
 /// finished too.
