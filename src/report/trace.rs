@@ -11,8 +11,10 @@
 //!   phase the rank was last in), and inside it each step as a slice of its own (from the
 //!   previous step's end to its own; one under way at the rank's end drawn to it, marked `open`);
 //! - the rank's end (a signal, an exit code, a hang, a teardown by ups-doctor), the moment the
-//!   hang was declared, a worker's start and an OOM kill as instant events (`I`, thread scope),
-//!   the backtrace, thread stacks or py-spy dump attached in `args`;
+//!   hang was declared, a worker's start, an OOM kill and, for a command's rank, the moment its
+//!   program had finished (its exit handlers ran: what ends after it ended as Python shut down)
+//!   as instant events (`I`, thread scope), the backtrace, thread stacks or py-spy dump attached
+//!   in `args`;
 //! - a command's collectives, as the observer's ledger keeps them (the newest 32 of each rank),
 //!   as slices on a track of their own beside the rank's (`all_gather #3`, from its issue for as
 //!   long as it took; one the rank was still in drawn to its end, marked `open`), with their call
@@ -169,6 +171,10 @@ impl Scenario<'_> {
         }
         self.step_events(r, end, pid, out);
         self.collective_events(r, end, pid, out);
+        if let Some(at) = r.observed.as_ref().and_then(|o| o.exiting_at_s) {
+            let args = json!({ "note": "the program's own code had finished: its exit handlers ran" });
+            out.push(instant("program finished", "exit", self.ts(at), pid, RANK_TID, args));
+        }
         if let (Some(at), Some(after)) =
             (super::text::hang_declared_at(r, self.s.wall_s), r.hang_detected_after_s)
         {
@@ -559,6 +565,21 @@ mod tests {
         assert_eq!(slices[1]["name"], "all_gather #40");
         assert_eq!(slices[1]["args"]["open"], true);
         assert_eq!(slices[1]["dur"], json!((end * 1e6).round() - 750_000.0));
+    }
+
+    #[test]
+    fn the_moment_a_commands_program_finished_is_marked_before_a_crash_at_exit() {
+        let mut s = fixtures::segv();
+        s.ranks[1].observed =
+            Some(crate::schema::ObservedProgram { exiting_at_s: Some(1.25), ..Default::default() });
+        let ev = events(&fixtures::run(vec![s]));
+        let finished: Vec<&Value> = ev.iter().filter(|e| e["name"] == "program finished").collect();
+        assert_eq!(finished.len(), 1, "only the rank whose observer said so: {finished:?}");
+        assert_eq!((&finished[0]["ph"], &finished[0]["ts"]), (&json!("I"), &json!(1_250_000.0)));
+        assert_eq!(
+            finished[0]["pid"],
+            ev.iter().find(|e| e["name"] == "process_name" && e["args"]["name"] == "rank 1").unwrap()["pid"]
+        );
     }
 
     #[test]
