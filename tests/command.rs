@@ -188,8 +188,8 @@ fn accelerates_own_test_script_passes_as_it_is_and_the_rank_that_skipped_a_gathe
 /// shuts down (from outside: `INJECT_EXIT_ABORT_RANK`, a thread left in C++ at exit, as PyTorch's
 /// own sometimes are: twice in 71 runs of a 2-rank DDP program here, once without
 /// ups-doctor): the verdict says the crash came after the program had finished, from the
-/// observer's summary at exit and C++'s own line, and that rank 0, if torchrun then ended it, had
-/// finished too.
+/// observer's summary at exit and C++'s own line, and whether rank 0, if torchrun then ended it,
+/// had finished too.
 #[test]
 fn a_rank_that_aborts_as_python_shuts_down_is_named_as_crashing_after_its_program_finished() {
     let script = accelerate_dir().join("test_utils/scripts/test_ops.py").display().to_string();
@@ -222,16 +222,16 @@ fn a_rank_that_aborts_as_python_shuts_down_is_named_as_crashing_after_its_progra
         "{evidence:#?}"
     );
     assert!(v["likely_cause"].as_str().unwrap().starts_with("A crash at exit, not in training"), "{v:#}");
-    // Rank 0 ran the whole script too: exited 0 first, or ended by torchrun as it shut down.
+    // Rank 0 exited 0 first, or torchrun ended it: as it shut down too (its own summary at exit
+    // came first: said), or, on a loaded machine, while it still ran its last lines (not said).
     let r0 = &s["ranks"][0];
-    assert!(r0["observed"]["exiting_at_s"].as_f64().is_some(), "{r0:#}");
-    if r0["outcome"] != "passed" {
-        assert!(
-            evidence
-                .iter()
-                .any(|e| e.starts_with("collateral: rank 0") && e.contains("its program had finished too")),
-            "{evidence:#?}"
-        );
+    let r0_line = evidence.iter().find(|e| e.starts_with("collateral: rank 0"));
+    match (r0["outcome"].as_str(), r0["observed"]["exiting_at_s"].as_f64()) {
+        (Some("passed"), _) => assert!(r0_line.is_none(), "{evidence:#?}"),
+        (_, Some(_)) => {
+            assert!(r0_line.is_some_and(|e| e.contains("its program had finished too")), "{evidence:#?}")
+        }
+        (_, None) => assert!(r0_line.is_some_and(|e| !e.contains("finished")), "{evidence:#?}"),
     }
     assert!(
         sb.reports().contains("terminate called without an active exception\nFatal Python error: Aborted")
