@@ -124,12 +124,25 @@ def _abort_at_exit():
 
     threading.Thread(target=products, daemon=True).start()
     running.wait(10.0)
+    _spinning.append(True)
 
 
+class _HoldFinalization:
+    """Freed when Python clears this module's globals, after it has begun to shut down: waits a
+    second there (letting go of the GIL), so the products' thread, even on a loaded machine, gets
+    out of its C++ call while Python shuts down, and the process aborts every time."""
+
+    def __del__(self):
+        if _spinning:
+            time.sleep(1.0)
+
+
+_spinning = []
 if _rank_is("INJECT_EXIT_ABORT_RANK"):
     import atexit
 
     atexit.register(_abort_at_exit)
+    _hold = _HoldFinalization()
 
 if os.environ.get("INJECT_LAUNCHER_BUSY_S") and os.path.basename(sys.argv[0]) == "torchrun":
     _launcher_busy(float(os.environ["INJECT_LAUNCHER_BUSY_S"]))
