@@ -10,7 +10,9 @@ pub const NATIVE_CRASH: Pattern = Pattern {
     title: "Native crash",
     matches: "the first rank to fail was killed by SIGSEGV, SIGBUS, SIGILL, SIGFPE or SIGABRT raised in \
               the process itself; the first frame in the program's own code comes from the crash handler's \
-              backtrace (built-in trainer) or Python's fault handler (`PYTHONFAULTHANDLER`, set by ups-doctor)",
+              backtrace (built-in trainer) or Python's fault handler (`PYTHONFAULTHANDLER`, set by ups-doctor). \
+              A crash after the observer's summary at exit (the program's own code had finished) is said to have \
+              come as Python shut down, not in training",
     explanation: "The process crashed in native code (libtorch, a CUDA/NCCL library, an extension, or memory \
                   shared between processes). Python prints no traceback for it and torchrun only reports \
                   `exitcode: -11` and `Signal 11 (SIGSEGV) received by PID`.",
