@@ -238,6 +238,30 @@ fn a_rank_that_aborts_as_python_shuts_down_is_named_as_crashing_after_its_progra
     );
 }
 
+/// A program that forks a helper child ending through Python's own exit (its exit handlers run
+/// too), then aborts in the middle of its own code (`tests/programs/fork_then_abort.py`): the
+/// child's exit is not the program's, so the abort is a native crash like any other, not one
+/// "after its program had finished" (as it was called before the observer told a forked child
+/// from the process it was forked from).
+#[test]
+fn a_forked_childs_exit_is_not_the_programs_and_a_later_abort_is_no_crash_at_exit() {
+    let prog = repo().join("tests/programs/fork_then_abort.py").display().to_string();
+    let sb = Sandbox::new();
+    let out = run(&sb, &["--", "python", &prog]);
+    let s = out.scenario();
+    let v = &s["verdict"];
+    assert_eq!(
+        (s["outcome"].as_str(), s["ranks"][0]["signal"].as_str()),
+        (Some("signaled"), Some("SIGABRT")),
+        "{v:#}"
+    );
+    assert_eq!(v["pattern"], "native-crash", "{v:#}");
+    assert!(s["ranks"][0]["observed"]["steps"].as_u64().is_some_and(|n| n >= 5), "{:#}", s["ranks"][0]);
+    assert!(s["ranks"][0]["observed"]["exiting_at_s"].is_null(), "{:#}", s["ranks"][0]["observed"]);
+    let said = format!("{v}");
+    assert!(!said.contains("after its program had finished") && !said.contains("at exit"), "{v:#}");
+}
+
 /// A Lightning program (`Trainer(devices=2, strategy="ddp")`, which starts its second rank
 /// itself) as a bare `run -- python train.py`: the command line has no rank count. `auto` sees a
 /// program that starts its own ranks and runs it as a launcher, whose world grows to the process

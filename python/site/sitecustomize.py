@@ -86,6 +86,9 @@ class _Observer:
         self.thread = None
         # Set at exit: the sending thread stops (`at_exit`).
         self.stopping = False
+        # A process forked from the one that made this observer (`after_fork`): its exit is not
+        # the program's (a helper child that ends through `sys.exit` runs the exit handlers too).
+        self.forked = False
         self.rank = None
         self.world_size = None
         self.seq = {}
@@ -281,8 +284,9 @@ class _Observer:
             self.wake.set()
             thread.join(1.0)
         # `exiting`: the program's own code has finished (atexit handlers run once it returned or
-        # called `sys.exit`); a crash after this marker is one of Python shutting down.
-        self.summary(force=True, exiting=True)
+        # called `sys.exit`); a crash after this marker is one of Python shutting down. Not from
+        # a forked child: the rank it was forked from goes on.
+        self.summary(force=True, exiting=not self.forked)
         self.send_issued()
         self.forget_group()
         self.flush()
@@ -306,6 +310,7 @@ class _Observer:
         # A forked child (a DataLoader worker) issues no collective; the parent's group may have
         # been mid-call at the fork, so the child never touches it.
         self.pg = self.read_count = None
+        self.forked = True
         self.queue = collections.deque()
         self.step_marker = None
         self.skipped = 0
