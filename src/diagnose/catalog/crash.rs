@@ -178,9 +178,8 @@ fn at_exit(first: &RankEvidence, sig: Signal, handler: Option<&[String]>, f: &mu
             NATIVE_CRASH.explanation
         )
     });
-    let work = if steps > 0 { format!("ran to its end{done}") } else { "ran to its end".to_string() };
     f.next_step = Some(format!(
-        "The program's own work {work}: what it wrote before returning is there, but the exit status says it \
+        "The program's own work ran to its end{done}: what it wrote before returning is there, but the exit status says it \
          failed, so a scheduler or launcher treats the run as failed. Stop background work before the program \
          returns: `dist.destroy_process_group()`, DataLoader workers (`persistent_workers`), threads a library or \
          the program started. If the program already does, the race is inside a library at shutdown: re-running \
