@@ -311,6 +311,9 @@ class _Observer:
         # been mid-call at the fork, so the child never touches it.
         self.pg = self.read_count = None
         self.forked = True
+        # What the parent last summarised may still sit in its own queue, unsent (and lost if
+        # it crashes): the child's summary at exit goes out whatever it holds.
+        self.summarised = None
         self.queue = collections.deque()
         self.step_marker = None
         self.skipped = 0

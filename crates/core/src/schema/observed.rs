@@ -194,15 +194,21 @@ impl ObservedProgram {
                 exiting,
             } => {
                 let o = this.get_or_insert_with(Default::default);
-                o.steps = *steps;
-                o.timed_steps = *timed_steps;
-                o.step_ms = *step_ms;
-                o.data_ms = *data_ms;
-                o.forward_ms = *forward_ms;
-                o.collective_ms = *collective_ms;
-                o.distributed = *distributed || o.group.is_some();
-                o.dropped = *dropped;
-                o.unseen_per_step = unseen_per_step.or(o.unseen_per_step);
+                // A rank's summaries can arrive out of order: one its process queued just before
+                // forking a child reaches the pipe after the child's summary at exit, which
+                // carries the same state a few steps on. Steps only grow, so an older summary
+                // changes no figure.
+                if *steps >= o.steps {
+                    o.steps = *steps;
+                    o.timed_steps = *timed_steps;
+                    o.step_ms = *step_ms;
+                    o.data_ms = *data_ms;
+                    o.forward_ms = *forward_ms;
+                    o.collective_ms = *collective_ms;
+                    o.dropped = *dropped;
+                    o.unseen_per_step = unseen_per_step.or(o.unseen_per_step);
+                    o.distributed = *distributed || o.group.is_some();
+                }
                 if *exiting {
                     o.exiting_at_s = Some(at);
                 }
@@ -318,5 +324,18 @@ mod tests {
         assert_eq!((o.steps, o.exiting_at_s), (200, Some(5.25)));
         let back = serde_json::to_string(&marker(r#"{"t": "observer", "steps": 1}"#)).unwrap();
         assert!(!back.contains("exiting"), "{back}");
+    }
+
+    #[test]
+    fn a_summary_older_than_the_one_before_it_changes_no_figure() {
+        let marker = |line: &str| serde_json::from_str::<Marker>(line).unwrap();
+        let mut o = None;
+        // A forked child's summary at exit (the state it inherited: 5 steps) reaches the pipe
+        // before the one its parent queued at step 1.
+        ObservedProgram::apply(&mut o, 3.0, &marker(r#"{"t": "observer", "steps": 5, "step_ms": 2.5}"#));
+        ObservedProgram::apply(&mut o, 3.1, &marker(r#"{"t": "observer", "steps": 1, "step_ms": 9.0}"#));
+        assert_eq!(o.as_ref().map(|o| (o.steps, o.step_ms)), Some((5, 2.5)));
+        ObservedProgram::apply(&mut o, 4.0, &marker(r#"{"t": "observer", "steps": 10, "step_ms": 2.0}"#));
+        assert_eq!(o.as_ref().map(|o| (o.steps, o.step_ms)), Some((10, 2.0)));
     }
 }
