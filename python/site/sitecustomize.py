@@ -373,6 +373,8 @@ class _Observer:
             marker["unseen_per_step"] = unseen
         if exiting:
             marker["exiting"] = True
+        if self.forked:
+            marker["forked"] = True
         self.send(marker)
 
     def on_step(self, optimizer):

@@ -234,6 +234,10 @@ pub enum Marker {
         /// (returned, or called `sys.exit`) and Python was about to shut down.
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         exiting: bool,
+        /// Sent by a process forked from the one that made the observer (a helper child ending
+        /// through `sys.exit`): its figures are its parent's at the fork.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        forked: bool,
     },
 }
 

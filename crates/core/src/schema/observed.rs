@@ -127,6 +127,9 @@ pub struct ObservedProgram {
     /// since the scenario started: anything after it happened while Python shut down.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exiting_at_s: Option<f64>,
+    /// Whether the figures above came from a forked child's summary (while folding only).
+    #[serde(skip)]
+    pub figures_from_fork: bool,
 }
 
 impl ObservedProgram {
@@ -192,13 +195,17 @@ impl ObservedProgram {
                 dropped,
                 unseen_per_step,
                 exiting,
+                forked,
             } => {
                 let o = this.get_or_insert_with(Default::default);
-                // A rank's summaries can arrive out of order: one its process queued just before
-                // forking a child reaches the pipe after the child's summary at exit, which
-                // carries the same state a few steps on. Steps only grow, so an older summary
-                // changes no figure.
-                if *steps >= o.steps {
+                // A forked child's summary (its parent's state at the fork) can reach the pipe
+                // before one the parent queued earlier, with fewer steps: that one changes no
+                // figure. The child's raises them only when it has more steps than seen (its
+                // parent may have crashed before sending its own). Otherwise the newest summary
+                // wins: a rank's process started again (a launcher's restart) counts from 0.
+                let newer = if *forked || o.figures_from_fork { *steps > o.steps } else { true };
+                if newer {
+                    o.figures_from_fork = *forked;
                     o.steps = *steps;
                     o.timed_steps = *timed_steps;
                     o.step_ms = *step_ms;
@@ -327,15 +334,34 @@ mod tests {
     }
 
     #[test]
-    fn a_summary_older_than_the_one_before_it_changes_no_figure() {
-        let marker = |line: &str| serde_json::from_str::<Marker>(line).unwrap();
-        let mut o = None;
+    fn a_summary_older_than_a_forked_childs_copy_changes_no_figure() {
         // A forked child's summary at exit (the state it inherited: 5 steps) reaches the pipe
         // before the one its parent queued at step 1.
-        ObservedProgram::apply(&mut o, 3.0, &marker(r#"{"t": "observer", "steps": 5, "step_ms": 2.5}"#));
-        ObservedProgram::apply(&mut o, 3.1, &marker(r#"{"t": "observer", "steps": 1, "step_ms": 9.0}"#));
-        assert_eq!(o.as_ref().map(|o| (o.steps, o.step_ms)), Some((5, 2.5)));
-        ObservedProgram::apply(&mut o, 4.0, &marker(r#"{"t": "observer", "steps": 10, "step_ms": 2.0}"#));
-        assert_eq!(o.as_ref().map(|o| (o.steps, o.step_ms)), Some((10, 2.0)));
+        let summary = |steps: u64, step_ms: f64, forked: bool| Marker::Observer {
+            steps,
+            timed_steps: 0,
+            step_ms,
+            data_ms: 0.0,
+            forward_ms: 0.0,
+            collective_ms: 0.0,
+            distributed: false,
+            dropped: 0,
+            unseen_per_step: None,
+            exiting: !forked,
+            forked,
+        };
+        let figures = |o: &Option<ObservedProgram>| o.as_ref().map(|o| (o.steps, o.step_ms));
+        let mut o = None;
+        ObservedProgram::apply(&mut o, 3.0, &summary(5, 2.5, true));
+        ObservedProgram::apply(&mut o, 3.1, &summary(1, 9.0, false));
+        assert_eq!(figures(&o), Some((5, 2.5)));
+        ObservedProgram::apply(&mut o, 4.0, &summary(10, 2.0, false));
+        assert_eq!(figures(&o), Some((10, 2.0)));
+        // The parent's own, then a child's copy of an older state: the parent's stays.
+        ObservedProgram::apply(&mut o, 4.5, &summary(8, 7.0, true));
+        assert_eq!(figures(&o), Some((10, 2.0)));
+        // A rank's process started again counts from 0.
+        ObservedProgram::apply(&mut o, 9.0, &summary(1, 3.0, false));
+        assert_eq!(figures(&o), Some((1, 3.0)));
     }
 }
