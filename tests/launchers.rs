@@ -31,7 +31,7 @@ fn three_cases(launcher: &str, command: &str, program_args: &str, style: &str) -
             &format!(
                 r#"{{"command": [{command}, "{program}", {program_args}, "--steps", "6"{extra}],
                     "launch": {{"world_size": 2{style}}},
-                    "limits": {{"timeout_s": 300, "hang_after_s": 30}}, "expect": {expect}}}"#
+                    "limits": {{"timeout_s": 300, "hang_after_s": 10}}, "expect": {expect}}}"#
             ),
         )
     };
