@@ -100,8 +100,8 @@ pub(crate) fn timeline(s: &ScenarioResult) -> Option<String> {
                 let _ = writeln!(out, "    {name} (never ended) :crit, {start}, {end}");
             }
         }
-        // The moments that matter, as milestones: the hang declared, the rank's end when it
-        // did not pass.
+        // The moments that matter, as milestones: the hang declared, the moment the program's
+        // own code had finished (its exit handlers ran) and the rank's end, when it did not pass.
         if let (Some(at), Some(after)) = (super::text::hang_declared_at(r, s.wall_s), r.hang_detected_after_s)
         {
             let _ = writeln!(
@@ -110,10 +110,13 @@ pub(crate) fn timeline(s: &ScenarioResult) -> Option<String> {
                 milestone(&format!("hang declared ({after:.0} s silent)"), ms(at), latest)
             );
         }
-        if r.outcome != crate::scenario::OutcomeKind::Passed
-            && let Some(at) = r.ended_at_s
-        {
-            let _ = writeln!(out, "{}", milestone(&task_name(&end_label(r)), ms(at), latest));
+        if r.outcome != crate::scenario::OutcomeKind::Passed {
+            if let Some(at) = r.observed.as_ref().and_then(|o| o.exiting_at_s) {
+                let _ = writeln!(out, "{}", milestone("program finished", ms(at), latest));
+            }
+            if let Some(at) = r.ended_at_s {
+                let _ = writeln!(out, "{}", milestone(&task_name(&end_label(r)), ms(at), latest));
+            }
         }
     }
     Some(out.trim_end().to_string())
@@ -339,6 +342,26 @@ mod tests {
         assert_eq!(thinned.len(), 60);
         assert_eq!(thinned[0].0, 0);
         assert_eq!(thinned[59].0, 999);
+    }
+
+    #[test]
+    fn a_rank_that_crashed_after_its_program_finished_shows_both_moments() {
+        let mut s = crate::report::fixtures::segv();
+        s.ranks[1].observed =
+            Some(crate::schema::ObservedProgram { exiting_at_s: Some(1.25), ..Default::default() });
+        let chart = timeline(&s).unwrap();
+        let lines: Vec<&str> = chart.lines().collect();
+        let at = |label: &str| lines.iter().position(|l| l.trim_start().starts_with(label));
+        let (finished, killed) =
+            (at("program finished :milestone").unwrap(), at("killed by SIGSEGV").unwrap());
+        assert!(finished < killed, "{chart}");
+        assert!(lines[..finished].iter().any(|l| l.trim() == "section rank 1"), "{chart}");
+        assert!(lines[finished].contains("1250"), "{chart}");
+        // A rank that passed gets none: its exit handlers running is how every program ends.
+        s.ranks[1] = crate::report::fixtures::passing().ranks[0].clone();
+        s.ranks[1].observed =
+            Some(crate::schema::ObservedProgram { exiting_at_s: Some(1.25), ..Default::default() });
+        assert!(!timeline(&s).unwrap().contains("program finished"));
     }
 
     #[test]
