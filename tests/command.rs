@@ -5,6 +5,7 @@
 use std::path::Path;
 
 use crate::util::{RunOutput, Sandbox, repo, venv_path};
+use serde_json::Value;
 
 fn program() -> String {
     repo().join("tests/programs/cmd_ddp.py").display().to_string()
@@ -182,6 +183,52 @@ fn accelerates_own_test_script_passes_as_it_is_and_the_rank_that_skipped_a_gathe
         "{headline}"
     );
     assert!(headline.contains("Rank 0 failed after it (collateral)"), "{headline}");
+}
+
+/// Accelerate's own test script with rank 1 made, from outside, to compute without a word before
+/// its first `all_gather` until the run's time limit (`INJECT_BUSY_*`: matrix products, as a
+/// rank spinning in a wait or stuck in a long computation does) while rank 0 waits in the
+/// gather. Never called hung (CPU was being used), the run ends at its time limit: the verdict
+/// does not say it "kept making progress", but that rank 1 went silent while using CPU and rank
+/// 0 waited, and names rank 1 from the stacks as the rank outside any collective.
+#[test]
+fn a_rank_silent_but_busy_until_the_time_limit_is_named_with_its_cpu_not_as_slow_progress() {
+    let script = accelerate_dir().join("test_utils/scripts/test_ops.py").display().to_string();
+    let sb = Sandbox::new();
+    let mut cmd = sb.cmd();
+    cmd.env("PATH", venv_path())
+        .env("PYTHONPATH", repo().join("tests/programs/inject"))
+        .env("INJECT_BUSY_RANK", "1")
+        .env("INJECT_BUSY_S", "3600")
+        .env("INJECT_BUSY_CALL", "1");
+    let argv = ["--hang-after", "10", "--timeout", "60", "--", "torchrun", "--nproc_per_node", "2", &script];
+    let out = sb.run_with(cmd, &[], &argv);
+    let s = out.scenario();
+    let v = &s["verdict"];
+    assert_eq!((s["outcome"].as_str(), s["first_failure"].as_u64()), (Some("timed_out"), Some(1)), "{v:#}");
+    let share = |r: &Value| {
+        let cpu = &r["silent_cpu"];
+        cpu["cpu_s"].as_f64().zip(cpu["silent_s"].as_f64()).map(|(c, w)| c / w)
+    };
+    let (r0, r1) = (&s["ranks"][0], &s["ranks"][1]);
+    assert!(share(r1).is_some_and(|x| x >= 0.25), "rank 1 computed: {r1:#}");
+    assert!(share(r0).is_some_and(|x| x < 0.05), "rank 0 waited: {r0:#}");
+    assert_eq!(v["pattern"], "ranks-out-of-step", "{v:#}");
+    let headline = v["headline"].as_str().unwrap();
+    assert!(headline.contains("rank 0 waits in `all_gather`"), "{headline}");
+    assert!(headline.contains("Rank 1 is the odd one: it is stuck outside any collective"), "{headline}");
+    let said = format!("{v}");
+    assert!(!said.contains("kept making progress"), "{v:#}");
+    let evidence: Vec<&str> = v["evidence"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
+    assert!(
+        evidence.iter().any(|l| l.starts_with("rank 1 was silent (no marker, no output) for at least")
+            && l.contains("s of CPU in that time")),
+        "{evidence:#?}"
+    );
+    assert!(
+        evidence.iter().any(|l| l.starts_with("rank 0 was silent too, using") && l.ends_with(": waiting")),
+        "{evidence:#?}"
+    );
 }
 
 /// Accelerate's own test script again, whole and passing, but with rank 1 made to abort as Python

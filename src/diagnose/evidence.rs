@@ -7,7 +7,7 @@
 use crate::scenario::{OutcomeKind, Scenario};
 use crate::schema::{
     CgroupReport, ExitSource, LauncherEnd, Leftovers, MemoryReport, OomKill, ProcessRole, QuoteKind,
-    RankResult, Signal, ThreadStack,
+    RankResult, Signal, SilentCpu, ThreadStack,
 };
 
 /// The line that says what went wrong, and where in the user's code.
@@ -272,6 +272,21 @@ pub fn location(rank: &RankResult) -> String {
 }
 
 /// When a rank failed: a hung rank when its last marker came, any other when it ended.
+/// The share of a core above which a rank silent at the time limit counts as busy there
+/// (spinning or computing): a quarter, which a spinning process gets even on two cores shared by
+/// eight; a rank waiting in a gloo collective or a store uses well under 1 %.
+pub const BUSY_SILENCE_SHARE: f64 = 0.25;
+/// The share below which it counts as waiting.
+pub const IDLE_SILENCE_SHARE: f64 = 0.05;
+
+/// A rank the run's time limit ended while it had been silent (no marker, no output) for
+/// `limits.hang_after_s` or more: what its process did over the silence. Its CPU time is read once
+/// a second, so the silence measured may fall up to two seconds short of the whole.
+pub fn silent_at_limit(rank: &RankResult, scenario: &Scenario) -> Option<SilentCpu> {
+    let s = rank.silent_cpu.filter(|_| rank.outcome == OutcomeKind::TimedOut)?;
+    (s.silent_s + 2.0 >= scenario.limits.hang_after_s).then_some(s)
+}
+
 pub fn failure_time(rank: &RankResult) -> f64 {
     match rank.outcome {
         OutcomeKind::Hung => rank.last_marker_at_s.or(rank.last_output_at_s).unwrap_or(0.0),

@@ -7,8 +7,8 @@ use crate::schema::{ExitSource, LauncherEnd, QuoteKind, RankResult, Signal, Verd
 
 use super::catalog::{self, Finding};
 use super::evidence::{
-    EndedBy, Evidence, Observed, RankEvidence, failure_time, location, rank_name, rank_unknown,
-    stopped_by_launcher_unobserved,
+    BUSY_SILENCE_SHARE, EndedBy, Evidence, IDLE_SILENCE_SHARE, Observed, RankEvidence, failure_time,
+    location, rank_name, rank_unknown, silent_at_limit, stopped_by_launcher_unobserved,
 };
 
 /// The scenario's outcome (the culprit's, or passed), the culprit, and the verdict.
@@ -38,6 +38,9 @@ pub fn judge(o: &Observed) -> Judgement {
     // happened to arrive first (that is scheduling).
     if let Some(odd) = catalog::odd_rank_by_markers(o.ranks) {
         first = ev.rank(odd.rank);
+    }
+    if let Some(busy) = busy_among_waiting(&ev) {
+        first = Some(busy);
     }
     let finding = catalog::find(&ev, first);
     if let Some(c) = finding.as_ref().and_then(|f| f.culprit)
@@ -82,6 +85,23 @@ pub fn judge(o: &Observed) -> Judgement {
         verdict,
         same_failure: same,
     }
+}
+
+/// At the time limit, every rank silent past `limits.hang_after_s` and exactly one of them busy
+/// (`BUSY_SILENCE_SHARE` of a core over its silence) while every other waited: the
+/// busy one is what the others wait for, as far as CPU can tell. With two or more busy ranks (a
+/// CUDA synchronize spins while it waits, on every rank), none is picked.
+fn busy_among_waiting<'a>(ev: &'a Evidence) -> Option<&'a RankEvidence<'a>> {
+    let silent: Vec<(&RankEvidence, f64)> = ev
+        .ranks
+        .iter()
+        .map(|r| silent_at_limit(r.result, ev.scenario).map(|s| (r, s.share())))
+        .collect::<Option<_>>()?;
+    let mut busy = silent.iter().filter(|(_, share)| *share >= BUSY_SILENCE_SHARE);
+    let (culprit, _) = busy.next()?;
+    let others_wait =
+        silent.iter().all(|(r, share)| r.rank() == culprit.rank() || *share < IDLE_SILENCE_SHARE);
+    (busy.next().is_none() && others_wait && silent.len() > 1).then_some(*culprit)
 }
 
 /// The other ranks that ended by themselves with the first failure's own error (its key line,
@@ -439,6 +459,107 @@ fn signal_cause(ev: &Evidence, signal: i32) -> String {
     }
 }
 
+/// The time limit ended a rank that had been silent past `limits.hang_after_s`: it was never
+/// called hung because CPU kept being used (its own, or another rank's), so it did not "keep
+/// making progress". Says how much of a core it used over the silence, and the others' too.
+fn silent_at_time_limit(
+    ev: &Evidence,
+    r: &RankResult,
+    silent: crate::schema::SilentCpu,
+    who: &str,
+    at: &str,
+    mut evidence: Vec<String>,
+) -> (String, Vec<String>, Option<String>, Option<String>) {
+    let limits = &ev.scenario.limits;
+    let pct = |s: crate::schema::SilentCpu| format!("{:.0}% of a core", s.share() * 100.0);
+    let busy = silent.share() >= BUSY_SILENCE_SHARE;
+    evidence.push(format!(
+        "rank {} was silent (no marker, no output) for at least {:.1} s before the time limit, and its process used \
+         {:.1} s of CPU in that time ({}): a rank silent for `limits.hang_after_s` = {} s is called hung only once \
+         no rank uses CPU any more",
+        r.rank,
+        silent.silent_s,
+        silent.cpu_s,
+        pct(silent),
+        limits.hang_after_s
+    ));
+    for other in ev.ranks.iter().filter(|o| o.rank() != r.rank) {
+        if let Some(s) = silent_at_limit(other.result, ev.scenario) {
+            let what = if s.share() >= BUSY_SILENCE_SHARE {
+                "busy too"
+            } else if s.share() < IDLE_SILENCE_SHARE {
+                "waiting"
+            } else {
+                "partly busy"
+            };
+            evidence.push(format!(
+                "rank {} was silent too, using {} over {:.1} s: {what}",
+                other.rank(),
+                pct(s),
+                s.silent_s
+            ));
+        }
+    }
+    let limit = limits.timeout_s;
+    let also_busy: Vec<u32> = (ev.ranks.iter())
+        .filter(|o| o.rank() != r.rank && busy_at_limit(ev, o.result))
+        .map(RankEvidence::rank)
+        .collect();
+    if !busy {
+        return (
+            format!(
+                "{who} was silent{at}, using {}, until the run's time limit of {limit} s: not called hung because CPU \
+                 was still being used in the run.",
+                pct(silent)
+            ),
+            evidence,
+            Some(
+                "Something of the run kept using CPU (another rank, or a process below the launcher) while this rank \
+                 waited: ups-doctor calls a rank hung only once CPU use stops too, so the run ran to its time limit."
+                    .into(),
+            ),
+            Some("The stacks below show what each rank was in when it was stopped.".into()),
+        );
+    }
+    let headline = if also_busy.is_empty() {
+        format!(
+            "{who} went silent{at} but kept a core busy ({}) until the run's time limit of {limit} s: busy, not hung.",
+            pct(silent)
+        )
+    } else {
+        let mut all = vec![r.rank];
+        all.extend(&also_busy);
+        format!(
+            "Ranks {} went silent but kept their cores busy until the run's time limit of {limit} s: busy, not hung; \
+             CPU time cannot tell which of them the others wait for.",
+            rank_ranges(&all)
+        )
+    };
+    let whose =
+        if also_busy.is_empty() { format!("rank {}'s stack", r.rank) } else { "their stacks".to_string() };
+    (
+        headline,
+        evidence,
+        Some(
+            "A rank silent while it uses CPU is computing for long without a word (a long validation, a compile, data \
+             preparation) or waiting by spinning: a busy-wait or retry loop, or a CUDA synchronize spinning on a \
+             kernel that never finishes (a stuck NCCL collective). Its CPU time alone cannot tell which; its stack \
+             below shows where it was."
+                .into(),
+        ),
+        Some(format!(
+            "Read {whose} below. If it is work that should take this long, have it print progress (or raise \
+             `limits.hang_after_s`); if it spins waiting, what it waits for is the culprit."
+        )),
+    )
+}
+
+/// A rank the time limit ended while it was silent and busy (at least half a core over its
+/// silence).
+fn busy_at_limit(ev: &Evidence, r: &RankResult) -> bool {
+    silent_at_limit(r, ev.scenario).is_some_and(|s| s.share() >= BUSY_SILENCE_SHARE)
+}
+
 /// Headline, evidence, cause and next step for the culprit's outcome, before any pattern.
 ///
 /// Long: one arm per failing outcome class (the match is exhaustive over `OutcomeKind`), each
@@ -616,6 +737,9 @@ fn failure(ev: &Evidence, failed: &RankEvidence) -> (String, Vec<String>, Option
         OutcomeKind::TimedOut => {
             evidence
                 .push(format!("still running after `limits.timeout_s` = {} s", scenario.limits.timeout_s));
+            if let Some(silent) = silent_at_limit(r, scenario) {
+                return silent_at_time_limit(ev, r, silent, &who, &at, evidence);
+            }
             let (cause, next) = if ev.foreign {
                 (
                     "It kept making progress (markers or output), just not fast enough.",
@@ -704,6 +828,8 @@ fn add_collateral(ev: &Evidence, failed: &RankEvidence, same: &[u32], verdict: &
         .ranks
         .iter()
         .filter(|r| r.rank() != failed.rank() && r.failed() && !same.contains(&r.rank()))
+        // Busy and silent at the time limit beside the first: named with it, not after it.
+        .filter(|r| !(busy_at_limit(ev, failed.result) && busy_at_limit(ev, r.result)))
         .collect();
     collateral.sort_by(|a, b| failure_time(a.result).total_cmp(&failure_time(b.result)));
     // Ranks that could not be started, one line per cause (a thousand ranks stopped by one

@@ -51,6 +51,8 @@ pub struct RankEnd {
     pub identified_by: Option<IdentifiedBy>,
     pub quotes: Vec<Quote>,
     pub dumps: Vec<ProcessDump>,
+    /// Ended by the time limit: its CPU time over its last silence.
+    pub silent_cpu: Option<crate::schema::SilentCpu>,
 }
 
 /// Classifies one rank's end.
@@ -98,6 +100,7 @@ pub fn classify_rank(end: &RankEnd) -> RankResult {
             Some(Intervention::Hung { silence_s }) => Some(silence_s),
             _ => None,
         },
+        silent_cpu: end.silent_cpu.filter(|_| outcome == OutcomeKind::TimedOut),
         torn_down_with: end.torn_down_with,
         collateral: false,
         steps_done: s.steps_done,

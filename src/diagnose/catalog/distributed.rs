@@ -11,7 +11,9 @@ pub const RANKS_OUT_OF_STEP: Pattern = Pattern {
     title: "Ranks out of step",
     matches: "every failing rank hung, waiting in different collectives: from markers (one rank in \
               `dist.barrier` after its last step, another in step N's all-reduce) or from stacks (`barrier`, \
-              `all_reduce`, `broadcast`, DDP's `Reducer::finalize_backward`, NCCL/gloo waits)",
+              `all_reduce`, `broadcast`, DDP's `Reducer::finalize_backward`, NCCL/gloo waits); from stacks \
+              also when the time limit ended ranks that had all been silent past `limits.hang_after_s` (not \
+              called hung because one kept using CPU: it spins or computes outside any collective)",
     explanation: "Each rank waits for a collective the others will never join, so all block until a timeout \
                   (NCCL's watchdog fires after 10 minutes, gloo's after 30). A rank ran fewer steps or skipped \
                   a collective: uneven data shards, an early `break`/`continue` on one rank, or a condition that \
@@ -178,10 +180,16 @@ struct StackWaits {
 }
 
 /// From stacks: each hung rank's collective; the odd one is the rank whose wait no other rank
-/// shares, `dist.barrier()` first (it left its loop early), or the one waiting in none.
+/// shares, `dist.barrier()` first (it left its loop early), or the one waiting in none. A rank
+/// the time limit ended after it had been silent past `limits.hang_after_s` is stuck as a hung
+/// one is (it was not called hung only because CPU was still used: a rank spinning, say).
 fn odd_rank_by_stacks(ev: &Evidence) -> Option<StackWaits> {
     let hung: Vec<&RankEvidence> = ev.ranks.iter().filter(|r| r.failed()).collect();
-    if hung.len() < 2 || hung.iter().any(|r| r.result.outcome != OutcomeKind::Hung) {
+    let stuck = |r: &RankEvidence| {
+        r.result.outcome == OutcomeKind::Hung
+            || crate::diagnose::evidence::silent_at_limit(r.result, ev.scenario).is_some()
+    };
+    if hung.len() < 2 || !hung.iter().all(|r| stuck(r)) {
         return None;
     }
     let waits: Vec<(u32, Option<&'static str>)> =

@@ -279,6 +279,67 @@ fn ranks_out_of_step_are_named_from_py_spy_stacks_without_markers() {
     );
 }
 
+/// A program's rank the time limit (40 s, `hang_after_s` 10) ended after its last output at
+/// `last_s`, its process having used `cpu_s` of CPU over the `silent_s` read of its silence.
+fn timed_out(rank: u32, last_s: f64, silent: Option<(f64, f64)>) -> RankResult {
+    let mut r =
+        program_rank(rank, Exit::Signal { signal: Signal::TERM.number(), core_dumped: false }, 41.0, "");
+    r.outcome = OutcomeKind::TimedOut;
+    r.signal = None;
+    r.torn_down_with = Some(Signal::TERM);
+    r.last_output_at_s = Some(last_s);
+    r.silent_cpu = silent.map(|(silent_s, cpu_s)| crate::schema::SilentCpu { silent_s, cpu_s });
+    r
+}
+
+fn time_limited(ranks: Vec<RankResult>) -> Case {
+    let mut case = Case::new(ranks);
+    case.scenario = external();
+    case.scenario.limits.timeout_s = 40.0;
+    case.scenario.limits.hang_after_s = 10.0;
+    case
+}
+
+#[test]
+fn a_silent_rank_that_keeps_a_core_busy_to_the_time_limit_is_named_busy_not_making_progress() {
+    // Rank 1 spins (27 s of CPU in 28 s of silence) while rank 0 waits (0.1 s of CPU): rank 1 is
+    // the one, whichever the teardown reached first.
+    let (outcome, first, v) =
+        time_limited(vec![timed_out(0, 11.0, Some((28.0, 0.1))), timed_out(1, 11.5, Some((28.0, 27.0)))])
+            .judge();
+    assert_eq!((outcome, first), (OutcomeKind::TimedOut, Some(1)), "{v:#?}");
+    assert!(
+        v.headline.starts_with(
+            "Rank 1 went silent but kept a core busy (96% of a core) until the run's time limit of 40 s: busy, not hung."
+        ),
+        "{}",
+        v.headline
+    );
+    assert!(!format!("{v:?}").contains("kept making progress"), "{v:#?}");
+    let said = v.evidence.join("\n");
+    assert!(said.contains("rank 1 was silent (no marker, no output) for at least 28.0 s before the time limit, and its process used 27.0 s of CPU in that time (96% of a core)"), "{said}");
+    assert!(said.contains("rank 0 was silent too, using 0% of a core over 28.0 s: waiting"), "{said}");
+    assert!(v.next_step.as_deref().is_some_and(|n| n.starts_with("Read rank 1's stack below.")), "{v:#?}");
+
+    // Both busy (a CUDA synchronize spins while it waits): no rank is picked out, none collateral.
+    let (_, _, v) =
+        time_limited(vec![timed_out(0, 11.0, Some((28.0, 26.0))), timed_out(1, 11.5, Some((28.0, 27.0)))])
+            .judge();
+    assert!(
+        v.headline.starts_with("Ranks 0, 1 went silent but kept their cores busy until the run's time limit of 40 s: busy, not hung; CPU time cannot tell which of them the others wait for."),
+        "{}",
+        v.headline
+    );
+    assert!(!v.headline.contains("collateral"), "{}", v.headline);
+
+    // Silent for less than `hang_after_s` (it was still printing): the old account stands.
+    let (_, _, v) =
+        time_limited(vec![timed_out(0, 38.0, Some((1.5, 1.4))), timed_out(1, 38.0, Some((1.5, 1.4)))])
+            .judge();
+    assert!(v.headline.contains("ran past the time limit of 40 s"), "{}", v.headline);
+    assert!(v.likely_cause.as_deref().is_some_and(|c| c.contains("kept making progress")), "{v:#?}");
+}
+
 #[test]
 fn an_unused_ddp_parameter_quotes_the_exception_not_the_hint_and_says_find_unused_parameters() {
     let text = include_str!("../fixtures/ddp_unused.txt");

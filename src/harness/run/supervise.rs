@@ -68,6 +68,8 @@ const BUSY_SHARE: f64 = 0.1;
 struct CpuWatch {
     /// Per slot: when its CPU time was read, and what it was.
     last: Vec<Option<(Instant, u32, f64)>>,
+    /// Per slot: its CPU time over its current silence ([`Quiet`]).
+    quiet: Vec<Option<Quiet>>,
     /// The launcher's tree while no rank is found: when it was read, the launcher's pid, the CPU
     /// time of the processes in it then.
     tree: Option<(Instant, u32, f64)>,
@@ -75,9 +77,29 @@ struct CpuWatch {
     next: Instant,
 }
 
+/// A rank's CPU time since its last sign of life: the first reading after it (`from`, `cpu_from`)
+/// and the latest (`at`, `cpu_at`), of the process `pid`.
+#[derive(Debug, Clone, Copy)]
+struct Quiet {
+    activity: Duration,
+    pid: u32,
+    from: Instant,
+    cpu_from: f64,
+    at: Instant,
+    cpu_at: f64,
+}
+
 impl CpuWatch {
     fn new(ranks: usize, start: Instant) -> CpuWatch {
-        CpuWatch { last: vec![None; ranks], tree: None, busy_at: None, next: start }
+        CpuWatch { last: vec![None; ranks], quiet: vec![None; ranks], tree: None, busy_at: None, next: start }
+    }
+
+    /// What slot `i`'s process did over its silence so far, once two readings span it.
+    fn silent_cpu(&self, i: usize) -> Option<crate::schema::SilentCpu> {
+        let q = self.quiet.get(i).copied().flatten()?;
+        let silent_s = q.at.duration_since(q.from).as_secs_f64();
+        (silent_s > 0.0)
+            .then(|| crate::schema::SilentCpu { silent_s, cpu_s: (q.cpu_at - q.cpu_from).max(0.0) })
     }
 
     /// Reads the CPU time of every live rank's process (`pids`, by slot), and of the launcher
@@ -86,7 +108,10 @@ impl CpuWatch {
     /// The launcher's tree counts so that a launcher that computes before it starts its ranks or
     /// before they can be told apart (torchrun importing torch on a loaded machine, seconds
     /// without a word) is not taken for a launcher that hangs.
-    fn read(&mut self, now: Instant, pids: impl Iterator<Item = Option<u32>>, tree: Option<u32>) {
+    ///
+    /// `pids` comes with each rank's last sign of life: the CPU time since it is kept
+    /// ([`CpuWatch::silent_cpu`]) for a rank the time limit ends.
+    fn read(&mut self, now: Instant, pids: impl Iterator<Item = (Option<u32>, Duration)>, tree: Option<u32>) {
         if now < self.next {
             return;
         }
@@ -95,8 +120,16 @@ impl CpuWatch {
             let wall = now.duration_since(then).as_secs_f64();
             wall > 0.0 && (cpu - before) / wall >= BUSY_SHARE
         };
-        for (last, pid) in self.last.iter_mut().zip(pids) {
+        for ((last, quiet), (pid, activity)) in self.last.iter_mut().zip(self.quiet.iter_mut()).zip(pids) {
             let read = pid.and_then(|p| Some((now, p, crate::probe::memory::cpu_seconds(p)?)));
+            if let Some((_, pid, cpu)) = read {
+                match quiet {
+                    Some(q) if q.activity == activity && q.pid == pid => (q.at, q.cpu_at) = (now, cpu),
+                    _ => {
+                        *quiet = Some(Quiet { activity, pid, from: now, cpu_from: cpu, at: now, cpu_at: cpu })
+                    }
+                }
+            }
             if let (Some((then, was, before)), Some((_, pid, cpu))) = (*last, read)
                 && was == pid
                 && busy(then, before, cpu)
@@ -568,14 +601,15 @@ impl Supervisor<'_, '_> {
             }
             let peer = matches!(input, Input::PeerFailed { .. });
             let watching = matches!(self.machine.phase(), Phase::Running | Phase::Failing { .. });
+            let views = self.rank_views();
             if watching {
-                let pids: Vec<Option<u32>> =
-                    self.slots.iter().map(|s| s.end.pid.filter(|_| s.live())).collect();
+                let pids: Vec<(Option<u32>, Duration)> = (self.slots.iter().zip(&views))
+                    .map(|(s, v)| (s.end.pid.filter(|_| s.live()), v.last_activity))
+                    .collect();
                 let tree = self.launcher.as_ref().filter(|l| l.live()).and_then(|l| l.process.as_ref());
                 let tree = tree.map(|p| p.pid).filter(|_| self.no_rank_found());
                 self.cpu.read(now, pids.into_iter(), tree);
             }
-            let views = self.rank_views();
             let view = self.view(&views, now);
             let actions = self.machine.step(input, now.duration_since(self.start), &view);
             let finish = actions.contains(&Action::Finish);
@@ -855,6 +889,7 @@ impl Supervisor<'_, '_> {
         }
         self.ended_told.resize(world as usize, false);
         self.cpu.last.resize(world as usize, None);
+        self.cpu.quiet.resize(world as usize, None);
         self.grown_from.get_or_insert(from);
     }
 
@@ -1098,8 +1133,10 @@ impl Supervisor<'_, '_> {
                 }
             }
             Action::MarkTimedOut { rank } => {
+                let silent_cpu = self.cpu.silent_cpu(rank as usize);
                 if let Some(slot) = self.slots.get_mut(rank as usize) {
                     slot.end.intervention = Some(Intervention::TimedOut);
+                    slot.end.silent_cpu = silent_cpu;
                 }
             }
             Action::DumpStacks { ranks, look: Look::Stuck } => self.dump_stacks(&ranks),

@@ -214,6 +214,21 @@ pub struct KernelThread {
     pub syscall: Option<String>,
 }
 
+/// A rank's CPU time over its last silence: `cpu_s` used in `silent_s` of wall (measured from the
+/// first CPU reading after its last sign of life, so up to a second short of the whole silence).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct SilentCpu {
+    pub silent_s: f64,
+    pub cpu_s: f64,
+}
+
+impl SilentCpu {
+    /// The share of one core it used over the silence.
+    pub fn share(&self) -> f64 {
+        if self.silent_s > 0.0 { self.cpu_s / self.silent_s } else { 0.0 }
+    }
+}
+
 /// One rank's end and the evidence gathered about it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RankResult {
@@ -247,6 +262,12 @@ pub struct RankResult {
     /// For a hung rank: seconds of silence when the hang was declared.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hang_detected_after_s: Option<f64>,
+    /// For a rank the run's time limit ended: what its own process did over its last silence
+    /// (no marker, no output), as read once a second until then. A rank silent past
+    /// `hang_after_s` that kept using CPU was busy (spinning or computing without a word), which
+    /// is why it was never called hung.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub silent_cpu: Option<SilentCpu>,
     /// Failed only after another rank failed first (a peer gone, a collective broken), or was
     /// torn down because of it: a consequence, not the cause.
     #[serde(default)]
