@@ -71,6 +71,8 @@ impl Listener for Progress {
                 self.name = name;
             }
             RunEvent::ScenarioFinished { .. } => self.scenario_finished(),
+            // Declared: the threshold is no longer ahead.
+            RunEvent::Hung { .. } => self.hang_after_s = None,
             _ => {}
         }
     }
@@ -194,7 +196,9 @@ pub fn live_line(
     line.chars().take(width.saturating_sub(1)).collect()
 }
 
-/// `, silent 3 s, hang at 60 s` for a rank whose last marker is that old; empty otherwise.
+/// `, silent 3 s, hang at 60 s` for a rank whose last marker is that old; empty otherwise. Past
+/// the threshold with no hang declared, CPU is still being used in the run (a rank is called hung
+/// only once that stops too), and the line says so instead of a threshold already behind it.
 fn silence(r: &RankState, now_s: f64, hang_after_s: Option<f64>) -> String {
     let Some(last) = r.last_marker_at else { return String::new() };
     let quiet = now_s - last;
@@ -202,6 +206,7 @@ fn silence(r: &RankState, now_s: f64, hang_after_s: Option<f64>) -> String {
         return String::new();
     }
     match hang_after_s {
+        Some(limit) if quiet >= limit => format!(", silent {quiet:.0} s, CPU in use: not hung"),
         Some(limit) => format!(", silent {quiet:.0} s, hang at {limit:.0} s"),
         None => format!(", silent {quiet:.0} s"),
     }
@@ -226,6 +231,9 @@ mod tests {
         let line = live_line("hang-deadlock", 14.2, 8, &[&stuck, &busy], Some(60.0), 200);
         insta::assert_snapshot!(line, @"  hang-deadlock  14.2s  r0 optimizer step 2/8, silent 13 s, hang at 60 s | r1 forward step 0/8");
         assert!(live_line("hang-deadlock", 14.2, 8, &[&stuck, &busy], Some(60.0), 80).chars().count() < 80);
+        // Past the threshold and not declared hung: CPU is in use in the run.
+        let line = live_line("hang-deadlock", 14.2, 8, &[&stuck, &busy], Some(10.0), 200);
+        insta::assert_snapshot!(line, @"  hang-deadlock  14.2s  r0 optimizer step 2/8, silent 13 s, CPU in use: not hung | r1 forward step 0/8");
     }
 
     #[test]
