@@ -41,6 +41,21 @@ pub fn program_quotes(lines: &[String]) -> Vec<Quote> {
     quotes
 }
 
+/// The quotes of a process's output, each stream read on its own: a traceback at the end of its
+/// stderr does not run on into what the program printed to stdout (which, quoted as the
+/// traceback's tail, pushed the exception itself out of it). Of a kind found in both, stderr's.
+pub fn output_quotes(stderr: &[String], stdout: &[String]) -> Vec<Quote> {
+    let mut quotes = program_quotes(stderr);
+    for q in program_quotes(stdout) {
+        if !quotes.iter().any(|k| k.title == q.title) {
+            quotes.push(q);
+        }
+    }
+    // Most telling first, as `program_quotes` orders them (the order of `QuoteKind`).
+    quotes.sort_by_key(|q| q.title as u8);
+    quotes
+}
+
 fn is_dataloader_message(line: &str) -> bool {
     [
         "DataLoader worker (pid",
@@ -184,6 +199,30 @@ RuntimeError: unable to allocate shared memory(shm) for file </torch_4242_182736
         assert_eq!(titles, [QuoteKind::DataLoader, QuoteKind::PythonTraceback]);
         assert_eq!(quotes[1].lines.first().map(String::as_str), Some("Traceback (most recent call last):"));
         assert!(quotes[1].lines.last().unwrap().contains("Resource exhausted (12)"));
+    }
+
+    #[test]
+    fn a_traceback_at_the_end_of_stderr_does_not_run_on_into_stdout() {
+        let stderr = lines(
+            "Traceback (most recent call last):\n  File \"/t/train.py\", line 9, in <module>\n    step()\n\
+             ValueError: the batch was empty",
+        );
+        let stdout: Vec<String> = (0..40).map(|i| format!("step {i} loss 0.5")).collect();
+        let quotes = output_quotes(&stderr, &stdout);
+        let [q] = &quotes[..] else { panic!("{quotes:#?}") };
+        assert_eq!(q.title, QuoteKind::PythonTraceback);
+        assert_eq!(q.lines.last().map(String::as_str), Some("ValueError: the batch was empty"), "{q:#?}");
+        // Read as one stream, the program's prints became the traceback's tail and the exception
+        // was cut out of it.
+        let joined: Vec<String> = stderr.iter().chain(&stdout).cloned().collect();
+        assert!(!program_quotes(&joined)[0].lines.iter().any(|l| l.contains("ValueError")));
+        // A fault handler's dump on stdout (`faulthandler.enable(sys.stdout)`) is still quoted,
+        // after the traceback.
+        let stdout = lines(
+            "Fatal Python error: Segmentation fault\n\nCurrent thread 0x1 (most recent call first):\n  File \"/t/train.py\", line 3 in <module>",
+        );
+        let titles: Vec<QuoteKind> = output_quotes(&stderr, &stdout).iter().map(|q| q.title).collect();
+        assert_eq!(titles, [QuoteKind::PythonTraceback, QuoteKind::FaultHandler]);
     }
 
     #[test]

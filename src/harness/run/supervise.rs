@@ -1294,11 +1294,13 @@ impl Supervisor<'_, '_> {
             None => (None, Default::default(), Default::default()),
         };
         let matched = stdout.matched || stderr.matched;
-        let mut lines = stderr.last_lines(400);
-        lines.extend(stdout.last_lines(100));
+        let (err, out) = (stderr.last_lines(400), stdout.last_lines(100));
+        let lines: Vec<String> = err.iter().chain(&out).cloned().collect();
         let failures = crate::harness::observe::torchrun::torchrun_failures(&lines);
         for slot in &mut self.slots {
-            slot.end.quotes = quotes::program_quotes(&quotes::rank_lines(&lines, slot.end.rank + offset));
+            let rank = slot.end.rank + offset;
+            slot.end.quotes =
+                quotes::output_quotes(&quotes::rank_lines(&err, rank), &quotes::rank_lines(&out, rank));
         }
         let launcher_name = self.plan.argv.first().cloned().unwrap_or_default();
         for slot in &mut self.slots {
@@ -1339,7 +1341,7 @@ impl Supervisor<'_, '_> {
                 .iter()
                 .filter(|u| !self.slots.iter().any(|s| s.found == Some(u.pid)))
                 .count() as u32,
-            quotes: quotes::program_quotes(&lines),
+            quotes: quotes::output_quotes(&err, &out),
             log_tail: if stderr.tail.trim().is_empty() {
                 stdout.last_lines(40)
             } else {
@@ -1387,9 +1389,8 @@ impl Supervisor<'_, '_> {
                         .extend([&stdout, &stderr].into_iter().filter_map(|c| c.write_error.clone()));
                     pattern_matched.set(pattern_matched.get() || stdout.matched || stderr.matched);
                     if is_external {
-                        let mut lines = stderr.last_lines(tail_lines);
-                        lines.extend(stdout.last_lines(100));
-                        slot.end.quotes = quotes::program_quotes(&lines);
+                        slot.end.quotes =
+                            quotes::output_quotes(&stderr.last_lines(tail_lines), &stdout.last_lines(100));
                     }
                     slot.end.stdout_tail = stdout.last_lines(tail_lines);
                     slot.end.stderr_tail = stderr.last_lines(tail_lines);
