@@ -1,13 +1,13 @@
 """Read by Python at start-up in every process of a command ups-doctor runs: ups-doctor writes
 this file into the scenario's log folder and puts that folder first on `PYTHONPATH` (unless you
-set `PYTHONUNBUFFERED` yourself). It is not the helper (`python/ups_doctor.py`); you never import
+set `PYTHONUNBUFFERED` yourself and turned the observer off). It is not the helper (`python/ups_doctor.py`); you never import
 it.
 
 It makes `sys.stdout` and `sys.stderr` line-buffered: each line reaches the pipe in one write as
-soon as it ends. ups-doctor also sets `PYTHONUNBUFFERED=1` (for a process started with `-I` or `-S`,
-which does not read this file), and unbuffered alone sends `print`'s text and its newline in two
-writes: under a launcher every rank shares one stdout, and another rank's line can land between
-the two (`rank 1 step 5 loss 2.7400training finished`), which a line-anchored completion pattern
+soon as it ends, also where the user set `PYTHONUNBUFFERED` (most ML container images do). ups-doctor
+also sets `PYTHONUNBUFFERED=1` (for a process started with `-I` or `-S`, which does not read this
+file), and unbuffered alone sends `print`'s text and its newline in two writes: under a launcher
+every rank shares one stdout, and another rank's line can land between the two (`rank 1 step 5 loss 2.7400training finished`), which a line-anchored completion pattern
 then misses. Then it runs the `sitecustomize` it shadows, if there is one further on the path.
 """
 
@@ -17,7 +17,7 @@ import time
 
 
 def _line_buffered():
-    if os.environ.get("UPS_DOCTOR_LINE_BUFFERED") != "1":  # unbuffered by the user's own choice
+    if os.environ.get("UPS_DOCTOR_LINE_BUFFERED") != "1":  # not a command's Python under ups-doctor
         return
     for stream in (sys.stdout, sys.stderr):
         try:

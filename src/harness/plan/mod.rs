@@ -234,7 +234,7 @@ pub struct Plan {
     pub marker_fifo: Option<PathBuf>,
     /// Where `python/site/sitecustomize.py` goes before anything starts (a command's processes
     /// have it first on `PYTHONPATH`); none for the built-in trainer, or when the user set
-    /// `PYTHONUNBUFFERED`.
+    /// `PYTHONUNBUFFERED` and the observer is off.
     pub python_site: Option<PathBuf>,
     pub completion: Completion,
     pub timing: Timing,
@@ -298,13 +298,16 @@ pub fn plan(scenario: &Scenario, facts: &Facts) -> Result<Plan, PlanError> {
         .filter(|(k, _)| external && !(facts.env_has)(k))
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
-    // Unbuffered output by ups-doctor's choice, not the user's: made line-buffered (one write a
-    // line) by the sitecustomize, which goes first on the path. The same file carries the
-    // observer, which needs it there whoever chose the buffering.
-    let line_buffered = python_env.iter().any(|(k, _)| k == "PYTHONUNBUFFERED");
+    // The sitecustomize goes first on the path where ups-doctor made the output unbuffered, and
+    // for the observer it carries. Wherever it is, it makes the output line-buffered (one write a
+    // line), whoever set `PYTHONUNBUFFERED` (ups-doctor, or the user, as most ML container images
+    // do): unbuffered alone writes `print`'s text and its newline apart, and ranks sharing a
+    // launcher's stdout split each other's lines, which hid completion patterns. Each line still
+    // goes out at once.
+    let ours_unbuffered = python_env.iter().any(|(k, _)| k == "PYTHONUNBUFFERED");
     let observe = external && scenario.launch.observe;
-    let python_site = (line_buffered || observe).then(|| facts.python_site.to_path_buf());
-    if line_buffered {
+    let python_site = (ours_unbuffered || observe).then(|| facts.python_site.to_path_buf());
+    if python_site.is_some() {
         python_env.push(("UPS_DOCTOR_LINE_BUFFERED".into(), "1".into()));
     }
     if python_site.is_some() && !observe {
@@ -553,7 +556,7 @@ mod tests {
         assert_eq!(env(r0, "OMP_NUM_THREADS"), None);
         assert_eq!(env(r0, "PYTHONUNBUFFERED"), None);
         assert_eq!(env(r0, "PYTHONFAULTHANDLER"), Some("1"));
-        assert_eq!(env(r0, "UPS_DOCTOR_LINE_BUFFERED"), None, "unbuffered by the user's choice");
+        assert_eq!(env(r0, "UPS_DOCTOR_LINE_BUFFERED"), Some("1"), "whole lines, whoever chose unbuffered");
         assert_eq!(env(r0, "PYTHONPATH"), Some("/runs/a/python-site"), "the observer's sitecustomize");
         let unobserved = scenario(
             r#"{"launch": {"mode": "ddp", "world_size": 2, "observe": false}, "command": ["python", "t.py"]}"#,
@@ -562,7 +565,7 @@ mod tests {
         assert_eq!(
             (env(&p.processes[0], "PYTHONPATH"), &p.python_site),
             (None, &None),
-            "nothing to put there"
+            "nothing asked for: the user's buffering, no observer"
         );
         let p = planned(&unobserved, &[], false).unwrap();
         assert_eq!(env(&p.processes[0], "UPS_DOCTOR_OBSERVE"), Some("0"));
