@@ -543,8 +543,8 @@ fn silent_at_time_limit(
         Some(
             "A rank silent while it uses CPU is computing for long without a word (a long validation, a compile, data \
              preparation) or waiting by spinning: a busy-wait or retry loop, or a CUDA synchronize spinning on a \
-             kernel that never finishes (a stuck NCCL collective). Its CPU time alone cannot tell which; its stack \
-             below shows where it was."
+             kernel that never finishes (a stuck NCCL collective). CPU time alone cannot tell which; the stacks \
+             below show where it was."
                 .into(),
         ),
         Some(format!(
@@ -554,8 +554,8 @@ fn silent_at_time_limit(
     )
 }
 
-/// A rank the time limit ended while it was silent and busy (at least half a core over its
-/// silence).
+/// A rank the time limit ended while it was silent and busy (`BUSY_SILENCE_SHARE` of a core
+/// over its silence).
 fn busy_at_limit(ev: &Evidence, r: &RankResult) -> bool {
     silent_at_limit(r, ev.scenario).is_some_and(|s| s.share() >= BUSY_SILENCE_SHARE)
 }
