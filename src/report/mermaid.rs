@@ -248,12 +248,15 @@ pub(crate) fn memory_chart(m: &MemoryReport, ranks: usize) -> Option<MemoryChart
     }
     let mib = |b: u64| sig(b as f64 / f64::from(1 << 20), 4);
     let (first, last) = (series[0].t_s, series[series.len() - 1].t_s);
+    // Seconds on the time axis: to a tenth from 10 s on, so that rounding never puts the axis's
+    // end past the scenario's (three significant digits made a last sample at 301.82 s "302").
+    let axis = |t: f64| if t >= 10.0 { format!("{t:.1}") } else { sig(t, 3) };
     let mut out = format!(
         "{}\nxychart-beta\n    title \"Memory (MiB)\"\n    x-axis \"seconds since the scenario started\" {} \
          --> {}\n    y-axis \"MiB\"",
         xychart_init(),
-        sig(first, 3),
-        sig(last, 3)
+        axis(first),
+        axis(last)
     );
     let mut lines = Vec::new();
     for rank in 0..ranks {
@@ -271,8 +274,8 @@ pub(crate) fn memory_chart(m: &MemoryReport, ranks: usize) -> Option<MemoryChart
             "{}\nxychart-beta\n    title \"/dev/shm used (MiB)\"\n    x-axis \"seconds since the scenario started\" {} \
              --> {}\n    y-axis \"MiB\"{top}\n    line [{}]",
             xychart_init(),
-            sig(first, 3),
-            sig(last, 3),
+            axis(first),
+            axis(last),
             values.join(", ")
         )
     });
@@ -324,6 +327,30 @@ fn thin(points: &[(u64, f64)], max: usize) -> Vec<(u64, f64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A run the time limit ended at 301.9 s, last sampled at 301.82 s: three significant digits
+    /// made the axis end at 302 s, past the scenario's end (caught by tests/consistency.rs).
+    #[test]
+    fn the_memory_charts_time_axis_never_rounds_past_its_last_sample() {
+        let point = |t_s: f64| crate::schema::MemoryPoint {
+            t_s,
+            pss_bytes: vec![1 << 30],
+            shm_used_bytes: Some(1 << 20),
+        };
+        let m = MemoryReport {
+            series: vec![point(0.254), point(150.0), point(301.82)],
+            ..MemoryReport::default()
+        };
+        let chart = memory_chart(&m, 1).unwrap();
+        for source in [&chart.source, chart.shm.as_ref().unwrap()] {
+            assert!(
+                source.contains("x-axis \"seconds since the scenario started\" 0.254 --> 301.8\n"),
+                "{source}"
+            );
+        }
+        let m = MemoryReport { series: vec![point(0.25), point(5.25)], ..MemoryReport::default() };
+        assert!(memory_chart(&m, 1).unwrap().source.contains("0.25 --> 5.25\n"));
+    }
 
     #[test]
     fn point_bars_draw_a_bar_per_point_with_a_failed_one_at_zero_and_need_two_figures() {
