@@ -409,6 +409,53 @@ fn a_commands_dataloader_workers_are_named_per_rank_with_their_memory() {
     }
 }
 
+/// A rank that waits in `DataLoader.__next__` while its workers decode a slow first batch is
+/// silent (no step, no output) and uses no CPU itself, but its workers do: it is busy, not hung.
+/// Each worker's first batch costs 8 × 600 ms of CPU here, four workers on two cores, so both
+/// ranks are silent for 10 s or more against `--hang-after 3`; a rank's CPU is read with its
+/// workers' (before, its own process alone was read, and this run was stopped as "Rank 0 hung").
+/// Only its DataLoader workers count: a child forked after OpenMP's threads that deadlocks spinning
+/// in libgomp is still a hang (`patterns::hangs_of_real_programs_are_named_from_py_spy_stacks`).
+#[test]
+fn ranks_waiting_on_their_dataloader_workers_first_batch_are_busy_not_hung() {
+    let program = repo().join("tests/programs/slow_data.py").display().to_string();
+    let sb = Sandbox::new();
+    let mut cmd = sb.cmd();
+    cmd.env("PATH", crate::util::venv_path());
+    let argv = [
+        "--hang-after",
+        "3",
+        "--",
+        "torchrun",
+        "--nproc_per_node",
+        "2",
+        &program,
+        "--steps",
+        "2",
+        "--num-workers",
+        "2",
+        "--decode-ms",
+        "600",
+    ];
+    let run = sb.run_with(cmd, &[], &argv);
+    let s = run.scenario();
+    assert_eq!(run.code(), 0, "{}\nverdict: {:#}", run.stderr(), s["verdict"]);
+    assert_eq!(s["outcome"], "passed", "{:#}", s["verdict"]);
+    for r in s["ranks"].as_array().unwrap() {
+        assert_eq!(r["outcome"], "passed", "{r:#}");
+        assert_eq!(r["observed"]["steps"], 2, "{r:#}");
+        // The silence was real: the first step ended past the hang threshold after the workers
+        // were started (their announcement was the rank's last sign of life before it).
+        let started = r["workers"].as_array().unwrap().iter().filter_map(|w| w["started_at_s"].as_f64());
+        let started = started.fold(f64::NAN, f64::max);
+        let first_step = r["step_ends_s"][0][1].as_f64().unwrap_or(f64::NAN);
+        assert!(
+            first_step - started >= 3.0,
+            "workers started at {started} s, first step at {first_step} s: {r:#}"
+        );
+    }
+}
+
 /// Under torchrun every rank's traceback lands, unprefixed, in one shared stream: which rank
 /// raised what cannot be told from the output. The observer's `sys.excepthook` (chained) sends
 /// the rank's uncaught exception as its error, with the program's own frame. Rank 1's

@@ -474,8 +474,8 @@ fn silent_at_time_limit(
     let pct = |s: crate::schema::SilentCpu| format!("{:.0}% of a core", s.share() * 100.0);
     let busy = silent.share() >= BUSY_SILENCE_SHARE;
     evidence.push(format!(
-        "rank {} was silent (no marker, no output) for at least {:.1} s before the time limit, and its process used \
-         {:.1} s of CPU in that time ({}): a rank silent for `limits.hang_after_s` = {} s is called hung only once \
+        "rank {} was silent (no marker, no output) for at least {:.1} s before the time limit, and its process and its \
+         DataLoader workers used {:.1} s of CPU in that time ({}): a rank silent for `limits.hang_after_s` = {} s is called hung only once \
          no rank uses CPU any more",
         r.rank,
         silent.silent_s,

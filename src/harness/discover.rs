@@ -421,6 +421,7 @@ mod tests {
                     start_ticks: p.start,
                     exit_code: None,
                     exiting: false,
+                    cpu_ticks: 0,
                 })
                 .collect()
         }

@@ -58,6 +58,8 @@ pub struct ProcStat {
     /// Its first thread has begun to exit (`PF_EXITING` in field 9): the process is dying, and
     /// turns a zombie within milliseconds (see [`crate::harness::os::found`]).
     pub exiting: bool,
+    /// The CPU time it used so far, user and system, in clock ticks ([`ticks_to_seconds`]).
+    pub cpu_ticks: u64,
 }
 
 /// `PF_EXITING` in `/proc/PID/stat`'s flags (include/linux/sched.h).
@@ -103,7 +105,13 @@ fn proc_stat(s: &Stat) -> ProcStat {
         start_ticks: s.starttime,
         exit_code: s.exit_code,
         exiting: s.flags & PF_EXITING != 0,
+        cpu_ticks: s.utime + s.stime,
     }
+}
+
+/// Clock ticks of `/proc/PID/stat` (`cpu_ticks`) in seconds.
+pub fn ticks_to_seconds(ticks: u64) -> f64 {
+    ticks as f64 / procfs::ticks_per_second() as f64
 }
 
 fn process(pid: u32) -> Option<Process> {
@@ -216,7 +224,7 @@ pub fn parse_statm_rss(text: &str) -> Option<u64> {
 /// The CPU time `pid` has used (its threads, not its children), in seconds.
 pub fn cpu_seconds(pid: u32) -> Option<f64> {
     let stat = procfs::process::Process::new(i32::try_from(pid).ok()?).and_then(|p| p.stat()).ok()?;
-    Some((stat.utime + stat.stime) as f64 / procfs::ticks_per_second() as f64)
+    Some(ticks_to_seconds(stat.utime + stat.stime))
 }
 
 /// `/proc/<pid>/stat`, or `None` when the process is gone or unreadable.
@@ -362,6 +370,7 @@ Swap:                  0 kB
                 start_ticks: 77,
                 exit_code: Some(0),
                 exiting: false,
+                cpu_ticks: 8,
             }
         );
         assert!(!s.zombie());

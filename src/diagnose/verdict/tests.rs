@@ -317,7 +317,7 @@ fn a_silent_rank_that_keeps_a_core_busy_to_the_time_limit_is_named_busy_not_maki
     );
     assert!(!format!("{v:?}").contains("kept making progress"), "{v:#?}");
     let said = v.evidence.join("\n");
-    assert!(said.contains("rank 1 was silent (no marker, no output) for at least 28.0 s before the time limit, and its process used 27.0 s of CPU in that time (96% of a core)"), "{said}");
+    assert!(said.contains("rank 1 was silent (no marker, no output) for at least 28.0 s before the time limit, and its process and its DataLoader workers used 27.0 s of CPU in that time (96% of a core)"), "{said}");
     assert!(said.contains("rank 0 was silent too, using 0% of a core over 28.0 s: waiting"), "{said}");
     assert!(v.next_step.as_deref().is_some_and(|n| n.starts_with("Read rank 1's stack below.")), "{v:#?}");
 

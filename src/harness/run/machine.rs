@@ -315,7 +315,8 @@ impl Machine {
         // Hang: a live rank silent for `hang_after`. Silence counts from the start until the first
         // sign of life, so a rank stuck before it reports anything is caught too.
         // Only once no rank has used CPU for as long: a rank that computes without a word (a long
-        // validation, a compile, rank 0 preparing the data while the others wait in a barrier) is
+        // validation, a compile, rank 0 preparing the data while the others wait in a barrier, its
+        // DataLoader workers decoding a slow first batch: a rank's CPU is its workers' too) is
         // busy, not hung. A rank that spins while it waits is caught by the timeout.
         let limit = self.timing.hang_after;
         let silence = |r: &RankView| now.saturating_sub(r.last_activity);

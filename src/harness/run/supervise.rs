@@ -111,17 +111,42 @@ impl CpuWatch {
     ///
     /// `pids` comes with each rank's last sign of life: the CPU time since it is kept
     /// ([`CpuWatch::silent_cpu`]) for a rank the time limit ends.
-    fn read(&mut self, now: Instant, pids: impl Iterator<Item = (Option<u32>, Duration)>, tree: Option<u32>) {
+    ///
+    /// A rank's CPU time is its process's and its DataLoader workers' (`workers`, those its
+    /// markers named and that were checked to be this run's): a rank waiting in
+    /// `DataLoader.__next__` while its workers decode a slow first batch is busy, not hung. Other
+    /// processes below a rank do not count: a child forked after OpenMP's threads deadlocks
+    /// spinning in libgomp, and must still be called hung. A worker that ended takes its CPU
+    /// time with it, so the sum can fall: only a rise counts as busy.
+    fn read(
+        &mut self,
+        now: Instant,
+        pids: impl Iterator<Item = (Option<u32>, Duration, Vec<Identity>)>,
+        tree: Option<u32>,
+    ) {
         if now < self.next {
             return;
         }
         self.next = now + CPU_EVERY;
+        let cpu_of = |pid: u32, workers: &[Identity]| {
+            let own = crate::probe::memory::cpu_seconds(pid)?;
+            let live = crate::probe::memory::processes_among(workers.iter().map(|w| w.pid));
+            let theirs = (live.iter())
+                .filter(|p| {
+                    !p.zombie() && workers.iter().any(|w| w.pid == p.pid && w.start_ticks == p.start_ticks)
+                })
+                .map(|p| p.cpu_ticks)
+                .sum::<u64>();
+            Some(own + crate::probe::memory::ticks_to_seconds(theirs))
+        };
         let busy = |then: Instant, before: f64, cpu: f64| {
             let wall = now.duration_since(then).as_secs_f64();
             wall > 0.0 && (cpu - before) / wall >= BUSY_SHARE
         };
-        for ((last, quiet), (pid, activity)) in self.last.iter_mut().zip(self.quiet.iter_mut()).zip(pids) {
-            let read = pid.and_then(|p| Some((now, p, crate::probe::memory::cpu_seconds(p)?)));
+        for ((last, quiet), (pid, activity, workers)) in
+            self.last.iter_mut().zip(self.quiet.iter_mut()).zip(pids)
+        {
+            let read = pid.and_then(|p| Some((now, p, cpu_of(p, &workers)?)));
             if let Some((_, pid, cpu)) = read {
                 match quiet {
                     Some(q) if q.activity == activity && q.pid == pid => (q.at, q.cpu_at) = (now, cpu),
@@ -603,8 +628,10 @@ impl Supervisor<'_, '_> {
             let watching = matches!(self.machine.phase(), Phase::Running | Phase::Failing { .. });
             let views = self.rank_views();
             if watching {
-                let pids: Vec<(Option<u32>, Duration)> = (self.slots.iter().zip(&views))
-                    .map(|(s, v)| (s.end.pid.filter(|_| s.live()), v.last_activity))
+                let pids: Vec<(Option<u32>, Duration, Vec<Identity>)> = (self.slots.iter().zip(&views))
+                    .map(|(s, v)| {
+                        (s.end.pid.filter(|_| s.live()), v.last_activity, s.verified_workers.clone())
+                    })
                     .collect();
                 let tree = self.launcher.as_ref().filter(|l| l.live()).and_then(|l| l.process.as_ref());
                 let tree = tree.map(|p| p.pid).filter(|_| self.no_rank_found());

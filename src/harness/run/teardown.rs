@@ -263,6 +263,7 @@ mod tests {
             start_ticks: 7,
             exit_code: None,
             exiting: false,
+            cpu_ticks: 0,
         }
     }
 

@@ -215,7 +215,8 @@ pub struct KernelThread {
 }
 
 /// A rank's CPU time over its last silence: `cpu_s` used in `silent_s` of wall (measured from the
-/// first CPU reading after its last sign of life, so up to a second short of the whole silence).
+/// first CPU reading after its last sign of life, so up to a second short of the whole silence) by
+/// its process and its DataLoader workers.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct SilentCpu {
     pub silent_s: f64,
