@@ -70,18 +70,24 @@ pub fn judge(o: &Observed) -> Judgement {
     }
     let (headline, evidence, likely_cause, next_step) = failure(&ev, failed);
     let mut verdict = Verdict { headline, evidence, likely_cause, next_step, ..Default::default() };
+    let together = if finding.is_none() { hung_together(&ev, failed) } else { Vec::new() };
     if let Some(f) = finding {
         apply(&mut verdict, f);
     }
-    let same = same_failure(&ev, failed);
-    add_collateral(&ev, failed, &same, &mut verdict);
+    if !together.is_empty() {
+        say_hung_together(failed, &together, &mut verdict);
+    }
+    let mut same = same_failure(&ev, failed);
+    add_collateral(&ev, failed, &same, &together, &mut verdict);
+    same.extend(&together);
     for line in catalog::shm_evidence(&ev, Some(failed)) {
         push_new(&mut verdict.evidence, line);
     }
     verdict.key_line = failed.key.as_ref().map(|k| k.render());
     Judgement {
         outcome: failed.result.outcome,
-        first_failure: Some(failed.rank()),
+        // Ranks hung together: none failed first.
+        first_failure: together.is_empty().then_some(failed.rank()),
         verdict,
         same_failure: same,
     }
@@ -102,6 +108,48 @@ fn busy_among_waiting<'a>(ev: &'a Evidence) -> Option<&'a RankEvidence<'a>> {
     let others_wait =
         silent.iter().all(|(r, share)| r.rank() == culprit.rank() || *share < IDLE_SILENCE_SHARE);
     (busy.next().is_none() && others_wait && silent.len() > 1).then_some(*culprit)
+}
+
+/// The other hung ranks whose silence cannot be told apart from the first one's: under a
+/// launcher, ranks without markers share its output, so each one's last sign of life is the same
+/// line, and which stopped first (if either did before the other) is not known. Timing would
+/// pick the lowest rank as the culprit and call the rest collateral, on nothing. Only when no
+/// pattern named a culprit from the stacks.
+fn hung_together(ev: &Evidence, failed: &RankEvidence) -> Vec<u32> {
+    let silent_alike = |r: &RankResult| {
+        r.outcome == OutcomeKind::Hung
+            && r.last_marker_at_s.is_none()
+            && r.last_output_at_s == failed.result.last_output_at_s
+    };
+    if ev.launcher.is_none() || !silent_alike(failed.result) {
+        return Vec::new();
+    }
+    (ev.ranks.iter())
+        .filter(|r| r.rank() != failed.rank() && silent_alike(r.result))
+        .map(RankEvidence::rank)
+        .collect()
+}
+
+/// The headline and evidence of ranks [`hung_together`]: named together, none first.
+fn say_hung_together(failed: &RankEvidence, together: &[u32], verdict: &mut Verdict) {
+    let mut all = vec![failed.rank()];
+    all.extend(together);
+    all.sort_unstable();
+    let silence = failed.result.hang_detected_after_s.unwrap_or(f64::NAN);
+    verdict.headline = format!(
+        "Ranks {} hung together: no progress for {silence:.1} s; which of them stopped first cannot be told.",
+        rank_ranges(&all)
+    );
+    let last = match failed.result.last_output_at_s {
+        Some(t) => format!("whose last line came at {t:.2} s"),
+        None => "which printed nothing".to_string(),
+    };
+    verdict.evidence.push(format!(
+        "ranks {} sent no markers and share the launcher's output, {last}: their silences began at the same \
+         moment as far as can be seen, so none is named first and none collateral; the stacks below show where \
+         each waits",
+        rank_ranges(&all)
+    ));
 }
 
 /// The other ranks that ended by themselves with the first failure's own error (its key line,
@@ -807,7 +855,13 @@ fn hang_cause(rank: &RankEvidence) -> String {
 }
 
 /// Names the ranks that failed after the culprit (collateral) in the headline and evidence.
-fn add_collateral(ev: &Evidence, failed: &RankEvidence, same: &[u32], verdict: &mut Verdict) {
+fn add_collateral(
+    ev: &Evidence,
+    failed: &RankEvidence,
+    same: &[u32],
+    together: &[u32],
+    verdict: &mut Verdict,
+) {
     let first_at = failure_time(failed.result);
     if !same.is_empty() {
         if !verdict.headline.ends_with('.') {
@@ -828,6 +882,7 @@ fn add_collateral(ev: &Evidence, failed: &RankEvidence, same: &[u32], verdict: &
         .ranks
         .iter()
         .filter(|r| r.rank() != failed.rank() && r.failed() && !same.contains(&r.rank()))
+        .filter(|r| !together.contains(&r.rank()))
         // Busy and silent at the time limit beside the first: named with it, not after it.
         .filter(|r| !(busy_at_limit(ev, failed.result) && busy_at_limit(ev, r.result)))
         .collect();

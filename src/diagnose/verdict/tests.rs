@@ -279,6 +279,69 @@ fn ranks_out_of_step_are_named_from_py_spy_stacks_without_markers() {
     );
 }
 
+/// Under a launcher, ranks without markers share its output: two hung ranks whose stacks are alike
+/// (both in `DataLoader.__next__`) went silent at the same moment as far as can be seen, so
+/// neither is first and neither collateral. Stacks that tell them apart still name the odd one;
+/// ranks that print their own output (per rank) are still ordered by it.
+#[test]
+fn ranks_hung_at_the_same_moment_of_a_launchers_shared_output_are_named_together_none_first() {
+    let waiting = "    poll (libc.so.6)\n    _MultiProcessingDataLoaderIter._try_get_data (torch/utils/data/dataloader.py:1310)\n    _BaseDataLoaderIter.__next__ (torch/utils/data/dataloader.py:741)\n    <module> (t.py:16)\n";
+    let ranks = || {
+        (0..2)
+            .map(|rank| {
+                let mut r = hung_with_stack(rank, waiting);
+                r.last_output_at_s = Some(11.91);
+                r
+            })
+            .collect::<Vec<_>>()
+    };
+    let observed = |ranks: &[RankResult], scenario: &Scenario, launcher: Option<&LauncherEnd>| {
+        judge(&Observed {
+            scenario,
+            ranks,
+            wall_s: 20.0,
+            memory: None,
+            leftovers: &Leftovers::default(),
+            oom_kills: &[],
+            cgroup: None,
+            launcher,
+        })
+    };
+    let scenario = external();
+    let launcher = torchrun_end(1, &[]);
+    let together = ranks();
+    let j = observed(&together, &scenario, Some(&launcher));
+    assert_eq!((j.outcome, j.first_failure), (OutcomeKind::Hung, None), "{:#?}", j.verdict);
+    assert_eq!(j.same_failure, [1]);
+    assert!(
+        j.verdict.headline.starts_with(
+            "Ranks 0, 1 hung together: no progress for 20.0 s; which of them stopped first cannot be told."
+        ),
+        "{}",
+        j.verdict.headline
+    );
+    assert!(!j.verdict.headline.contains("collateral"), "{}", j.verdict.headline);
+    assert!(
+        j.verdict.evidence.iter().any(|l| l.starts_with(
+            "ranks 0, 1 sent no markers and share the launcher's output, whose last line came at 11.91 s"
+        )),
+        "{:#?}",
+        j.verdict.evidence
+    );
+    // Each rank with output of its own (no launcher): ordered by it, as before.
+    let mut apart = ranks();
+    apart[1].last_output_at_s = Some(12.5);
+    let j = observed(&apart, &scenario, None);
+    assert_eq!(j.first_failure, Some(0), "{:#?}", j.verdict);
+    assert!(j.verdict.headline.contains("Rank 1 failed after it (collateral)"), "{}", j.verdict.headline);
+    // A marker from rank 1 tells its silence apart: the first to go silent is first.
+    let mut marked = ranks();
+    marked[1].last_marker_at_s = Some(9.0);
+    let j = observed(&marked, &scenario, Some(&launcher));
+    assert!(j.first_failure.is_some(), "{:#?}", j.verdict);
+    assert!(!j.verdict.headline.contains("hung together"), "{}", j.verdict.headline);
+}
+
 /// A program's rank the time limit (40 s, `hang_after_s` 10) ended after its last output at
 /// `last_s`, its process having used `cpu_s` of CPU over the `silent_s` read of its silence.
 fn timed_out(rank: u32, last_s: f64, silent: Option<(f64, f64)>) -> RankResult {
