@@ -96,6 +96,11 @@ fn check(run: &RunOutput, identified: [&str; 2]) {
     assert_eq!(hang["outcome"], "hung", "{}", hang["verdict"]);
     for r in hang["ranks"].as_array().unwrap() {
         assert_eq!(r["outcome"], "hung", "{r}");
+        // Its last sign of life came before the silence of `hang_after_s` (10 s) that ended it,
+        // not from the launcher's answer to the teardown (torchrun's traceback as it is stopped).
+        if let (Some(last), Some(ended)) = (r["last_output_at_s"].as_f64(), r["ended_at_s"].as_f64()) {
+            assert!(last < ended - 5.0, "rank {}: last output at {last} s, ended at {ended} s", r["rank"]);
+        }
         let dumps = r["dumps"].as_array().unwrap();
         let own = dumps
             .iter()

@@ -882,11 +882,16 @@ impl Supervisor<'_, '_> {
                 }
             }
             // A launcher's output (its rank number is past the ranks) is every rank's: they share it.
+            // Not a rank's once ups-doctor declared it hung or out of time: what the launcher prints
+            // then answers the teardown (torchrun's `SignalException` traceback), and as the rank's
+            // "last output" it would come after the silence the verdict reports.
             Event::Output { rank, at } => {
                 let t = self.since(at);
                 match self.slots.get_mut(rank as usize) {
                     Some(slot) => slot.end.last_output_at = Some(t),
-                    None => self.slots.iter_mut().for_each(|slot| slot.end.last_output_at = Some(t)),
+                    None => (self.slots.iter_mut())
+                        .filter(|slot| slot.end.intervention.is_none())
+                        .for_each(|slot| slot.end.last_output_at = Some(t)),
                 }
             }
             Event::FoundExited { pid, exit, at } => {
