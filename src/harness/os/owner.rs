@@ -36,7 +36,7 @@ use super::sys;
 
 /// A process as first seen: its pid and the kernel's start time for it (clock ticks since boot),
 /// which no later process with the same pid shares.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Identity {
     pub pid: u32,
     pub start_ticks: u64,

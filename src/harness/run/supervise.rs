@@ -75,6 +75,9 @@ struct CpuWatch {
     tree: Option<(Instant, u32, f64)>,
     busy_at: Option<Instant>,
     next: Instant,
+    /// Workers found ended (or their pid taken by another process): not read again, so that a
+    /// long run that starts new workers every epoch does not read every old one each second.
+    gone: std::collections::HashSet<Identity>,
 }
 
 /// A rank's CPU time since its last sign of life: the first reading after it (`from`, `cpu_from`)
@@ -91,7 +94,14 @@ struct Quiet {
 
 impl CpuWatch {
     fn new(ranks: usize, start: Instant) -> CpuWatch {
-        CpuWatch { last: vec![None; ranks], quiet: vec![None; ranks], tree: None, busy_at: None, next: start }
+        CpuWatch {
+            last: vec![None; ranks],
+            quiet: vec![None; ranks],
+            tree: None,
+            busy_at: None,
+            next: start,
+            gone: std::collections::HashSet::new(),
+        }
     }
 
     /// What slot `i`'s process did over its silence so far, once two readings span it.
@@ -128,15 +138,20 @@ impl CpuWatch {
             return;
         }
         self.next = now + CPU_EVERY;
-        let cpu_of = |pid: u32, workers: &[Identity]| {
+        let gone = &mut self.gone;
+        let mut cpu_of = |pid: u32, workers: &[Identity]| {
             let own = crate::probe::memory::cpu_seconds(pid)?;
+            let workers: Vec<Identity> = workers.iter().filter(|w| !gone.contains(w)).copied().collect();
             let live = crate::probe::memory::processes_among(workers.iter().map(|w| w.pid));
-            let theirs = (live.iter())
-                .filter(|p| {
-                    !p.zombie() && workers.iter().any(|w| w.pid == p.pid && w.start_ticks == p.start_ticks)
-                })
-                .map(|p| p.cpu_ticks)
-                .sum::<u64>();
+            let mut theirs = 0;
+            for w in workers {
+                match live.iter().find(|p| p.pid == w.pid && p.start_ticks == w.start_ticks && !p.zombie()) {
+                    Some(p) => theirs += p.cpu_ticks,
+                    None => {
+                        gone.insert(w);
+                    }
+                }
+            }
             Some(own + crate::probe::memory::ticks_to_seconds(theirs))
         };
         let busy = |then: Instant, before: f64, cpu: f64| {
