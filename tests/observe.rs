@@ -508,6 +508,56 @@ fn a_rank_asleep_outside_any_collective_is_behind_not_a_collective_mismatch() {
     assert!(!format!("{:#}", s["verdict"]).contains("gone on past"), "{:#}", s["verdict"]);
 }
 
+/// One rank computes alone for a minute before its 5th optimizer step (injected: a long
+/// evaluation or a checkpoint written by one rank), in a program whose only collectives are DDP's
+/// own (`--no-gather`), with the group's timeout at 5 s: rank 0 waits in DDP's next all-reduce and
+/// gives up first; torchrun then stops rank 1. Rank 0 failed first because it waited: the group's
+/// count (which counts DDP's reductions, issued from C++) names rank 1 as the rank it waited for,
+/// and neither is called the other's collateral. Without the observer there is no count: the
+/// verdict says it cannot tell, and still calls no rank collateral.
+#[test]
+fn a_collective_that_timed_out_names_the_rank_it_waited_for_not_the_first_to_fail() {
+    let program = repo().join("tests/programs/observed_ddp.py").display().to_string();
+    for observe in [true, false] {
+        let sb = Sandbox::new();
+        let file = sb.scenario(
+            "timeout",
+            &format!(
+                r#"{{"command": ["torchrun", "--nproc_per_node", "2", "--master_port", "{{master_port}}",
+                     "{program}", "--steps", "20", "--no-gather", "--timeout-s", "5"],
+                    "launch": {{"world_size": 2, "observe": {observe}}},
+                    "limits": {{"timeout_s": 180, "hang_after_s": 30}}, "expect": {{"outcome": "exited"}}}}"#
+            ),
+        );
+        let s = run_injected(
+            &sb,
+            &file,
+            &[("INJECT_STALL_RANK", "1"), ("INJECT_STALL_S", "60"), ("INJECT_STALL_STEP", "5")],
+        );
+        assert_eq!(verdict(&s, "pattern"), "collective-timeout", "{:#}", s["verdict"]);
+        assert_eq!(s["first_failure"], 0, "{:#}", s["verdict"]);
+        let headline = verdict(&s, "headline");
+        assert!(headline.starts_with("Rank 0 gave up after 5 s waiting in a collective that "), "{headline}");
+        if observe {
+            assert!(
+                headline.contains("that rank 1 had not reached")
+                    && headline.ends_with("it was waiting for rank 1."),
+                "{headline}"
+            );
+        } else {
+            assert!(
+                headline.contains(
+                    "which rank it waited for cannot be told: the observer did not read every rank's count"
+                ),
+                "{headline}"
+            );
+        }
+        assert!(!headline.contains("collateral"), "{headline}");
+        assert_eq!(s["ranks"][1]["signal"], "SIGTERM", "torchrun stopped rank 1: {:#}", s["ranks"][1]);
+        assert_eq!(s["ranks"][1]["collateral"], false, "{:#}", s["ranks"][1]);
+    }
+}
+
 /// A DataLoader worker's exception under torchrun, re-raised in the rank: the rank's error (from
 /// the observer's `sys.excepthook`) places it at the dataset's own line, from the worker's
 /// `Original Traceback` in the message, not at the rank's `for batch in loader`.

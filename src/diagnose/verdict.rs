@@ -17,7 +17,9 @@ pub struct Judgement {
     pub outcome: OutcomeKind,
     pub first_failure: Option<u32>,
     pub verdict: Verdict,
-    /// Ranks that failed with the first failure's own error, each by itself: not collateral.
+    /// Failed ranks that are not collateral of the first failure: those that failed with its own
+    /// error each by itself, those hung together with it, and those a timed-out collective of it
+    /// waited for.
     pub same_failure: Vec<u32>,
 }
 
@@ -71,6 +73,8 @@ pub fn judge(o: &Observed) -> Judgement {
     let (headline, evidence, likely_cause, next_step) = failure(&ev, failed);
     let mut verdict = Verdict { headline, evidence, likely_cause, next_step, ..Default::default() };
     let together = if finding.is_none() { hung_together(&ev, failed) } else { Vec::new() };
+    // Ranks the finding names for what they were (those a timed-out collective waited for).
+    let mut named = finding.as_ref().map(|f| f.waited_for.clone()).unwrap_or_default();
     if let Some(f) = finding {
         apply(&mut verdict, f);
     }
@@ -78,8 +82,10 @@ pub fn judge(o: &Observed) -> Judgement {
         say_hung_together(failed, &together, &mut verdict);
     }
     let mut same = same_failure(&ev, failed);
-    add_collateral(&ev, failed, &same, &together, &mut verdict);
-    same.extend(&together);
+    named.extend(&together);
+    named.retain(|r| !same.contains(r));
+    add_collateral(&ev, failed, &same, &named, &mut verdict);
+    same.extend(&named);
     for line in catalog::shm_evidence(&ev, Some(failed)) {
         push_new(&mut verdict.evidence, line);
     }

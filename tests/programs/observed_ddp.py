@@ -1,10 +1,12 @@
 """A small DDP program of the kind ups-doctor's observer is for (CPU, gloo): it knows nothing of
 ups-doctor. Each step reads a batch from a DataLoader, runs DDP's forward and backward, steps the
 optimizer and gathers the loss from every rank with `dist.all_gather` (a metric, as many training
-scripts do). Run it under torchrun or one copy
-per rank with torchrun's variables."""
+scripts do; `--no-gather`: DDP's own gradient reductions are its only collectives). `--timeout-s`
+is the process group's timeout, as training configurations expose it. Run it under torchrun or one
+copy per rank with torchrun's variables."""
 
 import argparse
+import datetime
 import os
 
 import torch
@@ -18,8 +20,11 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--hidden", type=int, default=64)
+    parser.add_argument("--no-gather", action="store_true")
+    parser.add_argument("--timeout-s", type=float)
     args = parser.parse_args()
-    dist.init_process_group("gloo")
+    timeout = {"timeout": datetime.timedelta(seconds=args.timeout_s)} if args.timeout_s else {}
+    dist.init_process_group("gloo", **timeout)
     rank = dist.get_rank()
     torch.manual_seed(0)
     data = TensorDataset(torch.randn(64 * args.steps, 16), torch.randn(64 * args.steps, 1))
@@ -36,8 +41,10 @@ def main():
         loss = torch.nn.functional.mse_loss(model(x), y)
         loss.backward()
         optimizer.step()
-        losses = [torch.zeros(1) for _ in range(world)]
-        dist.all_gather(losses, loss.detach().reshape(1))
+        losses = [loss.detach().reshape(1)] * world
+        if not args.no_gather:
+            losses = [torch.zeros(1) for _ in range(world)]
+            dist.all_gather(losses, loss.detach().reshape(1))
         if rank == 0 and step % 10 == 0:
             print(f"step {step} loss {sum(l.item() for l in losses) / world:.4f}", flush=True)
     dist.barrier()

@@ -1,5 +1,5 @@
 //! Ranks that do not meet: out of step in their collectives, a peer gone, a rendezvous that never
-//! completed, NCCL's watchdog, two ranks on one GPU.
+//! completed, two ranks on one GPU. (A collective that timed out: `timeout.rs`.)
 
 use super::{Finding, Pattern};
 use crate::diagnose::evidence::{Evidence, RankEvidence, Thread, failure_time, location};
@@ -79,20 +79,6 @@ pub const RENDEZVOUS_PORT_IN_USE: Pattern = Pattern {
                 port (`--master_port`, `MASTER_PORT`; torchrun's `--rdzv-endpoint localhost:0` or \
                 `--standalone` picks a free one).",
     reference: "https://pytorch.org/docs/stable/elastic/run.html",
-};
-
-pub const NCCL_WATCHDOG_TIMEOUT: Pattern = Pattern {
-    id: "nccl-watchdog-timeout",
-    title: "NCCL watchdog timeout",
-    matches: "`Watchdog caught collective operation timeout: WorkNCCL(SeqNum=…, OpType=…, …)` in a rank's \
-              output",
-    explanation: "A NCCL collective did not complete within the process group's timeout (10 minutes by \
-                  default): another rank never joined it (ranks out of step, a rank stuck or gone), so the \
-                  watchdog aborted the communicator and the process.",
-    next_step: "Find the rank that did not reach the collective with this SeqNum: the others' last steps and \
-                stacks say where each waited. `TORCH_NCCL_TRACE_BUFFER_SIZE` enables the NCCL flight recorder \
-                for the next run.",
-    reference: "https://pytorch.org/docs/stable/torch_nccl_environment_variables.html",
 };
 
 pub const DUPLICATE_GPU: Pattern = Pattern {
@@ -465,26 +451,6 @@ pub fn rendezvous_incomplete(ev: &Evidence, first: Option<&RankEvidence>) -> Opt
         waiting.rank(),
         if waiting.result.outcome == OutcomeKind::Hung { "was stopped" } else { "gave up" },
     ));
-    Some(f)
-}
-
-pub fn nccl_watchdog(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Finding> {
-    first?;
-    let (rank, line) = ev.ranks.iter().find_map(|r| {
-        r.line_with("Watchdog caught collective operation timeout").map(|l| (r.rank(), l.to_string()))
-    })?;
-    let field = |name: &str| {
-        let rest = &line[line.find(&format!("{name}="))? + name.len() + 1..];
-        Some(rest.split([',', ')']).next()?.trim().to_string())
-    };
-    let mut f = Finding::of(&NCCL_WATCHDOG_TIMEOUT);
-    let op = field("OpType").unwrap_or_else(|| "a collective".into());
-    let seq = field("SeqNum").map(|s| format!(" (SeqNum={s})")).unwrap_or_default();
-    let ms = field("Timeout(ms)").map(|t| format!(" after {t} ms")).unwrap_or_default();
-    f.headline = Some(format!(
-        "Rank {rank}'s NCCL watchdog timed out in {op}{seq}{ms}: another rank never joined that collective."
-    ));
-    f.evidence.push(format!("rank {rank}: `{}`", line.trim()));
     Some(f)
 }
 

@@ -13,6 +13,7 @@ mod memory;
 mod numeric;
 mod observed;
 mod pattern;
+mod timeout;
 
 use super::evidence::{Evidence, RankEvidence};
 
@@ -31,7 +32,8 @@ pub const ALL: &[&Pattern] = &[
     &distributed::RANK_LEFT_EARLY,
     &distributed::RENDEZVOUS_INCOMPLETE,
     &distributed::RENDEZVOUS_PORT_IN_USE,
-    &distributed::NCCL_WATCHDOG_TIMEOUT,
+    &timeout::NCCL_WATCHDOG_TIMEOUT,
+    &timeout::COLLECTIVE_TIMEOUT,
     &distributed::DUPLICATE_GPU,
     &ddp::DDP_UNUSED_PARAMETERS,
     &ddp::DDP_MODEL_MISMATCH,
@@ -58,7 +60,7 @@ const FAILURE_DETECTORS: &[Detector] = &[
     distributed::port_in_use,
     distributed::duplicate_gpu,
     fork::cuda_in_forked_child,
-    distributed::nccl_watchdog,
+    timeout::nccl_watchdog,
     ddp::unused_parameters,
     ddp::model_mismatch,
     ddp::fsdp_inplace_view,
@@ -69,6 +71,7 @@ const FAILURE_DETECTORS: &[Detector] = &[
     distributed::rendezvous_incomplete,
     distributed::left_early,
     observed::collective_mismatch,
+    timeout::collective_timeout,
     distributed::ranks_out_of_step,
     crash::native_crash,
     crash::false_success,

@@ -54,7 +54,8 @@ fn observed<'e>(r: &'e RankEvidence) -> Option<&'e ObservedProgram> {
     r.result.observed.as_ref()
 }
 
-fn ranks_list(ranks: &[u32]) -> String {
+/// `rank 1` / `ranks 1, 3`.
+pub(super) fn ranks_list(ranks: &[u32]) -> String {
     let words: Vec<String> = ranks.iter().map(u32::to_string).collect();
     match words.len() {
         1 => format!("rank {}", words[0]),

@@ -1531,3 +1531,151 @@ fn a_crash_after_the_programs_exit_handlers_ran_is_called_a_crash_at_exit() {
     let said = format!("{} {:?} {:?} {:?}", v.headline, v.evidence, v.likely_cause, v.next_step);
     assert!(!said.contains("finished") && !said.contains("at exit"), "{said}");
 }
+
+/// `r` with an observer that saw a gloo group of `world` form and read its count of collectives
+/// at `issued` (`None`: never read), with an empty ledger: DDP issues its reductions from C++.
+fn with_count(mut r: RankResult, world: u32, issued: Option<u64>) -> RankResult {
+    r.observed = Some(crate::schema::ObservedProgram {
+        group: Some(crate::schema::GroupFormed {
+            backend: "gloo".into(),
+            rank: r.rank,
+            world_size: world,
+            store: String::new(),
+        }),
+        distributed: true,
+        steps: 10,
+        issued,
+        unseen: issued,
+        ..Default::default()
+    });
+    r
+}
+
+const GLOO_TIMEOUT: &str = "Traceback (most recent call last):\n  File \"/tmp/s49/gloo_timeout.py\", line 14, in \
+                            <module>\n    opt.zero_grad(); loss.backward(); opt.step()\nRuntimeError: \
+                            [/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting \
+                            8000ms for recv operation to complete";
+
+/// Recorded by hand under torchrun (a DDP program, gloo timeout 8 s): rank 1 computes 25 s on its
+/// own at step 10; rank 0 waits in DDP's gradient all-reduce, gives up after 8 s, and torchrun
+/// stops rank 1. Rank 0 failed first, because it waited: it is not the cause, and rank 1 is not
+/// its collateral. The group's count (16 against 15) names rank 1.
+#[test]
+fn a_collective_that_timed_out_names_the_rank_it_waited_for_not_the_first_to_fail() {
+    let sigterm = Exit::Signal { signal: Signal::TERM.number(), core_dumped: false };
+    let mut rank1 = with_count(program_rank(1, sigterm, 17.2, ""), 2, Some(15));
+    rank1.last_marker_at_s = Some(9.2);
+    rank1.steps_done = 10;
+    let mut case =
+        Case::new(vec![with_count(program_rank(0, Exit::Code(1), 17.1, GLOO_TIMEOUT), 2, Some(16)), rank1]);
+    case.scenario = external();
+    let j = judge(&Observed {
+        scenario: &case.scenario,
+        ranks: &case.ranks,
+        wall_s: 18.0,
+        memory: None,
+        leftovers: &case.leftovers,
+        oom_kills: &case.oom_kills,
+        cgroup: None,
+        launcher: None,
+    });
+    let v = &j.verdict;
+    assert_eq!(v.pattern.as_deref(), Some("collective-timeout"), "{v:?}");
+    assert_eq!(
+        v.headline,
+        "Rank 0 gave up after 8 s waiting in a collective that rank 1 had not reached (gloo: `Timed out waiting \
+         8000ms for recv operation to complete`): it was waiting for rank 1."
+    );
+    assert_eq!((j.outcome, j.first_failure), (OutcomeKind::Exited, Some(0)));
+    assert_eq!(j.same_failure, [1], "rank 1 is not collateral");
+    assert!(!v.evidence.iter().any(|e| e.starts_with("collateral")), "{:?}", v.evidence);
+    assert!(
+        v.evidence.contains(
+            &"rank 1 had issued 15: it had not reached #16; the last it reported (10 steps) came at 9.20 s, 7.9 s \
+              before rank 0 gave up"
+                .to_string()
+        ),
+        "{:?}",
+        v.evidence
+    );
+    assert!(v.key_line.as_deref().is_some_and(|k| k.contains("Timed out waiting 8000ms")), "{v:?}");
+
+    // Four ranks: three time out in the same collective, each by itself; rank 3 is behind.
+    let mut ranks: Vec<RankResult> = (0..3)
+        .map(|r| {
+            with_count(program_rank(r, Exit::Code(1), 17.1 + f64::from(r) * 0.01, GLOO_TIMEOUT), 4, Some(16))
+        })
+        .collect();
+    ranks.push(with_count(program_rank(3, sigterm, 17.3, ""), 4, Some(15)));
+    let mut case = Case::new(ranks);
+    case.scenario = external();
+    case.scenario.launch.world_size = 4;
+    let (_, first, v) = case.judge();
+    assert_eq!(first, Some(0));
+    assert!(
+        v.headline
+            .starts_with("Rank 0 gave up after 8 s waiting in a collective that rank 3 had not reached")
+    );
+    assert!(
+        v.headline.contains("it was waiting for rank 3. Ranks 1, 2 failed the same way"),
+        "{}",
+        v.headline
+    );
+    assert!(!v.headline.contains("after it (collateral)"), "{}", v.headline);
+}
+
+/// Where the counts cannot name the rank waited for, the verdict says so and calls no rank
+/// collateral: not where every rank had reached the same count, and not without the observer.
+#[test]
+fn a_timed_out_collective_without_a_rank_behind_in_the_count_names_no_culprit_and_no_collateral() {
+    let sigterm = Exit::Signal { signal: Signal::TERM.number(), core_dumped: false };
+    for (counts, why) in [
+        ([Some(16), Some(16)], "every rank had issued at least as many collectives (16) as rank 0"),
+        ([None, None], "the observer did not read every rank's count of collectives"),
+    ] {
+        let mut rank1 = with_count(program_rank(1, sigterm, 17.2, ""), 2, counts[1]);
+        rank1.torn_down_with = Some(Signal::TERM);
+        let mut case = Case::new(vec![
+            with_count(program_rank(0, Exit::Code(1), 17.1, GLOO_TIMEOUT), 2, counts[0]),
+            rank1,
+        ]);
+        case.scenario = external();
+        let (_, first, v) = case.judge();
+        assert_eq!(v.pattern.as_deref(), Some("collective-timeout"), "{v:?}");
+        assert_eq!(first, Some(0));
+        assert!(
+            v.headline.starts_with(
+                "Rank 0 gave up after 8 s waiting in a collective that another rank did not join (gloo: `Timed out \
+                 waiting 8000ms for recv operation to complete`); which rank it waited for cannot be told: "
+            ),
+            "{}",
+            v.headline
+        );
+        assert!(v.headline.contains(why), "{}", v.headline);
+        assert!(!v.headline.contains("collateral"), "{}", v.headline);
+    }
+}
+
+/// NCCL's watchdog names the collective's SeqNum: a rank whose group count is below it never
+/// joined it.
+#[test]
+fn an_nccl_watchdog_timeout_names_the_rank_whose_count_is_below_its_seqnum() {
+    let watchdog = "[rank0]:[E1124 05:00:00.000000 1 ProcessGroupNCCL.cpp:632] [Rank 0] Watchdog caught collective \
+                    operation timeout: WorkNCCL(SeqNum=12, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, \
+                    Timeout(ms)=600000) ran for 600100 milliseconds before timing out.";
+    let abort = Exit::Signal { signal: Signal::ABRT.number(), core_dumped: false };
+    let sigterm = Exit::Signal { signal: Signal::TERM.number(), core_dumped: false };
+    let mut case = Case::new(vec![
+        with_count(program_rank(0, abort, 610.0, watchdog), 2, Some(13)),
+        with_count(program_rank(1, sigterm, 610.2, ""), 2, Some(11)),
+    ]);
+    case.scenario = external();
+    let (_, first, v) = case.judge();
+    assert_eq!(v.pattern.as_deref(), Some("nccl-watchdog-timeout"), "{v:?}");
+    assert_eq!(first, Some(0));
+    assert_eq!(
+        v.headline,
+        "Rank 0's NCCL watchdog timed out in ALLREDUCE (SeqNum=12) after 600000 ms: rank 1 never joined that \
+         collective (it had not reached it in the group's count)."
+    );
+}

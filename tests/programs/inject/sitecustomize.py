@@ -11,6 +11,10 @@
 - INJECT_SLEEP_RANK=R, INJECT_SLEEP_S=S, INJECT_SLEEP_CALL=K: on rank R, before the K-th call of
   `torch.distributed.all_gather`, S seconds asleep (a rank waiting on a slow disk or a lock, not
   in any collective); the other ranks wait in that gather meanwhile.
+- INJECT_STALL_RANK=R, INJECT_STALL_S=S, INJECT_STALL_STEP=K: on rank R, before the K-th optimizer
+  step (any optimizer's), S seconds of computing without a word, as a long evaluation or a
+  checkpoint written by one rank alone would; the other ranks wait in DDP's next gradient
+  all-reduce meanwhile.
 - INJECT_MISSING_RANK=R, INJECT_MISSING_MODULE=M: on rank R, the program's own `import M` fails
   with `ModuleNotFoundError: No module named 'M'` (a package missing from one node's image).
 - INJECT_EXIT_ABORT_RANK=R: on rank R, once the program has finished (an exit handler, which
@@ -77,6 +81,18 @@ def _inject():
             _done.add(kind)
             at = int(os.environ.get(f"INJECT_{kind}_CALL", "1"))
             _hold_before_gather(dist, at, hold, float(os.environ.get(f"INJECT_{kind}_S", default_s)))
+    optim = sys.modules.get("torch.optim.optimizer")
+    if "stall" not in _done and _rank_is("INJECT_STALL_RANK") and hasattr(optim, "register_optimizer_step_pre_hook"):
+        _done.add("stall")
+        at, steps = int(os.environ.get("INJECT_STALL_STEP", "1")), [0]
+        seconds = float(os.environ.get("INJECT_STALL_S", "30"))
+
+        def stall(*_args):
+            steps[0] += 1
+            if steps[0] == at:
+                _compute(seconds)
+
+        optim.register_optimizer_step_pre_hook(stall)
     fetch = sys.modules.get("torch.utils.data._utils.fetch")
     if "slow" not in _done and _rank_is("INJECT_SLOW_RANK") and hasattr(fetch, "_MapDatasetFetcher"):
         _done.add("slow")
@@ -97,7 +113,7 @@ def _hooked(name, globals=None, *args, **kwargs):
     module = _import(name, globals, *args, **kwargs)
     # Only at the program's own imports, once torch has loaded: the fault sits where the
     # program's code would, outside anything that wraps torch while it loads.
-    if len(_done) < 4 and "torch" in sys.modules and (globals or {}).get("__name__") == "__main__":
+    if len(_done) < 5 and "torch" in sys.modules and (globals or {}).get("__name__") == "__main__":
         _inject()
     return module
 
@@ -147,6 +163,13 @@ if _rank_is("INJECT_EXIT_ABORT_RANK"):
 if os.environ.get("INJECT_LAUNCHER_BUSY_S") and os.path.basename(sys.argv[0]) == "torchrun":
     _launcher_busy(float(os.environ["INJECT_LAUNCHER_BUSY_S"]))
 
-_ANY = ("INJECT_SKIP_RANK", "INJECT_SLOW_RANK", "INJECT_BUSY_RANK", "INJECT_SLEEP_RANK", "INJECT_MISSING_RANK")
+_ANY = (
+    "INJECT_SKIP_RANK",
+    "INJECT_SLOW_RANK",
+    "INJECT_BUSY_RANK",
+    "INJECT_SLEEP_RANK",
+    "INJECT_STALL_RANK",
+    "INJECT_MISSING_RANK",
+)
 if any(os.environ.get(v) for v in _ANY):
     builtins.__import__ = _hooked
