@@ -74,7 +74,7 @@ pub fn judge(o: &Observed) -> Judgement {
     let mut verdict = Verdict { headline, evidence, likely_cause, next_step, ..Default::default() };
     let together = if finding.is_none() { hung_together(&ev, failed) } else { Vec::new() };
     // Ranks the finding names for what they were (those a timed-out collective waited for).
-    let mut named = finding.as_ref().map(|f| f.waited_for.clone()).unwrap_or_default();
+    let mut named = finding.as_ref().map(|f| f.named.clone()).unwrap_or_default();
     if let Some(f) = finding {
         apply(&mut verdict, f);
     }
@@ -82,8 +82,8 @@ pub fn judge(o: &Observed) -> Judgement {
         say_hung_together(failed, &together, &mut verdict);
     }
     let mut same = same_failure(&ev, failed);
+    same.retain(|r| !named.contains(r));
     named.extend(&together);
-    named.retain(|r| !same.contains(r));
     add_collateral(&ev, failed, &same, &named, &mut verdict);
     same.extend(&named);
     for line in catalog::shm_evidence(&ev, Some(failed)) {

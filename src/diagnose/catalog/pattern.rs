@@ -33,10 +33,11 @@ pub struct Finding {
     pub next_step: Option<String>,
     /// Appended to the outcome's headline (a passed run that was input-bound).
     pub appendix: Option<String>,
-    /// Failed ranks the headline names for what they were, not collateral although they ended
-    /// after the first failure: the ranks a timed-out collective waited for (or, where those
-    /// cannot be told, the ranks stopped after it gave up).
-    pub waited_for: Vec<u32>,
+    /// Failed ranks the headline names for what they were, neither collateral (although they
+    /// ended after the first failure) nor said to have failed the same way: the ranks a
+    /// timed-out collective waited for (or, where those cannot be told, the ranks stopped after
+    /// it gave up) and the others that gave up waiting too.
+    pub named: Vec<u32>,
 }
 
 impl Finding {
@@ -49,7 +50,7 @@ impl Finding {
             cause: None,
             next_step: None,
             appendix: None,
-            waited_for: Vec::new(),
+            named: Vec::new(),
         }
     }
 }

@@ -156,58 +156,89 @@ fn waited_for(ev: &Evidence, waiter: &RankEvidence, reached: Option<u64>) -> Wai
     WaitedFor { behind, unknown, evidence }
 }
 
-/// The other failed ranks that their launcher or ups-doctor stopped after the waiting rank gave
-/// up: not collateral of a cause nobody can name.
-fn stopped_after(ev: &Evidence, waiter: u32) -> Vec<u32> {
-    ev.ranks
-        .iter()
-        .filter(|r| r.rank() != waiter && r.failed())
-        .filter(|r| matches!(r.ended_by, EndedBy::Launcher { .. } | EndedBy::Teardown { .. }))
-        .map(RankEvidence::rank)
-        .collect()
+/// The ranks the verdict names beside the one that gave up first, none of them collateral: those
+/// it waited for (or, where those cannot be told, those stopped after it gave up) and the others
+/// that gave up waiting too (`gave_up` finds a rank's line saying so). Returns the sentence that
+/// names the latter, for the headline.
+fn name_the_others(
+    ev: &Evidence,
+    waiter: u32,
+    w: &WaitedFor,
+    gave_up: impl Fn(&RankEvidence) -> Option<String>,
+    f: &mut Finding,
+) -> String {
+    let failed_rank = |r: &u32| ev.rank(*r).is_some_and(RankEvidence::failed);
+    f.named = match w.unknown {
+        None => w.behind.iter().map(|(r, _)| *r).filter(failed_rank).collect(),
+        // Stopped after it gave up: not collateral of a cause nobody can name.
+        Some(_) => (ev.ranks.iter())
+            .filter(|r| r.rank() != waiter && r.failed())
+            .filter(|r| matches!(r.ended_by, EndedBy::Launcher { .. } | EndedBy::Teardown { .. }))
+            .map(RankEvidence::rank)
+            .collect(),
+    };
+    let mut too = Vec::new();
+    for r in ev.ranks.iter().filter(|r| r.rank() != waiter && r.failed()) {
+        if let Some(line) = gave_up(r) {
+            f.evidence.push(format!("rank {} gave up waiting too: `{}`", r.rank(), line.trim()));
+            too.push(r.rank());
+            if !f.named.contains(&r.rank()) {
+                f.named.push(r.rank());
+            }
+        }
+    }
+    match too.len() {
+        0 => String::new(),
+        1 => format!(" Rank {} gave up waiting too.", too[0]),
+        _ => format!(" {} gave up waiting too.", ranks_list(&too).replacen('r', "R", 1)),
+    }
+}
+
+/// The line of a rank's output where gloo gave up waiting.
+fn gloo_line<'r>(r: &'r RankEvidence) -> Option<&'r str> {
+    (r.key.iter().map(|k| k.text.as_str()))
+        .chain(r.text.iter().map(String::as_str))
+        .find(|l| gloo_timeout_ms(l).is_some())
 }
 
 pub fn collective_timeout(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Finding> {
     let first = first?;
-    let line = (first.key.iter().map(|k| k.text.as_str()))
-        .chain(first.text.iter().map(String::as_str))
-        .find(|l| gloo_timeout_ms(l).is_some())?;
+    let line = gloo_line(first)?;
     let ms = gloo_timeout_ms(line)?;
     let w = waited_for(ev, first, None);
     let mut f = Finding::of(&COLLECTIVE_TIMEOUT);
-    let said = &line[line.find("Timed out waiting").unwrap_or(0)..];
+    let said = |l: &str| l[l.find("Timed out waiting").unwrap_or(0)..].trim().to_string();
     let rank = first.rank();
     let behind: Vec<u32> = w.behind.iter().map(|(r, _)| *r).collect();
-    f.headline = Some(match &w.unknown {
+    let headline = match &w.unknown {
         None => format!(
             "Rank {rank} gave up after {} waiting in a collective that {} had not reached (gloo: `{}`): it was \
              waiting for {}.",
             duration(ms),
             ranks_list(&behind),
-            said.trim(),
+            said(line),
             ranks_list(&behind),
         ),
         Some(why) => format!(
             "Rank {rank} gave up after {} waiting in a collective that another rank did not join (gloo: `{}`); \
              which rank it waited for cannot be told: {why}.",
             duration(ms),
-            said.trim(),
+            said(line),
         ),
-    });
-    f.evidence = w.evidence;
-    f.waited_for = if w.unknown.is_none() {
-        behind.into_iter().filter(|r| ev.rank(*r).is_some_and(RankEvidence::failed)).collect()
-    } else {
-        stopped_after(ev, rank)
     };
+    f.evidence.extend(w.evidence.iter().cloned());
+    let too = name_the_others(ev, rank, &w, |r| gloo_line(r).map(said), &mut f);
+    f.headline = Some(headline + &too);
     Some(f)
 }
 
+const WATCHDOG: &str = "Watchdog caught collective operation timeout";
+
 pub fn nccl_watchdog(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Finding> {
     let first = first?;
-    let (waiter, line) = std::iter::once(first).chain(ev.ranks.iter()).find_map(|r| {
-        r.line_with("Watchdog caught collective operation timeout").map(|l| (r, l.to_string()))
-    })?;
+    let (waiter, line) = std::iter::once(first)
+        .chain(ev.ranks.iter())
+        .find_map(|r| r.line_with(WATCHDOG).map(|l| (r, l.to_string())))?;
     let field = |name: &str| {
         let rest = &line[line.find(&format!("{name}="))? + name.len() + 1..];
         Some(rest.split([',', ')']).next()?.trim().to_string())
@@ -220,22 +251,15 @@ pub fn nccl_watchdog(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Find
     let rank = waiter.rank();
     let w = waited_for(ev, waiter, seq_num);
     let who = match &w.unknown {
-        None => {
-            let behind: Vec<u32> = w.behind.iter().map(|(r, _)| *r).collect();
-            f.waited_for =
-                behind.iter().copied().filter(|r| ev.rank(*r).is_some_and(RankEvidence::failed)).collect();
-            format!(
-                "{} never joined that collective (it had not reached it in the group's count).",
-                ranks_list(&behind)
-            )
-        }
-        Some(why) => {
-            f.waited_for = stopped_after(ev, rank);
-            format!("another rank never joined that collective; which one cannot be told: {why}.")
-        }
+        None => format!(
+            "{} never joined that collective (it had not reached it in the group's count).",
+            ranks_list(&w.behind.iter().map(|(r, _)| *r).collect::<Vec<_>>())
+        ),
+        Some(why) => format!("another rank never joined that collective; which one cannot be told: {why}."),
     };
-    f.headline = Some(format!("Rank {rank}'s NCCL watchdog timed out in {op}{seq}{ms}: {who}"));
     f.evidence.push(format!("rank {rank}: `{}`", line.trim()));
-    f.evidence.extend(w.evidence);
+    f.evidence.extend(w.evidence.iter().cloned());
+    let too = name_the_others(ev, rank, &w, |r| r.line_with(WATCHDOG).map(String::from), &mut f);
+    f.headline = Some(format!("Rank {rank}'s NCCL watchdog timed out in {op}{seq}{ms}: {who}{too}"));
     Some(f)
 }

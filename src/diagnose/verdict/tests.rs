@@ -1600,28 +1600,46 @@ fn a_collective_that_timed_out_names_the_rank_it_waited_for_not_the_first_to_fai
     );
     assert!(v.key_line.as_deref().is_some_and(|k| k.contains("Timed out waiting 8000ms")), "{v:?}");
 
-    // Four ranks: three time out in the same collective, each by itself; rank 3 is behind.
-    let mut ranks: Vec<RankResult> = (0..3)
-        .map(|r| {
-            with_count(program_rank(r, Exit::Code(1), 17.1 + f64::from(r) * 0.01, GLOO_TIMEOUT), 4, Some(16))
-        })
-        .collect();
-    ranks.push(with_count(program_rank(3, sigterm, 17.3, ""), 4, Some(15)));
+    // Four ranks, as recorded by hand (rank 2 computing alone): ranks 1 and 3 time out too, rank 3
+    // in a send and stopped by torchrun as its exit handlers ran; rank 2 is behind. None of them
+    // is collateral, and ranks 1 and 3 are named as having given up too, not "the same way".
+    let send = GLOO_TIMEOUT.replace("recv operation", "send operation");
+    let ranks = vec![
+        with_count(program_rank(0, Exit::Code(1), 17.10, GLOO_TIMEOUT), 4, Some(11)),
+        with_count(program_rank(1, Exit::Code(1), 17.12, GLOO_TIMEOUT), 4, Some(11)),
+        with_count(program_rank(2, sigterm, 17.20, ""), 4, Some(10)),
+        with_count(program_rank(3, sigterm, 17.17, &send), 4, Some(11)),
+    ];
     let mut case = Case::new(ranks);
     case.scenario = external();
     case.scenario.launch.world_size = 4;
-    let (_, first, v) = case.judge();
-    assert_eq!(first, Some(0));
-    assert!(
-        v.headline
-            .starts_with("Rank 0 gave up after 8 s waiting in a collective that rank 3 had not reached")
+    let j = judge(&Observed {
+        scenario: &case.scenario,
+        ranks: &case.ranks,
+        wall_s: 18.0,
+        memory: None,
+        leftovers: &case.leftovers,
+        oom_kills: &case.oom_kills,
+        cgroup: None,
+        launcher: None,
+    });
+    assert_eq!(j.first_failure, Some(0));
+    assert_eq!(
+        j.verdict.headline,
+        "Rank 0 gave up after 8 s waiting in a collective that rank 2 had not reached (gloo: `Timed out waiting \
+         8000ms for recv operation to complete`): it was waiting for rank 2. Ranks 1, 3 gave up waiting too."
     );
+    let mut not_collateral = j.same_failure.clone();
+    not_collateral.sort_unstable();
+    assert_eq!(not_collateral, [1, 2, 3]);
     assert!(
-        v.headline.contains("it was waiting for rank 3. Ranks 1, 2 failed the same way"),
-        "{}",
-        v.headline
+        j.verdict.evidence.contains(
+            &"rank 3 gave up waiting too: `Timed out waiting 8000ms for send operation to complete`"
+                .to_string()
+        ),
+        "{:?}",
+        j.verdict.evidence
     );
-    assert!(!v.headline.contains("after it (collateral)"), "{}", v.headline);
 }
 
 /// Where the counts cannot name the rank waited for, the verdict says so and calls no rank
