@@ -37,7 +37,12 @@ impl Case {
     }
 
     fn judge(&self) -> (OutcomeKind, Option<u32>, Verdict) {
-        let j = judge(&Observed {
+        let j = self.judgement();
+        (j.outcome, j.first_failure, j.verdict)
+    }
+
+    fn judgement(&self) -> Judgement {
+        judge(&Observed {
             scenario: &self.scenario,
             ranks: &self.ranks,
             wall_s: 2.0,
@@ -46,8 +51,7 @@ impl Case {
             oom_kills: &self.oom_kills,
             cgroup: self.cgroup.as_ref(),
             launcher: None,
-        });
-        (j.outcome, j.first_failure, j.verdict)
+        })
     }
 }
 
@@ -1569,16 +1573,7 @@ fn a_collective_that_timed_out_names_the_rank_it_waited_for_not_the_first_to_fai
     let mut case =
         Case::new(vec![with_count(program_rank(0, Exit::Code(1), 17.1, GLOO_TIMEOUT), 2, Some(16)), rank1]);
     case.scenario = external();
-    let j = judge(&Observed {
-        scenario: &case.scenario,
-        ranks: &case.ranks,
-        wall_s: 18.0,
-        memory: None,
-        leftovers: &case.leftovers,
-        oom_kills: &case.oom_kills,
-        cgroup: None,
-        launcher: None,
-    });
+    let j = case.judgement();
     let v = &j.verdict;
     assert_eq!(v.pattern.as_deref(), Some("collective-timeout"), "{v:?}");
     assert_eq!(
@@ -1613,16 +1608,7 @@ fn a_collective_that_timed_out_names_the_rank_it_waited_for_not_the_first_to_fai
     let mut case = Case::new(ranks);
     case.scenario = external();
     case.scenario.launch.world_size = 4;
-    let j = judge(&Observed {
-        scenario: &case.scenario,
-        ranks: &case.ranks,
-        wall_s: 18.0,
-        memory: None,
-        leftovers: &case.leftovers,
-        oom_kills: &case.oom_kills,
-        cgroup: None,
-        launcher: None,
-    });
+    let j = case.judgement();
     assert_eq!(j.first_failure, Some(0));
     assert_eq!(
         j.verdict.headline,
