@@ -537,12 +537,25 @@ fn a_collective_that_timed_out_names_the_rank_it_waited_for_not_the_first_to_fai
         assert_eq!(verdict(&s, "pattern"), "collective-timeout", "{:#}", s["verdict"]);
         assert_eq!(s["first_failure"], 0, "{:#}", s["verdict"]);
         let headline = verdict(&s, "headline");
-        assert!(headline.starts_with("Rank 0 gave up after 5 s waiting in a collective that "), "{headline}");
+        assert!(headline.starts_with("Rank 0 gave up after 5 s waiting in a collective"), "{headline}");
         if observe {
+            // Where rank 1 was as torchrun stopped it, from the stack it wrote itself then: the
+            // program's `optimizer.step()` line (the stall runs in the step's pre-hook).
+            let source = std::fs::read_to_string(&program).unwrap();
+            let step_line = source.lines().position(|l| l.trim() == "optimizer.step()").unwrap() + 1;
             assert!(
-                headline.contains("that rank 1 had not reached")
-                    && headline.ends_with("it was waiting for rank 1."),
+                headline.contains("which rank 1 had not reached")
+                    && headline.ends_with(&format!(
+                        "it was waiting for rank 1, outside any collective, at `main (observed_ddp.py:{step_line})` \
+                         when it was stopped."
+                    )),
                 "{headline}"
+            );
+            let dumps = s["ranks"][1]["dumps"].as_array().expect("rank 1's dumps");
+            assert!(
+                dumps.iter().any(|d| d["taken"] == "as SIGTERM stopped it"
+                    && d["python"].as_str().is_some_and(|t| t.contains("in _compute"))),
+                "{dumps:#?}"
             );
         } else {
             assert!(
@@ -555,7 +568,23 @@ fn a_collective_that_timed_out_names_the_rank_it_waited_for_not_the_first_to_fai
         assert!(!headline.contains("collateral"), "{headline}");
         assert_eq!(s["ranks"][1]["signal"], "SIGTERM", "torchrun stopped rank 1: {:#}", s["ranks"][1]);
         assert_eq!(s["ranks"][1]["collateral"], false, "{:#}", s["ranks"][1]);
+        // The ranks' stack files were read into the result, and their folder is gone.
+        let left: Vec<_> = walkdir(&sb.out()).into_iter().filter(|p| p.ends_with("stop-stacks")).collect();
+        assert!(left.is_empty(), "{left:?}");
     }
+}
+
+/// Every path below `dir`.
+fn walkdir(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            out.extend(walkdir(&path));
+        }
+        out.push(path);
+    }
+    out
 }
 
 /// A DataLoader worker's exception under torchrun, re-raised in the rank: the rank's error (from

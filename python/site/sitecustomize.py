@@ -116,6 +116,8 @@ class _Observer:
         self.spans = 0
         self.spans_at_step = 0
         self.issued_base = 0
+        # The file Python's stack goes to as SIGTERM stops this rank (`_stack_at_sigterm`).
+        self.stop_stacks = None
 
     # -- the wire -------------------------------------------------------------------------
     def send(self, marker, urgent=False):
@@ -306,6 +308,17 @@ class _Observer:
     def after_fork(self):
         import collections
         import threading
+
+        if self.stop_stacks is not None:
+            # The parent's file is not the child's, and a DataLoader worker is not a rank.
+            import faulthandler
+            import signal
+
+            try:
+                faulthandler.unregister(signal.SIGTERM)
+            except Exception:
+                pass
+            self.stop_stacks = None
 
         # A forked child (a DataLoader worker) issues no collective; the parent's group may have
         # been mid-call at the fork, so the child never touches it.
@@ -654,6 +667,34 @@ def _wrap_collective(dist, op, original):
     setattr(dist, op, collective)
 
 
+_STOP_STACKS = "UPS_DOCTOR_STOP_STACKS"
+
+
+def _stack_at_sigterm(obs):
+    """A rank's Python stacks as SIGTERM stops it, written by the process itself into
+    `$UPS_DOCTOR_STOP_STACKS/PID.txt` (Python's `faulthandler`, in the signal handler; then the
+    signal does what it did before): where each rank was when its launcher stopped the others after
+    one failed, which a launcher's teardown otherwise loses. Only where SIGTERM still has its
+    default action (a program with its own handler keeps it, and replaces this one if it installs
+    one later); a forked child (a DataLoader worker) drops it. The file starts with the main
+    thread's id, which faulthandler does not name."""
+    import faulthandler
+    import signal
+    import threading
+
+    folder = os.environ.get(_STOP_STACKS)
+    if not folder or obs.stop_stacks is not None or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        return
+    try:
+        out = open(os.path.join(folder, f"{os.getpid()}.txt"), "w")
+        out.write(f"main thread 0x{threading.main_thread().ident:016x}\n")
+        out.flush()
+        faulthandler.register(signal.SIGTERM, file=out, all_threads=True, chain=True)
+        obs.stop_stacks = out
+    except Exception:
+        pass
+
+
 def _wrap_init(dist):
     import functools
 
@@ -681,6 +722,7 @@ def _wrap_init(dist):
                       "store": str(store)}, urgent=True)
         except Exception:
             pass
+        _stack_at_sigterm(obs)
         return result
 
     dist.init_process_group = init_process_group

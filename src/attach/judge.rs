@@ -259,6 +259,7 @@ fn rank_result(v: &RankView, outcome: OutcomeKind, children: &[(u32, ProcessDump
         taken: Some(TAKEN.to_string()),
         py_spy: v.py_spy.clone(),
         error: if v.py_spy.is_none() { v.error.clone() } else { None },
+        python: None,
         threads: v.threads.clone(),
     }];
     dumps.extend(children.iter().filter(|(r, _)| *r == v.rank).map(|(_, d)| d.clone()));

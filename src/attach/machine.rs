@@ -59,6 +59,7 @@ fn child_dumps(job: &job::Job, watched: &[watch::Watched]) -> Vec<(u32, ProcessD
                     taken: Some(judge::TAKEN.to_string()),
                     py_spy: last.py_spy.clone(),
                     error: last.error.clone(),
+                    python: None,
                     threads: last.threads.clone(),
                 },
             ))

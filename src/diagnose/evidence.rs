@@ -217,6 +217,11 @@ fn rank_evidence<'a>(
                 threads.push(Thread { in_child, pid: Some(dump.pid), tid, name, frames, wait });
             }
         }
+        if let Some(text) = &dump.python {
+            for (name, frames) in fault_handler_threads(text) {
+                threads.push(Thread { in_child, pid: Some(dump.pid), tid: None, name, frames, wait: None });
+            }
+        }
     }
     let killed_by_oom = r.pid.is_some_and(|pid| oom_kills.iter().any(|k| k.pid == pid));
     let ended_by = match (r.outcome, r.torn_down_with, r.signal) {
@@ -346,6 +351,35 @@ pub fn py_spy_threads(text: &str) -> Vec<PySpyThread> {
                 _ => (frame.to_string(), None),
             };
             frames.push(StackFrame { function, place });
+        }
+    }
+    out
+}
+
+/// The threads of a dump Python's `faulthandler` wrote as a signal stopped the process (the
+/// observer's, whose first line names the main thread's id, which faulthandler does not): each
+/// thread's name (`MainThread`, else `thread 0x…`) and frames, innermost first. A frame's place
+/// is the file's name for the program's own files, else its whole path (which says it is the
+/// standard library's or an installed package's).
+pub fn fault_handler_threads(text: &str) -> Vec<(String, Vec<StackFrame>)> {
+    let main = text.lines().next().and_then(|l| l.strip_prefix("main thread ")).map(str::trim);
+    let mut out: Vec<(String, Vec<StackFrame>)> = Vec::new();
+    for line in text.lines() {
+        let header = line.strip_prefix("Current thread ").or_else(|| line.strip_prefix("Thread "));
+        if let Some(rest) = header.filter(|_| line.contains("most recent call first")) {
+            let id = rest.split_whitespace().next().unwrap_or_default();
+            let name = if Some(id) == main { "MainThread".to_string() } else { format!("thread {id}") };
+            out.push((name, Vec::new()));
+        } else if let Some(rest) = line.trim_start().strip_prefix("File \"")
+            && let Some((path, after)) = rest.split_once("\", line ")
+            && let Some((number, function)) = after.split_once(" in ")
+            && let Some((_, frames)) = out.last_mut()
+        {
+            let file = if is_user_path(path) { path.rsplit('/').next().unwrap_or(path) } else { path };
+            frames.push(StackFrame {
+                function: function.trim().to_string(),
+                place: Some(format!("{file}:{number}")),
+            });
         }
     }
     out
@@ -578,6 +612,30 @@ mod tests {
         );
         let cpp = "terminate called after throwing an instance of 'c10::Error'\n  what():  CUDA error: initialization error\nException raised from c10_cuda_check_implementation";
         assert_eq!(key_line(&lines(cpp)).unwrap().text, "CUDA error: initialization error");
+    }
+
+    #[test]
+    fn a_fault_handler_dump_at_sigterm_becomes_threads_with_the_main_one_named() {
+        let dump = "main thread 0x00007f55a8c4f740\n\
+                    Thread 0x00007f551bfff6c0 (most recent call first):\n  \
+                    File \"/usr/lib/python3.11/threading.py\", line 331 in wait\n  \
+                    File \"/runs/1-x/python-site/sitecustomize.py\", line 214 in _run\n\n\
+                    Current thread 0x00007f55a8c4f740 (most recent call first):\n  \
+                    File \"/t/inject/sitecustomize.py\", line 50 in _compute\n  \
+                    File \"/v/lib/python3.11/site-packages/torch/optim/optimizer.py\", line 510 in wrapper\n  \
+                    File \"/t/observed_ddp.py\", line 41 in main\n  \
+                    File \"/t/observed_ddp.py\", line 56 in <module>\n";
+        let threads = fault_handler_threads(dump);
+        assert_eq!(threads.len(), 2);
+        assert_eq!(threads[0].0, "thread 0x00007f551bfff6c0");
+        assert_eq!(threads[0].1[0].place.as_deref(), Some("/usr/lib/python3.11/threading.py:331"));
+        assert_eq!(threads[1].0, "MainThread");
+        assert_eq!(threads[1].1.len(), 4);
+        assert_eq!(threads[1].1[0].place.as_deref(), Some("/t/inject/sitecustomize.py:50"));
+        assert_eq!(
+            threads[1].1[2],
+            StackFrame { function: "main".into(), place: Some("observed_ddp.py:41".into()) }
+        );
     }
 
     #[test]

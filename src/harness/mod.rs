@@ -261,6 +261,9 @@ pub fn run_scenario_on_node(
         crate::run_files::replace(&file, crate::harness::plan::command::SITECUSTOMIZE.as_bytes())
             .map_err(|e| prepare(&file, e))?;
     }
+    if let Some(folder) = &plan.stop_stacks {
+        crate::run_files::folder(folder).map_err(|e| prepare(folder, e))?;
+    }
     // Validation has checked the sizes; a value that slipped past it is refused by the plan.
     let private_shm = match &plan.private_shm {
         Some((bytes, label)) => Some(namespace::PrivateShm::create(*bytes, label)?),
@@ -279,6 +282,20 @@ pub fn run_scenario_on_node(
     drop(private_shm);
     drop(cgroup);
     observed.leftovers.processes.extend(orphans);
+    if let Some(folder) = &plan.stop_stacks {
+        // Where each rank its launcher (or anyone) stopped with SIGTERM was, in its own words: into
+        // its dumps, unless py-spy already read that process (a hang: ups-doctor looks before it
+        // stops a rank). Then the folder goes; a failure to remove it leaves a few text files in
+        // the run's own folder.
+        for end in &mut observed.ends {
+            let Some(pid) = end.pid else { continue };
+            let read = end.dumps.iter().any(|d| d.pid == pid && d.py_spy.is_some());
+            if let Some(dump) = os::stacks::stack_at_sigterm(folder, pid, end.rank).filter(|_| !read) {
+                end.dumps.push(dump);
+            }
+        }
+        let _ = std::fs::remove_dir_all(folder);
+    }
     // The program formed a larger process group than the scenario said: the run watched that
     // many ranks, and the result's scenario says so (`external.world_size_declared` keeps what was
     // said).

@@ -792,6 +792,7 @@ mod tests {
                     taken: Some("the moment rank 3 on node 1 (node-b) was killed by SIGSEGV".into()),
                     py_spy: None,
                     error: None,
+                    python: None,
                     threads,
                 },
             )];

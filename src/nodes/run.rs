@@ -139,7 +139,7 @@ impl RemoteRecord {
                 harness::py_spy_dump(self.py_spy.as_deref(), pid, rank, role)
             } else {
                 let threads = harness::kernel_threads(pid);
-                ProcessDump { pid, rank, role, taken: None, py_spy: None, error: None, threads }
+                ProcessDump { pid, rank, role, taken: None, py_spy: None, error: None, python: None, threads }
             };
             dump.taken = Some(format!("the moment {why}"));
             if !dump.threads.is_empty() {

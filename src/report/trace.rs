@@ -415,7 +415,7 @@ fn thread_text(t: &ThreadStack) -> String {
 }
 
 fn dump_text(d: &ProcessDump) -> String {
-    let body = d.py_spy.clone().or_else(|| d.error.clone()).unwrap_or_default();
+    let body = d.py_spy.clone().or_else(|| d.python.clone()).or_else(|| d.error.clone()).unwrap_or_default();
     format!("{} (pid {})\n{body}", d.label(), d.pid)
 }
 

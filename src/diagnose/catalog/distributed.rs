@@ -267,7 +267,7 @@ pub fn ranks_out_of_step(ev: &Evidence, first: Option<&RankEvidence>) -> Option<
 
 /// The innermost frame of the program's own code (`<module> (slow.py:6)`): not torch's, the
 /// standard library's or an installed package's.
-fn program_frame(frames: &[crate::diagnose::evidence::StackFrame]) -> Option<String> {
+pub(super) fn program_frame(frames: &[crate::diagnose::evidence::StackFrame]) -> Option<String> {
     frames.iter().find_map(|f| {
         let place = f.place.as_deref()?;
         // py-spy may print torch's files relative to site-packages (`torch/_tensor.py:630`).

@@ -82,6 +82,8 @@ fn counts(ev: &Evidence) -> Option<Vec<(u32, u64)>> {
 /// the ranks behind it in the group's count (each with its count) and the evidence lines.
 struct WaitedFor {
     behind: Vec<(u32, u64)>,
+    /// The waiting rank's place in the group's count: the collective it gave up in.
+    reached: Option<u64>,
     /// Why no rank can be named, where none is behind.
     unknown: Option<String>,
     evidence: Vec<String>,
@@ -94,6 +96,7 @@ fn waited_for(ev: &Evidence, waiter: &RankEvidence, reached: Option<u64>) -> Wai
     let Some(counts) = counts(ev) else {
         return WaitedFor {
             behind: Vec::new(),
+            reached: None,
             unknown: Some(
                 "the observer did not read every rank's count of collectives (it is off with `--no-observe`, and \
                  reads none before a process group forms)"
@@ -106,6 +109,7 @@ fn waited_for(ev: &Evidence, waiter: &RankEvidence, reached: Option<u64>) -> Wai
     let Some(reached) = reached.or(own) else {
         return WaitedFor {
             behind: Vec::new(),
+            reached: None,
             unknown: Some("its own count is not known".into()),
             evidence,
         };
@@ -144,7 +148,10 @@ fn waited_for(ev: &Evidence, waiter: &RankEvidence, reached: Option<u64>) -> Wai
             }
             _ => String::new(),
         };
-        evidence.push(format!("rank {rank} had issued {n}: it had not reached #{reached}{last}{then}"));
+        evidence.push(format!(
+            "rank {rank} had issued {n}: it had not reached #{reached}{last}{then}{}",
+            whereabouts(r)
+        ));
     }
     let unknown = behind.is_empty().then(|| {
         format!(
@@ -153,7 +160,20 @@ fn waited_for(ev: &Evidence, waiter: &RankEvidence, reached: Option<u64>) -> Wai
             waiter.rank()
         )
     });
-    WaitedFor { behind, unknown, evidence }
+    WaitedFor { behind, reached: Some(reached), unknown, evidence }
+}
+
+/// Where a rank's own stacks (taken as it was stopped) place its main thread: `; its stack then:
+/// in `all_reduce`, at `main (train.py:41)`` or `; its stack then: outside any collective, at …`.
+fn whereabouts(r: &RankEvidence) -> String {
+    let Some(thread) = super::distributed::main_thread(r) else { return String::new() };
+    let inside = match super::distributed::collective_of(&thread.frames) {
+        Some(c) => format!("in {c}"),
+        None => "outside any collective".to_string(),
+    };
+    let at =
+        super::distributed::program_frame(&thread.frames).map(|f| format!(", at `{f}`")).unwrap_or_default();
+    format!("; its stack then: {inside}{at}")
 }
 
 /// The ranks the verdict names beside the one that gave up first, none of them collateral: those
@@ -210,14 +230,28 @@ pub fn collective_timeout(ev: &Evidence, first: Option<&RankEvidence>) -> Option
     let said = |l: &str| l[l.find("Timed out waiting").unwrap_or(0)..].trim().to_string();
     let rank = first.rank();
     let behind: Vec<u32> = w.behind.iter().map(|(r, _)| *r).collect();
+    // The one rank it waited for, where its own stack placed it as it was stopped.
+    let then = match behind.as_slice() {
+        [one] => ev.rank(*one).map(whereabouts).and_then(|w| {
+            let w = w.strip_prefix("; its stack then: ")?.to_string();
+            Some(format!(", {w} when it was stopped"))
+        }),
+        _ => None,
+    };
+    // The collective itself, where the ledger holds it (a Python call; DDP's are not in it).
+    let open = (first.result.observed.as_ref())
+        .and_then(|o| o.last_of("default"))
+        .filter(|e| e.ms.is_none() && w.reached.is_some_and(|n| e.holds(n)))
+        .map_or_else(|| "a collective".to_string(), |e| e.render());
     let headline = match &w.unknown {
         None => format!(
-            "Rank {rank} gave up after {} waiting in a collective that {} had not reached (gloo: `{}`): it was \
-             waiting for {}.",
+            "Rank {rank} gave up after {} waiting in {open}, which {} had not reached (gloo: `{}`): it was \
+             waiting for {}{}.",
             duration(ms),
             ranks_list(&behind),
             said(line),
             ranks_list(&behind),
+            then.unwrap_or_default(),
         ),
         Some(why) => format!(
             "Rank {rank} gave up after {} waiting in a collective that another rank did not join (gloo: `{}`); \

@@ -247,6 +247,7 @@ fn hung_with_stack(rank: u32, frames: &str) -> RankResult {
             1000 + rank
         )),
         error: None,
+        python: None,
         threads: vec![crate::schema::KernelThread {
             tid: 1,
             name: "python".into(),
@@ -1578,7 +1579,7 @@ fn a_collective_that_timed_out_names_the_rank_it_waited_for_not_the_first_to_fai
     assert_eq!(v.pattern.as_deref(), Some("collective-timeout"), "{v:?}");
     assert_eq!(
         v.headline,
-        "Rank 0 gave up after 8 s waiting in a collective that rank 1 had not reached (gloo: `Timed out waiting \
+        "Rank 0 gave up after 8 s waiting in a collective, which rank 1 had not reached (gloo: `Timed out waiting \
          8000ms for recv operation to complete`): it was waiting for rank 1."
     );
     assert_eq!((j.outcome, j.first_failure), (OutcomeKind::Exited, Some(0)));
@@ -1612,7 +1613,7 @@ fn a_collective_that_timed_out_names_the_rank_it_waited_for_not_the_first_to_fai
     assert_eq!(j.first_failure, Some(0));
     assert_eq!(
         j.verdict.headline,
-        "Rank 0 gave up after 8 s waiting in a collective that rank 2 had not reached (gloo: `Timed out waiting \
+        "Rank 0 gave up after 8 s waiting in a collective, which rank 2 had not reached (gloo: `Timed out waiting \
          8000ms for recv operation to complete`): it was waiting for rank 2. Ranks 1, 3 gave up waiting too."
     );
     let mut not_collateral = j.same_failure.clone();

@@ -59,7 +59,7 @@ pub fn py_spy_dump(py_spy: Option<&Path>, pid: u32, rank: u32, role: ProcessRole
             }
         }
     };
-    ProcessDump { pid, rank, role, taken: None, py_spy: text, error, threads }
+    ProcessDump { pid, rank, role, taken: None, py_spy: text, error, python: None, threads }
 }
 
 /// Each thread's name, kernel wait channel and current system call, from procfs.
@@ -132,6 +132,28 @@ fn syscall_name(n: i64) -> Option<&'static str> {
         (libc::SYS_accept4, "accept4"),
     ];
     NAMES.iter().find(|(num, _)| i64::from(*num) == n).map(|(_, name)| *name)
+}
+
+/// How a dump the rank wrote as SIGTERM stopped it is labelled (`rank 1, as SIGTERM stopped it`).
+pub const AT_SIGTERM: &str = "as SIGTERM stopped it";
+
+/// The Python stacks a rank wrote itself as SIGTERM stopped it (the observer's
+/// `_stack_at_sigterm`: `folder/PID.txt`, the main thread's id on its first line, then
+/// `faulthandler`'s dump), for the rank `pid`; `None` when it wrote none (never stopped by
+/// SIGTERM, no process group formed, a handler of the program's own, or no observer).
+pub fn stack_at_sigterm(folder: &Path, pid: u32, rank: u32) -> Option<ProcessDump> {
+    let text = std::fs::read_to_string(folder.join(format!("{pid}.txt"))).ok()?;
+    let dumped = text.lines().skip(1).any(|l| l.contains("(most recent call first)"));
+    dumped.then(|| ProcessDump {
+        pid,
+        rank,
+        role: ProcessRole::Rank,
+        taken: Some(AT_SIGTERM.to_string()),
+        py_spy: None,
+        error: None,
+        python: Some(text.trim_end().to_string()),
+        threads: Vec::new(),
+    })
 }
 
 #[cfg(test)]

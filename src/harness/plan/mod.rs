@@ -236,6 +236,10 @@ pub struct Plan {
     /// have it first on `PYTHONPATH`); none for the built-in trainer, or when the user set
     /// `PYTHONUNBUFFERED` and the observer is off.
     pub python_site: Option<PathBuf>,
+    /// Where each observed rank writes its Python stacks as SIGTERM stops it
+    /// (`UPS_DOCTOR_STOP_STACKS`, one `PID.txt` a rank); read into the rank's dumps after the run
+    /// and removed. Only with the observer.
+    pub stop_stacks: Option<PathBuf>,
     pub completion: Completion,
     pub timing: Timing,
     /// Bytes of the private `/dev/shm` every process joins (`data.shm_size`), with its label.
@@ -253,6 +257,9 @@ impl Plan {
         !self.argv.is_empty()
     }
 }
+
+/// The variable that tells the observer where a rank's stacks go as SIGTERM stops it.
+pub const STOP_STACKS_ENV: &str = "UPS_DOCTOR_STOP_STACKS";
 
 /// The number a launcher's events carry: past every rank, also those of a grown world.
 pub const LAUNCHER_NUMBER: u32 = u32::MAX;
@@ -313,6 +320,10 @@ pub fn plan(scenario: &Scenario, facts: &Facts) -> Result<Plan, PlanError> {
     if python_site.is_some() && !observe {
         python_env.push(("UPS_DOCTOR_OBSERVE".into(), "0".into()));
     }
+    let stop_stacks = observe.then(|| facts.log_dir.join("stop-stacks"));
+    if let Some(folder) = &stop_stacks {
+        python_env.push((STOP_STACKS_ENV.into(), folder.display().to_string()));
+    }
     if let Some(site) = &python_site {
         let path = std::iter::once(site.display().to_string())
             .chain(facts.pythonpath.clone().filter(|p| !p.is_empty()));
@@ -371,6 +382,7 @@ pub fn plan(scenario: &Scenario, facts: &Facts) -> Result<Plan, PlanError> {
         processes,
         marker_fifo,
         python_site,
+        stop_stacks,
         completion,
         timing: Timing::of(scenario),
         private_shm,
@@ -600,9 +612,11 @@ mod tests {
         assert_eq!(env(&own_port.processes[0], "PET_MASTER_PORT"), None, "the user's port stands");
         assert_eq!(
             own_port.processes[0].env.len(),
-            6,
-            "run id, FIFO, two Python variables, UPS_DOCTOR_LINE_BUFFERED, PYTHONPATH"
+            7,
+            "run id, FIFO, two Python variables, UPS_DOCTOR_LINE_BUFFERED, UPS_DOCTOR_STOP_STACKS, PYTHONPATH"
         );
+        assert_eq!(env(&own_port.processes[0], STOP_STACKS_ENV), Some("/runs/a/stop-stacks"));
+        assert_eq!(own_port.stop_stacks.as_deref(), Some(Path::new("/runs/a/stop-stacks")));
 
         let named = scenario(r#"{"launch": {"style": "per_rank"}, "command": ["torchrun", "t.py"]}"#);
         let p = planned(&named, &[], true).unwrap();

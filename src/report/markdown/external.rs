@@ -161,16 +161,26 @@ pub(super) fn dumps(doc: &mut Doc, r: &RankResult) {
     let when = if attached { "" } else { " when it was stopped" };
     doc.push(format!("### What rank {} was doing{when}", r.rank));
     for d in &r.dumps {
-        doc.push(details_open(&format!(
-            "{} (pid {}): {}",
-            d.label(),
-            d.pid,
+        let what = if d.threads.is_empty() && d.python.is_some() {
+            "its Python stacks".to_string()
+        } else {
             count(d.threads.len(), "thread", "threads")
-        )));
-        match (&d.py_spy, &d.error) {
-            (Some(text), _) => doc.push(fence("text", &strip_control(text))),
-            (None, Some(why)) => doc.push(format!("No Python stacks: {}", why.lines().next().unwrap_or(""))),
-            (None, None) => {}
+        };
+        doc.push(details_open(&format!("{} (pid {}): {what}", d.label(), d.pid)));
+        match (&d.py_spy, &d.error, &d.python) {
+            (Some(text), _, _) => doc.push(fence("text", &strip_control(text))),
+            (None, _, Some(text)) => {
+                doc.push("Python's own dump of its threads (`faulthandler`), written by the rank as the signal came:");
+                doc.push(fence("text", &strip_control(text)));
+            }
+            (None, Some(why), None) => {
+                doc.push(format!("No Python stacks: {}", why.lines().next().unwrap_or("")))
+            }
+            (None, None, None) => {}
+        }
+        if d.threads.is_empty() {
+            doc.push(DETAILS_CLOSE);
+            continue;
         }
         let rows: Vec<String> = d
             .threads

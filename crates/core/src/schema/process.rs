@@ -147,6 +147,10 @@ pub struct ProcessDump {
     /// Why there is no py-spy output.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Python's own dump of its threads (`faulthandler`), written by the process itself as a
+    /// signal stopped it (`taken` says which): where a rank was when its launcher stopped it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub python: Option<String>,
     pub threads: Vec<KernelThread>,
 }
 
@@ -179,6 +183,8 @@ struct DumpWire {
     py_spy: Option<String>,
     #[serde(default)]
     error: Option<String>,
+    #[serde(default)]
+    python: Option<String>,
     threads: Vec<KernelThread>,
 }
 
@@ -197,7 +203,16 @@ impl From<DumpWire> for ProcessDump {
         });
         let earlier = w.role.split_once(", the moment ").map(|(_, moment)| format!("the moment {moment}"));
         let taken = w.taken.or(earlier);
-        ProcessDump { pid: w.pid, rank, role, taken, py_spy: w.py_spy, error: w.error, threads: w.threads }
+        ProcessDump {
+            pid: w.pid,
+            rank,
+            role,
+            taken,
+            py_spy: w.py_spy,
+            error: w.error,
+            python: w.python,
+            threads: w.threads,
+        }
     }
 }
 
