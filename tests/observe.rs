@@ -34,6 +34,17 @@ fn run_injected(sb: &Sandbox, file: &std::path::Path, env: &[(&str, &str)]) -> V
     s
 }
 
+/// The number of the first line of `tests/programs/observed_ddp.py` that holds `needle`, as the
+/// program's frames name it.
+fn line_of(needle: &str) -> usize {
+    let source = std::fs::read_to_string(repo().join("tests/programs/observed_ddp.py")).unwrap();
+    source
+        .lines()
+        .position(|l| l.contains(needle))
+        .unwrap_or_else(|| panic!("no `{needle}` in observed_ddp.py"))
+        + 1
+}
+
 fn verdict<'v>(s: &'v Value, field: &str) -> &'v str {
     s["verdict"][field].as_str().unwrap_or_else(|| panic!("no verdict.{field}: {:#}", s["verdict"]))
 }
@@ -63,8 +74,9 @@ fn a_skipped_collective_is_attributed_to_the_rank_that_skipped_it_whichever_it_i
         let headline = verdict(&s, "headline");
         assert!(
             headline.starts_with(&format!(
-                "Collectives out of step: rank {skipper} never issued `all_gather` #5 (observed_ddp.py:40, \
-                 {shapes}, float32), which {waiters} {verb} in"
+                "Collectives out of step: rank {skipper} never issued `all_gather` #5 (observed_ddp.py:{}, \
+                 {shapes}, float32), which {waiters} {verb} in",
+                line_of("dist.all_gather(")
             )),
             "{headline}"
         );
@@ -471,7 +483,10 @@ fn a_ranks_uncaught_exception_under_torchrun_is_that_ranks_error_with_the_progra
         &[("INJECT_MISSING_RANK", "1"), ("INJECT_MISSING_MODULE", "torch.utils.data.distributed")],
     );
     assert_eq!(s["first_failure"], 1, "{:#}", s["verdict"]);
-    let error = "ModuleNotFoundError: No module named 'torch.utils.data.distributed' (observed_ddp.py:14 in <module>)";
+    let error = format!(
+        "ModuleNotFoundError: No module named 'torch.utils.data.distributed' (observed_ddp.py:{} in <module>)",
+        line_of("from torch.utils.data.distributed import")
+    );
     assert_eq!(s["ranks"][1]["error"], error, "{:#}", s["ranks"][1]);
     assert_eq!(verdict(&s, "key_line"), error);
     let headline = verdict(&s, "headline");
@@ -500,9 +515,10 @@ fn a_rank_asleep_outside_any_collective_is_behind_not_a_collective_mismatch() {
     assert!(headline.contains("Rank 1 is the odd one: it is stuck outside any collective"), "{headline}");
     let cause = verdict(&s, "likely_cause");
     assert!(
-        cause.contains(
-            "Rank 1 is behind, in its own work outside any collective, at `main (observed_ddp.py:40)`"
-        ),
+        cause.contains(&format!(
+            "Rank 1 is behind, in its own work outside any collective, at `main (observed_ddp.py:{})`",
+            line_of("dist.all_gather(")
+        )),
         "{cause}"
     );
     assert!(!format!("{:#}", s["verdict"]).contains("gone on past"), "{:#}", s["verdict"]);
@@ -541,8 +557,7 @@ fn a_collective_that_timed_out_names_the_rank_it_waited_for_not_the_first_to_fai
         if observe {
             // Where rank 1 was as torchrun stopped it, from the stack it wrote itself then: the
             // program's `optimizer.step()` line (the stall runs in the step's pre-hook).
-            let source = std::fs::read_to_string(&program).unwrap();
-            let step_line = source.lines().position(|l| l.trim() == "optimizer.step()").unwrap() + 1;
+            let step_line = line_of("optimizer.step()");
             assert!(
                 headline.contains("which rank 1 had not reached")
                     && headline.ends_with(&format!(

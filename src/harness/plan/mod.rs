@@ -300,35 +300,7 @@ pub fn plan(scenario: &Scenario, facts: &Facts) -> Result<Plan, PlanError> {
         Some(CompletesWhen::Output(p)) => Completion::Output(regex::Regex::new(p)?),
     };
     let watch_stdout = matches!(completion, Completion::Stdout(_) | Completion::Output(_));
-    let mut python_env: Vec<(String, String)> = crate::harness::plan::command::PYTHON_ENV
-        .iter()
-        .filter(|(k, _)| external && !(facts.env_has)(k))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    // The sitecustomize goes first on the path where ups-doctor made the output unbuffered, and
-    // for the observer it carries. Wherever it is, it makes the output line-buffered (one write a
-    // line), whoever set `PYTHONUNBUFFERED` (ups-doctor, or the user, as most ML container images
-    // do): unbuffered alone writes `print`'s text and its newline apart, and ranks sharing a
-    // launcher's stdout split each other's lines, which hid completion patterns. Each line still
-    // goes out at once.
-    let ours_unbuffered = python_env.iter().any(|(k, _)| k == "PYTHONUNBUFFERED");
-    let observe = external && scenario.launch.observe;
-    let python_site = (ours_unbuffered || observe).then(|| facts.python_site.to_path_buf());
-    if python_site.is_some() {
-        python_env.push(("UPS_DOCTOR_LINE_BUFFERED".into(), "1".into()));
-    }
-    if python_site.is_some() && !observe {
-        python_env.push(("UPS_DOCTOR_OBSERVE".into(), "0".into()));
-    }
-    let stop_stacks = observe.then(|| facts.log_dir.join("stop-stacks"));
-    if let Some(folder) = &stop_stacks {
-        python_env.push((STOP_STACKS_ENV.into(), folder.display().to_string()));
-    }
-    if let Some(site) = &python_site {
-        let path = std::iter::once(site.display().to_string())
-            .chain(facts.pythonpath.clone().filter(|p| !p.is_empty()));
-        python_env.push(("PYTHONPATH".into(), path.collect::<Vec<_>>().join(":")));
-    }
+    let PythonEnv { env: python_env, site: python_site, stop_stacks } = python_env(scenario, facts);
     let (processes, marker_fifo) = match style {
         Style::Launcher => {
             let fifo = facts.log_dir.join("markers.fifo");
@@ -392,6 +364,49 @@ pub fn plan(scenario: &Scenario, facts: &Facts) -> Result<Plan, PlanError> {
             .then(|| Duration::from_millis(gpu_ms)),
         run_id: facts.run_id.to_string(),
     })
+}
+
+/// What a command's Python processes get from ups-doctor: variables, the folder of the
+/// `sitecustomize` put first on their `PYTHONPATH`, and the observer's folder for each rank's
+/// stacks at SIGTERM.
+struct PythonEnv {
+    env: Vec<(String, String)>,
+    site: Option<PathBuf>,
+    stop_stacks: Option<PathBuf>,
+}
+
+fn python_env(scenario: &Scenario, facts: &Facts) -> PythonEnv {
+    let external = scenario.is_external();
+    let mut env: Vec<(String, String)> = crate::harness::plan::command::PYTHON_ENV
+        .iter()
+        .filter(|(k, _)| external && !(facts.env_has)(k))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    // The sitecustomize goes first on the path where ups-doctor made the output unbuffered, and
+    // for the observer it carries. Wherever it is, it makes the output line-buffered (one write a
+    // line), whoever set `PYTHONUNBUFFERED` (ups-doctor, or the user, as most ML container images
+    // do): unbuffered alone writes `print`'s text and its newline apart, and ranks sharing a
+    // launcher's stdout split each other's lines, which hid completion patterns. Each line still
+    // goes out at once.
+    let ours_unbuffered = env.iter().any(|(k, _)| k == "PYTHONUNBUFFERED");
+    let observe = external && scenario.launch.observe;
+    let python_site = (ours_unbuffered || observe).then(|| facts.python_site.to_path_buf());
+    if python_site.is_some() {
+        env.push(("UPS_DOCTOR_LINE_BUFFERED".into(), "1".into()));
+    }
+    if python_site.is_some() && !observe {
+        env.push(("UPS_DOCTOR_OBSERVE".into(), "0".into()));
+    }
+    let stop_stacks = observe.then(|| facts.log_dir.join("stop-stacks"));
+    if let Some(folder) = &stop_stacks {
+        env.push((STOP_STACKS_ENV.into(), folder.display().to_string()));
+    }
+    if let Some(site) = &python_site {
+        let path = std::iter::once(site.display().to_string())
+            .chain(facts.pythonpath.clone().filter(|p| !p.is_empty()));
+        env.push(("PYTHONPATH".into(), path.collect::<Vec<_>>().join(":")));
+    }
+    PythonEnv { env, site: python_site, stop_stacks }
 }
 
 /// The launcher of a `launcher`-style command (torchrun): started once, without a rank's
