@@ -602,6 +602,48 @@ fn walkdir(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     out
 }
 
+/// torchrun with `--max-restarts 1` and rank 1's module missing in every attempt (injected from
+/// outside): the first attempt fails, torchrun starts both ranks again (`TORCHELASTIC_RESTART_COUNT`
+/// 1), and the second fails too. The restart is seen and said; the headline is torchrun's end with
+/// the watched attempt after it, not the first attempt's failure as the job's; the ranks' results
+/// are their first processes' (the new processes' markers are not folded in).
+#[test]
+fn a_torchrun_restart_is_seen_and_the_watched_attempt_is_not_called_the_jobs_end() {
+    let sb = Sandbox::new();
+    let program = repo().join("tests/programs/observed_ddp.py").display().to_string();
+    let file = sb.scenario(
+        "restart",
+        &format!(
+            r#"{{"command": ["torchrun", "--nproc_per_node", "2", "--max-restarts", "1", "--master_port",
+                 "{{master_port}}", "{program}", "--steps", "10"],
+                "launch": {{"world_size": 2}}, "limits": {{"timeout_s": 180, "hang_after_s": 60}},
+                "expect": {{"outcome": "exited"}}}}"#
+        ),
+    );
+    let s = run_injected(
+        &sb,
+        &file,
+        &[("INJECT_MISSING_RANK", "1"), ("INJECT_MISSING_MODULE", "torch.utils.data.distributed")],
+    );
+    let restarted = s["external"]["launcher"]["restarted"].as_array().expect("the restart is recorded");
+    let mut again: Vec<u64> = restarted.iter().map(|r| r["rank"].as_u64().unwrap()).collect();
+    again.sort_unstable();
+    assert_eq!(again, [0, 1], "{restarted:#?}");
+    for r in restarted {
+        let rank = r["rank"].as_u64().unwrap() as usize;
+        assert_ne!(r["pid"], s["ranks"][rank]["pid"], "a new process, not the watched one: {restarted:#?}");
+    }
+    let headline = verdict(&s, "headline");
+    assert!(
+        headline.starts_with(
+            "`torchrun … observed_ddp.py` exited with status 1 after it had started ranks 0, 1 again; the later \
+             attempt's end is in its own output (not watched). The attempt ups-doctor watched: Rank 1 exited with \
+             status 1: ModuleNotFoundError"
+        ),
+        "{headline}"
+    );
+}
+
 /// A DataLoader worker's exception under torchrun, re-raised in the rank: the rank's error (from
 /// the observer's `sys.excepthook`) places it at the dataset's own line, from the worker's
 /// `Original Traceback` in the message, not at the rank's `for batch in loader`.

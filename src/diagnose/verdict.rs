@@ -25,6 +25,73 @@ pub struct Judgement {
 
 /// Judges one scenario from what was observed.
 pub fn judge(o: &Observed) -> Judgement {
+    let judged = judge_watched(o);
+    match o.launcher.filter(|l| !l.restarted.is_empty()) {
+        Some(launcher) if judged.outcome != OutcomeKind::Passed => {
+            after_restart(judged, launcher, o.scenario)
+        }
+        _ => judged,
+    }
+}
+
+/// The launcher started ranks again (an elastic restart: torchrun's `--max-restarts`) after the
+/// processes ups-doctor watched for them ended. What was judged is that first attempt; the job's
+/// end is the launcher's, which a later attempt decided. Said first, so that a failure the restart
+/// recovered from is not the verdict of a job that passed, nor the first attempt's failure the
+/// cause of a later one's.
+fn after_restart(j: Judgement, launcher: &LauncherEnd, scenario: &Scenario) -> Judgement {
+    let mut ranks: Vec<u32> = launcher.restarted.iter().map(|r| r.rank).collect();
+    ranks.sort_unstable();
+    ranks.dedup();
+    let which = if ranks.len() == 1 { "rank" } else { "ranks" };
+    let started = format!("started {which} {} again", rank_ranges(&ranks));
+    let name = program(scenario);
+    let first = j.verdict.headline.trim_end_matches('.').to_string();
+    let pids: Vec<String> =
+        launcher.restarted.iter().map(|r| format!("rank {} pid {}", r.rank, r.pid)).collect();
+    let mut verdict = j.verdict;
+    verdict.evidence.insert(
+        0,
+        format!(
+            "`{name}` {started} after the processes watched for them ended (an elastic restart; {}): the new \
+             processes were not watched, and the ranks' figures here are their first processes'",
+            pids.join(", ")
+        ),
+    );
+    if launcher.exit_code == Some(0) {
+        verdict.headline = format!(
+            "Passed after a restart: `{name}` exited with status 0 once it had {started}. The attempt ups-doctor \
+             watched failed: {first}."
+        );
+        verdict.pattern = None;
+        verdict.reference = None;
+        verdict.key_line = None;
+        verdict.likely_cause = Some(format!(
+            "The first attempt failed and the launcher's restart recovered from it; a failure a restart hides comes \
+             back (and costs the restart's time): the first attempt's evidence is below. {}",
+            verdict.likely_cause.unwrap_or_default()
+        ));
+        return Judgement {
+            outcome: OutcomeKind::Passed,
+            first_failure: None,
+            verdict,
+            same_failure: Vec::new(),
+        };
+    }
+    let end = match (launcher.exit_code, launcher.signal) {
+        (Some(c), _) => format!("exited with status {c}"),
+        (_, Some(s)) => format!("was killed by {s}"),
+        _ => "ended".to_string(),
+    };
+    verdict.headline = format!(
+        "`{name}` {end} after it had {started}; the later attempt's end is in its own output (not watched). \
+         The attempt ups-doctor watched: {first}."
+    );
+    Judgement { verdict, ..j }
+}
+
+/// Judges what ups-doctor watched: the ranks' first processes.
+fn judge_watched(o: &Observed) -> Judgement {
     let ev = Evidence::gather(o);
     let failing: Vec<&RankEvidence> = ev.ranks.iter().filter(|r| r.failed()).collect();
     // A rank that only lost its peer, or that its launcher stopped with nothing else seen of its

@@ -84,7 +84,22 @@ fn torchrun_end(code: i32, tail: &[&str]) -> LauncherEnd {
         quotes: Vec::new(),
         log_tail: tail.iter().map(|l| l.to_string()).collect(),
         port_in_use: None,
+        restarted: Vec::new(),
     }
+}
+
+/// The judgement of `ranks` under `launcher`, which ended as it says.
+fn judge_under(scenario: &Scenario, ranks: &[RankResult], launcher: &LauncherEnd) -> Judgement {
+    judge(&Observed {
+        scenario,
+        ranks,
+        wall_s: 9.0,
+        memory: None,
+        leftovers: &Leftovers::default(),
+        oom_kills: &[],
+        cgroup: None,
+        launcher: Some(launcher),
+    })
 }
 
 fn external() -> Scenario {
@@ -1683,4 +1698,61 @@ fn an_nccl_watchdog_timeout_names_the_rank_whose_count_is_below_its_seqnum() {
         "Rank 0's NCCL watchdog timed out in ALLREDUCE (SeqNum=12) after 600000 ms: rank 1 never joined that \
          collective (it had not reached it in the group's count)."
     );
+}
+
+/// torchrun with `--max-restarts 1`: rank 1's first process failed (recorded: a module missing on
+/// the first attempt only), torchrun started both ranks again, and the job's end is torchrun's.
+/// What ups-doctor watched is said as the first attempt, not as the job's outcome.
+#[test]
+fn a_launchers_restart_makes_the_first_attempts_failure_an_attempt_not_the_jobs_outcome() {
+    let missing = "Traceback (most recent call last):\n  File \"/t/observed_ddp.py\", line 16, in <module>\n\
+                   ModuleNotFoundError: No module named 'torch.utils.data.distributed'";
+    let sigterm = Exit::Signal { signal: Signal::TERM.number(), core_dumped: false };
+    let mut scenario: Scenario = serde_json::from_value(serde_json::json!({
+        "command": ["torchrun", "--nproc_per_node", "2", "--max-restarts", "1", "observed_ddp.py"],
+        "launch": {"world_size": 2}
+    }))
+    .unwrap();
+    scenario.name = "restart".into();
+    let ranks = vec![program_rank(0, sigterm, 4.5, ""), program_rank(1, Exit::Code(1), 4.4, missing)];
+    for (code, passed) in [(0, true), (1, false)] {
+        let mut launcher = torchrun_end(code, &[]);
+        launcher.restarted = vec![
+            crate::schema::RestartedRank { rank: 0, pid: 25834 },
+            crate::schema::RestartedRank { rank: 1, pid: 25835 },
+        ];
+        let j = judge_under(&scenario, &ranks, &launcher);
+        let first = "Rank 1 exited with status 1: ModuleNotFoundError: No module named 'torch.utils.data.distributed' \
+                     (observed_ddp.py:16 in <module>)";
+        assert!(
+            j.verdict.evidence[0].starts_with(
+                "`torchrun … observed_ddp.py` started ranks 0, 1 again after the processes watched for them ended \
+                 (an elastic restart; rank 0 pid 25834, rank 1 pid 25835)"
+            ),
+            "{:?}",
+            j.verdict.evidence
+        );
+        if passed {
+            assert_eq!((j.outcome, j.first_failure), (OutcomeKind::Passed, None));
+            assert!(
+                j.verdict.headline.starts_with(&format!(
+                    "Passed after a restart: `torchrun … observed_ddp.py` exited with status 0 once it had started \
+                     ranks 0, 1 again. The attempt ups-doctor watched failed: {first}"
+                )),
+                "{}",
+                j.verdict.headline
+            );
+            assert_eq!((j.verdict.pattern, j.verdict.key_line), (None, None));
+        } else {
+            assert_eq!((j.outcome, j.first_failure), (OutcomeKind::Exited, Some(1)));
+            assert!(
+                j.verdict.headline.starts_with(&format!(
+                    "`torchrun … observed_ddp.py` exited with status 1 after it had started ranks 0, 1 again; the \
+                     later attempt's end is in its own output (not watched). The attempt ups-doctor watched: {first}"
+                )),
+                "{}",
+                j.verdict.headline
+            );
+        }
+    }
 }

@@ -414,6 +414,9 @@ pub struct PidRanks {
     pub claimed: std::collections::BTreeMap<u32, u32>,
     pub found: std::collections::BTreeMap<u32, u32>,
     pub first: u32,
+    /// Processes the launcher started for a rank again (an elastic restart), which are not
+    /// watched: their lines, and their children's, are not that rank's (its first process's).
+    pub restarted: std::collections::BTreeSet<u32>,
 }
 
 /// How often at most a marker reader reads its pipe while markers keep coming.
@@ -517,8 +520,17 @@ impl TaggedRouter {
         let Ok(serde_json::Value::Object(v)) = serde_json::from_str::<serde_json::Value>(line) else {
             return Vec::new();
         };
-        let grew = self.grow(&v);
         let pid = v.get("pid").and_then(|p| p.as_u64()).and_then(|p| u32::try_from(p).ok());
+        // Only after a restart was seen: the parent's read is a system call a line.
+        if let (Some(p), Ok(known)) = (pid, ranks.lock())
+            && !known.restarted.is_empty()
+        {
+            let later = |p: u32| known.restarted.contains(&p);
+            if later(p) || parent(p).is_some_and(later) {
+                return Vec::new();
+            }
+        }
+        let grew = self.grow(&v);
         let said = v.get("rank").and_then(|r| u32::try_from(r.as_u64()?).ok()).filter(|r| *r < self.world);
         let v = serde_json::Value::Object(v);
         let rank = {
@@ -781,6 +793,28 @@ mod tests {
         // A writer claims once: a later different rank does not move it.
         let again = r#"{"t":"begin","phase":"backward","pid":100,"rank":0}"#;
         assert_eq!(ranks_of(&router.route(again, at, &ranks, parent)), [(1, true)]);
+    }
+
+    /// After a launcher's restart the rank's new process (and its workers) write to the same FIFO
+    /// with the same rank: their lines are not the first process's, which the rank's result holds.
+    #[test]
+    fn lines_of_a_rank_started_again_and_of_its_workers_are_not_routed() {
+        let ranks = std::sync::Mutex::new(PidRanks::default());
+        let mut router = TaggedRouter { world: 2, local: 2, grow_to: None, pending: Default::default() };
+        let at = Instant::now();
+        let parent = |pid: u32| (pid == 600).then_some(500);
+        let first = r#"{"t":"observer","steps":3,"pid":100,"rank":1}"#;
+        assert_eq!(ranks_of(&router.route(first, at, &ranks, parent)), [(1, true)]);
+        ranks.lock().unwrap().restarted.insert(500);
+        let again = r#"{"t":"observer","steps":9,"pid":500,"rank":1}"#;
+        assert!(router.route(again, at, &ranks, parent).is_empty());
+        let its_worker = r#"{"t":"observer","steps":0,"pid":600}"#;
+        assert!(router.route(its_worker, at, &ranks, parent).is_empty());
+        assert_eq!(
+            ranks_of(&router.route(first, at, &ranks, parent)),
+            [(1, true)],
+            "the first process's still go"
+        );
     }
 
     #[test]

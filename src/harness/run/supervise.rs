@@ -33,7 +33,7 @@ use crate::protocol::signal_name;
 use crate::scenario::Scenario;
 use crate::schema::{
     CgroupReport, ExitSource, ExternalRun, GpuReport, IdentifiedBy, LauncherEnd, LeftoverProcess, Leftovers,
-    MemoryReport, OomKill, ProcessRole, Signal,
+    MemoryReport, OomKill, ProcessRole, RestartedRank, Signal,
 };
 
 use super::machine::{Action, Input, Look, Machine, Phase, RankView, Teardown, View};
@@ -256,6 +256,8 @@ struct Slot {
     /// Workers its `worker` markers named that were checked to be this run's when the marker
     /// arrived ([`owner::Run::claim`]).
     verified_workers: Vec<Identity>,
+    /// The found rank's `TORCHELASTIC_RESTART_COUNT` (torchrun's count of its restarts).
+    restart_count: Option<u32>,
 }
 
 impl Slot {
@@ -279,6 +281,7 @@ impl Slot {
             exit_seen_at: None,
             added_at: None,
             verified_workers: Vec::new(),
+            restart_count: None,
         }
     }
 
@@ -342,6 +345,9 @@ struct Launcher {
     next_discovery: Instant,
     stdout_log: PathBuf,
     stderr_log: PathBuf,
+    /// Ranks it started again after their watched process ended (rank, new pid): an elastic
+    /// restart, told by `TORCHELASTIC_RESTART_COUNT` above the ended process's. Not watched.
+    restarted: Vec<RestartedRank>,
 }
 
 impl Launcher {
@@ -792,6 +798,7 @@ impl Supervisor<'_, '_> {
             next_discovery: self.start,
             stdout_log: p.stdout_log.clone(),
             stderr_log: p.stderr_log.clone(),
+            restarted: Vec::new(),
         };
         match process::open_marker_fifo(&fifo) {
             Ok(file) => {
@@ -1015,7 +1022,14 @@ impl Supervisor<'_, '_> {
     /// order) the markers or the port may still confirm or correct, while the launcher runs.
     fn looking_for_ranks(&self) -> bool {
         self.launcher.as_ref().is_some_and(Launcher::live)
-            && self.slots.iter().any(|s| s.found.is_none() || s.weakly_identified())
+            && self.slots.iter().any(|s| s.found.is_none() || s.weakly_identified() || self.may_restart(s))
+    }
+
+    /// Whether the launcher may still start `slot`'s rank again (torchrun's `--max-restarts`): its
+    /// watched process ended while the launcher runs, and no new one was seen yet.
+    fn may_restart(&self, slot: &Slot) -> bool {
+        let Some(l) = self.launcher.as_ref() else { return false };
+        slot.found_gone && !l.restarted.iter().any(|r| r.rank == slot.end.rank + l.first())
     }
 
     /// One round of rank discovery below the launcher (see [`crate::harness::discover::discover_ranks`]): new
@@ -1066,12 +1080,23 @@ impl Supervisor<'_, '_> {
                 continue;
             }
             let untouched = slot.end.torn_down_with.is_none() && !slot.dump_requested && !slot.found_gone;
+            if slot.found_gone && restart_count(pid).is_some_and(|n| n > slot.restart_count.unwrap_or(0)) {
+                // The launcher started this rank again (an elastic restart): said, not watched.
+                if !l.restarted.iter().any(|r| r.pid == pid) {
+                    l.restarted.push(RestartedRank { rank: rank + offset, pid });
+                    if let Ok(mut r) = l.pid_ranks.lock() {
+                        r.restarted.insert(pid);
+                    }
+                }
+                continue;
+            }
             if slot.found.is_some() && !(stronger && untouched) {
                 continue;
             }
             let Some(who) = owner::identify(pid) else { continue };
             slot.found = Some(pid);
             slot.found_id = Some(who);
+            slot.restart_count = restart_count(pid);
             slot.end.identified_by = Some(by);
             slot.end.pid = Some(pid);
             self.ownership.ranks.push(who);
@@ -1402,6 +1427,7 @@ impl Supervisor<'_, '_> {
                     holder_command: holder.map(|h| h.1),
                 }
             }),
+            restarted: l.restarted.clone(),
         };
         Some((end, matched))
     }
@@ -1577,4 +1603,10 @@ fn failed_on_its_own(slot: &Slot, needs_done: bool) -> bool {
 
 fn file_name(path: &Path) -> String {
     path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+}
+
+/// torchrun's count of the restarts of its worker group, as the process `pid` started with
+/// (`TORCHELASTIC_RESTART_COUNT`; its DataLoader workers inherit it).
+fn restart_count(pid: u32) -> Option<u32> {
+    crate::probe::memory::environ_var(pid, "TORCHELASTIC_RESTART_COUNT")?.trim().parse().ok()
 }

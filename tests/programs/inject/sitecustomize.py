@@ -17,6 +17,8 @@
   all-reduce meanwhile.
 - INJECT_MISSING_RANK=R, INJECT_MISSING_MODULE=M: on rank R, the program's own `import M` fails
   with `ModuleNotFoundError: No module named 'M'` (a package missing from one node's image).
+  With INJECT_MISSING_ATTEMPT=A, only in torchrun's attempt A (`TORCHELASTIC_RESTART_COUNT`): a
+  transient fault (a filesystem mounted late) that a restart gets past.
 - INJECT_EXIT_ABORT_RANK=R: on rank R, once the program has finished (an exit handler, which
   runs after the program's own ones), a daemon thread starts matrix products, which run in C++
   with the GIL let go. When Python then shuts down, the thread is ended as it takes the GIL back
@@ -108,7 +110,9 @@ def _inject():
 
 def _hooked(name, globals=None, *args, **kwargs):
     own = (globals or {}).get("__name__") == "__main__"
-    if own and _rank_is("INJECT_MISSING_RANK") and name == os.environ.get("INJECT_MISSING_MODULE"):
+    attempt = os.environ.get("INJECT_MISSING_ATTEMPT")
+    now = attempt is None or attempt == os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if own and now and _rank_is("INJECT_MISSING_RANK") and name == os.environ.get("INJECT_MISSING_MODULE"):
         raise ModuleNotFoundError(f"No module named '{name}'", name=name)
     module = _import(name, globals, *args, **kwargs)
     # Only at the program's own imports, once torch has loaded: the fault sits where the

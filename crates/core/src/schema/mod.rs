@@ -32,7 +32,8 @@ pub use nodes::{
 pub use observed::{GroupFormed, LEDGER_KEPT, LedgerEntry, ObservedProgram, TorchFacts};
 pub use process::{
     ExitSource, ExternalRun, ExternalStyle, IdentifiedBy, KernelThread, LauncherEnd, PhaseSpan, PortInUse,
-    ProcessDump, Quote, QuoteKind, RankResult, SilentCpu, ThreadStack, WorkerInfo, port_in_use_line,
+    ProcessDump, Quote, QuoteKind, RankResult, RestartedRank, SilentCpu, ThreadStack, WorkerInfo,
+    port_in_use_line,
 };
 pub use run::{LogCut, RunResult, ScenarioResult};
 pub use signal::Signal;

@@ -58,6 +58,18 @@ pub struct LauncherEnd {
     /// on it when the launcher ended, when one could be found.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub port_in_use: Option<PortInUse>,
+    /// Ranks it started again after the process ups-doctor watched for them ended: an elastic
+    /// restart (torchrun's `--max-restarts`), told by `TORCHELASTIC_RESTART_COUNT`. The new
+    /// processes were not watched: the ranks' results are their first processes'.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub restarted: Vec<RestartedRank>,
+}
+
+/// A rank its launcher started again, and the new process's pid.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RestartedRank {
+    pub rank: u32,
+    pub pid: u32,
 }
 
 /// A rendezvous port another process held.
