@@ -415,7 +415,8 @@ pub struct PidRanks {
     pub found: std::collections::BTreeMap<u32, u32>,
     pub first: u32,
     /// Processes the launcher started for a rank again (an elastic restart), which are not
-    /// watched: their lines, and their children's, are not that rank's (its first process's).
+    /// watched. Once there is one, only the found (watched) processes' lines and their children's
+    /// are routed: every later attempt writes the same ranks.
     pub restarted: std::collections::BTreeSet<u32>,
 }
 
@@ -521,12 +522,14 @@ impl TaggedRouter {
             return Vec::new();
         };
         let pid = v.get("pid").and_then(|p| p.as_u64()).and_then(|p| u32::try_from(p).ok());
-        // Only after a restart was seen: the parent's read is a system call a line.
+        // After a restart was seen, only the watched processes' lines (and their workers') are a
+        // rank's: every later attempt's processes write the same ranks. Only then: the parent's
+        // read is a system call a line.
         if let (Some(p), Ok(known)) = (pid, ranks.lock())
             && !known.restarted.is_empty()
         {
-            let later = |p: u32| known.restarted.contains(&p);
-            if later(p) || parent(p).is_some_and(later) {
+            let watched = |p: u32| known.found.contains_key(&p);
+            if !(watched(p) || parent(p).is_some_and(watched)) {
                 return Vec::new();
             }
         }
@@ -802,7 +805,12 @@ mod tests {
         let ranks = std::sync::Mutex::new(PidRanks::default());
         let mut router = TaggedRouter { world: 2, local: 2, grow_to: None, pending: Default::default() };
         let at = Instant::now();
-        let parent = |pid: u32| (pid == 600).then_some(500);
+        let parent = |pid: u32| match pid {
+            600 => Some(500),
+            150 => Some(100),
+            _ => None,
+        };
+        ranks.lock().unwrap().found.insert(100, 1);
         let first = r#"{"t":"observer","steps":3,"pid":100,"rank":1}"#;
         assert_eq!(ranks_of(&router.route(first, at, &ranks, parent)), [(1, true)]);
         ranks.lock().unwrap().restarted.insert(500);
@@ -810,11 +818,13 @@ mod tests {
         assert!(router.route(again, at, &ranks, parent).is_empty());
         let its_worker = r#"{"t":"observer","steps":0,"pid":600}"#;
         assert!(router.route(its_worker, at, &ranks, parent).is_empty());
-        assert_eq!(
-            ranks_of(&router.route(first, at, &ranks, parent)),
-            [(1, true)],
-            "the first process's still go"
-        );
+        // A third attempt's process, which discovery no longer looks for, is no more the rank's.
+        let third = r#"{"t":"observer","steps":2,"pid":700,"rank":1}"#;
+        assert!(router.route(third, at, &ranks, parent).is_empty());
+        let still = router.route(first, at, &ranks, parent);
+        assert_eq!(ranks_of(&still), [(1, true)], "the first process's lines still go");
+        let first_worker = r#"{"t":"worker","id":0,"pid":150,"start_method":"fork"}"#;
+        assert_eq!(ranks_of(&router.route(first_worker, at, &ranks, parent)), [(1, true)]);
     }
 
     #[test]
