@@ -453,3 +453,36 @@ fn a_rank_mp_spawn_reaped_before_ups_doctor_looked_ends_as_spawns_exception_says
     assert!(md.contains("rank 1's exit status is the one `torch.multiprocessing.spawn` gives"), "{md}");
     assert!(md.contains("ProcessExitedException: process 1 terminated with signal SIGSEGV"), "{md}");
 }
+
+/// `torch.multiprocessing.spawn`'s wrapper catches a rank's exception in the child (no
+/// `sys.excepthook` sees it), relays the traceback to the launcher, which prints it in its
+/// `ProcessRaisedException`, and reaps the process at once. The rank's error is that relayed
+/// traceback's: the exception and the program's own line, not "an unobserved status" alone.
+#[test]
+fn a_ranks_exception_relayed_by_mp_spawn_is_that_ranks_error_with_the_programs_line() {
+    let sb = Sandbox::new();
+    let path = repo().join("tests/programs/launchers.py");
+    let program = path.display().to_string();
+    let scenario = sb.scenario(
+        "raised",
+        &format!(
+            r#"{{"command": ["python", "{program}", "--launcher", "spawn", "--port-from", "own", "--steps", "6",
+                             "--raise-rank", "1", "--raise-step", "3"],
+                "launch": {{"world_size": 2}},
+                "limits": {{"timeout_s": 300, "hang_after_s": 120}},
+                "expect": {{"outcome": "exited", "rank": 1, "message": "ValueError: bad shard on rank 1"}}}}"#
+        ),
+    );
+    let run = sb.run_in_venv(&[&scenario]);
+    let s = &scenarios(&run)[0];
+    assert_eq!(run.code(), 0, "the expectation is met: {}", s["verdict"]);
+    let source = std::fs::read_to_string(&path).unwrap();
+    let line = source.lines().position(|l| l.contains("raise ValueError(f\"bad shard")).unwrap() + 1;
+    let error = format!("ValueError: bad shard on rank 1 (launchers.py:{line} in faults)");
+    assert_eq!(s["ranks"][1]["error"], error.as_str(), "{}", s["ranks"][1]);
+    let headline = s["verdict"]["headline"].as_str().unwrap();
+    assert!(headline.starts_with("Rank 1 exited with "), "{headline}");
+    assert!(headline.contains("ValueError: bad shard on rank 1"), "{headline}");
+    assert!(headline.contains(&format!("launchers.py:{line} in faults")), "{headline}");
+    assert_eq!(s["ranks"][0]["collateral"], true, "{}", s["ranks"][0]);
+}

@@ -19,6 +19,8 @@ gets only as an argument: nothing outside the program knows it.
 `--segv-rank R --segv-step S`: rank R reads address 0 (a real SIGSEGV) at step S.
 `--segv-wait PATH`: before that, rank R creates `PATH.waiting` and waits for `PATH.go` (a test
 freezes ups-doctor in between).
+`--raise-rank R --raise-step S`: rank R raises `ValueError` at step S (under `spawn`, whose
+wrapper catches it in the child and relays its traceback to the launcher).
 `--hang-rank R --hang-step S`: rank R skips step S's gradient all-reduce and waits in
 `dist.barrier()`; the other rank waits in the all-reduce: both hang.
 Rank 0 prints `training finished` at the end.
@@ -41,6 +43,8 @@ parser.add_argument("--steps", type=int, default=6)
 parser.add_argument("--segv-rank", type=int, default=-1)
 parser.add_argument("--segv-step", type=int, default=-1)
 parser.add_argument("--segv-wait", default="")
+parser.add_argument("--raise-rank", type=int, default=-1)
+parser.add_argument("--raise-step", type=int, default=-1)
 parser.add_argument("--hang-rank", type=int, default=-1)
 parser.add_argument("--hang-step", type=int, default=-1)
 parser.add_argument("--local_rank", type=int, default=-1, help="set by the deepspeed launcher (RANK is set too)")
@@ -66,6 +70,8 @@ def faults(rank, step):
                 time.sleep(0.05)
         print(f"rank {rank}: segfaulting at step {step}", flush=True)
         ctypes.string_at(0)
+    if rank == args.raise_rank and step == args.raise_step:
+        raise ValueError(f"bad shard on rank {rank}")
     if rank == args.hang_rank and step == args.hang_step:
         print(f"rank {rank}: skipping the all-reduce of step {step}", flush=True)
         dist.barrier()

@@ -34,6 +34,24 @@ pub fn spawn_failure(lines: &[String]) -> Option<SpawnFailure> {
     })
 }
 
+/// The process a `ProcessRaisedException` names and the traceback it relays (`-- Process 1
+/// terminated with the following error:` and the lines after it, to the first blank one): the
+/// rank's own exception, which `spawn`'s wrapper caught in the child (so no `sys.excepthook` saw
+/// it) and sent to the launcher to print. Its exit status is not in it.
+pub fn spawn_raised(lines: &[String]) -> Option<(u32, Vec<String>)> {
+    const LEAD: &str = "-- Process ";
+    let at =
+        lines.iter().rposition(|l| l.contains(LEAD) && l.contains("terminated with the following error"))?;
+    let line = &lines[at];
+    let index = line[line.find(LEAD)? + LEAD.len()..].split_whitespace().next()?.parse().ok()?;
+    let block: Vec<String> =
+        lines[at + 1..].iter().take_while(|l| !l.trim().is_empty()).take(MAX_RAISED_LINES).cloned().collect();
+    (!block.is_empty()).then_some((index, block))
+}
+
+/// The most lines of a relayed traceback kept.
+const MAX_RAISED_LINES: usize = 80;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -60,6 +78,32 @@ rank 0 step 3 loss 6.9526";
         let code =
             "torch.multiprocessing.spawn.ProcessExitedException: process 0 terminated with exit code 3";
         assert_eq!(spawn_failure(&lines(code)), Some(SpawnFailure { index: 0, exit: Exit::Code(3) }));
+    }
+
+    #[test]
+    fn a_raised_exception_gives_its_process_and_the_traceback_spawn_relayed() {
+        // As torch 2.11 printed it (`mp.spawn`, rank 1 raising `ValueError` in its function).
+        let text = "\
+torch.multiprocessing.spawn.ProcessRaisedException: \n\
+-- Process 1 terminated with the following error:
+Traceback (most recent call last):
+  File \"/v/lib/python3.11/site-packages/torch/multiprocessing/spawn.py\", line 87, in _wrap
+    fn(i, *args)
+  File \"/tmp/s49/spawnfail.py\", line 8, in work
+    raise ValueError(\"bad shard on rank 1\")
+ValueError: bad shard on rank 1
+
+rank 0 step 3";
+        let (index, block) = spawn_raised(&lines(text)).unwrap();
+        assert_eq!(index, 1);
+        assert_eq!(block.first().map(String::as_str), Some("Traceback (most recent call last):"));
+        assert_eq!(block.last().map(String::as_str), Some("ValueError: bad shard on rank 1"));
+        assert_eq!(
+            spawn_raised(&lines(
+                "torch.multiprocessing.spawn.ProcessExitedException: process 0 terminated with exit code 3"
+            )),
+            None
+        );
     }
 
     #[test]

@@ -425,9 +425,24 @@ fn slot_members(slot: &Slot, others: &[u32]) -> Vec<u32> {
 /// not read (spawn reaps at once: on a busy machine before the watcher looked). The index is
 /// spawn's: its processes in the order they started.
 fn spawns_account(slots: &mut [Slot], l: &Launcher, lines: &[String]) {
-    let Some(failure) = crate::harness::observe::spawn::spawn_failure(lines) else { return };
     let mut spawned = l.spawned.clone();
     spawned.sort_by_key(|who| (who.start_ticks, who.pid));
+    // A rank's own exception, relayed by `spawn` (its wrapper caught it in the child): the rank's
+    // own output, where nothing of it was attributed to the rank (they share the launcher's).
+    if let Some((index, block)) = crate::harness::observe::spawn::spawn_raised(lines)
+        && let Some(who) = spawned.get(index as usize)
+        && let Some(slot) = slots.iter_mut().find(|s| s.found_id == Some(*who))
+        && slot.end.stderr_tail.is_empty()
+        && slot.end.state.error.is_none()
+    {
+        // As the observer's own `error` marker says it: the exception and the program's line.
+        slot.end.state.error = crate::diagnose::key_line(&block).map(|k| match k.at {
+            Some(at) => format!("{} ({at})", k.text),
+            None => k.text,
+        });
+        slot.end.stderr_tail = block;
+    }
+    let Some(failure) = crate::harness::observe::spawn::spawn_failure(lines) else { return };
     let Some(who) = spawned.get(failure.index as usize) else { return };
     if let Some(slot) = slots.iter_mut().find(|s| s.found_id == Some(*who) && s.end.exit.is_none()) {
         slot.end.exit = Some(failure.exit);
