@@ -520,6 +520,11 @@ fn exit_source(rank: &RankResult, launcher: Option<&LauncherEnd>) -> Option<Stri
             rank.rank,
             rank.pid.map_or("?".into(), |p| p.to_string())
         ),
+        ExitSource::Srun => format!(
+            "rank {}'s end is the one `srun` reports for its task (slurmstepd reaped process {} before ups-doctor could read it)",
+            rank.rank,
+            rank.pid.map_or("?".into(), |p| p.to_string())
+        ),
         ExitSource::Launcher => format!("rank {} is the launcher process itself: its exit status is the launcher's", rank.rank),
         ExitSource::NotIdentified => format!(
             "rank {}'s process was never identified{}; the launcher exited with status 0",

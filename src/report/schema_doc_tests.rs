@@ -109,9 +109,13 @@ fn earlier_spellings_still_load() {
     assert_eq!(snap.taken.as_deref(), Some("the moment rank 3 on node 1 (b) was killed by SIGSEGV"));
     assert_eq!(snap.label(), "rank 0, the moment rank 3 on node 1 (b) was killed by SIGSEGV");
     assert_eq!(serde_json::from_value::<ProcessDump>(serde_json::to_value(&snap).unwrap()).unwrap(), snap);
-    for source in
-        [ExitSource::LauncherStatus0, ExitSource::NotIdentified, ExitSource::Spawn, ExitSource::Unknown]
-    {
+    for source in [
+        ExitSource::LauncherStatus0,
+        ExitSource::NotIdentified,
+        ExitSource::Spawn,
+        ExitSource::Srun,
+        ExitSource::Unknown,
+    ] {
         let text = serde_json::to_value(source).unwrap();
         assert_eq!(serde_json::from_value::<ExitSource>(text).unwrap(), source);
     }

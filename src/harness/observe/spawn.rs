@@ -1,3 +1,5 @@
+//! A launcher's own account of how its ranks ended, for those whose status ups-doctor could not
+//! read: `srun`'s per-task lines ([`srun_ends`]), and `torch.multiprocessing.spawn`'s, as follows.
 //! `torch.multiprocessing.spawn`'s own account of a failure: the `ProcessExitedException` it
 //! raises in the launcher when one of its processes ended with a non-zero status or a signal
 //! (`process 1 terminated with signal SIGSEGV`, `process 0 terminated with exit code 1`). It
@@ -47,6 +49,40 @@ pub fn spawn_raised(lines: &[String]) -> Option<(u32, Vec<String>)> {
     let block: Vec<String> =
         lines[at + 1..].iter().take_while(|l| !l.trim().is_empty()).take(MAX_RAISED_LINES).cloned().collect();
     (!block.is_empty()).then_some((index, block))
+}
+
+/// The ends `srun` reports for its tasks (`srun: error: vm: task 1: Segmentation fault`, `… task
+/// 0: Exited with exit code 1`): the task number (`SLURM_PROCID`) and how it ended, for the
+/// signals a training process dies of and exit codes; other lines give nothing.
+pub fn srun_ends(lines: &[String]) -> Vec<(u32, Exit)> {
+    const SIGNALS: [(&str, Signal); 8] = [
+        ("Segmentation fault", Signal::SEGV),
+        ("Bus error", Signal::BUS),
+        ("Aborted", Signal::ABRT),
+        ("Killed", Signal::KILL),
+        ("Terminated", Signal::TERM),
+        ("Floating point exception", Signal::FPE),
+        ("Illegal instruction", Signal::ILL),
+        ("Interrupt", Signal::INT),
+    ];
+    lines
+        .iter()
+        .filter_map(|line| {
+            let rest = &line[line.find("srun: error: ")?..];
+            let rest = &rest[rest.find(": task ")? + ": task ".len()..];
+            let (task, how) = rest.split_once(": ")?;
+            let task = task.trim().parse().ok()?;
+            let how = how.trim();
+            let exit = match how.strip_prefix("Exited with exit code ") {
+                Some(code) => Exit::Code(code.trim().parse().ok()?),
+                None => {
+                    let (_, signal) = SIGNALS.iter().find(|(name, _)| how.starts_with(name))?;
+                    Exit::Signal { signal: signal.number(), core_dumped: how.contains("core dumped") }
+                }
+            };
+            Some((task, exit))
+        })
+        .collect()
 }
 
 /// The most lines of a relayed traceback kept.
@@ -103,6 +139,22 @@ rank 0 step 3";
                 "torch.multiprocessing.spawn.ProcessExitedException: process 0 terminated with exit code 3"
             )),
             None
+        );
+    }
+
+    #[test]
+    fn sruns_account_of_its_tasks_gives_each_tasks_signal_or_code() {
+        // As srun 23.11 printed it on the one-host cluster (tests/slurm.rs, task 1 segfaulting).
+        let text = "srun: error: vm: task 1: Segmentation fault\nsrun: error: vm: task 0: Exited with exit code 1\n\
+                    srun: error: node-b: task 3: Bus error (core dumped)\nsrun: error: vm: task 2: Something else\n\
+                    rank 1: task 1: Segmentation fault";
+        assert_eq!(
+            srun_ends(&lines(text)),
+            [
+                (1, Exit::Signal { signal: Signal::SEGV.number(), core_dumped: false }),
+                (0, Exit::Code(1)),
+                (3, Exit::Signal { signal: Signal::BUS.number(), core_dumped: true }),
+            ]
         );
     }
 

@@ -450,6 +450,24 @@ fn spawns_account(slots: &mut [Slot], l: &Launcher, lines: &[String]) {
     }
 }
 
+/// srun's own account of how each task ended, for a found rank whose exit was not read: slurmstepd
+/// reaps its tasks at once, and on a busy machine before ups-doctor reads the zombie. Task numbers
+/// are `SLURM_PROCID`, the global rank.
+fn srun_account(slots: &mut [Slot], l: &Launcher, lines: &[String]) {
+    for (task, exit) in crate::harness::observe::spawn::srun_ends(lines) {
+        let Some(slot) = task.checked_sub(l.first()).and_then(|i| slots.get_mut(i as usize)) else {
+            continue;
+        };
+        if slot.found.is_some()
+            && slot.end.exit.is_none()
+            && slot.end.identified_by == Some(IdentifiedBy::SlurmProcid)
+        {
+            slot.end.exit = Some(exit);
+            slot.end.exit_source = Some(ExitSource::Srun);
+        }
+    }
+}
+
 /// A rank found by a weaker signal whose process then reported that same rank through the
 /// helper's markers is identified by them (it may have ended since: a short run's markers can
 /// come between two rounds of discovery).
@@ -1406,6 +1424,7 @@ impl Supervisor<'_, '_> {
             }
         }
         spawns_account(&mut self.slots, &l, &lines);
+        srun_account(&mut self.slots, &l, &lines);
         confirm_by_markers(&l, &mut self.slots);
         claim_by_markers(&mut self.slots, &l, self.start);
         settle_unidentified(&mut self.slots, &l, exit, &launcher_name, self.start, offset);

@@ -439,6 +439,9 @@ pub enum ExitSource {
     /// The exit status `torch.multiprocessing.spawn` gives in its `ProcessExitedException` (it
     /// reaps its processes at once, before `/proc` could be read on a busy machine).
     Spawn,
+    /// The end `srun` reports for the task (`srun: error: HOST: task 1: Segmentation fault`):
+    /// slurmstepd reaps its tasks at once, before `/proc` could be read on a busy machine.
+    Srun,
     /// The rank is the launcher process itself: its exit status is the launcher's.
     Launcher,
     /// Not observed, but the launcher exited with status 0, which torchrun does only when every
@@ -466,6 +469,7 @@ impl TryFrom<String> for ExitSource {
             "procfs" => ExitSource::Procfs,
             "torchrun" => ExitSource::Torchrun,
             "spawn" => ExitSource::Spawn,
+            "srun" => ExitSource::Srun,
             "launcher" => ExitSource::Launcher,
             "launcher_status_0" | "launcher status 0" => ExitSource::LauncherStatus0,
             "not_identified" => ExitSource::NotIdentified,
@@ -475,7 +479,7 @@ impl TryFrom<String> for ExitSource {
             "unknown" => ExitSource::Unknown,
             _ => {
                 return Err(format!(
-                    "unknown exit source `{text}` (expected `procfs`, `torchrun`, `spawn`, `launcher`, `launcher_status_0`, \
+                    "unknown exit source `{text}` (expected `procfs`, `torchrun`, `spawn`, `srun`, `launcher`, `launcher_status_0`, \
                      `not_identified`, `launcher_status`, `procfs_rank_unknown` or `unknown`)"
                 ));
             }
