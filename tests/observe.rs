@@ -589,6 +589,54 @@ fn a_collective_that_timed_out_names_the_rank_it_waited_for_not_the_first_to_fai
     }
 }
 
+/// A Lightning program (`tests/programs/launchers.py --launcher lightning`) under torchrun: rank 0
+/// raises at step 3 while rank 1 computes in its optimizer step (a stall injected from outside).
+/// torchrun stops rank 1 with SIGTERM; Lightning's own SIGTERM handler, which runs once rank 1 is
+/// back in Python, broadcasts to rank 0, which is gone. Before, that broadcast made the verdict
+/// "rank 0 never issued `broadcast` #10, which rank 1 waits in", over rank 0's plain error; and
+/// Lightning's handler had replaced the observer's, so where rank 1 was when stopped was lost.
+#[test]
+fn a_collective_a_rank_issues_after_its_peer_failed_is_not_a_mismatch_and_lightnings_handler_keeps_the_stack()
+{
+    let sb = Sandbox::new();
+    let program = repo().join("tests/programs/launchers.py").display().to_string();
+    let file = sb.scenario(
+        "lightning",
+        &format!(
+            r#"{{"command": ["torchrun", "--nproc_per_node", "2", "--master_port", "{{master_port}}", "{program}",
+                 "--launcher", "lightning", "--steps", "40", "--raise-rank", "0", "--raise-step", "3"],
+                "launch": {{"world_size": 2}}, "limits": {{"timeout_s": 180, "hang_after_s": 30}},
+                "expect": {{"outcome": "exited"}}}}"#
+        ),
+    );
+    let s = run_injected(
+        &sb,
+        &file,
+        &[("INJECT_STALL_RANK", "1"), ("INJECT_STALL_S", "60"), ("INJECT_STALL_STEP", "4")],
+    );
+    assert_ne!(s["verdict"]["pattern"], "collective-mismatch", "{:#}", s["verdict"]);
+    assert_eq!(s["first_failure"], 0, "{:#}", s["verdict"]);
+    let headline = verdict(&s, "headline");
+    assert!(
+        headline.starts_with("Rank 0 exited with status 1: ValueError: bad shard on rank 0 (launchers.py:"),
+        "{headline}"
+    );
+    // The broadcast rank 1 issued in Lightning's handler is in its ledger, after rank 0 had gone.
+    let ledger = s["ranks"][1]["observed"]["ledger"].as_array().expect("rank 1's ledger");
+    let last = ledger.last().expect("rank 1 issued collectives");
+    assert_eq!((last["op"].as_str(), last["ms"].is_null()), (Some("broadcast"), true), "{last}");
+    // Rank 1's stack as SIGTERM came, written before Lightning's handler ran: in the stall.
+    let dumps = s["ranks"][1]["dumps"].as_array().expect("rank 1's dumps");
+    assert!(
+        dumps.iter().any(|d| d["taken"] == "as SIGTERM stopped it"
+            && d["python"]
+                .as_str()
+                .is_some_and(|t| t.contains("in _compute") && !t.contains("signal_connector"))),
+        "{dumps:#?}"
+    );
+    assert!(sb.reports().contains("What rank 1 was doing when it was stopped"), "{}", sb.reports());
+}
+
 /// Every path below `dir`.
 fn walkdir(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     let mut out = Vec::new();

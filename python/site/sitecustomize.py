@@ -672,18 +672,20 @@ _STOP_STACKS = "UPS_DOCTOR_STOP_STACKS"
 
 def _stack_at_sigterm(obs):
     """A rank's Python stacks as SIGTERM stops it, written by the process itself into
-    `$UPS_DOCTOR_STOP_STACKS/PID.txt` (Python's `faulthandler`, in the signal handler; then the
-    signal does what it did before): where each rank was when its launcher stopped the others after
-    one failed, which a launcher's teardown otherwise loses. Only where SIGTERM still has its
-    default action (a program with its own handler keeps it, and replaces this one if it installs
-    one later); a forked child (a DataLoader worker) drops it. The file starts with the main
-    thread's id, which faulthandler does not name."""
+    `$UPS_DOCTOR_STOP_STACKS/PID.txt` (Python's `faulthandler`, in the signal handler, at once,
+    even while the rank waits in C++; then the signal does what it did before): where each rank
+    was when its launcher stopped the others after one failed, which a launcher's teardown
+    otherwise loses. A program's own SIGTERM handler (Lightning's, which runs only once the rank
+    is back in Python) is kept: faulthandler's runs first and hands the signal on to it, whether
+    the program set it before this or sets it later (`_keep_stack_at_sigterm`). Not where the
+    program ignores SIGTERM; a forked child (a DataLoader worker) drops it. The file starts with
+    the main thread's id, which faulthandler does not name."""
     import faulthandler
     import signal
     import threading
 
     folder = os.environ.get(_STOP_STACKS)
-    if not folder or obs.stop_stacks is not None or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+    if not folder or obs.stop_stacks is not None or signal.getsignal(signal.SIGTERM) == signal.SIG_IGN:
         return
     try:
         out = open(os.path.join(folder, f"{os.getpid()}.txt"), "w")
@@ -691,8 +693,47 @@ def _stack_at_sigterm(obs):
         out.flush()
         faulthandler.register(signal.SIGTERM, file=out, all_threads=True, chain=True)
         obs.stop_stacks = out
+        _keep_stack_at_sigterm(obs, out.tell())
     except Exception:
         pass
+
+
+def _keep_stack_at_sigterm(obs, header):
+    """`signal.signal` wrapped so that a SIGTERM handler the program sets after
+    `_stack_at_sigterm` does not replace faulthandler's, which would then never run: it is taken
+    off (its saved action put back), the program's handler set as asked, and faulthandler's set
+    again in front of it. Not once a stack was written (a handler that sets the default action
+    and signals itself again, to die of it, would write a second), nor for SIG_IGN."""
+    import faulthandler
+    import functools
+    import signal
+
+    original = signal.signal
+    if getattr(original, "_ups_doctor", False):
+        return
+
+    @functools.wraps(original)
+    def set_handler(signum, handler):
+        out = obs.stop_stacks
+        if signum != signal.SIGTERM or out is None or obs.forked:
+            return original(signum, handler)
+        try:
+            written = os.fstat(out.fileno()).st_size > header
+        except Exception:
+            written = True
+        if written:
+            return original(signum, handler)
+        faulthandler.unregister(signal.SIGTERM)
+        try:
+            return original(signum, handler)
+        finally:
+            if handler != signal.SIG_IGN:
+                faulthandler.register(signal.SIGTERM, file=out, all_threads=True, chain=True)
+            else:
+                obs.stop_stacks = None
+
+    set_handler._ups_doctor = True
+    signal.signal = set_handler
 
 
 def _wrap_init(dist):

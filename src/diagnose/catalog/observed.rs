@@ -12,7 +12,8 @@ pub const COLLECTIVE_MISMATCH: Pattern = Pattern {
     id: "collective-mismatch",
     title: "Collectives out of step",
     matches: "the observer's collective ledgers of a failed or hung run part ways: at the same sequence number \
-              of a process group, one rank issued a collective another never issued, or a different one",
+              of a process group, one rank issued a collective another never issued (not one issued only after that \
+              rank had failed: a reaction to its end, as a SIGTERM handler's broadcast), or a different one",
     explanation: "Every rank of a process group must issue the same collectives in the same order. A rank that \
                   skips one (a rank-dependent `if`, an early `continue`, an exception caught on one rank) or \
                   adds one leaves the others waiting in it, or pairs it with a different collective: the run \
@@ -172,6 +173,9 @@ pub fn collective_mismatch(ev: &Evidence, first: Option<&RankEvidence>) -> Optio
         if lackers.len() == havers.len() && !issued_before {
             continue;
         }
+        if issued_after_lackers_failed(ev, &ledgers, group, seq, &lackers) {
+            continue;
+        }
         if lackers.len() < havers.len() || (lackers.len() == havers.len() && waiting) {
             let last = lacker_last(lackers[0]);
             return never_issued(
@@ -198,6 +202,29 @@ pub fn collective_mismatch(ev: &Evidence, first: Option<&RankEvidence>) -> Optio
         return Some(f);
     }
     None
+}
+
+/// Whether every rank that lacks collective `seq` of `group` had failed (it was leaving: its exit
+/// handlers ran, or its process had ended) before any rank issued it. Then it never issued it
+/// because it was gone, not because it went another way: the collective is the others' reaction
+/// (a launcher's SIGTERM handler that broadcasts, as Lightning's does; a clean-up `barrier`),
+/// and the failure itself is the cause the other patterns name.
+fn issued_after_lackers_failed(
+    ev: &Evidence,
+    ledgers: &[(u32, &ObservedProgram)],
+    group: &str,
+    seq: u64,
+    lackers: &[u32],
+) -> bool {
+    let issued_at = ledgers.iter().filter_map(|(_, o)| o.at(group, seq)?.at_s).min_by(f64::total_cmp);
+    let Some(issued_at) = issued_at else { return false };
+    lackers.iter().all(|l| {
+        ev.ranks.iter().find(|r| r.rank() == *l).is_some_and(|r| {
+            let leaving = r.result.observed.as_ref().and_then(|o| o.exiting_at_s);
+            let gone = [leaving, r.result.ended_at_s].into_iter().flatten().min_by(f64::total_cmp);
+            r.failed() && gone.is_some_and(|at| at < issued_at)
+        })
+    })
 }
 
 /// The ranks that never issued what the others issued (and wait in, when `waiting`).

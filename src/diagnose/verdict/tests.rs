@@ -1469,6 +1469,54 @@ fn a_rank_behind_in_the_ledger_is_not_said_to_have_gone_past_without_a_stack_sho
     }
 }
 
+/// Recorded by hand (a Lightning program under torchrun, 2 ranks): rank 0 raised at step 3 and
+/// left; torchrun stopped rank 1, whose SIGTERM handler (Lightning's) broadcast to rank 0, which
+/// was gone. That broadcast is rank 1's reaction to rank 0's end, not a collective rank 0
+/// skipped: rank 0's own error is the verdict. The same ledgers with the broadcast issued while
+/// rank 0 still ran are a mismatch.
+#[test]
+fn a_collective_issued_after_the_lacking_rank_had_failed_is_not_a_mismatch() {
+    let judged = |issued_at: f64| {
+        let mut rank0 = with_ledger(
+            program_rank(
+                0,
+                Exit::Code(1),
+                6.51,
+                "Traceback (most recent call last):\nValueError: bad shard on rank 0",
+            ),
+            9,
+            false,
+        );
+        rank0.observed.as_mut().unwrap().exiting_at_s = Some(5.52);
+        let mut rank1 = with_ledger(
+            program_rank(
+                1,
+                Exit::Code(1),
+                7.43,
+                "RuntimeError: [gloo/transport/tcp/pair.cc:547] Connection closed by peer",
+            ),
+            10,
+            true,
+        );
+        rank1.observed.as_mut().unwrap().ledger.last_mut().unwrap().at_s = Some(issued_at);
+        let mut case = Case::new(vec![rank0, rank1]);
+        case.scenario = external();
+        case.judge().2
+    };
+    let v = judged(6.52);
+    assert_ne!(v.pattern.as_deref(), Some("collective-mismatch"), "{v:?}");
+    assert!(
+        v.headline.starts_with("Rank 0 exited with status 1:")
+            && v.headline.contains("ValueError: bad shard on rank 0"),
+        "{}",
+        v.headline
+    );
+    // Issued before rank 0 began to leave (5.52 s): rank 0 never issued what rank 1 waits in.
+    let v = judged(5.0);
+    assert_eq!(v.pattern.as_deref(), Some("collective-mismatch"), "{v:?}");
+    assert!(v.headline.contains("rank 0 never issued `all_reduce` #10"), "{}", v.headline);
+}
+
 /// A rank that aborted after its program had returned (what PyTorch 2.11 printed when a thread
 /// was still in C++ as Python shut down): the observer's summary at exit dates the end of the
 /// program's own code, so the verdict says the crash came at exit, not in training; without that
