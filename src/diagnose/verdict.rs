@@ -414,8 +414,9 @@ fn passed(ev: &Evidence, wall_s: f64, finding: Option<Finding>) -> Verdict {
             );
         } else if ranks.iter().all(|r| r.last_phase.is_none()) && ranks.iter().any(|r| r.steps_done > 0) {
             evidence.push(
-                "steps counted by ups-doctor's observer (the optimizer's step hook); phases are unknown without \
-                 `python/ups_doctor.py`'s markers"
+                "steps counted by ups-doctor's observer (the optimizer's step hook), with each step's time in \
+                 `DataLoader.__next__` and DDP's forward; the timeline's other phases (backward, the optimizer) \
+                 need `python/ups_doctor.py`'s markers"
                     .into(),
             );
         }
