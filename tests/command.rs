@@ -339,6 +339,15 @@ fn a_lightning_command_whose_ranks_the_command_line_does_not_count_is_watched_wh
     assert_eq!(s["external"]["world_size_declared"], 1, "{:#}", s["external"]);
     assert_eq!(s["first_failure"], 1, "{:#}", s["verdict"]);
     assert_eq!(s["ranks"][1]["signal"], "SIGSEGV", "{:#}", s["ranks"][1]);
+    // Rank 1 finished its steps 0 to 3 and segfaulted in step 4. Its step markers may still wait
+    // in the observer's queue then (sent every quarter second; by hand, all four were lost: 0
+    // steps done); the count it kept in the file it maps says how far it got either way.
+    assert_eq!(
+        (s["ranks"][1]["steps_done"].as_u64(), s["ranks"][1]["observed"]["steps"].as_u64()),
+        (Some(4), Some(4)),
+        "{:#}",
+        s["ranks"][1]
+    );
     let headline = s["verdict"]["headline"].as_str().unwrap();
     assert!(headline.starts_with("Rank 1 was killed by SIGSEGV"), "{headline}");
     assert!(!headline.contains("only 1 of the 2"), "{headline}");

@@ -118,6 +118,10 @@ class _Observer:
         self.issued_base = 0
         # The file Python's stack goes to as SIGTERM stops this rank (`_stack_at_sigterm`).
         self.stop_stacks = None
+        # Writes the step count into a file this process maps (`_step_counter`): None until the
+        # first step, False where there is none.
+        self.count_steps = None
+        self.counter = None
 
     # -- the wire -------------------------------------------------------------------------
     def send(self, marker, urgent=False):
@@ -319,6 +323,8 @@ class _Observer:
             except Exception:
                 pass
             self.stop_stacks = None
+        # The parent's step counter is mapped here too: the child never writes it.
+        self.count_steps = False
 
         # A forked child (a DataLoader worker) issues no collective; the parent's group may have
         # been mid-call at the fork, so the child never touches it.
@@ -416,7 +422,38 @@ class _Observer:
                 self.helper_steps = True
             else:
                 self.send_step(step, data, max(step_ms - data, 0.0), samples)
+                count = self.count_steps
+                if count is None:
+                    count = self._step_counter()
+                if count:
+                    count(step + 1, time.monotonic_ns())
         self.summary()
+
+    def _step_counter(self):
+        """The steps done and when the last ended, kept in a 16-byte file this process maps in
+        ups-doctor's folder for it (`$UPS_DOCTOR_STOP_STACKS/PID.steps`): the page outlives the
+        process, so a rank that dies before its last step markers are sent (a segfault, the OOM
+        killer's SIGKILL, within the 0.25 s the sending thread waits) still says how far it got.
+        One `pack_into` a step; none in a forked child, whose mapping is its parent's."""
+        self.count_steps = False
+        folder = os.environ.get(_STOP_STACKS)
+        if not folder or self.forked:
+            return False
+        try:
+            import functools
+            import mmap
+            import struct
+
+            fd = os.open(os.path.join(folder, f"{os.getpid()}.steps"), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                os.ftruncate(fd, 16)
+                self.counter = mmap.mmap(fd, 16)
+            finally:
+                os.close(fd)
+            self.count_steps = functools.partial(struct.Struct("<QQ").pack_into, self.counter, 0)
+        except Exception:
+            pass
+        return self.count_steps
 
 
 _observer = None

@@ -207,6 +207,23 @@ impl RankState {
         self.last_marker_at = Some(self.last_marker_at.map_or(at, |last| last.max(at)));
     }
 
+    /// Steps the rank's observer counted in its own memory, read after the rank ended (`at`: when
+    /// the last of them ended, where its stamp could be read): more than its markers said when it
+    /// died before sending the last ones. The steps only the count knows carry no times.
+    pub fn counted_steps(&mut self, steps: u64, at: Option<f64>) {
+        if steps <= self.steps_done {
+            return;
+        }
+        self.steps_done = steps;
+        if let Some(at) = at {
+            self.record_step_end(steps - 1, at);
+            self.last_step_at = Some(at);
+        }
+        if let Some(o) = self.observed.as_mut() {
+            o.steps = o.steps.max(steps);
+        }
+    }
+
     fn record_step_end(&mut self, step: u64, at: f64) {
         keep_thinned(&mut self.step_ends, &mut self.step_stride, step, at);
     }
@@ -325,5 +342,20 @@ mod tests {
         assert!(s.losses.len() < MAX_LOSSES);
         assert_eq!(s.losses[0].0, 0);
         assert!(s.losses.last().unwrap().0 > 4000);
+    }
+
+    #[test]
+    fn a_count_kept_by_the_observer_raises_the_steps_its_markers_said_and_never_lowers_them() {
+        let mut s = RankState { observed: Some(ObservedProgram::default()), ..Default::default() };
+        s.apply(1.0, Marker::Step { step: 0, loss: f64::NAN, data_ms: 0.0, compute_ms: 1.0, samples: 1 });
+        s.counted_steps(4, Some(1.2));
+        assert_eq!((s.steps_done, s.last_step_at, s.step_ends.last()), (4, Some(1.2), Some(&(3, 1.2))));
+        assert_eq!(s.observed.as_ref().map(|o| o.steps), Some(4));
+        // A count behind the markers (read before a marker that came later) changes nothing.
+        s.counted_steps(2, Some(5.0));
+        assert_eq!((s.steps_done, s.last_step_at), (4, Some(1.2)));
+        // Without a time, only the count.
+        s.counted_steps(6, None);
+        assert_eq!((s.steps_done, s.last_step_at), (6, Some(1.2)));
     }
 }

@@ -478,14 +478,18 @@ fn enlarge_pipe(fd: std::os::fd::BorrowedFd<'_>) {
 /// line without one or with one that cannot be right (after its reading, or older than
 /// [`STAMP_MAX_AGE`]).
 pub fn written_at(line: &str, read_at: Instant) -> Instant {
-    let stamped = || {
-        let stamp = crate::protocol::stamp_of(line)?;
-        let (now_ns, now) = (crate::protocol::monotonic_ns()?, Instant::now());
-        let age = Duration::from_nanos(now_ns.checked_sub(stamp)?);
-        let at = now.checked_sub(age)?;
-        (age <= STAMP_MAX_AGE && at <= read_at).then_some(at)
-    };
-    stamped().unwrap_or(read_at)
+    crate::protocol::stamp_of(line)
+        .and_then(|stamp| stamp_instant(stamp, STAMP_MAX_AGE))
+        .filter(|at| *at <= read_at)
+        .unwrap_or(read_at)
+}
+
+/// A writer's `CLOCK_MONOTONIC` stamp (nanoseconds) on ups-doctor's clock; `None` for one in the
+/// future or older than `max_age`.
+pub fn stamp_instant(stamp: u64, max_age: Duration) -> Option<Instant> {
+    let (now_ns, now) = (crate::protocol::monotonic_ns()?, Instant::now());
+    let age = Duration::from_nanos(now_ns.checked_sub(stamp)?);
+    (age <= max_age).then(|| now.checked_sub(age)).flatten()
 }
 
 /// Lines kept for a writer whose rank is not known yet, per writer and writers at most.

@@ -156,10 +156,35 @@ pub fn stack_at_sigterm(folder: &Path, pid: u32, rank: u32) -> Option<ProcessDum
     })
 }
 
+/// The step count a rank's observer kept in the file it maps (`_step_counter` in
+/// `python/site/sitecustomize.py`: `folder/PID.steps`, two little-endian u64s: the steps done and
+/// the `CLOCK_MONOTONIC` nanoseconds at which the last ended); `None` when it kept none.
+pub fn step_counter(folder: &Path, pid: u32) -> Option<(u64, u64)> {
+    let bytes = std::fs::read(folder.join(format!("{pid}.steps"))).ok()?;
+    let word = |i: usize| Some(u64::from_le_bytes(bytes.get(i..i + 8)?.try_into().ok()?));
+    Some((word(0)?, word(8)?)).filter(|(steps, _)| *steps > 0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::harness::os::found::{FoundState, FoundWatch};
+
+    #[test]
+    fn a_step_counter_file_is_read_as_two_little_endian_words_and_a_short_or_empty_one_is_none() {
+        let dir = std::env::temp_dir().join(format!("ups-doctor-step-counter-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut bytes = 4u64.to_le_bytes().to_vec();
+        bytes.extend(123_456_789u64.to_le_bytes());
+        std::fs::write(dir.join("10.steps"), &bytes).unwrap();
+        std::fs::write(dir.join("11.steps"), &bytes[..12]).unwrap();
+        std::fs::write(dir.join("12.steps"), [0u8; 16]).unwrap();
+        assert_eq!(step_counter(&dir, 10), Some((4, 123_456_789)));
+        assert_eq!(step_counter(&dir, 11), None);
+        assert_eq!(step_counter(&dir, 12), None, "mapped, no step done yet");
+        assert_eq!(step_counter(&dir, 13), None);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn programs_are_found_on_path_or_by_their_path() {

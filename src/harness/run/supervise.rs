@@ -1344,6 +1344,7 @@ impl Supervisor<'_, '_> {
             }
         }
         self.count_dropped_markers();
+        self.read_step_counters();
         let Sampled { memory: recorder, oom, gpu } =
             self.sampler.take().and_then(SamplerThread::finish).unwrap_or_else(|| Sampled {
                 memory: MemoryRecorder::new(
@@ -1379,6 +1380,26 @@ impl Supervisor<'_, '_> {
             leftovers: Leftovers { shm, processes },
             external,
             gpu,
+        }
+    }
+
+    /// The steps each rank's observer counted in the file it maps, read once its process has
+    /// ended: a rank that died before its last step markers went out (a segfault, a SIGKILL, within
+    /// the quarter second the observer's sending thread waits) still says how far it got.
+    fn read_step_counters(&mut self) {
+        let Some(folder) = &self.plan.stop_stacks else { return };
+        let start = self.start;
+        for slot in &mut self.slots {
+            let Some(pid) = slot.end.pid else { continue };
+            let Some((steps, stamp)) = crate::harness::os::stacks::step_counter(folder, pid) else {
+                continue;
+            };
+            // However long ago: the stamp is from this run's own folder, and a rank may have hung
+            // for longer than a marker's stamp is believed.
+            let at = crate::harness::os::process::stamp_instant(stamp, Duration::MAX)
+                .and_then(|at| at.checked_duration_since(start))
+                .map(|d| d.as_secs_f64());
+            slot.end.state.counted_steps(steps, at);
         }
     }
 
