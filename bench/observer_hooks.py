@@ -32,7 +32,7 @@ import sys
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def child(blocks, calls, steps, clock):
+def child(blocks, calls, steps, clock, hidden, batch):
     import time
 
     import sitecustomize as site
@@ -48,11 +48,11 @@ def child(blocks, calls, steps, clock):
         sys.exit("the observer is off in this child: is UPS_DOCTOR_MARKER_FD set and the site folder first on PYTHONPATH?")
     dist.init_process_group("gloo")
     torch.manual_seed(0)
-    n = 32 * 4096  # batches of 32, read round and round
+    n = batch * 512  # batches read round and round
     data = TensorDataset(torch.randn(n, 16), torch.randn(n, 1))
-    loader = DataLoader(data, batch_size=32)
+    loader = DataLoader(data, batch_size=batch)
     model = DistributedDataParallel(
-        torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+        torch.nn.Sequential(torch.nn.Linear(16, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 1))
     )
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     batches = iter(loader)
@@ -127,7 +127,7 @@ def child(blocks, calls, steps, clock):
         result["hooks"][name] = statistics.median(extra)
     result["step_only"] = {}
     for only in [None] + list(calls_of):
-        extra, whole = [], []
+        extra, whole, ratios = [], [], []
         for i in range(blocks):
             order = (True, False) if i % 2 else (False, True)
             took = {}
@@ -136,9 +136,11 @@ def child(blocks, calls, steps, clock):
                 took[on] = block(step, steps)
             extra.append(took[True] - took[False])
             whole.append(took[False])
+            ratios.append(took[False] / took[True])
         if only is None:
             result["step_extra"] = statistics.median(extra)
             result["step"] = statistics.median(whole)
+            result["step_ratio"] = statistics.median(ratios)
         else:
             result["step_only"][only] = statistics.median(extra)
     hooks(True)
@@ -159,10 +161,13 @@ def main():
     parser.add_argument("--clock", choices=("cpu", "thread", "wall"), default="cpu",
                         help="cpu: the process's CPU time, every thread (default); thread: the main "
                              "thread's alone; wall: elapsed time")
+    parser.add_argument("--hidden", type=int, default=64,
+                        help="the model's hidden width (default 64: observed_ddp.py's); wider makes a longer step")
+    parser.add_argument("--batch", type=int, default=32, help="samples a batch (default 32: observed_ddp.py's)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        return child(args.blocks, args.calls, args.steps, args.clock)
+        return child(args.blocks, args.calls, args.steps, args.clock, args.hidden, args.batch)
     sites = [os.path.abspath(s) for s in (args.site or [os.path.join(REPO, "python", "site")])]
     for s in sites:
         if not os.path.isfile(os.path.join(s, "sitecustomize.py")):
@@ -177,7 +182,8 @@ def main():
             env.pop("UPS_DOCTOR_OBSERVE", None)
             env.pop("UPS_DOCTOR_MARKER_PATH", None)
             out = subprocess.run([args.python, os.path.abspath(__file__), "--child", "--blocks", str(args.blocks),
-                                  "--calls", str(args.calls), "--steps", str(args.steps), "--clock", args.clock],
+                                  "--calls", str(args.calls), "--steps", str(args.steps), "--clock", args.clock,
+                                  "--hidden", str(args.hidden), "--batch", str(args.batch)],
                                  env=env, pass_fds=(devnull,), capture_output=True, text=True)
             os.close(devnull)
             if out.returncode != 0:
@@ -222,6 +228,11 @@ def main():
         whole = med([r["step_extra"] for r in readings[s]])
         cells.append(f"{step / (step + hooks):.4f} / {step / (step + whole):.4f}")
     print("| step / (step + extra): by the four hooks / by whole steps | " + " | ".join(cells) + " |")
+    cells = []
+    for s in sites:
+        values = [r["step_ratio"] for r in readings[s]]
+        cells.append(f"{med(values):.4f} ({min(values):.4f} to {max(values):.4f})")
+    print("| a whole step, hooks out ÷ in, the median of the blocks' ratios (1.0: no cost) | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":
