@@ -637,6 +637,45 @@ fn a_collective_a_rank_issues_after_its_peer_failed_is_not_a_mismatch_and_lightn
     assert!(sb.reports().contains("What rank 1 was doing when it was stopped"), "{}", sb.reports());
 }
 
+/// A Lightning program under torchrun whose rank 1 alone calls `dist.barrier()` inside its
+/// `training_step` at step 3 (`launchers.py --hang-rank 1`): rank 0 goes on into DDP's gradient
+/// all-reduce and both hang. Lightning issues barriers of its own as it sets up (all from the
+/// program's `trainer.fit` line), so rank 0 had issued `barrier` before: that was taken for a rank
+/// on the barrier's path that then skipped it, and rank 0, the rank that did nothing wrong, was
+/// named ("rank 0 never issued `barrier` #10 … had gone on past it"). Only the same op from the
+/// same call site says that. And rank 1 was said to have "left its training loop early", which
+/// its step count (as many as rank 0's) does not show: where it waits is said instead.
+#[test]
+fn a_barrier_one_lightning_rank_adds_inside_a_step_names_that_rank_not_the_one_that_went_on() {
+    let sb = Sandbox::new();
+    let path = repo().join("tests/programs/launchers.py");
+    let source = std::fs::read_to_string(&path).unwrap();
+    let barrier_line =
+        source.lines().position(|l| l.trim() == "dist.barrier()").expect("a barrier in faults()") + 1;
+    let file = sb.scenario(
+        "lightning-barrier",
+        &format!(
+            r#"{{"command": ["torchrun", "--nproc_per_node", "2", "--master_port", "{{master_port}}", "{}",
+                 "--launcher", "lightning", "--steps", "40", "--hang-rank", "1", "--hang-step", "3"],
+                "launch": {{"world_size": 2}}, "limits": {{"timeout_s": 180, "hang_after_s": 10}},
+                "expect": {{"outcome": "hung"}}}}"#,
+            path.display()
+        ),
+    );
+    let s = run_injected(&sb, &file, &[]);
+    assert_eq!(verdict(&s, "pattern"), "ranks-out-of-step", "{:#}", s["verdict"]);
+    assert_eq!(s["first_failure"], 1, "{:#}", s["verdict"]);
+    let headline = verdict(&s, "headline");
+    assert!(
+        headline.contains(&format!(
+            "Rank 1 is the odd one: it waits in a `dist.barrier()` at `faults (launchers.py:{barrier_line})` that no \
+             other rank is in, with as many steps done as they (3)"
+        )),
+        "{headline}"
+    );
+    assert!(!headline.contains("left its training loop early"), "{headline}");
+}
+
 /// Every path below `dir`.
 fn walkdir(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     let mut out = Vec::new();

@@ -190,6 +190,15 @@ fn hangs_of_real_programs_are_named_from_py_spy_stacks() {
     assert_eq!(s["first_failure"], 0);
     let headline = text(s, "headline");
     assert!(headline.contains("rank 0 waits in `dist.barrier()`"), "{headline}");
+    // Both ranks had done 3 steps (rank 1 waits inside its 4th): the counts cannot tell a loop
+    // left early from a barrier issued inside a step, so the headline says where rank 0 waits.
+    assert!(
+        headline.contains(
+            "Rank 0 is the odd one: it waits in a `dist.barrier()` at `<module> (patterns.py:99)` that no other \
+             rank is in, with as many steps done as they (3)"
+        ),
+        "{headline}"
+    );
     assert!(
         headline.contains("rank 1 waits in DDP's gradient all-reduce (`Reducer::finalize_backward`"),
         "{headline}"

@@ -231,10 +231,9 @@ pub fn ranks_out_of_step(ev: &Evidence, first: Option<&RankEvidence>) -> Option<
         "Ranks out of step: {}. Rank {odd} is the odd one: it {}.",
         places.join(", "),
         match waits.iter().find(|(r, _)| *r == odd).and_then(|(_, c)| *c) {
-            Some("`dist.barrier()`") =>
-                "left its training loop early (a step fewer?) while the others still train",
-            Some(_) => "waits in a collective no other rank is in",
-            None => "is stuck outside any collective and holds the others up",
+            Some("`dist.barrier()`") => in_barrier(ev, odd),
+            Some(_) => "waits in a collective no other rank is in".to_string(),
+            None => "is stuck outside any collective and holds the others up".to_string(),
         }
     ));
     f.evidence.push(format!("from py-spy stacks of each rank's main thread: {}", places.join("; ")));
@@ -263,6 +262,37 @@ pub fn ranks_out_of_step(ev: &Evidence, first: Option<&RankEvidence>) -> Option<
         format!("The ranks are out of step: {}. {}", places.join("; "), RANKS_OUT_OF_STEP.explanation)
     });
     Some(f)
+}
+
+/// Why rank `odd` waits in `dist.barrier()` while the others wait in another collective, as far
+/// as the step counts tell: fewer steps done than every other rank, it left its loop early. As
+/// many as they, the counts cannot tell: a rank at a barrier after its last step and ranks inside
+/// one more step (their gradient all-reduce comes before the step ends) count the same as a rank
+/// that issued a barrier inside the step the others are in; where it waits is said instead. Counts
+/// unknown, the old guess, said as one.
+fn in_barrier(ev: &Evidence, odd: u32) -> String {
+    let steps = |r: &RankEvidence| r.result.steps_done;
+    let Some(mine) = ev.ranks.iter().find(|r| r.rank() == odd) else { return String::new() };
+    let others: Vec<u64> = ev.ranks.iter().filter(|r| r.rank() != odd && r.failed()).map(steps).collect();
+    let (done, known) = (steps(mine), !others.is_empty() && steps(mine) > 0);
+    if known && others.iter().all(|o| done < *o) {
+        let theirs: Vec<String> = others.iter().map(u64::to_string).collect();
+        return format!(
+            "left its training loop early: it had done {done} steps, the others {}",
+            theirs.join(", ")
+        );
+    }
+    if known && others.iter().all(|o| done == *o) {
+        let at = main_thread(mine)
+            .and_then(|t| program_frame(&t.frames))
+            .map(|at| format!(" at `{at}`"))
+            .unwrap_or_default();
+        return format!(
+            "waits in a `dist.barrier()`{at} that no other rank is in, with as many steps done as they ({done}): \
+             a barrier after its last step while they are in one more, or one they did not issue there"
+        );
+    }
+    "left its training loop early (a step fewer?) while the others still train".to_string()
 }
 
 /// The innermost frame of the program's own code (`<module> (slow.py:6)`): not torch's, the

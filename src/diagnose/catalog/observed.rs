@@ -157,18 +157,21 @@ pub fn collective_mismatch(ev: &Evidence, first: Option<&RankEvidence>) -> Optio
             )
         };
         // In a tie, the ledger shows a skip only where the ranks that lack the collective issued
-        // that op before (they were on the path that issues it, then left it): a rank that never
-        // issued it at all may as well be where the program meant it to be while the others
-        // added a collective (ran out of data, reached a barrier early), and it may wait in what
-        // the ledger cannot see (DDP's gradient reductions run in C++). Then the ledger cannot
-        // tell, and the stacks decide (`ranks-out-of-step`).
-        let op =
-            ledgers.iter().find_map(|(_, o)| o.at(group, seq)).map(|e| e.op.as_str()).unwrap_or_default();
+        // that op from that call site before (they were on the path that issues it, then left
+        // it): a rank that never issued it there may as well be where the program meant it to be
+        // while the others added a collective (ran out of data, reached a barrier early), and it
+        // may wait in what the ledger cannot see (DDP's gradient reductions run in C++). Then the
+        // ledger cannot tell, and the stacks decide (`ranks-out-of-step`). The site matters: a
+        // framework issues the same ops for itself (Lightning's setup barriers, all from the
+        // program's `trainer.fit` line), which say nothing of the path the program's own takes.
+        let (op, site) = ledgers
+            .iter()
+            .find_map(|(_, o)| o.at(group, seq))
+            .map_or(("", ""), |e| (e.op.as_str(), e.site.as_str()));
         let issued_before = lackers.iter().all(|l| {
-            ledgers
-                .iter()
-                .find(|(r, _)| r == l)
-                .is_some_and(|(_, o)| o.ledger.iter().any(|e| e.group == group && e.op == op))
+            ledgers.iter().find(|(r, _)| r == l).is_some_and(|(_, o)| {
+                o.ledger.iter().any(|e| e.group == group && e.op == op && e.site == site)
+            })
         });
         if lackers.len() == havers.len() && !issued_before {
             continue;
