@@ -267,6 +267,19 @@ pub fn stopped_by_launcher_unobserved(rank: &RankEvidence, launcher: Option<&Lau
         && [Signal::TERM, Signal::KILL].into_iter().any(|s| launcher_sent(launcher, rank.result.pid, s))
 }
 
+/// A rank its launcher says it stopped, seen to die of that signal, that shows nothing of a
+/// failure of its own: no error line, and its program had not begun to exit. torchrun and
+/// `torch.multiprocessing.spawn` stop ranks only once another has failed, so it is collateral
+/// whenever another failed for its own reason, whatever the clocks say: the other's end may be
+/// known only from the launcher's summary, read after this one's (a rank that failed at import,
+/// before ups-doctor found its process).
+pub fn stopped_by_launcher_while_running(rank: &RankEvidence) -> bool {
+    matches!(rank.ended_by, EndedBy::Launcher { .. })
+        && rank.key.is_none()
+        && rank.result.error.is_none()
+        && rank.result.observed.as_ref().and_then(|o| o.exiting_at_s).is_none()
+}
+
 /// `in `forward` at step 3`, `in `model.build/encoder``, or `before its first marker`.
 pub fn location(rank: &RankResult) -> String {
     match (&rank.last_phase, rank.last_step) {

@@ -9,6 +9,7 @@ use super::catalog::{self, Finding};
 use super::evidence::{
     BUSY_SILENCE_SHARE, EndedBy, Evidence, IDLE_SILENCE_SHARE, Observed, RankEvidence, failure_time,
     location, rank_name, rank_unknown, silent_at_limit, stopped_by_launcher_unobserved,
+    stopped_by_launcher_while_running,
 };
 
 /// The scenario's outcome (the culprit's, or passed), the culprit, and the verdict.
@@ -99,7 +100,11 @@ fn judge_watched(o: &Observed) -> Judgement {
     let own: Vec<&RankEvidence> = failing
         .iter()
         .copied()
-        .filter(|r| !catalog::lost_its_peer(r) && !stopped_by_launcher_unobserved(r, ev.launcher))
+        .filter(|r| {
+            !catalog::lost_its_peer(r)
+                && !stopped_by_launcher_unobserved(r, ev.launcher)
+                && !stopped_by_launcher_while_running(r)
+        })
         .collect();
     let pool = if own.is_empty() { failing } else { own };
     let mut first = pool.into_iter().min_by(|a, b| failure_time(a.result).total_cmp(&failure_time(b.result)));

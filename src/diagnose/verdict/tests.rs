@@ -1061,6 +1061,46 @@ fn a_rank_the_launcher_says_it_sigtermed_after_its_own_error_is_named_with_that_
     assert!(!j.verdict.headline.contains("from outside"), "{}", j.verdict.headline);
 }
 
+/// Seen in a rehearsal of the suite (`observe::a_ranks_uncaught_exception_under_torchrun…`, a
+/// loaded machine): rank 1 failed at import before ups-doctor found its process, so its end is
+/// known only from torchrun's summary, read after rank 0's end; rank 0, which torchrun then
+/// stopped with SIGTERM while it ran (no error, not exiting), looked first by the clock. A rank
+/// its launcher stopped while running is collateral of one that failed by itself.
+#[test]
+fn a_rank_the_launcher_stopped_while_running_is_collateral_of_one_whose_end_was_read_later() {
+    let mut stopped =
+        program_rank(0, Exit::Signal { signal: Signal::TERM.number(), core_dumped: false }, 6.018, "");
+    stopped.exit_source = Some(ExitSource::Procfs);
+    let mut failed = program_rank(
+        1,
+        Exit::Code(1),
+        6.021,
+        "Traceback (most recent call last):\n  File \"/t/observed_ddp.py\", line 16, in <module>\nModuleNotFoundError: \
+         No module named 'torch.utils.data.distributed'",
+    );
+    failed.exit_source = Some(ExitSource::Torchrun);
+    let scenario: Scenario = serde_json::from_value(serde_json::json!({
+        "command": ["torchrun", "--nproc_per_node", "2", "observed_ddp.py"],
+        "launch": {"world_size": 2, "style": "launcher"}
+    }))
+    .unwrap();
+    let launcher = torchrun_end(
+        1,
+        &[
+            "W1129 16:09:05.456000 764 torch/distributed/elastic/multiprocessing/api.py:1012] Sending process 1000 \
+           closing signal SIGTERM",
+        ],
+    );
+    let j = judge_under(&scenario, &[stopped.clone(), failed.clone()], &launcher);
+    assert_eq!(j.first_failure, Some(1), "{}", j.verdict.headline);
+    assert!(j.verdict.headline.starts_with("Rank 1 exited with status 1"), "{}", j.verdict.headline);
+
+    // Had rank 0 an error of its own, the clock still decides.
+    stopped.error = Some("RuntimeError: bad input on rank 0".into());
+    let j = judge_under(&scenario, &[stopped, failed], &launcher);
+    assert_eq!(j.first_failure, Some(0), "{}", j.verdict.headline);
+}
+
 /// `torch.multiprocessing.spawn` reaped both ranks before ups-doctor read either status (seen
 /// with ups-doctor frozen): each end was noticed at about the same moment, rank 0's a little
 /// first. spawn's account names process 1's SIGSEGV, and its log says it then stopped rank 0's
