@@ -542,7 +542,11 @@ impl TaggedRouter {
         let v = serde_json::Value::Object(v);
         let rank = {
             let Ok(mut known) = ranks.lock() else { return Vec::new() };
+            // A `worker` line's writer is a DataLoader worker (the helper's `worker_init_fn`): it
+            // goes to the rank it names, and claims no rank for its pid, which is not the rank's.
+            let worker = v.get("t").and_then(|t| t.as_str()) == Some("worker");
             let global = match (said, pid) {
+                (Some(rank), Some(pid)) if worker => Some(known.claimed.get(&pid).copied().unwrap_or(rank)),
                 (Some(rank), Some(pid)) => Some(*known.claimed.entry(pid).or_insert(rank)),
                 (Some(rank), None) => Some(rank),
                 (None, Some(pid)) => {
@@ -800,6 +804,23 @@ mod tests {
         // A writer claims once: a later different rank does not move it.
         let again = r#"{"t":"begin","phase":"backward","pid":100,"rank":0}"#;
         assert_eq!(ranks_of(&router.route(again, at, &ranks, parent)), [(1, true)]);
+    }
+
+    /// The helper's `worker_init_fn` line is written by the DataLoader worker itself, with the rank
+    /// it read from its parent's process group: it goes to that rank, but its pid is not the
+    /// rank's. Seen under load: a forked worker's line came before its rank's first line with a
+    /// rank, and the worker was taken for rank 1 (its exit 0 for the rank's, which had segfaulted).
+    #[test]
+    fn a_workers_own_line_goes_to_its_rank_and_claims_no_rank_for_the_worker() {
+        let ranks = std::sync::Mutex::new(PidRanks::default());
+        let mut router = TaggedRouter { world: 2, local: 2, grow_to: None, pending: Default::default() };
+        let at = Instant::now();
+        let worker = r#"{"t":"worker","id":0,"pid":160,"start_method":"fork","rank":1}"#;
+        assert_eq!(ranks_of(&router.route(worker, at, &ranks, |_| None)), [(1, true)]);
+        assert!(!ranks.lock().unwrap().claimed.contains_key(&160), "{:?}", ranks.lock().unwrap().claimed);
+        let rank = r#"{"t":"begin","phase":"forward","step":0,"pid":150,"rank":1}"#;
+        assert_eq!(ranks_of(&router.route(rank, at, &ranks, |_| None)), [(1, true)]);
+        assert_eq!(ranks.lock().unwrap().claimed.get(&150), Some(&1));
     }
 
     /// After a launcher's restart the rank's new process (and its workers) write to the same FIFO
