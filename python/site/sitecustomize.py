@@ -323,8 +323,9 @@ class _Observer:
             except Exception:
                 pass
             self.stop_stacks = None
-        # The parent's step counter is mapped here too: the child never writes it.
-        self.count_steps = False
+        # The parent's step counter is mapped here too: the child never writes it, and makes its
+        # own if it steps (a rank forked by its launcher; a DataLoader worker does not step).
+        self.count_steps = self.counter = None
 
         # A forked child (a DataLoader worker) issues no collective; the parent's group may have
         # been mid-call at the fork, so the child never touches it.
@@ -434,10 +435,10 @@ class _Observer:
         ups-doctor's folder for it (`$UPS_DOCTOR_STOP_STACKS/PID.steps`): the page outlives the
         process, so a rank that dies before its last step markers are sent (a segfault, the OOM
         killer's SIGKILL, within the 0.25 s the sending thread waits) still says how far it got.
-        One `pack_into` a step; none in a forked child, whose mapping is its parent's."""
+        One `pack_into` a step, into this process's own file (a forked child makes its own)."""
         self.count_steps = False
         folder = os.environ.get(_STOP_STACKS)
-        if not folder or self.forked:
+        if not folder:
             return False
         try:
             import functools
