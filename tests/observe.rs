@@ -23,6 +23,31 @@ fn ddp_scenario(sb: &Sandbox, name: &str, ranks: u32, outcome: &str) -> std::pat
     )
 }
 
+/// `torchrun` over `ranks` ranks of the repository's `program` with `args`, expecting `outcome`
+/// (a hang declared after `hang_after_s`).
+fn torchrun_scenario(
+    sb: &Sandbox,
+    name: &str,
+    ranks: u32,
+    program: &str,
+    args: &[&str],
+    hang_after_s: u32,
+    outcome: &str,
+) -> std::path::PathBuf {
+    let path = repo().join(program).display().to_string();
+    let ranks_text = ranks.to_string();
+    let mut command =
+        vec!["torchrun", "--nproc_per_node", &ranks_text, "--master_port", "{master_port}", &path];
+    command.extend(args);
+    let scenario = serde_json::json!({
+        "command": command,
+        "launch": {"world_size": ranks},
+        "limits": {"timeout_s": 180, "hang_after_s": hang_after_s},
+        "expect": {"outcome": outcome},
+    });
+    sb.scenario(name, &scenario.to_string())
+}
+
 /// Runs one scenario with the injector on `PYTHONPATH` and `env` set; its result.
 fn run_injected(sb: &Sandbox, file: &std::path::Path, env: &[(&str, &str)]) -> Value {
     let inject = repo().join("tests/programs/inject");
@@ -599,16 +624,8 @@ fn a_collective_that_timed_out_names_the_rank_it_waited_for_not_the_first_to_fai
 fn a_collective_a_rank_issues_after_its_peer_failed_is_not_a_mismatch_and_lightnings_handler_keeps_the_stack()
 {
     let sb = Sandbox::new();
-    let program = repo().join("tests/programs/launchers.py").display().to_string();
-    let file = sb.scenario(
-        "lightning",
-        &format!(
-            r#"{{"command": ["torchrun", "--nproc_per_node", "2", "--master_port", "{{master_port}}", "{program}",
-                 "--launcher", "lightning", "--steps", "40", "--raise-rank", "0", "--raise-step", "3"],
-                "launch": {{"world_size": 2}}, "limits": {{"timeout_s": 180, "hang_after_s": 30}},
-                "expect": {{"outcome": "exited"}}}}"#
-        ),
-    );
+    let args = ["--launcher", "lightning", "--steps", "40", "--raise-rank", "0", "--raise-step", "3"];
+    let file = torchrun_scenario(&sb, "lightning", 2, "tests/programs/launchers.py", &args, 30, "exited");
     let s = run_injected(
         &sb,
         &file,
@@ -652,16 +669,9 @@ fn a_barrier_one_lightning_rank_adds_inside_a_step_names_that_rank_not_the_one_t
     let source = std::fs::read_to_string(&path).unwrap();
     let barrier_line =
         source.lines().position(|l| l.trim() == "dist.barrier()").expect("a barrier in faults()") + 1;
-    let file = sb.scenario(
-        "lightning-barrier",
-        &format!(
-            r#"{{"command": ["torchrun", "--nproc_per_node", "2", "--master_port", "{{master_port}}", "{}",
-                 "--launcher", "lightning", "--steps", "40", "--hang-rank", "1", "--hang-step", "3"],
-                "launch": {{"world_size": 2}}, "limits": {{"timeout_s": 180, "hang_after_s": 10}},
-                "expect": {{"outcome": "hung"}}}}"#,
-            path.display()
-        ),
-    );
+    let args = ["--launcher", "lightning", "--steps", "40", "--hang-rank", "1", "--hang-step", "3"];
+    let file =
+        torchrun_scenario(&sb, "lightning-barrier", 2, "tests/programs/launchers.py", &args, 10, "hung");
     let s = run_injected(&sb, &file, &[]);
     assert_eq!(verdict(&s, "pattern"), "ranks-out-of-step", "{:#}", s["verdict"]);
     assert_eq!(s["first_failure"], 1, "{:#}", s["verdict"]);
@@ -737,23 +747,15 @@ fn a_torchrun_restart_is_seen_and_the_watched_attempt_is_not_called_the_jobs_end
 #[test]
 fn a_workers_exception_under_torchrun_is_placed_at_the_datasets_line() {
     let sb = Sandbox::new();
-    let program = repo().join("tests/programs/patterns.py").display().to_string();
-    let file = sb.scenario(
-        "dataset",
-        &format!(
-            r#"{{"command": ["torchrun", "--nproc_per_node", "1", "--master_port", "{{master_port}}", "{program}",
-                 "--case", "dataset_error"],
-                "launch": {{"world_size": 1}}, "limits": {{"timeout_s": 180, "hang_after_s": 60}},
-                "expect": {{"outcome": "exited"}}}}"#
-        ),
-    );
+    let args = ["--case", "dataset_error"];
+    let file = torchrun_scenario(&sb, "dataset", 1, "tests/programs/patterns.py", &args, 60, "exited");
     let run = sb.run_in_venv(&[&file]);
     let s = &run.result["scenarios"][0];
     assert_eq!(run.code(), 0, "stderr:\n{}\n{:#}", run.stderr(), s["verdict"]);
     assert_eq!(verdict(s, "pattern"), "dataloader-worker-exception", "{:#}", s["verdict"]);
     let error = s["ranks"][0]["error"].as_str().unwrap_or_default();
     assert!(error.starts_with("ValueError: Caught ValueError in DataLoader worker process 0."), "{error}");
-    let source = std::fs::read_to_string(&program).unwrap();
+    let source = std::fs::read_to_string(repo().join("tests/programs/patterns.py")).unwrap();
     let line = source.lines().position(|l| l.contains("raise ValueError(f\"corrupt sample")).unwrap() + 1;
     let at = format!("ValueError: corrupt sample at index 5 (patterns.py:{line} in __getitem__)");
     assert!(error.ends_with(&at), "{error}");
