@@ -510,6 +510,38 @@ fn fault_handler(lines: &[String]) -> Option<KeyLine> {
     Some(KeyLine { text: lines[start].trim().to_string(), at })
 }
 
+/// Whether the last dump of Python's fault handler in `lines` shows no thread running Python
+/// code: at least one thread listed, each `<no Python frame>`. The main thread holds the
+/// program's frames (`<module>` below every other) for as long as its code runs, so a dump in
+/// which no thread has a frame came once that code had returned, while Python shut down.
+/// `None` where there is no dump, or where its end is not seen: a line that is not the dump's
+/// (another process's, in a shared output), or a dump long enough that a quote may have cut it
+/// (`QUOTED_DUMP_LINES`; the main thread is listed last).
+pub fn fault_handler_without_python(lines: &[String]) -> Option<bool> {
+    /// A quote of the fault handler's lines keeps at most 20 (`harness::observe::quotes`).
+    const QUOTED_DUMP_LINES: usize = 19;
+    let start = lines.iter().rposition(|l| strip_rank_prefix(l).starts_with("Fatal Python error:"))?;
+    let (mut threads, mut without, mut seen) = (0, 0, 0);
+    for line in &lines[start + 1..] {
+        let line = strip_rank_prefix(line).trim_end();
+        let trimmed = line.trim_start();
+        if line.starts_with("Extension modules:") {
+            return Some(threads > 0 && without == threads);
+        }
+        seen += 1;
+        if line.starts_with("Thread 0x") || line.starts_with("Current thread 0x") {
+            threads += 1;
+        } else if trimmed.starts_with("File \"") {
+            return Some(false);
+        } else if trimmed == "<no Python frame>" && threads > without {
+            without += 1;
+        } else if !line.is_empty() {
+            return None;
+        }
+    }
+    (seen < QUOTED_DUMP_LINES).then_some(threads > 0 && without == threads)
+}
+
 fn cpp_exception(lines: &[String]) -> Option<KeyLine> {
     let start = lines.iter().rposition(|l| l.contains("terminate called after throwing"))?;
     let what = lines[start..].iter().find_map(|l| l.split_once("what():").map(|(_, w)| w.trim().to_string()));

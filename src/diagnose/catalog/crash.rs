@@ -1,7 +1,9 @@
 //! A rank that crashed in native code, and one that claimed success without finishing.
 
 use super::{Finding, Pattern};
-use crate::diagnose::evidence::{EndedBy, Evidence, KeyLine, RankEvidence, key_line, rank_name};
+use crate::diagnose::evidence::{
+    EndedBy, Evidence, KeyLine, RankEvidence, fault_handler_without_python, key_line, rank_name,
+};
 use crate::scenario::OutcomeKind;
 use crate::schema::{QuoteKind, Signal};
 
@@ -11,8 +13,9 @@ pub const NATIVE_CRASH: Pattern = Pattern {
     matches: "the first rank to fail was killed by SIGSEGV, SIGBUS, SIGILL, SIGFPE or SIGABRT raised in \
               the process itself; the first frame in the program's own code comes from the crash handler's \
               backtrace (built-in trainer) or Python's fault handler (`PYTHONFAULTHANDLER`, set by ups-doctor). \
-              A crash after the observer's summary at exit (the program's own code had finished) is said to have \
-              come as Python shut down, not in training",
+              A crash after the observer's summary at exit (the program's own code had finished), or whose own \
+              fault-handler dump lists no thread with a Python frame (the main thread's are gone once the program \
+              has returned), is said to have come as Python shut down, not in training",
     explanation: "The process crashed in native code (libtorch, a CUDA/NCCL library, an extension, or memory \
                   shared between processes). Python prints no traceback for it and torchrun only reports \
                   `exitcode: -11` and `Signal 11 (SIGSEGV) received by PID`.",
@@ -128,7 +131,13 @@ pub fn native_crash(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Findi
         ));
     }
     if ev.foreign {
-        at_exit(first, sig, handler, &mut f);
+        // The rank's own dump: in its own output, or the launcher's when no other rank crashed.
+        let dump = if first.said("Fatal Python error") {
+            Some(first.text.as_slice())
+        } else {
+            handler.filter(|_| in_launcher.is_some())
+        };
+        at_exit(first, sig, handler, dump, &mut f);
     }
     Some(f)
 }
@@ -138,15 +147,24 @@ pub fn native_crash(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Findi
 /// lock back while it shuts down).
 const TERMINATE_WITHOUT_EXCEPTION: &str = "terminate called without an active exception";
 
-/// A crash after the program's own code had finished, as the observer's exit summary shows: it
-/// came while Python shut down, not in training; said so in the headline, evidence, cause and
-/// next step.
-fn at_exit(first: &RankEvidence, sig: Signal, handler: Option<&[String]>, f: &mut Finding) {
+/// A crash after the program's own code had finished, as the observer's exit summary shows, or
+/// the rank's own fault-handler dump (`dump`) where no thread had a Python frame left: it came
+/// while Python shut down, not in training; said so in the headline, evidence, cause and next
+/// step.
+fn at_exit(
+    first: &RankEvidence,
+    sig: Signal,
+    handler: Option<&[String]>,
+    dump: Option<&[String]>,
+    f: &mut Finding,
+) {
     let r = first.result;
-    let Some((exiting, steps)) = r.observed.as_ref().and_then(|o| Some((o.exiting_at_s?, o.steps))) else {
+    let exiting = r.observed.as_ref().and_then(|o| o.exiting_at_s);
+    let without_python = exiting.is_none() && dump.and_then(fault_handler_without_python) == Some(true);
+    if exiting.is_none() && !without_python {
         return;
-    };
-    let done = match steps {
+    }
+    let done = match r.observed.as_ref().map_or(0, |o| o.steps) {
         0 => String::new(),
         1 => " (1 optimizer step done)".to_string(),
         n => format!(" ({n} optimizer steps done)"),
@@ -156,11 +174,19 @@ fn at_exit(first: &RankEvidence, sig: Signal, handler: Option<&[String]>, f: &mu
         rank_name(r, "Rank")
     ));
     let when = r.ended_at_s.map(|t| format!(" by {t:.2} s")).unwrap_or_default();
-    f.evidence.push(format!(
-        "{}'s program had finished its own code: its exit handlers ran at {exiting:.2} s (the observer's summary \
-         at exit), and it was killed by {sig}{when}",
-        rank_name(r, "rank")
-    ));
+    f.evidence.push(match exiting {
+        Some(exiting) => format!(
+            "{}'s program had finished its own code: its exit handlers ran at {exiting:.2} s (the observer's \
+             summary at exit), and it was killed by {sig}{when}",
+            rank_name(r, "rank")
+        ),
+        None => format!(
+            "{}'s program had finished its own code: Python's fault handler shows no thread running Python code \
+             (`<no Python frame>` for every thread it lists; the main thread holds the program's frames while its \
+             code runs), and it was killed by {sig}{when}",
+            rank_name(r, "rank")
+        ),
+    });
     let terminate = first.said(TERMINATE_WITHOUT_EXCEPTION)
         || handler.is_some_and(|h| h.iter().any(|l| l.starts_with(TERMINATE_WITHOUT_EXCEPTION)));
     f.cause = Some(if terminate {
