@@ -2,12 +2,15 @@
 ups-doctor. Each step reads a batch from a DataLoader, runs DDP's forward and backward, steps the
 optimizer and gathers the loss from every rank with `dist.all_gather` (a metric, as many training
 scripts do; `--no-gather`: DDP's own gradient reductions are its only collectives). `--timeout-s`
-is the process group's timeout, as training configurations expose it. Run it under torchrun or one
-copy per rank with torchrun's variables."""
+is the process group's timeout, as training configurations expose it. `--times FILE`: rank 0
+appends `STEP SECONDS` (CLOCK_MONOTONIC, shared by every process of the machine) every 10 steps,
+for a benchmark that compares two runs going at once (bench/observer_side_by_side.py). Run it
+under torchrun or one copy per rank with torchrun's variables."""
 
 import argparse
 import datetime
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -22,6 +25,7 @@ def main():
     parser.add_argument("--hidden", type=int, default=64)
     parser.add_argument("--no-gather", action="store_true")
     parser.add_argument("--timeout-s", type=float)
+    parser.add_argument("--times")
     args = parser.parse_args()
     timeout = {"timeout": datetime.timedelta(seconds=args.timeout_s)} if args.timeout_s else {}
     dist.init_process_group("gloo", **timeout)
@@ -34,6 +38,7 @@ def main():
     )
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     world = dist.get_world_size()
+    times = open(args.times, "a", buffering=1) if args.times and rank == 0 else None
     for step, (x, y) in enumerate(loader):
         if step == args.steps:
             break
@@ -45,6 +50,8 @@ def main():
         if not args.no_gather:
             losses = [torch.zeros(1) for _ in range(world)]
             dist.all_gather(losses, loss.detach().reshape(1))
+        if times is not None and step % 10 == 0:
+            times.write(f"{step} {time.monotonic()}\n")
         if rank == 0 and step % 10 == 0:
             print(f"step {step} loss {sum(l.item() for l in losses) / world:.4f}", flush=True)
     dist.barrier()
