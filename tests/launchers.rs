@@ -206,6 +206,28 @@ fn torch_multiprocessing_spawn_ranks_are_found_by_spawn_order() {
     );
 }
 
+/// Ranks forked by `torch.multiprocessing.start_processes(…, start_method="fork")`: each is a
+/// fork of the launcher, its command line the launcher's, its rank only an argument. `auto`
+/// takes the script for a launcher (it calls `start_processes`), and the observer names each
+/// forked rank by the process group it forms; before, `auto` ran it as one rank and the
+/// launcher's `ProcessExitedException` was reported as rank 0's own exit.
+#[test]
+fn ranks_forked_by_start_processes_are_found_by_the_process_group_each_forms() {
+    let (sb, run) = three_cases("fork", r#""python""#, r#""--launcher", "fork""#, "");
+    check(&run, ["process_group", "process_group"]);
+    let s = &scenarios(&run)[0];
+    let chosen = s["external"]["style_chosen"].as_str().unwrap_or_default();
+    assert!(chosen.contains("`launchers.py` starts its own ranks"), "{chosen}");
+    for r in s["ranks"].as_array().unwrap() {
+        assert_ne!(r["pid"], s["external"]["launcher"]["pid"], "a forked rank is not the launcher: {r}");
+    }
+    let md = sb.reports();
+    assert!(
+        md.contains("Ranks identified: rank 0 by the process group it formed (`init_process_group` gave it rank 0, seen by the observer); rank 1 by the process group it formed"),
+        "{md}"
+    );
+}
+
 #[test]
 fn lightnings_rank_0_is_the_launcher_and_rank_1_its_local_rank_child() {
     let (sb, run) =

@@ -3,14 +3,17 @@ users start DDP, for the tests of ups-doctor's rank discovery (tests/launchers.r
 
 - `env`: the ranks read `RANK` from their environment (torchrun, `accelerate launch`);
 - `spawn`: `torch.multiprocessing.spawn(work, nprocs=2)`: the rank is only `work`'s argument;
+- `fork`: `torch.multiprocessing.start_processes(work, nprocs=2, start_method="fork")`: the ranks
+  are forks of this process (as Lightning's `ddp_fork` and notebooks start them), their command
+  lines this one's;
 - `lightning`: `Trainer(accelerator="cpu", devices=2, strategy="ddp")`, run as `python
   launchers.py`: Lightning runs rank 0 in this process and starts rank 1 with `LOCAL_RANK`;
 - `popen`: a home-made launcher (as some clusters' wrappers are): this process starts two copies
   of itself with `subprocess`, each with its rank only as an argument (`--rank`), and polls them
   as torchrun does (every 0.5 s; on the first failure the other gets SIGTERM, and it exits 1).
 
-`--port-from env` (spawn, popen): the rendezvous port is ups-doctor's (`PET_MASTER_PORT`), and a
-popen child gets it in `MASTER_PORT`; `own`: a free port of the program's own, which a popen child
+`--port-from env` (spawn, fork, popen): the rendezvous port is ups-doctor's (`PET_MASTER_PORT`),
+and a popen child gets it in `MASTER_PORT`; `own`: a free port of the program's own, which a popen child
 gets only as an argument: nothing outside the program knows it.
 
 `--helper`: the program imports python/ups_doctor.py and reports its steps (`ups_doctor.step`).
@@ -38,7 +41,7 @@ import torch
 import torch.distributed as dist
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--launcher", required=True, choices=["env", "spawn", "lightning", "popen"])
+parser.add_argument("--launcher", required=True, choices=["env", "spawn", "fork", "lightning", "popen"])
 parser.add_argument("--steps", type=int, default=6)
 parser.add_argument("--segv-rank", type=int, default=-1)
 parser.add_argument("--segv-step", type=int, default=-1)
@@ -191,5 +194,7 @@ if __name__ == "__main__":
         train(int(os.environ["RANK"]))
     elif args.launcher == "spawn":
         torch.multiprocessing.spawn(work, args=(str(rendezvous_port()),), nprocs=2)
+    elif args.launcher == "fork":
+        torch.multiprocessing.start_processes(work, args=(str(rendezvous_port()),), nprocs=2, start_method="fork")
     else:
         lightning_main()

@@ -45,7 +45,7 @@ const LAUNCHERS: [&str; 7] =
 /// What `launch.style: auto` takes for `argv`: launcher (true) or per rank, and why, in words.
 /// A launcher is a known launcher program, `python -m torch.distributed.run` (or `.launch`), or
 /// a Python script whose source starts its own ranks (`torch.multiprocessing.spawn`, `mp.spawn`,
-/// Lightning's `Trainer`).
+/// `start_processes`, Lightning's `Trainer`).
 pub fn auto_style(argv: &[String]) -> (bool, String) {
     let name =
         |s: &str| Path::new(s).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
@@ -67,6 +67,9 @@ pub fn auto_style(argv: &[String]) -> (bool, String) {
                 let starts_ranks = [
                     ("multiprocessing.spawn(", "it calls `torch.multiprocessing.spawn`"),
                     ("mp.spawn(", "it calls `torch.multiprocessing.spawn`"),
+                    // `start_method="fork"` too (Lightning's `ddp_fork` and notebooks): forked
+                    // ranks are found by the process group each forms, seen by the observer.
+                    ("start_processes(", "it calls `torch.multiprocessing.start_processes`"),
                     ("import lightning", "it uses Lightning, whose `Trainer` starts the ranks"),
                     ("from lightning", "it uses Lightning, whose `Trainer` starts the ranks"),
                     ("pytorch_lightning", "it uses Lightning, whose `Trainer` starts the ranks"),
@@ -208,6 +211,15 @@ mod tests {
                 "`train.sh` runs `torch.distributed.run` (line 5), a launcher: it starts the ranks"
             );
         }
+        // Ranks forked by `start_processes` (no `spawn(` in the source).
+        let forks = dir.join("forks.py");
+        std::fs::write(&forks, "import torch.multiprocessing as mp\n\nmp.start_processes(work, nprocs=2, start_method=\"fork\")\n").unwrap();
+        let (is_launcher, text) = auto_style(&args(&["python", &forks.display().to_string()]));
+        assert!(is_launcher, "{text}");
+        assert_eq!(
+            text,
+            "`forks.py` starts its own ranks (it calls `torch.multiprocessing.start_processes`)"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
