@@ -542,6 +542,29 @@ pub fn fault_handler_without_python(lines: &[String]) -> Option<bool> {
     (seen < QUOTED_DUMP_LINES).then_some(threads > 0 && without == threads)
 }
 
+/// How many fault-handler dumps `lines` holds (a launcher's output shared by its ranks), when
+/// every one of them shows no thread running Python code ([`fault_handler_without_python`]):
+/// each came as its process shut down. `None` where there is none, or one that has a frame or
+/// whose end is not seen.
+pub fn fault_dumps_without_python(lines: &[String]) -> Option<usize> {
+    let is_start = |l: &String| strip_rank_prefix(l).starts_with("Fatal Python error:");
+    let starts: Vec<usize> = lines.iter().enumerate().filter(|(_, l)| is_start(l)).map(|(i, _)| i).collect();
+    for (n, &at) in starts.iter().enumerate() {
+        // Up to the next dump, and the C++ line just before it.
+        let end = starts.get(n + 1).map_or(lines.len(), |&next| {
+            if next > 0 && strip_rank_prefix(&lines[next - 1]).starts_with("terminate called") {
+                next - 1
+            } else {
+                next
+            }
+        });
+        if fault_handler_without_python(&lines[at..end]) != Some(true) {
+            return None;
+        }
+    }
+    (!starts.is_empty()).then_some(starts.len())
+}
+
 fn cpp_exception(lines: &[String]) -> Option<KeyLine> {
     let start = lines.iter().rposition(|l| l.contains("terminate called after throwing"))?;
     let what = lines[start..].iter().find_map(|l| l.split_once("what():").map(|(_, w)| w.trim().to_string()));

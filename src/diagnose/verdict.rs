@@ -235,6 +235,24 @@ fn say_hung_together(failed: &RankEvidence, together: &[u32], verdict: &mut Verd
 /// rank out of `/dev/shm`, no driver on any), which timing alone cannot turn into a culprit and
 /// collateral. A rank torn down, hung, or that lost its peer is not one of them.
 fn same_failure(ev: &Evidence, failed: &RankEvidence) -> Vec<u32> {
+    // Ranks sharing a launcher's output have no key line of their own; where every rank a fatal
+    // signal ended left a dump without a Python frame there, each crashed as it shut down.
+    let crashed_itself = |r: &RankEvidence| {
+        r.result.outcome == OutcomeKind::Signaled
+            && r.result.signal.is_some_and(|s| catalog::CRASH_SIGNALS.contains(&s))
+            && matches!(r.ended_by, EndedBy::Itself)
+            && r.key.is_none()
+    };
+    if crashed_itself(failed) && catalog::all_crashed_at_exit(ev) > 0 {
+        return ev
+            .ranks
+            .iter()
+            .filter(|r| {
+                r.rank() != failed.rank() && crashed_itself(r) && r.result.signal == failed.result.signal
+            })
+            .map(RankEvidence::rank)
+            .collect();
+    }
     let shape = |r: &RankEvidence| {
         r.key
             .as_ref()
@@ -958,7 +976,13 @@ fn add_collateral(
             format!(" Ranks {list} failed the same way, each on its own (not collateral).")
         });
         for r in ev.ranks.iter().filter(|r| same.contains(&r.rank())) {
-            let key = r.key.as_ref().map(|k| k.render()).unwrap_or_default();
+            let key = match (&r.key, r.result.signal) {
+                (Some(k), _) => k.render(),
+                (None, Some(sig)) => {
+                    format!("killed by {sig} as it shut down (its dump shows no Python frame)")
+                }
+                (None, None) => String::new(),
+            };
             verdict.evidence.push(format!("rank {} ended by itself with the same error: {key}", r.rank()));
         }
     }

@@ -2,7 +2,8 @@
 
 use super::{Finding, Pattern};
 use crate::diagnose::evidence::{
-    EndedBy, Evidence, KeyLine, RankEvidence, fault_handler_without_python, key_line, rank_name,
+    EndedBy, Evidence, KeyLine, RankEvidence, fault_dumps_without_python, fault_handler_without_python,
+    key_line, rank_name,
 };
 use crate::scenario::OutcomeKind;
 use crate::schema::{QuoteKind, Signal};
@@ -15,7 +16,8 @@ pub const NATIVE_CRASH: Pattern = Pattern {
               backtrace (built-in trainer) or Python's fault handler (`PYTHONFAULTHANDLER`, set by ups-doctor). \
               A crash after the observer's summary at exit (the program's own code had finished), or whose own \
               fault-handler dump lists no thread with a Python frame (the main thread's are gone once the program \
-              has returned), is said to have come as Python shut down, not in training",
+              has returned), is said to have come as Python shut down, not in training; where ranks share a \
+              launcher's output and every crashed rank's dump there is so, each crashed at exit on its own",
     explanation: "The process crashed in native code (libtorch, a CUDA/NCCL library, an extension, or memory \
                   shared between processes). Python prints no traceback for it and torchrun only reports \
                   `exitcode: -11` and `Signal 11 (SIGSEGV) received by PID`.",
@@ -37,7 +39,7 @@ pub const FALSE_SUCCESS: Pattern = Pattern {
     reference: "https://docs.python.org/3/library/os.html#os._exit",
 };
 
-const CRASH_SIGNALS: [Signal; 5] = [Signal::SEGV, Signal::BUS, Signal::ILL, Signal::FPE, Signal::ABRT];
+pub const CRASH_SIGNALS: [Signal; 5] = [Signal::SEGV, Signal::BUS, Signal::ILL, Signal::FPE, Signal::ABRT];
 
 /// The lines of Python's fault handler the launcher printed (ranks under a launcher share its
 /// output, and the handler names no rank), if it holds one.
@@ -57,19 +59,31 @@ fn fault_handler_in_launcher_output(
     if first.key.as_ref().is_some_and(|k| k.text.starts_with("Fatal Python error")) {
         return None;
     }
-    let crashed = ev
-        .ranks
+    if crashed_by_itself(ev) != 1 {
+        return None;
+    }
+    key_line(handler).filter(|k| k.text.starts_with("Fatal Python error"))
+}
+
+/// The ranks a fatal signal ended that they raised themselves: each prints a fault-handler dump.
+pub fn crashed_by_itself(ev: &Evidence) -> usize {
+    ev.ranks
         .iter()
         .filter(|r| {
             r.result.outcome == OutcomeKind::Signaled
                 && r.result.signal.is_some_and(|s| CRASH_SIGNALS.contains(&s))
                 && matches!(r.ended_by, EndedBy::Itself)
         })
-        .count();
-    if crashed != 1 {
-        return None;
-    }
-    key_line(handler).filter(|k| k.text.starts_with("Fatal Python error"))
+        .count()
+}
+
+/// How many ranks crashed at exit each on its own, told by a launcher's output they share: a
+/// dump for every rank a fatal signal ended, and none of them with a Python frame (each came as
+/// its process shut down). 0 when that is not so, or only one rank crashed.
+pub fn all_crashed_at_exit(ev: &Evidence) -> usize {
+    let crashed = crashed_by_itself(ev);
+    let dumps = launcher_fault_handler(ev).and_then(fault_dumps_without_python);
+    if crashed >= 2 && dumps == Some(crashed) { crashed } else { 0 }
 }
 
 pub fn native_crash(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Finding> {
@@ -131,13 +145,15 @@ pub fn native_crash(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Findi
         ));
     }
     if ev.foreign {
-        // The rank's own dump: in its own output, or the launcher's when no other rank crashed.
+        // The rank's own dump: in its own output, or the launcher's when no other rank crashed,
+        // or every dump of the launcher's when each crashed rank's shows no Python frame.
+        let shared = all_crashed_at_exit(ev);
         let dump = if first.said("Fatal Python error") {
             Some(first.text.as_slice())
         } else {
-            handler.filter(|_| in_launcher.is_some())
+            handler.filter(|_| in_launcher.is_some() || shared > 0)
         };
-        at_exit(first, sig, handler, dump, &mut f);
+        at_exit(first, sig, handler, dump, shared, &mut f);
     }
     Some(f)
 }
@@ -156,6 +172,7 @@ fn at_exit(
     sig: Signal,
     handler: Option<&[String]>,
     dump: Option<&[String]>,
+    shared: usize,
     f: &mut Finding,
 ) {
     let r = first.result;
@@ -178,6 +195,13 @@ fn at_exit(
         Some(exiting) => format!(
             "{}'s program had finished its own code: its exit handlers ran at {exiting:.2} s (the observer's \
              summary at exit), and it was killed by {sig}{when}",
+            rank_name(r, "rank")
+        ),
+        None if shared > 0 => format!(
+            "{}'s program had finished its own code: each of the {shared} dumps of Python's fault handler in the \
+             launcher's output, one for every rank a fatal signal ended, shows no thread running Python code \
+             (`<no Python frame>` for every thread; the main thread holds the program's frames while its code \
+             runs), and it was killed by {sig}{when}",
             rank_name(r, "rank")
         ),
         None => format!(

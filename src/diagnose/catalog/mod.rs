@@ -17,6 +17,7 @@ mod timeout;
 
 use super::evidence::{Evidence, RankEvidence};
 
+pub use crash::{CRASH_SIGNALS, all_crashed_at_exit};
 pub use distributed::{collective_of, odd_rank_by_markers};
 pub use loader::{SHM_FULL_SHARE, input_bound, used_of};
 pub use pattern::{Finding, Pattern};

@@ -1679,6 +1679,65 @@ fn a_crash_after_the_programs_exit_handlers_ran_is_called_a_crash_at_exit() {
     }
 }
 
+/// Both ranks of a torchrun run aborted as they shut down, without the observer (seen here in a
+/// benchmark: PyTorch 2.11, gloo, `--no-observe`): the launcher's output holds a dump for each,
+/// neither with a Python frame. Each crashed at exit on its own; neither is the other's
+/// collateral. Where one dump shows a frame, nothing is said of an exit and the later rank is
+/// collateral, as before.
+#[test]
+fn two_ranks_whose_dumps_show_no_python_frame_each_crashed_at_exit_on_its_own() {
+    let abort = Exit::Signal { signal: Signal::ABRT.number(), core_dumped: false };
+    let dump = |thread: &str, frame: &str| {
+        vec![
+            "terminate called without an active exception".to_string(),
+            "Fatal Python error: Aborted".to_string(),
+            String::new(),
+            format!("Thread 0x{thread} (most recent call first):"),
+            format!("  {frame}"),
+            String::new(),
+        ]
+    };
+    let judged = |first_frame: &str| {
+        let mut launcher =
+            torchrun_end(1, &["torch.distributed.elastic.multiprocessing.errors.ChildFailedError:"]);
+        launcher.quotes = vec![crate::schema::Quote {
+            title: QuoteKind::FaultHandler,
+            lines: [dump("00007fcef59cbb80", first_frame), dump("00007f77aedc9b80", "<no Python frame>")]
+                .concat(),
+        }];
+        let ranks = [program_rank(0, abort, 14.01, ""), program_rank(1, abort, 14.0, "")];
+        judge_under(&external(), &ranks, &launcher)
+    };
+    let j = judged("<no Python frame>");
+    assert_eq!(j.verdict.pattern.as_deref(), Some("native-crash"));
+    assert_eq!(
+        j.verdict.headline,
+        "Rank 1 was killed by SIGABRT after its program had finished, as Python shut down. Rank 0 failed the \
+         same way on its own (not collateral)."
+    );
+    assert!(
+        j.verdict.evidence.iter().any(|e| e.starts_with(
+            "rank 1's program had finished its own code: each of the 2 dumps of Python's fault handler in the \
+             launcher's output, one for every rank a fatal signal ended, shows no thread running Python code"
+        )),
+        "{:#?}",
+        j.verdict.evidence
+    );
+    assert!(
+        j.verdict.evidence.iter().any(|e| e
+            == "rank 0 ended by itself with the same error: killed by SIGABRT as it shut down (its dump shows no \
+                Python frame)"),
+        "{:#?}",
+        j.verdict.evidence
+    );
+
+    let j = judged("File \"/w/train.py\", line 40 in main");
+    assert!(j.verdict.headline.starts_with("Rank 1 was killed by SIGABRT."), "{}", j.verdict.headline);
+    assert!(j.verdict.headline.ends_with("Rank 0 failed after it (collateral)."), "{}", j.verdict.headline);
+    let said = format!("{} {:?}", j.verdict.headline, j.verdict.evidence);
+    assert!(!said.contains("shut down") && !said.contains("on its own"), "{said}");
+}
+
 /// `r` with an observer that saw a gloo group of `world` form and read its count of collectives
 /// at `issued` (`None`: never read), with an empty ledger: DDP issues its reductions from C++.
 fn with_count(mut r: RankResult, world: u32, issued: Option<u64>) -> RankResult {

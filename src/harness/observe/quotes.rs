@@ -131,13 +131,45 @@ fn torchrun_root_cause(lines: &[String]) -> Option<Vec<String>> {
 /// called after throwing …` and its `what():`).
 /// The block of ups-doctor's own observer thread (only waiting) is left out, so the thread that
 /// faulted is not cut off by the quote's length.
+/// Where the output holds several dumps (ranks sharing a launcher's output) and none of them
+/// shows a Python frame (each came as its process shut down), all are quoted when they fit: the
+/// judge tells from them that every such rank crashed at exit, each on its own. Else the last.
 fn fault_handler(lines: &[String]) -> Option<Vec<String>> {
-    let at = lines.iter().rposition(|l| l.starts_with("Fatal Python error:"))?;
+    let starts: Vec<usize> = lines
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| l.starts_with("Fatal Python error:"))
+        .map(|(i, _)| i)
+        .collect();
+    let mut last = dump_at(lines, *starts.last()?);
+    if starts.len() > 1 {
+        let dumps: Vec<Vec<String>> = starts.iter().map(|&at| dump_at(lines, at)).collect();
+        let without_python = |d: &Vec<String>| {
+            d.iter().any(|l| l.trim() == "<no Python frame>")
+                && !d.iter().any(|l| l.trim_start().starts_with("File \""))
+        };
+        if dumps.iter().all(without_python) && dumps.iter().map(Vec::len).sum::<usize>() <= BLOCK_LINES {
+            return Some(dumps.concat());
+        }
+    }
+    last.truncate(BLOCK_LINES);
+    Some(last)
+}
+
+/// The dump whose `Fatal Python error:` line is `lines[at]`, as [`fault_handler`] quotes it.
+fn dump_at(lines: &[String], at: usize) -> Vec<String> {
     let terminate = lines[at.saturating_sub(3)..at].iter().rposition(|l| l.starts_with("terminate called"));
     let start = terminate.map_or(at, |i| at.saturating_sub(3) + i);
     let dump: Vec<&String> = lines[start..]
         .iter()
-        .take_while(|l| !l.starts_with("Extension modules:") && !l.starts_with("[rank"))
+        .enumerate()
+        .take_while(|(i, l)| {
+            !l.starts_with("Extension modules:")
+                && !l.starts_with("[rank")
+                // The next dump (its C++ line or its own first line) ends this one.
+                && (*i <= at - start || !(l.starts_with("Fatal Python error:") || l.starts_with("terminate called")))
+        })
+        .map(|(_, l)| l)
         .collect();
     let mut kept = Vec::new();
     let mut i = 0;
@@ -152,8 +184,7 @@ fn fault_handler(lines: &[String]) -> Option<Vec<String>> {
         }
         i = end;
     }
-    kept.truncate(BLOCK_LINES);
-    Some(kept)
+    kept
 }
 
 /// A rank's own lines in a launcher's output: PyTorch prefixes what a rank's uncaught exception
@@ -293,6 +324,37 @@ RuntimeError: unable to allocate shared memory(shm) for file </torch_4242_182736
         assert!(!quote.iter().any(|q| q.contains("step 10") || q.contains("Extension")), "{quote:?}");
         let without = lines("step 10\nFatal Python error: Aborted\n");
         assert_eq!(fault_handler(&without).unwrap()[0], "Fatal Python error: Aborted");
+    }
+
+    /// Both ranks of a torchrun run aborted as they shut down (PyTorch 2.11, gloo; seen in a
+    /// benchmark here): two dumps in the launcher's output, neither with a Python frame. Both are
+    /// quoted; where one has a frame, only the last is.
+    #[test]
+    fn every_dump_is_quoted_when_none_shows_a_python_frame() {
+        let dump = |thread: &str, frame: &str| {
+            format!(
+                "terminate called without an active exception\nFatal Python error: Aborted\n\n\
+                 Thread 0x{thread} (most recent call first):\n  {frame}\n\n\
+                 Extension modules: numpy._core._multiarray_umath, torch._C (total: 2)\n"
+            )
+        };
+        let both = lines(&format!(
+            "step 1990 loss 1.07\ntraining finished\n{}{}W1129 18:16:18 api.py:986] failed",
+            dump("00007fcef59cbb80", "<no Python frame>"),
+            dump("00007f77aedc9b80", "<no Python frame>")
+        ));
+        let quote = fault_handler(&both).unwrap();
+        assert_eq!(quote.iter().filter(|l| l.starts_with("Fatal Python error")).count(), 2, "{quote:?}");
+        assert_eq!(quote.iter().filter(|l| l.starts_with("terminate called")).count(), 2, "{quote:?}");
+        assert!(quote[2..].iter().any(|l| l.contains("00007fcef59cbb80")), "{quote:?}");
+        let one_in_python = lines(&format!(
+            "{}{}",
+            dump("00007fcef59cbb80", "File \"/w/train.py\", line 40 in main"),
+            dump("00007f77aedc9b80", "<no Python frame>")
+        ));
+        let quote = fault_handler(&one_in_python).unwrap();
+        assert_eq!(quote.iter().filter(|l| l.starts_with("Fatal Python error")).count(), 1, "{quote:?}");
+        assert!(quote.iter().any(|l| l.contains("00007f77aedc9b80")), "{quote:?}");
     }
 
     #[test]
