@@ -74,11 +74,11 @@ fn verdict<'v>(s: &'v Value, field: &str) -> &'v str {
     s["verdict"][field].as_str().unwrap_or_else(|| panic!("no verdict.{field}: {:#}", s["verdict"]))
 }
 
-/// Rank 0 or rank 1 of 2 skips, and rank 2 of 4: the ledger names the one that skipped, whichever
-/// it is and however many wait.
+/// Rank 0 or rank 1 skips, of 2 and of 4, and rank 2 of 4: the ledger names the one that skipped,
+/// whichever it is and however many wait.
 #[test]
 fn a_skipped_collective_is_attributed_to_the_rank_that_skipped_it_whichever_it_is() {
-    for (ranks, skipper) in [(2u32, 0u32), (2, 1), (4, 2)] {
+    for (ranks, skipper) in [(2u32, 0u32), (2, 1), (4, 0), (4, 1), (4, 2)] {
         let sb = Sandbox::new();
         let file = ddp_scenario(&sb, "skip", ranks, "hung");
         // The 5th `all_gather` of the skipping rank returns at once without gathering.
