@@ -141,17 +141,16 @@ fn fault_handler(lines: &[String]) -> Option<Vec<String>> {
         .filter(|(_, l)| l.starts_with("Fatal Python error:"))
         .map(|(i, _)| i)
         .collect();
-    let mut last = dump_at(lines, *starts.last()?);
-    if starts.len() > 1 {
-        let dumps: Vec<Vec<String>> = starts.iter().map(|&at| dump_at(lines, at)).collect();
-        let without_python = |d: &Vec<String>| {
-            d.iter().any(|l| l.trim() == "<no Python frame>")
-                && !d.iter().any(|l| l.trim_start().starts_with("File \""))
-        };
-        if dumps.iter().all(without_python) && dumps.iter().map(Vec::len).sum::<usize>() <= BLOCK_LINES {
-            return Some(dumps.concat());
-        }
+    let mut dumps: Vec<Vec<String>> = starts.iter().map(|&at| dump_at(lines, at)).collect();
+    let without_python =
+        |d: &Vec<String>| crate::diagnose::evidence::fault_handler_without_python(d) == Some(true);
+    if dumps.len() > 1
+        && dumps.iter().all(without_python)
+        && dumps.iter().map(Vec::len).sum::<usize>() <= BLOCK_LINES
+    {
+        return Some(dumps.concat());
     }
+    let mut last = dumps.pop()?;
     last.truncate(BLOCK_LINES);
     Some(last)
 }
