@@ -199,12 +199,23 @@ pub fn read_smaps_rollup(pid: u32) -> Option<Rollup> {
     rollup(&SmapsRollup::from_buf_read(&text[..]).ok()?)
 }
 
-/// `/proc/<pid>/smaps_rollup` and how long reading it took (see
-/// [`crate::harness::observe::memory::RollupCadence`]).
+/// `/proc/<pid>/smaps_rollup` and the CPU time reading it took the calling thread (the kernel's
+/// walk of the process's pages runs in it; see
+/// [`crate::harness::observe::memory::RollupCadence`]). The CPU time, not the wall time: on a
+/// busy machine a walk is preempted, and its wall time would say more of the load than of its
+/// cost.
 pub fn read_smaps_rollup_timed(pid: u32) -> Option<(Rollup, std::time::Duration)> {
-    let start = std::time::Instant::now();
+    let start = thread_cpu_time();
     let rollup = read_smaps_rollup(pid)?;
-    Some((rollup, start.elapsed()))
+    Some((rollup, thread_cpu_time().saturating_sub(start)))
+}
+
+/// The CPU time the calling thread has used (`CLOCK_THREAD_CPUTIME_ID`: user and system time),
+/// zero where the clock cannot be read.
+fn thread_cpu_time() -> std::time::Duration {
+    use nix::time::{ClockId, clock_gettime};
+    clock_gettime(ClockId::CLOCK_THREAD_CPUTIME_ID)
+        .map_or(std::time::Duration::ZERO, std::time::Duration::from)
 }
 
 /// The resident size in bytes from `/proc/<pid>/statm`: the kernel's counters, read without

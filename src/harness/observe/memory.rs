@@ -167,18 +167,24 @@ impl MemoryRecorder {
 }
 
 /// When a process's `smaps_rollup` is read again. It is the one costly read of a sample: the
-/// kernel walks every page the process maps (0.67 ms for a 150 MiB rank, measured; ten times that
-/// for gigabytes) while holding its memory map's lock, which the rank's own `mmap` and `munmap`
-/// wait for. Its resident size (`statm`, read in microseconds) is read every sample; the full
-/// figures are read again once the last reading is [`ROLLUP_EVERY`] old (longer for a process
-/// whose reading is slow: at most about 1 % of a core each), and at once when the resident size
-/// grew or shrank by a sixteenth since: a rising peak is followed, a flat one read once a second.
+/// kernel walks every page the process maps (0.67 ms for a 150 MiB rank, measured; 9 ms of CPU
+/// for a 700 MiB one) while holding its memory map's lock, which the rank's own `mmap` and
+/// `munmap` wait for. Its resident size (`statm`, read in microseconds) is read every sample; the
+/// full figures are read again once the last reading is [`ROLLUP_EVERY`] old, or
+/// [`ROLLUP_COST_FACTOR`] times the CPU time it took if that is longer (at most a quarter of a
+/// percent of a core for each process), and sooner when the resident size grew or shrank by a
+/// sixteenth since, though not before that same multiple of its cost (at once for a process read
+/// in under 0.6 ms, every 3.6 s for a 700 MiB rank): a rising peak is followed as closely as the
+/// cost allows. A process that lost half its resident size is read at once.
 /// A process whose full figures came out the same (within a sixteenth) is read half as often
-/// each time, down to once every [`ROLLUP_BACKOFF_MAX`] intervals: a rank's readings of a few
-/// milliseconds each, once a second, were most of the sampler's CPU (0.2–0.3 s in a 14 s
-/// 2-rank DDP run), taken from the ranks on a full machine. Figures that moved, and a process
-/// joining the run (a forked worker halves what its parent's shared pages count for), bring the
-/// interval back to one.
+/// each time, down to once every [`ROLLUP_BACKOFF_MAX`] intervals. Figures that moved, and a
+/// process joining the run (a forked worker halves what its parent's shared pages count for),
+/// bring the interval back to one.
+///
+/// Why so sparingly: on a machine the ranks fill, the sampler's CPU is taken from them. With one
+/// percent of a core for each process, and every move of a sixteenth read at the next sample, the
+/// readings of two 700 MiB ranks were the sampler's 170–210 ms in a 14 s 2-rank DDP run on two
+/// cores, most of ups-doctor's own CPU (`bench/own_cpu.py`); this way, 80 ms (BENCHMARKS.md).
 ///
 /// While memory is nearly used up ([`RollupCadence::near_limit`]) a process read before is not
 /// read in full again: reading `smaps_rollup` takes a reference on the process's memory for the
@@ -189,8 +195,8 @@ impl MemoryRecorder {
 /// figures then follow its resident size ([`Rollup::moved_to`]).
 #[derive(Debug, Default)]
 pub struct RollupCadence {
-    /// By (pid, start time): the last full reading, when it was taken, how long it took, and how
-    /// many intervals the next waits for (1, doubling while the figures stay the same).
+    /// By (pid, start time): the last full reading, when it was taken, the CPU time it took, and
+    /// how many intervals the next waits for (1, doubling while the figures stay the same).
     last: BTreeMap<(u32, u64), (Rollup, Instant, Duration, u32)>,
     /// Whether this sample is taken with memory nearly used up.
     pub near_limit: bool,
@@ -198,14 +204,15 @@ pub struct RollupCadence {
 
 /// The longest a process's PSS, USS and shared figures go unread while its resident size is flat.
 pub const ROLLUP_EVERY: Duration = Duration::from_secs(1);
-/// A slow reading waits this many times its own duration before the next.
-const ROLLUP_COST_FACTOR: u32 = 100;
+/// A reading waits at least this many times the CPU time the last one took (a quarter of a
+/// percent of a core for each process).
+pub const ROLLUP_COST_FACTOR: u32 = 400;
 /// The most intervals a process whose full figures stay the same waits between readings.
 pub const ROLLUP_BACKOFF_MAX: u32 = 8;
 
 impl RollupCadence {
     /// The memory of process (`pid`, `start_ticks`) whose resident size is `rss` now: a fresh full
-    /// reading from `read` (which returns it and how long it took) when one is due, else the last
+    /// reading from `read` (which returns it and the CPU time it took) when one is due, else the last
     /// one with the resident size of now. `None` when a due reading fails.
     pub fn memory(
         &mut self,
@@ -220,13 +227,17 @@ impl RollupCadence {
             if self.near_limit {
                 return Some(last.moved_to(rss));
             }
+            let age = now.saturating_duration_since(*at);
             let every = ROLLUP_EVERY.max(*took * ROLLUP_COST_FACTOR) * *times;
-            // Due at once when the resident size moved a sixteenth either way: a rising peak is
-            // followed, and a process that shrank is read again (a spawned worker read between
+            // Due sooner when the resident size moved a sixteenth either way, as often as the
+            // last reading's cost allows: a 700 MiB rank growing as it starts, then swinging by
+            // 7 % between steps, was read 13 to 17 times in a 14 s run when every such move was
+            // read at the next sample, 4 or 5 times this way. A process that lost half its pages is read at once: a spawned worker read between
             // its fork and its `exec` shows the parent's pages, 1 GiB shared and a USS of 0.6
             // MiB; kept after the `exec`, that USS hid the worker's own libtorch, seen in a
-            // fresh-clone run of the CI command).
-            if now.saturating_duration_since(*at) < every && rss.abs_diff(last.rss) <= last.rss / 16 {
+            // fresh-clone run of the CI command.
+            let moved = rss.abs_diff(last.rss) > last.rss / 16 && age >= *took * ROLLUP_COST_FACTOR;
+            if age < every && !moved && rss >= last.rss / 2 {
                 return Some(Rollup { rss, ..*last });
             }
             backoff = *times;
@@ -431,31 +442,60 @@ mod tests {
     }
 
     #[test]
-    fn a_flat_process_is_read_in_full_once_a_second_and_a_growing_or_shrinking_one_at_once() {
+    fn a_flat_process_is_read_in_full_once_a_second_and_a_moving_one_as_often_as_its_cost_allows() {
         let mut cadence = RollupCadence::default();
         let t0 = Instant::now();
         let ms = |n: u64| t0 + Duration::from_millis(n);
-        let quick = Duration::from_micros(700);
+        let quick = Duration::from_micros(500);
         let mut reads = 0;
-        let mut at = |c: &mut RollupCadence, t: Instant, rss: u64, full: Rollup| {
+        let mut at = |c: &mut RollupCadence, t: Instant, rss: u64, full: Rollup, took: Duration| {
             c.memory((10, 5), rss * MIB, t, || {
                 reads += 1;
-                Some((full, quick))
+                Some((full, took))
             })
         };
-        assert_eq!(at(&mut cadence, ms(0), 100, mem(100, 80, 60)), Some(mem(100, 80, 60)));
+        assert_eq!(at(&mut cadence, ms(0), 100, mem(100, 80, 60), quick), Some(mem(100, 80, 60)));
         // Flat: the last full figures, with the resident size of now.
-        let same = at(&mut cadence, ms(250), 101, mem(0, 0, 0)).unwrap();
+        let same = at(&mut cadence, ms(250), 101, mem(0, 0, 0), quick).unwrap();
         assert_eq!((same.rss, same.pss, same.uss), (101 * MIB, 80 * MIB, 60 * MIB));
-        at(&mut cadence, ms(750), 100, mem(0, 0, 0));
+        at(&mut cadence, ms(750), 100, mem(0, 0, 0), quick);
         // A second after the last reading: read again.
-        assert_eq!(at(&mut cadence, ms(1000), 100, mem(100, 85, 65)), Some(mem(100, 85, 65)));
-        // Grown by a sixteenth: read at once.
-        assert_eq!(at(&mut cadence, ms(1250), 107, mem(107, 92, 72)), Some(mem(107, 92, 72)));
-        // Shrunk by a sixteenth (a worker read before its `exec`, then after): read at once.
-        assert_eq!(at(&mut cadence, ms(1500), 40, mem(40, 30, 25)), Some(mem(40, 30, 25)));
+        assert_eq!(at(&mut cadence, ms(1000), 100, mem(100, 85, 65), quick), Some(mem(100, 85, 65)));
+        // Grown by a sixteenth, 250 ms after a reading of 0.5 ms (400 times its cost: 200 ms):
+        // read at once.
+        assert_eq!(at(&mut cadence, ms(1250), 107, mem(107, 92, 72), quick), Some(mem(107, 92, 72)));
+        // Shrunk by a sixteenth: the same.
+        assert_eq!(at(&mut cadence, ms(1500), 100, mem(100, 85, 65), quick), Some(mem(100, 85, 65)));
         drop(at);
         assert_eq!(reads, 4);
+    }
+
+    /// A large process (a rank of 700 MiB took 9 ms of CPU a reading here) whose resident size
+    /// moves is read again once its last reading is 400 times its cost old: its resident size
+    /// follows every sample meanwhile, its PSS and USS the last reading. One that lost half of
+    /// its resident size is read at once (a spawned worker's `exec` after a reading of the
+    /// parent's pages it was forked with).
+    #[test]
+    fn a_large_moving_process_is_read_once_its_last_reading_is_four_hundred_times_its_cost_old() {
+        let mut cadence = RollupCadence::default();
+        let t0 = Instant::now();
+        let ms = |n: u64| t0 + Duration::from_millis(n);
+        let costly = Duration::from_millis(9);
+        let reads = std::cell::RefCell::new(Vec::new());
+        let at = |c: &mut RollupCadence, t: u64, rss: u64, full: Rollup| {
+            c.memory((10, 5), rss * MIB, ms(t), || {
+                reads.borrow_mut().push(t);
+                Some((full, costly))
+            })
+        };
+        at(&mut cadence, 0, 400, mem(400, 300, 200));
+        let grown = at(&mut cadence, 250, 500, mem(500, 400, 300)).unwrap();
+        assert_eq!((grown.rss, grown.pss, grown.uss), (500 * MIB, 300 * MIB, 200 * MIB));
+        at(&mut cadence, 3500, 700, mem(700, 600, 500));
+        assert_eq!(at(&mut cadence, 3600, 800, mem(800, 700, 600)), Some(mem(800, 700, 600)));
+        // Lost half: read at once, however costly the last reading was.
+        assert_eq!(at(&mut cadence, 3850, 30, mem(30, 20, 10)), Some(mem(30, 20, 10)));
+        assert_eq!(*reads.borrow(), [0, 3600, 3850]);
     }
 
     #[test]
@@ -508,24 +548,24 @@ mod tests {
     }
 
     #[test]
-    fn a_slow_reading_waits_a_hundred_times_its_duration_and_a_new_process_is_read_at_once() {
+    fn a_slow_reading_waits_four_hundred_times_its_cost_and_a_new_process_is_read_at_once() {
         let mut cadence = RollupCadence::default();
         let t0 = Instant::now();
         let slow = Duration::from_millis(30);
         let read = |full: Rollup, took| move || Some((full, took));
         cadence.memory((10, 5), 100 * MIB, t0, read(mem(100, 80, 60), slow));
-        let later = t0 + Duration::from_millis(2500);
+        let later = t0 + Duration::from_millis(11_500);
         let kept = cadence.memory((10, 5), 100 * MIB, later, read(mem(100, 1, 1), slow)).unwrap();
-        assert_eq!(kept.pss, 80 * MIB, "3 s between readings of 30 ms");
-        let at_3s = t0 + Duration::from_secs(3);
-        assert_eq!(cadence.memory((10, 5), 100 * MIB, at_3s, read(mem(100, 1, 1), slow)).unwrap().pss, MIB);
+        assert_eq!(kept.pss, 80 * MIB, "12 s between readings of 30 ms");
+        let at_12s = t0 + Duration::from_secs(12);
+        assert_eq!(cadence.memory((10, 5), 100 * MIB, at_12s, read(mem(100, 1, 1), slow)).unwrap().pss, MIB);
         // The same pid started anew is another process.
         assert_eq!(
-            cadence.memory((10, 6), 100 * MIB, at_3s, read(mem(100, 2, 2), slow)).unwrap().pss,
+            cadence.memory((10, 6), 100 * MIB, at_12s, read(mem(100, 2, 2), slow)).unwrap().pss,
             2 * MIB
         );
         // A failed reading of a due process is no figure.
-        assert_eq!(cadence.memory((11, 1), MIB, at_3s, || None), None);
+        assert_eq!(cadence.memory((11, 1), MIB, at_12s, || None), None);
         cadence.keep_only(&HashSet::from([(10, 6)]));
         assert_eq!(cadence.last.len(), 1);
     }
