@@ -196,8 +196,14 @@ pub fn find_ranks(view: &impl ProcessView, root: u32, world: u32, known: &Known)
         }
     }
     // Elsewhere on the machine: this run's processes whose parent is not one of them with a rank
-    // (that would make them a rank's workers).
-    for p in table.iter().filter(|p| !p.zombie() && p.pid != root && !below.contains(&p.pid)) {
+    // (that would make them a rank's workers). Only those started since the launcher can carry
+    // this run's id: the environment of the machine's older processes (most of its hundred or
+    // more) is not read, each round of a launcher's start-up, every 50 ms.
+    let since = table.iter().find(|p| p.pid == root).map_or(0, |p| p.start_ticks);
+    for p in table
+        .iter()
+        .filter(|p| !p.zombie() && p.pid != root && p.start_ticks >= since && !below.contains(&p.pid))
+    {
         if found.iter().any(|f| f.pid == p.pid) || !ours(p.pid) {
             continue;
         }
@@ -383,7 +389,7 @@ mod tests {
     /// A made-up machine: each process with its parent, rank variable, run id, command line,
     /// start time and rendezvous socket.
     #[derive(Default)]
-    struct Fake(Vec<P>);
+    struct Fake(Vec<P>, std::cell::RefCell<std::collections::BTreeSet<u32>>);
 
     #[derive(Clone, Default)]
     struct P {
@@ -400,7 +406,7 @@ mod tests {
 
     impl Fake {
         fn with(mut self, p: P) -> Fake {
-            self.0.push(P { start: p.start.max(u64::from(p.pid)), ..p });
+            self.0.push(P { start: if p.start == 0 { u64::from(p.pid) } else { p.start }, ..p });
             self
         }
         fn get(&self, pid: u32) -> Option<&P> {
@@ -429,6 +435,7 @@ mod tests {
             self.get(pid)?.rank
         }
         fn ours(&self, pid: u32) -> bool {
+            self.1.borrow_mut().insert(pid);
             self.get(pid).is_some_and(|p| p.ours)
         }
         fn cmdline(&self, pid: u32) -> Option<String> {
@@ -523,12 +530,15 @@ mod tests {
 
     /// srun's tasks are slurmstepd's children, not srun's: found anywhere by this run's id; a
     /// task's own child with the same variables (its worker) is no rank; another run's task is
-    /// not ours.
+    /// not ours. The machine's processes that started before srun are not asked (their
+    /// environment is not read), whatever their pid.
     #[test]
     fn tasks_elsewhere_on_the_machine_are_found_by_the_runs_id() {
         let proc_id = IdentifiedBy::SlurmProcid;
-        let view = Fake::default()
-            .with(P { pid: 10, ppid: 1, ours: true, cmd: "srun", ..P::default() })
+        let mut view = Fake::default()
+            .with(P { pid: 10, ppid: 1, ours: true, cmd: "srun", start: 100, ..P::default() })
+            .with(P { pid: 2, ppid: 1, cmd: "sshd", ..P::default() })
+            .with(P { pid: 900, ppid: 1, cmd: "jupyter", start: 40, ..P::default() })
             .with(P { pid: 50, ppid: 1, cmd: "slurmstepd", ..P::default() })
             .with(P {
                 pid: 51,
@@ -562,7 +572,13 @@ mod tests {
                 cmd: "python t.py",
                 ..P::default()
             });
+        for p in view.0.iter_mut().filter(|p| (50..=60).contains(&p.pid)) {
+            p.start += 100;
+        }
         assert_eq!(found(&view, 2, &Known::default()), [(0, 51, proc_id), (1, 52, proc_id)]);
+        let asked = view.1.borrow();
+        assert!(asked.contains(&51) && asked.contains(&60), "{asked:?}");
+        assert!(!asked.contains(&2) && !asked.contains(&900), "older than srun: {asked:?}");
     }
 
     /// The helper's markers: a live process of this run that said its rank, parents first; a
