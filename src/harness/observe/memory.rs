@@ -228,15 +228,16 @@ impl RollupCadence {
                 return Some(last.moved_to(rss));
             }
             let age = now.saturating_duration_since(*at);
-            let every = ROLLUP_EVERY.max(*took * ROLLUP_COST_FACTOR) * *times;
+            let wait = *took * ROLLUP_COST_FACTOR;
+            let every = ROLLUP_EVERY.max(wait) * *times;
             // Due sooner when the resident size moved a sixteenth either way, as often as the
             // last reading's cost allows: a 700 MiB rank growing as it starts, then swinging by
             // 7 % between steps, was read 13 to 17 times in a 14 s run when every such move was
-            // read at the next sample, 4 or 5 times this way. A process that lost half its pages is read at once: a spawned worker read between
-            // its fork and its `exec` shows the parent's pages, 1 GiB shared and a USS of 0.6
-            // MiB; kept after the `exec`, that USS hid the worker's own libtorch, seen in a
-            // fresh-clone run of the CI command.
-            let moved = rss.abs_diff(last.rss) > last.rss / 16 && age >= *took * ROLLUP_COST_FACTOR;
+            // read at the next sample, 4 or 5 times this way. A process that lost half its pages
+            // is read at once: a spawned worker read between its fork and its `exec` shows the
+            // parent's pages, 1 GiB shared and a USS of 0.6 MiB; kept after the `exec`, that USS
+            // hid the worker's own libtorch, seen in a fresh-clone run of the CI command.
+            let moved = rss.abs_diff(last.rss) > last.rss / 16 && age >= wait;
             if age < every && !moved && rss >= last.rss / 2 {
                 return Some(Rollup { rss, ..*last });
             }
