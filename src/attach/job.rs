@@ -239,7 +239,7 @@ pub fn find(pid: u32) -> Result<Job, String> {
             let spawned = children.get(&root).into_iter().flatten().filter(|&&c| spawned_by(root, c)).count();
             let world = world_size.unwrap_or(spawned.max(1) as u32);
             // No run id of ours: these processes were never ups-doctor's.
-            discover_ranks(root, "\u{1}not-ups-doctor", world, &Known { port, ..Known::default() })
+            discover_ranks(&table, root, "\u{1}not-ups-doctor", world, &Known { port, ..Known::default() })
         }
         None => vec![FoundRank {
             rank: rank_of(&env).unwrap_or(0),

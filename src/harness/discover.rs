@@ -60,9 +60,8 @@ fn env_rank(pid: u32) -> Option<(u32, IdentifiedBy)> {
 /// participants), so node R's ranks are R × `local` only when the hosts happen to sort that way;
 /// two nodes on one host swap whenever node 1's torchrun got the lower pid. Both variables come
 /// from one read of the environment (see [`env_rank`] on the exec window).
-pub fn node_first_rank(root: u32, local: u32, world: u32) -> Option<u32> {
-    let table = memory::processes();
-    let children = children_of(&table);
+pub fn node_first_rank(table: &[memory::ProcStat], root: u32, local: u32, world: u32) -> Option<u32> {
+    let children = children_of(table);
     let first_of = |pid: u32| {
         let env = memory::environ(pid)?;
         let number = |key: &str| env.get(std::ffi::OsStr::new(key))?.to_str()?.trim().parse::<u32>().ok();
@@ -111,14 +110,16 @@ pub trait ProcessView {
     ) -> (Vec<u32>, Vec<u32>);
 }
 
-/// The real machine's `/proc`, for the run `run_id`.
+/// The real machine's `/proc`, for the run `run_id`: the processes of `table`, and what procfs
+/// says of each.
 pub struct Procfs<'a> {
     pub run_id: &'a str,
+    pub table: &'a [memory::ProcStat],
 }
 
 impl ProcessView for Procfs<'_> {
     fn table(&self) -> Vec<memory::ProcStat> {
-        memory::processes()
+        self.table.to_vec()
     }
     fn env_rank(&self, pid: u32) -> Option<(u32, IdentifiedBy)> {
         env_rank(pid)
@@ -164,8 +165,17 @@ impl ProcessView for Procfs<'_> {
 /// - `multiprocessing` spawn children of the launcher numbered in the order they started
 ///   (`torch.multiprocessing.spawn(fn, nprocs=N)` starts rank i as its i-th child), when no
 ///   other signal found a rank.
-pub fn discover_ranks(root: u32, run_id: &str, world: u32, known: &Known) -> Vec<FoundRank> {
-    find_ranks(&Procfs { run_id }, root, world, known)
+///
+/// `table` is the processes to look among ([`memory::processes`] for the whole machine): a rank
+/// outside it is not found.
+pub fn discover_ranks(
+    table: &[memory::ProcStat],
+    root: u32,
+    run_id: &str,
+    world: u32,
+    known: &Known,
+) -> Vec<FoundRank> {
+    find_ranks(&Procfs { run_id, table }, root, world, known)
 }
 
 /// [`discover_ranks`] over what `view` says of the machine: the pure core.
@@ -362,9 +372,9 @@ pub fn rank_members_in(table: &[memory::ProcStat], pid: u32, others: &[u32]) -> 
 /// Processes below the launcher `root` that look like ranks but whose rank is not known:
 /// its children that are not found ranks, not `multiprocessing`'s resource tracker and not
 /// zombies.
-pub fn unidentified_children(root: u32, found: &[u32]) -> Vec<u32> {
-    memory::processes()
-        .into_iter()
+pub fn unidentified_children(table: &[memory::ProcStat], root: u32, found: &[u32]) -> Vec<u32> {
+    table
+        .iter()
         .filter(|p| p.ppid == root && !p.zombie() && !found.contains(&p.pid))
         .filter(|p| memory::cmdline(p.pid).is_some_and(|text| !text.contains("resource_tracker")))
         .map(|p| p.pid)
@@ -373,9 +383,9 @@ pub fn unidentified_children(root: u32, found: &[u32]) -> Vec<u32> {
 
 /// The processes `torch.multiprocessing.spawn` (or any `multiprocessing` spawn) started directly
 /// below `root`: their command lines carry `--multiprocessing-fork`.
-pub fn spawn_children(root: u32) -> Vec<u32> {
-    memory::processes()
-        .into_iter()
+pub fn spawn_children(table: &[memory::ProcStat], root: u32) -> Vec<u32> {
+    table
+        .iter()
         .filter(|p| p.ppid == root && !p.zombie() && is_spawn_child(memory::cmdline(p.pid)))
         .map(|p| p.pid)
         .collect()
@@ -629,10 +639,10 @@ mod tests {
         let deadline = std::time::Instant::now() + Duration::from_secs(60);
         let mut first = None;
         while first.is_none() && std::time::Instant::now() < deadline {
-            first = node_first_rank(root, 2, 4);
+            first = node_first_rank(&memory::processes(), root, 2, 4);
             std::thread::yield_now();
         }
-        let too_small = node_first_rank(root, 2, 3);
+        let too_small = node_first_rank(&memory::processes(), root, 2, 3);
         for child in memory::processes().iter().filter(|p| p.ppid == root) {
             let _ = nix::sys::signal::kill(
                 nix::unistd::Pid::from_raw(child.pid as i32),

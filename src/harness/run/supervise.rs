@@ -42,6 +42,9 @@ use super::teardown::{self, Membership};
 
 /// How often a launcher's process tree is searched for ranks not found yet.
 const DISCOVER_EVERY: Duration = Duration::from_millis(50);
+/// Of rounds of rank discovery, every this many reads the whole machine (see [`discovery_table`]):
+/// a rank outside the scenario's cgroup is found within half a second.
+const WHOLE_MACHINE_EVERY: u32 = 10;
 /// How often, once every rank is found, discovery runs again while a weak identification (spawn
 /// order) may still be confirmed or corrected by the markers or the port.
 const REDISCOVER_EVERY: Duration = Duration::from_millis(250);
@@ -343,6 +346,8 @@ struct Launcher {
     placed: bool,
     /// When rank discovery runs next.
     next_discovery: Instant,
+    /// Rounds of rank discovery so far (see [`discovery_table`]).
+    rounds: u32,
     stdout_log: PathBuf,
     stderr_log: PathBuf,
     /// Ranks it started again after their watched process ended (rank, new pid): an elastic
@@ -511,6 +516,24 @@ fn claim_by_markers(slots: &mut [Slot], l: &Launcher, start: Instant) {
 }
 
 /// The process spec the OS edge needs: the plan's, with the namespace and cgroup this run holds.
+/// The processes round `round` of rank discovery looks among: the members of the scenario's
+/// cgroup (`cgroup`, its directory), which every process the run starts joins before `exec`, and
+/// every [`WHOLE_MACHINE_EVERY`]th round (the first included), or where there is no group, every
+/// process on the machine: srun's tasks are slurmstepd's children, outside the group, and found
+/// only there. A launcher's start-up (torchrun importing torch, then its ranks) takes a few
+/// seconds of 50 ms rounds, each of which had read the whole of `/proc` three times (about 7,700
+/// `stat` files in a 14 s 2-rank torchrun run on a machine of 70 processes, most of ups-doctor's
+/// CPU while the launcher starts); the group holds a handful.
+fn discovery_table(cgroup: Option<&Path>, round: u32) -> Vec<crate::probe::memory::ProcStat> {
+    let group = cgroup
+        .filter(|_| !round.is_multiple_of(WHOLE_MACHINE_EVERY))
+        .and_then(crate::harness::os::cgroup::read_members);
+    match group {
+        Some(group) => crate::probe::memory::processes_among(group),
+        None => crate::probe::memory::processes(),
+    }
+}
+
 fn spec(p: &ProcessPlan, plan: &Plan, res: &Resources) -> RankSpec {
     RankSpec {
         rank: p.rank,
@@ -829,6 +852,7 @@ impl Supervisor<'_, '_> {
             pid_ranks: Arc::new(Mutex::new(process::PidRanks { first: plan.offset, ..Default::default() })),
             placed: plan.global_world == plan.world,
             next_discovery: self.start,
+            rounds: 0,
             stdout_log: p.stdout_log.clone(),
             stderr_log: p.stderr_log.clone(),
             restarted: Vec::new(),
@@ -1080,10 +1104,12 @@ impl Supervisor<'_, '_> {
         }
         confirm_by_markers(l, &mut self.slots);
         let Some(root) = l.process.as_ref().map(|p| p.pid) else { return };
+        let table = discovery_table(self.res.cgroup.map(|c| c.dir()), l.rounds);
+        l.rounds += 1;
         let world = self.slots.len() as u32;
         if !l.placed && self.slots.iter().all(|s| s.found.is_none()) {
             if let Some(first) =
-                crate::harness::discover::node_first_rank(root, world, self.plan.global_world)
+                crate::harness::discover::node_first_rank(&table, root, world, self.plan.global_world)
             {
                 l.placed = true;
                 l.pid_ranks.lock().unwrap_or_else(|e| e.into_inner()).first = first;
@@ -1100,7 +1126,7 @@ impl Supervisor<'_, '_> {
             port: self.plan.master_port,
         };
         for crate::harness::discover::FoundRank { rank, pid, by } in
-            crate::harness::discover::discover_ranks(root, &self.plan.run_id, offset + world, &known)
+            crate::harness::discover::discover_ranks(&table, root, &self.plan.run_id, offset + world, &known)
         {
             let Some(rank) = rank.checked_sub(offset) else { continue };
             let Some(slot) = self.slots.get_mut(rank as usize) else { continue };
@@ -1147,7 +1173,7 @@ impl Supervisor<'_, '_> {
                 other.end.identified_by = None;
             }
         }
-        for pid in crate::harness::discover::spawn_children(root) {
+        for pid in crate::harness::discover::spawn_children(&table, root) {
             if !l.spawned.iter().any(|s| s.pid == pid)
                 && let Some(who) = owner::identify(pid)
             {
@@ -1156,7 +1182,7 @@ impl Supervisor<'_, '_> {
         }
         let found: Vec<u32> = self.slots.iter().filter_map(|s| s.found).collect();
         if found.len() < self.slots.len() {
-            for pid in crate::harness::discover::unidentified_children(root, &found) {
+            for pid in crate::harness::discover::unidentified_children(&table, root, &found) {
                 if !l.unidentified.iter().any(|u| u.pid == pid)
                     && let Some(who) = owner::identify(pid)
                 {
