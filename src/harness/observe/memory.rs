@@ -172,12 +172,16 @@ impl MemoryRecorder {
 /// `munmap` wait for. Its resident size (`statm`, read in microseconds) is read every sample; the
 /// full figures are read again once the last reading is [`ROLLUP_EVERY`] old, or
 /// [`ROLLUP_COST_FACTOR`] times the CPU time it took if that is longer (at most a quarter of a
-/// percent of a core for each process), and sooner when the resident size grew or shrank by a
-/// sixteenth since, though not before that same multiple of its cost (at once for a process read
-/// in under 0.6 ms, every 3.6 s for a 700 MiB rank): a rising peak is followed as closely as the
-/// cost allows. A process that lost half its resident size is read at once.
-/// A process whose full figures came out the same (within a sixteenth) is read half as often
-/// each time, down to once every [`ROLLUP_BACKOFF_MAX`] intervals. Figures that moved, and a
+/// percent of a core for each process), and sooner when the resident size rose a sixteenth above
+/// the largest any reading found, or fell a sixteenth below the last reading's, though not before
+/// that same multiple of its cost (at once for a process read in under 0.6 ms, every 3.6 s for a
+/// 700 MiB rank): a rising peak is followed as closely as the cost allows, and a size that swings
+/// between steps is read at its top and its bottom, not at every swing. A process that lost half
+/// its resident size is read at once.
+/// A process whose sharing came out the same (what its resident size holds beyond its PSS, and
+/// beyond its USS, within a sixteenth of it) is read half as often each time, down to once every
+/// [`ROLLUP_BACKOFF_MAX`] intervals; its own pages may swing with each step's tensors meanwhile.
+/// Sharing that moved (pages copied on write make the USS grow, the resident size not), and a
 /// process joining the run (a forked worker halves what its parent's shared pages count for),
 /// bring the interval back to one.
 ///
@@ -195,11 +199,23 @@ impl MemoryRecorder {
 /// figures then follow its resident size ([`Rollup::moved_to`]).
 #[derive(Debug, Default)]
 pub struct RollupCadence {
-    /// By (pid, start time): the last full reading, when it was taken, the CPU time it took, and
-    /// how many intervals the next waits for (1, doubling while the figures stay the same).
-    last: BTreeMap<(u32, u64), (Rollup, Instant, Duration, u32)>,
+    /// By (pid, start time): its last full reading.
+    last: BTreeMap<(u32, u64), Reading>,
     /// Whether this sample is taken with memory nearly used up.
     pub near_limit: bool,
+}
+
+/// A process's last full reading, for [`RollupCadence`].
+#[derive(Debug, Clone, Copy)]
+struct Reading {
+    rollup: Rollup,
+    /// When it was taken, and the CPU time it took.
+    at: Instant,
+    took: Duration,
+    /// How many intervals the next waits for (1, doubling while the figures stay the same).
+    times: u32,
+    /// The largest resident size any full reading of the process found.
+    high: u64,
 }
 
 /// The longest a process's PSS, USS and shared figures go unread while its resident size is flat.
@@ -223,33 +239,49 @@ impl RollupCadence {
     ) -> Option<Rollup> {
         let key = (pid, start_ticks);
         let mut backoff = 1;
-        if let Some((last, at, took, times)) = self.last.get(&key) {
+        let mut high = 0;
+        if let Some(last) = self.last.get(&key) {
             if self.near_limit {
-                return Some(last.moved_to(rss));
+                return Some(last.rollup.moved_to(rss));
             }
-            let age = now.saturating_duration_since(*at);
-            let wait = *took * ROLLUP_COST_FACTOR;
-            let every = ROLLUP_EVERY.max(wait) * *times;
-            // Due sooner when the resident size moved a sixteenth either way, as often as the
-            // last reading's cost allows: a 700 MiB rank growing as it starts, then swinging by
-            // 7 % between steps, was read 13 to 17 times in a 14 s run when every such move was
-            // read at the next sample, 4 or 5 times this way. A process that lost half its pages
-            // is read at once: a spawned worker read between its fork and its `exec` shows the
-            // parent's pages, 1 GiB shared and a USS of 0.6 MiB; kept after the `exec`, that USS
-            // hid the worker's own libtorch, seen in a fresh-clone run of the CI command.
-            let moved = rss.abs_diff(last.rss) > last.rss / 16 && age >= wait;
-            if age < every && !moved && rss >= last.rss / 2 {
-                return Some(Rollup { rss, ..*last });
+            let age = now.saturating_duration_since(last.at);
+            let wait = last.took * ROLLUP_COST_FACTOR;
+            let every = ROLLUP_EVERY.max(wait) * last.times;
+            // Due sooner when the resident size rose a sixteenth above the largest any reading
+            // found, or fell a sixteenth below the last reading's, as often as the last reading's
+            // cost allows: a 700 MiB rank growing as it starts, then swinging by 7 % between
+            // steps, was read 13 to 17 times in a 14 s run when every such move was read at the
+            // next sample, 4 or 5 times with the cost's wait, and each time that wait had passed
+            // as long as it ran, the swing being a move from wherever the last reading caught it.
+            // Measured from the highest reading, a swing is read at most twice (at its top and
+            // at its bottom); a new peak still is. A process that lost half its pages is read at
+            // once: a spawned worker read between its fork and its `exec` shows the parent's
+            // pages, 1 GiB shared and a USS of 0.6 MiB; kept after the `exec`, that USS hid the
+            // worker's own libtorch, seen in a fresh-clone run of the CI command.
+            let (rollup, high_read) = (last.rollup, last.high);
+            let moved =
+                (rss > high_read + high_read / 16 || rss < rollup.rss - rollup.rss / 16) && age >= wait;
+            if age < every && !moved && rss >= rollup.rss / 2 {
+                return Some(Rollup { rss, ..rollup });
             }
-            backoff = *times;
+            backoff = last.times;
+            high = high_read;
         }
         let (rollup, took) = read()?;
-        let before = self.last.get(&key).map(|l| l.0);
-        let same = |a: u64, b: u64| a.abs_diff(b) <= b / 16;
-        let flat = before
-            .is_some_and(|b| same(rollup.rss, b.rss) && same(rollup.pss, b.pss) && same(rollup.uss, b.uss));
+        let before = self.last.get(&key).map(|l| l.rollup);
+        // The same sharing: what the resident pages are beyond its PSS and its USS (pages shared
+        // with other processes) stays within a sixteenth of its resident size. A resident size
+        // that swings with the tensors of each step, its USS with it, is no change of sharing;
+        // compared figure by figure, a 7 % swing kept such a rank read every 3.6 s for as long
+        // as it ran.
+        let shared = |r: &Rollup| (r.rss.saturating_sub(r.pss), r.rss.saturating_sub(r.uss));
+        let same = |a: u64, b: u64| a.abs_diff(b) <= rollup.rss / 16;
+        let flat = before.is_some_and(|b| {
+            let ((pss_now, uss_now), (pss_then, uss_then)) = (shared(&rollup), shared(&b));
+            same(pss_now, pss_then) && same(uss_now, uss_then)
+        });
         let times = if flat { (backoff * 2).min(ROLLUP_BACKOFF_MAX) } else { 1 };
-        self.last.insert(key, (rollup, now, took, times));
+        self.last.insert(key, Reading { rollup, at: now, took, times, high: high.max(rollup.rss) });
         Some(rollup)
     }
 
@@ -257,7 +289,7 @@ impl RollupCadence {
     /// parent's shared pages count for has changed).
     pub fn joined(&mut self) {
         for entry in self.last.values_mut() {
-            entry.3 = 1;
+            entry.times = 1;
         }
     }
 
@@ -497,6 +529,42 @@ mod tests {
         // Lost half: read at once, however costly the last reading was.
         assert_eq!(at(&mut cadence, 3850, 30, mem(30, 20, 10)), Some(mem(30, 20, 10)));
         assert_eq!(*reads.borrow(), [0, 3600, 3850]);
+    }
+
+    /// A large rank whose resident size swings by 7 % between steps (measured: a 700 MiB rank of
+    /// the benchmark's DDP program) is read at the top and the bottom of its swing, then only as
+    /// a flat process is; a new peak, a sixteenth above the largest reading, is read again.
+    #[test]
+    fn a_large_process_swinging_between_steps_is_read_at_its_top_and_bottom_then_only_for_a_new_peak() {
+        let mut cadence = RollupCadence::default();
+        let t0 = Instant::now();
+        let ms = |n: u64| t0 + Duration::from_millis(n);
+        let costly = Duration::from_millis(9);
+        let reads = std::cell::RefCell::new(Vec::new());
+        let at = |c: &mut RollupCadence, t: u64, rss: u64| {
+            c.memory((10, 5), rss * MIB, ms(t), || {
+                reads.borrow_mut().push(t);
+                // Its own pages swing; the 200 MiB it shares do not.
+                Some((mem(rss, rss - 100, rss - 200), costly))
+            })
+        };
+        // 700 and 650 MiB by turns, a sample every 250 ms, for 12 s: read at the first sample;
+        // at the first bottom 3.6 s later (a fall of a sixteenth below the last reading); then,
+        // the sharing the same, at the flat cadence doubled to 7.2 s, at a top. The rise from
+        // the bottom's reading back to 700 MiB is no new peak.
+        for i in 0..48u64 {
+            at(&mut cadence, i * 250, if i % 2 == 0 { 700 } else { 650 });
+        }
+        assert_eq!(
+            *reads.borrow(),
+            [0, 3750, 11_000],
+            "a swing of 7 % read at its bottom, then as a flat process"
+        );
+        // A new peak: 750 MiB, more than a sixteenth above the largest reading; read once the
+        // cost's wait has passed since the last reading.
+        at(&mut cadence, 12_000, 750);
+        at(&mut cadence, 15_750, 750);
+        assert_eq!(reads.borrow()[3..], [15_750]);
     }
 
     #[test]
