@@ -3,7 +3,7 @@
 
     python3 bench/fixed_cost.py [--binary target/release/ups-doctor] [--python VENV_PYTHON]
                                 [--runs 15] [--pairs 7] [--steps 3000] [--hidden 64]
-                                [--programs observed_ddp.py,ddp.py] [--out FILE.md]
+                                [--programs observed_ddp.py,ddp.py] [--no-unobserved] [--out FILE.md]
 
 1. `ups-doctor --version`: the start of the binary alone (it links no libtorch).
 2. `ups-doctor run` of a one-line scenario whose command is `true`: the fixed cost of a run
@@ -22,7 +22,9 @@
    `--hidden` widens observed_ddp.py's model, to tell a cost per step from a cost per run (64 by
    default: steps of about 3 ms on a 2-core machine; 16384 is hardly slower; 65536: about 29 ms),
    and the median step time the observer measured (rank 0, from the observed runs' result.json)
-   is printed beside the ratios. `--programs` runs only the named ones.
+   is printed beside the ratios. `--programs` runs only the named ones. `--no-unobserved` leaves
+   out the `--no-observe` contender (issue 29's figure): two runs a round instead of three, so
+   more rounds of bare against under in the same time.
 
 Medians with min–max. Nothing here is asserted by the test suite.
 """
@@ -115,11 +117,15 @@ def ddp_rounds(binary, work, env, script, what, args):
         out = work / f"{script}-{i}"
         u = measure([binary, "run", scenario, "--quiet", "--out", out], env=env, cwd=work, finished=trained_under(out))
         out = work / f"{script}-plain-{i}"
-        n = measure(
-            [binary, "run", scenario, "--quiet", "--no-observe", "--out", out],
-            env=env,
-            cwd=work,
-            finished=trained_under(out),
+        n = (
+            (float("nan"), float("nan"))
+            if args.no_unobserved
+            else measure(
+                [binary, "run", scenario, "--quiet", "--no-observe", "--out", out],
+                env=env,
+                cwd=work,
+                finished=trained_under(out),
+            )
         )
         # Each round as it ends (stderr), so a long reading cut short keeps what it had.
         print(f"round {i}: bare {b[0]:.3f} s, under {u[0]:.3f} s, no-observe {n[0]:.3f} s; "
@@ -138,6 +144,15 @@ def ddp_rounds(binary, work, env, script, what, args):
     observer = [n / u for n, u in zip(unobserved, under)]
     cpu_ratios = [b / u for b, u in zip(bare_cpu, under_cpu)]
     cpu_observer = [n / u for n, u in zip(unobserved_cpu, under_cpu)]
+    unobserved_rows = [] if args.no_unobserved else [
+        f"| under `ups-doctor run --no-observe` | {stat(unobserved)} | {stat(unobserved_cpu)} |",
+    ]
+    observer_rows = [] if args.no_unobserved else [
+        f"| no-observe / observed, per round: the observer's cost (1.0: none) | {stat(observer)} | {stat(cpu_observer)} |",
+    ]
+    observer_spread = [] if args.no_unobserved else [
+        f"| no-observe / observed, the same | {spread(observer)} | {spread(cpu_observer)} |",
+    ]
     return [
         "",
         f"`{' '.join(argv[3:]).replace(str(REPO) + '/', '')}` under torchrun (2 CPU ranks, gloo; {what}), "
@@ -148,11 +163,11 @@ def ddp_rounds(binary, work, env, script, what, args):
         "| --- | --- | --- |",
         f"| bare `torchrun` | {stat(bare)} | {stat(bare_cpu)} |",
         f"| under `ups-doctor run` (observer on, the default) | {stat(under)} | {stat(under_cpu)} |",
-        f"| under `ups-doctor run --no-observe` | {stat(unobserved)} | {stat(unobserved_cpu)} |",
+        *unobserved_rows,
         f"| bare / under, per round (1.0: no cost) | {stat(ratios)} | {stat(cpu_ratios)} |",
-        f"| no-observe / observed, per round: the observer's cost (1.0: none) | {stat(observer)} | {stat(cpu_observer)} |",
+        *observer_rows,
         f"| bare / under, mean of the rounds' ratios ± 1.96 standard errors | {spread(ratios)} | {spread(cpu_ratios)} |",
-        f"| no-observe / observed, the same | {spread(observer)} | {spread(cpu_observer)} |",
+        *observer_spread,
     ]
 
 
@@ -175,6 +190,7 @@ def main():
     ap.add_argument("--steps", type=int, default=3000)
     ap.add_argument("--hidden", type=int, default=64, help="observed_ddp.py's hidden width")
     ap.add_argument("--programs", default="observed_ddp.py,ddp.py", help="which of the two programs to run")
+    ap.add_argument("--no-unobserved", action="store_true", help="leave out the --no-observe contender")
     ap.add_argument("--out")
     args = ap.parse_args()
     binary = Path(args.binary).resolve()
