@@ -238,9 +238,8 @@ impl RollupCadence {
         read: impl FnOnce() -> Option<(Rollup, Duration)>,
     ) -> Option<Rollup> {
         let key = (pid, start_ticks);
-        let mut backoff = 1;
-        let mut high = 0;
-        if let Some(last) = self.last.get(&key) {
+        let previous = self.last.get(&key).copied();
+        if let Some(last) = previous {
             if self.near_limit {
                 return Some(last.rollup.moved_to(rss));
             }
@@ -249,26 +248,20 @@ impl RollupCadence {
             let every = ROLLUP_EVERY.max(wait) * last.times;
             // Due sooner when the resident size rose a sixteenth above the largest any reading
             // found, or fell a sixteenth below the last reading's, as often as the last reading's
-            // cost allows: a 700 MiB rank growing as it starts, then swinging by 7 % between
-            // steps, was read 13 to 17 times in a 14 s run when every such move was read at the
-            // next sample, 4 or 5 times with the cost's wait, and each time that wait had passed
-            // as long as it ran, the swing being a move from wherever the last reading caught it.
-            // Measured from the highest reading, a swing is read at most twice (at its top and
-            // at its bottom); a new peak still is. A process that lost half its pages is read at
-            // once: a spawned worker read between its fork and its `exec` shows the parent's
-            // pages, 1 GiB shared and a USS of 0.6 MiB; kept after the `exec`, that USS hid the
-            // worker's own libtorch, seen in a fresh-clone run of the CI command.
-            let (rollup, high_read) = (last.rollup, last.high);
-            let moved =
-                (rss > high_read + high_read / 16 || rss < rollup.rss - rollup.rss / 16) && age >= wait;
-            if age < every && !moved && rss >= rollup.rss / 2 {
-                return Some(Rollup { rss, ..rollup });
+            // cost allows. Measured from wherever the last reading caught it, a 700 MiB rank's
+            // swing of 7 % between steps was read each time that wait (3.6 s) passed, for as long
+            // as it ran; from the highest reading, a swing is read at its top and its bottom, and
+            // a new peak still is. A process that lost half its pages is read at once: a spawned
+            // worker read between its fork and its `exec` shows the parent's pages, 1 GiB shared
+            // and a USS of 0.6 MiB; kept after the `exec`, that USS hid the worker's own
+            // libtorch, seen in a fresh-clone run of the CI command.
+            let last_rss = last.rollup.rss;
+            let moved = (rss > last.high + last.high / 16 || rss < last_rss - last_rss / 16) && age >= wait;
+            if age < every && !moved && rss >= last_rss / 2 {
+                return Some(Rollup { rss, ..last.rollup });
             }
-            backoff = last.times;
-            high = high_read;
         }
         let (rollup, took) = read()?;
-        let before = self.last.get(&key).map(|l| l.rollup);
         // The same sharing: what the resident pages are beyond its PSS and its USS (pages shared
         // with other processes) stays within a sixteenth of its resident size. A resident size
         // that swings with the tensors of each step, its USS with it, is no change of sharing;
@@ -276,12 +269,16 @@ impl RollupCadence {
         // as it ran.
         let shared = |r: &Rollup| (r.rss.saturating_sub(r.pss), r.rss.saturating_sub(r.uss));
         let same = |a: u64, b: u64| a.abs_diff(b) <= rollup.rss / 16;
-        let flat = before.is_some_and(|b| {
-            let ((pss_now, uss_now), (pss_then, uss_then)) = (shared(&rollup), shared(&b));
+        let flat = previous.is_some_and(|b| {
+            let ((pss_now, uss_now), (pss_then, uss_then)) = (shared(&rollup), shared(&b.rollup));
             same(pss_now, pss_then) && same(uss_now, uss_then)
         });
-        let times = if flat { (backoff * 2).min(ROLLUP_BACKOFF_MAX) } else { 1 };
-        self.last.insert(key, Reading { rollup, at: now, took, times, high: high.max(rollup.rss) });
+        let times = match previous {
+            Some(p) if flat => (p.times * 2).min(ROLLUP_BACKOFF_MAX),
+            _ => 1,
+        };
+        let high = previous.map_or(0, |p| p.high).max(rollup.rss);
+        self.last.insert(key, Reading { rollup, at: now, took, times, high });
         Some(rollup)
     }
 

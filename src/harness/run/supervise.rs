@@ -515,7 +515,6 @@ fn claim_by_markers(slots: &mut [Slot], l: &Launcher, start: Instant) {
     }
 }
 
-/// The process spec the OS edge needs: the plan's, with the namespace and cgroup this run holds.
 /// The processes round `round` of rank discovery looks among: the members of the scenario's
 /// cgroup (`cgroup`, its directory), which every process the run starts joins before `exec`, and
 /// every [`WHOLE_MACHINE_EVERY`]th round (the first included), or where there is no group, every
@@ -534,6 +533,7 @@ fn discovery_table(cgroup: Option<&Path>, round: u32) -> Vec<crate::probe::memor
     }
 }
 
+/// The process spec the OS edge needs: the plan's, with the namespace and cgroup this run holds.
 fn spec(p: &ProcessPlan, plan: &Plan, res: &Resources) -> RankSpec {
     RankSpec {
         rank: p.rank,
