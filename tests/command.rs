@@ -348,6 +348,25 @@ fn a_lightning_command_whose_ranks_the_command_line_does_not_count_is_watched_wh
         "{:#}",
         s["ranks"][1]
     );
+    // Each rank's memory under its own row, rank 1's too: sampled below the launcher before
+    // anything named it, placed by its pid at the end (its row was missing in 4 of 4 runs by hand
+    // when only processes of known ranks were sampled).
+    let memory = &s["memory"];
+    for rank in 0..2 {
+        let pid = &s["ranks"][rank]["pid"];
+        assert!(
+            memory["processes"].as_array().unwrap().iter().any(|p| p["rank"] == rank
+                && p["role"] == "rank"
+                && p["pid"] == *pid
+                && p["peak_pss_bytes"].as_u64() > Some(0)),
+            "rank {rank} (pid {pid}) has no row: {:#}",
+            memory["processes"]
+        );
+        assert!(
+            memory["series"].as_array().unwrap().iter().any(|p| p["pss_bytes"][rank].as_u64() > Some(0)),
+            "rank {rank} is never in the series"
+        );
+    }
     let headline = s["verdict"]["headline"].as_str().unwrap();
     assert!(headline.starts_with("Rank 1 was killed by SIGSEGV"), "{headline}");
     assert!(!headline.contains("only 1 of the 2"), "{headline}");

@@ -24,7 +24,10 @@ pub struct ProcSample {
     pub pid: u32,
     /// The process's start time (`/proc/PID/stat` field 22): a pid used again is another process.
     pub start_ticks: u64,
-    pub rank: u32,
+    /// Its rank as the run knows it when sampled; `None` for a process of a launcher's tree while
+    /// ranks are still to be found (it may turn out to be one: see [`MemoryRecorder::finish`]).
+    pub rank: Option<u32>,
+    pub ppid: u32,
     pub command: String,
     pub mem: Rollup,
 }
@@ -36,6 +39,15 @@ pub struct ShmSample {
     pub ours: u64,
 }
 
+/// One process's entry in [`MemoryRecorder`].
+#[derive(Debug)]
+struct Peak {
+    rank: Option<u32>,
+    ppid: u32,
+    command: String,
+    peak: Rollup,
+}
+
 /// Accumulates samples during a run; [`MemoryRecorder::finish`] makes the report.
 #[derive(Debug)]
 pub struct MemoryRecorder {
@@ -45,9 +57,13 @@ pub struct MemoryRecorder {
     /// Keyed by (pid, start time): the rank the run last placed the process under, its command
     /// and its peaks. One entry per process even when its rank became known only later (the ranks
     /// below a launcher are counted as the launcher's until each names its own rank): a process
-    /// listed under two ranks would be two rows with one pid in the report.
-    peaks: BTreeMap<(u32, u64), (u32, String, Rollup)>,
+    /// listed under two ranks would be two rows with one pid in the report. The rank is `None`
+    /// while no sample placed the process; its parent's pid places it at the end.
+    peaks: BTreeMap<(u32, u64), Peak>,
     points: Vec<MemoryPoint>,
+    /// The PSS of processes sampled before any rank was theirs: (the sample's index in `points`,
+    /// the process, its PSS then), added to the rank the end places it under.
+    unplaced: Vec<(usize, (u32, u64), u64)>,
     shm: ShmUsage,
 }
 
@@ -59,6 +75,7 @@ impl MemoryRecorder {
             samples: 0,
             peaks: BTreeMap::new(),
             points: Vec::new(),
+            unplaced: Vec::new(),
             shm: ShmUsage { private: private_shm, ..ShmUsage::default() },
         }
     }
@@ -68,22 +85,26 @@ impl MemoryRecorder {
         self.samples += 1;
         // A run whose program formed a larger process group watches more ranks from then on: the
         // earlier samples had none of theirs.
-        if let Some(world) = procs.iter().map(|p| p.rank + 1).max().filter(|w| *w > self.world) {
-            self.world = world;
-            self.points.iter_mut().for_each(|p| p.pss_bytes.resize(world as usize, 0));
+        if let Some(world) = procs.iter().filter_map(|p| p.rank).map(|r| r + 1).max() {
+            self.grow(world);
         }
         let mut pss = vec![0u64; self.world as usize];
         for p in procs {
-            if let Some(total) = pss.get_mut(p.rank as usize) {
-                *total += p.mem.pss;
+            let key = (p.pid, p.start_ticks);
+            match p.rank {
+                Some(rank) => pss[rank as usize] += p.mem.pss,
+                None => self.unplaced.push((self.points.len(), key, p.mem.pss)),
             }
-            let entry = self
-                .peaks
-                .entry((p.pid, p.start_ticks))
-                .or_insert_with(|| (p.rank, p.command.clone(), Rollup::default()));
-            entry.0 = p.rank;
-            entry.1.clone_from(&p.command);
-            let peak = &mut entry.2;
+            let entry = self.peaks.entry(key).or_insert_with(|| Peak {
+                rank: None,
+                ppid: p.ppid,
+                command: String::new(),
+                peak: Rollup::default(),
+            });
+            // Once placed, a process stays under the rank of its last placement.
+            entry.rank = p.rank.or(entry.rank);
+            entry.command.clone_from(&p.command);
+            let peak = &mut entry.peak;
             peak.rss = peak.rss.max(p.mem.rss);
             peak.pss = peak.pss.max(p.mem.pss);
             peak.uss = peak.uss.max(p.mem.uss);
@@ -91,6 +112,43 @@ impl MemoryRecorder {
         }
         self.note_shm(shm);
         self.points.push(MemoryPoint { t_s, pss_bytes: pss, shm_used_bytes: shm.usage.map(|u| u.used) });
+    }
+
+    /// Widens the per-rank totals to `world` ranks (earlier samples had none of the new ones').
+    fn grow(&mut self, world: u32) {
+        if world > self.world {
+            self.world = world;
+            self.points.iter_mut().for_each(|p| p.pss_bytes.resize(world as usize, 0));
+        }
+    }
+
+    /// Places the processes no sample placed: a rank's own process by the pids the run settled
+    /// at its end (a launcher's rank whose markers named it only after it died), then, as often as
+    /// that places more, a child under its parent's rank. What stays unplaced (the launcher
+    /// itself, say) is left out, as a process of no rank is everywhere else.
+    fn place(&mut self, rank_pids: &[Option<u32>]) {
+        loop {
+            let placed: BTreeMap<u32, u32> =
+                self.peaks.iter().filter_map(|(&(pid, _), e)| Some((pid, e.rank?))).collect();
+            let mut changed = false;
+            for (&(pid, _), entry) in self.peaks.iter_mut().filter(|(_, e)| e.rank.is_none()) {
+                let own = rank_pids.iter().position(|p| *p == Some(pid)).map(|r| r as u32);
+                entry.rank = own.or_else(|| placed.get(&entry.ppid).copied());
+                changed |= entry.rank.is_some();
+            }
+            if !changed {
+                break;
+            }
+        }
+        self.peaks.retain(|_, e| e.rank.is_some());
+        if let Some(world) = self.peaks.values().filter_map(|e| e.rank).map(|r| r + 1).max() {
+            self.grow(world);
+        }
+        for (point, key, pss) in std::mem::take(&mut self.unplaced) {
+            if let Some(rank) = self.peaks.get(&key).and_then(|e| e.rank) {
+                self.points[point].pss_bytes[rank as usize] += pss;
+            }
+        }
     }
 
     /// Records `/dev/shm` at the moment `rank` was seen to end: the figure a bus error is
@@ -111,11 +169,13 @@ impl MemoryRecorder {
     }
 
     /// The report, with every process labelled from its rank's markers (`ranks[r]` is rank r).
-    pub fn finish(self, ranks: &[&RankState], rank_pids: &[Option<u32>]) -> MemoryReport {
+    pub fn finish(mut self, ranks: &[&RankState], rank_pids: &[Option<u32>]) -> MemoryReport {
+        self.place(rank_pids);
         let mut processes: Vec<ProcessMemory> = self
             .peaks
             .into_iter()
-            .map(|((pid, _), (rank, command, peak))| {
+            .filter_map(|((pid, _), Peak { rank, command, peak, .. })| Some((pid, rank?, command, peak)))
+            .map(|(pid, rank, command, peak)| {
                 let state = ranks.get(rank as usize);
                 let worker = state.and_then(|s| s.workers.iter().find(|w| w.pid == pid)).map(|w| w.id);
                 let is_rank = rank_pids.get(rank as usize).copied().flatten() == Some(pid);
@@ -407,7 +467,7 @@ mod tests {
     }
 
     fn sample(pid: u32, rank: u32, m: Rollup) -> ProcSample {
-        ProcSample { pid, start_ticks: 1, rank, command: "ups-doctor".into(), mem: m }
+        ProcSample { pid, start_ticks: 1, rank: Some(rank), ppid: 1, command: "ups-doctor".into(), mem: m }
     }
 
     fn shm(used: u64, ours: u64) -> ShmSample {
@@ -469,6 +529,40 @@ mod tests {
         assert_eq!(rows, [(0, 10, "rank", 30), (0, 11, "child", 10), (1, 11, "rank", 150)]);
         assert_eq!(report.series[0].pss_bytes, [180 * MIB, 0], "a sample's totals stay as they were taken");
         assert_eq!(report.series[1].pss_bytes, [30 * MIB, 90 * MIB]);
+    }
+
+    /// A launcher's tree sampled before its ranks are found: the process that turns out to be rank
+    /// 1 (named by its markers only as it died), and its worker, are placed at the end by the
+    /// pids the run settled, their earlier PSS added to rank 1's totals; the launcher, no rank's,
+    /// is left out (Lightning's rank 1, segfaulting in step 4, had no row at all).
+    #[test]
+    fn processes_sampled_before_their_rank_was_known_are_placed_by_the_settled_pids() {
+        let unplaced = |pid: u32, ppid: u32, m: Rollup| ProcSample { rank: None, ppid, ..sample(pid, 0, m) };
+        let mut rec = MemoryRecorder::new(1, 0.25, false);
+        rec.record(0.25, &[unplaced(5, 1, mem(50, 50, 50)), sample(10, 0, mem(100, 80, 60))], shm(0, 0));
+        rec.record(
+            0.5,
+            &[
+                unplaced(5, 1, mem(50, 50, 50)),
+                sample(10, 0, mem(100, 80, 60)),
+                unplaced(20, 5, mem(300, 200, 150)),
+                unplaced(21, 20, mem(40, 30, 20)),
+            ],
+            shm(0, 0),
+        );
+        rec.record(0.75, &[sample(10, 0, mem(100, 80, 60))], shm(0, 0));
+        let mut rank1 = RankState::default();
+        rank1.workers.push(WorkerInfo { id: 0, pid: 21, start_method: "fork".into(), started_at_s: 0.4 });
+        let report = rec.finish(&[&RankState::default(), &rank1], &[Some(10), Some(20)]);
+        let rows: Vec<(u32, u32, &str, u64)> = report
+            .processes
+            .iter()
+            .map(|p| (p.rank, p.pid, p.role.as_str(), p.peak_pss_bytes / MIB))
+            .collect();
+        assert_eq!(rows, [(0, 10, "rank", 80), (1, 20, "rank", 200), (1, 21, "worker", 30)]);
+        let series: Vec<Vec<u64>> =
+            report.series.iter().map(|p| p.pss_bytes.iter().map(|b| b / MIB).collect()).collect();
+        assert_eq!(series, [vec![80, 0], vec![80, 230], vec![80, 0]]);
     }
 
     #[test]

@@ -40,7 +40,9 @@ impl OomWatch {
     /// Remembers which rank each sampled process belonged to.
     pub fn saw(&mut self, procs: &[ProcSample]) {
         for p in procs {
-            self.seen.insert(p.pid, p.rank);
+            if let Some(rank) = p.rank {
+                self.seen.insert(p.pid, rank);
+            }
         }
     }
 

@@ -210,16 +210,21 @@ fn sample_processes(
 ) -> Vec<ProcSample> {
     let table = process_table(members, cgroup);
     let below = members.below(&table);
+    let unplaced = members.launcher_tree(&table);
     let now = Instant::now();
     let sampled: Vec<ProcSample> = table
         .iter()
         .filter(|p| !p.zombie())
         .filter_map(|p| {
-            let rank = members.rank_of(&below, p)?;
+            let rank = members.rank_of(&below, p);
+            if rank.is_none() && !unplaced.contains(&p.pid) {
+                return None;
+            }
             let rss = memory::read_rss(p.pid)?;
             let mem = cadence
                 .memory((p.pid, p.start_ticks), rss, now, || memory::read_smaps_rollup_timed(p.pid))?;
-            Some(ProcSample { pid: p.pid, start_ticks: p.start_ticks, rank, command: p.command.clone(), mem })
+            let (pid, start_ticks, ppid, command) = (p.pid, p.start_ticks, p.ppid, p.command.clone());
+            Some(ProcSample { pid, start_ticks, rank, ppid, command, mem })
         })
         .collect();
     cadence.keep_only(&table.iter().map(|p| (p.pid, p.start_ticks)).collect());

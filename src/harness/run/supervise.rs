@@ -1067,6 +1067,11 @@ impl Supervisor<'_, '_> {
                 .iter()
                 .flat_map(|s| s.verified_workers.iter().map(|w| (s.end.rank, *w)))
                 .collect(),
+            unfound_below: self
+                .launcher
+                .as_ref()
+                .filter(|l| l.live() && self.slots.iter().any(|s| s.found.is_none()))
+                .and_then(|l| Some(l.process.as_ref()?.pid)),
         };
         if let Ok(mut m) = self.members.lock()
             && *m != members
@@ -1380,13 +1385,15 @@ impl Supervisor<'_, '_> {
                 oom: OomWatch::start(None),
                 gpu: super::sampler::GpuOutcome::Off,
             });
-        let states: Vec<&RankState> = self.slots.iter().map(|s| &s.end.state).collect();
-        let pids: Vec<Option<u32>> = self.slots.iter().map(|s| s.end.pid).collect();
-        let memory = recorder.finish(&states, &pids);
-        let gpu = gpu.finish(&states, &pids);
         let interrupted = self.machine.interrupted();
         let (start, res) = (self.start, self.res);
         let (ends, external, processes) = self.collect();
+        // With the pids the launcher's end settled (a rank its markers named only after it died
+        // has its process from there).
+        let states: Vec<&RankState> = ends.iter().map(|e| &e.state).collect();
+        let pids: Vec<Option<u32>> = ends.iter().map(|e| e.pid).collect();
+        let memory = recorder.finish(&states, &pids);
+        let gpu = gpu.finish(&states, &pids);
         let mut shm = swept;
         shm.extend(teardown::remove_leftover_segments(
             shm_dir,

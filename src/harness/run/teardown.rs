@@ -29,6 +29,10 @@ pub struct Membership {
     pub found: Vec<(u32, u32, bool)>,
     /// (rank, a verified worker of it).
     pub workers: Vec<(u32, Identity)>,
+    /// A launcher's pid while a rank of it has no process found yet: what is below it is sampled
+    /// unplaced, to be placed once the run knows whose it was (a rank that names itself only as
+    /// it dies, or after).
+    pub unfound_below: Option<u32>,
 }
 
 impl Membership {
@@ -45,6 +49,14 @@ impl Membership {
             }
         }
         below
+    }
+
+    /// The launcher's tree while it has ranks not found yet (see [`Membership::unfound_below`]),
+    /// in `table`; empty otherwise.
+    pub fn launcher_tree(&self, table: &[memory::ProcStat]) -> std::collections::BTreeSet<u32> {
+        self.unfound_below
+            .map(|root| crate::harness::discover::rank_members_in(table, root, &[]).into_iter().collect())
+            .unwrap_or_default()
     }
 
     /// The rank a process belongs to; `below` from [`Membership::below`].
@@ -273,6 +285,7 @@ mod tests {
             groups: vec![(0, 100), (1, 200)],
             found: Vec::new(),
             workers: vec![(1, Identity { pid: 333, start_ticks: 7 })],
+            ..Default::default()
         };
         let below = BTreeMap::from([(555, 1)]);
         assert_eq!(members.rank_of(&below, &stat(100, 100)), Some(0));
