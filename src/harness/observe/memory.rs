@@ -337,7 +337,15 @@ impl RollupCadence {
             Some(p) if flat => (p.times * 2).min(ROLLUP_BACKOFF_MAX),
             _ => 1,
         };
-        let high = previous.map_or(0, |p| p.high).max(rollup.rss);
+        // A process now under half the largest reading starts its peak afresh: a spawned worker
+        // read between its fork and its `exec` had its parent's size as its largest, and loading
+        // libtorch after the `exec` was never a rise above it; read again only once a second, a
+        // worker that lived under a second was left with its USS from before libtorch (seen in
+        // the suite on two busy cores: 8 MiB).
+        let high = match previous {
+            Some(p) if rollup.rss >= p.high / 2 => p.high.max(rollup.rss),
+            _ => rollup.rss,
+        };
         self.last.insert(key, Reading { rollup, at: now, took, times, high });
         Some(rollup)
     }
@@ -656,6 +664,30 @@ mod tests {
         at(&mut cadence, 12_000, 750);
         at(&mut cadence, 15_750, 750);
         assert_eq!(reads.borrow()[3..], [15_750]);
+    }
+
+    /// A spawned worker read between its fork and its `exec` (its parent's 500 MiB), read at once
+    /// after the `exec` (10 MiB), then growing as it loads libtorch: each rise of a sixteenth is
+    /// read at the next sample, not a second later, measured from its own size since the `exec`.
+    #[test]
+    fn a_process_that_lost_half_its_pages_measures_its_rises_from_its_new_size() {
+        let mut cadence = RollupCadence::default();
+        let t0 = Instant::now();
+        let ms = |n: u64| t0 + Duration::from_millis(n);
+        let cheap = Duration::from_micros(200);
+        let reads = std::cell::RefCell::new(Vec::new());
+        let at = |c: &mut RollupCadence, t: u64, rss: u64, uss: u64| {
+            c.memory((30, 2), rss * MIB, ms(t), || {
+                reads.borrow_mut().push(t);
+                Some((mem(rss, uss, uss), cheap))
+            })
+        };
+        at(&mut cadence, 0, 500, 1);
+        at(&mut cadence, 250, 10, 8);
+        at(&mut cadence, 500, 120, 60);
+        let last = at(&mut cadence, 750, 200, 90).unwrap();
+        assert_eq!(*reads.borrow(), [0, 250, 500, 750]);
+        assert_eq!(last.uss, 90 * MIB, "its libtorch is its own");
     }
 
     #[test]
