@@ -143,8 +143,11 @@ fn argv(pid: u32) -> Vec<String> {
 fn is_launcher(pid: u32, children: &BTreeMap<u32, Vec<u32>>) -> bool {
     let mine = memory::environ(pid).and_then(|e| rank_of(&e));
     let args = argv(pid);
-    let script_is_launcher = args.iter().skip(1).take(2).any(|a| auto_style(std::slice::from_ref(a)).0);
-    auto_style(&args).0
+    // Its relative script is read from its own folder, as it opened it.
+    let cwd = procfs::process::Process::new(pid as i32).and_then(|p| p.cwd()).ok();
+    let cwd = cwd.as_deref();
+    let script_is_launcher = args.iter().skip(1).take(2).any(|a| auto_style(std::slice::from_ref(a), cwd).0);
+    auto_style(&args, cwd).0
         || script_is_launcher
         || children.get(&pid).into_iter().flatten().any(|&c| {
             spawned_by(pid, c)

@@ -399,6 +399,7 @@ impl Local {
                 "attached to a running job from pid {pid}: ups-doctor did not start it"
             )),
             markers_seen: false,
+            observer_silent: false,
             completion: format!("attached read-only for {window_s:.1} s (state {})", judged.state.as_str()),
             launcher: None,
             py_spy: self.py_spy.as_ref().map(|p| p.display().to_string()),

@@ -22,7 +22,8 @@ pub fn processes_started(input: &ScenarioInput) -> u64 {
         LaunchStyle::PerRank => false,
         LaunchStyle::Auto => {
             let dir = input.file.parent().unwrap_or(Path::new("."));
-            crate::harness::plan::command::auto_style(&crate::harness::plan::command::argv(s, dir, 0)).0
+            use crate::harness::plan::command;
+            command::auto_style(&command::argv(s, dir, 0), command::cwd(s, dir).as_deref()).0
         }
     };
     if launcher { 1 } else { per_node }

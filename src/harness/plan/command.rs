@@ -25,6 +25,22 @@ pub const PYTHON_ENV: [(&str, &str); 2] = [("PYTHONUNBUFFERED", "1"), ("PYTHONFA
 /// the file itself for why (a launcher's ranks share one stdout).
 pub const SITECUSTOMIZE: &str = include_str!("../../../python/site/sitecustomize.py");
 
+/// The folder the command runs in: `launch.cwd` with `{scenario_dir}` filled in, or `None` for
+/// ups-doctor's own (a relative one is relative to ups-doctor's, as for the process itself).
+pub fn cwd(scenario: &Scenario, scenario_dir: &Path) -> Option<std::path::PathBuf> {
+    let cwd = scenario.launch.cwd.as_ref()?;
+    Some(cwd.replace("{scenario_dir}", &scenario_dir.display().to_string()).into())
+}
+
+/// A path of the command's, as the command's own process will open it: a relative one from the
+/// folder it runs in (`--cwd`, `launch.cwd`), not from ups-doctor's.
+fn in_cwd(cwd: Option<&Path>, path: &str) -> std::path::PathBuf {
+    match cwd {
+        Some(dir) if Path::new(path).is_relative() => dir.join(path),
+        _ => path.into(),
+    }
+}
+
 /// The torchrun variables a launcher must not inherit from ups-doctor's own environment (its
 /// ranks get their own from it; a stray `RANK` would also make the launcher look like a rank).
 pub const RANK_ENV: [&str; 8] = [
@@ -45,8 +61,9 @@ const LAUNCHERS: [&str; 7] =
 /// What `launch.style: auto` takes for `argv`: launcher (true) or per rank, and why, in words.
 /// A launcher is a known launcher program, `python -m torch.distributed.run` (or `.launch`), or
 /// a Python script whose source starts its own ranks (`torch.multiprocessing.spawn`, `mp.spawn`,
-/// `start_processes`, Lightning's `Trainer`).
-pub fn auto_style(argv: &[String]) -> (bool, String) {
+/// `start_processes`, Lightning's `Trainer`). Relative paths are read from `cwd`, the folder the
+/// command runs in; a script that cannot be read is said to be so, never taken silently.
+pub fn auto_style(argv: &[String], cwd: Option<&Path>) -> (bool, String) {
     let name =
         |s: &str| Path::new(s).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let program = argv.first().map(|p| name(p)).unwrap_or_default();
@@ -54,8 +71,15 @@ pub fn auto_style(argv: &[String]) -> (bool, String) {
         return (true, format!("`{program}` is a launcher (it starts the ranks)"));
     }
     if program.starts_with("python") {
-        let mut args = argv.iter().skip(1).skip_while(|a| a.starts_with('-') && a.as_str() != "-m");
+        let mut args =
+            argv.iter().skip(1).skip_while(|a| a.starts_with('-') && !matches!(a.as_str(), "-m" | "-c"));
         match args.next().map(String::as_str) {
+            Some("-c") => {
+                let code = args.next().map(String::as_str).unwrap_or_default();
+                if let Some(why) = starts_own_ranks(code) {
+                    return (true, format!("`python -c` starts its own ranks ({why})"));
+                }
+            }
             Some("-m") => {
                 let module = args.next().cloned().unwrap_or_default();
                 if matches!(module.as_str(), "torch.distributed.run" | "torch.distributed.launch") {
@@ -63,25 +87,31 @@ pub fn auto_style(argv: &[String]) -> (bool, String) {
                 }
             }
             Some(script) => {
-                let source = std::fs::read_to_string(script).unwrap_or_default();
-                let starts_ranks = [
-                    ("multiprocessing.spawn(", "it calls `torch.multiprocessing.spawn`"),
-                    ("mp.spawn(", "it calls `torch.multiprocessing.spawn`"),
-                    // `start_method="fork"` too (Lightning's `ddp_fork` and notebooks): forked
-                    // ranks are found by the process group each forms, seen by the observer.
-                    ("start_processes(", "it calls `torch.multiprocessing.start_processes`"),
-                    ("import lightning", "it uses Lightning, whose `Trainer` starts the ranks"),
-                    ("from lightning", "it uses Lightning, whose `Trainer` starts the ranks"),
-                    ("pytorch_lightning", "it uses Lightning, whose `Trainer` starts the ranks"),
-                ];
-                if let Some((_, why)) = starts_ranks.iter().find(|(needle, _)| source.contains(needle)) {
+                let path = in_cwd(cwd, script);
+                let source = match std::fs::read_to_string(&path) {
+                    Ok(source) => source,
+                    Err(e) => {
+                        return (
+                            false,
+                            format!(
+                                "`{}` could not be read to see whether it starts its own ranks ({}: {e}): \
+                                 taken for a plain script, one copy per rank; name the style with `--style launcher` \
+                                 (`launch.style`) if it starts its ranks itself",
+                                name(script),
+                                path.display(),
+                                e = e.to_string().split(" (os error").next().unwrap_or_default(),
+                            ),
+                        );
+                    }
+                };
+                if let Some(why) = starts_own_ranks(&source) {
                     return (true, format!("`{}` starts its own ranks ({why})", name(script)));
                 }
             }
             None => {}
         }
     }
-    if let Some((what, source)) = shell_source(argv, &program)
+    if let Some((what, source)) = shell_source(argv, &program, cwd)
         && let Some((launcher, line)) = launcher_in(&source)
     {
         return (true, format!("`{what}` runs `{launcher}` (line {line}), a launcher: it starts the ranks"));
@@ -89,19 +119,34 @@ pub fn auto_style(argv: &[String]) -> (bool, String) {
     (false, format!("`{program}` is not a known launcher: one copy per rank, each with torchrun's variables"))
 }
 
+/// What in a Python program's source says that it starts its own ranks.
+fn starts_own_ranks(source: &str) -> Option<&'static str> {
+    let starts_ranks = [
+        ("multiprocessing.spawn(", "it calls `torch.multiprocessing.spawn`"),
+        ("mp.spawn(", "it calls `torch.multiprocessing.spawn`"),
+        // `start_method="fork"` too (Lightning's `ddp_fork` and notebooks): forked ranks are
+        // found by the process group each forms, seen by the observer.
+        ("start_processes(", "it calls `torch.multiprocessing.start_processes`"),
+        ("import lightning", "it uses Lightning, whose `Trainer` starts the ranks"),
+        ("from lightning", "it uses Lightning, whose `Trainer` starts the ranks"),
+        ("pytorch_lightning", "it uses Lightning, whose `Trainer` starts the ranks"),
+    ];
+    starts_ranks.iter().find(|(needle, _)| source.contains(needle)).map(|(_, why)| *why)
+}
+
 /// Shells whose command or script `auto` reads for a launcher.
 const SHELLS: [&str; 5] = ["bash", "sh", "zsh", "dash", "ksh"];
 
 /// The shell text `argv` runs, and what to call it: `bash -c '…'`'s command, `bash train.sh`'s
 /// script, or `./train.sh` itself when it starts with a shell's `#!`.
-fn shell_source(argv: &[String], program: &str) -> Option<(String, String)> {
+fn shell_source(argv: &[String], program: &str, cwd: Option<&Path>) -> Option<(String, String)> {
     let name =
         |s: &str| Path::new(s).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     // Its first 64 KiB: a script, not a binary or a data file that happens to be named.
     let read = |path: &str| {
         use std::io::Read;
         let mut bytes = Vec::new();
-        std::fs::File::open(path).ok()?.take(64 << 10).read_to_end(&mut bytes).ok()?;
+        std::fs::File::open(in_cwd(cwd, path)).ok()?.take(64 << 10).read_to_end(&mut bytes).ok()?;
         Some(String::from_utf8_lossy(&bytes).into_owned())
     };
     if SHELLS.contains(&program) {
@@ -184,6 +229,12 @@ mod tests {
             (args(&["python3", &launchers]), true, "`launchers.py` starts its own ranks"),
             (args(&["python", &plain]), false, "`python` is not a known launcher"),
             (args(&["python", "-m", "mypkg.train"]), false, "`python` is not a known launcher"),
+            (args(&["python", "-u", "-c", "print(1)"]), false, "`python` is not a known launcher"),
+            (
+                args(&["python", "-c", "import torch.multiprocessing as mp; mp.spawn(f, nprocs=2)"]),
+                true,
+                "`python -c` starts its own ranks",
+            ),
             (args(&["./train.sh"]), false, "`train.sh` is not a known launcher"),
             (
                 args(&["bash", "-c", "export X=1; torchrun --nproc_per_node 2 t.py"]),
@@ -193,7 +244,7 @@ mod tests {
             (args(&["sh", "-c", "python t.py  # not torchrun here"]), false, "`sh` is not a known launcher"),
             (args(&["bash", "-c", "python mytorchrun.py"]), false, "`bash` is not a known launcher"),
         ] {
-            let (is_launcher, text) = auto_style(&argv);
+            let (is_launcher, text) = auto_style(&argv, None);
             assert_eq!(is_launcher, launcher, "{argv:?}: {text}");
             assert!(text.starts_with(why), "{argv:?}: {text}");
         }
@@ -204,7 +255,7 @@ mod tests {
         std::fs::write(&script, "#!/usr/bin/env bash\n# torchrun in a comment is not a launch\nset -e\n\npython -m torch.distributed.run --nproc_per_node 2 t.py\n").unwrap();
         let script = script.display().to_string();
         for argv in [args(&[&script]), args(&["bash", "-e", &script])] {
-            let (is_launcher, text) = auto_style(&argv);
+            let (is_launcher, text) = auto_style(&argv, None);
             assert!(is_launcher, "{argv:?}: {text}");
             assert_eq!(
                 text,
@@ -214,12 +265,24 @@ mod tests {
         // Ranks forked by `start_processes` (no `spawn(` in the source).
         let forks = dir.join("forks.py");
         std::fs::write(&forks, "import torch.multiprocessing as mp\n\nmp.start_processes(work, nprocs=2, start_method=\"fork\")\n").unwrap();
-        let (is_launcher, text) = auto_style(&args(&["python", &forks.display().to_string()]));
+        let (is_launcher, text) = auto_style(&args(&["python", &forks.display().to_string()]), None);
         assert!(is_launcher, "{text}");
         assert_eq!(
             text,
             "`forks.py` starts its own ranks (it calls `torch.multiprocessing.start_processes`)"
         );
+        // A relative script is read from the folder the command runs in (`--cwd`), not from
+        // ups-doctor's: the same program by its bare name.
+        let (is_launcher, text) = auto_style(&args(&["python", "forks.py"]), Some(&dir));
+        assert!(is_launcher, "{text}");
+        let (bash, text) = auto_style(&args(&["bash", "train.sh"]), Some(&dir));
+        assert!(bash, "{text}");
+        // Where it cannot be read, the style is said to be a guess, with the path it looked at.
+        let (is_launcher, text) = auto_style(&args(&["python", "forks.py"]), Some(&dir.join("elsewhere")));
+        assert!(!is_launcher, "{text}");
+        let looked = dir.join("elsewhere/forks.py").display().to_string();
+        assert!(text.starts_with("`forks.py` could not be read") && text.contains(&looked), "{text}");
+        assert!(text.contains("--style launcher"), "{text}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

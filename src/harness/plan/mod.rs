@@ -72,7 +72,7 @@ pub struct Facts<'a> {
     pub python_site: &'a Path,
     /// What `launch.style: auto` makes of a command: launcher or not, and why (it may read the
     /// script; see [`crate::harness::plan::command::auto_style`]).
-    pub auto_style: &'a dyn Fn(&[String]) -> (bool, String),
+    pub auto_style: &'a dyn Fn(&[String], Option<&Path>) -> (bool, String),
 }
 
 /// A scenario that cannot be planned. Validation refuses these first; a value that slipped past
@@ -283,10 +283,12 @@ pub fn plan(scenario: &Scenario, facts: &Facts) -> Result<Plan, PlanError> {
         Some(n) => (torchrun::per_node(&argv, n), n.global_rank(0)),
         None => (argv, 0),
     };
+    // The scenario's own folder, for every process it starts.
+    let cwd = crate::harness::plan::command::cwd(scenario, facts.scenario_dir);
     let (style, style_chosen) = match scenario.launch.style {
         _ if !external => (Style::PerRank, None),
         LaunchStyle::Auto => {
-            let (launcher, why) = (facts.auto_style)(&argv);
+            let (launcher, why) = (facts.auto_style)(&argv, cwd.as_deref());
             (if launcher { Style::Launcher } else { Style::PerRank }, Some(why))
         }
         LaunchStyle::Launcher => (Style::Launcher, None),
@@ -313,16 +315,27 @@ pub fn plan(scenario: &Scenario, facts: &Facts) -> Result<Plan, PlanError> {
             (ranks, None)
         }
     };
-    // The scenario's own variables and folder, for every process it starts (the user's `env`
-    // comes last: it wins over ups-doctor's defaults such as `OMP_NUM_THREADS`).
-    let cwd = scenario
-        .launch
-        .cwd
-        .as_ref()
-        .map(|c| PathBuf::from(c.replace("{scenario_dir}", &facts.scenario_dir.display().to_string())));
+    // The scenario's own variables, for every process it starts (the user's `env` comes last: it
+    // wins over ups-doctor's defaults such as `OMP_NUM_THREADS`).
+    // A `PYTHONPATH` of the user's (a checkout's own folders) comes after ups-doctor's site
+    // folder, never instead of it: replaced, Python never reads the observer's sitecustomize and
+    // every verdict that needs it is lost without a word.
+    let user_env = scenario.launch.env.iter().map(|(k, v)| match &python_site {
+        Some(site) if k == "PYTHONPATH" => {
+            let path = std::iter::once(site.display().to_string()).chain((!v.is_empty()).then(|| v.clone()));
+            (k.clone(), path.collect::<Vec<_>>().join(":"))
+        }
+        _ => (k.clone(), v.clone()),
+    });
+    let user_env: Vec<(String, String)> = user_env.collect();
     let mut processes = processes;
     for p in &mut processes {
-        p.env.extend(scenario.launch.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+        for (k, v) in &user_env {
+            match p.env.iter_mut().find(|(name, _)| name == k) {
+                Some(slot) => slot.1 = v.clone(),
+                None => p.env.push((k.clone(), v.clone())),
+            }
+        }
         p.cwd = cwd.clone();
     }
     let private_shm = match &scenario.data.shm_size {
@@ -514,7 +527,7 @@ mod tests {
         node: Option<&NodePlacement>,
     ) -> Result<Plan, PlanError> {
         let env_has = |name: &str| env.contains(&name);
-        let auto = |argv: &[String]| (auto_launcher, format!("chosen for `{}`", argv[0]));
+        let auto = |argv: &[String], _: Option<&Path>| (auto_launcher, format!("chosen for `{}`", argv[0]));
         plan(
             s,
             &Facts {
@@ -573,6 +586,29 @@ mod tests {
         let trainer =
             planned(&scenario(r#"{"launch": {"mode": "ddp", "world_size": 2}}"#), &[], false).unwrap();
         assert_eq!((env(&trainer.processes[0], "PYTHONPATH"), trainer.python_site), (None, None));
+    }
+
+    /// The scenario's own `PYTHONPATH` (`--env PYTHONPATH=…`, `launch.env`) replaces ups-doctor's
+    /// environment's, and comes after the site folder: replacing that too would drop the observer.
+    #[test]
+    fn a_pythonpath_of_the_scenarios_own_keeps_the_sitecustomize_first() {
+        for (style, world) in [("per_rank", 2), ("launcher", 1)] {
+            let s = scenario(&format!(
+                r#"{{"launch": {{"world_size": {world}, "style": "{style}", "env": {{"PYTHONPATH": "/src/repo"}}}},
+                    "command": ["python", "t.py"]}}"#
+            ));
+            let p = planned(&s, &["PYTHONPATH"], false).unwrap();
+            for process in &p.processes {
+                let paths: Vec<_> = process.env.iter().filter(|(k, _)| k == "PYTHONPATH").collect();
+                assert_eq!(paths.len(), 1, "{style}: one PYTHONPATH, {paths:?}");
+                assert_eq!(paths[0].1, "/runs/a/python-site:/src/repo", "{style}");
+            }
+        }
+        let empty = scenario(r#"{"launch": {"env": {"PYTHONPATH": ""}}, "command": ["python", "t.py"]}"#);
+        assert_eq!(env(&planned(&empty, &[], false).unwrap().processes[0], "PYTHONPATH"), Some("/runs/a/python-site"));
+        let trainer = scenario(r#"{"launch": {"env": {"PYTHONPATH": "/src/repo"}}}"#);
+        let p = planned(&trainer, &[], false).unwrap();
+        assert_eq!(env(&p.processes[0], "PYTHONPATH"), Some("/src/repo"), "no site folder: the user's as it is");
     }
 
     #[test]

@@ -1577,6 +1577,7 @@ impl Supervisor<'_, '_> {
             style: plan.style.external(),
             style_chosen: plan.style_chosen.clone(),
             markers_seen: ends.iter().any(|e| e.state.markers > 0),
+            observer_silent: plan.stop_stacks.is_some() && ends.iter().all(|e| e.state.observed.is_none()),
             completion: plan.completion.describe(),
             launcher: launcher_end,
             py_spy: self.py_spy.as_ref().map(|p| p.display().to_string()),

@@ -138,6 +138,13 @@ fn command_line(ext: &ExternalRun) -> String {
              unknown, and hangs are judged by output activity",
         );
     }
+    if ext.observer_silent {
+        line.push_str(
+            "; **the observer reported nothing** from any process: none imported torch, or Python did not read \
+             ups-doctor's `sitecustomize` (`python -I`, `-S` or `-E`, or a `sys.path` of the program's own), so the \
+             process group, steps and collectives it formed are unknown",
+        );
+    }
     if let Some(l) = &ext.launcher {
         let how = match (&l.launch_error, l.exit_code, &l.signal) {
             (Some(e), _, _) => format!("could not start: {e}"),
@@ -231,6 +238,7 @@ mod tests {
             style: ExternalStyle::PerRank,
             style_chosen: None,
             markers_seen: false,
+            observer_silent: false,
             completion: "exit status".into(),
             launcher: None,
             py_spy: None,

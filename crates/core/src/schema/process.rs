@@ -18,6 +18,11 @@ pub struct ExternalRun {
     pub style_chosen: Option<String>,
     /// Whether any rank sent a marker (through `python/ups_doctor.py` or its own writer).
     pub markers_seen: bool,
+    /// The observer was on, and no process of the command sent anything of it: none imported
+    /// torch, or Python never read ups-doctor's `sitecustomize` (`python -I`/`-S`/`-E`, a
+    /// `sys.path` of the program's own), so the process group, steps and collectives are unknown.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub observer_silent: bool,
     /// How completion was judged, in words for the report: `exit status`, `done marker`, or
     /// ``stdout matches `…` `` (the rule itself is the scenario's `expect.completes_when`).
     pub completion: String,
