@@ -18,22 +18,46 @@ pub struct KeyLine {
     pub text: String,
     /// The innermost frame in the user's own code: `train.py:66 in __getitem__`.
     pub at: Option<String>,
+    /// Python's fault handler dumped the stacks as the process died of a fatal signal: the line
+    /// is its `Fatal Python error: …`, or the `what():` of the C++ exception whose uncaught
+    /// throw aborted the process just before the dump.
+    pub fatal: bool,
 }
 
 impl KeyLine {
+    /// Whether it is a Python exception's line (`RuntimeError: …`): the program raised, and its
+    /// exit handlers ran after that, not after its code had finished.
+    pub fn is_exception(&self) -> bool {
+        !self.fatal && looks_like_exception(&self.text)
+    }
+
     /// `ValueError: x (train.py:66 in __getitem__)`; a message of several sentences (PyTorch's
     /// DDP errors run to a paragraph) is cut after its first sentence.
     pub fn render(&self) -> String {
         const LONG: usize = 200;
-        let text = match self.text.find(". ") {
-            Some(end) if self.text.len() > LONG && end + 1 < LONG => format!("{} …", &self.text[..=end]),
-            _ => self.text.clone(),
+        // A long C++ message opens with where it was thrown (`[enforce fail at …/pair.cc:456] `,
+        // `[/pytorch/…/pair.cc:538] `): the words after it say what went wrong.
+        let text = match self.text.strip_prefix('[').and_then(|t| t.split_once("] ")) {
+            Some((place, rest)) if self.text.len() > LONG && is_source_place(place) => rest.trim_start(),
+            _ => self.text.as_str(),
+        };
+        let text = match text.find(". ") {
+            Some(end) if text.len() > LONG && end + 1 < LONG => format!("{} …", &text[..=end]),
+            _ => text.to_string(),
         };
         match &self.at {
             Some(at) => format!("{text} ({at})"),
             None => text,
         }
     }
+}
+
+/// `enforce fail at /pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:456`: a C++ source file
+/// and line, as native libraries open their messages with.
+fn is_source_place(place: &str) -> bool {
+    let Some((file, line)) = place.rsplit_once(':') else { return false };
+    let native = [".cc", ".cpp", ".cu", ".h", ".hpp", ".c"].iter().any(|ext| file.ends_with(ext));
+    native && !line.is_empty() && line.chars().all(|c| c.is_ascii_digit())
 }
 
 /// One stack frame, whichever tool wrote it: innermost first in a [`Thread`].
@@ -201,7 +225,7 @@ fn rank_evidence<'a>(
     let text: Vec<String> = text.iter().map(|l| strip_rank_prefix(l).to_string()).collect();
     // The built-in trainer reports its error in a marker. A program's own output comes first:
     // the helper's `error` marker is one line of it, without the frame it was raised in.
-    let from_marker = || r.error.as_ref().map(|e| KeyLine { text: e.trim().to_string(), at: None });
+    let from_marker = || r.error.as_ref().map(|e| KeyLine { text: e.trim().to_string(), at: None, fatal: false });
     let key = if foreign {
         key_line(&text[usize::from(r.error.is_some())..]).or_else(from_marker)
     } else {
@@ -411,9 +435,10 @@ pub fn key_line(lines: &[String]) -> Option<KeyLine> {
         return None;
     }
     python_exception(lines)
+        .or_else(|| aborted_cpp_exception(lines))
         .or_else(|| fault_handler(lines))
         .or_else(|| cpp_exception(lines))
-        .or_else(|| last_error_line(lines).map(|text| KeyLine { text: text.trim().to_string(), at: None }))
+        .or_else(|| last_error_line(lines).map(|text| KeyLine { text: text.trim().to_string(), at: None, fatal: false }))
 }
 
 fn python_exception(lines: &[String]) -> Option<KeyLine> {
@@ -432,7 +457,7 @@ fn python_exception(lines: &[String]) -> Option<KeyLine> {
         }
         // A traceback cut off before its exception (Python lost stderr while printing it, and
         // wrote its own account of that instead: `object address  : 0x…`) has no key line.
-        return looks_like_exception(line).then(|| KeyLine { text: line.trim().to_string(), at });
+        return looks_like_exception(line).then(|| KeyLine { text: line.trim().to_string(), at, fatal: false });
     }
     None
 }
@@ -497,17 +522,20 @@ fn fault_handler(lines: &[String]) -> Option<KeyLine> {
     let start = lines.iter().rposition(|l| l.starts_with("Fatal Python error:"))?;
     let dump: Vec<&String> =
         lines[start + 1..].iter().take_while(|l| !l.starts_with("Extension modules:")).collect();
-    let frames = |from: usize| {
-        dump[from..]
-            .iter()
-            .enumerate()
-            .take_while(|(i, l)| *i == 0 || !l.starts_with("Thread 0x"))
-            .filter_map(|(_, l)| l.trim_start().strip_prefix("File \"").and_then(user_frame))
-            .next()
+    // Each thread's block, from its `Thread 0x…` or `Current thread 0x…` line.
+    let heads: Vec<usize> = (0..dump.len())
+        .filter(|&i| dump[i].starts_with("Thread 0x") || dump[i].starts_with("Current thread"))
+        .collect();
+    let frames = |head: usize| {
+        let end = heads.iter().copied().find(|&h| h > head).unwrap_or(dump.len());
+        dump[head + 1..end].iter().find_map(|l| l.trim_start().strip_prefix("File \"").and_then(user_frame))
     };
-    let current = dump.iter().position(|l| l.starts_with("Current thread"));
-    let at = current.and_then(frames).or_else(|| frames(0));
-    Some(KeyLine { text: lines[start].trim().to_string(), at })
+    // The thread that faulted, when Python was running in it; else (a library's own thread
+    // crashed or aborted, which has no Python frames) the main thread, which faulthandler lists
+    // last, then the others: where the program's own code was when it died.
+    let current = heads.iter().copied().filter(|&h| dump[h].starts_with("Current thread"));
+    let at = current.chain(heads.iter().rev().copied()).find_map(frames);
+    Some(KeyLine { text: lines[start].trim().to_string(), at, fatal: true })
 }
 
 /// Whether the last dump of Python's fault handler in `lines` shows no thread running Python
@@ -571,7 +599,27 @@ fn cpp_exception(lines: &[String]) -> Option<KeyLine> {
     Some(KeyLine {
         text: what.filter(|w| !w.is_empty()).unwrap_or_else(|| lines[start].trim().to_string()),
         at: None,
+        fatal: false,
     })
+}
+
+/// The `what():` of the C++ exception whose uncaught throw aborted the process, when C++ printed
+/// it just before Python's fault handler dumped the stacks (`terminate called after throwing an
+/// instance of 'gloo::EnforceNotMet'`, `what(): … Received data size doesn't match expected
+/// size …`): the library's own words for what went wrong, with where the program's code was.
+fn aborted_cpp_exception(lines: &[String]) -> Option<KeyLine> {
+    /// A `what():` runs to a few lines, or to a C++ backtrace (c10's `Exception raised from …`,
+    /// `frame #0: …`), before the dump starts.
+    const WHAT_LINES: usize = 60;
+    let handler = fault_handler(lines)?;
+    let start = lines.iter().rposition(|l| l.starts_with("Fatal Python error:"))?;
+    let from = start.saturating_sub(WHAT_LINES);
+    let terminate = from + lines[from..start].iter().rposition(|l| l.starts_with("terminate called after throwing"))?;
+    if lines[terminate..start].iter().any(|l| l.trim_start().ends_with("Traceback (most recent call last):")) {
+        return None;
+    }
+    let what = lines[terminate..start].iter().find_map(|l| l.split_once("what():").map(|(_, w)| w.trim()))?;
+    (!what.is_empty()).then(|| KeyLine { text: what.to_string(), at: handler.at, fatal: true })
 }
 
 /// Lines that follow an error without being it: PyTorch's debugging hints, log lines.
@@ -680,6 +728,43 @@ mod tests {
         );
         let cpp = "terminate called after throwing an instance of 'c10::Error'\n  what():  CUDA error: initialization error\nException raised from c10_cuda_check_implementation";
         assert_eq!(key_line(&lines(cpp)).unwrap().text, "CUDA error: initialization error");
+    }
+
+    /// A rank aborted by an exception a library thread threw (gloo's, as torch 2.11 printed it
+    /// here for two ranks that all-reduced 16 and 8 floats): the `what():` is the key line, at
+    /// the program's own frame in the main thread, which is not the "current" one (the thread
+    /// that aborted runs no Python) and is listed after ups-doctor's observer thread.
+    #[test]
+    fn an_aborting_cpp_exception_is_the_key_line_at_the_main_threads_own_frame() {
+        let aborted = "terminate called after throwing an instance of 'gloo::EnforceNotMet'\n  \
+                       what():  [enforce fail at /pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:456] \
+                       op.preamble.length <= op.nbytes. 16 vs 8. Received data size doesn't match expected size. Is \
+                       there a distributed collective mismatch in your code?\n\
+                       Fatal Python error: Aborted\n\n\
+                       Thread 0x00007f3dc7bff6c0 (most recent call first):\n  \
+                       File \"/usr/lib/python3.11/threading.py\", line 331 in wait\n  \
+                       File \"/runs/1-m/python-site/sitecustomize.py\", line 180 in _run\n\n\
+                       Thread 0x00007f3e7e276b80 (most recent call first):\n  \
+                       File \"/v/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py\", line 3075 in all_reduce\n  \
+                       File \"/runs/1-m/python-site/sitecustomize.py\", line 691 in collective\n  \
+                       File \"/t/mismatch.py\", line 5 in <module>\n\n\
+                       Extension modules: numpy";
+        let key = key_line(&lines(aborted)).unwrap();
+        assert!(key.fatal && !key.is_exception(), "{key:?}");
+        assert_eq!(key.at.as_deref(), Some("mismatch.py:5 in <module>"));
+        assert_eq!(
+            key.render(),
+            "op.preamble.length <= op.nbytes. 16 vs 8. Received data size doesn't match expected size. Is there a \
+             distributed collective mismatch in your code? (mismatch.py:5 in <module>)"
+        );
+        // The same dump without C++'s words: the fault handler's own line, at the same frame.
+        let bare: Vec<String> = lines(aborted).into_iter().skip(2).collect();
+        let key = key_line(&bare).unwrap();
+        assert_eq!(key.render(), "Fatal Python error: Aborted (mismatch.py:5 in <module>)");
+        // A traceback printed after the abort's words is another process's account: not joined.
+        let mut later = lines(aborted);
+        later.insert(2, "Traceback (most recent call last):".to_string());
+        assert_eq!(aborted_cpp_exception(&later), None);
     }
 
     #[test]

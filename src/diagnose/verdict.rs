@@ -161,7 +161,10 @@ fn judge_watched(o: &Observed) -> Judgement {
     for line in catalog::shm_evidence(&ev, Some(failed)) {
         push_new(&mut verdict.evidence, line);
     }
-    verdict.key_line = failed.key.as_ref().map(|k| k.render());
+    // A rank that died of a fatal signal without a word of its own: the dump in the launcher's
+    // output is its (the only such rank), and its line is the key one.
+    let key = failed.key.clone().or_else(|| catalog::fatal_key(&ev, failed));
+    verdict.key_line = key.map(|k| k.render());
     Judgement {
         outcome: failed.result.outcome,
         // Ranks hung together: none failed first.
@@ -1028,9 +1031,11 @@ fn add_collateral(
         };
         let at =
             if ev.foreign && o.last_phase.is_none() { String::new() } else { format!(" {}", location(o)) };
-        // Its program had returned before it was ended: it lost nothing of its work.
+        // Its program had returned before it was ended: it lost nothing of its work. (Exit
+        // handlers run after an uncaught exception too: then it had raised, not finished.)
+        let raised = other.key.as_ref().is_some_and(|k| k.is_exception());
         let finished = match o.observed.as_ref().and_then(|obs| obs.exiting_at_s) {
-            Some(t) if o.ended_at_s.is_none_or(|end| t <= end) => {
+            Some(t) if !raised && o.ended_at_s.is_none_or(|end| t <= end) => {
                 format!(" (its program had finished too: its exit handlers ran at {t:.2} s)")
             }
             _ => String::new(),

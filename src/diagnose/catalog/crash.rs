@@ -56,13 +56,28 @@ fn fault_handler_in_launcher_output(
     first: &RankEvidence,
     handler: &[String],
 ) -> Option<KeyLine> {
-    if first.key.as_ref().is_some_and(|k| k.text.starts_with("Fatal Python error")) {
+    if first.key.as_ref().is_some_and(|k| k.fatal) {
         return None;
     }
     if crashed_by_itself(ev) != 1 {
         return None;
     }
-    key_line(handler).filter(|k| k.text.starts_with("Fatal Python error"))
+    key_line(handler).filter(|k| k.fatal)
+}
+
+/// The key line of `rank`'s death by a fatal signal: its own fault-handler dump's, else the one in
+/// the launcher's shared output when the stack can be no other rank's.
+pub fn fatal_key(ev: &Evidence, rank: &RankEvidence) -> Option<KeyLine> {
+    if let Some(own) = rank.key.as_ref().filter(|k| k.fatal) {
+        return Some(own.clone());
+    }
+    let own_crash = rank.result.outcome == OutcomeKind::Signaled
+        && rank.result.signal.is_some_and(|s| CRASH_SIGNALS.contains(&s))
+        && matches!(rank.ended_by, EndedBy::Itself);
+    if !ev.foreign || !own_crash {
+        return None;
+    }
+    fault_handler_in_launcher_output(ev, rank, launcher_fault_handler(ev)?)
 }
 
 /// The ranks a fatal signal ended that they raised themselves: each prints a fault-handler dump.
@@ -100,7 +115,7 @@ pub fn native_crash(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Findi
         first
             .key
             .as_ref()
-            .filter(|k| k.text.starts_with("Fatal Python error"))
+            .filter(|k| k.fatal)
             .and_then(|k| k.at.clone())
             .or_else(|| in_launcher.as_ref().and_then(|h| h.at.clone()))
     } else {

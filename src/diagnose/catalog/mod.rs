@@ -17,7 +17,7 @@ mod timeout;
 
 use super::evidence::{Evidence, RankEvidence};
 
-pub use crash::{CRASH_SIGNALS, all_crashed_at_exit};
+pub use crash::{CRASH_SIGNALS, all_crashed_at_exit, fatal_key};
 pub use distributed::{collective_of, odd_rank_by_markers};
 pub use loader::{SHM_FULL_SHARE, input_bound, used_of};
 pub use pattern::{Finding, Pattern};
@@ -71,6 +71,7 @@ const FAILURE_DETECTORS: &[Detector] = &[
     fork::fork_after_threads,
     distributed::rendezvous_incomplete,
     distributed::left_early,
+    observed::size_mismatch,
     observed::collective_mismatch,
     timeout::collective_timeout,
     distributed::ranks_out_of_step,

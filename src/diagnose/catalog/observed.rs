@@ -13,7 +13,10 @@ pub const COLLECTIVE_MISMATCH: Pattern = Pattern {
     title: "Collectives out of step",
     matches: "the observer's collective ledgers of a failed or hung run part ways: at the same sequence number \
               of a process group, one rank issued a collective another never issued (not one issued only after that \
-              rank had failed: a reaction to its end, as a SIGTERM handler's broadcast), or a different one",
+              rank had failed: a reaction to its end, as a SIGTERM handler's broadcast), or a different one; or the \
+              collective library itself said the sizes differ (gloo's `Received data size doesn't match expected \
+              size. Is there a distributed collective mismatch in your code?`, often in the `what():` of the \
+              exception that aborted a rank), with both sizes and, from the ledgers, what each rank issued",
     explanation: "Every rank of a process group must issue the same collectives in the same order. A rank that \
                   skips one (a rank-dependent `if`, an early `continue`, an exception caught on one rank) or \
                   adds one leaves the others waiting in it, or pairs it with a different collective: the run \
@@ -23,6 +26,97 @@ pub const COLLECTIVE_MISMATCH: Pattern = Pattern {
                 collectives' order and shapes across ranks on the next run.",
     reference: "https://pytorch.org/docs/stable/distributed.html#debugging-torch-distributed-applications",
 };
+
+/// What a collective library says when the ranks' sizes differ (gloo: `… 16 vs 8. Received data
+/// size doesn't match expected size. Is there a distributed collective mismatch in your code?`).
+const SIZE_MISMATCH_WORDS: [&str; 2] =
+    ["Received data size doesn't match expected size", "Is there a distributed collective mismatch in your code"];
+
+/// The line of the failed run in which the library said the collective's sizes differ: the first
+/// failure's own key line (the `what():` of the exception that aborted it) or words, else any
+/// rank's, else the launcher's quotes of their shared output.
+fn size_mismatch_line(ev: &Evidence, first: &RankEvidence) -> Option<String> {
+    let said = |line: &str| SIZE_MISMATCH_WORDS.iter().any(|w| line.contains(w));
+    let in_lines = |lines: &[String]| lines.iter().find(|l| said(l)).map(|l| l.trim().to_string());
+    let key = first.key.clone().or_else(|| super::fatal_key(ev, first));
+    key.map(|k| k.text)
+        .filter(|t| said(t))
+        .or_else(|| in_lines(&first.text))
+        .or_else(|| ev.ranks.iter().find_map(|r| in_lines(&r.text)))
+        .or_else(|| ev.launcher.and_then(|l| l.quotes.iter().find_map(|q| in_lines(&q.lines))))
+}
+
+/// `16 vs 8` in the library's line: what it received, and what it expected.
+fn sizes_in(line: &str) -> Option<(u64, u64)> {
+    let words: Vec<&str> = line.split_whitespace().collect();
+    words.windows(3).find_map(|w| {
+        let number = |s: &str| s.trim_end_matches(['.', ',', ';']).parse::<u64>().ok();
+        (w[1] == "vs").then(|| Some((number(w[0])?, number(w[2])?))).flatten()
+    })
+}
+
+/// A failed run in which the collective library itself said that the ranks' sizes differ: a
+/// collective mismatch in the library's words, with both sizes, and where the observer's ledgers
+/// show each rank's last collective, what each issued (the rank whose size differs, where a
+/// majority agrees).
+pub fn size_mismatch(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Finding> {
+    let first = first?;
+    let line = size_mismatch_line(ev, first)?;
+    let mut f = Finding::of(&COLLECTIVE_MISMATCH);
+    let sizes = sizes_in(&line)
+        .map(|(got, want)| format!(": it received {got} where it expected {want}"))
+        .unwrap_or_default();
+    f.evidence.push(format!("the collective library said: `{line}`"));
+    let ledgers: Option<Vec<(u32, &LedgerEntry)>> = ev
+        .ranks
+        .iter()
+        .map(|r| Some((r.rank(), observed(r)?.ledger.iter().rfind(|e| e.group == "default")?)))
+        .collect();
+    let place = |r: u32, e: &LedgerEntry| format!("rank {r} issued {}", e.render());
+    let mut differ = String::new();
+    if let Some(last) = ledgers.filter(|l| l.len() >= 2) {
+        f.evidence.push(format!(
+            "from the observer's collective ledgers, each rank's last collective: {}",
+            last.iter().map(|(r, e)| place(*r, e)).collect::<Vec<_>>().join("; ")
+        ));
+        let same_call = last.iter().all(|(_, e)| e.op == last[0].1.op && e.seq == last[0].1.seq);
+        let shapes: Vec<&str> = last.iter().map(|(_, e)| e.shapes.as_str()).collect();
+        if same_call && shapes.iter().any(|s| *s != shapes[0]) {
+            let odd: Vec<u32> = last
+                .iter()
+                .filter(|(_, e)| last.iter().filter(|(_, o)| o.shapes == e.shapes).count() == 1)
+                .map(|(r, _)| *r)
+                .collect();
+            let each: Vec<String> =
+                last.iter().map(|(r, e)| format!("rank {r} {}", if e.shapes.is_empty() { "?" } else { &e.shapes })).collect();
+            differ = format!(
+                " `{}` #{} has different sizes on the ranks ({})",
+                last[0].1.op,
+                last[0].1.seq,
+                each.join(", ")
+            );
+            if odd.len() == 1 && last.len() >= 3 {
+                f.culprit = Some(odd[0]);
+                differ.push_str(&format!(": rank {} differs from every other", odd[0]));
+            } else {
+                differ.push_str(": which rank's is wrong cannot be told from the sizes alone");
+            }
+            differ.push('.');
+        }
+    }
+    f.headline = Some(format!(
+        "Collectives out of step: {} aborted in a collective whose sizes differ between the ranks{sizes} \
+         (the library's own words: `Received data size doesn't match expected size`).{differ}",
+        crate::diagnose::evidence::rank_name(first.result, "rank").replacen('r', "R", 1)
+    ));
+    f.next_step = Some(
+        "Compare what each rank passes to that collective at its call site: a tensor whose size depends on the rank \
+         (uneven last batch, a rank-dependent slice or padding), or ranks that reached different collectives. \
+         `TORCH_DISTRIBUTED_DEBUG=DETAIL` checks every collective's shapes across ranks on the next run."
+            .to_string(),
+    );
+    Some(f)
+}
 
 pub const STRAGGLER: Pattern = Pattern {
     id: "straggler",
