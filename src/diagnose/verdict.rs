@@ -108,6 +108,20 @@ fn judge_watched(o: &Observed) -> Judgement {
         .collect();
     let pool = if own.is_empty() { failing } else { own };
     let mut first = pool.into_iter().min_by(|a, b| failure_time(a.result).total_cmp(&failure_time(b.result)));
+    // Ranks that raised the same exception, each ending by itself: which ended first is a race of
+    // milliseconds, not evidence; the lowest-numbered is named first, so that the same program and
+    // fault get the same verdict.
+    if let Some(f) = first.filter(|f| f.key.as_ref().is_some_and(|k| k.is_exception())) {
+        let lowest = same_failure(&ev, f)
+            .into_iter()
+            .filter_map(|r| ev.rank(r))
+            .filter(|r| matches!(r.ended_by, EndedBy::Itself) && r.result.torn_down_with.is_none())
+            .map(RankEvidence::rank)
+            .min();
+        if let Some(low) = lowest.filter(|low| *low < f.rank()) {
+            first = ev.rank(low);
+        }
+    }
     // Ranks stuck out of step: the odd rank is known by where it waits, not by whose last marker
     // happened to arrive first (that is scheduling).
     if let Some(odd) = catalog::odd_rank_by_markers(o.ranks) {
@@ -271,9 +285,22 @@ fn same_failure(ev: &Evidence, failed: &RankEvidence) -> Vec<u32> {
     if !by_itself(failed) {
         return Vec::new();
     }
+    // A rank whose uncaught exception's traceback is in its output had failed before anything
+    // stopped it: Python prints it before the exit handlers run, and a signal that came later (its
+    // launcher's SIGTERM to the ranks still alive, ups-doctor's teardown) only cut its exit short.
+    // Whether it had exited by then is a race of milliseconds, not evidence.
+    let raised_before_stopped = |r: &RankEvidence| {
+        matches!(r.ended_by, EndedBy::Launcher { .. } | EndedBy::Teardown { .. })
+            && r.key.as_ref().is_some_and(|k| k.is_exception())
+            && !catalog::lost_its_peer(r)
+    };
     ev.ranks
         .iter()
-        .filter(|r| r.rank() != failed.rank() && by_itself(r) && shape(r).as_deref() == Some(own.as_str()))
+        .filter(|r| {
+            r.rank() != failed.rank()
+                && (by_itself(r) || raised_before_stopped(r))
+                && shape(r).as_deref() == Some(own.as_str())
+        })
         .map(RankEvidence::rank)
         .collect()
 }
@@ -724,8 +751,11 @@ fn failure(ev: &Evidence, failed: &RankEvidence) -> (String, Vec<String>, Option
     let who = rank_name(r, "Rank");
     let at = if ev.foreign && r.last_phase.is_none() { String::new() } else { format!(" {}", location(r)) };
     let mut evidence = vec![last_sign(ev, r)];
+    // How the exit status was read matters only where the rank ended by itself: one ups-doctor
+    // tore down (hung, out of time) ended by ups-doctor's own signal, whose status says nothing.
+    let torn_down = r.torn_down_with.is_some() || matches!(r.outcome, OutcomeKind::Hung | OutcomeKind::TimedOut);
     if ev.foreign {
-        evidence.extend(exit_source(r, ev.launcher));
+        evidence.extend(exit_source(r, ev.launcher).filter(|_| !torn_down));
         evidence.extend(ev.launcher_summary());
     }
     let quoted = "The program's own last error lines are quoted below the verdict.";
@@ -986,7 +1016,13 @@ fn add_collateral(
                 }
                 (None, None) => String::new(),
             };
-            verdict.evidence.push(format!("rank {} ended by itself with the same error: {key}", r.rank()));
+            verdict.evidence.push(match r.ended_by {
+                EndedBy::Launcher { signal } | EndedBy::Teardown { signal } => format!(
+                    "rank {} raised the same error before it was stopped (the {signal} came after its traceback): {key}",
+                    r.rank()
+                ),
+                _ => format!("rank {} ended by itself with the same error: {key}", r.rank()),
+            });
         }
     }
     let mut collateral: Vec<&RankEvidence> = ev

@@ -3,7 +3,7 @@
 
 use super::{Finding, Pattern};
 use crate::diagnose::evidence::{Evidence, RankEvidence, location};
-use crate::scenario::Scenario;
+use crate::scenario::{OutcomeKind, Scenario};
 use crate::scenario::human_bytes;
 use crate::schema::{MemoryReport, RankResult, ShmAt, Signal};
 
@@ -56,7 +56,9 @@ pub const SHM_EXHAUSTED: Pattern = Pattern {
     id: "shm-exhausted",
     title: "/dev/shm exhausted",
     matches: "SIGBUS in a rank or worker while `/dev/shm` was full, or PyTorch's `unable to allocate shared \
-              memory(shm)` / `Unexpected bus error encountered in worker`",
+              memory(shm)` / `Unexpected bus error encountered in worker`; also a hang after a worker's process \
+              printed `unable to allocate shared memory(shm)` (multiprocessing's queue thread drops the batch \
+              and raises nothing), each rank named by its worker's pid in the segment's name",
     explanation: "DataLoader workers hand every batch to the main process through `/dev/shm`; when it is full \
                   (Docker's default is 64 MB) PyTorch cannot allocate the batch's segment, or a page written \
                   to one cannot be backed and the kernel sends SIGBUS.",
@@ -81,8 +83,8 @@ pub const INPUT_BOUND: Pattern = Pattern {
     id: "input-bound",
     title: "Input-bound",
     matches: "the ranks spent at least half of their step time waiting for data (from the `data_ms` and \
-              `compute_ms` of step markers, e.g. `ups_doctor.step(step, data_ms=…, compute_ms=…)`; phase \
-              markers alone do not count)",
+              `compute_ms` of step markers, e.g. `ups_doctor.step(step, data_ms=…, compute_ms=…)`, over at \
+              least 5 steps of a rank; phase markers alone do not count)",
     explanation: "The ranks wait for batches more than they compute: the data pipeline, not the model, sets \
                   the speed, and a bigger batch only makes each wait longer.",
     next_step: "Try more workers (`num_workers`, `data.workers`), a larger prefetch, or a faster cache \
@@ -90,6 +92,9 @@ pub const INPUT_BOUND: Pattern = Pattern {
     reference: "https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html",
 };
 
+/// The fewest steps a rank's share of time waiting for data is judged over (as a straggler's
+/// median needs 5 timed steps).
+pub const INPUT_BOUND_MIN_STEPS: u64 = 5;
 /// A run spending at least this share of its step time waiting for data is input-bound.
 pub const INPUT_BOUND_SHARE: f64 = 0.5;
 /// `/dev/shm` this full (used / total) counts as full when a bus error is judged.
@@ -98,7 +103,10 @@ pub const SHM_FULL_SHARE: f64 = 0.95;
 /// `78% of step time waiting for data` (all ranks together), when that is at least
 /// [`INPUT_BOUND_SHARE`].
 pub fn input_bound(ranks: &[RankResult]) -> Option<String> {
-    let shares: Vec<f64> = ranks.iter().filter_map(|r| r.data_wait_fraction).collect();
+    // The first batches wait for the workers to start: a share over fewer steps than this says
+    // more about start-up than about the pipeline.
+    let shares: Vec<f64> =
+        ranks.iter().filter(|r| r.steps_done >= INPUT_BOUND_MIN_STEPS).filter_map(|r| r.data_wait_fraction).collect();
     if shares.is_empty() {
         return None;
     }
@@ -544,6 +552,75 @@ pub fn shm_exhausted(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Find
         None => return None,
     }
     f.evidence.extend(peak.map(|(line, _)| line));
+    Some(f)
+}
+
+/// A run whose ranks stopped making progress after a DataLoader worker's process printed that it
+/// could not put a batch into `/dev/shm`: multiprocessing's queue thread (`_feed`) moves a batch to
+/// shared memory as it sends it, and when that fails it prints the traceback and drops the batch,
+/// raising nothing, so the rank waits for it forever. The workers are named by the pid in the
+/// segment's name (`/torch_<pid>_…`), and their ranks by the run's own process table.
+pub fn shm_before_hang(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Finding> {
+    let first = first?;
+    if !matches!(first.result.outcome, OutcomeKind::Hung | OutcomeKind::TimedOut) {
+        return None;
+    }
+    let printed = ev
+        .ranks
+        .iter()
+        .flat_map(|r| r.text.iter())
+        .chain(ev.launcher.into_iter().flat_map(|l| l.quotes.iter().flat_map(|q| q.lines.iter())))
+        .chain(ev.launcher.into_iter().flat_map(|l| l.log_tail.iter()));
+    let lines: Vec<&String> = printed.filter(|l| l.contains("unable to allocate shared memory(shm)")).collect();
+    let line = lines.first()?;
+    let pid_of = |l: &str| l.split("/torch_").nth(1).and_then(|rest| rest.split('_').next()?.parse::<u32>().ok());
+    let processes = ev.memory.map(|m| m.processes.as_slice()).unwrap_or_default();
+    let mut ranks: Vec<u32> = lines
+        .iter()
+        .filter_map(|l| pid_of(l))
+        .filter_map(|pid| processes.iter().find(|p| p.pid == pid).map(|p| p.rank))
+        .collect();
+    ranks.sort_unstable();
+    ranks.dedup();
+    let mut f = Finding::of(&SHM_EXHAUSTED);
+    let waiting = match ranks.as_slice() {
+        [] => "The ranks stopped".to_string(),
+        [one] => format!("Rank {one} stopped"),
+        many => format!("Ranks {} stopped", many.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")),
+    };
+    f.headline = Some(format!(
+        "{waiting} waiting for batches that never came: a DataLoader worker could not put a batch into /dev/shm \
+         (`unable to allocate shared memory(shm)`), printed by the worker's queue thread, which raises nothing."
+    ));
+    if let Some((&low, rest)) = ranks.split_first() {
+        f.culprit = Some(low);
+        f.named = rest.to_vec();
+    }
+    f.evidence.push(format!(
+        "printed before progress stopped, {} time(s), by {}: `{}`",
+        lines.len(),
+        if ranks.is_empty() {
+            "a process this run could not place (no process of a rank had the pid in the segment's name)".to_string()
+        } else {
+            format!("DataLoader workers of {}", super::observed::ranks_list(&ranks))
+        },
+        line.trim()
+    ));
+    if let Some(m) = ev.memory
+        && let (Some(used), Some(total)) = (m.shm.peak_used_bytes, m.shm.total_bytes)
+    {
+        let percent = if total > 0 { used as f64 / total as f64 * 100.0 } else { 0.0 };
+        f.evidence.push(format!(
+            "{} peaked at {} ({percent:.0}%) during the run; the batch that did not fit took no room",
+            whose_shm(ev.scenario, m),
+            used_of(used, total)
+        ));
+    }
+    f.cause = Some(format!(
+        "{} The batch's segment could not be made as the worker sent it, so multiprocessing printed the error and \
+         dropped the batch: nothing raises it, and without a DataLoader `timeout` the rank waits forever.",
+        SHM_EXHAUSTED.explanation
+    ));
     Some(f)
 }
 

@@ -66,6 +66,7 @@ const FAILURE_DETECTORS: &[Detector] = &[
     ddp::model_mismatch,
     ddp::fsdp_inplace_view,
     loader::shm_exhausted,
+    loader::shm_before_hang,
     loader::worker_exception,
     loader::worker_killed,
     fork::fork_after_threads,

@@ -599,6 +599,7 @@ fn a_worker_bus_error_names_the_worker() {
 fn a_run_waiting_mostly_for_data_is_input_bound() {
     let mut e = end(Some(Exit::Code(0)));
     e.state.done = true;
+    e.state.steps_done = 20;
     e.state.data_ms = 78.0;
     e.state.compute_ms = 22.0;
     let (_, _, v) = verdict(&[classify_rank(&e)]);
@@ -609,6 +610,14 @@ fn a_run_waiting_mostly_for_data_is_input_bound() {
     quick.state.data_ms = 10.0;
     let (_, _, v) = verdict(&[classify_rank(&quick)]);
     assert_eq!(v.pattern, None);
+    // After one step, the wait is the workers' start-up: not a pipeline's pace (issue 56).
+    let mut one = e.clone();
+    one.state.steps_done = 1;
+    one.state.data_ms = 100.0;
+    one.state.compute_ms = 0.0;
+    let (_, _, v) = verdict(&[classify_rank(&one)]);
+    assert_eq!(v.pattern, None, "{}", v.headline);
+    assert!(!v.headline.contains("Input-bound"), "{}", v.headline);
 }
 
 #[test]

@@ -421,16 +421,22 @@ pub fn ours_bytes(segments: &[Segment], run_id: &str) -> u64 {
 }
 
 /// Files in `/dev/shm` at the end that were not there at the start, each with whether it is
-/// this run's own. Segments of other ups-doctor runs (another run id) are theirs to clean up
-/// and are left out.
-pub fn new_segments(before: &[Segment], after: &[Segment], run_id: &str) -> Vec<(Segment, bool)> {
+/// this run's own: ups-doctor's (this run id), or PyTorch's named after a process of this run
+/// (`torch_<pid>_…`, the segments its `file_system` sharing and its workers' batches make), made
+/// while the run went on by a process that was the run's: proven the run's, not guessed.
+/// Segments of other ups-doctor runs (another run id) are theirs to clean up and are left out.
+pub fn new_segments(before: &[Segment], after: &[Segment], run_id: &str, run_pids: &[u32]) -> Vec<(Segment, bool)> {
     let known: HashSet<(&str, u64)> = before.iter().map(|s| (s.name.as_str(), s.inode)).collect();
     let prefix = segment_prefix(run_id);
+    let torch_of_ours = |name: &str| {
+        let pid = name.strip_prefix("torch_").and_then(|rest| rest.split('_').next()?.parse::<u32>().ok());
+        pid.is_some_and(|pid| run_pids.contains(&pid))
+    };
     after
         .iter()
         .filter(|s| !known.contains(&(s.name.as_str(), s.inode)))
         .filter_map(|s| {
-            let ours = s.name.starts_with(&prefix);
+            let ours = s.name.starts_with(&prefix) || torch_of_ours(&s.name);
             (ours || !s.name.starts_with("ups-doctor-")).then(|| (s.clone(), ours))
         })
         .collect()
@@ -835,10 +841,24 @@ mod tests {
             seg("ups-doctor-7-0-ab-leak-0", 4),
             seg("ups-doctor-9-0-cd-ring", 5),
             seg("torch_123", 6),
+            seg("torch_4242_1917215306_0", 7),
+            seg("torch_99_1917215306_0", 8),
         ];
-        let segments = new_segments(&before, &after, "7-0-ab");
+        let segments = new_segments(&before, &after, "7-0-ab", &[4242, 4243]);
         let found: Vec<(&str, bool)> = segments.iter().map(|(s, o)| (s.name.as_str(), *o)).collect();
-        assert_eq!(found, [("reused", false), ("ups-doctor-7-0-ab-leak-0", true), ("torch_123", false)]);
+        assert_eq!(
+            found,
+            [
+                ("reused", false),
+                ("ups-doctor-7-0-ab-leak-0", true),
+                ("torch_123", false),
+                ("torch_4242_1917215306_0", true),
+                ("torch_99_1917215306_0", false),
+            ],
+            "PyTorch's, named after a process of the run, made during it"
+        );
+        let before_too = [seg("torch_4242_1917215306_0", 7)];
+        assert!(new_segments(&before_too, &after[5..6], "7-0-ab", &[4242]).is_empty(), "there before: not the run's");
         assert_eq!(ours_bytes(&after, "7-0-ab"), MIB);
     }
 }

@@ -176,8 +176,12 @@ fn dump_at(lines: &[String], at: usize) -> Vec<String> {
         let end = (i + 1..dump.len())
             .find(|&j| dump[j].starts_with("Thread 0x") || dump[j].starts_with("Current thread"))
             .unwrap_or(dump.len());
+        // ups-doctor's own thread: every frame its `sitecustomize`'s or `threading`'s. (The
+        // program's threads pass through the observer's wrappers around collectives too.)
+        let frames: Vec<&&String> = dump[i + 1..end].iter().filter(|l| l.trim_start().starts_with("File \"")).collect();
         let observer = dump[i].starts_with("Thread 0x")
-            && dump[i..end].iter().any(|l| l.contains("python-site/sitecustomize.py"));
+            && frames.iter().any(|l| l.contains("python-site/sitecustomize.py"))
+            && frames.iter().all(|l| l.contains("python-site/sitecustomize.py") || l.contains("/threading.py\""));
         if !observer {
             kept.extend(dump[i..end].iter().map(|l| l.trim_end().to_string()));
         }
@@ -303,6 +307,19 @@ RuntimeError: unable to allocate shared memory(shm) for file </torch_4242_182736
         assert!(!text.contains("sitecustomize"), "{text}");
         assert!(text.contains("logger.py") && text.contains("ddp.py\", line 44"), "{text}");
         assert_eq!(quote[0], "Fatal Python error: Segmentation fault");
+        // The program's main thread in a collective passes through the observer's wrapper: it
+        // is the program's thread, and stays (seen here: a rank aborted by gloo in `all_reduce`).
+        let main = lines(
+            "Fatal Python error: Aborted\n\nThread 0x00007f88 (most recent call first):\n  \
+             File \"/usr/lib/python3.11/threading.py\", line 331 in wait\n  \
+             File \"/runs/1-x/python-site/sitecustomize.py\", line 180 in _run\n\n\
+             Thread 0x00007f89 (most recent call first):\n  \
+             File \"/v/site-packages/torch/distributed/distributed_c10d.py\", line 3075 in all_reduce\n  \
+             File \"/runs/1-x/python-site/sitecustomize.py\", line 691 in collective\n  \
+             File \"/t/train.py\", line 52 in main\n\nExtension modules: numpy",
+        );
+        let text = fault_handler(&main).unwrap().join("\n");
+        assert!(text.contains("train.py\", line 52") && !text.contains("in _run"), "{text}");
     }
 
     /// What PyTorch 2.11 under torchrun printed when a rank's thread was still in C++ as Python

@@ -1395,10 +1395,14 @@ impl Supervisor<'_, '_> {
         let memory = recorder.finish(&states, &pids);
         let gpu = gpu.finish(&states, &pids);
         let mut shm = swept;
+        // Every process of the run that was seen: its ranks, their workers and children.
+        let mut run_pids: Vec<u32> = pids.iter().flatten().copied().collect();
+        run_pids.extend(memory.processes.iter().map(|p| p.pid));
         shm.extend(teardown::remove_leftover_segments(
             shm_dir,
             shm_before,
             &plan.run_id,
+            &run_pids,
             res.private_shm.is_some(),
         ));
         let (cgroup, oom_kills) = oom.finish(res.cgroup, &ends);

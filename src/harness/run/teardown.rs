@@ -234,9 +234,10 @@ pub fn remove_leftover_segments(
     dir: &std::path::Path,
     before: &[shm::Segment],
     run_id: &str,
+    run_pids: &[u32],
     private: bool,
 ) -> Vec<LeftoverSegment> {
-    new_segments(before, &shm::segments(dir), run_id)
+    new_segments(before, &shm::segments(dir), run_id, run_pids)
         .into_iter()
         .map(|(seg, ours)| {
             let (removed, error) = if ours {

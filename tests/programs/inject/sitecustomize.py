@@ -24,6 +24,12 @@
   with the GIL let go. When Python then shuts down, the thread is ended as it takes the GIL back
   from inside C++, and the process dies of SIGABRT ("terminate called without an active
   exception"): a library thread still running at exit, as PyTorch's own sometimes are.
+- INJECT_SIZE_RANK=R, INJECT_SIZE_CALL=K: before the K-th call of `torch.distributed.all_gather`,
+  every rank all-reduces a metric of 8 floats, rank R one of 16 (a metric whose size depends on
+  the rank): the sizes of one collective differ between the ranks.
+- INJECT_RAISE_RANKS=R,R…|all, INJECT_RAISE_STEP=K: before the K-th optimizer step, each of those
+  ranks raises `ValueError: injected: bad batch at step K` (the same error on every rank, within
+  milliseconds, as a bad configuration or data file read by all would).
 - INJECT_LAUNCHER_BUSY_S=S: in torchrun's own process (not its ranks), S seconds of computing
   without a word before it reads its arguments and starts any rank, as a slow `import torch` on a
   loaded machine or a network filesystem would.
@@ -65,6 +71,10 @@ def _hold_before_gather(dist, at, hold, seconds):
     dist.all_gather = _held_first
 
 
+def optim_module():
+    return sys.modules.get("torch.optim.optimizer")
+
+
 def _inject():
     dist = sys.modules.get("torch.distributed")
     if "skip" not in _done and _rank_is("INJECT_SKIP_RANK") and hasattr(dist, "all_gather"):
@@ -78,6 +88,28 @@ def _inject():
             return gather(*args, **kwargs)
 
         dist.all_gather = all_gather
+    if "size" not in _done and os.environ.get("INJECT_SIZE_RANK") is not None and hasattr(dist, "all_gather"):
+        _done.add("size")
+        import torch
+
+        odd = os.environ.get("INJECT_SIZE_RANK") == os.environ.get("RANK")
+
+        def metric(_seconds):
+            dist.all_reduce(torch.ones(16 if odd else 8))
+
+        _hold_before_gather(dist, int(os.environ.get("INJECT_SIZE_CALL", "1")), metric, 0)
+    raising = os.environ.get("INJECT_RAISE_RANKS", "")
+    mine = raising == "all" or os.environ.get("RANK") in raising.split(",")
+    if "raise" not in _done and raising and mine and hasattr(optim_module(), "register_optimizer_step_pre_hook"):
+        _done.add("raise")
+        at, steps = int(os.environ.get("INJECT_RAISE_STEP", "1")), [0]
+
+        def bad_batch(*_args):
+            steps[0] += 1
+            if steps[0] == at:
+                raise ValueError(f"injected: bad batch at step {at}")
+
+        optim_module().register_optimizer_step_pre_hook(bad_batch)
     for kind, hold, default_s in (("BUSY", _compute, "10"), ("SLEEP", time.sleep, "30")):
         if kind not in _done and _rank_is(f"INJECT_{kind}_RANK") and hasattr(dist, "all_gather"):
             _done.add(kind)
@@ -117,7 +149,7 @@ def _hooked(name, globals=None, *args, **kwargs):
     module = _import(name, globals, *args, **kwargs)
     # Only at the program's own imports, once torch has loaded: the fault sits where the
     # program's code would, outside anything that wraps torch while it loads.
-    if len(_done) < 5 and "torch" in sys.modules and (globals or {}).get("__name__") == "__main__":
+    if len(_done) < 7 and "torch" in sys.modules and (globals or {}).get("__name__") == "__main__":
         _inject()
     return module
 
@@ -174,6 +206,8 @@ _ANY = (
     "INJECT_SLEEP_RANK",
     "INJECT_STALL_RANK",
     "INJECT_MISSING_RANK",
+    "INJECT_SIZE_RANK",
+    "INJECT_RAISE_RANKS",
 )
 if any(os.environ.get(v) for v in _ANY):
     builtins.__import__ = _hooked
