@@ -17,6 +17,7 @@ mod distributed;
 mod external;
 mod fsdp;
 mod fuzz;
+mod generalise;
 mod gpu;
 mod hostile;
 mod killed;

@@ -225,7 +225,8 @@ fn rank_evidence<'a>(
     let text: Vec<String> = text.iter().map(|l| strip_rank_prefix(l).to_string()).collect();
     // The built-in trainer reports its error in a marker. A program's own output comes first:
     // the helper's `error` marker is one line of it, without the frame it was raised in.
-    let from_marker = || r.error.as_ref().map(|e| KeyLine { text: e.trim().to_string(), at: None, fatal: false });
+    let from_marker =
+        || r.error.as_ref().map(|e| KeyLine { text: e.trim().to_string(), at: None, fatal: false });
     let key = if foreign {
         key_line(&text[usize::from(r.error.is_some())..]).or_else(from_marker)
     } else {
@@ -438,7 +439,13 @@ pub fn key_line(lines: &[String]) -> Option<KeyLine> {
         .or_else(|| aborted_cpp_exception(lines))
         .or_else(|| fault_handler(lines))
         .or_else(|| cpp_exception(lines))
-        .or_else(|| last_error_line(lines).map(|text| KeyLine { text: text.trim().to_string(), at: None, fatal: false }))
+        .or_else(|| {
+            last_error_line(lines).map(|text| KeyLine {
+                text: text.trim().to_string(),
+                at: None,
+                fatal: false,
+            })
+        })
 }
 
 fn python_exception(lines: &[String]) -> Option<KeyLine> {
@@ -457,7 +464,11 @@ fn python_exception(lines: &[String]) -> Option<KeyLine> {
         }
         // A traceback cut off before its exception (Python lost stderr while printing it, and
         // wrote its own account of that instead: `object address  : 0x…`) has no key line.
-        return looks_like_exception(line).then(|| KeyLine { text: line.trim().to_string(), at, fatal: false });
+        return looks_like_exception(line).then(|| KeyLine {
+            text: line.trim().to_string(),
+            at,
+            fatal: false,
+        });
     }
     None
 }
@@ -614,8 +625,10 @@ fn aborted_cpp_exception(lines: &[String]) -> Option<KeyLine> {
     let handler = fault_handler(lines)?;
     let start = lines.iter().rposition(|l| l.starts_with("Fatal Python error:"))?;
     let from = start.saturating_sub(WHAT_LINES);
-    let terminate = from + lines[from..start].iter().rposition(|l| l.starts_with("terminate called after throwing"))?;
-    if lines[terminate..start].iter().any(|l| l.trim_start().ends_with("Traceback (most recent call last):")) {
+    let terminate =
+        from + lines[from..start].iter().rposition(|l| l.starts_with("terminate called after throwing"))?;
+    if lines[terminate..start].iter().any(|l| l.trim_start().ends_with("Traceback (most recent call last):"))
+    {
         return None;
     }
     let what = lines[terminate..start].iter().find_map(|l| l.split_once("what():").map(|(_, w)| w.trim()))?;

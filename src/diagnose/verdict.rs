@@ -753,7 +753,8 @@ fn failure(ev: &Evidence, failed: &RankEvidence) -> (String, Vec<String>, Option
     let mut evidence = vec![last_sign(ev, r)];
     // How the exit status was read matters only where the rank ended by itself: one ups-doctor
     // tore down (hung, out of time) ended by ups-doctor's own signal, whose status says nothing.
-    let torn_down = r.torn_down_with.is_some() || matches!(r.outcome, OutcomeKind::Hung | OutcomeKind::TimedOut);
+    let torn_down =
+        r.torn_down_with.is_some() || matches!(r.outcome, OutcomeKind::Hung | OutcomeKind::TimedOut);
     if ev.foreign {
         evidence.extend(exit_source(r, ev.launcher).filter(|_| !torn_down));
         evidence.extend(ev.launcher_summary());

@@ -3,8 +3,8 @@
 
 use super::{Finding, Pattern};
 use crate::diagnose::evidence::{Evidence, RankEvidence, location};
-use crate::scenario::{OutcomeKind, Scenario};
 use crate::scenario::human_bytes;
+use crate::scenario::{OutcomeKind, Scenario};
 use crate::schema::{MemoryReport, RankResult, ShmAt, Signal};
 
 pub const DATALOADER_WORKER_EXCEPTION: Pattern = Pattern {
@@ -105,8 +105,11 @@ pub const SHM_FULL_SHARE: f64 = 0.95;
 pub fn input_bound(ranks: &[RankResult]) -> Option<String> {
     // The first batches wait for the workers to start: a share over fewer steps than this says
     // more about start-up than about the pipeline.
-    let shares: Vec<f64> =
-        ranks.iter().filter(|r| r.steps_done >= INPUT_BOUND_MIN_STEPS).filter_map(|r| r.data_wait_fraction).collect();
+    let shares: Vec<f64> = ranks
+        .iter()
+        .filter(|r| r.steps_done >= INPUT_BOUND_MIN_STEPS)
+        .filter_map(|r| r.data_wait_fraction)
+        .collect();
     if shares.is_empty() {
         return None;
     }
@@ -571,9 +574,11 @@ pub fn shm_before_hang(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Fi
         .flat_map(|r| r.text.iter())
         .chain(ev.launcher.into_iter().flat_map(|l| l.quotes.iter().flat_map(|q| q.lines.iter())))
         .chain(ev.launcher.into_iter().flat_map(|l| l.log_tail.iter()));
-    let lines: Vec<&String> = printed.filter(|l| l.contains("unable to allocate shared memory(shm)")).collect();
+    let lines: Vec<&String> =
+        printed.filter(|l| l.contains("unable to allocate shared memory(shm)")).collect();
     let line = lines.first()?;
-    let pid_of = |l: &str| l.split("/torch_").nth(1).and_then(|rest| rest.split('_').next()?.parse::<u32>().ok());
+    let pid_of =
+        |l: &str| l.split("/torch_").nth(1).and_then(|rest| rest.split('_').next()?.parse::<u32>().ok());
     let processes = ev.memory.map(|m| m.processes.as_slice()).unwrap_or_default();
     let mut ranks: Vec<u32> = lines
         .iter()
@@ -600,7 +605,8 @@ pub fn shm_before_hang(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Fi
         "printed before progress stopped, {} time(s), by {}: `{}`",
         lines.len(),
         if ranks.is_empty() {
-            "a process this run could not place (no process of a rank had the pid in the segment's name)".to_string()
+            "a process this run could not place (no process of a rank had the pid in the segment's name)"
+                .to_string()
         } else {
             format!("DataLoader workers of {}", super::observed::ranks_list(&ranks))
         },

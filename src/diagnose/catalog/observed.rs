@@ -29,8 +29,10 @@ pub const COLLECTIVE_MISMATCH: Pattern = Pattern {
 
 /// What a collective library says when the ranks' sizes differ (gloo: `… 16 vs 8. Received data
 /// size doesn't match expected size. Is there a distributed collective mismatch in your code?`).
-const SIZE_MISMATCH_WORDS: [&str; 2] =
-    ["Received data size doesn't match expected size", "Is there a distributed collective mismatch in your code"];
+const SIZE_MISMATCH_WORDS: [&str; 2] = [
+    "Received data size doesn't match expected size",
+    "Is there a distributed collective mismatch in your code",
+];
 
 /// The line of the failed run in which the library said the collective's sizes differ: the first
 /// failure's own key line (the `what():` of the exception that aborted it) or words, else any
@@ -87,8 +89,10 @@ pub fn size_mismatch(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Find
                 .filter(|(_, e)| last.iter().filter(|(_, o)| o.shapes == e.shapes).count() == 1)
                 .map(|(r, _)| *r)
                 .collect();
-            let each: Vec<String> =
-                last.iter().map(|(r, e)| format!("rank {r} {}", if e.shapes.is_empty() { "?" } else { &e.shapes })).collect();
+            let each: Vec<String> = last
+                .iter()
+                .map(|(r, e)| format!("rank {r} {}", if e.shapes.is_empty() { "?" } else { &e.shapes }))
+                .collect();
             differ = format!(
                 " `{}` #{} has different sizes on the ranks ({})",
                 last[0].1.op,

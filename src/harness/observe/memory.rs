@@ -425,7 +425,12 @@ pub fn ours_bytes(segments: &[Segment], run_id: &str) -> u64 {
 /// (`torch_<pid>_…`, the segments its `file_system` sharing and its workers' batches make), made
 /// while the run went on by a process that was the run's: proven the run's, not guessed.
 /// Segments of other ups-doctor runs (another run id) are theirs to clean up and are left out.
-pub fn new_segments(before: &[Segment], after: &[Segment], run_id: &str, run_pids: &[u32]) -> Vec<(Segment, bool)> {
+pub fn new_segments(
+    before: &[Segment],
+    after: &[Segment],
+    run_id: &str,
+    run_pids: &[u32],
+) -> Vec<(Segment, bool)> {
     let known: HashSet<(&str, u64)> = before.iter().map(|s| (s.name.as_str(), s.inode)).collect();
     let prefix = segment_prefix(run_id);
     let torch_of_ours = |name: &str| {
@@ -858,7 +863,10 @@ mod tests {
             "PyTorch's, named after a process of the run, made during it"
         );
         let before_too = [seg("torch_4242_1917215306_0", 7)];
-        assert!(new_segments(&before_too, &after[5..6], "7-0-ab", &[4242]).is_empty(), "there before: not the run's");
+        assert!(
+            new_segments(&before_too, &after[5..6], "7-0-ab", &[4242]).is_empty(),
+            "there before: not the run's"
+        );
         assert_eq!(ours_bytes(&after, "7-0-ab"), MIB);
     }
 }

@@ -178,10 +178,13 @@ fn dump_at(lines: &[String], at: usize) -> Vec<String> {
             .unwrap_or(dump.len());
         // ups-doctor's own thread: every frame its `sitecustomize`'s or `threading`'s. (The
         // program's threads pass through the observer's wrappers around collectives too.)
-        let frames: Vec<&&String> = dump[i + 1..end].iter().filter(|l| l.trim_start().starts_with("File \"")).collect();
+        let frames: Vec<&&String> =
+            dump[i + 1..end].iter().filter(|l| l.trim_start().starts_with("File \"")).collect();
         let observer = dump[i].starts_with("Thread 0x")
             && frames.iter().any(|l| l.contains("python-site/sitecustomize.py"))
-            && frames.iter().all(|l| l.contains("python-site/sitecustomize.py") || l.contains("/threading.py\""));
+            && frames
+                .iter()
+                .all(|l| l.contains("python-site/sitecustomize.py") || l.contains("/threading.py\""));
         if !observer {
             kept.extend(dump[i..end].iter().map(|l| l.trim_end().to_string()));
         }

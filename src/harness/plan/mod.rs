@@ -605,10 +605,17 @@ mod tests {
             }
         }
         let empty = scenario(r#"{"launch": {"env": {"PYTHONPATH": ""}}, "command": ["python", "t.py"]}"#);
-        assert_eq!(env(&planned(&empty, &[], false).unwrap().processes[0], "PYTHONPATH"), Some("/runs/a/python-site"));
+        assert_eq!(
+            env(&planned(&empty, &[], false).unwrap().processes[0], "PYTHONPATH"),
+            Some("/runs/a/python-site")
+        );
         let trainer = scenario(r#"{"launch": {"env": {"PYTHONPATH": "/src/repo"}}}"#);
         let p = planned(&trainer, &[], false).unwrap();
-        assert_eq!(env(&p.processes[0], "PYTHONPATH"), Some("/src/repo"), "no site folder: the user's as it is");
+        assert_eq!(
+            env(&p.processes[0], "PYTHONPATH"),
+            Some("/src/repo"),
+            "no site folder: the user's as it is"
+        );
     }
 
     #[test]

@@ -1,0 +1,715 @@
+#!/usr/bin/env python3
+"""ups-doctor's diagnosis-accuracy matrix: real third-party training programs x faults injected
+from outside them, each cell scored right / honest / wrong against the injection's truth.
+
+Standard library only. See bench/accuracy/README.md. Typical use:
+
+    bench/accuracy/run --quick
+    bench/accuracy/run --only lightning-torchrun --faults segv,hang
+    bench/accuracy/run --binary /tmp/acc/bin/ups-doctor --out /tmp/acc/runs/full
+"""
+
+import argparse
+import datetime
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+INJECT = os.path.join(HERE, "inject")
+CACHE = os.environ.get("UPS_DOCTOR_CACHE") or os.path.join(
+    os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "ups-doctor")
+TORCH_VENV = os.path.join(CACHE, "pytorch-2.11.0")
+VENV = os.path.join(CACHE, "accuracy-venv")
+PY = "python3.11"
+
+# Pinned third-party packages beyond the torch venv's (torch 2.11.0, lightning 2.5.6,
+# accelerate 1.11.0, deepspeed 0.18.2, which the accuracy venv sees through a .pth file).
+PINNED = ["transformers==4.57.1", "trl==0.24.0", "datasets==4.4.1", "jsonargparse[signatures]==4.42.0"]
+
+
+def log(msg):
+    print(f"[accuracy {datetime.datetime.now(datetime.timezone.utc):%H:%M:%S}] {msg}", file=sys.stderr, flush=True)
+
+
+# --- the venv -----------------------------------------------------------------------------------
+
+def ensure_venv():
+    """The venv for third-party programs: torch's venv seen through a .pth (no torch reinstalled),
+    the pinned packages on top, console scripts for torchrun/accelerate that run its python."""
+    stamp = os.path.join(VENV, ".accuracy-complete")
+    want = "\n".join(PINNED)
+    if os.path.exists(stamp) and open(stamp).read() == want:
+        return
+    site = os.path.join(TORCH_VENV, "lib", PY, "site-packages")
+    if not os.path.isdir(site):
+        sys.exit(f"accuracy: no torch venv at {TORCH_VENV}: run ./x pytorch first")
+    base = os.path.realpath(os.path.join(TORCH_VENV, "bin", "python"))
+    log(f"creating {VENV} on top of {TORCH_VENV}")
+    subprocess.run([base, "-m", "venv", VENV], check=True)
+    with open(os.path.join(VENV, "lib", PY, "site-packages", "_ups_doctor_torch.pth"), "w") as f:
+        f.write(site + "\n")
+    py = os.path.join(VENV, "bin", "python")
+    shown = subprocess.run([py, "-m", "pip", "show", "torch"], capture_output=True, text=True)
+    if "Version: 2.11.0" not in shown.stdout:
+        sys.exit(f"accuracy: pip in {VENV} does not see torch 2.11.0 through the .pth:\n{shown.stdout}{shown.stderr}")
+    subprocess.run([py, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *PINNED], check=True)
+    for name, module in (("torchrun", "torch.distributed.run"), ("accelerate", "accelerate.commands.accelerate_cli"),
+                         ("deepspeed", "deepspeed.launcher.runner")):
+        path = os.path.join(VENV, "bin", name)
+        with open(path, "w") as f:
+            f.write(f"#!{py}\nimport sys\nfrom {module} import main\nif __name__ == '__main__':\n    sys.exit(main())\n")
+        os.chmod(path, 0o755)
+    with open(stamp, "w") as f:
+        f.write(want)
+
+
+def site_packages():
+    return os.path.join(TORCH_VENV, "lib", PY, "site-packages")
+
+
+# --- programs -----------------------------------------------------------------------------------
+# Each: argv (with {port}, {wrap}/{data} folders), ranks, the package that ships it, whether its
+# DataLoader has workers, and the patch (none of them needs one: flags and a wrapper that calls
+# the shipped module do). `wrapper`: a small file written at run time that only calls shipped API.
+
+LIGHTNING_TRAINER = """import lightning as L
+from lightning.pytorch.demos.boring_classes import BoringModel
+if __name__ == "__main__":
+    L.Trainer(accelerator="cpu", devices=2, strategy={strategy!r}, max_steps=20, limit_val_batches=0,
+              logger=False, enable_checkpointing=False, enable_progress_bar=False,
+              enable_model_summary=False).fit(BoringModel())
+    print("training finished")
+"""
+
+LIGHTNING_CLI = """from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.demos.boring_classes import BoringModel, BoringDataModule
+LightningCLI(BoringModel, BoringDataModule)
+"""
+
+# transformers' Trainer on a tiny randomly initialised GPT-2 and locally made token ids.
+HF_TRAINER = """import os, sys, torch
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+argv = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]  # the deepspeed launcher's
+torch.manual_seed(0)
+model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=64, vocab_size=256, n_positions=64))
+ids = torch.randint(0, 256, (256, 32))
+data = [{"input_ids": row, "labels": row} for row in ids]
+args = TrainingArguments(output_dir=argv[0], max_steps=20, per_device_train_batch_size=4,
+                         use_cpu=True, report_to=[], save_strategy="no", logging_steps=5,
+                         dataloader_num_workers=2, ddp_backend="gloo", disable_tqdm=True,
+                         deepspeed=argv[1] if len(argv) > 1 else None)
+Trainer(model=model, args=args, train_dataset=data).train()
+print("training finished")
+"""
+
+DS_CONFIG = {"train_micro_batch_size_per_gpu": "auto", "train_batch_size": "auto",
+             "gradient_accumulation_steps": "auto", "zero_optimization": {"stage": 1},
+             "optimizer": {"type": "AdamW", "params": {"lr": "auto"}}, "zero_allow_untested_optimizer": True}
+
+# Data for TRL's sft script: a tiny GPT-2 and a word-level tokenizer saved locally, and a JSON
+# lines dataset, made once (no hub downloads).
+TRL_PREP = """import json, os, sys, torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+out = sys.argv[1]
+words = ["alpha", "beta", "gamma", "delta", "eps", "zeta", "eta", "theta", "iota", "kappa"]
+vocab = {"<pad>": 0, "<eos>": 1, "<unk>": 2, **{w: i + 3 for i, w in enumerate(words)}}
+tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+tok.pre_tokenizer = pre_tokenizers.Whitespace()
+fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
+fast.save_pretrained(os.path.join(out, "model"))
+torch.manual_seed(0)
+GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=64, vocab_size=len(vocab), n_positions=64,
+                           pad_token_id=0, eos_token_id=1, bos_token_id=1)).save_pretrained(os.path.join(out, "model"))
+os.makedirs(os.path.join(out, "data"), exist_ok=True)
+import random
+random.seed(0)
+with open(os.path.join(out, "data", "train.jsonl"), "w") as f:
+    for _ in range(256):
+        f.write(json.dumps({"text": " ".join(random.choice(words) for _ in range(20))}) + "\\n")
+"""
+
+ACCEL = ["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+         "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "{port}"]
+TORCHRUN = ["torchrun", "--nproc_per_node", "2", "--master_port", "{port}"]
+
+
+def accel_script(name):
+    return os.path.join(site_packages(), "accelerate", "test_utils", "scripts", name)
+
+
+PROGRAMS = [
+    dict(name="lightning-torchrun", package="lightning==2.5.6",
+         entry="torchrun --no-python python lightning_trainer.py (BoringModel, Trainer ddp, 20 steps)",
+         argv=TORCHRUN + ["--no-python", "python", "{wrap}/lightning_ddp.py"], workers=False),
+    dict(name="lightning-own-launcher", package="lightning==2.5.6",
+         entry="python lightning_trainer.py: Trainer(devices=2, strategy='ddp') starts rank 1 itself",
+         argv=["python", "{wrap}/lightning_ddp.py"], port_env=True, workers=False),
+    dict(name="lightning-spawn", package="lightning==2.5.6",
+         entry="python lightning_trainer.py: Trainer(strategy='ddp_spawn'), torch.multiprocessing.spawn",
+         argv=["python", "{wrap}/lightning_spawn.py"], port_env=True, workers=False),
+    dict(name="lightning-cli", package="lightning==2.5.6, jsonargparse==4.42.0",
+         entry="torchrun LightningCLI(BoringModel, BoringDataModule) fit --trainer.* flags",
+         argv=TORCHRUN + ["--no-python", "python", "{wrap}/lightning_cli.py", "fit", "--trainer.accelerator=cpu",
+                          "--trainer.devices=2", "--trainer.strategy=ddp", "--trainer.max_steps=20",
+                          "--trainer.limit_val_batches=0", "--trainer.logger=false",
+                          "--trainer.enable_checkpointing=false", "--trainer.enable_progress_bar=false"],
+         workers=False),
+    dict(name="accelerate-test-sync", package="accelerate==1.11.0",
+         entry="accelerate launch --multi_gpu accelerate/test_utils/scripts/test_sync.py",
+         argv=ACCEL + ["{accel}/test_sync.py"], workers=False),
+    dict(name="accelerate-test-script", package="accelerate==1.11.0",
+         entry="accelerate launch --multi_gpu accelerate/test_utils/scripts/test_script.py",
+         argv=ACCEL + ["{accel}/test_script.py"], workers=False),
+    dict(name="accelerate-ddp-comm-hook", package="accelerate==1.11.0",
+         entry="accelerate launch --multi_gpu accelerate/test_utils/scripts/test_ddp_comm_hook.py",
+         argv=ACCEL + ["{accel}/test_ddp_comm_hook.py"], workers=False,
+         real_failure=dict(outcome={"crashed"}, culprit="any", patterns={None}, keywords=["device_ids"],
+                           why="real failure on CPU: DDP(device_ids=[rank]) around a CPU module, on every rank")),
+    dict(name="hf-trainer-torchrun", package="transformers==4.57.1",
+         entry="torchrun hf_trainer.py: transformers Trainer, tiny random GPT-2, 2 DataLoader workers, 20 steps",
+         argv=TORCHRUN + ["{wrap}/hf_trainer.py", "{tmp}/hf-out"], workers=True),
+    dict(name="hf-trainer-accelerate", package="transformers==4.57.1, accelerate==1.11.0",
+         entry="accelerate launch hf_trainer.py (the same Trainer)",
+         argv=ACCEL + ["{wrap}/hf_trainer.py", "{tmp}/hf-out"], workers=True),
+    dict(name="hf-trainer-deepspeed", package="transformers==4.57.1, deepspeed==0.18.2",
+         entry="deepspeed --num_gpus 2 hf_trainer.py --deepspeed (ZeRO-1, CPU accelerator, gloo)",
+         argv=["deepspeed", "--num_gpus", "2", "--master_port", "{port}", "{wrap}/hf_trainer.py", "{tmp}/hf-out",
+               "{wrap}/ds_config.json"], workers=True),
+    dict(name="trl-sft", package="trl==0.24.0, transformers==4.57.1, datasets==4.4.1",
+         entry="torchrun -m trl.scripts.sft (TRL's shipped SFT script) on a local tiny model and JSON lines",
+         argv=TORCHRUN + ["-m", "trl.scripts.sft", "--model_name_or_path", "{data}/trl/model",
+                          "--dataset_name", "{data}/trl/data", "--output_dir", "{tmp}/trl-out", "--max_steps", "20",
+                          "--per_device_train_batch_size", "4", "--use_cpu", "--report_to", "none",
+                          "--save_strategy", "no", "--logging_steps", "5", "--max_length", "32",
+                          "--ddp_backend", "gloo", "--dataloader_num_workers", "2", "--disable_tqdm", "true"],
+         workers=True),
+    dict(name="accelerate-test-script-1rank", package="accelerate==1.11.0",
+         entry="accelerate launch --num_processes 1 --cpu test_script.py (one rank, no process group)",
+         argv=["accelerate", "launch", "--cpu", "--num_processes", "1", "--num_machines", "1", "--mixed_precision",
+               "no", "--dynamo_backend", "no", "{accel}/test_script.py"], workers=False, ranks=1),
+]
+
+# --- faults and their truth ---------------------------------------------------------------------
+# outcome: the accepted outcome classes; culprit: the rank, "none" (no rank to blame) or "any"
+# (every rank on its own / not a rank's fault); patterns: ids of docs/patterns.md the verdict may
+# state (None: no pattern; the first entry is the ideal one); keywords: text the verdict must hold.
+
+R = 1  # the rank faults hit
+
+FAULTS = [
+    dict(name="none", outcome={"passed"}, culprit="none", patterns=[None], keywords=[],
+         rule="no injection: must pass, no culprit, no pattern"),
+    dict(name="segv", env=dict(ACC_FAULT="segv"), outcome={"crashed"}, culprit=R, patterns=["native-crash"],
+         keywords=["SIGSEGV"], rule="rank 1 SIGSEGVs at optimizer step 3"),
+    dict(name="exception", env=dict(ACC_FAULT="exception"), outcome={"crashed"}, culprit=R,
+         patterns=[None, "peer-lost"], keywords=["accuracy-bench injected fault"],
+         rule="rank 1 raises RuntimeError at step 3: its error text must be quoted"),
+    dict(name="exit0", env=dict(ACC_FAULT="exit0"), outcome={"crashed", "hung", "false_success", "timed_out"},
+         culprit=R, patterns=["rank-left-early", "false-success"], keywords=[],
+         rule="rank 1 os._exit(0) at step 3: the others lose it"),
+    dict(name="hang", env=dict(ACC_FAULT="hang"), outcome={"hung", "timed_out"}, culprit=R,
+         patterns=["ranks-out-of-step"], keywords=[],
+         rule="rank 1 sleeps forever at step 3 outside any collective; the others wait in one"),
+    dict(name="skip-coll", env=dict(ACC_FAULT="skip-coll"), outcome={"hung", "crashed", "timed_out"}, culprit=R,
+         patterns=["collective-mismatch", "ranks-out-of-step", "rank-left-early"], keywords=[], needs="colls",
+         rule="rank 1 skips its middle torch.distributed collective (counted in the uninjected run)"),
+    dict(name="size-coll", env=dict(ACC_FAULT="size-coll"), outcome={"hung", "crashed", "timed_out"}, culprit=R,
+         patterns=["collective-mismatch", "peer-lost"], keywords=[], needs="tensor_colls",
+         rule="rank 1 gives its middle all_reduce/all_gather 7 more elements"),
+    dict(name="slow-step", env=dict(ACC_FAULT="slow-step", ACC_MS="300", ACC_STEP="1"), outcome={"passed"},
+         culprit=R, patterns=["straggler"], keywords=[], needs="steps",
+         rule="rank 1 computes 300 ms more before every optimizer step"),
+    dict(name="slow-data", env=dict(ACC_FAULT="slow-data", ACC_MS="300"), outcome={"passed"}, culprit=R,
+         patterns=["straggler", "input-bound"], keywords=[], needs="fetches",
+         rule="every DataLoader fetch of rank 1 sleeps 300 ms"),
+    dict(name="oom", env=dict(ACC_FAULT="leak"), outcome={"crashed"}, culprit=R, patterns=["oom-kill"],
+         keywords=[], limits=["--memory-limit", "3g"],
+         rule="at step 3 rank 1 keeps allocating 64 MiB blocks until killed, under --memory-limit 3g"),
+    dict(name="kill-worker", env=dict(ACC_FAULT="kill-worker", ACC_STEP="2"), outcome={"crashed"}, culprit=R,
+         patterns=["worker-killed-by-signal"], keywords=["worker"], needs="workers",
+         rule="a DataLoader worker of rank 1 SIGKILLs itself at its 2nd fetch"),
+    dict(name="small-shm", outcome={"crashed"}, culprit="any", patterns=["shm-exhausted"],
+         keywords=["/dev/shm"], needs="workers", limits=["--shm-size", "16k"],
+         rule="--shm-size 16k with DataLoader workers (every rank on its own)"),
+    dict(name="exit-rdzv", env=dict(ACC_FAULT="exit-rdzv"), outcome={"crashed"}, culprit=R,
+         patterns=["rendezvous-incomplete"], keywords=[], needs="dist",
+         rule="rank 1 exits 3 as it calls init_process_group"),
+    dict(name="port-in-use", outcome={"crashed", "launch_failed"}, culprit="any",
+         patterns=["rendezvous-port-in-use"], keywords=["{port}"], needs="dist", hold_port=True,
+         rule="the master port is held (listening) by another process before the run"),
+]
+
+QUICK = (["lightning-torchrun", "accelerate-test-sync", "hf-trainer-torchrun"], ["none", "segv", "hang", "exception"])
+
+
+# --- one cell -----------------------------------------------------------------------------------
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def hold_port(port):
+    s = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+    s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+    s.bind(("::", port))
+    s.listen(16)
+    return s
+
+
+def outcome_class(outcome):
+    return {"exited": "crashed", "signaled": "crashed"}.get(outcome, outcome)
+
+
+def procs_with(tag):
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if tag.encode() in f.read().split(b"\0"):
+                    found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
+def shm_list():
+    try:
+        return set(os.listdir("/dev/shm"))
+    except OSError:
+        return set()
+
+
+def text_of(verdict):
+    parts = [verdict.get("headline") or "", verdict.get("key_line") or "", verdict.get("likely_cause") or ""]
+    parts += verdict.get("evidence") or []
+    return "\n".join(str(p) for p in parts)
+
+
+def claimed_culprit(s):
+    """The rank the verdict blames: its headline's leading `Rank N` (`Rank 1 left early` while
+    rank 0 failed first), else `first_failure`, else, with a pattern, the first rank its headline
+    names (`Passed … Straggler: rank 1 …`)."""
+    v = s.get("verdict") or {}
+    head = v.get("headline") or ""
+    m = re.match(r"\s*Rank (\d+)\b", head)
+    if m:
+        return int(m.group(1))
+    ff = s.get("first_failure")
+    if isinstance(ff, dict):
+        ff = ff.get("rank")
+    if isinstance(ff, int):
+        return ff
+    if v.get("pattern"):
+        m = re.search(r"\b[Rr]ank (\d+)\b", head)
+        if m:
+            return int(m.group(1))
+    return None
+
+
+def stock_view(cell_dir, s):
+    """What the stock tooling said: torchrun's root-cause block, mp.spawn's exception, the
+    launcher's last error line and its exit status."""
+    logs = []
+    for root, _dirs, files in os.walk(cell_dir):
+        for f in files:
+            if f.endswith(".log") and ("launcher" in f or f.startswith("rank")):
+                try:
+                    logs.append(open(os.path.join(root, f), errors="replace").read())
+                except OSError:
+                    pass
+    text = "\n".join(logs)
+    rank = None
+    view = []
+    m = re.search(r"Root Cause \(first observed failure\):\s*\n\s*\[0\]:\s*\n(.*?)\n\s*={5,}", text, re.S)
+    if m:
+        block = m.group(1)
+        g = lambda k: (re.search(rf"{k}\s*:\s*(.+)", block) or [None, None])[1]
+        rank = g("rank")
+        rank = int(re.match(r"\d+", rank).group()) if rank and re.match(r"\d+", rank) else None
+        ec = g("exitcode")
+        tb = g("traceback")
+        view.append(f"torchrun root cause: rank {rank}, exitcode {ec and ec.split()[0]}"
+                    + (f", {tb.strip()[:80]}" if tb and "To enable traceback" not in tb else ""))
+    m = re.search(r"ProcessExitedException: process (\d+) terminated with (.*)", text) or \
+        re.search(r"ProcessRaisedException:.*?-- Process (\d+) terminated with the following error:()", text, re.S)
+    if m:
+        rank = int(m.group(1))
+        view.append(f"mp.spawn: process {m.group(1)} terminated {m.group(2)[:60]}".strip())
+    if not view:
+        errs = [ln.strip() for ln in text.splitlines() if re.search(r"(Error|Exception|error:|Killed|EADDRINUSE)", ln)
+                and "Warning" not in ln]
+        if errs:
+            view.append("last error line: " + errs[-1][:120])
+    launcher = (s.get("external") or {}).get("launcher") or {}
+    if launcher:
+        st = launcher.get("signal") or launcher.get("exit_code")
+        view.append(f"launcher status {st}")
+    if not view:
+        view.append("nothing printed")
+    return "; ".join(view), rank
+
+
+def score(fault, s, port, fired):
+    v = s.get("verdict") or {}
+    oc = outcome_class(s.get("outcome"))
+    culprit = claimed_culprit(s)
+    pattern = v.get("pattern")
+    words = [k.replace("{port}", str(port)) for k in fault["keywords"]]
+    text = text_of(v).lower()
+    missing = [k for k in words if k.lower() not in text]
+    reasons = []
+    if oc not in fault["outcome"]:
+        reasons.append(f"outcome {s.get('outcome')} (truth: {'/'.join(sorted(fault['outcome']))})")
+    truth_c = fault["culprit"]
+    wrong_c = (isinstance(truth_c, int) and culprit is not None and culprit != truth_c) or \
+        (truth_c == "none" and culprit is not None)
+    if wrong_c:
+        reasons.append(f"culprit rank {culprit} (truth: {truth_c})")
+    wrong_p = pattern is not None and pattern not in fault["patterns"]
+    if wrong_p:
+        reasons.append(f"pattern {pattern} (truth: {'/'.join(str(p) for p in fault['patterns'])})")
+    if reasons:
+        return "wrong", "; ".join(reasons)
+    short = []
+    if isinstance(truth_c, int) and culprit is None:
+        short.append(f"no culprit named (truth: rank {truth_c})")
+    if fault["patterns"][0] is not None and pattern is None:
+        short.append(f"no pattern (truth: {fault['patterns'][0]})")
+    if missing:
+        short.append("verdict lacks " + ", ".join(repr(k) for k in missing))
+    if short:
+        return "honest", "; ".join(short)
+    return "right", ""
+
+
+def applicable(program, fault, calib):
+    if program.get("real_failure"):
+        return None if fault["name"] == "none" else "the program fails on CPU before it trains (its real failure is the 'none' cell)"
+    need = fault.get("needs")
+    ranks = program.get("ranks", 2)
+    if ranks == 1 and (fault["culprit"] == R or need == "dist"):
+        return "one rank: no rank 1, no rendezvous"
+    if need == "workers" and not program.get("workers"):
+        return "its DataLoader has no workers"
+    if need == "fetches" and program.get("workers"):
+        return None
+    if need in ("colls", "tensor_colls", "steps", "fetches"):
+        if calib is None:
+            return "no calibration (the uninjected run did not finish)"
+        r1 = calib.get(1) or {}
+        if not r1.get(need):
+            return f"rank 1 issued no {dict(colls='torch.distributed collectives', tensor_colls='tensor collectives through torch.distributed', steps='optimizer steps', fetches='DataLoader fetches in its own process')[need]} in the uninjected run"
+    return None
+
+
+def read_calib(path):
+    out = {}
+    try:
+        for line in open(path):
+            c = json.loads(line)
+            if c.get("rank") is None:
+                continue
+            prev = out.get(c["rank"])
+            if prev is None or c["steps"] + c["colls"] > prev["steps"] + prev["colls"]:
+                out[c["rank"]] = c
+    except OSError:
+        return None
+    return out or None
+
+
+def run_cell(args, program, fault, rep, calib, out_dir, data_dir):
+    cid = f"{program['name']}__{fault['name']}" + (f"__r{rep}" if args.repeats > 1 else "")
+    cell_dir = os.path.join(out_dir, "cells", cid)
+    if os.path.exists(cell_dir):
+        shutil.rmtree(cell_dir)
+    os.makedirs(cell_dir)
+    tmp = os.path.join(cell_dir, "tmp")
+    os.makedirs(tmp)
+    port = free_port()
+    repl = {"{port}": str(port), "{wrap}": os.path.join(out_dir, "wrappers"), "{accel}": accel_script("")[:-1],
+            "{data}": data_dir, "{tmp}": tmp}
+
+    def fill(a):
+        for k, val in repl.items():
+            a = a.replace(k, val)
+        return a
+
+    argv = [fill(a) for a in program["argv"]]
+    tag = f"ACC_CELL={uuid.uuid4().hex}"
+    env = dict(os.environ)
+    env["PATH"] = os.path.join(VENV, "bin") + ":" + os.path.join(TORCH_VENV, "bin") + ":" + env.get("PATH", "")
+    env["PYTHONPATH"] = INJECT + (":" + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
+               ACC_CELL=tag.split("=", 1)[1], ACC_STAMP=os.path.join(cell_dir, "stamp.jsonl"),
+               ACC_COUNT_FILE=os.path.join(cell_dir, "counts.jsonl"), DS_ACCELERATOR="cpu",
+               HF_HOME=os.path.join(data_dir, "hf-home"))
+    for k in list(env):
+        if k.startswith("ACC_") and k not in ("ACC_CELL", "ACC_STAMP", "ACC_COUNT_FILE"):
+            del env[k]
+    env.update(fault.get("env", {}))
+    if fault["name"] in ("skip-coll", "size-coll") and calib:
+        n = (calib.get(1) or {}).get("colls" if fault["name"] == "skip-coll" else "tensor_colls", 0)
+        env["ACC_CALL"] = str(max(1, (n + 1) // 2))
+    if program.get("port_env"):
+        env["MASTER_PORT"] = str(port)
+    cmd = [args.binary, "run", "--quiet", "--out", os.path.join(cell_dir, "run"), "--timeout", str(args.timeout),
+           "--hang-after", str(args.hang_after), *fault.get("limits", []), "--", *argv]
+    with open(os.path.join(cell_dir, "command.txt"), "w") as f:
+        f.write(" ".join(f"{k}={env[k]}" for k in sorted(env) if k.startswith("ACC_")) + " \\\n  PYTHONPATH="
+                + env["PYTHONPATH"] + " PATH=" + env["PATH"].split(":", 2)[0] + ":" + env["PATH"].split(":", 2)[1] + ":$PATH"
+                + (f" MASTER_PORT={port}" if program.get("port_env") else "") + " \\\n  " + " ".join(shlex_quote(c) for c in cmd) + "\n")
+    holder = hold_port(port) if fault.get("hold_port") else None
+    shm_before = shm_list()
+    t0 = time.time()
+    try:
+        with open(os.path.join(cell_dir, "ups-doctor.out"), "w") as out:
+            proc = subprocess.run(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=tmp,
+                                  timeout=args.timeout + 120)
+        rc = proc.returncode
+    except subprocess.TimeoutExpired:
+        rc = "timeout"
+    t1 = time.time()
+    if holder:
+        holder.close()
+    # Leftovers: processes that carry this cell's tag (ours), /dev/shm files of its processes.
+    left = procs_with(tag)
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    res_path = os.path.join(cell_dir, "run", "result.json")
+    cell = dict(program=program["name"], fault=fault["name"], rep=rep, dir=cell_dir, rc=rc,
+                wall_s=round(t1 - t0, 1), port=port, leftover_pids=left)
+    pids = set()
+    try:
+        res = json.load(open(res_path))
+        s = res["scenarios"][0]
+    except (OSError, ValueError, KeyError, IndexError) as e:
+        cell.update(score="error", reason=f"no result.json ({e}); ups-doctor exit {rc}")
+        return cell
+    for r in s.get("ranks") or []:
+        pids.add(r.get("pid"))
+        for w in r.get("workers") or []:
+            pids.add(w.get("pid"))
+    for p in (s.get("memory") or {}).get("processes") or []:
+        pids.add(p.get("pid"))
+    new_shm = sorted(shm_list() - shm_before)
+    ours = [n for n in new_shm if (m := re.match(r"torch_(\d+)_", n)) and int(m.group(1)) in pids]
+    for n in ours:
+        try:
+            os.unlink(os.path.join("/dev/shm", n))
+        except OSError:
+            pass
+    cell["leftover_shm"] = ours
+    stamps = []
+    try:
+        stamps = [json.loads(ln) for ln in open(env["ACC_STAMP"])]
+    except OSError:
+        pass
+    fired = bool(stamps) or fault["name"] in ("none", "small-shm", "port-in-use")
+    v = s.get("verdict") or {}
+    stock, stock_rank = stock_view(os.path.join(cell_dir, "run"), s)
+    truth = dict(fault)
+    if program.get("real_failure") and fault["name"] == "none":
+        truth = dict(fault, **program["real_failure"])
+        truth["patterns"] = list(truth["patterns"])
+    cell.update(outcome=s.get("outcome"), first_failure=s.get("first_failure"), pattern=v.get("pattern"),
+                culprit=claimed_culprit(s), headline=v.get("headline"), key_line=v.get("key_line"),
+                stock=stock, stock_rank=stock_rank, fired=fired, ud_wall_s=s.get("wall_s"),
+                fault_at=stamps[0]["t"] if stamps else None,
+                fault_to_verdict_s=round(t1 - stamps[0]["t"], 1) if stamps else None,
+                verdict_key=f"{s.get('outcome')}|{claimed_culprit(s)}|{v.get('pattern')}",
+                truth=dict(outcome=sorted(truth["outcome"]), culprit=truth["culprit"], patterns=truth["patterns"],
+                           keywords=[k.replace("{port}", str(port)) for k in truth["keywords"]]))
+    if not fired:
+        cell.update(score="n/a", reason="the fault never fired (the program did not reach the hook)")
+        return cell
+    launcher_ok = ((s.get("external") or {}).get("launcher") or {}).get("exit_code") == 0
+    if "passed" not in truth["outcome"] and s.get("outcome") == "passed" and launcher_ok and fault["name"] != "exit0":
+        cell.update(score="n/a", reason="the fault had no effect: the launcher and every rank exited 0")
+        return cell
+    sc, why = score(truth, s, port, fired)
+    cell.update(score=sc, reason=why)
+    return cell
+
+
+def shlex_quote(s):
+    import shlex
+
+    return shlex.quote(s)
+
+
+# --- the matrix ---------------------------------------------------------------------------------
+
+def prepare(out_dir, data_dir):
+    wrap = os.path.join(out_dir, "wrappers")
+    os.makedirs(wrap, exist_ok=True)
+    files = {"lightning_ddp.py": LIGHTNING_TRAINER.format(strategy="ddp"),
+             "lightning_spawn.py": LIGHTNING_TRAINER.format(strategy="ddp_spawn"),
+             "lightning_cli.py": LIGHTNING_CLI, "hf_trainer.py": HF_TRAINER,
+             "ds_config.json": json.dumps(DS_CONFIG)}
+    for name, text in files.items():
+        with open(os.path.join(wrap, name), "w") as f:
+            f.write(text)
+    os.makedirs(data_dir, exist_ok=True)
+    open(os.path.join(data_dir, "none.yaml"), "a").close()
+    # DeepSpeed's CPU accelerator JIT-compiles its shared-memory comm op (ninja, g++) in the
+    # first init_distributed: built once here, into torch's extension cache, so that the
+    # deepspeed cells time training, not a compile (a first, uncompiled run is its own finding).
+    ds_stamp = os.path.join(data_dir, ".deepspeed-shm-op-built")
+    if not os.path.exists(ds_stamp):
+        log("building DeepSpeed's CPU shm comm op once (ninja, g++)")
+        env = dict(os.environ, DS_ACCELERATOR="cpu", PATH=os.path.join(TORCH_VENV, "bin") + ":" + os.environ["PATH"])
+        subprocess.run([os.path.join(VENV, "bin", "python"), "-c", "from deepspeed.comm.torch import build_shm_op; "
+                        "assert build_shm_op() is not None"], check=True, env=env)
+        open(ds_stamp, "w").close()
+    if not os.path.exists(os.path.join(data_dir, "trl", "data", "train.jsonl")):
+        log("making the tiny model and data for trl-sft")
+        env = dict(os.environ, HF_HUB_OFFLINE="1")
+        subprocess.run([os.path.join(VENV, "bin", "python"), "-c", TRL_PREP, os.path.join(data_dir, "trl")],
+                       check=True, env=env)
+
+
+def md_cell(x):
+    return str(x if x is not None else "–").replace("|", "\\|").replace("\n", " ")
+
+
+def write_reports(out_dir, cells, started, args):
+    scored = [c for c in cells if c.get("score") in ("right", "honest", "wrong")]
+    totals = {k: sum(1 for c in scored if c["score"] == k) for k in ("right", "honest", "wrong")}
+    totals["n/a"] = sum(1 for c in cells if c.get("score") == "n/a")
+    totals["error"] = sum(1 for c in cells if c.get("score") == "error")
+    elapsed = time.time() - started
+    summary = dict(binary=args.binary, started=datetime.datetime.fromtimestamp(started, datetime.timezone.utc).isoformat(),
+                   elapsed_s=round(elapsed), totals=totals, cells=cells)
+    if args.repeats > 1:
+        groups = {}
+        for c in cells:
+            groups.setdefault((c["program"], c["fault"]), []).append(c.get("verdict_key") or c.get("score"))
+        summary["stable"] = {f"{p}/{f}": len(set(v)) == 1 for (p, f), v in groups.items()}
+    with open(os.path.join(out_dir, "accuracy.json"), "w") as f:
+        json.dump(summary, f, indent=1, default=list)
+    lines = [f"# ups-doctor accuracy matrix", "",
+             f"binary `{args.binary}`, started {summary['started']}, {round(elapsed)} s, "
+             f"timeout {args.timeout} s, hang-after {args.hang_after} s", "",
+             f"**right {totals['right']}, honest {totals['honest']}, wrong {totals['wrong']}** "
+             f"(of {len(scored)} scored; n/a {totals['n/a']}, error {totals['error']})", "",
+             "| program | fault | score | outcome | culprit | pattern | headline | stock | fault→verdict | reason |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for c in cells:
+        lines.append("| " + " | ".join(md_cell(x) for x in (
+            c["program"], c["fault"] + (f" #{c['rep']}" if args.repeats > 1 else ""), c.get("score"),
+            c.get("outcome"), c.get("culprit"), c.get("pattern"), (c.get("headline") or "")[:110],
+            (c.get("stock") or "")[:90], f"{c['fault_to_verdict_s']} s" if c.get("fault_to_verdict_s") else None,
+            c.get("reason"))) + " |")
+    if args.repeats > 1:
+        lines += ["", "## Repeats", ""] + [f"- {k}: {'identical' if v else 'DIFFERED'}" for k, v in summary["stable"].items()]
+    lines += ["", "Cell folders: `" + os.path.join(out_dir, "cells") + "/PROGRAM__FAULT/` (command.txt, run/result.json, logs)."]
+    with open(os.path.join(out_dir, "accuracy.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return summary
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", help="programs, comma-separated")
+    ap.add_argument("--faults", help="faults, comma-separated")
+    ap.add_argument("--quick", action="store_true", help="3 programs x 4 faults")
+    ap.add_argument("--repeats", type=int, default=1)
+    default_bin = next((p for p in (os.path.join(REPO, "target/release/ups-doctor"), os.path.join(REPO, "target/debug/ups-doctor"))
+                        if os.path.exists(p)), os.path.join(REPO, "target/release/ups-doctor"))
+    ap.add_argument("--binary", default=default_bin)
+    ap.add_argument("--out", help="folder (default /tmp/ups-doctor-accuracy/<UTC time>)")
+    ap.add_argument("--json", action="store_true", help="print accuracy.json on stdout")
+    ap.add_argument("--timeout", type=float, default=180)
+    ap.add_argument("--hang-after", type=float, default=20)
+    ap.add_argument("--list", action="store_true", help="list programs and faults")
+    args = ap.parse_args()
+    args.binary = os.path.abspath(args.binary)
+    if args.list:
+        for p in PROGRAMS:
+            print(f"{p['name']:30} {p['package']:45} {p['entry']}")
+        for f in FAULTS:
+            print(f"{f['name']:14} {f['rule']}")
+        return
+    progs, faults = PROGRAMS, FAULTS
+    if args.quick:
+        progs = [p for p in PROGRAMS if p["name"] in QUICK[0]]
+        faults = [f for f in FAULTS if f["name"] in QUICK[1]]
+    if args.only:
+        want = args.only.split(",")
+        bad = set(want) - {p["name"] for p in PROGRAMS}
+        if bad:
+            sys.exit(f"accuracy: unknown program(s) {sorted(bad)}")
+        progs = [p for p in PROGRAMS if p["name"] in want]
+    if args.faults:
+        want = args.faults.split(",")
+        bad = set(want) - {f["name"] for f in FAULTS}
+        if bad:
+            sys.exit(f"accuracy: unknown fault(s) {sorted(bad)}")
+        faults = [f for f in FAULTS if f["name"] in want]
+    if not os.access(args.binary, os.X_OK):
+        sys.exit(f"accuracy: no ups-doctor binary at {args.binary} (give --binary)")
+    ensure_venv()
+    out_dir = os.path.abspath(args.out or os.path.join(
+        "/tmp/ups-doctor-accuracy", datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")))
+    if out_dir.startswith(REPO + os.sep) and not out_dir.startswith(os.path.join(REPO, "reports", "runs")):
+        sys.exit("accuracy: --out inside the repository must be under reports/runs/ (git-ignored)")
+    os.makedirs(out_dir, exist_ok=True)
+    data_dir = os.path.join(CACHE, "accuracy-data")
+    prepare(out_dir, data_dir)
+    started = time.time()
+    cells = []
+    none_fault = next(f for f in FAULTS if f["name"] == "none")
+    for program in progs:
+        calib = None
+        calib_cell = None
+        needs_calib = any(f.get("needs") in ("colls", "tensor_colls", "steps", "fetches") for f in faults)
+        order = faults
+        if needs_calib and none_fault not in faults:
+            order = [none_fault] + list(faults)
+        for fault in order:
+            for rep in range(args.repeats):
+                why = applicable(program, fault, calib)
+                if why:
+                    cell = dict(program=program["name"], fault=fault["name"], rep=rep, score="n/a", reason=why)
+                else:
+                    log(f"{program['name']} × {fault['name']}" + (f" #{rep}" if args.repeats > 1 else ""))
+                    cell = run_cell(args, program, fault, rep, calib, out_dir, data_dir)
+                    log(f"  → {cell.get('score')}: {cell.get('outcome')} culprit={cell.get('culprit')} "
+                        f"pattern={cell.get('pattern')} ({cell.get('wall_s')} s) {cell.get('reason') or ''}")
+                if fault is none_fault and rep == 0 and "dir" in cell:
+                    calib = read_calib(os.path.join(cell["dir"], "counts.jsonl"))
+                    calib_cell = cell
+                    if calib:
+                        cell["calibration"] = {str(k): {kk: v.get(kk) for kk in ("steps", "colls", "tensor_colls", "fetches")}
+                                               for k, v in calib.items()}
+                if fault in faults:
+                    cells.append(cell)
+            write_reports(out_dir, cells, started, args)
+        del calib_cell
+    summary = write_reports(out_dir, cells, started, args)
+    t = summary["totals"]
+    log(f"right {t['right']}, honest {t['honest']}, wrong {t['wrong']}, n/a {t['n/a']}, error {t['error']} "
+        f"in {summary['elapsed_s']} s: {out_dir}/accuracy.md")
+    if args.json:
+        print(json.dumps(summary, indent=1, default=list))
+
+
+if __name__ == "__main__":
+    main()
