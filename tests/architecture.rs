@@ -692,3 +692,194 @@ fn long_functions_are_measured_from_brace_to_brace() {
     assert_eq!(long_functions(code, 2), [(5, "long".to_string(), 4)]);
     assert!(long_functions(code, 4).is_empty());
 }
+
+/// The ordinary string literals of `src` (`"…"`, not raw ones), with the index of the character
+/// each starts at; comments skipped.
+fn string_literals(src: &str) -> Vec<(usize, String)> {
+    let chars: Vec<char> = src.chars().collect();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < chars.len() {
+        let (c, next) = (chars[i], chars.get(i + 1).copied());
+        if c == '/' && next == Some('/') {
+            while i < chars.len() && chars[i] != '\n' {
+                i += 1;
+            }
+        } else if c == '/' && next == Some('*') {
+            while i + 1 < chars.len() && !(chars[i] == '*' && chars[i + 1] == '/') {
+                i += 1;
+            }
+            i += 2;
+        } else if c == '\'' && (next == Some('\\') || chars.get(i + 2) == Some(&'\'')) {
+            i += if next == Some('\\') { 4 } else { 3 };
+        } else if c == '"' {
+            let start = i;
+            let mut text = String::new();
+            i += 1;
+            while i < chars.len() && chars[i] != '"' {
+                if chars[i] == '\\' {
+                    i += 1;
+                }
+                if i < chars.len() {
+                    text.push(chars[i]);
+                    i += 1;
+                }
+            }
+            out.push((start, text));
+            i += 1;
+        } else {
+            i += 1;
+        }
+    }
+    out
+}
+
+/// The character ranges of `src` that are tests (`#[cfg(test)]` items), from its stripped form
+/// (which is ASCII outside comments and strings, so its byte offsets are character indices).
+fn test_spans(src: &str) -> Vec<(usize, usize)> {
+    let stripped = strip(src);
+    let (without, _) = without_tests(&stripped);
+    let (a, b): (Vec<char>, Vec<char>) = (stripped.chars().collect(), without.chars().collect());
+    let mut spans = Vec::new();
+    let mut i = 0;
+    while i < a.len() {
+        if a[i] != b[i] {
+            let start = i;
+            while i < a.len() && (a[i] != b[i] || a[i].is_whitespace()) && b[i].is_whitespace() {
+                i += 1;
+            }
+            spans.push((start, i));
+        }
+        i += 1;
+    }
+    spans
+}
+
+/// The non-test source files of the doctor and the shared crate, `src/`-relative with the crate's
+/// folder in front (`src/harness/plan/command.rs`), with their text.
+fn product_sources() -> Vec<(String, String)> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut out = Vec::new();
+    for dir in ["src", "crates/core/src"] {
+        let mut paths = Vec::new();
+        rust_files(&root.join(dir), &mut paths);
+        for p in paths {
+            let rel = p.strip_prefix(root).unwrap().to_string_lossy().replace('\\', "/");
+            // Test-only files (`tests.rs`, `fixtures.rs`, a `tests/` folder of a module).
+            let name = rel.rsplit('/').next().unwrap_or_default();
+            if name == "tests.rs" || name == "fixtures.rs" || rel.contains("/tests/") || name == "purity.rs" {
+                continue;
+            }
+            out.push((rel, std::fs::read_to_string(&p).unwrap()));
+        }
+    }
+    out
+}
+
+/// Where the launcher table is, and the serde forms of the result types (`ExitSource`'s
+/// `"torchrun"` is a value of `result.json`, not a launcher matched).
+const LAUNCHER_TABLE: &str = "crates/core/src/scenario/launcher.rs";
+
+/// Every name the launcher table matches commands by: programs, `python -m` modules, the words a
+/// shell script runs them by.
+fn launcher_names() -> BTreeSet<String> {
+    use ups_doctor_core::scenario::launcher::LAUNCHERS;
+    LAUNCHERS
+        .iter()
+        .flat_map(|l| l.programs.iter().chain(l.modules).chain(l.in_shell).copied())
+        .map(String::from)
+        .collect()
+}
+
+/// String literals naming a launcher in `text` outside its tests: `(line, literal)`.
+fn launcher_literals(text: &str, names: &BTreeSet<String>) -> Vec<(usize, String)> {
+    let spans = test_spans(text);
+    let chars: Vec<char> = text.chars().collect();
+    string_literals(text)
+        .into_iter()
+        .filter(|(at, s)| names.contains(s) && !spans.iter().any(|(a, b)| a <= at && at < b))
+        .map(|(at, s)| (chars[..at].iter().filter(|c| **c == '\n').count() + 1, s))
+        .collect()
+}
+
+#[test]
+fn a_launcher_is_named_only_in_the_launcher_table() {
+    let names = launcher_names();
+    assert!(names.contains("torchrun") && names.contains("accelerate launch"), "{names:?}");
+    let mut found = Vec::new();
+    for (file, text) in product_sources() {
+        if file == LAUNCHER_TABLE || file.starts_with("crates/core/src/schema/") {
+            continue;
+        }
+        for (line, s) in launcher_literals(&text, &names) {
+            found.push(format!("{file}:{line}: \"{s}\""));
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "launcher names matched outside {LAUNCHER_TABLE} (ask the table: `launcher::of_command`, \
+         `of_program`, `in_program_source`, `shell_words`):\n{}",
+        found.join("\n")
+    );
+    // The check itself: a literal in code is found, one in a comment or a test is not.
+    let planted = "fn f(p: &str) -> bool { p == \"torchrun\" } // \"srun\"\n#[cfg(test)]\nmod tests { const A: &str = \"deepspeed\"; }\n";
+    assert_eq!(launcher_literals(planted, &names), [(1, "torchrun".to_string())]);
+}
+
+/// What the kernel seam (`src/harness/os/`) may import: itself, the shared types, the machine's
+/// facts and the files ups-doctor writes; nothing of the harness above it, the judge or reports.
+const OS_MAY_IMPORT: [&str; 6] = ["harness/os/", "probe/", "run_files.rs", "error.rs", "schema", "protocol"];
+
+#[test]
+fn the_kernel_seam_imports_nothing_above_it() {
+    let graph = import_graph();
+    let above = |to: &str| !OS_MAY_IMPORT.iter().any(|ok| to.starts_with(ok));
+    let found: Vec<String> = graph
+        .iter()
+        .filter(|(from, _)| from.starts_with("harness/os/"))
+        .flat_map(|(from, edges)| {
+            edges
+                .values()
+                .filter(|e| above(&e.to))
+                .map(move |e| format!("src/{from}:{} `{}` → src/{}", e.line, e.text, e.to))
+        })
+        .collect();
+    assert!(found.is_empty(), "src/harness/os/ imports upward:\n{}", found.join("\n"));
+}
+
+/// Code outside the judge that writes a verdict: builds a `Verdict`, or sets or extends a headline.
+fn verdict_writes(code: &str) -> Vec<(usize, String)> {
+    let re = regex::Regex::new(
+        r"(\bVerdict\s*\{|\bVerdict::default\(\)|\.headline\s*=[^=]|\.headline\.push|\bheadline\s*:\s*format!)",
+    )
+    .unwrap();
+    re.captures_iter(code)
+        .filter(|c| {
+            let before = code[..c.get(1).unwrap().start()].trim_end();
+            !(before.ends_with("struct") || before.ends_with("enum"))
+        })
+        .map(|c| {
+            let m = c.get(1).unwrap();
+            (code[..m.start()].matches('\n').count() + 1, m.as_str().trim().to_string())
+        })
+        .collect()
+}
+
+#[test]
+fn verdicts_and_headlines_are_written_only_by_the_judge() {
+    let krate = Crate::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"));
+    let mut found = Vec::new();
+    for m in krate.modules.values().filter(|m| !m.file.starts_with("diagnose/")) {
+        for (line, what) in verdict_writes(&m.code) {
+            found.push(format!("src/{}:{line}: `{what}`", m.file));
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "a verdict written outside src/diagnose/ (the one judge):\n{}",
+        found.join("\n")
+    );
+    let planted =
+        "fn f(v: &mut Verdict) { v.headline = x; let w = Verdict::default(); }\npub struct Verdict {}";
+    assert_eq!(verdict_writes(planted).len(), 2, "{:?}", verdict_writes(planted));
+}

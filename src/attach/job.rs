@@ -7,8 +7,9 @@ use std::collections::BTreeMap;
 use std::ffi::OsStr;
 
 use crate::harness::os::owner::{Identity, identify};
+use crate::harness::os::tree::children_of;
 use crate::harness::{FoundRank, Known, auto_style, discover_ranks, rank_members_in};
-use crate::probe::memory::{self, ProcStat};
+use crate::probe::memory;
 use crate::schema::IdentifiedBy;
 
 /// One rank of the job and the processes below it.
@@ -304,13 +305,6 @@ pub fn find(pid: u32) -> Result<Job, String> {
         master,
         run_id,
         unreadable,
-    })
-}
-
-fn children_of(table: &[ProcStat]) -> BTreeMap<u32, Vec<u32>> {
-    table.iter().filter(|p| !p.zombie()).fold(BTreeMap::new(), |mut map, p| {
-        map.entry(p.ppid).or_default().push(p.pid);
-        map
     })
 }
 

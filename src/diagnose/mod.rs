@@ -5,6 +5,7 @@
 //! ([`crate::schema`]), the scenario and the marker protocol, none of which imports it back, so
 //! there is no import circle.
 
+pub mod attached;
 pub mod catalog;
 mod conclude;
 pub mod evidence;

@@ -13,6 +13,8 @@ use std::collections::BTreeMap;
 use crate::probe::memory;
 
 use super::os::tcp;
+use super::os::tree::children_of;
+pub use super::os::tree::{rank_members, rank_members_in};
 use crate::schema::IdentifiedBy;
 
 /// A rank process found for a launcher-style run.
@@ -301,13 +303,6 @@ pub fn find_ranks(view: &impl ProcessView, root: u32, world: u32, known: &Known)
     found
 }
 
-fn children_of(table: &[memory::ProcStat]) -> BTreeMap<u32, Vec<u32>> {
-    table.iter().filter(|p| !p.zombie()).fold(BTreeMap::new(), |mut map, p| {
-        map.entry(p.ppid).or_default().push(p.pid);
-        map
-    })
-}
-
 /// Among `candidates`, the processes that listen on one of `ports` and those connected to one
 /// (the c10d store's clients). A socket counts for the topmost process that holds it: a forked
 /// child (a DataLoader worker, or a launcher's child between fork and exec) holds its parent's
@@ -344,29 +339,6 @@ fn at_rendezvous(
         }
     }
     (listeners, connected)
-}
-
-/// The process `pid` and everything below it, except other ranks (`others`) and what is below
-/// them: a rank's own processes (its DataLoader workers), whatever their process group.
-pub fn rank_members(pid: u32, others: &[u32]) -> Vec<u32> {
-    rank_members_in(&memory::processes(), pid, others)
-}
-
-/// [`rank_members`] in a process table already read.
-pub fn rank_members_in(table: &[memory::ProcStat], pid: u32, others: &[u32]) -> Vec<u32> {
-    let children = children_of(table);
-    let mut members = vec![pid];
-    let mut queue = vec![pid];
-    while let Some(p) = queue.pop() {
-        for &child in children.get(&p).into_iter().flatten() {
-            if !others.contains(&child) {
-                members.push(child);
-                queue.push(child);
-            }
-        }
-    }
-    members.sort_unstable();
-    members
 }
 
 /// Processes below the launcher `root` that look like ranks but whose rank is not known:

@@ -23,11 +23,11 @@ use std::sync::atomic::AtomicBool;
 
 pub use classify::{Intervention, RankEnd, classify_rank};
 pub use discover::{FoundRank, Known, discover_ranks, rank_members_in};
-pub use observe::capture::{logs_cut, make_room};
 #[cfg(test)]
 pub(crate) use observe::gpu::h200 as gpu_h200;
 pub use observe::gpu::{GpuRecorder, GpuSample, Label as GpuLabel, clock_reason_names};
 pub use observe::state::RankState;
+pub use os::capture::{logs_cut, make_room};
 use os::namespace;
 pub use os::process::Exit;
 pub use os::stacks::{find_program, find_py_spy, kernel_threads, py_spy_dump};
@@ -208,7 +208,8 @@ pub fn runs_python(argv: &[String]) -> bool {
     argv.iter().flat_map(|a| a.split_whitespace()).any(|word| {
         let name = Path::new(word).file_name().and_then(|n| n.to_str()).unwrap_or(word);
         name.starts_with("python")
-            || ["torchrun", "accelerate", "deepspeed", "lightning", "ipython"].contains(&name)
+            || name == "ipython"
+            || crate::scenario::launcher::of_program(name).is_some_and(|l| l.is_python)
             || name.ends_with(".py")
     })
 }

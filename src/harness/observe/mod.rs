@@ -4,7 +4,6 @@
 //! ([`oom`]), and a launcher's own account of how its ranks ended ([`torchrun`], [`spawn`]). It decides nothing about teardown (that is
 //! `run`'s) and sends no signal.
 
-pub mod capture;
 pub mod gpu;
 pub mod memory;
 pub mod oom;

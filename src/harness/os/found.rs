@@ -10,8 +10,8 @@ use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use crate::probe::memory;
 
 use super::process::Exit;
+use super::tree::rank_members;
 use super::{owner, sys};
-use crate::harness::discover::rank_members;
 
 /// A launcher's process, from one read of its `/proc/PID/stat`: how one that is not our child
 /// ended can only be read while it is a zombie (field 52, the wait status, since Linux 3.5).

@@ -4,6 +4,7 @@
 //! data. It must not decide what an
 //! observation means: it reports what the kernel says.
 
+pub mod capture;
 pub mod cgroup;
 pub(crate) mod found;
 pub mod kmsg;
@@ -15,5 +16,6 @@ pub(crate) mod process;
 pub mod stacks;
 pub mod sys;
 pub mod tcp;
+pub mod tree;
 
 pub use sys::terminal_columns;

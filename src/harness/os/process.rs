@@ -16,7 +16,10 @@ use std::time::{Duration, Instant};
 
 use crate::protocol::{MARKER_FD_ENV, MARKER_INO_ENV, MAX_MARKER_LINE, Marker};
 
-use crate::harness::observe::capture::{self, Captured};
+use super::capture::{self, Captured};
+
+/// The number a launcher's process carries: past every rank, also those of a grown world.
+pub const LAUNCHER_NUMBER: u32 = u32::MAX;
 
 /// Everything needed to start one rank.
 #[derive(Debug, Clone)]
@@ -325,8 +328,7 @@ pub fn spawn_rank(spec: &RankSpec, events: Sink) -> io::Result<RankProcess> {
     let events_for_output = events.clone();
     let events_for_exit = events.clone();
     // Named for `top -H` and bench/own_cpu.py: a launcher's number is past any rank's.
-    let who =
-        if rank == crate::harness::plan::LAUNCHER_NUMBER { "launcher".to_string() } else { rank.to_string() };
+    let who = if rank == LAUNCHER_NUMBER { "launcher".to_string() } else { rank.to_string() };
     std::thread::Builder::new()
         .name(format!("exit-{who}"))
         .spawn(move || watch_exit(pid, rank, events_for_exit))?;

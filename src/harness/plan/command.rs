@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use crate::scenario::{Scenario, render_with};
+use crate::scenario::{Scenario, launcher, render_with};
 
 /// The command's argv with every placeholder filled in; `master_port` is the run's free port.
 pub fn argv(scenario: &Scenario, scenario_dir: &Path, master_port: u16) -> Vec<String> {
@@ -54,10 +54,6 @@ pub const RANK_ENV: [&str; 8] = [
     "MASTER_PORT",
 ];
 
-/// Programs that start the ranks themselves: `launch.style: auto` starts them once.
-const LAUNCHERS: [&str; 7] =
-    ["torchrun", "accelerate", "deepspeed", "srun", "mpirun", "mpiexec", "lightning"];
-
 /// What `launch.style: auto` takes for `argv`: launcher (true) or per rank, and why, in words.
 /// A launcher is a known launcher program, `python -m torch.distributed.run` (or `.launch`), or
 /// a Python script whose source starts its own ranks (`torch.multiprocessing.spawn`, `mp.spawn`,
@@ -67,8 +63,17 @@ pub fn auto_style(argv: &[String], cwd: Option<&Path>) -> (bool, String) {
     let name =
         |s: &str| Path::new(s).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let program = argv.first().map(|p| name(p)).unwrap_or_default();
-    if LAUNCHERS.contains(&program.as_str()) {
-        return (true, format!("`{program}` is a launcher (it starts the ranks)"));
+    if let Some(l) = launcher::of_command(argv) {
+        return (
+            true,
+            match l.programs.contains(&program.as_str()) {
+                true => format!("`{program}` is a launcher (it starts the ranks)"),
+                false => {
+                    let module = argv.iter().skip_while(|a| *a != "-m").nth(1).cloned().unwrap_or_default();
+                    format!("`python -m {module}` is {} (it starts the ranks)", l.name)
+                }
+            },
+        );
     }
     if program.starts_with("python") {
         let mut args =
@@ -80,12 +85,7 @@ pub fn auto_style(argv: &[String], cwd: Option<&Path>) -> (bool, String) {
                     return (true, format!("`python -c` starts its own ranks ({why})"));
                 }
             }
-            Some("-m") => {
-                let module = args.next().cloned().unwrap_or_default();
-                if matches!(module.as_str(), "torch.distributed.run" | "torch.distributed.launch") {
-                    return (true, format!("`python -m {module}` is torchrun (it starts the ranks)"));
-                }
-            }
+            Some("-m") => {}
             Some(script) => {
                 let path = in_cwd(cwd, script);
                 let source = match std::fs::read_to_string(&path) {
@@ -119,19 +119,10 @@ pub fn auto_style(argv: &[String], cwd: Option<&Path>) -> (bool, String) {
     (false, format!("`{program}` is not a known launcher: one copy per rank, each with torchrun's variables"))
 }
 
-/// What in a Python program's source says that it starts its own ranks.
+/// What in a Python program's source says that it starts its own ranks (the launcher table's
+/// words for it).
 fn starts_own_ranks(source: &str) -> Option<&'static str> {
-    let starts_ranks = [
-        ("multiprocessing.spawn(", "it calls `torch.multiprocessing.spawn`"),
-        ("mp.spawn(", "it calls `torch.multiprocessing.spawn`"),
-        // `start_method="fork"` too (Lightning's `ddp_fork` and notebooks): forked ranks are
-        // found by the process group each forms, seen by the observer.
-        ("start_processes(", "it calls `torch.multiprocessing.start_processes`"),
-        ("import lightning", "it uses Lightning, whose `Trainer` starts the ranks"),
-        ("from lightning", "it uses Lightning, whose `Trainer` starts the ranks"),
-        ("pytorch_lightning", "it uses Lightning, whose `Trainer` starts the ranks"),
-    ];
-    starts_ranks.iter().find(|(needle, _)| source.contains(needle)).map(|(_, why)| *why)
+    launcher::in_program_source(source).map(|(_, why)| why)
 }
 
 /// Shells whose command or script `auto` reads for a launcher.
@@ -168,28 +159,18 @@ fn shell_source(argv: &[String], program: &str, cwd: Option<&Path>) -> Option<(S
 
 /// The first launcher a shell text runs (comments aside), and its line number.
 fn launcher_in(source: &str) -> Option<(&'static str, usize)> {
-    const NEEDLES: [&str; 8] = [
-        "torchrun",
-        "torch.distributed.run",
-        "torch.distributed.launch",
-        "accelerate launch",
-        "deepspeed",
-        "srun",
-        "mpirun",
-        "mpiexec",
-    ];
     let word = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
     // A comment runs nothing: a whole line from `#`, or from ` #` on.
     fn code(line: &str) -> &str {
         if line.trim_start().starts_with('#') { "" } else { line.split(" #").next().unwrap_or(line) }
     }
     source.lines().map(code).enumerate().find_map(|(i, line)| {
-        NEEDLES.iter().find_map(|needle| {
+        launcher::shell_words().find_map(|needle| {
             line.match_indices(needle)
                 .any(|(at, _)| {
                     !word(line[..at].chars().next_back()) && !word(line[at + needle.len()..].chars().next())
                 })
-                .then_some((*needle, i + 1))
+                .then_some((needle, i + 1))
         })
     })
 }

@@ -262,7 +262,7 @@ impl Plan {
 pub const STOP_STACKS_ENV: &str = "UPS_DOCTOR_STOP_STACKS";
 
 /// The number a launcher's events carry: past every rank, also those of a grown world.
-pub const LAUNCHER_NUMBER: u32 = u32::MAX;
+pub use crate::harness::os::process::LAUNCHER_NUMBER;
 
 /// The most ranks a launcher's world grows to from the process group its program forms: beyond,
 /// the command line must say (a one-machine group of more is unlikely, and each rank found is

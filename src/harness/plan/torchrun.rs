@@ -16,13 +16,12 @@ const OWNED: [&str; 6] =
 
 /// Where torchrun's own options start: after `torchrun`, or after `python -m torch.distributed.run`.
 fn options_start(argv: &[String]) -> Option<usize> {
+    let launcher = crate::scenario::launcher::of_command(argv).filter(|l| l.torchrun_form)?;
     let name = |s: &String| std::path::Path::new(s).file_name().map(|n| n.to_string_lossy().into_owned());
-    match argv.first().and_then(name).as_deref() {
-        Some("torchrun") => Some(1),
-        Some(p) if p.starts_with("python") => (argv.get(1).map(String::as_str) == Some("-m")
-            && argv.get(2).map(String::as_str) == Some("torch.distributed.run"))
-        .then_some(3),
-        _ => None,
+    match argv.first().and_then(name) {
+        Some(p) if launcher.programs.contains(&p.as_str()) => Some(1),
+        // `python -m torch.distributed.run`: from after the module.
+        _ => argv.iter().position(|a| a == "-m").map(|m| m + 2),
     }
 }
 

@@ -1,7 +1,201 @@
-//! What a launcher's own flags say about the job it starts: how many ranks (torchrun's
-//! `--nproc_per_node` × `--nnodes`, …) and how many nodes. Pure.
+//! Every launcher ups-doctor knows, in one table ([`LAUNCHERS`]): how it is recognised (its
+//! program, its `python -m` module, the words a shell script runs it by, what in a Python program
+//! says the program starts its ranks this way), its flags for ranks and nodes, and where its own
+//! flags end and its program begins. Everything else asks the table: adding a launcher is one
+//! entry here and its tests. Pure.
 
 use std::path::Path;
+
+/// One way users start the ranks of a job.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Launcher {
+    /// Its name, as users say it.
+    pub name: &'static str,
+    /// Program names (the file name of `argv[0]`) that are this launcher.
+    pub programs: &'static [&'static str],
+    /// Its subcommand, when it has one (`accelerate launch`).
+    pub subcommand: Option<&'static str>,
+    /// `python -m` modules that are this launcher.
+    pub modules: &'static [&'static str],
+    /// The words a shell script runs it by, each found as a whole word.
+    pub in_shell: &'static [&'static str],
+    /// What in a Python program's source says that the program starts its ranks this way, with
+    /// the words for why.
+    pub in_source: &'static [(&'static str, &'static str)],
+    /// Its flags for ranks per node and for nodes.
+    pub rank_flags: &'static [&'static str],
+    pub node_flags: &'static [&'static str],
+    /// Whether its ranks are its children that read their rank from the environment torchrun's
+    /// way (`RANK`, `LOCAL_RANK`): then ups-doctor can give each node torchrun's per-node form.
+    pub torchrun_form: bool,
+    /// Whether the launcher is itself a Python program (`torchrun`, `accelerate`): its command
+    /// runs Python whatever it starts.
+    pub is_python: bool,
+}
+
+pub const TORCHRUN: Launcher = Launcher {
+    name: "torchrun",
+    programs: &["torchrun"],
+    subcommand: None,
+    modules: &["torch.distributed.run", "torch.distributed.launch"],
+    in_shell: &["torchrun", "torch.distributed.run", "torch.distributed.launch"],
+    in_source: &[],
+    rank_flags: &["--nproc_per_node", "--nproc-per-node"],
+    node_flags: &["--nnodes"],
+    is_python: true,
+    torchrun_form: true,
+};
+
+pub const ACCELERATE: Launcher = Launcher {
+    name: "accelerate",
+    programs: &["accelerate"],
+    subcommand: Some("launch"),
+    modules: &[],
+    in_shell: &["accelerate launch"],
+    in_source: &[],
+    rank_flags: &["--num_processes", "--num-processes"],
+    node_flags: &[],
+    is_python: true,
+    torchrun_form: false,
+};
+
+pub const DEEPSPEED: Launcher = Launcher {
+    name: "deepspeed",
+    programs: &["deepspeed"],
+    subcommand: None,
+    modules: &[],
+    in_shell: &["deepspeed"],
+    in_source: &[],
+    rank_flags: &["--num_gpus", "--num-gpus"],
+    node_flags: &["--num_nodes", "--num-nodes"],
+    is_python: true,
+    torchrun_form: false,
+};
+
+pub const SRUN: Launcher = Launcher {
+    name: "srun",
+    programs: &["srun"],
+    subcommand: None,
+    modules: &[],
+    in_shell: &["srun"],
+    in_source: &[],
+    rank_flags: &["-n", "--ntasks"],
+    node_flags: &[],
+    is_python: false,
+    torchrun_form: false,
+};
+
+pub const MPIRUN: Launcher = Launcher {
+    name: "mpirun",
+    programs: &["mpirun", "mpiexec"],
+    subcommand: None,
+    modules: &[],
+    in_shell: &["mpirun", "mpiexec"],
+    in_source: &[],
+    rank_flags: &["-np", "-n"],
+    node_flags: &[],
+    is_python: false,
+    torchrun_form: false,
+};
+
+pub const LIGHTNING: Launcher = Launcher {
+    name: "lightning",
+    programs: &["lightning"],
+    subcommand: None,
+    modules: &[],
+    in_shell: &[],
+    in_source: &[
+        ("import lightning", "it uses Lightning, whose `Trainer` starts the ranks"),
+        ("from lightning", "it uses Lightning, whose `Trainer` starts the ranks"),
+        ("pytorch_lightning", "it uses Lightning, whose `Trainer` starts the ranks"),
+    ],
+    rank_flags: &[],
+    node_flags: &[],
+    is_python: true,
+    torchrun_form: false,
+};
+
+/// `torch.multiprocessing`'s `spawn` and `start_processes`, called by the program itself.
+pub const MP_SPAWN: Launcher = Launcher {
+    name: "torch.multiprocessing",
+    programs: &[],
+    subcommand: None,
+    modules: &[],
+    in_shell: &[],
+    in_source: &[
+        ("multiprocessing.spawn(", "it calls `torch.multiprocessing.spawn`"),
+        ("mp.spawn(", "it calls `torch.multiprocessing.spawn`"),
+        // `start_method="fork"` too (Lightning's `ddp_fork` and notebooks): forked ranks are
+        // found by the process group each forms, seen by the observer.
+        ("start_processes(", "it calls `torch.multiprocessing.start_processes`"),
+    ],
+    rank_flags: &[],
+    node_flags: &[],
+    is_python: true,
+    torchrun_form: false,
+};
+
+/// Every launcher, in the order a command is matched against them.
+pub const LAUNCHERS: &[&Launcher] =
+    &[&TORCHRUN, &ACCELERATE, &DEEPSPEED, &SRUN, &MPIRUN, &LIGHTNING, &MP_SPAWN];
+
+fn file_name(a: &str) -> String {
+    Path::new(a).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+}
+
+/// The `python -m` module `argv` runs, if it runs one (`python -u -m torch.distributed.run …`).
+fn python_module(argv: &[String]) -> Option<&str> {
+    if !file_name(argv.first()?).starts_with("python") {
+        return None;
+    }
+    let mut args = argv.iter().skip(1).skip_while(|a| a.starts_with('-') && a.as_str() != "-m");
+    (args.next()?.as_str() == "-m").then(|| args.next().map(String::as_str)).flatten()
+}
+
+/// The launcher `argv` starts with: its program (`torchrun`, `/venv/bin/accelerate`), or
+/// `python -m` one of its modules.
+pub fn of_command(argv: &[String]) -> Option<&'static Launcher> {
+    let program = file_name(argv.first()?);
+    let module = python_module(argv);
+    LAUNCHERS
+        .iter()
+        .copied()
+        .find(|l| l.programs.contains(&program.as_str()) || module.is_some_and(|m| l.modules.contains(&m)))
+}
+
+/// The launcher whose program is `name` (a process's command name), if any.
+pub fn of_program(name: &str) -> Option<&'static Launcher> {
+    LAUNCHERS.iter().copied().find(|l| l.programs.contains(&name))
+}
+
+/// The launcher a Python program's source says it starts its ranks with, and why.
+pub fn in_program_source(source: &str) -> Option<(&'static Launcher, &'static str)> {
+    LAUNCHERS.iter().copied().find_map(|l| {
+        l.in_source.iter().find(|(needle, _)| source.contains(needle)).map(|(_, why)| (l, *why))
+    })
+}
+
+/// Every word a shell script may run a launcher by.
+pub fn shell_words() -> impl Iterator<Item = &'static str> {
+    LAUNCHERS.iter().flat_map(|l| l.in_shell.iter().copied())
+}
+
+/// Where the launcher's own flags end and its program begins: the first argument after them that
+/// is a Python program (`train.py`, `python`, the module after `-m`), so that a flag of the
+/// program's own (`gnn.py --nnodes 3`) is never read as the launcher's. The whole argv where it
+/// names none.
+pub fn options_end(argv: &[String]) -> usize {
+    let start = python_module(argv).map_or(1, |_| argv.iter().position(|a| a == "-m").map_or(1, |m| m + 2));
+    argv.iter()
+        .enumerate()
+        .skip(start)
+        .find(|(i, a)| {
+            a.ends_with(".py")
+                || file_name(a).starts_with("python")
+                || argv.get(i.wrapping_sub(1)).is_some_and(|prev| prev == "-m" || prev == "--module")
+        })
+        .map_or(argv.len(), |(i, _)| i)
+}
 
 /// The ranks a launcher's own flags declare, with the flag that says so: torchrun's (and
 /// `python -m torch.distributed.run`'s) `--nproc_per_node` × `--nnodes`, `accelerate launch
@@ -9,9 +203,10 @@ use std::path::Path;
 /// -np`/`-n`. `None` where the command names none (a plain script, Lightning, `mp.spawn`).
 pub fn declared_ranks(argv: &[String]) -> Option<(u32, String)> {
     let (per, nodes) = rank_flags(argv)?;
-    let (count, flag) = flag_value(argv, per)?;
+    let own = &argv[..options_end(argv)];
+    let (count, flag) = flag_value(own, per)?;
     let count: u32 = count.parse().ok()?;
-    let nodes = flag_value(argv, nodes).and_then(|(v, _)| v.parse::<u32>().ok()).unwrap_or(1);
+    let nodes = flag_value(own, nodes).and_then(|(v, _)| v.parse::<u32>().ok()).unwrap_or(1);
     Some((count * nodes, flag))
 }
 
@@ -19,29 +214,13 @@ pub fn declared_ranks(argv: &[String]) -> Option<(u32, String)> {
 /// {ranks}`), where the command has one.
 pub fn rank_flag_value(argv: &[String]) -> Option<String> {
     let (per, _) = rank_flags(argv)?;
-    flag_value(argv, per).map(|(value, _)| value)
+    flag_value(&argv[..options_end(argv)], per).map(|(value, _)| value)
 }
 
 /// The launcher's flags for ranks per node and for nodes.
 pub fn rank_flags(argv: &[String]) -> Option<(&'static [&'static str], &'static [&'static str])> {
-    let name =
-        |a: &str| Path::new(a).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let program = name(argv.first()?);
-    let module = argv.windows(2).find(|w| w[0] == "-m").map(|w| w[1].clone()).unwrap_or_default();
-    let (per, nodes): (&[&str], &[&str]) = if program == "torchrun" || module == "torch.distributed.run" {
-        (&["--nproc_per_node", "--nproc-per-node"], &["--nnodes"])
-    } else if program == "accelerate" {
-        (&["--num_processes", "--num-processes"], &[])
-    } else if program == "deepspeed" {
-        (&["--num_gpus", "--num-gpus"], &["--num_nodes", "--num-nodes"])
-    } else if program == "srun" {
-        (&["-n", "--ntasks"], &[])
-    } else if program == "mpirun" || program == "mpiexec" {
-        (&["-np", "-n"], &[])
-    } else {
-        return None;
-    };
-    Some((per, nodes))
+    let l = of_command(argv).filter(|l| !l.rank_flags.is_empty())?;
+    Some((l.rank_flags, l.node_flags))
 }
 
 /// The value of the first of `flags` in `argv` (`--flag V` or `--flag=V`), and how it was written.
@@ -64,7 +243,7 @@ pub fn flag_value(argv: &[String], flags: &[&str]) -> Option<(String, String)> {
 /// written: torchrun's `--nnodes N` (an elastic `MIN:MAX`, its minimum), `deepspeed --num_nodes N`.
 pub fn declared_nodes(argv: &[String]) -> Option<(u32, String)> {
     let (_, nodes) = rank_flags(argv)?;
-    let (value, flag) = flag_value(argv, nodes)?;
+    let (value, flag) = flag_value(&argv[..options_end(argv)], nodes)?;
     let min: u32 = value.split(':').next()?.parse().ok()?;
     (min > 1).then_some((min, flag))
 }
@@ -89,6 +268,10 @@ mod tests {
             ("mpirun -np 2 python t.py", Some(2)),
             ("python train.py --nproc_per_node 9", None),
             ("torchrun --nproc_per_node gpu train.py", None),
+            // The program's own flags are not the launcher's (issue 57).
+            ("torchrun --nproc_per_node 2 gnn.py --nnodes 3", Some(2)),
+            ("python -m torch.distributed.run --nproc_per_node 2 -m pkg.train --nnodes 3", Some(2)),
+            ("srun -n 2 python t.py -n 8", Some(2)),
         ] {
             assert_eq!(declared_ranks(&words(line)).map(|(n, _)| n), want, "{line}");
         }
@@ -106,9 +289,26 @@ mod tests {
             ("torchrun --nnodes 1 t.py", None),
             ("deepspeed --num_nodes 3 t.py", Some(3)),
             ("python t.py --nnodes 2", None),
+            ("torchrun --nproc_per_node 2 gnn.py --nnodes 3", None),
         ] {
             assert_eq!(declared_nodes(&words(line)).map(|(n, _)| n), want, "{line}");
         }
         assert_eq!(declared_nodes(&words("torchrun --nnodes=2:4 t.py")).unwrap().1, "--nnodes=2:4");
+    }
+
+    #[test]
+    fn every_launcher_is_found_by_its_program_its_module_and_its_source() {
+        assert_eq!(of_command(&words("/venv/bin/torchrun --standalone t.py")), Some(&TORCHRUN));
+        assert_eq!(of_command(&words("python3 -u -m torch.distributed.launch t.py")), Some(&TORCHRUN));
+        assert_eq!(of_command(&words("mpiexec -n 2 python t.py")), Some(&MPIRUN));
+        assert_eq!(of_command(&words("python -m mypkg.train")), None);
+        assert_eq!(of_command(&words("python train.py")), None);
+        let (l, why) =
+            in_program_source("import torch.multiprocessing as mp\nmp.spawn(f, nprocs=2)").unwrap();
+        assert_eq!((l.name, why), ("torch.multiprocessing", "it calls `torch.multiprocessing.spawn`"));
+        assert_eq!(in_program_source("from lightning import Trainer").map(|(l, _)| l), Some(&LIGHTNING));
+        assert!(shell_words().any(|w| w == "accelerate launch"));
+        assert_eq!(options_end(&words("torchrun --nproc_per_node 2 gnn.py --nnodes 3")), 3);
+        assert_eq!(options_end(&words("srun -N 2 --ntasks-per-node 1 python t.py")), 5);
     }
 }

@@ -9,7 +9,7 @@ mod command;
 mod delta;
 mod explain;
 mod fields;
-mod launcher;
+pub mod launcher;
 mod load;
 mod locate;
 mod model;
