@@ -2,7 +2,7 @@
 //! imports it back, directly or through others, and no top-level module of the doctor (`harness`,
 //! `nodes`, `report`, …) imports one that imports it back. `cargo test architecture` prints every
 //! circle it finds as a chain of files, each step with the line that makes it. Also the shape
-//! rules of DESIGN.md that a reader can count: a thin `main.rs`, and no long function without a
+//! rules of docs/design.md that a reader can count: a thin `main.rs`, and no long function without a
 //! comment that says why.
 //!
 //! A file's imports are read from its source, tests aside (`#[cfg(test)]` items and the files of

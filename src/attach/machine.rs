@@ -280,7 +280,7 @@ impl Local {
         let started = SystemTime::now();
         let started_ns = crate::nodes::clock::now_ns();
         let started_at = humantime::format_rfc3339_seconds(started).to_string();
-        let py_spy = watch::find_py_spy(job.ranks[0].pid);
+        let py_spy = crate::harness::find_py_spy(watch::program_of(job.ranks[0].pid).as_deref());
         let found: Vec<u32> = job.ranks.iter().map(|r| r.rank).collect();
         let of = job.world_size.map(|w| format!(" of WORLD_SIZE {w}")).unwrap_or_default();
         eprintln!(

@@ -142,13 +142,12 @@ pub fn dev_shm() -> Shm {
     }
 }
 
-/// `py-spy` for a job: on `PATH`, else next to the Python that runs its first process (a venv's
-/// `bin/python` has `bin/py-spy` beside it).
-pub fn find_py_spy(pid: u32) -> Option<PathBuf> {
-    let program = procfs::process::Process::new(pid as i32)
+/// The program a process runs, as its command line names it (`/venv/bin/python`): where
+/// [`crate::harness::find_py_spy`] looks beside.
+pub fn program_of(pid: u32) -> Option<PathBuf> {
+    procfs::process::Process::new(pid as i32)
         .and_then(|p| p.cmdline())
         .ok()
         .and_then(|argv| argv.first().cloned())
-        .map(PathBuf::from);
-    crate::harness::find_py_spy(program.as_deref())
+        .map(PathBuf::from)
 }

@@ -20,13 +20,18 @@ pub fn find_program(program: &str) -> Option<PathBuf> {
     run::find_on_path(program)
 }
 
-/// `py-spy`: on `PATH`, or next to the command's program (a venv's `bin/python` or
-/// `bin/torchrun` has its `bin/py-spy` beside it).
+/// `py-spy`, the one way every caller finds it: on `PATH`, next to the command's program (a
+/// venv's `bin/python` or `bin/torchrun` has its `bin/py-spy` beside it), or next to ups-doctor
+/// itself (installed into the same environment, as `pip install` puts both in its `bin/`).
 pub fn find_py_spy(program: Option<&Path>) -> Option<PathBuf> {
-    find_program("py-spy").or_else(|| {
-        let beside = program?.parent()?.join("py-spy");
-        run::is_executable(&beside).then_some(beside)
-    })
+    let beside = |dir: Option<&Path>| {
+        let path = dir?.join("py-spy");
+        run::is_executable(&path).then_some(path)
+    };
+    let own = std::env::current_exe().ok();
+    find_program("py-spy")
+        .or_else(|| beside(program.and_then(Path::parent)))
+        .or_else(|| beside(own.as_deref().and_then(Path::parent)))
 }
 
 /// How long one `py-spy dump` may take.
