@@ -202,7 +202,7 @@ pub enum Marker {
         span: Option<u64>,
         /// Collectives issued before this one that returned and were counted but not sent (the
         /// observer sends a batch's newest [`crate::schema::LEDGER_KEPT`] only).
-        #[serde(default, skip_serializing_if = "crate::schema::is_zero_u64")]
+        #[serde(default, skip_serializing_if = "is_zero_u64")]
         skipped: u64,
     },
     /// From the observer, whenever it moved (read every 0.25 s): the default group's own count of
@@ -239,6 +239,12 @@ pub enum Marker {
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         forked: bool,
     },
+}
+
+/// For serde's `skip_serializing_if`: a count of zero is left out. (The protocol's own: the
+/// result types import the protocol, not the other way round.)
+pub(crate) fn is_zero_u64(n: &u64) -> bool {
+    *n == 0
 }
 
 fn not_a_number() -> f64 {

@@ -14,7 +14,6 @@ mod memory;
 mod nodes;
 mod observed;
 mod process;
-pub(crate) use process::is_zero_u64;
 mod run;
 mod signal;
 mod verdict;

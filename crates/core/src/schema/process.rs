@@ -345,7 +345,7 @@ pub struct RankResult {
     pub bad_markers: u64,
     /// Markers dropped unread because they came faster than ups-doctor could fold them in (its
     /// queue is bounded).
-    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    #[serde(default, skip_serializing_if = "crate::protocol::is_zero_u64")]
     pub dropped_markers: u64,
     /// Pids that `worker` markers claimed but that were not processes of this run: counted in
     /// `bad_markers`, never signalled.
@@ -605,9 +605,6 @@ impl TryFrom<String> for IdentifiedBy {
 }
 
 /// For `skip_serializing_if` (the protocol's `Marker` uses it too).
-pub(crate) fn is_zero_u64(n: &u64) -> bool {
-    *n == 0
-}
 
 fn is_zero(n: &u32) -> bool {
     *n == 0
