@@ -235,6 +235,7 @@ fn rank_result(v: &RankView, outcome: OutcomeKind, children: &[(u32, ProcessDump
         ended_at_s: None,
         last_marker_at_s: None,
         hang_detected_after_s: None,
+        hung_at_s: None,
         silent_cpu: None,
         collateral: false,
         torn_down_with: None,

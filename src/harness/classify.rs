@@ -18,7 +18,7 @@ fn error_line(lines: &[String]) -> Option<String> {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Intervention {
     /// No marker for `silence_s` seconds (≥ `hang_after_s`).
-    Hung { silence_s: f64 },
+    Hung { silence_s: f64, at_s: f64 },
     /// The scenario ran past `timeout_s`.
     TimedOut,
 }
@@ -97,7 +97,11 @@ pub fn classify_rank(end: &RankEnd) -> RankResult {
         ended_at_s: end.ended_at_s,
         last_marker_at_s: s.last_marker_at,
         hang_detected_after_s: match end.intervention {
-            Some(Intervention::Hung { silence_s }) => Some(silence_s),
+            Some(Intervention::Hung { silence_s, .. }) => Some(silence_s),
+            _ => None,
+        },
+        hung_at_s: match end.intervention {
+            Some(Intervention::Hung { at_s, .. }) => Some(at_s),
             _ => None,
         },
         silent_cpu: end.silent_cpu.filter(|_| outcome == OutcomeKind::TimedOut),
@@ -197,7 +201,7 @@ mod tests {
         assert_eq!((r.outcome, r.exit_code), (OutcomeKind::Exited, Some(1)));
         assert_eq!(r.error.as_deref(), Some("error: injected failure"));
         let mut h = end(Some(Exit::Signal { signal: Signal::TERM.number(), core_dumped: false }));
-        h.intervention = Some(Intervention::Hung { silence_s: 3.2 });
+        h.intervention = Some(Intervention::Hung { silence_s: 3.2, at_s: 9.5 });
         let r = classify_rank(&h);
         assert_eq!((r.outcome, r.hang_detected_after_s), (OutcomeKind::Hung, Some(3.2)));
         let mut l = end(None);

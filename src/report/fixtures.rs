@@ -86,6 +86,7 @@ pub fn rank(rank: u32, steps: u64) -> RankResult {
         ended_at_s: Some(5.42),
         last_marker_at_s: Some(5.40),
         hang_detected_after_s: None,
+        hung_at_s: None,
         silent_cpu: None,
         torn_down_with: None,
         collateral: false,

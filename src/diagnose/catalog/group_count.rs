@@ -44,11 +44,14 @@ pub fn group_count_evidence(ev: &Evidence) -> Vec<String> {
          cannot see): {}",
         each.join("; ")
     )];
-    // The first place a rank waits in that the others did not meet with the same collective.
+    // The first place a rank waits in that the others did not meet with the same collective
+    // (not one it issued once ups-doctor had begun to end the run: a reaction to that).
+    let cutoff = super::observed::teardown_began_at(ev);
+    let before_teardown = |e: &&crate::schema::LedgerEntry| e.at_s.is_none_or(|t| cutoff.is_none_or(|c| t <= c));
     let open = counts
         .iter()
         .filter_map(|(r, o, _)| {
-            let e = o.last_of("default").filter(|e| e.ms.is_none())?;
+            let e = o.last_of("default").filter(|e| e.ms.is_none()).filter(before_teardown)?;
             Some((*r, e, e.pos?))
         })
         .min_by_key(|(_, _, pos)| *pos);

@@ -213,8 +213,22 @@ pub fn collective_mismatch(ev: &Evidence, first: Option<&RankEvidence>) -> Optio
     if ev.ranks.iter().any(|r| crashed(&r)) {
         return None;
     }
-    let ledgers: Vec<(u32, &ObservedProgram)> =
-        ev.ranks.iter().map(|r| Some((r.rank(), observed(r)?))).collect::<Option<_>>()?;
+    // What a rank issued once ups-doctor had begun to end the run is its reaction to the
+    // teardown (Lightning's SIGTERM handler broadcasts to the other ranks), not a step of the
+    // program that went wrong: the ledgers are read up to that moment.
+    let cutoff = teardown_began_at(ev);
+    let trimmed: Vec<(u32, ObservedProgram)> = ev
+        .ranks
+        .iter()
+        .map(|r| {
+            let mut o = observed(r)?.clone();
+            if let Some(at) = cutoff {
+                o.ledger.retain(|e| e.at_s.is_none_or(|t| t <= at));
+            }
+            Some((r.rank(), o))
+        })
+        .collect::<Option<_>>()?;
+    let ledgers: Vec<(u32, &ObservedProgram)> = trimmed.iter().map(|(r, o)| (*r, o)).collect();
     let mut groups: Vec<&str> =
         ledgers.iter().flat_map(|(_, o)| o.ledger.iter().map(|e| e.group.as_str())).collect();
     groups.sort_unstable();
@@ -303,6 +317,19 @@ pub fn collective_mismatch(ev: &Evidence, first: Option<&RankEvidence>) -> Optio
         return Some(f);
     }
     None
+}
+
+/// When ups-doctor began to end a run whose ranks it found hung or out of time: the earliest
+/// moment a rank was declared hung, or the scenario's time limit; `None` for a run whose ranks
+/// ended by themselves.
+pub(super) fn teardown_began_at(ev: &Evidence) -> Option<f64> {
+    let hung = ev.ranks.iter().filter_map(|r| r.result.hung_at_s);
+    let limit = ev
+        .ranks
+        .iter()
+        .any(|r| r.result.outcome == OutcomeKind::TimedOut)
+        .then_some(ev.scenario.limits.timeout_s);
+    hung.chain(limit).min_by(f64::total_cmp)
 }
 
 /// Whether every rank that lacks collective `seq` of `group` had failed (it was leaving: its exit
@@ -553,6 +580,31 @@ mod tests {
         let s = scenario(2);
         let ranks = vec![hung(0, &["barrier"], true), hung(1, &[], false)];
         assert!(judge(&ranks, &s).is_none(), "{:?}", judge(&ranks, &s).and_then(|f| f.headline));
+    }
+
+    /// A collective a rank issued once ups-doctor had declared the hang (seen with Lightning: its
+    /// SIGTERM handler broadcasts as the teardown reaches the rank that slept outside any
+    /// collective) is its reaction to the teardown: without it, the ledgers agree, and the
+    /// stacks judge. Issued before the hang was declared, the same entry is a mismatch.
+    #[test]
+    fn a_collective_issued_after_the_hang_was_declared_is_no_mismatch() {
+        let s = scenario(2);
+        let mut ranks = vec![hung(0, &["broadcast"; 2], false), hung(1, &["broadcast"; 3], true)];
+        for r in &mut ranks {
+            // Declared hung at 30 s, ended by the teardown at 35 s.
+            r.hung_at_s = Some(30.0);
+            r.ended_at_s = Some(35.0);
+            for (i, e) in r.observed.as_mut().unwrap().ledger.iter_mut().enumerate() {
+                e.at_s = Some(10.0 + i as f64);
+            }
+        }
+        ranks[1].observed.as_mut().unwrap().ledger[2].at_s = Some(32.9);
+        assert!(judge(&ranks, &s).is_none(), "{:?}", judge(&ranks, &s).and_then(|f| f.headline));
+        // Without the times (an older result), the entry counts as it did before.
+        for r in &mut ranks {
+            r.observed.as_mut().unwrap().ledger.iter_mut().for_each(|e| e.at_s = None);
+        }
+        assert_eq!(judge(&ranks, &s).and_then(|f| f.culprit), Some(0), "rank 0 never issued it");
     }
 
     #[test]

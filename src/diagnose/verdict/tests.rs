@@ -183,7 +183,7 @@ fn a_rank_that_only_lost_its_peer_is_collateral_even_when_it_ended_first() {
 fn hung_at(rank: u32, phase: &str, step: u64, last_marker_at_s: f64) -> RankResult {
     let mut e = end(Some(Exit::Signal { signal: Signal::KILL.number(), core_dumped: false }));
     e.rank = rank;
-    e.intervention = Some(Intervention::Hung { silence_s: 10.0 });
+    e.intervention = Some(Intervention::Hung { silence_s: 10.0, at_s: 12.0 });
     e.state.phase = Some(phase.into());
     e.state.step = Some(step);
     e.state.last_marker_at = Some(last_marker_at_s);

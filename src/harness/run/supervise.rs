@@ -1264,8 +1264,9 @@ impl Supervisor<'_, '_> {
     fn act(&mut self, action: Action) {
         match action {
             Action::MarkHung { rank, silence_s } => {
+                let at_s = self.since(Instant::now());
                 if let Some(slot) = self.slots.get_mut(rank as usize) {
-                    slot.end.intervention = Some(Intervention::Hung { silence_s });
+                    slot.end.intervention = Some(Intervention::Hung { silence_s, at_s });
                 }
             }
             Action::MarkTimedOut { rank } => {

@@ -295,6 +295,10 @@ pub struct RankResult {
     /// For a hung rank: seconds of silence when the hang was declared.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hang_detected_after_s: Option<f64>,
+    /// For a hung rank: seconds since the scenario started when the hang was declared (what it
+    /// did after, as ups-doctor took its stacks and tore it down, is a reaction to that).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hung_at_s: Option<f64>,
     /// For a rank the run's time limit ended: what its own process did over its last silence
     /// (no marker, no output), as read once a second until then. A rank silent past
     /// `hang_after_s` that kept using CPU was busy (spinning or computing without a word), which
