@@ -20,6 +20,7 @@ mod fuzz;
 mod generalise;
 mod gpu;
 mod hostile;
+mod kept;
 mod killed;
 mod launchers;
 mod lifecycle;

@@ -185,6 +185,20 @@ impl<'a> Evidence<'a> {
         }
     }
 
+    /// When ups-doctor began to end a run whose ranks it found hung or out of time: the earliest
+    /// moment a rank was declared hung, or the scenario's time limit; `None` for a run whose ranks
+    /// ended by themselves. What a rank did after it (a collective its SIGTERM handler issued) is
+    /// its reaction to the teardown, not evidence of what went wrong.
+    pub fn teardown_began_at(&self) -> Option<f64> {
+        let hung = self.ranks.iter().filter_map(|r| r.result.hung_at_s);
+        let limit = self
+            .ranks
+            .iter()
+            .any(|r| r.result.outcome == OutcomeKind::TimedOut)
+            .then_some(self.scenario.limits.timeout_s);
+        hung.chain(limit).min_by(f64::total_cmp)
+    }
+
     /// torchrun's own account of the first failure (its "Root Cause" block), in one line.
     pub fn launcher_summary(&self) -> Option<String> {
         let quote = self.launcher?.quotes.iter().find(|q| q.title == QuoteKind::TorchrunRootCause)?;

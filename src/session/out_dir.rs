@@ -18,7 +18,38 @@ pub fn prepare_out_dir(dir: &Path) -> Result<(), Error> {
     let probe = dir.join(format!(".ups-doctor-write-test.{}", std::process::id()));
     crate::run_files::create(&probe).map_err(bad)?;
     let _ = std::fs::remove_file(&probe);
-    Ok(())
+    hold(dir)
+}
+
+/// The `--out` folders this invocation holds, each locked until it exits.
+static HELD: std::sync::Mutex<Vec<(PathBuf, crate::harness::os::life::Held)>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// Holds `dir` for this invocation: a second ups-doctor given the same `--out` while this one
+/// runs would overwrite its result, logs and report (a failed run's folder then said "Passed"),
+/// so it is refused instead. The lock is the folder's own (`flock`), which every PID namespace sees
+/// alike and the kernel drops when this process ends, however it ends.
+fn hold(dir: &Path) -> Result<(), Error> {
+    use crate::harness::os::life::{Owner, owner};
+    let key = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+    let mut held = HELD.lock().unwrap_or_else(|e| e.into_inner());
+    if held.iter().any(|(p, _)| *p == key) {
+        return Ok(());
+    }
+    match owner(&key) {
+        Owner::Gone(lock) => {
+            held.push((key, lock));
+            Ok(())
+        }
+        Owner::Alive => Err(Error::BadInput(format!(
+            "`--out {}` is the folder of another ups-doctor run that is still running: this run would \
+             overwrite its result, logs and report\n  hint: give this run a folder of its own (`--out`), or wait for \
+             that one to end",
+            dir.display()
+        ))),
+        // A file system without locks: nothing to prove, nothing lost by going on.
+        Owner::Absent | Owner::Unknown(_) => Ok(()),
+    }
 }
 
 /// `--out` checked, or a fresh folder under `reports/runs` named by the time and `suffix`.

@@ -46,8 +46,9 @@ pub fn group_count_evidence(ev: &Evidence) -> Vec<String> {
     )];
     // The first place a rank waits in that the others did not meet with the same collective
     // (not one it issued once ups-doctor had begun to end the run: a reaction to that).
-    let cutoff = super::observed::teardown_began_at(ev);
-    let before_teardown = |e: &&crate::schema::LedgerEntry| e.at_s.is_none_or(|t| cutoff.is_none_or(|c| t <= c));
+    let cutoff = ev.teardown_began_at();
+    let before_teardown =
+        |e: &&crate::schema::LedgerEntry| e.at_s.is_none_or(|t| cutoff.is_none_or(|c| t <= c));
     let open = counts
         .iter()
         .filter_map(|(r, o, _)| {

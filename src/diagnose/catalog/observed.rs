@@ -216,7 +216,7 @@ pub fn collective_mismatch(ev: &Evidence, first: Option<&RankEvidence>) -> Optio
     // What a rank issued once ups-doctor had begun to end the run is its reaction to the
     // teardown (Lightning's SIGTERM handler broadcasts to the other ranks), not a step of the
     // program that went wrong: the ledgers are read up to that moment.
-    let cutoff = teardown_began_at(ev);
+    let cutoff = ev.teardown_began_at();
     let trimmed: Vec<(u32, ObservedProgram)> = ev
         .ranks
         .iter()
@@ -317,19 +317,6 @@ pub fn collective_mismatch(ev: &Evidence, first: Option<&RankEvidence>) -> Optio
         return Some(f);
     }
     None
-}
-
-/// When ups-doctor began to end a run whose ranks it found hung or out of time: the earliest
-/// moment a rank was declared hung, or the scenario's time limit; `None` for a run whose ranks
-/// ended by themselves.
-pub(super) fn teardown_began_at(ev: &Evidence) -> Option<f64> {
-    let hung = ev.ranks.iter().filter_map(|r| r.result.hung_at_s);
-    let limit = ev
-        .ranks
-        .iter()
-        .any(|r| r.result.outcome == OutcomeKind::TimedOut)
-        .then_some(ev.scenario.limits.timeout_s);
-    hung.chain(limit).min_by(f64::total_cmp)
 }
 
 /// Whether every rank that lacks collective `seq` of `group` had failed (it was leaving: its exit
