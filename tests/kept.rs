@@ -54,3 +54,21 @@ fn a_second_run_into_the_folder_of_a_live_run_is_refused_and_the_first_keeps_its
     let third = sb.cmd().args(["run", "--quiet", "--out"]).arg(&out).args(["--", "true"]).output().unwrap();
     assert_eq!(third.status.code(), Some(0), "{}", String::from_utf8_lossy(&third.stderr));
 }
+
+/// One argument of about 66,000 characters or more emptied `report.md` to its title and a note
+/// (it was cut to fit a GitHub comment, and the command line filled it). Now the report shows such
+/// an argument cut, with its length, and keeps its verdict; `scenario.json` keeps it whole.
+#[test]
+fn a_huge_argument_leaves_the_report_its_verdict_and_scenario_json_the_whole_command() {
+    let sb = Sandbox::new();
+    let huge = "x".repeat(70_000);
+    let out = sb.run(&[], &["--", "python3", "-c", "import sys; sys.exit(2)", &huge]);
+    assert_eq!(out.code(), 1, "{}", out.stderr());
+    let report = std::fs::read_to_string(sb.out().join("report.md")).unwrap();
+    assert!(report.len() < 65_536, "{} bytes", report.len());
+    assert!(report.contains("exited with status 2"), "the verdict is in the report:\n{report}");
+    assert!(report.contains("…[70000 characters in all]"), "{report}");
+    let saved: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(sb.out().join("scenario.json")).unwrap()).unwrap();
+    assert_eq!(saved["command"][3].as_str().map(str::len), Some(70_000), "scenario.json re-runs it whole");
+}

@@ -267,7 +267,7 @@ fn started(run: &RunResult) -> String {
     let command = if run.command.is_empty() {
         String::new()
     } else {
-        format!(" with {}", code(&text::shell_line(&run.command)))
+        format!(" with {}", code(&text::display_line(&run.command)))
     };
     format!(
         "Started {}{command} (ups-doctor {}).",

@@ -103,6 +103,30 @@ pub(crate) fn strip_control(s: &str) -> String {
 
 pub(crate) use crate::scenario::shell_line;
 
+/// An argument longer than this is shown cut in a report's command lines.
+const LONG_ARG: usize = 240;
+
+/// A command line as a report shows it: [`shell_line`], with each argument over [`LONG_ARG`]
+/// characters cut to its start and its length (one pasted config or prompt of 66,000 characters
+/// filled the report past a GitHub comment's size, and the cut left only the title). The whole
+/// command stays in `result.json` and `scenario.json`, which re-runs it.
+pub(crate) fn display_line<S: AsRef<str>>(args: &[S]) -> String {
+    let shown: Vec<String> = args
+        .iter()
+        .map(|a| {
+            let a = a.as_ref();
+            match a.char_indices().nth(LONG_ARG) {
+                Some(_) => {
+                    let head: String = a.chars().take(80).collect();
+                    format!("{head}…[{} characters in all]", a.chars().count())
+                }
+                None => a.to_string(),
+            }
+        })
+        .collect();
+    shell_line(&shown)
+}
+
 /// How to run a scenario again: `ups-doctor run FILE --set a=b …`; for a command typed after
 /// `--`, `ups-doctor run scenario.json` (the run folder's, with the `--set`s applied).
 pub(crate) fn rerun_command(s: &ScenarioResult) -> String {

@@ -130,7 +130,7 @@ fn command_line(ext: &ExternalRun) -> String {
         Some(why) => format!("{}, chosen by `launch.style: auto`: {why}", ext.style),
         None => ext.style.to_string(),
     };
-    let mut line = format!("Command ({style}): {}", code(&crate::report::text::shell_line(&ext.argv)));
+    let mut line = format!("Command ({style}): {}", code(&crate::report::text::display_line(&ext.argv)));
     line.push_str(&format!("; completion judged by {}", ext.completion));
     if !ext.markers_seen {
         line.push_str(
