@@ -686,3 +686,61 @@ fn a_child_deadlocked_after_fork_is_named_from_native_stacks_with_native() {
         "{headline}"
     );
 }
+
+/// Ranks started by hand from a shell a person types into (`RANK=1 python train.py &`): the shell
+/// is their parent and lacks their rank variables, and was taken for the job's launcher, so
+/// `--then stop` sent it SIGTERM (which an interactive bash ignores) and SIGKILL 10 s later: the
+/// user's shell died. A shell with no script is never a job's launcher: the ranks are stopped, the
+/// shell is left alone.
+#[test]
+fn then_stop_never_signals_the_shell_the_ranks_were_started_from() {
+    use std::io::Write;
+    let sb = Sandbox::new();
+    let stalled = sb.path().join("stalled");
+    let site = repo().join("tests/programs/attach_stall").display().to_string();
+    let port = free_port();
+    let mut shell = Command::new("bash")
+        .current_dir(sb.path())
+        .env("PATH", venv_path())
+        .env("PYTHONPATH", &site)
+        .env("ATTACH_STALL_RANK", "1")
+        .env("ATTACH_STALL_STEP", "3")
+        .env("ATTACH_STALL_FILE", &stalled)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let prog = program("launchers.py");
+    let mut stdin = shell.stdin.take().unwrap();
+    for rank in 0..2 {
+        writeln!(
+            stdin,
+            "RANK={rank} LOCAL_RANK={rank} WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT={port} \
+             python {prog} --launcher env --steps 1000 > rank{rank}.log 2>&1 &"
+        )
+        .unwrap();
+    }
+    stdin.flush().unwrap();
+    let reached = eventually(LIMIT, || stalled.exists());
+    let ranks = children_of(shell.id());
+    assert!(reached, "rank 1 reaches its stall; the shell's children: {ranks:?}");
+    let rank0 = ranks
+        .iter()
+        .copied()
+        .find(|&p| std::fs::read_to_string(&stalled).is_ok_and(|s| s.trim() != p.to_string()));
+    let rank0 = rank0.expect("rank 0");
+    assert!(eventually(LIMIT, || stack(rank0).contains("_engine_run_backward")), "rank 0 waits in backward");
+    let a = attach_with(&sb, rank0, &["--then", "stop"]);
+    assert_eq!(a.attach["state"].as_str(), Some("hung"), "{:#}\n{}", a.attach, a.stderr);
+    let termed = a.attach["stopped"]["sigterm"].as_array().cloned().unwrap_or_default();
+    assert!(!termed.contains(&serde_json::json!(shell.id())), "the shell got SIGTERM: {:#}", a.attach);
+    assert!(
+        eventually(Duration::from_secs(30), || ranks.iter().all(|&p| !crate::util::alive(p.into()))),
+        "the ranks were stopped"
+    );
+    assert!(shell.try_wait().unwrap().is_none(), "the user's shell is alive");
+    drop(stdin);
+    let _ = shell.kill();
+    let _ = shell.wait();
+}

@@ -144,6 +144,9 @@ fn argv(pid: u32) -> Vec<String> {
 fn is_launcher(pid: u32, children: &BTreeMap<u32, Vec<u32>>) -> bool {
     let mine = memory::environ(pid).and_then(|e| rank_of(&e));
     let args = argv(pid);
+    if crate::harness::plan::command::is_interactive_shell(&args) {
+        return false;
+    }
     // Its relative script is read from its own folder, as it opened it.
     let cwd = procfs::process::Process::new(pid as i32).and_then(|p| p.cwd()).ok();
     let cwd = cwd.as_deref();

@@ -125,6 +125,16 @@ fn starts_own_ranks(source: &str) -> Option<&'static str> {
     launcher::in_program_source(source).map(|(_, why)| why)
 }
 
+/// Whether `argv` is a shell a person types into (`bash`, `-bash`, `zsh -i`): no script and no
+/// `-c` command. It may have started ranks by hand (`RANK=1 python train.py &`), yet it is the
+/// user's, never a job's launcher: nothing of ups-doctor's may signal it.
+pub fn is_interactive_shell(argv: &[String]) -> bool {
+    let Some(first) = argv.first() else { return false };
+    let name = Path::new(first.trim_start_matches('-')).file_name().map(|n| n.to_string_lossy().into_owned());
+    let shell = name.is_some_and(|n| SHELLS.contains(&n.as_str()) || n == "fish");
+    shell && argv.iter().skip(1).all(|a| a.starts_with('-') && a != "-c")
+}
+
 /// Shells whose command or script `auto` reads for a launcher.
 const SHELLS: [&str; 5] = ["bash", "sh", "zsh", "dash", "ksh"];
 
@@ -252,6 +262,16 @@ mod tests {
             text,
             "`forks.py` starts its own ranks (it calls `torch.multiprocessing.start_processes`)"
         );
+        for (shell, interactive) in [
+            (&["bash"][..], true),
+            (&["-bash"], true),
+            (&["/usr/bin/zsh", "-i"], true),
+            (&["bash", "train.sh"], false),
+            (&["bash", "-c", "torchrun t.py"], false),
+            (&["python", "-i"], false),
+        ] {
+            assert_eq!(is_interactive_shell(&args(shell)), interactive, "{shell:?}");
+        }
         // A relative script is read from the folder the command runs in (`--cwd`), not from
         // ups-doctor's: the same program by its bare name.
         let (is_launcher, text) = auto_style(&args(&["python", "forks.py"]), Some(&dir));
