@@ -69,43 +69,76 @@ pub fn size_mismatch(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Find
         .map(|(got, want)| format!(": it received {got} where it expected {want}"))
         .unwrap_or_default();
     f.evidence.push(format!("the collective library said: `{line}`"));
-    let ledgers: Option<Vec<(u32, &LedgerEntry)>> = ev
+    // Each rank's last collective, with the one it issued before from the same call site.
+    let last: Vec<(u32, &LedgerEntry, Option<&LedgerEntry>)> = ev
         .ranks
         .iter()
-        .map(|r| Some((r.rank(), observed(r)?.ledger.iter().rfind(|e| e.group == "default")?)))
+        .filter_map(|r| {
+            let ledger = &observed(r)?.ledger;
+            let at = ledger.iter().rposition(|e| e.group == "default")?;
+            let e = &ledger[at];
+            let before =
+                ledger[..at].iter().rfind(|p| p.group == e.group && p.op == e.op && p.site == e.site);
+            Some((r.rank(), e, before))
+        })
         .collect();
-    let place = |r: u32, e: &LedgerEntry| format!("rank {r} issued {}", e.render());
     let mut differ = String::new();
-    if let Some(last) = ledgers.filter(|l| l.len() >= 2) {
+    if !last.is_empty() {
         f.evidence.push(format!(
             "from the observer's collective ledgers, each rank's last collective: {}",
-            last.iter().map(|(r, e)| place(*r, e)).collect::<Vec<_>>().join("; ")
+            last.iter()
+                .map(|(r, e, _)| format!("rank {r} issued {}", e.render()))
+                .collect::<Vec<_>>()
+                .join("; ")
         ));
-        let same_call = last.iter().all(|(_, e)| e.op == last[0].1.op && e.seq == last[0].1.seq);
-        let shapes: Vec<&str> = last.iter().map(|(_, e)| e.shapes.as_str()).collect();
-        if same_call && shapes.iter().any(|s| *s != shapes[0]) {
-            let odd: Vec<u32> = last
-                .iter()
-                .filter(|(_, e)| last.iter().filter(|(_, o)| o.shapes == e.shapes).count() == 1)
-                .map(|(r, _)| *r)
-                .collect();
-            let each: Vec<String> = last
-                .iter()
-                .map(|(r, e)| format!("rank {r} {}", if e.shapes.is_empty() { "?" } else { &e.shapes }))
-                .collect();
-            differ = format!(
-                " `{}` #{} has different sizes on the ranks ({})",
-                last[0].1.op,
-                last[0].1.seq,
-                each.join(", ")
-            );
-            if odd.len() == 1 && last.len() >= 3 {
-                f.culprit = Some(odd[0]);
-                differ.push_str(&format!(": rank {} differs from every other", odd[0]));
-            } else {
-                differ.push_str(": which rank's is wrong cannot be told from the sizes alone");
-            }
-            differ.push('.');
+    }
+    // The rank whose size at that call site changed from what it passed there before, where the
+    // others' did not: it is the one that differs (a last batch of another size, a rank-dependent
+    // slice), whatever the number of ranks.
+    let changed: Vec<u32> = last
+        .iter()
+        .filter(|(_, e, before)| before.is_some_and(|b| b.shapes != e.shapes))
+        .map(|(r, _, _)| *r)
+        .collect();
+    let steady = last.iter().filter(|(_, e, before)| before.is_some_and(|b| b.shapes == e.shapes)).count();
+    let same_call =
+        last.len() >= 2 && last.iter().all(|(_, e, _)| e.op == last[0].1.op && e.seq == last[0].1.seq);
+    let shapes_differ = same_call && last.iter().any(|(_, e, _)| e.shapes != last[0].1.shapes);
+    if shapes_differ {
+        let each: Vec<String> = last
+            .iter()
+            .map(|(r, e, _)| format!("rank {r} {}", if e.shapes.is_empty() { "?" } else { &e.shapes }))
+            .collect();
+        differ = format!(
+            " `{}` #{} has different sizes on the ranks ({})",
+            last[0].1.op,
+            last[0].1.seq,
+            each.join(", ")
+        );
+    }
+    if let [odd] = changed.as_slice()
+        && steady + 1 == last.len()
+        && let Some((_, e, Some(before))) = last.iter().find(|(r, _, _)| r == odd)
+    {
+        f.culprit = Some(*odd);
+        differ.push_str(&format!(
+            " Rank {odd}'s size changed at that call site: it passed {} to `{}` there before, {} now{}.",
+            if before.shapes.is_empty() { "?" } else { &before.shapes },
+            e.op,
+            if e.shapes.is_empty() { "?" } else { &e.shapes },
+            if steady > 0 { ", where every other rank's stayed the same" } else { "" },
+        ));
+    } else if shapes_differ {
+        let odd: Vec<u32> = last
+            .iter()
+            .filter(|(_, e, _)| last.iter().filter(|(_, o, _)| o.shapes == e.shapes).count() == 1)
+            .map(|(r, _, _)| *r)
+            .collect();
+        if odd.len() == 1 && last.len() >= 3 {
+            f.culprit = Some(odd[0]);
+            differ.push_str(&format!(": rank {} differs from every other.", odd[0]));
+        } else {
+            differ.push_str(": which rank's is wrong cannot be told from the sizes alone.");
         }
     }
     f.headline = Some(format!(
@@ -592,6 +625,43 @@ mod tests {
             r.observed.as_mut().unwrap().ledger.iter_mut().for_each(|e| e.at_s = None);
         }
         assert_eq!(judge(&ranks, &s).and_then(|f| f.culprit), Some(0), "rank 0 never issued it");
+    }
+
+    /// gloo aborted rank 0 (it received more than it expected); the ledgers show rank 1 passing
+    /// 15 to the all-reduce it had always passed 8 at that call site, rank 0 passing 8 as ever:
+    /// rank 1 is the one that differs, however many ranks there are.
+    #[test]
+    fn a_size_mismatch_names_the_rank_whose_size_changed_at_that_call_site() {
+        let s = scenario(2);
+        let mut ranks: Vec<RankResult> = (0..2).map(|r| hung(r, &["all_reduce"; 2], true)).collect();
+        ranks[1].observed.as_mut().unwrap().ledger[1].shapes = "15".into();
+        ranks[0].outcome = OutcomeKind::Signaled;
+        ranks[0].signal = Some(crate::schema::Signal::ABRT);
+        ranks[0].log_tail = vec![
+            "terminate called after throwing an instance of 'gloo::EnforceNotMet'".into(),
+            "  what():  [enforce fail at /pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:456] op.preamble.length \
+             <= op.nbytes. 60 vs 32. Received data size doesn't match expected size. Is there a distributed collective \
+             mismatch in your code?"
+                .into(),
+        ];
+        let f = with_evidence(&ranks, &s, |ev| size_mismatch(ev, ev.ranks.first())).expect("a size mismatch");
+        assert_eq!(f.culprit, Some(1));
+        let h = f.headline.unwrap();
+        assert!(h.contains("it received 60 where it expected 32"), "{h}");
+        assert!(
+            h.ends_with(
+                "Rank 1's size changed at that call site: it passed 1 to `all_reduce` there before, 15 now, where every \
+                 other rank's stayed the same."
+            ),
+            "{h}"
+        );
+        // Without a history at that call site, which rank's size is wrong is not told.
+        for r in &mut ranks {
+            r.observed.as_mut().unwrap().ledger.remove(0);
+        }
+        let f = with_evidence(&ranks, &s, |ev| size_mismatch(ev, ev.ranks.first())).expect("a size mismatch");
+        assert_eq!(f.culprit, None);
+        assert!(f.headline.unwrap().contains("cannot be told from the sizes alone"));
     }
 
     #[test]
