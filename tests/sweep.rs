@@ -141,6 +141,30 @@ fn the_shipped_fork_after_threads_configuration_is_named_a_deadlock_and_never_th
     assert!(md.contains("hung (pattern `fork-after-threads`)"), "{md}");
 }
 
+/// The write-ups' own question, fork or spawn, asked of the configuration that deadlocks: its
+/// `worker_threads: inherit` only matters with fork, and refused the whole grid. Now it is left
+/// at its default at the spawn point, with a note, and both points run.
+#[test]
+fn a_fork_or_spawn_grid_keeps_a_fork_only_field_where_it_applies_and_notes_where_it_does_not() {
+    let sb = Sandbox::new();
+    let file = repo().join("scenarios/loader-fork-deadlock.json");
+    let (out, record) =
+        sweep(&sb, &file, &["--vary", "data.start_method=fork,spawn", "--set", "train.steps=2"]);
+    assert_eq!(out.status.code(), Some(1), "the fork point deadlocks as the file expects; {}", stderr(&out));
+    let fork = point(&record, "data.start_method=fork");
+    assert_eq!(fork["summary"]["failure"]["pattern"], "fork-after-threads", "{fork:#}");
+    assert!(fork["dropped"].is_null(), "{fork:#}");
+    let spawn = point(&record, "data.start_method=spawn");
+    assert_eq!(spawn["summary"]["passed_runs"], 1, "{spawn:#}");
+    let dropped = spawn["dropped"][0].as_str().unwrap_or_default();
+    assert!(
+        dropped.starts_with("`data.worker_threads=one` left at its default here: `inherit` only matters with `start_method: fork`"),
+        "{spawn:#}"
+    );
+    let md = std::fs::read_to_string(sb.out().join("sweep.md")).unwrap();
+    assert!(md.contains("data.worker_threads=one\\` left at its default here"), "{md}");
+}
+
 fn tiny_sweep_args() -> Vec<&'static str> {
     vec!["--vary", "data.workers=0,1", "--vary", "train.steps=2,3"]
 }

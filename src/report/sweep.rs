@@ -311,6 +311,22 @@ pub fn render_sweep(r: &SweepRecord) -> String {
         .collect();
     let (header, align) = columns(gpu);
     out.push(markup::table(&header, &align, &rows));
+    let dropped: Vec<String> = r
+        .points
+        .iter()
+        .flat_map(|p| {
+            p.dropped
+                .iter()
+                .map(move |d| format!("- point {} ({}): {}", p.index, code(&p.label), markup::text(d)))
+        })
+        .collect();
+    if !dropped.is_empty() {
+        out.push(format!(
+            "Fields of the configuration that do not apply at some points were left at their defaults there \
+             (the grid's other points keep them):\n\n{}",
+            dropped.join("\n")
+        ));
+    }
     out.extend(charts(r));
     out.push("## Run folders".to_string());
     let mut folders = Vec::new();
@@ -414,6 +430,7 @@ mod tests {
                 gpus,
                 ..PointSummary::default()
             },
+            dropped: Vec::new(),
         }
     }
 

@@ -50,6 +50,9 @@ struct Point {
     /// `points/NN-name`, relative to the sweep folder.
     dir: String,
     runs: Vec<PointRun>,
+    /// Fields of the configuration left at their defaults at this point, where they do not apply,
+    /// and why (`data.worker_threads`: `inherit` only matters with `start_method: fork`).
+    dropped: Vec<String>,
 }
 
 /// Runs the sweep; the exit status as [`exit`] documents it (0: every point met its `expect`).
@@ -200,48 +203,84 @@ fn load_points(args: &SweepRequest, axes: &[sweep::Axis]) -> Result<Vec<Point>, 
     let grid = sweep::points(axes);
     let width = grid.len().to_string().len();
     let mut points = Vec::new();
-    let mut errors: Vec<ScenarioError> = Vec::new();
+    let mut failed: Vec<(usize, Vec<Override>, ScenarioError)> = Vec::new();
     for (i, settings) in grid.into_iter().enumerate() {
         let all: Vec<Override> = args.set.iter().chain(&settings).cloned().collect();
         match scenario::load_file(args.file(), &all) {
-            Ok(s) => {
-                let name: Vec<String> = settings
-                    .iter()
-                    .map(|o| {
-                        let field = o.path.rsplit('.').next().unwrap_or(&o.path);
-                        let value = o.raw.split_once('=').map_or("", |(_, v)| v);
-                        format!("{field}-{value}")
-                    })
-                    .collect();
-                points.push(Point {
-                    hash: crate::bisect::config_hash(&s),
-                    dir: format!("points/{:0width$}-{}", i + 1, sanitize(&name.join("_"))),
-                    input: ScenarioInput {
-                        file: args.file().to_path_buf(),
-                        overrides: all.iter().map(|o| o.raw.clone()).collect(),
-                        scenario: s,
-                    },
-                    settings,
-                    runs: Vec::new(),
-                });
-            }
-            Err(mut e) => {
-                // The value came from a `--vary`: say so, not `--set`, which the user never wrote.
-                if let Some(axis) = e
-                    .from_override
-                    .as_ref()
-                    .and_then(|raw| axes.iter().find(|a| a.values.iter().any(|v| &v.raw == raw)))
-                {
-                    let value = e.from_override.take().unwrap_or_default();
-                    e.message = format!("`--vary {}` gives `{value}`: {}", axis.raw, e.message);
-                }
-                if !errors.contains(&e) {
-                    errors.push(e);
-                }
-            }
+            Ok(s) => points.push(point(args, i, width, settings, all, s, Vec::new())),
+            Err(e) => failed.push((i, settings, e)),
         }
     }
+    // A field of the configuration (not of the grid) that a point's values make meaningless
+    // (`worker_threads: inherit` at `start_method: spawn`) is left at its default there, with a
+    // note, where it stands at other points: the grid still asks its question. A field no point
+    // takes is the user's to fix.
+    let varied = |field: &str| axes.iter().any(|a| a.values.iter().any(|v| v.path == field));
+    let mut errors: Vec<ScenarioError> = Vec::new();
+    for (i, settings, mut e) in failed {
+        let from_grid = e.from_override.as_ref().is_none_or(|raw| settings.iter().any(|o| &o.raw == raw));
+        let field = e.field.clone().filter(|f| !points.is_empty() && !varied(f) && from_grid);
+        let default = field.as_deref().and_then(|f| {
+            let value = scenario::lookup(&scenario::Scenario::default(), f)?;
+            let text = value.as_str().map_or_else(|| value.to_string(), str::to_string);
+            Some(Override { path: f.to_string(), raw: format!("{f}={text}"), value })
+        });
+        if let Some(default) = default {
+            let mut all: Vec<Override> = args.set.iter().chain(&settings).cloned().collect();
+            all.push(default.clone());
+            if let Ok(s) = scenario::load_file(args.file(), &all) {
+                let why = format!("`{}` left at its default here: {}", default.raw, e.message);
+                points.push(point(args, i, width, settings, all, s, vec![why]));
+                continue;
+            }
+        }
+        // The value came from a `--vary`: say so, not `--set`, which the user never wrote.
+        if let Some(axis) = e
+            .from_override
+            .as_ref()
+            .and_then(|raw| axes.iter().find(|a| a.values.iter().any(|v| &v.raw == raw)))
+        {
+            let value = e.from_override.take().unwrap_or_default();
+            e.message = format!("`--vary {}` gives `{value}`: {}", axis.raw, e.message);
+        }
+        if !errors.contains(&e) {
+            errors.push(e);
+        }
+    }
+    points.sort_by_key(|p| p.dir.clone());
     if errors.is_empty() { Ok(points) } else { Err(Error::Scenarios(errors)) }
+}
+
+/// Point `i` of the grid: its `settings`, every override it loads with (`all`) and its scenario.
+fn point(
+    args: &SweepRequest,
+    i: usize,
+    width: usize,
+    settings: Vec<Override>,
+    all: Vec<Override>,
+    s: scenario::Scenario,
+    dropped: Vec<String>,
+) -> Point {
+    let name: Vec<String> = settings
+        .iter()
+        .map(|o| {
+            let field = o.path.rsplit('.').next().unwrap_or(&o.path);
+            let value = o.raw.split_once('=').map_or("", |(_, v)| v);
+            format!("{field}-{value}")
+        })
+        .collect();
+    Point {
+        hash: crate::bisect::config_hash(&s),
+        dir: format!("points/{:0width$}-{}", i + 1, sanitize(&name.join("_"))),
+        input: ScenarioInput {
+            file: args.file().to_path_buf(),
+            overrides: all.iter().map(|o| o.raw.clone()).collect(),
+            scenario: s,
+        },
+        settings,
+        runs: Vec::new(),
+        dropped,
+    }
 }
 
 /// The runs of one configuration that earlier sweeps in this folder finished.
@@ -402,6 +441,7 @@ impl Sweep {
                 hash: p.hash.clone(),
                 summary: sweep::summarise_point(&p.runs),
                 runs: p.runs.clone(),
+                dropped: p.dropped.clone(),
             })
             .collect();
         self.record.verdict = sweep::judge(&self.record.points);

@@ -51,6 +51,10 @@ pub struct PointRecord {
     pub hash: String,
     pub runs: Vec<PointRun>,
     pub summary: PointSummary,
+    /// Fields of the configuration left at their defaults at this point because they do not
+    /// apply there, each with why.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dropped: Vec<String>,
 }
 
 /// One real run of a point.

@@ -141,6 +141,7 @@ mod tests {
                 samples_per_s: Range::of(samples.iter().copied()),
                 ..PointSummary::default()
             },
+            dropped: Vec::new(),
         }
     }
 
