@@ -161,6 +161,13 @@ fn judge_watched(o: &Observed) -> Judgement {
     let together = if finding.is_none() { hung_together(&ev, failed) } else { Vec::new() };
     // Ranks the finding names for what they were (those a timed-out collective waited for).
     let mut named = finding.as_ref().map(|f| f.named.clone()).unwrap_or_default();
+    // A finding that cannot tell which rank caused it: none is the first failure, none collateral.
+    let undecided = finding.as_ref().is_some_and(|f| f.undecided);
+    if undecided {
+        named.extend(
+            ev.ranks.iter().filter(|r| r.failed() && r.rank() != failed.rank()).map(RankEvidence::rank),
+        );
+    }
     if let Some(f) = finding {
         apply(&mut verdict, f);
     }
@@ -181,8 +188,8 @@ fn judge_watched(o: &Observed) -> Judgement {
     verdict.key_line = key.map(|k| k.render());
     Judgement {
         outcome: failed.result.outcome,
-        // Ranks hung together: none failed first.
-        first_failure: together.is_empty().then_some(failed.rank()),
+        // Ranks hung together, or a finding that cannot tell: none failed first.
+        first_failure: (together.is_empty() && !undecided).then_some(failed.rank()),
         verdict,
         same_failure: same,
     }

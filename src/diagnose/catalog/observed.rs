@@ -141,6 +141,12 @@ pub fn size_mismatch(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Find
             differ.push_str(": which rank's is wrong cannot be told from the sizes alone.");
         }
     }
+    // The rank the library aborted only received what another sent: unless a rank's size is
+    // known to have changed, which one is at fault is not claimed.
+    f.undecided = f.culprit.is_none();
+    if f.undecided && !differ.contains("cannot be told") {
+        differ.push_str(" Which rank passed the wrong size cannot be told from what was seen.");
+    }
     f.headline = Some(format!(
         "Collectives out of step: {} aborted in a collective whose sizes differ between the ranks{sizes} \
          (the library's own words: `Received data size doesn't match expected size`).{differ}",
@@ -322,6 +328,20 @@ pub fn collective_mismatch(ev: &Evidence, first: Option<&RankEvidence>) -> Optio
             continue;
         }
         if issued_after_lackers_failed(ev, &ledgers, group, seq, &lackers) {
+            continue;
+        }
+        // A rank that lacks it because it raised an error of its own (an exception, its traceback
+        // in its output) never got there: the error is the cause, which the other patterns name,
+        // not a collective it skipped (seen with TRL's SFT script: rank 1 raised at step 3 while
+        // rank 0 had already issued the next `all_gather`).
+        let raised = |l: &u32| {
+            ev.ranks.iter().find(|r| r.rank() == *l).is_some_and(|r| {
+                r.result.outcome == OutcomeKind::Exited
+                    && matches!(r.ended_by, EndedBy::Itself)
+                    && r.key.as_ref().is_some_and(|k| k.is_exception())
+            })
+        };
+        if lackers.iter().any(raised) {
             continue;
         }
         if lackers.len() < havers.len() || (lackers.len() == havers.len() && waiting) {

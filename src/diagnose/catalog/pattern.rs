@@ -38,6 +38,10 @@ pub struct Finding {
     /// timed-out collective waited for (or, where those cannot be told, the ranks stopped after
     /// it gave up) and the others that gave up waiting too.
     pub named: Vec<u32>,
+    /// The evidence does not tell which rank caused it (two ranks whose collective sizes differ,
+    /// neither's known to have changed): no rank is claimed as the first failure, and none is
+    /// called collateral.
+    pub undecided: bool,
 }
 
 impl Finding {
@@ -51,6 +55,7 @@ impl Finding {
             next_step: None,
             appendix: None,
             named: Vec::new(),
+            undecided: false,
         }
     }
 }
