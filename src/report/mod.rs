@@ -41,7 +41,7 @@ mod tests;
 
 pub mod public;
 pub use bisect::{render_bisect, write_bisect_md};
-pub use bundle::{BUNDLE_FILE, write_bundle};
+pub use bundle::{BUNDLE_FILE, Bundle, write_bundle};
 pub use files::{
     IssueText, REPORT_FILE, RESULT_FILE, ReportError, issue_text, read_run, rerender, rerender_masked,
     json_text, result_json, write_atomic, write_json, write_run, write_text,
