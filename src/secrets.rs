@@ -241,7 +241,8 @@ pub fn mask_text_knowing<'t>(text: &'t str, known: &[String]) -> Cow<'t, str> {
 
 /// `text` with each of `known` and of the learnt values replaced by [`REDACTED`].
 fn mask_values<'t>(mut out: Cow<'t, str>, known: &[String]) -> Cow<'t, str> {
-    for secret in known.iter().chain(learnt().iter()) {
+    let learnt = store().lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    for secret in known.iter().chain(learnt.iter()) {
         if out.contains(secret.as_str()) {
             out = Cow::Owned(out.replace(secret.as_str(), REDACTED));
         }
@@ -318,10 +319,6 @@ fn sorted(found: &mut Vec<String>) {
     found.dedup();
 }
 
-fn learnt() -> Vec<String> {
-    store().lock().map(|v| v.clone()).unwrap_or_default()
-}
-
 /// Remembers the secret values `doc` holds ([`secret_values`]: a scenario's `launch.env`, the
 /// secret flags of its command) for every output this process writes from now on. The harness
 /// calls it as each scenario starts, before any line about that run is printed.
@@ -333,12 +330,11 @@ fn learn_values(values: &[String]) {
     if values.is_empty() {
         return;
     }
-    if let Ok(mut known) = store().lock() {
-        let before = known.len();
-        known.extend(values.iter().filter(|v| !v.contains(REDACTED)).cloned());
-        if known.len() != before {
-            sorted(&mut known);
-        }
+    let mut known = store().lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let before = known.len();
+    known.extend(values.iter().filter(|v| !v.contains(REDACTED)).cloned());
+    if known.len() != before {
+        sorted(&mut known);
     }
 }
 
