@@ -45,18 +45,46 @@ pub fn is_closed(stream: Stream) -> bool {
 }
 
 /// Writes `args` to `stream`, never panicking: a failed write closes the stream for the rest of
-/// the command (see the module's documentation).
+/// the command (see the module's documentation). What is written passes the one rule for secrets
+/// first ([`crate::secrets::scrub`]: secrets masked, control sequences removed): this is the
+/// terminal's choke point.
 pub fn write(stream: Stream, args: fmt::Arguments<'_>) {
     if is_closed(stream) {
         return;
     }
+    let text = fmt::format(args);
+    write_raw(stream, &crate::secrets::scrub(&text));
+}
+
+/// [`write`] for ups-doctor's own styled output (the coloured matrix, the live status line): the
+/// same rule, keeping colour sequences, `ESC [ K` and carriage returns
+/// ([`crate::secrets::scrub_styled`]).
+pub fn write_styled(stream: Stream, text: &str) {
+    if !is_closed(stream) {
+        write_raw(stream, &crate::secrets::scrub_styled(text));
+    }
+}
+
+/// A JSON document on `stream` (`--json`), masked as a document ([`crate::secrets::scrub_json`])
+/// rather than as text, pretty, ending in a newline.
+pub fn write_json(stream: Stream, doc: &impl serde::Serialize) {
+    if is_closed(stream) {
+        return;
+    }
+    let mut value = serde_json::to_value(doc).expect("what ups-doctor prints serialises");
+    crate::secrets::scrub_json(&mut value);
+    let text = serde_json::to_string_pretty(&value).expect("a JSON value always encodes") + "\n";
+    write_raw(stream, &text);
+}
+
+fn write_raw(stream: Stream, text: &str) {
     let written = match stream {
         Stream::Stdout => {
             let mut out = std::io::stdout().lock();
             // A line that stays in the buffer would fail only at exit, where nothing can tell.
-            out.write_fmt(args).and_then(|()| out.flush())
+            out.write_all(text.as_bytes()).and_then(|()| out.flush())
         }
-        Stream::Stderr => std::io::stderr().lock().write_fmt(args),
+        Stream::Stderr => std::io::stderr().lock().write_all(text.as_bytes()),
     };
     if let Err(e) = written {
         gone(stream, &e);

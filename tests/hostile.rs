@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use crate::util::{Sandbox, eventually};
+use crate::util::{Sandbox, eventually, files_under, unpack_bundle};
 
 /// A pipe: (read end, write end).
 fn pipe() -> (std::os::fd::OwnedFd, std::os::fd::OwnedFd) {
@@ -70,22 +70,6 @@ fn run_into_a_reader_that_left_saves_everything_and_keeps_its_exit_status() {
 }
 
 /// Every file under `dir`, recursively.
-fn files_under(dir: &Path) -> Vec<PathBuf> {
-    let mut found = Vec::new();
-    let mut todo = vec![dir.to_path_buf()];
-    while let Some(d) = todo.pop() {
-        for entry in std::fs::read_dir(&d).into_iter().flatten().flatten() {
-            let path = entry.path();
-            if entry.file_type().is_ok_and(|t| t.is_dir()) {
-                todo.push(path);
-            } else {
-                found.push(path);
-            }
-        }
-    }
-    found
-}
-
 #[test]
 fn ctrl_c_while_piped_into_a_tee_that_died_first_saves_and_exits_130() {
     use std::os::unix::process::CommandExt;
@@ -383,17 +367,7 @@ fn secrets_in_env_argv_params_and_program_output_reach_no_output() {
     // The bundle's files, log tails included.
     let bundled = sb.cmd().args(["report", "out", "--bundle"]).output().unwrap();
     assert_eq!(bundled.status.code(), Some(0), "{}", String::from_utf8_lossy(&bundled.stderr));
-    let unpacked = sb.path().join("unpacked");
-    std::fs::create_dir_all(&unpacked).unwrap();
-    let tar = std::process::Command::new("tar")
-        .arg("-xzf")
-        .arg(sb.out().join("ups-doctor-bundle.tar.gz"))
-        .arg("-C")
-        .arg(&unpacked)
-        .status()
-        .unwrap();
-    assert!(tar.success());
-    let in_bundle = files_under(&unpacked);
+    let in_bundle = unpack_bundle(&sb.out(), &sb.path().join("unpacked"));
     assert!(in_bundle.iter().any(|p| p.to_string_lossy().contains("logs/")), "{in_bundle:?}");
     for path in in_bundle {
         shown.push((format!("bundle: {}", path.display()), std::fs::read_to_string(&path).unwrap()));

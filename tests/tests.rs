@@ -34,6 +34,7 @@ mod patterns;
 mod reliability;
 mod render;
 mod slurm;
+mod secrets;
 mod sweep;
 mod trace;
 mod training;

@@ -499,10 +499,7 @@ pub(super) fn write_attach(
     attach: &serde_json::Value,
 ) -> Result<PathBuf, Error> {
     let report = crate::report::write_run(out, run)?;
-    let mut attach = attach.clone();
-    crate::secrets::mask_json(&mut attach);
-    let text = serde_json::to_string_pretty(&attach).expect("serialises") + "\n";
-    crate::report::write_atomic(&out.join("attach.json"), text.as_bytes())?;
+    crate::report::write_json(&out.join("attach.json"), attach, true)?;
     Ok(report)
 }
 

@@ -142,6 +142,9 @@ pub fn command(args: AttachArgs) -> Result<u8, Error> {
 
 fn attach_one(pid: u32, out: &Path, window: Duration, native: bool, stop: bool) -> Result<State, Error> {
     let job = job::find(pid).map_err(Error::BadInput)?;
+    // The values of its secret flags (`--api-key X`) are masked wherever they appear (its stacks,
+    // its output), not only after the flag.
+    crate::secrets::learn(&serde_json::json!(job.command));
     // Who is signalled if the job is to be stopped: as first seen, before the window.
     let (heads, everyone) = job.first_seen();
     let local = Local::observe(pid, job, window, native);

@@ -160,9 +160,8 @@ pub fn run(
     let dir = &request.out_dir;
     // Masked as every output is (issue text is pasted from it); minimal.json is a scenario to run
     // and keeps what it needs to run.
-    let mut masked = serde_json::to_value(&record).expect("records serialise");
-    crate::secrets::mask_json(&mut masked);
-    write(&dir.join("bisect.json"), &serde_json::to_string_pretty(&masked).expect("records serialise"))?;
+    let masked = crate::report::json_text(&record, true).expect("records serialise");
+    write(&dir.join("bisect.json"), masked.trim_end())?;
     write(&dir.join("minimal.json"), &record.minimal.file_json())?;
     Ok(record)
 }

@@ -251,6 +251,11 @@ pub fn run_scenario_on_node(
     let resolved_file = dir.join("scenario.json");
     let here = std::env::current_dir().map_err(|e| prepare(Path::new("."), e))?;
     let resolved = with_absolute_paths(&input.scenario, &here, &here.join(dir));
+    // Its secret values are masked in every output from now on, lines printed before its
+    // result.json included (`crate::secrets`); scenario.json keeps them, to run again.
+    if let Ok(doc) = serde_json::to_value(&input.scenario) {
+        crate::secrets::learn(&doc);
+    }
     let json = serde_json::to_string_pretty(&resolved).expect("scenarios always serialise");
     crate::run_files::replace(&resolved_file, (json + "\n").as_bytes())
         .map_err(|e| prepare(&resolved_file, e))?;

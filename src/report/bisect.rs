@@ -13,7 +13,10 @@ pub fn write_bisect_md(
 ) -> Result<std::path::PathBuf, super::ReportError> {
     let report = dir.join("bisect.md");
     let text = render_bisect(record) + "\n";
-    super::write_atomic(&report, crate::secrets::mask_rendered(&text, record).as_bytes())?;
+    if let Ok(doc) = serde_json::to_value(record) {
+        crate::secrets::learn(&doc);
+    }
+    super::write_text(&report, &text)?;
     Ok(report)
 }
 

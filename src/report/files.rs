@@ -73,7 +73,7 @@ fn folder(path: &Path) -> String {
 pub fn write_run(dir: &Path, run: &RunResult) -> Result<PathBuf, ReportError> {
     fs::create_dir_all(dir).map_err(|source| ReportError::CreateDir { path: dir.to_path_buf(), source })?;
     let json = result_json(run).map_err(ReportError::Encode)?;
-    write_atomic(&dir.join(RESULT_FILE), json.as_bytes())?;
+    write_text_as_is(&dir.join(RESULT_FILE), &json)?;
     // JSON cannot hold every value a run may carry (a NaN loss is written as `null`); when the
     // text does not read back, the report still shows what the run had.
     match serde_json::from_str::<RunResult>(&json) {
@@ -89,15 +89,55 @@ pub fn write_run(dir: &Path, run: &RunResult) -> Result<PathBuf, ReportError> {
 ///
 /// The result cannot be encoded as JSON.
 pub fn result_json(run: &RunResult) -> Result<String, serde_json::Error> {
-    let mut value = serde_json::to_value(run)?;
-    crate::secrets::mask_json(&mut value);
-    Ok(serde_json::to_string_pretty(&value)? + "\n")
+    json_text(run, true)
+}
+
+/// The text of an outgoing JSON document (`pretty` or on one line, ending in a newline), masked as
+/// a document by the one rule ([`crate::secrets::scrub_json`]).
+///
+/// # Errors
+///
+/// The document cannot be encoded as JSON.
+pub fn json_text(doc: &impl serde::Serialize, pretty: bool) -> Result<String, serde_json::Error> {
+    let mut value = serde_json::to_value(doc)?;
+    crate::secrets::scrub_json(&mut value);
+    let text = if pretty { serde_json::to_string_pretty(&value)? } else { serde_json::to_string(&value)? };
+    Ok(text + "\n")
+}
+
+/// Writes the outgoing JSON document `doc` to `path` ([`json_text`], then [`write_atomic`]): the
+/// file sink of every JSON record ups-doctor writes for a reader (`result.json`, `trace.json`,
+/// `sweep.json`, the sweep's cache, `bisect.json`, `attach.json`).
+///
+/// # Errors
+///
+/// [`ReportError::Encode`] when it does not encode, [`ReportError::Write`] as [`write_atomic`].
+pub fn write_json(path: &Path, doc: &impl serde::Serialize, pretty: bool) -> Result<(), ReportError> {
+    write_text_as_is(path, &json_text(doc, pretty).map_err(ReportError::Encode)?)
+}
+
+/// Writes outgoing text (a report, a table) to `path` through the one rule for secrets
+/// ([`crate::secrets::scrub`]): the file sink of every markdown file ups-doctor writes.
+///
+/// # Errors
+///
+/// As [`write_atomic`].
+pub fn write_text(path: &Path, text: &str) -> Result<(), ReportError> {
+    write_text_as_is(path, &crate::secrets::scrub(text))
+}
+
+/// Text that went through the rule already ([`json_text`]).
+fn write_text_as_is(path: &Path, text: &str) -> Result<(), ReportError> {
+    write_atomic(path, text.as_bytes())
 }
 
 /// `report.md` and, when it is a summary, each scenario's full report in its own folder.
 /// Rendered from a masked result; the text is masked again (a result that did not read back is
-/// rendered as it is).
+/// rendered as it is): the secret values of `run` are learnt first ([`crate::secrets::learn`]).
 fn write_reports(dir: &Path, run: &RunResult) -> Result<PathBuf, ReportError> {
+    if let Ok(doc) = serde_json::to_value(run) {
+        crate::secrets::learn(&doc);
+    }
     if is_summary(run) {
         for i in 0..run.scenarios.len() {
             let path = dir.join(scenario_report_path(run, i));
@@ -105,18 +145,12 @@ fn write_reports(dir: &Path, run: &RunResult) -> Result<PathBuf, ReportError> {
                 crate::run_files::folder(parent)
                     .map_err(|source| ReportError::CreateDir { path: parent.to_path_buf(), source })?;
             }
-            write_atomic(
-                &path,
-                crate::secrets::mask_rendered(&render_scenario_markdown(run, i), run).as_bytes(),
-            )?;
+            write_text(&path, &render_scenario_markdown(run, i))?;
         }
     }
-    write_atomic(
-        &dir.join(super::trace::TRACE_FILE),
-        crate::secrets::mask_rendered(&super::trace::render_trace(run), run).as_bytes(),
-    )?;
+    write_json(&dir.join(super::trace::TRACE_FILE), &super::trace::trace_value(run), false)?;
     let report = dir.join(REPORT_FILE);
-    write_atomic(&report, crate::secrets::mask_rendered(&render_markdown(run), run).as_bytes())?;
+    write_text(&report, &render_markdown(run))?;
     Ok(report)
 }
 
@@ -141,6 +175,8 @@ pub fn issue_text(run: &RunResult) -> IssueText {
     }
     attach.push(RESULT_FILE.to_string());
     attach.push(super::trace::TRACE_FILE.to_string());
+    // Printed: the terminal's sink masks it ([`crate::output::write`]); masked here too for
+    // callers that keep the text.
     IssueText { paste: crate::secrets::mask_rendered(&render_markdown(run), run).into_owned(), attach }
 }
 

@@ -6,7 +6,7 @@
 //! 5 s. Nothing is coloured, so `NO_COLOR` holds trivially; the final matrix decides colour on its
 //! own.
 
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 
 use crate::harness::RankState;
@@ -121,9 +121,7 @@ impl Progress {
                     self.hang_after_s,
                     terminal_width(),
                 );
-                let mut err = std::io::stderr().lock();
-                let _ = write!(err, "\r\x1b[K{line}");
-                let _ = err.flush();
+                crate::output::write_styled(crate::output::Stream::Stderr, &format!("\r\x1b[K{line}"));
             }
             ProgressMode::Plain => {
                 let now = elapsed.as_secs_f64();
@@ -156,7 +154,7 @@ impl Progress {
 
     fn scenario_finished(&mut self) {
         if self.mode == ProgressMode::Live {
-            eprint!("\r\x1b[K");
+            crate::output::write_styled(crate::output::Stream::Stderr, "\r\x1b[K");
         }
     }
 }

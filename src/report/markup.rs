@@ -49,7 +49,9 @@ fn keep_units(s: &str) -> String {
 /// Plain text as inline markdown: characters that would start emphasis, links, code or HTML are
 /// backslash-escaped. `|` and newlines are left to [`cell`].
 pub(crate) fn text(s: &str) -> String {
-    let chars: Vec<char> = s.chars().collect();
+    // Control sequences go before the escaping, which would split `ESC ]` and leave its payload
+    // (the rule of `crate::secrets`, which the file sink applies again).
+    let chars: Vec<char> = crate::secrets::strip_controls(s, false).chars().collect();
     let mut out = String::with_capacity(s.len());
     for (i, &c) in chars.iter().enumerate() {
         // An underscore between two letters or digits (`x86_64`) can never start emphasis, so it

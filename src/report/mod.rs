@@ -41,10 +41,10 @@ mod tests;
 
 pub mod public;
 pub use bisect::{render_bisect, write_bisect_md};
-pub use bundle::{BUNDLE_FILE, write_bundle};
+pub use bundle::{BUNDLE_FILE, Bundle, write_bundle};
 pub use files::{
     IssueText, REPORT_FILE, RESULT_FILE, ReportError, issue_text, read_run, rerender, rerender_masked,
-    result_json, write_atomic, write_run,
+    json_text, result_json, write_atomic, write_json, write_run, write_text,
 };
 pub use markdown::{
     is_summary, render_env_markdown, render_markdown, render_scenario_markdown, scenario_report_path,

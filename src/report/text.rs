@@ -76,29 +76,10 @@ pub(crate) fn truncate(s: &str, max: usize) -> String {
     out
 }
 
-/// Removes ANSI escape sequences (colours in log lines) and control characters other than tab and
-/// newline.
+/// Removes terminal control sequences (ANSI colours, OSC strings with their payload) and control
+/// characters other than tab and newline: the one implementation, [`crate::secrets::strip_controls`].
 pub(crate) fn strip_control(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    let mut chars = s.chars().peekable();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            // CSI: ESC [ parameters… final byte in @..~; other escapes are two characters.
-            if chars.peek() == Some(&'[') {
-                chars.next();
-                for c in chars.by_ref() {
-                    if ('@'..='~').contains(&c) {
-                        break;
-                    }
-                }
-            } else {
-                chars.next();
-            }
-        } else if c == '\t' || c == '\n' || !c.is_control() {
-            out.push(c);
-        }
-    }
-    out
+    crate::secrets::strip_controls(s, false).into_owned()
 }
 
 pub(crate) use crate::scenario::shell_line;

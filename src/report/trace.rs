@@ -48,13 +48,20 @@ const WORKER_TID: u64 = 1_000;
 
 /// The trace of `run`, as the JSON text `trace.json` holds (ending in a newline).
 pub fn render_trace(run: &RunResult) -> String {
+    let mut text = serde_json::to_string(&trace_value(run)).expect("a JSON value always encodes");
+    text.push('\n');
+    text
+}
+
+/// [`render_trace`]'s document, as the file sink writes it ([`super::files::write_json`]).
+pub fn trace_value(run: &RunResult) -> serde_json::Value {
     let mut events = Vec::new();
     let mut offset_us = 0.0;
     for (i, s) in run.scenarios.iter().enumerate() {
         Scenario { s, index: i as u64, offset_us, multi: run.scenarios.len() > 1 }.events(&mut events);
         offset_us += s.wall_s.max(0.0) * 1e6 + GAP_US;
     }
-    let trace = json!({
+    json!({
         "traceEvents": events,
         "displayTimeUnit": "ms",
         "otherData": {
@@ -63,10 +70,7 @@ pub fn render_trace(run: &RunResult) -> String {
             "command": run.command.join(" "),
             "clock": "seconds since each scenario started (multi-node: node 0's clock, calibrated)",
         },
-    });
-    let mut text = serde_json::to_string(&trace).expect("a JSON value always encodes");
-    text.push('\n');
-    text
+    })
 }
 
 struct Scenario<'a> {

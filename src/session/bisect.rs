@@ -213,7 +213,7 @@ pub fn bisect(args: BisectRequest) -> Result<u8, Error> {
     let summary = crate::secrets::mask_rendered(&summary, &record);
     if args.json {
         eprintln!("{summary}\nreport: {}", report.display());
-        println!("{}", serde_json::to_string_pretty(&record).expect("records serialise"));
+        crate::output::write_json(crate::output::Stream::Stdout, &record);
     } else {
         println!(
             "{summary}\n{} real runs, confidence {:.2}\nreport: {}",

@@ -54,7 +54,10 @@ pub fn rerender(dir: &Path, public: bool, issue: bool, bundle: bool) -> Result<u
         println!("{}", path.display());
     }
     if bundle {
-        let (path, files) = report::write_bundle(dir)?;
+        let report::Bundle { path, files, left_out } = report::write_bundle(dir)?;
+        for why in &left_out {
+            eprintln!("ups-doctor: left out of the bundle: {why}");
+        }
         eprintln!(
             "ups-doctor: {} files, masked, in {} — attach it to the issue",
             files.len(),
@@ -111,7 +114,7 @@ pub fn print_env(format: EnvFormat, public: bool) -> Result<u8, Error> {
         env = report::public::mask(&env, report::public::home().as_deref()).map_err(Error::Internal)?;
     }
     match format {
-        EnvFormat::Json => println!("{}", serde_json::to_string_pretty(&env).expect("env serialises")),
+        EnvFormat::Json => crate::output::write_json(crate::output::Stream::Stdout, &env),
         EnvFormat::Markdown => print!("{}", report::render_env_markdown(&env)),
         EnvFormat::Text => print!("{}", report::render_env_text(&env)),
     }

@@ -11,6 +11,7 @@ use super::preflight::{check_gpus, check_memory_limits, check_trainer};
 use super::save::save_honestly;
 use crate::harness::run::interrupt::{self, INTERRUPTED};
 use crate::harness::{self, ScenarioInput};
+use crate::output::Stream;
 use crate::nodes::NodeConfig;
 use crate::nodes::config::NodeFlags;
 use crate::report::live::{Progress, ProgressMode};
@@ -285,14 +286,11 @@ impl Session {
         };
         let report_path = self.invocation.out_dir.join(report::REPORT_FILE);
         if json {
-            eprintln!("{matrix}");
+            crate::output::write_styled(Stream::Stderr, &format!("{matrix}\n"));
             eprintln!("report: {}", report_path.display());
-            print!(
-                "{}",
-                report::result_json(&self.invocation.shown(&self.result)?).expect("results serialise")
-            );
+            crate::output::write_json(Stream::Stdout, &self.invocation.shown(&self.result)?);
         } else {
-            println!("{matrix}");
+            crate::output::write_styled(Stream::Stdout, &format!("{matrix}\n"));
             println!("report: {}", report_path.display());
         }
         Ok(status(self.result.interrupted, self.result.scenarios.iter().all(|s| s.met_expectation)))

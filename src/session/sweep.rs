@@ -418,13 +418,8 @@ impl Sweep {
             })?;
         }
         // Masked as the outputs are: the headlines quote the program, which may print a secret the
-        // sweep's command line holds.
-        let mut runs = serde_json::to_value(&p.runs).expect("runs serialise");
-        let known =
-            serde_json::to_value(&self.record).map(|r| crate::secrets::secret_values(&r)).unwrap_or_default();
-        crate::secrets::mask_json_knowing(&mut runs, &known);
-        let text = serde_json::to_string_pretty(&runs).expect("runs serialise");
-        report::write_atomic(&path, text.as_bytes())?;
+        // sweep's command line holds (learnt as each point's scenario started).
+        report::write_json(&path, &p.runs, true)?;
         Ok(())
     }
 
@@ -446,15 +441,8 @@ impl Sweep {
             .collect();
         self.record.verdict = sweep::judge(&self.record.points);
         // Masked as every output is: both may be pasted into an issue.
-        let mut record = serde_json::to_value(&self.record).expect("the sweep serialises");
-        crate::secrets::mask_json(&mut record);
-        let json = serde_json::to_string_pretty(&record).expect("the sweep serialises") + "\n";
-        report::write_atomic(&self.out_dir.join("sweep.json"), json.as_bytes())?;
-        let md = report::render_sweep(&self.record);
-        report::write_atomic(
-            &self.out_dir.join("sweep.md"),
-            crate::secrets::mask_rendered(&md, &self.record).as_bytes(),
-        )?;
+        report::write_json(&self.out_dir.join("sweep.json"), &self.record, true)?;
+        report::write_text(&self.out_dir.join("sweep.md"), &report::render_sweep(&self.record))?;
         Ok(())
     }
 
@@ -469,7 +457,7 @@ impl Sweep {
         );
         if json {
             eprintln!("{text}");
-            println!("{}", serde_json::to_string_pretty(&self.record).expect("the sweep serialises"));
+            crate::output::write_json(crate::output::Stream::Stdout, &self.record);
         } else {
             println!("{text}");
         }

@@ -295,3 +295,35 @@ impl Drop for SmallDisk {
         let _ = Command::new("umount").arg(&self.0).status();
     }
 }
+
+/// Every file below `dir` (links included, as files), in no particular order.
+pub fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for entry in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                todo.push(path);
+            } else {
+                found.push(path);
+            }
+        }
+    }
+    found
+}
+
+/// Unpacks the `report --bundle` archive of the run folder `run_dir` into `into` (created) with
+/// `tar`, and returns the files it held.
+pub fn unpack_bundle(run_dir: &Path, into: &Path) -> Vec<PathBuf> {
+    std::fs::create_dir_all(into).unwrap();
+    let tar = Command::new("tar")
+        .arg("-xzf")
+        .arg(run_dir.join("ups-doctor-bundle.tar.gz"))
+        .arg("-C")
+        .arg(into)
+        .status()
+        .expect("tar runs");
+    assert!(tar.success(), "tar could not unpack the bundle of {}", run_dir.display());
+    files_under(into)
+}
