@@ -122,7 +122,8 @@ pub fn mask_text(text: &str) -> Cow<'_, str> {
     };
     apply(url, &|c| {
         // `host:8080/path@v1` is a port and a path, not a password.
-        let port = c[2].split_once('/').is_some_and(|(p, _)| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()));
+        let port =
+            c[2].split_once('/').is_some_and(|(p, _)| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()));
         if port { c[0].to_string() } else { format!("{}:{REDACTED}@", &c[1]) }
     });
     apply(token, &|_| REDACTED.to_string());
@@ -377,7 +378,8 @@ pub fn strip_controls(s: &str, keep_colours: bool) -> Cow<'_, str> {
                         break;
                     }
                 }
-                let colour = seq.ends_with('m') && seq[..seq.len() - 1].chars().all(|c| c.is_ascii_digit() || c == ';');
+                let colour = seq.ends_with('m')
+                    && seq[..seq.len() - 1].chars().all(|c| c.is_ascii_digit() || c == ';');
                 if keep_colours && (colour || seq == "K") {
                     out.push_str("\u{1b}[");
                     out.push_str(&seq);
@@ -447,6 +449,19 @@ pub fn mask_json_knowing(value: &mut Value, known: &[String]) {
         }
         _ => {}
     }
+}
+
+/// The text of an outgoing JSON document (`pretty` or on one line, ending in a newline), masked as
+/// a document by the one rule ([`scrub_json`]).
+///
+/// # Errors
+///
+/// The document cannot be encoded as JSON.
+pub fn json_text(doc: &impl serde::Serialize, pretty: bool) -> Result<String, serde_json::Error> {
+    let mut value = serde_json::to_value(doc)?;
+    scrub_json(&mut value);
+    let text = if pretty { serde_json::to_string_pretty(&value)? } else { serde_json::to_string(&value)? };
+    Ok(text + "\n")
 }
 
 #[cfg(test)]
@@ -549,9 +564,11 @@ mod tests {
     /// host, and a port followed by a path, are left alone.
     #[test]
     fn url_passwords_with_slashes_are_masked_whole_and_the_path_kept() {
-        for (password, rest) in
-            [("abc/def+g==", "host/path"), ("wJalr/K7MDENG/bPxRfiCY==", "bucket/key"), ("hunter2", "10.0.0.1:29500")]
-        {
+        for (password, rest) in [
+            ("abc/def+g==", "host/path"),
+            ("wJalr/K7MDENG/bPxRfiCY==", "bucket/key"),
+            ("hunter2", "10.0.0.1:29500"),
+        ] {
             let text = format!("get s3://user:{password}@{rest} ok");
             assert_eq!(mask_text(&text), format!("get s3://user:<redacted>@{rest} ok"), "{text}");
         }
@@ -559,7 +576,10 @@ mod tests {
             assert_eq!(mask_text(kept), kept);
         }
         // Quoted (a JSON document's text): the password stops at the quote.
-        assert_eq!(mask_text(r#""https://u:p/w@h/x", "user@mail""#), r#""https://u:<redacted>@h/x", "user@mail""#);
+        assert_eq!(
+            mask_text(r#""https://u:p/w@h/x", "user@mail""#),
+            r#""https://u:<redacted>@h/x", "user@mail""#
+        );
     }
 
     /// Issue 57, defect 16: OSC strings go with their payload (BEL or ST ended), CSI colours and

@@ -109,8 +109,7 @@ fn the_bundle_takes_only_regular_files_inside_the_run_folder_and_says_what_it_le
     assert!(!texts.contains("root:x:0:0"), "/etc/passwd is in the bundle");
     assert!(!texts.contains("planted-outside-content"), "a file outside the run folder is in the bundle");
     // Said on stderr, each with why.
-    for (what, why) in [(name0.as_str(), "link"), ("/etc/passwd", "outside"), ("../outside.txt", "outside")]
-    {
+    for (what, why) in [(name0.as_str(), "link"), ("/etc/passwd", "outside"), ("../outside.txt", "outside")] {
         let said = stderr.lines().any(|l| l.contains("left out") && l.contains(what) && l.contains(why));
         assert!(said, "`{what}` ({why}) is not said to be left out:\n{stderr}");
     }

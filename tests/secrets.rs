@@ -26,7 +26,18 @@ const API_KEY: &str = "ak-planted-9731";
 
 /// Every planted value, and the escape bytes that must never be written raw.
 fn planted() -> Vec<&'static str> {
-    vec![ENV_SECRET, HF_TOKEN, WANDB_KEY, URL_PASSWORD, "def+g==", CLIPBOARD, TITLE, API_KEY, "\u{1b}", "\u{7}"]
+    vec![
+        ENV_SECRET,
+        HF_TOKEN,
+        WANDB_KEY,
+        URL_PASSWORD,
+        "def+g==",
+        CLIPBOARD,
+        TITLE,
+        API_KEY,
+        "\u{1b}",
+        "\u{7}",
+    ]
 }
 
 /// The program: prints its token and a URL with a password, writes OSC sequences, then raises
@@ -111,7 +122,8 @@ fn planted_secrets_appear_in_no_output_of_run_report_bundle_sweep_and_attach() {
     }
     found.extend(output_leaks("run", &run));
     // The rank log is the program's own record: the values are there, as it wrote them.
-    let logs: String = files_with_logs(&sb.out()).iter().map(|f| std::fs::read_to_string(f).unwrap()).collect();
+    let logs: String =
+        files_with_logs(&sb.out()).iter().map(|f| std::fs::read_to_string(f).unwrap()).collect();
     assert!(logs.contains(ENV_SECRET) && logs.contains(URL_PASSWORD), "the rank logs are left as written");
 
     // report --issue --public, then the bundle, unpacked.
@@ -163,8 +175,10 @@ fn planted_secrets_appear_in_no_output_of_run_report_bundle_sweep_and_attach() {
         seen
     });
     let attach_out = sb.path().join("attach");
-    let attached =
-        doctor(&sb).args(["attach", &job.id().to_string(), "--watch", "1", "--out"]).arg(&attach_out).output();
+    let attached = doctor(&sb)
+        .args(["attach", &job.id().to_string(), "--watch", "1", "--out"])
+        .arg(&attach_out)
+        .output();
     let _ = job.kill();
     let _ = job.wait();
     assert!(listed, "attach --all lists the job");

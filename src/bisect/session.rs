@@ -160,7 +160,7 @@ pub fn run(
     let dir = &request.out_dir;
     // Masked as every output is (issue text is pasted from it); minimal.json is a scenario to run
     // and keeps what it needs to run.
-    let masked = crate::report::json_text(&record, true).expect("records serialise");
+    let masked = crate::secrets::json_text(&record, true).expect("records serialise");
     write(&dir.join("bisect.json"), masked.trim_end())?;
     write(&dir.join("minimal.json"), &record.minimal.file_json())?;
     Ok(record)

@@ -235,6 +235,21 @@ pub fn run_scenario(
 /// [`run_scenario`] for one node of a multi-node run: `input` holds this node's ranks only, the
 /// placement gives them their global environment, and the link carries failures between nodes
 /// (see [`crate::nodes`]).
+/// Where each rank its launcher (or anyone) stopped with SIGTERM was, in its own words: into its
+/// dumps, unless py-spy already read that process (a hang: ups-doctor looks before it stops a
+/// rank). Then the folder goes; a failure to remove it leaves a few text files in the run's own
+/// folder.
+fn read_stop_stacks(folder: &Path, ends: &mut [RankEnd]) {
+    for end in ends {
+        let Some(pid) = end.pid else { continue };
+        let read = end.dumps.iter().any(|d| d.pid == pid && d.py_spy.is_some());
+        if let Some(dump) = os::stacks::stack_at_sigterm(folder, pid, end.rank).filter(|_| !read) {
+            end.dumps.push(dump);
+        }
+    }
+    let _ = std::fs::remove_dir_all(folder);
+}
+
 pub fn run_scenario_on_node(
     input: &ScenarioInput,
     program: &Path,
@@ -289,18 +304,7 @@ pub fn run_scenario_on_node(
     drop(cgroup);
     observed.leftovers.processes.extend(orphans);
     if let Some(folder) = &plan.stop_stacks {
-        // Where each rank its launcher (or anyone) stopped with SIGTERM was, in its own words: into
-        // its dumps, unless py-spy already read that process (a hang: ups-doctor looks before it
-        // stops a rank). Then the folder goes; a failure to remove it leaves a few text files in
-        // the run's own folder.
-        for end in &mut observed.ends {
-            let Some(pid) = end.pid else { continue };
-            let read = end.dumps.iter().any(|d| d.pid == pid && d.py_spy.is_some());
-            if let Some(dump) = os::stacks::stack_at_sigterm(folder, pid, end.rank).filter(|_| !read) {
-                end.dumps.push(dump);
-            }
-        }
-        let _ = std::fs::remove_dir_all(folder);
+        read_stop_stacks(folder, &mut observed.ends);
     }
     // The program formed a larger process group than the scenario said: the run watched that
     // many ranks, and the result's scenario says so (`external.world_size_declared` keeps what was

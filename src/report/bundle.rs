@@ -119,7 +119,8 @@ fn read_log(dir: &Path, name: &str) -> Result<Option<String>, String> {
     if rel.is_absolute() {
         return Err("an absolute path, outside the run folder".into());
     }
-    if rel.components().any(|c| !matches!(c, std::path::Component::Normal(_) | std::path::Component::CurDir)) {
+    if rel.components().any(|c| !matches!(c, std::path::Component::Normal(_) | std::path::Component::CurDir))
+    {
         return Err("a path with `..`, outside the run folder".into());
     }
     let path = dir.join(rel);
@@ -212,7 +213,8 @@ pub fn write_bundle(dir: &Path) -> Result<Bundle, ReportError> {
     let run = read_run(dir)?;
     let run = mask(&run, home.as_deref())
         .map_err(|e| ReportError::Write { path: path.clone(), source: io::Error::other(e) })?;
-    let (entries, left_out) = contents(&run, home.as_deref(), &known_secrets(dir), |name| read_log(dir, name));
+    let (entries, left_out) =
+        contents(&run, home.as_deref(), &known_secrets(dir), |name| read_log(dir, name));
     let top = dir
         .canonicalize()
         .ok()
@@ -232,7 +234,8 @@ fn archive(top: &str, entries: &[Entry]) -> io::Result<Vec<u8>> {
     let mut tar = tar::Builder::new(gz);
     let mtime = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
     for e in entries {
-        let text = if e.path.ends_with(".json") { e.text.as_str().into() } else { crate::secrets::scrub(&e.text) };
+        let text =
+            if e.path.ends_with(".json") { e.text.as_str().into() } else { crate::secrets::scrub(&e.text) };
         let mut header = tar::Header::new_gnu();
         header.set_size(text.len() as u64);
         header.set_mode(0o644);

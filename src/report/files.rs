@@ -92,18 +92,7 @@ pub fn result_json(run: &RunResult) -> Result<String, serde_json::Error> {
     json_text(run, true)
 }
 
-/// The text of an outgoing JSON document (`pretty` or on one line, ending in a newline), masked as
-/// a document by the one rule ([`crate::secrets::scrub_json`]).
-///
-/// # Errors
-///
-/// The document cannot be encoded as JSON.
-pub fn json_text(doc: &impl serde::Serialize, pretty: bool) -> Result<String, serde_json::Error> {
-    let mut value = serde_json::to_value(doc)?;
-    crate::secrets::scrub_json(&mut value);
-    let text = if pretty { serde_json::to_string_pretty(&value)? } else { serde_json::to_string(&value)? };
-    Ok(text + "\n")
-}
+pub use crate::secrets::json_text;
 
 /// Writes the outgoing JSON document `doc` to `path` ([`json_text`], then [`write_atomic`]): the
 /// file sink of every JSON record ups-doctor writes for a reader (`result.json`, `trace.json`,

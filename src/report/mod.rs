@@ -43,8 +43,8 @@ pub mod public;
 pub use bisect::{render_bisect, write_bisect_md};
 pub use bundle::{BUNDLE_FILE, Bundle, write_bundle};
 pub use files::{
-    IssueText, REPORT_FILE, RESULT_FILE, ReportError, issue_text, read_run, rerender, rerender_masked,
-    json_text, result_json, write_atomic, write_json, write_run, write_text,
+    IssueText, REPORT_FILE, RESULT_FILE, ReportError, issue_text, json_text, read_run, rerender,
+    rerender_masked, result_json, write_atomic, write_json, write_run, write_text,
 };
 pub use markdown::{
     is_summary, render_env_markdown, render_markdown, render_scenario_markdown, scenario_report_path,

@@ -327,21 +327,9 @@ pub fn collective_mismatch(ev: &Evidence, first: Option<&RankEvidence>) -> Optio
         if lackers.len() == havers.len() && !issued_before {
             continue;
         }
-        if issued_after_lackers_failed(ev, &ledgers, group, seq, &lackers) {
-            continue;
-        }
-        // A rank that lacks it because it raised an error of its own (an exception, its traceback
-        // in its output) never got there: the error is the cause, which the other patterns name,
-        // not a collective it skipped (seen with TRL's SFT script: rank 1 raised at step 3 while
-        // rank 0 had already issued the next `all_gather`).
-        let raised = |l: &u32| {
-            ev.ranks.iter().find(|r| r.rank() == *l).is_some_and(|r| {
-                r.result.outcome == OutcomeKind::Exited
-                    && matches!(r.ended_by, EndedBy::Itself)
-                    && r.key.as_ref().is_some_and(|k| k.is_exception())
-            })
-        };
-        if lackers.iter().any(raised) {
+        if issued_after_lackers_failed(ev, &ledgers, group, seq, &lackers)
+            || lackers.iter().any(|l| raised(ev, *l))
+        {
             continue;
         }
         if lackers.len() < havers.len() || (lackers.len() == havers.len() && waiting) {
@@ -370,6 +358,18 @@ pub fn collective_mismatch(ev: &Evidence, first: Option<&RankEvidence>) -> Optio
         return Some(f);
     }
     None
+}
+
+/// Whether rank `l` raised an error of its own (an exception, its traceback in its output): a
+/// rank that lacks the others' collective because of it never got there, and the error is the
+/// cause, which the other patterns name, not a collective it skipped (seen with TRL's SFT script:
+/// rank 1 raised at step 3 while rank 0 had already issued the next `all_gather`).
+fn raised(ev: &Evidence, l: u32) -> bool {
+    ev.ranks.iter().find(|r| r.rank() == l).is_some_and(|r| {
+        r.result.outcome == OutcomeKind::Exited
+            && matches!(r.ended_by, EndedBy::Itself)
+            && r.key.as_ref().is_some_and(|k| k.is_exception())
+    })
 }
 
 /// Whether every rank that lacks collective `seq` of `group` had failed (it was leaving: its exit
