@@ -112,12 +112,9 @@ fn judge_watched(o: &Observed) -> Judgement {
     // milliseconds, not evidence; the lowest-numbered is named first, so that the same program and
     // fault get the same verdict.
     if let Some(f) = first.filter(|f| f.key.as_ref().is_some_and(|k| k.is_exception())) {
-        let lowest = same_failure(&ev, f)
-            .into_iter()
-            .filter_map(|r| ev.rank(r))
-            .filter(|r| matches!(r.ended_by, EndedBy::Itself) && r.result.torn_down_with.is_none())
-            .map(RankEvidence::rank)
-            .min();
+        // (Also one whose launcher's SIGTERM reached it as it exited after its traceback: whether
+        // it had exited by then is the same race.)
+        let lowest = same_failure(&ev, f).into_iter().min();
         if let Some(low) = lowest.filter(|low| *low < f.rank()) {
             first = ev.rank(low);
         }

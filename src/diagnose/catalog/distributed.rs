@@ -92,32 +92,62 @@ pub const DUPLICATE_GPU: Pattern = Pattern {
     reference: "https://pytorch.org/docs/stable/notes/ddp.html",
 };
 
+/// The other collectives of `torch.distributed`, by the Python function a stack shows.
+const OTHER_COLLECTIVES: [&str; 14] = [
+    "all_gather_into_tensor",
+    "all_gather_object",
+    "broadcast_object_list",
+    "reduce",
+    "reduce_scatter_tensor",
+    "all_to_all",
+    "all_to_all_single",
+    "monitored_barrier",
+    "gather",
+    "gather_object",
+    "scatter",
+    "scatter_object_list",
+    "send",
+    "recv",
+];
+
 /// Which collective a stack waits in, innermost frame first.
 pub fn collective_of(frames: &[crate::diagnose::evidence::StackFrame]) -> Option<&'static str> {
-    frames.iter().find_map(|f| {
-        let func = f.function.as_str();
-        Some(if func.contains("finalize_backward") {
-            "DDP's gradient all-reduce (`Reducer::finalize_backward`, inside `loss.backward()`)"
-        } else if func == "barrier" || func.ends_with("::barrier") {
-            "`dist.barrier()`"
-        } else if func == "all_reduce" || func.contains("allreduce") {
-            "`all_reduce`"
-        } else if func == "broadcast" || func.contains("::broadcast") {
-            "`broadcast`"
-        } else if func == "all_gather" || func.contains("allgather") {
-            "`all_gather`"
-        } else if func.contains("reduce_scatter") {
-            "`reduce_scatter`"
-        } else if func == "_engine_run_backward" {
-            // Python frames only (`py-spy dump --nonblocking`, as `attach` takes them): DDP's
-            // all-reduce runs inside the autograd engine, under this frame.
-            "`loss.backward()` (DDP's gradient all-reduce waits inside it)"
-        } else if func.contains("ProcessGroupNCCL") || func.contains("gloo::") {
-            "a NCCL/gloo wait"
-        } else {
-            return None;
+    frames
+        .iter()
+        .find_map(|f| {
+            let func = f.function.as_str();
+            Some(if func.contains("finalize_backward") {
+                "DDP's gradient all-reduce (`Reducer::finalize_backward`, inside `loss.backward()`)"
+            } else if func == "barrier" || func.ends_with("::barrier") {
+                "`dist.barrier()`"
+            } else if func == "all_reduce" || func.contains("allreduce") {
+                "`all_reduce`"
+            } else if func == "broadcast" || func.contains("::broadcast") {
+                "`broadcast`"
+            } else if func == "all_gather" || func.contains("allgather") {
+                "`all_gather`"
+            } else if func.contains("reduce_scatter") {
+                "`reduce_scatter`"
+            } else if func == "_engine_run_backward" {
+                // Python frames only (`py-spy dump --nonblocking`, as `attach` takes them): DDP's
+                // all-reduce runs inside the autograd engine, under this frame.
+                "`loss.backward()` (DDP's gradient all-reduce waits inside it)"
+            } else if func.contains("ProcessGroupNCCL") || func.contains("gloo::") {
+                "a NCCL/gloo wait"
+            } else if OTHER_COLLECTIVES.contains(&func) {
+                "a `torch.distributed` collective"
+            } else {
+                return None;
+            })
         })
-    })
+        // The wait for a collective's work, whatever issued it (DeepSpeed's ZeRO gathers), where no
+        // frame says which collective.
+        .or_else(|| {
+            frames
+                .iter()
+                .any(|f| f.function.contains("c10d::Work::wait"))
+                .then_some("a collective's wait (`c10d::Work::wait`)")
+        })
 }
 
 /// The rank's own main thread (not a child's), as the stacks show it.

@@ -273,6 +273,24 @@ fn hung_with_stack(rank: u32, frames: &str) -> RankResult {
     r
 }
 
+/// DeepSpeed's ZeRO gathers wait in `c10d::Work::wait` under `all_gather_into_tensor` (seen in the
+/// accuracy matrix: rank 1 asleep in the optimizer step, rank 0 waiting there): a collective wait,
+/// so rank 1, outside any, is the odd one.
+#[test]
+fn a_rank_waiting_in_a_collectives_work_is_in_a_collective() {
+    let gather = "    pthread_cond_wait (libc.so.6)\n    c10d::Work::wait (libtorch_cpu.so)\n    \
+                  all_gather_into_tensor (torch/distributed/distributed_c10d.py:4179)\n    \
+                  DeepSpeedZeroOptimizer.step (deepspeed/runtime/zero/stage_1_and_2.py:2088)\n    <module> (t.py:12)\n";
+    let asleep = "    clock_nanosleep (libc.so.6)\n    time_sleep (libpython3.11.so.1.0)\n    \
+                  _on_step (sitecustomize.py:138)\n    Optimizer.profile_hook_step.<locals>.wrapper (torch/optim/optimizer.py:523)\n    \
+                  <module> (t.py:12)\n";
+    let mut case = Case::new(vec![hung_with_stack(0, gather), hung_with_stack(1, asleep)]);
+    case.scenario = external();
+    let (outcome, first, v) = case.judge();
+    assert_eq!((outcome, first), (OutcomeKind::Hung, Some(1)), "{}", v.headline);
+    assert_eq!(v.pattern.as_deref(), Some("ranks-out-of-step"), "{}", v.headline);
+}
+
 #[test]
 fn ranks_out_of_step_are_named_from_py_spy_stacks_without_markers() {
     let barrier = "    futex_wait (libc.so.6)\n    c10d::Work::wait (libtorch_cpu.so)\n    barrier (torch/distributed/distributed_c10d.py:4881)\n    <module> (t.py:60)\n";
