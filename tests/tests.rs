@@ -36,3 +36,4 @@ mod slurm;
 mod sweep;
 mod trace;
 mod training;
+mod wheel;
