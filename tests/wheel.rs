@@ -32,6 +32,8 @@ fn env_path(name: &str, what: &str) -> PathBuf {
 /// A fresh venv with the wheel installed, torch visible through a `.pth` file, and nothing else.
 struct Installed {
     venv: PathBuf,
+    /// When `pip install` started.
+    install_started: Instant,
     /// From the start of `pip install` to its end.
     install: Duration,
 }
@@ -92,7 +94,7 @@ fn install(sb: &Sandbox) -> Installed {
             .arg(&deps)
             .arg(&wheel),
     );
-    let installed = Installed { venv, install: started.elapsed() };
+    let installed = Installed { venv, install_started: started, install: started.elapsed() };
     assert!(installed.bin("ups-doctor").is_file(), "pip installed bin/ups-doctor");
     assert!(installed.bin("py-spy").is_file(), "pip installed the wheel's dependency py-spy beside it");
     assert!(!installed.bin("ups-doctor-trainer").exists(), "the wheel carries no trainer");
@@ -166,7 +168,7 @@ fn the_wheel_installed_in_a_fresh_venv_runs_torchrun_attaches_and_refuses_built_
     let prog = program();
     let job = ["--master_port", &port, &prog, "--launcher", "env", "--segv-rank", "1", "--segv-step", "3"];
     let out = env.doctor(here, &[&argv[..], &job[..]].concat());
-    let first_report = started.elapsed();
+    let first_report = env.install_started.elapsed();
     let (_, stderr) = text(&out);
     assert_eq!(out.status.code(), Some(1), "a crash is exit 1; stderr:\n{stderr}");
     let result: Value =
@@ -184,7 +186,7 @@ fn the_wheel_installed_in_a_fresh_venv_runs_torchrun_attaches_and_refuses_built_
     // The run found the py-spy that came with the wheel (for the stacks of a hung rank).
     assert_eq!(s["external"]["py_spy"].as_str(), env.bin("py-spy").to_str(), "{:#}", s["external"]);
     eprintln!(
-        "wheel: pip install {:.1} s; from the start of the install to the first report {:.1} s",
+        "wheel: pip install {:.1} s; from the start of `pip install` to the first report {:.1} s",
         env.install.as_secs_f64(),
         first_report.as_secs_f64()
     );
