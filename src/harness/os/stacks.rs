@@ -61,7 +61,11 @@ pub fn py_spy_dump(py_spy: Option<&Path>, pid: u32, rank: u32, role: ProcessRole
     let (text, error) = match py_spy {
         None => (
             None,
-            Some("py-spy is not installed (not on `PATH`, not next to the program): `pip install py-spy` for Python stacks".to_string()),
+            Some(
+                "py-spy is not installed (not on `PATH`, not next to the program, not next to ups-doctor): `pip \
+                 install py-spy` into the program's environment for Python stacks"
+                    .to_string(),
+            ),
         ),
         Some(py_spy) => {
             match run::bounded(Command::new(py_spy).args(["dump", "--native", "--pid", &pid.to_string()]), PY_SPY_TIMEOUT)
@@ -201,6 +205,19 @@ pub fn step_counter(folder: &Path, pid: u32) -> Option<(u64, u64)> {
 mod tests {
     use super::*;
     use crate::harness::os::found::{FoundState, FoundWatch};
+
+    /// No py-spy: one line with the fix, and the kernel's view of the threads all the same.
+    #[test]
+    fn no_py_spy_is_one_line_with_the_fix() {
+        let dump = py_spy_dump(None, std::process::id(), 0, ProcessRole::Rank);
+        let error = dump.error.expect("an error");
+        assert_eq!(error.lines().count(), 1, "{error}");
+        assert!(
+            error.contains("not next to ups-doctor") && error.contains("`pip install py-spy`"),
+            "{error}"
+        );
+        assert!(!dump.threads.is_empty());
+    }
 
     /// A py-spy that is refused (no ptrace permission) gives the reason and the fix on the first
     /// line of the dump's error, the line the report quotes; the run goes on.
