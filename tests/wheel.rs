@@ -43,9 +43,14 @@ impl Installed {
         self.venv.join("bin").join(name)
     }
 
-    /// `PATH` of the environment: its own `bin`, then the system's (no cargo, no rustup).
+    /// `PATH` of the environment: its own `bin`, then the system's programs but Rust's (a folder
+    /// of links to `/usr/bin` and `/bin` without `cargo*`, `rust*`: apt's Rust lives there).
     fn path(&self) -> String {
-        format!("{}:/usr/bin:/bin", self.venv.join("bin").display())
+        format!("{}:{}", self.venv.join("bin").display(), self.system_bin().display())
+    }
+
+    fn system_bin(&self) -> PathBuf {
+        self.venv.with_file_name("system-bin")
     }
 
     /// A command with only this environment's variables: no `LIBTORCH`, no `UPS_DOCTOR_*`, no
@@ -95,6 +100,18 @@ fn install(sb: &Sandbox) -> Installed {
             .arg(&wheel),
     );
     let installed = Installed { venv, install_started: started, install: started.elapsed() };
+    let system_bin = installed.system_bin();
+    std::fs::create_dir(&system_bin).unwrap();
+    for dir in ["/bin", "/usr/bin"] {
+        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let name = entry.file_name();
+            let text = name.to_string_lossy();
+            if text.starts_with("cargo") || text.starts_with("rust") || system_bin.join(&name).exists() {
+                continue;
+            }
+            let _ = std::os::unix::fs::symlink(entry.path(), system_bin.join(&name));
+        }
+    }
     assert!(installed.bin("ups-doctor").is_file(), "pip installed bin/ups-doctor");
     assert!(installed.bin("py-spy").is_file(), "pip installed the wheel's dependency py-spy beside it");
     assert!(!installed.bin("ups-doctor-trainer").exists(), "the wheel carries no trainer");
