@@ -82,6 +82,30 @@ fn install(sb: &Sandbox) -> Installed {
         assert!(out.status.success(), "{cmd:?}: {}", String::from_utf8_lossy(&out.stderr));
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
+    // The wheel holds the executable and its metadata, nothing else (no trainer, no libtorch), and
+    // declares py-spy.
+    let listing = system(
+        Command::new(venv_python())
+            .arg("-c")
+            .arg(
+                "import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); print('\\n'.join(z.namelist())); \
+         m = [n for n in z.namelist() if n.endswith('.dist-info/METADATA')][0]; \
+         print('\\n'.join(l for l in z.read(m).decode().splitlines() if l.startswith('Requires-Dist')))",
+            )
+            .arg(&wheel),
+    );
+    let version = env!("CARGO_PKG_VERSION");
+    for line in listing.lines() {
+        assert!(
+            line == format!("ups_doctor-{version}.data/scripts/ups-doctor")
+                || line.starts_with(&format!("ups_doctor-{version}.dist-info/"))
+                || line.starts_with("Requires-Dist: "),
+            "the wheel holds {line}:\n{listing}"
+        );
+    }
+    assert!(listing.contains("Requires-Dist: py-spy"), "{listing}");
+    let size = std::fs::metadata(&wheel).unwrap().len();
+    assert!(size <= 15 << 20, "the wheel is {size} bytes, more than its 15 MiB budget");
     // The test venv's Python makes a venv of its base interpreter: empty but for pip.
     system(Command::new(venv_python()).args(["-m", "venv"]).arg(&venv));
     let started = Instant::now();
