@@ -38,3 +38,4 @@ mod slurm;
 mod sweep;
 mod trace;
 mod training;
+mod wheel;

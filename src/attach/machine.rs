@@ -8,28 +8,20 @@ use std::time::{Duration, SystemTime};
 use serde_json::json;
 
 use crate::Error;
+use crate::harness::ptrace_refused as refused;
 use crate::scenario::{LaunchStyle, Scenario};
 use crate::schema::{ExternalRun, ExternalStyle, ProcessDump, ProcessRole, RunResult, ScenarioResult};
 
 use super::judge::{self, Motion, State};
 use super::{gpu, job, stop, tcp, watch};
 
-/// Whether a py-spy error is a refusal to read the process (ptrace permission).
-fn refused(error: &str) -> bool {
-    ["Permission denied", "Operation not permitted", "EPERM", "ptrace"].iter().any(|n| error.contains(n))
-}
-
 /// The one message for stacks that cannot be read, with the fix.
 fn ptrace_hint(pids: &[u32]) -> String {
-    let scope = std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope")
-        .map(|s| format!("`kernel.yama.ptrace_scope` is {} here", s.trim()))
-        .unwrap_or_else(|_| "this kernel has no Yama ptrace_scope".to_string());
     let list: Vec<String> = pids.iter().map(u32::to_string).collect();
     format!(
-        "stacks cannot be read: py-spy was refused access to pid {} (reading another process's memory needs ptrace \
-         permission; {scope}). Fix: run `ups-doctor attach` as the job's user or as root; or `sudo sysctl \
-         kernel.yama.ptrace_scope=0`; in a container start it with `--cap-add SYS_PTRACE`",
-        list.join(", ")
+        "stacks cannot be read: py-spy was refused access to pid {} ({}",
+        list.join(", "),
+        crate::harness::ptrace_fix("`ups-doctor attach`")
     )
 }
 

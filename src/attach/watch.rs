@@ -73,7 +73,7 @@ fn cpu_and_state(pid: u32) -> (Option<char>, Option<f64>) {
 
 fn dump(py_spy: Option<&Path>, pid: u32, native: bool) -> (Option<String>, Option<String>) {
     let Some(py_spy) = py_spy else {
-        return (None, Some("py-spy is not installed (not on `PATH`, not next to the job's Python): `pip install py-spy` for Python stacks".into()));
+        return (None, Some("py-spy is not installed (not on `PATH`, not next to the job's Python or ups-doctor): `pip install py-spy` for Python stacks".into()));
     };
     let mut cmd = Command::new(py_spy);
     cmd.arg("dump");

@@ -30,7 +30,7 @@ pub use observe::state::RankState;
 pub use os::capture::{logs_cut, make_room};
 use os::namespace;
 pub use os::process::Exit;
-pub use os::stacks::{find_program, find_py_spy, kernel_threads, py_spy_dump};
+pub use os::stacks::{find_program, find_py_spy, kernel_threads, ptrace_fix, ptrace_refused, py_spy_dump};
 pub use plan::command::auto_style;
 
 use crate::scenario::Scenario;

@@ -145,9 +145,8 @@ pub fn train(args: &[std::ffi::OsString]) -> Error {
     };
     let e = std::process::Command::new(&trainer).arg("train").args(args).exec();
     Error::Internal(format!(
-        "failed to start the trainer `{}`: {e}\n  hint: build it beside ups-doctor (`cargo build` builds both), or \
-         name it with {}=PATH",
+        "failed to start the trainer `{}`: {e}: {}",
         trainer.display(),
-        crate::harness::TRAINER_ENV
+        preflight::trainer_missing_hint()
     ))
 }

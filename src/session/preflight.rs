@@ -54,7 +54,9 @@ pub fn check_gpus(inputs: &[ScenarioInput], machine: &EnvSummary) -> Result<(), 
 }
 
 /// A built-in scenario needs the trainer executable beside `ups-doctor` (or named by
-/// `UPS_DOCTOR_TRAINER`): missing, it is said before anything runs, with the fix.
+/// `UPS_DOCTOR_TRAINER`): missing (an `ups-doctor` installed from its wheel or by `cargo install`
+/// has none), it is said before anything runs: what the trainer is, that a user's own command does
+/// not need it, and the one command that builds it.
 pub fn check_trainer(inputs: &[ScenarioInput], doctor: &Path) -> Result<(), Error> {
     let Some(input) = inputs.iter().find(|i| i.scenario.command.is_none()) else { return Ok(()) };
     let trainer = harness::trainer_program(doctor);
@@ -62,14 +64,25 @@ pub fn check_trainer(inputs: &[ScenarioInput], doctor: &Path) -> Result<(), Erro
         return Ok(());
     }
     Err(Error::BadInput(format!(
-        "{}: the built-in trainer `{}` is not there: ranks of a built-in scenario run it\n  hint: build it beside \
-         ups-doctor (`cargo build` builds both, `./x build` too), or name it with {}=PATH",
+        "{}: a built-in scenario, and the built-in trainer `{}` is not there: {}",
         input.file.display(),
         trainer.display(),
-        harness::TRAINER_ENV
+        trainer_missing_hint()
     )))
 }
 
+/// What the built-in trainer is and how to get it, for every place that needs it and finds none.
+pub fn trainer_missing_hint() -> String {
+    format!(
+        "the ranks of a built-in scenario (`scenarios/…`) run ups-doctor's own training core, the \
+         `ups-doctor-trainer` executable (Rust and libtorch; the `ups-doctor` wheel and `cargo install` \
+         carry only `ups-doctor`)\n  note: your own training command needs no trainer: `ups-doctor run -- \
+         torchrun --nproc_per_node 2 train.py`\n  hint: build the trainer in a clone of ups-doctor with \
+         `./x trainer` (installs libtorch 2.11.0 once, ~540 MB) and set the {}=PATH it prints \
+         (a `cargo build` or `./x build` puts it beside its own target/debug/ups-doctor)",
+        harness::TRAINER_ENV
+    )
+}
 /// Scenarios with `launch.memory_limit` need a memory cgroup: one is made and removed before
 /// anything runs, so a machine that cannot make one is bad input (exit 2) that names the field,
 /// not a failure halfway through the run.

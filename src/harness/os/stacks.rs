@@ -34,6 +34,24 @@ pub fn find_py_spy(program: Option<&Path>) -> Option<PathBuf> {
         .or_else(|| beside(own.as_deref().and_then(Path::parent)))
 }
 
+/// Whether a py-spy error is a refusal to read the process (ptrace permission).
+pub fn ptrace_refused(error: &str) -> bool {
+    ["Permission denied", "Operation not permitted", "EPERM", "ptrace"].iter().any(|n| error.contains(n))
+}
+
+/// Why py-spy may not read another process here, and the fix: the one wording for `run` and
+/// `attach` alike.
+pub fn ptrace_fix(who: &str) -> String {
+    let scope = std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope")
+        .map(|s| format!("`kernel.yama.ptrace_scope` is {} here", s.trim()))
+        .unwrap_or_else(|_| "this kernel has no Yama ptrace_scope".to_string());
+    format!(
+        "reading another process's memory needs ptrace permission; {scope}). Fix: run {who} as the job's user \
+         or as root; or `sudo sysctl kernel.yama.ptrace_scope=0`; in a container start it with `--cap-add \
+         SYS_PTRACE`"
+    )
+}
+
 /// How long one `py-spy dump` may take.
 const PY_SPY_TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -43,7 +61,11 @@ pub fn py_spy_dump(py_spy: Option<&Path>, pid: u32, rank: u32, role: ProcessRole
     let (text, error) = match py_spy {
         None => (
             None,
-            Some("py-spy is not installed (not on `PATH`, not next to the program): `pip install py-spy` for Python stacks".to_string()),
+            Some(
+                "py-spy is not installed (not on `PATH`, not next to the program, not next to ups-doctor): `pip \
+                 install py-spy` into the program's environment for Python stacks"
+                    .to_string(),
+            ),
         ),
         Some(py_spy) => {
             match run::bounded(Command::new(py_spy).args(["dump", "--native", "--pid", &pid.to_string()]), PY_SPY_TIMEOUT)
@@ -51,7 +73,16 @@ pub fn py_spy_dump(py_spy: Option<&Path>, pid: u32, rank: u32, role: ProcessRole
                 Ok(Some(done)) if done.status.success() => (Some(done.stdout), None),
                 Ok(Some(done)) => {
                     let why = format!("{}\n{}", done.stdout.trim(), done.stderr.trim()).trim().to_string();
-                    (None, Some(format!("`py-spy dump --native --pid {pid}` failed: {why}")))
+                    // A refusal says why and the fix on its first line: the report quotes that one.
+                    let error = if ptrace_refused(&why) {
+                        format!(
+                            "py-spy was refused access to pid {pid} ({})\n`py-spy dump --native --pid {pid}` said: {why}",
+                            ptrace_fix("ups-doctor")
+                        )
+                    } else {
+                        format!("`py-spy dump --native --pid {pid}` failed: {why}")
+                    };
+                    (None, Some(error))
                 }
                 Ok(None) => (
                     None,
@@ -174,6 +205,43 @@ pub fn step_counter(folder: &Path, pid: u32) -> Option<(u64, u64)> {
 mod tests {
     use super::*;
     use crate::harness::os::found::{FoundState, FoundWatch};
+
+    /// No py-spy: one line with the fix, and the kernel's view of the threads all the same.
+    #[test]
+    fn no_py_spy_is_one_line_with_the_fix() {
+        let dump = py_spy_dump(None, std::process::id(), 0, ProcessRole::Rank);
+        let error = dump.error.expect("an error");
+        assert_eq!(error.lines().count(), 1, "{error}");
+        assert!(
+            error.contains("not next to ups-doctor") && error.contains("`pip install py-spy`"),
+            "{error}"
+        );
+        assert!(!dump.threads.is_empty());
+    }
+
+    /// A py-spy that is refused (no ptrace permission) gives the reason and the fix on the first
+    /// line of the dump's error, the line the report quotes; the run goes on.
+    #[test]
+    fn a_py_spy_refused_by_ptrace_says_why_and_the_fix_on_its_first_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let fake = dir.path().join("py-spy");
+        std::fs::write(&fake, "#!/bin/sh\necho 'Error: Operation not permitted (os error 1)' >&2\nexit 1\n")
+            .unwrap();
+        std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        let dump = py_spy_dump(Some(&fake), std::process::id(), 0, ProcessRole::Rank);
+        let error = dump.error.expect("an error");
+        let first = error.lines().next().unwrap();
+        assert!(
+            first.starts_with(&format!("py-spy was refused access to pid {}", std::process::id())),
+            "{error}"
+        );
+        assert!(first.contains("--cap-add SYS_PTRACE") && first.contains("ptrace_scope"), "{error}");
+        assert!(error.contains("Operation not permitted"), "py-spy's own words are kept: {error}");
+        assert!(
+            dump.py_spy.is_none() && !dump.threads.is_empty(),
+            "the kernel's view of the threads is still read"
+        );
+    }
 
     #[test]
     fn a_step_counter_file_is_read_as_two_little_endian_words_and_a_short_or_empty_one_is_none() {
