@@ -271,13 +271,16 @@ fn ranks_that_all_raise_the_same_error_get_the_same_verdict_every_time() {
         let s = out.scenario();
         assert_eq!(s["first_failure"], 0, "{}\n{:#}", out.stderr(), s["verdict"]);
         assert_eq!(s["ranks"][1]["collateral"], false, "{:#}", s["verdict"]);
-        headlines.push(verdict(s, "headline").to_string());
+        let headline = verdict(s, "headline");
+        assert!(
+            headline.starts_with("Rank 0 ")
+                && headline.contains("ValueError: injected: bad batch at step 3")
+                && headline.ends_with("Rank 1 failed the same way on its own (not collateral)."),
+            "{headline}"
+        );
+        // What each rank's process did after its traceback (exited, or was stopped by torchrun as
+        // it exited) differs from run to run; the verdict does not.
+        headlines.push((s["verdict"]["pattern"].clone(), verdict(s, "key_line").to_string()));
     }
-    assert!(
-        headlines[0].starts_with("Rank 0 exited with status 1: ValueError: injected: bad batch at step 3")
-            && headlines[0].ends_with("Rank 1 failed the same way on its own (not collateral)."),
-        "{}",
-        headlines[0]
-    );
     assert!(headlines.iter().all(|h| *h == headlines[0]), "{headlines:#?}");
 }

@@ -135,9 +135,11 @@ pub const MP_SPAWN: Launcher = Launcher {
     torchrun_form: false,
 };
 
-/// Every launcher, in the order a command is matched against them.
+/// Every launcher, in the order a command is matched against them (`torch.multiprocessing`
+/// before Lightning: a program that calls `mp.spawn` itself says so even where it also imports
+/// Lightning).
 pub const LAUNCHERS: &[&Launcher] =
-    &[&TORCHRUN, &ACCELERATE, &DEEPSPEED, &SRUN, &MPIRUN, &LIGHTNING, &MP_SPAWN];
+    &[&TORCHRUN, &ACCELERATE, &DEEPSPEED, &SRUN, &MPIRUN, &MP_SPAWN, &LIGHTNING];
 
 fn file_name(a: &str) -> String {
     Path::new(a).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
