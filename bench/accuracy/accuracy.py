@@ -509,7 +509,10 @@ def run_cell(args, program, fault, rep, calib, out_dir, data_dir):
     for p in (s.get("memory") or {}).get("processes") or []:
         pids.add(p.get("pid"))
     new_shm = sorted(shm_list() - shm_before)
-    ours = [n for n in new_shm if (m := re.match(r"torch_(\d+)_", n)) and int(m.group(1)) in pids]
+    # Ours: torch's segments named by a pid of the cell, and what ups-doctor listed as the run's
+    # leftovers (multiprocessing's `sem.mp-*` carry no pid) that appeared during the cell.
+    listed = {x.get("name") for x in (s.get("leftovers") or {}).get("shm") or []}
+    ours = [n for n in new_shm if ((m := re.match(r"torch_(\d+)_", n)) and int(m.group(1)) in pids) or n in listed]
     for n in ours:
         try:
             os.unlink(os.path.join("/dev/shm", n))
@@ -571,12 +574,20 @@ def prepare(out_dir, data_dir):
     # DeepSpeed's CPU accelerator JIT-compiles its shared-memory comm op (ninja, g++) in the
     # first init_distributed: built once here, into torch's extension cache, so that the
     # deepspeed cells time training, not a compile (a first, uncompiled run is its own finding).
-    ds_stamp = os.path.join(data_dir, ".deepspeed-shm-op-built")
+    ds_stamp = os.path.join(data_dir, ".deepspeed-ops-built")
     if not os.path.exists(ds_stamp):
         log("building DeepSpeed's CPU shm comm op once (ninja, g++)")
         env = dict(os.environ, DS_ACCELERATOR="cpu", PATH=os.path.join(TORCH_VENV, "bin") + ":" + os.environ["PATH"])
+        # A build that an earlier run's teardown cut leaves torch's `lock` file, on which every
+        # later build waits forever: removed when no build is running (this runs before any cell).
+        ext = os.path.join(os.path.expanduser("~/.cache/torch_extensions"))
+        for root, _dirs, files in os.walk(ext):
+            if "lock" in files:
+                log(f"removing a stale torch extension lock {root}/lock")
+                os.unlink(os.path.join(root, "lock"))
         subprocess.run([os.path.join(VENV, "bin", "python"), "-c", "from deepspeed.comm.torch import build_shm_op; "
-                        "assert build_shm_op() is not None"], check=True, env=env)
+                        "assert build_shm_op() is not None; from deepspeed.ops.op_builder import FusedAdamBuilder; "
+                        "FusedAdamBuilder().load()"], check=True, env=env)
         open(ds_stamp, "w").close()
     if not os.path.exists(os.path.join(data_dir, "trl", "data", "train.jsonl")):
         log("making the tiny model and data for trl-sft")
