@@ -84,7 +84,7 @@ pub const INPUT_BOUND: Pattern = Pattern {
     title: "Input-bound",
     matches: "the ranks spent at least half of their step time waiting for data (from the `data_ms` and \
               `compute_ms` of step markers, e.g. `ups_doctor.step(step, data_ms=…, compute_ms=…)`, over at \
-              least 5 steps of a rank; phase markers alone do not count)",
+              least 3 steps of a rank; phase markers alone do not count)",
     explanation: "The ranks wait for batches more than they compute: the data pipeline, not the model, sets \
                   the speed, and a bigger batch only makes each wait longer.",
     next_step: "Try more workers (`num_workers`, `data.workers`), a larger prefetch, or a faster cache \
@@ -92,9 +92,9 @@ pub const INPUT_BOUND: Pattern = Pattern {
     reference: "https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html",
 };
 
-/// The fewest steps a rank's share of time waiting for data is judged over (as a straggler's
-/// median needs 5 timed steps).
-pub const INPUT_BOUND_MIN_STEPS: u64 = 5;
+/// The fewest steps a rank's share of time waiting for data is judged over: one step's wait is
+/// the workers' start-up (a single step was called 100% input-bound).
+pub const INPUT_BOUND_MIN_STEPS: u64 = 3;
 /// A run spending at least this share of its step time waiting for data is input-bound.
 pub const INPUT_BOUND_SHARE: f64 = 0.5;
 /// `/dev/shm` this full (used / total) counts as full when a bus error is judged.
