@@ -301,8 +301,10 @@ def text_of(verdict):
 
 def claimed_culprit(s):
     """The rank the verdict blames: its headline's leading `Rank N` (`Rank 1 left early` while
-    rank 0 failed first), else `first_failure`, else, with a pattern, the first rank its headline
-    names (`Passed … Straggler: rank 1 …`)."""
+    rank 0 failed first), else `first_failure`, else, for a passed run with a pattern, the first
+    rank its headline names (`Passed … Straggler: rank 1 …`). A failed run whose result has no
+    `first_failure` claims none (ups-doctor says it cannot tell): a rank its headline names for
+    another role (`gloo aborted rank 0`) is not read as the culprit."""
     v = s.get("verdict") or {}
     head = v.get("headline") or ""
     m = re.match(r"\s*Rank (\d+)\b", head)
@@ -313,7 +315,7 @@ def claimed_culprit(s):
         ff = ff.get("rank")
     if isinstance(ff, int):
         return ff
-    if v.get("pattern"):
+    if v.get("pattern") and s.get("outcome") == "passed":
         m = re.search(r"\b[Rr]ank (\d+)\b", head)
         if m:
             return int(m.group(1))
@@ -636,6 +638,34 @@ def write_reports(out_dir, cells, started, args):
     return summary
 
 
+def rescore(out_dir, args):
+    """Scores the cells of an earlier run again from their own `run/result.json` and the truth each
+    cell recorded, and rewrites `accuracy.md` and `accuracy.json` (nothing runs)."""
+    summary = json.load(open(os.path.join(out_dir, "accuracy.json")))
+    for cell in summary["cells"]:
+        if cell.get("score") not in ("right", "honest", "wrong"):
+            continue
+        result = os.path.join(out_dir, "cells", f"{cell['program']}__{cell['fault']}", "run", "result.json")
+        try:
+            s = json.load(open(result))["scenarios"][0]
+        except (OSError, ValueError, KeyError, IndexError):
+            continue
+        t = cell["truth"]
+        truth = dict(outcome=set(t["outcome"]), culprit=t["culprit"], patterns=t["patterns"], keywords=t["keywords"])
+        cell["culprit"] = claimed_culprit(s)
+        cell["score"], cell["reason"] = score(truth, s, 0, True)
+    args.binary = summary.get("binary", args.binary)
+    started = datetime.datetime.fromisoformat(summary["started"]).timestamp()
+    elapsed = summary.get("elapsed_s", 0)
+    write_reports(out_dir, summary["cells"], time.time() - elapsed, args)
+    # The run's own start and length, not the rescoring's.
+    done = json.load(open(os.path.join(out_dir, "accuracy.json")))
+    done["started"], done["elapsed_s"] = summary["started"], elapsed
+    with open(os.path.join(out_dir, "accuracy.json"), "w") as f:
+        json.dump(done, f, indent=1, default=list)
+    del started
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", help="programs, comma-separated")
@@ -650,7 +680,12 @@ def main():
     ap.add_argument("--timeout", type=float, default=180)
     ap.add_argument("--hang-after", type=float, default=20)
     ap.add_argument("--list", action="store_true", help="list programs and faults")
+    ap.add_argument("--rescore", metavar="DIR",
+                    help="score the cells of an earlier run in DIR again (its result.json files, this scoring)")
     args = ap.parse_args()
+    if args.rescore:
+        rescore(args.rescore, args)
+        return
     args.binary = os.path.abspath(args.binary)
     if args.list:
         for p in PROGRAMS:
