@@ -134,7 +134,11 @@ pub fn collective_of(frames: &[crate::diagnose::evidence::StackFrame]) -> Option
                 "`loss.backward()` (DDP's gradient all-reduce waits inside it)"
             } else if func.contains("ProcessGroupNCCL") || func.contains("gloo::") {
                 "a NCCL/gloo wait"
-            } else if OTHER_COLLECTIVES.contains(&func) {
+            } else if OTHER_COLLECTIVES.contains(&func)
+                && f.place.as_deref().is_some_and(|p| p.contains("torch/distributed/"))
+            {
+                // Only torch's own: `gather` and `reduce` are common names (Accelerate's `gather`
+                // computes before it calls torch's).
                 "a `torch.distributed` collective"
             } else {
                 return None;
