@@ -106,6 +106,18 @@ fn judge_watched(o: &Observed) -> Judgement {
                 && !stopped_by_launcher_while_running(r)
         })
         .collect();
+    // A rank its launcher says it stopped, with no error of its own, is not the first failure
+    // where another rank has one: the launcher stops ranks only once one has failed, whatever the
+    // clocks say (mp.spawn's rank 0, stopped as its wrapper exited, ended 0.05 s after the rank
+    // that raised; under load the order flipped).
+    let worded = |r: &&RankEvidence| r.key.is_some() && !matches!(r.ended_by, EndedBy::Launcher { .. });
+    let own: Vec<&RankEvidence> = if own.iter().any(worded) {
+        own.into_iter()
+            .filter(|r| !(matches!(r.ended_by, EndedBy::Launcher { .. }) && r.key.is_none()))
+            .collect()
+    } else {
+        own
+    };
     let pool = if own.is_empty() { failing } else { own };
     let mut first = pool.into_iter().min_by(|a, b| failure_time(a.result).total_cmp(&failure_time(b.result)));
     // Ranks that raised the same exception, each ending by itself: which ended first is a race of

@@ -1128,6 +1128,36 @@ fn a_rank_the_launcher_stopped_while_running_is_collateral_of_one_whose_end_was_
     assert_eq!(j.first_failure, Some(0), "{}", j.verdict.headline);
 }
 
+/// `torch.multiprocessing.spawn` (seen in the fresh-clone CI under load): rank 1 raised; spawn
+/// stopped rank 0 as its wrapper exited (its exit handlers had run), and rank 0's end was seen
+/// 0.05 s *before* rank 1's. The launcher's word and rank 1's own error decide, not the clocks.
+#[test]
+fn a_rank_its_launcher_stopped_without_a_word_of_its_own_is_not_first_where_another_raised() {
+    let mut stopped =
+        program_rank(0, Exit::Signal { signal: Signal::TERM.number(), core_dumped: false }, 10.70, "");
+    stopped.observed =
+        Some(crate::schema::ObservedProgram { exiting_at_s: Some(10.18), ..Default::default() });
+    let raised = program_rank(
+        1,
+        Exit::Code(1),
+        10.75,
+        "Traceback (most recent call last):\nValueError: bad shard on rank 1",
+    );
+    let scenario: Scenario = serde_json::from_value(serde_json::json!({
+        "command": ["python", "train.py"], "launch": {"world_size": 2, "style": "launcher"}
+    }))
+    .unwrap();
+    let launcher = torchrun_end(
+        1,
+        &[
+            "W1202 02:06:51.056000 6017 torch/multiprocessing/spawn.py:165] Terminating process 1000 via signal SIGTERM",
+        ],
+    );
+    let j = judge_under(&scenario, &[stopped, raised], &launcher);
+    assert_eq!(j.first_failure, Some(1), "{}", j.verdict.headline);
+    assert!(j.verdict.headline.contains("ValueError: bad shard on rank 1"), "{}", j.verdict.headline);
+}
+
 /// `torch.multiprocessing.spawn` reaped both ranks before ups-doctor read either status (seen
 /// with ups-doctor frozen): each end was noticed at about the same moment, rank 0's a little
 /// first. spawn's account names process 1's SIGSEGV, and its log says it then stopped rank 0's
