@@ -18,6 +18,22 @@ fn program(name: &str) -> String {
     repo().join("tests/programs").join(name).display().to_string()
 }
 
+/// `ups-doctor run --env PYTHONPATH=<the injector> --env FAULT… --hang-after H -- torchrun
+/// --nproc_per_node 2 observed_ddp.py --steps STEPS`: the fault given to the command as a user
+/// gives a checkout's own path.
+fn injected(sb: &Sandbox, faults: &[&str], hang_after: &str, steps: &str) -> RunOutput {
+    let inject = repo().join("tests/programs/inject").display().to_string();
+    let path = format!("PYTHONPATH={inject}");
+    let prog = program("observed_ddp.py");
+    let mut args: Vec<&str> = vec!["--env", &path];
+    for f in faults {
+        args.extend(["--env", f]);
+    }
+    args.extend(["--hang-after", hang_after, "--timeout", "180", "--", "torchrun", "--nproc_per_node", "2"]);
+    args.extend([prog.as_str(), "--steps", steps]);
+    run(sb, &args)
+}
+
 fn verdict<'v>(s: &'v Value, field: &str) -> &'v str {
     s["verdict"][field].as_str().unwrap_or_else(|| panic!("no verdict.{field}: {:#}", s["verdict"]))
 }
@@ -38,31 +54,7 @@ fn evidence(s: &Value) -> Vec<String> {
 #[test]
 fn a_pythonpath_given_to_the_command_keeps_the_observer_and_a_python_without_it_is_told() {
     let sb = Sandbox::new();
-    let inject = repo().join("tests/programs/inject").display().to_string();
-    let prog = program("observed_ddp.py");
-    let path = format!("PYTHONPATH={inject}");
-    let out = run(
-        &sb,
-        &[
-            "--env",
-            &path,
-            "--env",
-            "INJECT_SKIP_RANK=1",
-            "--env",
-            "INJECT_SKIP_CALL=5",
-            "--hang-after",
-            "10",
-            "--timeout",
-            "180",
-            "--",
-            "torchrun",
-            "--nproc_per_node",
-            "2",
-            &prog,
-            "--steps",
-            "20",
-        ],
-    );
+    let out = injected(&sb, &["INJECT_SKIP_RANK=1", "INJECT_SKIP_CALL=5"], "10", "20");
     let s = out.scenario();
     assert_eq!(verdict(s, "pattern"), "collective-mismatch", "{}\n{:#}", out.stderr(), s["verdict"]);
     assert_eq!(s["first_failure"], 1, "{:#}", s["verdict"]);
@@ -146,31 +138,7 @@ fn a_relative_script_is_read_from_the_commands_folder_and_an_unreadable_one_is_s
 #[test]
 fn an_abort_by_the_collective_librarys_size_mismatch_is_a_collective_mismatch_at_the_programs_line() {
     let sb = Sandbox::new();
-    let inject = repo().join("tests/programs/inject").display().to_string();
-    let prog = program("observed_ddp.py");
-    let path = format!("PYTHONPATH={inject}");
-    let out = run(
-        &sb,
-        &[
-            "--env",
-            &path,
-            "--env",
-            "INJECT_SIZE_RANK=1",
-            "--env",
-            "INJECT_SIZE_CALL=3",
-            "--hang-after",
-            "20",
-            "--timeout",
-            "180",
-            "--",
-            "torchrun",
-            "--nproc_per_node",
-            "2",
-            &prog,
-            "--steps",
-            "10",
-        ],
-    );
+    let out = injected(&sb, &["INJECT_SIZE_RANK=1", "INJECT_SIZE_CALL=3"], "20", "10");
     let s = out.scenario();
     assert_eq!(verdict(s, "pattern"), "collective-mismatch", "{}\n{:#}", out.stderr(), s["verdict"]);
     let key = verdict(s, "key_line");
@@ -240,34 +208,10 @@ fn a_hang_after_a_worker_printed_it_could_not_allocate_dev_shm_names_dev_shm() {
 /// fault must get the same verdict every time: the lowest rank first, the other on its own.
 #[test]
 fn ranks_that_all_raise_the_same_error_get_the_same_verdict_every_time() {
-    let inject = repo().join("tests/programs/inject").display().to_string();
-    let prog = program("observed_ddp.py");
-    let path = format!("PYTHONPATH={inject}");
     let mut headlines = Vec::new();
     for _ in 0..3 {
         let sb = Sandbox::new();
-        let out = run(
-            &sb,
-            &[
-                "--env",
-                &path,
-                "--env",
-                "INJECT_RAISE_RANKS=all",
-                "--env",
-                "INJECT_RAISE_STEP=3",
-                "--hang-after",
-                "20",
-                "--timeout",
-                "180",
-                "--",
-                "torchrun",
-                "--nproc_per_node",
-                "2",
-                &prog,
-                "--steps",
-                "10",
-            ],
-        );
+        let out = injected(&sb, &["INJECT_RAISE_RANKS=all", "INJECT_RAISE_STEP=3"], "20", "10");
         let s = out.scenario();
         assert_eq!(s["first_failure"], 0, "{}\n{:#}", out.stderr(), s["verdict"]);
         assert_eq!(s["ranks"][1]["collateral"], false, "{:#}", s["verdict"]);
