@@ -883,3 +883,47 @@ fn verdicts_and_headlines_are_written_only_by_the_judge() {
         "fn f(v: &mut Verdict) { v.headline = x; let w = Verdict::default(); }\npub struct Verdict {}";
     assert_eq!(verdict_writes(planted).len(), 2, "{:?}", verdict_writes(planted));
 }
+
+/// Code outside the judge that builds the judge's evidence by hand (`Observed { … }`) instead of
+/// through its one constructor (`Observed::of`, from the result being concluded), or that makes a
+/// result's empty verdict (`Verdict::unjudged()`) in a file that never hands it to the one
+/// entrance (`diagnose::conclude`).
+fn judge_bypasses(code: &str) -> Vec<(usize, String)> {
+    let line = |at: usize| code[..at].matches('\n').count() + 1;
+    let literal = regex::Regex::new(r"\bObserved\s*\{").unwrap();
+    let mut found: Vec<(usize, String)> = literal
+        .find_iter(code)
+        .filter(|m| !code[..m.start()].trim_end().ends_with("struct"))
+        .map(|m| (line(m.start()), "`Observed { … }` built by hand: use `Observed::of(&result)`".to_string()))
+        .collect();
+    if !code.contains("diagnose::conclude(") {
+        found.extend(code.match_indices("Verdict::unjudged()").map(|(at, _)| {
+            (line(at), "`Verdict::unjudged()` never handed to `diagnose::conclude`".to_string())
+        }));
+    }
+    found
+}
+
+#[test]
+fn every_caller_enters_the_judge_through_conclude() {
+    let krate = Crate::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"));
+    let mut found = Vec::new();
+    for m in krate.modules.values().filter(|m| !m.file.starts_with("diagnose/")) {
+        for (line, what) in judge_bypasses(&m.code) {
+            found.push(format!("src/{}:{line}: {what}", m.file));
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "the judge entered other than through `diagnose::conclude`:\n{}",
+        found.join("\n")
+    );
+    // The check itself: a literal and an unjudged verdict never concluded are found; the struct's
+    // own definition and a verdict handed to the judge are not.
+    let planted =
+        "pub struct Observed { a: u8 }\nfn f() { let o = Observed { a: 1 }; let v = Verdict::unjudged(); }";
+    assert_eq!(judge_bypasses(planted).iter().map(|(l, _)| *l).collect::<Vec<_>>(), [2, 2]);
+    let fine =
+        "fn f(r: &mut R) { r.verdict = Verdict::unjudged(); crate::diagnose::conclude(r, Seen::Ran); }";
+    assert!(judge_bypasses(fine).is_empty());
+}

@@ -55,6 +55,30 @@ mod tests {
     use super::*;
     use crate::attach::watch::Look;
     use crate::scenario::{OutcomeKind, Scenario};
+    use crate::schema::ProcessDump;
+
+    /// The judge's conclusion on `views` through its one entrance, as `attach` asks for it.
+    fn conclude(
+        scenario: &Scenario,
+        views: &[RankView],
+        missing: &[u32],
+        world: Option<u32>,
+        children: &[(u32, ProcessDump)],
+        window_s: f64,
+        scope: &str,
+    ) -> Judged {
+        let mut result = crate::report::fixtures::passing();
+        (result.scenario, result.wall_s, result.ranks) = (scenario.clone(), window_s, Vec::new());
+        let window = Window { views, missing, world, children, scope, front: &[] };
+        crate::diagnose::conclude(&mut result, crate::diagnose::Seen::Attached(&window));
+        Judged {
+            state: State::of(result.outcome),
+            outcome: result.outcome,
+            culprit: result.first_failure,
+            verdict: result.verdict,
+            ranks: result.ranks,
+        }
+    }
 
     fn look(at_s: f64, cpu_s: f64, text: &str) -> Look {
         Look {

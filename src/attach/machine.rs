@@ -9,10 +9,12 @@ use serde_json::json;
 
 use crate::Error;
 use crate::harness::ptrace_refused as refused;
-use crate::scenario::{LaunchStyle, Scenario};
-use crate::schema::{ExternalRun, ExternalStyle, ProcessDump, ProcessRole, RunResult, ScenarioResult};
+use crate::scenario::{LaunchStyle, OutcomeKind, Scenario};
+use crate::schema::{
+    ExternalRun, ExternalStyle, ProcessDump, ProcessRole, RunResult, ScenarioResult, Verdict,
+};
 
-use super::judge::{self, Motion, State};
+use super::judge::{self, Motion, State, Window};
 use super::{gpu, job, stop, tcp, watch};
 
 /// The one message for stacks that cannot be read, with the fix.
@@ -375,14 +377,10 @@ impl Local {
 
     /// Judges `what` (this machine's ranks, or every node's) and makes the run's result and
     /// `attach.json`.
-    pub(super) fn judge(&self, what: Judging) -> (judge::Judged, RunResult, serde_json::Value) {
+    pub(super) fn judge(&self, what: Judging) -> (State, RunResult, serde_json::Value) {
         let Judging { views, children, missing, identified, world, scope, front, nodes } = what;
         let scenario = self.scenario(world, nodes.as_ref().map_or(1, |n| n.nodes));
         let window_s = self.window_s;
-        let mut judged = judge::conclude(&scenario, &views, &missing, world, &children, window_s, &scope);
-        let mut evidence = front;
-        evidence.append(&mut judged.verdict.evidence);
-        judged.verdict.evidence = evidence;
         let pid = self.pid;
         let external = ExternalRun {
             argv: self.job.command.clone(),
@@ -392,26 +390,24 @@ impl Local {
             )),
             markers_seen: false,
             observer_silent: false,
-            completion: format!("attached read-only for {window_s:.1} s (state {})", judged.state.as_str()),
+            completion: String::new(),
             launcher: None,
             py_spy: self.py_spy.as_ref().map(|p| p.display().to_string()),
             world_size_declared: None,
         };
-        for r in &mut judged.ranks {
-            r.identified_by = identified.iter().find(|(rank, _)| *rank == r.rank).map(|(_, by)| *by);
-        }
-        let result = ScenarioResult {
+        let mut result = ScenarioResult {
             name: scenario.name.clone(),
             file: format!("(attached to pid {pid})"),
             overrides: Vec::new(),
             scenario,
-            outcome: judged.outcome,
-            met_expectation: judged.state == State::Running,
+            // Written by the judge below, ranks included (their outcome is the window's).
+            outcome: OutcomeKind::Passed,
+            met_expectation: false,
             interrupted: false,
             expectation_mismatches: Vec::new(),
-            verdict: judged.verdict.clone(),
-            first_failure: judged.culprit,
-            ranks: judged.ranks.clone(),
+            verdict: Verdict::unjudged(),
+            first_failure: None,
+            ranks: Vec::new(),
             wall_s: window_s,
             steps_per_s: None,
             samples_per_s: None,
@@ -426,6 +422,22 @@ impl Local {
             cgroup_unavailable: None,
             nodes,
         };
+        let window = Window {
+            views: &views,
+            missing: &missing,
+            world,
+            children: &children,
+            scope: &scope,
+            front: &front,
+        };
+        crate::diagnose::conclude(&mut result, crate::diagnose::Seen::Attached(&window));
+        let state = State::of(result.outcome);
+        if let Some(e) = result.external.as_mut() {
+            e.completion = format!("attached read-only for {window_s:.1} s (state {})", state.as_str());
+        }
+        for r in &mut result.ranks {
+            r.identified_by = identified.iter().find(|(rank, _)| *rank == r.rank).map(|(_, by)| *by);
+        }
         let run = RunResult {
             tool_version: env!("CARGO_PKG_VERSION").to_string(),
             started_at: self.started_at.clone(),
@@ -441,23 +453,19 @@ impl Local {
             logs_cut: Vec::new(),
         };
         let found: Vec<u32> = views.iter().map(|v| v.rank).collect();
-        let mut attach = self.seen().record(
-            judged.state,
-            judged.culprit,
-            &found,
-            &missing,
-            &views,
-            &self.refused_pids,
-            &self.shm,
-        );
+        let culprit = run.scenarios[0].first_failure;
+        let mut attach =
+            self.seen().record(state, culprit, &found, &missing, &views, &self.refused_pids, &self.shm);
         attach["tcp"] = json!(self.connections);
-        (judged, run, attach)
+        (state, run, attach)
     }
 }
 
 /// The headline, the ranks of `views` whose stacks could not be read, and where the report is.
-pub(super) fn tell(judged: &judge::Judged, views: &[judge::RankView], report: &Path) {
-    eprintln!("{}", judged.verdict.headline);
+pub(super) fn tell(run: &RunResult, views: &[judge::RankView], report: &Path) {
+    for s in &run.scenarios {
+        eprintln!("{}", s.verdict.headline);
+    }
     for v in views.iter().filter(|v| v.motion == Motion::Unread) {
         eprintln!("  rank {} (pid {}): stack unreadable", v.rank, v.pid);
     }

@@ -151,16 +151,16 @@ fn attach_one(pid: u32, out: &Path, window: Duration, native: bool, stop: bool) 
     let mut judging = Judging::alone(&local);
     let several = local.job.several_nodes_hint(pid);
     judging.front.extend(several.clone());
-    let (judged, mut run, mut attach) = local.judge(judging);
+    let (state, mut run, mut attach) = local.judge(judging);
     let mut report = write_attach(out, &run, &attach)?;
     if stop {
         report = stop_and_record(out, &mut run, &mut attach, &heads, &everyone)?;
     }
-    tell(&judged, &local.views, &report);
+    tell(&run, &local.views, &report);
     if let Some(hint) = several {
         eprintln!("hint: {hint}");
     }
-    Ok(judged.state)
+    Ok(state)
 }
 
 /// `ups-doctor attach --all`: the PyTorch jobs on this machine.

@@ -191,8 +191,8 @@ fn coordinate(part: Part, config: &NodeConfig, job: job::Job) -> Result<bool, Er
     );
     let coordinator = Coordinator::gather(config, &terms).map_err(node_error)?;
     let local = Local::observe(part.pid, job, part.window, part.native);
-    let (own, _, own_record) = local.judge(Judging::alone(&local));
-    let mine = findings(&local, 0, part.out, None, own.verdict.headline.clone(), own_record);
+    let (_, own, own_record) = local.judge(Judging::alone(&local));
+    let mine = findings(&local, 0, part.out, None, own.scenarios[0].verdict.headline.clone(), own_record);
     let (theirs, lost) = gather_findings(&coordinator, config.nodes);
     let mut all = vec![mine];
     all.extend(theirs);
@@ -227,17 +227,17 @@ fn coordinate(part: Part, config: &NodeConfig, job: job::Job) -> Result<bool, Er
         front: merged.front,
         nodes: Some(report),
     };
-    let (judged, mut run, mut record) = local.judge(judging);
+    let (state, mut run, mut record) = local.judge(judging);
     record["nodes"] = json!(all.iter().map(|f| &f.record).collect::<Vec<_>>());
     record["nodes_lost"] = json!(lost_how);
     let mut path = write_attach(part.out, &run, &record)?;
-    let met = judged.state == State::Running;
+    let met = state == State::Running;
     let shown = std::fs::canonicalize(&path).unwrap_or_else(|_| path.clone());
     coordinator.broadcast(&Message::Done { met, report: shown.display().to_string() }, None);
     if part.stop {
         path = stop_and_record(part.out, &mut run, &mut record, &heads, &everyone)?;
     }
-    tell(&judged, &views, &path);
+    tell(&run, &views, &path);
     Ok(met)
 }
 
@@ -369,7 +369,8 @@ fn join(part: Part, config: &NodeConfig, job: job::Job) -> Result<bool, Error> {
     // Its own report first: what this node saw stays on its host whatever node 0 does.
     let (own, mut run, mut record) = local.judge(Judging::alone(&local));
     let mut path = write_attach(part.out, &run, &record)?;
-    let mine = findings(&local, config.node, part.out, clock, own.verdict.headline.clone(), record.clone());
+    let headline = run.scenarios[0].verdict.headline.clone();
+    let mine = findings(&local, config.node, part.out, clock, headline, record.clone());
     let sent =
         serde_json::to_value(&mine).map_err(|e| Error::Internal(format!("findings: {e}"))).and_then(|v| {
             agent
@@ -381,7 +382,7 @@ fn join(part: Part, config: &NodeConfig, job: job::Job) -> Result<bool, Error> {
         path = stop_and_record(part.out, &mut run, &mut record, &heads, &everyone)?;
     }
     eprint!("this node alone: ");
-    tell(&own, &local.views, &path);
+    tell(&run, &local.views, &path);
     match verdict.map_err(|e| e.to_string()).and_then(|v| v) {
         Ok((met, report)) => {
             eprintln!("node 0 judged every node's ranks together: {report} (on node 0)");
@@ -389,7 +390,7 @@ fn join(part: Part, config: &NodeConfig, job: job::Job) -> Result<bool, Error> {
         }
         Err(why) => {
             eprintln!("warning: {why}; this node's own report stands");
-            Ok(own.state == State::Running)
+            Ok(own == State::Running)
         }
     }
 }

@@ -6,7 +6,8 @@
 //! of its evidence here. Pure: views in, verdict out.
 
 use super::evidence::{StackFrame, py_spy_threads};
-use super::{Observed, collective_of, judge};
+use super::verdict::judge;
+use super::{Observed, collective_of};
 use crate::scenario::{OutcomeKind, Scenario};
 use serde::{Deserialize, Serialize};
 
@@ -49,6 +50,15 @@ pub enum State {
 }
 
 impl State {
+    /// The state a judged outcome stands for: passed is running, hung is hung, anything else failed.
+    pub fn of(outcome: OutcomeKind) -> State {
+        match outcome {
+            OutcomeKind::Passed => State::Running,
+            OutcomeKind::Hung => State::Hung,
+            _ => State::Failed,
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             State::Running => "running",
@@ -273,22 +283,31 @@ fn seconds(s: Option<f64>) -> String {
 /// Where ranks not found were looked for, on one machine.
 pub const HERE: &str = "on this machine";
 
-/// Judges the job: `views` of its ranks, `missing` ranks of `WORLD_SIZE` not found `scope`
-/// ([`HERE`], or on every node of a multi-node attach), `children` dumps of processes below
-/// ranks (rank, dump).
+/// A job read from outside over a window, as the judge is given it.
+#[derive(Debug, Clone, Copy)]
+pub struct Window<'a> {
+    /// Each rank found, as the window showed it.
+    pub views: &'a [RankView],
+    /// Ranks of `WORLD_SIZE` not found `scope` ([`HERE`], or on every node of a multi-node attach).
+    pub missing: &'a [u32],
+    /// The job's `WORLD_SIZE`, when its ranks said it.
+    pub world: Option<u32>,
+    /// Dumps of processes below ranks: (rank, dump).
+    pub children: &'a [(u32, ProcessDump)],
+    /// Where ranks not found were looked for.
+    pub scope: &'a str,
+    /// What `attach` read before the judge's evidence (how the job was found, memory, `/dev/shm`,
+    /// connections): the verdict's first lines.
+    pub front: &'a [String],
+}
+
+/// Judges the job over a window of `window_s` seconds ([`super::conclude`]'s `Seen::Attached`).
 ///
 /// Long: one headline per job state (running; failed; hung with the rank the others wait for;
 /// hung with another pattern the judge established; hung and cannot tell), each from the same
 /// classes and the judge's account, kept side by side so that their wording agrees.
-pub fn conclude(
-    scenario: &Scenario,
-    views: &[RankView],
-    missing: &[u32],
-    world: Option<u32>,
-    children: &[(u32, ProcessDump)],
-    window_s: f64,
-    scope: &str,
-) -> Judged {
+pub(super) fn conclude(scenario: &Scenario, window: &Window, window_s: f64) -> Judged {
+    let Window { views, missing, world, children, scope, front } = *window;
     let live: Vec<&RankView> = views.iter().filter(|v| v.motion != Motion::Gone).collect();
     let gone: Vec<u32> = views
         .iter()
@@ -447,7 +466,7 @@ pub fn conclude(
                 .to_string(),
         );
     }
-    verdict.evidence = evidence;
+    verdict.evidence = front.iter().cloned().chain(evidence).collect();
     let outcome = match state {
         State::Running => OutcomeKind::Passed,
         State::Hung => OutcomeKind::Hung,

@@ -1,21 +1,95 @@
-//! The one conclusion of a scenario, for every caller alike — a run on one node, the merge of
-//! several nodes, a bisect probe, a sweep point: from what was observed to the outcome, the first
-//! failure and its collateral, the verdict (the GPU's notes and an interrupt's wording included)
-//! and how it compares with the scenario's `expect`.
-//!
-//! [`conclude`] is [`judge`] followed by [`settle`]; a caller that has more to weigh before the
-//! verdict is final (the merge orders deaths across nodes by their clocks) judges, adjusts, and
-//! settles the same way.
+//! The one entrance to the judge, for every caller alike — a run on one node, the merge of
+//! several nodes, a job read from outside (`attach`), a bisect probe, a sweep point: [`conclude`]
+//! reads a [`ScenarioResult`] (what `result.json` keeps: every rank's end, the run's memory,
+//! leftovers, OOM kills, GPU, its nodes) and writes into it the outcome, the first failure and its
+//! collateral, the verdict (the GPU's notes, lost nodes and an interrupt's wording included) and
+//! how it compares with the scenario's `expect`. What the judge reads is what the result keeps,
+//! so a result judged again is judged the same.
 
 use crate::scenario::{CacheDevice, Expect, OutcomeKind, Scenario, human_bytes};
-use crate::schema::{GpuProcessPeak, GpuReport, ProcessRole, RankResult, Signal, Verdict};
+use crate::schema::{GpuProcessPeak, GpuReport, ProcessRole, RankResult, ScenarioResult, Signal, Verdict};
 
+use super::attached::{self, Window};
 use super::evidence::Observed;
+use super::nodes::{Clocks, Unobserved};
 use super::verdict::{Judgement, judge};
+
+/// How what the judge reads was seen.
+#[derive(Debug, Clone, Copy)]
+pub enum Seen<'a> {
+    /// ups-doctor started the ranks (on one node, or merged from several) and saw each one end
+    /// or tore it down: the result holds every rank's end.
+    Ran,
+    /// A job read from outside over a window (`attach`): nothing was signalled, the job may
+    /// still be running; what each rank did in the window is the evidence, and the judge
+    /// decides each rank's outcome from it (the result's `ranks` are written by the judge).
+    Attached(&'a Window<'a>),
+}
+
+/// Judges `result` and writes the conclusion into it: `outcome`, `first_failure`, each rank's
+/// `collateral`, `verdict`, `expectation_mismatches`, `met_expectation`, and for a merged run
+/// its nodes' first failure and order note. The one place a verdict comes from.
+pub fn conclude(result: &mut ScenarioResult, seen: Seen) {
+    if let Seen::Attached(window) = seen {
+        let judged = attached::conclude(&result.scenario, window, result.wall_s);
+        result.outcome = judged.outcome;
+        result.first_failure = judged.culprit;
+        result.met_expectation = judged.state == attached::State::Running;
+        result.expectation_mismatches = Vec::new();
+        result.verdict = judged.verdict;
+        result.ranks = judged.ranks;
+        return;
+    }
+    let clocks = Clocks::of(result.nodes.as_ref());
+    let (conclusion, first_across, order_note) = {
+        let observed = Observed::of(result);
+        let unobserved = clocks.as_ref().map(Clocks::unobserved).unwrap_or_default();
+        let circumstances =
+            Circumstances { interrupted: result.interrupted, gpu: gpu_of(result), unobserved: &unobserved };
+        let judged = judge(&observed);
+        let (judged, order_note) = match &clocks {
+            Some(c) => c.order(&observed, judged),
+            None => (judged, None),
+        };
+        let mut conclusion = settle(judged, &observed, &circumstances);
+        let failed = conclusion.first_failure.and_then(|f| result.ranks.iter().find(|r| r.rank == f));
+        let first_across = clocks.as_ref().zip(failed).map(|(c, f)| c.first_failure(f));
+        if let Some(f) = &first_across {
+            conclusion.verdict.evidence.insert(
+                0,
+                format!("First failure across nodes: node {}, rank {} (host {})", f.node, f.rank, f.host),
+            );
+        }
+        if let Some(line) = clocks.as_ref().and_then(Clocks::placement_note) {
+            conclusion.verdict.evidence.push(line);
+        }
+        (conclusion, first_across, order_note)
+    };
+    conclusion.mark(&mut result.ranks);
+    let Conclusion { outcome, first_failure, verdict, mismatches, met, .. } = conclusion;
+    result.outcome = outcome;
+    result.first_failure = first_failure;
+    result.verdict = verdict;
+    result.expectation_mismatches = mismatches;
+    result.met_expectation = met;
+    if let Some(nodes) = result.nodes.as_mut().filter(|n| !n.attached) {
+        nodes.first_failure = first_across;
+        nodes.order_note = order_note;
+    }
+}
+
+/// The GPU report whose notes the verdict carries: the run's own, or for a run merged from
+/// several nodes (which has none of its own) the coordinator's node's.
+fn gpu_of(result: &ScenarioResult) -> Option<&GpuReport> {
+    result.gpu.as_ref().or_else(|| {
+        let nodes = result.nodes.as_ref().filter(|n| !n.attached)?;
+        nodes.per_node.iter().find(|s| s.node == 0)?.gpu.as_ref()
+    })
+}
 
 /// What surrounds the observation: how the run ended and what the judge did not see itself.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Circumstances<'a> {
+pub(super) struct Circumstances<'a> {
     /// The user interrupted the run: neither a pass nor a failure of `expect`.
     pub interrupted: bool,
     /// The run's GPU activity (NVML), when it was sampled.
@@ -25,18 +99,9 @@ pub struct Circumstances<'a> {
     pub unobserved: &'a [Unobserved],
 }
 
-/// A part of the run whose ranks were not observed to their end.
+/// The conclusion of a scenario, before it is written into its result.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Unobserved {
-    /// `Node 1 (host) lost at 3.2 s (…): its ranks 2–3 were not observed to their end`.
-    pub line: String,
-    /// What the expectation check names (`node 1`).
-    pub part: String,
-}
-
-/// The conclusion of a scenario.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Conclusion {
+pub(super) struct Conclusion {
     pub outcome: OutcomeKind,
     pub first_failure: Option<u32>,
     /// Ranks that failed after the first failure, because of it.
@@ -50,21 +115,16 @@ pub struct Conclusion {
 
 impl Conclusion {
     /// Marks each rank's `collateral` as concluded.
-    pub fn mark(&self, ranks: &mut [RankResult]) {
+    fn mark(&self, ranks: &mut [RankResult]) {
         for r in ranks {
             r.collateral = self.collateral.contains(&r.rank);
         }
     }
 }
 
-/// Judges what was observed and settles the conclusion.
-pub fn conclude(observed: &Observed, c: &Circumstances) -> Conclusion {
-    settle(judge(observed), observed, c)
-}
-
 /// The conclusion from a judgement: unobserved parts said first, the GPU's notes, collateral,
 /// the expectation check, and an interrupt's wording.
-pub fn settle(j: Judgement, observed: &Observed, c: &Circumstances) -> Conclusion {
+pub(super) fn settle(j: Judgement, observed: &Observed, c: &Circumstances) -> Conclusion {
     let Judgement { outcome, first_failure, mut verdict, same_failure } = j;
     let ranks = observed.ranks;
     let failed = first_failure.and_then(|f| ranks.iter().find(|r| r.rank == f));

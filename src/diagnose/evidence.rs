@@ -7,7 +7,7 @@
 use crate::scenario::{OutcomeKind, Scenario};
 use crate::schema::{
     CgroupReport, ExitSource, LauncherEnd, Leftovers, MemoryReport, OomKill, ProcessRole, QuoteKind,
-    RankResult, Signal, SilentCpu, ThreadStack,
+    RankResult, ScenarioResult, Signal, SilentCpu, ThreadStack,
 };
 
 /// The line that says what went wrong, and where in the user's code.
@@ -167,6 +167,23 @@ pub struct Observed<'a> {
     pub oom_kills: &'a [OomKill],
     pub cgroup: Option<&'a CgroupReport>,
     pub launcher: Option<&'a LauncherEnd>,
+}
+
+impl<'a> Observed<'a> {
+    /// What the judge reads of a result: the one way evidence is built, for every caller, so that
+    /// what was judged is what `result.json` keeps.
+    pub fn of(result: &'a ScenarioResult) -> Observed<'a> {
+        Observed {
+            scenario: &result.scenario,
+            ranks: &result.ranks,
+            wall_s: result.wall_s,
+            memory: result.memory.as_ref(),
+            leftovers: &result.leftovers,
+            oom_kills: &result.oom_kills,
+            cgroup: result.cgroup.as_ref(),
+            launcher: result.external.as_ref().and_then(|e| e.launcher.as_ref()),
+        }
+    }
 }
 
 impl<'a> Evidence<'a> {

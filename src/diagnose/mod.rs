@@ -1,7 +1,8 @@
 //! The judge: what every process of a scenario left (evidence) → the culprit, the collateral and
 //! the known failure pattern (verdict), the same way for the built-in trainer and for a user's own
-//! program, on one node or merged from several; [`conclude`] is the one entry every caller uses
-//! (outcome, first failure, collateral, verdict, `expect`). Pure: no IO, no processes, no filesystem; it reads only the result types
+//! program, on one node or merged from several, or read from outside (`attach`); [`conclude`] is
+//! the one entry every caller uses: it reads a result and writes into it the outcome, first
+//! failure, collateral, verdict and how it met `expect`. Pure: no IO, no processes, no filesystem; it reads only the result types
 //! ([`crate::schema`]), the scenario and the marker protocol, none of which imports it back, so
 //! there is no import circle.
 
@@ -9,13 +10,16 @@ pub mod attached;
 pub mod catalog;
 mod conclude;
 pub mod evidence;
+mod nodes;
 mod verdict;
 pub mod words;
 
 pub use catalog::{ALL as PATTERNS, Pattern, SHM_FULL_SHARE, collective_of, input_bound, used_of};
-pub use conclude::{Circumstances, Conclusion, Unobserved, check_expectation, conclude, settle};
+pub use conclude::{Seen, check_expectation, conclude};
 pub use evidence::{KeyLine, Observed, key_line, last_error_line};
-pub use verdict::{Judgement, judge, looked_like_ranks};
+#[cfg(test)]
+pub(crate) use verdict::judge;
+pub use verdict::looked_like_ranks;
 
 #[cfg(test)]
 mod purity;

@@ -33,8 +33,9 @@ pub use os::process::Exit;
 pub use os::stacks::{find_program, find_py_spy, kernel_threads, ptrace_fix, ptrace_refused, py_spy_dump};
 pub use plan::command::auto_style;
 
+use crate::scenario::OutcomeKind;
 use crate::scenario::Scenario;
-use crate::schema::{LeftoverProcess, RankResult, ScenarioResult};
+use crate::schema::{LeftoverProcess, RankResult, ScenarioResult, Verdict};
 
 /// One scenario to run, as loaded from the command line.
 #[derive(Debug, Clone)]
@@ -297,7 +298,11 @@ pub fn run_scenario_on_node(
         private_shm: private_shm.as_ref(),
         cgroup: cgroup.as_ref(),
     };
-    let mut observed = run::supervise::supervise(&plan, &resources, progress, interrupted, link);
+    let mut listeners: Vec<&mut dyn run::events::Listener> = vec![progress];
+    if let Some(link) = link {
+        listeners.push(link);
+    }
+    let mut observed = run::supervise::supervise(&plan, &resources, listeners, interrupted);
     // The namespace holder goes now; the private /dev/shm goes with it. The cgroup goes too,
     // with anything still in it.
     drop(private_shm);
@@ -324,37 +329,19 @@ pub fn run_scenario_on_node(
         r.stdout_log = format!("{rel}/{}", r.stdout_log);
         r.stderr_log = format!("{rel}/{}", r.stderr_log);
     }
-    let conclusion = crate::diagnose::conclude(
-        &crate::diagnose::Observed {
-            scenario,
-            ranks: &ranks,
-            wall_s: observed.wall_s,
-            memory: Some(&observed.memory),
-            leftovers: &observed.leftovers,
-            oom_kills: &observed.oom_kills,
-            cgroup: observed.cgroup.as_ref(),
-            launcher: observed.external.as_ref().and_then(|e| e.launcher.as_ref()),
-        },
-        &crate::diagnose::Circumstances {
-            interrupted: observed.interrupted,
-            gpu: observed.gpu.as_ref(),
-            unobserved: &[],
-        },
-    );
-    conclusion.mark(&mut ranks);
-    let crate::diagnose::Conclusion { outcome, first_failure, verdict, mismatches, met, .. } = conclusion;
     let rank0 = observed.ends.first().map(|e| &e.state);
-    Ok(ScenarioResult {
+    let mut result = ScenarioResult {
         name: input.scenario.name.clone(),
         file: input.file.display().to_string(),
         overrides: input.overrides.clone(),
         scenario: scenario.clone(),
-        outcome,
-        met_expectation: met,
+        // Written by the judge below.
+        outcome: OutcomeKind::Passed,
+        met_expectation: false,
         interrupted: observed.interrupted,
-        expectation_mismatches: mismatches,
-        verdict,
-        first_failure,
+        expectation_mismatches: Vec::new(),
+        verdict: Verdict::unjudged(),
+        first_failure: None,
         wall_s: observed.wall_s,
         steps_per_s: rank0.and_then(RankState::steps_per_s),
         samples_per_s: {
@@ -370,12 +357,92 @@ pub fn run_scenario_on_node(
         cgroup_unavailable,
         nodes: None,
         ranks,
-    })
+    };
+    crate::diagnose::conclude(&mut result, crate::diagnose::Seen::Ran);
+    Ok(result)
 }
 
 #[cfg(test)]
 mod tests {
     use super::runs_python;
+    use crate::harness::run::events::{Listener, RunEvent};
+
+    /// Records the name of every event it is told, ticked every 20 ms.
+    #[derive(Default)]
+    struct Recorder(Vec<&'static str>);
+
+    impl Listener for Recorder {
+        fn tick_every(&self) -> Option<std::time::Duration> {
+            Some(std::time::Duration::from_millis(20))
+        }
+        fn event(&mut self, event: RunEvent) {
+            self.0.push(match event {
+                RunEvent::ScenarioStarted { .. } => "started scenario",
+                RunEvent::ScenarioFinished { .. } => "finished scenario",
+                RunEvent::Started { .. } => "started ranks",
+                RunEvent::Tick { .. } => "tick",
+                RunEvent::RankEnded { .. } => "rank ended",
+                RunEvent::Hung { .. } => "hung",
+                RunEvent::StacksRequested { .. } => "stacks requested",
+                RunEvent::Placed { .. } => "placed",
+                RunEvent::TearingDown { .. } => "tearing down",
+            });
+        }
+    }
+
+    /// A run on one node publishes one stream: a listener that is not a node's link (the live
+    /// line is one) hears the ranks start, the hang, the teardown and each rank's end, as the link
+    /// of a multi-node run does, and two listeners hear the same events.
+    #[test]
+    fn a_run_publishes_one_stream_that_every_listener_hears_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let scenario: crate::scenario::Scenario = serde_json::from_value(serde_json::json!({
+            "name": "stream",
+            "command": ["sh", "-c", "sleep 60"],
+            "limits": { "timeout_s": 120, "hang_after_s": 1 },
+            "expect": { "outcome": "hung" }
+        }))
+        .unwrap();
+        let input =
+            super::ScenarioInput { file: dir.path().join("stream.json"), overrides: Vec::new(), scenario };
+        let (mut first, mut second) = (Recorder::default(), Recorder::default());
+        let interrupted = std::sync::atomic::AtomicBool::new(false);
+        let placement = crate::harness::plan::NodePlacement {
+            node: 0,
+            nodes: 1,
+            local_world: 1,
+            master_addr: "127.0.0.1".into(),
+            master_port: 29400,
+            first_rank: None,
+        };
+        let result = super::run_scenario_on_node(
+            &input,
+            std::path::Path::new("/nonexistent-trainer"),
+            &dir.path().join("run"),
+            "run",
+            &mut first,
+            &interrupted,
+            Some((&placement, &mut second)),
+        )
+        .unwrap();
+        assert_eq!(result.outcome, crate::scenario::OutcomeKind::Hung, "{:?}", result.verdict);
+        let told = |r: &Recorder| -> Vec<&'static str> {
+            let mut said: Vec<&'static str> = r.0.iter().copied().filter(|e| *e != "tick").collect();
+            said.dedup();
+            said
+        };
+        assert_eq!(
+            told(&first),
+            ["started scenario", "started ranks", "hung", "tearing down", "rank ended", "finished scenario"],
+            "{:?}",
+            first.0
+        );
+        assert_eq!(
+            first.0.iter().filter(|e| **e != "tick").collect::<Vec<_>>(),
+            second.0.iter().filter(|e| **e != "tick").collect::<Vec<_>>()
+        );
+        assert!(first.0.contains(&"tick") && second.0.contains(&"tick"));
+    }
 
     fn words(line: &str) -> Vec<String> {
         line.split(' ').map(str::to_string).collect()

@@ -2,14 +2,11 @@
 //! rank`), every time placed on node 0's timeline through each node's clock calibration, judged
 //! once over all ranks, and each node's own evidence kept in its section. Pure: no IO.
 
-use crate::diagnose::evidence::{Evidence, failure_time};
-use crate::diagnose::words::{ms, ranks_text};
-use crate::diagnose::{Circumstances, Conclusion, Observed, Unobserved, catalog, judge, settle};
 use crate::scenario::{OutcomeKind, Scenario};
-use crate::schema::{Leftovers, MemoryReport, OomKill, RankResult, ScenarioResult};
+use crate::schema::{Leftovers, MemoryReport, OomKill, RankResult, ScenarioResult, Verdict};
 
 use super::clock::Calibration;
-use super::{FirstFailure, LostNode, NodeRun, NodeSection, NodesReport, RemoteFailureSeen, Snapshot};
+use super::{LostNode, NodeRun, NodeSection, NodesReport, RemoteFailureSeen, Snapshot};
 
 /// What the coordinator has of one node at the end.
 #[derive(Debug, Clone)]
@@ -44,16 +41,12 @@ pub struct MergeInput<'a> {
 /// A time on a node's clock (seconds since its start) moved onto the run's timeline.
 struct Placement {
     shift_s: f64,
-    uncertainty_ms: f64,
 }
 
 impl Placement {
     fn of(run: &NodeRun, base_ns: i64) -> Placement {
         let start = run.calibration.to_coordinator_ns(run.started_ns);
-        Placement {
-            shift_s: (start - base_ns) as f64 / 1e9,
-            uncertainty_ms: run.calibration.uncertainty_ms(),
-        }
+        Placement { shift_s: (start - base_ns) as f64 / 1e9 }
     }
 
     fn at(&self, t: Option<f64>) -> Option<f64> {
@@ -69,8 +62,6 @@ impl Placement {
 #[derive(Default)]
 struct Gathered {
     ranks: Vec<RankResult>,
-    /// Each reported node's clock uncertainty, milliseconds.
-    uncertainty: Vec<(u32, f64)>,
     oom_kills: Vec<OomKill>,
     leftovers: Leftovers,
     sections: Vec<NodeSection>,
@@ -87,7 +78,6 @@ fn gather(nodes: &[NodeOutcome], base_ns: i64, lw: u32, first_of: &dyn Fn(u32) -
             NodeOutcome::Reported(run) => {
                 let first = first_of(run.node);
                 let p = Placement::of(run, base_ns);
-                g.uncertainty.push((run.node, p.uncertainty_ms));
                 let r = &run.result;
                 g.interrupted |= r.interrupted;
                 g.wall_s = g.wall_s.max(p.shift_s + r.wall_s);
@@ -189,92 +179,24 @@ pub fn merge(input: MergeInput) -> ScenarioResult {
     let lw = input.ranks_per_node;
     let firsts = first_ranks(&nodes, lw);
     let first_of = |node: u32| firsts.get(&node).copied().unwrap_or(node * lw);
-    let Gathered { mut ranks, uncertainty, oom_kills, leftovers, sections, wall_s, interrupted } =
+    let Gathered { mut ranks, oom_kills, leftovers, sections, wall_s, interrupted } =
         gather(&nodes, base_ns, lw, &first_of);
     ranks.sort_by_key(|r| r.rank);
 
     let scenario = input.scenario;
-    let launcher = base.result.external.as_ref().and_then(|e| e.launcher.as_ref());
-    let observed = Observed {
-        scenario,
-        ranks: &ranks,
-        wall_s,
-        memory: None,
-        leftovers: &leftovers,
-        oom_kills: &oom_kills,
-        cgroup: None,
-        launcher,
-    };
-    let node_of = |rank: u32| {
-        firsts.iter().find(|&(_, &f)| (f..f + lw).contains(&rank)).map_or(rank / lw.max(1), |(&n, _)| n)
-    };
-    let host_of =
-        |node: u32| sections.iter().find(|s| s.node == node).map_or_else(String::new, |s| s.host.clone());
-    let u_of = |node: u32| uncertainty.iter().find(|(n, _)| *n == node).map_or(0.0, |(_, u)| *u);
-
-    let judged = judge(&observed);
-    let (judged, order_note) =
-        order_across_nodes(&observed, judged, &Clocks { node_of: &node_of, host_of: &host_of, u_of: &u_of });
-    let crate::diagnose::Judgement { outcome, first_failure, verdict, same_failure } = judged;
-
-    // A lost node's ranks were not observed: the run is not a hang of everything.
-    let unobserved: Vec<Unobserved> = sections
-        .iter()
-        .filter_map(|s| {
-            let lost = s.lost.as_ref()?;
-            Some(Unobserved {
-                line: format!(
-                    "Node {} ({}) lost at {:.1} s ({}): its ranks {} were not observed to their end",
-                    s.node,
-                    s.host,
-                    lost.at_s,
-                    lost.how,
-                    ranks_text(&s.ranks)
-                ),
-                part: format!("node {}", s.node),
-            })
-        })
-        .collect();
-    // The GPU notes of the coordinator's node: the merged result carries no GPU report of its own.
-    let gpu = base.result.gpu.as_ref();
-    let judgement = crate::diagnose::Judgement { outcome, first_failure, verdict, same_failure };
-    let circumstances = Circumstances { interrupted, gpu, unobserved: &unobserved };
-    let conclusion = settle(judgement, &observed, &circumstances);
-    conclusion.mark(&mut ranks);
-    let Conclusion { outcome, first_failure, mut verdict, mismatches, met, .. } = conclusion;
-    let failed = first_failure.and_then(|f| ranks.iter().find(|r| r.rank == f));
-    let first = failed.map(|f| {
-        let node = node_of(f.rank);
-        FirstFailure {
-            node,
-            host: host_of(node),
-            rank: f.rank,
-            local_rank: f.rank - first_of(node),
-            at_s: Some(failure_time(f)).filter(|t| t.is_finite()),
-            uncertainty_ms: u_of(node),
-        }
-    });
-    if let Some(f) = &first {
-        verdict.evidence.insert(
-            0,
-            format!("First failure across nodes: node {}, rank {} (host {})", f.node, f.rank, f.host),
-        );
-    }
-    if let Some(line) = placement_note(&sections, lw) {
-        verdict.evidence.push(line);
-    }
     let b = &base.result;
-    ScenarioResult {
+    let mut result = ScenarioResult {
         name: b.name.clone(),
         file: input.file,
         overrides: input.overrides,
         scenario: scenario.clone(),
-        outcome,
-        met_expectation: met,
+        // Written by the judge below.
+        outcome: OutcomeKind::Passed,
+        met_expectation: false,
         interrupted,
-        expectation_mismatches: mismatches,
-        verdict,
-        first_failure,
+        expectation_mismatches: Vec::new(),
+        verdict: Verdict::unjudged(),
+        first_failure: None,
         wall_s,
         steps_per_s: b.steps_per_s,
         samples_per_s: None,
@@ -289,98 +211,16 @@ pub fn merge(input: MergeInput) -> ScenarioResult {
             nodes: sections.len() as u32,
             ranks_per_node: lw,
             coordinator: input.coordinator,
-            first_failure: first,
-            order_note,
+            first_failure: None,
+            order_note: None,
             per_node: sections,
             attached: false,
         }),
         ranks,
-    }
-}
-
-/// How to place a rank: its node, that node's host and its clock uncertainty (milliseconds).
-struct Clocks<'a> {
-    node_of: &'a dyn Fn(u32) -> u32,
-    host_of: &'a dyn Fn(u32) -> String,
-    u_of: &'a dyn Fn(u32) -> f64,
-}
-
-/// The first failure across nodes: two deaths on different nodes closer than their clocks can
-/// tell apart are said to be so, and decided by causal evidence (a rank that lost its peer, or
-/// that ups-doctor tore down, followed the other) or else named by timestamp only; the note is
-/// the verdict's first line. Returns the judgement (again over reordered ranks when the causal
-/// evidence names the other rank) and the note.
-fn order_across_nodes(
-    observed: &Observed,
-    judged: crate::diagnose::Judgement,
-    c: &Clocks,
-) -> (crate::diagnose::Judgement, Option<String>) {
-    // Deaths on different nodes closer than the clocks can tell apart: say so, and decide by
-    // causal evidence (a rank that lost its peer, or that we tore down, followed another).
-    let ev = Evidence::gather(observed);
-    let cause_rank = |r: &RankResult| -> u8 {
-        let e = ev.rank(r.rank);
-        if r.torn_down_with.is_some() {
-            2
-        } else if e.is_some_and(catalog::lost_its_peer) {
-            1
-        } else {
-            0
-        }
     };
-    let crate::diagnose::Judgement { mut outcome, mut first_failure, mut verdict, mut same_failure } = judged;
-    let ranks = observed.ranks;
-    let mut order_note = None;
-    if let Some(f) = first_failure.and_then(|f| ranks.iter().find(|r| r.rank == f)) {
-        let fnode = (c.node_of)(f.rank);
-        let tf = failure_time(f);
-        let rivals: Vec<&RankResult> = ranks
-            .iter()
-            .filter(|r| r.outcome != OutcomeKind::Passed && (c.node_of)(r.rank) != fnode)
-            .filter(|r| (failure_time(r) - tf).abs() * 1e3 <= (c.u_of)(fnode) + (c.u_of)((c.node_of)(r.rank)))
-            .collect();
-        if let Some(rival) = rivals.iter().min_by(|a, b| failure_time(a).total_cmp(&failure_time(b))) {
-            let within = (c.u_of)(fnode) + (c.u_of)((c.node_of)(rival.rank));
-            let mut candidates = vec![f, *rival];
-            candidates.sort_by(|a, b| {
-                cause_rank(a).cmp(&cause_rank(b)).then(failure_time(a).total_cmp(&failure_time(b)))
-            });
-            let chosen = candidates[0];
-            let other = candidates[1];
-            let decided = if cause_rank(chosen) < cause_rank(other) {
-                format!(
-                    "rank {} {}: rank {} is the first failure by causal evidence",
-                    other.rank,
-                    if cause_rank(other) == 2 { "was torn down by ups-doctor" } else { "lost its peer" },
-                    chosen.rank
-                )
-            } else {
-                format!(
-                    "no causal evidence tells them apart: rank {} is named by its timestamp only",
-                    chosen.rank
-                )
-            };
-            let note = format!(
-                "rank {} on {} and rank {} on {} died within ±{} of each other: order not determined; {decided}",
-                f.rank,
-                (c.host_of)(fnode),
-                rival.rank,
-                (c.host_of)((c.node_of)(rival.rank)),
-                ms(within),
-            );
-            if chosen.rank != f.rank {
-                let again = judge(&Observed { ranks: &reordered(&ranks, chosen.rank), ..*observed });
-                outcome = again.outcome;
-                verdict = again.verdict;
-                same_failure = again.same_failure;
-                first_failure = Some(chosen.rank);
-            }
-            verdict.evidence.insert(0, capitalise(&note));
-            order_note = Some(note);
-        }
-    }
-
-    (crate::diagnose::Judgement { outcome, first_failure, verdict, same_failure }, order_note)
+    // One judgement over every node's ranks: the nodes' clocks and lost nodes are its evidence.
+    crate::diagnose::conclude(&mut result, crate::diagnose::Seen::Ran);
+    result
 }
 
 /// Where each node's ranks start in the world: node × `lw`, unless its launcher's rendezvous
@@ -412,21 +252,6 @@ fn first_ranks(nodes: &[NodeOutcome], lw: u32) -> std::collections::BTreeMap<u32
     firsts
 }
 
-/// When a node's ranks are not node × ranks per node, the line that says where they were.
-fn placement_note(sections: &[NodeSection], lw: u32) -> Option<String> {
-    if sections.iter().all(|s| s.ranks.first() == Some(&(s.node * lw))) {
-        return None;
-    }
-    let placed: Vec<String> = sections
-        .iter()
-        .map(|s| format!("node {} ({}) ran ranks {}", s.node, s.host, ranks_text(&s.ranks)))
-        .collect();
-    Some(format!(
-        "The launcher's rendezvous numbered the nodes its own way: {} (torchrun's `c10d` rendezvous orders nodes by host and agent pid, not by `--node-rank`; ups-doctor followed the ranks' `RANK` and `LOCAL_RANK`)",
-        placed.join(", ")
-    ))
-}
-
 /// A node's memory report with global rank numbers (its series indexed by global rank).
 fn global_memory(mut m: MemoryReport, offset: u32) -> MemoryReport {
     m.processes.iter_mut().for_each(|p| p.rank += offset);
@@ -436,26 +261,6 @@ fn global_memory(mut m: MemoryReport, offset: u32) -> MemoryReport {
         point.pss_bytes.splice(0..0, std::iter::repeat_n(0, offset as usize));
     }
     m
-}
-
-/// The ranks with `first` made the earliest to fail (the judge orders by time).
-fn reordered(ranks: &[RankResult], first: u32) -> Vec<RankResult> {
-    let earliest = ranks.iter().map(failure_time).fold(f64::INFINITY, f64::min);
-    ranks
-        .iter()
-        .map(|r| {
-            let mut r = r.clone();
-            if r.rank == first {
-                r.ended_at_s = Some(earliest - 1e-6);
-            }
-            r
-        })
-        .collect()
-}
-
-fn capitalise(s: &str) -> String {
-    let mut c = s.chars();
-    c.next().map(|f| f.to_uppercase().collect::<String>() + c.as_str()).unwrap_or_default()
 }
 
 #[cfg(test)]

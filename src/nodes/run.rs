@@ -22,6 +22,9 @@ use crate::harness::run::events::{Listener, RunEvent};
 const RESULT_WAIT: Duration = Duration::from_secs(60);
 /// How often an agent tells node 0 its ranks' steps (also its heartbeat).
 const PROGRESS_EVERY: Duration = Duration::from_secs(1);
+/// How often a node's link is told where its ranks are and asked whether another node failed:
+/// it has no way to wake the supervision loop, which reads it at this pace.
+const LINK_EVERY: Duration = Duration::from_millis(50);
 
 /// What one node's run needs.
 pub struct NodeRequest<'a> {
@@ -299,6 +302,10 @@ impl CoordinatorLink<'_> {
 }
 
 impl Listener for CoordinatorLink<'_> {
+    fn tick_every(&self) -> Option<Duration> {
+        Some(LINK_EVERY)
+    }
+
     fn stop_request(&mut self) -> Option<String> {
         self.drain();
         let what = self.pending.take()?;
@@ -466,6 +473,10 @@ impl AgentLink<'_> {
 }
 
 impl Listener for AgentLink<'_> {
+    fn tick_every(&self) -> Option<Duration> {
+        Some(LINK_EVERY)
+    }
+
     fn stop_request(&mut self) -> Option<String> {
         if self.record.known.is_some() {
             return None;

@@ -71,7 +71,7 @@ impl Listener for Progress {
                 self.name = name;
             }
             RunEvent::ScenarioFinished { .. } => self.scenario_finished(),
-            // Declared: the threshold is no longer ahead.
+            // Declared: the threshold is no longer ahead, and a silent rank is not "not hung".
             RunEvent::Hung { .. } => self.hang_after_s = None,
             _ => {}
         }

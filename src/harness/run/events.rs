@@ -1,7 +1,9 @@
-//! The supervisor's event stream: what the loop saw and did, as [`RunEvent`]s, to whoever listens
-//! (nextest's runner → reporter). A [`Listener`] may also ask the loop to stop (a failure on
-//! another node: the loop then takes stacks of its ranks and tears them down, as on an
-//! interrupt). The node link of a multi-node run is one; a single-node run passes none.
+//! The supervisor's one event stream: what the loop saw and did, as [`RunEvent`]s, published to
+//! every listener alike (nextest's runner → reporter): the live line on the terminal, and on one
+//! node of several the link to the other nodes; each takes what it needs, and is ticked with the
+//! ranks' states at the pace it asks for. A [`Listener`] may also ask the loop to stop (a failure
+//! on another node: the loop then takes stacks of its ranks and tears them down, as on an
+//! interrupt).
 
 use std::time::Duration;
 
@@ -37,8 +39,8 @@ pub enum RunEvent<'a> {
     TearingDown { at_s: f64, stacks_answered: bool },
 }
 
-/// One who listens to the loop: told every event, asked each tick whether to stop. The live
-/// output is one (`report::live`), the node link of a multi-node run another.
+/// One who listens to the loop: told every event, asked after each of its ticks whether to stop.
+/// The live output is one (`report::live`), the node link of a multi-node run another.
 pub trait Listener {
     /// A failure elsewhere (on another node) that this run must act on: what happened, once; the
     /// loop then takes stacks and tears down.

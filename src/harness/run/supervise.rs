@@ -54,10 +54,6 @@ const ZOMBIE_POLL: Duration = Duration::from_millis(2);
 /// How often a rank's exit watcher sleeping on its pidfds wakes to look whether the run still
 /// wants it (and for threads to sleep on, when the rank had few).
 const STOP_LOOK: Duration = Duration::from_millis(200);
-/// How often the live progress line is redrawn (never with `--quiet`).
-/// How often the link to the other nodes of a multi-node run is read and told of progress: it
-/// has no way to wake the loop.
-const LINK_EVERY: Duration = Duration::from_millis(50);
 /// CPU time a rank asked for stacks must have used since, to count as answering.
 const DUMPING_CPU_S: f64 = 0.05;
 /// How often the ranks' CPU time is read, for [`CpuWatch`].
@@ -578,24 +574,33 @@ struct Supervisor<'p, 'l> {
     sampler: Option<SamplerThread>,
     /// A worker was announced since the sampler last heard of it (see [`SamplerThread::sample_now`]).
     new_worker: bool,
-    /// The link to the other nodes of a multi-node run, with what it was told.
-    link: Option<&'l mut (dyn Listener + 'l)>,
+    /// Who listens to the run's one event stream (the live line, the link to the other nodes of
+    /// a multi-node run), each told every event and ticked at its own pace.
+    listeners: Vec<Listening<'l>>,
+    /// Which ranks' ends the stream has told.
     ended_told: Vec<bool>,
+    /// A listener asked the run to stop (a failure on another node): asked once only.
     remote_failed: bool,
-    next_link: Instant,
     cpu: CpuWatch,
     /// The ranks the run watched before the program's process group grew it (see [`Self::grow`]).
     grown_from: Option<u32>,
 }
 
-/// Runs the scenario's processes to their end. `link` connects this node to the others of a
-/// multi-node run (see [`crate::nodes`]).
+/// A listener of the run's event stream, and when it is next due a [`RunEvent::Tick`].
+struct Listening<'l> {
+    listener: &'l mut (dyn Listener + 'l),
+    every: Option<Duration>,
+    next_tick: Instant,
+}
+
+/// Runs the scenario's processes to their end, publishing what it sees and does as one stream of
+/// [`RunEvent`]s to every one of `listeners` (the live line; on one node of several, the link to
+/// the others: see [`crate::nodes`]).
 pub fn supervise<'p, 'l>(
     plan: &'p Plan,
     res: &'p Resources<'p>,
-    live: &mut dyn Listener,
+    listeners: Vec<&'l mut (dyn Listener + 'l)>,
     interrupted: &AtomicBool,
-    link: Option<&'l mut (dyn Listener + 'l)>,
 ) -> Supervised {
     let start = Instant::now();
     let shm_dir = res.private_shm.map_or_else(|| PathBuf::from("/dev/shm"), PrivateShm::dir);
@@ -626,13 +631,22 @@ pub fn supervise<'p, 'l>(
         py_spy: crate::harness::os::stacks::find_py_spy(program_path.as_deref()),
         sampler: None,
         new_worker: false,
-        link,
+        listeners: listeners
+            .into_iter()
+            .map(|listener| Listening { every: listener.tick_every(), listener, next_tick: start })
+            .collect(),
         ended_told: vec![false; plan.world as usize],
         grown_from: None,
         remote_failed: false,
-        next_link: start,
         cpu: CpuWatch::new(plan.world as usize, start),
     };
+    s.publish(|_| RunEvent::ScenarioStarted {
+        name: &res.scenario.name,
+        ranks: plan.world,
+        // A command's program says nothing of its total (`train.steps` is the built-in trainer's).
+        steps: if res.scenario.is_external() { 0 } else { res.scenario.train.steps },
+        hang_after_s: res.scenario.limits.hang_after_s,
+    });
     s.spawn_all();
     s.sampler = SamplerThread::start(Setup {
         start,
@@ -647,15 +661,8 @@ pub fn supervise<'p, 'l>(
         pressure: super::sampler::MemoryPressure { cgroup: res.cgroup.and_then(|c| c.usage_file()) },
     })
     .ok();
-    live.event(RunEvent::ScenarioStarted {
-        name: &res.scenario.name,
-        ranks: plan.world,
-        // A command's program says nothing of its total (`train.steps` is the built-in trainer's).
-        steps: if res.scenario.is_external() { 0 } else { res.scenario.train.steps },
-        hang_after_s: res.scenario.limits.hang_after_s,
-    });
-    s.run(live, interrupted, &queue, &wakes);
-    live.event(RunEvent::ScenarioFinished { at_s: s.since(Instant::now()) });
+    s.run(interrupted, &queue, &wakes);
+    s.publish(|at_s| RunEvent::ScenarioFinished { at_s });
     let supervised = s.finish(&queue, swept, &shm_dir, &shm_before);
     drop(alive);
     supervised
@@ -667,15 +674,7 @@ impl Supervisor<'_, '_> {
     }
 
     /// The loop: look, let the machine decide, act, sleep until news or the next deadline.
-    fn run(
-        &mut self,
-        live: &mut dyn Listener,
-        interrupted: &AtomicBool,
-        queue: &Queue,
-        wakes: &Receiver<()>,
-    ) {
-        let live_every = live.tick_every();
-        let mut next_progress = self.start;
+    fn run(&mut self, interrupted: &AtomicBool, queue: &Queue, wakes: &Receiver<()>) {
         let mut input = Input::Changed;
         loop {
             let now = Instant::now();
@@ -692,11 +691,8 @@ impl Supervisor<'_, '_> {
             {
                 sampler.sample_now();
             }
-            if let Some(every) = live_every.filter(|_| now >= next_progress) {
-                self.tick(live, now);
-                next_progress = now + every;
-            }
-            if let Some(what) = self.tell_link(now)
+            self.tell_ended(now);
+            if let Some(what) = self.tick_due(now, true)
                 && input != Input::Interrupt
             {
                 input = Input::PeerFailed { what };
@@ -719,15 +715,16 @@ impl Supervisor<'_, '_> {
             let finish = actions.contains(&Action::Finish);
             let asked = actions.iter().any(|a| matches!(a, Action::DumpStacks { .. }));
             if actions.iter().any(|a| matches!(a, Action::MarkHung { .. })) {
-                let ranks = self.slots.iter().filter(|s| s.live()).map(|s| s.end.rank).collect();
-                self.tell(|at_s| RunEvent::Hung { at_s, ranks });
+                let ranks: Vec<u32> = self.slots.iter().filter(|s| s.live()).map(|s| s.end.rank).collect();
+                self.publish(|at_s| RunEvent::Hung { at_s, ranks: ranks.clone() });
             }
             for action in actions {
                 self.act(action);
             }
             if peer && watching && !finish {
-                let ranks = self.slots.iter().filter(|s| s.dump_requested).map(|s| s.end.rank).collect();
-                self.tell(|at_s| RunEvent::StacksRequested { at_s, ranks });
+                let ranks: Vec<u32> =
+                    self.slots.iter().filter(|s| s.dump_requested).map(|s| s.end.rank).collect();
+                self.publish(|at_s| RunEvent::StacksRequested { at_s, ranks: ranks.clone() });
             }
             if finish {
                 break;
@@ -745,8 +742,7 @@ impl Supervisor<'_, '_> {
                 self.machine.next_deadline(&view).map(|d| self.start + d),
                 self.slots.iter().filter_map(|slot| slot.drain_deadline(drain)).min(),
                 self.launcher.as_ref().filter(|_| self.looking_for_ranks()).map(|l| l.next_discovery),
-                live_every.map(|_| next_progress),
-                self.link.as_ref().map(|_| self.next_link),
+                self.listeners.iter().filter(|l| l.every.is_some()).map(|l| l.next_tick).min(),
                 watching.then_some(self.cpu.next),
             ]
             .into_iter()
@@ -754,51 +750,60 @@ impl Supervisor<'_, '_> {
             .min();
             input = self.wait(queue, wakes, deadline);
         }
-        if live_every.is_some() {
-            self.tick(live, Instant::now());
+        // Where every rank ended up, to every listener that takes ticks.
+        let now = Instant::now();
+        for l in &mut self.listeners {
+            l.next_tick = now;
         }
+        self.tick_due(now, false);
     }
 
-    /// Tells `listener` where every rank is now.
-    fn tick(&self, listener: &mut dyn Listener, now: Instant) {
-        let states: Vec<&RankState> = self.slots.iter().map(|s| &s.end.state).collect();
-        let pids: Vec<Option<u32>> = self.slots.iter().map(|s| s.end.pid.filter(|_| s.live())).collect();
-        listener.event(RunEvent::Tick { at_s: self.since(now), states: &states, pids: &pids });
-    }
-
-    /// Tells the link (on one node of several) what happened since it was last told, and reads
-    /// it: a failure on another node, once.
-    fn tell_link(&mut self, now: Instant) -> Option<String> {
+    /// Tells the stream of each rank that ended since it was last told (how, and whether it
+    /// failed on its own).
+    fn tell_ended(&mut self, now: Instant) {
         let needs_done = self.plan.completion.needs_done();
         let at_s = self.since(now);
-        let link = self.link.as_deref_mut()?;
+        let mut ended = Vec::new();
         for s in self.slots.iter().filter(|s| s.end.exit.is_some() || s.end.launch_error.is_some()) {
             if !std::mem::replace(&mut self.ended_told[s.end.rank as usize], true) {
                 let how = s.end.exit.map_or_else(|| "failed to start".into(), describe_exit);
-                let (at_s, failed) = (s.end.ended_at_s.unwrap_or(at_s), failed_on_its_own(s, needs_done));
-                link.event(RunEvent::RankEnded { rank: s.end.rank, at_s, failed, how });
+                ended.push((
+                    s.end.rank,
+                    s.end.ended_at_s.unwrap_or(at_s),
+                    failed_on_its_own(s, needs_done),
+                    how,
+                ));
             }
         }
-        if now < self.next_link {
-            return None;
+        for (rank, at_s, failed, how) in ended {
+            self.publish(|_| RunEvent::RankEnded { rank, at_s, failed, how: how.clone() });
         }
-        self.next_link = now + LINK_EVERY;
-        let states: Vec<&RankState> = self.slots.iter().map(|s| &s.end.state).collect();
-        let pids: Vec<Option<u32>> = self.slots.iter().map(|s| s.end.pid.filter(|_| s.live())).collect();
-        link.event(RunEvent::Tick { at_s, states: &states, pids: &pids });
-        if self.remote_failed {
-            return None;
-        }
-        let what = link.stop_request()?;
-        self.remote_failed = true;
-        Some(what)
     }
 
-    /// Tells the link (if any) of `event`, made with the time since the start.
-    fn tell(&mut self, event: impl FnOnce(f64) -> RunEvent<'static>) {
+    /// Ticks each listener whose pace is due with where every rank is now, and (`ask`) asks it
+    /// whether the run must stop: a failure elsewhere (on another node), taken once.
+    fn tick_due(&mut self, now: Instant, ask: bool) -> Option<String> {
+        let at_s = self.since(now);
+        let states: Vec<&RankState> = self.slots.iter().map(|s| &s.end.state).collect();
+        let pids: Vec<Option<u32>> = self.slots.iter().map(|s| s.end.pid.filter(|_| s.live())).collect();
+        let mut stop = None;
+        for l in &mut self.listeners {
+            let Some(every) = l.every.filter(|_| now >= l.next_tick) else { continue };
+            l.next_tick = now + every;
+            l.listener.event(RunEvent::Tick { at_s, states: &states, pids: &pids });
+            if ask && stop.is_none() && !self.remote_failed {
+                stop = l.listener.stop_request();
+                self.remote_failed = stop.is_some();
+            }
+        }
+        stop
+    }
+
+    /// Publishes `event`, made with the time since the start, to every listener.
+    fn publish<'e>(&mut self, event: impl Fn(f64) -> RunEvent<'e>) {
         let at_s = self.since(Instant::now());
-        if let Some(l) = self.link.as_deref_mut() {
-            l.event(event(at_s));
+        for l in &mut self.listeners {
+            l.listener.event(event(at_s));
         }
     }
 
@@ -828,9 +833,9 @@ impl Supervisor<'_, '_> {
                 }
             }
         }
-        let pids = self.slots.iter().map(|s| s.end.pid).collect();
+        let pids: Vec<Option<u32>> = self.slots.iter().map(|s| s.end.pid).collect();
         let start = self.start;
-        self.tell(|_| RunEvent::Started { start, pids });
+        self.publish(|_| RunEvent::Started { start, pids: pids.clone() });
     }
 
     /// Starts a launcher-style command: the marker FIFO and its reader, then the launcher.
@@ -1119,7 +1124,7 @@ impl Supervisor<'_, '_> {
                 l.placed = true;
                 l.pid_ranks.lock().unwrap_or_else(|e| e.into_inner()).first = first;
                 if first != self.plan.offset {
-                    self.tell(|at_s| RunEvent::Placed { at_s, first_rank: first });
+                    self.publish(|at_s| RunEvent::Placed { at_s, first_rank: first });
                 }
             }
         }
@@ -1295,7 +1300,7 @@ impl Supervisor<'_, '_> {
                 let answered = self.stacks_answered();
                 self.signal_ranks(libc::SIGTERM);
                 self.signal_launcher(libc::SIGTERM);
-                self.tell(|at_s| RunEvent::TearingDown { at_s, stacks_answered: answered });
+                self.publish(|at_s| RunEvent::TearingDown { at_s, stacks_answered: answered });
             }
             Action::Signal(Teardown::Kill) => self.signal_ranks(libc::SIGKILL),
             Action::Signal(Teardown::KillLauncher) => self.signal_launcher(libc::SIGKILL),
