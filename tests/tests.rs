@@ -15,6 +15,7 @@ mod command;
 mod consistency;
 mod distributed;
 mod external;
+mod flight;
 mod fsdp;
 mod fuzz;
 mod generalise;

@@ -122,6 +122,9 @@ class _Observer:
         # first step, False where there is none.
         self.count_steps = None
         self.counter = None
+        # This process answered ups-doctor's request for its Flight Recorder entries
+        # (`answer_flight`), or has none to give.
+        self.flight_answered = False
 
     # -- the wire -------------------------------------------------------------------------
     def send(self, marker, urgent=False):
@@ -187,6 +190,39 @@ class _Observer:
                 pass
             self.send_issued()
             self.flush()
+            self.answer_flight()
+
+    def answer_flight(self):
+        """PyTorch's Flight Recorder entries of this rank (every collective of every group, C++
+        ones included: DDP's gradient all-reduces), once, when ups-doctor asks for them: it makes
+        `$UPS_DOCTOR_STOP_STACKS/flight-request` as a rank fails or the ranks are found hung, and
+        reads `flight-PID.json` after the run. From this thread, which a rank waiting in a
+        collective (the GIL let go) leaves free; a look for the request file every 0.25 s costs
+        one `stat`. Under `pg_lock`, as a read of the group's count: never under way at exit."""
+        if self.flight_answered or self.pg is None or self.forked:
+            return
+        folder = os.environ.get(_STOP_STACKS)
+        if not folder or not os.path.exists(os.path.join(folder, "flight-request")):
+            return
+        self.flight_answered = True
+        with self.pg_lock:
+            if self.pg is None:
+                return
+            try:
+                from torch._C._distributed_c10d import _dump_fr_trace_json
+
+                text = _dump_fr_trace_json(True, False)
+            except Exception as e:  # an older torch, a backend that records nothing
+                import json
+
+                text = json.dumps({"error": f"{type(e).__name__}: {e}"})
+        path = os.path.join(folder, f"flight-{os.getpid()}.json")
+        try:
+            with open(path + ".part", "w") as out:
+                out.write(text if isinstance(text, str) else text.decode(errors="replace"))
+            os.replace(path + ".part", path)
+        except OSError:
+            pass
 
     def _tag(self, marker):
         if marker.get("t") == "worker":
@@ -331,6 +367,7 @@ class _Observer:
         # been mid-call at the fork, so the child never touches it.
         self.pg = self.read_count = None
         self.forked = True
+        self.flight_answered = True
         # What the parent last summarised may still sit in its own queue, unsent (and lost if
         # it crashes): the child's summary at exit goes out whatever it holds.
         self.summarised = None

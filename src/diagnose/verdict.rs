@@ -26,7 +26,13 @@ pub struct Judgement {
 
 /// Judges one scenario from what was observed.
 pub fn judge(o: &Observed) -> Judgement {
-    let judged = judge_watched(o);
+    let mut judged = judge_watched(o);
+    if judged.outcome != OutcomeKind::Passed {
+        // Where the ranks' collectives part ways, C++ ones included: said first, whatever the
+        // pattern, since it is what the ranks themselves recorded.
+        let flight = catalog::flight_lines(&Evidence::gather(o));
+        judged.verdict.evidence.splice(0..0, flight);
+    }
     match o.launcher.filter(|l| !l.restarted.is_empty()) {
         Some(launcher) if judged.outcome != OutcomeKind::Passed => {
             after_restart(judged, launcher, o.scenario)

@@ -35,7 +35,7 @@ pub use plan::command::auto_style;
 
 use crate::scenario::OutcomeKind;
 use crate::scenario::Scenario;
-use crate::schema::{LeftoverProcess, RankResult, ScenarioResult, Verdict};
+use crate::schema::{FlightRecord, LeftoverProcess, RankResult, ScenarioResult, Verdict};
 
 /// One scenario to run, as loaded from the command line.
 #[derive(Debug, Clone)]
@@ -238,7 +238,7 @@ pub fn run_scenario(
 /// (see [`crate::nodes`]).
 /// Where each rank its launcher (or anyone) stopped with SIGTERM was, in its own words: into its
 /// dumps, unless py-spy already read that process (a hang: ups-doctor looks before it stops a
-/// rank). Then the folder goes; a failure to remove it leaves a few text files in the run's own
+/// rank); and the Flight Recorder entries each handed over when asked. Then the folder goes; a failure to remove it leaves a few text files in the run's own
 /// folder.
 fn read_stop_stacks(folder: &Path, ends: &mut [RankEnd]) {
     for end in ends {
@@ -247,8 +247,34 @@ fn read_stop_stacks(folder: &Path, ends: &mut [RankEnd]) {
         if let Some(dump) = os::stacks::stack_at_sigterm(folder, pid, end.rank).filter(|_| !read) {
             end.dumps.push(dump);
         }
+        if let Some(record) = os::stacks::flight_dump(folder, pid).and_then(|t| FlightRecord::from_dump(&t)) {
+            end.state.observed.get_or_insert_with(Default::default).flight = Some(record);
+        }
     }
     let _ = std::fs::remove_dir_all(folder);
+}
+
+/// Asks the observed ranks for their Flight Recorder entries as soon as one fails on its own or
+/// the ranks are found hung (then the others are still in the collective they wait in): a
+/// listener of the run's event stream.
+struct FlightRequest {
+    folder: PathBuf,
+    asked: bool,
+}
+
+impl run::events::Listener for FlightRequest {
+    fn event(&mut self, event: run::events::RunEvent) {
+        use run::events::RunEvent;
+        let now = matches!(
+            event,
+            RunEvent::Hung { .. }
+                | RunEvent::RankEnded { failed: true, .. }
+                | RunEvent::StacksRequested { .. }
+        );
+        if now && !std::mem::replace(&mut self.asked, true) {
+            os::stacks::ask_for_flight(&self.folder);
+        }
+    }
 }
 
 pub fn run_scenario_on_node(
@@ -298,7 +324,11 @@ pub fn run_scenario_on_node(
         private_shm: private_shm.as_ref(),
         cgroup: cgroup.as_ref(),
     };
+    let mut ask = plan.stop_stacks.clone().map(|folder| FlightRequest { folder, asked: false });
     let mut listeners: Vec<&mut dyn run::events::Listener> = vec![progress];
+    if let Some(ask) = ask.as_mut() {
+        listeners.push(ask);
+    }
     if let Some(link) = link {
         listeners.push(link);
     }

@@ -6,6 +6,7 @@
 mod crash;
 mod ddp;
 mod distributed;
+mod flight;
 mod fork;
 mod group_count;
 mod loader;
@@ -19,6 +20,7 @@ use super::evidence::{Evidence, RankEvidence};
 
 pub use crash::{CRASH_SIGNALS, all_crashed_at_exit, fatal_key};
 pub use distributed::{collective_of, odd_rank_by_markers};
+pub use flight::lines as flight_lines;
 pub use loader::{SHM_FULL_SHARE, input_bound, used_of};
 pub use pattern::{Finding, Pattern};
 

@@ -192,6 +192,28 @@ pub fn stack_at_sigterm(folder: &Path, pid: u32, rank: u32) -> Option<ProcessDum
     })
 }
 
+/// The name of the file whose existence asks every observed rank for its Flight Recorder
+/// entries (`answer_flight` in `python/site/sitecustomize.py`), in the observer's folder.
+pub const FLIGHT_REQUEST: &str = "flight-request";
+
+/// Asks every observed rank of the run for its Flight Recorder entries (once: the file stays).
+pub fn ask_for_flight(folder: &Path) {
+    let _ = crate::run_files::replace(&folder.join(FLIGHT_REQUEST), b"");
+}
+
+/// The text of the Flight Recorder dump a rank's observer handed over (`folder/flight-PID.json`),
+/// at most 16 MiB of it (a dump of 2,000 entries is a few hundred KiB).
+pub fn flight_dump(folder: &Path, pid: u32) -> Option<String> {
+    use std::io::Read;
+    let mut text = String::new();
+    std::fs::File::open(folder.join(format!("flight-{pid}.json")))
+        .ok()?
+        .take(16 << 20)
+        .read_to_string(&mut text)
+        .ok()?;
+    Some(text)
+}
+
 /// The step count a rank's observer kept in the file it maps (`_step_counter` in
 /// `python/site/sitecustomize.py`: `folder/PID.steps`, two little-endian u64s: the steps done and
 /// the `CLOCK_MONOTONIC` nanoseconds at which the last ended); `None` when it kept none.

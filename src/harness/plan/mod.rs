@@ -261,6 +261,14 @@ impl Plan {
 /// The variable that tells the observer where a rank's stacks go as SIGTERM stops it.
 pub const STOP_STACKS_ENV: &str = "UPS_DOCTOR_STOP_STACKS";
 
+/// The variables that size PyTorch's Flight Recorder (the first is ups-doctor's choice; the
+/// second is NCCL's older name): either set by the user is kept as it is.
+pub const FLIGHT_ENV: [&str; 2] = ["TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"];
+
+/// Entries the Flight Recorder keeps per process: a few hundred bytes each; enough for the last
+/// steps of a DDP job with dozens of gradient buckets a step.
+pub const FLIGHT_ENTRIES: u32 = 2000;
+
 /// The number a launcher's events carry: past every rank, also those of a grown world.
 pub use crate::harness::os::process::LAUNCHER_NUMBER;
 
@@ -413,6 +421,13 @@ fn python_env(scenario: &Scenario, facts: &Facts) -> PythonEnv {
     let stop_stacks = observe.then(|| facts.log_dir.join("stop-stacks"));
     if let Some(folder) = &stop_stacks {
         env.push((STOP_STACKS_ENV.into(), folder.display().to_string()));
+        // PyTorch's Flight Recorder, on for every process group the ranks make (gloo records
+        // into it as NCCL does, when this is set before the group is made), unless the user set
+        // its size: the observer hands its entries over when ups-doctor asks.
+        let set_by_user = |k: &str| (facts.env_has)(k) || scenario.launch.env.contains_key(k);
+        if !FLIGHT_ENV.iter().any(|k| set_by_user(k)) {
+            env.push((FLIGHT_ENV[0].into(), FLIGHT_ENTRIES.to_string()));
+        }
     }
     if let Some(site) = &python_site {
         let path = std::iter::once(site.display().to_string())
@@ -669,9 +684,20 @@ mod tests {
         let own_port = planned(&s, &["PET_MASTER_PORT"], true).unwrap();
         assert_eq!(env(&own_port.processes[0], "PET_MASTER_PORT"), None, "the user's port stands");
         assert_eq!(
+            env(&own_port.processes[0], "TORCH_FR_BUFFER_SIZE"),
+            Some("2000"),
+            "the Flight Recorder on"
+        );
+        let own_recorder = planned(&s, &["PET_MASTER_PORT", "TORCH_NCCL_TRACE_BUFFER_SIZE"], true).unwrap();
+        assert_eq!(
+            env(&own_recorder.processes[0], "TORCH_FR_BUFFER_SIZE"),
+            None,
+            "the user's recorder size stands"
+        );
+        assert_eq!(
             own_port.processes[0].env.len(),
-            7,
-            "run id, FIFO, two Python variables, UPS_DOCTOR_LINE_BUFFERED, UPS_DOCTOR_STOP_STACKS, PYTHONPATH"
+            8,
+            "run id, FIFO, two Python variables, UPS_DOCTOR_LINE_BUFFERED, UPS_DOCTOR_STOP_STACKS, TORCH_FR_BUFFER_SIZE, PYTHONPATH"
         );
         assert_eq!(env(&own_port.processes[0], STOP_STACKS_ENV), Some("/runs/a/stop-stacks"));
         assert_eq!(own_port.stop_stacks.as_deref(), Some(Path::new("/runs/a/stop-stacks")));

@@ -28,7 +28,10 @@ pub use memory::{
 pub use nodes::{
     Calibration, FirstFailure, LostNode, NodeSection, NodesReport, Offset, RemoteFailureSeen, Snapshot,
 };
-pub use observed::{GroupFormed, LEDGER_KEPT, LedgerEntry, ObservedProgram, TorchFacts};
+pub use observed::{
+    FLIGHT_KEPT, FlightEntry, FlightRecord, GroupFormed, LEDGER_KEPT, LedgerEntry, ObservedProgram,
+    TorchFacts,
+};
 pub use process::{
     ExitSource, ExternalRun, ExternalStyle, IdentifiedBy, KernelThread, LauncherEnd, PhaseSpan, PortInUse,
     ProcessDump, Quote, QuoteKind, RankResult, RestartedRank, SilentCpu, ThreadStack, WorkerInfo,

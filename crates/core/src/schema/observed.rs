@@ -76,6 +76,128 @@ impl LedgerEntry {
     }
 }
 
+/// Entries of the Flight Recorder kept per process group and rank (the newest): enough to align
+/// the ranks around where they part ways, by sequence id.
+pub const FLIGHT_KEPT: usize = 64;
+
+/// One rank's Flight Recorder, as its observer handed it over.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct FlightRecord {
+    /// The newest [`FLIGHT_KEPT`] entries of each process group, oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub entries: Vec<FlightEntry>,
+    /// Why there are none: PyTorch could not dump them (an older torch, a backend that records
+    /// nothing), in its words.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// One collective the Flight Recorder kept.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FlightEntry {
+    /// Its process group's name (`default_pg`, or the id of a group made later).
+    pub group: String,
+    /// Its place in the group's sequence of collectives (1 is the first), or of its
+    /// point-to-point operations for a send or a receive.
+    pub seq: u64,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub p2p: bool,
+    /// `gloo:all_reduce`, `nccl:all_gather`.
+    pub op: String,
+    /// Each input tensor's shape, and its element type (`Float`).
+    #[serde(default)]
+    pub sizes: Vec<Vec<i64>>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dtypes: Vec<String>,
+    /// `scheduled`, `started` or `completed` (gloo's stay `scheduled`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub state: String,
+}
+
+impl FlightEntry {
+    /// `gloo:all_reduce of [577] Float` (input shapes and element types).
+    pub fn render(&self) -> String {
+        let shapes: Vec<String> = self
+            .sizes
+            .iter()
+            .map(|s| format!("[{}]", s.iter().map(i64::to_string).collect::<Vec<_>>().join(", ")))
+            .collect();
+        let mut dtypes = self.dtypes.clone();
+        dtypes.dedup();
+        let of = if shapes.is_empty() { String::new() } else { format!(" of {}", shapes.join(" ")) };
+        let ty = if dtypes.is_empty() { String::new() } else { format!(" {}", dtypes.join("/")) };
+        format!("`{}`{of}{ty}", self.op)
+    }
+
+    /// Whether two ranks' entries at one sequence id are the same collective: op, shapes, types.
+    pub fn agrees(&self, other: &FlightEntry) -> bool {
+        self.op == other.op && self.sizes == other.sizes && self.dtypes == other.dtypes
+    }
+}
+
+impl FlightRecord {
+    /// The record from PyTorch's `_dump_fr_trace_json` text (`entries[]` with `pg_id`,
+    /// `process_group`, `collective_seq_id`, `p2p_seq_id`, `is_p2p`, `profiling_name`,
+    /// `input_sizes`, `input_dtypes`, `state`), keeping each group's newest [`FLIGHT_KEPT`];
+    /// `None` for text that is not such a dump.
+    pub fn from_dump(text: &str) -> Option<FlightRecord> {
+        let v: serde_json::Value = serde_json::from_str(text).ok()?;
+        if let Some(e) = v.get("error").and_then(|e| e.as_str()) {
+            return Some(FlightRecord { entries: Vec::new(), error: Some(e.to_string()) });
+        }
+        let mut entries: Vec<FlightEntry> = v
+            .get("entries")?
+            .as_array()?
+            .iter()
+            .filter_map(|e| {
+                let p2p = e.get("is_p2p").and_then(|p| p.as_bool()).unwrap_or(false);
+                let seq = e.get(if p2p { "p2p_seq_id" } else { "collective_seq_id" })?.as_u64()?;
+                let group = e
+                    .get("process_group")
+                    .and_then(|g| g.get(1))
+                    .and_then(|g| g.as_str())
+                    .filter(|g| !g.is_empty())
+                    .map(str::to_string)
+                    .or_else(|| e.get("pg_id").map(|id| id.to_string()))?;
+                let sizes = e
+                    .get("input_sizes")
+                    .and_then(|s| s.as_array())
+                    .map(|all| {
+                        all.iter()
+                            .map(|t| {
+                                t.as_array()
+                                    .map(|d| d.iter().filter_map(|x| x.as_i64()).collect())
+                                    .unwrap_or_default()
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                let dtypes = e
+                    .get("input_dtypes")
+                    .and_then(|s| s.as_array())
+                    .map(|all| all.iter().filter_map(|t| t.as_str().map(str::to_string)).collect())
+                    .unwrap_or_default();
+                Some(FlightEntry {
+                    group,
+                    seq,
+                    p2p,
+                    op: e.get("profiling_name")?.as_str()?.to_string(),
+                    sizes,
+                    dtypes,
+                    state: e.get("state").and_then(|s| s.as_str()).unwrap_or_default().to_string(),
+                })
+            })
+            .collect();
+        entries.sort_by(|a, b| (&a.group, a.p2p, a.seq).cmp(&(&b.group, b.p2p, b.seq)));
+        // Sorted, each group's (and its point-to-point) entries are one run: keep its tail.
+        let mut kept = Vec::new();
+        for run in entries.chunk_by(|a, b| a.group == b.group && a.p2p == b.p2p) {
+            kept.extend_from_slice(&run[run.len().saturating_sub(FLIGHT_KEPT)..]);
+        }
+        Some(FlightRecord { entries: kept, error: None })
+    }
+}
+
 /// The observer's account of one rank.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ObservedProgram {
@@ -127,6 +249,11 @@ pub struct ObservedProgram {
     /// since the scenario started: anything after it happened while Python shut down.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exiting_at_s: Option<f64>,
+    /// PyTorch's Flight Recorder entries of the rank (every collective of every group, those
+    /// issued from C++ included), as its observer handed them over when ups-doctor asked (a rank
+    /// failed, or the ranks were found hung); `None` where it was not asked or did not answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flight: Option<FlightRecord>,
     /// Whether the figures above came from a forked child's summary (while folding only).
     #[serde(skip)]
     pub figures_from_fork: bool,

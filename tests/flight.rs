@@ -1,0 +1,137 @@
+//! PyTorch's Flight Recorder, turned on by ups-doctor for a command's ranks and handed over by its
+//! observer when the ranks are found hung: every collective of every rank, DDP's C++ gradient
+//! all-reduces included, matched across ranks by sequence id. Real torchrun and PyTorch (CPU,
+//! gloo); the fault is the program's own bug or injected from outside it
+//! (`tests/programs/inject`).
+
+use crate::util::{RunOutput, Sandbox, repo, venv_path};
+use serde_json::Value;
+
+fn program(name: &str) -> String {
+    repo().join("tests/programs").join(name).display().to_string()
+}
+
+fn run(sb: &Sandbox, args: &[&str]) -> RunOutput {
+    let mut cmd = sb.cmd();
+    cmd.env("PATH", venv_path());
+    sb.run_with(cmd, &[], args)
+}
+
+fn evidence(s: &Value) -> Vec<String> {
+    s["verdict"]["evidence"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.as_str().map(String::from))
+        .collect()
+}
+
+/// Each rank's Flight Recorder entries in `result.json`: (op, seq) of the default group.
+fn recorded(s: &Value, rank: usize) -> Vec<(String, u64)> {
+    s["ranks"][rank]["observed"]["flight"]["entries"]
+        .as_array()
+        .unwrap_or_else(|| {
+            panic!("rank {rank} handed over no Flight Recorder entries: {:#}", s["ranks"][rank])
+        })
+        .iter()
+        .filter(|e| e["group"] == "default_pg")
+        .map(|e| (e["op"].as_str().unwrap().to_string(), e["seq"].as_u64().unwrap()))
+        .collect()
+}
+
+/// Rank 1 skips one step's backward (so DDP never issues its gradient all-reduce, from C++) and
+/// waits in `dist.barrier()`; rank 0 waits in that all-reduce. The recorder says where they part
+/// ways: the same sequence id, rank 0's all-reduce of the one 577-float bucket against rank 1's
+/// barrier, with both ranks' entries up to there.
+#[test]
+fn a_rank_that_skips_a_ddp_backward_is_seen_where_the_ranks_part_ways_with_the_op_and_bucket_size() {
+    let sb = Sandbox::new();
+    let prog = program("ddp.py");
+    let out = run(
+        &sb,
+        &[
+            "--hang-after",
+            "20",
+            "--timeout",
+            "240",
+            "--",
+            "torchrun",
+            "--nproc_per_node",
+            "2",
+            &prog,
+            "--steps",
+            "6",
+            "--skip-rank",
+            "1",
+            "--skip-step",
+            "3",
+        ],
+    );
+    let s = out.scenario();
+    assert_eq!(s["outcome"], "hung", "{}\n{:#}", out.stderr(), s["verdict"]);
+    let (r0, r1) = (recorded(s, 0), recorded(s, 1));
+    let (last0, last1) = (r0.last().unwrap(), r1.last().unwrap());
+    assert_eq!((last0.0.as_str(), last1.0.as_str()), ("gloo:all_reduce", "gloo:barrier"), "{r0:?}\n{r1:?}");
+    assert_eq!(last0.1, last1.1, "the same place in the group's sequence: {r0:?}\n{r1:?}");
+    let want = format!(
+        "at collective #{} of group `default_pg` the ranks part ways (different ops): rank 0 issued \
+         `gloo:all_reduce` of [577] Float; rank 1 issued `gloo:barrier`",
+        last0.1
+    );
+    let ev = evidence(s);
+    assert!(ev.iter().any(|l| l.contains(&want)), "{want}\n{ev:#?}");
+    let report = std::fs::read_to_string(sb.out().join("report.md")).unwrap();
+    // Markdown escapes the brackets of the shape.
+    let escaped = want.replace("[577]", "\\[577\\]");
+    assert!(report.contains(&escaped), "the report says it too: {escaped}\n{report}");
+}
+
+/// Rank 1 sleeps before a `dist.all_gather` of the program's (injected from outside, not in any
+/// collective) while rank 0 waits in it: the recorder says rank 1 never issued that collective,
+/// and what its last one was (one of DDP's gradient all-reduces, from C++).
+#[test]
+fn a_rank_asleep_outside_any_collective_never_issued_the_one_the_others_wait_in() {
+    let sb = Sandbox::new();
+    let inject = format!("PYTHONPATH={}", repo().join("tests/programs/inject").display());
+    let prog = program("observed_ddp.py");
+    let out = run(
+        &sb,
+        &[
+            "--env",
+            &inject,
+            "--env",
+            "INJECT_SLEEP_RANK=1",
+            "--env",
+            "INJECT_SLEEP_S=600",
+            "--env",
+            "INJECT_SLEEP_CALL=4",
+            "--hang-after",
+            "20",
+            "--timeout",
+            "240",
+            "--",
+            "torchrun",
+            "--nproc_per_node",
+            "2",
+            &prog,
+            "--steps",
+            "8",
+        ],
+    );
+    let s = out.scenario();
+    assert_eq!(s["outcome"], "hung", "{}\n{:#}", out.stderr(), s["verdict"]);
+    let (r0, r1) = (recorded(s, 0), recorded(s, 1));
+    let (last0, last1) = (r0.last().unwrap(), r1.last().unwrap());
+    assert_eq!(last0.0, "gloo:all_gather", "{r0:?}");
+    assert_eq!(last1.1 + 1, last0.1, "rank 1 is one collective behind: {r0:?}\n{r1:?}");
+    let want = format!(
+        "at collective #{} of group `default_pg` the ranks part ways: rank 0 issued `gloo:all_gather`",
+        last0.1
+    );
+    let ev = evidence(s);
+    let line = ev.iter().find(|l| l.contains(&want)).unwrap_or_else(|| panic!("{want}\n{ev:#?}"));
+    assert!(
+        line.contains(&format!("rank 1 never issued it (its last: #{} `{}`", last1.1, last1.0)),
+        "{line}"
+    );
+}
