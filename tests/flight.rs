@@ -135,3 +135,79 @@ fn a_rank_asleep_outside_any_collective_never_issued_the_one_the_others_wait_in(
         "{line}"
     );
 }
+
+/// FSDP (`fully_shard`): rank 1 skips a step and waits in a barrier while rank 0 all-gathers the
+/// first layer's parameters for that step's forward (its shard: 72 of the layer's 144 floats,
+/// 16×8 weights and 16 biases). The recorder names the all-gather and its size.
+#[test]
+fn an_fsdp_rank_missing_an_all_gather_is_seen_with_the_op_and_its_size() {
+    let sb = Sandbox::new();
+    let prog = program("fsdp2.py");
+    let out = run(
+        &sb,
+        &[
+            "--hang-after",
+            "20",
+            "--timeout",
+            "240",
+            "--",
+            "torchrun",
+            "--nproc_per_node",
+            "2",
+            &prog,
+            "--skip-rank",
+            "1",
+            "--skip-step",
+            "2",
+        ],
+    );
+    let s = out.scenario();
+    assert_eq!(s["outcome"], "hung", "{}\n{:#}", out.stderr(), s["verdict"]);
+    let ev = evidence(s);
+    let want = "the ranks part ways (different ops): rank 0 issued `gloo:all_gather` of [72] Float; rank 1 issued \
+                `gloo:barrier`";
+    assert!(ev.iter().any(|l| l.contains(want)), "{want}\n{ev:#?}");
+}
+
+/// The recorder the user sized (`TORCH_FR_BUFFER_SIZE=8`, kept as given) has wrapped many times
+/// before the ranks part ways: each keeps its last 8 collectives, and they are aligned by sequence
+/// id, not by position.
+#[test]
+fn a_ring_that_wrapped_before_the_ranks_part_ways_is_aligned_by_sequence_id() {
+    let sb = Sandbox::new();
+    let prog = program("ddp.py");
+    let out = run(
+        &sb,
+        &[
+            "--env",
+            "TORCH_FR_BUFFER_SIZE=8",
+            "--hang-after",
+            "20",
+            "--timeout",
+            "240",
+            "--",
+            "torchrun",
+            "--nproc_per_node",
+            "2",
+            &prog,
+            "--steps",
+            "14",
+            "--skip-rank",
+            "1",
+            "--skip-step",
+            "11",
+        ],
+    );
+    let s = out.scenario();
+    assert_eq!(s["outcome"], "hung", "{}\n{:#}", out.stderr(), s["verdict"]);
+    let (r0, r1) = (recorded(s, 0), recorded(s, 1));
+    assert!(r0.len() <= 8 && r1.len() <= 8, "the user's size stands: {r0:?}\n{r1:?}");
+    let last = r0.last().unwrap().1;
+    assert!(r0[0].1 > 8, "the ring wrapped: it no longer holds the first collectives: {r0:?}");
+    let want = format!(
+        "at collective #{last} of group `default_pg` the ranks part ways (different ops): rank 0 issued \
+         `gloo:all_reduce` of [577] Float; rank 1 issued `gloo:barrier`"
+    );
+    let ev = evidence(s);
+    assert!(ev.iter().any(|l| l.contains(&want)), "{want}\n{ev:#?}");
+}
