@@ -34,6 +34,7 @@ mod outcomes;
 mod patterns;
 mod reliability;
 mod render;
+mod resources;
 mod secrets;
 mod slurm;
 mod sweep;

@@ -14,6 +14,7 @@ mod memory;
 mod numeric;
 mod observed;
 mod pattern;
+mod resources;
 mod timeout;
 
 use super::evidence::{Evidence, RankEvidence};
@@ -29,6 +30,7 @@ pub const ALL: &[&Pattern] = &[
     &crash::NATIVE_CRASH,
     &crash::FALSE_SUCCESS,
     &memory::OOM_KILL,
+    &resources::CUDA_OOM,
     &observed::COLLECTIVE_MISMATCH,
     &distributed::RANKS_OUT_OF_STEP,
     &distributed::PEER_LOST,
@@ -41,6 +43,8 @@ pub const ALL: &[&Pattern] = &[
     &ddp::DDP_UNUSED_PARAMETERS,
     &ddp::DDP_MODEL_MISMATCH,
     &ddp::FSDP_INPLACE_VIEW,
+    &resources::STATE_DICT_MISMATCH,
+    &resources::TOO_MANY_OPEN_FILES,
     &loader::DATALOADER_WORKER_EXCEPTION,
     &loader::WORKER_KILLED_BY_SIGNAL,
     &loader::WORKER_EXITED,
@@ -60,6 +64,7 @@ type Detector = fn(&Evidence, Option<&RankEvidence>) -> Option<Finding>;
 /// Detectors of a failed run, most specific first: the first that matches names the pattern.
 const FAILURE_DETECTORS: &[Detector] = &[
     memory::oom_kill,
+    resources::cuda_oom,
     distributed::port_in_use,
     distributed::duplicate_gpu,
     fork::cuda_in_forked_child,
@@ -67,6 +72,8 @@ const FAILURE_DETECTORS: &[Detector] = &[
     ddp::unused_parameters,
     ddp::model_mismatch,
     ddp::fsdp_inplace_view,
+    resources::state_dict_mismatch,
+    resources::too_many_open_files,
     loader::shm_exhausted,
     loader::shm_before_hang,
     loader::worker_exception,

@@ -1,0 +1,65 @@
+//! A rank that ran out of something its program asked for, from real runs of real PyTorch (CPU):
+//! a checkpoint that does not fit the model (`load_state_dict`), file descriptors under a low
+//! `ulimit -n` with DataLoader workers. (A CUDA OOM needs a GPU: its text is a unit test's
+//! fixture, `src/diagnose/catalog/resources.rs`, with where it came from.)
+
+use crate::util::{RunOutput, Sandbox, repo, venv_path};
+use serde_json::Value;
+
+fn program(name: &str) -> String {
+    repo().join("tests/programs").join(name).display().to_string()
+}
+
+fn run(sb: &Sandbox, args: &[&str]) -> RunOutput {
+    let mut cmd = sb.cmd();
+    cmd.env("PATH", venv_path());
+    sb.run_with(cmd, &[], args)
+}
+
+fn verdict<'v>(s: &'v Value, field: &str) -> &'v str {
+    s["verdict"][field].as_str().unwrap_or_else(|| panic!("no verdict.{field}: {:#}", s["verdict"]))
+}
+
+/// Rank 0 saves the DDP-wrapped model's checkpoint and every rank loads it into the bare model:
+/// each raises PyTorch's `Error(s) in loading state_dict`, and the verdict says the checkpoint's
+/// names carry DDP's `module.` prefix and how to load it.
+#[test]
+fn a_checkpoint_of_the_ddp_wrapped_model_loaded_into_the_bare_one_names_the_prefix_on_every_rank() {
+    let sb = Sandbox::new();
+    let ckpt = sb.path().join("model.pt").display().to_string();
+    let prog = program("checkpoint.py");
+    let out = run(&sb, &["--", "torchrun", "--nproc_per_node", "2", &prog, "--path", &ckpt]);
+    let s = out.scenario();
+    assert_eq!(s["outcome"], "exited", "{}\n{:#}", out.stderr(), s["verdict"]);
+    assert_eq!(verdict(s, "pattern"), "state-dict-mismatch", "{:#}", s["verdict"]);
+    let headline = verdict(s, "headline");
+    assert!(
+        headline.contains("the checkpoint's names carry a `module.` prefix the model's lack"),
+        "{headline}"
+    );
+    assert!(verdict(s, "next_step").contains("DDP's `module.`"), "{:#}", s["verdict"]);
+    assert!(
+        verdict(s, "key_line").starts_with("RuntimeError: Error(s) in loading state_dict for Sequential")
+    );
+    // Both ranks failed the same way, each on its own: no rank is the other's collateral.
+    let collateral: Vec<&Value> =
+        s["ranks"].as_array().unwrap().iter().filter(|r| r["collateral"] == true).collect();
+    assert!(collateral.is_empty(), "{:#}", s["verdict"]);
+}
+
+/// A DataLoader's workers hand every tensor over as a file descriptor; under `ulimit -n 256` (set
+/// in the shell that runs the program, as a job script does) the process runs out and
+/// `multiprocessing` fails with `received 0 items of ancdata`: named as too many open files, with
+/// the limit and the sharing strategy as the way out.
+#[test]
+fn a_dataloader_that_runs_out_of_file_descriptors_is_named_so() {
+    let sb = Sandbox::new();
+    let prog = program("nofile.py");
+    let script = format!("ulimit -n 256; exec python {prog}");
+    let out = run(&sb, &["--", "sh", "-c", &script]);
+    let s = out.scenario();
+    assert_eq!(s["outcome"], "exited", "{}\n{:#}", out.stderr(), s["verdict"]);
+    assert_eq!(verdict(s, "pattern"), "too-many-open-files", "{:#}", s["verdict"]);
+    assert!(verdict(s, "key_line").contains("received 0 items of ancdata"), "{:#}", s["verdict"]);
+    assert!(verdict(s, "next_step").contains("ulimit -n"), "{:#}", s["verdict"]);
+}
