@@ -304,18 +304,19 @@ fn same_failure(ev: &Evidence, failed: &RankEvidence) -> Vec<u32> {
             && matches!(r.ended_by, EndedBy::Itself)
             && !catalog::lost_its_peer(r)
     };
-    if !by_itself(failed) {
-        return Vec::new();
-    }
     // A rank whose uncaught exception's traceback is in its output had failed before anything
     // stopped it: Python prints it before the exit handlers run, and a signal that came later (its
     // launcher's SIGTERM to the ranks still alive, ups-doctor's teardown) only cut its exit short.
-    // Whether it had exited by then is a race of milliseconds, not evidence.
+    // Whether it had exited by then is a race of milliseconds, not evidence: alike for the rank
+    // named first (the lowest of those that raised) and for the others.
     let raised_before_stopped = |r: &RankEvidence| {
         matches!(r.ended_by, EndedBy::Launcher { .. } | EndedBy::Teardown { .. })
             && r.key.as_ref().is_some_and(|k| k.is_exception())
             && !catalog::lost_its_peer(r)
     };
+    if !by_itself(failed) && !raised_before_stopped(failed) {
+        return Vec::new();
+    }
     ev.ranks
         .iter()
         .filter(|r| {

@@ -1088,6 +1088,40 @@ fn a_rank_the_launcher_says_it_sigtermed_after_its_own_error_is_named_with_that_
     assert!(!j.verdict.headline.contains("from outside"), "{}", j.verdict.headline);
 }
 
+/// Seen in `tests/resources.rs` under load: both ranks raised the same error; rank 1 exited first
+/// and torchrun SIGTERMed rank 0 as it exited after its traceback. Rank 0 is named first (the
+/// lowest of those that raised, whichever exit the clock saw first), and rank 1 failed the same way
+/// on its own: it is not rank 0's collateral. The same verdict as when rank 0 exited by itself.
+#[test]
+fn the_lowest_rank_named_first_after_the_launchers_sigterm_leaves_the_others_not_collateral() {
+    let error = "Traceback (most recent call last):\n  File \"/t/checkpoint.py\", line 31, in <module>\n\
+                 RuntimeError: Error(s) in loading state_dict for Sequential:";
+    let scenario: Scenario = serde_json::from_value(serde_json::json!({
+        "command": ["torchrun", "--nproc_per_node", "2", "checkpoint.py"],
+        "launch": {"world_size": 2, "style": "launcher"}
+    }))
+    .unwrap();
+    let launcher = torchrun_end(
+        1,
+        &[
+            "W1206 05:31:05.456000 764 torch/distributed/elastic/multiprocessing/api.py:1012] Sending process 1000 \
+           closing signal SIGTERM",
+        ],
+    );
+    let sigterm = Exit::Signal { signal: Signal::TERM.number(), core_dumped: false };
+    for rank0_exit in [sigterm, Exit::Code(1)] {
+        let ranks = [program_rank(0, rank0_exit, 7.60, error), program_rank(1, Exit::Code(1), 7.58, error)];
+        let j = judge_under(&scenario, &ranks, &launcher);
+        assert_eq!(j.first_failure, Some(0), "{rank0_exit:?}: {}", j.verdict.headline);
+        assert_eq!(j.same_failure, [1], "{rank0_exit:?}: {}", j.verdict.headline);
+        assert!(
+            !j.verdict.evidence.iter().any(|e| e.starts_with("collateral")),
+            "{rank0_exit:?}: {:?}",
+            j.verdict.evidence
+        );
+    }
+}
+
 /// Seen in a rehearsal of the suite (`observe::a_ranks_uncaught_exception_under_torchrun…`, a
 /// loaded machine): rank 1 failed at import before ups-doctor found its process, so its end is
 /// known only from torchrun's summary, read after rank 0's end; rank 0, which torchrun then
