@@ -456,3 +456,37 @@ fn a_shell_script_that_runs_torchrun_is_a_launcher_and_its_ranks_are_judged() {
     let headline = s["verdict"]["headline"].as_str().unwrap();
     assert!(headline.starts_with("Rank 1 was killed by SIGSEGV"), "{headline}");
 }
+
+/// A program that starts its own ranks (`mp.spawn`) reads its rendezvous from `MASTER_ADDR` and
+/// `MASTER_PORT`, as the user exported them: ups-doctor passes them on as they are (it used to
+/// remove them from a launcher's environment, so the program fell back to its own default port,
+/// which another job could hold, and the verdict then blamed a port clash ups-doctor caused).
+#[test]
+fn a_users_exported_rendezvous_reaches_a_program_that_starts_its_own_ranks() {
+    let sb = Sandbox::new();
+    let port = crate::util::free_port().to_string();
+    let script = sb.path().join("spawned.py");
+    std::fs::write(
+        &script,
+        "import os\nimport torch.distributed as dist\nimport torch.multiprocessing as mp\n\n\ndef work(rank):\n    \
+         dist.init_process_group('gloo', rank=rank, world_size=2)\n    print(f'rank {rank} met at \
+         {os.environ[\"MASTER_ADDR\"]}:{os.environ[\"MASTER_PORT\"]}', flush=True)\n    \
+         dist.destroy_process_group()\n\n\nif __name__ == '__main__':\n    mp.spawn(work, nprocs=2)\n",
+    )
+    .unwrap();
+    let mut cmd = sb.cmd();
+    cmd.env("PATH", venv_path()).env("MASTER_ADDR", "127.0.0.1").env("MASTER_PORT", &port);
+    let out = sb.run_with(cmd, &[], &["--", "python", &script.display().to_string()]);
+    let s = out.scenario();
+    assert_eq!(s["outcome"], "passed", "{}\n{:#}", out.stderr(), s["verdict"]);
+    let log = std::fs::read_dir(sb.out())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().is_dir())
+        .filter_map(|e| std::fs::read_to_string(e.path().join("launcher.stdout.log")).ok())
+        .collect::<String>();
+    for rank in 0..2 {
+        let want = format!("rank {rank} met at 127.0.0.1:{port}");
+        assert!(log.contains(&want), "{want}\n{log}");
+    }
+}

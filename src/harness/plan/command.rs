@@ -43,16 +43,11 @@ fn in_cwd(cwd: Option<&Path>, path: &str) -> std::path::PathBuf {
 
 /// The torchrun variables a launcher must not inherit from ups-doctor's own environment (its
 /// ranks get their own from it; a stray `RANK` would also make the launcher look like a rank).
-pub const RANK_ENV: [&str; 8] = [
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "ROLE_RANK",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-];
+/// Not `MASTER_ADDR` and `MASTER_PORT`: a program that starts its own ranks (`mp.spawn`,
+/// Lightning's launcher) reads its rendezvous from them, and a user who exported them chose it;
+/// torchrun gives its ranks its own whatever they are.
+pub const RANK_ENV: [&str; 6] =
+    ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK"];
 
 /// What `launch.style: auto` takes for `argv`: launcher (true) or per rank, and why, in words.
 /// A launcher is a known launcher program, `python -m torch.distributed.run` (or `.launch`), or

@@ -679,6 +679,10 @@ mod tests {
         assert_eq!(env(l, MARKER_PATH_ENV), Some("/runs/a/markers.fifo"));
         assert_eq!(env(l, "RANK"), None);
         assert!(l.env_remove.iter().any(|v| v == "RANK"), "a stray RANK would make it look like a rank");
+        assert!(
+            !l.env_remove.iter().any(|v| v == "MASTER_PORT" || v == "MASTER_ADDR"),
+            "the user's rendezvous stands for a program that starts its own ranks"
+        );
         assert!(!l.marker_pipe && l.report_output);
         assert_eq!(p.marker_fifo.as_deref(), Some(Path::new("/runs/a/markers.fifo")));
         let own_port = planned(&s, &["PET_MASTER_PORT"], true).unwrap();
