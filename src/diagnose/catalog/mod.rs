@@ -15,6 +15,7 @@ mod numeric;
 mod observed;
 mod pattern;
 mod resources;
+mod scheduler;
 mod timeout;
 
 use super::evidence::{Evidence, RankEvidence};
@@ -31,6 +32,7 @@ pub const ALL: &[&Pattern] = &[
     &crash::FALSE_SUCCESS,
     &memory::OOM_KILL,
     &resources::CUDA_OOM,
+    &scheduler::SCHEDULER_ENDED,
     &observed::COLLECTIVE_MISMATCH,
     &distributed::RANKS_OUT_OF_STEP,
     &distributed::PEER_LOST,
@@ -65,6 +67,7 @@ type Detector = fn(&Evidence, Option<&RankEvidence>) -> Option<Finding>;
 const FAILURE_DETECTORS: &[Detector] = &[
     memory::oom_kill,
     resources::cuda_oom,
+    scheduler::scheduler_ended,
     distributed::port_in_use,
     distributed::duplicate_gpu,
     fork::cuda_in_forked_child,
