@@ -343,8 +343,13 @@ pub(super) fn program_frame(frames: &[crate::diagnose::evidence::StackFrame]) ->
 
 /// The rank's line saying its peer went away.
 pub fn lost_peer_line<'e>(rank: &'e RankEvidence) -> Option<&'e str> {
-    const NEEDLES: [&str; 3] =
-        ["Connection reset by peer", "Connection closed by peer", "connection closed by peer"];
+    // NCCL's own words for it too (`ncclRemoteError`, nvidia-nccl-cu13 2.28.9's `libnccl.so.2`).
+    const NEEDLES: [&str; 4] = [
+        "Connection reset by peer",
+        "Connection closed by peer",
+        "connection closed by peer",
+        "remote process exited or there was a network error",
+    ];
     let key = rank.key.as_ref().map(|k| k.text.as_str()).or(rank.result.error.as_deref())?;
     NEEDLES.iter().any(|n| key.contains(n)).then_some(key)
 }

@@ -8,6 +8,7 @@ mod ddp;
 mod distributed;
 mod flight;
 mod fork;
+mod gpu;
 mod group_count;
 mod loader;
 mod memory;
@@ -32,6 +33,10 @@ pub const ALL: &[&Pattern] = &[
     &crash::FALSE_SUCCESS,
     &memory::OOM_KILL,
     &resources::CUDA_OOM,
+    &gpu::CUDA_DEVICE_ASSERT,
+    &gpu::CUDA_ILLEGAL_ACCESS,
+    &gpu::INVALID_DEVICE_ORDINAL,
+    &gpu::NCCL_ERROR,
     &scheduler::SCHEDULER_ENDED,
     &observed::COLLECTIVE_MISMATCH,
     &distributed::RANKS_OUT_OF_STEP,
@@ -67,11 +72,15 @@ type Detector = fn(&Evidence, Option<&RankEvidence>) -> Option<Finding>;
 const FAILURE_DETECTORS: &[Detector] = &[
     memory::oom_kill,
     resources::cuda_oom,
+    gpu::device_assert,
+    gpu::illegal_access,
+    gpu::invalid_ordinal,
     scheduler::scheduler_ended,
     distributed::port_in_use,
     distributed::duplicate_gpu,
     fork::cuda_in_forked_child,
     timeout::nccl_watchdog,
+    gpu::nccl_error,
     ddp::unused_parameters,
     ddp::model_mismatch,
     ddp::fsdp_inplace_view,

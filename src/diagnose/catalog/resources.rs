@@ -249,6 +249,7 @@ pub fn too_many_open_files(ev: &Evidence, first: Option<&RankEvidence>) -> Optio
 
 #[cfg(test)]
 mod tests {
+    use super::super::tests::{failed, judged};
     use super::*;
 
     /// The allocator's message as `c10/cuda/CUDACachingAllocator.cpp` of torch 2.11 assembles it
@@ -265,37 +266,6 @@ mod tests {
         memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See \
         documentation for Memory Management  \
         (https://docs.pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf)";
-
-    /// A program's rank (no markers) that exited with status 1 after printing `stderr` at `at_s`.
-    fn failed(rank: u32, at_s: f64, stderr: &str) -> crate::schema::RankResult {
-        let mut e =
-            crate::harness::RankEnd { exit: Some(crate::harness::Exit::Code(1)), ..Default::default() };
-        e.rank = rank;
-        e.pid = Some(1000 + rank);
-        e.ended_at_s = Some(at_s);
-        e.completed = Some(true);
-        e.last_output_at = Some(at_s);
-        e.stderr_tail = stderr.lines().map(String::from).collect();
-        crate::harness::classify_rank(&e)
-    }
-
-    fn judged(ranks: &[crate::schema::RankResult]) -> crate::diagnose::verdict::Judgement {
-        let scenario = crate::scenario::Scenario {
-            command: Some(vec!["torchrun".into(), "train.py".into()]),
-            ..Default::default()
-        };
-        let leftovers = crate::schema::Leftovers::default();
-        crate::diagnose::verdict::judge(&crate::diagnose::evidence::Observed {
-            scenario: &scenario,
-            ranks,
-            wall_s: 9.0,
-            memory: None,
-            leftovers: &leftovers,
-            oom_kills: &[],
-            cgroup: None,
-            launcher: None,
-        })
-    }
 
     fn traceback(error: &str) -> String {
         format!(

@@ -67,3 +67,33 @@ fn patterns_document_lists_every_pattern_of_the_catalogue() {
         "docs/patterns.md differs from the catalogue: rerun with UPS_DOCTOR_WRITE_PATTERNS=1 and review the diff"
     );
 }
+
+/// A program's rank (no markers) that exited with status 1 after printing `stderr` at `at_s`.
+pub(super) fn failed(rank: u32, at_s: f64, stderr: &str) -> crate::schema::RankResult {
+    let mut e = crate::harness::RankEnd { exit: Some(crate::harness::Exit::Code(1)), ..Default::default() };
+    e.rank = rank;
+    e.pid = Some(1000 + rank);
+    e.ended_at_s = Some(at_s);
+    e.completed = Some(true);
+    e.last_output_at = Some(at_s);
+    e.stderr_tail = stderr.lines().map(String::from).collect();
+    crate::harness::classify_rank(&e)
+}
+
+pub(super) fn judged(ranks: &[crate::schema::RankResult]) -> crate::diagnose::verdict::Judgement {
+    let scenario = crate::scenario::Scenario {
+        command: Some(vec!["torchrun".into(), "train.py".into()]),
+        ..Default::default()
+    };
+    let leftovers = crate::schema::Leftovers::default();
+    crate::diagnose::verdict::judge(&crate::diagnose::evidence::Observed {
+        scenario: &scenario,
+        ranks,
+        wall_s: 9.0,
+        memory: None,
+        leftovers: &leftovers,
+        oom_kills: &[],
+        cgroup: None,
+        launcher: None,
+    })
+}
