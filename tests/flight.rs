@@ -84,6 +84,13 @@ fn a_rank_that_skips_a_ddp_backward_is_seen_where_the_ranks_part_ways_with_the_o
     // Markdown escapes the brackets of the shape.
     let escaped = want.replace("[577]", "\\[577\\]");
     assert!(report.contains(&escaped), "the report says it too: {escaped}\n{report}");
+    // And shows the ranks' collectives side by side, the divergence in bold.
+    assert!(
+        report.contains("### Collectives where the ranks part ways (Flight Recorder, group `default_pg`)"),
+        "{report}"
+    );
+    let row = report.lines().find(|l| l.starts_with(&format!("| **{}** |", last0.1)));
+    assert!(row.is_some_and(|r| r.contains("`gloo:all_reduce`") && r.contains("`gloo:barrier`")), "{report}");
 }
 
 /// Rank 1 sleeps before a `dist.all_gather` of the program's (injected from outside, not in any

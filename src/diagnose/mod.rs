@@ -14,7 +14,10 @@ mod nodes;
 mod verdict;
 pub mod words;
 
-pub use catalog::{ALL as PATTERNS, Pattern, SHM_FULL_SHARE, collective_of, input_bound, used_of};
+pub use catalog::{
+    ALL as PATTERNS, Divergence, Pattern, SHM_FULL_SHARE, collective_of, flight_divergence, input_bound,
+    used_of,
+};
 pub use conclude::{Seen, check_expectation, conclude};
 pub use evidence::{KeyLine, Observed, key_line, last_error_line};
 #[cfg(test)]

@@ -11,6 +11,7 @@ use crate::schema::{RankResult, RunResult, ScenarioResult, ThreadStack};
 
 mod doc;
 mod external;
+mod flight;
 mod nodes;
 
 pub(crate) use doc::Doc;
@@ -346,6 +347,7 @@ fn scenario(doc: &mut Doc, s: &ScenarioResult) {
     for r in &s.ranks {
         stacks(doc, r);
     }
+    flight::collectives(doc, s);
     for r in &s.ranks {
         external::dumps(doc, r);
     }

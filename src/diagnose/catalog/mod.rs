@@ -23,7 +23,7 @@ use super::evidence::{Evidence, RankEvidence};
 
 pub use crash::{CRASH_SIGNALS, all_crashed_at_exit, fatal_key};
 pub use distributed::{collective_of, odd_rank_by_markers};
-pub use flight::lines as flight_lines;
+pub use flight::{Divergence, divergence as flight_divergence, lines as flight_lines};
 pub use loader::{SHM_FULL_SHARE, input_bound, used_of};
 pub use pattern::{Finding, Pattern};
 

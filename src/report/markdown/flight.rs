@@ -1,0 +1,46 @@
+//! `### Collectives where the ranks part ways (Flight Recorder)`: each rank's collectives around
+//! the first sequence id at which they differ, side by side, from the entries each rank's observer
+//! handed over (`observed.flight`); the judge's match (`diagnose::flight_divergence`) says where.
+
+use crate::schema::{FlightEntry, FlightRecord, ScenarioResult};
+
+use super::super::markup::{self, Align};
+use super::doc::Doc;
+
+/// Sequence ids shown before the divergence.
+const BEFORE: u64 = 3;
+
+pub(super) fn collectives(doc: &mut Doc, s: &ScenarioResult) {
+    let records: Vec<(u32, &FlightRecord)> = s
+        .ranks
+        .iter()
+        .filter_map(|r| Some((r.rank, r.observed.as_ref()?.flight.as_ref()?)))
+        .filter(|(_, f)| !f.entries.is_empty())
+        .collect();
+    let Some(d) = crate::diagnose::flight_divergence(&records) else { return };
+    let header: Vec<String> = std::iter::once("#".to_string())
+        .chain(records.iter().map(|(rank, _)| format!("rank {rank}")))
+        .collect();
+    let header: Vec<&str> = header.iter().map(String::as_str).collect();
+    let align: Vec<Align> = header.iter().map(|_| Align::Left).collect();
+    let cell = |rec: &FlightRecord, seq: u64| -> String {
+        let at = rec.entries.iter().find(|e| !e.p2p && e.group == d.group && e.seq == seq);
+        at.map_or("—".to_string(), FlightEntry::render)
+    };
+    let last = records
+        .iter()
+        .filter_map(|(_, r)| r.entries.iter().filter(|e| !e.p2p && e.group == d.group).map(|e| e.seq).max())
+        .max()
+        .unwrap_or(d.seq);
+    let rows: Vec<Vec<String>> = (d.seq.saturating_sub(BEFORE).max(1)..=last.min(d.seq + 1))
+        .map(|seq| {
+            let mark = if seq == d.seq { format!("**{seq}**") } else { seq.to_string() };
+            std::iter::once(mark).chain(records.iter().map(|(_, rec)| cell(rec, seq))).collect()
+        })
+        .collect();
+    doc.push(format!(
+        "### Collectives where the ranks part ways (Flight Recorder, group `{}`)",
+        markup::text(&d.group)
+    ));
+    doc.push(markup::table(&header, &align, &rows));
+}
