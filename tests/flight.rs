@@ -4,26 +4,21 @@
 //! gloo); the fault is the program's own bug or injected from outside it
 //! (`tests/programs/inject`).
 
-use crate::util::{RunOutput, Sandbox, repo, venv_path};
+use crate::util::{Sandbox, evidence_of as evidence, program, repo, run_command as run};
 use serde_json::Value;
 
-fn program(name: &str) -> String {
-    repo().join("tests/programs").join(name).display().to_string()
-}
-
-fn run(sb: &Sandbox, args: &[&str]) -> RunOutput {
-    let mut cmd = sb.cmd();
-    cmd.env("PATH", venv_path());
-    sb.run_with(cmd, &[], args)
-}
-
-fn evidence(s: &Value) -> Vec<String> {
-    s["verdict"]["evidence"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|e| e.as_str().map(String::from))
-        .collect()
+/// `ups-doctor run [--env E]… --hang-after 60 --timeout 300 -- torchrun --nproc_per_node 2
+/// PROGRAM ARGS…`, which must end hung; its scenario.
+fn hung(sb: &Sandbox, env: &[&str], name: &str, args: &[&str]) -> Value {
+    let prog = program(name);
+    let mut all: Vec<&str> = env.iter().flat_map(|e| ["--env", *e]).collect();
+    // Generous: on two loaded cores torchrun may take tens of seconds to start its ranks.
+    all.extend(["--hang-after", "60", "--timeout", "300", "--", "torchrun", "--nproc_per_node", "2", &prog]);
+    all.extend(args);
+    let out = run(sb, &all);
+    let s = out.scenario().clone();
+    assert_eq!(s["outcome"], "hung", "{}\n{:#}", out.stderr(), s["verdict"]);
+    s
 }
 
 /// Each rank's Flight Recorder entries in `result.json`: (op, seq) of the default group.
@@ -46,29 +41,7 @@ fn recorded(s: &Value, rank: usize) -> Vec<(String, u64)> {
 #[test]
 fn a_rank_that_skips_a_ddp_backward_is_seen_where_the_ranks_part_ways_with_the_op_and_bucket_size() {
     let sb = Sandbox::new();
-    let prog = program("ddp.py");
-    let out = run(
-        &sb,
-        &[
-            "--hang-after",
-            "20",
-            "--timeout",
-            "240",
-            "--",
-            "torchrun",
-            "--nproc_per_node",
-            "2",
-            &prog,
-            "--steps",
-            "6",
-            "--skip-rank",
-            "1",
-            "--skip-step",
-            "3",
-        ],
-    );
-    let s = out.scenario();
-    assert_eq!(s["outcome"], "hung", "{}\n{:#}", out.stderr(), s["verdict"]);
+    let s = &hung(&sb, &[], "ddp.py", &["--steps", "6", "--skip-rank", "1", "--skip-step", "3"]);
     let (r0, r1) = (recorded(s, 0), recorded(s, 1));
     let (last0, last1) = (r0.last().unwrap(), r1.last().unwrap());
     assert_eq!((last0.0.as_str(), last1.0.as_str()), ("gloo:all_reduce", "gloo:barrier"), "{r0:?}\n{r1:?}");
@@ -100,33 +73,8 @@ fn a_rank_that_skips_a_ddp_backward_is_seen_where_the_ranks_part_ways_with_the_o
 fn a_rank_asleep_outside_any_collective_never_issued_the_one_the_others_wait_in() {
     let sb = Sandbox::new();
     let inject = format!("PYTHONPATH={}", repo().join("tests/programs/inject").display());
-    let prog = program("observed_ddp.py");
-    let out = run(
-        &sb,
-        &[
-            "--env",
-            &inject,
-            "--env",
-            "INJECT_SLEEP_RANK=1",
-            "--env",
-            "INJECT_SLEEP_S=600",
-            "--env",
-            "INJECT_SLEEP_CALL=4",
-            "--hang-after",
-            "20",
-            "--timeout",
-            "240",
-            "--",
-            "torchrun",
-            "--nproc_per_node",
-            "2",
-            &prog,
-            "--steps",
-            "8",
-        ],
-    );
-    let s = out.scenario();
-    assert_eq!(s["outcome"], "hung", "{}\n{:#}", out.stderr(), s["verdict"]);
+    let faults = [inject.as_str(), "INJECT_SLEEP_RANK=1", "INJECT_SLEEP_S=600", "INJECT_SLEEP_CALL=4"];
+    let s = &hung(&sb, &faults, "observed_ddp.py", &["--steps", "8"]);
     let (r0, r1) = (recorded(s, 0), recorded(s, 1));
     let (last0, last1) = (r0.last().unwrap(), r1.last().unwrap());
     assert_eq!(last0.0, "gloo:all_gather", "{r0:?}");
@@ -149,27 +97,7 @@ fn a_rank_asleep_outside_any_collective_never_issued_the_one_the_others_wait_in(
 #[test]
 fn an_fsdp_rank_missing_an_all_gather_is_seen_with_the_op_and_its_size() {
     let sb = Sandbox::new();
-    let prog = program("fsdp2.py");
-    let out = run(
-        &sb,
-        &[
-            "--hang-after",
-            "20",
-            "--timeout",
-            "240",
-            "--",
-            "torchrun",
-            "--nproc_per_node",
-            "2",
-            &prog,
-            "--skip-rank",
-            "1",
-            "--skip-step",
-            "2",
-        ],
-    );
-    let s = out.scenario();
-    assert_eq!(s["outcome"], "hung", "{}\n{:#}", out.stderr(), s["verdict"]);
+    let s = &hung(&sb, &[], "fsdp2.py", &["--skip-rank", "1", "--skip-step", "2"]);
     let ev = evidence(s);
     let want = "the ranks part ways (different ops): rank 0 issued `gloo:all_gather` of [72] Float; rank 1 issued \
                 `gloo:barrier`";
@@ -182,31 +110,8 @@ fn an_fsdp_rank_missing_an_all_gather_is_seen_with_the_op_and_its_size() {
 #[test]
 fn a_ring_that_wrapped_before_the_ranks_part_ways_is_aligned_by_sequence_id() {
     let sb = Sandbox::new();
-    let prog = program("ddp.py");
-    let out = run(
-        &sb,
-        &[
-            "--env",
-            "TORCH_FR_BUFFER_SIZE=8",
-            "--hang-after",
-            "20",
-            "--timeout",
-            "240",
-            "--",
-            "torchrun",
-            "--nproc_per_node",
-            "2",
-            &prog,
-            "--steps",
-            "14",
-            "--skip-rank",
-            "1",
-            "--skip-step",
-            "11",
-        ],
-    );
-    let s = out.scenario();
-    assert_eq!(s["outcome"], "hung", "{}\n{:#}", out.stderr(), s["verdict"]);
+    let env = ["TORCH_FR_BUFFER_SIZE=8"];
+    let s = &hung(&sb, &env, "ddp.py", &["--steps", "14", "--skip-rank", "1", "--skip-step", "11"]);
     let (r0, r1) = (recorded(s, 0), recorded(s, 1));
     assert!(r0.len() <= 8 && r1.len() <= 8, "the user's size stands: {r0:?}\n{r1:?}");
     let last = r0.last().unwrap().1;

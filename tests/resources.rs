@@ -3,18 +3,8 @@
 //! `ulimit -n` with DataLoader workers. (A CUDA OOM needs a GPU: its text is a unit test's
 //! fixture, `src/diagnose/catalog/resources.rs`, with where it came from.)
 
-use crate::util::{RunOutput, Sandbox, repo, venv_path};
+use crate::util::{Sandbox, program, run_command as run, venv_path};
 use serde_json::Value;
-
-fn program(name: &str) -> String {
-    repo().join("tests/programs").join(name).display().to_string()
-}
-
-fn run(sb: &Sandbox, args: &[&str]) -> RunOutput {
-    let mut cmd = sb.cmd();
-    cmd.env("PATH", venv_path());
-    sb.run_with(cmd, &[], args)
-}
 
 fn verdict<'v>(s: &'v Value, field: &str) -> &'v str {
     s["verdict"][field].as_str().unwrap_or_else(|| panic!("no verdict.{field}: {:#}", s["verdict"]))
@@ -110,4 +100,21 @@ fn a_step_slurm_ends_at_its_time_limit_is_the_schedulers_doing_not_a_crash() {
     let collateral: Vec<&Value> =
         s["ranks"].as_array().unwrap().iter().filter(|r| r["collateral"] == true).collect();
     assert!(collateral.is_empty(), "{:#}", s["verdict"]);
+}
+
+/// A step compiled with `fullgraph=True` that branches on a tensor's value: TorchDynamo raises
+/// its own exception, named as `torch.compile` failing to trace, with where to look.
+#[test]
+fn a_compiled_step_that_cannot_be_one_graph_is_named_as_torch_compile_failing() {
+    let sb = Sandbox::new();
+    let out = run(&sb, &["--", "python", &program("compile_break.py")]);
+    let s = out.scenario();
+    assert_eq!(verdict(s, "pattern"), "compile-failed", "{}\n{:#}", out.stderr(), s["verdict"]);
+    assert!(verdict(s, "key_line").starts_with("torch._dynamo.exc."), "{:#}", s["verdict"]);
+    assert!(
+        verdict(s, "headline").contains("TorchDynamo could not trace the code into one graph"),
+        "{:#}",
+        s["verdict"]
+    );
+    assert!(verdict(s, "next_step").contains("TORCH_LOGS=graph_breaks"), "{:#}", s["verdict"]);
 }

@@ -256,6 +256,28 @@ pub fn venv_path() -> std::ffi::OsString {
 }
 
 /// This repository's root (for `tests/programs/` and `python/`).
+/// A test program's path: `tests/programs/NAME`.
+pub fn program(name: &str) -> String {
+    repo().join("tests/programs").join(name).display().to_string()
+}
+
+/// `ups-doctor run ARGS…` in `sb` with the test venv's python and torchrun first on `PATH`.
+pub fn run_command(sb: &Sandbox, args: &[&str]) -> RunOutput {
+    let mut cmd = sb.cmd();
+    cmd.env("PATH", venv_path());
+    sb.run_with(cmd, &[], args)
+}
+
+/// The lines of a scenario's verdict evidence.
+pub fn evidence_of(s: &Value) -> Vec<String> {
+    s["verdict"]["evidence"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.as_str().map(String::from))
+        .collect()
+}
+
 pub fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }

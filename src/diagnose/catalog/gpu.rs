@@ -3,7 +3,7 @@
 //! failing rank's own error line. Their texts are the libraries' (quoted in the tests with where
 //! each came from).
 
-use super::{Finding, Pattern};
+use super::{Finding, Pattern, erring};
 use crate::diagnose::evidence::{Evidence, RankEvidence};
 
 pub const CUDA_DEVICE_ASSERT: Pattern = Pattern {
@@ -63,17 +63,6 @@ pub const NCCL_ERROR: Pattern = Pattern {
                 InfiniBand set `NCCL_IB_DISABLE=1`; give the container a larger `/dev/shm` (`--shm-size`).",
     reference: "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/troubleshooting.html",
 };
-
-/// The rank whose own error line (its key line) says one of `needles`: the provisional culprit,
-/// else the first failed rank that does.
-fn erring<'e>(
-    ev: &'e Evidence,
-    first: Option<&'e RankEvidence<'e>>,
-    needles: &[&str],
-) -> Option<&'e RankEvidence<'e>> {
-    let says = |r: &RankEvidence| r.key.as_ref().is_some_and(|k| needles.iter().any(|n| k.text.contains(n)));
-    first.filter(|r| says(r)).or_else(|| ev.ranks.iter().filter(|r| r.failed()).find(|r| says(r)))
-}
 
 fn found(pattern: &'static Pattern, r: &RankEvidence, what: &str) -> Finding {
     let mut f = Finding::of(pattern);

@@ -3,6 +3,7 @@
 //! reference; `docs/patterns.md` lists them all for users and a test keeps the two in step. A
 //! detector states its pattern only when the evidence establishes it. Pure.
 
+mod compile;
 mod crash;
 mod ddp;
 mod distributed;
@@ -52,6 +53,7 @@ pub const ALL: &[&Pattern] = &[
     &ddp::FSDP_INPLACE_VIEW,
     &resources::STATE_DICT_MISMATCH,
     &resources::TOO_MANY_OPEN_FILES,
+    &compile::COMPILE_FAILED,
     &loader::DATALOADER_WORKER_EXCEPTION,
     &loader::WORKER_KILLED_BY_SIGNAL,
     &loader::WORKER_EXITED,
@@ -86,6 +88,7 @@ const FAILURE_DETECTORS: &[Detector] = &[
     ddp::fsdp_inplace_view,
     resources::state_dict_mismatch,
     resources::too_many_open_files,
+    compile::compile_failed,
     loader::shm_exhausted,
     loader::shm_before_hang,
     loader::worker_exception,
@@ -116,6 +119,17 @@ const PASSED_DETECTORS: &[Detector] = &[
 pub fn find(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Finding> {
     let detectors = if first.is_some() { FAILURE_DETECTORS } else { PASSED_DETECTORS };
     detectors.iter().find_map(|detect| detect(ev, first))
+}
+
+/// The rank whose own error (its key line, not a line it merely printed) says one of `needles`:
+/// the provisional culprit if it does, else the first failed rank, in the judge's order, that does.
+fn erring<'e>(
+    ev: &'e Evidence,
+    first: Option<&'e RankEvidence<'e>>,
+    needles: &[&str],
+) -> Option<&'e RankEvidence<'e>> {
+    let says = |r: &RankEvidence| r.key.as_ref().is_some_and(|k| needles.iter().any(|n| k.text.contains(n)));
+    first.filter(|r| says(r)).or_else(|| ev.ranks.iter().filter(|r| r.failed()).find(|r| says(r)))
 }
 
 /// Whether a rank's failure is only the loss of a peer (`Connection reset by peer`): collateral

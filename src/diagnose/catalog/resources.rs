@@ -3,7 +3,7 @@
 //! (`load_state_dict`), file descriptors (PyTorch's `file_descriptor` sharing strategy). Each is
 //! named only from the rank's own error (its key line), never from a line it merely printed.
 
-use super::{Finding, Pattern};
+use super::{Finding, Pattern, erring};
 use crate::diagnose::evidence::{Evidence, RankEvidence};
 
 pub const CUDA_OOM: Pattern = Pattern {
@@ -56,17 +56,6 @@ pub const TOO_MANY_OPEN_FILES: Pattern = Pattern {
                 keep fewer batches alive (`.detach().clone()` or `.item()` what you keep).",
     reference: "https://docs.pytorch.org/docs/stable/multiprocessing.html#sharing-strategies",
 };
-
-/// The rank whose own error (its key line) says `needle`: the provisional culprit if it does, else
-/// the first failed rank by the judge's order that does.
-fn erring<'e>(
-    ev: &'e Evidence,
-    first: Option<&'e RankEvidence<'e>>,
-    needles: &[&str],
-) -> Option<&'e RankEvidence<'e>> {
-    let says = |r: &RankEvidence| r.key.as_ref().is_some_and(|k| needles.iter().any(|n| k.text.contains(n)));
-    first.filter(|r| says(r)).or_else(|| ev.ranks.iter().filter(|r| r.failed()).find(|r| says(r)))
-}
 
 /// The figure after `label` in the allocator's message, up to `until`: `20.00 GiB`.
 fn figure<'t>(text: &'t str, label: &str, until: &str) -> Option<&'t str> {
