@@ -26,6 +26,7 @@ pub use crash::{CRASH_SIGNALS, all_crashed_at_exit, fatal_key};
 pub use distributed::{collective_of, odd_rank_by_markers};
 pub use flight::{Divergence, divergence as flight_divergence, lines as flight_lines};
 pub use loader::{SHM_FULL_SHARE, input_bound, used_of};
+use pattern::erring;
 pub use pattern::{Finding, Pattern};
 
 /// Every pattern, in the order `docs/patterns.md` lists them.
@@ -119,17 +120,6 @@ const PASSED_DETECTORS: &[Detector] = &[
 pub fn find(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Finding> {
     let detectors = if first.is_some() { FAILURE_DETECTORS } else { PASSED_DETECTORS };
     detectors.iter().find_map(|detect| detect(ev, first))
-}
-
-/// The rank whose own error (its key line, not a line it merely printed) says one of `needles`:
-/// the provisional culprit if it does, else the first failed rank, in the judge's order, that does.
-fn erring<'e>(
-    ev: &'e Evidence,
-    first: Option<&'e RankEvidence<'e>>,
-    needles: &[&str],
-) -> Option<&'e RankEvidence<'e>> {
-    let says = |r: &RankEvidence| r.key.as_ref().is_some_and(|k| needles.iter().any(|n| k.text.contains(n)));
-    first.filter(|r| says(r)).or_else(|| ev.ranks.iter().filter(|r| r.failed()).find(|r| says(r)))
 }
 
 /// Whether a rank's failure is only the loss of a peer (`Connection reset by peer`): collateral

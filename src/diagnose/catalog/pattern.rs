@@ -1,6 +1,8 @@
 //! What the catalogue is made of: a known failure [`Pattern`], and a [`Finding`] of one in a
 //! scenario's evidence. Every family file builds on these.
 
+use crate::diagnose::evidence::{Evidence, RankEvidence};
+
 /// A known failure pattern.
 #[derive(Debug, PartialEq)]
 pub struct Pattern {
@@ -58,4 +60,15 @@ impl Finding {
             undecided: false,
         }
     }
+}
+
+/// The rank whose own error (its key line, not a line it merely printed) says one of `needles`:
+/// the provisional culprit if it does, else the first failed rank, in the judge's order, that does.
+pub(super) fn erring<'e>(
+    ev: &'e Evidence,
+    first: Option<&'e RankEvidence<'e>>,
+    needles: &[&str],
+) -> Option<&'e RankEvidence<'e>> {
+    let says = |r: &RankEvidence| r.key.as_ref().is_some_and(|k| needles.iter().any(|n| k.text.contains(n)));
+    first.filter(|r| says(r)).or_else(|| ev.ranks.iter().filter(|r| r.failed()).find(|r| says(r)))
 }
