@@ -497,7 +497,7 @@ fn ctrl_c_on_running_ranks_names_no_crash_and_says_the_same_every_time() {
     let mut verdicts = Vec::new();
     for (i, argv) in runs.iter().enumerate() {
         let sb = Sandbox::new();
-        let mut child = sb
+        let child = sb
             .cmd()
             .env("PATH", crate::util::venv_path())
             .args(["run", "--quiet", "--out"])
