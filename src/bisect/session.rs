@@ -40,6 +40,10 @@ pub enum SessionError {
     Probe(String),
 }
 
+/// Names the cache files of this version's signatures: observations of versions whose signatures
+/// lacked what the judge saw (pattern, exception, key line) would read as different failures.
+const CACHE_PREFIX: &str = "sig2-";
+
 /// Runs the bisect and writes `bisect.json` and `minimal.json` into the out folder (the session
 /// renders `bisect.md` from the record).
 pub fn run(
@@ -48,9 +52,7 @@ pub fn run(
     interrupted: &AtomicBool,
 ) -> Result<BisectRecord, SessionError> {
     let base = &request.scenario;
-    // `sig2-`: observations of versions whose signatures lacked what the judge saw (pattern,
-    // exception, key line) would read as different failures; they are not mixed in.
-    let cache_file = request.cache_dir.join(format!("sig2-{}.json", config_hash(base)));
+    let cache_file = request.cache_dir.join(format!("{CACHE_PREFIX}{}.json", config_hash(base)));
     let mut cache: Cache = std::fs::read_to_string(&cache_file)
         .ok()
         .and_then(|text| serde_json::from_str(&text).ok())
@@ -71,8 +73,7 @@ pub fn run(
     // also those the search never saw because an earlier one was interrupted), so that even a
     // failed report leaves a cache a re-run resumes from.
     let saved = oracle.saved_cache().unwrap_or(cache);
-    let masked = crate::secrets::json_text(&saved, false).expect("the cache serialises");
-    write(&cache_file, masked.trim_end())?;
+    write(&cache_file, crate::secrets::json_text(&saved, false).expect("the cache serialises").trim_end())?;
     if let Some(e) = oracle.cache_error.lock().unwrap_or_else(|e| e.into_inner()).take() {
         return Err(SessionError::Probe(format!("failed to save the probe cache: {e}")));
     }
