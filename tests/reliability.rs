@@ -558,6 +558,8 @@ fn ctrl_c_on_running_ranks_names_no_crash_and_says_the_same_every_time() {
         assert!(evidence.iter().any(|e| e.starts_with("rank 1:") && e.contains("SIGKILL")), "{evidence:?}");
         let report = std::fs::read_to_string(sb.out().join("report.md")).unwrap();
         assert!(report.contains("## plain: interrupted") && !report.contains("first failure"), "{report}");
+        let found = crate::consistency::check_run_dir(&sb.out());
+        assert!(found.is_empty(), "the report contradicts its result.json:\n{}", found.join("\n"));
         // The same verdict every time: only the wall time in the headline differs.
         let mut same = v.clone();
         let wall = headline.split(" s,").next().unwrap().rsplit(' ').next().unwrap().to_string();
