@@ -86,9 +86,9 @@ impl Signature {
     }
 
     /// The failure signature of a run: the first failing rank's class, signal or exit code, and
-    /// phase; for a command of the user's own (`external`) also what the judge saw (pattern, the
-    /// signal of what died first, the exception and the key line's stable part). `None` when it
-    /// passed. A failed run whose judge named no first failure (ranks that failed alike) is
+    /// phase; for a command of the user's own also what the judge saw: its pattern, and for a
+    /// rank that exited with an error status the signal of what died first, the exception and
+    /// the key line's stable part. `None` when it passed. A failed run whose judge named no first failure (ranks that failed alike) is
     /// read from its lowest failed rank: which rank is no part of the identity.
     pub fn of(result: &ScenarioResult) -> Observation {
         let failed = match result.first_failure {
@@ -113,9 +113,16 @@ impl Signature {
             key: None,
         };
         if result.scenario.command.is_some() {
-            let key_line = result.verdict.key_line.as_deref().or(failed.error.as_deref());
             signature.pattern = result.verdict.pattern.clone();
-            signature.died_first = if failed.signal.is_none() { died_first(failed) } else { None };
+            // A rank a signal killed is told by that signal; the words around a native crash (a
+            // fault handler's lines, a peer's abort during teardown) come and go from run to run
+            // (`bisect::a_torchrun_command_over_two_nodes`: `Fatal Python error: Aborted` in one
+            // confirm run of two). A rank that exited with an error status is told by its error.
+            if failed.outcome != OutcomeKind::Exited {
+                return Some(signature);
+            }
+            let key_line = result.verdict.key_line.as_deref().or(failed.error.as_deref());
+            signature.died_first = died_first(failed);
             signature.exception = key_line.and_then(exception_type).map(str::to_string);
             signature.key = key_line.map(|line| crate::secrets::scrub(&stable_part(line)).into_owned());
         }
