@@ -20,5 +20,6 @@ Exit status:
   1    some scenario did not (bisect: the scenario did not fail, or the budget ran out)
   2    bad input: a scenario file, a --set, a flag, a report folder, or a scenario this
        machine cannot run (CUDA ranks without a GPU, a memory limit without a cgroup)
-  3    internal error: ups-doctor itself failed
+  3    internal error: ups-doctor itself failed, or could not write its folder (a full
+       disk: a sweep stops there, keeping what ran, and resumes when run again)
   130  interrupted (SIGINT, SIGTERM, SIGHUP): what ran is saved, marked interrupted";

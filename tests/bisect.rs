@@ -491,3 +491,144 @@ fn report_of_a_bisect_folder_renders_bisect_md_again_and_refuses_a_run_folders_f
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("is a bisect's folder") && err.contains("attach `bisect.md`"), "{err}");
 }
+
+/// Issue 57, item 11: `tests/programs/loader_crash.py`'s DataLoader workers die of SIGSEGV once
+/// a batch holds 16 samples, and its rank then exits with status 1 (`RuntimeError: DataLoader
+/// worker (pid(s) N) exited unexpectedly`). Cut too far it fails with the same status for other
+/// reasons: `--batch-size 0` is PyTorch's `ValueError`, `--num-workers 0` a SIGSEGV of the rank
+/// itself. Bisect used to take those for the failure and printed `--num-workers 0 --batch-size 0
+/// --samples 0 --depth 0 --epochs 0` as the minimal failing command; the failure's signature now
+/// carries what the judge saw (pattern, the worker's signal, the exception, the key line's stable
+/// part), so those cuts are reported as different failures and not taken. The line derived by
+/// hand: one worker, the batch and the samples at the threshold, one epoch, no layers. Pasted
+/// into a shell it fails the way the original did.
+#[test]
+fn a_command_cut_to_a_value_the_program_refuses_is_a_different_failure_not_the_minimal_one() {
+    let program = crate::util::repo().join("tests/programs/loader_crash.py").display().to_string();
+    let sb = Sandbox::new();
+    let out = bisect_command(&sb)
+        .args(["--quiet", "--json", "--", "python", &program])
+        .args([
+            "--num-workers",
+            "2",
+            "--batch-size",
+            "32",
+            "--samples",
+            "64",
+            "--depth",
+            "2",
+            "--epochs",
+            "2",
+        ])
+        .output()
+        .expect("ups-doctor starts");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {stderr}"));
+    assert_eq!(out.status.code(), Some(0), "{stderr}\n{r:#}");
+    let line = format!("python {program} --num-workers 1 --batch-size 16 --samples 16 --depth 0 --epochs 1");
+    assert_eq!(r["minimal_command"]["line"], line.as_str(), "{r:#}");
+    let sig = &r["signature"];
+    assert_eq!(
+        (&sig["outcome"], &sig["exit_code"], &sig["died_first"], &sig["pattern"], &sig["exception"]),
+        (
+            &"exited".into(),
+            &1.into(),
+            &"SIGSEGV".into(),
+            &"worker-killed-by-signal".into(),
+            &"RuntimeError".into()
+        ),
+        "{r:#}"
+    );
+    assert!(
+        sig["key"]
+            .as_str()
+            .is_some_and(|k| k.contains("exited unexpectedly") && !k.contains(char::is_numeric))
+    );
+    assert_eq!(
+        r["minimal_command"]["passes_once"],
+        serde_json::json!(["`--batch-size 15`", "`--epochs 0`", "`--samples 15`"]),
+        "{r:#}"
+    );
+    let different: Vec<&Value> =
+        r["different_failures"].as_array().expect("different failures are recorded").iter().collect();
+    assert!(different.iter().any(|d| d["signature"]["exception"] == "ValueError"), "{r:#}");
+    assert!(
+        different
+            .iter()
+            .any(|d| d["signature"]["signal"] == "SIGSEGV" && d["signature"]["pattern"] == "native-crash"),
+        "{r:#}"
+    );
+    assert_consistent(&sb.out());
+    let report = std::fs::read_to_string(sb.out().join("bisect.md")).unwrap();
+    assert!(report.contains("fail **differently**") && report.contains("ValueError"), "{report}");
+    let pasted = std::process::Command::new("sh")
+        .args(["-c", &line])
+        .env("PATH", crate::util::venv_path())
+        .current_dir(sb.path())
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&pasted.stderr);
+    assert_eq!(pasted.status.code(), Some(1), "{said}");
+    assert!(
+        said.contains("is killed by signal: Segmentation fault") && said.contains("exited unexpectedly"),
+        "{said}"
+    );
+    // minimal.json's `expect` is this failure, exception included: the rank's refusal of
+    // `--batch-size 0` (another `exit 1`) would not meet it.
+    let minimal: Value =
+        serde_json::from_str(&std::fs::read_to_string(sb.out().join("minimal.json")).unwrap()).unwrap();
+    assert_eq!(minimal["expect"]["message"], "RuntimeError", "{minimal:#}");
+}
+
+/// Bisect's own resume cache goes through the secrets rule like every other output: a program
+/// whose error quotes the token it was given (`--env HF_TOKEN=…`, kept) leaves none of it in the
+/// cache file, in `bisect.json` or `bisect.md`; and a re-run still resumes from the masked cache
+/// (the signature a probe shows is the masked one, so a cached one equals it): no real run.
+#[test]
+fn the_bisect_cache_is_masked_and_still_resumes() {
+    let sb = Sandbox::new();
+    let secret = "s3cr3t-login-98765";
+    let script = sb.path().join("login.py");
+    std::fs::write(
+        &script,
+        format!(
+            "import argparse, os, sys\nsys.path.insert(0, {python:?})\nimport ups_doctor\n\
+             p = argparse.ArgumentParser()\np.add_argument('--retries', type=int, default=0)\na = p.parse_args()\n\
+             token = os.environ.get('HF_TOKEN', '')\nups_doctor.mark('login as ' + token)\n\
+             if a.retries >= 2:\n    raise PermissionError('login refused for ' + token)\n",
+            python = crate::util::repo().join("python").display().to_string()
+        ),
+    )
+    .unwrap();
+    let run = || {
+        let out = bisect_command(&sb)
+            .args(["--quiet", "--json", "--env", &format!("HF_TOKEN={secret}"), "--keep", "HF_TOKEN", "--"])
+            .arg("python")
+            .arg(&script)
+            .args(["--retries", "8"])
+            .output()
+            .expect("ups-doctor starts");
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(0), "{stderr}");
+        let r: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {stderr}"));
+        r
+    };
+    let first = run();
+    let caches: Vec<_> =
+        std::fs::read_dir(sb.path().join("cache")).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(caches.len(), 1, "{caches:?}");
+    let cache = std::fs::read_to_string(&caches[0]).unwrap();
+    for (name, text) in [
+        ("the cache", cache.clone()),
+        ("bisect.json", std::fs::read_to_string(sb.out().join("bisect.json")).unwrap()),
+        ("bisect.md", std::fs::read_to_string(sb.out().join("bisect.md")).unwrap()),
+    ] {
+        assert!(!text.contains(secret), "{name} holds the secret:\n{text}");
+    }
+    assert!(cache.contains("login as <redacted>") && cache.contains("PermissionError"), "{cache}");
+    assert_eq!(first["signature"]["exception"], "PermissionError", "{first:#}");
+    assert_eq!(first["minimal_command"]["passes_once"], serde_json::json!(["`--retries 1`"]), "{first:#}");
+    let again = run();
+    assert_eq!(again["runs"], 0, "every probe is answered from the masked cache: {again:#}");
+    assert_eq!(again["minimal_command"], first["minimal_command"]);
+}

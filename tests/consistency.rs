@@ -729,6 +729,10 @@ fn parse_secs(text: &str) -> Option<(f64, f64)> {
 /// rank's signal or exit code.
 fn scenario_phrase(s: &Value) -> String {
     let first = s["first_failure"].as_u64();
+    // Interrupted with no failure of its own: its ranks' ends were ups-doctor's teardown.
+    if s["interrupted"] == true && first.is_none() && s["outcome"] != "passed" {
+        return "interrupted".to_string();
+    }
     let rank = s["ranks"]
         .as_array()
         .and_then(|rs| rs.iter().find(|r| first.is_some() && r["rank"].as_u64() == first));

@@ -577,6 +577,105 @@ fn a_setsid_daemon_that_keeps_the_run_id_and_leaves_the_cgroup_is_ended_and_list
     assert_eq!(listed["killed"], true, "{leftovers}");
 }
 
+/// Issue 57, item 6: a process started *after* the scenario's cgroup was made, elsewhere (by this
+/// test, while the run is going: `setsid sleep 600`), and moved into the cgroup by the program
+/// running as root, is not the run's: membership and a start time after the group's are no proof.
+/// It does not descend from ups-doctor (the child subreaper of everything the run starts), so it is
+/// left alone, said so, and not listed among the run's leftovers.
+#[test]
+fn a_foreign_process_started_during_the_run_and_moved_into_its_cgroup_is_left_alone() {
+    let sb = Sandbox::new();
+    let ready = sb.path().join("ready");
+    let pid_file = sb.path().join("foreign-pid");
+    let moved = sb.path().join("moved");
+    let script = format!(
+        "{OWN_CGROUP}; echo $d > {ready}; while [ ! -s {pids} ]; do sleep 0.05; done; \
+         echo $(cat {pids}) > $d/cgroup.procs && echo $d > {moved}",
+        ready = ready.display(),
+        pids = pid_file.display(),
+        moved = moved.display()
+    );
+    let file = sb.scenario("mover", &serde_json::json!({"command": ["sh", "-c", script]}).to_string());
+    let (out, foreign) = std::thread::scope(|scope| {
+        let run = scope.spawn(|| sb.run(&[&file], &[]));
+        assert!(
+            eventually(Duration::from_secs(60), || std::fs::read_to_string(&ready)
+                .is_ok_and(|t| !t.is_empty())),
+            "the program never started"
+        );
+        // Started now, by the test: after the cgroup was made, and no process of the run.
+        let foreign = std::process::Command::new("setsid")
+            .args(["sleep", "600"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::fs::write(&pid_file, foreign.id().to_string()).unwrap();
+        (run.join().unwrap(), foreign)
+    });
+    let mut foreign = foreign;
+    let pid = foreign.id();
+    let stderr = out.stderr();
+    let cgroup = std::fs::read_to_string(&moved).unwrap_or_else(|_| {
+        panic!("the program could not move the process (no scenario cgroup?):\n{stderr}")
+    });
+    let alive = crate::util::alive(u64::from(pid));
+    let _ = foreign.kill();
+    let _ = foreign.wait();
+    assert!(alive, "the foreign process was killed:\n{stderr}");
+    let leftovers = out.scenario()["leftovers"].to_string();
+    assert!(!leftovers.contains(&format!("\"pid\":{pid}")), "listed as the run's leftover: {leftovers}");
+    assert!(
+        stderr.contains(&format!("left alone process {pid}"))
+            && stderr.contains("does not descend from ups-doctor"),
+        "{stderr}"
+    );
+    let cgroup = cgroup.trim().to_string();
+    assert!(eventually(Duration::from_secs(10), || std::fs::remove_dir(&cgroup).is_ok()
+        || !Path::new(&cgroup).exists()));
+}
+
+/// Issue 57, item 8: without a cgroup (`UPS_DOCTOR_CGROUP_PARENT` names a folder that is none), a
+/// daemon made the classic way — `setsid`, then a fork whose parent exits, so that its process
+/// group's leader is gone — used to be reparented to init, and was neither a group of the run nor
+/// below a rank: it survived the run and Leftovers said nothing. ups-doctor is now the child
+/// subreaper of what it starts: the daemon is reparented to it, carries the run id, and is ended,
+/// reaped and listed.
+#[test]
+fn a_double_forked_daemon_of_a_run_without_a_cgroup_is_ended_and_listed() {
+    let sb = Sandbox::new();
+    let pid_file = sb.path().join("daemon-pid");
+    let not_a_cgroup = sb.path().join("not-a-cgroup");
+    std::fs::create_dir(&not_a_cgroup).unwrap();
+    let script = format!(
+        "setsid sh -c 'sleep 600 < /dev/null > /dev/null 2>&1 & echo $! > {pids}'; while [ ! -s {pids} ]; do sleep 0.05; done",
+        pids = pid_file.display()
+    );
+    let file = sb.scenario("daemon", &serde_json::json!({"command": ["sh", "-c", script]}).to_string());
+    let mut cmd = sb.cmd();
+    cmd.env("UPS_DOCTOR_CGROUP_PARENT", &not_a_cgroup);
+    let out = sb.run_with(cmd, &[&file], &[]);
+    let stderr = out.stderr();
+    let pid: u32 = std::fs::read_to_string(&pid_file)
+        .unwrap_or_else(|_| panic!("the daemon never started:\n{stderr}"))
+        .trim()
+        .parse()
+        .unwrap();
+    let gone = eventually(Duration::from_secs(5), || !crate::util::alive(u64::from(pid)));
+    if !gone {
+        // SAFETY: kill(2) of the daemon this test's scenario started, so it does not outlive the test.
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    }
+    let s = out.scenario();
+    assert!(s["cgroup_unavailable"].is_string(), "the run had a cgroup: {s:#}");
+    assert!(gone, "the daemon survived the run:\n{stderr}");
+    let leftovers = &s["leftovers"]["processes"];
+    let listed = leftovers.as_array().into_iter().flatten().find(|p| p["pid"] == pid);
+    let listed = listed.unwrap_or_else(|| panic!("the daemon is not a listed leftover: {leftovers}"));
+    assert_eq!(listed["killed"], true, "{leftovers}");
+}
+
 /// The host pids of the processes whose environment carries `UPS_DOCTOR_RUN_ID=run_id`.
 fn processes_of_run(run_id: &str) -> Vec<u32> {
     let needle = format!("UPS_DOCTOR_RUN_ID={run_id}\0");

@@ -477,3 +477,94 @@ fn a_full_disk_never_leaves_a_result_that_claims_more_or_less_than_happened() {
         );
     }
 }
+
+/// Issue 57, item 14: Ctrl-C on a run whose ranks are all still running (`plain.py --mode wait`,
+/// rank 1 deaf to SIGTERM) — a real SIGINT to ups-doctor, real ranks — twice one copy per rank and
+/// once under torchrun. ups-doctor's own teardown (SIGTERM, then SIGKILL for the deaf rank, as
+/// `torn_down_with` records) is no crash: no first failure, no collateral, no "before the
+/// interrupt" crash, no SIGKILL "by something other than ups-doctor", no bisect of a crash; each
+/// rank is said to have been stopped by ups-doctor, and the verdict is the same every time (its
+/// wall time aside). No rank outlives it.
+#[test]
+fn ctrl_c_on_running_ranks_names_no_crash_and_says_the_same_every_time() {
+    let program = repo().join("tests/programs/plain.py").display().to_string();
+    let python = venv_python().display().to_string();
+    let runs: [&[&str]; 3] = [
+        &["--ranks", "2", "--", &python, &program],
+        &["--ranks", "2", "--", &python, &program],
+        &["--", "torchrun", "--nproc_per_node", "2", &program],
+    ];
+    let mut verdicts = Vec::new();
+    for (i, argv) in runs.iter().enumerate() {
+        let sb = Sandbox::new();
+        let child = sb
+            .cmd()
+            .env("PATH", crate::util::venv_path())
+            .args(["run", "--quiet", "--out"])
+            .arg(sb.out())
+            .args(*argv)
+            .args(["--mode", "wait", "--deaf-rank", "1"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let waiting = |rank: u32| {
+            crate::util::files_under(&sb.out())
+                .iter()
+                .filter(|p| p.extension().is_some_and(|e| e == "log"))
+                .any(|p| {
+                    std::fs::read_to_string(p).is_ok_and(|t| t.contains(&format!("rank {rank} waiting")))
+                })
+        };
+        assert!(
+            eventually(Duration::from_secs(120), || waiting(0) && waiting(1)),
+            "run {i}: the ranks never started waiting"
+        );
+        let ranks = crate::util::files_under(&sb.out());
+        // SAFETY: signalling our own child, as a terminal's Ctrl-C does.
+        unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(130), "run {i}: {stderr}\n{ranks:?}");
+        let result: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(sb.out().join("result.json")).unwrap()).unwrap();
+        let s = &result["scenarios"][0];
+        assert_eq!((&result["interrupted"], &s["interrupted"]), (&true.into(), &true.into()), "{s:#}");
+        for r in s["ranks"].as_array().unwrap() {
+            let pid = r["pid"].as_u64().unwrap();
+            assert!(eventually(Duration::from_secs(10), || !alive(pid)), "run {i}: rank pid {pid} survived");
+            assert_eq!(r["collateral"], false, "run {i}: {s:#}");
+        }
+        assert_eq!(s["ranks"][1]["torn_down_with"], "SIGKILL", "run {i}: {s:#}");
+        assert!(
+            s["first_failure"].is_null(),
+            "run {i}: a first failure from ups-doctor's own signals: {s:#}"
+        );
+        let v = &s["verdict"];
+        let text = v.to_string();
+        for wrong in
+            ["Before the interrupt", "something other than ups-doctor", "bisect", "crash", "collateral"]
+        {
+            assert!(!text.contains(wrong), "run {i}: the verdict says `{wrong}`: {v:#}");
+        }
+        assert!(v["likely_cause"].is_null() && v["pattern"].is_null(), "run {i}: {v:#}");
+        let headline = v["headline"].as_str().unwrap();
+        assert!(
+            headline.contains("nothing had failed") && headline.contains("ups-doctor stopped"),
+            "{headline}"
+        );
+        let evidence: Vec<&str> =
+            v["evidence"].as_array().unwrap().iter().filter_map(|e| e.as_str()).collect();
+        assert!(evidence.iter().any(|e| e.starts_with("rank 1:") && e.contains("SIGKILL")), "{evidence:?}");
+        let report = std::fs::read_to_string(sb.out().join("report.md")).unwrap();
+        assert!(report.contains("## plain: interrupted") && !report.contains("first failure"), "{report}");
+        let found = crate::consistency::check_run_dir(&sb.out());
+        assert!(found.is_empty(), "the report contradicts its result.json:\n{}", found.join("\n"));
+        // The same verdict every time: only the wall time in the headline differs.
+        let mut same = v.clone();
+        let wall = headline.split(" s,").next().unwrap().rsplit(' ').next().unwrap().to_string();
+        same["headline"] = headline.replacen(&wall, "T", 1).into();
+        verdicts.push(same);
+    }
+    assert!(verdicts.windows(2).all(|w| w[0] == w[1]), "{verdicts:#?}");
+}

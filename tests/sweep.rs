@@ -334,3 +334,68 @@ fn a_commands_variables_and_folder_reach_every_point() {
         serde_json::from_str(&std::fs::read_to_string(sb.out().join("scenario.json")).unwrap()).unwrap();
     assert_eq!(scenario["launch"]["env"]["GREETING"], "hi", "{scenario:#}");
 }
+
+/// Issue 57, item 15: a sweep whose disk fills part-way (a real 3 MiB tmpfs; each run of the
+/// command writes a 300 KB log) stops there and says so: `sweep.json`'s `disk_full` names the
+/// folder and the error, `sweep.md` and the terminal lead with it and the fix, never "the budget
+/// ran out"; what ran is kept (each finished run cached) and the exit status is 3 (a folder
+/// ups-doctor could not write). Once the disk has room again, the same command resumes from the
+/// cache and runs only the rest.
+#[test]
+fn a_sweep_whose_disk_fills_says_so_keeps_what_ran_and_resumes() {
+    let sb = Sandbox::new();
+    let disk = crate::util::SmallDisk::mount(sb.path().join("small"), "3m");
+    let out = disk.0.join("s");
+    let values: Vec<String> = (1..=40).map(|i| i.to_string()).collect();
+    let values = values.join(",");
+    let sweep = || {
+        sb.cmd()
+            .env("PATH", crate::util::venv_path())
+            .args(["sweep", "--json", "--quiet", "--warmup", "0", "--out"])
+            .arg(&out)
+            .args(["-L", "i", &values, "--", "python", "-c", "print('x' * 300000)", "{i}"])
+            .output()
+            .expect("ups-doctor starts")
+    };
+    let first = sweep();
+    let said = stderr(&first);
+    let record: Value = serde_json::from_slice(&first.stdout).unwrap_or_else(|e| panic!("{e}: {said}"));
+    assert_eq!(first.status.code(), Some(3), "{said}");
+    let full = &record["disk_full"];
+    assert_eq!(full["folder"], out.display().to_string().as_str(), "{full:#}");
+    assert!(full["error"].as_str().is_some_and(|e| e.contains("No space left on device")), "{full:#}");
+    assert_eq!((&record["budget_exhausted"], &record["interrupted"]), (&false.into(), &false.into()));
+    let ran = record["real_runs"].as_u64().unwrap();
+    assert!((1..40).contains(&ran), "{ran} runs before the disk filled");
+    let measured: Vec<&Value> = record["points"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| !p["runs"].as_array().unwrap().is_empty())
+        .collect();
+    assert!(!measured.is_empty(), "{record:#}");
+    let cached = std::fs::read_dir(out.join("cache")).unwrap().count();
+    assert_eq!(cached, measured.len(), "each finished run is cached");
+    let md = std::fs::read_to_string(out.join("sweep.md")).expect("sweep.md is kept, with room made for it");
+    let stopped = format!("Stopped: the disk of `{}` filled", out.display());
+    for (name, text) in [("sweep.md", &md), ("the terminal", &said)] {
+        let text = text.replace('`', "");
+        assert!(text.contains(&stopped.replace('`', "")), "{name}:\n{text}");
+        assert!(text.contains("df -h") && text.contains("run the same command again"), "{name}:\n{text}");
+        assert!(!text.contains("budget ran out"), "{name}:\n{text}");
+    }
+    let saved: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("sweep.json")).unwrap()).unwrap();
+    assert_eq!(saved["disk_full"], *full);
+    // Room again: the same command resumes and runs only what was not measured.
+    let status =
+        std::process::Command::new("mount").args(["-o", "remount,size=64m"]).arg(&disk.0).status().unwrap();
+    assert!(status.success());
+    let again = sweep();
+    let said = stderr(&again);
+    assert_eq!(again.status.code(), Some(0), "{said}");
+    let record: Value = serde_json::from_slice(&again.stdout).unwrap_or_else(|e| panic!("{e}: {said}"));
+    assert!(record["disk_full"].is_null(), "{record:#}");
+    assert_eq!(record["real_runs"].as_u64(), Some(40 - measured.len() as u64), "{record:#}");
+    assert!(record["points"].as_array().unwrap().iter().all(|p| p["runs"].as_array().unwrap().len() == 1));
+}

@@ -9,8 +9,8 @@ use std::time::Instant;
 
 use crate::harness::ScenarioInput;
 use crate::harness::run::events::Silent;
-use crate::scenario::{OutcomeKind, Scenario};
-use crate::schema::{ProcessRole, ScenarioResult};
+use crate::scenario::Scenario;
+use crate::schema::ScenarioResult;
 
 use super::search::{Cache, Oracle};
 
@@ -101,7 +101,8 @@ impl<'a> ProcessOracle<'a> {
         let Some((path, cache)) = &self.cache else { return };
         let mut cache = cache.lock().unwrap_or_else(|e| e.into_inner());
         cache.record(&config_hash(candidate), observation);
-        let text = serde_json::to_string(&*cache).expect("the cache serialises");
+        // Masked by the one rule, as every file ups-doctor writes (key lines quote the program).
+        let text = crate::secrets::json_text(&*cache, false).expect("the cache serialises");
         if let Some(parent) = path.parent() {
             let _ = std::fs::create_dir_all(parent);
         }
@@ -159,7 +160,7 @@ impl Oracle for ProcessOracle<'_> {
                         }
                         let out = self.run_one(first + i, &candidates[i]);
                         match &out {
-                            Ok((result, _)) => self.checkpoint(&candidates[i], signature_of(result)),
+                            Ok((result, _)) => self.checkpoint(&candidates[i], Signature::of(result)),
                             Err(_) => failed.store(true, Ordering::SeqCst),
                         }
                         *slots[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(out);
@@ -192,7 +193,7 @@ impl Oracle for ProcessOracle<'_> {
                     break;
                 }
             };
-            let observation = signature_of(&result);
+            let observation = Signature::of(&result);
             if self.show_progress {
                 let seen = observation.as_ref().map_or("passed".to_string(), Signature::describe);
                 eprintln!("  run {index:>3}/{}  {what}  →  {seen}  ({wall_s:.1} s)", self.budget);
@@ -210,17 +211,4 @@ impl Oracle for ProcessOracle<'_> {
         }
         observations
     }
-}
-
-/// The failure signature of a run: the first failing rank's class, signal or exit code, and
-/// phase. `None` when it passed.
-pub fn signature_of(result: &ScenarioResult) -> Observation {
-    let failed = result.first_failure.and_then(|f| result.ranks.iter().find(|r| r.rank == f))?;
-    Some(Signature {
-        outcome: failed.outcome,
-        signal: failed.signal,
-        exit_code: (failed.outcome == OutcomeKind::Exited).then_some(failed.exit_code).flatten(),
-        role: ProcessRole::Rank,
-        phase: failed.last_phase.clone(),
-    })
 }

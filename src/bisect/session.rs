@@ -40,6 +40,10 @@ pub enum SessionError {
     Probe(String),
 }
 
+/// Names the cache files of this version's signatures: observations of versions whose signatures
+/// lacked what the judge saw (pattern, exception, key line) would read as different failures.
+const CACHE_PREFIX: &str = "sig2-";
+
 /// Runs the bisect and writes `bisect.json` and `minimal.json` into the out folder (the session
 /// renders `bisect.md` from the record).
 pub fn run(
@@ -48,7 +52,7 @@ pub fn run(
     interrupted: &AtomicBool,
 ) -> Result<BisectRecord, SessionError> {
     let base = &request.scenario;
-    let cache_file = request.cache_dir.join(format!("{}.json", config_hash(base)));
+    let cache_file = request.cache_dir.join(format!("{CACHE_PREFIX}{}.json", config_hash(base)));
     let mut cache: Cache = std::fs::read_to_string(&cache_file)
         .ok()
         .and_then(|text| serde_json::from_str(&text).ok())
@@ -69,7 +73,7 @@ pub fn run(
     // also those the search never saw because an earlier one was interrupted), so that even a
     // failed report leaves a cache a re-run resumes from.
     let saved = oracle.saved_cache().unwrap_or(cache);
-    write(&cache_file, &serde_json::to_string(&saved).expect("the cache serialises"))?;
+    write(&cache_file, crate::secrets::json_text(&saved, false).expect("the cache serialises").trim_end())?;
     if let Some(e) = oracle.cache_error.lock().unwrap_or_else(|e| e.into_inner()).take() {
         return Err(SessionError::Probe(format!("failed to save the probe cache: {e}")));
     }
@@ -108,6 +112,8 @@ pub fn run(
             signal: sig.signal.map(Signal::name),
             exit_code: sig.exit_code,
             phase: sig.phase.clone(),
+            // A program's exception is part of its failure: `exit 1` alone is any error at all.
+            message: sig.exception.clone(),
             // What "finished" means for an external program is part of the failure's definition.
             completes_when: base.expect.completes_when.clone(),
             ..Expect::default()

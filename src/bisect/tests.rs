@@ -48,6 +48,10 @@ fn signature(outcome: OutcomeKind, signal: Option<&str>, phase: &str) -> Signatu
         exit_code: (outcome == OutcomeKind::Exited).then_some(1),
         role: ProcessRole::Rank,
         phase: Some(phase.to_string()),
+        pattern: None,
+        died_first: None,
+        exception: None,
+        key: None,
     }
 }
 

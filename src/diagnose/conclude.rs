@@ -125,8 +125,15 @@ impl Conclusion {
 /// The conclusion from a judgement: unobserved parts said first, the GPU's notes, collateral,
 /// the expectation check, and an interrupt's wording.
 pub(super) fn settle(j: Judgement, observed: &Observed, c: &Circumstances) -> Conclusion {
-    let Judgement { outcome, first_failure, mut verdict, same_failure } = j;
+    let Judgement { outcome, mut first_failure, mut verdict, same_failure } = j;
     let ranks = observed.ranks;
+    // Interrupted while its ranks were running: every end ups-doctor's own teardown signals made
+    // is no failure, and naming one "first" would name whichever the signals reached first.
+    let stopped = c.interrupted.then(|| stopped_at_interrupt(ranks)).flatten();
+    if let Some(lines) = &stopped {
+        first_failure = None;
+        verdict = Verdict { evidence: lines.clone(), ..Verdict::default() };
+    }
     let failed = first_failure.and_then(|f| ranks.iter().find(|r| r.rank == f));
     for part in c.unobserved {
         verdict.evidence.insert(0, part.line.clone());
@@ -187,14 +194,60 @@ pub(super) fn settle(j: Judgement, observed: &Observed, c: &Circumstances) -> Co
     if c.interrupted {
         // Cut short: neither a pass nor a failure of `expect`; what was seen stays as evidence.
         mismatches.clear();
-        verdict.evidence.insert(0, format!("Before the interrupt: {}", verdict.headline));
+        if stopped.is_none() {
+            verdict.evidence.insert(0, format!("Before the interrupt: {}", verdict.headline));
+        }
         verdict.headline = format!(
             "Interrupted by the user after {:.1} s, before the scenario ended on its own",
             observed.wall_s
         );
+        if stopped.is_some() {
+            verdict
+                .headline
+                .push_str(": nothing had failed; ups-doctor stopped the ranks that were still running");
+            verdict.next_step = Some(
+                "Nothing failed before the interrupt. Let it run to its end (or give it `--timeout`, \
+                 to have ups-doctor stop it and say where each rank was) to see how it ends."
+                    .to_string(),
+            );
+        }
     }
     let met = mismatches.is_empty() && !c.interrupted;
     Conclusion { outcome, first_failure, collateral, verdict, mismatches, met }
+}
+
+/// For a run the user interrupted: when every rank that did not pass was ended by ups-doctor's
+/// own teardown after the interrupt (none crashed, exited with an error, hung or ran out of time
+/// before it), one line per such rank saying so, in rank order; else `None`.
+fn stopped_at_interrupt(ranks: &[RankResult]) -> Option<Vec<String>> {
+    let ended: Vec<&RankResult> = ranks.iter().filter(|r| r.outcome != OutcomeKind::Passed).collect();
+    let ours = |r: &&RankResult| {
+        r.torn_down_with.is_some() && matches!(r.outcome, OutcomeKind::Signaled | OutcomeKind::Exited)
+    };
+    if ended.is_empty() || !ended.iter().all(ours) {
+        return None;
+    }
+    let mut ended = ended;
+    ended.sort_by_key(|r| r.rank);
+    let lines = ended
+        .iter()
+        .map(|r| {
+            let sent = r.torn_down_with.unwrap_or(Signal::TERM);
+            let how = match (sent, r.outcome, r.exit_code) {
+                (Signal::KILL, _, _) => {
+                    "it did not end on SIGTERM and was stopped with SIGKILL (ups-doctor's teardown: \
+                     SIGTERM, then SIGKILL)"
+                        .to_string()
+                }
+                (_, OutcomeKind::Exited, Some(code)) => {
+                    format!("it exited with status {code} on ups-doctor's {sent}")
+                }
+                _ => format!("stopped by ups-doctor with {sent}"),
+            };
+            format!("rank {}: still running at the interrupt; {how}", r.rank)
+        })
+        .collect();
+    Some(lines)
 }
 
 /// `(watched, formed)` when a watched rank's process formed a process group larger than the ranks
@@ -410,6 +463,44 @@ mod tests {
                 done.verdict.evidence
             );
         }
+    }
+
+    #[test]
+    fn an_interrupt_whose_ranks_ups_doctor_stopped_names_no_failure_and_a_crash_before_it_stays() {
+        let s = Scenario::default();
+        let leftovers = Leftovers::default();
+        let stopped = |r: u32, sig: Signal| RankResult {
+            signal: Some(sig),
+            torn_down_with: Some(sig),
+            ..rank(r, OutcomeKind::Signaled)
+        };
+        // Whichever rank the judge took for first, the conclusion is the same.
+        let ranks = [stopped(1, Signal::KILL), stopped(0, Signal::TERM)];
+        let c = Circumstances { interrupted: true, ..Default::default() };
+        let done: Vec<Conclusion> =
+            [0, 1].map(|f| settle(judged(Some(f)), &observed(&s, &ranks, &leftovers), &c)).into();
+        assert_eq!(done[0], done[1]);
+        let done = &done[0];
+        assert_eq!((done.first_failure, done.collateral.as_slice(), done.met), (None, &[][..], false));
+        assert!(
+            done.verdict
+                .headline
+                .ends_with("nothing had failed; ups-doctor stopped the ranks that were still running")
+        );
+        assert_eq!(
+            done.verdict.evidence,
+            [
+                "rank 0: still running at the interrupt; stopped by ups-doctor with SIGTERM",
+                "rank 1: still running at the interrupt; it did not end on SIGTERM and was stopped with SIGKILL \
+                 (ups-doctor's teardown: SIGTERM, then SIGKILL)",
+            ]
+        );
+        assert!(done.verdict.likely_cause.is_none() && done.verdict.pattern.is_none());
+        // A rank that crashed on its own before the interrupt is still the first failure.
+        let crashed = [rank(0, OutcomeKind::Signaled), stopped(1, Signal::TERM)];
+        let done = settle(judged(Some(0)), &observed(&s, &crashed, &leftovers), &c);
+        assert_eq!(done.first_failure, Some(0));
+        assert!(done.verdict.evidence[0].starts_with("Before the interrupt: "));
     }
 
     #[test]

@@ -200,6 +200,10 @@ mod tests {
             exit_code: None,
             role: crate::schema::ProcessRole::Rank,
             phase: Some("model.build/conditioner".into()),
+            pattern: None,
+            died_first: None,
+            exception: None,
+            key: None,
         }
     }
 
@@ -252,6 +256,10 @@ mod tests {
                     exit_code: Some(1),
                     role: crate::schema::ProcessRole::Rank,
                     phase: Some("forward".into()),
+                    pattern: None,
+                    died_first: None,
+                    exception: None,
+                    key: None,
                 },
             }],
             probes: vec![

@@ -112,7 +112,7 @@ fn with_room<T, E>(dir: &Path, cut: &mut bool, mut attempt: impl FnMut() -> Resu
 /// on their `PYTHONPATH` (`N-name/python-site/`): needed only while a scenario ran, a copy of a
 /// file built into this binary, about 30 KB each. Only a regular file identical to that copy goes
 /// (then its folder, if empty). The bytes freed.
-fn remove_own_sites(dir: &Path) -> u64 {
+pub fn remove_own_sites(dir: &Path) -> u64 {
     let ours = crate::harness::plan::command::SITECUSTOMIZE.as_bytes();
     let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
     let mut freed = 0;

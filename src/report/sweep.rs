@@ -149,6 +149,27 @@ const ALIGN: [Align; 11] = [
     Align::Right,
 ];
 
+/// The first verdict line of a sweep its full disk stopped: where, what failed, and the fix.
+fn disk_full_line(r: &SweepRecord, markdown: bool) -> Option<String> {
+    let name = |s: &str| if markdown { code(s) } else { s.to_string() };
+    let free = |s: &str| if markdown { markup::text(s) } else { s.to_string() };
+    let full = r.disk_full.as_ref()?;
+    let what = full.path.as_deref().map_or(String::new(), |p| format!(" (could not write {}", name(p)));
+    let close = if what.is_empty() { "" } else { ")" };
+    let folder = name(&full.folder);
+    let df = name(&format!("df -h {}", full.folder));
+    Some(format!(
+        "Stopped: the disk of {folder} filled{what}: {}{close} after {} this time; what was measured is \
+         kept. To go on, free space on that disk ({df} shows it), or move the folder to a larger disk and \
+         give {} the new place; then run the same command again: the finished runs are cached in its {} \
+         and are not run again.",
+        free(&full.error),
+        plural(r.real_runs, "real run"),
+        name("--out"),
+        name("cache/")
+    ))
+}
+
 /// The verdict as sentences, for markdown (configurations as code, free text escaped) or plain.
 pub fn verdict_lines(r: &SweepRecord, markdown: bool) -> Vec<String> {
     let name = |s: &str| if markdown { code(s) } else { s.to_string() };
@@ -160,6 +181,7 @@ pub fn verdict_lines(r: &SweepRecord, markdown: bool) -> Vec<String> {
             .map_or_else(|| format!("point {i}"), |p| format!("{i} ({})", name(&p.label)))
     };
     let mut out = Vec::new();
+    out.extend(disk_full_line(r, markdown));
     match &v.fastest {
         None => out.push("No configuration passed with a throughput to compare.".to_string()),
         Some(f) => {
@@ -258,7 +280,11 @@ pub fn verdict_lines(r: &SweepRecord, markdown: bool) -> Vec<String> {
         ));
     }
     if !v.unmeasured.is_empty() {
-        let why = if r.interrupted { "the sweep was interrupted" } else { "the budget ran out" };
+        let why = match (&r.disk_full, r.interrupted) {
+            (Some(full), _) => format!("the disk of `{}` filled", full.folder),
+            (None, true) => "the sweep was interrupted".to_string(),
+            (None, false) => "the budget ran out".to_string(),
+        };
         out.push(format!(
             "Not measured ({why}): points {}; run the same command again to resume from the cache.",
             v.unmeasured.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
@@ -459,6 +485,7 @@ mod tests {
             real_runs: 5,
             budget_exhausted: false,
             interrupted: false,
+            disk_full: None,
             points,
             verdict: SweepVerdict::default(),
         }

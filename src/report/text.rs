@@ -188,7 +188,12 @@ pub(crate) fn first_failed_rank(s: &ScenarioResult) -> Option<&RankResult> {
 }
 
 /// A scenario's outcome as a phrase, with the first failing rank's signal or exit code.
+/// A run the user interrupted with no failure of its own is `interrupted`: its ranks' ends were
+/// ups-doctor's teardown.
 pub(crate) fn scenario_outcome(s: &ScenarioResult) -> String {
+    if s.interrupted && s.first_failure.is_none() && s.outcome != OutcomeKind::Passed {
+        return "interrupted".to_string();
+    }
     let rank = first_failed_rank(s);
     let signal = rank.and_then(|r| r.signal).map(|s| s.name());
     outcome_phrase(s.outcome, signal.as_deref(), rank.and_then(|r| r.exit_code))

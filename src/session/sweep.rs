@@ -106,6 +106,7 @@ pub fn sweep(mut args: SweepRequest) -> Result<u8, Error> {
             real_runs: 0,
             budget_exhausted: false,
             interrupted: false,
+            disk_full: None,
             points: Vec::new(),
             verdict: Default::default(),
         },
@@ -126,8 +127,31 @@ pub fn sweep(mut args: SweepRequest) -> Result<u8, Error> {
         );
     }
     sweep.run_rounds(&mut points, args.runs, args.warmup, args.budget)?;
-    sweep.save(&points)?;
-    sweep.print(args.json)
+    let saved = match sweep.save_kept(&points) {
+        Ok(()) => true,
+        Err(_) if sweep.record.disk_full.is_some() => false,
+        Err(e) => return Err(e),
+    };
+    sweep.print(args.json, saved)
+}
+
+/// The disk of the sweep's folder filled, as the error says it: `ENOSPC` or `EDQUOT`, with the
+/// file it names. The run's own saving says it in words only (`failed to write the result: …
+/// (os error 28)`), and is read by the system's error number in them.
+fn disk_full(e: &Error, folder: &Path) -> Option<sweep::DiskFull> {
+    const FULL: [i32; 2] = [libc::ENOSPC, libc::EDQUOT];
+    let full = |io: &std::io::Error| io.raw_os_error().is_some_and(|n| FULL.contains(&n));
+    let (path, error) = match e {
+        Error::Io { path, source, .. }
+        | Error::Report(
+            report::ReportError::Write { path, source } | report::ReportError::CreateDir { path, source },
+        ) if full(source) => (Some(path.display().to_string()), source.to_string()),
+        Error::Internal(text) if FULL.iter().any(|n| text.contains(&format!("(os error {n})"))) => {
+            (None, text.clone())
+        }
+        _ => return None,
+    };
+    Some(sweep::DiskFull { folder: folder.display().to_string(), path, error })
 }
 
 impl SweepRequest {
@@ -328,7 +352,10 @@ impl Sweep {
                 }
                 while self.record.warmup_runs < warmup && self.record.real_runs < budget {
                     let rel = format!("warmup/run-{}", self.record.warmup_runs + 1);
-                    let r = self.run_once(&points[i].input, &rel)?;
+                    let r = match self.run_once(&points[i].input, &rel) {
+                        Ok(r) => r,
+                        Err(e) => return self.stop_if_disk_full(e),
+                    };
                     self.record.real_runs += 1;
                     self.record.warmup_runs += 1;
                     if !self.quiet {
@@ -348,7 +375,10 @@ impl Sweep {
                     return Ok(());
                 }
                 let rel = next_run_dir(&self.out_dir, &points[i].dir);
-                let result = self.run_once(&points[i].input, &rel)?;
+                let result = match self.run_once(&points[i].input, &rel) {
+                    Ok(result) => result,
+                    Err(e) => return self.stop_if_disk_full(e),
+                };
                 self.record.real_runs += 1;
                 if result.interrupted {
                     // Cut short by the user: says nothing about the configuration, never cached.
@@ -368,11 +398,45 @@ impl Sweep {
                     );
                 }
                 points[i].runs.push(run);
-                self.cache(&points[i])?;
-                self.save(points)?;
+                if let Err(e) = self.cache(&points[i]).and_then(|()| self.save(points)) {
+                    return self.stop_if_disk_full(e);
+                }
             }
         }
         Ok(())
+    }
+
+    /// A full disk stops the sweep where it is (recorded, said in `sweep.md` and on the
+    /// terminal, what ran kept); any other failure is ups-doctor's own error.
+    fn stop_if_disk_full(&mut self, e: Error) -> Result<(), Error> {
+        let full = disk_full(&e, &self.out_dir).ok_or(e)?;
+        self.record.disk_full.get_or_insert(full);
+        Ok(())
+    }
+
+    /// [`Sweep::save`], and on a full disk again after making room as a run does for its result:
+    /// ups-doctor's own copies of `sitecustomize.py` in the run folders first, then this sweep's
+    /// own largest logs halved (each ends with a note saying so). A `sweep.md` that could not be
+    /// written again is removed, so that none is left saying the sweep ended another way.
+    fn save_kept(&mut self, points: &[Point]) -> Result<(), Error> {
+        let mut saved = self.save(points);
+        let mut sites_removed = false;
+        loop {
+            let Err(e) = &saved else { return saved };
+            let Some(full) = disk_full(e, &self.out_dir) else { return saved };
+            self.record.disk_full.get_or_insert(full);
+            if !sites_removed {
+                sites_removed = true;
+                for dir in run_folders(&self.out_dir) {
+                    report::remove_own_sites(&dir);
+                }
+            } else if crate::harness::make_room(&self.out_dir, 1 << 20) == 0 {
+                break;
+            }
+            saved = self.save(points);
+        }
+        let _ = std::fs::remove_file(self.out_dir.join("sweep.md"));
+        saved
     }
 
     /// One supervised run in its own run folder (`result.json`, `report.md`, the logs).
@@ -448,12 +512,16 @@ impl Sweep {
 
     /// The verdict, the table and where the report is (stderr with `--json`, which prints
     /// `sweep.json` instead).
-    fn print(&self, json: bool) -> Result<u8, Error> {
+    fn print(&self, json: bool, saved: bool) -> Result<u8, Error> {
+        let report = if saved {
+            self.out_dir.join("sweep.md").display().to_string()
+        } else {
+            "none: the disk is full (what ran is in its run folders and `cache/`)".to_string()
+        };
         let text = format!(
-            "{}\n{}\nreport: {}",
+            "{}\n{}\nreport: {report}",
             report::verdict_lines(&self.record, false).join("\n"),
             report::render_sweep_table(&self.record),
-            self.out_dir.join("sweep.md").display()
         );
         if json {
             eprintln!("{text}");
@@ -465,6 +533,9 @@ impl Sweep {
             self.record.points.iter().all(|p| !p.runs.is_empty() && p.runs.iter().all(|r| r.met_expectation));
         Ok(if self.record.interrupted {
             exit::INTERRUPTED
+        } else if self.record.disk_full.is_some() {
+            // A folder ups-doctor could not write: the sweep did not end, and no point failed.
+            exit::INTERNAL
         } else if met && !self.record.budget_exhausted {
             exit::MET
         } else {
@@ -477,4 +548,14 @@ impl Sweep {
 /// interrupt left its folder, but no cache entry).
 fn next_run_dir(out_dir: &Path, point_dir: &str) -> String {
     (1..).map(|k| format!("{point_dir}/run-{k}")).find(|rel| !out_dir.join(rel).exists()).expect("unbounded")
+}
+
+/// The run folders of a sweep: `points/NN-name/run-K/` and `warmup/run-K/` (real folders only).
+fn run_folders(out_dir: &Path) -> Vec<PathBuf> {
+    let folders = |dir: &Path| -> Vec<PathBuf> {
+        let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
+        entries.flatten().filter(|e| e.file_type().is_ok_and(|t| t.is_dir())).map(|e| e.path()).collect()
+    };
+    let points = folders(&out_dir.join("points")).into_iter().flat_map(|p| folders(&p));
+    points.chain(folders(&out_dir.join("warmup"))).collect()
 }

@@ -13,7 +13,7 @@ pub mod verdict;
 
 pub use grid::{Axis, check_axes, label, parse_list, parse_vary, points};
 pub use record::{
-    GpuRange, PointGpu, PointMemory, PointRecord, PointRun, PointSummary, ProcessPeak, Range, SweepRecord,
-    SweepVerdict, summarise_point, summarise_run,
+    DiskFull, GpuRange, PointGpu, PointMemory, PointRecord, PointRun, PointSummary, ProcessPeak, Range,
+    SweepRecord, SweepVerdict, summarise_point, summarise_run,
 };
 pub use verdict::judge;

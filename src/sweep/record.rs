@@ -32,8 +32,23 @@ pub struct SweepRecord {
     pub budget_exhausted: bool,
     /// The user stopped the sweep.
     pub interrupted: bool,
+    /// The disk of the sweep's folder filled: the sweep stopped there, keeping what it had.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_full: Option<DiskFull>,
     pub points: Vec<PointRecord>,
     pub verdict: SweepVerdict,
+}
+
+/// Where a sweep's disk filled.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DiskFull {
+    /// The sweep's folder, on the disk that filled.
+    pub folder: String,
+    /// The file or folder that could not be written, where it is known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// The error, in the system's words (`No space left on device (os error 28)`).
+    pub error: String,
 }
 
 /// One configuration of the grid.

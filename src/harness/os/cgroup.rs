@@ -17,9 +17,13 @@
 //!
 //! Membership alone does not make a process the run's: a program running as root can write any
 //! pid into its group's `cgroup.procs`. So a scenario's teardown signals only members that were
-//! started after the group was made (a process can only have been spawned by the run, or
-//! started during it, then); one older than the group was moved in from outside and is left
-//! alone ([`ScenarioCgroup::spawned_since_created`]).
+//! started after the group was made and that descend from ups-doctor, the child subreaper of
+//! everything it starts (`super::sys::become_child_subreaper`: a process of the run whose parent
+//! is gone is reparented to ups-doctor, never to init, so every one of them descends from it
+//! while it lives); one older than the group, or one that does not descend from ups-doctor
+//! (started elsewhere during the run), was moved in from outside and is left alone
+//! ([`ScenarioCgroup::is_ours`]). The sweep of a dead ups-doctor's groups has no live ancestor
+//! to check, and goes by start time alone.
 
 use std::ffi::{CStr, CString};
 use std::io;
@@ -299,7 +303,7 @@ impl ScenarioCgroup {
     /// SIGKILLs every process in the group that was started after the group was made (see the
     /// module's documentation); returns the pids that got it.
     pub fn kill_all(&self) -> Vec<u32> {
-        kill_members(&self.dir, Some(self.created_ticks))
+        kill_members(&self.dir, self.live())
     }
 
     /// Whether a member that started at `start_ticks` (clock ticks since boot) can have been
@@ -309,11 +313,21 @@ impl ScenarioCgroup {
         start_ticks >= self.created_ticks
     }
 
+    /// Whether the member `pid` (started at `start_ticks`) is the run's: started after the group
+    /// was made, and descending from this ups-doctor (see the module's documentation).
+    pub fn is_ours(&self, pid: u32, start_ticks: u64) -> bool {
+        self.spawned_since_created(start_ticks) && super::owner::below_us(pid, None)
+    }
+
+    fn live(&self) -> Since {
+        Since { ticks: self.created_ticks, below_us: true }
+    }
+
     /// Kills what is left, waits for the group to empty and removes it. Returns the pids that
     /// were still in it.
     pub fn kill_and_remove(&self) -> Vec<u32> {
         let killed = self.kill_all();
-        remove_when_empty(&self.dir, Some(self.created_ticks));
+        remove_when_empty(&self.dir, self.live());
         killed
     }
 }
@@ -347,34 +361,50 @@ pub fn read_members(dir: &Path) -> Option<Vec<u32>> {
         .map(|t| t.lines().filter_map(|l| l.trim().parse().ok()).collect())
 }
 
-/// SIGKILLs every member of the group at `dir` (with `since`, only those started at or after
-/// it, in clock ticks since boot), each through a pidfd proven to be a member (see the module's
-/// comment). v2's `cgroup.kill` does the same in the kernel where it exists, and is used only
-/// when every member qualifies.
-fn kill_members(dir: &Path, since: Option<u64>) -> Vec<u32> {
+/// Which members of a group may be signalled: those started at or after `ticks` (clock ticks
+/// since boot), and with `below_us`, descending from this ups-doctor.
+#[derive(Debug, Clone, Copy)]
+struct Since {
+    ticks: u64,
+    below_us: bool,
+}
+
+impl Since {
+    fn qualifies(self, pid: u32) -> bool {
+        start_time(pid).is_some_and(|s| s >= self.ticks)
+            && (!self.below_us || super::owner::below_us(pid, None))
+    }
+}
+
+/// SIGKILLs every member of the group at `dir` that qualifies (`since`), each through a pidfd
+/// proven to be a member (see the module's comment). v2's `cgroup.kill` does the same in the
+/// kernel where it exists, and is used only when every member qualifies.
+fn kill_members(dir: &Path, since: Since) -> Vec<u32> {
     let pids = members(dir);
     if pids.is_empty() {
         return pids;
     }
-    let qualifies = |pid: u32| since.is_none_or(|t| start_time(pid).is_some_and(|s| s >= t));
     let kill_file = dir.join("cgroup.kill");
-    if pids.iter().all(|&p| qualifies(p)) && kill_file.exists() && std::fs::write(&kill_file, "1").is_ok() {
+    if pids.iter().all(|&p| since.qualifies(p))
+        && kill_file.exists()
+        && std::fs::write(&kill_file, "1").is_ok()
+    {
         return pids;
     }
     pids.into_iter().filter(|&pid| signal_member(dir, pid, Signal::SIGKILL as i32, since)).collect()
 }
 
-/// Sends `signal` to `pid` only if it is, provably, a member of the group at `dir` (and, with
-/// `since`, started at or after it).
-fn signal_member(dir: &Path, pid: u32, signal: i32, since: Option<u64>) -> bool {
-    // The pidfd first: membership and start time are then checked for the process it names.
+/// Sends `signal` to `pid` only if it is, provably, a member of the group at `dir` that
+/// qualifies (`since`).
+fn signal_member(dir: &Path, pid: u32, signal: i32, since: Since) -> bool {
+    // The pidfd first: membership, start time and ancestry are then checked for the process it
+    // names.
     let Ok(fd) = super::sys::pidfd_open(pid) else { return false };
-    let started_since = since.is_none_or(|t| start_time(pid).is_some_and(|s| s >= t));
-    started_since && members(dir).contains(&pid) && super::sys::pidfd_send_signal(&fd, signal).is_ok()
+    since.qualifies(pid) && members(dir).contains(&pid) && super::sys::pidfd_send_signal(&fd, signal).is_ok()
 }
 
 /// Waits (bounded) until the group at `dir` is empty, then removes it.
-fn remove_when_empty(dir: &Path, since: Option<u64>) -> bool {
+fn remove_when_empty(dir: &Path, since: Since) -> bool {
     let deadline = Instant::now() + EMPTY_WAIT;
     loop {
         if std::fs::remove_dir(dir).is_ok() || !dir.exists() {
@@ -445,7 +475,7 @@ pub fn sweep_orphans(parent: &Parent) -> Sweep {
         // The group was made after its ups-doctor started: a member older than that was moved in
         // from outside, is not the dead run's, and is left alone (and not listed), as a live
         // run's teardown leaves it.
-        let since = Some(start);
+        let since = Since { ticks: start, below_us: false };
         let ours = |p: &u32| start_time(*p).is_some_and(|s| s >= start);
         let before: Vec<(u32, String)> =
             members(&dir).into_iter().filter(ours).map(|p| (p, command_of(p))).collect();

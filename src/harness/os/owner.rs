@@ -83,6 +83,29 @@ pub struct Run {
     pub ranks: Vec<Identity>,
 }
 
+/// Whether `pid` descends from this ups-doctor process (with `through`, only through processes
+/// that carry that run id: each a process of the run). ups-doctor is the child subreaper of what
+/// it starts (`sys::become_child_subreaper`), so a process of a run whose parent is gone (a
+/// daemon's double fork after `setsid`, whose process group's leader has exited) is reparented to
+/// it, not to init: with the run id in its environment, that is proof it is the run's; and a
+/// member of a scenario's cgroup that does not descend from it was moved in from outside.
+pub fn below_us(pid: u32, through: Option<&str>) -> bool {
+    let me = std::process::id();
+    let mut pid = pid;
+    // Bounded: a process tree is not deeper than this, and a cycle cannot hold us.
+    for _ in 0..64 {
+        let Some(stat) = memory::read_stat(pid) else { return false };
+        if stat.ppid == me {
+            return true;
+        }
+        if stat.ppid <= 1 || through.is_some_and(|id| !memory::environ_has(stat.ppid, RUN_ID_ENV, id)) {
+            return false;
+        }
+        pid = stat.ppid;
+    }
+    false
+}
+
 /// `pid` as it is now, unless it is gone or a zombie.
 pub fn identify(pid: u32) -> Option<Identity> {
     if pid == 0 || pid > i32::MAX as u32 {
@@ -110,7 +133,7 @@ impl Run {
         let pgid = stat.pgid;
         let group_of_run =
             self.groups.contains(&pgid) || (pgid != 0 && memory::environ_has(pgid, RUN_ID_ENV, &self.run_id));
-        if !group_of_run && !self.below_a_rank(who.pid) {
+        if !group_of_run && !self.below_a_rank(who.pid) && !below_us(who.pid, Some(&self.run_id)) {
             return Err(NotOurs::ForeignGroup);
         }
         Ok(())
@@ -263,6 +286,34 @@ mod tests {
             c.wait().unwrap();
         }
         assert_eq!(run.claim(ours.id()), Ok(None));
+    }
+
+    #[test]
+    fn a_process_below_us_through_processes_of_the_run_only_is_ours_by_ancestry() {
+        // sh (no run id) → sleep: below us, but not through processes of the run.
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", "env UPS_DOCTOR_RUN_ID=owner-test-4 sleep 600 & wait"]).stdin(Stdio::null());
+        cmd.env_remove(RUN_ID_ENV);
+        let mut shell = cmd.spawn().unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let sleep = loop {
+            let found = memory::processes()
+                .into_iter()
+                .find(|p| p.ppid == shell.id() && memory::environ_has(p.pid, RUN_ID_ENV, "owner-test-4"));
+            if let Some(p) = found {
+                break p.pid;
+            }
+            assert!(std::time::Instant::now() < deadline, "the sleep started");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        };
+        assert!(below_us(shell.id(), None) && below_us(sleep, None));
+        assert!(below_us(shell.id(), Some("owner-test-4")), "our own child");
+        assert!(!below_us(sleep, Some("owner-test-4")), "its parent is no process of the run");
+        assert!(!below_us(1, None), "init is no descendant");
+        let none = Run { run_id: "owner-test-4".into(), groups: vec![], ranks: vec![] };
+        assert_eq!(none.check(identify(sleep).unwrap()), Err(NotOurs::ForeignGroup));
+        let _ = nix::sys::signal::kill(Pid::from_raw(sleep as i32), Signal::SIGKILL);
+        shell.wait().unwrap();
     }
 
     #[test]

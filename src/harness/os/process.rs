@@ -259,6 +259,15 @@ pub struct RankProcess {
 
 /// Starts a rank. Its markers and pipe closure arrive on `events`.
 pub fn spawn_rank(spec: &RankSpec, events: Sink) -> io::Result<RankProcess> {
+    // Before the first rank: what a run starts stays below ups-doctor (see `sys`).
+    static SUBREAPER: std::sync::Once = std::sync::Once::new();
+    SUBREAPER.call_once(|| {
+        if let Err(e) = super::sys::become_child_subreaper() {
+            eprintln!(
+                "ups-doctor: warning: cannot adopt the run's orphaned processes (PR_SET_CHILD_SUBREAPER: {e})"
+            );
+        }
+    });
     let (reader, writer) = marker_pipe()?;
     let write_fd = writer.as_raw_fd();
     let parent = std::process::id() as i32;

@@ -10,6 +10,32 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 
+/// Makes this process the *child subreaper* of everything it starts (`PR_SET_CHILD_SUBREAPER`,
+/// Linux 3.4+): a process of a run whose parent exits (a daemon's double fork after `setsid`, a
+/// worker whose rank died) is reparented to ups-doctor instead of to init, so every process a
+/// run started still descends from ups-doctor while it lives, and can be proved the run's by
+/// that and by the run id it carries. Nothing is reaped by this: ups-doctor waits only for the
+/// pids it knows ([`super::process`]'s ranks by their own handles, and at teardown the adopted
+/// processes it has just killed, by pid), never for any child, so no watcher loses a status.
+pub fn become_child_subreaper() -> io::Result<()> {
+    // SAFETY: prctl(2) with an integer option and argument; no pointers.
+    let rc = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1 as libc::c_ulong, 0, 0, 0) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Reaps `pid` if it is this process's child and has ended; `true` when it was reaped.
+pub fn reap_if_ended(pid: u32) -> bool {
+    // SAFETY: waitid(2) for one pid with WNOHANG; `info` is a zeroed siginfo_t the kernel fills.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    let rc =
+        unsafe { libc::waitid(libc::P_PID, pid as libc::id_t, &mut info, libc::WEXITED | libc::WNOHANG) };
+    // SAFETY: si_pid is set by waitid when a child was reaped, 0 otherwise (WNOHANG).
+    rc == 0 && unsafe { info.si_pid() } != 0
+}
+
 /// A pidfd for `pid`; `ENOSYS` where the kernel has none.
 pub fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
     pidfd_open_flags(pid, 0)

@@ -129,6 +129,15 @@ pub fn kill_leftover_processes(
             Some((leftover, who))
         })
         .collect();
+    // Adopted by ups-doctor (its parent is gone: see `sys::become_child_subreaper`), and no
+    // process ups-doctor started itself (those lead a group of the run, and are waited for by
+    // their own handles): reaped here once killed, by pid.
+    let me = std::process::id();
+    let adopted: Vec<u32> = found
+        .iter()
+        .map(|(p, _)| p.pid)
+        .filter(|&pid| !run.groups.contains(&pid) && memory::read_stat(pid).is_some_and(|s| s.ppid == me))
+        .collect();
     for (_, who) in &found {
         let _ = run.signal(*who, libc::SIGKILL);
     }
@@ -136,6 +145,9 @@ pub fn kill_leftover_processes(
     loop {
         for (p, who) in &mut found {
             p.killed = owner::identify(who.pid) != Some(*who);
+            if p.killed && adopted.contains(&p.pid) {
+                crate::harness::os::sys::reap_if_ended(p.pid);
+            }
         }
         if found.iter().all(|(p, _)| p.killed) || Instant::now() >= deadline {
             break;
@@ -148,8 +160,9 @@ pub fn kill_leftover_processes(
 /// Teardown through the scenario's cgroup: whatever is still in it once every rank has ended
 /// and the process-group and run-id search has run (a process that left its session and
 /// process group and dropped the run id from its environment) is killed and reported. Only
-/// members of the scenario's own cgroup that started after it was made are signalled (see
-/// [`ScenarioCgroup::kill_all`]); an older one was moved in from outside and is left alone.
+/// members of the scenario's own cgroup that started after it was made and descend from
+/// ups-doctor are signalled (see [`ScenarioCgroup::is_ours`]); any other was moved in from
+/// outside and is left alone.
 pub fn kill_cgroup_leftovers(cgroup: Option<&ScenarioCgroup>, members: &Membership) -> Vec<LeftoverProcess> {
     let Some(cgroup) = cgroup else {
         return Vec::new();
@@ -160,11 +173,16 @@ pub fn kill_cgroup_leftovers(cgroup: Option<&ScenarioCgroup>, members: &Membersh
         .members()
         .into_iter()
         .filter_map(|pid| table.iter().find(|p| p.pid == pid && !p.zombie()))
-        .partition(|p| cgroup.spawned_since_created(p.start_ticks));
+        .partition(|p| cgroup.is_ours(p.pid, p.start_ticks));
     for p in foreign {
+        let why = if cgroup.spawned_since_created(p.start_ticks) {
+            "it does not descend from ups-doctor, which every process the run started does"
+        } else {
+            "it started before the cgroup was made"
+        };
         eprintln!(
-            "ups-doctor: warning: left alone process {} (`{}`) in the scenario's cgroup: it started before the \
-             cgroup was made, so the run did not start it (something moved it in)",
+            "ups-doctor: warning: left alone process {} (`{}`) in the scenario's cgroup: {why}, so the run did \
+             not start it (something moved it in)",
             p.pid, p.command
         );
     }
