@@ -484,6 +484,66 @@ fn a_rank_gone_before_the_rendezvous_is_named_with_the_survivors_store_timeout()
     assert!(v.evidence.contains(&"the store saw 1 of 2 ranks join".to_string()));
 }
 
+/// Rank 1 exited with status 3 as it called `init_process_group` (the accuracy matrix's
+/// exit-rdzv fault under torchrun, Lightning's Trainer); torchrun then stopped rank 0, whose own
+/// stack at the SIGTERM (the observer's, written by Python's fault handler; recorded) shows it
+/// inside `init_process_group`: the rendezvous never completed, and rank 1 is why. Before, with
+/// nothing to say where rank 0 was, the verdict named no pattern.
+#[test]
+fn a_rank_its_launcher_stopped_inside_init_process_group_waited_for_the_one_that_exited_before_joining() {
+    let mut waiting =
+        program_rank(0, Exit::Signal { signal: Signal::TERM.number(), core_dumped: false }, 11.35, "");
+    waiting.dumps.push(crate::schema::ProcessDump {
+        pid: 1000,
+        rank: 0,
+        role: ProcessRole::Rank,
+        taken: None,
+        py_spy: None,
+        error: None,
+        python: Some(include_str!("../fixtures/stopped_in_rendezvous.txt").to_string()),
+        threads: Vec::new(),
+    });
+    let gone = program_rank(1, Exit::Code(3), 11.30, "");
+    let launcher = torchrun_end(
+        1,
+        &[
+            "W1206 04:49:48.815000 18446 torch/distributed/elastic/multiprocessing/api.py:1012] Sending process 1000 \
+           closing signal SIGTERM",
+        ],
+    );
+    let j = judge_under(&external(), &[waiting, gone], &launcher);
+    assert_eq!((j.outcome, j.first_failure), (OutcomeKind::Exited, Some(1)), "{:#?}", j.verdict);
+    assert_eq!(j.verdict.pattern.as_deref(), Some("rendezvous-incomplete"), "{:#?}", j.verdict);
+    assert_eq!(
+        j.verdict.headline,
+        "The rendezvous never completed: rank 1 exited with status 3 at 11.3 s without joining; rank 0 waited in \
+         `init_process_group` and was stopped there. Rank 0 failed after it (collateral)."
+    );
+
+    // The same rank stopped after the group formed (its stack elsewhere) says nothing of a
+    // rendezvous.
+    let mut later =
+        program_rank(0, Exit::Signal { signal: Signal::TERM.number(), core_dumped: false }, 11.35, "");
+    let training = include_str!("../fixtures/stopped_in_rendezvous.txt")
+        .lines()
+        .filter(|l| !l.contains("init_process_group"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    later.dumps.push(crate::schema::ProcessDump {
+        pid: 1000,
+        rank: 0,
+        role: ProcessRole::Rank,
+        taken: None,
+        py_spy: None,
+        error: None,
+        python: Some(training),
+        threads: Vec::new(),
+    });
+    let j = judge_under(&external(), &[later, program_rank(1, Exit::Code(3), 11.30, "")], &launcher);
+    assert_eq!(j.first_failure, Some(1));
+    assert_eq!(j.verdict.pattern, None, "{:#?}", j.verdict);
+}
+
 #[test]
 fn a_dataloader_workers_exception_names_the_dataset_line_and_index() {
     let mut case =
