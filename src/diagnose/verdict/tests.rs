@@ -544,6 +544,41 @@ fn a_rank_its_launcher_stopped_inside_init_process_group_waited_for_the_one_that
     assert_eq!(j.verdict.pattern, None, "{:#?}", j.verdict);
 }
 
+/// transformers' `Trainer` with DataLoader workers and a 16 KiB `/dev/shm` (the accuracy
+/// matrix's small-shm fault; rank 0's traceback recorded): the DataLoader's iterator could not
+/// make its semaphores, `OSError: [Errno 28] No space left on device` from multiprocessing's
+/// `SemLock`, on every rank. No worker ever started, so nothing said "shared memory" or "worker";
+/// before, the verdict quoted the error and named no pattern and not `/dev/shm`.
+#[test]
+fn no_space_left_for_a_multiprocessing_semaphore_is_dev_shm_exhausted() {
+    let text = include_str!("../fixtures/semlock_enospc.txt");
+    let first = program_rank(0, Exit::Code(1), 23.2, text);
+    let second = program_rank(1, Exit::Code(1), 23.4, text);
+    let mut case = Case::new(vec![first, second]);
+    case.scenario = external();
+    let (outcome, first, v) = case.judge();
+    assert_eq!((outcome, first), (OutcomeKind::Exited, Some(0)));
+    assert_eq!(v.pattern.as_deref(), Some("shm-exhausted"), "{v:#?}");
+    assert!(
+        v.headline.starts_with(
+            "Rank 0 could not create a semaphore (multiprocessing's `SemLock`) in /dev/shm: `OSError: [Errno 28] No \
+             space left on device`."
+        ),
+        "{}",
+        v.headline
+    );
+
+    // The same error from writing a file (a checkpoint on a full disk) is not about /dev/shm.
+    let disk = "Traceback (most recent call last):\n  File \"/work/train.py\", line 9, in <module>\n    \
+                torch.save(model.state_dict(), path)\n  File \"/usr/lib/python3.11/site-packages/torch/serialization.py\", \
+                line 943, in save\n    with _open_zipfile_writer(f) as opened_zipfile:\nOSError: [Errno 28] No space left \
+                on device";
+    let mut case = Case::new(vec![program_rank(0, Exit::Code(1), 3.0, disk)]);
+    case.scenario = external();
+    let (_, _, v) = case.judge();
+    assert_eq!(v.pattern, None, "{v:#?}");
+}
+
 #[test]
 fn a_dataloader_workers_exception_names_the_dataset_line_and_index() {
     let mut case =
