@@ -272,6 +272,22 @@ pub fn collective_mismatch(ev: &Evidence, first: Option<&RankEvidence>) -> Optio
         ledgers.iter().flat_map(|(_, o)| o.ledger.iter().map(|e| e.group.as_str())).collect();
     groups.sort_unstable();
     groups.dedup();
+    // Each group where the ranks diverged, with when the collective they diverged at was issued:
+    // the earliest is the cause. A rank that waits in one group's collective cannot issue the
+    // next of another group, so a divergence in a second group follows from the first (DeepSpeed
+    // runs its gradient reductions on a group of its own beside the default one: rank 1 skipped a
+    // default-group `all_gather` and went on into the other group's `all_reduce`, where rank 0,
+    // stuck in that `all_gather`, never came).
+    let issued_at = |group: &str, seq: u64| {
+        ledgers
+            .iter()
+            .filter_map(|(_, o)| o.at(group, seq)?.at_s)
+            .min_by(f64::total_cmp)
+            .unwrap_or(f64::INFINITY)
+    };
+    // (A group whose lacking rank was behind, outside any collective, is the stacks' to judge:
+    // `None`, and when it comes first nothing is stated.)
+    let mut found: Vec<(f64, Option<Finding>)> = Vec::new();
     for group in groups {
         let last: Vec<(u32, u64)> =
             ledgers.iter().map(|(r, o)| (*r, o.last_of(group).map_or(0, |e| e.seq))).collect();
@@ -288,7 +304,8 @@ pub fn collective_mismatch(ev: &Evidence, first: Option<&RankEvidence>) -> Optio
         f.evidence.push(format!("from the observer's collective ledgers: {}", places.join("; ")));
         f.evidence.extend(super::group_count::group_count_evidence(ev));
         if let Some(seq) = differ_at {
-            return Some(ops_differ(&ledgers, group, seq, f));
+            found.push((issued_at(group, seq), Some(ops_differ(&ledgers, group, seq, f))));
+            continue;
         }
         if lo == hi {
             continue;
@@ -332,13 +349,13 @@ pub fn collective_mismatch(ev: &Evidence, first: Option<&RankEvidence>) -> Optio
         {
             continue;
         }
+        let when = issued_at(group, seq);
         if lackers.len() < havers.len() || (lackers.len() == havers.len() && waiting) {
             let last = lacker_last(lackers[0]);
-            return never_issued(
-                ev,
-                f,
-                Missing { lackers: &lackers, havers: &havers, waiting, issued: &issued, last: &last },
-            );
+            let missing =
+                Missing { lackers: &lackers, havers: &havers, waiting, issued: &issued, last: &last };
+            found.push((when, never_issued(ev, f, missing)));
+            continue;
         } else if havers.len() < lackers.len() {
             if havers.len() == 1 {
                 f.culprit = Some(havers[0]);
@@ -355,9 +372,9 @@ pub fn collective_mismatch(ev: &Evidence, first: Option<&RankEvidence>) -> Optio
                 ranks_list(&lackers),
             ));
         }
-        return Some(f);
+        found.push((when, Some(f)));
     }
-    None
+    found.into_iter().min_by(|(a, _), (b, _)| a.total_cmp(b)).and_then(|(_, f)| f)
 }
 
 /// Whether rank `l` raised an error of its own (an exception, its traceback in its output): a
@@ -726,6 +743,33 @@ mod tests {
                 })
                 .collect();
         assert_eq!(judge(&ranks, &s).unwrap().culprit, Some(3));
+    }
+
+    /// DeepSpeed (ZeRO-1 under transformers' `Trainer`) reduces gradients on a group of its own
+    /// (`1`) beside the default one. Rank 1 skipped its 59th collective, a default-group
+    /// `all_gather` (#10) that rank 0 waits in, and went on into group 1's `all_reduce` #50, which
+    /// rank 0, stuck, never issued (the ledgers as recorded). The default group's divergence came
+    /// first; group 1's follows from it. Before, group `1` was looked at alone and rank 0 named.
+    #[test]
+    fn of_two_groups_out_of_step_the_one_that_diverged_first_names_the_rank() {
+        let recorded: Vec<ObservedProgram> =
+            serde_json::from_str(include_str!("../fixtures/deepspeed_two_groups.json")).unwrap();
+        let ranks: Vec<RankResult> = recorded
+            .into_iter()
+            .enumerate()
+            .map(|(rank, o)| {
+                let mut r = hung(rank as u32, &[], false);
+                r.observed = Some(o);
+                // As recorded: both declared hung at 107.0 s, torn down by 113.9 s.
+                r.hung_at_s = Some(106.98);
+                r.ended_at_s = Some(113.83);
+                r
+            })
+            .collect();
+        let f = judge(&ranks, &scenario(2)).expect("a mismatch");
+        assert_eq!(f.culprit, Some(1), "{:?}", f.headline);
+        let h = f.headline.unwrap();
+        assert!(h.contains("rank 1 never issued `all_gather` #10 (hf_trainer.py:12, 1,1,1, int64)"), "{h}");
     }
 
     #[test]
