@@ -689,6 +689,44 @@ fn process(rank: u32, worker: Option<u32>, pid: u32, pss: u64) -> ProcessMemory 
     }
 }
 
+/// DeepSpeed's shared-memory all-reduce on a 16 KiB `/dev/shm` (the accuracy matrix's small-shm
+/// fault under the `deepspeed` launcher): rank 1 was killed by SIGSEGV as DeepSpeed set up its
+/// buffers (its dump, in the launcher's output, recorded), with `/dev/shm` full at that moment.
+/// Before, a native crash; a SIGSEGV with room left in `/dev/shm` still is one.
+#[test]
+fn a_segfault_while_dev_shm_was_full_is_shm_exhausted() {
+    let segv = Exit::Signal { signal: Signal::SEGV.number(), core_dumped: false };
+    let term = Exit::Signal { signal: Signal::TERM.number(), core_dumped: false };
+    let dump: Vec<&str> = include_str!("../fixtures/deepspeed_shm_segv.txt").lines().collect();
+    let launcher = torchrun_end(1, &dump);
+    for (used, pattern) in [(16384, "shm-exhausted"), (4096, "native-crash")] {
+        let ranks = [program_rank(0, term, 63.9, ""), program_rank(1, segv, 63.4, "")];
+        let mut memory = memory_at_end(1, used, 16384);
+        memory.shm.at_rank_end.push(ShmAt { rank: 0, t_s: 63.9, used_bytes: used, total_bytes: 16384 });
+        let j = judge(&Observed {
+            scenario: &external(),
+            ranks: &ranks,
+            wall_s: 64.0,
+            memory: Some(&memory),
+            leftovers: &Leftovers::default(),
+            oom_kills: &[],
+            cgroup: None,
+            launcher: Some(&launcher),
+        });
+        assert_eq!(j.first_failure, Some(1), "{:#?}", j.verdict);
+        assert_eq!(j.verdict.pattern.as_deref(), Some(pattern), "{:#?}", j.verdict);
+        if used == 16384 {
+            assert!(
+                j.verdict.headline.starts_with(
+                    "Rank 1 was killed by SIGSEGV while /dev/shm was full (16.0 of 16.0 KiB when it died)"
+                ),
+                "{}",
+                j.verdict.headline
+            );
+        }
+    }
+}
+
 #[test]
 fn a_worker_bus_error_names_the_worker() {
     let mut e = end(Some(Exit::Code(1)));
