@@ -512,8 +512,10 @@ def run_cell(args, program, fault, rep, calib, out_dir, data_dir):
         pids.add(p.get("pid"))
     new_shm = sorted(shm_list() - shm_before)
     # Ours: torch's segments named by a pid of the cell, and what ups-doctor listed as the run's
-    # leftovers (multiprocessing's `sem.mp-*` carry no pid) that appeared during the cell.
-    listed = {x.get("name") for x in (s.get("leftovers") or {}).get("shm") or []}
+    # own leftovers (`ours`: multiprocessing's `sem.mp-*` carry no pid) that appeared during the
+    # cell. Not a file ups-doctor listed as another's: a second run on the machine (another cell
+    # by hand) had its live semaphores removed, and its ranks failed to start.
+    listed = {x.get("name") for x in (s.get("leftovers") or {}).get("shm") or [] if x.get("ours")}
     ours = [n for n in new_shm if ((m := re.match(r"torch_(\d+)_", n)) and int(m.group(1)) in pids) or n in listed]
     for n in ours:
         try:
