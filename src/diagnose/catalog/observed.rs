@@ -280,103 +280,107 @@ pub fn collective_mismatch(ev: &Evidence, first: Option<&RankEvidence>) -> Optio
     // runs its gradient reductions on a group of its own beside the default one: rank 1 skipped a
     // default-group `all_gather` and went on into the other group's `all_reduce`, where rank 0,
     // stuck in that `all_gather`, never came).
-    let issued_at = |group: &str, seq: u64| {
-        ledgers
-            .iter()
-            .filter_map(|(_, o)| o.at(group, seq)?.at_s)
-            .min_by(f64::total_cmp)
-            .unwrap_or(f64::INFINITY)
-    };
     // (A group whose lacking rank was behind, outside any collective, is the stacks' to judge:
     // `None`, and when it comes first nothing is stated.)
-    let mut found: Vec<(f64, Option<Finding>)> = Vec::new();
-    for group in groups {
-        let last: Vec<(u32, u64)> =
-            ledgers.iter().map(|(r, o)| (*r, o.last_of(group).map_or(0, |e| e.seq))).collect();
-        let lo = last.iter().map(|(_, s)| *s).min()?;
-        let hi = last.iter().map(|(_, s)| *s).max()?;
-        // The first sequence number where the ranks' ops differ, among those every rank holds.
-        let differ_at = (lo.saturating_sub(LEDGER_KEPT as u64)..=lo).filter(|s| *s > 0).find(|s| {
-            let ops: Vec<Option<&str>> =
-                ledgers.iter().map(|(_, o)| o.at(group, *s).map(|e| e.op.as_str())).collect();
-            ops.iter().all(Option::is_some) && ops.iter().any(|op| *op != ops[0])
-        });
-        let mut f = Finding::of(&COLLECTIVE_MISMATCH);
-        let places: Vec<String> = ledgers.iter().map(|(r, o)| standing(*r, o.last_of(group))).collect();
-        f.evidence.push(format!("from the observer's collective ledgers: {}", places.join("; ")));
-        f.evidence.extend(super::group_count::group_count_evidence(ev));
-        if let Some(seq) = differ_at {
-            found.push((issued_at(group, seq), Some(ops_differ(&ledgers, group, seq, f))));
-            continue;
-        }
-        if lo == hi {
-            continue;
-        }
-        let seq = lo + 1;
-        let havers: Vec<u32> = last.iter().filter(|(_, s)| *s >= seq).map(|(r, _)| *r).collect();
-        let lackers: Vec<u32> = last.iter().filter(|(_, s)| *s < seq).map(|(r, _)| *r).collect();
-        let issued = ledgers.iter().find_map(|(_, o)| o.at(group, seq))?.render();
-        let waiting = ledgers
-            .iter()
-            .filter(|(r, _)| havers.contains(r))
-            .all(|(_, o)| o.last_of(group).is_some_and(|e| e.ms.is_none()));
-        let lacker_last = |r: u32| {
-            ledgers.iter().find(|(x, _)| *x == r).and_then(|(_, o)| o.last_of(group)).map_or_else(
-                || "it issued none before".to_string(),
-                |e| format!("its last was {}", e.render()),
-            )
-        };
-        // In a tie, the ledger shows a skip only where the ranks that lack the collective issued
-        // that op from that call site before (they were on the path that issues it, then left
-        // it): a rank that never issued it there may as well be where the program meant it to be
-        // while the others added a collective (ran out of data, reached a barrier early), and it
-        // may wait in what the ledger cannot see (DDP's gradient reductions run in C++). Then the
-        // ledger cannot tell, and the stacks decide (`ranks-out-of-step`). The site matters: a
-        // framework issues the same ops for itself (Lightning's setup barriers, all from the
-        // program's `trainer.fit` line), which say nothing of the path the program's own takes.
-        let (op, site) = ledgers
-            .iter()
-            .find_map(|(_, o)| o.at(group, seq))
-            .map_or(("", ""), |e| (e.op.as_str(), e.site.as_str()));
-        let issued_before = lackers.iter().all(|l| {
-            ledgers.iter().find(|(r, _)| r == l).is_some_and(|(_, o)| {
-                o.ledger.iter().any(|e| e.group == group && e.op == op && e.site == site)
-            })
-        });
-        if lackers.len() == havers.len() && !issued_before {
-            continue;
-        }
-        if issued_after_lackers_failed(ev, &ledgers, group, seq, &lackers)
-            || lackers.iter().any(|l| raised(ev, *l))
-        {
-            continue;
-        }
-        let when = issued_at(group, seq);
-        if lackers.len() < havers.len() || (lackers.len() == havers.len() && waiting) {
-            let last = lacker_last(lackers[0]);
-            let missing =
-                Missing { lackers: &lackers, havers: &havers, waiting, issued: &issued, last: &last };
-            found.push((when, never_issued(ev, f, missing)));
-            continue;
-        } else if havers.len() < lackers.len() {
-            if havers.len() == 1 {
-                f.culprit = Some(havers[0]);
-            }
-            f.headline = Some(format!(
-                "Collectives out of step: {} issued {issued}, which no other rank issued ({} did not).",
-                ranks_list(&havers),
-                ranks_list(&lackers),
-            ));
-        } else {
-            f.headline = Some(format!(
-                "Collectives out of step: {} issued {issued} and {} did not. Cannot tell which rank diverged.",
-                ranks_list(&havers),
-                ranks_list(&lackers),
-            ));
-        }
-        found.push((when, Some(f)));
+    let found = groups.into_iter().filter_map(|group| group_divergence(ev, &ledgers, group));
+    found.min_by(|(a, _), (b, _)| a.total_cmp(b)).and_then(|(_, f)| f)
+}
+
+/// When the collective `seq` of `group` was first issued, by any rank (never: infinitely late).
+fn issued_at(ledgers: &[(u32, &ObservedProgram)], group: &str, seq: u64) -> f64 {
+    ledgers.iter().filter_map(|(_, o)| o.at(group, seq)?.at_s).min_by(f64::total_cmp).unwrap_or(f64::INFINITY)
+}
+
+/// Where the ranks' ledgers of `group` diverge, if they do: when the collective they diverged at
+/// was issued, and what that says (`None`: it is the stacks' to judge).
+fn group_divergence(
+    ev: &Evidence,
+    ledgers: &[(u32, &ObservedProgram)],
+    group: &str,
+) -> Option<(f64, Option<Finding>)> {
+    let last: Vec<(u32, u64)> =
+        ledgers.iter().map(|(r, o)| (*r, o.last_of(group).map_or(0, |e| e.seq))).collect();
+    let lo = last.iter().map(|(_, s)| *s).min()?;
+    let hi = last.iter().map(|(_, s)| *s).max()?;
+    // The first sequence number where the ranks' ops differ, among those every rank holds.
+    let differ_at = (lo.saturating_sub(LEDGER_KEPT as u64)..=lo).filter(|s| *s > 0).find(|s| {
+        let ops: Vec<Option<&str>> =
+            ledgers.iter().map(|(_, o)| o.at(group, *s).map(|e| e.op.as_str())).collect();
+        ops.iter().all(Option::is_some) && ops.iter().any(|op| *op != ops[0])
+    });
+    let mut f = Finding::of(&COLLECTIVE_MISMATCH);
+    let places: Vec<String> = ledgers.iter().map(|(r, o)| standing(*r, o.last_of(group))).collect();
+    f.evidence.push(format!("from the observer's collective ledgers: {}", places.join("; ")));
+    f.evidence.extend(super::group_count::group_count_evidence(ev));
+    if let Some(seq) = differ_at {
+        return Some((issued_at(ledgers, group, seq), Some(ops_differ(ledgers, group, seq, f))));
     }
-    found.into_iter().min_by(|(a, _), (b, _)| a.total_cmp(b)).and_then(|(_, f)| f)
+    if lo == hi {
+        return None;
+    }
+    let seq = lo + 1;
+    let havers: Vec<u32> = last.iter().filter(|(_, s)| *s >= seq).map(|(r, _)| *r).collect();
+    let lackers: Vec<u32> = last.iter().filter(|(_, s)| *s < seq).map(|(r, _)| *r).collect();
+    let issued = ledgers.iter().find_map(|(_, o)| o.at(group, seq))?.render();
+    let waiting = ledgers
+        .iter()
+        .filter(|(r, _)| havers.contains(r))
+        .all(|(_, o)| o.last_of(group).is_some_and(|e| e.ms.is_none()));
+    let lacker_last = |r: u32| {
+        ledgers
+            .iter()
+            .find(|(x, _)| *x == r)
+            .and_then(|(_, o)| o.last_of(group))
+            .map_or_else(|| "it issued none before".to_string(), |e| format!("its last was {}", e.render()))
+    };
+    // In a tie, the ledger shows a skip only where the ranks that lack the collective issued
+    // that op from that call site before (they were on the path that issues it, then left
+    // it): a rank that never issued it there may as well be where the program meant it to be
+    // while the others added a collective (ran out of data, reached a barrier early), and it
+    // may wait in what the ledger cannot see (DDP's gradient reductions run in C++). Then the
+    // ledger cannot tell, and the stacks decide (`ranks-out-of-step`). The site matters: a
+    // framework issues the same ops for itself (Lightning's setup barriers, all from the
+    // program's `trainer.fit` line), which say nothing of the path the program's own takes.
+    let (op, site) = ledgers
+        .iter()
+        .find_map(|(_, o)| o.at(group, seq))
+        .map_or(("", ""), |e| (e.op.as_str(), e.site.as_str()));
+    let issued_before = lackers.iter().all(|l| {
+        ledgers
+            .iter()
+            .find(|(r, _)| r == l)
+            .is_some_and(|(_, o)| o.ledger.iter().any(|e| e.group == group && e.op == op && e.site == site))
+    });
+    if lackers.len() == havers.len() && !issued_before {
+        return None;
+    }
+    if issued_after_lackers_failed(ev, ledgers, group, seq, &lackers)
+        || lackers.iter().any(|l| raised(ev, *l))
+    {
+        return None;
+    }
+    let when = issued_at(ledgers, group, seq);
+    if lackers.len() < havers.len() || (lackers.len() == havers.len() && waiting) {
+        let last = lacker_last(lackers[0]);
+        let missing = Missing { lackers: &lackers, havers: &havers, waiting, issued: &issued, last: &last };
+        return Some((when, never_issued(ev, f, missing)));
+    } else if havers.len() < lackers.len() {
+        if havers.len() == 1 {
+            f.culprit = Some(havers[0]);
+        }
+        f.headline = Some(format!(
+            "Collectives out of step: {} issued {issued}, which no other rank issued ({} did not).",
+            ranks_list(&havers),
+            ranks_list(&lackers),
+        ));
+    } else {
+        f.headline = Some(format!(
+            "Collectives out of step: {} issued {issued} and {} did not. Cannot tell which rank diverged.",
+            ranks_list(&havers),
+            ranks_list(&lackers),
+        ));
+    }
+    Some((when, Some(f)))
 }
 
 /// Whether rank `l` raised an error of its own (an exception, its traceback in its output): a
