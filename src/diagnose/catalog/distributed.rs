@@ -518,6 +518,9 @@ pub fn rendezvous_incomplete(ev: &Evidence, first: Option<&RankEvidence>) -> Opt
     let said = waiting.key.as_ref().map(|k| format!(": `{}`", k.text)).unwrap_or_default();
     let why = if !gone.is_empty() {
         gone.join("; ")
+    } else if stopped_in_init(waiting) && joined.is_none() {
+        "no rank of this run was seen to leave: the one that did not come ended before it was found"
+            .to_string()
     } else if let Some((n, m)) = joined {
         format!(
             "only {n} of {m} ranks joined, and no rank of this run left early: a rank may have been given another world size or address"
@@ -526,6 +529,20 @@ pub fn rendezvous_incomplete(ev: &Evidence, first: Option<&RankEvidence>) -> Opt
         "no other rank is known to have left: check `WORLD_SIZE`, `MASTER_ADDR` and `MASTER_PORT` on every rank".to_string()
     };
     f.culprit = absent.iter().find(|r| r.failed()).map(|r| r.rank());
+    // A rank its launcher stopped while it waited, with no rank of the run seen to leave: the one
+    // that did not come ended before it was found (a launcher's rank that exited during its
+    // imports). Nobody is the first failure; the launcher's own words, where it said which of its
+    // processes ended, are quoted.
+    if f.culprit.is_none() && stopped_in_init(waiting) {
+        f.undecided = true;
+        let said = ev.launcher.into_iter().flat_map(|l| l.log_tail.iter()).rfind(|l| {
+            l.contains(" terminated with ")
+                && (l.contains("process ") || l.contains("Child process with PID"))
+        });
+        if let Some(line) = said {
+            f.evidence.push(format!("the launcher said: `{}`", line.trim()));
+        }
+    }
     f.headline = Some(format!(
         "The rendezvous never completed: {why}; rank {} waited in `init_process_group` and {}{said}.",
         waiting.rank(),

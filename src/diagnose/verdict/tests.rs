@@ -544,6 +544,55 @@ fn a_rank_its_launcher_stopped_inside_init_process_group_waited_for_the_one_that
     assert_eq!(j.verdict.pattern, None, "{:#?}", j.verdict);
 }
 
+/// Lightning's `ddp_spawn` with rank 1 exiting as it called `init_process_group`: its process
+/// ended before it was found, so the run knows only rank 0, which `torch.multiprocessing.spawn`
+/// stopped while it waited there (its stack recorded), and spawn's own words. Rank 0 is no culprit
+/// (before, it was named the first failure); which rank did not come is not claimed.
+#[test]
+fn a_rank_stopped_in_the_rendezvous_with_nobody_seen_to_leave_is_no_culprit() {
+    let mut waiting =
+        program_rank(0, Exit::Signal { signal: Signal::TERM.number(), core_dumped: false }, 47.3, "");
+    waiting.dumps.push(crate::schema::ProcessDump {
+        pid: 1000,
+        rank: 0,
+        role: ProcessRole::Rank,
+        taken: None,
+        py_spy: None,
+        error: None,
+        python: Some(include_str!("../fixtures/stopped_in_rendezvous.txt").to_string()),
+        threads: Vec::new(),
+    });
+    let launcher = torchrun_end(
+        1,
+        &[
+            "W1206 05:00:48.779000 7343 torch/multiprocessing/spawn.py:165] Terminating process 1000 via signal SIGTERM",
+            "torch.multiprocessing.spawn.ProcessExitedException: process 1 terminated with exit code 3",
+        ],
+    );
+    let mut scenario = external();
+    scenario.launch.world_size = 1;
+    let j = judge_under(&scenario, &[waiting], &launcher);
+    assert_eq!(j.first_failure, None, "{:#?}", j.verdict);
+    assert_eq!(j.verdict.pattern.as_deref(), Some("rendezvous-incomplete"), "{:#?}", j.verdict);
+    assert!(
+        j.verdict.headline.starts_with(
+            "The rendezvous never completed: no rank of this run was seen to leave: the one that did not come ended \
+             before it was found; rank 0 waited in `init_process_group` and was stopped there."
+        ),
+        "{}",
+        j.verdict.headline
+    );
+    assert!(
+        j.verdict.evidence.contains(
+            &"the launcher said: `torch.multiprocessing.spawn.ProcessExitedException: process 1 terminated with exit \
+              code 3`"
+                .to_string()
+        ),
+        "{:#?}",
+        j.verdict.evidence
+    );
+}
+
 /// transformers' `Trainer` with DataLoader workers and a 16 KiB `/dev/shm` (the accuracy
 /// matrix's small-shm fault; rank 0's traceback recorded): the DataLoader's iterator could not
 /// make its semaphores, `OSError: [Errno 28] No space left on device` from multiprocessing's
