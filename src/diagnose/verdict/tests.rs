@@ -593,6 +593,32 @@ fn a_rank_stopped_in_the_rendezvous_with_nobody_seen_to_leave_is_no_culprit() {
     );
 }
 
+/// The same, with rank 0 stopped before it reached `init_process_group` (no stack of it): all
+/// the run knows is that spawn stopped rank 0 and said process 1 had exited. Rank 0, with no error
+/// of its own, is no culprit (before, "Rank 0 was ended by its launcher" named it the first failure).
+#[test]
+fn the_only_rank_known_stopped_by_its_launcher_with_no_error_of_its_own_is_no_culprit() {
+    let waiting =
+        program_rank(0, Exit::Signal { signal: Signal::TERM.number(), core_dumped: false }, 11.6, "");
+    let launcher = torchrun_end(
+        1,
+        &[
+            "W1206 05:54:12.050000 19544 torch/multiprocessing/spawn.py:165] Terminating process 1000 via signal SIGTERM",
+            "torch.multiprocessing.spawn.ProcessExitedException: process 1 terminated with exit code 3",
+        ],
+    );
+    let mut scenario = external();
+    scenario.launch.world_size = 1;
+    let j = judge_under(&scenario, &[waiting], &launcher);
+    assert_eq!(j.first_failure, None, "{:#?}", j.verdict);
+    assert_eq!(
+        j.verdict.headline,
+        "The launcher `python` stopped rank 0 after another of its processes failed, which was not found as a rank; \
+         the launcher said: `torch.multiprocessing.spawn.ProcessExitedException: process 1 terminated with exit code \
+         3`."
+    );
+}
+
 /// transformers' `Trainer` with DataLoader workers and a 16 KiB `/dev/shm` (the accuracy
 /// matrix's small-shm fault; rank 0's traceback recorded): the DataLoader's iterator could not
 /// make its semaphores, `OSError: [Errno 28] No space left on device` from multiprocessing's
