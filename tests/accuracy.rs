@@ -3,7 +3,7 @@
 //! Accelerate's own `test_sync.py` under `accelerate launch`; nothing is installed), each with a
 //! fault injected from outside it, every cell run [`REPEATS`] times by the matrix's own runner and
 //! scored by its own scorer. Each run of each cell must have fired its fault, be scored right, and
-//! give the same verdict (outcome, culprit, pattern, key line) as the other runs of that cell.
+//! give the same verdict (outcome, culprit, pattern) as the other runs of that cell.
 //! The whole matrix is a benchmark, not a test: its figures are in BENCHMARKS.md.
 
 use std::collections::BTreeMap;
@@ -68,8 +68,11 @@ fn right_and_the_same_every_time(programs: &[&str], faults: &[&str]) {
                     ));
                 }
             }
-            let verdicts: Vec<String> =
-                got.iter().map(|c| format!("{} | key line {}", c["verdict_key"], c["key_line"])).collect();
+            // The verdict: outcome, culprit and pattern (the scorer's `verdict_key`). Not the key
+            // line's text: where a rank lost its peer it names the run's own port, and gloo says
+            // `Connection closed by peer` or `Read error …: Connection reset by peer` by which side
+            // read first (seen in 1 of 5 runs); each run's key words are checked by its score.
+            let verdicts: Vec<String> = got.iter().map(|c| c["verdict_key"].to_string()).collect();
             if verdicts.iter().any(|v| *v != verdicts[0]) {
                 problems.push(format!(
                     "{p} × {f}: the verdict differs between runs:\n  {}",
