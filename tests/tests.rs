@@ -4,6 +4,7 @@
 
 mod util;
 
+mod accuracy;
 mod architecture;
 mod attach;
 mod bad_input;

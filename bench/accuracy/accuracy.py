@@ -27,7 +27,9 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 INJECT = os.path.join(HERE, "inject")
 CACHE = os.environ.get("UPS_DOCTOR_CACHE") or os.path.join(
     os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "ups-doctor")
-TORCH_VENV = os.path.join(CACHE, "pytorch-2.11.0")
+# The torch venv of `./x pytorch`; `UPS_DOCTOR_PYTHON` names another (as `./x env` exports it).
+TORCH_VENV = (os.path.dirname(os.path.dirname(os.environ["UPS_DOCTOR_PYTHON"])) if os.environ.get("UPS_DOCTOR_PYTHON")
+              else os.path.join(CACHE, "pytorch-2.11.0"))
 VENV = os.path.join(CACHE, "accuracy-venv")
 PY = "python3.11"
 
@@ -157,7 +159,7 @@ PROGRAMS = [
     dict(name="lightning-spawn", package="lightning==2.5.6",
          entry="python lightning_trainer.py: Trainer(strategy='ddp_spawn'), torch.multiprocessing.spawn",
          argv=["python", "{wrap}/lightning_spawn.py"], port_env=True, workers=False),
-    dict(name="lightning-cli", package="lightning==2.5.6, jsonargparse==4.42.0",
+    dict(name="lightning-cli", venv=True, package="lightning==2.5.6, jsonargparse==4.42.0",
          entry="torchrun LightningCLI(BoringModel, BoringDataModule) fit --trainer.* flags",
          argv=TORCHRUN + ["--no-python", "python", "{wrap}/lightning_cli.py", "fit", "--trainer.accelerator=cpu",
                           "--trainer.devices=2", "--trainer.strategy=ddp", "--trainer.max_steps=20",
@@ -175,17 +177,17 @@ PROGRAMS = [
          argv=ACCEL + ["{accel}/test_ddp_comm_hook.py"], workers=False,
          real_failure=dict(outcome={"crashed"}, culprit="any", patterns={None}, keywords=["device_ids"],
                            why="real failure on CPU: DDP(device_ids=[rank]) around a CPU module, on every rank")),
-    dict(name="hf-trainer-torchrun", package="transformers==4.57.1",
+    dict(name="hf-trainer-torchrun", venv=True, package="transformers==4.57.1",
          entry="torchrun hf_trainer.py: transformers Trainer, tiny random GPT-2, 2 DataLoader workers, 20 steps",
          argv=TORCHRUN + ["{wrap}/hf_trainer.py", "{tmp}/hf-out"], workers=True),
-    dict(name="hf-trainer-accelerate", package="transformers==4.57.1, accelerate==1.11.0",
+    dict(name="hf-trainer-accelerate", venv=True, package="transformers==4.57.1, accelerate==1.11.0",
          entry="accelerate launch hf_trainer.py (the same Trainer)",
          argv=ACCEL + ["{wrap}/hf_trainer.py", "{tmp}/hf-out"], workers=True),
-    dict(name="hf-trainer-deepspeed", package="transformers==4.57.1, deepspeed==0.18.2",
+    dict(name="hf-trainer-deepspeed", venv=True, package="transformers==4.57.1, deepspeed==0.18.2",
          entry="deepspeed --num_gpus 2 hf_trainer.py --deepspeed (ZeRO-1, CPU accelerator, gloo)",
          argv=["deepspeed", "--num_gpus", "2", "--master_port", "{port}", "{wrap}/hf_trainer.py", "{tmp}/hf-out",
                "{wrap}/ds_config.json"], workers=True),
-    dict(name="trl-sft", package="trl==0.24.0, transformers==4.57.1, datasets==4.4.1",
+    dict(name="trl-sft", venv=True, package="trl==0.24.0, transformers==4.57.1, datasets==4.4.1",
          entry="torchrun -m trl.scripts.sft (TRL's shipped SFT script) on a local tiny model and JSON lines",
          argv=TORCHRUN + ["-m", "trl.scripts.sft", "--model_name_or_path", "{data}/trl/model",
                           "--dataset_name", "{data}/trl/data", "--output_dir", "{tmp}/trl-out", "--max_steps", "20",
@@ -453,7 +455,10 @@ def run_cell(args, program, fault, rep, calib, out_dir, data_dir):
     argv = [fill(a) for a in program["argv"]]
     tag = f"ACC_CELL={uuid.uuid4().hex}"
     env = dict(os.environ)
-    env["PATH"] = os.path.join(VENV, "bin") + ":" + os.path.join(TORCH_VENV, "bin") + ":" + env.get("PATH", "")
+    # The accuracy venv when the run needs it for any program (the whole matrix: every program sees
+    # the same Python), else the torch venv alone (a run of Lightning and Accelerate programs only: the suite's quick subset).
+    bins = ([os.path.join(VENV, "bin")] if args.venv else []) + [os.path.join(TORCH_VENV, "bin")]
+    env["PATH"] = ":".join(bins + [env.get("PATH", "")])
     env["PYTHONPATH"] = INJECT + (":" + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
                ACC_CELL=tag.split("=", 1)[1], ACC_STAMP=os.path.join(cell_dir, "stamp.jsonl"),
@@ -512,8 +517,10 @@ def run_cell(args, program, fault, rep, calib, out_dir, data_dir):
         pids.add(p.get("pid"))
     new_shm = sorted(shm_list() - shm_before)
     # Ours: torch's segments named by a pid of the cell, and what ups-doctor listed as the run's
-    # leftovers (multiprocessing's `sem.mp-*` carry no pid) that appeared during the cell.
-    listed = {x.get("name") for x in (s.get("leftovers") or {}).get("shm") or []}
+    # own leftovers (`ours`: multiprocessing's `sem.mp-*` carry no pid) that appeared during the
+    # cell. Not a file ups-doctor listed as another's: a second run on the machine (another cell
+    # by hand) had its live semaphores removed, and its ranks failed to start.
+    listed = {x.get("name") for x in (s.get("leftovers") or {}).get("shm") or [] if x.get("ours")}
     ours = [n for n in new_shm if ((m := re.match(r"torch_(\d+)_", n)) and int(m.group(1)) in pids) or n in listed]
     for n in ours:
         try:
@@ -561,7 +568,7 @@ def shlex_quote(s):
 
 # --- the matrix ---------------------------------------------------------------------------------
 
-def prepare(out_dir, data_dir):
+def prepare(out_dir, data_dir, progs):
     wrap = os.path.join(out_dir, "wrappers")
     os.makedirs(wrap, exist_ok=True)
     files = {"lightning_ddp.py": LIGHTNING_TRAINER.format(strategy="ddp"),
@@ -576,8 +583,9 @@ def prepare(out_dir, data_dir):
     # DeepSpeed's CPU accelerator JIT-compiles its shared-memory comm op (ninja, g++) in the
     # first init_distributed: built once here, into torch's extension cache, so that the
     # deepspeed cells time training, not a compile (a first, uncompiled run is its own finding).
+    names = {p["name"] for p in progs}
     ds_stamp = os.path.join(data_dir, ".deepspeed-ops-built")
-    if not os.path.exists(ds_stamp):
+    if "hf-trainer-deepspeed" in names and not os.path.exists(ds_stamp):
         log("building DeepSpeed's CPU shm comm op once (ninja, g++)")
         env = dict(os.environ, DS_ACCELERATOR="cpu", PATH=os.path.join(TORCH_VENV, "bin") + ":" + os.environ["PATH"])
         # A build that an earlier run's teardown cut leaves torch's `lock` file, on which every
@@ -591,7 +599,7 @@ def prepare(out_dir, data_dir):
                         "assert build_shm_op() is not None; from deepspeed.ops.op_builder import FusedAdamBuilder; "
                         "FusedAdamBuilder().load()"], check=True, env=env)
         open(ds_stamp, "w").close()
-    if not os.path.exists(os.path.join(data_dir, "trl", "data", "train.jsonl")):
+    if "trl-sft" in names and not os.path.exists(os.path.join(data_dir, "trl", "data", "train.jsonl")):
         log("making the tiny model and data for trl-sft")
         env = dict(os.environ, HF_HUB_OFFLINE="1")
         subprocess.run([os.path.join(VENV, "bin", "python"), "-c", TRL_PREP, os.path.join(data_dir, "trl")],
@@ -711,14 +719,18 @@ def main():
         faults = [f for f in FAULTS if f["name"] in want]
     if not os.access(args.binary, os.X_OK):
         sys.exit(f"accuracy: no ups-doctor binary at {args.binary} (give --binary)")
-    ensure_venv()
+    # Programs that need more than the torch venv's packages (transformers, TRL, jsonargparse):
+    # the accuracy venv is made for them; without any, nothing is installed.
+    args.venv = any(p.get("venv") for p in progs)
+    if args.venv:
+        ensure_venv()
     out_dir = os.path.abspath(args.out or os.path.join(
         "/tmp/ups-doctor-accuracy", datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")))
     if out_dir.startswith(REPO + os.sep) and not out_dir.startswith(os.path.join(REPO, "reports", "runs")):
         sys.exit("accuracy: --out inside the repository must be under reports/runs/ (git-ignored)")
     os.makedirs(out_dir, exist_ok=True)
     data_dir = os.path.join(CACHE, "accuracy-data")
-    prepare(out_dir, data_dir)
+    prepare(out_dir, data_dir, progs)
     started = time.time()
     cells = []
     none_fault = next(f for f in FAULTS if f["name"] == "none")

@@ -823,6 +823,10 @@ def _wrap_init(dist):
         if isinstance(rank, int) and rank >= 0:
             obs.rank = rank
         # No `begin` marker: the rank's last phase would stay `dist.init` after it returned.
+        # The stack at SIGTERM is set up before the rendezvous, not after it: a rank its launcher
+        # stops while it waits there for a rank that never came (one that exited before it
+        # joined) shows `init_process_group` as where it was.
+        _stack_at_sigterm(obs)
         result = original(*args, **kwargs)
         try:
             obs.rank, obs.world_size = int(dist.get_rank()), int(dist.get_world_size())
@@ -838,7 +842,6 @@ def _wrap_init(dist):
                       "store": str(store)}, urgent=True)
         except Exception:
             pass
-        _stack_at_sigterm(obs)
         return result
 
     dist.init_process_group = init_process_group

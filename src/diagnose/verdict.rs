@@ -173,6 +173,7 @@ fn judge_watched(o: &Observed) -> Judgement {
     }
     let (headline, evidence, likely_cause, next_step) = failure(&ev, failed);
     let mut verdict = Verdict { headline, evidence, likely_cause, next_step, ..Default::default() };
+    let stopped_alone = finding.is_none() && stopped_by_its_launcher_alone(&ev, failed, &mut verdict);
     let together = if finding.is_none() { hung_together(&ev, failed) } else { Vec::new() };
     // Ranks the finding names for what they were (those a timed-out collective waited for).
     let mut named = finding.as_ref().map(|f| f.named.clone()).unwrap_or_default();
@@ -204,10 +205,46 @@ fn judge_watched(o: &Observed) -> Judgement {
     Judgement {
         outcome: failed.result.outcome,
         // Ranks hung together, or a finding that cannot tell: none failed first.
-        first_failure: (together.is_empty() && !undecided).then_some(failed.rank()),
+        first_failure: (together.is_empty() && !undecided && !stopped_alone).then_some(failed.rank()),
         verdict,
         same_failure: same,
     }
+}
+
+/// The only failed rank is one its launcher stopped with no error of its own (torchrun and
+/// `torch.multiprocessing.spawn` stop ranks only once another of their processes has failed):
+/// the process that failed was never found as a rank (it ended during its imports, under
+/// `ddp_spawn` before the group formed). It is not the first failure; the launcher's own words
+/// about which of its processes ended are quoted. Returns whether it was so.
+fn stopped_by_its_launcher_alone(ev: &Evidence, failed: &RankEvidence, verdict: &mut Verdict) -> bool {
+    let lone = ev.ranks.iter().filter(|r| r.failed()).count() == 1;
+    if !lone
+        || !(stopped_by_launcher_while_running(failed) || stopped_by_launcher_unobserved(failed, ev.launcher))
+    {
+        return false;
+    }
+    let said = ev.launcher.into_iter().flat_map(|l| l.log_tail.iter()).rfind(|l| {
+        l.contains(" terminated with ") && (l.contains("process ") || l.contains("Child process with PID"))
+    });
+    let launcher = program(ev.scenario).split(' ').next().unwrap_or_default().to_string();
+    verdict.headline = match said {
+        Some(line) => format!(
+            "The launcher `{launcher}` stopped {} after another of its processes failed, which was not found as a \
+             rank; the launcher said: `{}`.",
+            rank_name(failed.result, "rank"),
+            line.trim()
+        ),
+        None => format!(
+            "The launcher `{launcher}` stopped {}, which it does once another of its processes has failed; that \
+             process was not found as a rank.",
+            rank_name(failed.result, "rank")
+        ),
+    };
+    verdict.evidence.push(format!(
+        "{} showed no error of its own: its launcher stopped it, so it is not named the first failure",
+        rank_name(failed.result, "rank")
+    ));
+    true
 }
 
 /// At the time limit, every rank silent past `limits.hang_after_s` and exactly one of them busy

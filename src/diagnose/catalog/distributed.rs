@@ -2,7 +2,7 @@
 //! completed, two ranks on one GPU. (A collective that timed out: `timeout.rs`.)
 
 use super::{Finding, Pattern};
-use crate::diagnose::evidence::{Evidence, RankEvidence, Thread, failure_time, location};
+use crate::diagnose::evidence::{EndedBy, Evidence, RankEvidence, Thread, failure_time, location};
 use crate::scenario::OutcomeKind;
 use crate::schema::RankResult;
 
@@ -55,8 +55,9 @@ pub const RENDEZVOUS_INCOMPLETE: Pattern = Pattern {
     title: "Rendezvous never completed",
     matches: "a rank failed or hung in `init_process_group` (a store timeout such as `Timed out after N \
               seconds waiting for clients. 1/2 clients joined.`, `DistStoreError`, `The client socket has timed \
-              out`, stacks in the rendezvous, or the built-in trainer's `dist.init` phase) while another rank \
-              had exited or never started",
+              out`, stacks in the rendezvous, the built-in trainer's `dist.init` phase, or its own stack, written \
+              as its launcher stopped it, inside `init_process_group`) while another rank had exited or never \
+              started",
     explanation: "`init_process_group` waits until all `WORLD_SIZE` ranks have joined the store; a rank that \
                   exited before it, never started, or was given another world size or address leaves the \
                   others waiting until the store's timeout (30 minutes by default).",
@@ -462,14 +463,29 @@ fn at_rendezvous(rank: &RankEvidence) -> bool {
     // later wait (the built-in trainer's `dist.barrier` goes through the same TCPStore), so only
     // Python's own `init_process_group` frame still says rendezvous.
     let past_init = rank.result.last_phase.as_deref().is_some_and(|p| p != "dist.init");
+    let in_init = main_thread(rank).is_some_and(|t| {
+        t.frames.iter().any(|f| {
+            f.function.contains("init_process_group")
+                || (!past_init && (f.function.contains("rendezvous") || f.function.contains("TCPStore")))
+        })
+    });
     let stuck = rank.result.outcome == OutcomeKind::Hung
-        && (main_thread(rank).is_some_and(|t| {
-            t.frames.iter().any(|f| {
-                f.function.contains("init_process_group")
-                    || (!past_init && (f.function.contains("rendezvous") || f.function.contains("TCPStore")))
-            })
-        }) || rank.result.last_phase.as_deref() == Some("dist.init"));
-    said || stuck
+        && (in_init || rank.result.last_phase.as_deref() == Some("dist.init"));
+    said || stuck || stopped_in_init(rank)
+}
+
+/// A rank that someone else stopped (its launcher, ups-doctor, a signal from outside) while its
+/// own stack, written as the signal came, shows it inside `init_process_group`: it was waiting
+/// for the group to form, not failing by itself. Python's own `init_process_group` frame only:
+/// a store frame may be a later wait.
+fn stopped_in_init(rank: &RankEvidence) -> bool {
+    let stopped = matches!(
+        rank.ended_by,
+        EndedBy::Launcher { .. } | EndedBy::Teardown { .. } | EndedBy::Outside { .. }
+    );
+    stopped
+        && rank.key.is_none()
+        && main_thread(rank).is_some_and(|t| t.frames.iter().any(|f| f.function == "init_process_group"))
 }
 
 pub fn rendezvous_incomplete(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Finding> {
@@ -507,6 +523,9 @@ pub fn rendezvous_incomplete(ev: &Evidence, first: Option<&RankEvidence>) -> Opt
     let said = waiting.key.as_ref().map(|k| format!(": `{}`", k.text)).unwrap_or_default();
     let why = if !gone.is_empty() {
         gone.join("; ")
+    } else if stopped_in_init(waiting) && joined.is_none() {
+        "no rank of this run was seen to leave: the one that did not come ended before it was found"
+            .to_string()
     } else if let Some((n, m)) = joined {
         format!(
             "only {n} of {m} ranks joined, and no rank of this run left early: a rank may have been given another world size or address"
@@ -515,10 +534,30 @@ pub fn rendezvous_incomplete(ev: &Evidence, first: Option<&RankEvidence>) -> Opt
         "no other rank is known to have left: check `WORLD_SIZE`, `MASTER_ADDR` and `MASTER_PORT` on every rank".to_string()
     };
     f.culprit = absent.iter().find(|r| r.failed()).map(|r| r.rank());
+    // A rank its launcher stopped while it waited, with no rank of the run seen to leave: the one
+    // that did not come ended before it was found (a launcher's rank that exited during its
+    // imports). Nobody is the first failure; the launcher's own words, where it said which of its
+    // processes ended, are quoted.
+    if f.culprit.is_none() && stopped_in_init(waiting) {
+        f.undecided = true;
+        let said = ev.launcher.into_iter().flat_map(|l| l.log_tail.iter()).rfind(|l| {
+            l.contains(" terminated with ")
+                && (l.contains("process ") || l.contains("Child process with PID"))
+        });
+        if let Some(line) = said {
+            f.evidence.push(format!("the launcher said: `{}`", line.trim()));
+        }
+    }
     f.headline = Some(format!(
         "The rendezvous never completed: {why}; rank {} waited in `init_process_group` and {}{said}.",
         waiting.rank(),
-        if waiting.result.outcome == OutcomeKind::Hung { "was stopped" } else { "gave up" },
+        if waiting.result.outcome == OutcomeKind::Hung {
+            "was stopped"
+        } else if stopped_in_init(waiting) {
+            "was stopped there"
+        } else {
+            "gave up"
+        },
     ));
     Some(f)
 }

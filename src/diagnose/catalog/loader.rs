@@ -55,10 +55,13 @@ pub const WORKER_EXITED: Pattern = Pattern {
 pub const SHM_EXHAUSTED: Pattern = Pattern {
     id: "shm-exhausted",
     title: "/dev/shm exhausted",
-    matches: "SIGBUS in a rank or worker while `/dev/shm` was full, or PyTorch's `unable to allocate shared \
+    matches: "SIGBUS in a rank or worker while `/dev/shm` was full, a rank's SIGSEGV while `/dev/shm` was full at \
+              the moment it died (native code that maps shared memory without checking it got the room), or PyTorch's `unable to allocate shared \
               memory(shm)` / `Unexpected bus error encountered in worker`; also a hang after a worker's process \
               printed `unable to allocate shared memory(shm)` (multiprocessing's queue thread drops the batch \
-              and raises nothing), each rank named by its worker's pid in the segment's name",
+              and raises nothing), each rank named by its worker's pid in the segment's name; or `No space left on \
+              device` raised where multiprocessing makes what it keeps in `/dev/shm` (a `SemLock` semaphore, as a \
+              DataLoader's iterator makes its queues; a `SharedMemory` segment; a heap arena)",
     explanation: "DataLoader workers hand every batch to the main process through `/dev/shm`; when it is full \
                   (Docker's default is 64 MB) PyTorch cannot allocate the batch's segment, or a page written \
                   to one cannot be backed and the kernel sends SIGBUS.",
@@ -151,8 +154,14 @@ pub fn leaked_shm(ev: &Evidence, _: Option<&RankEvidence>) -> Option<Finding> {
 
 /// `8.0 of 64.0 MiB`: both figures in the unit that suits the total.
 pub fn used_of(used: u64, total: u64) -> String {
-    let (div, unit) =
-        if total >= 10 << 30 { ((1u64 << 30) as f64, "GiB") } else { ((1u64 << 20) as f64, "MiB") };
+    let (div, unit) = if total >= 10 << 30 {
+        ((1u64 << 30) as f64, "GiB")
+    } else if total >= 1 << 20 {
+        ((1u64 << 20) as f64, "MiB")
+    } else {
+        // A tiny /dev/shm (`--shm-size 16k`) reads `16.0 of 16.0 KiB`, not `0.0 of 0.0 MiB`.
+        (1024.0, "KiB")
+    };
     let digits = if unit == "GiB" { 2 } else { 1 };
     format!("{:.digits$} of {:.digits$} {unit}", used as f64 / div, total as f64 / div)
 }
@@ -515,7 +524,9 @@ fn bus_error_worker_pid(error: &str) -> Option<u32> {
 /// `/dev/shm` figure, its peak over the run (the failed segment is gone by the time the rank ends).
 fn peak_shm_line(ev: &Evidence, failed: &RankEvidence, memory: &MemoryReport) -> Option<(String, f64)> {
     let out_of_shm = loader_failure(&failed.text).is_some_and(|l| l.out_of_shm)
-        || failed.result.signal == Some(Signal::BUS);
+        || failed.result.signal == Some(Signal::BUS)
+        || posix_shm_full(&failed.text).is_some()
+        || full_when_it_died(ev, failed).is_some();
     if !out_of_shm {
         return None;
     }
@@ -549,17 +560,76 @@ pub fn shm_exhausted(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Find
         return Some(f);
     }
     let peak = ev.memory.and_then(|m| peak_shm_line(ev, first, m));
-    match loader_failure(&first.text).filter(|l| l.out_of_shm) {
-        Some(l) => {
+    let loader = loader_failure(&first.text).filter(|l| l.out_of_shm);
+    match (loader, posix_shm_full(&first.text), full_when_it_died(ev, first)) {
+        (Some(l), _, _) => {
             f.headline = Some(worker_headline(&l, first.result, ev.foreign));
             f.evidence.push(format!("culprit: {} of rank {}: {}", worker_name(&l), first.rank(), l.what));
         }
+        (None, Some((error, object)), _) => {
+            f.headline = Some(format!(
+                "Rank {} could not create {object} in /dev/shm: `{error}`. /dev/shm is full (or too small for \
+                 what the program needs).",
+                first.rank()
+            ));
+            f.evidence.push(format!(
+                "rank {}'s traceback ends in multiprocessing's {object}, which lives in /dev/shm, with `{error}`",
+                first.rank()
+            ));
+        }
         // A SIGBUS alone is shared memory only when the figure shows it full.
-        None if peak.as_ref().is_some_and(|(_, p)| *p >= SHM_FULL_SHARE) => {}
-        None => return None,
+        (None, None, _)
+            if first.result.signal == Some(Signal::BUS)
+                && peak.as_ref().is_some_and(|(_, p)| *p >= SHM_FULL_SHARE) => {}
+        // A SIGSEGV only when /dev/shm was full at the moment the rank died: native code that maps
+        // a file of /dev/shm without checking that it got the room (DeepSpeed's shared-memory
+        // all-reduce on a 16 KiB /dev/shm) touches memory it does not have.
+        (None, None, Some((used, total))) => {
+            f.headline = Some(format!(
+                "Rank {} was killed by SIGSEGV while /dev/shm was full ({} when it died): native code that \
+                 found no room for its shared memory crashed instead of raising an error.",
+                first.rank(),
+                used_of(used, total)
+            ));
+        }
+        (None, None, _) => return None,
     }
     f.evidence.extend(peak.map(|(line, _)| line));
     Some(f)
+}
+
+/// `(used, total)` of `/dev/shm` at the moment a rank killed by SIGSEGV was seen to end, when it
+/// was full then.
+fn full_when_it_died(ev: &Evidence, rank: &RankEvidence) -> Option<(u64, u64)> {
+    if rank.result.signal != Some(Signal::SEGV) {
+        return None;
+    }
+    let at = ev.memory?.shm.at_rank_end.iter().find(|a| a.rank == rank.rank())?;
+    let full = at.total_bytes > 0 && at.used_bytes as f64 >= SHM_FULL_SHARE * at.total_bytes as f64;
+    full.then_some((at.used_bytes, at.total_bytes))
+}
+
+/// The error and what could not be made, where a traceback ends in `No space left on device`
+/// (`ENOSPC`) raised by what Python's multiprocessing keeps in `/dev/shm`: a semaphore
+/// (`_multiprocessing.SemLock`, under every `Lock`, `Event` and `Queue`; a DataLoader with workers
+/// makes several as its iterator starts), a `SharedMemory` segment, or a heap arena. On Linux each
+/// is a file in `/dev/shm`, so the error says `/dev/shm` is full, whoever filled it.
+fn posix_shm_full(text: &[String]) -> Option<(String, &'static str)> {
+    let at = text.iter().rposition(|l| l.contains("No space left on device") && l.contains("Error"))?;
+    let error = text[at].trim().to_string();
+    let frames: Vec<&String> =
+        text[..at].iter().rev().filter(|l| l.trim_start().starts_with("File \"")).take(2).collect();
+    let innermost = frames.first()?;
+    let object = if innermost.contains("multiprocessing/synchronize.py") {
+        "a semaphore (multiprocessing's `SemLock`)"
+    } else if innermost.contains("multiprocessing/shared_memory.py") {
+        "a shared memory segment (multiprocessing's `SharedMemory`)"
+    } else if innermost.contains("multiprocessing/heap.py") {
+        "a shared memory arena (multiprocessing's heap)"
+    } else {
+        return None;
+    };
+    Some((error, object))
 }
 
 /// A run whose ranks stopped making progress after a DataLoader worker's process printed that it

@@ -166,7 +166,9 @@ pub const STRAGGLER: Pattern = Pattern {
     title: "Straggler rank",
     matches: "one rank's median step time in one phase (`DataLoader.__next__`, DDP's forward, time outside \
               collectives) is at least twice the other ranks' and at least 5 ms more, over at least 5 timed steps \
-              of every rank",
+              of every rank; in a shorter run (2 to 4 timed steps), its time in `DataLoader.__next__` at least 10 \
+              times the others' and 50 ms more, while every other rank waited in collectives for at least half \
+              the gap",
     explanation: "Synchronous data parallelism runs at the pace of its slowest rank: the others wait for it in \
                   every collective (DDP's gradient all-reduce), so the whole job is as slow as this rank.",
     next_step: "Find why this rank is slower in that phase: its data (uneven shards, a slow disk or worker), its \
@@ -272,92 +274,113 @@ pub fn collective_mismatch(ev: &Evidence, first: Option<&RankEvidence>) -> Optio
         ledgers.iter().flat_map(|(_, o)| o.ledger.iter().map(|e| e.group.as_str())).collect();
     groups.sort_unstable();
     groups.dedup();
-    for group in groups {
-        let last: Vec<(u32, u64)> =
-            ledgers.iter().map(|(r, o)| (*r, o.last_of(group).map_or(0, |e| e.seq))).collect();
-        let lo = last.iter().map(|(_, s)| *s).min()?;
-        let hi = last.iter().map(|(_, s)| *s).max()?;
-        // The first sequence number where the ranks' ops differ, among those every rank holds.
-        let differ_at = (lo.saturating_sub(LEDGER_KEPT as u64)..=lo).filter(|s| *s > 0).find(|s| {
-            let ops: Vec<Option<&str>> =
-                ledgers.iter().map(|(_, o)| o.at(group, *s).map(|e| e.op.as_str())).collect();
-            ops.iter().all(Option::is_some) && ops.iter().any(|op| *op != ops[0])
-        });
-        let mut f = Finding::of(&COLLECTIVE_MISMATCH);
-        let places: Vec<String> = ledgers.iter().map(|(r, o)| standing(*r, o.last_of(group))).collect();
-        f.evidence.push(format!("from the observer's collective ledgers: {}", places.join("; ")));
-        f.evidence.extend(super::group_count::group_count_evidence(ev));
-        if let Some(seq) = differ_at {
-            return Some(ops_differ(&ledgers, group, seq, f));
-        }
-        if lo == hi {
-            continue;
-        }
-        let seq = lo + 1;
-        let havers: Vec<u32> = last.iter().filter(|(_, s)| *s >= seq).map(|(r, _)| *r).collect();
-        let lackers: Vec<u32> = last.iter().filter(|(_, s)| *s < seq).map(|(r, _)| *r).collect();
-        let issued = ledgers.iter().find_map(|(_, o)| o.at(group, seq))?.render();
-        let waiting = ledgers
-            .iter()
-            .filter(|(r, _)| havers.contains(r))
-            .all(|(_, o)| o.last_of(group).is_some_and(|e| e.ms.is_none()));
-        let lacker_last = |r: u32| {
-            ledgers.iter().find(|(x, _)| *x == r).and_then(|(_, o)| o.last_of(group)).map_or_else(
-                || "it issued none before".to_string(),
-                |e| format!("its last was {}", e.render()),
-            )
-        };
-        // In a tie, the ledger shows a skip only where the ranks that lack the collective issued
-        // that op from that call site before (they were on the path that issues it, then left
-        // it): a rank that never issued it there may as well be where the program meant it to be
-        // while the others added a collective (ran out of data, reached a barrier early), and it
-        // may wait in what the ledger cannot see (DDP's gradient reductions run in C++). Then the
-        // ledger cannot tell, and the stacks decide (`ranks-out-of-step`). The site matters: a
-        // framework issues the same ops for itself (Lightning's setup barriers, all from the
-        // program's `trainer.fit` line), which say nothing of the path the program's own takes.
-        let (op, site) = ledgers
-            .iter()
-            .find_map(|(_, o)| o.at(group, seq))
-            .map_or(("", ""), |e| (e.op.as_str(), e.site.as_str()));
-        let issued_before = lackers.iter().all(|l| {
-            ledgers.iter().find(|(r, _)| r == l).is_some_and(|(_, o)| {
-                o.ledger.iter().any(|e| e.group == group && e.op == op && e.site == site)
-            })
-        });
-        if lackers.len() == havers.len() && !issued_before {
-            continue;
-        }
-        if issued_after_lackers_failed(ev, &ledgers, group, seq, &lackers)
-            || lackers.iter().any(|l| raised(ev, *l))
-        {
-            continue;
-        }
-        if lackers.len() < havers.len() || (lackers.len() == havers.len() && waiting) {
-            let last = lacker_last(lackers[0]);
-            return never_issued(
-                ev,
-                f,
-                Missing { lackers: &lackers, havers: &havers, waiting, issued: &issued, last: &last },
-            );
-        } else if havers.len() < lackers.len() {
-            if havers.len() == 1 {
-                f.culprit = Some(havers[0]);
-            }
-            f.headline = Some(format!(
-                "Collectives out of step: {} issued {issued}, which no other rank issued ({} did not).",
-                ranks_list(&havers),
-                ranks_list(&lackers),
-            ));
-        } else {
-            f.headline = Some(format!(
-                "Collectives out of step: {} issued {issued} and {} did not. Cannot tell which rank diverged.",
-                ranks_list(&havers),
-                ranks_list(&lackers),
-            ));
-        }
-        return Some(f);
+    // Each group where the ranks diverged, with when the collective they diverged at was issued:
+    // the earliest is the cause. A rank that waits in one group's collective cannot issue the
+    // next of another group, so a divergence in a second group follows from the first (DeepSpeed
+    // runs its gradient reductions on a group of its own beside the default one: rank 1 skipped a
+    // default-group `all_gather` and went on into the other group's `all_reduce`, where rank 0,
+    // stuck in that `all_gather`, never came).
+    // (A group whose lacking rank was behind, outside any collective, is the stacks' to judge:
+    // `None`, and when it comes first nothing is stated.)
+    let found = groups.into_iter().filter_map(|group| group_divergence(ev, &ledgers, group));
+    found.min_by(|(a, _), (b, _)| a.total_cmp(b)).and_then(|(_, f)| f)
+}
+
+/// When the collective `seq` of `group` was first issued, by any rank (never: infinitely late).
+fn issued_at(ledgers: &[(u32, &ObservedProgram)], group: &str, seq: u64) -> f64 {
+    ledgers.iter().filter_map(|(_, o)| o.at(group, seq)?.at_s).min_by(f64::total_cmp).unwrap_or(f64::INFINITY)
+}
+
+/// Where the ranks' ledgers of `group` diverge, if they do: when the collective they diverged at
+/// was issued, and what that says (`None`: it is the stacks' to judge).
+fn group_divergence(
+    ev: &Evidence,
+    ledgers: &[(u32, &ObservedProgram)],
+    group: &str,
+) -> Option<(f64, Option<Finding>)> {
+    let last: Vec<(u32, u64)> =
+        ledgers.iter().map(|(r, o)| (*r, o.last_of(group).map_or(0, |e| e.seq))).collect();
+    let lo = last.iter().map(|(_, s)| *s).min()?;
+    let hi = last.iter().map(|(_, s)| *s).max()?;
+    // The first sequence number where the ranks' ops differ, among those every rank holds.
+    let differ_at = (lo.saturating_sub(LEDGER_KEPT as u64)..=lo).filter(|s| *s > 0).find(|s| {
+        let ops: Vec<Option<&str>> =
+            ledgers.iter().map(|(_, o)| o.at(group, *s).map(|e| e.op.as_str())).collect();
+        ops.iter().all(Option::is_some) && ops.iter().any(|op| *op != ops[0])
+    });
+    let mut f = Finding::of(&COLLECTIVE_MISMATCH);
+    let places: Vec<String> = ledgers.iter().map(|(r, o)| standing(*r, o.last_of(group))).collect();
+    f.evidence.push(format!("from the observer's collective ledgers: {}", places.join("; ")));
+    f.evidence.extend(super::group_count::group_count_evidence(ev));
+    if let Some(seq) = differ_at {
+        return Some((issued_at(ledgers, group, seq), Some(ops_differ(ledgers, group, seq, f))));
     }
-    None
+    if lo == hi {
+        return None;
+    }
+    let seq = lo + 1;
+    let havers: Vec<u32> = last.iter().filter(|(_, s)| *s >= seq).map(|(r, _)| *r).collect();
+    let lackers: Vec<u32> = last.iter().filter(|(_, s)| *s < seq).map(|(r, _)| *r).collect();
+    let issued = ledgers.iter().find_map(|(_, o)| o.at(group, seq))?.render();
+    let waiting = ledgers
+        .iter()
+        .filter(|(r, _)| havers.contains(r))
+        .all(|(_, o)| o.last_of(group).is_some_and(|e| e.ms.is_none()));
+    let lacker_last = |r: u32| {
+        ledgers
+            .iter()
+            .find(|(x, _)| *x == r)
+            .and_then(|(_, o)| o.last_of(group))
+            .map_or_else(|| "it issued none before".to_string(), |e| format!("its last was {}", e.render()))
+    };
+    // In a tie, the ledger shows a skip only where the ranks that lack the collective issued
+    // that op from that call site before (they were on the path that issues it, then left
+    // it): a rank that never issued it there may as well be where the program meant it to be
+    // while the others added a collective (ran out of data, reached a barrier early), and it
+    // may wait in what the ledger cannot see (DDP's gradient reductions run in C++). Then the
+    // ledger cannot tell, and the stacks decide (`ranks-out-of-step`). The site matters: a
+    // framework issues the same ops for itself (Lightning's setup barriers, all from the
+    // program's `trainer.fit` line), which say nothing of the path the program's own takes.
+    let (op, site) = ledgers
+        .iter()
+        .find_map(|(_, o)| o.at(group, seq))
+        .map_or(("", ""), |e| (e.op.as_str(), e.site.as_str()));
+    let issued_before = lackers.iter().all(|l| {
+        ledgers
+            .iter()
+            .find(|(r, _)| r == l)
+            .is_some_and(|(_, o)| o.ledger.iter().any(|e| e.group == group && e.op == op && e.site == site))
+    });
+    if lackers.len() == havers.len() && !issued_before {
+        return None;
+    }
+    if issued_after_lackers_failed(ev, ledgers, group, seq, &lackers)
+        || lackers.iter().any(|l| raised(ev, *l))
+    {
+        return None;
+    }
+    let when = issued_at(ledgers, group, seq);
+    if lackers.len() < havers.len() || (lackers.len() == havers.len() && waiting) {
+        let last = lacker_last(lackers[0]);
+        let missing = Missing { lackers: &lackers, havers: &havers, waiting, issued: &issued, last: &last };
+        return Some((when, never_issued(ev, f, missing)));
+    } else if havers.len() < lackers.len() {
+        if havers.len() == 1 {
+            f.culprit = Some(havers[0]);
+        }
+        f.headline = Some(format!(
+            "Collectives out of step: {} issued {issued}, which no other rank issued ({} did not).",
+            ranks_list(&havers),
+            ranks_list(&lackers),
+        ));
+    } else {
+        f.headline = Some(format!(
+            "Collectives out of step: {} issued {issued} and {} did not. Cannot tell which rank diverged.",
+            ranks_list(&havers),
+            ranks_list(&lackers),
+        ));
+    }
+    Some((when, Some(f)))
 }
 
 /// Whether rank `l` raised an error of its own (an exception, its traceback in its output): a
@@ -460,15 +483,26 @@ fn never_issued(ev: &Evidence, mut f: Finding, m: Missing) -> Option<Finding> {
 /// Fewest timed steps of every rank before step times are compared.
 const TIMED_STEPS: u64 = 5;
 
+/// Fewest timed steps of a short run (a test script's 3 steps) whose data loading is compared,
+/// and only when the gap is beyond doubt: [`SHORT_RUN_RATIO`] times the others' and at least
+/// [`SHORT_RUN_GAP_MS`] more, and every other rank waited in collectives for at least half of it.
+const SHORT_RUN_STEPS: u64 = 2;
+const SHORT_RUN_RATIO: f64 = 10.0;
+const SHORT_RUN_GAP_MS: f64 = 50.0;
+
 pub fn straggler(ev: &Evidence, _first: Option<&RankEvidence>) -> Option<Finding> {
-    let obs: Vec<(u32, &ObservedProgram)> = ev
+    let all: Vec<(u32, &ObservedProgram)> = ev
         .ranks
         .iter()
-        .map(|r| Some((r.rank(), observed(r).filter(|o| o.timed_steps >= TIMED_STEPS)?)))
+        .map(|r| Some((r.rank(), observed(r).filter(|o| o.timed_steps >= SHORT_RUN_STEPS)?)))
         .collect::<Option<_>>()?;
-    if obs.len() < 2 {
+    if all.len() < 2 {
         return None;
     }
+    if all.iter().any(|(_, o)| o.timed_steps < TIMED_STEPS) {
+        return short_run_data_straggler(&all);
+    }
+    let obs = all;
     let with_collectives = obs.iter().any(|(_, o)| o.collective_ms > 0.0);
     type Phase = (&'static str, fn(&ObservedProgram) -> f64);
     let mut phases: Vec<Phase> =
@@ -496,6 +530,39 @@ pub fn straggler(ev: &Evidence, _first: Option<&RankEvidence>) -> Option<Finding
         "from the observer, median step time over the last steps: {}; in {phase}: rank {rank} {slow:.1} ms, the \
          others at most {others:.1} ms",
         steps.join(", ")
+    ));
+    Some(f)
+}
+
+/// A run too short for medians to be compared (fewer than [`TIMED_STEPS`] timed steps on some
+/// rank): a rank whose wait for data is far beyond the others' while every other rank spent at
+/// least half that gap waiting in collectives (for it). Data loading only: a rank's other work
+/// outside collectives (rank 0's logging, a first step's set-up) is common in short runs.
+fn short_run_data_straggler(obs: &[(u32, &ObservedProgram)]) -> Option<Finding> {
+    let (rank, slow) = obs.iter().map(|(r, o)| (*r, o.data_ms)).max_by(|a, b| a.1.total_cmp(&b.1))?;
+    let others: Vec<&ObservedProgram> = obs.iter().filter(|(r, _)| *r != rank).map(|(_, o)| *o).collect();
+    let most = others.iter().map(|o| o.data_ms).fold(0.0, f64::max);
+    let gap = slow - most;
+    let waited = others.iter().all(|o| o.collective_ms >= gap / 2.0);
+    if slow < SHORT_RUN_RATIO * most || gap < SHORT_RUN_GAP_MS || !waited {
+        return None;
+    }
+    let fewest = obs.iter().map(|(_, o)| o.timed_steps).min().unwrap_or(0);
+    let mut f = Finding::of(&STRAGGLER);
+    f.culprit = Some(rank);
+    f.appendix = Some(format!(
+        " Rank {rank} is a straggler: its steps spend {slow:.1} ms in data loading (`DataLoader.__next__`), the \
+         other ranks' at most {most:.1} ms, and the others wait for it in their collectives."
+    ));
+    let waits: Vec<String> = obs
+        .iter()
+        .filter(|(r, _)| *r != rank)
+        .map(|(r, o)| format!("rank {r} {:.1} ms", o.collective_ms))
+        .collect();
+    f.evidence.push(format!(
+        "from the observer, over a short run ({fewest} timed steps): in data loading rank {rank} {slow:.1} ms, the \
+         others at most {most:.1} ms; in collectives {}",
+        waits.join(", ")
     ));
     Some(f)
 }
@@ -726,6 +793,69 @@ mod tests {
                 })
                 .collect();
         assert_eq!(judge(&ranks, &s).unwrap().culprit, Some(3));
+    }
+
+    /// DeepSpeed (ZeRO-1 under transformers' `Trainer`) reduces gradients on a group of its own
+    /// (`1`) beside the default one. Rank 1 skipped its 59th collective, a default-group
+    /// `all_gather` (#10) that rank 0 waits in, and went on into group 1's `all_reduce` #50, which
+    /// rank 0, stuck, never issued (the ledgers as recorded). The default group's divergence came
+    /// first; group 1's follows from it. Before, group `1` was looked at alone and rank 0 named.
+    #[test]
+    fn of_two_groups_out_of_step_the_one_that_diverged_first_names_the_rank() {
+        let recorded: Vec<ObservedProgram> =
+            serde_json::from_str(include_str!("../fixtures/deepspeed_two_groups.json")).unwrap();
+        let ranks: Vec<RankResult> = recorded
+            .into_iter()
+            .enumerate()
+            .map(|(rank, o)| {
+                let mut r = hung(rank as u32, &[], false);
+                r.observed = Some(o);
+                // As recorded: both declared hung at 107.0 s, torn down by 113.9 s.
+                r.hung_at_s = Some(106.98);
+                r.ended_at_s = Some(113.83);
+                r
+            })
+            .collect();
+        let f = judge(&ranks, &scenario(2)).expect("a mismatch");
+        assert_eq!(f.culprit, Some(1), "{:?}", f.headline);
+        let h = f.headline.unwrap();
+        assert!(h.contains("rank 1 never issued `all_gather` #10 (hf_trainer.py:12, 1,1,1, int64)"), "{h}");
+    }
+
+    /// Accelerate's `test_sync.py` (3 optimizer steps, 2 of them timed) with every DataLoader
+    /// fetch of rank 1 300 ms slower (the accuracy matrix's slow-data fault; the observer's
+    /// figures as recorded): rank 0 waited 301.8 ms a step in its collectives for rank 1's 300.7
+    /// ms of data loading. Too few steps for the medians, so before no rank was named.
+    #[test]
+    fn a_short_run_names_the_rank_the_others_waited_for_while_it_loaded_data() {
+        let passed = |rank: u32, data_ms: f64, collective_ms: f64| {
+            let mut r = crate::report::fixtures::rank(rank, 3);
+            r.outcome = OutcomeKind::Passed;
+            r.observed = Some(ObservedProgram {
+                distributed: true,
+                steps: 3,
+                timed_steps: 2,
+                data_ms,
+                step_ms: 306.0,
+                forward_ms: 0.2,
+                collective_ms,
+                ..Default::default()
+            });
+            r
+        };
+        let s = scenario(2);
+        let ranks = [passed(0, 0.214, 301.779), passed(1, 300.653, 3.7)];
+        let f = with_evidence(&ranks, &s, |ev| straggler(ev, None)).expect("a straggler");
+        assert_eq!(f.culprit, Some(1));
+        assert!(
+            f.appendix.unwrap().contains("Rank 1 is a straggler: its steps spend 300.7 ms in data loading")
+        );
+        // Rank 0 did not wait for it: two ranks each at its own pace, nothing to name.
+        let ranks = [passed(0, 0.214, 3.0), passed(1, 300.653, 3.7)];
+        assert!(with_evidence(&ranks, &s, |ev| straggler(ev, None)).is_none());
+        // A gap of a few milliseconds in a short run says nothing.
+        let ranks = [passed(0, 0.2, 301.0), passed(1, 20.0, 3.7)];
+        assert!(with_evidence(&ranks, &s, |ev| straggler(ev, None)).is_none());
     }
 
     #[test]

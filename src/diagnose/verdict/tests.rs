@@ -484,6 +484,176 @@ fn a_rank_gone_before_the_rendezvous_is_named_with_the_survivors_store_timeout()
     assert!(v.evidence.contains(&"the store saw 1 of 2 ranks join".to_string()));
 }
 
+/// Rank 1 exited with status 3 as it called `init_process_group` (the accuracy matrix's
+/// exit-rdzv fault under torchrun, Lightning's Trainer); torchrun then stopped rank 0, whose own
+/// stack at the SIGTERM (the observer's, written by Python's fault handler; recorded) shows it
+/// inside `init_process_group`: the rendezvous never completed, and rank 1 is why. Before, with
+/// nothing to say where rank 0 was, the verdict named no pattern.
+#[test]
+fn a_rank_its_launcher_stopped_inside_init_process_group_waited_for_the_one_that_exited_before_joining() {
+    let mut waiting =
+        program_rank(0, Exit::Signal { signal: Signal::TERM.number(), core_dumped: false }, 11.35, "");
+    waiting.dumps.push(crate::schema::ProcessDump {
+        pid: 1000,
+        rank: 0,
+        role: ProcessRole::Rank,
+        taken: None,
+        py_spy: None,
+        error: None,
+        python: Some(include_str!("../fixtures/stopped_in_rendezvous.txt").to_string()),
+        threads: Vec::new(),
+    });
+    let gone = program_rank(1, Exit::Code(3), 11.30, "");
+    let launcher = torchrun_end(
+        1,
+        &[
+            "W1206 04:49:48.815000 18446 torch/distributed/elastic/multiprocessing/api.py:1012] Sending process 1000 \
+           closing signal SIGTERM",
+        ],
+    );
+    let j = judge_under(&external(), &[waiting, gone], &launcher);
+    assert_eq!((j.outcome, j.first_failure), (OutcomeKind::Exited, Some(1)), "{:#?}", j.verdict);
+    assert_eq!(j.verdict.pattern.as_deref(), Some("rendezvous-incomplete"), "{:#?}", j.verdict);
+    assert_eq!(
+        j.verdict.headline,
+        "The rendezvous never completed: rank 1 exited with status 3 at 11.3 s without joining; rank 0 waited in \
+         `init_process_group` and was stopped there. Rank 0 failed after it (collateral)."
+    );
+
+    // The same rank stopped after the group formed (its stack elsewhere) says nothing of a
+    // rendezvous.
+    let mut later =
+        program_rank(0, Exit::Signal { signal: Signal::TERM.number(), core_dumped: false }, 11.35, "");
+    let training = include_str!("../fixtures/stopped_in_rendezvous.txt")
+        .lines()
+        .filter(|l| !l.contains("init_process_group"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    later.dumps.push(crate::schema::ProcessDump {
+        pid: 1000,
+        rank: 0,
+        role: ProcessRole::Rank,
+        taken: None,
+        py_spy: None,
+        error: None,
+        python: Some(training),
+        threads: Vec::new(),
+    });
+    let j = judge_under(&external(), &[later, program_rank(1, Exit::Code(3), 11.30, "")], &launcher);
+    assert_eq!(j.first_failure, Some(1));
+    assert_eq!(j.verdict.pattern, None, "{:#?}", j.verdict);
+}
+
+/// Lightning's `ddp_spawn` with rank 1 exiting as it called `init_process_group`: its process
+/// ended before it was found, so the run knows only rank 0, which `torch.multiprocessing.spawn`
+/// stopped while it waited there (its stack recorded), and spawn's own words. Rank 0 is no culprit
+/// (before, it was named the first failure); which rank did not come is not claimed.
+#[test]
+fn a_rank_stopped_in_the_rendezvous_with_nobody_seen_to_leave_is_no_culprit() {
+    let mut waiting =
+        program_rank(0, Exit::Signal { signal: Signal::TERM.number(), core_dumped: false }, 47.3, "");
+    waiting.dumps.push(crate::schema::ProcessDump {
+        pid: 1000,
+        rank: 0,
+        role: ProcessRole::Rank,
+        taken: None,
+        py_spy: None,
+        error: None,
+        python: Some(include_str!("../fixtures/stopped_in_rendezvous.txt").to_string()),
+        threads: Vec::new(),
+    });
+    let launcher = torchrun_end(
+        1,
+        &[
+            "W1206 05:00:48.779000 7343 torch/multiprocessing/spawn.py:165] Terminating process 1000 via signal SIGTERM",
+            "torch.multiprocessing.spawn.ProcessExitedException: process 1 terminated with exit code 3",
+        ],
+    );
+    let mut scenario = external();
+    scenario.launch.world_size = 1;
+    let j = judge_under(&scenario, &[waiting], &launcher);
+    assert_eq!(j.first_failure, None, "{:#?}", j.verdict);
+    assert_eq!(j.verdict.pattern.as_deref(), Some("rendezvous-incomplete"), "{:#?}", j.verdict);
+    assert!(
+        j.verdict.headline.starts_with(
+            "The rendezvous never completed: no rank of this run was seen to leave: the one that did not come ended \
+             before it was found; rank 0 waited in `init_process_group` and was stopped there."
+        ),
+        "{}",
+        j.verdict.headline
+    );
+    assert!(
+        j.verdict.evidence.contains(
+            &"the launcher said: `torch.multiprocessing.spawn.ProcessExitedException: process 1 terminated with exit \
+              code 3`"
+                .to_string()
+        ),
+        "{:#?}",
+        j.verdict.evidence
+    );
+}
+
+/// The same, with rank 0 stopped before it reached `init_process_group` (no stack of it): all
+/// the run knows is that spawn stopped rank 0 and said process 1 had exited. Rank 0, with no error
+/// of its own, is no culprit (before, "Rank 0 was ended by its launcher" named it the first failure).
+#[test]
+fn the_only_rank_known_stopped_by_its_launcher_with_no_error_of_its_own_is_no_culprit() {
+    let waiting =
+        program_rank(0, Exit::Signal { signal: Signal::TERM.number(), core_dumped: false }, 11.6, "");
+    let launcher = torchrun_end(
+        1,
+        &[
+            "W1206 05:54:12.050000 19544 torch/multiprocessing/spawn.py:165] Terminating process 1000 via signal SIGTERM",
+            "torch.multiprocessing.spawn.ProcessExitedException: process 1 terminated with exit code 3",
+        ],
+    );
+    let mut scenario = external();
+    scenario.launch.world_size = 1;
+    let j = judge_under(&scenario, &[waiting], &launcher);
+    assert_eq!(j.first_failure, None, "{:#?}", j.verdict);
+    assert_eq!(
+        j.verdict.headline,
+        "The launcher `python` stopped rank 0 after another of its processes failed, which was not found as a rank; \
+         the launcher said: `torch.multiprocessing.spawn.ProcessExitedException: process 1 terminated with exit code \
+         3`."
+    );
+}
+
+/// transformers' `Trainer` with DataLoader workers and a 16 KiB `/dev/shm` (the accuracy
+/// matrix's small-shm fault; rank 0's traceback recorded): the DataLoader's iterator could not
+/// make its semaphores, `OSError: [Errno 28] No space left on device` from multiprocessing's
+/// `SemLock`, on every rank. No worker ever started, so nothing said "shared memory" or "worker";
+/// before, the verdict quoted the error and named no pattern and not `/dev/shm`.
+#[test]
+fn no_space_left_for_a_multiprocessing_semaphore_is_dev_shm_exhausted() {
+    let text = include_str!("../fixtures/semlock_enospc.txt");
+    let first = program_rank(0, Exit::Code(1), 23.2, text);
+    let second = program_rank(1, Exit::Code(1), 23.4, text);
+    let mut case = Case::new(vec![first, second]);
+    case.scenario = external();
+    let (outcome, first, v) = case.judge();
+    assert_eq!((outcome, first), (OutcomeKind::Exited, Some(0)));
+    assert_eq!(v.pattern.as_deref(), Some("shm-exhausted"), "{v:#?}");
+    assert!(
+        v.headline.starts_with(
+            "Rank 0 could not create a semaphore (multiprocessing's `SemLock`) in /dev/shm: `OSError: [Errno 28] No \
+             space left on device`."
+        ),
+        "{}",
+        v.headline
+    );
+
+    // The same error from writing a file (a checkpoint on a full disk) is not about /dev/shm.
+    let disk = "Traceback (most recent call last):\n  File \"/work/train.py\", line 9, in <module>\n    \
+                torch.save(model.state_dict(), path)\n  File \"/usr/lib/python3.11/site-packages/torch/serialization.py\", \
+                line 943, in save\n    with _open_zipfile_writer(f) as opened_zipfile:\nOSError: [Errno 28] No space left \
+                on device";
+    let mut case = Case::new(vec![program_rank(0, Exit::Code(1), 3.0, disk)]);
+    case.scenario = external();
+    let (_, _, v) = case.judge();
+    assert_eq!(v.pattern, None, "{v:#?}");
+}
+
 #[test]
 fn a_dataloader_workers_exception_names_the_dataset_line_and_index() {
     let mut case =
@@ -591,6 +761,44 @@ fn process(rank: u32, worker: Option<u32>, pid: u32, pss: u64) -> ProcessMemory 
         peak_pss_bytes: pss,
         peak_uss_bytes: pss,
         peak_shared_bytes: 0,
+    }
+}
+
+/// DeepSpeed's shared-memory all-reduce on a 16 KiB `/dev/shm` (the accuracy matrix's small-shm
+/// fault under the `deepspeed` launcher): rank 1 was killed by SIGSEGV as DeepSpeed set up its
+/// buffers (its dump, in the launcher's output, recorded), with `/dev/shm` full at that moment.
+/// Before, a native crash; a SIGSEGV with room left in `/dev/shm` still is one.
+#[test]
+fn a_segfault_while_dev_shm_was_full_is_shm_exhausted() {
+    let segv = Exit::Signal { signal: Signal::SEGV.number(), core_dumped: false };
+    let term = Exit::Signal { signal: Signal::TERM.number(), core_dumped: false };
+    let dump: Vec<&str> = include_str!("../fixtures/deepspeed_shm_segv.txt").lines().collect();
+    let launcher = torchrun_end(1, &dump);
+    for (used, pattern) in [(16384, "shm-exhausted"), (4096, "native-crash")] {
+        let ranks = [program_rank(0, term, 63.9, ""), program_rank(1, segv, 63.4, "")];
+        let mut memory = memory_at_end(1, used, 16384);
+        memory.shm.at_rank_end.push(ShmAt { rank: 0, t_s: 63.9, used_bytes: used, total_bytes: 16384 });
+        let j = judge(&Observed {
+            scenario: &external(),
+            ranks: &ranks,
+            wall_s: 64.0,
+            memory: Some(&memory),
+            leftovers: &Leftovers::default(),
+            oom_kills: &[],
+            cgroup: None,
+            launcher: Some(&launcher),
+        });
+        assert_eq!(j.first_failure, Some(1), "{:#?}", j.verdict);
+        assert_eq!(j.verdict.pattern.as_deref(), Some(pattern), "{:#?}", j.verdict);
+        if used == 16384 {
+            assert!(
+                j.verdict.headline.starts_with(
+                    "Rank 1 was killed by SIGSEGV while /dev/shm was full (16.0 of 16.0 KiB when it died)"
+                ),
+                "{}",
+                j.verdict.headline
+            );
+        }
     }
 }
 

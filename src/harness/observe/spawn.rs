@@ -46,8 +46,17 @@ pub fn spawn_raised(lines: &[String]) -> Option<(u32, Vec<String>)> {
         lines.iter().rposition(|l| l.contains(LEAD) && l.contains("terminated with the following error"))?;
     let line = &lines[at];
     let index = line[line.find(LEAD)? + LEAD.len()..].split_whitespace().next()?.parse().ok()?;
-    let block: Vec<String> =
-        lines[at + 1..].iter().take_while(|l| !l.trim().is_empty()).take(MAX_RAISED_LINES).cloned().collect();
+    let all: Vec<&String> = lines[at + 1..].iter().take_while(|l| !l.trim().is_empty()).collect();
+    // A long traceback (a framework's, 80 lines and more) keeps its first line and its end: the
+    // exception is its last line.
+    let block: Vec<String> = if all.len() > MAX_RAISED_LINES {
+        let tail = &all[all.len() - (MAX_RAISED_LINES - 2)..];
+        let mut block = vec![all[0].clone(), format!("  … {} lines …", all.len() - 1 - tail.len())];
+        block.extend(tail.iter().map(|l| (*l).clone()));
+        block
+    } else {
+        all.into_iter().cloned().collect()
+    };
     (!block.is_empty()).then_some((index, block))
 }
 
@@ -140,6 +149,26 @@ rank 0 step 3";
             )),
             None
         );
+    }
+
+    /// Lightning's `ddp_spawn`, rank 1 gone (`os._exit(0)`) at step 3: rank 0's relayed traceback
+    /// is 85 lines long (recorded). Its first 80 lines held no exception, so the rank's error was
+    /// read as `Traceback (most recent call last):` and its lost peer was never seen.
+    #[test]
+    fn a_long_relayed_traceback_keeps_its_exception_line() {
+        let text = include_str!("fixtures/spawn_relayed_long.txt");
+        let (index, block) = spawn_raised(&lines(text)).unwrap();
+        assert_eq!(index, 0);
+        assert!(block.len() <= MAX_RAISED_LINES, "{}", block.len());
+        assert_eq!(block.first().map(String::as_str), Some("Traceback (most recent call last):"));
+        assert_eq!(
+            block.last().map(String::as_str),
+            Some(
+                "RuntimeError: [/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:538] Read error \
+                 [127.0.0.1]:20906: Connection reset by peer"
+            )
+        );
+        assert_eq!(block[1], "  … 6 lines …");
     }
 
     #[test]
