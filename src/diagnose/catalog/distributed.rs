@@ -534,6 +534,12 @@ pub fn rendezvous_incomplete(ev: &Evidence, first: Option<&RankEvidence>) -> Opt
         "no other rank is known to have left: check `WORLD_SIZE`, `MASTER_ADDR` and `MASTER_PORT` on every rank".to_string()
     };
     f.culprit = absent.iter().find(|r| r.failed()).map(|r| r.rank());
+    // A rank that left raising an exception of its own (a module missing on its node, a bad
+    // config) failed for that reason: its error is the verdict, not the rendezvous it never
+    // reached (the generic failure headline leads with it, and the waiting rank is collateral).
+    if absent.iter().any(|r| r.failed() && r.key.as_ref().is_some_and(|k| k.is_exception())) {
+        return None;
+    }
     // A rank its launcher stopped while it waited, with no rank of the run seen to leave: the one
     // that did not come ended before it was found (a launcher's rank that exited during its
     // imports). Nobody is the first failure; the launcher's own words, where it said which of its
