@@ -4,7 +4,7 @@
 //! the world around it (a small `/dev/shm`, a relative path): what was wrong, and what each must
 //! say now. The accuracy matrix over programs this project did not write is `bench/accuracy`.
 
-use crate::util::{RunOutput, Sandbox, repo, venv_path};
+use crate::util::{RunOutput, Sandbox, evidence_of as evidence, repo, venv_path};
 use serde_json::Value;
 
 /// `ups-doctor run --json --quiet ARGS…` in `sb`, with the venv's torchrun and python first.
@@ -36,15 +36,6 @@ fn injected(sb: &Sandbox, faults: &[&str], hang_after: &str, steps: &str) -> Run
 
 fn verdict<'v>(s: &'v Value, field: &str) -> &'v str {
     s["verdict"][field].as_str().unwrap_or_else(|| panic!("no verdict.{field}: {:#}", s["verdict"]))
-}
-
-fn evidence(s: &Value) -> Vec<String> {
-    s["verdict"]["evidence"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|e| e.as_str().map(String::from))
-        .collect()
 }
 
 /// Class 1: `--env PYTHONPATH=…` (a checkout's own folder, here the injector's) replaced the path
