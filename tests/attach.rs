@@ -744,3 +744,43 @@ fn then_stop_never_signals_the_shell_the_ranks_were_started_from() {
     let _ = shell.kill();
     let _ = shell.wait();
 }
+
+/// A parent that starts processes of several jobs (a test runner, a workflow script, a notebook
+/// kernel) is the launcher of none of them: attaching to one job's rank takes neither that parent
+/// nor a rank of another job below it (the suite's own runner, the parent of every test's ranks,
+/// was taken for a launcher and a rank of a neighbouring test for rank 1 of a one-rank job), and
+/// `--then stop` ends the one job only.
+#[test]
+fn a_parent_of_ranks_of_two_jobs_is_no_launcher_and_then_stop_ends_only_the_job_attached_to() {
+    let sb = Sandbox::new();
+    let port = free_port().to_string();
+    let sleeper = "import time\nprint('up', flush=True)\ntime.sleep(600)";
+    // The workflow script: two jobs' ranks, each with its own rendezvous variables.
+    let parent = format!(
+        "import os, subprocess, sys, time\n\
+         def start(extra):\n\
+         \x20   return subprocess.Popen([sys.executable, '-c', {sleeper:?}], env=dict(os.environ, **extra))\n\
+         a = start({{'RANK': '0', 'WORLD_SIZE': '1'}})\n\
+         b = start({{'RANK': '1', 'WORLD_SIZE': '2', 'MASTER_ADDR': '127.0.0.1', 'MASTER_PORT': '{port}'}})\n\
+         print('started', a.pid, b.pid, flush=True)\n\
+         time.sleep(600)\n"
+    );
+    let job = Job::start(&sb, &[venv_python().display().to_string(), "-c".into(), parent], &[]);
+    assert!(job.reaches(|| job.output().matches("up").count() == 2), "both start:\n{}", job.output());
+    let pids: Vec<u32> = job
+        .output()
+        .lines()
+        .find_map(|l| l.strip_prefix("started "))
+        .expect("the pids")
+        .split(' ')
+        .map(|p| p.parse().unwrap())
+        .collect();
+    let (a, b) = (pids[0], pids[1]);
+    let other = snapshot(&[job.pid(), b]);
+    let out = attach_with(&sb, a, &["--then", "stop"]);
+    assert_eq!(out.attach["launcher"], Value::Null, "{:#}", out.attach);
+    assert_eq!(out.attach["ranks_found"], serde_json::json!([0]), "{:#}", out.attach);
+    assert_eq!(out.attach["world_size"], 1, "{:#}", out.attach);
+    assert!(eventually(Duration::from_secs(30), || !crate::util::alive(a.into())), "job a was stopped");
+    assert_eq!(snapshot(&[job.pid(), b]), other, "the parent and the other job's rank are as they were");
+}

@@ -121,6 +121,12 @@ fn rank_of(env: &Env) -> Option<u32> {
     IdentifiedBy::VARIABLES.iter().find_map(|by| var(env, by.variable()?)?.parse().ok())
 }
 
+/// What every rank of one job shares in its starting environment: `WORLD_SIZE`, the rendezvous
+/// address and torchelastic's run id (each absent where the launcher sets none).
+fn job_key(env: &Env) -> [Option<String>; 4] {
+    ["WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID"].map(|k| var(env, k))
+}
+
 fn is_spawn_child(pid: u32) -> bool {
     memory::cmdline(pid)
         .is_some_and(|c| c.contains("--multiprocessing-fork") && !c.contains("resource_tracker"))
@@ -137,22 +143,27 @@ fn argv(pid: u32) -> Vec<String> {
     procfs::process::Process::new(pid as i32).and_then(|p| p.cmdline()).unwrap_or_default()
 }
 
+/// Whether the command line of `pid` is a launcher's (`torchrun`, `python …/bin/torchrun`,
+/// `python -m torch.distributed.run`, a script that starts its own ranks).
+fn launches_by_command(pid: u32) -> bool {
+    let args = argv(pid);
+    // Its relative script is read from its own folder, as it opened it.
+    let cwd = procfs::process::Process::new(pid as i32).and_then(|p| p.cwd()).ok();
+    let cwd = cwd.as_deref();
+    auto_style(&args, cwd).0
+        || args.iter().skip(1).take(2).any(|a| auto_style(std::slice::from_ref(a), cwd).0)
+}
+
 /// Whether `pid` is a process that starts ranks: a known launcher, `python -m
 /// torch.distributed.run`, or a parent of `multiprocessing` spawn children.
 /// torchrun's own argv is often `python …/bin/torchrun …` (its script run by the interpreter),
 /// so a process whose child has a rank variable that it lacks itself is a launcher too.
 fn is_launcher(pid: u32, children: &BTreeMap<u32, Vec<u32>>) -> bool {
     let mine = memory::environ(pid).and_then(|e| rank_of(&e));
-    let args = argv(pid);
-    if crate::harness::plan::command::is_interactive_shell(&args) {
+    if crate::harness::plan::command::is_interactive_shell(&argv(pid)) {
         return false;
     }
-    // Its relative script is read from its own folder, as it opened it.
-    let cwd = procfs::process::Process::new(pid as i32).and_then(|p| p.cwd()).ok();
-    let cwd = cwd.as_deref();
-    let script_is_launcher = args.iter().skip(1).take(2).any(|a| auto_style(std::slice::from_ref(a), cwd).0);
-    auto_style(&args, cwd).0
-        || script_is_launcher
+    launches_by_command(pid)
         || children.get(&pid).into_iter().flatten().any(|&c| {
             spawned_by(pid, c)
                 || memory::environ(c).and_then(|e| rank_of(&e)).is_some_and(|r| Some(r) != mine)
@@ -215,6 +226,20 @@ pub fn find(pid: u32) -> Result<Job, String> {
              starts no `multiprocessing` children)",
         ));
     };
+    // Started from a rank: a parent that starts processes of several jobs (a test runner, a
+    // workflow script, a notebook kernel) is the launcher of none of them unless another process
+    // below it is a rank of the same job, by the rendezvous variables every rank of a job shares.
+    let from_rank = rank_of(&env).is_some().then(|| job_key(&env));
+    let root = root.filter(|&r| {
+        from_rank.is_none()
+            || launches_by_command(r)
+            || children.get(&r).into_iter().flatten().any(|&c| {
+                c != me
+                    && (spawned_by(r, c)
+                        || memory::environ(c)
+                            .is_some_and(|e| rank_of(&e).is_some() && Some(job_key(&e)) == from_rank))
+            })
+    });
     let mut unreadable = Vec::new();
     let below: Vec<u32> = match root {
         Some(root) => rank_members_in(&table, root, &[]),
@@ -231,6 +256,12 @@ pub fn find(pid: u32) -> Result<Job, String> {
             }
         })
         .collect();
+    // Only the starting rank's job: its own variables first, then its fellow ranks'.
+    let envs: Vec<(u32, Env)> = std::iter::once((me, env.clone()))
+        .chain(
+            envs.into_iter().filter(|(p, e)| *p != me && from_rank.as_ref().is_none_or(|k| &job_key(e) == k)),
+        )
+        .collect();
     let first_with = |key: &str| envs.iter().find_map(|(_, e)| var(e, key));
     let world_size = first_with("WORLD_SIZE").and_then(|w| w.parse().ok());
     let local_world_size = first_with("LOCAL_WORLD_SIZE").and_then(|w| w.parse().ok());
@@ -246,7 +277,23 @@ pub fn find(pid: u32) -> Result<Job, String> {
             let spawned = children.get(&root).into_iter().flatten().filter(|&&c| spawned_by(root, c)).count();
             let world = world_size.unwrap_or(spawned.max(1) as u32);
             // No run id of ours: these processes were never ups-doctor's.
-            discover_ranks(&table, root, "\u{1}not-ups-doctor", world, &Known { port, ..Known::default() })
+            let ranks = discover_ranks(
+                &table,
+                root,
+                "\u{1}not-ups-doctor",
+                world,
+                &Known { port, ..Known::default() },
+            );
+            // A rank of another job below the same parent is not this job's.
+            ranks
+                .into_iter()
+                .filter(|f| {
+                    f.pid == me
+                        || from_rank
+                            .as_ref()
+                            .is_none_or(|k| memory::environ(f.pid).is_none_or(|e| &job_key(&e) == k))
+                })
+                .collect()
         }
         None => vec![FoundRank {
             rank: rank_of(&env).unwrap_or(0),
