@@ -745,11 +745,12 @@ fn then_stop_never_signals_the_shell_the_ranks_were_started_from() {
     let _ = shell.wait();
 }
 
-/// A parent that starts processes of several jobs (a test runner, a workflow script, a notebook
-/// kernel) is the launcher of none of them: attaching to one job's rank takes neither that parent
-/// nor a rank of another job below it (the suite's own runner, the parent of every test's ranks,
-/// was taken for a launcher and a rank of a neighbouring test for rank 1 of a one-rank job), and
-/// `--then stop` ends the one job only.
+/// A parent that starts ranks of several jobs (a test runner, a workflow script, a notebook
+/// kernel), told apart by their rendezvous variables, is the launcher of none of them: attaching
+/// to one job's rank takes neither that parent nor a rank of another job below it (the suite's own
+/// runner, the parent of every test's ranks, was taken for a launcher and a rank of a neighbouring
+/// test for rank 1 of a one-rank job: CI of stop 64), and `--then stop` ends the one job only. A
+/// parent of one job's ranks only stays its launcher (`secrets::…`: a script that starts its rank).
 #[test]
 fn a_parent_of_ranks_of_two_jobs_is_no_launcher_and_then_stop_ends_only_the_job_attached_to() {
     let sb = Sandbox::new();

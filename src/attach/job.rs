@@ -226,19 +226,17 @@ pub fn find(pid: u32) -> Result<Job, String> {
              starts no `multiprocessing` children)",
         ));
     };
-    // Started from a rank: a parent that starts processes of several jobs (a test runner, a
-    // workflow script, a notebook kernel) is the launcher of none of them unless another process
-    // below it is a rank of the same job, by the rendezvous variables every rank of a job shares.
+    // Started from a rank: a parent that starts ranks of several jobs (a test runner, a workflow
+    // script, a notebook kernel) is the launcher of none of them. Every rank of one job shares its
+    // rendezvous variables; a rank below it with other ones is another job's.
     let from_rank = rank_of(&env).is_some().then(|| job_key(&env));
     let root = root.filter(|&r| {
+        let other_job = |c: u32| {
+            memory::environ(c).is_some_and(|e| rank_of(&e).is_some() && Some(job_key(&e)) != from_rank)
+        };
         from_rank.is_none()
             || launches_by_command(r)
-            || children.get(&r).into_iter().flatten().any(|&c| {
-                c != me
-                    && (spawned_by(r, c)
-                        || memory::environ(c)
-                            .is_some_and(|e| rank_of(&e).is_some() && Some(job_key(&e)) == from_rank))
-            })
+            || !children.get(&r).into_iter().flatten().any(|&c| c != me && other_job(c))
     });
     let mut unreadable = Vec::new();
     let below: Vec<u32> = match root {
