@@ -96,7 +96,7 @@ class _Observer:
         self.optimizer = None
         self.steps = 0
         self.last_step_at = None
-        self.data_ms = self.forward_ms = self.collective_ms = 0.0
+        self.data_ms = self.forward_ms = self.collective_ms = self.backward_ms = 0.0
         self.samples = 0
         self.history = collections.deque(maxlen=256)
         self.summary_sent_at = 0.0
@@ -425,6 +425,9 @@ class _Observer:
                   "step_ms": median(0) or 0.0, "data_ms": median(1) or 0.0, "forward_ms": median(2) or 0.0,
                   "collective_ms": median(3) or 0.0, "distributed": self.world_size is not None,
                   "dropped": self.dropped}
+        backward = median(5)
+        if backward:
+            marker["backward_ms"] = backward
         unseen = median(4)
         if unseen is not None:
             marker["unseen_per_step"] = unseen
@@ -443,7 +446,8 @@ class _Observer:
         step = self.steps
         self.steps = step + 1
         data, forward, collective, samples = self.data_ms, self.forward_ms, self.collective_ms, self.samples
-        self.data_ms = self.forward_ms = self.collective_ms = 0.0
+        backward = self.backward_ms
+        self.data_ms = self.forward_ms = self.collective_ms = self.backward_ms = 0.0
         self.samples = 0
         # Collectives of this step issued other than through the Python functions: DDP's.
         issued, spans, unseen = self.issued(), self.spans, None
@@ -454,7 +458,7 @@ class _Observer:
         step_ms = 0.0
         if last is not None:
             step_ms = (now - last) * 1000.0
-            self.history.append((step_ms, data, forward, collective, unseen))
+            self.history.append((step_ms, data, forward, collective, unseen, backward))
         if not self.helper_steps:
             if "ups_doctor" in sys.modules:
                 self.helper_steps = True
@@ -827,6 +831,15 @@ def _wrap_init(dist):
         # stops while it waits there for a rank that never came (one that exited before it
         # joined) shows `init_process_group` as where it was.
         _stack_at_sigterm(obs)
+        try:
+            joining = {"t": "joining"}
+            for key, var in (("rank", "RANK"), ("world_size", "WORLD_SIZE")):
+                value = kwargs.get(key, os.environ.get(var))
+                if value is not None and int(value) >= 0:
+                    joining[key] = int(value)
+            obs.send(joining, urgent=True)
+        except Exception:
+            pass
         result = original(*args, **kwargs)
         try:
             obs.rank, obs.world_size = int(dist.get_rank()), int(dist.get_world_size())
@@ -903,6 +916,31 @@ def _timed(cls, name, field, count_samples=False):
                     pass
 
     setattr(cls, name, timed)
+
+
+def _timed_function(module, name, field):
+    """`module.name` timed into the observer's `field`, the outermost call only (a backward
+    inside a backward, as `create_graph` and checkpointing run, is counted once)."""
+    import functools
+    import threading
+
+    original = getattr(module, name)
+    depth = threading.local()
+
+    @functools.wraps(original)
+    def timed(*args, **kwargs):
+        outer = not getattr(depth, "n", 0)
+        depth.n = getattr(depth, "n", 0) + 1
+        started = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            depth.n -= 1
+            if outer:
+                obs = _observer
+                setattr(obs, field, getattr(obs, field) + (time.perf_counter() - started) * 1000.0)
+
+    setattr(module, name, timed)
 
 
 def _announce_workers(cls):
@@ -993,6 +1031,15 @@ def _patch():
             for op in _COLLECTIVES:
                 if hasattr(dist, op):
                     _wrap_collective(dist, op, getattr(dist, op))
+    except Exception:
+        pass
+    try:
+        # Every way a program runs backward (`loss.backward()`, Lightning's, Accelerate's,
+        # DeepSpeed's) goes through it; a DDP rank waits in it for the others' gradients.
+        autograd = getattr(torch, "autograd", None)
+        if "backward" not in obs.patched and callable(getattr(autograd, "backward", None)):
+            obs.patched.add("backward")
+            _timed_function(autograd, "backward", "backward_ms")
     except Exception:
         pass
     ddp = sys.modules.get("torch.nn.parallel.distributed")

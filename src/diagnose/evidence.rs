@@ -293,10 +293,21 @@ fn rank_evidence<'a>(
             None,
             Some(sig @ (Signal::KILL | Signal::TERM | Signal::INT | Signal::HUP)),
         ) => EndedBy::Outside { signal: sig },
+        // Its end was not read (its launcher reaped it), but it wrote its stacks as SIGTERM came.
+        (OutcomeKind::Exited, None, None) if r.exit_code.is_none() && got_sigterm(r) => {
+            EndedBy::Outside { signal: Signal::TERM }
+        }
         (OutcomeKind::Exited, None, None) if r.exit_code.is_none() => EndedBy::Unknown,
         _ => EndedBy::Itself,
     };
     RankEvidence { result: r, text, key, threads, ended_by }
+}
+
+/// Whether the rank itself wrote its stacks as SIGTERM stopped it (the observer's handler).
+fn got_sigterm(r: &RankResult) -> bool {
+    r.dumps
+        .iter()
+        .any(|d| d.role == ProcessRole::Rank && d.taken.as_deref() == Some(crate::schema::TAKEN_AT_SIGTERM))
 }
 
 /// Whether the launcher's output says it sent `signal` to `pid` (torchrun's elastic agent:

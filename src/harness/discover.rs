@@ -36,6 +36,11 @@ pub struct Known {
     /// The run's rendezvous port (the one ups-doctor picked); `MASTER_PORT` and `PET_MASTER_PORT`
     /// of the launcher's and its processes' starting environments are looked at too.
     pub port: u16,
+    /// A run whose world may grow (a launcher that forms its group itself), up to this many
+    /// ranks: a process whose starting environment declares a larger `WORLD_SIZE` than the run
+    /// watches is a rank of that world (Lightning's own launcher starts rank 1 with
+    /// `WORLD_SIZE=2` before any group is formed).
+    pub grow_to: Option<u32>,
 }
 
 /// The rank number a process's starting environment gives, and the variable that gave it.
@@ -101,6 +106,8 @@ pub trait ProcessView {
     fn start_ticks(&self, pid: u32) -> u64;
     /// The rendezvous ports its starting environment names (`MASTER_PORT`, `PET_MASTER_PORT`).
     fn env_ports(&self, pid: u32) -> Vec<u16>;
+    /// `WORLD_SIZE` of its starting environment.
+    fn env_world(&self, pid: u32) -> Option<u32>;
     /// Among `candidates`, those that listen on one of `ports` and those connected to one (see
     /// [`at_rendezvous`]).
     fn at_rendezvous(
@@ -140,6 +147,9 @@ impl ProcessView for Procfs<'_> {
             .into_iter()
             .filter_map(|var| memory::environ_var(pid, var)?.trim().parse::<u16>().ok())
             .collect()
+    }
+    fn env_world(&self, pid: u32) -> Option<u32> {
+        memory::environ_var(pid, "WORLD_SIZE")?.trim().parse().ok()
     }
     fn at_rendezvous(
         &self,
@@ -189,7 +199,11 @@ pub fn find_ranks(view: &impl ProcessView, root: u32, world: u32, known: &Known)
     let env_rank = |pid: u32| view.env_rank(pid);
     let mut found: Vec<FoundRank> = Vec::new();
     let add = |found: &mut Vec<FoundRank>, rank: u32, pid: u32, by: IdentifiedBy| {
-        if rank < world && !found.iter().any(|f| f.rank == rank || f.pid == pid) {
+        // A rank beyond the world watched, of a world its environment declares and the run may
+        // grow to: the caller grows the run to it.
+        let declared =
+            || known.grow_to.is_some_and(|cap| view.env_world(pid).is_some_and(|w| rank < w && w <= cap));
+        if (rank < world || declared()) && !found.iter().any(|f| f.rank == rank || f.pid == pid) {
             found.push(FoundRank { rank, pid, by });
         }
     };
@@ -378,6 +392,8 @@ mod tests {
         pid: u32,
         ppid: u32,
         rank: Option<(u32, IdentifiedBy)>,
+        /// `WORLD_SIZE` of its environment.
+        world: Option<u32>,
         ours: bool,
         cmd: &'static str,
         start: u64,
@@ -428,6 +444,9 @@ mod tests {
         }
         fn env_ports(&self, _: u32) -> Vec<u16> {
             Vec::new()
+        }
+        fn env_world(&self, pid: u32) -> Option<u32> {
+            self.get(pid)?.world
         }
         fn at_rendezvous(
             &self,
@@ -485,6 +504,29 @@ mod tests {
             found(&view, 2, &Known::default()),
             [(0, 10, IdentifiedBy::LauncherProcess), (1, 11, LOCAL)]
         );
+    }
+
+    /// A run watched as one rank until its program forms a group (`ups-doctor run -- python
+    /// train.py` with Lightning's own launcher): rank 1, started with `WORLD_SIZE=2`, is found
+    /// before any group is formed (it may exit before one is), where the world may grow that far.
+    #[test]
+    fn a_rank_beyond_the_world_watched_is_found_where_its_environment_declares_a_world_the_run_may_grow_to() {
+        let view = Fake::default()
+            .with(P { pid: 10, ppid: 1, ours: true, cmd: "python train.py", ..P::default() })
+            .with(P {
+                pid: 11,
+                ppid: 10,
+                rank: Some((1, LOCAL)),
+                world: Some(2),
+                ours: true,
+                cmd: "python train.py",
+                ..P::default()
+            });
+        let growing = Known { grow_to: Some(64), ..Known::default() };
+        assert_eq!(found(&view, 1, &growing), [(0, 10, IdentifiedBy::LauncherProcess), (1, 11, LOCAL)]);
+        // A world that may not grow, or not that far: rank 1 is no rank of it.
+        assert_eq!(found(&view, 1, &Known::default()), []);
+        assert_eq!(found(&view, 1, &Known { grow_to: Some(1), ..Known::default() }), []);
     }
 
     /// `mp.spawn`'s ranks carry no rank variable: numbered in the order they started, the

@@ -159,6 +159,15 @@ pub enum Marker {
     Dataset { bytes: u64, cache: String },
     /// From the observer in a user's Python program (`python/site/sitecustomize.py`): the process
     /// group `init_process_group` formed, as the program formed it.
+    /// From the observer, as `init_process_group` is entered (before the rendezvous): the rank
+    /// and world size it was given (its arguments, else `RANK` and `WORLD_SIZE`), where known. A
+    /// rank that sent this and no `group` never returned from it: it ended waiting there.
+    Joining {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        rank: Option<u32>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        world_size: Option<u32>,
+    },
     Group {
         backend: String,
         rank: u32,
@@ -223,6 +232,10 @@ pub enum Marker {
         forward_ms: f64,
         #[serde(default)]
         collective_ms: f64,
+        /// The median time a step spent in `torch.autograd.backward` (where a DDP rank waits for
+        /// the others' gradients).
+        #[serde(default, skip_serializing_if = "is_zero_f64")]
+        backward_ms: f64,
         #[serde(default)]
         distributed: bool,
         #[serde(default)]
@@ -243,6 +256,10 @@ pub enum Marker {
 
 /// For serde's `skip_serializing_if`: a count of zero is left out. (The protocol's own: the
 /// result types import the protocol, not the other way round.)
+pub(crate) fn is_zero_f64(n: &f64) -> bool {
+    *n == 0.0
+}
+
 pub(crate) fn is_zero_u64(n: &u64) -> bool {
     *n == 0
 }

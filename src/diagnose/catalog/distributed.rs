@@ -475,7 +475,8 @@ fn at_rendezvous(rank: &RankEvidence) -> bool {
 }
 
 /// A rank that someone else stopped (its launcher, ups-doctor, a signal from outside) while its
-/// own stack, written as the signal came, shows it inside `init_process_group`: it was waiting
+/// own stack, written as the signal came, shows it inside `init_process_group` (or, killed
+/// without one, its observer saw it enter and never return): it was waiting
 /// for the group to form, not failing by itself. Python's own `init_process_group` frame only:
 /// a store frame may be a later wait.
 fn stopped_in_init(rank: &RankEvidence) -> bool {
@@ -483,9 +484,13 @@ fn stopped_in_init(rank: &RankEvidence) -> bool {
         rank.ended_by,
         EndedBy::Launcher { .. } | EndedBy::Teardown { .. } | EndedBy::Outside { .. }
     );
+    // Its stack as the signal came, or (a SIGKILL writes none) its observer: it entered
+    // `init_process_group` and never returned from it.
+    let never_returned = rank.result.observed.as_ref().is_some_and(|o| o.joining && o.group.is_none());
     stopped
         && rank.key.is_none()
-        && main_thread(rank).is_some_and(|t| t.frames.iter().any(|f| f.function == "init_process_group"))
+        && (never_returned
+            || main_thread(rank).is_some_and(|t| t.frames.iter().any(|f| f.function == "init_process_group")))
 }
 
 pub fn rendezvous_incomplete(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Finding> {

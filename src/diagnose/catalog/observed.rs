@@ -480,6 +480,11 @@ fn never_issued(ev: &Evidence, mut f: Finding, m: Missing) -> Option<Finding> {
     Some(f)
 }
 
+/// A step's time where a rank may wait for the others: collectives, DDP's forward, backward.
+fn waiting(o: &ObservedProgram) -> f64 {
+    o.collective_ms + o.forward_ms + o.backward_ms
+}
+
 /// Fewest timed steps of every rank before step times are compared.
 const TIMED_STEPS: u64 = 5;
 
@@ -500,25 +505,43 @@ pub fn straggler(ev: &Evidence, _first: Option<&RankEvidence>) -> Option<Finding
         return None;
     }
     if all.iter().any(|(_, o)| o.timed_steps < TIMED_STEPS) {
-        return short_run_data_straggler(&all);
+        return short_run_straggler(&all);
     }
     let obs = all;
     let with_collectives = obs.iter().any(|(_, o)| o.collective_ms > 0.0);
-    type Phase = (&'static str, fn(&ObservedProgram) -> f64);
-    let mut phases: Vec<Phase> =
-        vec![("data loading (`DataLoader.__next__`)", |o| o.data_ms), ("DDP's forward", |o| o.forward_ms)];
+    // A phase, how long a step spent in it, and whether the others must be seen waiting for it.
+    type Phase = (&'static str, fn(&ObservedProgram) -> f64, bool);
+    let mut phases: Vec<Phase> = vec![
+        ("data loading (`DataLoader.__next__`)", |o| o.data_ms, false),
+        ("DDP's forward", |o| o.forward_ms, false),
+    ];
     if with_collectives {
-        phases.push(("work outside collectives", |o| (o.step_ms - o.collective_ms).max(0.0)));
+        phases.push(("work outside collectives", |o| (o.step_ms - o.collective_ms).max(0.0), false));
     }
-    let mut best: Option<(f64, u32, &str, f64, f64)> = None;
-    for (name, of) in phases {
+    // Where a rank can wait for the others: its collectives, DDP's forward (buffers broadcast)
+    // and backward (the gradients' all-reduce, from C++, which the ledger does not time). Work
+    // outside them that one rank does more of is that rank's own only where every other rank
+    // waited in them for at least half of it (not where each rank ran at its own pace).
+    if obs.iter().all(|(_, o)| o.backward_ms > 0.0) {
+        phases.push(("work outside backward and collectives", |o| (o.step_ms - waiting(o)).max(0.0), true));
+    }
+    let mut best: Option<(f64, u32, &str, f64, f64, bool)> = None;
+    for (name, of, must_wait) in phases {
         let (rank, slow) = obs.iter().map(|(r, o)| (*r, of(o))).max_by(|a, b| a.1.total_cmp(&b.1))?;
         let others = obs.iter().filter(|(r, _)| *r != rank).map(|(_, o)| of(o)).fold(0.0, f64::max);
-        if slow >= 2.0 * others && slow - others >= 5.0 && best.is_none_or(|b| slow - others > b.0) {
-            best = Some((slow - others, rank, name, slow, others));
+        let mine = obs.iter().find(|(r, _)| *r == rank).map_or(0.0, |(_, o)| waiting(o));
+        let waited = !must_wait
+            || obs
+                .iter()
+                .filter(|(r, _)| *r != rank)
+                .all(|(_, o)| waiting(o) - mine >= (slow - others) / 2.0);
+        // Outside backward is the last resort: a phase that names where the time went wins.
+        let better = best.is_none_or(|b| !must_wait && slow - others > b.0);
+        if waited && slow >= 2.0 * others && slow - others >= 5.0 && better {
+            best = Some((slow - others, rank, name, slow, others, must_wait));
         }
     }
-    let (_, rank, phase, slow, others) = best?;
+    let (_, rank, phase, slow, others, must_wait) = best?;
     let mut f = Finding::of(&STRAGGLER);
     f.culprit = Some(rank);
     let steps: Vec<String> = obs.iter().map(|(r, o)| format!("rank {r} {:.1} ms", o.step_ms)).collect();
@@ -531,37 +554,49 @@ pub fn straggler(ev: &Evidence, _first: Option<&RankEvidence>) -> Option<Finding
          others at most {others:.1} ms",
         steps.join(", ")
     ));
+    if must_wait {
+        let waits: Vec<String> = obs.iter().map(|(r, o)| format!("rank {r} {:.1} ms", waiting(o))).collect();
+        f.evidence.push(format!(
+            "from the observer, median time a step waited in backward (`torch.autograd.backward`, where DDP \
+             all-reduces the gradients), DDP's forward and collectives: {}",
+            waits.join(", ")
+        ));
+    }
     Some(f)
 }
 
 /// A run too short for medians to be compared (fewer than [`TIMED_STEPS`] timed steps on some
-/// rank): a rank whose wait for data is far beyond the others' while every other rank spent at
-/// least half that gap waiting in collectives (for it). Data loading only: a rank's other work
-/// outside collectives (rank 0's logging, a first step's set-up) is common in short runs.
-fn short_run_data_straggler(obs: &[(u32, &ObservedProgram)]) -> Option<Finding> {
-    let (rank, slow) = obs.iter().map(|(r, o)| (*r, o.data_ms)).max_by(|a, b| a.1.total_cmp(&b.1))?;
-    let others: Vec<&ObservedProgram> = obs.iter().filter(|(r, _)| *r != rank).map(|(_, o)| *o).collect();
-    let most = others.iter().map(|o| o.data_ms).fold(0.0, f64::max);
-    let gap = slow - most;
-    let waited = others.iter().all(|o| o.collective_ms >= gap / 2.0);
-    if slow < SHORT_RUN_RATIO * most || gap < SHORT_RUN_GAP_MS || !waited {
-        return None;
+/// rank): a rank whose time in data loading, or in work outside where ranks wait for each other,
+/// is far beyond the others' while every other rank spent at least half that gap more than it
+/// waiting (collectives, DDP's forward, backward) — for it. A gap the others did not wait out
+/// (rank 0's logging at its own pace) names nobody.
+fn short_run_straggler(obs: &[(u32, &ObservedProgram)]) -> Option<Finding> {
+    type Phase = (&'static str, fn(&ObservedProgram) -> f64);
+    let mut phases: Vec<Phase> = vec![("data loading (`DataLoader.__next__`)", |o| o.data_ms)];
+    if obs.iter().all(|(_, o)| o.backward_ms > 0.0) {
+        phases.push(("work outside backward and collectives", |o| (o.step_ms - waiting(o)).max(0.0)));
     }
+    let (phase, rank, slow, most) = phases.into_iter().find_map(|(name, of)| {
+        let (rank, slow) = obs.iter().map(|(r, o)| (*r, of(o))).max_by(|a, b| a.1.total_cmp(&b.1))?;
+        let mine = obs.iter().find(|(r, _)| *r == rank).map_or(0.0, |(_, o)| waiting(o));
+        let others: Vec<&ObservedProgram> = obs.iter().filter(|(r, _)| *r != rank).map(|(_, o)| *o).collect();
+        let most = others.iter().map(|o| of(o)).fold(0.0, f64::max);
+        let gap = slow - most;
+        let waited = others.iter().all(|o| waiting(o) - mine >= gap / 2.0);
+        (slow >= SHORT_RUN_RATIO * most && gap >= SHORT_RUN_GAP_MS && waited)
+            .then_some((name, rank, slow, most))
+    })?;
     let fewest = obs.iter().map(|(_, o)| o.timed_steps).min().unwrap_or(0);
     let mut f = Finding::of(&STRAGGLER);
     f.culprit = Some(rank);
     f.appendix = Some(format!(
-        " Rank {rank} is a straggler: its steps spend {slow:.1} ms in data loading (`DataLoader.__next__`), the \
-         other ranks' at most {most:.1} ms, and the others wait for it in their collectives."
+        " Rank {rank} is a straggler: its steps spend {slow:.1} ms in {phase}, the other ranks' at most {most:.1} \
+         ms, and the others wait for it."
     ));
-    let waits: Vec<String> = obs
-        .iter()
-        .filter(|(r, _)| *r != rank)
-        .map(|(r, o)| format!("rank {r} {:.1} ms", o.collective_ms))
-        .collect();
+    let waits: Vec<String> = obs.iter().map(|(r, o)| format!("rank {r} {:.1} ms", waiting(o))).collect();
     f.evidence.push(format!(
-        "from the observer, over a short run ({fewest} timed steps): in data loading rank {rank} {slow:.1} ms, the \
-         others at most {most:.1} ms; in collectives {}",
+        "from the observer, over a short run ({fewest} timed steps): in {phase} rank {rank} {slow:.1} ms, the \
+         others at most {most:.1} ms; waiting in collectives, DDP's forward and backward: {}",
         waits.join(", ")
     ));
     Some(f)
@@ -855,6 +890,68 @@ mod tests {
         assert!(with_evidence(&ranks, &s, |ev| straggler(ev, None)).is_none());
         // A gap of a few milliseconds in a short run says nothing.
         let ranks = [passed(0, 0.2, 301.0), passed(1, 20.0, 3.7)];
+        assert!(with_evidence(&ranks, &s, |ev| straggler(ev, None)).is_none());
+    }
+
+    /// DDP's gradient all-reduce runs from C++ inside backward: a rank busy 300 ms outside it
+    /// (before its optimizer step) holds the other in its next backward, where no collective is
+    /// timed. Named only where the other waited there; each rank at its own pace names none.
+    #[test]
+    fn work_outside_backward_that_the_others_wait_for_in_backward_names_the_rank() {
+        let passed = |rank: u32, backward_ms: f64, step_ms: f64| {
+            let mut r = crate::report::fixtures::rank(rank, 20);
+            r.outcome = OutcomeKind::Passed;
+            r.observed = Some(ObservedProgram {
+                distributed: true,
+                steps: 20,
+                timed_steps: 19,
+                step_ms,
+                forward_ms: 2.0,
+                backward_ms,
+                ..Default::default()
+            });
+            r
+        };
+        let s = scenario(2);
+        let ranks = [passed(0, 305.0, 312.0), passed(1, 4.0, 312.5)];
+        let f = with_evidence(&ranks, &s, |ev| straggler(ev, None)).expect("a straggler");
+        assert_eq!(f.culprit, Some(1));
+        let appendix = f.appendix.unwrap();
+        assert!(
+            appendix.contains(
+                "Rank 1 is a straggler: its steps spend 306.5 ms (median) in work outside backward"
+            ),
+            "{appendix}"
+        );
+        assert!(
+            f.evidence.iter().any(|e| e.contains("waited in backward") && e.contains("rank 0 307.0 ms")),
+            "{:?}",
+            f.evidence
+        );
+        // The same work on rank 1 with rank 0 not waiting (its own pace: a shorter step).
+        let ranks = [passed(0, 4.0, 12.0), passed(1, 4.0, 312.5)];
+        assert!(with_evidence(&ranks, &s, |ev| straggler(ev, None)).is_none());
+        // A rank slow inside backward itself: both ranks spend it there, nothing to name.
+        let ranks = [passed(0, 305.0, 312.0), passed(1, 305.0, 312.5)];
+        assert!(with_evidence(&ranks, &s, |ev| straggler(ev, None)).is_none());
+        // No backward timed (an older observer): the phase is not compared.
+        let ranks = [passed(0, 0.0, 312.0), passed(1, 0.0, 312.5)];
+        assert!(with_evidence(&ranks, &s, |ev| straggler(ev, None)).is_none());
+        // A short run (Accelerate's 3-step test script, 2 timed steps): the same, beyond doubt.
+        let short = |mut r: RankResult| {
+            r.observed.as_mut().unwrap().timed_steps = 2;
+            r
+        };
+        let ranks = [short(passed(0, 305.0, 312.0)), short(passed(1, 4.0, 312.5))];
+        let f = with_evidence(&ranks, &s, |ev| straggler(ev, None)).expect("a straggler in a short run");
+        assert_eq!(f.culprit, Some(1));
+        assert!(
+            f.evidence.iter().any(|e| e.contains("over a short run (2 timed steps)")),
+            "{:?}",
+            f.evidence
+        );
+        // A gap of 40 ms in a short run says nothing.
+        let ranks = [short(passed(0, 45.0, 52.0)), short(passed(1, 4.0, 52.0))];
         assert!(with_evidence(&ranks, &s, |ev| straggler(ev, None)).is_none());
     }
 

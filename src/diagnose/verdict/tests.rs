@@ -544,6 +544,68 @@ fn a_rank_its_launcher_stopped_inside_init_process_group_waited_for_the_one_that
     assert_eq!(j.verdict.pattern, None, "{:#?}", j.verdict);
 }
 
+/// Lightning's own launcher: rank 1 (its child) exited with status 3 as it called
+/// `init_process_group`; Lightning then SIGKILLed every process, rank 0 (the launcher process
+/// itself) included, which writes no stack. Its observer said it entered `init_process_group`
+/// and never returned: the rendezvous never completed, and rank 1 is why. Lightning's `ddp_spawn`
+/// the same way: spawn reaped rank 0 before its end was read, but it wrote its stack as SIGTERM
+/// came, inside `init_process_group`.
+#[test]
+fn a_rank_killed_or_reaped_inside_init_process_group_without_a_stack_or_an_end_waited_for_the_one_that_left()
+{
+    let joining = || crate::schema::ObservedProgram { joining: true, ..Default::default() };
+    let mut killed =
+        program_rank(0, Exit::Signal { signal: Signal::KILL.number(), core_dumped: false }, 7.6, "");
+    killed.observed = Some(joining());
+    let gone = program_rank(1, Exit::Code(3), 7.3, "");
+    let lightning = torchrun_end(
+        1,
+        &[
+            "[rank: 0] Child process with PID 1001 terminated with code 3. Forcefully terminating all other processes to avoid zombies 🧟",
+        ],
+    );
+    let j = judge_under(&external(), &[killed.clone(), gone.clone()], &lightning);
+    assert_eq!(j.first_failure, Some(1), "{:#?}", j.verdict);
+    assert_eq!(j.verdict.pattern.as_deref(), Some("rendezvous-incomplete"), "{:#?}", j.verdict);
+    // Returned from it (a group formed): a later SIGKILL says nothing of a rendezvous.
+    let mut formed = killed.clone();
+    formed.observed.as_mut().unwrap().group = Some(crate::schema::GroupFormed {
+        backend: "gloo".into(),
+        rank: 0,
+        world_size: 2,
+        store: String::new(),
+    });
+    let j = judge_under(&external(), &[formed, gone.clone()], &lightning);
+    assert_ne!(j.verdict.pattern.as_deref(), Some("rendezvous-incomplete"), "{:#?}", j.verdict);
+
+    // Reaped by spawn before its end was read, its stack written as SIGTERM came.
+    // As the harness leaves it: found, gone, its status never read.
+    let mut reaped = program_rank(0, Exit::Code(0), 7.6, "");
+    (reaped.outcome, reaped.exit_code, reaped.exit_source) =
+        (OutcomeKind::Exited, None, Some(crate::schema::ExitSource::Unknown));
+    reaped.dumps.push(crate::schema::ProcessDump {
+        pid: 1000,
+        rank: 0,
+        role: ProcessRole::Rank,
+        taken: Some(crate::schema::TAKEN_AT_SIGTERM.into()),
+        py_spy: None,
+        error: None,
+        python: Some(include_str!("../fixtures/stopped_in_rendezvous.txt").to_string()),
+        threads: Vec::new(),
+    });
+    let spawn = torchrun_end(
+        1,
+        &["torch.multiprocessing.spawn.ProcessExitedException: process 1 terminated with exit code 3"],
+    );
+    let j = judge_under(&external(), &[reaped.clone(), gone.clone()], &spawn);
+    assert_eq!(j.first_failure, Some(1), "{:#?}", j.verdict);
+    assert_eq!(j.verdict.pattern.as_deref(), Some("rendezvous-incomplete"), "{:#?}", j.verdict);
+    // Without the stack written at SIGTERM, its end is unknown: no rendezvous is claimed.
+    reaped.dumps[0].taken = None;
+    let j = judge_under(&external(), &[reaped, gone], &spawn);
+    assert_ne!(j.verdict.pattern.as_deref(), Some("rendezvous-incomplete"), "{:#?}", j.verdict);
+}
+
 /// Lightning's `ddp_spawn` with rank 1 exiting as it called `init_process_group`: its process
 /// ended before it was found, so the run knows only rank 0, which `torch.multiprocessing.spawn`
 /// stopped while it waited there (its stack recorded), and spawn's own words. Rank 0 is no culprit

@@ -113,6 +113,7 @@ impl Event {
                     | Marker::Step { .. }
                     | Marker::Dataset { .. }
                     | Marker::Group { .. }
+                    | Marker::Joining { .. }
                     | Marker::Collective { .. }
                     | Marker::Issued { .. }
                     | Marker::Observer { .. }
@@ -429,6 +430,9 @@ pub struct PidRanks {
     /// watched. Once there is one, only the found (watched) processes' lines and their children's
     /// are routed: every later attempt writes the same ranks.
     pub restarted: std::collections::BTreeSet<u32>,
+    /// A world larger than the one watched, declared by a found rank's environment (its
+    /// `WORLD_SIZE`) before any group was formed: the router routes that many ranks from then on.
+    pub declared_world: u32,
 }
 
 /// How often at most a marker reader reads its pipe while markers keep coming.
@@ -548,6 +552,12 @@ impl TaggedRouter {
                 return Vec::new();
             }
         }
+        if let Ok(known) = ranks.lock()
+            && known.declared_world > self.world
+            && self.grow_to.is_some_and(|cap| known.declared_world <= cap)
+        {
+            (self.world, self.local) = (known.declared_world, known.declared_world);
+        }
         let grew = self.grow(&v);
         let said = v.get("rank").and_then(|r| u32::try_from(r.as_u64()?).ok()).filter(|r| *r < self.world);
         let v = serde_json::Value::Object(v);
@@ -592,7 +602,9 @@ impl TaggedRouter {
     /// `grow_to`): the new world, which this router routes from now on.
     fn grow(&mut self, v: &serde_json::Map<String, serde_json::Value>) -> Option<u32> {
         let cap = self.grow_to?;
-        if v.get("t").and_then(|t| t.as_str()) != Some("group") {
+        // The world a rank was given as it entered `init_process_group` counts too: a rank may
+        // never return from it (the one it waits for exited before joining).
+        if !matches!(v.get("t").and_then(|t| t.as_str()), Some("group" | "joining")) {
             return None;
         }
         let world = u32::try_from(v.get("world_size")?.as_u64()?).ok()?;

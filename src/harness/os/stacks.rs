@@ -170,8 +170,7 @@ fn syscall_name(n: i64) -> Option<&'static str> {
     NAMES.iter().find(|(num, _)| i64::from(*num) == n).map(|(_, name)| *name)
 }
 
-/// How a dump the rank wrote as SIGTERM stopped it is labelled (`rank 1, as SIGTERM stopped it`).
-pub const AT_SIGTERM: &str = "as SIGTERM stopped it";
+pub use crate::schema::TAKEN_AT_SIGTERM as AT_SIGTERM;
 
 /// The Python stacks a rank wrote itself as SIGTERM stopped it (the observer's
 /// `_stack_at_sigterm`: `folder/PID.txt`, the main thread's id on its first line, then

@@ -425,7 +425,7 @@ fn slot_members(slot: &Slot, others: &[u32]) -> Vec<u32> {
 /// `ProcessExitedException`, for the rank that process was found to be when its own status was
 /// not read (spawn reaps at once: on a busy machine before the watcher looked). The index is
 /// spawn's: its processes in the order they started.
-fn spawns_account(slots: &mut [Slot], l: &Launcher, lines: &[String]) {
+fn spawns_account(slots: &mut [Slot], l: &Launcher, lines: &[String], start: Instant) {
     let mut spawned = l.spawned.clone();
     spawned.sort_by_key(|who| (who.start_ticks, who.pid));
     // A rank's own exception, relayed by `spawn` (its wrapper caught it in the child): the rank's
@@ -448,6 +448,22 @@ fn spawns_account(slots: &mut [Slot], l: &Launcher, lines: &[String]) {
     if let Some(slot) = slots.iter_mut().find(|s| s.found_id == Some(*who) && s.end.exit.is_none()) {
         slot.end.exit = Some(failure.exit);
         slot.end.exit_source = Some(ExitSource::Spawn);
+        return;
+    }
+    // The process it names was never matched to a rank (it ended before it said which it was):
+    // `spawn` starts rank i as its i-th process, so it is that rank's, where that rank has none.
+    let taken = slots.iter().any(|s| s.found == Some(who.pid));
+    if let Some(slot) = slots.get_mut(failure.index as usize).filter(|s| s.found.is_none() && !taken) {
+        slot.found = Some(who.pid);
+        slot.found_id = Some(*who);
+        slot.end.pid = Some(who.pid);
+        slot.end.identified_by = Some(IdentifiedBy::SpawnOrder);
+        slot.end.exit = Some(failure.exit);
+        slot.end.exit_source = Some(ExitSource::Spawn);
+        if let Some(&(_, at)) = l.exits.get(&who.pid) {
+            slot.found_gone = true;
+            slot.end.ended_at_s = Some(at.duration_since(start).as_secs_f64());
+        }
     }
 }
 
@@ -1089,7 +1105,17 @@ impl Supervisor<'_, '_> {
     /// order) the markers or the port may still confirm or correct, while the launcher runs.
     fn looking_for_ranks(&self) -> bool {
         self.launcher.as_ref().is_some_and(Launcher::live)
-            && self.slots.iter().any(|s| s.found.is_none() || s.weakly_identified() || self.may_restart(s))
+            && (self.slots.iter().any(|s| s.found.is_none() || s.weakly_identified() || self.may_restart(s))
+                || self.world_undeclared())
+    }
+
+    /// A run whose world may still grow and which no rank has told yet (no process group
+    /// formed, no larger world found): a rank of a larger world may appear (and exit) before it
+    /// forms its group, found only by looking.
+    fn world_undeclared(&self) -> bool {
+        self.plan.grow_to.is_some()
+            && self.grown_from.is_none()
+            && self.slots.iter().all(|s| s.end.state.observed.as_ref().is_none_or(|o| o.group.is_none()))
     }
 
     /// Whether the launcher may still start `slot`'s rank again (torchrun's `--max-restarts`): its
@@ -1134,10 +1160,23 @@ impl Supervisor<'_, '_> {
             found: self.slots.iter().filter_map(|s| Some((s.end.rank + offset, s.found?))).collect(),
             claims: l.pid_ranks.lock().map(|r| r.claimed.clone()).unwrap_or_default(),
             port: self.plan.master_port,
+            grow_to: self.plan.grow_to,
         };
-        for crate::harness::discover::FoundRank { rank, pid, by } in
-            crate::harness::discover::discover_ranks(&table, root, &self.plan.run_id, offset + world, &known)
-        {
+        let found =
+            crate::harness::discover::discover_ranks(&table, root, &self.plan.run_id, offset + world, &known);
+        // A rank of a world its environment declares, larger than the one watched: the run grows
+        // to it as it does when the program forms its group, and its lines are routed from now on.
+        if let Some(beyond) = found.iter().map(|f| f.rank + 1 - offset).filter(|&w| w > world).max() {
+            self.grow(beyond, self.since(now));
+            if let Some(l) = self.launcher.as_mut()
+                && let Ok(mut r) = l.pid_ranks.lock()
+            {
+                r.declared_world = r.declared_world.max(beyond + offset);
+            }
+        }
+        let undeclared = self.world_undeclared();
+        let Some(l) = self.launcher.as_mut() else { return };
+        for crate::harness::discover::FoundRank { rank, pid, by } in found {
             let Some(rank) = rank.checked_sub(offset) else { continue };
             let Some(slot) = self.slots.get_mut(rank as usize) else { continue };
             let had = slot.end.identified_by.map_or(0, IdentifiedBy::strength);
@@ -1191,7 +1230,11 @@ impl Supervisor<'_, '_> {
             }
         }
         let found: Vec<u32> = self.slots.iter().filter_map(|s| s.found).collect();
-        if found.len() < self.slots.len() {
+        // Where the world may still grow, a process below the launcher may be a rank of the larger
+        // one: kept (and its exit watched) so that its own markers can name it after it ended
+        // (`claim_by_markers`); mp.spawn's rank 1 segfaulted before the group markers told the
+        // world, and was never matched.
+        if found.len() < self.slots.len() || undeclared {
             for pid in crate::harness::discover::unidentified_children(&table, root, &found) {
                 if !l.unidentified.iter().any(|u| u.pid == pid)
                     && let Some(who) = owner::identify(pid)
@@ -1486,7 +1529,7 @@ impl Supervisor<'_, '_> {
                 _ => {}
             }
         }
-        spawns_account(&mut self.slots, &l, &lines);
+        spawns_account(&mut self.slots, &l, &lines, self.start);
         srun_account(&mut self.slots, &l, &lines);
         confirm_by_markers(&l, &mut self.slots);
         claim_by_markers(&mut self.slots, &l, self.start);

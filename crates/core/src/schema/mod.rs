@@ -34,8 +34,8 @@ pub use observed::{
 };
 pub use process::{
     ExitSource, ExternalRun, ExternalStyle, IdentifiedBy, KernelThread, LauncherEnd, PhaseSpan, PortInUse,
-    ProcessDump, Quote, QuoteKind, RankResult, RestartedRank, SilentCpu, ThreadStack, WorkerInfo,
-    port_in_use_line,
+    ProcessDump, Quote, QuoteKind, RankResult, RestartedRank, SilentCpu, TAKEN_AT_SIGTERM, ThreadStack,
+    WorkerInfo, port_in_use_line,
 };
 pub use run::{LogCut, RunResult, ScenarioResult};
 pub use signal::Signal;

@@ -204,6 +204,10 @@ pub struct ObservedProgram {
     /// `None`: the process never formed a process group (or the observer did not see it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub group: Option<GroupFormed>,
+    /// The process entered `init_process_group` (the observer's `joining` marker); with no
+    /// `group`, it never returned from it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub joining: bool,
     /// The Python and PyTorch the process ran.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub torch: Option<TorchFacts>,
@@ -224,6 +228,10 @@ pub struct ObservedProgram {
     pub forward_ms: f64,
     #[serde(default)]
     pub collective_ms: f64,
+    /// In `torch.autograd.backward` (every way of running backward goes through it): a DDP rank
+    /// waits there for the others' gradients. 0 where not measured.
+    #[serde(default, skip_serializing_if = "crate::protocol::is_zero_f64")]
+    pub backward_ms: f64,
     /// Collectives issued, over every group.
     #[serde(default)]
     pub collectives: u64,
@@ -264,6 +272,9 @@ impl ObservedProgram {
     /// `false` for any other marker.
     pub fn apply(this: &mut Option<Self>, at: f64, marker: &Marker) -> bool {
         match marker {
+            Marker::Joining { .. } => {
+                this.get_or_insert_with(Default::default).joining = true;
+            }
             Marker::Group { backend, rank, world_size, store } => {
                 let o = this.get_or_insert_with(Default::default);
                 o.distributed = true;
@@ -318,6 +329,7 @@ impl ObservedProgram {
                 data_ms,
                 forward_ms,
                 collective_ms,
+                backward_ms,
                 distributed,
                 dropped,
                 unseen_per_step,
@@ -339,6 +351,7 @@ impl ObservedProgram {
                     o.data_ms = *data_ms;
                     o.forward_ms = *forward_ms;
                     o.collective_ms = *collective_ms;
+                    o.backward_ms = *backward_ms;
                     o.dropped = *dropped;
                     o.unseen_per_step = unseen_per_step.or(o.unseen_per_step);
                     o.distributed = *distributed || o.group.is_some();
@@ -471,6 +484,7 @@ mod tests {
             data_ms: 0.0,
             forward_ms: 0.0,
             collective_ms: 0.0,
+            backward_ms: 0.0,
             distributed: false,
             dropped: 0,
             unseen_per_step: None,

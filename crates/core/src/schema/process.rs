@@ -145,6 +145,10 @@ impl std::fmt::Display for QuoteKind {
     }
 }
 
+/// How a dump a rank wrote itself as SIGTERM stopped it is labelled (`taken`): it received
+/// SIGTERM (`rank 1, as SIGTERM stopped it`).
+pub const TAKEN_AT_SIGTERM: &str = "as SIGTERM stopped it";
+
 /// What one process of a stuck external rank was doing.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(from = "DumpWire")]
