@@ -294,27 +294,25 @@ pub fn find_ranks(view: &impl ProcessView, root: u32, world: u32, known: &Known)
         add(&mut found, 0, root, IdentifiedBy::LauncherProcess);
     }
     if found.is_empty() {
-        let mut spawned: Vec<u32> = children
-            .get(&root)
-            .into_iter()
-            .flatten()
-            .copied()
-            .filter(|&c| is_spawn_child(view.cmdline(c)))
-            .collect();
-        spawned.sort_by_key(|&pid| (view.start_ticks(pid), pid));
-        let mut next = (0..world).filter(|r| !known.found.contains_key(r));
-        for pid in spawned {
-            if known.found.values().any(|&k| k == pid) {
-                continue;
-            }
-            match next.next() {
-                Some(rank) => add(&mut found, rank, pid, IdentifiedBy::SpawnOrder),
-                None => break,
-            }
+        for (rank, pid) in
+            by_spawn_order(view, children.get(&root).map_or(&[][..], Vec::as_slice), world, known)
+        {
+            add(&mut found, rank, pid, IdentifiedBy::SpawnOrder);
         }
     }
     found.sort_by_key(|f| f.rank);
     found
+}
+
+/// `multiprocessing` spawn children of the launcher (`children`) numbered in the order they
+/// started, skipping the ranks and processes already found: `(rank, pid)`.
+fn by_spawn_order(view: &impl ProcessView, children: &[u32], world: u32, known: &Known) -> Vec<(u32, u32)> {
+    let mut spawned: Vec<u32> =
+        children.iter().copied().filter(|&c| is_spawn_child(view.cmdline(c))).collect();
+    spawned.sort_by_key(|&pid| (view.start_ticks(pid), pid));
+    let taken = |pid: u32| known.found.values().any(|&k| k == pid);
+    let free = (0..world).filter(|r| !known.found.contains_key(r));
+    free.zip(spawned.into_iter().filter(|&p| !taken(p))).collect()
 }
 
 /// Among `candidates`, the processes that listen on one of `ports` and those connected to one
