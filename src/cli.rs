@@ -36,10 +36,13 @@ pub enum Command {
     Attach(ups_doctor::attach::AttachArgs),
     /// Re-render report.md (and each scenario's full report) from a run folder's result.json.
     ///
-    /// trace.json (the run's timeline for Perfetto) is written again beside it.
+    /// trace.json (the run's timeline for Perfetto) is written again beside it. Given a folder of
+    /// PyTorch Flight Recorder dumps (one file per rank, as TORCH_NCCL_DUMP_ON_TIMEOUT writes them),
+    /// it writes where the ranks' collectives part ways in DIR/ups-doctor-flight.md.
     #[command(after_help = exit::HELP)]
     Report {
-        /// A run folder (it holds result.json), or a bisect's folder (it holds bisect.json).
+        /// A run folder (it holds result.json), a bisect's folder (it holds bisect.json), or a
+        /// folder of Flight Recorder dumps.
         dir: PathBuf,
         /// Mask GPU UUIDs and your home folder (result.json is rewritten masked too).
         #[arg(long)]

@@ -123,3 +123,50 @@ fn a_ring_that_wrapped_before_the_ranks_part_ways_is_aligned_by_sequence_id() {
     let ev = evidence(s);
     assert!(ev.iter().any(|l| l.contains(&want)), "{want}\n{ev:#?}");
 }
+
+/// The dump files a job writes itself, read back by `ups-doctor report DIR`: one pickle per rank,
+/// named `PREFIX<rank>`, as PyTorch's own NCCL watchdog writes them on a collective timeout
+/// (`TORCH_NCCL_DUMP_ON_TIMEOUT`, `TORCH_NCCL_DEBUG_INFO_TEMP_FILE`); gloo writes none by itself,
+/// so a watchdog thread injected from outside the program (`tests/programs/inject`) writes the
+/// same function's bytes once the rank has stalled 15 s. The report of the folder finds the same
+/// divergence as the live run's verdict, in the same table.
+#[test]
+fn dump_files_of_a_real_run_read_by_report_give_the_same_divergence_as_the_live_run() {
+    let sb = Sandbox::new();
+    let dumps = sb.path().join("dumps");
+    std::fs::create_dir(&dumps).unwrap();
+    let inject = format!("PYTHONPATH={}", repo().join("tests/programs/inject").display());
+    let prefix = format!("INJECT_FR_DUMP={}/nccl_trace_rank_", dumps.display());
+    let env = [inject.as_str(), prefix.as_str(), "INJECT_FR_DUMP_AFTER_S=15"];
+    let s = &hung(&sb, &env, "ddp.py", &["--steps", "6", "--skip-rank", "1", "--skip-step", "3"]);
+    let live = evidence(s)
+        .into_iter()
+        .find(|l| l.starts_with("Flight Recorder (every collective"))
+        .unwrap_or_else(|| panic!("the live run's divergence: {:#?}", evidence(s)));
+    assert!(live.contains("rank 1 issued `gloo:barrier`"), "{live}");
+    let out = std::process::Command::new(crate::util::bin()).arg("report").arg(&dumps).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let written = dumps.join("ups-doctor-flight.md");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), written.display().to_string());
+    let report = std::fs::read_to_string(&written).unwrap();
+    // Markdown escapes the brackets of a shape.
+    let said = live.replace('[', "\\[").replace(']', "\\]");
+    assert!(report.contains(&format!("## Verdict\n\n{said}")), "{said}\n{report}");
+    assert!(
+        report.contains("### Collectives where the ranks part ways (Flight Recorder, group `default_pg`)"),
+        "{report}"
+    );
+    for rank in 0..2 {
+        assert!(
+            report.contains(&format!("nccl_trace_rank_{rank}`")),
+            "rank {rank}'s file is listed: {report}"
+        );
+    }
+    // A folder with two dumps of one rank is refused, naming both.
+    std::fs::copy(dumps.join("nccl_trace_rank_1"), dumps.join("copy_of_rank_1")).unwrap();
+    let out = std::process::Command::new(crate::util::bin()).arg("report").arg(&dumps).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("are both rank 1's Flight Recorder dump"), "{stderr}");
+}

@@ -11,7 +11,7 @@ use crate::schema::{RankResult, RunResult, ScenarioResult, ThreadStack};
 
 mod doc;
 mod external;
-mod flight;
+pub(crate) mod flight;
 mod nodes;
 
 pub(crate) use doc::Doc;

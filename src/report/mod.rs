@@ -18,6 +18,7 @@ mod bisect;
 mod bundle;
 mod environment;
 mod files;
+mod flight_dumps;
 mod gpu;
 pub mod live;
 mod markdown;
@@ -46,6 +47,7 @@ pub use files::{
     IssueText, REPORT_FILE, RESULT_FILE, ReportError, issue_text, json_text, read_run, rerender,
     rerender_masked, result_json, write_atomic, write_json, write_run, write_text,
 };
+pub use flight_dumps::{Dump as FlightDump, FLIGHT_REPORT_FILE, read_dumps, render as render_flight_dumps};
 pub use markdown::{
     is_summary, render_env_markdown, render_markdown, render_scenario_markdown, scenario_report_path,
 };

@@ -33,6 +33,12 @@ pub fn rerender(dir: &Path, public: bool, issue: bool, bundle: bool) -> Result<u
     if dir.join("bisect.json").is_file() && !dir.join(report::RESULT_FILE).exists() {
         return rerender_bisect(dir, public || issue || bundle);
     }
+    if dir.is_dir() && !dir.join(report::RESULT_FILE).exists() {
+        let dumps = report::read_dumps(dir).map_err(Error::BadInput)?;
+        if !dumps.is_empty() {
+            return report_flight_dumps(dir, &dumps, public || issue || bundle);
+        }
+    }
     let path = report::rerender_masked(dir, public)?;
     if issue {
         let run = report::read_run(dir)?;
@@ -65,6 +71,23 @@ pub fn rerender(dir: &Path, public: bool, issue: bool, bundle: bool) -> Result<u
         );
         println!("{}", path.display());
     }
+    Ok(exit::MET)
+}
+
+/// `ups-doctor report DUMPS_DIR`: PyTorch Flight Recorder dumps taken elsewhere (one per rank),
+/// matched across ranks into `DIR/ups-doctor-flight.md`.
+fn report_flight_dumps(dir: &Path, dumps: &[report::FlightDump], flags: bool) -> Result<u8, Error> {
+    if flags {
+        return Err(Error::BadInput(format!(
+            "`{}` holds Flight Recorder dumps, not a run: `--public`, `--issue` and `--bundle` apply to a run \
+             folder; attach `{}` as it is",
+            dir.display(),
+            report::FLIGHT_REPORT_FILE
+        )));
+    }
+    let path = dir.join(report::FLIGHT_REPORT_FILE);
+    report::write_text(&path, &report::render_flight_dumps(dir, dumps))?;
+    println!("{}", path.display());
     Ok(exit::MET)
 }
 

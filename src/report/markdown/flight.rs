@@ -17,6 +17,11 @@ pub(super) fn collectives(doc: &mut Doc, s: &ScenarioResult) {
         .filter_map(|r| Some((r.rank, r.observed.as_ref()?.flight.as_ref()?)))
         .filter(|(_, f)| !f.entries.is_empty())
         .collect();
+    table(doc, &records);
+}
+
+/// The table of `records` around their divergence, when they part ways.
+pub(crate) fn table(doc: &mut Doc, records: &[(u32, &FlightRecord)]) {
     let Some(d) = crate::diagnose::flight_divergence(&records) else { return };
     let header: Vec<String> = std::iter::once("#".to_string())
         .chain(records.iter().map(|(rank, _)| format!("rank {rank}")))

@@ -34,6 +34,13 @@
   without a word before it reads its arguments and starts any rank, as a slow `import torch` on a
   loaded machine or a network filesystem would.
 
+- INJECT_FR_DUMP=PREFIX, INJECT_FR_DUMP_AFTER_S=S: on every rank, a watchdog thread that, once
+  the rank has made no optimizer step for S seconds (default 20), writes PyTorch's Flight Recorder
+  dump, `torch._C._distributed_c10d._dump_fr_trace(True, False)`, to PREFIX followed by the rank
+  (`/dumps/nccl_trace_rank_1`): the bytes, and the file names, that PyTorch's own NCCL watchdog
+  writes on a collective timeout with `TORCH_NCCL_DUMP_ON_TIMEOUT=1` and
+  `TORCH_NCCL_DEBUG_INFO_TEMP_FILE=PREFIX`, which gloo does not do by itself.
+
 Rank: the `RANK` the launcher set. Nothing happens without these variables."""
 
 import builtins
@@ -75,8 +82,34 @@ def optim_module():
     return sys.modules.get("torch.optim.optimizer")
 
 
+def _fr_watchdog(prefix, after_s):
+    """Writes this rank's Flight Recorder dump once it has made no optimizer step for `after_s`."""
+    import threading
+
+    steps = [0, time.monotonic()]
+
+    def stepped(*_args):
+        steps[0] += 1
+        steps[1] = time.monotonic()
+
+    optim_module().register_optimizer_step_pre_hook(stepped)
+
+    def watch():
+        while steps[0] == 0 or time.monotonic() - steps[1] < after_s:
+            time.sleep(0.5)
+        import torch._C._distributed_c10d as c10d
+
+        with open(prefix + os.environ.get("RANK", "0"), "wb") as out:
+            out.write(c10d._dump_fr_trace(True, False))
+
+    threading.Thread(target=watch, name="inject-fr-watchdog", daemon=True).start()
+
+
 def _inject():
     dist = sys.modules.get("torch.distributed")
+    if "fr" not in _done and os.environ.get("INJECT_FR_DUMP") and hasattr(optim_module(), "register_optimizer_step_pre_hook"):
+        _done.add("fr")
+        _fr_watchdog(os.environ["INJECT_FR_DUMP"], float(os.environ.get("INJECT_FR_DUMP_AFTER_S", "20")))
     if "skip" not in _done and _rank_is("INJECT_SKIP_RANK") and hasattr(dist, "all_gather"):
         _done.add("skip")
         gather, calls, skip = dist.all_gather, [0], int(os.environ.get("INJECT_SKIP_CALL", "1"))
@@ -208,6 +241,7 @@ _ANY = (
     "INJECT_MISSING_RANK",
     "INJECT_SIZE_RANK",
     "INJECT_RAISE_RANKS",
+    "INJECT_FR_DUMP",
 )
 if any(os.environ.get(v) for v in _ANY):
     builtins.__import__ = _hooked

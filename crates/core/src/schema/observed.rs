@@ -135,13 +135,48 @@ impl FlightEntry {
     }
 }
 
+/// A pickled value as JSON: dictionaries (their keys as text), lists and tuples (arrays), text,
+/// numbers, `None`.
+fn pickle_to_json(v: serde_pickle::Value) -> serde_json::Value {
+    use serde_json::Value as J;
+    use serde_pickle::{HashableValue as H, Value as P};
+    let key = |k: H| match k {
+        H::String(s) => s,
+        H::I64(n) => n.to_string(),
+        other => format!("{other:?}"),
+    };
+    match v {
+        P::None => J::Null,
+        P::Bool(b) => J::Bool(b),
+        P::I64(n) => J::from(n),
+        P::Int(n) => J::String(n.to_string()),
+        P::F64(f) => serde_json::Number::from_f64(f).map_or(J::Null, J::Number),
+        P::Bytes(b) => J::String(String::from_utf8_lossy(&b).into_owned()),
+        P::String(s) => J::String(s),
+        P::List(items) | P::Tuple(items) => J::Array(items.into_iter().map(pickle_to_json).collect()),
+        P::Set(_) | P::FrozenSet(_) => J::Null,
+        P::Dict(map) => J::Object(map.into_iter().map(|(k, v)| (key(k), pickle_to_json(v))).collect()),
+    }
+}
+
 impl FlightRecord {
     /// The record from PyTorch's `_dump_fr_trace_json` text (`entries[]` with `pg_id`,
     /// `process_group`, `collective_seq_id`, `p2p_seq_id`, `is_p2p`, `profiling_name`,
     /// `input_sizes`, `input_dtypes`, `state`), keeping each group's newest [`FLIGHT_KEPT`];
     /// `None` for text that is not such a dump.
     pub fn from_dump(text: &str) -> Option<FlightRecord> {
-        let v: serde_json::Value = serde_json::from_str(text).ok()?;
+        FlightRecord::from_value(&serde_json::from_str(text).ok()?)
+    }
+
+    /// The record from a file PyTorch wrote (`TORCH_NCCL_DUMP_ON_TIMEOUT`'s
+    /// `TORCH_NCCL_DEBUG_INFO_TEMP_FILE<rank>`, `_dump_fr_trace`'s bytes: a pickle of the same
+    /// fields as [`FlightRecord::from_dump`] reads); `None` for bytes that are not such a dump.
+    pub fn from_pickle(bytes: &[u8]) -> Option<FlightRecord> {
+        let v = serde_pickle::value_from_slice(bytes, serde_pickle::DeOptions::new()).ok()?;
+        FlightRecord::from_value(&pickle_to_json(v))
+    }
+
+    fn from_value(v: &serde_json::Value) -> Option<FlightRecord> {
         if let Some(e) = v.get("error").and_then(|e| e.as_str()) {
             return Some(FlightRecord { entries: Vec::new(), error: Some(e.to_string()) });
         }
