@@ -92,6 +92,31 @@ if __name__ == "__main__":
     print("training finished")
 """
 
+# Lightning Fabric: the user's own loop (`fabric.backward`, the optimizer Fabric wraps) around the
+# package's demo model and dataset; Fabric starts rank 1 itself, as the Trainer does.
+LIGHTNING_FABRIC = """import torch
+import lightning as L
+from lightning.pytorch.demos.boring_classes import BoringModel, RandomDataset
+if __name__ == "__main__":
+    fabric = L.Fabric(accelerator="cpu", devices=2, strategy="ddp")
+    fabric.launch()
+    model = BoringModel()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, optimizer = fabric.setup(model, optimizer)
+    loader = fabric.setup_dataloaders(torch.utils.data.DataLoader(RandomDataset(32, 64), batch_size=2))
+    step = 0
+    while step < 20:
+        for batch in loader:
+            loss = model(batch).sum()
+            fabric.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+            step += 1
+            if step == 20:
+                break
+    fabric.print("training finished")
+"""
+
 LIGHTNING_CLI = """from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.demos.boring_classes import BoringModel, BoringDataModule
 LightningCLI(BoringModel, BoringDataModule)
@@ -159,6 +184,9 @@ PROGRAMS = [
     dict(name="lightning-spawn", package="lightning==2.5.6",
          entry="python lightning_trainer.py: Trainer(strategy='ddp_spawn'), torch.multiprocessing.spawn",
          argv=["python", "{wrap}/lightning_spawn.py"], port_env=True, workers=False),
+    dict(name="lightning-fabric", package="lightning==2.5.6",
+         entry="python lightning_fabric.py: Fabric(devices=2, strategy='ddp'), the user's own loop; rank 1 started by Fabric",
+         argv=["python", "{wrap}/lightning_fabric.py"], port_env=True, workers=False),
     dict(name="lightning-cli", venv=True, package="lightning==2.5.6, jsonargparse==4.42.0",
          entry="torchrun LightningCLI(BoringModel, BoringDataModule) fit --trainer.* flags",
          argv=TORCHRUN + ["--no-python", "python", "{wrap}/lightning_cli.py", "fit", "--trainer.accelerator=cpu",
@@ -573,7 +601,7 @@ def prepare(out_dir, data_dir, progs):
     os.makedirs(wrap, exist_ok=True)
     files = {"lightning_ddp.py": LIGHTNING_TRAINER.format(strategy="ddp"),
              "lightning_spawn.py": LIGHTNING_TRAINER.format(strategy="ddp_spawn"),
-             "lightning_cli.py": LIGHTNING_CLI, "hf_trainer.py": HF_TRAINER,
+             "lightning_fabric.py": LIGHTNING_FABRIC, "lightning_cli.py": LIGHTNING_CLI, "hf_trainer.py": HF_TRAINER,
              "ds_config.json": json.dumps(DS_CONFIG)}
     for name, text in files.items():
         with open(os.path.join(wrap, name), "w") as f:

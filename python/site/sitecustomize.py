@@ -97,6 +97,7 @@ class _Observer:
         self.steps = 0
         self.last_step_at = None
         self.data_ms = self.forward_ms = self.collective_ms = self.backward_ms = 0.0
+        self.in_backward = False
         self.samples = 0
         self.history = collections.deque(maxlen=256)
         self.summary_sent_at = 0.0
@@ -918,29 +919,28 @@ def _timed(cls, name, field, count_samples=False):
     setattr(cls, name, timed)
 
 
-def _timed_function(module, name, field):
-    """`module.name` timed into the observer's `field`, the outermost call only (a backward
-    inside a backward, as `create_graph` and checkpointing run, is counted once)."""
+def _timed_backward(autograd):
+    """`torch.autograd.backward` timed into the observer's `backward_ms`, the outermost call only
+    (a backward inside a backward, as reentrant checkpointing runs, is counted once): one
+    `perf_counter` on each side, and a depth count."""
     import functools
-    import threading
 
-    original = getattr(module, name)
-    depth = threading.local()
+    original = autograd.backward
+    obs = _observer
 
     @functools.wraps(original)
-    def timed(*args, **kwargs):
-        outer = not getattr(depth, "n", 0)
-        depth.n = getattr(depth, "n", 0) + 1
+    def backward(*args, **kwargs):
+        if obs.in_backward:
+            return original(*args, **kwargs)
+        obs.in_backward = True
         started = time.perf_counter()
         try:
             return original(*args, **kwargs)
         finally:
-            depth.n -= 1
-            if outer:
-                obs = _observer
-                setattr(obs, field, getattr(obs, field) + (time.perf_counter() - started) * 1000.0)
+            obs.in_backward = False
+            obs.backward_ms += (time.perf_counter() - started) * 1000.0
 
-    setattr(module, name, timed)
+    autograd.backward = backward
 
 
 def _announce_workers(cls):
@@ -1039,7 +1039,7 @@ def _patch():
         autograd = getattr(torch, "autograd", None)
         if "backward" not in obs.patched and callable(getattr(autograd, "backward", None)):
             obs.patched.add("backward")
-            _timed_function(autograd, "backward", "backward_ms")
+            _timed_backward(autograd)
     except Exception:
         pass
     ddp = sys.modules.get("torch.nn.parallel.distributed")
