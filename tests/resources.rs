@@ -118,3 +118,46 @@ fn a_compiled_step_that_cannot_be_one_graph_is_named_as_torch_compile_failing() 
     );
     assert!(verdict(s, "next_step").contains("TORCH_LOGS=graph_breaks"), "{:#}", s["verdict"]);
 }
+
+/// The NVIDIA driver's Xid for a rank's process, written into the real kernel log (`/dev/kmsg`,
+/// as root) the way the driver writes it when the GPU under the process fails, from outside the
+/// program (`tests/programs/inject`); rank 1 then raises. The verdict is the GPU fault, rank 1's,
+/// with the driver's line quoted. The same line only printed by the rank is no GPU fault.
+#[test]
+fn an_xid_the_driver_logs_for_a_ranks_process_is_the_verdict_and_a_printed_one_is_not() {
+    let inject = format!("PYTHONPATH={}", crate::util::repo().join("tests/programs/inject").display());
+    let prog = program("ddp.py");
+    let run_with = |sb: &Sandbox, extra: &[&str]| {
+        let mut args: Vec<&str> =
+            vec!["--env", &inject, "--env", "INJECT_XID_RANK=1", "--env", "INJECT_XID_STEP=3"];
+        for e in extra {
+            args.extend(["--env", e]);
+        }
+        args.extend(["--", "torchrun", "--nproc_per_node", "2", &prog, "--steps", "8"]);
+        run(sb, &args).scenario().clone()
+    };
+    let sb = Sandbox::new();
+    let s = run_with(&sb, &[]);
+    assert_eq!(verdict(&s, "pattern"), "gpu-xid", "{:#}", s["verdict"]);
+    assert_eq!(s["first_failure"], 1, "{:#}", s["verdict"]);
+    let headline = verdict(&s, "headline");
+    assert!(
+        headline.starts_with(
+            "Rank 1's GPU failed: the NVIDIA driver reported Xid 79 (the GPU has fallen off the bus)"
+        ),
+        "{headline}"
+    );
+    let pid = s["ranks"][1]["pid"].as_u64().expect("rank 1's pid");
+    assert_eq!(s["xids"][0]["pid"], pid, "{:#}", s["xids"]);
+    let evidence = s["verdict"]["evidence"].to_string();
+    assert!(
+        evidence.contains(&format!("NVRM: Xid (PCI:0000:3b:00): 79, pid={pid}, name=python")),
+        "{evidence}"
+    );
+
+    let sb = Sandbox::new();
+    let s = run_with(&sb, &["INJECT_XID_PRINT=1"]);
+    assert_ne!(s["verdict"]["pattern"], "gpu-xid", "{:#}", s["verdict"]);
+    assert_eq!(s["first_failure"], 1, "{:#}", s["verdict"]);
+    assert!(s["xids"].is_null(), "{:#}", s["xids"]);
+}

@@ -419,6 +419,7 @@ impl Local {
             external: Some(external),
             cgroup: None,
             oom_kills: Vec::new(),
+            xids: Vec::new(),
             cgroup_unavailable: None,
             nodes,
         };

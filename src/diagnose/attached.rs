@@ -370,6 +370,7 @@ pub(super) fn conclude(scenario: &Scenario, window: &Window, window_s: f64) -> J
         memory: None,
         leftovers: &leftovers,
         oom_kills: &[],
+        xids: &[],
         cgroup: None,
         launcher: None,
     };

@@ -391,6 +391,7 @@ mod tests {
             memory: None,
             leftovers,
             oom_kills: &[],
+            xids: &[],
             cgroup: None,
             launcher: None,
         }

@@ -6,7 +6,7 @@
 
 use crate::scenario::{OutcomeKind, Scenario};
 use crate::schema::{
-    CgroupReport, ExitSource, LauncherEnd, Leftovers, MemoryReport, OomKill, ProcessRole, QuoteKind,
+    CgroupReport, ExitSource, GpuXid, LauncherEnd, Leftovers, MemoryReport, OomKill, ProcessRole, QuoteKind,
     RankResult, ScenarioResult, Signal, SilentCpu, ThreadStack,
 };
 
@@ -151,6 +151,8 @@ pub struct Evidence<'a> {
     pub memory: Option<&'a MemoryReport>,
     pub leftovers: &'a Leftovers,
     pub oom_kills: &'a [OomKill],
+    /// Xids the NVIDIA driver logged during the scenario.
+    pub xids: &'a [GpuXid],
     pub cgroup: Option<&'a CgroupReport>,
     pub launcher: Option<&'a LauncherEnd>,
 }
@@ -165,6 +167,8 @@ pub struct Observed<'a> {
     pub memory: Option<&'a MemoryReport>,
     pub leftovers: &'a Leftovers,
     pub oom_kills: &'a [OomKill],
+    /// Xids the NVIDIA driver logged during the scenario.
+    pub xids: &'a [GpuXid],
     pub cgroup: Option<&'a CgroupReport>,
     pub launcher: Option<&'a LauncherEnd>,
 }
@@ -180,6 +184,7 @@ impl<'a> Observed<'a> {
             memory: result.memory.as_ref(),
             leftovers: &result.leftovers,
             oom_kills: &result.oom_kills,
+            xids: &result.xids,
             cgroup: result.cgroup.as_ref(),
             launcher: result.external.as_ref().and_then(|e| e.launcher.as_ref()),
         }
@@ -197,6 +202,7 @@ impl<'a> Evidence<'a> {
             memory: o.memory,
             leftovers: o.leftovers,
             oom_kills: o.oom_kills,
+            xids: o.xids,
             cgroup: o.cgroup,
             launcher: o.launcher,
         }

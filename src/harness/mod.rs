@@ -384,6 +384,7 @@ pub fn run_scenario_on_node(
         gpu: observed.gpu,
         cgroup: observed.cgroup,
         oom_kills: observed.oom_kills,
+        xids: observed.xids,
         cgroup_unavailable,
         nodes: None,
         ranks,

@@ -3,7 +3,7 @@
 //! once over all ranks, and each node's own evidence kept in its section. Pure: no IO.
 
 use crate::scenario::{OutcomeKind, Scenario};
-use crate::schema::{Leftovers, MemoryReport, OomKill, RankResult, ScenarioResult, Verdict};
+use crate::schema::{GpuXid, Leftovers, MemoryReport, OomKill, RankResult, ScenarioResult, Verdict};
 
 use super::clock::Calibration;
 use super::{LostNode, NodeRun, NodeSection, NodesReport, RemoteFailureSeen, Snapshot};
@@ -63,6 +63,7 @@ impl Placement {
 struct Gathered {
     ranks: Vec<RankResult>,
     oom_kills: Vec<OomKill>,
+    xids: Vec<GpuXid>,
     leftovers: Leftovers,
     sections: Vec<NodeSection>,
     wall_s: f64,
@@ -109,6 +110,13 @@ fn gather(nodes: &[NodeOutcome], base_ns: i64, lw: u32, first_of: &dyn Fn(u32) -
                         rank: k.rank.map(|l| first + l),
                         at_s: p.at(k.at_s),
                         ..k.clone()
+                    });
+                }
+                for x in &r.xids {
+                    g.xids.push(GpuXid {
+                        rank: x.rank.map(|l| first + l),
+                        at_s: p.at(Some(x.at_s)).unwrap_or(x.at_s),
+                        ..x.clone()
                     });
                 }
                 g.leftovers.shm.extend(r.leftovers.shm.iter().cloned());
@@ -179,7 +187,7 @@ pub fn merge(input: MergeInput) -> ScenarioResult {
     let lw = input.ranks_per_node;
     let firsts = first_ranks(&nodes, lw);
     let first_of = |node: u32| firsts.get(&node).copied().unwrap_or(node * lw);
-    let Gathered { mut ranks, oom_kills, leftovers, sections, wall_s, interrupted } =
+    let Gathered { mut ranks, oom_kills, xids, leftovers, sections, wall_s, interrupted } =
         gather(&nodes, base_ns, lw, &first_of);
     ranks.sort_by_key(|r| r.rank);
 
@@ -206,6 +214,7 @@ pub fn merge(input: MergeInput) -> ScenarioResult {
         external: b.external.clone(),
         cgroup: None,
         oom_kills,
+        xids,
         cgroup_unavailable: None,
         nodes: Some(NodesReport {
             nodes: sections.len() as u32,

@@ -64,6 +64,66 @@ pub const NCCL_ERROR: Pattern = Pattern {
     reference: "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/troubleshooting.html",
 };
 
+pub const GPU_XID: Pattern = Pattern {
+    id: "gpu-xid",
+    title: "A GPU fault the NVIDIA driver reported (Xid)",
+    matches: "while the run ran, the NVIDIA driver wrote `NVRM: Xid (PCI:…): CODE, pid=PID, …` to the kernel log \
+              (read from `/dev/kmsg`) naming a process of one of its ranks; a program that only prints such a \
+              line, and an Xid of another job's process, are not it",
+    explanation: "The GPU or its driver failed under that rank: a hardware fault (79: the GPU fell off the bus; \
+                  48, 63, 64, 94, 95: ECC errors and row remapping; 74: NVLink; 119, 120: the GPU's system \
+                  processor) or a fault of a kernel the program ran (13: a graphics engine exception, 31: a GPU \
+                  memory page fault, 43: the GPU stopped processing). What the ranks did after it (a CUDA error, \
+                  a hang in a collective, a crash) follows from it.",
+    next_step: "For a hardware Xid: take the node out of the pool and have its GPU checked (`nvidia-smi -q`, the \
+                Xid catalogue's action for the code: a reset, a reboot, a field diagnostic); run again elsewhere. \
+                For 13, 31 or 43: a kernel read or wrote out of bounds: run again with `CUDA_LAUNCH_BLOCKING=1` \
+                and under `compute-sanitizer`.",
+    reference: "https://docs.nvidia.com/deploy/xid-errors/",
+};
+
+/// What an Xid code is, in a few words; `None` for a code not described here.
+fn xid_meaning(code: u32) -> Option<(&'static str, bool)> {
+    // (what, a hardware fault)
+    Some(match code {
+        13 => ("a graphics engine exception in a kernel the program ran", false),
+        31 => ("a GPU memory page fault: a kernel accessed an address it did not own", false),
+        43 => ("the GPU stopped processing the program's work", false),
+        48 => ("an uncorrectable double-bit ECC error", true),
+        63 | 64 => ("an ECC page retirement or row remapping event", true),
+        74 => ("an NVLink error", true),
+        79 => ("the GPU has fallen off the bus", true),
+        94 => ("a contained ECC error", true),
+        95 => ("an uncontained ECC error", true),
+        119 | 120 => ("an error of the GPU's system processor (GSP)", true),
+        _ => return None,
+    })
+}
+
+/// A failed run whose rank's process the NVIDIA driver named in an Xid: that rank, and the fault.
+pub fn xid(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Finding> {
+    first?;
+    let x = ev.xids.iter().find(|x| x.rank.is_some())?;
+    let rank = x.rank?;
+    let mut f = Finding::of(&GPU_XID);
+    f.culprit = Some(rank);
+    let (what, hardware) = xid_meaning(x.code).unwrap_or(("a fault NVIDIA's Xid catalogue describes", true));
+    let pid = x.pid.map(|p| format!(" (pid {p})")).unwrap_or_default();
+    f.headline = Some(format!(
+        "Rank {rank}'s GPU failed: the NVIDIA driver reported Xid {} ({what}) for its process{pid} at {:.1} s.",
+        x.code, x.at_s
+    ));
+    f.evidence.push(format!("kernel log (`/dev/kmsg`) at {:.1} s: `{}`", x.at_s, x.line.trim()));
+    if !hardware {
+        f.next_step = Some(
+            "A kernel the program ran read or wrote out of bounds: run again with `CUDA_LAUNCH_BLOCKING=1` and under \
+             `compute-sanitizer` to find it; if it follows the GPU rather than the code, have the node checked."
+                .to_string(),
+        );
+    }
+    Some(f)
+}
+
 fn found(pattern: &'static Pattern, r: &RankEvidence, what: &str) -> Finding {
     let mut f = Finding::of(pattern);
     f.culprit = Some(r.rank());

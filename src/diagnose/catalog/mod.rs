@@ -39,6 +39,7 @@ pub const ALL: &[&Pattern] = &[
     &gpu::CUDA_ILLEGAL_ACCESS,
     &gpu::INVALID_DEVICE_ORDINAL,
     &gpu::NCCL_ERROR,
+    &gpu::GPU_XID,
     &scheduler::SCHEDULER_ENDED,
     &observed::COLLECTIVE_MISMATCH,
     &distributed::RANKS_OUT_OF_STEP,
@@ -73,6 +74,7 @@ type Detector = fn(&Evidence, Option<&RankEvidence>) -> Option<Finding>;
 
 /// Detectors of a failed run, most specific first: the first that matches names the pattern.
 const FAILURE_DETECTORS: &[Detector] = &[
+    gpu::xid,
     memory::oom_kill,
     resources::cuda_oom,
     gpu::device_assert,

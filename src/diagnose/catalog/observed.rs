@@ -694,6 +694,7 @@ mod tests {
             memory: None,
             leftovers: &leftovers,
             oom_kills: &[],
+            xids: &[],
             cgroup: None,
             launcher: None,
         };

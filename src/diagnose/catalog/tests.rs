@@ -81,6 +81,14 @@ pub(super) fn failed(rank: u32, at_s: f64, stderr: &str) -> crate::schema::RankR
 }
 
 pub(super) fn judged(ranks: &[crate::schema::RankResult]) -> crate::diagnose::verdict::Judgement {
+    judged_with(ranks, &[])
+}
+
+/// [`judged`], with the driver's Xids of the run.
+pub(super) fn judged_with(
+    ranks: &[crate::schema::RankResult],
+    xids: &[crate::schema::GpuXid],
+) -> crate::diagnose::verdict::Judgement {
     let scenario = crate::scenario::Scenario {
         command: Some(vec!["torchrun".into(), "train.py".into()]),
         ..Default::default()
@@ -93,7 +101,47 @@ pub(super) fn judged(ranks: &[crate::schema::RankResult]) -> crate::diagnose::ve
         memory: None,
         leftovers: &leftovers,
         oom_kills: &[],
+        xids,
         cgroup: None,
         launcher: None,
     })
+}
+
+/// The NVIDIA driver's Xid 79 naming rank 1's process (its text as NVIDIA's Xid catalogue shows
+/// it, https://docs.nvidia.com/deploy/xid-errors/), after which rank 1 failed with a CUDA error
+/// and rank 0 lost its peer: the GPU fault is the verdict. The same Xid of another job's process,
+/// or a rank that only prints such a line, names nothing.
+#[test]
+fn an_xid_naming_a_ranks_process_is_the_verdict_and_one_of_another_process_is_not() {
+    let xid = |rank: Option<u32>| crate::schema::GpuXid {
+        code: 79,
+        pci: "0000:3b:00".into(),
+        pid: Some(1001),
+        rank,
+        at_s: 4.2,
+        line: "NVRM: Xid (PCI:0000:3b:00): 79, pid=1001, name=python, GPU has fallen off the bus.".into(),
+    };
+    let ranks = [
+        failed(
+            0,
+            5.0,
+            "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer",
+        ),
+        failed(1, 4.5, "RuntimeError: CUDA error: unspecified launch failure"),
+    ];
+    let j = judged_with(&ranks, &[xid(Some(1))]);
+    assert_eq!(j.verdict.pattern.as_deref(), Some("gpu-xid"), "{:#?}", j.verdict);
+    assert_eq!(j.first_failure, Some(1));
+    assert!(
+        j.verdict.headline.starts_with(
+            "Rank 1's GPU failed: the NVIDIA driver reported Xid 79 (the GPU has fallen off the bus) for its process \
+             (pid 1001) at 4.2 s."
+        ),
+        "{}",
+        j.verdict.headline
+    );
+    assert!(j.verdict.evidence.iter().any(|e| e.contains("kernel log (`/dev/kmsg`) at 4.2 s: `NVRM: Xid")));
+    assert_ne!(judged_with(&ranks, &[xid(None)]).verdict.pattern.as_deref(), Some("gpu-xid"));
+    let printed = [failed(0, 5.0, ""), failed(1, 4.5, &xid(None).line)];
+    assert_ne!(judged(&printed).verdict.pattern.as_deref(), Some("gpu-xid"));
 }

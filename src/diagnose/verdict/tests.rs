@@ -49,6 +49,7 @@ impl Case {
             memory: self.memory.as_ref(),
             leftovers: &self.leftovers,
             oom_kills: &self.oom_kills,
+            xids: &[],
             cgroup: self.cgroup.as_ref(),
             launcher: None,
         })
@@ -97,6 +98,7 @@ fn judge_under(scenario: &Scenario, ranks: &[RankResult], launcher: &LauncherEnd
         memory: None,
         leftovers: &Leftovers::default(),
         oom_kills: &[],
+        xids: &[],
         cgroup: None,
         launcher: Some(launcher),
     })
@@ -341,6 +343,7 @@ fn ranks_hung_at_the_same_moment_of_a_launchers_shared_output_are_named_together
             memory: None,
             leftovers: &Leftovers::default(),
             oom_kills: &[],
+            xids: &[],
             cgroup: None,
             launcher,
         })
@@ -847,6 +850,7 @@ fn a_segfault_while_dev_shm_was_full_is_shm_exhausted() {
             memory: Some(&memory),
             leftovers: &Leftovers::default(),
             oom_kills: &[],
+            xids: &[],
             cgroup: None,
             launcher: Some(&launcher),
         });
@@ -1208,6 +1212,7 @@ fn ranks_that_fail_with_the_same_error_each_by_itself_are_not_collateral() {
         memory: None,
         leftovers: &case.leftovers,
         oom_kills: &[],
+        xids: &[],
         cgroup: None,
         launcher: None,
     });
@@ -1245,6 +1250,7 @@ fn a_launcher_that_ended_before_any_rank_is_the_failure_and_no_rank_is() {
         memory: None,
         leftovers: &Leftovers::default(),
         oom_kills: &[],
+        xids: &[],
         cgroup: None,
         launcher: Some(&launcher),
     });
@@ -1288,6 +1294,7 @@ fn a_launcher_that_waited_for_its_other_nodes_started_no_rank_and_none_is_blamed
             memory: None,
             leftovers: &Leftovers::default(),
             oom_kills: &[],
+            xids: &[],
             cgroup: None,
             launcher: Some(&launcher),
         })
@@ -1344,6 +1351,7 @@ fn a_rank_the_launcher_says_it_sigtermed_after_its_own_error_is_named_with_that_
         memory: None,
         leftovers: &Leftovers::default(),
         oom_kills: &[],
+        xids: &[],
         cgroup: None,
         launcher: Some(&launcher),
     });
@@ -1495,6 +1503,7 @@ fn a_rank_the_launcher_stopped_whose_end_was_not_seen_is_never_the_first_failure
             memory: None,
             leftovers: &Leftovers::default(),
             oom_kills: &[],
+            xids: &[],
             cgroup: None,
             launcher: Some(&launcher),
         })

@@ -13,9 +13,9 @@ use crate::protocol::Signal;
 use super::memory::ProcSample;
 use crate::harness::classify::RankEnd;
 use crate::harness::os::cgroup::ScenarioCgroup;
-use crate::harness::os::kmsg::{KernelLog, OomRecord, oom_kills_in};
+use crate::harness::os::kmsg::{KernelLog, OomRecord, oom_kills_in, xids_in};
 use crate::harness::os::process::Exit;
-use crate::schema::{CgroupReport, OomKill, OomSource};
+use crate::schema::{CgroupReport, GpuXid, OomKill, OomSource};
 
 /// Watches one scenario for OOM kills, from its start to its end.
 pub struct OomWatch {
@@ -51,13 +51,30 @@ impl OomWatch {
         mut self,
         cgroup: Option<&ScenarioCgroup>,
         ends: &[RankEnd],
-    ) -> (Option<CgroupReport>, Vec<OomKill>) {
+    ) -> (Option<CgroupReport>, Vec<OomKill>, Vec<GpuXid>) {
         let Some(cgroup) = cgroup else {
-            return (None, Vec::new());
+            return (None, Vec::new(), Vec::new());
         };
         let report = cgroup.report();
-        let records = self.kmsg.as_mut().map(|k| oom_kills_in(&k.read_new()));
+        let log = self.kmsg.as_mut().map(KernelLog::read_new);
+        let records = log.as_deref().map(oom_kills_in);
         let who = |pid: u32| attribute(pid, ends, &self.seen);
+        // The driver's Xids of the run's time: any GPU's, named with the rank whose process it
+        // names (a GPU fault of another job on a shared machine is said as the machine's).
+        let xids = log
+            .as_deref()
+            .map(xids_in)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|x| GpuXid {
+                code: x.code,
+                rank: x.pid.and_then(|p| who(p).0),
+                pid: x.pid,
+                pci: x.pci,
+                at_s: x.ts_us.saturating_sub(self.start_us) as f64 / 1e6,
+                line: x.text,
+            })
+            .collect();
         let kills = match records {
             Some(records) => from_kernel_log(&records, cgroup.kernel_path(), ends, &self.seen)
                 .into_iter()
@@ -90,7 +107,7 @@ impl OomWatch {
                 })
                 .collect(),
         };
-        (Some(report), kills)
+        (Some(report), kills, xids)
     }
 }
 

@@ -120,9 +120,55 @@ pub fn oom_kills_in(records: &[Record]) -> Vec<OomRecord> {
     out
 }
 
+/// One Xid the NVIDIA driver logged: `NVRM: Xid (PCI:0000:3b:00): 79, pid=1957, name=python,
+/// GPU has fallen off the bus.` (the driver's format, as NVIDIA's Xid catalogue shows it,
+/// https://docs.nvidia.com/deploy/xid-errors/; `pid='<unknown>'` and no pid at all occur).
+#[derive(Debug, Clone, PartialEq)]
+pub struct XidRecord {
+    pub ts_us: u64,
+    pub code: u32,
+    /// The GPU's PCI address (`0000:3b:00`).
+    pub pci: String,
+    pub pid: Option<u32>,
+    /// The whole record, as the driver wrote it.
+    pub text: String,
+}
+
+/// The Xid records in `records`.
+pub fn xids_in(records: &[Record]) -> Vec<XidRecord> {
+    records
+        .iter()
+        .filter_map(|r| {
+            let rest = &r.text[r.text.find("NVRM: Xid (PCI:")? + "NVRM: Xid (PCI:".len()..];
+            let (pci, rest) = rest.split_once("):")?;
+            let rest = rest.trim_start();
+            let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+            let code = digits.parse().ok()?;
+            let pid = rest.split(", ").find_map(|f| f.strip_prefix("pid=")?.trim_matches('\'').parse().ok());
+            Some(XidRecord { ts_us: r.ts_us, code, pci: pci.to_string(), pid, text: r.text.clone() })
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reads_the_nvidia_drivers_xid_lines_with_and_without_a_pid() {
+        let raw = [
+            "3,900,5000,-;NVRM: Xid (PCI:0000:3b:00): 79, pid=1957, name=python, GPU has fallen off the bus.",
+            "3,901,6000,-;NVRM: Xid (PCI:0000:04:00): 13, Graphics SM Warp Exception on (GPC 0, TPC 0): Out Of Range Address",
+            "3,902,7000,-;NVRM: Xid (PCI:0000:3b:00): 48, pid='<unknown>', name=<unknown>, An uncorrectable double bit error",
+            "6,903,8000,-;python[1957]: segfault at 0 ip 0 sp 0 error 4",
+        ];
+        let records: Vec<Record> = raw.iter().filter_map(|r| parse_record(r)).collect();
+        let xids = xids_in(&records);
+        let got: Vec<(u32, &str, Option<u32>)> =
+            xids.iter().map(|x| (x.code, x.pci.as_str(), x.pid)).collect();
+        assert_eq!(got, [(79, "0000:3b:00", Some(1957)), (13, "0000:04:00", None), (48, "0000:3b:00", None)]);
+        assert!(xids[0].text.ends_with("GPU has fallen off the bus."));
+    }
 
     #[test]
     fn reads_the_oom_killers_two_lines() {

@@ -228,6 +228,7 @@ pub struct Supervised {
     pub gpu: Option<GpuReport>,
     pub cgroup: Option<CgroupReport>,
     pub oom_kills: Vec<OomKill>,
+    pub xids: Vec<crate::schema::GpuXid>,
 }
 
 struct Slot {
@@ -1454,10 +1455,11 @@ impl Supervisor<'_, '_> {
             &run_pids,
             res.private_shm.is_some(),
         ));
-        let (cgroup, oom_kills) = oom.finish(res.cgroup, &ends);
+        let (cgroup, oom_kills, xids) = oom.finish(res.cgroup, &ends);
         Supervised {
             cgroup,
             oom_kills,
+            xids,
             ends,
             wall_s: start.elapsed().as_secs_f64(),
             interrupted,

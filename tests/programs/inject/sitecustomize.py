@@ -41,6 +41,13 @@
   writes on a collective timeout with `TORCH_NCCL_DUMP_ON_TIMEOUT=1` and
   `TORCH_NCCL_DEBUG_INFO_TEMP_FILE=PREFIX`, which gloo does not do by itself.
 
+- INJECT_XID_RANK=R, INJECT_XID_STEP=K, INJECT_XID_CODE=C (default 79): before the K-th optimizer
+  step, rank R writes the NVIDIA driver's record of Xid C for its own process into the kernel log
+  (`/dev/kmsg`, as root), as the driver does when the GPU under a process fails (`NVRM: Xid
+  (PCI:0000:3b:00): 79, pid=PID, name=python, GPU has fallen off the bus.`, the format of NVIDIA's
+  Xid catalogue), then raises `RuntimeError: injected: the GPU failed`. With INJECT_XID_PRINT=1 it
+  only prints that line to stderr (a program quoting one is not a GPU fault) before raising.
+
 Rank: the `RANK` the launcher set. Nothing happens without these variables."""
 
 import builtins
@@ -105,8 +112,30 @@ def _fr_watchdog(prefix, after_s):
     threading.Thread(target=watch, name="inject-fr-watchdog", daemon=True).start()
 
 
+def _xid_fault(at, code):
+    steps = [0]
+
+    def fault(*_args):
+        steps[0] += 1
+        if steps[0] != at:
+            return
+        line = f"NVRM: Xid (PCI:0000:3b:00): {code}, pid={os.getpid()}, name=python, GPU has fallen off the bus."
+        if os.environ.get("INJECT_XID_PRINT") == "1":
+            sys.stderr.write(line + "\n")
+        else:
+            with open("/dev/kmsg", "w") as kmsg:
+                kmsg.write("<3>" + line + "\n")
+        sys.stderr.flush()
+        raise RuntimeError("injected: the GPU failed")
+
+    optim_module().register_optimizer_step_pre_hook(fault)
+
+
 def _inject():
     dist = sys.modules.get("torch.distributed")
+    if "xid" not in _done and _rank_is("INJECT_XID_RANK") and hasattr(optim_module(), "register_optimizer_step_pre_hook"):
+        _done.add("xid")
+        _xid_fault(int(os.environ.get("INJECT_XID_STEP", "3")), int(os.environ.get("INJECT_XID_CODE", "79")))
     if "fr" not in _done and os.environ.get("INJECT_FR_DUMP") and hasattr(optim_module(), "register_optimizer_step_pre_hook"):
         _done.add("fr")
         _fr_watchdog(os.environ["INJECT_FR_DUMP"], float(os.environ.get("INJECT_FR_DUMP_AFTER_S", "20")))
@@ -242,6 +271,7 @@ _ANY = (
     "INJECT_SIZE_RANK",
     "INJECT_RAISE_RANKS",
     "INJECT_FR_DUMP",
+    "INJECT_XID_RANK",
 )
 if any(os.environ.get(v) for v in _ANY):
     builtins.__import__ = _hooked

@@ -41,6 +41,25 @@ pub enum OomSource {
     Cgroup,
 }
 
+/// An Xid the NVIDIA driver wrote to the kernel log during the scenario: a GPU fault, of the
+/// hardware (79: fallen off the bus; 48, 63, 64, 94, 95: ECC; 74: NVLink; 119, 120: GSP) or of
+/// the program's kernels (13, 31, 43).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GpuXid {
+    pub code: u32,
+    /// The GPU's PCI address.
+    pub pci: String,
+    /// The process the driver named, and the rank it belonged to (itself or a worker of it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rank: Option<u32>,
+    /// Seconds since the scenario started.
+    pub at_s: f64,
+    /// The record as the driver wrote it.
+    pub line: String,
+}
+
 /// One process of the scenario ended by the OOM killer.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct OomKill {

@@ -22,8 +22,8 @@ pub use crate::scenario::OutcomeKind;
 pub use env::{CudaSupport, DriverInfo, EnvSummary, GpuEnv, GpuInfo, PythonEnv};
 pub use gpu::{ClockReason, GpuPoint, GpuPointValues, GpuProcessPeak, GpuReport, GpuSummary, Stat};
 pub use memory::{
-    CgroupReport, CgroupVersion, DatasetSharing, LeftoverProcess, LeftoverSegment, Leftovers, MemoryPoint,
-    MemoryReport, OomKill, OomSource, ProcessMemory, ProcessRole, ShmAt, ShmUsage,
+    CgroupReport, CgroupVersion, DatasetSharing, GpuXid, LeftoverProcess, LeftoverSegment, Leftovers,
+    MemoryPoint, MemoryReport, OomKill, OomSource, ProcessMemory, ProcessRole, ShmAt, ShmUsage,
 };
 pub use nodes::{
     Calibration, FirstFailure, LostNode, NodeSection, NodesReport, Offset, RemoteFailureSeen, Snapshot,

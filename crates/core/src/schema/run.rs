@@ -4,7 +4,7 @@ use serde::{Deserialize, Serialize};
 
 use super::env::EnvSummary;
 use super::gpu::GpuReport;
-use super::memory::{CgroupReport, Leftovers, MemoryReport, OomKill};
+use super::memory::{CgroupReport, GpuXid, Leftovers, MemoryReport, OomKill};
 use super::process::{ExternalRun, RankResult};
 use super::verdict::Verdict;
 use crate::scenario::{OutcomeKind, Scenario};
@@ -97,6 +97,9 @@ pub struct ScenarioResult {
     /// recorded them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub oom_kills: Vec<OomKill>,
+    /// Xids the NVIDIA driver wrote to the kernel log while the scenario ran.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub xids: Vec<GpuXid>,
     /// Why the scenario's processes ran without a cgroup of their own (no cgroup hierarchy this
     /// process may write to): teardown then finds them by process group and run id only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
