@@ -662,6 +662,7 @@ fn exit_source(rank: &RankResult, launcher: Option<&LauncherEnd>) -> Option<Stri
             launcher_ended(launcher)
         ),
         ExitSource::LauncherStatus0 => format!("rank {} ended while the launcher exited with status 0, which torchrun does only when every rank did", rank.rank),
+        ExitSource::TorchrunNotFailed => format!("rank {}'s exit status was not read (torchrun reaped it first); torchrun's failure summary does not list it and torchrun sent it no signal: it exited with status 0 by itself", rank.rank),
         ExitSource::Unknown => format!("rank {}'s exit status was not observed (it was reaped by its launcher before ups-doctor saw it)", rank.rank),
     })
 }

@@ -111,6 +111,7 @@ fn earlier_spellings_still_load() {
     assert_eq!(serde_json::from_value::<ProcessDump>(serde_json::to_value(&snap).unwrap()).unwrap(), snap);
     for source in [
         ExitSource::LauncherStatus0,
+        ExitSource::TorchrunNotFailed,
         ExitSource::NotIdentified,
         ExitSource::Spawn,
         ExitSource::Srun,

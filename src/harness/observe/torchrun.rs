@@ -53,9 +53,45 @@ pub fn torchrun_failures(lines: &[String]) -> Vec<TorchrunFailure> {
     out
 }
 
+/// Whether torchrun's output says `rank` (its process `pid`) exited with status 0 by itself, where
+/// ups-doctor did not read its status (torchrun reaped it first, on a busy machine): torchrun's
+/// summary (`failures`, non-empty) lists every rank that did not exit 0, the ones it stopped
+/// included (`exitcode : -15`), and it logs every signal it sends a worker (`Sending process PID
+/// closing signal SIGTERM`). Only over the whole of its output (`whole`): a window that lost its
+/// start may have lost that line.
+pub fn exited_zero(lines: &[String], failures: &[TorchrunFailure], rank: u32, pid: u32, whole: bool) -> bool {
+    let signalled = format!("Sending process {pid} closing signal");
+    whole
+        && !failures.is_empty()
+        && !failures.iter().any(|f| f.rank == rank)
+        && !lines.iter().any(|l| l.contains(&signalled))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Rank 1 left with `os._exit(0)`; rank 0 then failed on the lost peer and is the summary's
+    /// only failure: rank 1 exited 0. Not so for a rank torchrun stopped, one it lists, or where
+    /// the output was cut.
+    #[test]
+    fn a_rank_neither_listed_nor_signalled_by_torchrun_exited_zero() {
+        let text = "\
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+Root Cause (first observed failure):
+[0]:
+  rank      : 0 (local_rank: 0)
+  exitcode  : 1 (pid: 1001)";
+        let lines: Vec<String> = text.lines().map(String::from).collect();
+        let failures = torchrun_failures(&lines);
+        assert!(exited_zero(&lines, &failures, 1, 1002, true));
+        assert!(!exited_zero(&lines, &failures, 0, 1001, true), "listed");
+        assert!(!exited_zero(&lines, &failures, 1, 1002, false), "the output was cut");
+        let mut stopped = lines.clone();
+        stopped.insert(0, "W1206 api.py:908] Sending process 1002 closing signal SIGTERM".into());
+        assert!(!exited_zero(&stopped, &failures, 1, 1002, true), "torchrun stopped it");
+        assert!(!exited_zero(&[], &[], 1, 1002, true), "no summary");
+    }
 
     #[test]
     fn torchruns_summary_gives_each_failed_ranks_exit() {

@@ -1510,6 +1510,9 @@ impl Supervisor<'_, '_> {
         let (err, out) = (stderr.last_lines(400), stdout.last_lines(100));
         let lines: Vec<String> = err.iter().chain(&out).cloned().collect();
         let failures = crate::harness::observe::torchrun::torchrun_failures(&lines);
+        // Every line of the launcher's stderr is in `err` (none dropped, none cut from its start).
+        let whole = stderr.total_bytes as usize <= stderr.tail.len()
+            && stderr.tail.lines().filter(|l| !l.trim().is_empty()).count() <= err.len();
         for slot in &mut self.slots {
             let rank = slot.end.rank + offset;
             slot.end.quotes =
@@ -1527,6 +1530,18 @@ impl Supervisor<'_, '_> {
                     // torchrun ends with status 0 only when every rank did.
                     slot.end.exit = Some(process::Exit::Code(0));
                     slot.end.exit_source = Some(ExitSource::LauncherStatus0);
+                }
+                (Some(pid), None, None)
+                    if crate::harness::observe::torchrun::exited_zero(
+                        &lines,
+                        &failures,
+                        slot.end.rank + offset,
+                        pid,
+                        whole,
+                    ) =>
+                {
+                    slot.end.exit = Some(process::Exit::Code(0));
+                    slot.end.exit_source = Some(ExitSource::TorchrunNotFailed);
                 }
                 _ => {}
             }

@@ -461,6 +461,9 @@ pub enum ExitSource {
     /// rank did.
     #[serde(rename = "launcher_status_0")]
     LauncherStatus0,
+    /// Not observed; torchrun's failure summary does not list it and torchrun sent it no
+    /// signal: it exited with status 0 by itself.
+    TorchrunNotFailed,
     /// The rank's process was never identified; the launcher exited with status 0.
     NotIdentified,
     /// The rank's process was never identified; its outcome is the launcher's (a non-zero status,
@@ -485,6 +488,7 @@ impl TryFrom<String> for ExitSource {
             "srun" => ExitSource::Srun,
             "launcher" => ExitSource::Launcher,
             "launcher_status_0" | "launcher status 0" => ExitSource::LauncherStatus0,
+            "torchrun_not_failed" => ExitSource::TorchrunNotFailed,
             "not_identified" => ExitSource::NotIdentified,
             old if old.starts_with("launcher status 0, rank not identified") => ExitSource::NotIdentified,
             "launcher_status" => ExitSource::LauncherStatus,
@@ -493,7 +497,7 @@ impl TryFrom<String> for ExitSource {
             _ => {
                 return Err(format!(
                     "unknown exit source `{text}` (expected `procfs`, `torchrun`, `spawn`, `srun`, `launcher`, `launcher_status_0`, \
-                     `not_identified`, `launcher_status`, `procfs_rank_unknown` or `unknown`)"
+                     `torchrun_not_failed`, `not_identified`, `launcher_status`, `procfs_rank_unknown` or `unknown`)"
                 ));
             }
         })
