@@ -212,6 +212,11 @@ impl RankState {
     /// the last of them ended, where its stamp could be read): more than its markers said when it
     /// died before sending the last ones. The steps only the count knows carry no times.
     pub fn counted_steps(&mut self, steps: u64, at: Option<f64>) {
+        // The observer's own figure too, whether or not its step markers got through: its last
+        // summary may have been lost where the step markers were not (a segfault between them).
+        if let Some(o) = self.observed.as_mut() {
+            o.steps = o.steps.max(steps);
+        }
         if steps <= self.steps_done {
             return;
         }
@@ -219,9 +224,6 @@ impl RankState {
         if let Some(at) = at {
             self.record_step_end(steps - 1, at);
             self.last_step_at = Some(at);
-        }
-        if let Some(o) = self.observed.as_mut() {
-            o.steps = o.steps.max(steps);
         }
     }
 
@@ -358,5 +360,13 @@ mod tests {
         // Without a time, only the count.
         s.counted_steps(6, None);
         assert_eq!((s.steps_done, s.last_step_at), (6, Some(1.2)));
+        // Step markers that all got through while the observer's summary did not (seen beside
+        // two other test runs: `steps_done` 4, `observed.steps` 0): the count raises the summary's.
+        let mut s = RankState { observed: Some(ObservedProgram::default()), ..Default::default() };
+        for step in 0..4 {
+            s.apply(1.0, Marker::Step { step, loss: f64::NAN, data_ms: 0.0, compute_ms: 1.0, samples: 1 });
+        }
+        s.counted_steps(4, Some(1.2));
+        assert_eq!((s.steps_done, s.observed.as_ref().map(|o| o.steps)), (4, Some(4)));
     }
 }
