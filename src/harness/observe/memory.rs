@@ -358,6 +358,16 @@ impl RollupCadence {
         }
     }
 
+    /// The next sample reads every process in full, however recent or costly its last full
+    /// reading: the peaks it keeps stay (they are the recorder's), only when to read again is
+    /// forgotten.
+    /// Not while memory is nearly used up: see [`RollupCadence`].
+    pub fn read_all_afresh(&mut self) {
+        if !self.near_limit {
+            self.last.clear();
+        }
+    }
+
     /// Forgets processes not in `live` (pid, start time).
     pub fn keep_only(&mut self, live: &HashSet<(u32, u64)>) {
         self.last.retain(|key, _| live.contains(key));

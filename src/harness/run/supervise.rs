@@ -577,6 +577,10 @@ fn mount_ns(res: &Resources, cwd: Option<&Path>) -> Option<(std::os::fd::RawFd, 
 }
 
 /// One scenario's supervision in progress.
+/// How many steps after a worker's announcement every process is read in full: the first batch
+/// may come from another worker, the second has come from each of two.
+const SETTLE_AFTER_STEPS: u8 = 2;
+
 struct Supervisor<'p, 'l> {
     plan: &'p Plan,
     res: &'p Resources<'p>,
@@ -591,6 +595,10 @@ struct Supervisor<'p, 'l> {
     sampler: Option<SamplerThread>,
     /// A worker was announced since the sampler last heard of it (see [`SamplerThread::sample_now`]).
     new_worker: bool,
+    /// Steps still to come after the newest worker was announced, at each of which every process
+    /// is read in full (see [`SamplerThread::settle`]): by then the worker has served batches.
+    settle_steps: u8,
+    settle_due: bool,
     /// Who listens to the run's one event stream (the live line, the link to the other nodes of
     /// a multi-node run), each told every event and ticked at its own pace.
     listeners: Vec<Listening<'l>>,
@@ -648,6 +656,8 @@ pub fn supervise<'p, 'l>(
         py_spy: crate::harness::os::stacks::find_py_spy(program_path.as_deref()),
         sampler: None,
         new_worker: false,
+        settle_steps: 0,
+        settle_due: false,
         listeners: listeners
             .into_iter()
             .map(|listener| Listening { every: listener.tick_every(), listener, next_tick: start })
@@ -707,6 +717,11 @@ impl Supervisor<'_, '_> {
                 && let Some(sampler) = self.sampler.as_ref()
             {
                 sampler.sample_now();
+            }
+            if std::mem::take(&mut self.settle_due)
+                && let Some(sampler) = self.sampler.as_ref()
+            {
+                sampler.settle();
             }
             self.tell_ended(now);
             if let Some(what) = self.tick_due(now, true)
@@ -946,6 +961,7 @@ impl Supervisor<'_, '_> {
                         Ok(Some(who)) => {
                             slot.verified_workers.push(who);
                             self.new_worker = true;
+                            self.settle_steps = SETTLE_AFTER_STEPS;
                         }
                         Ok(None) => {}
                         Err(_) => {
@@ -954,6 +970,10 @@ impl Supervisor<'_, '_> {
                             return;
                         }
                     }
+                }
+                if matches!(marker, crate::protocol::Marker::Step { .. }) && self.settle_steps > 0 {
+                    self.settle_steps -= 1;
+                    self.settle_due = true;
                 }
                 slot.end.state.apply(t, marker);
             }
