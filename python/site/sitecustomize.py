@@ -97,6 +97,10 @@ class _Observer:
         self.steps = 0
         self.last_step_at = None
         self.data_ms = self.forward_ms = self.collective_ms = self.backward_ms = 0.0
+        # Every timed collective's time over the whole run, in steps or between them (a
+        # framework's syncs before a loop, an evaluation's gathers): where a rank waits for
+        # another's work that no step holds.
+        self.collective_total_ms = 0.0
         self.in_backward = False
         self.samples = 0
         self.history = collections.deque(maxlen=256)
@@ -426,6 +430,8 @@ class _Observer:
                   "step_ms": median(0) or 0.0, "data_ms": median(1) or 0.0, "forward_ms": median(2) or 0.0,
                   "collective_ms": median(3) or 0.0, "distributed": self.world_size is not None,
                   "dropped": self.dropped}
+        if self.collective_total_ms:
+            marker["collective_total_ms"] = round(self.collective_total_ms, 3)
         backward = median(5)
         if backward:
             marker["backward_ms"] = backward
@@ -734,6 +740,7 @@ def _wrap_collective(dist, op, original):
         if entry is not None:
             ms = (time.perf_counter() - started) * 1000.0
             obs.collective_ms += ms
+            obs.collective_total_ms += ms
             span = None
             if before is not None:
                 after = obs.issued()

@@ -236,6 +236,9 @@ pub enum Marker {
         /// the others' gradients).
         #[serde(default, skip_serializing_if = "is_zero_f64")]
         backward_ms: f64,
+        /// Every timed collective's time since the process started, in steps and between them.
+        #[serde(default, skip_serializing_if = "is_zero_f64")]
+        collective_total_ms: f64,
         #[serde(default)]
         distributed: bool,
         #[serde(default)]

@@ -167,8 +167,8 @@ pub const STRAGGLER: Pattern = Pattern {
     matches: "one rank's median step time in one phase (`DataLoader.__next__`, DDP's forward, time outside \
               collectives) is at least twice the other ranks' and at least 5 ms more, over at least 5 timed steps \
               of every rank; in a shorter run (2 to 4 timed steps), its time in `DataLoader.__next__` at least 10 \
-              times the others' and 50 ms more, while every other rank waited in collectives for at least half \
-              the gap",
+              times the others' and 50 ms more; time outside backward and collectives only where every other rank \
+              waited for at least half the gap, in its steps or, over the whole run, in collectives between them",
     explanation: "Synchronous data parallelism runs at the pace of its slowest rank: the others wait for it in \
                   every collective (DDP's gradient all-reduce), so the whole job is as slow as this rank.",
     next_step: "Find why this rank is slower in that phase: its data (uneven shards, a slow disk or worker), its \
@@ -485,6 +485,25 @@ fn waiting(o: &ObservedProgram) -> f64 {
     o.collective_ms + o.forward_ms + o.backward_ms
 }
 
+/// Whether every rank other than `rank` spent, over the whole run, at least half of `rank`'s extra
+/// work (`gap` a step, over the fewest timed steps of any rank) more than `rank` waiting in
+/// collectives, wherever they came: a program whose ranks meet only between steps (Accelerate's
+/// test script trains with no collective in its steps and syncs its RNG and gathers its metrics
+/// between them: rank 0 waited 10.9 s in them for rank 1's 300 ms steps, its own steps 0.2 ms)
+/// waits for a slow rank there. Where a collective's time was not measured (0), nothing is said.
+fn waited_between_steps(obs: &[(u32, &ObservedProgram)], rank: u32, gap: f64) -> bool {
+    let Some(mine) = obs.iter().find(|(r, _)| *r == rank).map(|(_, o)| o.collective_total_ms) else {
+        return false;
+    };
+    let steps = obs.iter().map(|(_, o)| o.timed_steps).min().unwrap_or(0) as f64;
+    let extra = gap * steps;
+    extra > 0.0
+        && obs
+            .iter()
+            .filter(|(r, _)| *r != rank)
+            .all(|(_, o)| o.collective_total_ms > 0.0 && o.collective_total_ms - mine >= extra / 2.0)
+}
+
 /// The least share of the slow rank's step a straggler's extra time must be: DeepSpeed's Trainer
 /// with nothing injected had rank 1 12.2 ms in data loading against rank 0's 4.8 ms in a 108 ms
 /// step on a loaded machine (the accuracy matrix, 2026-12-06), named a straggler before.
@@ -539,7 +558,8 @@ pub fn straggler(ev: &Evidence, _first: Option<&RankEvidence>) -> Option<Finding
             || obs
                 .iter()
                 .filter(|(r, _)| *r != rank)
-                .all(|(_, o)| waiting(o) - mine >= (slow - others) / 2.0);
+                .all(|(_, o)| waiting(o) - mine >= (slow - others) / 2.0)
+            || waited_between_steps(&obs, rank, slow - others);
         // Outside backward is the last resort: a phase that names where the time went wins.
         let better = best.is_none_or(|b| !must_wait && slow - others > b.0);
         // A gap that is a sliver of the step is noise on a shared machine, not a rank to act on.
@@ -569,8 +589,21 @@ pub fn straggler(ev: &Evidence, _first: Option<&RankEvidence>) -> Option<Finding
              all-reduces the gradients), DDP's forward and collectives: {}",
             waits.join(", ")
         ));
+        whole_run_waits(&mut f, &obs);
     }
     Some(f)
+}
+
+/// The evidence of [`waited_between_steps`], where every rank measured it.
+fn whole_run_waits(f: &mut Finding, obs: &[(u32, &ObservedProgram)]) {
+    if obs.iter().all(|(_, o)| o.collective_total_ms > 0.0) {
+        let totals: Vec<String> =
+            obs.iter().map(|(r, o)| format!("rank {r} {:.1} s", o.collective_total_ms / 1000.0)).collect();
+        f.evidence.push(format!(
+            "from the observer, time in collectives over the whole run (in steps and between them): {}",
+            totals.join(", ")
+        ));
+    }
 }
 
 /// A run too short for medians to be compared (fewer than [`TIMED_STEPS`] timed steps on some
@@ -590,7 +623,8 @@ fn short_run_straggler(obs: &[(u32, &ObservedProgram)]) -> Option<Finding> {
         let others: Vec<&ObservedProgram> = obs.iter().filter(|(r, _)| *r != rank).map(|(_, o)| *o).collect();
         let most = others.iter().map(|o| of(o)).fold(0.0, f64::max);
         let gap = slow - most;
-        let waited = others.iter().all(|o| waiting(o) - mine >= gap / 2.0);
+        let waited =
+            others.iter().all(|o| waiting(o) - mine >= gap / 2.0) || waited_between_steps(obs, rank, gap);
         (slow >= SHORT_RUN_RATIO * most && gap >= SHORT_RUN_GAP_MS && waited)
             .then_some((name, rank, slow, most))
     })?;
@@ -607,6 +641,7 @@ fn short_run_straggler(obs: &[(u32, &ObservedProgram)]) -> Option<Finding> {
          others at most {most:.1} ms; waiting in collectives, DDP's forward and backward: {}",
         waits.join(", ")
     ));
+    whole_run_waits(&mut f, obs);
     Some(f)
 }
 
@@ -971,6 +1006,44 @@ mod tests {
         );
         // A gap of 40 ms in a short run says nothing.
         let ranks = [short(passed(0, 45.0, 52.0)), short(passed(1, 4.0, 52.0))];
+        assert!(with_evidence(&ranks, &s, |ev| straggler(ev, None)).is_none());
+    }
+
+    /// Accelerate's test script with rank 1 slowed 300 ms a step (the accuracy matrix): no
+    /// collective in its steps (rank 0's take 0.2 ms), while rank 0 waits for rank 1 in the syncs
+    /// between them. The whole run's time in collectives shows who waited for whom; where rank 0
+    /// did not wait (each rank at its own pace), nobody is named.
+    #[test]
+    fn a_rank_the_others_wait_for_between_steps_is_the_straggler() {
+        let passed = |rank: u32, step_ms: f64, backward_ms: f64, total_ms: f64| {
+            let mut r = crate::report::fixtures::rank(rank, 12);
+            r.outcome = OutcomeKind::Passed;
+            r.observed = Some(ObservedProgram {
+                distributed: true,
+                steps: 12,
+                timed_steps: 11,
+                step_ms,
+                data_ms: 0.05,
+                backward_ms,
+                collective_total_ms: total_ms,
+                ..Default::default()
+            });
+            r
+        };
+        let s = scenario(2);
+        let ranks = [passed(0, 0.208, 0.049, 10_889.8), passed(1, 301.8, 0.284, 25.5)];
+        let f = with_evidence(&ranks, &s, |ev| straggler(ev, None)).expect("a straggler");
+        assert_eq!(f.culprit, Some(1));
+        assert!(
+            f.evidence.iter().any(|e| e.contains("over the whole run") && e.contains("rank 0 10.9 s")),
+            "{:?}",
+            f.evidence
+        );
+        // Rank 0 waited less than half of rank 1's extra 3.3 s: its own pace.
+        let ranks = [passed(0, 0.208, 0.049, 1_500.0), passed(1, 301.8, 0.284, 25.5)];
+        assert!(with_evidence(&ranks, &s, |ev| straggler(ev, None)).is_none());
+        // Not measured (an older observer): nothing said.
+        let ranks = [passed(0, 0.208, 0.049, 0.0), passed(1, 301.8, 0.284, 0.0)];
         assert!(with_evidence(&ranks, &s, |ev| straggler(ev, None)).is_none());
     }
 

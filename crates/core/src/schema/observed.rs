@@ -267,6 +267,11 @@ pub struct ObservedProgram {
     /// waits there for the others' gradients. 0 where not measured.
     #[serde(default, skip_serializing_if = "crate::protocol::is_zero_f64")]
     pub backward_ms: f64,
+    /// Every collective it timed over the whole run, in steps and between them (a framework's
+    /// syncs outside its steps): where a rank waits for another's work that no step holds. 0
+    /// where not measured.
+    #[serde(default, skip_serializing_if = "crate::protocol::is_zero_f64")]
+    pub collective_total_ms: f64,
     /// Collectives issued, over every group.
     #[serde(default)]
     pub collectives: u64,
@@ -365,6 +370,7 @@ impl ObservedProgram {
                 forward_ms,
                 collective_ms,
                 backward_ms,
+                collective_total_ms,
                 distributed,
                 dropped,
                 unseen_per_step,
@@ -387,6 +393,7 @@ impl ObservedProgram {
                     o.forward_ms = *forward_ms;
                     o.collective_ms = *collective_ms;
                     o.backward_ms = *backward_ms;
+                    o.collective_total_ms = *collective_total_ms;
                     o.dropped = *dropped;
                     o.unseen_per_step = unseen_per_step.or(o.unseen_per_step);
                     o.distributed = *distributed || o.group.is_some();
@@ -520,6 +527,7 @@ mod tests {
             forward_ms: 0.0,
             collective_ms: 0.0,
             backward_ms: 0.0,
+            collective_total_ms: 0.0,
             distributed: false,
             dropped: 0,
             unseen_per_step: None,
