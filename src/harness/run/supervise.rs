@@ -1566,6 +1566,15 @@ impl Supervisor<'_, '_> {
                 _ => {}
             }
         }
+        // `spawn` names the process that failed by its index, which is its rank: a rank beyond
+        // the world watched (one that exited before any rank formed the group and told the world)
+        // is that many ranks, where the run may grow and the launcher did start that process.
+        if let Some(f) = crate::harness::observe::spawn::spawn_failure(&lines)
+            && self.plan.grow_to.is_some_and(|cap| f.index < cap)
+            && (f.index as usize) < l.spawned.len()
+        {
+            self.grow(f.index + 1, self.start.elapsed().as_secs_f64());
+        }
         spawns_account(&mut self.slots, &l, &lines, self.start);
         srun_account(&mut self.slots, &l, &lines);
         confirm_by_markers(&l, &mut self.slots);
