@@ -154,7 +154,7 @@ fn refused(input: &ScenarioInput, e: plan::PlanError) -> HarnessError {
             source: std::io::Error::new(std::io::ErrorKind::InvalidInput, why),
         }),
         plan::PlanError::MemoryLimit { limit, why } => {
-            HarnessError::MemoryLimit { file: input.file.clone(), limit, why }
+            HarnessError::MemoryLimit { file: input.file.clone(), limit, why: why.to_string() }
         }
         e @ plan::PlanError::Pattern(_) => HarnessError::Plan { file: input.file.clone(), source: e },
     }

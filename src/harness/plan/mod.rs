@@ -82,9 +82,17 @@ pub enum PlanError {
     #[error("`expect.completes_when.stdout` is not a valid regular expression: {0}")]
     Pattern(#[from] regex::Error),
     #[error("`data.shm_size` `{size}` is not a size: {why}")]
-    ShmSize { size: String, why: String },
+    ShmSize {
+        size: String,
+        #[source]
+        why: crate::scenario::SizeError,
+    },
     #[error("`launch.memory_limit` `{limit}` is not a size: {why}")]
-    MemoryLimit { limit: String, why: String },
+    MemoryLimit {
+        limit: String,
+        #[source]
+        why: crate::scenario::SizeError,
+    },
 }
 
 /// How the processes of an external command are started.

@@ -27,4 +27,4 @@ pub use fields::{lookup, when_matches};
 pub use launcher::{declared_nodes, declared_ranks, flag_value, rank_flag_value, rank_flags};
 pub use load::*;
 pub use model::*;
-pub use size::{SIZE_FORMS, human_bytes, parse_size};
+pub use size::{SIZE_FORMS, SizeError, human_bytes, parse_size};

@@ -241,7 +241,7 @@ fn check_shm_size(d: &Data) -> Checked {
         return Ok(());
     };
     parse_size(size).map(|_| ()).map_err(|why| {
-        Invalid::new("data.shm_size", why)
+        Invalid::new("data.shm_size", why.to_string())
             .hint(format!("write {SIZE_FORMS}; or remove `shm_size` to use the machine's `/dev/shm`"))
     })
 }
@@ -394,7 +394,7 @@ fn check_memory_limit(l: &Launch) -> Checked {
         return Ok(());
     };
     let bytes = parse_size(limit).map_err(|why| {
-        Invalid::new("launch.memory_limit", why)
+        Invalid::new("launch.memory_limit", why.to_string())
             .hint(format!("write {SIZE_FORMS}, like `docker run --memory`; or remove it for no limit"))
     })?;
     if bytes < MIN_MEMORY_LIMIT {
@@ -520,7 +520,7 @@ fn check_fault(s: &Scenario, index: usize, fault: &Fault) -> Checked {
             .hint("remove `size`, or use `\"fault\": \"leak_shm\"`"));
         }
         if let Err(why) = parse_size(size) {
-            return Err(Invalid::new(at("size"), why).hint(format!("write {SIZE_FORMS}")));
+            return Err(Invalid::new(at("size"), why.to_string()).hint(format!("write {SIZE_FORMS}")));
         }
     }
     if !(fault.probability > 0.0 && fault.probability <= 1.0) {

@@ -18,34 +18,50 @@ pub fn human_bytes(bytes: u64) -> String {
     if unit == 0 { format!("{bytes} B") } else { format!("{value:.1} {}", UNITS[unit]) }
 }
 
-/// Bytes in a size such as `64m`, `1g`, `1.5g`, `64MiB`, `64 MB` or `67108864`; the error says
-/// what was wrong, to be read after the field's name.
-pub fn parse_size(text: &str) -> Result<u64, String> {
+/// Why a size does not read: each variant's message is a fragment to be read after the field's
+/// name (`data.shm_size`: …), naming the text as written.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SizeError {
+    #[error("`{text}` does not start with a number")]
+    NoNumber { text: String },
+    #[error("`{number}` in `{text}` is not a number")]
+    NotANumber { number: String, text: String },
+    #[error("unknown unit `{unit}` in `{text}`")]
+    UnknownUnit { unit: String, text: String },
+    #[error("`{text}` is not a size of at least 1 byte")]
+    OutOfRange { text: String },
+}
+
+/// Bytes in a size such as `64m`, `1g`, `1.5g`, `64MiB`, `64 MB` or `67108864`.
+pub fn parse_size(text: &str) -> Result<u64, SizeError> {
     let trimmed = text.trim();
     let split = trimmed.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(trimmed.len());
     let (number, unit) = trimmed.split_at(split);
     if number.is_empty() {
-        return Err(format!("`{text}` does not start with a number"));
+        return Err(SizeError::NoNumber { text: text.to_string() });
     }
-    let value: f64 = number.parse().map_err(|_| format!("`{number}` in `{text}` is not a number"))?;
+    let value: f64 = number
+        .parse()
+        .map_err(|_| SizeError::NotANumber { number: number.to_string(), text: text.to_string() })?;
     let unit = unit.trim().to_ascii_lowercase();
+    let unknown = |unit: &str| SizeError::UnknownUnit { unit: unit.to_string(), text: text.to_string() };
     let scale: u64 = match unit.trim_end_matches('b').trim_end_matches('i') {
         "" => 1,
         "k" => 1 << 10,
         "m" => 1 << 20,
         "g" => 1 << 30,
         "t" => 1 << 40,
-        _ => return Err(format!("unknown unit `{}` in `{text}`", unit)),
+        _ => return Err(unknown(&unit)),
     };
     // `ib`/`b` alone are fine after a unit letter, but `i` without a letter (`64i`) is not.
     if unit.starts_with('i') {
-        return Err(format!("unknown unit `{unit}` in `{text}`"));
+        return Err(unknown(&unit));
     }
     let bytes = value * scale as f64;
     // NaN fails every comparison, so it is refused with the rest.
     let in_range = bytes.is_finite() && (1.0..=u64::MAX as f64 / 2.0).contains(&bytes);
     if !in_range {
-        return Err(format!("`{text}` is not a size of at least 1 byte"));
+        return Err(SizeError::OutOfRange { text: text.to_string() });
     }
     Ok(bytes.round() as u64)
 }
@@ -75,11 +91,11 @@ mod tests {
 
     #[test]
     fn nonsense_says_what_is_wrong() {
-        assert_eq!(parse_size("m64"), Err("`m64` does not start with a number".into()));
-        assert_eq!(parse_size("64x"), Err("unknown unit `x` in `64x`".into()));
-        assert_eq!(parse_size("64i"), Err("unknown unit `i` in `64i`".into()));
-        assert_eq!(parse_size("1.2.3m"), Err("`1.2.3` in `1.2.3m` is not a number".into()));
-        assert_eq!(parse_size("0"), Err("`0` is not a size of at least 1 byte".into()));
-        assert_eq!(parse_size(""), Err("`` does not start with a number".into()));
+        assert_eq!(parse_size("m64").unwrap_err().to_string(), "`m64` does not start with a number");
+        assert_eq!(parse_size("64x").unwrap_err().to_string(), "unknown unit `x` in `64x`");
+        assert_eq!(parse_size("64i").unwrap_err().to_string(), "unknown unit `i` in `64i`");
+        assert_eq!(parse_size("1.2.3m").unwrap_err().to_string(), "`1.2.3` in `1.2.3m` is not a number");
+        assert_eq!(parse_size("0").unwrap_err().to_string(), "`0` is not a size of at least 1 byte");
+        assert_eq!(parse_size("").unwrap_err().to_string(), "`` does not start with a number");
     }
 }
