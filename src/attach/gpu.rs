@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use crate::harness::{GpuLabel, GpuRecorder, GpuSample};
-use crate::probe::nvml::{Nvml, Sampler};
+use crate::probe::nvml::{Nvml, NvmlError, Sampler};
 use crate::schema::{GpuReport, ProcessRole};
 
 use super::job::Job;
@@ -14,9 +14,21 @@ use super::job::Job;
 /// A reading every this often, as `run` samples by default (`limits.gpu_sample_ms`).
 const EVERY: Duration = Duration::from_millis(200);
 
+/// Why the window has no GPU readings.
+#[derive(Debug, thiserror::Error)]
+pub enum Unwatched {
+    /// No NVML, or no GPU.
+    #[error(transparent)]
+    Nvml(#[from] NvmlError),
+    #[error("no thread to sample GPUs: {0}")]
+    NoThread(#[source] std::io::Error),
+    #[error("the GPU sampling thread panicked")]
+    Panicked,
+}
+
 /// Readings of every GPU from now until `window` has passed (the first at once, the last at
 /// its end); the error says why there are none (no driver, no GPU).
-pub fn watch(window: Duration) -> Result<GpuRecorder, String> {
+pub fn watch(window: Duration) -> Result<GpuRecorder, NvmlError> {
     let mut sampler = Sampler::new()?;
     let info = Nvml::get().and_then(Nvml::driver_info).map(|d| d.gpus).unwrap_or_default();
     let mut recorder = GpuRecorder::new(EVERY.as_secs_f64(), info, sampler.gpm_missing.clone());
@@ -33,9 +45,9 @@ pub fn watch(window: Duration) -> Result<GpuRecorder, String> {
 
 /// The window's GPU report, each process labelled as the job's rank, a rank's child, or not of
 /// the job.
-pub fn report(watched: Result<GpuRecorder, String>, job: &Job) -> GpuReport {
+pub fn report(watched: Result<GpuRecorder, Unwatched>, job: &Job) -> GpuReport {
     match watched {
-        Err(why) => GpuReport::unavailable(why),
+        Err(why) => GpuReport::unavailable(why.to_string()),
         Ok(recorder) => recorder.finish_labelled(|pid| label(job, pid)),
     }
 }
@@ -98,7 +110,10 @@ mod tests {
         );
         assert_eq!(report.processes[0].peak_memory_bytes, Some(1_061_158_912));
 
-        let none = super::report(Err("libnvidia-ml.so.1 not found".into()), &job);
-        assert_eq!(none.unavailable.as_deref(), Some("libnvidia-ml.so.1 not found"));
+        let none = super::report(Err(NvmlError::NoDriver { why: "no such file".into() }.into()), &job);
+        assert_eq!(
+            none.unavailable.as_deref(),
+            Some("libnvidia-ml.so.1 not found: no NVIDIA driver on this machine (no such file)")
+        );
     }
 }

@@ -288,11 +288,10 @@ impl Local {
         let gpus = std::thread::Builder::new().name("gpu".into()).spawn(move || gpu::watch(window));
         let watched = watch::watch(&job.pids(), &options);
         let gpu = gpu::report(
-            match gpus {
-                Ok(thread) => {
-                    thread.join().unwrap_or_else(|_| Err("the GPU sampling thread panicked".into()))
-                }
-                Err(e) => Err(format!("no thread to sample GPUs: {e}")),
+            match gpus.map(|thread| thread.join()) {
+                Ok(Ok(watched)) => watched.map_err(gpu::Unwatched::from),
+                Ok(Err(_)) => Err(gpu::Unwatched::Panicked),
+                Err(e) => Err(gpu::Unwatched::NoThread(e)),
             },
             &job,
         );

@@ -6,8 +6,8 @@
 //!
 //! Kept apart from [`super::env::EnvSummary`]'s other facts, which it joins as `gpu`.
 
-use std::path::Path;
-use std::process::Command;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus};
 use std::time::Duration;
 
 pub use ups_doctor_core::schema::{CudaSupport, GpuEnv};
@@ -23,26 +23,40 @@ const PROBE_LIMIT: Duration = Duration::from_secs(120);
 pub fn collect(trainer: Option<&Path>) -> GpuEnv {
     let (driver, nvml_error) = match Nvml::get().and_then(Nvml::driver_info) {
         Ok(d) => (Some(d), None),
-        Err(e) => (None, Some(e)),
+        Err(e) => (None, Some(e.to_string())),
     };
     let (cuda, cuda_error) = match trainer.map(cuda_support) {
         Some(Ok(c)) => (Some(c), None),
-        Some(Err(e)) => (None, Some(e)),
+        Some(Err(e)) => (None, Some(e.to_string())),
         None => (None, None),
     };
     GpuEnv { driver, nvml_error, cuda, cuda_error }
 }
 
+/// Why the trainer's `cuda-probe` gave no answer about libtorch's CUDA.
+#[derive(Debug, thiserror::Error)]
+pub enum CudaProbeError {
+    #[error("failed to start `{} cuda-probe`: {source}", program.display())]
+    Start { program: PathBuf, source: std::io::Error },
+    #[error("`cuda-probe` did not answer within {} s", limit.as_secs())]
+    Timeout { limit: Duration },
+    /// It exited unsuccessfully; `stderr` is what it said, trimmed.
+    #[error("`cuda-probe` failed ({status}): {stderr}")]
+    Failed { status: ExitStatus, stderr: String },
+    #[error("`cuda-probe` answered something unreadable ({source}): {stdout}")]
+    Unreadable { source: serde_json::Error, stdout: String },
+}
+
 /// Runs `trainer cuda-probe` and reads its answer.
-pub fn cuda_support(program: &Path) -> Result<CudaSupport, String> {
+pub fn cuda_support(program: &Path) -> Result<CudaSupport, CudaProbeError> {
     let done = super::run::bounded(Command::new(program).arg("cuda-probe"), PROBE_LIMIT)
-        .map_err(|e| format!("failed to start `{} cuda-probe`: {e}", program.display()))?
-        .ok_or_else(|| format!("`cuda-probe` did not answer within {} s", PROBE_LIMIT.as_secs()))?;
+        .map_err(|source| CudaProbeError::Start { program: program.to_path_buf(), source })?
+        .ok_or(CudaProbeError::Timeout { limit: PROBE_LIMIT })?;
     if !done.status.success() {
-        return Err(format!("`cuda-probe` failed ({}): {}", done.status, done.stderr.trim()));
+        return Err(CudaProbeError::Failed { status: done.status, stderr: done.stderr.trim().to_string() });
     }
     serde_json::from_str(&done.stdout)
-        .map_err(|e| format!("`cuda-probe` answered something unreadable ({e}): {}", done.stdout))
+        .map_err(|source| CudaProbeError::Unreadable { source, stdout: done.stdout })
 }
 
 /// One line about the machine's GPUs for the report's headline: `1 GPU (NVIDIA H100 80GB HBM3,

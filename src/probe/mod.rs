@@ -66,7 +66,7 @@ impl Pending {
                 env.libtorch_lib = c.libtorch_lib.clone().unwrap_or_default();
                 gpu.cuda = Some(c);
             }
-            Err(e) => gpu.cuda_error = Some(e),
+            Err(e) => gpu.cuda_error = Some(e.to_string()),
         }
     }
 }

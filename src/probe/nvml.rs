@@ -25,7 +25,7 @@ use std::sync::OnceLock;
 use nvml_wrapper::Device;
 use nvml_wrapper::enum_wrappers::device::{Clock, TemperatureSensor};
 use nvml_wrapper::enums::gpm::GpmMetricId;
-use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::error::NvmlError as Raw;
 use nvml_wrapper::gpm::{GpmSample, gpm_metrics_get};
 use nvml_wrapper_sys::bindings::{
     nvmlProcessInfo_v1_t, nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE, nvmlReturn_enum_NVML_SUCCESS,
@@ -42,6 +42,36 @@ const SONAME: &str = "libnvidia-ml.so.1";
 /// The GPM metrics read, in the order [`read_gpm`] stores them.
 const GPM_METRICS: [GpmMetricId; 4] =
     [GpmMetricId::SmUtil, GpmMetricId::SmOccupancy, GpmMetricId::AnyTensorUtil, GpmMetricId::DramBwUtil];
+
+/// Why there is no NVML to read, or no GPU to sample: each message says which library was tried
+/// and what it answered. Clone, because [`Nvml::get`] keeps the outcome for the whole process;
+/// the library's own errors are not, so their words are kept.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NvmlError {
+    /// The library the user named in [`NVML_LIB_ENV`] does not load.
+    #[error("{NVML_LIB_ENV}=`{name}` cannot be loaded: {why}")]
+    NamedNotLoaded { name: String, why: String },
+    /// The driver's library is not on this machine.
+    #[error("{SONAME} not found: no NVIDIA driver on this machine ({why})")]
+    NoDriver { why: String },
+    /// A library that loads but is no NVML; `named` when the user named it.
+    #[error("{} is not a usable NVML: it has no `nvmlInit_v2` ({why})", library(.name, *.named))]
+    NotNvml { name: String, named: bool, why: String },
+    /// NVML loads but `nvmlInit_v2` fails (a driver/library mismatch, no permission).
+    #[error("NVML cannot be initialised: {why} (nvmlInit_v2 failed)")]
+    Init { why: String },
+    /// NVML cannot count the GPUs.
+    #[error("nvmlDeviceGetCount_v2: {why}")]
+    Count { why: String },
+    /// NVML works but there is no GPU to sample.
+    #[error("NVML sees no GPU")]
+    NoGpu,
+}
+
+/// How a message names the library: as the user named it, or by its own name.
+fn library(name: &str, named: bool) -> String {
+    if named { format!("{NVML_LIB_ENV}=`{name}`") } else { name.to_string() }
+}
 
 /// The process's NVML, opened and initialised.
 pub struct Nvml {
@@ -84,8 +114,8 @@ pub struct GpuProcess {
 impl Nvml {
     /// The process's NVML, opened and initialised on first use; the error says why there is none
     /// (no driver, no permission, …). The outcome is kept for the life of the process.
-    pub fn get() -> Result<&'static Nvml, String> {
-        static NVML: OnceLock<Result<Nvml, String>> = OnceLock::new();
+    pub fn get() -> Result<&'static Nvml, NvmlError> {
+        static NVML: OnceLock<Result<Nvml, NvmlError>> = OnceLock::new();
         NVML.get_or_init(|| match std::env::var(NVML_LIB_ENV) {
             Ok(path) if !path.is_empty() => Nvml::open(&path, true),
             _ => Nvml::open(SONAME, false),
@@ -95,33 +125,33 @@ impl Nvml {
     }
 
     /// Opens and initialises the NVML at `name`; `explicit` when the user named it.
-    fn open(name: &str, explicit: bool) -> Result<Nvml, String> {
+    fn open(name: &str, explicit: bool) -> Result<Nvml, NvmlError> {
         match nvml_wrapper::Nvml::builder().lib_path(OsStr::new(name)).init() {
             Ok(nvml) => Ok(Nvml { nvml }),
-            Err(NvmlError::LibloadingError(e)) => {
+            Err(Raw::LibloadingError(e)) => {
                 let why = e.to_string();
                 Err(if explicit {
-                    format!("{NVML_LIB_ENV}=`{name}` cannot be loaded: {why}")
+                    NvmlError::NamedNotLoaded { name: name.to_string(), why }
                 } else {
+                    // libloading's message starts with the name, which the message already says.
                     let why = why.strip_prefix(&format!("{name}: ")).unwrap_or(&why).to_string();
-                    format!("{SONAME} not found: no NVIDIA driver on this machine ({why})")
+                    NvmlError::NoDriver { why }
                 })
             }
-            Err(NvmlError::FailedToLoadSymbol(why)) => {
-                let lib = if explicit { format!("{NVML_LIB_ENV}=`{name}`") } else { name.to_string() };
-                Err(format!("{lib} is not a usable NVML: it has no `nvmlInit_v2` ({why})"))
+            Err(Raw::FailedToLoadSymbol(why)) => {
+                Err(NvmlError::NotNvml { name: name.to_string(), named: explicit, why })
             }
-            Err(e) => Err(format!("NVML cannot be initialised: {e} (nvmlInit_v2 failed)")),
+            Err(e) => Err(NvmlError::Init { why: e.to_string() }),
         }
     }
 
-    fn devices(&self) -> Result<Vec<(u32, Device<'_>)>, String> {
-        let count = self.nvml.device_count().map_err(|e| format!("nvmlDeviceGetCount_v2: {e}"))?;
+    fn devices(&self) -> Result<Vec<(u32, Device<'_>)>, NvmlError> {
+        let count = self.nvml.device_count().map_err(|e| NvmlError::Count { why: e.to_string() })?;
         Ok((0..count).filter_map(|i| Some((i, self.nvml.device_by_index(i).ok()?))).collect())
     }
 
     /// The driver, the CUDA version it provides and its GPUs.
-    pub fn driver_info(&self) -> Result<DriverInfo, String> {
+    pub fn driver_info(&self) -> Result<DriverInfo, NvmlError> {
         let driver_version = self.nvml.sys_driver_version().unwrap_or_else(|e| format!("unknown ({e})"));
         let cuda_driver_version =
             self.nvml.sys_cuda_driver_version().ok().map(|v| format!("{}.{}", v / 1000, v % 1000 / 10));
@@ -144,7 +174,7 @@ fn gpm_support(dev: &Device<'_>) -> Option<String> {
     match dev.gpm_support() {
         Ok(true) => None,
         Ok(false) => Some("this GPU has no GPM counters (they need Hopper or newer)".into()),
-        Err(NvmlError::FailedToLoadSymbol(_)) => {
+        Err(Raw::FailedToLoadSymbol(_)) => {
             Some("this NVML has no GPM entry points (driver older than R520)".into())
         }
         Err(e) => Some(format!("nvmlGpmQueryDeviceSupport: {e}")),
@@ -168,7 +198,7 @@ pub struct Sampler {
 
 impl Sampler {
     /// A sampler over every GPU; the error says why there is none to sample.
-    pub fn new() -> Result<Sampler, String> {
+    pub fn new() -> Result<Sampler, NvmlError> {
         let nvml = Nvml::get()?;
         let mut gpm_missing = Vec::new();
         let gpus = nvml
@@ -186,7 +216,7 @@ impl Sampler {
             })
             .collect::<Vec<_>>();
         if gpus.is_empty() {
-            return Err("NVML sees no GPU".to_string());
+            return Err(NvmlError::NoGpu);
         }
         Ok(Sampler { nvml, gpus, gpm_missing })
     }
@@ -297,6 +327,7 @@ mod tests {
             // A GPU machine: the driver answers.
             Ok(nvml) => assert!(!nvml.driver_info().unwrap().driver_version.is_empty()),
             Err(why) => {
+                let why = why.to_string();
                 assert!(why.contains("libnvidia-ml.so.1") || why.contains(NVML_LIB_ENV), "{why}");
                 assert!(Sampler::new().is_err());
             }
@@ -308,6 +339,7 @@ mod tests {
         let Err(why) = Nvml::open("/nonexistent/libnvidia-ml.so.1", true) else {
             panic!("a missing file loaded");
         };
+        let why = why.to_string();
         assert!(
             why.starts_with(&format!("{NVML_LIB_ENV}=`/nonexistent/libnvidia-ml.so.1` cannot be loaded: ")),
             "{why}"
@@ -316,6 +348,7 @@ mod tests {
         let Err(why) = Nvml::open("libc.so.6", true) else {
             panic!("libc passed for NVML");
         };
+        let why = why.to_string();
         assert!(why.contains("`libc.so.6` is not a usable NVML: it has no `nvmlInit_v2`"), "{why}");
     }
 }

@@ -16,7 +16,7 @@ use crate::harness::observe::memory::{
 };
 use crate::harness::observe::oom::OomWatch;
 use crate::harness::observe::state::RankState;
-use crate::probe::nvml::{Nvml, Sampler as NvmlSampler};
+use crate::probe::nvml::{Nvml, NvmlError, Sampler as NvmlSampler};
 use crate::probe::{memory, shm};
 use crate::schema::GpuReport;
 
@@ -47,7 +47,7 @@ pub enum GpuOutcome {
     /// The ranks train on the CPU by choice (`device: cpu`), or `limits.gpu_sample_ms` is 0.
     Off,
     /// Why NVML cannot be used.
-    Unavailable(String),
+    Unavailable(NvmlError),
     On(GpuRecorder),
 }
 
@@ -55,7 +55,7 @@ impl GpuOutcome {
     pub fn finish(self, states: &[&RankState], pids: &[Option<u32>]) -> Option<GpuReport> {
         match self {
             GpuOutcome::Off => None,
-            GpuOutcome::Unavailable(why) => Some(GpuReport::unavailable(why)),
+            GpuOutcome::Unavailable(why) => Some(GpuReport::unavailable(why.to_string())),
             GpuOutcome::On(recorder) => Some(recorder.finish(states, pids)),
         }
     }
