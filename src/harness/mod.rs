@@ -53,9 +53,23 @@ pub enum HarnessError {
     #[error(transparent)]
     PrivateShm(#[from] namespace::NamespaceError),
     #[error("failed to give `{file}` its `launch.memory_limit` of {limit}: {why}")]
-    MemoryLimit { file: PathBuf, limit: String, why: String },
+    MemoryLimit {
+        file: PathBuf,
+        limit: String,
+        #[source]
+        why: LimitError,
+    },
     #[error("failed to plan `{file}`: {source}")]
     Plan { file: PathBuf, source: plan::PlanError },
+}
+
+/// Why `launch.memory_limit` cannot be given: it is no size, or no cgroup can hold it.
+#[derive(Debug, thiserror::Error)]
+pub enum LimitError {
+    #[error(transparent)]
+    Size(#[from] crate::scenario::SizeError),
+    #[error(transparent)]
+    Cgroup(#[from] os::cgroup::CgroupError),
 }
 
 /// Where a scenario's processes are contained.
@@ -63,7 +77,7 @@ struct Containment {
     /// Its cgroup, with `launch.memory_limit` when set.
     cgroup: Option<os::cgroup::ScenarioCgroup>,
     /// Why there is none.
-    unavailable: Option<String>,
+    unavailable: Option<os::cgroup::CgroupError>,
     /// Processes of earlier, dead ups-doctor runs found in their orphaned cgroups and killed.
     orphans: Vec<LeftoverProcess>,
 }
@@ -73,10 +87,10 @@ struct Containment {
 fn scenario_cgroup(input: &ScenarioInput, bytes: Option<u64>) -> Result<Containment, HarnessError> {
     static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let limit = input.scenario.launch.memory_limit.as_ref();
-    let refuse = |why: String| HarnessError::MemoryLimit {
+    let refuse = |why: os::cgroup::CgroupError| HarnessError::MemoryLimit {
         file: input.file.clone(),
         limit: limit.cloned().unwrap_or_default(),
-        why,
+        why: why.into(),
     };
     let parent = match os::cgroup::parent() {
         Ok(p) => p,
@@ -154,7 +168,7 @@ fn refused(input: &ScenarioInput, e: plan::PlanError) -> HarnessError {
             source: std::io::Error::new(std::io::ErrorKind::InvalidInput, why),
         }),
         plan::PlanError::MemoryLimit { limit, why } => {
-            HarnessError::MemoryLimit { file: input.file.clone(), limit, why: why.to_string() }
+            HarnessError::MemoryLimit { file: input.file.clone(), limit, why: why.into() }
         }
         e @ plan::PlanError::Pattern(_) => HarnessError::Plan { file: input.file.clone(), source: e },
     }
@@ -385,7 +399,7 @@ pub fn run_scenario_on_node(
         cgroup: observed.cgroup,
         oom_kills: observed.oom_kills,
         xids: observed.xids,
-        cgroup_unavailable,
+        cgroup_unavailable: cgroup_unavailable.map(|why| why.to_string()),
         nodes: None,
         ranks,
     };

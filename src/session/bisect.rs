@@ -156,7 +156,7 @@ pub fn bisect(args: BisectRequest) -> Result<u8, Error> {
     let machine = crate::probe::machine(&harness::machine_needs([&scenario], &program));
     check_gpus(&input, &machine)?;
     check_memory_limits(&input)?;
-    harness::limits::check_open_files(&input).map_err(Error::BadInput)?;
+    harness::limits::check_open_files(&input).map_err(|e| Error::BadInput(e.to_string()))?;
     let out_dir = out_dir_or_fresh(args.out.clone(), &format!("-bisect-{}", sanitize(&scenario.name)))?;
     if !args.quiet {
         eprintln!("bisecting {} (budget {} runs, {} in parallel)", file.display(), args.budget, args.jobs);

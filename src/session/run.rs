@@ -77,7 +77,7 @@ pub fn run(request: RunRequest) -> Result<u8, Error> {
         crate::probe::machine_started(&harness::machine_needs(inputs.iter().map(|i| &i.scenario), &program));
     check_gpus(&inputs, &machine)?;
     check_memory_limits(&inputs)?;
-    harness::limits::check_open_files(&inputs).map_err(Error::BadInput)?;
+    harness::limits::check_open_files(&inputs).map_err(|e| Error::BadInput(e.to_string()))?;
     check_node_placement(node.as_ref(), &inputs)?;
     let out_dir = out_dir_or_fresh(request.out.clone(), "")?;
     if request.dashdash {

@@ -82,7 +82,7 @@ pub fn sweep(mut args: SweepRequest) -> Result<u8, Error> {
         crate::probe::machine(&harness::machine_needs(inputs.iter().map(|i| &i.scenario), &program));
     check_gpus(&inputs, &machine)?;
     check_memory_limits(&inputs)?;
-    harness::limits::check_open_files(&inputs).map_err(Error::BadInput)?;
+    harness::limits::check_open_files(&inputs).map_err(|e| Error::BadInput(e.to_string()))?;
     let out_dir = out_dir_or_fresh(args.out.clone(), &format!("-sweep-{}", sanitize(&base.name)))?;
     for p in &mut points {
         p.runs = read_cache(&out_dir, &p.hash);

@@ -62,36 +62,76 @@ pub struct Parent {
     pub kernel_path: Option<String>,
 }
 
+/// Why no scenario cgroup can be made, or limited, here. Without `launch.memory_limit` the
+/// scenario runs without one and the result keeps the message; with one it is refused.
+#[derive(Debug, thiserror::Error)]
+pub enum CgroupError {
+    #[error("cannot read `/proc/self`: {0}")]
+    OwnProcess(#[source] procfs::ProcError),
+    #[error("cannot read `/proc/self/cgroup`: {0}")]
+    OwnCgroups(#[source] procfs::ProcError),
+    /// The parent named by [`CGROUP_PARENT_ENV`] is not in a cgroup file system.
+    #[error("`{}` is not in a cgroup file system", .0.display())]
+    NotACgroup(PathBuf),
+    #[error("cannot read `{}`: {source}", dir.display())]
+    Unreadable { dir: PathBuf, source: io::Error },
+    #[error("this process is in no cgroup hierarchy (`/proc/self/cgroup`)")]
+    NoHierarchy,
+    #[error("the {} hierarchy is not mounted", version_name(*.0))]
+    NotMounted(CgroupVersion),
+    #[error("this process's cgroup `{path}` is outside the mounted part `{root}`")]
+    OutsideMount { path: String, root: String },
+    #[error("cannot read ups-doctor's own start time")]
+    OwnStartTime,
+    #[error("cannot read `/proc/uptime`")]
+    Uptime,
+    #[error("cannot create the cgroup `{}`: {source}", dir.display())]
+    Create { dir: PathBuf, source: io::Error },
+    #[error("cannot lock the cgroup `{}`: {source}", dir.display())]
+    Lock { dir: PathBuf, source: io::Error },
+    /// The group's path has a NUL byte, so a child cannot be told where to enter it.
+    #[error("{0}")]
+    Nul(#[from] std::ffi::NulError),
+    #[error("cannot write `{value}` to `{}`: {source}", file.display())]
+    Write { value: String, file: PathBuf, source: io::Error },
+    #[error(
+        "the cgroup v2 group `{}` does not give its children the memory controller, and enabling it in `{}` failed: {source}",
+        parent.display(),
+        subtree.display()
+    )]
+    NoMemoryController { parent: PathBuf, subtree: PathBuf, source: io::Error },
+}
+
 /// The parent for scenario cgroups, or why there is none.
-pub fn parent() -> Result<Parent, String> {
-    let me = Process::myself().map_err(|e| format!("cannot read `/proc/self`: {e}"))?;
+pub fn parent() -> Result<Parent, CgroupError> {
+    let me = Process::myself().map_err(CgroupError::OwnProcess)?;
     let mounts = me.mountinfo().map(|m| m.0).unwrap_or_default();
     if let Some(dir) = std::env::var_os(CGROUP_PARENT_ENV) {
         let dir = PathBuf::from(dir);
         let version = match fs_magic(&dir) {
             Ok(CGROUP_SUPER_MAGIC) => CgroupVersion::V1,
             Ok(CGROUP2_SUPER_MAGIC) => CgroupVersion::V2,
-            Ok(_) => return Err(format!("`{}` is not in a cgroup file system", dir.display())),
-            Err(e) => return Err(format!("cannot read `{}`: {e}", dir.display())),
+            Ok(_) => return Err(CgroupError::NotACgroup(dir)),
+            Err(source) => return Err(CgroupError::Unreadable { dir, source }),
         };
         let kernel_path = kernel_path_of(&mounts, &dir);
         return Ok(Parent { dir, version, kernel_path });
     }
-    let own = me.cgroups().map_err(|e| format!("cannot read `/proc/self/cgroup`: {e}"))?;
+    let own = me.cgroups().map_err(CgroupError::OwnCgroups)?;
     let v1_memory =
         own.0.iter().find(|g| g.controllers.iter().any(|c| c == "memory")).map(|g| g.pathname.clone());
     let v2 = own.0.iter().find(|g| g.hierarchy == 0 && g.controllers.is_empty()).map(|g| g.pathname.clone());
     let (version, path, mount) = match (v1_memory, v2) {
         (Some(path), _) => (CgroupVersion::V1, path, find_mount(&mounts, "cgroup", Some("memory"))),
         (None, Some(path)) => (CgroupVersion::V2, path, find_mount(&mounts, "cgroup2", None)),
-        (None, None) => return Err("this process is in no cgroup hierarchy (`/proc/self/cgroup`)".into()),
+        (None, None) => return Err(CgroupError::NoHierarchy),
     };
     let Some((root, mount_point)) = mount else {
-        return Err(format!("the {} hierarchy is not mounted", version_name(version)));
+        return Err(CgroupError::NotMounted(version));
     };
     let mount_point = mount_point.to_string_lossy();
     let Some(inside) = path.strip_prefix(root.trim_end_matches('/')) else {
-        return Err(format!("this process's cgroup `{path}` is outside the mounted part `{root}`"));
+        return Err(CgroupError::OutsideMount { path, root: root.to_string() });
     };
     let dir =
         PathBuf::from(format!("{}/{}", mount_point.trim_end_matches('/'), inside.trim_start_matches('/')));
@@ -166,23 +206,26 @@ fn now_ticks() -> Option<u64> {
 
 impl ScenarioCgroup {
     /// Makes a fresh cgroup under `parent`, with `limit` bytes of memory (no swap) when given.
-    pub fn create(parent: &Parent, limit: Option<u64>, tag: &str) -> Result<ScenarioCgroup, String> {
+    pub fn create(parent: &Parent, limit: Option<u64>, tag: &str) -> Result<ScenarioCgroup, CgroupError> {
         let me = std::process::id();
-        let start = start_time(me).ok_or("cannot read ups-doctor's own start time")?;
+        let start = start_time(me).ok_or(CgroupError::OwnStartTime)?;
         let name = format!("{PREFIX}{me}.{start}.{tag}");
         let dir = parent.dir.join(&name);
         // Taken before the group exists, rounded down: nothing spawned in it can be older.
-        let created_ticks = now_ticks().ok_or("cannot read `/proc/uptime`")?.saturating_sub(1);
-        std::fs::create_dir(&dir)
-            .map_err(|e| format!("cannot create the cgroup `{}`: {e}", dir.display()))?;
+        let created_ticks = now_ticks().ok_or(CgroupError::Uptime)?.saturating_sub(1);
+        if let Err(source) = std::fs::create_dir(&dir) {
+            return Err(CgroupError::Create { dir, source });
+        }
         // Only a sweep in another PID namespace, between the mkdir and this lock, can make it fail
         // (it holds the lock while it removes the empty group it took for a dead run's).
-        let alive = super::life::hold(&dir).map_err(|e| {
-            let _ = std::fs::remove_dir(&dir);
-            format!("cannot lock the cgroup `{}`: {e}", dir.display())
-        })?;
-        let procs =
-            CString::new(dir.join("cgroup.procs").as_os_str().as_bytes()).map_err(|e| e.to_string())?;
+        let alive = match super::life::hold(&dir) {
+            Ok(held) => held,
+            Err(source) => {
+                let _ = std::fs::remove_dir(&dir);
+                return Err(CgroupError::Lock { dir, source });
+            }
+        };
+        let procs = CString::new(dir.join("cgroup.procs").as_os_str().as_bytes())?;
         let mut cg = ScenarioCgroup {
             kernel_path: parent.kernel_path.as_ref().map(|p| format!("{}/{name}", p.trim_end_matches('/'))),
             dir,
@@ -201,10 +244,14 @@ impl ScenarioCgroup {
         Ok(cg)
     }
 
-    fn set_limit(&self, parent: &Parent, bytes: u64) -> Result<(), String> {
+    fn set_limit(&self, parent: &Parent, bytes: u64) -> Result<(), CgroupError> {
         let write = |file: &str, value: &str| {
-            std::fs::write(self.dir.join(file), value)
-                .map_err(|e| format!("cannot write `{value}` to `{}`: {e}", self.dir.join(file).display()))
+            let file = self.dir.join(file);
+            std::fs::write(&file, value).map_err(|source| CgroupError::Write {
+                value: value.to_string(),
+                file,
+                source,
+            })
         };
         match self.version {
             CgroupVersion::V1 => {
@@ -219,12 +266,12 @@ impl ScenarioCgroup {
                     // The parent must hand the controller down; refused (EBUSY) while the parent
                     // itself holds processes (cgroup v2's "no internal processes" rule).
                     let subtree = parent.dir.join("cgroup.subtree_control");
-                    if let Err(e) = std::fs::write(&subtree, "+memory") {
-                        return Err(format!(
-                            "the cgroup v2 group `{}` does not give its children the memory controller, and enabling it in `{}` failed: {e}",
-                            parent.dir.display(),
-                            subtree.display()
-                        ));
+                    if let Err(source) = std::fs::write(&subtree, "+memory") {
+                        return Err(CgroupError::NoMemoryController {
+                            parent: parent.dir.clone(),
+                            subtree,
+                            source,
+                        });
                     }
                 }
                 write("memory.max", &bytes.to_string())?;
@@ -504,7 +551,7 @@ fn command_of(pid: u32) -> String {
 
 /// Whether a cgroup with a memory limit can be made here: makes one and removes it. The error
 /// says why not.
-pub fn check_memory_limit(bytes: u64) -> Result<(), String> {
+pub fn check_memory_limit(bytes: u64) -> Result<(), CgroupError> {
     let parent = parent()?;
     ScenarioCgroup::create(&parent, Some(bytes), "probe").map(drop)
 }
