@@ -25,4 +25,4 @@ pub use record::{BisectRecord, DifferentFailure, ProbeRow};
 pub use search::{BoundaryEntry, Cache, Options, Oracle, Outcome, Probe, ProbeVerdict, Strategy, bisect};
 pub use session::{Request, SessionError, run as run_session};
 pub use signature::{Observation, Signature};
-pub use space::{Assignment, Component, Kind, Setting, apply, config_hash, derive};
+pub use space::{Assignment, Component, CutError, Kind, Setting, apply, config_hash, derive};

@@ -316,7 +316,7 @@ impl Search<'_> {
         self.opts.budget.saturating_sub(self.runs)
     }
 
-    fn candidate(&self, assignment: &Assignment) -> Result<Candidate, String> {
+    fn candidate(&self, assignment: &Assignment) -> Result<Candidate, super::space::CutError> {
         let scenario = apply(self.base, &self.components, assignment)?;
         let hash = config_hash(&scenario);
         Ok(Candidate { scenario, hash })

@@ -398,15 +398,44 @@ fn derive_external(scenario: &Scenario) -> Vec<Component> {
     keep_valid_cuts(scenario, all)
 }
 
+/// Why an assignment makes no candidate: it names what is not in the space, or the cut scenario
+/// is not a valid one. The search skips such an assignment; the messages are for tests and bugs.
+#[derive(Debug, thiserror::Error)]
+pub enum CutError {
+    #[error("no component `{0}` in this search space")]
+    UnknownComponent(String),
+    #[error("`{0}` is on/off and takes no value")]
+    TakesNoValue(String),
+    #[error("no field `{0}` in the scenario")]
+    NoField(String),
+    #[error("no stage {0} in `model.depths`")]
+    NoStage(usize),
+    #[error("no variable `{0}` in `launch.env`")]
+    NoVariable(String),
+    #[error("depth {depth} of stage {stage} is too large")]
+    DepthTooLarge { depth: u64, stage: usize },
+    #[error("cannot serialise the scenario: {0}")]
+    Serialise(#[source] serde_json::Error),
+    #[error("the cut does not fit the schema: {0}")]
+    Schema(#[source] serde_json::Error),
+    /// The cut scenario breaks a rule of the scenario model.
+    #[error("`{field}`: {message}")]
+    Invalid { field: String, message: String },
+}
+
 /// Builds the candidate scenario for `assignment` (ids not in it stay original). Relations a cut
 /// can break are resolved (`hidden` is rounded up to a multiple of `heads`, `queries` capped at
 /// `grid`, `window` at `latent_tokens`); anything still invalid is an error. Only the "not
 /// supported yet" refusals are let through: the ladder is there to cut those values.
-pub fn apply(base: &Scenario, components: &[Component], assignment: &Assignment) -> Result<Scenario, String> {
+pub fn apply(
+    base: &Scenario,
+    components: &[Component],
+    assignment: &Assignment,
+) -> Result<Scenario, CutError> {
     if let Some(unknown) = assignment.keys().find(|id| !components.iter().any(|c| &c.id == *id)) {
-        return Err(format!("no component `{unknown}` in this search space"));
+        return Err(CutError::UnknownComponent(unknown.clone()));
     }
-    let mut value = serde_json::to_value(base).map_err(|e| format!("cannot serialise the scenario: {e}"))?;
+    let mut value = serde_json::to_value(base).map_err(CutError::Serialise)?;
     let mut removed_stages = Vec::new();
     let mut depths: Vec<u64> = base.model.depths.iter().map(|d| u64::from(*d)).collect();
     for component in components {
@@ -414,7 +443,7 @@ pub fn apply(base: &Scenario, components: &[Component], assignment: &Assignment)
         if *setting == Setting::Original {
             continue;
         }
-        let wrong_setting = || format!("`{}` is on/off and takes no value", component.id);
+        let wrong_setting = || CutError::TakesNoValue(component.id.clone());
         match &component.kind {
             Kind::Ladder { sets } => {
                 let Setting::Cut = setting else { return Err(wrong_setting()) };
@@ -436,8 +465,7 @@ pub fn apply(base: &Scenario, components: &[Component], assignment: &Assignment)
             }
             Kind::StageDepth { index, .. } => {
                 let v = component.value(setting).unwrap_or_default();
-                let slot =
-                    depths.get_mut(*index).ok_or_else(|| format!("no stage {index} in `model.depths`"))?;
+                let slot = depths.get_mut(*index).ok_or(CutError::NoStage(*index))?;
                 *slot = v;
             }
             Kind::Prefix { field, items, .. } => {
@@ -455,17 +483,16 @@ pub fn apply(base: &Scenario, components: &[Component], assignment: &Assignment)
                     .pointer_mut("/launch/env")
                     .and_then(Value::as_object_mut)
                     .and_then(|env| env.remove(name))
-                    .ok_or_else(|| format!("no variable `{name}` in `launch.env`"))?;
+                    .ok_or_else(|| CutError::NoVariable(name.clone()))?;
             }
         }
     }
-    let mut candidate: Scenario =
-        serde_json::from_value(value).map_err(|e| format!("the cut does not fit the schema: {e}"))?;
-    let kept: Result<Vec<u32>, String> = depths
+    let mut candidate: Scenario = serde_json::from_value(value).map_err(CutError::Schema)?;
+    let kept: Result<Vec<u32>, CutError> = depths
         .iter()
         .enumerate()
         .filter(|(i, _)| !removed_stages.contains(i))
-        .map(|(i, d)| u32::try_from(*d).map_err(|_| format!("depth {d} of stage {i} is too large")))
+        .map(|(stage, &depth)| u32::try_from(depth).map_err(|_| CutError::DepthTooLarge { depth, stage }))
         .collect();
     candidate.model.depths = kept?;
 
@@ -479,7 +506,7 @@ pub fn apply(base: &Scenario, components: &[Component], assignment: &Assignment)
     match scenario::validate(&candidate) {
         Ok(()) => Ok(candidate),
         Err((_, message, _)) if message.contains("not supported yet") => Ok(candidate),
-        Err((field, message, _)) => Err(format!("`{field}`: {message}")),
+        Err((field, message, _)) => Err(CutError::Invalid { field, message }),
     }
 }
 
@@ -491,13 +518,13 @@ pub fn env_id(name: &str) -> String {
 /// Sets the dotted object path `field` (`model.attention`) of `value`; the field must exist. A
 /// param's cutting rules (`min`, `cuts`) go with its old value, but a list written as separate
 /// words stays one: `words` says how it is written into the command.
-fn set_field(value: &mut Value, field: &str, to: Value) -> Result<(), String> {
+fn set_field(value: &mut Value, field: &str, to: Value) -> Result<(), CutError> {
     let mut at = value;
     for key in field.split('.') {
         at = at
             .as_object_mut()
             .and_then(|object| object.get_mut(key))
-            .ok_or_else(|| format!("no field `{field}` in the scenario"))?;
+            .ok_or_else(|| CutError::NoField(field.to_string()))?;
     }
     match at.as_object_mut().filter(|param| param.get("words") == Some(&Value::Bool(true))) {
         Some(param) => {
