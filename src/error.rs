@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use crate::bisect::SessionError;
 use crate::exit;
 use crate::harness::HarnessError;
-use crate::report::ReportError;
+use crate::report::{ReportError, SaveError};
 use crate::scenario::ScenarioError;
 
 /// Everything that can stop an `ups-doctor` command, with the exit status it maps to.
@@ -29,6 +29,9 @@ pub enum Error {
     /// A run folder could not be read (the user's input) or written (ours).
     #[error(transparent)]
     Report(#[from] ReportError),
+    /// A run's result or report could not be saved, even after making room.
+    #[error(transparent)]
+    Save(#[from] SaveError),
     /// The bisect machinery failed.
     #[error(transparent)]
     Bisect(#[from] SessionError),
@@ -54,7 +57,9 @@ impl Error {
                 ReportError::Write { .. } | ReportError::CreateDir { .. } | ReportError::Encode(_),
             ) => exit::INTERNAL,
             Error::Report(_) => exit::BAD_INPUT,
-            Error::Harness(_) | Error::Bisect(_) | Error::Io { .. } | Error::Internal(_) => exit::INTERNAL,
+            Error::Harness(_) | Error::Save(_) | Error::Bisect(_) | Error::Io { .. } | Error::Internal(_) => {
+                exit::INTERNAL
+            }
         }
     }
 }
@@ -85,6 +90,15 @@ mod tests {
             source: std::io::Error::from(std::io::ErrorKind::StorageFull),
         });
         assert_eq!(unwritable.exit_code(), exit::INTERNAL);
+        let unsaved = Error::from(SaveError::Result {
+            source: ReportError::Write {
+                path: "runs/x/result.json".into(),
+                source: std::io::Error::from(std::io::ErrorKind::StorageFull),
+            },
+            stale_kept: true,
+        });
+        assert_eq!(unsaved.exit_code(), exit::INTERNAL);
+        assert!(unsaved.to_string().ends_with("is kept as `result.stale.json`"), "{unsaved}");
         let io = Error::Io {
             what: "create",
             path: "reports/runs".into(),

@@ -51,7 +51,7 @@ pub use flight_dumps::{Dump as FlightDump, FLIGHT_REPORT_FILE, read_dumps, rende
 pub use markdown::{
     is_summary, render_env_markdown, render_markdown, render_scenario_markdown, scenario_report_path,
 };
-pub use save::{remove_own_sites, save_honestly};
+pub use save::{SaveError, remove_own_sites, save_honestly};
 pub use sweep::{render_sweep, render_sweep_table, verdict_lines};
 pub use terminal::{render_env_text, render_matrix, render_matrix_fit, render_narrow, render_verdict_lines};
 pub use trace::{TRACE_FILE, render_trace};

@@ -10,13 +10,22 @@ use serde_json::Value;
 /// What a masked GPU UUID reads as.
 pub const MASKED_UUID: &str = "GPU-<masked>";
 
+/// Why a value could not be masked: nothing unmasked is handed on instead.
+#[derive(Debug, thiserror::Error)]
+pub enum MaskError {
+    #[error("{0}")]
+    Encode(#[source] serde_json::Error),
+    #[error("the masked result does not read back: {0}")]
+    ReadBack(#[source] serde_json::Error),
+}
+
 /// `value` with GPU UUIDs and `home` masked. Fails (rather than leaking) when the masked form does
 /// not read back as a `T`.
-pub fn mask<T: Serialize + DeserializeOwned>(value: &T, home: Option<&str>) -> Result<T, String> {
-    let mut json = serde_json::to_value(value).map_err(|e| e.to_string())?;
+pub fn mask<T: Serialize + DeserializeOwned>(value: &T, home: Option<&str>) -> Result<T, MaskError> {
+    let mut json = serde_json::to_value(value).map_err(MaskError::Encode)?;
     let home = home.filter(|h| h.len() > 1 && h.starts_with('/'));
     walk(&mut json, home, false);
-    serde_json::from_value(json).map_err(|e| format!("the masked result does not read back: {e}"))
+    serde_json::from_value(json).map_err(MaskError::ReadBack)
 }
 
 /// The home folder to mask: `$HOME`.

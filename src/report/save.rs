@@ -1,11 +1,44 @@
 //! Saving a run's `result.json` and `report.md` when the disk is full: a result is never left
 //! claiming more or less than happened, and room is made only from this run's own logs.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::schema::RunResult;
 
+use super::ReportError;
 use super::files::{REPORT_FILE, RESULT_FILE, rerender, write_atomic, write_run};
+
+/// What [`save_honestly`] could not write, after making what room it could.
+#[derive(Debug, thiserror::Error)]
+pub enum SaveError {
+    /// `result.json` itself; `stale_kept` when the earlier one was kept as `result.stale.json`.
+    #[error("failed to write the result: {source}{}", if *.stale_kept { STALE_KEPT } else { "" })]
+    Result { source: ReportError, stale_kept: bool },
+    /// The reports rendered from the result that was written (`result`, in `dir`).
+    #[error(
+        "wrote `{}`, but not the report: {source}; render it later with `ups-doctor report {}`",
+        result.display(),
+        dir.display()
+    )]
+    Report { result: PathBuf, dir: PathBuf, source: ReportError },
+}
+
+impl SaveError {
+    /// The file system's error under the report's, when there is one (a full disk's `ENOSPC`).
+    pub fn io(&self) -> Option<&std::io::Error> {
+        match self {
+            SaveError::Result { source, .. } | SaveError::Report { source, .. } => match source {
+                ReportError::Write { source, .. }
+                | ReportError::CreateDir { source, .. }
+                | ReportError::Read { source, .. } => Some(source),
+                _ => None,
+            },
+        }
+    }
+}
+
+const STALE_KEPT: &str =
+    "; the earlier result, which does not tell the whole run, is kept as `result.stale.json`";
 
 /// Writes `result.json` and `report.md` (each to a temporary file, then renamed). When that
 /// fails (a full disk), it does not leave an earlier `result.json` claiming the run ended there:
@@ -17,8 +50,8 @@ use super::files::{REPORT_FILE, RESULT_FILE, rerender, write_atomic, write_run};
 ///
 /// # Errors
 ///
-/// What could not be written, with the path and the cause, in words.
-pub fn save_honestly(dir: &Path, run: &RunResult) -> Result<(), String> {
+/// What could not be written, with the path and the cause.
+pub fn save_honestly(dir: &Path, run: &RunResult) -> Result<(), SaveError> {
     let mut run = run.clone();
     run.logs_cut = crate::harness::logs_cut(dir);
     if write_run(dir, &run).is_ok() {
@@ -49,14 +82,9 @@ pub fn save_honestly(dir: &Path, run: &RunResult) -> Result<(), String> {
             let _ = crate::run_files::replace(&dir.join("result.stale.json"), &old);
         }
     }
-    if let Err(e) = written {
+    if let Err(source) = written {
         let _ = std::fs::remove_file(&report_path);
-        let kept = if dir.join("result.stale.json").exists() {
-            "; the earlier result, which does not tell the whole run, is kept as `result.stale.json`"
-        } else {
-            ""
-        };
-        return Err(format!("failed to write the result: {e}{kept}"));
+        return Err(SaveError::Result { source, stale_kept: dir.join("result.stale.json").exists() });
     }
     // The result just written lists the cuts made so far.
     let mut listed = crate::harness::logs_cut(dir);
@@ -78,13 +106,9 @@ pub fn save_honestly(dir: &Path, run: &RunResult) -> Result<(), String> {
             list.join(", ")
         );
     }
-    rendered.map(|_| ()).map_err(|e| {
+    rendered.map(|_| ()).map_err(|source| {
         let _ = std::fs::remove_file(&report_path);
-        format!(
-            "wrote `{}`, but not the report: {e}; render it later with `ups-doctor report {}`",
-            result_path.display(),
-            dir.display()
-        )
+        SaveError::Report { result: result_path, dir: dir.to_path_buf(), source }
     })
 }
 

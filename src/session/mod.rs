@@ -134,7 +134,8 @@ pub fn print_env(format: EnvFormat, public: bool) -> Result<u8, Error> {
     let needs = crate::probe::Needs { python: true, trainer: trainer.exists().then_some(trainer) };
     let mut env = crate::probe::machine(&needs);
     if public {
-        env = report::public::mask(&env, report::public::home().as_deref()).map_err(Error::Internal)?;
+        env = report::public::mask(&env, report::public::home().as_deref())
+            .map_err(|e| Error::Internal(e.to_string()))?;
     }
     match format {
         EnvFormat::Json => crate::output::write_json(crate::output::Stream::Stdout, &env),

@@ -10,5 +10,5 @@ use crate::schema::RunResult;
 /// Writes `result.json` and `report.md`, making room on a full disk from this run's own logs
 /// ([`report::save_honestly`]).
 pub fn save_honestly(dir: &Path, run: &RunResult) -> Result<(), Error> {
-    report::save_honestly(dir, run).map_err(Error::Internal)
+    Ok(report::save_honestly(dir, run)?)
 }

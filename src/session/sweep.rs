@@ -136,8 +136,9 @@ pub fn sweep(mut args: SweepRequest) -> Result<u8, Error> {
 }
 
 /// The disk of the sweep's folder filled, as the error says it: `ENOSPC` or `EDQUOT`, with the
-/// file it names. The run's own saving says it in words only (`failed to write the result: …
-/// (os error 28)`), and is read by the system's error number in them.
+/// file it names. A failure of the run's own saving is kept in its own words (`failed to write
+/// the result: … (os error 28)`); a run that could not even start says it in words only, and is
+/// read by the system's error number in them.
 fn disk_full(e: &Error, folder: &Path) -> Option<sweep::DiskFull> {
     const FULL: [i32; 2] = [libc::ENOSPC, libc::EDQUOT];
     let full = |io: &std::io::Error| io.raw_os_error().is_some_and(|n| FULL.contains(&n));
@@ -146,6 +147,7 @@ fn disk_full(e: &Error, folder: &Path) -> Option<sweep::DiskFull> {
         | Error::Report(
             report::ReportError::Write { path, source } | report::ReportError::CreateDir { path, source },
         ) if full(source) => (Some(path.display().to_string()), source.to_string()),
+        Error::Save(saving) if saving.io().is_some_and(full) => (None, saving.to_string()),
         Error::Internal(text) if FULL.iter().any(|n| text.contains(&format!("(os error {n})"))) => {
             (None, text.clone())
         }
@@ -558,4 +560,27 @@ fn run_folders(out_dir: &Path) -> Vec<PathBuf> {
     };
     let points = folders(&out_dir.join("points")).into_iter().flat_map(|p| folders(&p));
     points.chain(folders(&out_dir.join("warmup"))).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_run_whose_result_could_not_be_saved_on_a_full_disk_stops_the_sweep_in_its_own_words() {
+        let save = |errno: i32| {
+            Error::Save(report::SaveError::Result {
+                source: report::ReportError::Write {
+                    path: "out/1/result.json".into(),
+                    source: std::io::Error::from_raw_os_error(errno),
+                },
+                stale_kept: false,
+            })
+        };
+        let full = disk_full(&save(libc::ENOSPC), Path::new("out")).expect("a full disk");
+        assert_eq!(full.path, None);
+        assert_eq!(full.error, save(libc::ENOSPC).to_string());
+        assert!(full.error.starts_with("failed to write the result: could not write `out/1/result.json`: "));
+        assert!(disk_full(&save(libc::EACCES), Path::new("out")).is_none());
+    }
 }
