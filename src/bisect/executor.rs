@@ -13,9 +13,6 @@ use crate::scenario::Scenario;
 use crate::schema::ScenarioResult;
 
 use super::search::{Cache, Oracle};
-
-/// Why a probe did not count: the user interrupted it.
-const INTERRUPTED: &str = "interrupted";
 use super::signature::{Observation, Signature};
 use super::space::config_hash;
 use crate::scenario::describe_delta;
@@ -33,8 +30,19 @@ pub struct RunRecord {
     pub dir: String,
 }
 
+/// Why a probe's run does not count.
+#[derive(Debug, thiserror::Error)]
+enum NotCounted {
+    /// The user interrupted it: it says nothing about the candidate.
+    #[error("interrupted")]
+    Interrupted,
+    /// It could not be run: ups-doctor's own failure, which the bisect reports.
+    #[error(transparent)]
+    Failed(#[from] crate::nodes::local::RunError),
+}
+
 /// Where a worker thread leaves one candidate's run.
-type Slot = Mutex<Option<Result<(ScenarioResult, f64), String>>>;
+type Slot = Mutex<Option<Result<(ScenarioResult, f64), NotCounted>>>;
 
 /// Runs candidates as real supervised scenarios.
 pub struct ProcessOracle<'a> {
@@ -111,7 +119,7 @@ impl<'a> ProcessOracle<'a> {
         }
     }
 
-    fn run_one(&self, index: usize, candidate: &Scenario) -> Result<(ScenarioResult, f64), String> {
+    fn run_one(&self, index: usize, candidate: &Scenario) -> Result<(ScenarioResult, f64), NotCounted> {
         let rel = format!("probes/{index:03}");
         let input =
             ScenarioInput { file: self.file.clone(), overrides: Vec::new(), scenario: candidate.clone() };
@@ -127,7 +135,7 @@ impl<'a> ProcessOracle<'a> {
         )?;
         // A probe cut short by the user says nothing about the candidate: never an observation.
         if result.interrupted {
-            return Err(INTERRUPTED.to_string());
+            return Err(NotCounted::Interrupted);
         }
         Ok((result, started.elapsed().as_secs_f64()))
     }
@@ -176,15 +184,13 @@ impl Oracle for ProcessOracle<'_> {
             let (result, wall_s) = match slot.into_inner().unwrap_or_else(|e| e.into_inner()) {
                 Some(Ok(done)) => done,
                 stopped => {
-                    if let Some(Err(e)) = &stopped
-                        && e != INTERRUPTED
-                    {
-                        self.internal_error.get_or_insert(e.clone());
+                    if let Some(Err(NotCounted::Failed(e))) = &stopped {
+                        self.internal_error.get_or_insert(e.to_string());
                     }
                     if self.show_progress {
                         let why = match &stopped {
-                            Some(Err(e)) => e.as_str(),
-                            _ => "not started",
+                            Some(Err(e)) => e.to_string(),
+                            _ => "not started".to_string(),
                         };
                         eprintln!("  run {index:>3}/{}  {what}  →  not counted: {why}", self.budget);
                     }

@@ -8,8 +8,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
-use crate::harness::ScenarioInput;
 use crate::harness::run::events::Listener;
+use crate::harness::{HarnessError, ScenarioInput};
 use crate::schema::ScenarioResult;
 
 use super::NodeConfig;
@@ -21,9 +21,19 @@ const JOIN_WAIT: Duration = Duration::from_secs(120);
 /// How long an agent gets to end after node 0 told it the run is over.
 const AGENT_END_WAIT: Duration = Duration::from_secs(30);
 
+/// Why a scenario could not be run: ups-doctor's own failure on this machine, or of its local
+/// nodes (a rank's failure is an outcome in the result, not this).
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error(transparent)]
+    Harness(#[from] HarnessError),
+    #[error(transparent)]
+    Nodes(#[from] NodeError),
+}
+
 /// Runs one scenario wherever its nodes are: on this machine alone, or (`launch.nodes` > 1)
 /// as every node's agent on loopback. The one entry point `run`, `bisect` and `sweep` use;
-/// `out_dir/rel` is the scenario's folder. The error is ups-doctor's own failure, as text.
+/// `out_dir/rel` is the scenario's folder.
 pub fn run_scenario(
     input: &ScenarioInput,
     program: &Path,
@@ -31,12 +41,11 @@ pub fn run_scenario(
     rel: &str,
     progress: &mut dyn Listener,
     interrupted: &AtomicBool,
-) -> Result<crate::schema::ScenarioResult, String> {
+) -> Result<ScenarioResult, RunError> {
     if input.scenario.launch.nodes > 1 {
-        run_local(input, program, out_dir, rel, progress, interrupted).map_err(|e| e.into_message())
+        Ok(run_local(input, program, out_dir, rel, progress, interrupted)?)
     } else {
-        crate::harness::run_scenario(input, program, &out_dir.join(rel), rel, progress, interrupted)
-            .map_err(|e| e.to_string())
+        Ok(crate::harness::run_scenario(input, program, &out_dir.join(rel), rel, progress, interrupted)?)
     }
 }
 

@@ -24,9 +24,11 @@ const HEARTBEAT_EVERY: Duration = Duration::from_secs(2);
 const CALIBRATION_SAMPLES: usize = 16;
 
 /// Why a node could not take part: `BadInput` is the user's to fix (exit 2), `Internal` ours.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum NodeError {
+    #[error("{0}")]
     BadInput(String),
+    #[error("{0}")]
     Internal(String),
 }
 

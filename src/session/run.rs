@@ -195,6 +195,7 @@ impl Session {
             let scenario_result = match outcome {
                 Ok(r) => r,
                 Err(e) => {
+                    let e = e.to_string();
                     // What is on disk must say the run stopped here, and why.
                     self.result.stopped_by = Some(e.clone());
                     self.result.not_run = names(&inputs[i..]);

@@ -458,7 +458,8 @@ impl Sweep {
             &mut Silent,
             &INTERRUPTED,
         )
-        .map_err(Error::Internal)?;
+        // Internal whatever the cause, and in words: `disk_full` reads a full disk from them.
+        .map_err(|e| Error::Internal(e.to_string()))?;
         let run = RunResult {
             tool_version: env!("CARGO_PKG_VERSION").to_string(),
             started_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
