@@ -68,11 +68,11 @@ pub fn sweep(mut args: SweepRequest) -> Result<u8, Error> {
         .iter()
         .map(|raw| sweep::parse_vary(raw))
         .collect::<Result<_, _>>()
-        .map_err(Error::BadInput)?;
+        .map_err(|e: sweep::GridError| Error::BadInput(e.to_string()))?;
     let lists = from_command(&mut args)?;
     args.vary = lists.iter().map(|a| a.raw.clone()).chain(args.vary.iter().cloned()).collect();
     axes.splice(0..0, lists);
-    sweep::check_axes(&axes, &args.set).map_err(Error::BadInput)?;
+    sweep::check_axes(&axes, &args.set).map_err(|e| Error::BadInput(e.to_string()))?;
     let base = scenario::load_file(args.file(), &args.set)?;
     let mut points = load_points(&args, &axes)?;
     let inputs: Vec<ScenarioInput> = points.iter().map(|p| p.input.clone()).collect();
@@ -199,7 +199,7 @@ fn from_command(args: &mut SweepRequest) -> Result<Vec<sweep::Axis>, Error> {
     let rank_flag = super::command::rank_flag_value(&argv);
     let mut axes = Vec::new();
     for (name, list) in &args.lists {
-        let mut axis = sweep::parse_list(name, list).map_err(Error::BadInput)?;
+        let mut axis = sweep::parse_list(name, list).map_err(|e| Error::BadInput(e.to_string()))?;
         let placeholder = format!("{{{name}}}");
         if !argv.iter().any(|a| a.contains(&placeholder)) {
             return Err(Error::BadInput(format!(

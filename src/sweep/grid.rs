@@ -17,53 +17,95 @@ pub struct Axis {
     pub also: Vec<String>,
 }
 
+/// What `--vary` expects, said after each of its problems.
+const USAGE: &str = "expected `path=value1,value2,…`, e.g. `--vary data.workers=0,2,4`";
+
+/// A `--vary` or `-L` that makes no axis, or axes that contradict each other or a `--set`.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum GridError {
+    /// One flag's argument; `flag` as written (`--vary data.workers=2`, `-L workers 2`).
+    #[error("`{flag}`: {problem}")]
+    Axis { flag: String, problem: AxisProblem },
+    #[error("nothing to sweep: give at least one `--vary path=v1,v2`, e.g. `--vary data.workers=0,2`")]
+    NoAxis,
+    /// Two `--vary` of one field (each as written).
+    #[error("`--vary {first}` and `--vary {second}` both vary `{path}`: give its values in one `--vary`")]
+    VariedTwice { first: String, second: String, path: String },
+    #[error("`--vary {vary}` and `--set {set}` both decide `{path}`: drop the `--set`")]
+    VariedAndSet { vary: String, set: String, path: String },
+}
+
+/// What is wrong with one `--vary` or `-L` argument.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum AxisProblem {
+    #[error("no `=`: {USAGE}")]
+    NoEquals,
+    #[error("an empty value in `{list}`: {USAGE}")]
+    EmptyValue { list: String },
+    /// A value that makes no `path=value` override, in [`Override`]'s words.
+    #[error("{0}")]
+    NotAnOverride(String),
+    #[error("the value `{0}` is given twice: give each value once")]
+    Twice(String),
+    /// One value; `in_command` when it came from `-L` (its fix is a fixed value in the command,
+    /// not a `--set`).
+    #[error(
+        "one value is not a sweep: give two or more (`{path}=a,b`), or use {}",
+        if *.in_command { "a fixed value in the command".to_string() } else { format!("`--set {path}=…`") }
+    )]
+    OneValue { path: String, in_command: bool },
+    #[error(
+        "`{0}` is not a placeholder name: use letters, digits and `_` (e.g. `-L workers 0,2,4` with `{{workers}}` in \
+         the command)"
+    )]
+    NotAName(String),
+}
+
 /// Parses one `--vary` argument: `path=v1,v2,…`. Commas inside `[…]` or `{…}` belong to the
 /// value (`model.depths=[1],[1,1]`).
-pub fn parse_vary(raw: &str) -> Result<Axis, String> {
-    const USAGE: &str = "expected `path=value1,value2,…`, e.g. `--vary data.workers=0,2,4`";
+pub fn parse_vary(raw: &str) -> Result<Axis, GridError> {
+    let bad = |problem| GridError::Axis { flag: format!("--vary {raw}"), problem };
     let Some((path, list)) = raw.split_once('=') else {
-        return Err(format!("`--vary {raw}`: no `=`: {USAGE}"));
+        return Err(bad(AxisProblem::NoEquals));
     };
     let path = path.trim();
     let mut values = Vec::new();
     for text in split_top_level(list) {
         let text = text.trim();
         if text.is_empty() {
-            return Err(format!("`--vary {raw}`: an empty value in `{list}`: {USAGE}"));
+            return Err(bad(AxisProblem::EmptyValue { list: list.to_string() }));
         }
-        let o: Override = format!("{path}={text}").parse().map_err(|e| format!("`--vary {raw}`: {e}"))?;
+        let o: Override = format!("{path}={text}").parse().map_err(|e| bad(AxisProblem::NotAnOverride(e)))?;
         if values.iter().any(|v: &Override| v.value == o.value) {
-            return Err(format!("`--vary {raw}`: the value `{text}` is given twice: give each value once"));
+            return Err(bad(AxisProblem::Twice(text.to_string())));
         }
         values.push(o);
     }
     if values.len() < 2 {
-        return Err(format!(
-            "`--vary {raw}`: one value is not a sweep: give two or more (`{path}=a,b`), or use `--set {path}=…`"
-        ));
+        return Err(bad(AxisProblem::OneValue { path: path.to_string(), in_command: false }));
     }
     Ok(Axis { path: path.to_string(), values, raw: raw.to_string(), also: Vec::new() })
 }
 
 /// Parses one `-L NAME V1,V2,…` (hyperfine's parameter list): the values of the command's
 /// `{NAME}` placeholder, as the scenario's `params.NAME`.
-pub fn parse_list(name: &str, list: &str) -> Result<Axis, String> {
+pub fn parse_list(name: &str, list: &str) -> Result<Axis, GridError> {
     let flag = format!("-L {name} {list}");
     let valid = name.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
         && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
     if !valid {
-        return Err(format!(
-            "`{flag}`: `{name}` is not a placeholder name: use letters, digits and `_` (e.g. `-L workers 0,2,4` \
-             with `{{workers}}` in the command)"
-        ));
+        return Err(GridError::Axis { flag, problem: AxisProblem::NotAName(name.to_string()) });
     }
-    let raw = format!("params.{name}={list}");
-    let mut axis = parse_vary(&raw).map_err(|e| {
-        let why = e.split_once("`: ").map_or(e.as_str(), |(_, why)| why).to_string();
-        format!(
-            "`{flag}`: {}",
-            why.replace(&format!("`--set params.{name}=…`"), "a fixed value in the command")
-        )
+    let mut axis = parse_vary(&format!("params.{name}={list}")).map_err(|e| match e {
+        // Said of the `-L` as the user wrote it, whose fixed value goes in the command.
+        GridError::Axis { problem, .. } => GridError::Axis {
+            flag: flag.clone(),
+            problem: match problem {
+                AxisProblem::OneValue { path, .. } => AxisProblem::OneValue { path, in_command: true },
+                other => other,
+            },
+        },
+        other => other,
     })?;
     axis.raw = flag;
     Ok(axis)
@@ -89,25 +131,24 @@ fn split_top_level(list: &str) -> Vec<&str> {
 
 /// Checks the axes against each other and against `--set`: a field varied twice, or both varied
 /// and set, has no one meaning.
-pub fn check_axes(axes: &[Axis], set: &[Override]) -> Result<(), String> {
+pub fn check_axes(axes: &[Axis], set: &[Override]) -> Result<(), GridError> {
     if axes.is_empty() {
-        return Err(
-            "nothing to sweep: give at least one `--vary path=v1,v2`, e.g. `--vary data.workers=0,2`"
-                .to_string(),
-        );
+        return Err(GridError::NoAxis);
     }
     for (i, a) in axes.iter().enumerate() {
         if let Some(b) = axes[..i].iter().find(|b| b.path == a.path) {
-            return Err(format!(
-                "`--vary {}` and `--vary {}` both vary `{}`: give its values in one `--vary`",
-                b.raw, a.raw, a.path
-            ));
+            return Err(GridError::VariedTwice {
+                first: b.raw.clone(),
+                second: a.raw.clone(),
+                path: a.path.clone(),
+            });
         }
         if let Some(s) = set.iter().find(|s| s.path == a.path) {
-            return Err(format!(
-                "`--vary {}` and `--set {}` both decide `{}`: drop the `--set`",
-                a.raw, s.raw, a.path
-            ));
+            return Err(GridError::VariedAndSet {
+                vary: a.raw.clone(),
+                set: s.raw.clone(),
+                path: a.path.clone(),
+            });
         }
     }
     Ok(())
@@ -170,7 +211,7 @@ mod tests {
             ("workers", "2", "one value is not a sweep"),
             ("workers", "0,0", "given twice"),
         ] {
-            let e = parse_list(name, list).unwrap_err();
+            let e = parse_list(name, list).unwrap_err().to_string();
             assert!(e.starts_with(&format!("`-L {name} {list}`: ")) && e.contains(says), "{e}");
         }
     }
@@ -191,13 +232,15 @@ mod tests {
             ("data.workers=2,2", "given twice"),
             ("=1,2", "no field path"),
         ] {
-            let e = parse_vary(raw).unwrap_err();
+            let e = parse_vary(raw).unwrap_err().to_string();
             assert!(e.contains(&format!("--vary {raw}")) && e.contains(says), "{raw}: {e}");
         }
         let a = parse_vary("data.workers=0,2").unwrap();
         let set: Vec<Override> = vec!["data.workers=4".parse().unwrap()];
-        assert!(check_axes(std::slice::from_ref(&a), &set).unwrap_err().contains("drop the `--set`"));
-        assert!(check_axes(&[a.clone(), a], &[]).unwrap_err().contains("in one `--vary`"));
-        assert!(check_axes(&[], &[]).unwrap_err().contains("nothing to sweep"));
+        assert!(
+            check_axes(std::slice::from_ref(&a), &set).unwrap_err().to_string().contains("drop the `--set`")
+        );
+        assert!(check_axes(&[a.clone(), a], &[]).unwrap_err().to_string().contains("in one `--vary`"));
+        assert!(check_axes(&[], &[]).unwrap_err().to_string().contains("nothing to sweep"));
     }
 }

@@ -11,7 +11,7 @@ pub mod grid;
 pub mod record;
 pub mod verdict;
 
-pub use grid::{Axis, check_axes, label, parse_list, parse_vary, points};
+pub use grid::{Axis, AxisProblem, GridError, check_axes, label, parse_list, parse_vary, points};
 pub use record::{
     DiskFull, GpuRange, PointGpu, PointMemory, PointRecord, PointRun, PointSummary, ProcessPeak, Range,
     SweepRecord, SweepVerdict, summarise_point, summarise_run,
