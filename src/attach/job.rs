@@ -103,11 +103,36 @@ impl Job {
 }
 
 /// Why no job was found.
-pub fn not_found(pid: u32, why: &str) -> String {
-    format!(
-        "no PyTorch job at pid {pid}: {why}. Give the launcher's pid (torchrun, `python -m torch.distributed.run`, \
-         the `mp.spawn` parent) or any rank's; `ups-doctor attach --all` lists the jobs on this machine"
-    )
+/// No job to attach to at `pid`, and why; the message says which pids to give instead.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "no PyTorch job at pid {pid}: {why}. Give the launcher's pid (torchrun, `python -m torch.distributed.run`, \
+     the `mp.spawn` parent) or any rank's; `ups-doctor attach --all` lists the jobs on this machine"
+)]
+pub struct NoJob {
+    pub pid: u32,
+    pub why: NoJobWhy,
+}
+
+/// Why the pid given to `attach` leads to no job.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NoJobWhy {
+    #[error("there is no such process")]
+    NoProcess,
+    #[error("it has already exited (a zombie)")]
+    Zombie,
+    /// The environment of the process at that pid (a rank's, once walked up from a worker).
+    #[error(
+        "its environment `/proc/{0}/environ` cannot be read (another user's process: run as that user or as root)"
+    )]
+    Unreadable(u32),
+    #[error(
+        "it is neither a launcher nor a rank (no RANK, LOCAL_RANK, SLURM_PROCID, … in its environment, and it starts \
+         no `multiprocessing` children)"
+    )]
+    NeitherLauncherNorRank,
+    #[error("no rank process was found below it")]
+    NoRanks,
 }
 
 type Env = std::collections::HashMap<std::ffi::OsString, std::ffi::OsString>;
@@ -175,12 +200,13 @@ fn is_launcher(pid: u32, children: &BTreeMap<u32, Vec<u32>>) -> bool {
 /// Long: one walk from the given pid to the whole job — a DataLoader worker to its rank, a rank
 /// to its launcher, the launcher's ranks and the processes below them, the job's variables from
 /// the first process that has them — where each step narrows what the next one reads.
-pub fn find(pid: u32) -> Result<Job, String> {
+pub fn find(pid: u32) -> Result<Job, NoJob> {
+    let not_found = |why| NoJob { pid, why };
     let table = memory::processes();
     let stat = |p: u32| table.iter().find(|s| s.pid == p);
-    let Some(start) = stat(pid) else { return Err(not_found(pid, "there is no such process")) };
+    let Some(start) = stat(pid) else { return Err(not_found(NoJobWhy::NoProcess)) };
     if start.zombie() {
-        return Err(not_found(pid, "it has already exited (a zombie)"));
+        return Err(not_found(NoJobWhy::Zombie));
     }
     let children = children_of(&table);
     let ppid = |p: u32| stat(p).map_or(0, |s| s.ppid);
@@ -204,12 +230,7 @@ pub fn find(pid: u32) -> Result<Job, String> {
     }
     let env = memory::environ(me);
     if env.is_none() {
-        return Err(not_found(
-            pid,
-            &format!(
-                "its environment `/proc/{me}/environ` cannot be read (another user's process: run as that user or as root)"
-            ),
-        ));
+        return Err(not_found(NoJobWhy::Unreadable(me)));
     }
     let env = env.unwrap_or_default();
     let up = ppid(me);
@@ -220,11 +241,7 @@ pub fn find(pid: u32) -> Result<Job, String> {
     } else if is_launcher(me, &children) {
         Some(me)
     } else {
-        return Err(not_found(
-            pid,
-            "it is neither a launcher nor a rank (no RANK, LOCAL_RANK, SLURM_PROCID, … in its environment, and it \
-             starts no `multiprocessing` children)",
-        ));
+        return Err(not_found(NoJobWhy::NeitherLauncherNorRank));
     };
     // Started from a rank: a parent that starts ranks of several jobs (a test runner, a workflow
     // script, a notebook kernel) is the launcher of none of them. Every rank of one job shares its
@@ -321,7 +338,7 @@ pub fn find(pid: u32) -> Result<Job, String> {
         found.sort_by_key(|f| f.rank);
     }
     if found.is_empty() {
-        return Err(not_found(pid, "no rank process was found below it"));
+        return Err(not_found(NoJobWhy::NoRanks));
     }
     let rank_pids: Vec<u32> = found.iter().map(|f| f.pid).collect();
     let ranks = found
@@ -400,4 +417,27 @@ pub fn all() -> (Vec<Job>, Vec<u32>) {
 /// Whether `pid` has libtorch mapped (a PyTorch process), from `/proc/PID/maps`.
 fn has_torch(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/maps")).is_ok_and(|m| m.contains("libtorch"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pid_with_no_job_says_why_and_which_pid_to_give() {
+        assert_eq!(
+            NoJob { pid: 7, why: NoJobWhy::Unreadable(8) }.to_string(),
+            "no PyTorch job at pid 7: its environment `/proc/8/environ` cannot be read (another user's process: run \
+             as that user or as root). Give the launcher's pid (torchrun, `python -m torch.distributed.run`, the \
+             `mp.spawn` parent) or any rank's; `ups-doctor attach --all` lists the jobs on this machine"
+        );
+        assert!(
+            NoJob { pid: 7, why: NoJobWhy::NeitherLauncherNorRank }.to_string().starts_with(
+                "no PyTorch job at pid 7: it is neither a launcher nor a rank (no RANK, LOCAL_RANK, SLURM_PROCID, … in \
+                 its environment, and it starts no `multiprocessing` children). Give"
+            )
+        );
+        // A pid that no process has (pid_max is at most 2^22).
+        assert_eq!(find(u32::MAX).unwrap_err().why, NoJobWhy::NoProcess);
+    }
 }

@@ -141,7 +141,7 @@ pub fn command(args: AttachArgs) -> Result<u8, Error> {
 }
 
 fn attach_one(pid: u32, out: &Path, window: Duration, native: bool, stop: bool) -> Result<State, Error> {
-    let job = job::find(pid).map_err(Error::BadInput)?;
+    let job = job::find(pid).map_err(|e| Error::BadInput(e.to_string()))?;
     // The values of its secret flags (`--api-key X`) are masked wherever they appear (its stacks,
     // its output), not only after the flag.
     crate::secrets::learn(&serde_json::json!(job.command));

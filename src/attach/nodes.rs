@@ -73,10 +73,26 @@ pub struct Merged {
     pub front: Vec<String>,
 }
 
+/// Why the nodes' findings are not one job's.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MergeError {
+    /// `node` read another job than node `first`: its `what` is `there`, node `first`'s `here`.
+    #[error(
+        "node {node} ({host}) attached to another job than node {first}: {what} `{there}` there, `{here}` on node \
+         {first}; give each node a pid of the same job (`ups-doctor attach --all` lists the jobs on a machine)"
+    )]
+    OtherJob { node: u32, host: String, first: u32, what: &'static str, there: String, here: String },
+    #[error(
+        "rank {rank} was found on node {first} and on node {second}: not one job, or a node attached twice to the \
+         same machine's job; give each node a pid of its own share of the job"
+    )]
+    RankTwice { rank: u32, first: u32, second: u32 },
+}
+
 /// The nodes' findings (node 0's first) judged as one job; `lost` are the nodes that sent none,
 /// with how. Refused when the nodes did not attach to one job: another `TORCHELASTIC_RUN_ID`,
 /// rendezvous or `WORLD_SIZE`, or a rank found on two nodes.
-pub fn merge(all: &[Findings], lost: &[(u32, String)]) -> Result<Merged, String> {
+pub fn merge(all: &[Findings], lost: &[(u32, String)]) -> Result<Merged, MergeError> {
     let first = &all[0];
     for f in &all[1..] {
         let differs = [
@@ -85,27 +101,26 @@ pub fn merge(all: &[Findings], lost: &[(u32, String)]) -> Result<Merged, String>
             ("WORLD_SIZE", &first.world_size.map(|w| w.to_string()), &f.world_size.map(|w| w.to_string())),
         ]
         .into_iter()
-        .find_map(|(what, a, b)| match (a, b) {
-            (Some(a), Some(b)) if a != b => Some(format!("{what} `{b}` there, `{a}` on node {}", first.node)),
+        .find_map(|(what, here, there)| match (here, there) {
+            (Some(here), Some(there)) if here != there => Some(MergeError::OtherJob {
+                node: f.node,
+                host: f.host.clone(),
+                first: first.node,
+                what,
+                there: there.clone(),
+                here: here.clone(),
+            }),
             _ => None,
         });
-        if let Some(how) = differs {
-            return Err(format!(
-                "node {} ({}) attached to another job than node {}: {how}; give each node a pid of the same job \
-                 (`ups-doctor attach --all` lists the jobs on a machine)",
-                f.node, f.host, first.node
-            ));
+        if let Some(refused) = differs {
+            return Err(refused);
         }
     }
     let mut owner: BTreeMap<u32, u32> = BTreeMap::new();
     for f in all {
         for v in &f.views {
             if let Some(other) = owner.insert(v.rank, f.node) {
-                return Err(format!(
-                    "rank {} was found on node {other} and on node {}: not one job, or a node attached twice to the \
-                     same machine's job; give each node a pid of its own share of the job",
-                    v.rank, f.node
-                ));
+                return Err(MergeError::RankTwice { rank: v.rank, first: other, second: f.node });
             }
         }
     }
@@ -167,7 +182,7 @@ pub struct Part<'a> {
 /// merged, on every node).
 pub fn attach(part: Part, mut config: NodeConfig) -> Result<bool, Error> {
     config.each_node_runs = EACH_NODE_RUNS;
-    let job = job::find(part.pid).map_err(Error::BadInput)?;
+    let job = job::find(part.pid).map_err(|e| Error::BadInput(e.to_string()))?;
     if config.node == 0 { coordinate(part, &config, job) } else { join(part, &config, job) }
 }
 
@@ -200,8 +215,8 @@ fn coordinate(part: Part, config: &NodeConfig, job: job::Job) -> Result<bool, Er
     let merged = match merge(&all, &lost_how) {
         Ok(m) => m,
         Err(why) => {
-            coordinator.broadcast(&Message::Refused { reason: why.clone() }, None);
-            return Err(Error::BadInput(why));
+            coordinator.broadcast(&Message::Refused { reason: why.to_string() }, None);
+            return Err(Error::BadInput(why.to_string()));
         }
     };
     let hosts: BTreeMap<u32, String> = coordinator.agents.iter().map(|a| (a.node, a.host.clone())).collect();
@@ -474,9 +489,17 @@ mod tests {
     fn nodes_attached_to_different_jobs_are_refused_naming_what_differs() {
         let mut other = node(1, &[2, 3]);
         other.run_id = Some("another".into());
-        let why = merge(&[node(0, &[0, 1]), other], &[]).unwrap_err();
-        assert!(why.starts_with("node 1 (h1) attached to another job than node 0: TORCHELASTIC_RUN_ID `another` there, `job` on node 0"), "{why}");
-        let why = merge(&[node(0, &[0, 1]), node(1, &[1, 2])], &[]).unwrap_err();
-        assert!(why.starts_with("rank 1 was found on node 0 and on node 1"), "{why}");
+        let why = merge(&[node(0, &[0, 1]), other], &[]).unwrap_err().to_string();
+        assert_eq!(
+            why,
+            "node 1 (h1) attached to another job than node 0: TORCHELASTIC_RUN_ID `another` there, `job` on node 0; \
+             give each node a pid of the same job (`ups-doctor attach --all` lists the jobs on a machine)"
+        );
+        let why = merge(&[node(0, &[0, 1]), node(1, &[1, 2])], &[]).unwrap_err().to_string();
+        assert_eq!(
+            why,
+            "rank 1 was found on node 0 and on node 1: not one job, or a node attached twice to the same machine's \
+             job; give each node a pid of its own share of the job"
+        );
     }
 }
