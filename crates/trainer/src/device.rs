@@ -22,6 +22,27 @@ pub struct Gpus {
     pub why_not: Option<String>,
 }
 
+/// Why a rank cannot have the device `launch.device` asks for; the message ends with a hint.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DeviceError {
+    /// `cuda` where CUDA is unusable; `why` as [`Gpus::why_not`] says it.
+    #[error(
+        "`launch.device` is `cuda`, but this rank cannot use CUDA: {}\nhint: use `device: auto` to train on the CPU \
+         where there is no GPU, or run on a machine with an NVIDIA GPU and driver",
+        why.as_deref().unwrap_or("CUDA sees no GPU")
+    )]
+    NoCuda { why: Option<String> },
+    /// `cuda` for a rank whose GPU (`cuda:{rank}`) is beyond the `gpus` CUDA sees.
+    #[error(
+        "`launch.device` is `cuda` and this rank's GPU is cuda:{rank} (LOCAL_RANK={rank}), but CUDA sees {}: every \
+         CUDA rank needs a GPU of its own (NCCL refuses two ranks on one GPU)\nhint: run at most {gpus} CUDA {} on \
+         this machine, or set {FORCE_GPU_ENV}=1 to make ranks share GPUs and see NCCL's own error",
+        if *gpus == 1 { "1 GPU".to_string() } else { format!("{gpus} GPUs") },
+        if *gpus == 1 { "rank" } else { "ranks" }
+    )]
+    TooFewGpus { rank: usize, gpus: usize },
+}
+
 /// The device for a rank with `local_rank` of `local_world` ranks on this machine.
 pub fn choose(
     requested: Requested,
@@ -29,24 +50,14 @@ pub fn choose(
     local_rank: u32,
     local_world: u32,
     force: bool,
-) -> Result<Device, String> {
+) -> Result<Device, DeviceError> {
     let (rank, n) = (local_rank as usize, gpus.count);
     match requested {
         Requested::Cpu => Ok(Device::Cpu),
         Requested::Auto if n > 0 && (n >= local_world as usize || force) => Ok(Device::Cuda(rank % n)),
         Requested::Auto => Ok(Device::Cpu),
-        Requested::Cuda if n == 0 => Err(format!(
-            "`launch.device` is `cuda`, but this rank cannot use CUDA: {}\nhint: use `device: auto` to train on \
-             the CPU where there is no GPU, or run on a machine with an NVIDIA GPU and driver",
-            gpus.why_not.as_deref().unwrap_or("CUDA sees no GPU")
-        )),
-        Requested::Cuda if rank >= n && !force => Err(format!(
-            "`launch.device` is `cuda` and this rank's GPU is cuda:{rank} (LOCAL_RANK={rank}), but CUDA sees {}: \
-             every CUDA rank needs a GPU of its own (NCCL refuses two ranks on one GPU)\nhint: run at most {n} \
-             CUDA {} on this machine, or set {FORCE_GPU_ENV}=1 to make ranks share GPUs and see NCCL's own error",
-            if n == 1 { "1 GPU".to_string() } else { format!("{n} GPUs") },
-            if n == 1 { "rank" } else { "ranks" }
-        )),
+        Requested::Cuda if n == 0 => Err(DeviceError::NoCuda { why: gpus.why_not.clone() }),
+        Requested::Cuda if rank >= n && !force => Err(DeviceError::TooFewGpus { rank, gpus: n }),
         Requested::Cuda => Ok(Device::Cuda(rank % n)),
     }
 }
@@ -81,7 +92,7 @@ mod tests {
 
     #[test]
     fn cuda_without_a_gpu_says_why_and_what_to_do() {
-        let err = choose(Requested::Cuda, &gpus(0), 0, 1, false).unwrap_err();
+        let err = choose(Requested::Cuda, &gpus(0), 0, 1, false).unwrap_err().to_string();
         assert_eq!(
             err,
             "`launch.device` is `cuda`, but this rank cannot use CUDA: there is no NVIDIA driver\nhint: use \
@@ -92,7 +103,7 @@ mod tests {
 
     #[test]
     fn more_cuda_ranks_than_gpus_fail_unless_forced_to_share() {
-        let err = choose(Requested::Cuda, &gpus(1), 1, 2, false).unwrap_err();
+        let err = choose(Requested::Cuda, &gpus(1), 1, 2, false).unwrap_err().to_string();
         assert!(
             err.starts_with(
                 "`launch.device` is `cuda` and this rank's GPU is cuda:1 (LOCAL_RANK=1), but CUDA sees 1 GPU"
@@ -100,6 +111,12 @@ mod tests {
             "{err}"
         );
         assert!(err.contains("run at most 1 CUDA rank on this machine"), "{err}");
+        assert_eq!(
+            choose(Requested::Cuda, &gpus(2), 2, 3, false).unwrap_err().to_string(),
+            "`launch.device` is `cuda` and this rank's GPU is cuda:2 (LOCAL_RANK=2), but CUDA sees 2 GPUs: every CUDA \
+             rank needs a GPU of its own (NCCL refuses two ranks on one GPU)\nhint: run at most 2 CUDA ranks on this \
+             machine, or set UPS_DOCTOR_FORCE_GPU=1 to make ranks share GPUs and see NCCL's own error"
+        );
         assert_eq!(choose(Requested::Cuda, &gpus(1), 0, 2, false), Ok(Device::Cuda(0)));
         assert_eq!(choose(Requested::Cuda, &gpus(1), 1, 2, true), Ok(Device::Cuda(0)));
         assert_eq!(choose(Requested::Auto, &gpus(1), 1, 2, true), Ok(Device::Cuda(0)));

@@ -16,8 +16,8 @@ pub enum TrainError {
     Environment(String),
     #[error("{0}")]
     Unsupported(String),
-    #[error("{0}")]
-    Device(String),
+    #[error(transparent)]
+    Device(#[from] crate::device::DeviceError),
     #[error("libtorch error: {0}")]
     Torch(#[from] tch::TchError),
     #[error("{0}")]
