@@ -26,10 +26,23 @@ pub struct Dump {
     pub record: FlightRecord,
 }
 
+/// Two dumps of one rank in the folder: which one is the job's cannot be told.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "`{}` and `{}` are both rank {rank}'s Flight Recorder dump: keep one per rank (the one job's) in the folder",
+    first.display(),
+    second.display()
+)]
+pub struct TwoDumpsOfOneRank {
+    pub rank: u32,
+    pub first: PathBuf,
+    pub second: PathBuf,
+}
+
 /// The Flight Recorder dumps in `dir`: every regular file whose name ends in a rank number and
 /// whose bytes are such a dump (a pickle, or the JSON of `_dump_fr_trace_json`), by rank. Two
-/// files of one rank are an error naming both: which one is the job's cannot be told.
-pub fn read_dumps(dir: &Path) -> Result<Vec<Dump>, String> {
+/// files of one rank are an error naming both.
+pub fn read_dumps(dir: &Path) -> Result<Vec<Dump>, TwoDumpsOfOneRank> {
     let mut files = Vec::new();
     walk(dir, DEPTH, &mut files);
     files.sort();
@@ -41,12 +54,7 @@ pub fn read_dumps(dir: &Path) -> Result<Vec<Dump>, String> {
             .or_else(|| std::str::from_utf8(&bytes).ok().and_then(FlightRecord::from_dump));
         let Some(record) = record else { continue };
         if let Some(other) = dumps.iter().find(|d| d.rank == rank) {
-            return Err(format!(
-                "`{}` and `{}` are both rank {rank}'s Flight Recorder dump: keep one per rank (the one job's) in the \
-                 folder",
-                other.file.display(),
-                file.display()
-            ));
+            return Err(TwoDumpsOfOneRank { rank, first: other.file.clone(), second: file });
         }
         dumps.push(Dump { rank, file, record });
     }
@@ -160,6 +168,24 @@ mod tests {
         assert!(text.contains("rank 0 #3 `gloo:all_reduce` of \\[4\\] Float"), "{text}");
         assert!(text.contains("No dump of rank 1 in the folder"), "{text}");
         assert!(!text.contains("### Collectives where the ranks part ways"), "{text}");
+    }
+
+    #[test]
+    fn two_dumps_of_one_rank_are_refused_naming_both() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = r#"{"entries": []}"#;
+        for name in ["nccl_trace_rank_1", "copy_of_rank_1"] {
+            std::fs::write(dir.path().join(name), text).unwrap();
+        }
+        let Err(e) = read_dumps(dir.path()) else { panic!("two dumps of rank 1 read") };
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "`{}` and `{}` are both rank 1's Flight Recorder dump: keep one per rank (the one job's) in the folder",
+                dir.path().join("copy_of_rank_1").display(),
+                dir.path().join("nccl_trace_rank_1").display()
+            )
+        );
     }
 
     #[test]

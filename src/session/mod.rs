@@ -34,7 +34,7 @@ pub fn rerender(dir: &Path, public: bool, issue: bool, bundle: bool) -> Result<u
         return rerender_bisect(dir, public || issue || bundle);
     }
     if dir.is_dir() && !dir.join(report::RESULT_FILE).exists() {
-        let dumps = report::read_dumps(dir).map_err(Error::BadInput)?;
+        let dumps = report::read_dumps(dir).map_err(|e| Error::BadInput(e.to_string()))?;
         if !dumps.is_empty() {
             return report_flight_dumps(dir, &dumps, public || issue || bundle);
         }

@@ -399,7 +399,7 @@ fn apply_overrides(
     for o in overrides {
         let segments = path::parse(&o.path).map_err(|why| {
             let hint = Some("write a dotted path such as `data.workers` or `inject[0].step`".to_string());
-            ScenarioError::new(origin, Problem::new(None, why, hint)).by(Some(o))
+            ScenarioError::new(origin, Problem::new(None, why.to_string(), hint)).by(Some(o))
         })?;
         let segments = param_value_path(&value, segments, &o.value);
         path::set(&mut value, &segments, o.value.clone()).map_err(|(field, message, hint)| {

@@ -19,21 +19,36 @@ pub(crate) enum Segment {
 /// The field whose keys are dotted paths themselves.
 const WHEN: &str = "when";
 
+/// What is wrong with a dotted path; `path` is the whole path as written.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum PathError {
+    #[error("the path is empty")]
+    Empty,
+    #[error("`[` without `]` in `{path}`")]
+    Unclosed { path: String },
+    #[error("`[{index}]` in `{path}` is not a list index")]
+    NotAnIndex { index: String, path: String },
+    #[error("`{path}` is not a dotted field path")]
+    NotDotted { path: String },
+}
+
 /// Splits a dotted path into segments; the error says what is wrong with it.
-pub(crate) fn parse(path: &str) -> Result<Vec<Segment>, String> {
+pub(crate) fn parse(path: &str) -> Result<Vec<Segment>, PathError> {
     let mut segments = Vec::new();
     let mut rest = path;
+    let not_dotted = || PathError::NotDotted { path: path.to_string() };
     if rest.is_empty() {
-        return Err("the path is empty".to_string());
+        return Err(PathError::Empty);
     }
     loop {
         if let Some(after) = rest.strip_prefix('[') {
             let Some(close) = after.find(']') else {
-                return Err(format!("`[` without `]` in `{path}`"));
+                return Err(PathError::Unclosed { path: path.to_string() });
             };
-            let index = after[..close]
-                .parse::<usize>()
-                .map_err(|_| format!("`[{}]` in `{path}` is not a list index", &after[..close]))?;
+            let index = after[..close].parse::<usize>().map_err(|_| PathError::NotAnIndex {
+                index: after[..close].to_string(),
+                path: path.to_string(),
+            })?;
             segments.push(Segment::Index(index));
             rest = &after[close + 1..];
         } else {
@@ -41,7 +56,7 @@ pub(crate) fn parse(path: &str) -> Result<Vec<Segment>, String> {
             let end = if after_when { rest.len() } else { rest.find(['.', '[']).unwrap_or(rest.len()) };
             let key = &rest[..end];
             if key.is_empty() || key.contains(']') {
-                return Err(format!("`{path}` is not a dotted field path"));
+                return Err(not_dotted());
             }
             segments.push(Segment::Key(key.to_string()));
             rest = &rest[end..];
@@ -51,11 +66,11 @@ pub(crate) fn parse(path: &str) -> Result<Vec<Segment>, String> {
         }
         if let Some(after) = rest.strip_prefix('.') {
             if after.is_empty() || after.starts_with(['.', '[']) {
-                return Err(format!("`{path}` is not a dotted field path"));
+                return Err(not_dotted());
             }
             rest = after;
         } else if !rest.starts_with('[') {
-            return Err(format!("`{path}` is not a dotted field path"));
+            return Err(not_dotted());
         }
     }
 }
@@ -203,6 +218,11 @@ mod tests {
         for bad in ["", ".a", "a.", "a..b", "a[", "a[x]", "a[-1]", "a]b", "a.[0]", "a[0]b"] {
             assert!(parse(bad).is_err(), "{bad:?} should be rejected");
         }
+        let said = |bad: &str| parse(bad).unwrap_err().to_string();
+        assert_eq!(said(""), "the path is empty");
+        assert_eq!(said("a["), "`[` without `]` in `a[`");
+        assert_eq!(said("a[x]"), "`[x]` in `a[x]` is not a list index");
+        assert_eq!(said("a..b"), "`a..b` is not a dotted field path");
     }
 
     #[test]
