@@ -2,8 +2,8 @@
 //! imports it back, directly or through others, and no top-level module of the doctor (`harness`,
 //! `nodes`, `report`, …) imports one that imports it back. `cargo test architecture` prints every
 //! circle it finds as a chain of files, each step with the line that makes it. Also the shape
-//! rules of docs/design.md that a reader can count: a thin `main.rs`, and no long function without a
-//! comment that says why.
+//! rules of docs/design.md that a reader can count: a thin `main.rs`, no long function without a
+//! comment that says why, and no function other modules call whose error is a `String`.
 //!
 //! A file's imports are read from its source, tests aside (`#[cfg(test)]` items and the files of
 //! test-only modules): `use` trees (`crate::…`, `super::…`, `self::…`, and paths that start at a
@@ -926,4 +926,134 @@ fn every_caller_enters_the_judge_through_conclude() {
     let fine =
         "fn f(r: &mut R) { r.verdict = Verdict::unjudged(); crate::diagnose::conclude(r, Seen::Ran); }";
     assert!(judge_bypasses(fine).is_empty());
+}
+
+/// Functions callable from outside their module whose error may stay a `String`, each with why:
+/// `(file, name)`. Empty: every one has a typed error (issue 55). A `TryFrom<String>` for serde
+/// or a `FromStr` is a trait impl with no `pub` of its own, so it is not read here.
+const STRING_ERRORS_ALLOWED: [(&str, &str); 0] = [];
+
+/// The functions of a file's code (comments, strings and tests blanked) that code outside their
+/// module may call (`pub`, `pub(crate)`, `pub(super)`) and whose error is a bare `String`:
+/// `(line, name)`.
+fn string_errors(code: &str) -> Vec<(usize, String)> {
+    let item =
+        regex::Regex::new(r"\bpub\b(?:\s*\([^)]*\))?\s+(?:(?:const|async|unsafe|extern)\s+)*fn\s+(\w+)")
+            .unwrap();
+    item.captures_iter(code)
+        .filter(|c| return_type(&code[c.get(1).unwrap().end()..]).is_some_and(|ret| error_is_string(&ret)))
+        .map(|c| (code[..c.get(0).unwrap().start()].matches('\n').count() + 1, c[1].to_string()))
+        .collect()
+}
+
+/// The return type of a fn whose code after its name is `rest`, without whitespace and with
+/// every `->` written `~` (so that its `>` closes no bracket); `None` when it returns nothing.
+fn return_type(rest: &str) -> Option<String> {
+    let rest = rest.replace("->", "~");
+    // Past the generics and the parameters, which may hold brackets of their own (`F: Fn(u8)`).
+    let mut depth = 0i32;
+    let mut end = None;
+    for (i, c) in rest.char_indices() {
+        match c {
+            '<' | '(' | '[' => depth += 1,
+            '>' | ']' => depth -= 1,
+            ')' => {
+                depth -= 1;
+                if depth == 0 {
+                    end = Some(i + 1);
+                    break;
+                }
+            }
+            '{' | ';' if depth == 0 => return None,
+            _ => {}
+        }
+    }
+    let ret = rest[end?..].trim_start().strip_prefix('~')?;
+    // Up to the body or the `;` of a declaration (not one inside `[u8; 4]`).
+    let mut depth = 0i32;
+    let stop = ret
+        .char_indices()
+        .find(|&(_, c)| {
+            match c {
+                '<' | '(' | '[' => depth += 1,
+                '>' | ')' | ']' => depth -= 1,
+                _ => {}
+            }
+            depth == 0 && (c == '{' || c == ';')
+        })
+        .map_or(ret.len(), |(i, _)| i);
+    let ret = &ret[..stop];
+    let ret = regex::Regex::new(r"\bwhere\b").unwrap().split(ret).next().unwrap_or_default();
+    Some(ret.split_whitespace().collect())
+}
+
+/// Whether a return type (as [`return_type`] gives it) is a `Result` whose error is `String`.
+fn error_is_string(ret: &str) -> bool {
+    let Some((head, args)) = ret.split_once('<') else { return false };
+    if !(head == "Result" || head.ends_with("::Result")) || !args.ends_with('>') {
+        return false;
+    }
+    let args = &args[..args.len() - 1];
+    let mut depth = 0;
+    let mut last = None;
+    for (i, c) in args.char_indices() {
+        match c {
+            '<' | '(' | '[' => depth += 1,
+            '>' | ')' | ']' => depth -= 1,
+            ',' if depth == 0 => last = Some(i + 1),
+            _ => {}
+        }
+    }
+    last.is_some_and(|at| {
+        matches!(
+            &args[at..],
+            "String" | "std::string::String" | "::std::string::String" | "alloc::string::String"
+        )
+    })
+}
+
+#[test]
+fn functions_used_across_modules_return_typed_errors_not_strings() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut found = Vec::new();
+    let mut allowed_seen = BTreeSet::new();
+    for dir in ["src", "crates/core/src"] {
+        for m in Crate::load(&root.join(dir)).modules.values() {
+            let file = format!("{dir}/{}", m.file);
+            for (line, name) in string_errors(&m.code) {
+                match STRING_ERRORS_ALLOWED.iter().find(|(f, n)| *f == file && *n == name) {
+                    Some(allowed) => {
+                        allowed_seen.insert(*allowed);
+                    }
+                    None => found.push(format!("{file}:{line} `fn {name}`")),
+                }
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "functions callable from other modules whose error is a `String`: give each a `thiserror` error that \
+         carries its values (as `src/error.rs`, `HarnessError`, `ReportError` do), or allow it in \
+         STRING_ERRORS_ALLOWED saying why:\n{}",
+        found.join("\n")
+    );
+    let stale: Vec<_> = STRING_ERRORS_ALLOWED.iter().filter(|a| !allowed_seen.contains(*a)).collect();
+    assert!(stale.is_empty(), "allowed `String` errors that are gone; remove them from the list: {stale:?}");
+    // The check itself: any visibility beyond the module, a return type over several lines, nested
+    // generics and `->` inside them; not a private fn, a `String` as the value, a parameter, or
+    // `io::Result`.
+    let planted = "pub fn a() -> Result<u8, String> {}\n\
+                   pub(crate) fn b<F: Fn() -> u8>(f: F)\n    -> Result<Vec<(u32, String)>, String>\nwhere F: Copy {}\n\
+                   impl S { pub unsafe fn c(&self) -> std::result::Result<Box<dyn Fn() -> u8>, String>; }\n\
+                   fn d() -> Result<u8, String> {}\n\
+                   pub fn e() -> Result<String, Error> {}\n\
+                   pub fn f(r: Result<u8, String>) -> u8 {}\n\
+                   pub fn g() -> io::Result<String> {}\n\
+                   pub fn h() {}\n\
+                   pub fn i(x: [u8; 4]) -> Result<[u8; 4], String> {}\n";
+    let names: Vec<(usize, String)> = string_errors(planted);
+    assert_eq!(
+        names,
+        [(1, "a".to_string()), (2, "b".to_string()), (5, "c".to_string()), (11, "i".to_string())]
+    );
 }
