@@ -91,10 +91,10 @@ mod tests {
         });
         assert_eq!(unwritable.exit_code(), exit::INTERNAL);
         let unsaved = Error::from(SaveError::Result {
-            source: ReportError::Write {
+            source: Box::new(ReportError::Write {
                 path: "runs/x/result.json".into(),
                 source: std::io::Error::from(std::io::ErrorKind::StorageFull),
-            },
+            }),
             stale_kept: true,
         });
         assert_eq!(unsaved.exit_code(), exit::INTERNAL);

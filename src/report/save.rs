@@ -8,26 +8,28 @@ use crate::schema::RunResult;
 use super::ReportError;
 use super::files::{REPORT_FILE, RESULT_FILE, rerender, write_atomic, write_run};
 
-/// What [`save_honestly`] could not write, after making what room it could.
+/// What [`save_honestly`] could not write, after making what room it could. The report's error
+/// is boxed: its largest form (an invalid `result.json`, read back) would make every `Result` of a
+/// save as large.
 #[derive(Debug, thiserror::Error)]
 pub enum SaveError {
     /// `result.json` itself; `stale_kept` when the earlier one was kept as `result.stale.json`.
     #[error("failed to write the result: {source}{}", if *.stale_kept { STALE_KEPT } else { "" })]
-    Result { source: ReportError, stale_kept: bool },
+    Result { source: Box<ReportError>, stale_kept: bool },
     /// The reports rendered from the result that was written (`result`, in `dir`).
     #[error(
         "wrote `{}`, but not the report: {source}; render it later with `ups-doctor report {}`",
         result.display(),
         dir.display()
     )]
-    Report { result: PathBuf, dir: PathBuf, source: ReportError },
+    Report { result: PathBuf, dir: PathBuf, source: Box<ReportError> },
 }
 
 impl SaveError {
     /// The file system's error under the report's, when there is one (a full disk's `ENOSPC`).
     pub fn io(&self) -> Option<&std::io::Error> {
         match self {
-            SaveError::Result { source, .. } | SaveError::Report { source, .. } => match source {
+            SaveError::Result { source, .. } | SaveError::Report { source, .. } => match &**source {
                 ReportError::Write { source, .. }
                 | ReportError::CreateDir { source, .. }
                 | ReportError::Read { source, .. } => Some(source),
@@ -84,7 +86,8 @@ pub fn save_honestly(dir: &Path, run: &RunResult) -> Result<(), SaveError> {
     }
     if let Err(source) = written {
         let _ = std::fs::remove_file(&report_path);
-        return Err(SaveError::Result { source, stale_kept: dir.join("result.stale.json").exists() });
+        let stale_kept = dir.join("result.stale.json").exists();
+        return Err(SaveError::Result { source: Box::new(source), stale_kept });
     }
     // The result just written lists the cuts made so far.
     let mut listed = crate::harness::logs_cut(dir);
@@ -108,7 +111,7 @@ pub fn save_honestly(dir: &Path, run: &RunResult) -> Result<(), SaveError> {
     }
     rendered.map(|_| ()).map_err(|source| {
         let _ = std::fs::remove_file(&report_path);
-        SaveError::Report { result: result_path, dir: dir.to_path_buf(), source }
+        SaveError::Report { result: result_path, dir: dir.to_path_buf(), source: Box::new(source) }
     })
 }
 

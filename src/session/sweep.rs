@@ -571,10 +571,10 @@ mod tests {
     fn a_run_whose_result_could_not_be_saved_on_a_full_disk_stops_the_sweep_in_its_own_words() {
         let save = |errno: i32| {
             Error::Save(report::SaveError::Result {
-                source: report::ReportError::Write {
+                source: Box::new(report::ReportError::Write {
                     path: "out/1/result.json".into(),
                     source: std::io::Error::from_raw_os_error(errno),
-                },
+                }),
                 stale_kept: false,
             })
         };
