@@ -282,8 +282,66 @@ pub fn collective_mismatch(ev: &Evidence, first: Option<&RankEvidence>) -> Optio
     // stuck in that `all_gather`, never came).
     // (A group whose lacking rank was behind, outside any collective, is the stacks' to judge:
     // `None`, and when it comes first nothing is stated.)
-    let found = groups.into_iter().filter_map(|group| group_divergence(ev, &ledgers, group));
-    found.min_by(|(a, _), (b, _)| a.total_cmp(b)).and_then(|(_, f)| f)
+    let found: Vec<(f64, Option<Finding>)> =
+        groups.into_iter().filter_map(|group| group_divergence(ev, &ledgers, group)).collect();
+    // Two groups' divergences naming two ranks: each waits where the other never came. When the
+    // ranks were seen (clock order) is a race between them (under load, DeepSpeed's rank 1 that
+    // skipped the default group's `all_gather` reached its next gradient `all_reduce` first, and
+    // rank 0 was named); the program's own order, where the ledgers show it, is not.
+    let named: Vec<u32> = found.iter().filter_map(|(_, f)| f.as_ref()?.culprit).collect();
+    if let [a, b] = named[..]
+        && a != b
+    {
+        match left_the_programs_order(&ledgers, a, b) {
+            Some(rank) => {
+                return found.into_iter().find_map(|(_, f)| f.filter(|f| f.culprit == Some(rank)));
+            }
+            None => {
+                let mut first =
+                    found.into_iter().min_by(|(x, _), (y, _)| x.total_cmp(y)).and_then(|(_, f)| f)?;
+                first.culprit = None;
+                first.undecided = true;
+                first.evidence.push(format!(
+                    "ranks {a} and {b} each wait in a collective of a group the other never reached: which \
+                     left the program's order cannot be told from the ledgers"
+                ));
+                return Some(first);
+            }
+        }
+    }
+    found.into_iter().min_by(|(a, _), (b, _)| a.total_cmp(b)).and_then(|(_, f)| f)
+}
+
+/// Of ranks `a` and `b`, the one whose next collective after the last both issued is not what the
+/// program issued next the time before, both ranks agreeing: after DeepSpeed's
+/// `all_gather_into_tensor` of group 1, the default group's `all_gather` came each step; a rank
+/// that went from it to group 1's `all_reduce` skipped one. `None` where no earlier time agrees,
+/// or both or neither follow it.
+fn left_the_programs_order(ledgers: &[(u32, &ObservedProgram)], a: u32, b: u32) -> Option<u32> {
+    let of = |r: u32| ledgers.iter().find(|(x, _)| *x == r).map(|(_, o)| o.ledger.as_slice());
+    let (la, lb) = (of(a)?, of(b)?);
+    let key = |e: &LedgerEntry| (e.group.clone(), e.seq);
+    let find = |l: &[LedgerEntry], e: &LedgerEntry| l.iter().position(|x| key(x) == key(e));
+    // The last entry both issued, and what each issued next.
+    let (pa, pb) = la.iter().enumerate().rev().find_map(|(i, e)| Some((i, find(lb, e)?)))?;
+    let (next_a, next_b) = (la.get(pa + 1)?, lb.get(pb + 1)?);
+    if key(next_a) == key(next_b) {
+        return None;
+    }
+    let kind = |e: &LedgerEntry| (e.group.clone(), e.op.clone(), e.site.clone());
+    // The latest earlier entry like it, and what came after it on both ranks alike.
+    let last = &la[pa];
+    let before = la[..pa].iter().rposition(|e| kind(e) == kind(last))?;
+    let after = la.get(before + 1)?;
+    let after_b = lb.get(find(lb, &la[before])? + 1)?;
+    if key(after) != key(after_b) {
+        return None;
+    }
+    match (kind(next_a) == kind(after), kind(next_b) == kind(after)) {
+        (true, false) => Some(b),
+        (false, true) => Some(a),
+        _ => None,
+    }
 }
 
 /// When the collective `seq` of `group` was first issued, by any rank (never: infinitely late).
@@ -881,24 +939,58 @@ mod tests {
     /// first; group 1's follows from it. Before, group `1` was looked at alone and rank 0 named.
     #[test]
     fn of_two_groups_out_of_step_the_one_that_diverged_first_names_the_rank() {
-        let recorded: Vec<ObservedProgram> =
-            serde_json::from_str(include_str!("../fixtures/deepspeed_two_groups.json")).unwrap();
-        let ranks: Vec<RankResult> = recorded
+        // As recorded: both declared hung at 107.0 s, torn down by 113.9 s.
+        let ranks = two_groups(include_str!("../fixtures/deepspeed_two_groups.json"), 106.98, 113.83);
+        let f = judge(&ranks, &scenario(2)).expect("a mismatch");
+        assert_eq!(f.culprit, Some(1), "{:?}", f.headline);
+        let h = f.headline.unwrap();
+        assert!(h.contains("rank 1 never issued `all_gather` #10 (hf_trainer.py:12, 1,1,1, int64)"), "{h}");
+    }
+
+    /// The same cell of the matrix on a loaded machine (stop 66): rank 1, having skipped the
+    /// default group's `all_gather` #10, issued group 1's `all_reduce` #50 0.29 s before rank 0
+    /// issued that `all_gather`, so the group that diverged first by the clock was group 1, and rank
+    /// 0 was named. The program's order decides: after group 1's `all_gather_into_tensor` both
+    /// ranks issued the default group's `all_gather` each step before; rank 1 did not this time.
+    /// Without that history in the ledgers, neither rank is named.
+    #[test]
+    fn of_two_groups_out_of_step_the_programs_order_not_the_clock_names_the_rank() {
+        let recorded = include_str!("../fixtures/deepspeed_two_groups_rank1_first.json");
+        let ranks = two_groups(recorded, 122.34, 129.58);
+        let f = judge(&ranks, &scenario(2)).expect("a mismatch");
+        assert_eq!(f.culprit, Some(1), "{:?}", f.headline);
+        let h = f.headline.unwrap();
+        assert!(h.contains("rank 1 never issued `all_gather` #10 (hf_trainer.py:12, 1,1,1, int64)"), "{h}");
+        // No earlier `all_gather_into_tensor` of group 1 in the ledgers: nothing to compare with.
+        let mut ranks = two_groups(recorded, 122.34, 129.58);
+        for r in &mut ranks {
+            let ledger = &mut r.observed.as_mut().unwrap().ledger;
+            let last = ledger.iter().rposition(|e| e.op == "all_gather_into_tensor").unwrap();
+            let mut i = 0;
+            ledger.retain(|e| {
+                i += 1;
+                e.op != "all_gather_into_tensor" || i - 1 == last
+            });
+        }
+        let f = judge(&ranks, &scenario(2)).expect("a mismatch");
+        assert_eq!(f.culprit, None, "{:?}", f.headline);
+        assert!(f.evidence.iter().any(|e| e.contains("which left the program's order cannot be told")));
+    }
+
+    /// Ranks of a recorded DeepSpeed hang, their observers as `json` holds them.
+    fn two_groups(json: &str, hung_at_s: f64, ended_at_s: f64) -> Vec<RankResult> {
+        let recorded: Vec<ObservedProgram> = serde_json::from_str(json).unwrap();
+        recorded
             .into_iter()
             .enumerate()
             .map(|(rank, o)| {
                 let mut r = hung(rank as u32, &[], false);
                 r.observed = Some(o);
-                // As recorded: both declared hung at 107.0 s, torn down by 113.9 s.
-                r.hung_at_s = Some(106.98);
-                r.ended_at_s = Some(113.83);
+                r.hung_at_s = Some(hung_at_s);
+                r.ended_at_s = Some(ended_at_s);
                 r
             })
-            .collect();
-        let f = judge(&ranks, &scenario(2)).expect("a mismatch");
-        assert_eq!(f.culprit, Some(1), "{:?}", f.headline);
-        let h = f.headline.unwrap();
-        assert!(h.contains("rank 1 never issued `all_gather` #10 (hf_trainer.py:12, 1,1,1, int64)"), "{h}");
+            .collect()
     }
 
     /// Accelerate's `test_sync.py` (3 optimizer steps, 2 of them timed) with every DataLoader
