@@ -262,13 +262,18 @@ fn a_worker_that_overflows_a_small_dev_shm_is_named_with_the_figure_at_its_death
 /// about four times the private memory of a spawned worker with libtorch loaded (near 60 MiB),
 /// so a copy of it cannot hide in a worker's own memory nor be imagined from it. 501 snapshots
 /// of the 500 solver steps cost no more solving than 4 would.
+/// 240 steps, so that each worker serves batches for several seconds: with 30 (about a second
+/// of work after the workers' start) a worker on two busy cores was sampled only while it loaded
+/// libtorch, twice in fresh-clone runs beside another (USS 4.7 and 9 MiB), before the low-priority
+/// sampler got to it again; how long the workers live is the test's to make certain, not the
+/// scheduler's.
 fn spawned_workers_over(cache: &str) -> String {
     format!(
         r#"{{
   "model": {{ "depths": [1], "hidden": 32, "heads": 2, "latent_tokens": 8, "window": 2 }},
   "data": {{ "samples": 128, "grid": 1024, "timesteps": 501, "queries": 32, "batch_size": 8,
             "workers": 2, "start_method": "spawn", "cache": "{cache}" }},
-  "train": {{ "steps": 30 }},
+  "train": {{ "steps": 240 }},
   "limits": {{ "timeout_s": 300, "hang_after_s": 120 }}
 }}"#
     )
