@@ -33,9 +33,18 @@ unsafe extern "C" {
         eps: f64,
         err: *mut *mut c_char,
     ) -> i32;
-    fn ups_foreach_norm(tensors: *const *const C_tensor, n: i64, out: *mut *mut C_tensor, err: *mut *mut c_char) -> i32;
-    fn ups_foreach_mul_(tensors: *const *const C_tensor, n: i64, factor: *const C_tensor, err: *mut *mut c_char)
-    -> i32;
+    fn ups_foreach_norm(
+        tensors: *const *const C_tensor,
+        n: i64,
+        out: *mut *mut C_tensor,
+        err: *mut *mut c_char,
+    ) -> i32;
+    fn ups_foreach_mul_(
+        tensors: *const *const C_tensor,
+        n: i64,
+        factor: *const C_tensor,
+        err: *mut *mut c_char,
+    ) -> i32;
     fn ups_optim_free_string(s: *mut c_char);
 }
 
@@ -45,7 +54,9 @@ fn checked(status: i32, err: *mut c_char) -> Result<(), TchError> {
         return Ok(());
     }
     if err.is_null() {
-        return Err(TchError::Torch("unknown error (the optimizer shim could not allocate its message)".into()));
+        return Err(TchError::Torch(
+            "unknown error (the optimizer shim could not allocate its message)".into(),
+        ));
     }
     // SAFETY: on failure the shim sets `err` to a NUL-terminated string it malloc'd, released here once.
     let message = unsafe { CStr::from_ptr(err) }.to_string_lossy().into_owned();
@@ -174,7 +185,8 @@ pub fn clip_to(grads: &[Tensor], total_norm: &Tensor, max_norm: f64) -> Result<(
     let mut err = std::ptr::null_mut();
     tch::no_grad(|| {
         // SAFETY: the handles point at tensors borrowed for this call; the shim scales them in place.
-        let status = unsafe { ups_foreach_mul_(defined.as_ptr(), defined.len() as i64, coef.as_ptr(), &mut err) };
+        let status =
+            unsafe { ups_foreach_mul_(defined.as_ptr(), defined.len() as i64, coef.as_ptr(), &mut err) };
         checked(status, err)
     })
 }
