@@ -4,7 +4,7 @@
 Run through `bench/run` (it installs the PyTorch venv and builds the release binary first):
 
     bench/run [--quick] [--only harness,loader,step,ddp,detect,bisect] [--pairs N] [--threads N]
-              [--out BENCHMARKS.md] [--note TEXT]
+              [--out BENCHMARKS.md] [--note TEXT] [--baseline BINARY --baseline-label TEXT]
 
 Every comparison runs its contenders interleaved (A B A B …): one warm-up round that is thrown
 away, then `--pairs` measured rounds (5 by default). Figures are the median and the min–max of the
@@ -46,6 +46,7 @@ LOADER_RE = re.compile(
     r"dataset checksum (?P<checksum>0x[0-9a-f]+)"
 )
 PARAMS_RE = re.compile(r"parameters: (\d+); intra-op threads: (\d+)")
+OPS_RE = re.compile(r"ops per step: (?P<ops>\d+); a trivial op: (?P<us>[\d.]+) us")
 
 # Sizes. `full` is what BENCHMARKS.md is made from (about 10 minutes on an idle 2-core machine);
 # `quick` tries every comparison in a few minutes, for correctness only.
@@ -355,81 +356,115 @@ class Bench:
         return state // 8
 
     def step(self):
+        baseline = self.args.baseline and Path(self.args.baseline).resolve()
         text = [
             "## 3. Training step vs PyTorch eager (CPU)",
             "",
             "The same operator in PyTorch (`bench/peers/upsmodel.py`, a layer-for-layer port of "
-            "`src/trainer/model.rs`: encoder with supernode pooling, windowed self-attention, AdaLN "
+            "`crates/trainer/src/model.rs`: encoder with supernode pooling, windowed self-attention, AdaLN "
             "conditioning on viscosity, perceiver decoder); the bench stops unless its parameter count "
             "equals ups-doctor's (from `optimizer_state_bytes` of a one-step run). The same step: batch "
             "built in the process (timed as data, not compute), forward, MSE, loss read back, backward, "
             "global-norm clipping at 1.0, AdamW with the trainer's warm-up, gradients set to None. "
-            "`torch.optim.AdamW` runs its default CPU implementation (per tensor, like ours). Step time = "
+            "`torch.optim.AdamW` runs its default CPU implementation (a loop over the parameters: `foreach` "
+            "and `fused` are opt-in on the CPU) and `clip_grad_norm_` its default (`_foreach_norm`, "
+            "`_foreach_mul_`); ups-doctor's trainer runs libtorch's fused AdamW kernel (`_fused_adamw_`, what "
+            "`AdamW(fused=True)` runs) and the same two clipping ops, reading nothing back. Step time = "
             "compute time of the loop ÷ steps, on each trainer's own clock (its `done:` line).",
             "",
             f"Intra-op threads: {self.threads} on both sides (`OMP_NUM_THREADS` and `torch.set_num_threads`). "
             "GPU: no GPU was lent to this run, so there is no GPU figure.",
             "",
         ]
-        self.results["step"] = {}
-        for label, model, data, batch, steps in self.size["step"]:
-            sets = [*model_sets(model), "--set", f"data.samples={data['samples']}", "--set", f"data.grid={data['grid']}",
-                    "--set", f"data.timesteps={data['timesteps']}", "--set", f"data.queries={data['queries']}",
-                    "--set", f"data.batch_size={batch}"]
-            ours_params = self.parameter_count(sets)
-            env = {"OMP_NUM_THREADS": str(self.threads)}
-            ours_cmd = self.ups("train", "scenarios/train-cpu.json", *sets, "--set", f"train.steps={steps}")
-            peer_cmd = self.peer("step.py", "--model", json.dumps(model, separators=(",", ":")),
-                                 "--samples", data["samples"], "--grid", data["grid"], "--timesteps", data["timesteps"],
-                                 "--queries", data["queries"], "--batch", batch, "--steps", steps,
-                                 "--threads", self.threads)
-            peer_params = []
-
-            def ours():
-                r = self.runner.run(ours_cmd, env, "step-ours")
-                m = parse(DONE_RE, r["stdout"], "done:")
-                return {"step_ms": float(m["compute_s"]) / int(m["steps"]) * 1e3, "steps_per_s": float(m["rate"])}
-
-            def theirs():
-                r = self.runner.run(peer_cmd, env, "step-peer")
-                m = parse(DONE_RE, r["stdout"], "done:")
-                p = parse(PARAMS_RE, r["stdout"], "parameters:")
-                peer_params.append(int(p[1]))
-                if int(p[1]) != ours_params:
-                    raise BenchError(f"the PyTorch model has {p[1]} parameters, ups-doctor's {ours_params}: "
-                                     "bench/peers/upsmodel.py no longer matches src/trainer/model.rs")
-                return {"step_ms": float(m["compute_s"]) / int(m["steps"]) * 1e3, "steps_per_s": float(m["rate"])}
-
-            self.progress(f"step: {label}, {ours_params} parameters")
-            res = interleave({"ups-doctor": ours, "PyTorch eager": theirs}, self.pairs, self.warmup, self.progress)
-            self.results["step"][label] = {"rounds": res, "parameters": ours_params}
-            ratio = per_round_ratio(res, "ups-doctor", "PyTorch eager", "step_ms")
-            self.ratios.append((f"3. training step, {label}", "step time, ups-doctor ÷ PyTorch eager", ratio,
-                                "≤ 1.0", ratio["median"] <= 1.0))
+        if baseline:
             text += [
-                f"### {label}: {ours_params:,} parameters on both sides, batch {batch}, {steps} steps",
-                "",
-                "```json",
-                json.dumps(dict(model=model_full(model), data=dict(data, batch_size=batch)), separators=(", ", ": ")),
-                "```",
-                "",
-                "```sh",
-                shell(ours_cmd, env),
-                shell(peer_cmd, env),
-                "```",
-                "",
-                "| | step time (ms) | steps/s, whole loop |",
-                "| --- | --- | --- |",
-                f"| ups-doctor (tch) | {cell(stats([x['step_ms'] for x in res['ups-doctor']]), 2)} | "
-                f"{cell(stats([x['steps_per_s'] for x in res['ups-doctor']]))} |",
-                f"| PyTorch eager | {cell(stats([x['step_ms'] for x in res['PyTorch eager']]), 2)} | "
-                f"{cell(stats([x['steps_per_s'] for x in res['PyTorch eager']]))} |",
-                "",
-                f"**Ratio** (step time, ups-doctor ÷ PyTorch, per round): {cell(ratio, 3)}. Goal ≤ 1.0: "
-                f"**{'met' if ratio['median'] <= 1.0 else 'not met'}**.",
+                f"**Before and after, in the same run.** `{display_path(baseline)}` is ups-doctor built from "
+                f"{self.args.baseline_label}, run interleaved with the two others (ups-doctor, the baseline, "
+                "PyTorch, in every round), so that both ratios saw the same machine.",
                 "",
             ]
+        self.results["step"] = {}
+        for label, model, data, batch, steps in self.size["step"]:
+            text += self.step_size(label, model, data, batch, steps, baseline)
         self.sections.append(("step", text))
+
+    def step_size(self, label, model, data, batch, steps, baseline):
+        """One model size of section 3: the contenders interleaved, their figures and ratios."""
+        sets = [*model_sets(model), "--set", f"data.samples={data['samples']}", "--set", f"data.grid={data['grid']}",
+                "--set", f"data.timesteps={data['timesteps']}", "--set", f"data.queries={data['queries']}",
+                "--set", f"data.batch_size={batch}"]
+        ours_params = self.parameter_count(sets)
+        env = {"OMP_NUM_THREADS": str(self.threads)}
+        train = ["train", "scenarios/train-cpu.json", *sets, "--set", f"train.steps={steps}"]
+        peer_args = ["--model", json.dumps(model, separators=(",", ":")), "--samples", data["samples"],
+                     "--grid", data["grid"], "--timesteps", data["timesteps"], "--queries", data["queries"],
+                     "--batch", batch, "--threads", self.threads]
+        peer_cmd = self.peer("step.py", *peer_args, "--steps", steps)
+
+        def trainer(binary, tag):
+            def run():
+                r = self.runner.run([binary, *train], env, tag)
+                m = parse(DONE_RE, r["stdout"], "done:")
+                return {"step_ms": float(m["compute_s"]) / int(m["steps"]) * 1e3, "steps_per_s": float(m["rate"])}
+            return run
+
+        def theirs():
+            r = self.runner.run(peer_cmd, env, "step-peer")
+            m = parse(DONE_RE, r["stdout"], "done:")
+            p = parse(PARAMS_RE, r["stdout"], "parameters:")
+            if int(p[1]) != ours_params:
+                raise BenchError(f"the PyTorch model has {p[1]} parameters, ups-doctor's {ours_params}: "
+                                 "bench/peers/upsmodel.py no longer matches crates/trainer/src/model.rs")
+            return {"step_ms": float(m["compute_s"]) / int(m["steps"]) * 1e3, "steps_per_s": float(m["rate"])}
+
+        # Launch-bound or compute-bound: how many ATen ops PyTorch issues a step (one profiled step
+        # after a short run, outside every timed loop) and what an op that does nothing costs.
+        counted = self.runner.run(self.peer("step.py", *peer_args, "--steps", 3, "--count-ops"), env, "step-ops")
+        ops = parse(OPS_RE, counted["stdout"], "ops per step:")
+        contenders = {"ups-doctor": trainer(self.binary, "step-ours")}
+        if baseline:
+            contenders["ups-doctor baseline"] = trainer(baseline, "step-baseline")
+        contenders["PyTorch eager"] = theirs
+        self.progress(f"step: {label}, {ours_params} parameters, {ops['ops']} ops a step")
+        res = interleave(contenders, self.pairs, self.warmup, self.progress)
+        self.results["step"][label] = {"rounds": res, "parameters": ours_params, "ops": int(ops["ops"]),
+                                       "empty_op_us": float(ops["us"])}
+        ratio = per_round_ratio(res, "ups-doctor", "PyTorch eager", "step_ms")
+        self.ratios.append((f"3. training step, {label}", "step time, ups-doctor ÷ PyTorch eager", ratio,
+                            "≤ 0.9", ratio["median"] <= 0.9))
+        eager_ms = stats([x["step_ms"] for x in res["PyTorch eager"]])["median"]
+        text = [
+            f"### {label}: {ours_params:,} parameters on both sides, batch {batch}, {steps} steps",
+            "",
+            "```json",
+            json.dumps(dict(model=model_full(model), data=dict(data, batch_size=batch)), separators=(", ", ": ")),
+            "```",
+            "",
+            "```sh",
+            shell(self.ups(*train), env),
+            shell(peer_cmd, env),
+            "```",
+            "",
+            f"PyTorch issues {ops['ops']} ATen ops a step (forward, backward, clipping, AdamW; counted by "
+            f"`torch.profiler`, `step.py --count-ops`): {eager_ms * 1e3 / int(ops['ops']):.1f} µs of its step "
+            f"per op, against {float(ops['us']):.2f} µs for an op that does nothing (a 1-element `torch.add`).",
+            "",
+            "| | step time (ms) | steps/s, whole loop |",
+            "| --- | --- | --- |",
+        ]
+        names = {"ups-doctor": "ups-doctor (tch)", "ups-doctor baseline": f"ups-doctor, {self.args.baseline_label}",
+                 "PyTorch eager": "PyTorch eager"}
+        for name, rounds in res.items():
+            text.append(f"| {names[name]} | {cell(stats([x['step_ms'] for x in rounds]), 2)} | "
+                        f"{cell(stats([x['steps_per_s'] for x in rounds]))} |")
+        text += ["", f"**Ratio** (step time, ups-doctor ÷ PyTorch, per round): {cell(ratio, 3)}. Goal ≤ 0.9: "
+                 f"**{'met' if ratio['median'] <= 0.9 else 'not met'}**."]
+        if baseline:
+            before = per_round_ratio(res, "ups-doctor baseline", "PyTorch eager", "step_ms")
+            self.ratios.append((f"3. training step, {label}", f"the same, {self.args.baseline_label}", before,
+                                "–", None))
+            text[-1] += f" {self.args.baseline_label[0].upper()}{self.args.baseline_label[1:]}: {cell(before, 3)}."
+        return text + [""]
 
     # -- 4 -----------------------------------------------------------------------------------
     def ddp(self):
@@ -802,6 +837,8 @@ def machine_facts(bench):
         "ups-doctor": f"`{display_path(bench.binary)}` (release build), libtorch 2.11.0",
         "peers": (f"PyTorch {torch_version[0]} on Python {torch_version[1]}" if len(torch_version) == 2
                   else "unknown") + f" (`{bench.python}`)",
+        **({"baseline": f"`{display_path(Path(bench.args.baseline).resolve())}` ({bench.args.baseline_label}), "
+                        "release build"} if bench.args.baseline else {}),
         "GPU": "none lent to this run",
         "load average at start": " ".join(f"{x:.2f}" for x in os.getloadavg()),
     }
@@ -815,6 +852,10 @@ def main():
     p.add_argument("--pairs", type=int, default=0, help="measured rounds per comparison (default 5; quick 2)")
     p.add_argument("--threads", type=int, default=0, help="intra-op threads of single-process runs (default: cores)")
     p.add_argument("--binary", default=str(REPO / "target" / "release" / "ups-doctor"))
+    p.add_argument("--baseline", default="", help="another ups-doctor build (its ups-doctor-trainer beside it), "
+                   "e.g. of main before a change: the step comparison runs it too, interleaved, for before and after")
+    p.add_argument("--baseline-label", default="the baseline build",
+                   help="what --baseline was built from, as the report names it (e.g. 'main at c18d13d')")
     p.add_argument("--python", default=os.environ.get("UPS_DOCTOR_PYTHON", ""))
     p.add_argument("--out", default=str(REPO / "BENCHMARKS.md"))
     p.add_argument("--work", default="")
@@ -829,6 +870,8 @@ def main():
         p.error("no PyTorch venv: set UPS_DOCTOR_PYTHON (bench/run does, after `./x pytorch`)")
     if not Path(args.binary).exists():
         p.error(f"no ups-doctor binary at {args.binary}: run `./x release` (bench/run does)")
+    if args.baseline and not (Path(args.baseline).exists() and (Path(args.baseline).parent / "ups-doctor-trainer").exists()):
+        p.error(f"--baseline {args.baseline}: no such ups-doctor with an ups-doctor-trainer beside it")
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H-%M-%SZ")
     args.work = args.work or str(REPO / "reports" / "runs" / f"bench-{stamp}")
     # Ctrl-C and SIGTERM end the command running with its process group (Runner.run), even when

@@ -1,8 +1,9 @@
 //! Gives the `ups-doctor` binary an rpath to libtorch, so it runs without `LD_LIBRARY_PATH`
 //! (torch-sys links libtorch but sets no rpath), records the libtorch version for reports, and
 //! compiles the C++ shims over libtorch's `c10d::TCPStore` (`csrc/store_shim.cpp`, used by
-//! `trainer::dist::store`) and its autocast state (`csrc/autocast_shim.cpp`, `trainer::amp`)
-//! against the same libtorch's headers.
+//! `trainer::dist::store`), its autocast state (`csrc/autocast_shim.cpp`, `trainer::amp`) and its
+//! multi-tensor optimizer ops (`csrc/optim_shim.cpp`, `trainer::optim`) against the same
+//! libtorch's headers.
 
 use std::env;
 use std::fs;
@@ -14,6 +15,7 @@ fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=csrc/store_shim.cpp");
     println!("cargo:rerun-if-changed=csrc/autocast_shim.cpp");
+    println!("cargo:rerun-if-changed=csrc/optim_shim.cpp");
     let lib = env::var("DEP_TCH_LIBTORCH_LIB")
         .expect("torch-sys did not export DEP_TCH_LIBTORCH_LIB: is torch-sys a direct dependency?");
     println!("cargo:rustc-link-arg=-Wl,-rpath,{lib}");
@@ -33,8 +35,8 @@ fn main() {
     compile_store_shim(Path::new(&lib));
 }
 
-/// Builds `csrc/store_shim.cpp` and `csrc/autocast_shim.cpp` into a static library linked into
-/// the crate. Headers come from
+/// Builds `csrc/store_shim.cpp`, `csrc/autocast_shim.cpp` and `csrc/optim_shim.cpp` into a static
+/// library linked into the crate. Headers come from
 /// `LIBTORCH_INCLUDE/include` when set (torch-sys honours the same variable), else from the
 /// `include` folder next to libtorch's `lib`. libtorch itself is already linked by torch-sys.
 fn compile_store_shim(lib: &Path) {
@@ -47,6 +49,7 @@ fn compile_store_shim(lib: &Path) {
         .cpp(true)
         .file("csrc/store_shim.cpp")
         .file("csrc/autocast_shim.cpp")
+        .file("csrc/optim_shim.cpp")
         // -isystem, not -I: libtorch's headers are not ours to warn about.
         .flag("-isystem")
         .flag(include.to_string_lossy().as_ref())

@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use tch::nn::OptimizerConfig;
-use tch::{Device, Reduction, Tensor, nn};
+use tch::{Device, Kind, Reduction, Tensor, nn};
 
 use crate::protocol::Marker;
 use crate::scenario::{Mode, Scenario};
@@ -384,15 +384,16 @@ pub fn train(scenario: &Scenario, env: RankEnv) -> Result<Summary, TrainError> {
             _ => unreachable!("ddp and fsdp always have a collective"),
         };
         let (phase, _) = enter(&faults, "optimizer", Some(step))?;
-        let mut norm_sq = optim::squared_norm(&grads);
+        let mut norm_sq = optim::squared_norm(&grads)?;
         if let (Parallel::Fsdp(_), Some((_, coll))) = (&par, dist.as_mut()) {
-            // Each rank holds a slice of the gradient: the global norm sums their squares.
-            let mut total = Tensor::from_slice(&[norm_sq as f32]).to_device(device);
+            // Each rank holds a slice of the gradient: the global norm sums their squares. The
+            // sum stays a tensor (float32 on the wire, as PyTorch's FSDP sends it); no rank reads it.
+            let mut total = norm_sq.to_kind(Kind::Float).reshape([1]);
             coll.all_reduce_sum(&mut total)?;
-            norm_sq = f64::try_from(total)?;
+            norm_sq = total.to_kind(Kind::Double).reshape([] as [i64; 0]);
         }
-        optim::clip_to(&grads, norm_sq.sqrt(), GRAD_CLIP_NORM);
-        opt.step(&opt_params, &grads, t.lr * warmup_factor(step, t.steps));
+        optim::clip_to(&grads, &norm_sq.sqrt(), GRAD_CLIP_NORM)?;
+        opt.step(&opt_params, &grads, t.lr * warmup_factor(step, t.steps))?;
         grad_reset.zero_grad();
         compute_ms += phase.end();
 
