@@ -111,7 +111,7 @@ def readings(key, bench):
             "the same ATen ops from Rust. How long PyTorch's ops are, on average: " + "; ".join(bound) + ": the "
             "shorter, the more of the step is dispatch (launch-bound); the longer, the more it is kernels "
             "(compute-bound), where the two converge. The optimizers differ: PyTorch's default CPU AdamW loops "
-            "over the parameters (about eight tensor ops each); ups-doctor's is one fused kernel call over all "
+            "over the parameters (about nine tensor ops each); ups-doctor's is one fused kernel call over all "
             "of them (`_fused_adamw_`), which reads each parameter, gradient and moment once. ")
         if behind:
             out[0] += (
