@@ -16,6 +16,7 @@ fn main() {
     println!("cargo:rerun-if-changed=csrc/store_shim.cpp");
     println!("cargo:rerun-if-changed=csrc/autocast_shim.cpp");
     println!("cargo:rerun-if-changed=csrc/optim_shim.cpp");
+    println!("cargo:rerun-if-changed=csrc/shim_error.h");
     let lib = env::var("DEP_TCH_LIBTORCH_LIB")
         .expect("torch-sys did not export DEP_TCH_LIBTORCH_LIB: is torch-sys a direct dependency?");
     println!("cargo:rustc-link-arg=-Wl,-rpath,{lib}");

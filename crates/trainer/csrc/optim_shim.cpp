@@ -23,33 +23,12 @@
 #include <exception>
 #include <vector>
 
+#include "shim_error.h"
+
 namespace {
 
-char* dup_message(const char* text) {
-  size_t n = std::strlen(text);
-  char* out = static_cast<char*>(std::malloc(n + 1));
-  if (out != nullptr) {
-    std::memcpy(out, text, n + 1);
-  }
-  return out;
-}
-
-// Runs f, turning any exception into *err (the message users know from Python, without the C++
-// backtrace some builds append).
-template <typename F>
-int guarded(char** err, F&& f) {
-  try {
-    f();
-    return 0;
-  } catch (const c10::Error& e) {
-    *err = dup_message(e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    *err = dup_message(e.what());
-  } catch (...) {
-    *err = dup_message("unknown C++ exception");
-  }
-  return -1;
-}
+using ups_shim::dup_message;
+using ups_shim::guarded;
 
 // A list of n tensors from tch's handles. The handles outlive the call; the list shares their
 // TensorImpls, so in-place ops on it update the caller's tensors.

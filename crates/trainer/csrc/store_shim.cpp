@@ -18,33 +18,12 @@
 #include <string>
 #include <vector>
 
+#include "shim_error.h"
+
 namespace {
 
-char* dup_message(const char* text) {
-  size_t n = std::strlen(text);
-  char* out = static_cast<char*>(std::malloc(n + 1));
-  if (out != nullptr) {
-    std::memcpy(out, text, n + 1);
-  }
-  return out;
-}
-
-// Runs f, turning any exception into *err. c10::Error's what() carries a C++ backtrace in some
-// builds; what_without_backtrace() is the message users know from Python.
-template <typename F>
-int guarded(char** err, F&& f) {
-  try {
-    f();
-    return 0;
-  } catch (const c10::Error& e) {
-    *err = dup_message(e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    *err = dup_message(e.what());
-  } catch (...) {
-    *err = dup_message("unknown C++ exception");
-  }
-  return -1;
-}
+using ups_shim::dup_message;
+using ups_shim::guarded;
 
 } // namespace
 
