@@ -289,27 +289,23 @@ pub fn collective_mismatch(ev: &Evidence, first: Option<&RankEvidence>) -> Optio
     // skipped the default group's `all_gather` reached its next gradient `all_reduce` first, and
     // rank 0 was named); the program's own order, where the ledgers show it, is not.
     let named: Vec<u32> = found.iter().filter_map(|(_, f)| f.as_ref()?.culprit).collect();
-    if let [a, b] = named[..]
-        && a != b
-    {
-        match left_the_programs_order(&ledgers, a, b) {
-            Some(rank) => {
-                return found.into_iter().find_map(|(_, f)| f.filter(|f| f.culprit == Some(rank)));
-            }
-            None => {
-                let mut first =
-                    found.into_iter().min_by(|(x, _), (y, _)| x.total_cmp(y)).and_then(|(_, f)| f)?;
-                first.culprit = None;
-                first.undecided = true;
-                first.evidence.push(format!(
-                    "ranks {a} and {b} each wait in a collective of a group the other never reached: which \
-                     left the program's order cannot be told from the ledgers"
-                ));
-                return Some(first);
-            }
-        }
+    let two = match named[..] {
+        [a, b] if a != b => Some((a, b)),
+        _ => None,
+    };
+    if let Some(rank) = two.and_then(|(a, b)| left_the_programs_order(&ledgers, a, b)) {
+        return found.into_iter().find_map(|(_, f)| f.filter(|f| f.culprit == Some(rank)));
     }
-    found.into_iter().min_by(|(a, _), (b, _)| a.total_cmp(b)).and_then(|(_, f)| f)
+    let mut first = found.into_iter().min_by(|(x, _), (y, _)| x.total_cmp(y)).and_then(|(_, f)| f)?;
+    if let Some((a, b)) = two {
+        first.culprit = None;
+        first.undecided = true;
+        first.evidence.push(format!(
+            "ranks {a} and {b} each wait in a collective of a group the other never reached: which left the \
+             program's order cannot be told from the ledgers"
+        ));
+    }
+    Some(first)
 }
 
 /// Of ranks `a` and `b`, the one whose next collective after the last both issued is not what the
@@ -320,7 +316,9 @@ pub fn collective_mismatch(ev: &Evidence, first: Option<&RankEvidence>) -> Optio
 fn left_the_programs_order(ledgers: &[(u32, &ObservedProgram)], a: u32, b: u32) -> Option<u32> {
     let of = |r: u32| ledgers.iter().find(|(x, _)| *x == r).map(|(_, o)| o.ledger.as_slice());
     let (la, lb) = (of(a)?, of(b)?);
-    let key = |e: &LedgerEntry| (e.group.clone(), e.seq);
+    fn key(e: &LedgerEntry) -> (&str, u64) {
+        (&e.group, e.seq)
+    }
     let find = |l: &[LedgerEntry], e: &LedgerEntry| l.iter().position(|x| key(x) == key(e));
     // The last entry both issued, and what each issued next.
     let (pa, pb) = la.iter().enumerate().rev().find_map(|(i, e)| Some((i, find(lb, e)?)))?;
@@ -328,7 +326,9 @@ fn left_the_programs_order(ledgers: &[(u32, &ObservedProgram)], a: u32, b: u32) 
     if key(next_a) == key(next_b) {
         return None;
     }
-    let kind = |e: &LedgerEntry| (e.group.clone(), e.op.clone(), e.site.clone());
+    fn kind(e: &LedgerEntry) -> (&str, &str, &str) {
+        (&e.group, &e.op, &e.site)
+    }
     // The latest earlier entry like it, and what came after it on both ranks alike.
     let last = &la[pa];
     let before = la[..pa].iter().rposition(|e| kind(e) == kind(last))?;

@@ -426,7 +426,14 @@ fn slot_members(slot: &Slot, others: &[u32]) -> Vec<u32> {
 /// `ProcessExitedException`, for the rank that process was found to be when its own status was
 /// not read (spawn reaps at once: on a busy machine before the watcher looked). The index is
 /// spawn's: its processes in the order they started.
-fn spawns_account(slots: &mut [Slot], l: &Launcher, lines: &[String], start: Instant) {
+/// `failure`: spawn's `process i terminated …` among `lines`, read by the caller.
+fn spawns_account(
+    slots: &mut [Slot],
+    l: &Launcher,
+    lines: &[String],
+    failure: Option<crate::harness::observe::spawn::SpawnFailure>,
+    start: Instant,
+) {
     let mut spawned = l.spawned.clone();
     spawned.sort_by_key(|who| (who.start_ticks, who.pid));
     // A rank's own exception, relayed by `spawn` (its wrapper caught it in the child): the rank's
@@ -444,7 +451,7 @@ fn spawns_account(slots: &mut [Slot], l: &Launcher, lines: &[String], start: Ins
         });
         slot.end.stderr_tail = block;
     }
-    let Some(failure) = crate::harness::observe::spawn::spawn_failure(lines) else { return };
+    let Some(failure) = failure else { return };
     let Some(who) = spawned.get(failure.index as usize) else { return };
     if let Some(slot) = slots.iter_mut().find(|s| s.found_id == Some(*who) && s.end.exit.is_none()) {
         slot.end.exit = Some(failure.exit);
@@ -1569,13 +1576,14 @@ impl Supervisor<'_, '_> {
         // `spawn` names the process that failed by its index, which is its rank: a rank beyond
         // the world watched (one that exited before any rank formed the group and told the world)
         // is that many ranks, where the run may grow and the launcher did start that process.
-        if let Some(f) = crate::harness::observe::spawn::spawn_failure(&lines)
+        let failure = crate::harness::observe::spawn::spawn_failure(&lines);
+        if let Some(f) = &failure
             && self.plan.grow_to.is_some_and(|cap| f.index < cap)
             && (f.index as usize) < l.spawned.len()
         {
             self.grow(f.index + 1, self.start.elapsed().as_secs_f64());
         }
-        spawns_account(&mut self.slots, &l, &lines, self.start);
+        spawns_account(&mut self.slots, &l, &lines, failure, self.start);
         srun_account(&mut self.slots, &l, &lines);
         confirm_by_markers(&l, &mut self.slots);
         claim_by_markers(&mut self.slots, &l, self.start);
