@@ -153,6 +153,20 @@ fn an_abort_by_the_collective_librarys_size_mismatch_is_a_collective_mismatch_at
     assert!(!headline.contains("collateral"), "{headline}");
     let aborted = s["ranks"].as_array().unwrap().iter().filter(|r| r["signal"] == "SIGABRT").count();
     assert_eq!(aborted, 1, "{:#}", s["ranks"]);
+    // Each rank's ledger ends in the all-reduce it was in, with the size it passed: the aborted
+    // rank's too, which gloo aborted before its observer sent it (the file the observer maps
+    // kept it).
+    let last: Vec<(&str, &str, bool)> = s["ranks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            let e =
+                r["observed"]["ledger"].as_array().and_then(|l| l.last()).unwrap_or_else(|| panic!("{r:#}"));
+            (e["op"].as_str().unwrap(), e["shapes"].as_str().unwrap(), r["signal"] == "SIGABRT")
+        })
+        .collect();
+    assert_eq!(last, [("all_reduce", "8", true), ("all_reduce", "16", false)], "{:#}", s["ranks"]);
     assert!(!evidence(s).iter().any(|e| e.contains("named no frame")), "{:#?}", evidence(s));
 }
 

@@ -127,6 +127,10 @@ class _Observer:
         # first step, False where there is none.
         self.count_steps = None
         self.counter = None
+        # The newest collectives, kept in a file this process maps (`tail_issued`): None until
+        # the first, False where there is none; `tail_count` those written.
+        self.tail = None
+        self.tail_count = 0
         # This process answered ups-doctor's request for its Flight Recorder entries
         # (`answer_flight`), or has none to give.
         self.flight_answered = False
@@ -367,6 +371,7 @@ class _Observer:
         # The parent's step counter is mapped here too: the child never writes it, and makes its
         # own if it steps (a rank forked by its launcher; a DataLoader worker does not step).
         self.count_steps = self.counter = None
+        self.tail, self.tail_count = None, 0
 
         # A forked child (a DataLoader worker) issues no collective; the parent's group may have
         # been mid-call at the fork, so the child never touches it.
@@ -503,6 +508,83 @@ class _Observer:
         except Exception:
             pass
         return self.count_steps
+
+    def tail_issued(self, entry):
+        """Keeps a collective the program issued in the file this process maps
+        (`$UPS_DOCTOR_STOP_STACKS/PID.colls`, `_TAIL_*` below): the page outlives the process, so
+        a rank that gloo aborts, a segfault or a SIGKILL stops in a collective before its ledger
+        entries are sent (the sending thread waits 0.25 s) still says which it was in and which it
+        issued before. Returns the entry's number, for `tail_returned`; None where none is kept.
+        Before `send`: the sending thread makes the entry's sizes text in place."""
+        tail = self.tail
+        if tail is None:
+            tail = self._open_tail()
+        if not tail:
+            return None
+        n = self.tail_count
+        self.tail_count = n + 1
+        text = "\x1f".join((entry["op"], entry["group"], _shapes_text(entry["shapes"]),
+                            _dtype_text(entry["dtype"]), entry["site"])).encode()[:_TAIL_TEXT]
+        _TAIL_SLOT_PACK(tail, _TAIL_HEAD + (n % _TAIL_SLOTS) * _TAIL_SLOT, 1, time.monotonic_ns(), entry["seq"],
+                        entry.get("pos", 0), 0.0, text)
+        _TAIL_COUNT_PACK(tail, 0, n + 1)
+        return n
+
+    def tail_returned(self, n, ms):
+        """The kept collective number `n` returned after `ms`: its slot says so, unless newer ones
+        took it since."""
+        tail = self.tail
+        if tail and self.tail_count - n <= _TAIL_SLOTS:
+            at = _TAIL_HEAD + (n % _TAIL_SLOTS) * _TAIL_SLOT
+            _TAIL_MS_PACK(tail, at + 32, ms)
+            tail[at] = 2
+
+    def _open_tail(self):
+        self.tail = False
+        folder = os.environ.get(_STOP_STACKS)
+        if not folder:
+            return False
+        try:
+            import mmap
+
+            if _TAIL_SLOT_PACK is None:
+                _tail_structs()
+            size = _TAIL_HEAD + _TAIL_SLOTS * _TAIL_SLOT
+            fd = os.open(os.path.join(folder, f"{os.getpid()}.colls"), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                os.ftruncate(fd, size)
+                self.tail = mmap.mmap(fd, size)
+            finally:
+                os.close(fd)
+        except Exception:
+            pass
+        return self.tail
+
+
+# The file a rank's newest collectives are kept in (`_Observer.tail_issued`; read by
+# `collective_tail` in src/harness/os/stacks.rs): a header (a little-endian u64, the entries
+# written, then 8 bytes unused) and `_TAIL_SLOTS` slots of `_TAIL_SLOT` bytes, entry n in slot
+# n % _TAIL_SLOTS. A slot: its state (u8: 1 issued, 2 returned), 7 unused bytes, then u64s: the
+# `CLOCK_MONOTONIC` nanoseconds it was issued at, its sequence number in its group, its place in
+# the default group's own count (0: not known), an f64 of the milliseconds it took (once
+# returned), and `_TAIL_TEXT` bytes of UTF-8, NUL-padded: op, group, sizes, dtype and call site,
+# separated by U+001F.
+_TAIL_SLOTS = 32
+_TAIL_SLOT = 256
+_TAIL_HEAD = 16
+_TAIL_TEXT = _TAIL_SLOT - 40
+_TAIL_SLOT_PACK = None
+_TAIL_COUNT_PACK = None
+_TAIL_MS_PACK = None
+
+
+def _tail_structs():
+    global _TAIL_SLOT_PACK, _TAIL_COUNT_PACK, _TAIL_MS_PACK
+    import struct
+
+    _TAIL_SLOT_PACK = struct.Struct(f"<B7xQQQd{_TAIL_TEXT}s").pack_into
+    _TAIL_COUNT_PACK = struct.Struct("<Q").pack_into
+    _TAIL_MS_PACK = struct.Struct("<d").pack_into
 
 
 _observer = None
@@ -643,24 +725,34 @@ def _describe(entry):
     `float32`), its duration rounded to the microsecond."""
     sizes = entry["shapes"]
     if sizes.__class__ is list:
-        texts = []
-        for size in sizes:
-            text = _SHAPES.get(size)
-            if text is None:
-                text = "x".join(str(d) for d in size) or "scalar"
-                if len(_SHAPES) < _CACHE_MAX:
-                    _SHAPES[size] = text
-            texts.append(text)
-        entry["shapes"] = ",".join(texts)
-        dtype = entry["dtype"]
-        if dtype != "":
-            text = _DTYPES.get(dtype)
-            if text is None:
-                text = _DTYPES[dtype] = str(dtype).replace("torch.", "")
-            entry["dtype"] = text
+        entry["shapes"] = _shapes_text(sizes)
+        entry["dtype"] = _dtype_text(entry["dtype"])
     ms = entry.get("ms")
     if ms is not None:
         entry["ms"] = round(ms, 3)
+
+
+def _shapes_text(sizes):
+    """Tensors' sizes as torch gives them (a list of `torch.Size`), as text: `1x16,1x16`."""
+    texts = []
+    for size in sizes:
+        text = _SHAPES.get(size)
+        if text is None:
+            text = "x".join(str(d) for d in size) or "scalar"
+            if len(_SHAPES) < _CACHE_MAX:
+                _SHAPES[size] = text
+        texts.append(text)
+    return ",".join(texts)
+
+
+def _dtype_text(dtype):
+    """A torch dtype as text (`float32`); "" stays "" (no tensor)."""
+    if dtype == "":
+        return ""
+    text = _DTYPES.get(dtype)
+    if text is None:
+        text = _DTYPES[dtype] = str(dtype).replace("torch.", "")
+    return text
 
 
 def _tensors(value, out, tensor):
@@ -732,9 +824,10 @@ def _wrap_collective(dist, op, original):
                 entry["pos"] = before + 1
                 # Counted as one while it runs (a rank may hang in it), as many as it issued after.
                 obs.spans += 1
+            kept = obs.tail_issued(entry)
             obs.send(entry)
         except Exception:
-            entry = before = None
+            entry = before = kept = None
         started = time.perf_counter()
         result = original(*args, **kwargs)
         if entry is not None:
@@ -749,6 +842,8 @@ def _wrap_collective(dist, op, original):
                     span = after - before
                     obs.spans += span - 1
             obs.returned(entry, ms, span)
+            if kept is not None:
+                obs.tail_returned(kept, ms)
         return result
 
     setattr(dist, op, collective)

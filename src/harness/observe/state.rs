@@ -227,6 +227,12 @@ impl RankState {
         }
     }
 
+    /// A collective the rank's observer kept in its own memory, read after the rank ended
+    /// (issued at `at`, where its stamp could be read): see [`ObservedProgram::apply_kept`].
+    pub fn kept_collective(&mut self, at: f64, marker: &Marker) {
+        ObservedProgram::apply_kept(&mut self.observed, at, marker);
+    }
+
     fn record_step_end(&mut self, step: u64, at: f64) {
         keep_thinned(&mut self.step_ends, &mut self.step_stride, step, at);
     }

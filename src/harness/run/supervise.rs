@@ -1517,6 +1517,26 @@ impl Supervisor<'_, '_> {
         }
     }
 
+    /// The collectives each rank's observer kept in the file it maps, read once its process has
+    /// ended: a rank gloo aborted (or one killed) in a collective within the quarter second the
+    /// observer's sending thread waits still says which it was in, and what it issued before.
+    fn read_collective_tails(&mut self) {
+        let Some(folder) = &self.plan.stop_stacks else { return };
+        let start = self.start;
+        for slot in &mut self.slots {
+            let Some(pid) = slot.end.pid else { continue };
+            for (marker, stamp) in crate::harness::os::stacks::collective_tail(folder, pid) {
+                let Some(at) = crate::harness::os::process::stamp_instant(stamp, Duration::MAX)
+                    .and_then(|at| at.checked_duration_since(start))
+                    .map(|d| d.as_secs_f64())
+                else {
+                    continue;
+                };
+                slot.end.state.kept_collective(at, &marker);
+            }
+        }
+    }
+
     /// Reaps the launcher of a `launcher`-style run and reads its output: which ranks torchrun
     /// says failed and how (for ranks whose end was not seen), the lines to quote per rank, and
     /// whether its stdout matched the completion pattern; then settles the ranks no process of
@@ -1641,6 +1661,7 @@ impl Supervisor<'_, '_> {
         // its counter was never looked for: Lightning's rank 1, segfaulting in step 4, reported 0
         // steps in 6 of 8 runs by hand and in a fresh-clone CI run.
         self.read_step_counters();
+        self.read_collective_tails();
         self.share_membership();
         let members = self.members.lock().map(|m| m.clone()).unwrap_or_default();
         let worker_ids: Vec<(u32, u32)> =

@@ -308,6 +308,25 @@ pub struct ObservedProgram {
 }
 
 impl ObservedProgram {
+    /// Folds in a collective the rank's observer kept in the file it maps, read after the rank
+    /// ended (`collective_tail` in `src/harness/os/stacks.rs`): one its markers never said (issued
+    /// after the last that went out: a rank aborted or killed within the quarter second its
+    /// sending thread waits), or the time of one they said was still under way. One older than
+    /// its group's newest in the ledger was said already, or let go as the ledger is.
+    pub fn apply_kept(this: &mut Option<Self>, at: f64, marker: &Marker) {
+        let Marker::Collective { group, seq, ms, .. } = marker else { return };
+        if let Some(o) = this.as_mut() {
+            if let Some(e) = o.ledger.iter_mut().rev().find(|e| e.group == *group && e.seq == *seq) {
+                e.ms = e.ms.or(*ms);
+                return;
+            }
+            if o.ledger.iter().any(|e| e.group == *group && e.seq > *seq) {
+                return;
+            }
+        }
+        Self::apply(this, at, marker);
+    }
+
     /// Folds one observer marker, written at `at` (seconds since the scenario started), in;
     /// `false` for any other marker.
     pub fn apply(this: &mut Option<Self>, at: f64, marker: &Marker) -> bool {
@@ -457,6 +476,39 @@ mod tests {
         assert_eq!(o.at("default", 40).unwrap().ms, Some(1.0));
         assert_eq!(last.render(), "`all_gather` #41 (train.py:40, 1, float32)");
         assert!(!ObservedProgram::apply(&mut None, 1.0, &Marker::Error { message: "x".into() }));
+    }
+
+    /// What a rank's file kept adds the collectives its markers never said and the end of one
+    /// they left under way, and never goes back on what they said or let go.
+    #[test]
+    fn kept_collectives_add_what_the_markers_never_said_and_nothing_twice() {
+        let mut o = None;
+        for seq in 1..=3 {
+            ObservedProgram::apply(&mut o, 1.0, &collective("all_reduce", seq, Some(1.0)));
+        }
+        ObservedProgram::apply(&mut o, 1.0, &collective("all_reduce", 4, None));
+        // The file: 2 (said, returned), 3 (said), 4 (said under way, returned since), 5 and 6 (never
+        // said; 6 under way as the rank died).
+        for (seq, ms) in [(2, Some(1.0)), (3, Some(1.0)), (4, Some(2.5)), (5, Some(1.0)), (6, None)] {
+            ObservedProgram::apply_kept(&mut o, 2.0, &collective("all_gather", seq, ms));
+        }
+        // Older than the ledger's newest of its group, not in it: let go before, not brought back.
+        ObservedProgram::apply_kept(&mut o, 2.0, &collective("barrier", 0, None));
+        let o = o.unwrap();
+        let seen: Vec<_> = o.ledger.iter().map(|e| (e.op.as_str(), e.seq, e.ms)).collect();
+        assert_eq!(
+            seen,
+            [
+                ("all_reduce", 1, Some(1.0)),
+                ("all_reduce", 2, Some(1.0)),
+                ("all_reduce", 3, Some(1.0)),
+                ("all_reduce", 4, Some(2.5)),
+                ("all_gather", 5, Some(1.0)),
+                ("all_gather", 6, None)
+            ]
+        );
+        assert_eq!(o.collectives, 6);
+        assert_eq!(o.ledger[5].at_s, Some(2.0));
     }
 
     #[test]
