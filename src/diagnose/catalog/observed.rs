@@ -16,7 +16,9 @@ pub const COLLECTIVE_MISMATCH: Pattern = Pattern {
               rank had failed: a reaction to its end, as a SIGTERM handler's broadcast), or a different one; or the \
               collective library itself said the sizes differ (gloo's `Received data size doesn't match expected \
               size. Is there a distributed collective mismatch in your code?`, often in the `what():` of the \
-              exception that aborted a rank), with both sizes and, from the ledgers, what each rank issued",
+              exception that aborted a rank), with both sizes and, from the ledgers, what each rank issued; the rank \
+              named is the one whose size at that call site changed, the odd one of three or more, or the one that \
+              issued another collective where the program, after the same one before, issued what the others did",
     explanation: "Every rank of a process group must issue the same collectives in the same order. A rank that \
                   skips one (a rank-dependent `if`, an early `continue`, an exception caught on one rank) or \
                   adds one leaves the others waiting in it, or pairs it with a different collective: the run \
@@ -92,6 +94,26 @@ pub fn size_mismatch(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Find
                 .join("; ")
         ));
     }
+    // Ranks that issued different collectives at one place (a rank skipped one, and the library
+    // paired its next with the others' skipped one, whose sizes differ): the one that left the
+    // program's order, where the ledgers show what came next the time before.
+    let ledgers: Vec<(u32, &ObservedProgram)> =
+        ev.ranks.iter().filter_map(|r| Some((r.rank(), observed(r)?))).collect();
+    if ledgers.len() == ev.ranks.len()
+        && let Some(d) = the_one_that_left(&ledgers)
+    {
+        f.culprit = Some(d.rank);
+        f.evidence.push(d.render());
+        return Some(size_mismatch_finding(
+            f,
+            first,
+            &sizes,
+            &format!(
+                " The sizes differ because the ranks issued different collectives: rank {} left the program's order.",
+                d.rank
+            ),
+        ));
+    }
     // The rank whose size at that call site changed from what it passed there before, where the
     // others' did not: it is the one that differs (a last batch of another size, a rank-dependent
     // slice), whatever the number of ranks.
@@ -147,6 +169,12 @@ pub fn size_mismatch(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Find
     if f.undecided && !differ.contains("cannot be told") {
         differ.push_str(" Which rank passed the wrong size cannot be told from what was seen.");
     }
+    Some(size_mismatch_finding(f, first, &sizes, &differ))
+}
+
+/// The finding of [`size_mismatch`], with its headline: the rank the library aborted, the sizes it
+/// gave (`sizes`), and what the ledgers say of them (`differ`).
+fn size_mismatch_finding(mut f: Finding, first: &RankEvidence, sizes: &str, differ: &str) -> Finding {
     f.headline = Some(format!(
         "Collectives out of step: {} aborted in a collective whose sizes differ between the ranks{sizes} \
          (the library's own words: `Received data size doesn't match expected size`).{differ}",
@@ -158,7 +186,7 @@ pub fn size_mismatch(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Find
          `TORCH_DISTRIBUTED_DEBUG=DETAIL` checks every collective's shapes across ranks on the next run."
             .to_string(),
     );
-    Some(f)
+    f
 }
 
 pub const STRAGGLER: Pattern = Pattern {
@@ -293,7 +321,7 @@ pub fn collective_mismatch(ev: &Evidence, first: Option<&RankEvidence>) -> Optio
         [a, b] if a != b => Some((a, b)),
         _ => None,
     };
-    if let Some(rank) = two.and_then(|(a, b)| left_the_programs_order(&ledgers, a, b)) {
+    if let Some(rank) = two.and_then(|(a, b)| left_the_programs_order(&ledgers, a, b)).map(|d| d.rank) {
         return found.into_iter().find_map(|(_, f)| f.filter(|f| f.culprit == Some(rank)));
     }
     let mut first = found.into_iter().min_by(|(x, _), (y, _)| x.total_cmp(y)).and_then(|(_, f)| f)?;
@@ -308,40 +336,93 @@ pub fn collective_mismatch(ev: &Evidence, first: Option<&RankEvidence>) -> Optio
     Some(first)
 }
 
-/// Of ranks `a` and `b`, the one whose next collective after the last both issued is not what the
-/// program issued next the time before, both ranks agreeing: after DeepSpeed's
+/// A rank that left the program's order of collectives ([`left_the_programs_order`]).
+struct Departure<'l> {
+    rank: u32,
+    /// The last collective both ranks issued alike, and the one issued after the time before it.
+    last: &'l LedgerEntry,
+    expected: &'l LedgerEntry,
+    /// What the rank that left issued next instead.
+    went: &'l LedgerEntry,
+}
+
+impl Departure<'_> {
+    /// `after `all_gather` #75 (…), rank 1 issued `broadcast_object_list` #76 (…), where the
+    /// program issued `broadcast` (operations.py:466) the time before (#73, on both ranks)`.
+    fn render(&self) -> String {
+        let site =
+            if self.expected.site.is_empty() { String::new() } else { format!(" ({})", self.expected.site) };
+        format!(
+            "after {}, rank {} issued {} where the program issued `{}`{site} next the time before (#{}, on both \
+             ranks): it left the program's order of collectives",
+            self.last.render(),
+            self.rank,
+            self.went.render(),
+            self.expected.op,
+            self.expected.seq,
+        )
+    }
+}
+
+/// Of ranks `a` and `b`, the one whose next collective after the last both issued alike is not
+/// what the program issued next the time before, both ranks agreeing: after DeepSpeed's
 /// `all_gather_into_tensor` of group 1, the default group's `all_gather` came each step; a rank
-/// that went from it to group 1's `all_reduce` skipped one. `None` where no earlier time agrees,
-/// or both or neither follow it.
-fn left_the_programs_order(ledgers: &[(u32, &ObservedProgram)], a: u32, b: u32) -> Option<u32> {
+/// that went from it to group 1's `all_reduce` skipped one; after Accelerate's `all_gather`, its
+/// `broadcast` came, and a rank that issued a `broadcast_object_list` there (gloo paired it with
+/// the other's `broadcast`) skipped one. `None` where no earlier time agrees, or both or neither
+/// follow it.
+fn left_the_programs_order<'l>(
+    ledgers: &[(u32, &'l ObservedProgram)],
+    a: u32,
+    b: u32,
+) -> Option<Departure<'l>> {
     let of = |r: u32| ledgers.iter().find(|(x, _)| *x == r).map(|(_, o)| o.ledger.as_slice());
     let (la, lb) = (of(a)?, of(b)?);
     fn key(e: &LedgerEntry) -> (&str, u64) {
         (&e.group, e.seq)
     }
-    let find = |l: &[LedgerEntry], e: &LedgerEntry| l.iter().position(|x| key(x) == key(e));
-    // The last entry both issued, and what each issued next.
-    let (pa, pb) = la.iter().enumerate().rev().find_map(|(i, e)| Some((i, find(lb, e)?)))?;
-    let (next_a, next_b) = (la.get(pa + 1)?, lb.get(pb + 1)?);
-    if key(next_a) == key(next_b) {
-        return None;
-    }
     fn kind(e: &LedgerEntry) -> (&str, &str, &str) {
         (&e.group, &e.op, &e.site)
+    }
+    let find =
+        |l: &[LedgerEntry], e: &LedgerEntry| l.iter().position(|x| key(x) == key(e) && kind(x) == kind(e));
+    // The last entry both issued alike, and what each issued next.
+    let (pa, pb) = la.iter().enumerate().rev().find_map(|(i, e)| Some((i, find(lb, e)?)))?;
+    let (next_a, next_b) = (la.get(pa + 1)?, lb.get(pb + 1)?);
+    if key(next_a) == key(next_b) && kind(next_a) == kind(next_b) {
+        return None;
     }
     // The latest earlier entry like it, and what came after it on both ranks alike.
     let last = &la[pa];
     let before = la[..pa].iter().rposition(|e| kind(e) == kind(last))?;
     let after = la.get(before + 1)?;
     let after_b = lb.get(find(lb, &la[before])? + 1)?;
-    if key(after) != key(after_b) {
+    if key(after) != key(after_b) || kind(after) != kind(after_b) {
         return None;
     }
-    match (kind(next_a) == kind(after), kind(next_b) == kind(after)) {
-        (true, false) => Some(b),
-        (false, true) => Some(a),
-        _ => None,
+    let (rank, went) = match (kind(next_a) == kind(after), kind(next_b) == kind(after)) {
+        (true, false) => (b, next_b),
+        (false, true) => (a, next_a),
+        _ => return None,
+    };
+    Some(Departure { rank, last, expected: after, went })
+}
+
+/// Of every pair of ranks, the one rank that left the program's order ([`left_the_programs_order`]),
+/// where every pair that says names the same one.
+fn the_one_that_left<'l>(ledgers: &[(u32, &'l ObservedProgram)]) -> Option<Departure<'l>> {
+    let mut found: Option<Departure<'l>> = None;
+    for (i, (a, _)) in ledgers.iter().enumerate() {
+        for (b, _) in &ledgers[i + 1..] {
+            let Some(d) = left_the_programs_order(ledgers, *a, *b) else { continue };
+            match &found {
+                Some(f) if f.rank != d.rank => return None,
+                Some(_) => {}
+                None => found = Some(d),
+            }
+        }
     }
+    found
 }
 
 /// When the collective `seq` of `group` was first issued, by any rank (never: infinitely late).
@@ -886,6 +967,75 @@ mod tests {
         let f = with_evidence(&ranks, &s, |ev| size_mismatch(ev, ev.ranks.first())).expect("a size mismatch");
         assert_eq!(f.culprit, None);
         assert!(f.headline.unwrap().contains("cannot be told from the sizes alone"));
+    }
+
+    /// Accelerate's `test_script.py` in the accuracy matrix (stop 67): every sync is an
+    /// `all_gather`, a `broadcast` and a `broadcast_object_list`, in that order. Rank 1 skipped a
+    /// `broadcast`; its `broadcast_object_list` was paired with rank 0's `broadcast` and gloo
+    /// aborted it on the sizes (`64 vs 16`). Both ledgers reach the collective each was in (the
+    /// aborted rank's from the file its observer maps): after the `all_gather` both issued, the
+    /// program issued the `broadcast` the time before, and rank 1 did not. Without that history,
+    /// neither is named.
+    #[test]
+    fn a_size_mismatch_of_ranks_that_issued_different_collectives_names_the_one_that_left_the_order() {
+        let s = scenario(2);
+        let sync = [
+            ("all_gather", "operations.py:349"),
+            ("broadcast", "operations.py:466"),
+            ("broadcast_object_list", "operations.py:577"),
+        ];
+        let ledger = |skip: bool| -> Vec<LedgerEntry> {
+            let mut calls: Vec<(&str, &str)> = sync.iter().chain(&sync).chain(&sync[..2]).copied().collect();
+            if skip {
+                calls[7] = sync[2];
+            } else {
+                calls.push(sync[2]);
+            }
+            let n = calls.len();
+            calls
+                .iter()
+                .enumerate()
+                .map(|(i, (op, site))| {
+                    let mut e = entry(op, i as u64 + 1, (i + 1 < n).then_some(0.3));
+                    e.site = site.to_string();
+                    e
+                })
+                .collect()
+        };
+        let mut ranks: Vec<RankResult> = (0..2).map(|r| hung(r, &[], false)).collect();
+        ranks[0].observed.as_mut().unwrap().ledger = ledger(false);
+        ranks[1].observed.as_mut().unwrap().ledger = ledger(true);
+        ranks[1].outcome = OutcomeKind::Signaled;
+        ranks[1].signal = Some(crate::schema::Signal::ABRT);
+        ranks[1].log_tail = vec![
+            "  what():  [enforce fail at /pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:456] op.preamble.length \
+             <= op.nbytes. 64 vs 16. Received data size doesn't match expected size. Is there a distributed collective \
+             mismatch in your code?"
+                .into(),
+        ];
+        let f = with_evidence(&ranks, &s, |ev| size_mismatch(ev, ev.ranks.iter().find(|r| r.rank() == 1)))
+            .expect("a size mismatch");
+        assert_eq!(f.culprit, Some(1), "{:?}", f.headline);
+        let h = f.headline.unwrap();
+        assert!(h.contains("it received 64 where it expected 16"), "{h}");
+        assert!(h.ends_with("rank 1 left the program's order."), "{h}");
+        assert!(
+            f.evidence.iter().any(|e| e.contains(
+                "after `all_gather` #7 (operations.py:349, 1, float32), rank 1 issued `broadcast_object_list` #8 \
+                 (operations.py:577, 1, float32) where the program issued `broadcast` (operations.py:466) next the \
+                 time before (#5, on both ranks)"
+            )),
+            "{:#?}",
+            f.evidence
+        );
+        // Without an earlier `all_gather` in the ledgers, what came after it cannot be compared.
+        for r in &mut ranks {
+            r.observed.as_mut().unwrap().ledger.drain(..6);
+        }
+        let f = with_evidence(&ranks, &s, |ev| size_mismatch(ev, ev.ranks.iter().find(|r| r.rank() == 1)))
+            .expect("a size mismatch");
+        assert_eq!(f.culprit, None, "{:?}", f.headline);
+        assert!(f.headline.unwrap().contains("cannot be told"));
     }
 
     #[test]
