@@ -273,7 +273,7 @@ FAULTS = [
          rule="--shm-size 16k with DataLoader workers (every rank on its own)"),
     dict(name="exit-rdzv", env=dict(ACC_FAULT="exit-rdzv"), outcome={"crashed"}, culprit=R,
          patterns=["rendezvous-incomplete"], keywords=[], needs="dist",
-         rule="rank 1 exits 3 as it calls init_process_group"),
+         rule="rank 1 exits 3 as it calls init_process_group, once the others have called it"),
     dict(name="port-in-use", outcome={"crashed", "launch_failed"}, culprit="any",
          patterns=["rendezvous-port-in-use"], keywords=["{port}"], needs="dist", hold_port=True,
          rule="the master port is held (listening) by another process before the run"),

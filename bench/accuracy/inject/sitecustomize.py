@@ -26,7 +26,8 @@ Faults (all on rank ACC_RANK):
   slow-data    ACC_MS asleep in every DataLoader fetch (a data straggler; in workers too)
   leak         at step ACC_STEP, keeps allocating (and touching) 64 MiB blocks until killed (OOM)
   kill-worker  a DataLoader worker of the rank SIGKILLs itself at its ACC_STEP-th fetch
-  exit-rdzv    the rank exits with status 3 as it calls init_process_group (before rendezvous)
+  exit-rdzv    the rank exits with status 3 as it calls init_process_group, once every other rank
+               has called it (before rendezvous)
 """
 
 import json
@@ -195,14 +196,44 @@ def _wrap_init(dist):
         r = kwargs.get("rank")
         if r is None or r == -1:
             r = os.environ.get("RANK")
-        if FAULT == "exit-rdzv" and r is not None and int(r) == TARGET:
-            _stamp()
-            _say(f"rank {TARGET} exits with status 3 before the rendezvous")
-            os._exit(3)
+        if FAULT == "exit-rdzv" and r is not None:
+            world = kwargs.get("world_size")
+            if world is None or world == -1:
+                world = os.environ.get("WORLD_SIZE")
+            if int(r) == TARGET:
+                _others_joining(int(r), int(world) if world is not None else None)
+                _stamp()
+                _say(f"rank {TARGET} exits with status 3 before the rendezvous")
+                os._exit(3)
+            _joining(int(r))
         return original(*args, **kwargs)
 
     init_process_group.__wrapped__ = original
     dist.init_process_group = init_process_group
+
+
+def _joining(rank):
+    """exit-rdzv: this rank is about to wait in the rendezvous (a file beside ACC_STAMP)."""
+    if STAMP:
+        try:
+            open(f"{STAMP}.joining-{rank}", "w").close()
+        except OSError:
+            pass
+
+
+def _others_joining(rank, world):
+    """exit-rdzv: the fault is a rank that leaves while the others wait in the rendezvous, so it
+    fires once every other rank has called init_process_group (at most 120 s), and 2 s later, by
+    which time they are inside it. Without this, which the fault is depends on a race: a rank
+    still importing its framework when the target exits is stopped by its launcher before it
+    ever waits, and the run shows a rank that exited early, not a rendezvous left incomplete."""
+    if not STAMP or not world:
+        return
+    deadline = time.time() + 120
+    others = [f"{STAMP}.joining-{r}" for r in range(world) if r != rank]
+    while time.time() < deadline and not all(os.path.exists(p) for p in others):
+        time.sleep(0.05)
+    time.sleep(2)
 
 
 def _wrap_fetch(fetch):
