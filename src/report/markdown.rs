@@ -632,7 +632,40 @@ fn speed_line(s: &ScenarioResult) -> String {
     if !waits.is_empty() {
         parts.push(format!("waiting for data {} of step time", waits.join(", ")));
     }
+    if let Some(waited) = collective_time(s) {
+        parts.push(waited);
+    }
     format!("**Speed:** {}", parts.join(" · "))
+}
+
+/// Each rank's time in collectives over the whole run, as its observer timed them (in steps and
+/// between them), where more than one rank timed any: what "two GPUs, no speed-up" asks first,
+/// how long each rank waited for the others. Over 8 ranks, the least, the median and the most.
+fn collective_time(s: &ScenarioResult) -> Option<String> {
+    let mut each: Vec<(u32, f64)> = s
+        .ranks
+        .iter()
+        .filter_map(|r| Some((r.rank, r.observed.as_ref()?.collective_total_ms)))
+        .collect();
+    if each.len() < 2 || each.iter().all(|(_, ms)| *ms <= 0.0) {
+        return None;
+    }
+    let secs = |ms: f64| text::secs(ms / 1000.0);
+    let text = if each.len() <= 8 {
+        each.iter().map(|(rank, ms)| format!("rank {rank} {}", secs(*ms))).collect::<Vec<_>>().join(", ")
+    } else {
+        each.sort_by(|a, b| a.1.total_cmp(&b.1));
+        let (least, most) = (each[0], each[each.len() - 1]);
+        format!(
+            "least {} (rank {}), median {}, most {} (rank {})",
+            secs(least.1),
+            least.0,
+            secs(each[each.len() / 2].1),
+            secs(most.1),
+            most.0
+        )
+    };
+    Some(format!("in collectives over the whole run: {text}"))
 }
 
 /// Multi-rank runs: whether the ranks ended with the same parameters, and the optimizer state

@@ -42,6 +42,36 @@ fn markdown_of_an_input_bound_run() {
     assert!(md.contains("208.6 samples/s"), "{md}");
 }
 
+/// Each rank's time in collectives over the whole run is on the speed line where the observer
+/// timed it (the accuracy matrix's Accelerate straggler: rank 0 waited 10.9 s for rank 1); over
+/// 8 ranks, the least, the median and the most; not where no rank timed any.
+#[test]
+fn the_speed_line_says_how_long_each_rank_waited_in_collectives() {
+    let with = |times: &[f64]| {
+        let mut s = fixtures::passing();
+        s.ranks = times
+            .iter()
+            .enumerate()
+            .map(|(i, ms)| {
+                let mut r = fixtures::rank(i as u32, 10);
+                r.observed = Some(crate::schema::ObservedProgram { collective_total_ms: *ms, ..Default::default() });
+                r
+            })
+            .collect();
+        let md = render_markdown(&run(vec![s]));
+        md.lines().find(|l| l.starts_with("**Speed:**")).expect("a speed line").to_string()
+    };
+    let line = with(&[10_900.0, 30.0]);
+    assert!(line.ends_with(" · in collectives over the whole run: rank 0 10.9 s, rank 1 0.03 s"), "{line}");
+    let many: Vec<f64> = (0..16).map(|r| if r == 5 { 9_000.0 } else { 100.0 + r as f64 }).collect();
+    let line = with(&many);
+    assert!(
+        line.ends_with(" · in collectives over the whole run: least 0.10 s (rank 0), median 0.11 s, most 9.0 s (rank 5)"),
+        "{line}"
+    );
+    assert!(!with(&[0.0, 0.0]).contains("collectives"));
+}
+
 #[test]
 fn markdown_of_an_interrupted_run() {
     insta::assert_snapshot!(render_markdown(&fixtures::interrupted()));
