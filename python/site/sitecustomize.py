@@ -523,11 +523,16 @@ class _Observer:
             return None
         n = self.tail_count
         self.tail_count = n + 1
-        text = "\x1f".join((entry["op"], entry["group"], _shapes_text(entry["shapes"]),
-                            _dtype_text(entry["dtype"]), entry["site"])).encode()[:_TAIL_TEXT]
-        _TAIL_SLOT_PACK(tail, _TAIL_HEAD + (n % _TAIL_SLOTS) * _TAIL_SLOT, 1, time.monotonic_ns(), entry["seq"],
-                        entry.get("pos", 0), 0.0, text)
-        _TAIL_COUNT_PACK(tail, 0, n + 1)
+        # The entry's text, worked out once for each call site, op, group, dtype and sizes.
+        key = (entry["site"], entry["op"], entry["group"], entry["dtype"], *entry["shapes"])
+        text = _TAIL_TEXTS.get(key)
+        if text is None:
+            text = "\x1f".join((entry["op"], entry["group"], _shapes_text(entry["shapes"]),
+                                _dtype_text(entry["dtype"]), entry["site"])).encode()[:_TAIL_TEXT]
+            if len(_TAIL_TEXTS) < _CACHE_MAX:
+                _TAIL_TEXTS[key] = text
+        _TAIL_SLOT_PACK(tail, (n % _TAIL_SLOTS) * _TAIL_SLOT, 1, time.monotonic_ns(), entry["seq"], entry.get("pos", 0),
+                        0.0, text)
         return n
 
     def tail_returned(self, n, ms):
@@ -535,7 +540,7 @@ class _Observer:
         took it since."""
         tail = self.tail
         if tail and self.tail_count - n <= _TAIL_SLOTS:
-            at = _TAIL_HEAD + (n % _TAIL_SLOTS) * _TAIL_SLOT
+            at = (n % _TAIL_SLOTS) * _TAIL_SLOT
             _TAIL_MS_PACK(tail, at + 32, ms)
             tail[at] = 2
 
@@ -549,7 +554,7 @@ class _Observer:
 
             if _TAIL_SLOT_PACK is None:
                 _tail_structs()
-            size = _TAIL_HEAD + _TAIL_SLOTS * _TAIL_SLOT
+            size = _TAIL_SLOTS * _TAIL_SLOT
             fd = os.open(os.path.join(folder, f"{os.getpid()}.colls"), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
             try:
                 os.ftruncate(fd, size)
@@ -562,28 +567,26 @@ class _Observer:
 
 
 # The file a rank's newest collectives are kept in (`_Observer.tail_issued`; read by
-# `collective_tail` in src/harness/os/stacks.rs): a header (a little-endian u64, the entries
-# written, then 8 bytes unused) and `_TAIL_SLOTS` slots of `_TAIL_SLOT` bytes, entry n in slot
-# n % _TAIL_SLOTS. A slot: its state (u8: 1 issued, 2 returned), 7 unused bytes, then u64s: the
+# `collective_tail` in src/harness/os/stacks.rs): `_TAIL_SLOTS` slots of `_TAIL_SLOT` bytes, the
+# n-th entry in slot n % _TAIL_SLOTS, so their order is their stamps'. A slot: its state (u8: 0
+# never written, 1 issued, 2 returned), 7 unused bytes, then little-endian u64s: the
 # `CLOCK_MONOTONIC` nanoseconds it was issued at, its sequence number in its group, its place in
 # the default group's own count (0: not known), an f64 of the milliseconds it took (once
 # returned), and `_TAIL_TEXT` bytes of UTF-8, NUL-padded: op, group, sizes, dtype and call site,
 # separated by U+001F.
 _TAIL_SLOTS = 32
 _TAIL_SLOT = 256
-_TAIL_HEAD = 16
 _TAIL_TEXT = _TAIL_SLOT - 40
+_TAIL_TEXTS = {}
 _TAIL_SLOT_PACK = None
-_TAIL_COUNT_PACK = None
 _TAIL_MS_PACK = None
 
 
 def _tail_structs():
-    global _TAIL_SLOT_PACK, _TAIL_COUNT_PACK, _TAIL_MS_PACK
+    global _TAIL_SLOT_PACK, _TAIL_MS_PACK
     import struct
 
     _TAIL_SLOT_PACK = struct.Struct(f"<B7xQQQd{_TAIL_TEXT}s").pack_into
-    _TAIL_COUNT_PACK = struct.Struct("<Q").pack_into
     _TAIL_MS_PACK = struct.Struct("<d").pack_into
 
 

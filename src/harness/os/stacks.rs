@@ -224,49 +224,46 @@ pub fn step_counter(folder: &Path, pid: u32) -> Option<(u64, u64)> {
 }
 
 /// The file a rank's observer keeps its newest collectives in (`_Observer.tail_issued` in
-/// `python/site/sitecustomize.py`, where its layout is written down): `folder/PID.colls`.
-const TAIL_SLOTS: u64 = 32;
+/// `python/site/sitecustomize.py`, where its layout is written down): `folder/PID.colls`, slots
+/// of 256 bytes.
 const TAIL_SLOT: usize = 256;
-const TAIL_HEAD: usize = 16;
 
-/// The collectives a rank's observer kept in the file it maps, oldest first, each with the
-/// `CLOCK_MONOTONIC` nanoseconds it was issued at; none where it kept none. A slot never written
-/// or cut short is left out.
+/// The collectives a rank's observer kept in the file it maps, oldest first (by the
+/// `CLOCK_MONOTONIC` nanoseconds each was issued at, given with it); none where it kept none. A
+/// slot never written or cut short is left out.
 pub fn collective_tail(folder: &Path, pid: u32) -> Vec<(Marker, u64)> {
     let Ok(bytes) = std::fs::read(folder.join(format!("{pid}.colls"))) else { return Vec::new() };
-    let word = |i: usize| Some(u64::from_le_bytes(bytes.get(i..i + 8)?.try_into().ok()?));
-    let Some(count) = word(0) else { return Vec::new() };
-    (count.saturating_sub(TAIL_SLOTS)..count)
-        .filter_map(|n| {
-            let at = TAIL_HEAD + (n % TAIL_SLOTS) as usize * TAIL_SLOT;
-            let slot = bytes.get(at..at + TAIL_SLOT)?;
-            let state = slot[0];
-            if !matches!(state, 1 | 2) {
-                return None;
-            }
-            let (stamp, seq, pos) = (word(at + 8)?, word(at + 16)?, word(at + 24)?);
-            let ms = f64::from_bits(word(at + 32)?);
-            let text = &slot[40..];
-            let text =
-                std::str::from_utf8(&text[..text.iter().position(|b| *b == 0).unwrap_or(text.len())]).ok()?;
-            let [op, group, shapes, dtype, site] =
-                text.split('\u{1f}').collect::<Vec<_>>().try_into().ok()?;
-            let marker = Marker::Collective {
-                op: op.into(),
-                group: group.into(),
-                seq,
-                shapes: shapes.into(),
-                dtype: dtype.into(),
-                site: site.into(),
-                // Rounded to the microsecond, as the markers send it.
-                ms: (state == 2).then_some((ms * 1000.0).round() / 1000.0),
-                pos: (pos > 0).then_some(pos),
-                span: None,
-                skipped: 0,
-            };
-            Some((marker, stamp))
-        })
-        .collect()
+    let mut kept: Vec<(Marker, u64)> = bytes.chunks_exact(TAIL_SLOT).filter_map(kept_collective).collect();
+    kept.sort_by_key(|(m, stamp)| (*stamp, if let Marker::Collective { seq, .. } = m { *seq } else { 0 }));
+    kept
+}
+
+/// One slot of that file: the collective and its stamp.
+fn kept_collective(slot: &[u8]) -> Option<(Marker, u64)> {
+    let word = |i: usize| Some(u64::from_le_bytes(slot.get(i..i + 8)?.try_into().ok()?));
+    let state = slot[0];
+    if !matches!(state, 1 | 2) {
+        return None;
+    }
+    let (stamp, seq, pos) = (word(8)?, word(16)?, word(24)?);
+    let ms = f64::from_bits(word(32)?);
+    let text = &slot[40..];
+    let text = std::str::from_utf8(&text[..text.iter().position(|b| *b == 0).unwrap_or(text.len())]).ok()?;
+    let [op, group, shapes, dtype, site] = text.split('\u{1f}').collect::<Vec<_>>().try_into().ok()?;
+    let marker = Marker::Collective {
+        op: op.into(),
+        group: group.into(),
+        seq,
+        shapes: shapes.into(),
+        dtype: dtype.into(),
+        site: site.into(),
+        // Rounded to the microsecond, as the markers send it.
+        ms: (state == 2).then_some((ms * 1000.0).round() / 1000.0),
+        pos: (pos > 0).then_some(pos),
+        span: None,
+        skipped: 0,
+    };
+    Some((marker, stamp))
 }
 
 #[cfg(test)]
@@ -275,28 +272,29 @@ mod tests {
     use crate::harness::os::found::{FoundState, FoundWatch};
 
     /// The file a rank's observer keeps its newest collectives in, as `_Observer.tail_issued`
-    /// lays it out: entries past the ring's size let go of the oldest, a returned one carries its
-    /// time, an unwritten or cut slot is left out.
+    /// lays it out: 34 entries in 32 slots let go of the oldest two, the rest come oldest first
+    /// whichever slot holds them, a returned one carries its time, an unwritten, garbled or cut
+    /// slot is left out.
     #[test]
     fn the_collectives_a_rank_kept_are_read_oldest_first() {
         let dir = tempfile::tempdir().unwrap();
-        let mut bytes = vec![0u8; TAIL_HEAD + TAIL_SLOTS as usize * TAIL_SLOT];
-        let count = TAIL_SLOTS + 2;
-        bytes[..8].copy_from_slice(&count.to_le_bytes());
+        let slots = 32;
+        let mut bytes = vec![0u8; slots * TAIL_SLOT];
+        let count = slots as u64 + 2;
         for n in 0..count {
-            let at = TAIL_HEAD + (n % TAIL_SLOTS) as usize * TAIL_SLOT;
-            let last = n + 1 == count;
-            bytes[at] = if last { 1 } else { 2 };
-            bytes[at + 8..at + 16].copy_from_slice(&(1_000 + n).to_le_bytes());
-            bytes[at + 16..at + 24].copy_from_slice(&(n + 1).to_le_bytes());
-            bytes[at + 24..at + 32].copy_from_slice(&(if n == 2 { 0u64 } else { n + 10 }).to_le_bytes());
-            bytes[at + 32..at + 40].copy_from_slice(&0.5004f64.to_le_bytes());
+            let at = (n as usize % slots) * TAIL_SLOT;
+            let slot = &mut bytes[at..at + TAIL_SLOT];
+            slot.fill(0);
+            slot[0] = if n + 1 == count { 1 } else { 2 };
+            slot[8..16].copy_from_slice(&(1_000 + n).to_le_bytes());
+            slot[16..24].copy_from_slice(&(n + 1).to_le_bytes());
+            slot[24..32].copy_from_slice(&(if n == 2 { 0u64 } else { n + 10 }).to_le_bytes());
+            slot[32..40].copy_from_slice(&0.5004f64.to_le_bytes());
             let text = format!("all_gather\u{1f}default\u{1f}1x{n}\u{1f}float32\u{1f}train.py:{n}");
-            bytes[at + 40..at + 40 + text.len()].copy_from_slice(text.as_bytes());
+            slot[40..40 + text.len()].copy_from_slice(text.as_bytes());
         }
         std::fs::write(dir.path().join("7.colls"), &bytes).unwrap();
         let kept = collective_tail(dir.path(), 7);
-        assert_eq!(kept.len(), TAIL_SLOTS as usize);
         let seqs: Vec<u64> = kept
             .iter()
             .map(|(m, _)| match m {
@@ -304,17 +302,16 @@ mod tests {
                 other => panic!("{other:?}"),
             })
             .collect();
-        assert_eq!(seqs, (3..=count).collect::<Vec<_>>(), "the oldest two let go");
+        assert_eq!(seqs, (3..=count).collect::<Vec<_>>(), "the oldest two let go, in the order issued");
         let Marker::Collective { op, shapes, site, ms, pos, .. } = &kept[0].0 else { unreachable!() };
         assert_eq!((op.as_str(), shapes.as_str(), site.as_str()), ("all_gather", "1x2", "train.py:2"));
         assert_eq!((*ms, *pos, kept[0].1), (Some(0.5), None, 1_002));
         let Marker::Collective { ms, pos, .. } = &kept[kept.len() - 1].0 else { unreachable!() };
         assert_eq!((*ms, *pos), (None, Some(count + 9)), "the last is still under way");
         // A slot whose text lost a field, and a file cut short, give what can be read.
-        let at = TAIL_HEAD + (3 % TAIL_SLOTS) as usize * TAIL_SLOT;
-        bytes[at + 40..at + TAIL_SLOT].fill(0);
-        bytes[at + 40..at + 44].copy_from_slice(b"oops");
-        bytes.truncate(TAIL_HEAD + 10 * TAIL_SLOT);
+        bytes[3 * TAIL_SLOT + 40..4 * TAIL_SLOT].fill(0);
+        bytes[3 * TAIL_SLOT + 40..3 * TAIL_SLOT + 44].copy_from_slice(b"oops");
+        bytes.truncate(10 * TAIL_SLOT + 100);
         std::fs::write(dir.path().join("7.colls"), &bytes).unwrap();
         // Slots 0-9 are left: entries 32 and 33 (slots 0, 1) and 2-9, less entry 3.
         assert_eq!(collective_tail(dir.path(), 7).len(), 2 + 8 - 1);
