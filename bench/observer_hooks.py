@@ -25,9 +25,11 @@ the figures printed are the medians over processes. Nothing here is asserted by 
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -181,11 +183,16 @@ def main():
                        GLOO_SOCKET_IFNAME="lo", UPS_DOCTOR_MARKER_FD=str(devnull))
             env.pop("UPS_DOCTOR_OBSERVE", None)
             env.pop("UPS_DOCTOR_MARKER_PATH", None)
+            # The folder every run gives the observer (its step count and newest collectives go
+            # into files it maps there), so that their writes are measured as a run makes them.
+            stacks = tempfile.mkdtemp(prefix="observer-hooks-")
+            env["UPS_DOCTOR_STOP_STACKS"] = stacks
             out = subprocess.run([args.python, os.path.abspath(__file__), "--child", "--blocks", str(args.blocks),
                                   "--calls", str(args.calls), "--steps", str(args.steps), "--clock", args.clock,
                                   "--hidden", str(args.hidden), "--batch", str(args.batch)],
                                  env=env, pass_fds=(devnull,), capture_output=True, text=True)
             os.close(devnull)
+            shutil.rmtree(stacks, ignore_errors=True)
             if out.returncode != 0:
                 sys.exit(f"child with --site {s} failed ({out.returncode}):\n{out.stderr[-3000:]}")
             readings[s].append(json.loads(out.stdout.strip().splitlines()[-1]))
