@@ -476,6 +476,35 @@ fn a_rank_mp_spawn_reaped_before_ups_doctor_looked_ends_as_spawns_exception_says
     assert!(md.contains("ProcessExitedException: process 1 terminated with signal SIGSEGV"), "{md}");
 }
 
+/// The same rank's exception where the launcher never prints spawn's `ProcessRaisedException`
+/// (here it exits 1 quietly; in the accuracy matrix Lightning's `ddp_spawn` launcher was torn
+/// down before it raised, under load): the rank's own words come from the rank itself, its
+/// observer reading them in spawn's wrapper, not from the launcher's output.
+#[test]
+fn a_ranks_exception_in_mp_spawn_is_its_own_error_when_the_launcher_never_prints_it() {
+    let sb = Sandbox::new();
+    let path = repo().join("tests/programs/launchers.py");
+    let program = path.display().to_string();
+    let scenario = sb.scenario(
+        "raised",
+        &format!(
+            r#"{{"command": ["python", "{program}", "--launcher", "spawn", "--port-from", "own", "--steps", "6",
+                             "--raise-rank", "1", "--raise-step", "3", "--quiet-launcher"],
+                "launch": {{"world_size": 2}},
+                "limits": {{"timeout_s": 300, "hang_after_s": 120}}}}"#
+        ),
+    );
+    let run = sb.run_in_venv(&[&scenario]);
+    let s = &scenarios(&run)[0];
+    let source = std::fs::read_to_string(&path).unwrap();
+    let line = source.lines().position(|l| l.contains("raise ValueError(f\"bad shard")).unwrap() + 1;
+    let error = format!("ValueError: bad shard on rank 1 (launchers.py:{line} in faults)");
+    assert_eq!(s["ranks"][1]["error"], error.as_str(), "{}", s["ranks"][1]);
+    let headline = s["verdict"]["headline"].as_str().unwrap();
+    assert!(headline.starts_with("Rank 1 exited with "), "{headline}");
+    assert!(headline.contains("ValueError: bad shard on rank 1"), "{headline}");
+}
+
 /// `torch.multiprocessing.spawn`'s wrapper catches a rank's exception in the child (no
 /// `sys.excepthook` sees it), relays the traceback to the launcher, which prints it in its
 /// `ProcessRaisedException`, and reaps the process at once. The rank's error is that relayed

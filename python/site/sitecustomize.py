@@ -657,26 +657,59 @@ def _report_uncaught(observer):
         os.environ[_RANK_PID] = str(os.getpid())
 
     def hook(kind, value, tb):
-        try:
-            by_env = _env_int("RANK") is not None and os.environ.get(_RANK_PID) == str(os.getpid())
-            if "ups_doctor" not in sys.modules and (observer.rank is not None or by_env):
-                lines = [line for line in str(value).strip().splitlines() if line.strip()]
-                text = lines[0] if len(lines) == 1 else f"{lines[0]} … {lines[-1].strip()}" if lines else ""
-                message = f"{kind.__name__}: {text}" if text else kind.__name__
-                # A worker's error re-raised in the rank: where the worker's code failed, not
-                # the rank's `for batch in loader` line.
-                where = _frame_in_text(str(value)) if "Original Traceback" in str(value) else None
-                where = where or _user_frame(tb)
-                passing = _tensor_passing_frame(tb)
-                if passing:
-                    where = f"{where}; raised in torch's `{passing}`" if where else f"raised in torch's `{passing}`"
-                observer.send({"t": "error", "message": f"{message} ({where})" if where else message}, urgent=True)
-                observer.flush()
-        except Exception:  # the observer never changes how the program ends
-            pass
+        _send_uncaught(observer, kind, value, tb)
         previous(kind, value, tb)
 
     sys.excepthook = hook
+
+
+def _send_uncaught(observer, kind, value, tb, spawned=False):
+    """A rank's uncaught exception as an `error` marker (see `_report_uncaught`); `spawned`: raised
+    in a rank `torch.multiprocessing` started, which is a rank whatever its environment says."""
+    try:
+        by_env = _env_int("RANK") is not None and os.environ.get(_RANK_PID) == str(os.getpid())
+        if "ups_doctor" not in sys.modules and (observer.rank is not None or by_env or spawned):
+            lines = [line for line in str(value).strip().splitlines() if line.strip()]
+            text = lines[0] if len(lines) == 1 else f"{lines[0]} … {lines[-1].strip()}" if lines else ""
+            message = f"{kind.__name__}: {text}" if text else kind.__name__
+            # A worker's error re-raised in the rank: where the worker's code failed, not
+            # the rank's `for batch in loader` line.
+            where = _frame_in_text(str(value)) if "Original Traceback" in str(value) else None
+            where = where or _user_frame(tb)
+            passing = _tensor_passing_frame(tb)
+            if passing:
+                where = f"{where}; raised in torch's `{passing}`" if where else f"raised in torch's `{passing}`"
+            observer.send({"t": "error", "message": f"{message} ({where})" if where else message}, urgent=True)
+            observer.flush()
+    except Exception:  # the observer never changes how the program ends
+        pass
+
+
+def _report_spawned_errors(observer, spawn):
+    """`torch.multiprocessing`'s `spawn` and `start_processes` (`mp.spawn`, Lightning's
+    `ddp_spawn`, Ignite's `Parallel`) run each rank's function inside `_wrap`, which catches its
+    exception, pickles the traceback for the parent and exits 1: `sys.excepthook` never sees it,
+    and the rank's own words reach the output only if the parent lives to raise them (a launcher
+    torn down first loses them). `_wrap` is wrapped so that the rank's function's exception is
+    sent as the rank's `error` marker first, then goes on as before. Wrapped in every process that
+    imports torch, so that the parent hands the child the wrapped `_wrap` (pickled by name) and a
+    child that unpickles it finds it."""
+    import functools
+
+    original = spawn._wrap
+
+    @functools.wraps(original)
+    def _wrap(fn, i, args, error_file):
+        def rank_function(*a):
+            try:
+                return fn(*a)
+            except Exception as e:
+                _send_uncaught(observer, type(e), e, e.__traceback__, spawned=True)
+                raise
+
+        return original(rank_function, i, args, error_file)
+
+    spawn._wrap = _wrap
 
 
 def _env_int(name, default=None):
@@ -1098,6 +1131,13 @@ def _patch():
         pass
     # A module may be half-loaded here (torch.distributed loads while the DataLoader's module
     # does): what it has not defined yet is wrapped on a later call.
+    try:
+        spawn = sys.modules.get("torch.multiprocessing.spawn")
+        if "spawn" not in obs.patched and hasattr(spawn, "_wrap"):
+            obs.patched.add("spawn")
+            _report_spawned_errors(obs, spawn)
+    except Exception:
+        pass
     try:
         loader = sys.modules.get("torch.utils.data.dataloader")
         if "data" not in obs.patched and hasattr(loader, "_BaseDataLoaderIter"):

@@ -24,6 +24,8 @@ gets only as an argument: nothing outside the program knows it.
 freezes ups-doctor in between).
 `--raise-rank R --raise-step S`: rank R raises `ValueError` at step S (under `spawn`, whose
 wrapper catches it in the child and relays its traceback to the launcher).
+`--quiet-launcher` (spawn): the launcher exits 1 without printing the exception spawn raises (a
+rank's relayed traceback is lost, as when a launcher is torn down before it raises it).
 `--hang-rank R --hang-step S`: rank R skips step S's gradient all-reduce and waits in
 `dist.barrier()`; the other rank waits in the all-reduce: both hang.
 Rank 0 prints `training finished` at the end.
@@ -54,6 +56,7 @@ parser.add_argument("--local_rank", type=int, default=-1, help="set by the deeps
 parser.add_argument("--helper", action="store_true")
 parser.add_argument("--workers", type=int, default=0)
 parser.add_argument("--port-from", choices=["env", "own"], default="env")
+parser.add_argument("--quiet-launcher", action="store_true")
 parser.add_argument("--rank", type=int, default=-1, help="a popen child's rank")
 parser.add_argument("--port", type=int, default=0, help="a popen child's rendezvous port")
 args = parser.parse_args()
@@ -206,7 +209,12 @@ if __name__ == "__main__":
         dist.init_process_group("gloo")
         train(int(os.environ["RANK"]))
     elif args.launcher == "spawn":
-        torch.multiprocessing.spawn(work, args=(str(rendezvous_port()),), nprocs=2)
+        try:
+            torch.multiprocessing.spawn(work, args=(str(rendezvous_port()),), nprocs=2)
+        except Exception:
+            if not args.quiet_launcher:
+                raise
+            sys.exit(1)
     elif args.launcher == "fork":
         torch.multiprocessing.start_processes(work, args=(str(rendezvous_port()),), nprocs=2, start_method="fork")
     else:
