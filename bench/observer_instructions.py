@@ -3,7 +3,7 @@
 figure run after run on an idle machine, where time on a shared one is not (standard library in this script;
 the child needs torch, and `valgrind` must be installed: `apt-get install valgrind`).
 
-    python3 bench/observer_instructions.py --python PYTHON [--site DIR ...] [--steps 200]
+    python3 bench/observer_instructions.py --python PYTHON [--site DIR ...] [--steps 200] [--flight N]
 
 A child process runs a 1-rank gloo group through the step of `tests/programs/observed_ddp.py` (a
 DataLoader batch, DDP's forward and backward, an SGD step, an `all_gather` of the loss) under
@@ -11,6 +11,10 @@ callgrind, once with the observer off (`UPS_DOCTOR_OBSERVE=0`) and once per `--s
 (each holds a `sitecustomize.py`; the default is this tree's `python/site`), its markers going to
 /dev/null through the file descriptor ups-doctor would give it. Counting starts when the loop
 does (`callgrind_control -i on`: the start-up is not counted) and ends with the process.
+PyTorch's Flight Recorder is off in these (`TORCH_FR_BUFFER_SIZE` unset, whatever this shell
+has); `--flight N` counts each way again with it on at N entries (ups-doctor's own size is 2000,
+set for every observed run: `FLIGHT_ENTRIES` in src/harness/plan/mod.rs), so the recorder's own
+cost and the observer's as ups-doctor runs it are read in the same invocation.
 
 Printed: instructions a step of the main thread (where the program and the observer's hooks
 run: the same count run after run on an idle machine, to within a few hundred; on a loaded one the
@@ -59,8 +63,9 @@ def child(steps, ready_fd, go_fd):
     dist.destroy_process_group()
 
 
-def count(python, site, steps, workdir, label):
-    """Instructions of each thread of one counted child: {thread number: count}."""
+def count(python, site, steps, workdir, label, flight=None):
+    """Instructions of each thread of one counted child, the Flight Recorder on at `flight`
+    entries or off: {thread number: count}."""
     devnull = os.open(os.devnull, os.O_WRONLY)
     ready_r, ready_w = os.pipe()
     go_r, go_w = os.pipe()
@@ -68,6 +73,11 @@ def count(python, site, steps, workdir, label):
                MASTER_PORT=str(29500 + os.getpid() % 1000), OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo",
                UPS_DOCTOR_MARKER_FD=str(devnull), PYTHONPATH=site or os.path.join(REPO, "python", "site"))
     env.pop("UPS_DOCTOR_MARKER_PATH", None)
+    # Read when the process group is made: unset, the recorder is off.
+    env.pop("TORCH_FR_BUFFER_SIZE", None)
+    env.pop("TORCH_NCCL_TRACE_BUFFER_SIZE", None)
+    if flight is not None:
+        env["TORCH_FR_BUFFER_SIZE"] = str(flight)
     # The folder ups-doctor gives every run (the step count and the newest collectives go into
     # files the observer maps there): its writes are counted as a real run makes them.
     stacks = os.path.join(workdir, f"stacks.{label}")
@@ -107,6 +117,8 @@ def main():
     parser.add_argument("--python", default=os.environ.get("UPS_DOCTOR_PYTHON", "python3"))
     parser.add_argument("--site", action="append", help="a folder holding a sitecustomize.py (repeat to compare)")
     parser.add_argument("--steps", type=int, default=200, help="steps counted (default 200)")
+    parser.add_argument("--flight", type=int, metavar="N",
+                        help="also count each way with the Flight Recorder on at N entries (ups-doctor's: 2000)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--go-fd", type=int, help=argparse.SUPPRESS)
@@ -120,26 +132,33 @@ def main():
     for s in sites:
         if not os.path.isfile(os.path.join(s, "sitecustomize.py")):
             sys.exit(f"--site {s}: no sitecustomize.py there; give a folder that holds one (this tree's is python/site)")
+    ways = [(site, None) for site in [None] + sites]
+    if args.flight is not None:
+        ways += [(site, args.flight) for site in [None] + sites]
     rows = []
     with tempfile.TemporaryDirectory(prefix="observer-instructions-") as workdir:
-        for i, site in enumerate([None] + sites):
-            label = "off" if site is None else f"site{i}"
-            threads = count(args.python, site, args.steps, workdir, label)
+        for i, (site, flight) in enumerate(ways):
+            label = ("off" if site is None else f"site{i}") + ("" if flight is None else f"-fr{flight}")
+            threads = count(args.python, site, args.steps, workdir, label, flight)
             print(f"{label}: {threads}", file=sys.stderr, flush=True)
-            rows.append((site, threads))
-    off_main = rows[0][1][1]
+            rows.append((site, flight, threads))
+    off_main = rows[0][2][1]
     print(f"Instructions a step (callgrind, {args.steps} steps counted, a 1-rank gloo group):\n")
-    print("| observer | main thread | other threads | main thread, off / on |")
-    print("| --- | --- | --- | --- |")
-    for site, threads in rows:
+    print("| observer | Flight Recorder | main thread | other threads | main thread, off / this |")
+    print("| --- | --- | --- | --- | --- |")
+    for site, flight, threads in rows:
         main_thread = threads[1]
         others = sum(n for t, n in threads.items() if t != 1)
         name = "off (`UPS_DOCTOR_OBSERVE=0`)" if site is None else f"on, `{os.path.relpath(site, REPO)}`"
-        print(f"| {name} | {main_thread / args.steps:,.0f} | {others / args.steps:,.0f} | "
+        recorder = "off" if flight is None else f"{flight} entries"
+        print(f"| {name} | {recorder} | {main_thread / args.steps:,.0f} | {others / args.steps:,.0f} | "
               f"{off_main / main_thread:.4f} |")
-    for site, threads in rows[1:]:
-        print(f"\n`{os.path.relpath(site, REPO)}`: the observer's hooks add "
-              f"{(threads[1] - off_main) / args.steps:,.0f} instructions a step to the main thread.")
+    for site, flight, threads in rows[1:]:
+        who = "the recorder alone" if site is None else f"`{os.path.relpath(site, REPO)}`"
+        if site is not None and flight is not None:
+            who += f" with the recorder at {flight}"
+        print(f"\n{who}: adds {(threads[1] - off_main) / args.steps:,.0f} instructions a step to the main thread "
+              f"(all threads: {(sum(threads.values()) - sum(rows[0][2].values())) / args.steps:,.0f}).")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ Runs one after the other on this shared 2-core machine differ by up to 15 % (BEN
 more than the 1 % the observer may cost, because what else the machine does changes from one
 run to the next. Here the two ways run at once, side by side, so whatever slows the machine
 slows both: `ups-doctor run -- torchrun --nproc_per_node 2 tests/programs/observed_ddp.py` with
-the observer (the default) and the same with `--no-observe`, four ranks on two cores. Each run's
+the observer (the default, which also turns PyTorch's Flight Recorder on at 2000 entries, as for
+every observed run) and the same with `--no-observe` (neither), four ranks on two cores. Each run's
 rank 0 writes a time stamp every 10 steps (`--times`, CLOCK_MONOTONIC); the reading is the time
 each run took over the middle of its steps (from 25 % to 75 %), while both are in their training
 loops, not the start-up or the end. Which run is started first alternates by round.

@@ -34,10 +34,32 @@ fn recorded(s: &Value, rank: usize) -> Vec<(String, u64)> {
         .collect()
 }
 
+/// The events of rank `rank`'s "collectives (Flight Recorder)" track in the run's `trace.json`,
+/// in the order written.
+fn flight_track(sb: &Sandbox, rank: u32) -> Vec<Value> {
+    let trace: Value = serde_json::from_slice(&std::fs::read(sb.out().join("trace.json")).unwrap()).unwrap();
+    let ev = trace["traceEvents"].as_array().unwrap();
+    let pid = &ev
+        .iter()
+        .find(|e| e["name"] == "process_name" && e["args"]["name"] == format!("rank {rank}"))
+        .unwrap_or_else(|| panic!("no process for rank {rank} in trace.json"))["pid"];
+    let track = ev
+        .iter()
+        .find(|e| {
+            e["name"] == "thread_name"
+                && e["pid"] == *pid
+                && e["args"]["name"] == "collectives (Flight Recorder)"
+        })
+        .unwrap_or_else(|| panic!("rank {rank} has no Flight Recorder track in trace.json"));
+    ev.iter().filter(|e| e["pid"] == *pid && e["tid"] == track["tid"] && e["ph"] != "M").cloned().collect()
+}
+
 /// Rank 1 skips one step's backward (so DDP never issues its gradient all-reduce, from C++) and
 /// waits in `dist.barrier()`; rank 0 waits in that all-reduce. The recorder says where they part
 /// ways: the same sequence id, rank 0's all-reduce of the one 577-float bucket against rank 1's
-/// barrier, with both ranks' entries up to there.
+/// barrier, with both ranks' entries up to there. `trace.json` draws each rank's entries on a
+/// track of their own, at the times PyTorch made them: rank 1's barrier where its observer saw it
+/// issued (the recorder's wall clock put on the run's timeline).
 #[test]
 fn a_rank_that_skips_a_ddp_backward_is_seen_where_the_ranks_part_ways_with_the_op_and_bucket_size() {
     let sb = Sandbox::new();
@@ -64,6 +86,37 @@ fn a_rank_that_skips_a_ddp_backward_is_seen_where_the_ranks_part_ways_with_the_o
     );
     let row = report.lines().find(|l| l.starts_with(&format!("| **{}** |", last0.1)));
     assert!(row.is_some_and(|r| r.contains("`gloo:all_reduce`") && r.contains("`gloo:barrier`")), "{report}");
+    for (rank, recorded) in [(0, &r0), (1, &r1)] {
+        let track = flight_track(&sb, rank);
+        let names: Vec<&str> = track.iter().filter_map(|e| e["name"].as_str()).collect();
+        let want: Vec<String> = recorded.iter().map(|(op, seq)| format!("{op} #{seq}")).collect();
+        assert_eq!(names, want, "rank {rank}: one event per entry, in order");
+        // gloo times none of its collectives: each is an instant, in the order they were made,
+        // within the run.
+        assert!(track.iter().all(|e| e["ph"] == "I" && e["args"]["state"] == "scheduled"), "{track:#?}");
+        let ts: Vec<f64> = track.iter().map(|e| e["ts"].as_f64().unwrap()).collect();
+        assert!(
+            ts[0] > 0.0 && ts.is_sorted() && ts[ts.len() - 1] <= s["wall_s"].as_f64().unwrap() * 1e6,
+            "{ts:?}"
+        );
+    }
+    let at_divergence = flight_track(&sb, 0).pop().unwrap();
+    assert_eq!(at_divergence["args"]["sizes"], serde_json::json!([[577]]), "{at_divergence}");
+    assert_eq!(at_divergence["args"]["dtypes"], serde_json::json!(["Float"]), "{at_divergence}");
+    let barrier = flight_track(&sb, 1).pop().unwrap();
+    let issued = s["ranks"][1]["observed"]["ledger"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .rev()
+        .find(|e| e["op"] == "barrier")
+        .and_then(|e| e["at_s"].as_f64())
+        .expect("rank 1's observer saw its barrier issued");
+    // The observer stamps the call before it goes into PyTorch, which makes the entry inside it:
+    // the two agree to well within a second when the clocks are put together right (a wrong
+    // clock is off by decades, or by the time before the run started).
+    let made = barrier["ts"].as_f64().unwrap() / 1e6;
+    assert!((issued - 0.01..issued + 1.0).contains(&made), "barrier made at {made} s, issued at {issued} s");
 }
 
 /// Rank 1 sleeps before a `dist.all_gather` of the program's (injected from outside, not in any

@@ -252,16 +252,26 @@ pub fn run_scenario(
 /// (see [`crate::nodes`]).
 /// Where each rank its launcher (or anyone) stopped with SIGTERM was, in its own words: into its
 /// dumps, unless py-spy already read that process (a hang: ups-doctor looks before it stops a
-/// rank); and the Flight Recorder entries each handed over when asked. Then the folder goes; a failure to remove it leaves a few text files in the run's own
-/// folder.
-fn read_stop_stacks(folder: &Path, ends: &mut [RankEnd]) {
+/// rank); and the Flight Recorder entries each handed over when asked, each one's wall-clock
+/// creation time put on the scenario's timeline (which began at `start`). Then the folder goes;
+/// a failure to remove it leaves a few text files in the run's own folder.
+fn read_stop_stacks(folder: &Path, ends: &mut [RankEnd], start: std::time::Instant) {
     for end in ends {
         let Some(pid) = end.pid else { continue };
         let read = end.dumps.iter().any(|d| d.pid == pid && d.py_spy.is_some());
         if let Some(dump) = os::stacks::stack_at_sigterm(folder, pid, end.rank).filter(|_| !read) {
             end.dumps.push(dump);
         }
-        if let Some(record) = os::stacks::flight_dump(folder, pid).and_then(|t| FlightRecord::from_dump(&t)) {
+        if let Some(mut record) =
+            os::stacks::flight_dump(folder, pid).and_then(|t| FlightRecord::from_dump(&t))
+        {
+            for e in &mut record.entries {
+                e.at_s = e
+                    .created_ns
+                    .and_then(os::process::wall_instant)
+                    .and_then(|at| at.checked_duration_since(start))
+                    .map(|d| d.as_secs_f64());
+            }
             end.state.observed.get_or_insert_with(Default::default).flight = Some(record);
         }
     }
@@ -353,7 +363,7 @@ pub fn run_scenario_on_node(
     drop(cgroup);
     observed.leftovers.processes.extend(orphans);
     if let Some(folder) = &plan.stop_stacks {
-        read_stop_stacks(folder, &mut observed.ends);
+        read_stop_stacks(folder, &mut observed.ends, observed.start);
     }
     // The program formed a larger process group than the scenario said: the run watched that
     // many ranks, and the result's scenario says so (`external.world_size_declared` keeps what was

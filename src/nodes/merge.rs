@@ -96,6 +96,10 @@ fn gather(nodes: &[NodeOutcome], base_ns: i64, lw: u32, first_of: &dyn Fn(u32) -
                     for entry in global.observed.iter_mut().flat_map(|o| o.ledger.iter_mut()) {
                         entry.at_s = p.at(entry.at_s);
                     }
+                    let flight = global.observed.iter_mut().filter_map(|o| o.flight.as_mut());
+                    for entry in flight.flat_map(|f| f.entries.iter_mut()) {
+                        entry.at_s = p.at(entry.at_s);
+                    }
                     global.dumps.extend(
                         run.snapshots.iter().filter(|(l, _)| *l == rank.rank).map(|(_, d)| d.clone()),
                     );

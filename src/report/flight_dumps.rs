@@ -208,6 +208,10 @@ mod tests {
         let ops: Vec<String> = r.entries.iter().map(|e| format!("#{} {}", e.seq, e.render())).collect();
         assert_eq!(ops, ["#1 `gloo:all_reduce` of [8] Float", "#2 `gloo:broadcast` of [8] Float"]);
         assert_eq!(r.entries[0].group, "default_pg");
+        // Stamped by the wall clock as each was made (the dump was written on 2026-12-06), in order.
+        let made: Vec<u64> = r.entries.iter().map(|e| e.created_ns.unwrap()).collect();
+        assert!(made[0] > 1_796_000_000_000_000_000 && made[0] <= made[1], "{made:?}");
+        assert_eq!(r.entries[0].ms, None, "gloo does not time its collectives");
         assert!(FlightRecord::from_pickle(b"not a pickle").is_none());
     }
 }

@@ -19,6 +19,13 @@
 //!   as slices on a track of their own beside the rank's (`all_gather #3`, from its issue for as
 //!   long as it took; one the rank was still in drawn to its end, marked `open`), with their call
 //!   site, shapes and dtype in `args`;
+//! - a rank's Flight Recorder entries (`observed.flight`: every collective of every group, those
+//!   issued from C++ included), where it handed them over, on a track of their own
+//!   (`collectives (Flight Recorder)`, `gloo:all_reduce #4`) at the time PyTorch made each one
+//!   (its wall-clock `time_created_ns`, put on the scenario's timeline by the harness): a slice as
+//!   long as PyTorch timed it (NCCL with timing on), else an instant (gloo times none); `seq`,
+//!   `group`, `sizes`, `dtypes` and `state` in `args`. Entries with no time that can be placed are
+//!   listed on one instant at the rank's end that says so, never drawn at a time they did not have;
 //! - each rank's PSS (with its workers) as a counter (`C`) on its process; `/dev/shm` and GPU
 //!   samples as counters on a process of their own (`/dev/shm`, `GPU N`), so each has its own axis.
 //!
@@ -44,6 +51,8 @@ const PER_SCENARIO: u64 = 100_000;
 const RANK_TID: u64 = 1;
 /// The thread of a rank's collectives (the observer's ledger).
 const COLLECTIVE_TID: u64 = 2;
+/// The thread of a rank's collectives as PyTorch's Flight Recorder kept them.
+const FLIGHT_TID: u64 = 3;
 const WORKER_TID: u64 = 1_000;
 
 /// The trace of `run`, as the JSON text `trace.json` holds (ending in a newline).
@@ -175,6 +184,7 @@ impl Scenario<'_> {
         }
         self.step_events(r, end, pid, out);
         self.collective_events(r, end, pid, out);
+        self.flight_events(r, end, pid, out);
         if let Some(at) = r.observed.as_ref().and_then(|o| o.exiting_at_s) {
             let args = json!({ "note": "the program's own code had finished: its exit handlers ran" });
             out.push(instant("program finished", "exit", self.ts(at), pid, RANK_TID, args));
@@ -285,6 +295,46 @@ impl Scenario<'_> {
             );
             slice["tid"] = json!(COLLECTIVE_TID);
             out.push(slice);
+        }
+    }
+
+    /// The rank's Flight Recorder entries (every collective of every group, C++ ones included) on
+    /// a track of their own: each at the time PyTorch made it, a slice as long as PyTorch timed it
+    /// (NCCL with timing on) or an instant where it did not (gloo); the entries with no time that
+    /// can be placed listed on one instant at the rank's end, which says so, not drawn anywhere.
+    fn flight_events(&self, r: &RankResult, end: f64, pid: u64, out: &mut Vec<Value>) {
+        let Some(f) = r.observed.as_ref().and_then(|o| o.flight.as_ref()) else { return };
+        if f.entries.is_empty() {
+            return;
+        }
+        out.push(meta("thread_name", pid, FLIGHT_TID, json!({ "name": "collectives (Flight Recorder)" })));
+        out.push(meta("thread_sort_index", pid, FLIGHT_TID, json!({ "sort_index": 1 })));
+        let mut untimed = Vec::new();
+        for e in &f.entries {
+            let mut name = format!("{}{} #{}", e.op, if e.p2p { " p2p" } else { "" }, e.seq);
+            if e.group != "default_pg" {
+                name.push_str(&format!(" ({})", e.group));
+            }
+            let Some(at) = e.at_s else {
+                untimed.push(format!("{name}: {}", flight_args(e)));
+                continue;
+            };
+            let args = flight_args(e);
+            let mut event = match e.ms {
+                Some(ms) => self.slice(&name, "flight", at, at + ms / 1000.0, pid, args),
+                None => instant(&name, "flight", self.ts(at), pid, RANK_TID, args),
+            };
+            event["tid"] = json!(FLIGHT_TID);
+            out.push(event);
+        }
+        if !untimed.is_empty() {
+            let args = json!({
+                "note": "PyTorch's recorder gave these no time that can be placed on the run's timeline: \
+                         listed here, at the rank's end, not drawn where they happened",
+                "entries": untimed,
+            });
+            let name = format!("{} Flight Recorder entries without a time", untimed.len());
+            out.push(instant(&name, "flight", self.ts(end), pid, FLIGHT_TID, args));
         }
     }
 
@@ -400,6 +450,22 @@ fn end_event(r: &RankResult, hang_drawn: bool) -> Option<(String, Value)> {
         attach_stacks(&mut args, r);
     }
     Some((what, Value::Object(args)))
+}
+
+/// A Flight Recorder entry's `args`: its place in its group's sequence, the group, the input
+/// shapes and types, the state PyTorch last saw it in, and how long it took where PyTorch timed it.
+fn flight_args(e: &crate::schema::FlightEntry) -> Value {
+    let mut args = json!({ "seq": e.seq, "group": e.group, "sizes": e.sizes, "dtypes": e.dtypes });
+    if !e.state.is_empty() {
+        args["state"] = json!(e.state);
+    }
+    if e.p2p {
+        args["p2p"] = json!(true);
+    }
+    if let Some(ms) = e.ms {
+        args["ms"] = json!(ms);
+    }
+    args
 }
 
 /// A stuck rank's thread stacks and py-spy dumps, as text in `args`.
@@ -569,6 +635,82 @@ mod tests {
         assert_eq!(slices[1]["name"], "all_gather #40");
         assert_eq!(slices[1]["args"]["open"], true);
         assert_eq!(slices[1]["dur"], json!((end * 1e6).round() - 750_000.0));
+    }
+
+    #[test]
+    fn flight_recorder_entries_are_on_a_track_of_their_own_at_the_time_pytorch_made_them() {
+        let mut s = fixtures::hung();
+        let r = &mut s.ranks[0];
+        let end = r.ended_at_s.or(r.last_marker_at_s).unwrap_or(s.wall_s);
+        let entry = |op: &str, group: &str, seq: u64, at_s: Option<f64>, ms: Option<f64>| {
+            crate::schema::FlightEntry {
+                group: group.into(),
+                seq,
+                p2p: false,
+                op: op.into(),
+                sizes: vec![vec![577]],
+                dtypes: vec!["Float".into()],
+                state: "scheduled".into(),
+                created_ns: at_s.map(|_| 1_796_568_387_309_692_118),
+                ms,
+                at_s,
+            }
+        };
+        r.observed = Some(crate::schema::ObservedProgram {
+            flight: Some(crate::schema::FlightRecord {
+                entries: vec![
+                    entry("gloo:all_reduce", "default_pg", 4, Some(0.5), None),
+                    entry("nccl:all_gather", "default_pg", 5, Some(0.625), Some(2.5)),
+                    entry("gloo:broadcast", "1", 1, Some(0.75), None),
+                    entry("gloo:barrier", "default_pg", 6, None, None),
+                ],
+                error: None,
+            }),
+            ..Default::default()
+        });
+        let ev = events(&fixtures::run(vec![s]));
+        let track = ev
+            .iter()
+            .find(|e| e["name"] == "thread_name" && e["tid"] == json!(FLIGHT_TID))
+            .expect("a track for the recorder's entries");
+        assert_eq!(track["args"]["name"], "collectives (Flight Recorder)");
+        let drawn: Vec<&Value> = ev.iter().filter(|e| e["cat"] == "flight").collect();
+        assert!(
+            drawn.iter().all(|e| e["tid"] == json!(FLIGHT_TID) && e["pid"] == track["pid"]),
+            "{drawn:#?}"
+        );
+        let got: Vec<(&Value, &Value, &Value)> =
+            drawn.iter().map(|e| (&e["name"], &e["ph"], &e["ts"])).collect();
+        assert_eq!(
+            got,
+            [
+                (&json!("gloo:all_reduce #4"), &json!("I"), &json!(500_000.0)),
+                (&json!("nccl:all_gather #5"), &json!("X"), &json!(625_000.0)),
+                (&json!("gloo:broadcast #1 (1)"), &json!("I"), &json!(750_000.0)),
+                (
+                    &json!("1 Flight Recorder entries without a time"),
+                    &json!("I"),
+                    &json!((end * 1e6).round())
+                ),
+            ]
+        );
+        assert_eq!(
+            drawn[0]["args"],
+            json!({ "seq": 4, "group": "default_pg", "sizes": [[577]], "dtypes": ["Float"], "state": "scheduled" })
+        );
+        assert_eq!((&drawn[1]["dur"], &drawn[1]["args"]["ms"]), (&json!(2_500.0), &json!(2.5)));
+        let untimed = &drawn[3]["args"];
+        assert!(untimed["note"].as_str().unwrap().contains("not drawn where they happened"), "{untimed}");
+        let listed = untimed["entries"].as_array().unwrap();
+        assert!(
+            listed.len() == 1 && listed[0].as_str().unwrap().starts_with("gloo:barrier #6: "),
+            "{untimed}"
+        );
+        // A rank whose recorder kept nothing (or was not asked) has no such track.
+        assert_eq!(
+            ev.iter().filter(|e| e["name"] == "thread_name" && e["tid"] == json!(FLIGHT_TID)).count(),
+            1
+        );
     }
 
     #[test]

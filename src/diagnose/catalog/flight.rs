@@ -193,6 +193,9 @@ mod tests {
             sizes: vec![vec![size]],
             dtypes: vec!["Float".into()],
             state: "scheduled".into(),
+            created_ns: None,
+            ms: None,
+            at_s: None,
         }
     }
 

@@ -507,6 +507,16 @@ pub fn stamp_instant(stamp: u64, max_age: Duration) -> Option<Instant> {
     (age <= max_age).then(|| now.checked_sub(age)).flatten()
 }
 
+/// A wall-clock time (`CLOCK_REALTIME`, nanoseconds since the Unix epoch: what PyTorch's Flight
+/// Recorder stamps its entries with) on ups-doctor's clock, by the two clocks' offset now (the
+/// wall clock may have been stepped since: that error is NTP's, milliseconds at worst); `None` for
+/// one in the future.
+pub fn wall_instant(wall_ns: u64) -> Option<Instant> {
+    let now_wall = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).ok()?;
+    let now = Instant::now();
+    now.checked_sub(now_wall.checked_sub(Duration::from_nanos(wall_ns))?)
+}
+
 /// Lines kept for a writer whose rank is not known yet, per writer and writers at most.
 const PENDING_LINES: usize = 256;
 const PENDING_WRITERS: usize = 64;

@@ -220,6 +220,8 @@ pub fn free_port() -> u16 {
 /// What supervision observed.
 pub struct Supervised {
     pub ends: Vec<RankEnd>,
+    /// When supervision started: the scenario's second 0, which every `_s` time counts from.
+    pub start: Instant,
     pub wall_s: f64,
     pub interrupted: bool,
     pub memory: MemoryReport,
@@ -1488,6 +1490,7 @@ impl Supervisor<'_, '_> {
             oom_kills,
             xids,
             ends,
+            start,
             wall_s: start.elapsed().as_secs_f64(),
             interrupted,
             memory,

@@ -112,6 +112,20 @@ pub struct FlightEntry {
     /// `scheduled`, `started` or `completed` (gloo's stay `scheduled`).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub state: String,
+    /// When PyTorch made the entry (its `time_created_ns`): the wall clock (`CLOCK_REALTIME`, as
+    /// `time.time_ns()`, measured on torch 2.11 and gloo), nanoseconds since the Unix epoch;
+    /// `None` where the dump had none (or 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created_ns: Option<u64>,
+    /// How long it took, as PyTorch timed it (`duration_ms`: NCCL with timing on); `None` where
+    /// it did not (gloo's never are).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ms: Option<f64>,
+    /// `created_ns` on the scenario's timeline (seconds since it started), put there by the
+    /// harness as it reads a live rank's entries; `None` in a dump file read on its own, or
+    /// where the time could not be placed (before the scenario started: the wall clock stepped).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at_s: Option<f64>,
 }
 
 impl FlightEntry {
@@ -220,6 +234,9 @@ impl FlightRecord {
                     sizes,
                     dtypes,
                     state: e.get("state").and_then(|s| s.as_str()).unwrap_or_default().to_string(),
+                    created_ns: e.get("time_created_ns").and_then(|t| t.as_u64()).filter(|t| *t > 0),
+                    ms: e.get("duration_ms").and_then(|d| d.as_f64()),
+                    at_s: None,
                 })
             })
             .collect();
@@ -599,5 +616,38 @@ mod tests {
         // A rank's process started again counts from 0.
         ObservedProgram::apply(&mut o, 9.0, &summary(1, 3.0, false));
         assert_eq!(figures(&o), Some((1, 3.0)));
+    }
+
+    /// An entry's creation time and PyTorch's own duration are read where the dump has them; a
+    /// zero time (none taken) and a dump without either (older ones) read as unknown.
+    #[test]
+    fn a_flight_entrys_creation_time_and_duration_are_read_where_the_dump_has_them() {
+        let entry = |seq: u64, extra: &str| {
+            format!(
+                r#"{{"collective_seq_id": {seq}, "pg_id": 0, "process_group": ["0", "default_pg"],
+                "profiling_name": "nccl:all_reduce", "input_sizes": [[4]], "input_dtypes": ["Float"],
+                "state": "completed"{extra}}}"#
+            )
+        };
+        let text = format!(
+            r#"{{"entries": [{}, {}, {}]}}"#,
+            entry(1, r#", "time_created_ns": 1796568387309692118, "duration_ms": 0.25"#),
+            entry(2, r#", "time_created_ns": 0, "duration_ms": null"#),
+            entry(3, ""),
+        );
+        let r = FlightRecord::from_dump(&text).unwrap();
+        let times: Vec<_> = r.entries.iter().map(|e| (e.seq, e.created_ns, e.ms, e.at_s)).collect();
+        assert_eq!(
+            times,
+            [
+                (1, Some(1_796_568_387_309_692_118), Some(0.25), None),
+                (2, None, None, None),
+                (3, None, None, None)
+            ]
+        );
+        // An entry written before these fields existed reads as one without them.
+        let old = r#"{"group": "default_pg", "seq": 4, "op": "gloo:barrier", "sizes": []}"#;
+        let e: FlightEntry = serde_json::from_str(old).unwrap();
+        assert_eq!((e.created_ns, e.ms, e.at_s), (None, None, None));
     }
 }
