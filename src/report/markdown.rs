@@ -642,11 +642,8 @@ fn speed_line(s: &ScenarioResult) -> String {
 /// between them), where more than one rank timed any: what "two GPUs, no speed-up" asks first,
 /// how long each rank waited for the others. Over 8 ranks, the least, the median and the most.
 fn collective_time(s: &ScenarioResult) -> Option<String> {
-    let mut each: Vec<(u32, f64)> = s
-        .ranks
-        .iter()
-        .filter_map(|r| Some((r.rank, r.observed.as_ref()?.collective_total_ms)))
-        .collect();
+    let mut each: Vec<(u32, f64)> =
+        s.ranks.iter().filter_map(|r| Some((r.rank, r.observed.as_ref()?.collective_total_ms))).collect();
     if each.len() < 2 || each.iter().all(|(_, ms)| *ms <= 0.0) {
         return None;
     }

@@ -54,7 +54,8 @@ fn the_speed_line_says_how_long_each_rank_waited_in_collectives() {
             .enumerate()
             .map(|(i, ms)| {
                 let mut r = fixtures::rank(i as u32, 10);
-                r.observed = Some(crate::schema::ObservedProgram { collective_total_ms: *ms, ..Default::default() });
+                r.observed =
+                    Some(crate::schema::ObservedProgram { collective_total_ms: *ms, ..Default::default() });
                 r
             })
             .collect();
@@ -66,7 +67,9 @@ fn the_speed_line_says_how_long_each_rank_waited_in_collectives() {
     let many: Vec<f64> = (0..16).map(|r| if r == 5 { 9_000.0 } else { 100.0 + r as f64 }).collect();
     let line = with(&many);
     assert!(
-        line.ends_with(" · in collectives over the whole run: least 0.10 s (rank 0), median 0.11 s, most 9.0 s (rank 5)"),
+        line.ends_with(
+            " · in collectives over the whole run: least 0.10 s (rank 0), median 0.11 s, most 9.0 s (rank 5)"
+        ),
         "{line}"
     );
     assert!(!with(&[0.0, 0.0]).contains("collectives"));
