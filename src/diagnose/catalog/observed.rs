@@ -258,10 +258,21 @@ fn ops_differ(ledgers: &[(u32, &ObservedProgram)], group: &str, seq: u64, mut f:
             each.join(", "),
             odd[0]
         ));
+    } else if let Some(d) = the_one_that_left(ledgers) {
+        // No majority (two ranks): the program's own order, where the ledgers show it.
+        f.culprit = Some(d.rank);
+        f.evidence.push(d.render());
+        f.headline = Some(format!(
+            "Collectives out of step: at collective #{seq} {}; rank {} left the program's order of collectives.",
+            each.join(", "),
+            d.rank
+        ));
     } else {
+        // Which rank's end came first (by the clock) says nothing of which diverged.
+        f.undecided = true;
         f.headline = Some(format!(
             "Collectives out of step: at collective #{seq} {}. Cannot tell which rank diverged: no \
-             majority among {} ranks.",
+             majority among {} ranks, and nothing earlier in the ledgers shows the program's order.",
             each.join(", "),
             ops.len()
         ));
@@ -1295,7 +1306,20 @@ mod tests {
         let ranks = [hung(0, &["all_reduce", "barrier"], true), hung(1, &["all_reduce", "all_gather"], true)];
         let f = judge(&ranks, &s).unwrap();
         assert_eq!(f.culprit, None);
+        // Undecided: the verdict then names no first failure by which rank's end came first.
+        assert!(f.undecided);
         assert!(f.headline.unwrap().contains("Cannot tell which rank diverged"));
+        // Two ranks, where the ledgers show what the program issued after an `all_reduce` before
+        // (Accelerate's `test_script.py` in the accuracy matrix: rank 1 skipped an `all_gather`
+        // and both hang, rank 0 in it, rank 1 in the `broadcast` after it): rank 1 left the order.
+        let ranks = [
+            hung(0, &["all_reduce", "all_gather", "broadcast", "all_reduce", "all_gather"], true),
+            hung(1, &["all_reduce", "all_gather", "broadcast", "all_reduce", "broadcast"], true),
+        ];
+        let f = judge(&ranks, &s).unwrap();
+        assert_eq!(f.culprit, Some(1), "{:?}", f.headline);
+        assert!(!f.undecided);
+        assert!(f.headline.unwrap().ends_with("rank 1 left the program's order of collectives."));
         let s = scenario(3);
         let ranks = [
             hung(0, &["all_reduce", "barrier"], true),
