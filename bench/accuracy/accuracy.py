@@ -35,7 +35,8 @@ PY = "python3.11"
 
 # Pinned third-party packages beyond the torch venv's (torch 2.11.0, lightning 2.5.6,
 # accelerate 1.11.0, deepspeed 0.18.2, which the accuracy venv sees through a .pth file).
-PINNED = ["transformers==4.57.1", "trl==0.24.0", "datasets==4.4.1", "jsonargparse[signatures]==4.42.0"]
+PINNED = ["transformers==4.57.1", "trl==0.24.0", "datasets==4.4.1", "jsonargparse[signatures]==4.42.0",
+          "pytorch-ignite==0.5.3"]
 
 
 def log(msg):
@@ -120,6 +121,29 @@ if __name__ == "__main__":
 LIGHTNING_CLI = """from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.demos.boring_classes import BoringModel, BoringDataModule
 LightningCLI(BoringModel, BoringDataModule)
+"""
+
+# PyTorch-Ignite: its own launcher (`idist.Parallel(nproc_per_node=2)`, which spawns the ranks
+# with torch.multiprocessing), `auto_dataloader`/`auto_model`/`auto_optim`, the supervised
+# trainer and a `RunningAverage` of the loss (an `all_reduce` each iteration), as its docs show.
+IGNITE = """import os, torch
+import ignite.distributed as idist
+from ignite.engine import Events, create_supervised_trainer
+from ignite.metrics import RunningAverage
+def training(local_rank):
+    torch.manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randn(1280, 16), torch.randn(1280, 1))
+    loader = idist.auto_dataloader(data, batch_size=16, num_workers=4, shuffle=True)
+    model = idist.auto_model(torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)))
+    optimizer = idist.auto_optim(torch.optim.SGD(model.parameters(), lr=0.01))
+    trainer = create_supervised_trainer(model, optimizer, torch.nn.functional.mse_loss)
+    RunningAverage(output_transform=lambda loss: loss).attach(trainer, "loss")
+    trainer.run(loader, max_epochs=1, epoch_length=20)
+    if idist.get_rank() == 0:
+        print("training finished", flush=True)
+if __name__ == "__main__":
+    with idist.Parallel(backend="gloo", nproc_per_node=2, master_port=int(os.environ["MASTER_PORT"])) as parallel:
+        parallel.run(training)
 """
 
 # transformers' Trainer on a tiny randomly initialised GPT-2 and locally made token ids.
@@ -223,6 +247,10 @@ PROGRAMS = [
                           "--save_strategy", "no", "--logging_steps", "5", "--max_length", "32",
                           "--ddp_backend", "gloo", "--dataloader_num_workers", "2", "--disable_tqdm", "true"],
          workers=True),
+    dict(name="ignite-parallel", venv=True, package="pytorch-ignite==0.5.3",
+         entry="python ignite_trainer.py: idist.Parallel(nproc_per_node=2) spawns the ranks; supervised trainer, "
+               "RunningAverage (an all_reduce a step), 2 DataLoader workers a rank",
+         argv=["python", "{wrap}/ignite_trainer.py"], port_env=True, workers=True),
     dict(name="accelerate-test-script-1rank", package="accelerate==1.11.0",
          entry="accelerate launch --num_processes 1 --cpu test_script.py (one rank, no process group)",
          argv=["accelerate", "launch", "--cpu", "--num_processes", "1", "--num_machines", "1", "--mixed_precision",
@@ -602,6 +630,7 @@ def prepare(out_dir, data_dir, progs):
     files = {"lightning_ddp.py": LIGHTNING_TRAINER.format(strategy="ddp"),
              "lightning_spawn.py": LIGHTNING_TRAINER.format(strategy="ddp_spawn"),
              "lightning_fabric.py": LIGHTNING_FABRIC, "lightning_cli.py": LIGHTNING_CLI, "hf_trainer.py": HF_TRAINER,
+             "ignite_trainer.py": IGNITE,
              "ds_config.json": json.dumps(DS_CONFIG)}
     for name, text in files.items():
         with open(os.path.join(wrap, name), "w") as f:
