@@ -259,6 +259,28 @@ fn a_launcher_computing_silently_past_the_hang_threshold_before_its_ranks_start_
     }
 }
 
+/// The same launcher waiting on its disk instead of computing (1 MiB read a second, a few
+/// milliseconds of CPU: an `import torch` from a network filesystem, or from a disk a build beside
+/// it keeps busy). Seen in a fresh-clone test run beside heavy jobs: torchrun had started no rank
+/// after 20 s, using too little CPU to count as busy, and the run was "No rank started". What
+/// the launcher's processes read counts as progress too.
+#[test]
+fn a_launcher_reading_silently_past_the_hang_threshold_before_its_ranks_start_is_not_hung() {
+    let sb = Sandbox::new();
+    let file = ddp_scenario(&sb, "reading-launcher", 2, "passed");
+    let text =
+        std::fs::read_to_string(&file).unwrap().replace(r#""hang_after_s": 10"#, r#""hang_after_s": 4"#);
+    assert!(text.contains(r#""hang_after_s": 4"#), "{text}");
+    std::fs::write(&file, text).unwrap();
+    let s = run_injected(&sb, &file, &[("INJECT_LAUNCHER_READING_S", "12")]);
+    assert!(s["wall_s"].as_f64().is_some_and(|w| w >= 12.0), "{:#}", s["verdict"]);
+    for r in s["ranks"].as_array().unwrap() {
+        assert_eq!(r["outcome"], "passed", "{r}");
+        assert!(r["hang_detected_after_s"].is_null(), "{r}");
+        assert_eq!(r["steps_done"], 20, "{r}");
+    }
+}
+
 /// Rank 0 computes for 25 s without a word before a gather (a long validation, a compile) while
 /// rank 1 waits in it, silent: with `hang_after_s` at 10 the run is busy, not hung (issue 32:
 /// "a hang is declared only on a rank whose own progress and CPU time have stopped").

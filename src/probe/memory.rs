@@ -238,6 +238,17 @@ pub fn cpu_seconds(pid: u32) -> Option<f64> {
     Some(ticks_to_seconds(stat.utime + stat.stime))
 }
 
+/// Bytes a process has read, as far as a reader outside can tell: what it read through system
+/// calls (`rchar` in `/proc/<pid>/io`) and the pages its major faults brought in from storage
+/// (`majflt`: a shared library being mapped in is read that way, not through `read`). `None`
+/// when the process is gone or unreadable.
+pub fn bytes_read(pid: u32) -> Option<u64> {
+    let p = procfs::process::Process::new(i32::try_from(pid).ok()?).ok()?;
+    let faults = p.stat().ok()?.majflt;
+    let read = p.io().map_or(0, |io| io.rchar);
+    Some(read.saturating_add(faults.saturating_mul(procfs::page_size())))
+}
+
 /// `/proc/<pid>/stat`, or `None` when the process is gone or unreadable.
 pub fn read_stat(pid: u32) -> Option<ProcStat> {
     ProcHandle::open(pid)?.stat()

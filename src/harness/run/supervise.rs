@@ -61,6 +61,10 @@ const CPU_EVERY: Duration = Duration::from_secs(1);
 /// The share of one core over [`CPU_EVERY`] above which a rank counts as busy: a rank waiting in
 /// a gloo collective or a store uses well under 1 %.
 const BUSY_SHARE: f64 = 0.1;
+/// Bytes a launcher's tree must read over [`CPU_EVERY`] (by system calls or page faults) to count
+/// as busy before any of its ranks is found: far more than the few a process waiting in a
+/// rendezvous store reads, far less than an `import torch` reads a second on the slowest disk.
+const READING_BYTES: u64 = 256 * 1024;
 
 /// Whether a rank of the run is computing: its own process's CPU time, read once a second; and,
 /// while no rank of a launcher is found yet, whether the launcher is (with everything below it).
@@ -70,8 +74,8 @@ struct CpuWatch {
     /// Per slot: its CPU time over its current silence ([`Quiet`]).
     quiet: Vec<Option<Quiet>>,
     /// The launcher's tree while no rank is found: when it was read, the launcher's pid, the CPU
-    /// time of the processes in it then.
-    tree: Option<(Instant, u32, f64)>,
+    /// time of the processes in it then, and the bytes they had read.
+    tree: Option<(Instant, u32, f64, u64)>,
     busy_at: Option<Instant>,
     next: Instant,
     /// Workers found ended (or their pid taken by another process): not read again, so that a
@@ -179,12 +183,17 @@ impl CpuWatch {
         }
         let read = tree.map(|root| {
             let members = crate::harness::discover::rank_members(root, &[]);
-            (now, root, members.into_iter().filter_map(crate::probe::memory::cpu_seconds).sum::<f64>())
+            let cpu = members.iter().copied().filter_map(crate::probe::memory::cpu_seconds).sum::<f64>();
+            let bytes = members.into_iter().filter_map(crate::probe::memory::bytes_read).sum::<u64>();
+            (now, root, cpu, bytes)
         });
-        // A process of the tree that ended takes its CPU time with it: only a rise counts.
-        if let (Some((then, was, before)), Some((_, root, cpu))) = (self.tree, read)
+        // A process of the tree that ended takes its CPU time with it: only a rise counts. Reading
+        // counts too: a launcher importing torch from a slow or busy disk (a network filesystem, a
+        // machine building beside it) waits on the disk more than it computes, and is starting,
+        // not hung; one blocked on a filesystem that no longer answers reads nothing.
+        if let (Some((then, was, before, read_before)), Some((_, root, cpu, bytes))) = (self.tree, read)
             && was == root
-            && busy(then, before, cpu)
+            && (busy(then, before, cpu) || bytes.saturating_sub(read_before) >= READING_BYTES)
         {
             self.busy_at = Some(now);
         }

@@ -34,6 +34,10 @@
   without a word before it reads its arguments and starts any rank, as a slow `import torch` on a
   loaded machine or a network filesystem would.
 
+- INJECT_LAUNCHER_READING_S=S: the same, but reading instead of computing: S seconds of reading
+  256 KiB from `/dev/zero` every 0.25 s (1 MiB a second, a few milliseconds of CPU), as an
+  `import torch` from a slow disk or a network filesystem waits on it.
+
 - INJECT_FR_DUMP=PREFIX, INJECT_FR_DUMP_AFTER_S=S: on every rank, a watchdog thread that, once
   the rank has made no optimizer step for S seconds (default 20), writes PyTorch's Flight Recorder
   dump, `torch._C._distributed_c10d._dump_fr_trace(True, False)`, to PREFIX followed by the rank
@@ -223,6 +227,14 @@ def _launcher_busy(seconds):
         sum(range(10_000))
 
 
+def _launcher_reading(seconds):
+    end = time.monotonic() + seconds
+    with open("/dev/zero", "rb", buffering=0) as f:
+        while time.monotonic() < end:
+            f.read(256 * 1024)
+            time.sleep(0.25)
+
+
 def _abort_at_exit():
     import threading
 
@@ -260,6 +272,8 @@ if _rank_is("INJECT_EXIT_ABORT_RANK"):
 
 if os.environ.get("INJECT_LAUNCHER_BUSY_S") and os.path.basename(sys.argv[0]) == "torchrun":
     _launcher_busy(float(os.environ["INJECT_LAUNCHER_BUSY_S"]))
+if os.environ.get("INJECT_LAUNCHER_READING_S") and os.path.basename(sys.argv[0]) == "torchrun":
+    _launcher_reading(float(os.environ["INJECT_LAUNCHER_READING_S"]))
 
 _ANY = (
     "INJECT_SKIP_RANK",
