@@ -796,11 +796,10 @@ fn backtrace(doc: &mut Doc, r: &RankResult, ranks: &[u32]) {
         return;
     }
     let (owner, signal) = stack::backtrace_owner(r);
-    let also = match ranks {
-        [_] => String::new(),
-        _ => format!(", the same on {}", classes::who(ranks)),
-    };
-    doc.push(format!("### Backtrace of {} ({}){also}", markup::text(&owner), markup::text(&signal)));
+    doc.push(format!("### Backtrace of {} ({})", markup::text(&owner), markup::text(&signal)));
+    if ranks.len() > 1 {
+        doc.push(format!("The same frames on {}.", classes::who(ranks)));
+    }
     if r.backtrace.is_empty() {
         doc.push(
             "Symbolisation failed in the crash handler; these are the raw return addresses, \
