@@ -18,7 +18,9 @@ pub fn ranks_text(ranks: &[u32]) -> String {
     match ranks {
         [] => "none".into(),
         [one] => one.to_string(),
-        [a, .., b] if (*b - *a) as usize + 1 == ranks.len() => format!("{a}–{b}"),
+        // `b >= a` first: a list in falling order overflowed the subtraction (a panic in a
+        // debug build).
+        [a, .., b] if b >= a && (*b - *a) as usize + 1 == ranks.len() => format!("{a}–{b}"),
         _ if ranks.is_sorted() => rank_ranges(ranks),
         _ => ranks.iter().map(u32::to_string).collect::<Vec<_>>().join(", "),
     }
@@ -81,5 +83,34 @@ pub fn ranks_named(ranks: &[u32]) -> String {
     match ranks {
         [one] => format!("rank {one}"),
         _ => format!("ranks {}", ranks_text(ranks)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_each_rank_did_is_said_one_by_one_up_to_eight_ranks_then_once_per_class() {
+        let few: Vec<(u32, String)> = (0..3).map(|r| (r, format!("issued {}", 9 - r / 2))).collect();
+        assert_eq!(each_rank(&few, "; "), "rank 0 issued 9; rank 1 issued 9; rank 2 issued 8");
+        let many: Vec<(u32, String)> =
+            (0..4096).map(|r| (r, if r == 1777 { "issued 8" } else { "issued 9" }.to_string())).collect();
+        assert_eq!(each_rank(&many, "; "), "ranks 0–1776, 1778–4095 issued 9; rank 1777 issued 8");
+        // Every rank its own: the first eight said, the rest counted.
+        let distinct: Vec<(u32, String)> = (0..20).map(|r| (r, format!("{r}.0 ms"))).collect();
+        assert!(
+            each_rank(&distinct, ", ")
+                .ends_with("rank 7 7.0 ms, 12 more ranks each otherwise (in `result.json`)")
+        );
+    }
+
+    #[test]
+    fn an_ascending_list_of_ranks_is_written_with_ranges() {
+        assert_eq!(ranks_text(&[2, 5]), "2, 5");
+        assert_eq!(ranks_text(&[0, 1, 2, 4]), "0–2, 4");
+        assert_eq!(ranks_text(&[3, 1]), "3, 1", "an order that says something is kept");
+        let all_but_one: Vec<u32> = (0..4096).filter(|r| *r != 1777).collect();
+        assert_eq!(ranks_text(&all_but_one), "0–1776, 1778–4095");
     }
 }
