@@ -43,7 +43,7 @@ fn args() -> Args {
             _ => {}
         }
     }
-    assert!(a.nodes > 0 && a.ranks % a.nodes == 0, "--ranks must be a multiple of --nodes");
+    assert!(a.nodes > 0 && a.ranks.is_multiple_of(a.nodes), "--ranks must be a multiple of --nodes");
     a
 }
 

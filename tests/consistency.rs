@@ -379,7 +379,8 @@ fn check_rank_table(text: &str, s: &Value) -> Vec<String> {
     let class = re(r"^ranks (.+?) \(([\d,]+) ranks\)");
     let mut counted = 0;
     // (row, rank, its label, whether the row is that rank's alone)
-    let mut named: Vec<(&Vec<(String, String)>, u64, String, bool)> = Vec::new();
+    type Named<'a> = (&'a Vec<(String, String)>, u64, String, bool);
+    let mut named: Vec<Named> = Vec::new();
     for row in &rows {
         let label = cell(row, "rank").unwrap_or_default();
         if let Some(c) = class.captures(&label) {

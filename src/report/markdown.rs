@@ -201,10 +201,10 @@ fn fit(mut doc: Doc, whole: &str) -> String {
         if total <= GITHUB_BODY_MAX {
             break;
         }
-        for k in o + 1..close {
-            doc.blocks[k].clear();
-            total = total - sizes[k] + 2;
-            sizes[k] = 2;
+        for (block, size) in doc.blocks[o + 1..close].iter_mut().zip(&mut sizes[o + 1..close]) {
+            block.clear();
+            total = total - *size + 2;
+            *size = 2;
         }
         doc.blocks[o + 1] = left_out.clone();
         total = total - sizes[o + 1] + left_out.chars().count() + 2;
