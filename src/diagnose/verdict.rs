@@ -1200,11 +1200,13 @@ fn collateral_lines(lines: Vec<CollateralLine>) -> Vec<String> {
             .map(|l| format!("collateral: {} {}{}{}", l.who, l.how, later(l.later), l.rest))
             .collect();
     }
-    let mut classes: Vec<(String, String, Vec<u32>, Vec<f64>)> = Vec::new();
+    // (how, the rest, its ranks, their times, the first rank's name)
+    type Class = (String, String, Vec<u32>, Vec<f64>, String);
+    let mut classes: Vec<Class> = Vec::new();
     let mut index: std::collections::HashMap<(String, String), usize> = std::collections::HashMap::new();
     for l in lines {
         let i = *index.entry((l.how.clone(), l.rest.clone())).or_insert_with(|| {
-            classes.push((l.how, l.rest, Vec::new(), Vec::new()));
+            classes.push((l.how, l.rest, Vec::new(), Vec::new(), l.who));
             classes.len() - 1
         });
         classes[i].2.push(l.rank);
@@ -1212,7 +1214,7 @@ fn collateral_lines(lines: Vec<CollateralLine>) -> Vec<String> {
     }
     classes
         .into_iter()
-        .map(|(how, rest, ranks, times)| {
+        .map(|(how, rest, ranks, times, who)| {
             let lo = times.iter().copied().fold(f64::INFINITY, f64::min);
             let hi = times.iter().copied().fold(f64::NEG_INFINITY, f64::max);
             let when = match times.len() {
@@ -1220,7 +1222,10 @@ fn collateral_lines(lines: Vec<CollateralLine>) -> Vec<String> {
                 _ if format!("{lo:.2}") == format!("{hi:.2}") => later(Some(lo)),
                 _ => format!(" {lo:.2}–{hi:.2} s later"),
             };
-            format!("collateral: {} {how}{when}{rest}", ranks_named(&ranks))
+            match ranks.as_slice() {
+                [_] => format!("collateral: {who} {how}{when}{rest}"),
+                _ => format!("collateral: {}, each {how}{when}{rest}", ranks_named(&ranks)),
+            }
         })
         .collect()
 }

@@ -153,7 +153,7 @@ mod tests {
             s.verdict.evidence.iter().filter(|e| e.starts_with("collateral:")).collect();
         assert_eq!(collateral.len(), 1, "{collateral:#?}");
         assert!(
-            collateral[0].starts_with("collateral: ranks 0–1776, 1778–4095 was killed"),
+            collateral[0].starts_with("collateral: ranks 0–1776, 1778–4095, each was killed"),
             "{}",
             collateral[0]
         );
