@@ -373,20 +373,34 @@ fn check_rank_table(text: &str, s: &Value) -> Vec<String> {
         .into_iter()
         .chain(table_after(text, "| node | rank |"))
         .collect::<Vec<_>>();
-    if rows.len() != ranks.len() {
-        found.push(format!(
-            "the rank table has {} rows but result.json has {} ranks",
-            rows.len(),
-            ranks.len()
-        ));
-    }
-    let first = s["first_failure"].as_u64();
+    // A row is one rank (`3`, `**3** (first failure)`) or, above 16 ranks, a class of ranks with the
+    // same row (`ranks 0–752, 754–1023 (1,023 ranks) (collateral)`), its list cut after a dozen
+    // pieces (`…`): every rank it lists is checked, and the counts add up to the ranks.
+    let class = re(r"^ranks (.+?) \(([\d,]+) ranks\)");
+    let mut counted = 0;
+    // (row, rank, its label, whether the row is that rank's alone)
+    type Named<'a> = (&'a Vec<(String, String)>, u64, String, bool);
+    let mut named: Vec<Named> = Vec::new();
     for row in &rows {
         let label = cell(row, "rank").unwrap_or_default();
+        if let Some(c) = class.captures(&label) {
+            counted += c[2].replace(',', "").parse::<usize>().unwrap_or(0);
+            let listed = rank_list(c[1].trim_end_matches(", …"));
+            named.extend(listed.into_iter().map(|n| (row, n, label.clone(), false)));
+            continue;
+        }
         let Some(n) = re(r"^\**(\d+)").captures(&label).map(|c| c[1].parse::<u64>().unwrap()) else {
             found.push(format!("rank cell `{label}` names no rank"));
             continue;
         };
+        counted += 1;
+        named.push((row, n, label, true));
+    }
+    if counted != ranks.len() {
+        found.push(format!("the rank table has {counted} ranks but result.json has {} ranks", ranks.len()));
+    }
+    let first = s["first_failure"].as_u64();
+    for (row, n, label, alone) in named {
         let Some(r) = ranks.iter().find(|r| r["rank"].as_u64() == Some(n)) else {
             found.push(format!("the rank table has rank {n}, result.json does not"));
             continue;
@@ -399,7 +413,7 @@ fn check_rank_table(text: &str, s: &Value) -> Vec<String> {
         if label.contains("(collateral)") != (r["collateral"] == true && !says_first) {
             found.push(format!("rank {n} is labelled `{label}` but its collateral is {}", r["collateral"]));
         }
-        if let Some(pid) = cell(row, "pid") {
+        if let Some(pid) = cell(row, "pid").filter(|_| alone) {
             let want = r["pid"].as_u64().map_or("—".to_string(), |p| p.to_string());
             if pid != want {
                 found.push(format!("rank {n}: pid {pid} but result.json's pid is {want}"));

@@ -116,8 +116,11 @@ pub(super) struct Conclusion {
 impl Conclusion {
     /// Marks each rank's `collateral` as concluded.
     fn mark(&self, ranks: &mut [RankResult]) {
+        // A set: thousands of collateral ranks looked up for each of thousands of ranks is
+        // quadratic.
+        let collateral: std::collections::HashSet<u32> = self.collateral.iter().copied().collect();
         for r in ranks {
-            r.collateral = self.collateral.contains(&r.rank);
+            r.collateral = collateral.contains(&r.rank);
         }
     }
 }

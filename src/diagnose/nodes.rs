@@ -24,18 +24,30 @@ pub(super) struct Unobserved {
 /// Where a rank ran and how well its node's clock is known.
 pub(super) struct Clocks<'a> {
     report: &'a NodesReport,
+    /// Each rank's node, read once: looking it up in every node's list for every rank was
+    /// quadratic in the ranks (4,096 ranks on 512 nodes).
+    node_by_rank: std::collections::HashMap<u32, u32>,
 }
 
 impl<'a> Clocks<'a> {
     /// The clocks of a run merged from several nodes; `None` for one node's run and for an
     /// attach (whose nodes' windows are not ordered against each other).
     pub(super) fn of(report: Option<&'a NodesReport>) -> Option<Clocks<'a>> {
-        report.filter(|n| !n.attached).map(|report| Clocks { report })
+        report.filter(|n| !n.attached).map(|report| Clocks {
+            report,
+            // Reversed: where two nodes claim a rank, the first one's claim is the one kept.
+            node_by_rank: report
+                .per_node
+                .iter()
+                .rev()
+                .flat_map(|s| s.ranks.iter().map(|r| (*r, s.node)))
+                .collect(),
+        })
     }
 
     fn node_of(&self, rank: u32) -> u32 {
         let lw = self.report.ranks_per_node.max(1);
-        self.report.per_node.iter().find(|s| s.ranks.contains(&rank)).map_or(rank / lw, |s| s.node)
+        self.node_by_rank.get(&rank).copied().unwrap_or(rank / lw)
     }
 
     fn host_of(&self, node: u32) -> String {

@@ -11,6 +11,7 @@ use super::evidence::{
     location, rank_name, rank_unknown, silent_at_limit, stopped_by_launcher_unobserved,
     stopped_by_launcher_while_running,
 };
+use super::words::{EACH_RANK_MAX, rank_ranges, ranks_named};
 
 /// The scenario's outcome (the culprit's, or passed), the culprit, and the verdict.
 #[derive(Debug, Clone)]
@@ -1099,6 +1100,7 @@ fn add_collateral(
     // Ranks that could not be started, one line per cause (a thousand ranks stopped by one
     // `EMFILE` are one line, not a thousand).
     let mut not_started: Vec<(String, Vec<u32>)> = Vec::new();
+    let mut lines = Vec::new();
     for other in &collateral {
         let o = other.result;
         if o.outcome == OutcomeKind::LaunchFailed && !rank_unknown(o) {
@@ -1120,9 +1122,7 @@ fn add_collateral(
             },
             (kind, _) => kind.as_str().replace('_', " "),
         };
-        let later = failure_time(o) - first_at;
-        let later =
-            if later.is_finite() && later >= 0.0 { format!(" {later:.2} s later") } else { String::new() };
+        let later = Some(failure_time(o) - first_at).filter(|l| l.is_finite() && *l >= 0.0);
         let error = match &other.key {
             Some(k) if ev.foreign => format!(": {}", k.text),
             _ => o.error.as_deref().map(|e| format!(": {e}")).unwrap_or_default(),
@@ -1138,10 +1138,15 @@ fn add_collateral(
             }
             _ => String::new(),
         };
-        verdict
-            .evidence
-            .push(format!("collateral: {} {how}{at}{later}{error}{finished}", rank_name(o, "rank")));
+        lines.push(CollateralLine {
+            who: rank_name(o, "rank"),
+            rank: o.rank,
+            how: format!("{how}{at}"),
+            later,
+            rest: format!("{error}{finished}"),
+        });
     }
+    verdict.evidence.extend(collateral_lines(lines));
     for (error, ranks) in not_started {
         let error = if error.is_empty() { String::new() } else { format!(": {error}") };
         let which = if ranks.len() == 1 { "rank" } else { "ranks" };
@@ -1173,31 +1178,61 @@ fn add_collateral(
     }
 }
 
+/// One collateral rank's line of evidence, in parts: what it did and where, how long after the
+/// first failure, and its error.
+struct CollateralLine {
+    who: String,
+    rank: u32,
+    how: String,
+    later: Option<f64>,
+    rest: String,
+}
+
+/// `collateral: rank 0 was torn down with SIGTERM in `backward` at step 3 0.03 s later: …`, one a
+/// rank, in the order they failed. Beyond [`EACH_RANK_MAX`] ranks, the ranks that ended the same
+/// way are one line with the span of their times (`ranks 0–752, 754–1023 … 0.01–0.05 s later`):
+/// 4,095 lines that say one thing bury the one that differs.
+fn collateral_lines(lines: Vec<CollateralLine>) -> Vec<String> {
+    let later = |l: Option<f64>| l.map(|l| format!(" {l:.2} s later")).unwrap_or_default();
+    if lines.len() <= EACH_RANK_MAX {
+        return lines
+            .into_iter()
+            .map(|l| format!("collateral: {} {}{}{}", l.who, l.how, later(l.later), l.rest))
+            .collect();
+    }
+    // (how, the rest, its ranks, their times, the first rank's name)
+    type Class = (String, String, Vec<u32>, Vec<f64>, String);
+    let mut classes: Vec<Class> = Vec::new();
+    let mut index: std::collections::HashMap<(String, String), usize> = std::collections::HashMap::new();
+    for l in lines {
+        let i = *index.entry((l.how.clone(), l.rest.clone())).or_insert_with(|| {
+            classes.push((l.how, l.rest, Vec::new(), Vec::new(), l.who));
+            classes.len() - 1
+        });
+        classes[i].2.push(l.rank);
+        classes[i].3.extend(l.later);
+    }
+    classes
+        .into_iter()
+        .map(|(how, rest, ranks, times, who)| {
+            let lo = times.iter().copied().fold(f64::INFINITY, f64::min);
+            let hi = times.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let when = match times.len() {
+                0 => String::new(),
+                _ if format!("{lo:.2}") == format!("{hi:.2}") => later(Some(lo)),
+                _ => format!(" {lo:.2}–{hi:.2} s later"),
+            };
+            match ranks.as_slice() {
+                [_] => format!("collateral: {who} {how}{when}{rest}"),
+                _ => format!("collateral: {}, each {how}{when}{rest}", ranks_named(&ranks)),
+            }
+        })
+        .collect()
+}
+
 /// Collateral ranks named one by one in the headline, in the order they failed; more are summed
 /// up as ranges ([`rank_ranges`]).
 const SHORT_LIST: usize = 4;
-
-/// Rank numbers in ascending order, runs of three or more as ranges: `3–1023`, `1, 3–5, 9`.
-pub fn rank_ranges(ranks: &[u32]) -> String {
-    let mut sorted = ranks.to_vec();
-    sorted.sort_unstable();
-    sorted.dedup();
-    let mut parts = Vec::new();
-    let mut i = 0;
-    while i < sorted.len() {
-        let mut j = i;
-        while j + 1 < sorted.len() && sorted[j + 1] == sorted[j] + 1 {
-            j += 1;
-        }
-        match j - i {
-            0 => parts.push(sorted[i].to_string()),
-            1 => parts.push(format!("{}, {}", sorted[i], sorted[j])),
-            _ => parts.push(format!("{}–{}", sorted[i], sorted[j])),
-        }
-        i = j + 1;
-    }
-    parts.join(", ")
-}
 
 #[cfg(test)]
 mod tests;

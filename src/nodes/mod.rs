@@ -7,7 +7,8 @@
 //!
 //! Layout: [`config`] finds who this node is (flags, Slurm, torchrun variables); [`wire`],
 //! [`clock`] and [`merge`] are pure (torchrun's per-node command is planned in
-//! `harness::plan::torchrun`); [`net`] is the sockets; [`run`] drives one
+//! `harness::plan::torchrun`); [`net`] is the sockets; [`simulate`] makes a job of
+//! thousands of ranks from one node's recorded result (the scale benchmark); [`run`] drives one
 //! node's run; [`local`] plays every node of a `launch.nodes` scenario on this machine.
 
 pub mod clock;
@@ -16,6 +17,7 @@ pub mod local;
 pub mod merge;
 pub mod net;
 pub mod run;
+pub mod simulate;
 pub mod wire;
 
 use serde::{Deserialize, Serialize};

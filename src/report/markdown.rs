@@ -9,6 +9,7 @@ use crate::protocol::Frame;
 use crate::scenario::human_bytes;
 use crate::schema::{RankResult, RunResult, ScenarioResult, ThreadStack};
 
+mod classes;
 mod doc;
 mod external;
 pub(crate) mod flight;
@@ -178,6 +179,10 @@ fn fit(mut doc: Doc, whole: &str) -> String {
     if original <= GITHUB_BODY_MAX {
         return doc.finish();
     }
+    // Each block's size, counted once and kept up to date: counting the whole document again
+    // after each section emptied took 97 s for a report of 4,096 ranks.
+    let mut sizes: Vec<usize> = doc.blocks.iter().map(|b| b.chars().count() + 2).collect();
+    let mut total = original;
     // Collapsed sections: (index of `<details>`, index of its close, characters inside).
     let mut sections: Vec<(usize, usize, usize)> = Vec::new();
     let mut open = None;
@@ -187,19 +192,23 @@ fn fit(mut doc: Doc, whole: &str) -> String {
         } else if b == DETAILS_CLOSE
             && let Some(o) = open.take()
         {
-            sections.push((o, i, len(&doc.blocks[o + 1..i])));
+            sections.push((o, i, sizes[o + 1..i].iter().sum()));
         }
     }
     sections.sort_by_key(|&(_, _, size)| std::cmp::Reverse(size));
     let left_out = format!("Left out here to fit one GitHub comment: it is in {whole}.");
     for (o, close, _) in sections {
-        if len(&doc.blocks) <= GITHUB_BODY_MAX {
+        if total <= GITHUB_BODY_MAX {
             break;
         }
-        for b in &mut doc.blocks[o + 1..close] {
-            b.clear();
+        for (block, size) in doc.blocks[o + 1..close].iter_mut().zip(&mut sizes[o + 1..close]) {
+            block.clear();
+            total = total - *size + 2;
+            *size = 2;
         }
         doc.blocks[o + 1] = left_out.clone();
+        total = total - sizes[o + 1] + left_out.chars().count() + 2;
+        sizes[o + 1] = left_out.chars().count() + 2;
     }
     doc.blocks.retain(|b| !b.is_empty());
     if len(&doc.blocks) > GITHUB_BODY_MAX {
@@ -341,16 +350,14 @@ fn scenario(doc: &mut Doc, s: &ScenarioResult) {
     if let Some(line) = parameters_line(s) {
         doc.push(line);
     }
-    for r in &s.ranks {
-        backtrace(doc, r);
-    }
-    for r in &s.ranks {
-        stacks(doc, r);
-    }
+    let backtrace_of = |r: &RankResult| (frames(&r.backtrace), r.raw_backtrace.clone());
+    let has_backtrace = |r: &RankResult| !(r.backtrace.is_empty() && r.raw_backtrace.is_empty());
+    per_rank(doc, s, has_backtrace, backtrace_of, backtrace, "backtraces");
+    let stacks_of =
+        |r: &RankResult| r.stacks.iter().map(|t| (t.thread.clone(), frames(&t.frames))).collect::<Vec<_>>();
+    per_rank(doc, s, |r| !r.stacks.is_empty(), stacks_of, stacks, "stacks");
     flight::collectives(doc, s);
-    for r in &s.ranks {
-        external::dumps(doc, r);
-    }
+    per_rank(doc, s, |r| !r.dumps.is_empty(), external::dump_key, external::dumps, "stacks from outside");
     if let Some(gantt) = mermaid::timeline(s) {
         doc.push(fence("mermaid", &gantt));
     }
@@ -371,10 +378,47 @@ fn scenario(doc: &mut Doc, s: &ScenarioResult) {
         }
     }
     external::launcher_log_tail(doc, s);
-    for r in &s.ranks {
-        log_tail(doc, r);
-    }
+    per_rank(doc, s, |r| !r.log_tail.is_empty(), |r| r.log_tail.clone(), log_tail, "log tails");
     scenario_details(doc, s);
+}
+
+/// Each rank's `section` (for the ranks that `has` one), or above [`classes::GROUP_ABOVE`] ranks
+/// one per class of ranks whose section says the same (`key`): the odd ones first, at most
+/// [`classes::CLASSES_SHOWN`], then how many ranks' `what` are left to `result.json`.
+fn per_rank<K: Eq + std::hash::Hash>(
+    doc: &mut Doc,
+    s: &ScenarioResult,
+    has: impl Fn(&RankResult) -> bool,
+    key: impl Fn(&RankResult) -> K,
+    section: fn(&mut Doc, &RankResult, &[u32]),
+    what: &str,
+) {
+    if s.ranks.len() <= classes::GROUP_ABOVE {
+        for r in s.ranks.iter().filter(|r| has(r)) {
+            section(doc, r, &[r.rank]);
+        }
+        return;
+    }
+    let (shown, left) = classes::shown(classes::group(s.ranks.iter().filter(|r| has(r)), key));
+    for c in &shown {
+        section(doc, c.first, &c.ranks);
+    }
+    if left > 0 {
+        doc.push(format!(
+            "The {what} of {} more ranks, in classes of their own, are in `result.json`.",
+            classes::thousands(left)
+        ));
+    }
+}
+
+/// Under a class's heading: whose is shown, where it stands for several ranks.
+fn shown_for(doc: &mut Doc, r: &RankResult, ranks: &[u32]) {
+    if ranks.len() > 1 {
+        doc.push(format!(
+            "The same on each of these ranks but for process and thread ids; rank {}'s shown.",
+            r.rank
+        ));
+    }
 }
 
 fn verdict(doc: &mut Doc, s: &ScenarioResult) {
@@ -436,8 +480,11 @@ fn bullets(items: impl Iterator<Item = String>) -> String {
     items.map(|i| format!("- {i}")).collect::<Vec<_>>().join("\n")
 }
 
-/// One row per rank. Columns that no rank has a value for are left out, and outcome with status
-/// and phase with step share a column, so the table fits GitHub's comment column.
+/// One row per rank, or above [`classes::GROUP_ABOVE`] ranks one row per class of ranks whose
+/// row is the same but for the rank, pid and node (STAT's equivalence classes: `ranks 0–1776,
+/// 1778–4095 (4,095 ranks)` in one row, rank 1777 in its own). Columns that no rank has a value
+/// for are left out, and outcome with status and phase with step share a column, so the table
+/// fits GitHub's comment column.
 fn rank_table(s: &ScenarioResult) -> String {
     const HEADER: [&str; 8] =
         ["node", "rank", "pid", "outcome", "where", "steps done", "loss first → final", "error"];
@@ -451,44 +498,82 @@ fn rank_table(s: &ScenarioResult) -> String {
         Align::Left,
         Align::Left,
     ];
-    let rows: Vec<Vec<String>> = s
-        .ranks
+    // Each rank's node, found once: a search of every node's ranks for each rank was quadratic.
+    let nodes: std::collections::HashMap<u32, &crate::schema::NodeSection> = s
+        .nodes
         .iter()
-        .map(|r| {
-            let rank = if s.first_failure == Some(r.rank) && s.ranks.len() > 1 {
-                format!("**{}** (first failure)", r.rank)
-            } else if r.collateral {
-                format!("{} (collateral)", r.rank)
-            } else {
-                r.rank.to_string()
-            };
-            let loss = match (r.first_loss, r.final_loss) {
-                (None, None) => NONE.to_string(),
-                (first, last) => format!("{} → {}", text::loss(first), text::loss(last)),
-            };
-            let place = match (r.last_phase.as_deref(), r.last_step) {
-                (Some(phase), Some(step)) => format!("{} @ {step}", code(phase)),
-                (Some(phase), None) => code(phase),
-                (None, Some(step)) => format!("step {step}"),
-                (None, None) => NONE.to_string(),
-            };
-            let node = s.nodes.as_ref().and_then(|n| n.per_node.iter().find(|p| p.ranks.contains(&r.rank)));
-            vec![
-                node.map_or_else(|| NONE.to_string(), |p| format!("{} ({})", p.node, code(&p.host))),
-                rank,
-                opt(r.pid),
-                format!("{} ({})", text::kind_label(r.outcome), markup::text(&end_status(r))),
-                place,
-                // No marker at all: how many steps it did is unknown, not 0.
-                if r.markers == 0 && r.steps_done == 0 { NONE.to_string() } else { r.steps_done.to_string() },
-                loss,
-                r.error.as_deref().map_or_else(
-                    || NONE.to_string(),
-                    |e| code(&text::truncate(&text::strip_control(e), CELL_MAX)),
-                ),
-            ]
-        })
+        .flat_map(|n| n.per_node.iter().rev())
+        .flat_map(|p| p.ranks.iter().map(move |r| (*r, p)))
         .collect();
+    let mark = |r: &RankResult| {
+        if s.first_failure == Some(r.rank) && s.ranks.len() > 1 {
+            " (first failure)"
+        } else if r.collateral {
+            " (collateral)"
+        } else {
+            ""
+        }
+    };
+    let cells = |r: &RankResult| -> Vec<String> {
+        let loss = match (r.first_loss, r.final_loss) {
+            (None, None) => NONE.to_string(),
+            (first, last) => format!("{} → {}", text::loss(first), text::loss(last)),
+        };
+        let place = match (r.last_phase.as_deref(), r.last_step) {
+            (Some(phase), Some(step)) => format!("{} @ {step}", code(phase)),
+            (Some(phase), None) => code(phase),
+            (None, Some(step)) => format!("step {step}"),
+            (None, None) => NONE.to_string(),
+        };
+        vec![
+            format!("{} ({})", text::kind_label(r.outcome), markup::text(&end_status(r))),
+            place,
+            // No marker at all: how many steps it did is unknown, not 0.
+            if r.markers == 0 && r.steps_done == 0 { NONE.to_string() } else { r.steps_done.to_string() },
+            loss,
+            r.error.as_deref().map_or_else(
+                || NONE.to_string(),
+                |e| code(&text::truncate(&text::strip_control(e), CELL_MAX)),
+            ),
+        ]
+    };
+    let node_cell = |ranks: &[u32]| {
+        let mut on: Vec<&crate::schema::NodeSection> =
+            ranks.iter().filter_map(|r| nodes.get(r).copied()).collect();
+        on.sort_by_key(|p| p.node);
+        on.dedup_by_key(|p| p.node);
+        match on.as_slice() {
+            [] => NONE.to_string(),
+            [p] => format!("{} ({})", p.node, code(&p.host)),
+            _ => format!("{} nodes", classes::thousands(on.len())),
+        }
+    };
+    let rows: Vec<Vec<String>> = if s.ranks.len() > classes::GROUP_ABOVE {
+        classes::group(s.ranks.iter(), |r| (mark(r), cells(r)))
+            .into_iter()
+            .map(|c| {
+                let r = c.first;
+                let rank = match (mark(r), c.ranks.as_slice()) {
+                    (" (first failure)", _) => format!("**{}** (first failure)", r.rank),
+                    (m, [_]) => format!("{}{m}", r.rank),
+                    (m, ranks) => format!("{}{m}", classes::who(ranks)),
+                };
+                let pid = if c.ranks.len() == 1 { opt(r.pid) } else { NONE.to_string() };
+                [node_cell(&c.ranks), rank, pid].into_iter().chain(cells(r)).collect()
+            })
+            .collect()
+    } else {
+        s.ranks
+            .iter()
+            .map(|r| {
+                let rank = match mark(r) {
+                    " (first failure)" => format!("**{}** (first failure)", r.rank),
+                    m => format!("{}{m}", r.rank),
+                };
+                [node_cell(&[r.rank]), rank, opt(r.pid)].into_iter().chain(cells(r)).collect()
+            })
+            .collect()
+    };
     if rows.is_empty() {
         return "No rank was started.".to_string();
     }
@@ -546,7 +631,10 @@ fn rank_notes(s: &ScenarioResult) -> Option<String> {
             text::secs(silent)
         ));
     }
+    // Each rank's notes with `\u{1}` for its name, said once per class below.
+    let mut each: Vec<(u32, String)> = Vec::new();
     for r in s.ranks.iter().filter(|r| !unstarted.contains(&r.rank)) {
+        let mut note = |n: String| each.push((r.rank, n));
         if let Some(silent) = r.hang_detected_after_s {
             // The last marker only where it is before the hang was declared (see
             // `text::hang_declared_at`): a later one would contradict the silence.
@@ -555,61 +643,77 @@ fn rank_notes(s: &ScenarioResult) -> Option<String> {
                 .filter(|_| text::hang_declared_at(r, s.wall_s).is_some())
                 .map(|t| format!(" (last marker at {})", text::secs(t)))
                 .unwrap_or_default();
-            notes.push(if foreign {
-                format!(
-                    "Rank {} sent no marker and wrote no output for {}{last} and was declared hung.",
-                    r.rank,
-                    text::secs(silent)
-                )
-            } else {
-                format!(
-                    "Rank {} sent no marker for {}{last} and was declared hung.",
-                    r.rank,
-                    text::secs(silent)
-                )
-            });
-        }
-        if !foreign && r.markers == 0 && r.outcome != crate::scenario::OutcomeKind::Passed {
-            notes.push(format!(
-                "Rank {} sent no marker at all: it ended before the trainer started (see its log \
-                 tail).",
-                r.rank
+            let output = if foreign { " and wrote no output" } else { "" };
+            note(format!(
+                "\u{1} sent no marker{output} for {}{last} and was declared hung.",
+                text::secs(silent)
             ));
         }
+        if !foreign && r.markers == 0 && r.outcome != crate::scenario::OutcomeKind::Passed {
+            note(
+                "\u{1} sent no marker at all: it ended before the trainer started (see its log tail)."
+                    .to_string(),
+            );
+        }
         if r.bad_markers > 0 {
-            notes.push(format!(
-                "Rank {}: {} on the marker pipe {} not valid markers (of {}).",
-                r.rank,
+            note(format!(
+                "\u{1}: {} on the marker pipe {} not valid markers (of {}).",
                 plural(r.bad_markers as usize, "line"),
                 if r.bad_markers == 1 { "was" } else { "were" },
                 r.markers + r.bad_markers
             ));
         }
         if r.dropped_markers > 0 {
-            notes.push(format!(
-                "Rank {}: {} dropped unread: they came faster than ups-doctor could take them in \
+            note(format!(
+                "\u{1}: {} dropped unread: they came faster than ups-doctor could take them in \
                  (its marker queue is bounded); the counts and the timeline miss them.",
-                r.rank,
                 plural(r.dropped_markers as usize, "marker"),
             ));
         }
         for error in &r.log_errors {
-            notes.push(format!(
-                "Rank {}: {}; the log ends with a note where it was cut, and its last lines are above.",
-                r.rank,
+            note(format!(
+                "\u{1}: {}; the log ends with a note where it was cut, and its last lines are above.",
                 markup::text(error)
             ));
         }
         for pid in &r.foreign_pids {
-            notes.push(format!(
-                "Rank {}: a marker claimed process {pid} as its data-loader worker, but it is not a \
+            note(format!(
+                "\u{1}: a marker claimed process {pid} as its data-loader worker, but it is not a \
                  process of this run (no run id, another process group, or a recycled pid); it was \
-                 not signalled.",
-                r.rank
+                 not signalled."
             ));
         }
     }
+    notes.extend(named_notes(each, s.ranks.len() > classes::GROUP_ABOVE));
     (!notes.is_empty()).then(|| bullets(notes.into_iter()))
+}
+
+/// Notes with `\u{1}` for the rank they are about, named: `Rank 3`; grouped, the ranks with the
+/// same note are one (`Ranks 0–1776, 1778–4095 (4,095 ranks) each sent no marker …`), in the order
+/// of their first rank.
+fn named_notes(each: Vec<(u32, String)>, grouped: bool) -> Vec<String> {
+    if !grouped {
+        return each.into_iter().map(|(r, n)| n.replace('\u{1}', &format!("Rank {r}"))).collect();
+    }
+    let mut classes: Vec<(String, Vec<u32>)> = Vec::new();
+    let mut index: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    for (r, n) in each {
+        let i = *index.entry(n.clone()).or_insert_with(|| {
+            classes.push((n, Vec::new()));
+            classes.len() - 1
+        });
+        classes[i].1.push(r);
+    }
+    classes
+        .into_iter()
+        .map(|(n, ranks)| {
+            let name = match ranks.as_slice() {
+                [one] => format!("Rank {one}"),
+                _ => format!("R{} each", &classes::who(&ranks)[1..]),
+            };
+            n.replace('\u{1}', &name)
+        })
+        .collect()
 }
 
 fn speed_line(s: &ScenarioResult) -> String {
@@ -621,14 +725,34 @@ fn speed_line(s: &ScenarioResult) -> String {
         parts.push(format!("{v:.1} samples/s"));
     }
     parts.push(format!("wall time {}", text::secs(s.wall_s)));
-    let waits: Vec<String> = s
-        .ranks
-        .iter()
-        .filter_map(|r| r.data_wait_fraction.map(|f| (r.rank, f)))
-        .map(|(rank, f)| {
-            if s.ranks.len() == 1 { text::percent(f) } else { format!("{} (rank {rank})", text::percent(f)) }
+    let waits: Vec<String> = if s.ranks.len() > classes::GROUP_ABOVE {
+        // One entry per share, with the ranks that had it.
+        classes::group(s.ranks.iter().filter(|r| r.data_wait_fraction.is_some()), |r| {
+            text::percent(r.data_wait_fraction.unwrap_or_default())
         })
-        .collect();
+        .into_iter()
+        .take(classes::CLASSES_SHOWN)
+        .map(|c| {
+            format!(
+                "{} ({})",
+                text::percent(c.first.data_wait_fraction.unwrap_or_default()),
+                classes::who(&c.ranks)
+            )
+        })
+        .collect()
+    } else {
+        s.ranks
+            .iter()
+            .filter_map(|r| r.data_wait_fraction.map(|f| (r.rank, f)))
+            .map(|(rank, f)| {
+                if s.ranks.len() == 1 {
+                    text::percent(f)
+                } else {
+                    format!("{} (rank {rank})", text::percent(f))
+                }
+            })
+            .collect()
+    };
     if !waits.is_empty() {
         parts.push(format!("waiting for data {} of step time", waits.join(", ")));
     }
@@ -675,8 +799,9 @@ fn parameters_line(s: &ScenarioResult) -> Option<String> {
         if sums.iter().all(|(_, c)| *c == sums[0].1) {
             parts.push(format!("identical on all {} ranks (checksum `{}`)", s.ranks.len(), sums[0].1));
         } else {
-            let each: Vec<String> = sums.iter().map(|(r, c)| format!("rank {r} `{c}`")).collect();
-            parts.push(format!("**differ across ranks**: {}", each.join(", ")));
+            let each: Vec<(u32, String)> = sums.iter().map(|(r, c)| (*r, format!("`{c}`"))).collect();
+            parts
+                .push(format!("**differ across ranks**: {}", crate::diagnose::words::each_rank(&each, ", ")));
         }
     }
     let states: Vec<(u32, u64)> =
@@ -696,12 +821,15 @@ fn parameters_line(s: &ScenarioResult) -> Option<String> {
     (!parts.is_empty()).then(|| format!("**Parameters:** {}", parts.join(" · ")))
 }
 
-fn backtrace(doc: &mut Doc, r: &RankResult) {
+fn backtrace(doc: &mut Doc, r: &RankResult, ranks: &[u32]) {
     if r.backtrace.is_empty() && r.raw_backtrace.is_empty() {
         return;
     }
     let (owner, signal) = stack::backtrace_owner(r);
     doc.push(format!("### Backtrace of {} ({})", markup::text(&owner), markup::text(&signal)));
+    if ranks.len() > 1 {
+        doc.push(format!("The same frames on {}.", classes::who(ranks)));
+    }
     if r.backtrace.is_empty() {
         doc.push(
             "Symbolisation failed in the crash handler; these are the raw return addresses, \
@@ -730,11 +858,12 @@ fn numbered(lines: Vec<String>) -> String {
         .join("\n")
 }
 
-fn stacks(doc: &mut Doc, r: &RankResult) {
+fn stacks(doc: &mut Doc, r: &RankResult, ranks: &[u32]) {
     if r.stacks.is_empty() {
         return;
     }
-    doc.push(format!("### Stacks of rank {} at the hang", r.rank));
+    doc.push(format!("### Stacks of {} at the hang", classes::who(ranks)));
+    shown_for(doc, r, ranks);
     doc.push(format!(
         "{} dumped when the hang was declared, innermost frame first:",
         count(r.stacks.len(), "thread", "threads")
@@ -795,15 +924,16 @@ fn is_runtime_frame(f: &Frame) -> bool {
     f.symbol.as_deref().is_none_or(|s| PREFIXES.iter().any(|p| s.starts_with(p)))
 }
 
-fn log_tail(doc: &mut Doc, r: &RankResult) {
+fn log_tail(doc: &mut Doc, r: &RankResult, ranks: &[u32]) {
     if r.log_tail.is_empty() {
         return;
     }
     doc.push(details_open(&format!(
-        "Log tail of rank {} ({})",
-        r.rank,
+        "Log tail of {} ({})",
+        classes::who(ranks),
         count(r.log_tail.len(), "line", "lines")
     )));
+    shown_for(doc, r, ranks);
     let files: Vec<String> =
         [&r.stderr_log, &r.stdout_log].into_iter().filter(|f| !f.is_empty()).map(|f| code(f)).collect();
     if !files.is_empty() {

@@ -67,6 +67,33 @@ const MS_AXIS_BELOW_S: f64 = 20.0;
 /// `%s`/`%Q` (seconds or milliseconds since the epoch): those count the same in every time zone
 /// and do not wrap after a minute, where `%S` (the seconds field of the viewer's local time)
 /// did both.
+/// Most ranks the timeline draws one by one.
+const DRAWN_MAX: usize = 16;
+
+/// The ranks the timeline draws, each with how many more it stands for: all of them up to
+/// [`DRAWN_MAX`]; beyond, the first rank of each class that ended the same way at the same place
+/// (and the first failure alone), at most [`DRAWN_MAX`] classes — a chart of 4,096 rows was most
+/// of a report's length and no viewer draws it.
+fn drawn<'a>(s: &ScenarioResult, ranks: Vec<&'a RankResult>) -> Vec<(&'a RankResult, usize)> {
+    if ranks.len() <= DRAWN_MAX {
+        return ranks.into_iter().map(|r| (r, 0)).collect();
+    }
+    let mut classes: Vec<(&RankResult, usize)> = Vec::new();
+    let mut index: std::collections::HashMap<_, usize> = std::collections::HashMap::new();
+    for r in ranks {
+        let key = (s.first_failure == Some(r.rank), r.outcome, r.last_phase.clone(), r.last_step);
+        match index.get(&key) {
+            Some(&i) => classes[i].1 += 1,
+            None => {
+                index.insert(key, classes.len());
+                classes.push((r, 0));
+            }
+        }
+    }
+    classes.truncate(DRAWN_MAX);
+    classes
+}
+
 pub(crate) fn timeline(s: &ScenarioResult) -> Option<String> {
     let ranks: Vec<&RankResult> = s.ranks.iter().filter(|r| !r.timeline.is_empty()).collect();
     if ranks.is_empty() {
@@ -78,14 +105,22 @@ pub(crate) fn timeline(s: &ScenarioResult) -> Option<String> {
         ranks.iter().flat_map(|r| r.timeline.iter().map(|p| span_end(r, p.end_s))).fold(0.0_f64, f64::max);
     let (axis, unit) = if latest < MS_AXIS_BELOW_S { ("%Q", "milliseconds") } else { ("%s", "seconds") };
     let min_bar = ((latest * 1000.0 * MIN_BAR_SHARE).round() as i64).max(1);
+    let ranks = drawn(s, ranks);
     let mut out = String::new();
     let _ = writeln!(out, "gantt");
     let _ = writeln!(out, "    title Phases per rank ({unit} since the scenario started)");
     let _ = writeln!(out, "    dateFormat x");
     let _ = writeln!(out, "    axisFormat {axis}");
     let _ = writeln!(out, "    todayMarker off");
-    for r in ranks {
-        let _ = writeln!(out, "    section rank {}", r.rank);
+    for (r, like) in ranks {
+        match like {
+            0 => {
+                let _ = writeln!(out, "    section rank {}", r.rank);
+            }
+            n => {
+                let _ = writeln!(out, "    section rank {} and {n} more like it", r.rank);
+            }
+        }
         for span in folded(&r.timeline) {
             let start = ms(span.start_s);
             let real_end = ms(span_end(r, span.end_s)).max(start);

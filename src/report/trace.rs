@@ -67,7 +67,15 @@ pub fn trace_value(run: &RunResult) -> serde_json::Value {
     let mut events = Vec::new();
     let mut offset_us = 0.0;
     for (i, s) in run.scenarios.iter().enumerate() {
-        Scenario { s, index: i as u64, offset_us, multi: run.scenarios.len() > 1 }.events(&mut events);
+        // Each rank's node, found once: a search of every node's ranks for each rank was
+        // quadratic in the ranks.
+        let nodes = s
+            .nodes
+            .iter()
+            .flat_map(|n| n.per_node.iter().rev())
+            .flat_map(|p| p.ranks.iter().map(move |r| (*r, p)))
+            .collect();
+        Scenario { s, index: i as u64, offset_us, multi: run.scenarios.len() > 1, nodes }.events(&mut events);
         offset_us += s.wall_s.max(0.0) * 1e6 + GAP_US;
     }
     json!({
@@ -87,6 +95,7 @@ struct Scenario<'a> {
     index: u64,
     offset_us: f64,
     multi: bool,
+    nodes: std::collections::HashMap<u32, &'a crate::schema::NodeSection>,
 }
 
 impl Scenario<'_> {
@@ -125,7 +134,7 @@ impl Scenario<'_> {
 
     fn rank_events(&self, r: &RankResult, out: &mut Vec<Value>) {
         let pid = self.pid(r.rank);
-        let node = self.s.nodes.as_ref().and_then(|n| n.per_node.iter().find(|p| p.ranks.contains(&r.rank)));
+        let node = self.nodes.get(&r.rank);
         let mut name = format!("{}rank {}", self.prefix(), r.rank);
         if let Some(node) = node {
             name.push_str(&format!(" (node {}, {})", node.node, node.host));

@@ -4,6 +4,7 @@
 //! Evidence for the hang patterns (`collective-mismatch`, `ranks-out-of-step`), not a pattern.
 
 use crate::diagnose::evidence::Evidence;
+use crate::diagnose::words::each_rank;
 use crate::schema::ObservedProgram;
 
 /// Where each rank stands in the default group's own count of collectives (the process group
@@ -26,7 +27,7 @@ pub fn group_count_evidence(ev: &Evidence) -> Vec<String> {
     if counts.len() < 2 {
         return Vec::new();
     }
-    let each: Vec<String> = counts
+    let each: Vec<(u32, String)> = counts
         .iter()
         .map(|(r, o, n)| {
             let cpp = match (o.unseen, o.unseen_per_step) {
@@ -36,13 +37,13 @@ pub fn group_count_evidence(ev: &Evidence) -> Vec<String> {
                 (Some(u), None) if u > 0 => format!(", {u} of them from C++"),
                 _ => String::new(),
             };
-            format!("rank {r} issued {n}{cpp}")
+            (*r, format!("issued {n}{cpp}"))
         })
         .collect();
     let mut lines = vec![format!(
         "the process group's own count of the collectives issued on it (those from C++ included, which the ledger \
          cannot see): {}",
-        each.join("; ")
+        each_rank(&each, "; ")
     )];
     // The first place a rank waits in that the others did not meet with the same collective
     // (not one it issued once ups-doctor had begun to end the run: a reaction to that).
@@ -57,14 +58,15 @@ pub fn group_count_evidence(ev: &Evidence) -> Vec<String> {
         })
         .min_by_key(|(_, _, pos)| *pos);
     if let Some((waiter, entry, pos)) = open {
-        let others: Vec<String> = counts
+        let others: Vec<(u32, String)> = counts
             .iter()
             .filter(|(r, _, _)| *r != waiter)
             .filter_map(|(r, o, n)| {
                 if *n < pos {
                     // Read every 0.25 s while it moves, and at exit: on a hang, its count then.
-                    return Some(format!(
-                        "rank {r} had not reached it when its count was last read (it had issued {n})"
+                    return Some((
+                        *r,
+                        format!("had not reached it when its count was last read (it had issued {n})"),
                     ));
                 }
                 // Only where its kept ledger reaches back that far (it dropped none, or its oldest
@@ -73,14 +75,14 @@ pub fn group_count_evidence(ev: &Evidence) -> Vec<String> {
                 let reaches = o.collectives as usize == o.ledger.len() || kept_from.is_some_and(|k| k <= pos);
                 let from_cpp = reaches && !o.ledger.iter().any(|e| e.group == "default" && e.holds(pos));
                 from_cpp
-                    .then(|| format!("rank {r} issued it from C++ (as DDP issues its gradient reductions)"))
+                    .then(|| (*r, "issued it from C++ (as DDP issues its gradient reductions)".to_string()))
             })
             .collect();
         if !others.is_empty() {
             lines.push(format!(
                 "at the group's collective #{pos}, rank {waiter} waits in {}; {}",
                 entry.render(),
-                others.join("; ")
+                each_rank(&others, "; ")
             ));
         }
     }

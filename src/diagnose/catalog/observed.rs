@@ -222,8 +222,12 @@ fn observed<'e>(r: &'e RankEvidence) -> Option<&'e ObservedProgram> {
     r.result.observed.as_ref()
 }
 
-/// `rank 1` / `ranks 1, 3`.
+/// `rank 1` / `ranks 1, 3`; beyond [`EACH_RANK_MAX`] ranks, runs as ranges (`ranks 0–752,
+/// 754–1023`), not 4,095 numbers.
 pub(super) fn ranks_list(ranks: &[u32]) -> String {
+    if ranks.len() > crate::diagnose::words::EACH_RANK_MAX {
+        return crate::diagnose::words::ranks_named(ranks);
+    }
     let words: Vec<String> = ranks.iter().map(u32::to_string).collect();
     match words.len() {
         1 => format!("rank {}", words[0]),
@@ -459,8 +463,20 @@ fn group_divergence(
         ops.iter().all(Option::is_some) && ops.iter().any(|op| *op != ops[0])
     });
     let mut f = Finding::of(&COLLECTIVE_MISMATCH);
-    let places: Vec<String> = ledgers.iter().map(|(r, o)| standing(*r, o.last_of(group))).collect();
-    f.evidence.push(format!("from the observer's collective ledgers: {}", places.join("; ")));
+    let places = if ledgers.len() > crate::diagnose::words::EACH_RANK_MAX {
+        let each: Vec<(u32, String)> = ledgers
+            .iter()
+            .map(|(r, o)| match o.last_of(group) {
+                Some(e) if e.ms.is_none() => (*r, format!("in {}", e.render())),
+                Some(e) => (*r, format!("last {}, returned", e.render())),
+                None => (*r, "issued none".to_string()),
+            })
+            .collect();
+        crate::diagnose::words::each_rank(&each, "; ")
+    } else {
+        ledgers.iter().map(|(r, o)| standing(*r, o.last_of(group))).collect::<Vec<_>>().join("; ")
+    };
+    f.evidence.push(format!("from the observer's collective ledgers: {places}"));
     f.evidence.extend(super::group_count::group_count_evidence(ev));
     if let Some(seq) = differ_at {
         return Some((issued_at(ledgers, group, seq), Some(ops_differ(ledgers, group, seq, f))));

@@ -37,6 +37,9 @@ pub(super) fn program_words(doc: &mut Doc, s: &ScenarioResult) {
     for (q, ranks) in &shown {
         let who = match ranks.as_slice() {
             [one] => format!("Rank {one}"),
+            many if many.len() > super::classes::GROUP_ABOVE => {
+                format!("R{} (the same lines)", &super::classes::who(many)[1..])
+            }
             [rest @ .., last] => format!(
                 "Ranks {} and {last} (the same lines)",
                 rest.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
@@ -66,38 +69,11 @@ pub(super) fn program_words(doc: &mut Doc, s: &ScenarioResult) {
 /// How each rank's process was found below the launcher, or that it was not (and how many
 /// processes below it looked like ranks without a rank number).
 fn identified_line(ranks: &[RankResult], launcher: Option<&LauncherEnd>) -> String {
-    let each: Vec<String> = ranks
-        .iter()
-        .map(|r| match &r.identified_by {
-            Some(IdentifiedBy::LauncherProcess) => format!("rank {} is the launcher process itself", r.rank),
-            Some(IdentifiedBy::SpawnOrder) => {
-                format!("rank {} by spawn order (the launcher's child started {})", r.rank, ordinal(r.rank))
-            }
-            Some(IdentifiedBy::Markers) => {
-                format!("rank {} by the helper's markers (the process reported rank {0})", r.rank)
-            }
-            Some(IdentifiedBy::ProcessGroup) => format!(
-                "rank {} by the process group it formed (`init_process_group` gave it rank {0}, seen by the observer)",
-                r.rank
-            ),
-            Some(IdentifiedBy::RendezvousListens) => {
-                format!("rank {} by the rendezvous port (the process listens on it: the c10d store)", r.rank)
-            }
-            Some(IdentifiedBy::RendezvousConnected) => {
-                format!("rank {} by the rendezvous port (the one other process connected to it)", r.rank)
-            }
-            Some(by) => {
-                let var = by.variable().unwrap_or_default();
-                format!("rank {} by {}", r.rank, code(&format!("{var}={}", r.rank)))
-            }
-            None => match (r.pid, r.exit_source) {
-                (Some(pid), Some(ExitSource::ProcfsRankUnknown)) => {
-                    format!("rank {}: process {pid}, whose rank number is unknown (it failed)", r.rank)
-                }
-                _ => format!("rank {}: no process identified", r.rank),
-            },
-        })
-        .collect();
+    let each: Vec<String> = if ranks.len() > super::classes::GROUP_ABOVE {
+        identified_classes(ranks)
+    } else {
+        ranks.iter().map(identified).collect()
+    };
     // "2 processes below the launcher look like ranks; their rank numbers are unknown", said
     // only when a rank was left without a process.
     let looked = match launcher.map_or(0, |l| l.unidentified_processes) {
@@ -109,6 +85,56 @@ fn identified_line(ranks: &[RankResult], launcher: Option<&LauncherEnd>) -> Stri
         _ => String::new(),
     };
     format!("Ranks identified: {}.{looked}", each.join("; "))
+}
+
+/// Above [`super::classes::GROUP_ABOVE`] ranks, one entry per way of finding them (`ranks
+/// 0–4095 (4,096 ranks) by `RANK``), the ranks each found in no way named as ranges.
+fn identified_classes(ranks: &[RankResult]) -> Vec<String> {
+    let how = |r: &RankResult| match &r.identified_by {
+        Some(by) if by.variable().is_some() => format!("by {}", code(by.variable().unwrap_or_default())),
+        Some(_) => identified(r).split_once(" by ").map(|(_, how)| format!("by {how}")).unwrap_or_default(),
+        None => "no process identified".to_string(),
+    };
+    super::classes::group(ranks.iter(), how)
+        .into_iter()
+        .map(|c| match c.ranks.as_slice() {
+            [_] => identified(c.first),
+            many => format!("{} {}", super::classes::who(many), how(c.first)),
+        })
+        .collect()
+}
+
+/// How one rank's process was found.
+fn identified(r: &RankResult) -> String {
+    match &r.identified_by {
+        Some(IdentifiedBy::LauncherProcess) => format!("rank {} is the launcher process itself", r.rank),
+        Some(IdentifiedBy::SpawnOrder) => {
+            format!("rank {} by spawn order (the launcher's child started {})", r.rank, ordinal(r.rank))
+        }
+        Some(IdentifiedBy::Markers) => {
+            format!("rank {} by the helper's markers (the process reported rank {0})", r.rank)
+        }
+        Some(IdentifiedBy::ProcessGroup) => format!(
+            "rank {} by the process group it formed (`init_process_group` gave it rank {0}, seen by the observer)",
+            r.rank
+        ),
+        Some(IdentifiedBy::RendezvousListens) => {
+            format!("rank {} by the rendezvous port (the process listens on it: the c10d store)", r.rank)
+        }
+        Some(IdentifiedBy::RendezvousConnected) => {
+            format!("rank {} by the rendezvous port (the one other process connected to it)", r.rank)
+        }
+        Some(by) => {
+            let var = by.variable().unwrap_or_default();
+            format!("rank {} by {}", r.rank, code(&format!("{var}={}", r.rank)))
+        }
+        None => match (r.pid, r.exit_source) {
+            (Some(pid), Some(ExitSource::ProcfsRankUnknown)) => {
+                format!("rank {}: process {pid}, whose rank number is unknown (it failed)", r.rank)
+            }
+            _ => format!("rank {}: no process identified", r.rank),
+        },
+    }
 }
 
 fn ordinal(rank: u32) -> String {
@@ -158,15 +184,53 @@ fn command_line(ext: &ExternalRun) -> String {
     line
 }
 
-/// py-spy's stacks and each thread's kernel state, for every process of a stuck rank.
-pub(super) fn dumps(doc: &mut Doc, r: &RankResult) {
+/// What [`dumps`] shows of a rank but for its process and thread ids: ranks stuck in the same
+/// place have the same.
+pub(super) fn dump_key(r: &RankResult) -> Vec<String> {
+    r.dumps
+        .iter()
+        .flat_map(|d| {
+            let threads = d.threads.iter().map(|t| {
+                format!(
+                    "{} {} {}",
+                    t.name,
+                    t.wchan.as_deref().unwrap_or("-"),
+                    t.syscall.as_deref().unwrap_or("-")
+                )
+            });
+            [
+                format!("{:?} {:?}", d.role, d.taken),
+                d.py_spy.as_deref().map(super::classes::without_ids).unwrap_or_default(),
+                d.python.as_deref().map(super::classes::without_ids).unwrap_or_default(),
+                d.error.clone().unwrap_or_default(),
+            ]
+            .into_iter()
+            .chain(threads)
+        })
+        .collect()
+}
+
+/// py-spy's stacks and each thread's kernel state, for every process of a stuck rank (`ranks`:
+/// the class of ranks it stands for).
+pub(super) fn dumps(doc: &mut Doc, r: &RankResult, ranks: &[u32]) {
     if r.dumps.is_empty() {
         return;
     }
     // `ups-doctor attach` reads a running job without stopping it: its dumps say when.
     let attached = r.dumps.iter().all(|d| d.taken.as_deref().is_some_and(|t| t.starts_with("attach")));
-    let when = if attached { "" } else { " when it was stopped" };
-    doc.push(format!("### What rank {} was doing{when}", r.rank));
+    let (when, verb) = match (attached, ranks.len()) {
+        (true, 1) => ("", "was doing"),
+        (true, _) => ("", "were doing"),
+        (false, 1) => (" when it was stopped", "was doing"),
+        (false, _) => (" when they were stopped", "were doing"),
+    };
+    doc.push(format!("### What {} {verb}{when}", super::classes::who(ranks)));
+    if ranks.len() > 1 {
+        doc.push(format!(
+            "The same on each of these ranks but for process and thread ids; rank {}'s shown.",
+            r.rank
+        ));
+    }
     for d in &r.dumps {
         let what = if d.threads.is_empty() && d.python.is_some() {
             "its Python stacks".to_string()
