@@ -482,23 +482,7 @@ fn a_rank_mp_spawn_reaped_before_ups_doctor_looked_ends_as_spawns_exception_says
 /// observer reading them in spawn's wrapper, not from the launcher's output.
 #[test]
 fn a_ranks_exception_in_mp_spawn_is_its_own_error_when_the_launcher_never_prints_it() {
-    let sb = Sandbox::new();
-    let path = repo().join("tests/programs/launchers.py");
-    let program = path.display().to_string();
-    let scenario = sb.scenario(
-        "raised",
-        &format!(
-            r#"{{"command": ["python", "{program}", "--launcher", "spawn", "--port-from", "own", "--steps", "6",
-                             "--raise-rank", "1", "--raise-step", "3", "--quiet-launcher"],
-                "launch": {{"world_size": 2}},
-                "limits": {{"timeout_s": 300, "hang_after_s": 120}}}}"#
-        ),
-    );
-    let run = sb.run_in_venv(&[&scenario]);
-    let s = &scenarios(&run)[0];
-    let source = std::fs::read_to_string(&path).unwrap();
-    let line = source.lines().position(|l| l.contains("raise ValueError(f\"bad shard")).unwrap() + 1;
-    let error = format!("ValueError: bad shard on rank 1 (launchers.py:{line} in faults)");
+    let (s, error) = raised_in_spawn(&["--quiet-launcher"], "");
     assert_eq!(s["ranks"][1]["error"], error.as_str(), "{}", s["ranks"][1]);
     let headline = s["verdict"]["headline"].as_str().unwrap();
     assert!(headline.starts_with("Rank 1 exited with "), "{headline}");
@@ -511,29 +495,41 @@ fn a_ranks_exception_in_mp_spawn_is_its_own_error_when_the_launcher_never_prints
 /// traceback's: the exception and the program's own line, not "an unobserved status" alone.
 #[test]
 fn a_ranks_exception_relayed_by_mp_spawn_is_that_ranks_error_with_the_programs_line() {
-    let sb = Sandbox::new();
-    let path = repo().join("tests/programs/launchers.py");
-    let program = path.display().to_string();
-    let scenario = sb.scenario(
-        "raised",
-        &format!(
-            r#"{{"command": ["python", "{program}", "--launcher", "spawn", "--port-from", "own", "--steps", "6",
-                             "--raise-rank", "1", "--raise-step", "3"],
-                "launch": {{"world_size": 2}},
-                "limits": {{"timeout_s": 300, "hang_after_s": 120}},
-                "expect": {{"outcome": "exited", "rank": 1, "message": "ValueError: bad shard on rank 1"}}}}"#
-        ),
-    );
-    let run = sb.run_in_venv(&[&scenario]);
-    let s = &scenarios(&run)[0];
-    assert_eq!(run.code(), 0, "the expectation is met: {}", s["verdict"]);
-    let source = std::fs::read_to_string(&path).unwrap();
-    let line = source.lines().position(|l| l.contains("raise ValueError(f\"bad shard")).unwrap() + 1;
-    let error = format!("ValueError: bad shard on rank 1 (launchers.py:{line} in faults)");
+    let expect =
+        r#", "expect": {"outcome": "exited", "rank": 1, "message": "ValueError: bad shard on rank 1"}"#;
+    let (s, error) = raised_in_spawn(&[], expect);
     assert_eq!(s["ranks"][1]["error"], error.as_str(), "{}", s["ranks"][1]);
     let headline = s["verdict"]["headline"].as_str().unwrap();
     assert!(headline.starts_with("Rank 1 exited with "), "{headline}");
     assert!(headline.contains("ValueError: bad shard on rank 1"), "{headline}");
-    assert!(headline.contains(&format!("launchers.py:{line} in faults")), "{headline}");
+    let at = error.split_once(" (").map(|(_, at)| at.trim_end_matches(')')).unwrap();
+    assert!(headline.contains(at), "{headline}");
     assert_eq!(s["ranks"][0]["collateral"], true, "{}", s["ranks"][0]);
+}
+
+/// `launchers.py --launcher spawn` whose rank 1 raises `ValueError` at step 3, with `extra`
+/// arguments and `expect` (a scenario's `, "expect": …` or nothing; when given, it must be met):
+/// the scenario's result, and the rank's error as its own words give it, at the program's line.
+fn raised_in_spawn(extra: &[&str], expect: &str) -> (Value, String) {
+    let sb = Sandbox::new();
+    let path = repo().join("tests/programs/launchers.py");
+    let program = path.display().to_string();
+    let extra: String = extra.iter().map(|a| format!(", \"{a}\"")).collect();
+    let scenario = sb.scenario(
+        "raised",
+        &format!(
+            r#"{{"command": ["python", "{program}", "--launcher", "spawn", "--port-from", "own", "--steps", "6",
+                             "--raise-rank", "1", "--raise-step", "3"{extra}],
+                "launch": {{"world_size": 2}},
+                "limits": {{"timeout_s": 300, "hang_after_s": 120}}{expect}}}"#
+        ),
+    );
+    let run = sb.run_in_venv(&[&scenario]);
+    let s = scenarios(&run)[0].clone();
+    if !expect.is_empty() {
+        assert_eq!(run.code(), 0, "the expectation is met: {}", s["verdict"]);
+    }
+    let source = std::fs::read_to_string(&path).unwrap();
+    let line = source.lines().position(|l| l.contains("raise ValueError(f\"bad shard")).unwrap() + 1;
+    (s, format!("ValueError: bad shard on rank 1 (launchers.py:{line} in faults)"))
 }
