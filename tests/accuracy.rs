@@ -88,9 +88,17 @@ fn right_and_the_same_every_time(programs: &[&str], faults: &[&str]) {
 }
 
 /// Lightning's `Trainer` (`BoringModel`, DDP, 2 ranks under torchrun): rank 1 killed by SIGSEGV,
-/// raising, or leaving with `os._exit(0)`; then Accelerate's own `test_sync.py` under `accelerate
-/// launch`, rank 1 killed by SIGSEGV. One after the other, in one test: two matrices at once on a
-/// 2-core machine would time each other.
+/// raising, or leaving with `os._exit(0)`; then Accelerate's own `test_script.py` under
+/// `accelerate launch`, rank 1 killed by SIGSEGV. One after the other, in one test: two matrices
+/// at once on a 2-core machine would time each other.
+///
+/// Not Accelerate's `test_sync.py` any more (it was here until stop 67): its own assertion
+/// `Gradients in sync when they should not be at iteration 0` fails now and then by itself on
+/// random data (`model_a grad (-2.3755624294281006) == model_b grad (-2.375155210494995)`, within
+/// its tolerance; 1 run in 5 of a fresh-clone test run, before rank 1 reached the fault), so
+/// that a run of that cell is sometimes no run of the fault at all. ups-doctor's verdict of that
+/// run was right ("Rank 0 exited with status 1: AssertionError: … Rank 1 failed the same way on
+/// its own"); the program is what varies. The whole matrix keeps the program.
 ///
 /// `exit-rdzv` fires once the other ranks have called `init_process_group` (the fault is a rank
 /// that leaves while the others wait in the rendezvous; fired earlier, whether rank 0 had reached
@@ -102,8 +110,7 @@ fn right_and_the_same_every_time(programs: &[&str], faults: &[&str]) {
 #[test]
 fn the_quick_subset_of_the_accuracy_matrix_is_right_and_the_same_every_time() {
     right_and_the_same_every_time(&["lightning-torchrun"], &["segv", "exception", "exit0", "exit-rdzv"]);
-    right_and_the_same_every_time(&["accelerate-test-sync"], &["segv"]);
-    right_and_the_same_every_time(&["accelerate-test-script"], &["skip-coll"]);
+    right_and_the_same_every_time(&["accelerate-test-script"], &["segv", "skip-coll"]);
     // In the same test: two matrices at once would time each other.
     the_cells_of_ranks_found_late_killed_in_the_rendezvous_or_waited_for_in_backward();
 }
