@@ -52,8 +52,9 @@ pub const RANK_ENV: [&str; 6] =
 /// What `launch.style: auto` takes for `argv`: launcher (true) or per rank, and why, in words.
 /// A launcher is a known launcher program, `python -m torch.distributed.run` (or `.launch`), or
 /// a Python script whose source starts its own ranks (`torch.multiprocessing.spawn`, `mp.spawn`,
-/// `start_processes`, Lightning's `Trainer`). Relative paths are read from `cwd`, the folder the
-/// command runs in; a script that cannot be read is said to be so, never taken silently.
+/// `start_processes`, Lightning's `Trainer`, a library's launcher called with a process count).
+/// Relative paths are read from `cwd`, the folder the command runs in; a script that cannot be
+/// read is said to be so, never taken silently.
 pub fn auto_style(argv: &[String], cwd: Option<&Path>) -> (bool, String) {
     let name =
         |s: &str| Path::new(s).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
@@ -256,6 +257,15 @@ mod tests {
         assert_eq!(
             text,
             "`forks.py` starts its own ranks (it calls `torch.multiprocessing.start_processes`)"
+        );
+        // A library's launcher (PyTorch-Ignite's), by the process count it is called with.
+        let ignite = dir.join("ignite_trainer.py");
+        std::fs::write(&ignite, "import ignite.distributed as idist\nwith idist.Parallel(backend=\"gloo\", nproc_per_node=2) as p:\n    p.run(training)\n").unwrap();
+        let (is_launcher, text) = auto_style(&args(&["python", &ignite.display().to_string()]), None);
+        assert!(is_launcher, "{text}");
+        assert_eq!(
+            text,
+            "`ignite_trainer.py` starts its own ranks (a call in it says how many processes to start: `nproc_per_node=`)"
         );
         for (shell, interactive) in [
             (&["bash"][..], true),

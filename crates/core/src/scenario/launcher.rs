@@ -135,11 +135,35 @@ pub const MP_SPAWN: Launcher = Launcher {
     torchrun_form: false,
 };
 
+/// A library's launcher called by the program, known by the word every such launcher takes for
+/// how many processes to start: PyTorch-Ignite's `idist.Parallel(nproc_per_node=2)`,
+/// Accelerate's `notebook_launcher(f, num_processes=2)`, torch_xla's `xmp.spawn(f, nprocs=8)`,
+/// and the next library's, whose name no table can list in advance. Each is found as a keyword
+/// argument (`nprocs =`, not `nprocs ==` nor `my_nprocs=`). Taken for a launcher where it is not
+/// one (an f-string that prints it), the one process is still watched as the one rank; missed,
+/// every rank the program starts is run once per rank and cannot be watched.
+pub const PROCESS_COUNT: Launcher = Launcher {
+    name: "a library's launcher",
+    programs: &[],
+    subcommand: None,
+    modules: &[],
+    in_shell: &[],
+    in_source: &[
+        ("nproc_per_node=", "a call in it says how many processes to start: `nproc_per_node=`"),
+        ("num_processes=", "a call in it says how many processes to start: `num_processes=`"),
+        ("nprocs=", "a call in it says how many processes to start: `nprocs=`"),
+    ],
+    rank_flags: &[],
+    node_flags: &[],
+    is_python: true,
+    torchrun_form: false,
+};
+
 /// Every launcher, in the order a command is matched against them (`torch.multiprocessing`
 /// before Lightning: a program that calls `mp.spawn` itself says so even where it also imports
-/// Lightning).
+/// Lightning; a process count last, as the least specific).
 pub const LAUNCHERS: &[&Launcher] =
-    &[&TORCHRUN, &ACCELERATE, &DEEPSPEED, &SRUN, &MPIRUN, &MP_SPAWN, &LIGHTNING];
+    &[&TORCHRUN, &ACCELERATE, &DEEPSPEED, &SRUN, &MPIRUN, &MP_SPAWN, &LIGHTNING, &PROCESS_COUNT];
 
 fn file_name(a: &str) -> String {
     Path::new(a).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
@@ -171,9 +195,22 @@ pub fn of_program(name: &str) -> Option<&'static Launcher> {
 }
 
 /// The launcher a Python program's source says it starts its ranks with, and why.
+/// A needle that ends in `=` is a keyword argument: a whole word, spaces allowed before the `=`,
+/// and no second `=` after it.
 pub fn in_program_source(source: &str) -> Option<(&'static Launcher, &'static str)> {
     LAUNCHERS.iter().copied().find_map(|l| {
-        l.in_source.iter().find(|(needle, _)| source.contains(needle)).map(|(_, why)| (l, *why))
+        l.in_source.iter().find(|(needle, _)| found_in(source, needle)).map(|(_, why)| (l, *why))
+    })
+}
+
+fn found_in(source: &str, needle: &str) -> bool {
+    let Some(word) = needle.strip_suffix('=') else { return source.contains(needle) };
+    let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    source.match_indices(word).any(|(at, _)| {
+        let after = source[at + word.len()..].trim_start_matches([' ', '\t']);
+        !source[..at].chars().next_back().is_some_and(ident)
+            && after.starts_with('=')
+            && !after.starts_with("==")
     })
 }
 
@@ -309,6 +346,19 @@ mod tests {
             in_program_source("import torch.multiprocessing as mp\nmp.spawn(f, nprocs=2)").unwrap();
         assert_eq!((l.name, why), ("torch.multiprocessing", "it calls `torch.multiprocessing.spawn`"));
         assert_eq!(in_program_source("from lightning import Trainer").map(|(l, _)| l), Some(&LIGHTNING));
+        // A library's launcher, by the process count it is called with: a keyword argument only.
+        for (source, found) in [
+            ("with idist.Parallel(backend=\"gloo\", nproc_per_node=2) as p:", true),
+            ("notebook_launcher(train, args, num_processes = 2)", true),
+            ("xmp.spawn(_mp_fn, args=(), nprocs=8)", true),
+            ("if state.num_processes == 2:", false),
+            ("run(my_nprocs=2)", false),
+            ("parser.add_argument(\"--nproc_per_node\", type=int)", false),
+        ] {
+            let got = in_program_source(source);
+            assert_eq!(got.is_some(), found, "{source}: {got:?}");
+        }
+        assert_eq!(in_program_source("Parallel(nproc_per_node=2)").map(|(l, _)| l), Some(&PROCESS_COUNT));
         assert!(shell_words().any(|w| w == "accelerate launch"));
         assert_eq!(options_end(&words("torchrun --nproc_per_node 2 gnn.py --nnodes 3")), 3);
         assert_eq!(options_end(&words("srun -N 2 --ntasks-per-node 1 python t.py")), 5);
