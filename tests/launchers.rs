@@ -533,3 +533,43 @@ fn raised_in_spawn(extra: &[&str], expect: &str) -> (Value, String) {
     let line = source.lines().position(|l| l.contains("raise ValueError(f\"bad shard")).unwrap() + 1;
     (s, format!("ValueError: bad shard on rank 1 (launchers.py:{line} in faults)"))
 }
+
+/// A script that starts its ranks itself by means `auto` cannot read in its source (a library's
+/// helper, here a named `per_rank` style standing in for it) runs as one rank whose process is
+/// really the launcher: what its processes did reaches ups-doctor only through its own output
+/// (`process 1 terminated with signal SIGSEGV`), and before, rank 0 was named for rank 1's
+/// crash. The observer in the watched process says it starts processes of its own, and the verdict
+/// names no rank first, says what was seen and why, and how to watch each.
+#[test]
+fn a_per_rank_process_that_starts_the_ranks_itself_is_named_a_launcher_and_no_rank_is_blamed() {
+    let sb = Sandbox::new();
+    let program = repo().join("tests/programs/launchers.py").display().to_string();
+    let scenario = sb.scenario(
+        "own-ranks",
+        &format!(
+            r#"{{"command": ["python", "{program}", "--launcher", "spawn", "--port-from", "own", "--steps", "6",
+                             "--segv-rank", "1", "--segv-step", "3"],
+                "launch": {{"world_size": 1, "style": "per_rank"}},
+                "limits": {{"timeout_s": 300, "hang_after_s": 120}}}}"#
+        ),
+    );
+    let run = sb.run_in_venv(&[&scenario]);
+    let s = &scenarios(&run)[0];
+    let started = &s["ranks"][0]["observed"]["started"];
+    assert_eq!(
+        (&started["nprocs"], &started["start_method"]),
+        (&Value::from(2), &Value::from("spawn")),
+        "{s}"
+    );
+    assert!(s["first_failure"].is_null(), "no rank is named first: {}", s["first_failure"]);
+    let verdict = &s["verdict"];
+    let headline = verdict["headline"].as_str().unwrap();
+    assert!(
+        headline.starts_with(
+            "Which rank failed first cannot be told: rank 0's process started 2 processes of its own \
+             (torch.multiprocessing, `spawn`): it was a launcher"
+        ),
+        "{headline}"
+    );
+    assert!(verdict["next_step"].as_str().unwrap().contains("--style launcher"), "{verdict}");
+}

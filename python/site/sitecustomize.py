@@ -712,6 +712,32 @@ def _report_spawned_errors(observer, spawn):
     spawn._wrap = _wrap
 
 
+def _report_own_ranks(observer, torch_mp, spawn):
+    """A process ups-doctor started as one rank of a per-rank run (its marker pipe, its `RANK`)
+    that starts processes of its own through `torch.multiprocessing` (`spawn` and
+    `start_processes`: `mp.spawn`, Ignite's `Parallel`, Accelerate's `notebook_launcher`, a
+    library's helper whose source ups-doctor never read) is a launcher, not a rank: the ranks are
+    those processes, which the pipe does not reach. A `starts` marker says so (how many, how), so
+    that no failure of theirs is taken for the watched process's own."""
+    original = spawn.start_processes
+
+    def start_processes(fn, args=(), nprocs=1, *rest, **kwargs):
+        try:
+            by_env = _env_int("RANK") is not None and os.environ.get(_RANK_PID) == str(os.getpid())
+            if observer.fd is not None and by_env and not observer.forked:
+                method = kwargs.get("start_method", rest[2] if len(rest) > 2 else "spawn")
+                observer.send({"t": "starts", "nprocs": int(nprocs), "start_method": str(method)}, urgent=True)
+                observer.flush()
+        except Exception:  # the observer never changes what the program does
+            pass
+        return original(fn, args, nprocs, *rest, **kwargs)
+
+    start_processes.__wrapped__ = original
+    spawn.start_processes = start_processes
+    if getattr(torch_mp, "start_processes", None) is original:
+        torch_mp.start_processes = start_processes
+
+
 def _env_int(name, default=None):
     try:
         return int(os.environ[name])
@@ -1136,6 +1162,12 @@ def _patch():
         if "spawn" not in obs.patched and hasattr(spawn, "_wrap"):
             obs.patched.add("spawn")
             _report_spawned_errors(obs, spawn)
+        # After `torch.multiprocessing` has bound the name (its `from .spawn import`).
+        torch_mp = sys.modules.get("torch.multiprocessing")
+        if "starts" not in obs.patched and hasattr(torch_mp, "start_processes") \
+                and hasattr(spawn, "start_processes"):
+            obs.patched.add("starts")
+            _report_own_ranks(obs, torch_mp, spawn)
     except Exception:
         pass
     try:

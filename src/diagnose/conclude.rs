@@ -7,7 +7,9 @@
 //! so a result judged again is judged the same.
 
 use crate::scenario::{CacheDevice, Expect, OutcomeKind, Scenario, human_bytes};
-use crate::schema::{GpuProcessPeak, GpuReport, ProcessRole, RankResult, ScenarioResult, Signal, Verdict};
+use crate::schema::{
+    GpuProcessPeak, GpuReport, ProcessRole, RankResult, ScenarioResult, Signal, StartedProcesses, Verdict,
+};
 
 use super::attached::{self, Window};
 use super::evidence::Observed;
@@ -168,6 +170,10 @@ pub(super) fn settle(j: Judgement, observed: &Observed, c: &Circumstances) -> Co
             );
         }
     }
+    if let Some((rank, started)) = launcher_rank(ranks) {
+        own_ranks_unwatched(&mut verdict, outcome, rank, started);
+        first_failure = None;
+    }
     let collateral = ranks
         .iter()
         .filter(|r| first_failure.is_some_and(|f| f != r.rank) && r.outcome != OutcomeKind::Passed)
@@ -251,6 +257,36 @@ fn stopped_at_interrupt(ranks: &[RankResult]) -> Option<Vec<String>> {
         })
         .collect();
     Some(lines)
+}
+
+/// The first rank whose process started processes of its own through `torch.multiprocessing`
+/// (its observer's `starts` marker, sent only by a per-rank run's rank): it was a launcher, and
+/// its processes, not watched one by one, were the ranks.
+fn launcher_rank(ranks: &[RankResult]) -> Option<(u32, &StartedProcesses)> {
+    ranks.iter().find_map(|r| Some((r.rank, r.observed.as_ref()?.started.as_ref()?)))
+}
+
+/// The verdict of a per-rank run one of whose ranks started the ranks itself: what it said stays
+/// as what was seen, but no rank is named first (every failure of its processes reached
+/// ups-doctor as its own), and the next step is the launcher style, which watches each.
+fn own_ranks_unwatched(verdict: &mut Verdict, outcome: OutcomeKind, rank: u32, started: &StartedProcesses) {
+    let what = format!(
+        "rank {rank}'s process started {} processes of its own (torch.multiprocessing, `{}`): it was a \
+         launcher, and the ranks were those processes, which this per-rank run did not watch one by one",
+        started.nprocs, started.start_method
+    );
+    verdict.evidence.insert(0, format!("{}{what}.", what[..1].to_uppercase()));
+    verdict.next_step = Some(
+        "Run again with `--style launcher` (`launch.style: launcher`): ups-doctor then watches each \
+         process of the group the program forms as a rank of its own."
+            .to_string(),
+    );
+    if outcome != OutcomeKind::Passed {
+        verdict.headline = format!(
+            "Which rank failed first cannot be told: {what}. What it ended with: {}",
+            verdict.headline
+        );
+    }
 }
 
 /// `(watched, formed)` when a watched rank's process formed a process group larger than the ranks

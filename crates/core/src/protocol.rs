@@ -175,6 +175,15 @@ pub enum Marker {
         #[serde(default)]
         store: String,
     },
+    /// From the observer in a process ups-doctor started as one rank of a per-rank run: the
+    /// process starts `nprocs` processes of its own through `torch.multiprocessing`
+    /// (`start_processes`, which `spawn` calls) by `start_method`. It is a launcher, and the ranks
+    /// are those processes, which its marker pipe does not reach.
+    Starts {
+        nprocs: u32,
+        #[serde(default)]
+        start_method: String,
+    },
     /// From the observer, once torch is imported: the Python and the PyTorch the program runs
     /// (what it was built with, read from `torch.version`; nothing that touches CUDA).
     Torch {

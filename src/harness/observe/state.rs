@@ -194,6 +194,7 @@ impl RankState {
             Marker::Dataset { bytes, cache } => self.dataset = Some(DatasetInfo { bytes, cache }),
             // Folded into `observed` above.
             Marker::Group { .. }
+            | Marker::Starts { .. }
             | Marker::Joining { .. }
             | Marker::Collective { .. }
             | Marker::Issued { .. }

@@ -113,6 +113,7 @@ impl Event {
                     | Marker::Step { .. }
                     | Marker::Dataset { .. }
                     | Marker::Group { .. }
+                    | Marker::Starts { .. }
                     | Marker::Joining { .. }
                     | Marker::Collective { .. }
                     | Marker::Issued { .. }

@@ -30,7 +30,7 @@ pub use nodes::{
 };
 pub use observed::{
     FLIGHT_KEPT, FlightEntry, FlightRecord, GroupFormed, LEDGER_KEPT, LedgerEntry, ObservedProgram,
-    TorchFacts,
+    StartedProcesses, TorchFacts,
 };
 pub use process::{
     ExitSource, ExternalRun, ExternalStyle, IdentifiedBy, KernelThread, LauncherEnd, PhaseSpan, PortInUse,

@@ -18,6 +18,14 @@ pub struct GroupFormed {
     pub store: String,
 }
 
+/// Processes a rank's process started of its own through `torch.multiprocessing` (it was a
+/// launcher, not a rank): how many, and by which start method.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StartedProcesses {
+    pub nprocs: u32,
+    pub start_method: String,
+}
+
 /// The Python and PyTorch a rank's process ran, as the observer read them inside it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TorchFacts {
@@ -256,6 +264,10 @@ pub struct ObservedProgram {
     /// `None`: the process never formed a process group (or the observer did not see it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub group: Option<GroupFormed>,
+    /// The processes it started of its own through `torch.multiprocessing` (`None`: none, or it
+    /// was not a per-rank run's rank).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started: Option<StartedProcesses>,
     /// The process entered `init_process_group` (the observer's `joining` marker); with no
     /// `group`, it never returned from it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -360,6 +372,10 @@ impl ObservedProgram {
                     world_size: *world_size,
                     store: store.clone(),
                 });
+            }
+            Marker::Starts { nprocs, start_method } => {
+                this.get_or_insert_with(Default::default).started =
+                    Some(StartedProcesses { nprocs: *nprocs, start_method: start_method.clone() });
             }
             Marker::Collective { op, group, seq, shapes, dtype, site, ms, pos, span, skipped } => {
                 let o = this.get_or_insert_with(Default::default);
