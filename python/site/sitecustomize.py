@@ -718,13 +718,13 @@ def _report_own_ranks(observer, torch_mp, spawn):
     `start_processes`: `mp.spawn`, Ignite's `Parallel`, Accelerate's `notebook_launcher`, a
     library's helper whose source ups-doctor never read) is a launcher, not a rank: the ranks are
     those processes, which the pipe does not reach. A `starts` marker says so (how many, how), so
-    that no failure of theirs is taken for the watched process's own."""
+    that no failure of theirs is taken for the watched process's own. Wrapped only in such a
+    process: a launcher-style run's launcher is watched as one already."""
     original = spawn.start_processes
 
     def start_processes(fn, args=(), nprocs=1, *rest, **kwargs):
         try:
-            by_env = _env_int("RANK") is not None and os.environ.get(_RANK_PID) == str(os.getpid())
-            if observer.fd is not None and by_env and not observer.forked:
+            if not observer.forked:
                 method = kwargs.get("start_method", rest[2] if len(rest) > 2 else "spawn")
                 observer.send({"t": "starts", "nprocs": int(nprocs), "start_method": str(method)}, urgent=True)
                 observer.flush()
@@ -1164,8 +1164,9 @@ def _patch():
             _report_spawned_errors(obs, spawn)
         # After `torch.multiprocessing` has bound the name (its `from .spawn import`).
         torch_mp = sys.modules.get("torch.multiprocessing")
-        if "starts" not in obs.patched and hasattr(torch_mp, "start_processes") \
-                and hasattr(spawn, "start_processes"):
+        by_env = _env_int("RANK") is not None and os.environ.get(_RANK_PID) == str(os.getpid())
+        if "starts" not in obs.patched and obs.fd is not None and by_env \
+                and hasattr(torch_mp, "start_processes") and hasattr(spawn, "start_processes"):
             obs.patched.add("starts")
             _report_own_ranks(obs, torch_mp, spawn)
     except Exception:

@@ -207,11 +207,24 @@ pub fn find_ranks(view: &impl ProcessView, root: u32, world: u32, known: &Known)
             found.push(FoundRank { rank, pid, by });
         }
     };
+    // A live process of this run that said its rank through the observer's markers, unless it is
+    // a fork of its parent (a DataLoader worker, which has its parent's command line).
+    let claimed = |pid: u32, ppid: u32| {
+        let rank = *known.claims.get(&pid)?;
+        let alive = table.iter().any(|p| p.pid == pid && !p.zombie());
+        let forked =
+            ppid != root && ours(ppid) && view.cmdline(ppid).is_some_and(|c| Some(c) == view.cmdline(pid));
+        (alive && ours(pid) && !forked).then_some((rank, IdentifiedBy::Markers))
+    };
     let mut below = vec![root];
     let mut queue = vec![root];
     while let Some(pid) = queue.pop() {
         for &child in children.get(&pid).into_iter().flatten() {
-            match env_rank(child) {
+            // A process that said its rank is one before any process below it whose starting
+            // environment has a rank variable: a library that spawns its ranks and sets `RANK` in
+            // each only once it runs (PyTorch-Ignite's `Parallel`) gives it to the workers the rank
+            // starts later, never to the rank's own starting environment.
+            match env_rank(child).or_else(|| claimed(child, pid)) {
                 // A rank's own subtree is its workers, not more ranks.
                 Some((rank, by)) => add(&mut found, rank, child, by),
                 None => {
@@ -235,7 +248,7 @@ pub fn find_ranks(view: &impl ProcessView, root: u32, world: u32, known: &Known)
         }
         let Some((rank, by)) = env_rank(p.pid) else { continue };
         let ppid = parent.get(&p.pid).copied().unwrap_or(0);
-        if !(ours(ppid) && env_rank(ppid).is_some()) {
+        if !(ours(ppid) && (env_rank(ppid).is_some() || known.claims.contains_key(&ppid))) {
             add(&mut found, rank, p.pid, by);
         }
     }
@@ -617,6 +630,33 @@ mod tests {
         let known =
             Known { claims: BTreeMap::from([(11, 1), (12, 1), (13, 0), (14, 0)]), ..Known::default() };
         assert_eq!(found(&view, 2, &known), [(1, 11, IdentifiedBy::Markers)]);
+    }
+
+    /// PyTorch-Ignite's `Parallel` spawns its ranks with no rank variable and sets `RANK` in each
+    /// once it runs: the DataLoader workers a rank starts after that carry `RANK` from their start
+    /// (spawned, or named `pt_data_worker`), the rank itself does not. The rank is the process that
+    /// said so through its markers, not its worker (named rank 0 before, and its exit, 0, was
+    /// taken for the rank's while the rank had failed).
+    #[test]
+    fn a_rank_that_said_so_is_the_rank_not_its_worker_that_carries_the_variable() {
+        let ours = true;
+        let view = Fake::default()
+            .with(P { pid: 10, ppid: 1, ours, cmd: "python ignite_trainer.py", ..P::default() })
+            .with(P { pid: 11, ppid: 10, ours, cmd: "python -c from multiprocessing.spawn", ..P::default() })
+            .with(P { pid: 12, ppid: 10, ours, cmd: "python -c from multiprocessing.spawn", ..P::default() })
+            .with(P { pid: 13, ppid: 11, rank: Some((0, RANK)), ours, cmd: "pt_data_worker", ..P::default() })
+            .with(P {
+                pid: 14,
+                ppid: 12,
+                rank: Some((1, RANK)),
+                ours,
+                cmd: "pt_data_worker",
+                ..P::default()
+            });
+        let known = Known { claims: BTreeMap::from([(11, 0), (12, 1)]), ..Known::default() };
+        assert_eq!(found(&view, 2, &known), [(0, 11, IdentifiedBy::Markers), (1, 12, IdentifiedBy::Markers)]);
+        // Before any rank said so, the variable is all there is.
+        assert_eq!(found(&view, 2, &Known::default()), [(0, 13, RANK), (1, 14, RANK)]);
     }
 
     /// A home-made launcher's children without variables or markers: the one listening on the
