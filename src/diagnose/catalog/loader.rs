@@ -525,7 +525,7 @@ fn bus_error_worker_pid(error: &str) -> Option<u32> {
 fn peak_shm_line(ev: &Evidence, failed: &RankEvidence, memory: &MemoryReport) -> Option<(String, f64)> {
     let out_of_shm = loader_failure(&failed.text).is_some_and(|l| l.out_of_shm)
         || failed.result.signal == Some(Signal::BUS)
-        || posix_shm_full(&failed.text).is_some()
+        || shm_full_in_its_words(ev, failed).is_some()
         || full_when_it_died(ev, failed).is_some();
     if !out_of_shm {
         return None;
@@ -561,7 +561,7 @@ pub fn shm_exhausted(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Find
     }
     let peak = ev.memory.and_then(|m| peak_shm_line(ev, first, m));
     let loader = loader_failure(&first.text).filter(|l| l.out_of_shm);
-    match (loader, posix_shm_full(&first.text), full_when_it_died(ev, first)) {
+    match (loader, shm_full_in_its_words(ev, first), full_when_it_died(ev, first)) {
         (Some(l), _, _) => {
             f.headline = Some(worker_headline(&l, first.result, ev.foreign));
             f.evidence.push(format!("culprit: {} of rank {}: {}", worker_name(&l), first.rank(), l.what));
@@ -607,6 +607,18 @@ fn full_when_it_died(ev: &Evidence, rank: &RankEvidence) -> Option<(u64, u64)> {
     let at = ev.memory?.shm.at_rank_end.iter().find(|a| a.rank == rank.rank())?;
     let full = at.total_bytes > 0 && at.used_bytes as f64 >= SHM_FULL_SHARE * at.total_bytes as f64;
     full.then_some((at.used_bytes, at.total_bytes))
+}
+
+/// [`posix_shm_full`] in what the rank printed, or, for a rank whose own error is `No space left
+/// on device` under a launcher (whose ranks share one output, so the traceback is the launcher's,
+/// not the rank's: `spawn`'s ranks, torchrun's), in the launcher's quoted traceback and log tail.
+fn shm_full_in_its_words(ev: &Evidence, rank: &RankEvidence) -> Option<(String, &'static str)> {
+    posix_shm_full(&rank.text).or_else(|| {
+        let error = rank.result.error.as_deref()?;
+        let launcher = ev.launcher.filter(|_| error.contains("No space left on device"))?;
+        let quoted: Vec<String> = launcher.quotes.iter().flat_map(|q| q.lines.iter().cloned()).collect();
+        posix_shm_full(&quoted).or_else(|| posix_shm_full(&launcher.log_tail))
+    })
 }
 
 /// The error and what could not be made, where a traceback ends in `No space left on device`

@@ -719,6 +719,30 @@ fn no_space_left_for_a_multiprocessing_semaphore_is_dev_shm_exhausted() {
     assert_eq!(v.pattern, None, "{v:#?}");
 }
 
+/// The same under a launcher whose ranks share its output (PyTorch-Ignite's `Parallel`, spawn's
+/// ranks; the accuracy matrix's ignite × small-shm): each rank's own words are its observer's
+/// error line, the traceback is the launcher's. Before, the rank's error was quoted and neither a
+/// pattern nor `/dev/shm` named.
+#[test]
+fn no_space_left_for_a_semaphore_in_a_launchers_shared_traceback_is_dev_shm_exhausted() {
+    let error = "OSError: [Errno 28] No space left on device (ignite_trainer.py:13 in training)";
+    let rank = |r: u32, at: f64| {
+        let mut rank = program_rank(r, Exit::Code(1), at, "");
+        rank.error = Some(error.to_string());
+        rank
+    };
+    let traceback: Vec<&str> = include_str!("../fixtures/semlock_enospc.txt").lines().collect();
+    let launcher = torchrun_end(1, &traceback);
+    let j = judge_under(&external(), &[rank(0, 15.6), rank(1, 15.8)], &launcher);
+    assert_eq!(j.verdict.pattern.as_deref(), Some("shm-exhausted"), "{:#?}", j.verdict);
+    assert!(j.verdict.headline.contains("in /dev/shm"), "{}", j.verdict.headline);
+    // A rank whose own error is another one is not read into the launcher's words.
+    let mut other = rank(0, 15.6);
+    other.error = Some("ValueError: bad sample (train.py:9 in <module>)".to_string());
+    let j = judge_under(&external(), &[other], &launcher);
+    assert_ne!(j.verdict.pattern.as_deref(), Some("shm-exhausted"), "{:#?}", j.verdict);
+}
+
 #[test]
 fn a_dataloader_workers_exception_names_the_dataset_line_and_index() {
     let mut case =
