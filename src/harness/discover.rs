@@ -207,15 +207,7 @@ pub fn find_ranks(view: &impl ProcessView, root: u32, world: u32, known: &Known)
             found.push(FoundRank { rank, pid, by });
         }
     };
-    // A live process of this run that said its rank through the observer's markers, unless it is
-    // a fork of its parent (a DataLoader worker, which has its parent's command line).
-    let claimed = |pid: u32, ppid: u32| {
-        let rank = *known.claims.get(&pid)?;
-        let alive = table.iter().any(|p| p.pid == pid && !p.zombie());
-        let forked =
-            ppid != root && ours(ppid) && view.cmdline(ppid).is_some_and(|c| Some(c) == view.cmdline(pid));
-        (alive && ours(pid) && !forked).then_some((rank, IdentifiedBy::Markers))
-    };
+    let claimed = |pid: u32, ppid: u32| said_rank(view, &table, known, root, (pid, ppid));
     let mut below = vec![root];
     let mut queue = vec![root];
     while let Some(pid) = queue.pop() {
@@ -224,7 +216,7 @@ pub fn find_ranks(view: &impl ProcessView, root: u32, world: u32, known: &Known)
             // environment has a rank variable: a library that spawns its ranks and sets `RANK` in
             // each only once it runs (PyTorch-Ignite's `Parallel`) gives it to the workers the rank
             // starts later, never to the rank's own starting environment.
-            match env_rank(child).or_else(|| claimed(child, pid)) {
+            match env_rank(child).or_else(|| claimed(child, pid).map(|r| (r, IdentifiedBy::Markers))) {
                 // A rank's own subtree is its workers, not more ranks.
                 Some((rank, by)) => add(&mut found, rank, child, by),
                 None => {
@@ -270,13 +262,8 @@ pub fn find_ranks(view: &impl ProcessView, root: u32, world: u32, known: &Known)
     let mut claims: Vec<(u32, u32)> = known.claims.iter().map(|(&pid, &rank)| (pid, rank)).collect();
     claims.sort_by_key(|&(pid, _)| (view.start_ticks(pid), pid));
     for (pid, rank) in claims {
-        let alive = table.iter().any(|p| p.pid == pid && !p.zombie());
-        // A forked child of a process of the run other than the launcher (a DataLoader worker,
-        // whose parent has not reported yet) has its parent's command line: not a rank.
         let ppid = parent.get(&pid).copied().unwrap_or(0);
-        let forked =
-            ppid != root && ours(ppid) && view.cmdline(ppid).is_some_and(|c| Some(c) == view.cmdline(pid));
-        if alive && ours(pid) && !forked && !under_a_rank(&found, pid) {
+        if claimed(pid, ppid).is_some() && !under_a_rank(&found, pid) {
             add(&mut found, rank, pid, IdentifiedBy::Markers);
         }
     }
@@ -315,6 +302,23 @@ pub fn find_ranks(view: &impl ProcessView, root: u32, world: u32, known: &Known)
     }
     found.sort_by_key(|f| f.rank);
     found
+}
+
+/// The rank a live process of this run (`pid`, child of `ppid`) said it is through the observer's
+/// markers, unless it is a forked child of a process of the run other than the launcher `root`: a
+/// DataLoader worker, whose parent has not reported yet, has its parent's command line.
+fn said_rank(
+    view: &impl ProcessView,
+    table: &[memory::ProcStat],
+    known: &Known,
+    root: u32,
+    (pid, ppid): (u32, u32),
+) -> Option<u32> {
+    let rank = *known.claims.get(&pid)?;
+    let alive = table.iter().any(|p| p.pid == pid && !p.zombie());
+    let forked =
+        ppid != root && view.ours(ppid) && view.cmdline(ppid).is_some_and(|c| Some(c) == view.cmdline(pid));
+    (alive && view.ours(pid) && !forked).then_some(rank)
 }
 
 /// `multiprocessing` spawn children of the launcher (`children`) numbered in the order they
