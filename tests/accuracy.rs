@@ -1,6 +1,7 @@
 //! The accuracy matrix's quick subset in the suite (`bench/accuracy`, issue 56): real third-party
 //! programs shipped by the test venv's own pinned packages (Lightning's `Trainer` under torchrun,
-//! Accelerate's own `test_sync.py` under `accelerate launch`; nothing is installed), each with a
+//! Accelerate's own `test_script.py` under `accelerate launch`, PyTorch-Ignite's `Parallel`;
+//! nothing is installed), each with a
 //! fault injected from outside it, every cell run [`REPEATS`] times by the matrix's own runner and
 //! scored by its own scorer. Each run of each cell must have fired its fault, be scored right, and
 //! give the same verdict (outcome, culprit, pattern) as the other runs of that cell.
@@ -100,6 +101,12 @@ fn right_and_the_same_every_time(programs: &[&str], faults: &[&str]) {
 /// run was right ("Rank 0 exited with status 1: AssertionError: … Rank 1 failed the same way on
 /// its own"); the program is what varies. The whole matrix keeps the program.
 ///
+/// PyTorch-Ignite's `idist.Parallel(nproc_per_node=2)` × exit0 (a program the matrix met last):
+/// `auto` must read the script as one that starts its own ranks (a library's launcher called with
+/// a process count), and each rank must be the process that said so, not its DataLoader worker
+/// that carries `RANK` from its start (Ignite sets it in each rank only once it runs): before,
+/// rank 0's worker was taken for rank 0, its exit 0 for the rank's, and the run passed.
+///
 /// `exit-rdzv` fires once the other ranks have called `init_process_group` (the fault is a rank
 /// that leaves while the others wait in the rendezvous; fired earlier, whether rank 0 had reached
 /// it when torchrun's SIGTERM came was a race with its own imports, and 3 of 5 runs on a loaded
@@ -111,6 +118,7 @@ fn right_and_the_same_every_time(programs: &[&str], faults: &[&str]) {
 fn the_quick_subset_of_the_accuracy_matrix_is_right_and_the_same_every_time() {
     right_and_the_same_every_time(&["lightning-torchrun"], &["segv", "exception", "exit0", "exit-rdzv"]);
     right_and_the_same_every_time(&["accelerate-test-script"], &["segv", "skip-coll"]);
+    right_and_the_same_every_time(&["ignite-parallel"], &["exit0"]);
     // In the same test: two matrices at once would time each other.
     the_cells_of_ranks_found_late_killed_in_the_rendezvous_or_waited_for_in_backward();
 }

@@ -34,9 +34,9 @@ VENV = os.path.join(CACHE, "accuracy-venv")
 PY = "python3.11"
 
 # Pinned third-party packages beyond the torch venv's (torch 2.11.0, lightning 2.5.6,
-# accelerate 1.11.0, deepspeed 0.18.2, which the accuracy venv sees through a .pth file).
-PINNED = ["transformers==4.57.1", "trl==0.24.0", "datasets==4.4.1", "jsonargparse[signatures]==4.42.0",
-          "pytorch-ignite==0.5.3"]
+# accelerate 1.11.0, deepspeed 0.18.2, pytorch-ignite 0.5.3, which the accuracy venv sees through
+# a .pth file).
+PINNED = ["transformers==4.57.1", "trl==0.24.0", "datasets==4.4.1", "jsonargparse[signatures]==4.42.0"]
 
 
 def log(msg):
@@ -247,7 +247,7 @@ PROGRAMS = [
                           "--save_strategy", "no", "--logging_steps", "5", "--max_length", "32",
                           "--ddp_backend", "gloo", "--dataloader_num_workers", "2", "--disable_tqdm", "true"],
          workers=True),
-    dict(name="ignite-parallel", venv=True, package="pytorch-ignite==0.5.3",
+    dict(name="ignite-parallel", package="pytorch-ignite==0.5.3",
          entry="python ignite_trainer.py: idist.Parallel(nproc_per_node=2) spawns the ranks; supervised trainer, "
                "RunningAverage (an all_reduce a step), 2 DataLoader workers a rank",
          argv=["python", "{wrap}/ignite_trainer.py"], port_env=True, workers=True),
