@@ -347,8 +347,10 @@ fn same_failure(ev: &Evidence, failed: &RankEvidence) -> Vec<u32> {
     // launcher's SIGTERM to the ranks still alive, ups-doctor's teardown) only cut its exit short.
     // Whether it had exited by then is a race of milliseconds, not evidence: alike for the rank
     // named first (the lowest of those that raised) and for the others.
+    // So is one whose end its launcher reaped before ups-doctor read it (spawn's ranks): its own
+    // error says it raised.
     let raised_before_stopped = |r: &RankEvidence| {
-        matches!(r.ended_by, EndedBy::Launcher { .. } | EndedBy::Teardown { .. })
+        matches!(r.ended_by, EndedBy::Launcher { .. } | EndedBy::Teardown { .. } | EndedBy::Unknown)
             && r.key.as_ref().is_some_and(|k| k.is_exception())
             && !catalog::lost_its_peer(r)
     };

@@ -736,6 +736,13 @@ fn no_space_left_for_a_semaphore_in_a_launchers_shared_traceback_is_dev_shm_exha
     let j = judge_under(&external(), &[rank(0, 15.6), rank(1, 15.8)], &launcher);
     assert_eq!(j.verdict.pattern.as_deref(), Some("shm-exhausted"), "{:#?}", j.verdict);
     assert!(j.verdict.headline.contains("in /dev/shm"), "{}", j.verdict.headline);
+    // Both raised it on their own, and spawn reaped both before their statuses were read: which
+    // ended first is a race, so the lowest rank is named and the other failed the same way on its
+    // own (before, whichever ended first was named and the other called collateral).
+    let unread = |r: u32, at: f64| RankResult { exit_code: None, ..rank(r, at) };
+    let j = judge_under(&external(), &[unread(0, 15.8), unread(1, 15.6)], &launcher);
+    assert_eq!((j.first_failure, j.same_failure.as_slice()), (Some(0), &[1][..]), "{:#?}", j.verdict);
+    assert_eq!(j.verdict.pattern.as_deref(), Some("shm-exhausted"), "{:#?}", j.verdict);
     // A rank whose own error is another one is not read into the launcher's words.
     let mut other = rank(0, 15.6);
     other.error = Some("ValueError: bad sample (train.py:9 in <module>)".to_string());
