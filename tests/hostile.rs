@@ -124,12 +124,13 @@ fn links_planted_in_a_reused_out_are_never_written_through() {
     let victim = sb.path().join("victim");
     std::fs::write(&victim, "precious\n").unwrap();
     let scenario_dir = sb.out().join("1-plain");
-    std::fs::create_dir_all(scenario_dir.join("python-site")).unwrap();
+    std::fs::create_dir_all(&scenario_dir).unwrap();
+    std::fs::create_dir_all(sb.out().join("python-site")).unwrap();
     let planted = [
         scenario_dir.join("rank0.stdout.log"),
         scenario_dir.join("rank0.stderr.log"),
         scenario_dir.join("scenario.json"),
-        scenario_dir.join("python-site/sitecustomize.py"),
+        sb.out().join("python-site/sitecustomize.py"),
         sb.out().join("result.json"),
         sb.out().join("report.md"),
     ];
@@ -167,7 +168,7 @@ fn links_planted_in_a_reused_out_are_never_written_through() {
 #[test]
 fn a_full_disk_cuts_only_this_runs_own_logs_and_says_which_and_by_how_much() {
     let sb = Sandbox::new();
-    // 290 kB of output. No copy of ups-doctor's own sitecustomize.py in the scenario's folder
+    // 290 kB of output. No copy of ups-doctor's own sitecustomize.py in the run's folder
     // (the user chose the buffering and no observer is asked for): a full disk removes that copy
     // before it cuts any log (`reliability::a_full_disk…`), and this test is about the logs.
     let noisy = sb.scenario("noisy", r#"{"command": ["seq", "1", "50000"], "launch": {"observe": false}}"#);
@@ -196,10 +197,7 @@ fn a_full_disk_cuts_only_this_runs_own_logs_and_says_which_and_by_how_much() {
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     let what = format!("status {}\n{stderr}", out.status);
-    assert!(
-        !out_dir.join("1-noisy/python-site").exists(),
-        "ups-doctor's sitecustomize.py was written; {what}"
-    );
+    assert!(!out_dir.join("python-site").exists(), "ups-doctor's sitecustomize.py was written; {what}");
     for (path, bytes) in &theirs {
         assert!(std::fs::read(path).unwrap() == *bytes, "the user's {} was changed; {what}", path.display());
     }

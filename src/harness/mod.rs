@@ -136,7 +136,10 @@ fn plan_on_this_machine(
     let run_id = run::supervise::new_run_id();
     let scenario_dir = here.join(input.file.parent().unwrap_or(Path::new(".")));
     let env_has = |name: &str| std::env::var_os(name).is_some();
-    let python_site = here.join(dir).join("python-site");
+    // One copy for the whole run, beside its scenarios' folders (the same file for each of them:
+    // a sweep of fifty points kept fifty copies of it), written only where it differs.
+    let scenario_folder = here.join(dir);
+    let python_site = scenario_folder.parent().unwrap_or(&scenario_folder).join("python-site");
     let trainer = trainer_program(program);
     // Absolute: a command in another folder (`launch.cwd`) still finds the marker FIFO, its logs
     // and the resolved scenario.
@@ -329,9 +332,14 @@ pub fn run_scenario_on_node(
     let plan = plan_on_this_machine(input, program, &resolved_file, dir, &here, placement)?;
     if let Some(site) = &plan.python_site {
         let file = site.join("sitecustomize.py");
+        let text = crate::harness::plan::command::SITECUSTOMIZE.as_bytes();
         crate::run_files::folder(site).map_err(|e| prepare(site, e))?;
-        crate::run_files::replace(&file, crate::harness::plan::command::SITECUSTOMIZE.as_bytes())
-            .map_err(|e| prepare(&file, e))?;
+        // Read only where it is a regular file (a planted FIFO would block the read; a link is
+        // replaced, never written through).
+        let regular = std::fs::symlink_metadata(&file).is_ok_and(|m| m.file_type().is_file());
+        if !(regular && std::fs::read(&file).is_ok_and(|b| b == text)) {
+            crate::run_files::replace(&file, text).map_err(|e| prepare(&file, e))?;
+        }
     }
     if let Some(folder) = &plan.stop_stacks {
         crate::run_files::folder(folder).map_err(|e| prepare(folder, e))?;

@@ -136,15 +136,17 @@ fn with_room<T, E>(dir: &Path, cut: &mut bool, mut attempt: impl FnMut() -> Resu
 }
 
 /// Removes the copies of ups-doctor's own `sitecustomize.py` that the run's scenarios put first
-/// on their `PYTHONPATH` (`N-name/python-site/`): needed only while a scenario ran, a copy of a
-/// file built into this binary, about 30 KB each. Only a regular file identical to that copy goes
-/// (then its folder, if empty). The bytes freed.
+/// on their `PYTHONPATH` (the run's `python-site/`, and `N-name/python-site/` of runs made before
+/// the scenarios shared one): needed only while a scenario ran, a copy of a file built into this
+/// binary, about 56 KB each. Only a regular file identical to that copy goes (then its folder, if
+/// empty). The bytes freed.
 pub fn remove_own_sites(dir: &Path) -> u64 {
     let ours = crate::harness::plan::command::SITECUSTOMIZE.as_bytes();
     let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
     let mut freed = 0;
-    for entry in entries.flatten() {
-        let site = entry.path().join("python-site");
+    let folders = std::iter::once(dir.to_path_buf()).chain(entries.flatten().map(|e| e.path()));
+    for folder in folders {
+        let site = folder.join("python-site");
         let file = site.join("sitecustomize.py");
         let is_file = std::fs::symlink_metadata(&file).is_ok_and(|m| m.file_type().is_file());
         let is_folder = std::fs::symlink_metadata(&site).is_ok_and(|m| m.file_type().is_dir());
