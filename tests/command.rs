@@ -461,6 +461,9 @@ fn a_shell_script_that_runs_torchrun_is_a_launcher_and_its_ranks_are_judged() {
 /// `MASTER_PORT`, as the user exported them: ups-doctor passes them on as they are (it used to
 /// remove them from a launcher's environment, so the program fell back to its own default port,
 /// which another job could hold, and the verdict then blamed a port clash ups-doctor caused).
+/// The ranks meet in a barrier before they part: gloo's `init_process_group` can return on rank 0
+/// while rank 1 still connects, and rank 0 tearing its group down then fails rank 1's connection
+/// (`connectFullMesh failed … Connection closed by peer`, seen once on a loaded machine).
 #[test]
 fn a_users_exported_rendezvous_reaches_a_program_that_starts_its_own_ranks() {
     let sb = Sandbox::new();
@@ -471,7 +474,8 @@ fn a_users_exported_rendezvous_reaches_a_program_that_starts_its_own_ranks() {
         "import os\nimport torch.distributed as dist\nimport torch.multiprocessing as mp\n\n\ndef work(rank):\n    \
          dist.init_process_group('gloo', rank=rank, world_size=2)\n    print(f'rank {rank} met at \
          {os.environ[\"MASTER_ADDR\"]}:{os.environ[\"MASTER_PORT\"]}', flush=True)\n    \
-         dist.destroy_process_group()\n\n\nif __name__ == '__main__':\n    mp.spawn(work, nprocs=2)\n",
+         dist.barrier()\n    dist.destroy_process_group()\n\n\nif __name__ == '__main__':\n    \
+         mp.spawn(work, nprocs=2)\n",
     )
     .unwrap();
     let mut cmd = sb.cmd();
