@@ -59,15 +59,22 @@ _counts = {"steps": 0, "colls": 0, "tensor_colls": 0, "fetches": 0, "ops": {}}
 _local = threading.local()
 
 
+# The rank the process group last gave this process: at exit the group may be gone and `RANK`
+# with it (PyTorch-Ignite destroys its group and restores the environment it had before it set
+# `RANK`), and the counts must still say whose they are.
+_group_rank = [None]
+
+
 def _rank():
     dist = sys.modules.get("torch.distributed")
     try:
         if dist is not None and dist.is_available() and dist.is_initialized():
-            return dist.get_rank()
+            _group_rank[0] = dist.get_rank()
+            return _group_rank[0]
     except Exception:
         pass
     r = os.environ.get("RANK")
-    return int(r) if r not in (None, "") else None
+    return int(r) if r not in (None, "") else _group_rank[0]
 
 
 def _mine():
@@ -150,6 +157,8 @@ def _wrap_collective(dist, op, original):
             return original(*args, **kwargs)
         _local.depth = 1
         try:
+            if _group_rank[0] is None:
+                _rank()
             _counts["colls"] += 1
             _counts["ops"][op] = _counts["ops"].get(op, 0) + 1
             if tensor_arg is not None:
