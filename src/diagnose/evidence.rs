@@ -329,6 +329,7 @@ fn launcher_sent(launcher: Option<&LauncherEnd>, pid: Option<u32>, signal: Signa
     l.log_tail
         .iter()
         .chain(l.quotes.iter().flat_map(|q| q.lines.iter()))
+        .chain(&l.signalled)
         .any(|line| said.iter().any(|s| line.contains(s.as_str())))
 }
 

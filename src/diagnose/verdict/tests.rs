@@ -86,6 +86,7 @@ fn torchrun_end(code: i32, tail: &[&str]) -> LauncherEnd {
         log_tail: tail.iter().map(|l| l.to_string()).collect(),
         port_in_use: None,
         restarted: Vec::new(),
+        signalled: Vec::new(),
     }
 }
 
@@ -682,6 +683,35 @@ fn the_only_rank_known_stopped_by_its_launcher_with_no_error_of_its_own_is_no_cu
          the launcher said: `torch.multiprocessing.spawn.ProcessExitedException: process 1 terminated with exit code \
          3`."
     );
+}
+
+/// PyTorch-Ignite's `Parallel` × kill-worker (the accuracy matrix): rank 1's DataLoader worker was
+/// killed, rank 1 raised (spawn reaped it before its status was read), and spawn stopped rank 0
+/// with SIGTERM 0.2 ms before rank 1's end was seen. Spawn said so at the top of its output, above
+/// the ranks' tracebacks, out of its last lines: before, rank 0's SIGTERM was "from outside", and
+/// rank 0, ended first, was named.
+#[test]
+fn a_rank_its_launcher_said_it_stopped_far_above_its_last_lines_is_not_the_first_failure() {
+    let error = "RuntimeError: DataLoader worker (pid(s) 12535) exited unexpectedly (ignite_trainer.py:13 in training)";
+    let stopped =
+        program_rank(0, Exit::Signal { signal: Signal::TERM.number(), core_dumped: false }, 21.3825, "");
+    let mut raised = program_rank(1, Exit::Code(1), 21.3827, "");
+    raised.exit_code = None;
+    raised.error = Some(error.to_string());
+    let tail: Vec<String> =
+        (0..40).map(|i| format!("  File \"/site-packages/ignite/engine.py\", line {i}")).collect();
+    let tail: Vec<&str> = tail.iter().map(String::as_str).collect();
+    let mut launcher = torchrun_end(1, &tail);
+    launcher.signalled =
+        vec!["W1206 17:54:46.841000 12432 torch/multiprocessing/spawn.py:165] Terminating process 1000 via signal SIGTERM".into()];
+    let j = judge_under(&external(), &[stopped.clone(), raised.clone()], &launcher);
+    assert_eq!(j.first_failure, Some(1), "{:#?}", j.verdict);
+    assert!(
+        j.verdict.headline.starts_with("A DataLoader worker (pid 12535) of rank 1 failed first"),
+        "{}",
+        j.verdict.headline
+    );
+    assert!(j.verdict.headline.ends_with("Rank 0 failed after it (collateral)."), "{}", j.verdict.headline);
 }
 
 /// transformers' `Trainer` with DataLoader workers and a 16 KiB `/dev/shm` (the accuracy

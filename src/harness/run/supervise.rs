@@ -1654,6 +1654,12 @@ impl Supervisor<'_, '_> {
                 }
             }),
             restarted: l.restarted.clone(),
+            signalled: lines
+                .iter()
+                .filter(|l| crate::schema::is_signal_notice(l))
+                .take(64)
+                .cloned()
+                .collect(),
         };
         Some((end, matched))
     }

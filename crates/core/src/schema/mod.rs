@@ -35,7 +35,7 @@ pub use observed::{
 pub use process::{
     ExitSource, ExternalRun, ExternalStyle, IdentifiedBy, KernelThread, LauncherEnd, PhaseSpan, PortInUse,
     ProcessDump, Quote, QuoteKind, RankResult, RestartedRank, SilentCpu, TAKEN_AT_SIGTERM, ThreadStack,
-    WorkerInfo, port_in_use_line,
+    WorkerInfo, is_signal_notice, port_in_use_line,
 };
 pub use run::{LogCut, RunResult, ScenarioResult};
 pub use signal::Signal;

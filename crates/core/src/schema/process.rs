@@ -68,6 +68,18 @@ pub struct LauncherEnd {
     /// processes were not watched: the ranks' results are their first processes'.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub restarted: Vec<RestartedRank>,
+    /// Every line of its output in which it said it signalled a process ([`is_signal_notice`]),
+    /// wherever it came: often long before its last lines, which the ranks' tracebacks fill.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub signalled: Vec<String>,
+}
+
+/// Whether a launcher's line says it sent a signal to a process: torchrun's elastic agent
+/// (`Sending process 798 closing signal SIGTERM`) and `torch.multiprocessing.spawn`
+/// (`Terminating process 798 via signal SIGTERM`).
+pub fn is_signal_notice(line: &str) -> bool {
+    (line.contains("Sending process ") && line.contains(" closing signal "))
+        || (line.contains("Terminating process ") && line.contains(" via signal "))
 }
 
 /// A rank its launcher started again, and the new process's pid.
