@@ -56,6 +56,12 @@ const ZOMBIE_POLL: Duration = Duration::from_millis(2);
 const STOP_LOOK: Duration = Duration::from_millis(200);
 /// CPU time a rank asked for stacks must have used since, to count as answering.
 const DUMPING_CPU_S: f64 = 0.05;
+
+/// The CPU time of `pids` together, in seconds (those gone count nothing).
+fn cpu_of(pids: &[u32]) -> f64 {
+    pids.iter().filter_map(|&pid| crate::probe::memory::cpu_seconds(pid)).sum()
+}
+
 /// How often the ranks' CPU time is read, for [`CpuWatch`].
 const CPU_EVERY: Duration = Duration::from_secs(1);
 /// The share of one core over [`CPU_EVERY`] above which a rank counts as busy: a rank waiting in
@@ -251,8 +257,9 @@ struct Slot {
     dump_requested: bool,
     /// How many processes of its group (the rank and its loader workers) were asked.
     dumps_requested: u32,
-    /// The rank process's CPU time when its stacks were asked for (seconds).
-    dump_cpu: Option<f64>,
+    /// The processes asked for their stacks (the rank and its loader workers) and their CPU time
+    /// together then (seconds).
+    dump_cpu: Option<(Vec<u32>, f64)>,
     /// A launcher's rank, found in its process tree: the pid, not our child.
     found: Option<u32>,
     /// The found rank as first seen: what a signal to it is checked against.
@@ -1326,17 +1333,15 @@ impl Supervisor<'_, '_> {
         }
     }
 
-    /// A live rank asked for stacks that has not answered has used CPU since (its dump thread
-    /// symbolising: seconds on a loaded machine). Read only while such a rank waits.
+    /// A live rank asked for stacks that has not answered has used CPU since, in any process
+    /// asked (a dump thread symbolising: seconds on a loaded machine; a stuck loader worker's
+    /// answers while its rank, which has answered, sits idle). Read only while such a rank waits.
     fn stacks_coming(&self) -> bool {
         self.slots
             .iter()
             .filter(|s| s.live() && s.dump_requested)
             .filter(|s| !(s.end.state.stacks_complete && s.end.state.stack_ends >= s.dumps_requested))
-            .any(|s| {
-                let now = s.end.pid.and_then(crate::probe::memory::cpu_seconds);
-                matches!((s.dump_cpu, now), (Some(then), Some(now)) if now - then >= DUMPING_CPU_S)
-            })
+            .any(|s| s.dump_cpu.as_ref().is_some_and(|(pids, then)| cpu_of(pids) - then >= DUMPING_CPU_S))
     }
 
     /// Every live rank asked for stacks has answered, from every process asked.
@@ -1373,8 +1378,9 @@ impl Supervisor<'_, '_> {
                     .iter_mut()
                     .filter(|s| s.live() && ranks.contains(&s.end.rank) && s.process.is_some())
                 {
-                    slot.dump_cpu = slot.end.pid.and_then(crate::probe::memory::cpu_seconds);
-                    slot.dumps_requested = teardown::request_stacks(&slot_members(slot, &[]), ownership);
+                    let members = slot_members(slot, &[]);
+                    slot.dump_cpu = Some((members.clone(), cpu_of(&members)));
+                    slot.dumps_requested = teardown::request_stacks(&members, ownership);
                     slot.dump_requested = slot.dumps_requested > 0;
                 }
             }
@@ -1439,7 +1445,7 @@ impl Supervisor<'_, '_> {
                     })
                     .collect();
             } else if slot.process.is_some() {
-                slot.dump_cpu = slot.end.pid.and_then(crate::probe::memory::cpu_seconds);
+                slot.dump_cpu = Some((members.clone(), cpu_of(&members)));
                 slot.dumps_requested = teardown::request_stacks(&members, &self.ownership);
             }
             slot.dump_requested = true;
