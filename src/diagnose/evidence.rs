@@ -299,9 +299,13 @@ fn rank_evidence<'a>(
             None,
             Some(sig @ (Signal::KILL | Signal::TERM | Signal::INT | Signal::HUP)),
         ) => EndedBy::Outside { signal: sig },
-        // Its end was not read (its launcher reaped it), but it wrote its stacks as SIGTERM came.
+        // Its end was not read (its launcher reaped it), but it wrote its stacks as SIGTERM came:
+        // its launcher's, where the launcher said it sent it.
         (OutcomeKind::Exited, None, None) if r.exit_code.is_none() && got_sigterm(r) => {
-            EndedBy::Outside { signal: Signal::TERM }
+            match launcher_sent(launcher, r.pid, Signal::TERM) {
+                true => EndedBy::Launcher { signal: Signal::TERM },
+                false => EndedBy::Outside { signal: Signal::TERM },
+            }
         }
         (OutcomeKind::Exited, None, None) if r.exit_code.is_none() => EndedBy::Unknown,
         _ => EndedBy::Itself,

@@ -714,6 +714,41 @@ fn a_rank_its_launcher_said_it_stopped_far_above_its_last_lines_is_not_the_first
     assert!(j.verdict.headline.ends_with("Rank 0 failed after it (collateral)."), "{}", j.verdict.headline);
 }
 
+/// `launchers::a_rank_mp_spawn_reaped…` (failed in a full run on a loaded machine): spawn reaped
+/// rank 0 before its end was read, rank 0 wrote its stack as spawn's SIGTERM came, and spawn said
+/// it sent it; rank 1's SIGSEGV is spawn's own account, read 0.3 ms after rank 0's end. Rank 0,
+/// stopped by its launcher with no error of its own, is not the first failure (before, its
+/// SIGTERM was "from outside" and rank 0 was named).
+#[test]
+fn a_reaped_rank_that_wrote_its_stack_at_its_launchers_sigterm_is_collateral() {
+    let mut reaped = program_rank(0, Exit::Code(0), 8.1602, "");
+    (reaped.outcome, reaped.exit_code, reaped.exit_source) =
+        (OutcomeKind::Exited, None, Some(crate::schema::ExitSource::Unknown));
+    reaped.dumps.push(crate::schema::ProcessDump {
+        pid: 1000,
+        rank: 0,
+        role: ProcessRole::Rank,
+        taken: Some(crate::schema::TAKEN_AT_SIGTERM.into()),
+        py_spy: None,
+        error: None,
+        python: Some(
+            "Thread 0x1 (most recent call first):\n  File \"launchers.py\", line 90 in train".into(),
+        ),
+        threads: Vec::new(),
+    });
+    let segv =
+        program_rank(1, Exit::Signal { signal: Signal::SEGV.number(), core_dumped: false }, 8.1605, "");
+    let mut spawn = torchrun_end(
+        1,
+        &["torch.multiprocessing.spawn.ProcessExitedException: process 1 terminated with signal SIGSEGV"],
+    );
+    spawn.signalled =
+        vec!["W1206 torch/multiprocessing/spawn.py:165] Terminating process 1000 via signal SIGTERM".into()];
+    let j = judge_under(&external(), &[reaped.clone(), segv.clone()], &spawn);
+    assert_eq!(j.first_failure, Some(1), "{:#?}", j.verdict);
+    assert!(j.verdict.headline.starts_with("Rank 1 was killed by SIGSEGV"), "{}", j.verdict.headline);
+}
+
 /// transformers' `Trainer` with DataLoader workers and a 16 KiB `/dev/shm` (the accuracy
 /// matrix's small-shm fault; rank 0's traceback recorded): the DataLoader's iterator could not
 /// make its semaphores, `OSError: [Errno 28] No space left on device` from multiprocessing's
