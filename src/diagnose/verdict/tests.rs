@@ -584,19 +584,7 @@ fn a_rank_killed_or_reaped_inside_init_process_group_without_a_stack_or_an_end_w
 
     // Reaped by spawn before its end was read, its stack written as SIGTERM came.
     // As the harness leaves it: found, gone, its status never read.
-    let mut reaped = program_rank(0, Exit::Code(0), 7.6, "");
-    (reaped.outcome, reaped.exit_code, reaped.exit_source) =
-        (OutcomeKind::Exited, None, Some(crate::schema::ExitSource::Unknown));
-    reaped.dumps.push(crate::schema::ProcessDump {
-        pid: 1000,
-        rank: 0,
-        role: ProcessRole::Rank,
-        taken: Some(crate::schema::TAKEN_AT_SIGTERM.into()),
-        py_spy: None,
-        error: None,
-        python: Some(include_str!("../fixtures/stopped_in_rendezvous.txt").to_string()),
-        threads: Vec::new(),
-    });
+    let mut reaped = reaped_at_sigterm(7.6, include_str!("../fixtures/stopped_in_rendezvous.txt"));
     let spawn = torchrun_end(
         1,
         &["torch.multiprocessing.spawn.ProcessExitedException: process 1 terminated with exit code 3"],
@@ -714,14 +702,10 @@ fn a_rank_its_launcher_said_it_stopped_far_above_its_last_lines_is_not_the_first
     assert!(j.verdict.headline.ends_with("Rank 0 failed after it (collateral)."), "{}", j.verdict.headline);
 }
 
-/// `launchers::a_rank_mp_spawn_reaped…` (failed in a full run on a loaded machine): spawn reaped
-/// rank 0 before its end was read, rank 0 wrote its stack as spawn's SIGTERM came, and spawn said
-/// it sent it; rank 1's SIGSEGV is spawn's own account, read 0.3 ms after rank 0's end. Rank 0,
-/// stopped by its launcher with no error of its own, is not the first failure (before, its
-/// SIGTERM was "from outside" and rank 0 was named).
-#[test]
-fn a_reaped_rank_that_wrote_its_stack_at_its_launchers_sigterm_is_collateral() {
-    let mut reaped = program_rank(0, Exit::Code(0), 8.1602, "");
+/// Rank 0 (pid 1000) as the harness leaves one its launcher reaped: found, gone, its status never
+/// read, its Python stack (`python`) written as SIGTERM came.
+fn reaped_at_sigterm(ended_at: f64, python: &str) -> RankResult {
+    let mut reaped = program_rank(0, Exit::Code(0), ended_at, "");
     (reaped.outcome, reaped.exit_code, reaped.exit_source) =
         (OutcomeKind::Exited, None, Some(crate::schema::ExitSource::Unknown));
     reaped.dumps.push(crate::schema::ProcessDump {
@@ -731,11 +715,23 @@ fn a_reaped_rank_that_wrote_its_stack_at_its_launchers_sigterm_is_collateral() {
         taken: Some(crate::schema::TAKEN_AT_SIGTERM.into()),
         py_spy: None,
         error: None,
-        python: Some(
-            "Thread 0x1 (most recent call first):\n  File \"launchers.py\", line 90 in train".into(),
-        ),
+        python: Some(python.to_string()),
         threads: Vec::new(),
     });
+    reaped
+}
+
+/// `launchers::a_rank_mp_spawn_reaped…` (failed in a full run on a loaded machine): spawn reaped
+/// rank 0 before its end was read, rank 0 wrote its stack as spawn's SIGTERM came, and spawn said
+/// it sent it; rank 1's SIGSEGV is spawn's own account, read 0.3 ms after rank 0's end. Rank 0,
+/// stopped by its launcher with no error of its own, is not the first failure (before, its
+/// SIGTERM was "from outside" and rank 0 was named).
+#[test]
+fn a_reaped_rank_that_wrote_its_stack_at_its_launchers_sigterm_is_collateral() {
+    let reaped = reaped_at_sigterm(
+        8.1602,
+        "Thread 0x1 (most recent call first):\n  File \"launchers.py\", line 90 in train",
+    );
     let segv =
         program_rank(1, Exit::Signal { signal: Signal::SEGV.number(), core_dumped: false }, 8.1605, "");
     let mut spawn = torchrun_end(
