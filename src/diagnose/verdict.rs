@@ -152,6 +152,13 @@ fn judge_watched(o: &Observed) -> Judgement {
     {
         first = Some(r);
     }
+    // A rank that left the program's order and then ended well: where the failure began (the
+    // outcome stays the failed rank's).
+    let departed = finding
+        .as_ref()
+        .filter(|f| f.departed && !f.undecided)
+        .and_then(|f| ev.rank(f.culprit?))
+        .filter(|r| !r.failed() && first.is_some());
     let Some(failed) = first else {
         return Judgement {
             outcome: OutcomeKind::Passed,
@@ -194,7 +201,7 @@ fn judge_watched(o: &Observed) -> Judgement {
     let mut same = same_failure(&ev, failed);
     same.retain(|r| !named.contains(r));
     named.extend(&together);
-    add_collateral(&ev, failed, &same, &named, &mut verdict);
+    add_collateral(&ev, departed.unwrap_or(failed), &same, &named, &mut verdict);
     same.extend(&named);
     for line in catalog::shm_evidence(&ev, Some(failed)) {
         push_new(&mut verdict.evidence, line);
@@ -206,7 +213,8 @@ fn judge_watched(o: &Observed) -> Judgement {
     Judgement {
         outcome: failed.result.outcome,
         // Ranks hung together, or a finding that cannot tell: none failed first.
-        first_failure: (together.is_empty() && !undecided && !stopped_alone).then_some(failed.rank()),
+        first_failure: (together.is_empty() && !undecided && !stopped_alone)
+            .then_some(departed.unwrap_or(failed).rank()),
         verdict,
         same_failure: same,
     }

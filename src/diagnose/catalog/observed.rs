@@ -18,7 +18,10 @@ pub const COLLECTIVE_MISMATCH: Pattern = Pattern {
               size. Is there a distributed collective mismatch in your code?`, often in the `what():` of the \
               exception that aborted a rank), with both sizes and, from the ledgers, what each rank issued; the rank \
               named is the one whose size at that call site changed, the odd one of three or more, or the one that \
-              issued another collective where the program, after the same one before, issued what the others did",
+              issued another collective where the program, after the same one before, issued what the others did, \
+              or whose own count of the group passed the place where the program's call, due every few of the \
+              group's collectives, came on the others (it issued something else there: that rank is the first failure \
+              even if it went on to end well)",
     explanation: "Every rank of a process group must issue the same collectives in the same order. A rank that \
                   skips one (a rank-dependent `if`, an early `continue`, an exception caught on one rank) or \
                   adds one leaves the others waiting in it, or pairs it with a different collective: the run \
@@ -103,6 +106,7 @@ pub fn size_mismatch(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Find
         && let Some(d) = the_one_that_left(&ledgers)
     {
         f.culprit = Some(d.rank);
+        f.departed = true;
         f.evidence.push(d.render());
         return Some(size_mismatch_finding(
             f,
@@ -265,6 +269,7 @@ fn ops_differ(ledgers: &[(u32, &ObservedProgram)], group: &str, seq: u64, mut f:
     } else if let Some(d) = the_one_that_left(ledgers) {
         // No majority (two ranks): the program's own order, where the ledgers show it.
         f.culprit = Some(d.rank);
+        f.departed = true;
         f.evidence.push(d.render());
         f.headline = Some(format!(
             "Collectives out of step: at collective #{seq} {}; rank {} left the program's order of collectives.",
@@ -358,7 +363,16 @@ struct Departure<'l> {
     last: &'l LedgerEntry,
     expected: &'l LedgerEntry,
     /// What the rank that left issued next instead.
-    went: &'l LedgerEntry,
+    went: Went<'l>,
+}
+
+/// What a rank that left the program's order issued where the program's next collective was due.
+enum Went<'l> {
+    /// Another collective of the program's.
+    Issued(&'l LedgerEntry),
+    /// The default group's collective `pos`, which its own count says the rank issued and its
+    /// ledger does not hold: not through `torch.distributed`'s Python functions ([`off_the_stride`]).
+    Unseen { pos: u64, stride: u64, other: u32 },
 }
 
 impl Departure<'_> {
@@ -367,15 +381,27 @@ impl Departure<'_> {
     fn render(&self) -> String {
         let site =
             if self.expected.site.is_empty() { String::new() } else { format!(" ({})", self.expected.site) };
-        format!(
-            "after {}, rank {} issued {} where the program issued `{}`{site} next the time before (#{}, on both \
-             ranks): it left the program's order of collectives",
-            self.last.render(),
-            self.rank,
-            self.went.render(),
-            self.expected.op,
-            self.expected.seq,
-        )
+        match self.went {
+            Went::Issued(went) => format!(
+                "after {}, rank {} issued {} where the program issued `{}`{site} next the time before (#{}, on \
+                 both ranks): it left the program's order of collectives",
+                self.last.render(),
+                self.rank,
+                went.render(),
+                self.expected.op,
+                self.expected.seq,
+            ),
+            Went::Unseen { pos, stride, other } => format!(
+                "the program issued `{}`{site} every {stride} of the default group's collectives (the group's \
+                 collective {} was the last, on both ranks); rank {other} issued it again as the group's collective \
+                 {pos}, and rank {}'s own count of the group's collectives passed {pos} with no such call: it \
+                 issued something else there (from C++, as DDP's gradient all-reduce is) and left the program's \
+                 order of collectives",
+                self.expected.op,
+                self.last.pos.unwrap_or_default(),
+                self.rank,
+            ),
+        }
     }
 }
 
@@ -420,16 +446,74 @@ fn left_the_programs_order<'l>(
         (false, true) => (a, next_a),
         _ => return None,
     };
-    Some(Departure { rank, last, expected: after, went })
+    Some(Departure { rank, last, expected: after, went: Went::Issued(went) })
 }
 
-/// Of every pair of ranks, the one rank that left the program's order ([`left_the_programs_order`]),
-/// where every pair that says names the same one.
+/// How many of a call site's collectives in a row, at one distance in the default group's own
+/// count on both ranks, make the program's stride ([`off_the_stride`]).
+const STRIDE_SEEN: usize = 4;
+
+/// Of ranks `a` and `b`, the one that did not issue the program's next collective where its own
+/// count of the default group's collectives says it issued one. After the last collective both
+/// issued alike, the program issued it every `d` collectives of the group ([`STRIDE_SEEN`] times
+/// in a row, on both ranks alike: the collectives between came from C++, DDP's gradient
+/// all-reduces); a rank that issued it again `d` later followed the program; a rank whose ledger
+/// holds nothing after it although the group's count it sent last had passed that place (the
+/// observer queues a call's entry before the call moves the count, so a count that was sent came
+/// after every entry up to it) issued something else there. PyTorch-Ignite's metric all-reduce,
+/// skipped once by rank 1: its next gradient all-reduce met rank 0's metric all-reduce, and gloo
+/// aborted on the sizes. `None` where the stride, the count or a drop of markers leaves it open.
+fn off_the_stride<'l>(ledgers: &[(u32, &'l ObservedProgram)], a: u32, b: u32) -> Option<Departure<'l>> {
+    let of = |r: u32| ledgers.iter().find(|(x, _)| *x == r).map(|(_, o)| *o);
+    let (oa, ob) = (of(a)?, of(b)?);
+    let counted = |o: &'l ObservedProgram| -> Vec<&'l LedgerEntry> {
+        o.ledger.iter().filter(|e| e.group == "default" && e.pos.is_some()).collect()
+    };
+    let (la, lb) = (counted(oa), counted(ob));
+    let same = |x: &LedgerEntry, y: &LedgerEntry| x.pos == y.pos && x.op == y.op && x.site == y.site;
+    let (ia, ib) =
+        la.iter().enumerate().rev().find_map(|(i, e)| Some((i, lb.iter().position(|y| same(e, y))?)))?;
+    let stride = |l: &[&LedgerEntry], i: usize| -> Option<u64> {
+        let run = l.get((i + 1).checked_sub(STRIDE_SEEN)?..=i)?;
+        let d = run[1].pos?.checked_sub(run[0].pos?)?;
+        let steady = run.windows(2).all(|w| {
+            w[1].op == w[0].op
+                && w[1].site == w[0].site
+                && w[1].pos.zip(w[0].pos).and_then(|(y, x)| y.checked_sub(x)) == Some(d)
+        });
+        (steady && d > 0).then_some(d)
+    };
+    let d = stride(&la, ia)?;
+    if stride(&lb, ib)? != d {
+        return None;
+    }
+    let last = la[ia];
+    let pos = last.pos? + d;
+    let follows = |l: &[&'l LedgerEntry], i: usize| {
+        l.get(i + 1).copied().filter(|n| n.op == last.op && n.site == last.site && n.pos == Some(pos))
+    };
+    let passed_without = |o: &ObservedProgram, l: &[&LedgerEntry], i: usize| {
+        l.len() == i + 1 && o.dropped == 0 && o.issued.is_some_and(|n| n >= pos)
+    };
+    let (rank, other, expected) = match (follows(&la, ia), follows(&lb, ib)) {
+        (Some(e), None) if passed_without(ob, &lb, ib) => (b, a, e),
+        (None, Some(e)) if passed_without(oa, &la, ia) => (a, b, e),
+        _ => return None,
+    };
+    Some(Departure { rank, last, expected, went: Went::Unseen { pos, stride: d, other } })
+}
+
+/// Of every pair of ranks, the one rank that left the program's order ([`left_the_programs_order`],
+/// else [`off_the_stride`]), where every pair that says names the same one.
 fn the_one_that_left<'l>(ledgers: &[(u32, &'l ObservedProgram)]) -> Option<Departure<'l>> {
     let mut found: Option<Departure<'l>> = None;
     for (i, (a, _)) in ledgers.iter().enumerate() {
         for (b, _) in &ledgers[i + 1..] {
-            let Some(d) = left_the_programs_order(ledgers, *a, *b) else { continue };
+            let Some(d) =
+                left_the_programs_order(ledgers, *a, *b).or_else(|| off_the_stride(ledgers, *a, *b))
+            else {
+                continue;
+            };
             match &found {
                 Some(f) if f.rank != d.rank => return None,
                 Some(_) => {}
@@ -1063,6 +1147,103 @@ mod tests {
             .expect("a size mismatch");
         assert_eq!(f.culprit, None, "{:?}", f.headline);
         assert!(f.headline.unwrap().contains("cannot be told"));
+    }
+
+    /// PyTorch-Ignite's `Parallel` in the accuracy matrix (stop 68): each step, DDP's gradient
+    /// all-reduce (from C++, not in the ledger) and the program's metric `all_reduce`, so the
+    /// metric one is every 2nd collective of the group on both ranks. Rank 1 skipped one; its next
+    /// gradient all-reduce met rank 0's metric all-reduce at the group's collective 24 and gloo
+    /// aborted rank 0 on the sizes. Both ledgers issue the same calls in the same order, but rank
+    /// 1's own count of the group had passed 24 with no call there: rank 1 left the program's
+    /// order. Named whichever rank it is; a stale count, a lost marker or no steady
+    /// stride leaves it open.
+    #[test]
+    fn a_size_mismatch_where_a_ranks_count_passed_the_programs_next_call_names_that_rank() {
+        let s = scenario(2);
+        let ranks = |skipper: u32, count: u64, dropped: u64, from: u64| -> Vec<RankResult> {
+            (0..2)
+                .map(|r| {
+                    let n = if r == skipper { 9 } else { 10 };
+                    let mut rank = hung(r, &vec!["all_reduce"; n], r != skipper);
+                    let o = rank.observed.as_mut().unwrap();
+                    for (i, e) in o.ledger.iter_mut().enumerate() {
+                        e.pos = Some(from + 2 * i as u64);
+                        e.site = "ignite_trainer.py:13".into();
+                    }
+                    if r == skipper {
+                        o.issued = Some(count);
+                        o.dropped = dropped;
+                    } else {
+                        rank.outcome = OutcomeKind::Signaled;
+                        rank.signal = Some(crate::schema::Signal::ABRT);
+                        rank.log_tail = vec![
+                            "  what():  [enforce fail at /pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:456] \
+                             op.preamble.length <= op.nbytes. 1156 vs 8. Received data size doesn't match expected \
+                             size. Is there a distributed collective mismatch in your code?"
+                                .into(),
+                        ];
+                    }
+                    rank
+                })
+                .collect()
+        };
+        let culprit = |ranks: &[RankResult], skipper: u32| {
+            let aborted = ranks.iter().find(|r| r.rank != skipper).map(|r| r.rank);
+            with_evidence(ranks, &s, |ev| {
+                let f = size_mismatch(ev, ev.ranks.iter().find(|r| Some(r.rank()) == aborted))
+                    .expect("a size mismatch");
+                (f.culprit, f.evidence.join("\n"), f.headline.unwrap_or_default())
+            })
+        };
+        for skipper in 0..2 {
+            let (named, evidence, headline) = culprit(&ranks(skipper, 24, 0, 6), skipper);
+            assert_eq!(named, Some(skipper), "{headline}\n{evidence}");
+            assert!(headline.ends_with(&format!("rank {skipper} left the program's order.")), "{headline}");
+            assert!(
+                evidence.contains(&format!(
+                    "the program issued `all_reduce` (ignite_trainer.py:13) every 2 of the default group's collectives \
+                     (the group's collective 22 was the last, on both ranks); rank {} issued it again as the group's \
+                     collective 24, and rank {skipper}'s own count of the group's collectives passed 24 with no such call",
+                    1 - skipper
+                )),
+                "{evidence}"
+            );
+        }
+        // The count it sent last had not reached 24: it may not have got there.
+        assert_eq!(culprit(&ranks(1, 23, 0, 6), 1).0, None);
+        // A marker lost: its ledger may lack the call.
+        assert_eq!(culprit(&ranks(1, 24, 3, 6), 1).0, None);
+        // Fewer than four calls in a row at one distance: no stride to follow.
+        let mut short = ranks(1, 24, 0, 6);
+        for r in &mut short {
+            r.observed.as_mut().unwrap().ledger.drain(..6);
+        }
+        assert_eq!(culprit(&short, 1).0, None);
+        // Rank 1 read rank 0's 8 bytes where it expected 1156 (gloo checks only that a message
+        // is not longer than expected), went on and exited 0: the failure still began with it.
+        let mut ended_well = ranks(1, 24, 0, 6);
+        ended_well[1].outcome = OutcomeKind::Passed;
+        ended_well[1].exit_code = Some(0);
+        let leftovers = Leftovers::default();
+        let j = crate::diagnose::verdict::judge(&Observed {
+            scenario: &s,
+            ranks: &ended_well,
+            wall_s: 40.0,
+            memory: None,
+            leftovers: &leftovers,
+            oom_kills: &[],
+            xids: &[],
+            cgroup: None,
+            launcher: None,
+        });
+        assert_eq!((j.outcome, j.first_failure), (OutcomeKind::Signaled, Some(1)), "{}", j.verdict.headline);
+        assert!(
+            j.verdict
+                .headline
+                .ends_with("rank 1 left the program's order. Rank 0 failed after it (collateral)."),
+            "{}",
+            j.verdict.headline
+        );
     }
 
     #[test]

@@ -44,6 +44,11 @@ pub struct Finding {
     /// neither's known to have changed): no rank is claimed as the first failure, and none is
     /// called collateral.
     pub undecided: bool,
+    /// The culprit left the program's order of collectives: the failure began there even where
+    /// its own process went on and ended well (gloo checks a size on the receiving side only, so
+    /// a rank whose next collective met the others' skipped one may read its peer's smaller
+    /// message and carry on). It is then the first failure, and the ranks that failed collateral.
+    pub departed: bool,
 }
 
 impl Finding {
@@ -58,6 +63,7 @@ impl Finding {
             appendix: None,
             named: Vec::new(),
             undecided: false,
+            departed: false,
         }
     }
 }
