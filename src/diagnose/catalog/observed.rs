@@ -103,7 +103,7 @@ pub fn size_mismatch(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Find
     let ledgers: Vec<(u32, &ObservedProgram)> =
         ev.ranks.iter().filter_map(|r| Some((r.rank(), observed(r)?))).collect();
     if ledgers.len() == ev.ranks.len()
-        && let Some(d) = the_one_that_left(&ledgers)
+        && let Some(d) = the_one_that_left(&ledgers, Some(first.rank()))
     {
         f.culprit = Some(d.rank);
         f.departed = true;
@@ -266,7 +266,7 @@ fn ops_differ(ledgers: &[(u32, &ObservedProgram)], group: &str, seq: u64, mut f:
             each.join(", "),
             odd[0]
         ));
-    } else if let Some(d) = the_one_that_left(ledgers) {
+    } else if let Some(d) = the_one_that_left(ledgers, None) {
         // No majority (two ranks): the program's own order, where the ledgers show it.
         f.culprit = Some(d.rank);
         f.departed = true;
@@ -372,7 +372,18 @@ enum Went<'l> {
     Issued(&'l LedgerEntry),
     /// The default group's collective `pos`, which its own count says the rank issued and its
     /// ledger does not hold: not through `torch.distributed`'s Python functions ([`off_the_stride`]).
-    Unseen { pos: u64, stride: u64, other: u32 },
+    Unseen { pos: u64, stride: u64, other: u32, how: Passed },
+}
+
+/// How a rank whose ledger holds nothing at a place of the group's count is known to have
+/// issued that place ([`off_the_stride`]).
+#[derive(Clone, Copy)]
+enum Passed {
+    /// The group's own count it sent last had passed it.
+    Count,
+    /// Its collective library paired the other rank's call there with a message of another size
+    /// from it; its ledger was read whole after it ended.
+    Met,
 }
 
 impl Departure<'_> {
@@ -391,15 +402,23 @@ impl Departure<'_> {
                 self.expected.op,
                 self.expected.seq,
             ),
-            Went::Unseen { pos, stride, other } => format!(
+            Went::Unseen { pos, stride, other, how } => format!(
                 "the program issued `{}`{site} every {stride} of the default group's collectives (the group's \
                  collective {} was the last, on both ranks); rank {other} issued it again as the group's collective \
-                 {pos}, and rank {}'s own count of the group's collectives passed {pos} with no such call: it \
-                 issued something else there (from C++, as DDP's gradient all-reduce is) and left the program's \
-                 order of collectives",
+                 {pos}, and {} with no such call: it issued something else there (from C++, as DDP's gradient \
+                 all-reduce is) and left the program's order of collectives",
                 self.expected.op,
                 self.last.pos.unwrap_or_default(),
-                self.rank,
+                match how {
+                    Passed::Count =>
+                        format!("rank {}'s own count of the group's collectives passed {pos}", self.rank),
+                    Passed::Met => format!(
+                        "the collective library paired that call with a message of another size from rank {}, whose \
+                         ledger, read whole after it ended, holds nothing after the group's collective {}",
+                        self.rank,
+                        self.last.pos.unwrap_or_default()
+                    ),
+                },
             ),
         }
     }
@@ -460,10 +479,18 @@ const STRIDE_SEEN: usize = 4;
 /// all-reduces); a rank that issued it again `d` later followed the program; a rank whose ledger
 /// holds nothing after it although the group's count it sent last had passed that place (the
 /// observer queues a call's entry before the call moves the count, so a count that was sent came
-/// after every entry up to it) issued something else there. PyTorch-Ignite's metric all-reduce,
-/// skipped once by rank 1: its next gradient all-reduce met rank 0's metric all-reduce, and gloo
-/// aborted on the sizes. `None` where the stride, the count or a drop of markers leaves it open.
-fn off_the_stride<'l>(ledgers: &[(u32, &'l ObservedProgram)], a: u32, b: u32) -> Option<Departure<'l>> {
+/// after every entry up to it) issued something else there; so did the peer of two ranks whose
+/// collective library aborted the other, `met`, in that call on the sizes (the peer's message
+/// for that place was not the program's call), where the peer's ledger was read whole after it
+/// ended. PyTorch-Ignite's metric all-reduce, skipped once by rank 1: its next gradient
+/// all-reduce met rank 0's metric all-reduce, and gloo aborted rank 0 on the sizes. `None` where
+/// the stride, the count, a drop of markers or an unread ledger leaves it open.
+fn off_the_stride<'l>(
+    ledgers: &[(u32, &'l ObservedProgram)],
+    a: u32,
+    b: u32,
+    met: Option<u32>,
+) -> Option<Departure<'l>> {
     let of = |r: u32| ledgers.iter().find(|(x, _)| *x == r).map(|(_, o)| *o);
     let (oa, ob) = (of(a)?, of(b)?);
     let counted = |o: &'l ObservedProgram| -> Vec<&'l LedgerEntry> {
@@ -492,25 +519,33 @@ fn off_the_stride<'l>(ledgers: &[(u32, &'l ObservedProgram)], a: u32, b: u32) ->
     let follows = |l: &[&'l LedgerEntry], i: usize| {
         l.get(i + 1).copied().filter(|n| n.op == last.op && n.site == last.site && n.pos == Some(pos))
     };
-    let passed_without = |o: &ObservedProgram, l: &[&LedgerEntry], i: usize| {
-        l.len() == i + 1 && o.dropped == 0 && o.issued.is_some_and(|n| n >= pos)
+    // How the rank is known to have issued the group's collective `pos`, if it is.
+    let passed_without = |o: &ObservedProgram, l: &[&LedgerEntry], i: usize, other: u32, e: &LedgerEntry| {
+        if l.len() != i + 1 || o.dropped > 0 {
+            None
+        } else if o.issued.is_some_and(|n| n >= pos) {
+            Some(Passed::Count)
+        } else {
+            (ledgers.len() == 2 && met == Some(other) && e.ms.is_none() && o.kept).then_some(Passed::Met)
+        }
     };
-    let (rank, other, expected) = match (follows(&la, ia), follows(&lb, ib)) {
-        (Some(e), None) if passed_without(ob, &lb, ib) => (b, a, e),
-        (None, Some(e)) if passed_without(oa, &la, ia) => (a, b, e),
+    let (rank, other, expected, how) = match (follows(&la, ia), follows(&lb, ib)) {
+        (Some(e), None) => (b, a, e, passed_without(ob, &lb, ib, a, e)?),
+        (None, Some(e)) => (a, b, e, passed_without(oa, &la, ia, b, e)?),
         _ => return None,
     };
-    Some(Departure { rank, last, expected, went: Went::Unseen { pos, stride: d, other } })
+    Some(Departure { rank, last, expected, went: Went::Unseen { pos, stride: d, other, how } })
 }
 
 /// Of every pair of ranks, the one rank that left the program's order ([`left_the_programs_order`],
-/// else [`off_the_stride`]), where every pair that says names the same one.
-fn the_one_that_left<'l>(ledgers: &[(u32, &'l ObservedProgram)]) -> Option<Departure<'l>> {
+/// else [`off_the_stride`]; `met`: the rank the collective library aborted on the sizes), where
+/// every pair that says names the same one.
+fn the_one_that_left<'l>(ledgers: &[(u32, &'l ObservedProgram)], met: Option<u32>) -> Option<Departure<'l>> {
     let mut found: Option<Departure<'l>> = None;
     for (i, (a, _)) in ledgers.iter().enumerate() {
         for (b, _) in &ledgers[i + 1..] {
             let Some(d) =
-                left_the_programs_order(ledgers, *a, *b).or_else(|| off_the_stride(ledgers, *a, *b))
+                left_the_programs_order(ledgers, *a, *b).or_else(|| off_the_stride(ledgers, *a, *b, met))
             else {
                 continue;
             };
@@ -1211,6 +1246,21 @@ mod tests {
         }
         // The count it sent last had not reached 24: it may not have got there.
         assert_eq!(culprit(&ranks(1, 23, 0, 6), 1).0, None);
+        // But gloo paired rank 0's call at 24 with a message of another size from it, the only
+        // other rank, and its ledger was read whole after it ended: it was there, and not with
+        // the program's call.
+        let mut read = ranks(1, 23, 0, 6);
+        read[1].observed.as_mut().unwrap().kept = true;
+        let (named, evidence, _) = culprit(&read, 1);
+        assert_eq!(named, Some(1), "{evidence}");
+        assert!(
+            evidence.contains(
+                "rank 0 issued it again as the group's collective 24, and the collective library paired that call \
+                 with a message of another size from rank 1, whose ledger, read whole after it ended, holds nothing \
+                 after the group's collective 22"
+            ),
+            "{evidence}"
+        );
         // A marker lost: its ledger may lack the call.
         assert_eq!(culprit(&ranks(1, 24, 3, 6), 1).0, None);
         // Fewer than four calls in a row at one distance: no stride to follow.

@@ -228,6 +228,13 @@ impl RankState {
         }
     }
 
+    /// The file the rank's observer kept its newest collectives in was read after it ended.
+    pub fn kept_read(&mut self) {
+        if let Some(o) = self.observed.as_mut() {
+            o.kept = true;
+        }
+    }
+
     /// A collective the rank's observer kept in its own memory, read after the rank ended
     /// (issued at `at`, where its stamp could be read): see [`ObservedProgram::apply_kept`].
     pub fn kept_collective(&mut self, at: f64, marker: &Marker) {

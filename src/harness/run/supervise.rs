@@ -1543,7 +1543,9 @@ impl Supervisor<'_, '_> {
         let start = self.start;
         for slot in &mut self.slots {
             let Some(pid) = slot.end.pid else { continue };
-            for (marker, stamp) in crate::harness::os::stacks::collective_tail(folder, pid) {
+            let tail = crate::harness::os::stacks::collective_tail(folder, pid);
+            let read = !tail.is_empty();
+            for (marker, stamp) in tail {
                 let Some(at) = crate::harness::os::process::stamp_instant(stamp, Duration::MAX)
                     .and_then(|at| at.checked_duration_since(start))
                     .map(|d| d.as_secs_f64())
@@ -1551,6 +1553,9 @@ impl Supervisor<'_, '_> {
                     continue;
                 };
                 slot.end.state.kept_collective(at, &marker);
+            }
+            if read {
+                slot.end.state.kept_read();
             }
         }
     }

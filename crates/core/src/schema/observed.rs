@@ -310,6 +310,11 @@ pub struct ObservedProgram {
     /// Markers the observer could not send (its queue was full, or the pipe was gone).
     #[serde(default)]
     pub dropped: u64,
+    /// The collectives its observer kept in the file it maps were read after the process ended:
+    /// the ledger's newest entries are every collective it issued from Python to its end (not
+    /// only those its markers said within the quarter second its sending thread waits).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub kept: bool,
     /// The default group's own count of the collectives issued on it, at the observer's last
     /// reading (every 0.25 s while it moves): those issued from C++ included, which the ledger
     /// cannot see. `None` without a group, or where its backend keeps no count.
