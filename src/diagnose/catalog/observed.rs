@@ -1015,18 +1015,27 @@ mod tests {
         f: impl FnOnce(&Evidence) -> T,
     ) -> T {
         let leftovers = Leftovers::default();
-        let o = Observed {
+        f(&Evidence::gather(&observed_of(ranks, scenario, &leftovers, 1.0)))
+    }
+
+    /// What the judge reads of `ranks` alone (no memory, kernel log, cgroup or launcher).
+    fn observed_of<'a>(
+        ranks: &'a [RankResult],
+        scenario: &'a crate::scenario::Scenario,
+        leftovers: &'a Leftovers,
+        wall_s: f64,
+    ) -> Observed<'a> {
+        Observed {
             scenario,
             ranks,
-            wall_s: 1.0,
+            wall_s,
             memory: None,
-            leftovers: &leftovers,
+            leftovers,
             oom_kills: &[],
             xids: &[],
             cgroup: None,
             launcher: None,
-        };
-        f(&Evidence::gather(&o))
+        }
     }
 
     fn judge(ranks: &[RankResult], scenario: &crate::scenario::Scenario) -> Option<Finding> {
@@ -1275,17 +1284,7 @@ mod tests {
         ended_well[1].outcome = OutcomeKind::Passed;
         ended_well[1].exit_code = Some(0);
         let leftovers = Leftovers::default();
-        let j = crate::diagnose::verdict::judge(&Observed {
-            scenario: &s,
-            ranks: &ended_well,
-            wall_s: 40.0,
-            memory: None,
-            leftovers: &leftovers,
-            oom_kills: &[],
-            xids: &[],
-            cgroup: None,
-            launcher: None,
-        });
+        let j = crate::diagnose::verdict::judge(&observed_of(&ended_well, &s, &leftovers, 40.0));
         assert_eq!((j.outcome, j.first_failure), (OutcomeKind::Signaled, Some(1)), "{}", j.verdict.headline);
         assert!(
             j.verdict
