@@ -104,6 +104,10 @@ class _Observer:
         self.in_backward = False
         self.samples = 0
         self.history = collections.deque(maxlen=256)
+        # The main thread's time on a CPU and waiting for one (the kernel's `schedstat`) and the
+        # steps done, at the first summary after steps were timed: a rank slowed by a crowded
+        # machine waits for a CPU, one with more work of its own runs longer (`cpu_per_step`).
+        self.sched_base = None
         self.summary_sent_at = 0.0
         self.summarised = None
         self.helper_steps = False
@@ -443,11 +447,37 @@ class _Observer:
         unseen = median(4)
         if unseen is not None:
             marker["unseen_per_step"] = unseen
+        cpu = self.cpu_per_step()
+        if cpu is not None:
+            marker["cpu_run_ms"], marker["cpu_wait_ms"] = cpu
         if exiting:
             marker["exiting"] = True
         if self.forked:
             marker["forked"] = True
         self.send(marker)
+
+    def cpu_per_step(self):
+        """The main thread's mean time a step on a CPU and runnable but waiting for one, in ms,
+        since the first summary after steps were timed; None before two readings, or where the
+        kernel keeps no `schedstat`."""
+        steps = self.steps
+        if not self.history or self.sched_base is False:
+            return None
+        pid = os.getpid()
+        try:
+            with open(f"/proc/{pid}/task/{pid}/schedstat", "rb") as f:
+                run, wait = (int(v) for v in f.read().split()[:2])
+        except (OSError, ValueError):
+            self.sched_base = False
+            return None
+        base = self.sched_base
+        if base is None or base[0] > steps or base[3] != pid:
+            self.sched_base = (steps, run, wait, pid)
+            return None
+        n = steps - base[0]
+        if n <= 0:
+            return None
+        return round((run - base[1]) / n / 1e6, 3), round((wait - base[2]) / n / 1e6, 3)
 
     def on_step(self, optimizer):
         if self.optimizer != id(optimizer):

@@ -255,6 +255,12 @@ pub enum Marker {
         /// The median of the collectives a step issued from C++ (DDP's gradient reductions).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         unseen_per_step: Option<f64>,
+        /// The main thread's mean time a step on a CPU and runnable but waiting for one (the
+        /// kernel's `schedstat`), in ms, since its first summary after steps were timed.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cpu_run_ms: Option<f64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cpu_wait_ms: Option<f64>,
         /// Sent from the process's exit handlers (`atexit`): the program's own code had finished
         /// (returned, or called `sys.exit`) and Python was about to shut down.
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]

@@ -29,8 +29,8 @@ pub use nodes::{
     Calibration, FirstFailure, LostNode, NodeSection, NodesReport, Offset, RemoteFailureSeen, Snapshot,
 };
 pub use observed::{
-    FLIGHT_KEPT, FlightEntry, FlightRecord, GroupFormed, LEDGER_KEPT, LedgerEntry, ObservedProgram,
-    StartedProcesses, TorchFacts,
+    CpuPerStep, FLIGHT_KEPT, FlightEntry, FlightRecord, GroupFormed, LEDGER_KEPT, LedgerEntry,
+    ObservedProgram, StartedProcesses, TorchFacts,
 };
 pub use process::{
     ExitSource, ExternalRun, ExternalStyle, IdentifiedBy, KernelThread, LauncherEnd, PhaseSpan, PortInUse,

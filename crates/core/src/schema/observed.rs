@@ -40,6 +40,14 @@ pub struct TorchFacts {
     pub executable: String,
 }
 
+/// A rank's main thread's mean time a step on a CPU and runnable but waiting for one, in ms
+/// (`/proc/PID/task/PID/schedstat`): where the others ran on the CPUs it needed, it waits.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct CpuPerStep {
+    pub run_ms: f64,
+    pub wait_ms: f64,
+}
+
 /// One collective the rank issued.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LedgerEntry {
@@ -327,6 +335,11 @@ pub struct ObservedProgram {
     /// The median of those a step issued: DDP's gradient reductions per backward.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unseen_per_step: Option<f64>,
+    /// The main thread's mean time a step on a CPU and waiting for one, from the kernel's
+    /// account: a rank slowed by a crowded machine waits, one with more work of its own runs.
+    /// `None` before the observer's second summary of timed steps, or where the kernel keeps none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_per_step: Option<CpuPerStep>,
     /// When the program's own code had finished and its exit handlers (`atexit`) ran, in seconds
     /// since the scenario started: anything after it happened while Python shut down.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -431,6 +444,8 @@ impl ObservedProgram {
                 distributed,
                 dropped,
                 unseen_per_step,
+                cpu_run_ms,
+                cpu_wait_ms,
                 exiting,
                 forked,
             } => {
@@ -453,6 +468,9 @@ impl ObservedProgram {
                     o.collective_total_ms = *collective_total_ms;
                     o.dropped = *dropped;
                     o.unseen_per_step = unseen_per_step.or(o.unseen_per_step);
+                    if let (Some(run_ms), Some(wait_ms)) = (cpu_run_ms, cpu_wait_ms) {
+                        o.cpu_per_step = Some(CpuPerStep { run_ms: *run_ms, wait_ms: *wait_ms });
+                    }
                     o.distributed = *distributed || o.group.is_some();
                 }
                 if *exiting {
@@ -621,6 +639,8 @@ mod tests {
             distributed: false,
             dropped: 0,
             unseen_per_step: None,
+            cpu_run_ms: None,
+            cpu_wait_ms: None,
             exiting: !forked,
             forked,
         };
