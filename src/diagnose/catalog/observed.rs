@@ -671,11 +671,14 @@ fn group_divergence(
 /// Whether rank `l` raised an error of its own (an exception, its traceback in its output): a
 /// rank that lacks the others' collective because of it never got there, and the error is the
 /// cause, which the other patterns name, not a collective it skipped (seen with TRL's SFT script:
-/// rank 1 raised at step 3 while rank 0 had already issued the next `all_gather`).
+/// rank 1 raised at step 3 while rank 0 had already issued the next `all_gather`). So where its
+/// end was not read (`torch.multiprocessing.spawn` reaped it first: PyTorch-Ignite's `Parallel`,
+/// 3 of 4 runs of the accuracy matrix's Ignite × exception): its own traceback says it raised.
+/// The same rule either way: what ended it was not read, not something else.
 fn raised(ev: &Evidence, l: u32) -> bool {
     ev.ranks.iter().find(|r| r.rank() == l).is_some_and(|r| {
         r.result.outcome == OutcomeKind::Exited
-            && matches!(r.ended_by, EndedBy::Itself)
+            && matches!(r.ended_by, EndedBy::Itself | EndedBy::Unknown)
             && r.key.as_ref().is_some_and(|k| k.is_exception())
     })
 }
@@ -1076,6 +1079,29 @@ mod tests {
             r#"{{"command": ["python", "t.py"], "launch": {{"world_size": {world}}}}}"#
         ))
         .unwrap()
+    }
+
+    /// PyTorch-Ignite's `Parallel` (`torch.multiprocessing.spawn`) with rank 1 raising at step 3
+    /// (the accuracy matrix's Ignite × exception): rank 0 had already issued its next metric
+    /// `all_reduce`. Rank 1 raised, it skipped nothing, whether ups-doctor read its exit status or
+    /// spawn reaped it first (3 runs of 4): the same verdict either way.
+    #[test]
+    fn a_rank_that_raised_skipped_nothing_whether_or_not_its_end_was_read() {
+        let s = scenario(2);
+        let raised = |exit_code: Option<i32>| {
+            let mut r = hung(1, &["all_reduce", "all_reduce", "all_reduce"], false);
+            r.outcome = OutcomeKind::Exited;
+            r.exit_code = exit_code;
+            r.error = Some(
+                "RuntimeError: injected fault on rank 1 at step 3 (ignite_trainer.py:13 in training)".into(),
+            );
+            r
+        };
+        for end in [Some(1), None] {
+            let ranks = [hung(0, &["all_reduce"; 4], true), raised(end)];
+            let f = judge(&ranks, &s);
+            assert!(f.is_none(), "exit status {end:?}: {:?}", f.and_then(|f| f.headline));
+        }
     }
 
     /// Rank 0 ran out of data and waits in a barrier no rank issued before; rank 1 issued no
