@@ -838,3 +838,80 @@ print(os.read(markers, 65536).decode(), flush=True)
     // And the count the sender read went out.
     assert!(stdout.contains(r#"{"t": "issued", "n": 7"#), "{stdout}");
 }
+
+/// ups-doctor reads the marker pipe whenever it is not busy; on a loaded machine it can be full
+/// for a while. The observer's sending thread then waits in its write, and the program's hooks
+/// (a step's marker, a collective's return), which queue markers, must not wait with it; nor may
+/// the program's exit wait more than a moment (issue 57: "never slow the program"). The pipe here
+/// is filled and never read while the hooks and the exit run; no timing is asserted, only that
+/// they return at all while nothing drains it (before, each waited as long as the pipe stayed
+/// full). Then the pipe is read: what was sent is whole lines in order.
+#[test]
+fn the_programs_hooks_never_wait_for_a_write_to_a_full_pipe() {
+    let script = r##"
+import importlib.util, sys, threading, time
+spec = importlib.util.spec_from_file_location("ups_site", sys.argv[1])
+site = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(site)
+import os
+markers, sink = os.pipe()
+os.set_blocking(sink, False)
+filled = 0
+try:
+    while True:
+        filled += os.write(sink, b"#" * 4096)
+except BlockingIOError:
+    pass
+os.set_blocking(sink, True)
+obs = site._Observer(sink, None)
+obs.send({"t": "observer", "steps": 0}, urgent=True)
+# The sending thread is in its write, blocked on the full pipe: the kernel says where it waits.
+deadline = time.monotonic() + 120
+while True:
+    thread = obs.thread
+    wchan = ""
+    if thread is not None and thread.native_id is not None:
+        try:
+            wchan = open(f"/proc/self/task/{thread.native_id}/wchan").read()
+        except OSError:
+            pass
+    if "pipe_write" in wchan:
+        break
+    assert time.monotonic() < deadline, f"the sender never blocked in its write ({wchan!r})"
+    time.sleep(0.01)
+def probe(name, call):
+    done = threading.Event()
+    threading.Thread(target=lambda: (call(), done.set()), daemon=True).start()
+    print(f"{name} returned while the pipe was full:", done.wait(60), flush=True)
+entry = {"t": "collective", "op": "all_reduce", "group": "default", "seq": 1, "shapes": [], "dtype": "float32", "site": "t.py:1"}
+probe("a step's marker", lambda: obs.send_step(1, 0.0, 1.0, 8))
+probe("a collective's return", lambda: (obs.send(entry), obs.returned(entry, 1.5)))
+probe("the exit", obs.at_exit)
+os.set_blocking(markers, False)
+got = b""
+deadline = time.monotonic() + 60
+while time.monotonic() < deadline:
+    try:
+        got += os.read(markers, 1 << 16)
+    except BlockingIOError:
+        if obs.thread is None or not obs.thread.is_alive():
+            break
+        time.sleep(0.01)
+text = got.replace(b"#", b"").decode()
+print("lines:", [line.split(",")[0] for line in text.splitlines()], flush=True)
+"##;
+    let out = std::process::Command::new(crate::util::venv_python())
+        .args(["-c", script])
+        .arg(repo().join("python/site/sitecustomize.py"))
+        .env_remove("UPS_DOCTOR_MARKER_FD")
+        .env_remove("UPS_DOCTOR_MARKER_PATH")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    for hook in ["a step's marker", "a collective's return", "the exit"] {
+        assert!(stdout.contains(&format!("{hook} returned while the pipe was full: True")), "{stdout}");
+    }
+    // The first summary, blocked in the write, went out whole once the pipe was read.
+    assert!(stdout.contains(r#"lines: ['{"t": "observer"'"#), "{stdout}");
+}

@@ -68,6 +68,30 @@ _COLLECTIVES = (
 )
 
 
+# How long a thread of the program's waits to send what it must say before it goes on: at exit
+# (ups-doctor reads the pipe whenever it is not busy; a full pipe then drops the last markers),
+# and an uncaught error or a `starts` (the run's verdict rests on them: longer).
+_EXIT_WAIT_S = 1.0
+_SAY_WAIT_S = 5.0
+
+
+def _writable(fd, deadline):
+    """Whether the pipe has room for a write of at most `_PIPE_BUF` bytes before `deadline`
+    (a pipe with a free slot takes one whole without blocking). `poll`, not `select`: a program
+    with many files open has descriptors past `select`'s 1024."""
+    import select
+
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        events = poller.poll(left * 1000.0)
+        if events:
+            return any(e & (select.POLLOUT | select.POLLERR | select.POLLHUP) for _, e in events)
+
+
 class _Observer:
     def __init__(self, fd, fifo):
         import collections
@@ -75,12 +99,16 @@ class _Observer:
 
         # The FIFO is opened on the first write: most Python processes of a run never send.
         self.fd, self.fifo, self.tagged = fd, fifo, fifo is not None
+        # Held while markers are put in or taken from the queue: the program's hooks take it.
         self.lock = threading.Lock()
+        # Held while taken markers are written, so that they go out in order: never by a hook of
+        # the program's, which must not wait while ups-doctor reads the pipe slowly (a full pipe).
+        self.write_lock = threading.Lock()
         # Held while the group's count is read, a C++ call that lets go of the GIL (see `at_exit`).
         self.pg_lock = threading.Lock()
         self.queue = collections.deque()
         self.dropped = 0
-        # Returned collectives counted but not sent (`_flush`), not yet told.
+        # Returned collectives counted but not sent (`_take`), not yet told.
         self.skipped = 0
         self.wake = threading.Event()
         self.thread = None
@@ -112,7 +140,7 @@ class _Observer:
         self.summarised = None
         self.helper_steps = False
         self.workers_sent = 0
-        # The step marker still in the queue (`send_step`), which `_flush` lets go of.
+        # The step marker still in the queue (`send_step`), which `_take` lets go of.
         self.step_marker = None
         # The default group's own count of the collectives issued on it (its sequence number),
         # which counts those issued from C++ too (DDP's gradient reductions), read once a step
@@ -157,7 +185,7 @@ class _Observer:
         says this step too (its number, stamp and summed times), so a program stepping faster than
         the queue is sent (every 0.25 s) sends one step marker per batch, not one a step (each
         costs encoding here and reading in ups-doctor)."""
-        with self.lock:  # `_flush` takes it from the queue under this lock
+        with self.lock:  # `_take` takes it from the queue under this lock
             marker = self.step_marker
             if marker is not None:
                 marker["step"] = step
@@ -173,7 +201,7 @@ class _Observer:
 
     def returned(self, entry, ms, span=None):
         """A collective queued by `send` returned after `ms` (having issued `span` of the group's
-        collectives): still queued, it goes out once with them; already sent (`_flush` marks it),
+        collectives): still queued, it goes out once with them; already sent (`_take` marks it),
         it goes again with them."""
         with self.lock:
             if entry.pop("_sent", False):
@@ -253,18 +281,35 @@ class _Observer:
             marker["rank"] = rank
         marker["pid"] = os.getpid()
 
-    def flush(self):
-        with self.lock:
-            self._flush()
+    def flush(self, wait_s=None):
+        """Sends what is queued. The markers are taken under `lock` and written under
+        `write_lock` only, so a hook of the program's that queues one never waits for a write to a
+        full pipe. From a thread of the program's (an error, `starts`, exit), `wait_s` bounds the
+        wait for an earlier write and for room in the pipe: what cannot go by then is dropped (and
+        counted), never the program held."""
+        if wait_s is None:
+            self.write_lock.acquire()
+        elif not self.write_lock.acquire(timeout=wait_s):
+            return
+        try:
+            deadline = None if wait_s is None else time.monotonic() + wait_s
+            with self.lock:
+                chunks = self._take()
+            for chunk in chunks:
+                self._write(chunk, deadline)
+        finally:
+            self.write_lock.release()
 
-    def _flush(self):
+    def _take(self):
+        """The queued markers, taken from the queue and encoded: chunks of at most `_PIPE_BUF`
+        bytes (a pipe writes each whole)."""
         global _ENCODER
         if _ENCODER is None:
             import json
 
             # One encoder for every marker: `json.dumps` with options makes a new one each call.
             _ENCODER = json.JSONEncoder(allow_nan=False, default=str)
-        chunk = b""
+        chunks, chunk = [], b""
         # ups-doctor keeps a rank's newest `_LEDGER_KEPT` collectives: of a batch with more, the
         # older ones that have returned are counted (`skipped`, on the next one sent), not sent.
         # A program issuing hundreds a second spent more on encoding them than on the wrapper.
@@ -306,14 +351,15 @@ class _Observer:
                 self.dropped += 1
                 continue
             if len(chunk) + len(line) > _PIPE_BUF:
-                self._write(chunk)
+                chunks.append(chunk)
                 chunk = b""
             chunk += line
         if chunk:
-            self._write(chunk)
+            chunks.append(chunk)
         self.skipped = skipped  # none sent after them: with the next batch
+        return chunks
 
-    def _write(self, data):
+    def _write(self, data, deadline=None):
         if self.fd is None:
             try:
                 # Non-blocking open fails at once if nobody reads; then writes block as a pipe's do
@@ -324,6 +370,9 @@ class _Observer:
                 self.dropped += data.count(b"\n")
                 return
         try:
+            if deadline is not None and not _writable(self.fd, deadline):
+                self.dropped += data.count(b"\n")
+                return
             os.write(self.fd, data)
         except OSError:
             self.dropped += data.count(b"\n")
@@ -344,7 +393,7 @@ class _Observer:
         self.summary(force=True, exiting=not self.forked)
         self.send_issued()
         self.forget_group()
-        self.flush()
+        self.flush(wait_s=_EXIT_WAIT_S)
 
     def forget_group(self):
         """No read of the group's count from here on, and none under way when it returns.
@@ -390,6 +439,7 @@ class _Observer:
         self.skipped = 0
         self.wake = threading.Event()
         self.lock = threading.Lock()
+        self.write_lock = threading.Lock()
         self.pg_lock = threading.Lock()
         self.thread = None
 
@@ -710,7 +760,7 @@ def _send_uncaught(observer, kind, value, tb, spawned=False):
             if passing:
                 where = f"{where}; raised in torch's `{passing}`" if where else f"raised in torch's `{passing}`"
             observer.send({"t": "error", "message": f"{message} ({where})" if where else message}, urgent=True)
-            observer.flush()
+            observer.flush(wait_s=_SAY_WAIT_S)
     except Exception:  # the observer never changes how the program ends
         pass
 
@@ -757,7 +807,7 @@ def _report_own_ranks(observer, torch_mp, spawn):
             if not observer.forked:
                 method = kwargs.get("start_method", rest[2] if len(rest) > 2 else "spawn")
                 observer.send({"t": "starts", "nprocs": int(nprocs), "start_method": str(method)}, urgent=True)
-                observer.flush()
+                observer.flush(wait_s=_SAY_WAIT_S)
         except Exception:  # the observer never changes what the program does
             pass
         return original(fn, args, nprocs, *rest, **kwargs)
@@ -906,7 +956,7 @@ def _wrap_collective(dist, op, original):
                 for key, value in kwargs.items():
                     if key not in _NOT_DATA:
                         _tensors(value, tensors, tensor)
-            # Sizes and dtype as torch gives them: made text only for the entries sent (`_flush`).
+            # Sizes and dtype as torch gives them: made text only for the entries sent (`_take`).
             entry = {"t": "collective", "op": op, "group": name, "seq": seq,
                      "shapes": [t.shape for t in tensors[:4]], "dtype": tensors[0].dtype if tensors else "",
                      "site": _call_site()}
