@@ -217,6 +217,16 @@ pub fn find_ranks(view: &impl ProcessView, root: u32, world: u32, known: &Known)
             // each only once it runs (PyTorch-Ignite's `Parallel`) gives it to the workers the rank
             // starts later, never to the rank's own starting environment.
             match env_rank(child).or_else(|| claimed(child, pid).map(|r| (r, IdentifiedBy::Markers))) {
+                // Nor is a process with the variable whose parent `multiprocessing` started below the
+                // launcher: that parent is a spawned rank that has not said so yet, and this is its
+                // worker. Taken for the rank, the worker's end was the rank's (Ignite × skip-coll in
+                // the accuracy matrix: rank 1 "passed" as its worker exited 0, while the rank was
+                // stopped in a collective); left alone, the rank is found once it says so.
+                Some((_, by))
+                    if by != IdentifiedBy::Markers && pid != root && is_spawn_child(view.cmdline(pid)) =>
+                {
+                    below.push(child)
+                }
                 // A rank's own subtree is its workers, not more ranks.
                 Some((rank, by)) => add(&mut found, rank, child, by),
                 None => {
@@ -646,8 +656,8 @@ mod tests {
         let ours = true;
         let view = Fake::default()
             .with(P { pid: 10, ppid: 1, ours, cmd: "python ignite_trainer.py", ..P::default() })
-            .with(P { pid: 11, ppid: 10, ours, cmd: "python -c from multiprocessing.spawn", ..P::default() })
-            .with(P { pid: 12, ppid: 10, ours, cmd: "python -c from multiprocessing.spawn", ..P::default() })
+            .with(P { pid: 11, ppid: 10, ours, cmd: SPAWNED, ..P::default() })
+            .with(P { pid: 12, ppid: 10, ours, cmd: SPAWNED, ..P::default() })
             .with(P { pid: 13, ppid: 11, rank: Some((0, RANK)), ours, cmd: "pt_data_worker", ..P::default() })
             .with(P {
                 pid: 14,
@@ -659,9 +669,22 @@ mod tests {
             });
         let known = Known { claims: BTreeMap::from([(11, 0), (12, 1)]), ..Known::default() };
         assert_eq!(found(&view, 2, &known), [(0, 11, IdentifiedBy::Markers), (1, 12, IdentifiedBy::Markers)]);
-        // Before any rank said so, the variable is all there is.
-        assert_eq!(found(&view, 2, &Known::default()), [(0, 13, RANK), (1, 14, RANK)]);
+        // Before any rank said so, a worker is still no rank (before, the workers were taken for
+        // the ranks, and kept): the spawned processes are, in the order they started, until they
+        // say so.
+        let spawned = IdentifiedBy::SpawnOrder;
+        assert_eq!(found(&view, 2, &Known::default()), [(0, 11, spawned), (1, 12, spawned)]);
+        // One rank said so, the other not yet: that one's worker is not taken for it.
+        let known = Known { claims: BTreeMap::from([(11, 0)]), ..Known::default() };
+        assert_eq!(found(&view, 2, &known), [(0, 11, IdentifiedBy::Markers)]);
+        // A spawned worker (its command line `multiprocessing`'s too) is no rank either.
+        let view =
+            view.with(P { pid: 15, ppid: 12, rank: Some((1, RANK)), ours, cmd: SPAWNED, ..P::default() });
+        assert_eq!(found(&view, 2, &known), [(0, 11, IdentifiedBy::Markers)]);
     }
+
+    /// A process `multiprocessing` started (spawn or forkserver), as `/proc/PID/cmdline` shows it.
+    const SPAWNED: &str = "python -c from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=5, pipe_handle=9) --multiprocessing-fork";
 
     /// A home-made launcher's children without variables or markers: the one listening on the
     /// rendezvous port is rank 0, and the one other process connected to it the last rank left.
