@@ -1,6 +1,7 @@
 //! Who this node is: from `--nodes N --node-rank R --coordinator HOST:PORT`, or from the launcher
 //! it runs under (Slurm's `SLURM_NNODES`, `SLURM_NODEID` and `SLURM_JOB_NODELIST`'s first host;
-//! torchrun-style `NNODES`, `NODE_RANK` and `MASTER_ADDR`).
+//! torchrun-style `NNODES`, `NODE_RANK` and `MASTER_ADDR`, or torchrun's own `PET_NNODES`,
+//! `PET_NODE_RANK` and `PET_MASTER_ADDR`, which Kubeflow's PyTorchJob and TrainJob set in each pod).
 
 use std::time::Duration;
 
@@ -19,7 +20,7 @@ pub struct NodeConfig {
     pub listen: Option<String>,
     /// How long agents wait for the others (node 0) or for the coordinator (the others).
     pub join_timeout: Duration,
-    /// Where the values came from: `flags`, `Slurm`, `NNODES/NODE_RANK`.
+    /// Where the values came from: `flags`, `Slurm`, `NNODES/NODE_RANK`, `PET_NNODES/PET_NODE_RANK`.
     pub source: &'static str,
     /// What each node runs, for the hints of a failed join: `ups-doctor run SCENARIO`.
     pub each_node_runs: &'static str,
@@ -88,18 +89,12 @@ impl NodeConfig {
                 ),
             };
             (nodes, parse_count("SLURM_NODEID", &id)?, Some(host), "Slurm")
-        } else if let (Some(n), Some(r)) = (env("NNODES"), env("NODE_RANK")) {
-            let nodes = parse_count("NNODES", &n)?;
+        } else if let Some(placed) = torchrun_style(env) {
+            let (nodes, node, host, source) = placed?;
             if nodes < 2 {
                 return Ok(None);
             }
-            let Some(host) = env("MASTER_ADDR") else {
-                return bad(
-                    "`NNODES` and `NODE_RANK` are set but `MASTER_ADDR` is not: it names node 0's host"
-                        .into(),
-                );
-            };
-            (nodes, parse_count("NODE_RANK", &r)?, Some(host), "NNODES/NODE_RANK")
+            (nodes, node, Some(host), source)
         } else {
             if flags.coordinator.is_some() {
                 return bad("`--coordinator` needs `--nodes N --node-rank R`".into());
@@ -140,6 +135,41 @@ impl NodeConfig {
     pub fn coordinator_host(&self) -> String {
         split_host_port(&self.coordinator).map_or_else(|| "127.0.0.1".into(), |(h, _)| h.to_string())
     }
+}
+
+/// torchrun's variables for a node's place: its own names, and the `PET_` ones (torchrun reads
+/// each of its flags from `PET_<FLAG>`; Kubeflow's PyTorchJob and TrainJob set them in every pod):
+/// the node count, this node's rank, node 0's host, and what to call them.
+const TORCHRUN_STYLE: [(&str, &str, &[&str], &str); 2] = [
+    ("NNODES", "NODE_RANK", &["MASTER_ADDR"], "NNODES/NODE_RANK"),
+    ("PET_NNODES", "PET_NODE_RANK", &["PET_MASTER_ADDR", "MASTER_ADDR"], "PET_NNODES/PET_NODE_RANK"),
+];
+
+/// The first of [`TORCHRUN_STYLE`] whose count and rank are both set: nodes, node, node 0's host.
+fn torchrun_style(
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Option<Result<(u32, u32, String, &'static str), NodeConfigError>> {
+    let (n, r, nodes_var, rank_var, hosts, source) = TORCHRUN_STYLE
+        .iter()
+        .find_map(|&(nv, rv, hosts, source)| Some((env(nv)?, env(rv)?, nv, rv, hosts, source)))?;
+    let placed = || {
+        // An elastic job's `MIN:MAX` nodes: how many run is known only once they met.
+        if n.contains(':') {
+            return Err(NodeConfigError(format!(
+                "`{nodes_var}={n}` is an elastic range: ups-doctor needs the nodes' number; give `--nodes N \
+                 --node-rank R --coordinator HOST:PORT`"
+            )));
+        }
+        let nodes = parse_count(nodes_var, &n)?;
+        let Some(host) = hosts.iter().find_map(|h| env(h)) else {
+            return Err(NodeConfigError(format!(
+                "`{nodes_var}` and `{rank_var}` are set but `{}` is not: it names node 0's host",
+                hosts.join("` or `")
+            )));
+        };
+        Ok((nodes, parse_count(rank_var, &r)?, host, source))
+    };
+    Some(placed())
 }
 
 fn parse_count(name: &str, value: &str) -> Result<u32, NodeConfigError> {
@@ -223,6 +253,27 @@ mod tests {
             env_of(&[("NNODES", "3"), ("NODE_RANK", "2"), ("MASTER_ADDR", "10.0.0.1"), (PORT_ENV, "4000")]);
         let c = NodeConfig::resolve(&NodeFlags::default(), &torchrun).unwrap().unwrap();
         assert_eq!((c.nodes, c.node, c.coordinator.as_str()), (3, 2, "10.0.0.1:4000"));
+        // A Kubeflow pod (TrainJob's torch-distributed runtime, PyTorchJob with `nprocPerNode`):
+        // torchrun's `PET_` variables; node 0's host is its master Service.
+        let pod = env_of(&[
+            ("PET_NNODES", "4"),
+            ("PET_NODE_RANK", "3"),
+            ("PET_NPROC_PER_NODE", "8"),
+            ("PET_MASTER_ADDR", "job-node-0-0.job"),
+            ("PET_MASTER_PORT", "29400"),
+        ]);
+        let c = NodeConfig::resolve(&NodeFlags::default(), &pod).unwrap().unwrap();
+        assert_eq!(
+            (c.nodes, c.node, c.coordinator.as_str(), c.source),
+            (4, 3, "job-node-0-0.job:29411", "PET_NNODES/PET_NODE_RANK")
+        );
+        let c = NodeConfig::resolve(
+            &NodeFlags::default(),
+            &env_of(&[("PET_NNODES", "2"), ("PET_NODE_RANK", "0"), ("MASTER_ADDR", "master-0")]),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(c.coordinator, "master-0:29411");
         // One node is an ordinary run.
         assert_eq!(
             NodeConfig::resolve(
@@ -265,5 +316,10 @@ mod tests {
         );
         assert!(e.contains("--ntasks-per-node=1"), "{e}");
         assert!(err(NodeFlags::default(), &[("NNODES", "2"), ("NODE_RANK", "0")]).contains("MASTER_ADDR"));
+        let e = err(NodeFlags::default(), &[("PET_NNODES", "2"), ("PET_NODE_RANK", "1")]);
+        assert!(e.contains("`PET_MASTER_ADDR` or `MASTER_ADDR` is not"), "{e}");
+        let e =
+            err(NodeFlags::default(), &[("PET_NNODES", "1:4"), ("PET_NODE_RANK", "0"), ("MASTER_ADDR", "m")]);
+        assert!(e.contains("`PET_NNODES=1:4` is an elastic range") && e.contains("--nodes N"), "{e}");
     }
 }
