@@ -176,7 +176,8 @@ pub struct Machine {
     /// When SIGTERM went out (the launcher's grace counts from it).
     term_at: Option<Duration>,
     launcher_killed: bool,
-    /// The latest a quick look (interrupt, peer) may be waited for while its ranks still answer.
+    /// The latest a look may be waited for while its ranks still answer (see [`Machine::dump`]
+    /// and [`Machine::quick_dump`]).
     quick_until: Option<Duration>,
 }
 
@@ -368,9 +369,16 @@ impl Machine {
         }
     }
 
+    /// A hang's (or an overrun's) look: the ranks asked get the stack-dump wait, and while one
+    /// still answers (its CPU rising: the built-in trainer symbolises each thread's stack, many
+    /// seconds of a debug build on a loaded machine), up to the remote wait. At load 14 a DDP
+    /// hang's rank 0 had no stack after the 5 s (`distributed::ranks_out_of_step_hang_…`).
     fn dump(&mut self, now: Duration, ranks: Vec<u32>, actions: &mut Vec<Action>) {
         let wait = if self.external { Duration::ZERO } else { self.timing.stack_dump_wait };
         actions.push(Action::DumpStacks { ranks, look: Look::Stuck });
+        if !self.external {
+            self.quick_until = Some(now + wait.max(self.timing.remote_dump_wait));
+        }
         self.phase = Phase::DumpingStacks { until: now + wait };
     }
 
@@ -585,6 +593,28 @@ mod tests {
         let longest = S(2) + timing().stack_dump_wait.max(timing().interrupt_dump_wait);
         assert_eq!(m.step(Input::Timer, longest - S(1), &coming), []);
         assert_eq!(m.step(Input::Timer, longest, &coming), [Action::Signal(Teardown::Term)]);
+    }
+
+    #[test]
+    fn a_hangs_look_waits_for_stacks_the_ranks_are_still_answering_up_to_the_remote_wait() {
+        let mut m = Machine::new(timing(), false);
+        let ranks = [rank(0, 1), rank(1, 1)];
+        let asked = m.step(Input::Timer, S(11), &view(&ranks));
+        assert!(asked.iter().any(|a| matches!(a, Action::DumpStacks { look: Look::Stuck, .. })), "{asked:?}");
+        let coming = View { stacks_coming: true, ..view(&ranks) };
+        assert_eq!(m.step(Input::Timer, S(16), &coming), [], "still symbolising at the 5 s wait");
+        assert_eq!(m.step(Input::Timer, S(20), &coming), []);
+        let answered = View { stacks_answered: true, ..view(&ranks) };
+        assert_eq!(m.step(Input::Changed, S(21), &answered), [Action::Signal(Teardown::Term)]);
+        // Nothing coming at the wait: torn down then.
+        let mut m = Machine::new(timing(), false);
+        m.step(Input::Timer, S(11), &view(&ranks));
+        assert_eq!(m.step(Input::Timer, S(16), &view(&ranks)), [Action::Signal(Teardown::Term)]);
+        // Still answering at the remote wait: torn down all the same.
+        let mut m = Machine::new(timing(), false);
+        m.step(Input::Timer, S(11), &view(&ranks));
+        assert_eq!(m.step(Input::Timer, S(25), &coming), []);
+        assert_eq!(m.step(Input::Timer, S(26), &coming), [Action::Signal(Teardown::Term)]);
     }
 
     #[test]
