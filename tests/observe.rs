@@ -822,15 +822,7 @@ print("calls:", calls, flush=True)
 os.close(sink)
 print(os.read(markers, 65536).decode(), flush=True)
 "#;
-    let out = std::process::Command::new(crate::util::venv_python())
-        .args(["-c", script])
-        .arg(repo().join("python/site/sitecustomize.py"))
-        .env_remove("UPS_DOCTOR_MARKER_FD")
-        .env_remove("UPS_DOCTOR_MARKER_PATH")
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = with_the_observer_module(script);
     assert!(stdout.contains("exit returned during the read: False"), "{stdout}");
     assert!(stdout.contains("reads after exit: None None"), "{stdout}");
     // The sender's read, then exit's own last one (made once the sender's had returned).
@@ -900,6 +892,17 @@ while time.monotonic() < deadline:
 text = got.replace(b"#", b"").decode()
 print("lines:", [line.split(",")[0] for line in text.splitlines()], flush=True)
 "##;
+    let stdout = with_the_observer_module(script);
+    for hook in ["a step's marker", "a collective's return", "the exit"] {
+        assert!(stdout.contains(&format!("{hook} returned while the pipe was full: True")), "{stdout}");
+    }
+    // The first summary, blocked in the write, went out whole once the pipe was read.
+    assert!(stdout.contains(r#"lines: ['{"t": "observer"'"#), "{stdout}");
+}
+
+/// Runs `script` (Python) in the test venv with the observer's module as `sys.argv[1]`, outside
+/// any run (no marker pipe of ups-doctor's), and gives what it printed; it must exit 0.
+fn with_the_observer_module(script: &str) -> String {
     let out = std::process::Command::new(crate::util::venv_python())
         .args(["-c", script])
         .arg(repo().join("python/site/sitecustomize.py"))
@@ -907,11 +910,7 @@ print("lines:", [line.split(",")[0] for line in text.splitlines()], flush=True)
         .env_remove("UPS_DOCTOR_MARKER_PATH")
         .output()
         .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
-    for hook in ["a step's marker", "a collective's return", "the exit"] {
-        assert!(stdout.contains(&format!("{hook} returned while the pipe was full: True")), "{stdout}");
-    }
-    // The first summary, blocked in the write, went out whole once the pipe was read.
-    assert!(stdout.contains(r#"lines: ['{"t": "observer"'"#), "{stdout}");
+    stdout
 }
