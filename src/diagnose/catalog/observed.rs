@@ -200,7 +200,10 @@ pub const STRAGGLER: Pattern = Pattern {
               collectives) is at least twice the other ranks' and at least 5 ms more, over at least 5 timed steps \
               of every rank; in a shorter run (2 to 4 timed steps), its time in `DataLoader.__next__` at least 10 \
               times the others' and 50 ms more; time outside backward and collectives only where every other rank \
-              waited for at least half the gap, in its steps or, over the whole run, in collectives between them",
+              waited for at least half the gap, in its steps or, over the whole run, in collectives between them; \
+              not where the kernel's account (`observed.cpu_per_step`) says the rank's main thread waited for a \
+              CPU at least half the gap a step longer than every other rank's with less than a quarter of it more \
+              time on a CPU (a crowded machine, not the rank)",
     explanation: "Synchronous data parallelism runs at the pace of its slowest rank: the others wait for it in \
                   every collective (DDP's gradient all-reduce), so the whole job is as slow as this rank.",
     next_step: "Find why this rank is slower in that phase: its data (uneven shards, a slow disk or worker), its \
