@@ -132,9 +132,10 @@ class _Observer:
         self.in_backward = False
         self.samples = 0
         self.history = collections.deque(maxlen=256)
-        # The main thread's time on a CPU and waiting for one (the kernel's `schedstat`) and the
-        # steps done, at the first summary after steps were timed: a rank slowed by a crowded
-        # machine waits for a CPU, one with more work of its own runs longer (`cpu_per_step`).
+        # The steps done, the main thread's time on a CPU and waiting for one (the kernel's
+        # `schedstat`) and the pid, at the first timed step: a rank slowed by a crowded machine
+        # waits for a CPU, one with more work of its own runs longer (`cpu_per_step`). False
+        # where the kernel keeps none.
         self.sched_base = None
         self.summary_sent_at = 0.0
         self.summarised = None
@@ -434,6 +435,7 @@ class _Observer:
         # What the parent last summarised may still sit in its own queue, unsent (and lost if
         # it crashes): the child's summary at exit goes out whatever it holds.
         self.summarised = None
+        self.sched_base = None if self.sched_base is not False else False
         self.queue = collections.deque()
         self.step_marker = None
         self.skipped = 0
@@ -506,12 +508,10 @@ class _Observer:
             marker["forked"] = True
         self.send(marker)
 
-    def cpu_per_step(self):
-        """The main thread's mean time a step on a CPU and runnable but waiting for one, in ms,
-        since the first summary after steps were timed; None before two readings, or where the
-        kernel keeps no `schedstat`."""
-        steps = self.steps
-        if not self.history or self.sched_base is False:
+    def _schedstat(self):
+        """The main thread's time on a CPU and runnable but waiting for one so far, in ns, and
+        this process's pid; None where the kernel keeps no `schedstat` (then never read again)."""
+        if self.sched_base is False:
             return None
         pid = os.getpid()
         try:
@@ -520,14 +520,20 @@ class _Observer:
         except (OSError, ValueError):
             self.sched_base = False
             return None
+        return run, wait, pid
+
+    def cpu_per_step(self):
+        """The main thread's mean time a step on a CPU and runnable but waiting for one, in ms,
+        since the first timed step (`on_step` reads the base then: a run of a few dozen fast
+        steps is over within one summary); None before, or where the kernel keeps none."""
         base = self.sched_base
-        if base is None or base[0] > steps or base[3] != pid:
-            self.sched_base = (steps, run, wait, pid)
+        if not base:
             return None
-        n = steps - base[0]
-        if n <= 0:
+        now = self._schedstat()
+        if now is None or now[2] != base[3] or self.steps <= base[0]:
             return None
-        return round((run - base[1]) / n / 1e6, 3), round((wait - base[2]) / n / 1e6, 3)
+        n = self.steps - base[0]
+        return round((now[0] - base[1]) / n / 1e6, 3), round((now[1] - base[2]) / n / 1e6, 3)
 
     def on_step(self, optimizer):
         if self.optimizer != id(optimizer):
@@ -551,6 +557,10 @@ class _Observer:
         if last is not None:
             step_ms = (now - last) * 1000.0
             self.history.append((step_ms, data, forward, collective, unseen, backward))
+            if self.sched_base is None:
+                now = self._schedstat()
+                if now is not None:
+                    self.sched_base = (self.steps, *now)
         if not self.helper_steps:
             if "ups_doctor" in sys.modules:
                 self.helper_steps = True
