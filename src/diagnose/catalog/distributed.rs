@@ -253,7 +253,9 @@ pub fn ranks_out_of_step(ev: &Evidence, first: Option<&RankEvidence>) -> Option<
         ));
         return Some(f);
     }
-    let StackWaits { odd, waits, kernel } = odd_rank_by_stacks(ev)?;
+    let Some(StackWaits { odd, waits, kernel }) = odd_rank_by_stacks(ev) else {
+        return behind_by_recorder(ev, f);
+    };
     let places: Vec<String> = waits
         .iter()
         .map(|(r, c)| match c {
@@ -296,6 +298,42 @@ pub fn ranks_out_of_step(ev: &Evidence, first: Option<&RankEvidence>) -> Option<
     } else {
         format!("The ranks are out of step: {}. {}", places.join("; "), RANKS_OUT_OF_STEP.explanation)
     });
+    Some(f)
+}
+
+/// From the Flight Recorder, where neither markers nor stacks single a rank out: every failing
+/// rank stuck, and one rank never issued the collective every other rank issued alike and waits
+/// in (DDP's gradient all-reduce from C++ included): that rank is behind.
+fn behind_by_recorder(ev: &Evidence, mut f: Finding) -> Option<Finding> {
+    let stuck = |r: &RankEvidence| {
+        r.result.outcome == OutcomeKind::Hung
+            || crate::diagnose::evidence::silent_at_limit(r.result, ev.scenario).is_some()
+    };
+    let failing: Vec<&RankEvidence> = ev.ranks.iter().filter(|r| r.failed()).collect();
+    if failing.len() < 2 || !failing.iter().all(|r| stuck(r)) {
+        return None;
+    }
+    let (odd, d) = super::flight::behind(ev)?;
+    let waiting: Vec<u32> = d.at.iter().filter(|(_, e)| e.is_some()).map(|(r, _)| *r).collect();
+    let op = d.at.iter().find_map(|(_, e)| e.as_ref()).map(|e| e.render()).unwrap_or_default();
+    f.culprit = Some(odd);
+    let who = match waiting[..] {
+        [one] => format!("rank {one} issued and waits in"),
+        _ => format!("ranks {} issued and wait in", crate::diagnose::words::ranks_text(&waiting)),
+    };
+    f.headline = Some(format!(
+        "Ranks out of step: rank {odd} never issued collective #{} of group `{}` ({op}), which {who}: rank {odd} \
+         is behind and holds the others up.",
+        d.seq, d.group,
+    ));
+    f.evidence.extend(super::group_count::group_count_evidence(ev));
+    f.cause = Some(format!(
+        "The ranks are out of step: the Flight Recorder of each rank (every collective, those DDP issues from C++ \
+         included) shows rank {odd} never issued collective #{} that the others wait in. Rank {odd} is behind: in \
+         its own work outside any collective (a long evaluation, I/O, a slow step, a lock), or it skipped a \
+         collective the others issued. Its stack says which, where it can be taken (py-spy).",
+        d.seq
+    ));
     Some(f)
 }
 
@@ -482,7 +520,7 @@ fn at_rendezvous(rank: &RankEvidence) -> bool {
 fn stopped_in_init(rank: &RankEvidence) -> bool {
     let stopped = matches!(
         rank.ended_by,
-        EndedBy::Launcher { .. } | EndedBy::Teardown { .. } | EndedBy::Outside { .. }
+        EndedBy::Launcher { .. } | EndedBy::Cluster | EndedBy::Teardown { .. } | EndedBy::Outside { .. }
     );
     // Its stack as the signal came, or (a SIGKILL writes none) its observer: it entered
     // `init_process_group` and never returned from it.

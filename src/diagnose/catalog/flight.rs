@@ -138,6 +138,30 @@ fn in_group(records: &[(u32, &FlightRecord)], group: &str) -> Option<Divergence>
     None
 }
 
+/// The ranks' Flight Recorders that hold entries, by rank.
+fn records<'e>(ev: &'e Evidence) -> Vec<(u32, &'e FlightRecord)> {
+    ev.ranks
+        .iter()
+        .filter_map(|r| Some((r.rank(), r.result.observed.as_ref()?.flight.as_ref()?)))
+        .filter(|(_, f)| !f.entries.is_empty())
+        .collect()
+}
+
+/// The one rank that is behind where the recorders part ways: it never issued a collective that
+/// every other rank issued alike (same op, sizes and types), so they wait in it for that rank.
+/// `None` where the ranks differ in what they issued (a mismatch, not a rank behind), or where
+/// more than one rank is missing or none is.
+pub fn behind(ev: &Evidence) -> Option<(u32, Divergence)> {
+    let d = divergence(&records(ev))?;
+    let issued: Vec<&FlightEntry> = d.at.iter().filter_map(|(_, e)| e.as_ref()).collect();
+    let missing: Vec<u32> = d.at.iter().filter(|(_, e)| e.is_none()).map(|(r, _)| *r).collect();
+    let alike = issued.first().is_some_and(|first| issued.iter().all(|e| e.agrees(first)));
+    match missing[..] {
+        [rank] if alike => Some((rank, d)),
+        _ => None,
+    }
+}
+
 /// The evidence lines of the ranks' Flight Recorders on a failed or hung run: where they part
 /// ways, or that they agree to their last collective; and which ranks handed none over.
 pub fn lines(ev: &Evidence) -> Vec<String> {

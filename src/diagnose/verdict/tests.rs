@@ -2401,3 +2401,62 @@ fn a_launchers_restart_makes_the_first_attempts_failure_an_attempt_not_the_jobs_
         }
     }
 }
+
+/// A program's rank that hung (no phases, no stacks), with the Flight Recorder's all-reduces up to
+/// `last` in the default group (as Ray Train's DDP workers left them: each step's gradient
+/// all-reduce from C++).
+fn hung_program_rank(rank: u32, last_marker_at_s: f64, last: u64) -> RankResult {
+    let mut e = end(Some(Exit::Signal { signal: Signal::KILL.number(), core_dumped: false }));
+    e.rank = rank;
+    e.pid = Some(1000 + rank);
+    e.intervention = Some(Intervention::Hung { silence_s: 20.0, at_s: 70.0 });
+    e.state.last_marker_at = Some(last_marker_at_s);
+    e.state.markers = 10;
+    let mut r = classify_rank(&e);
+    let entries = (1..=last)
+        .map(|seq| crate::schema::FlightEntry {
+            group: "default_pg".into(),
+            seq,
+            p2p: false,
+            op: "gloo:all_reduce".into(),
+            sizes: vec![vec![2]],
+            dtypes: vec!["Float".into()],
+            state: if seq == last { "started" } else { "completed" }.into(),
+            created_ns: None,
+            ms: None,
+            at_s: None,
+        })
+        .collect();
+    r.observed = Some(crate::schema::ObservedProgram {
+        distributed: true,
+        flight: Some(crate::schema::FlightRecord { entries, error: None }),
+        ..Default::default()
+    });
+    r
+}
+
+/// Seen with Ray Train (no py-spy in the cluster's venv): rank 0 slept before its step's
+/// optimizer step, rank 1 went on into the next step's gradient all-reduce. Which of the two went
+/// silent first is scheduling (rank 1's last marker came 0.1 s before rank 0's); the recorders
+/// say rank 0 never issued the all-reduce rank 1 waits in, and both orders name rank 0. Where the
+/// ranks issued different things there, the recorder names nobody behind.
+#[test]
+fn the_rank_the_flight_recorder_shows_behind_is_named_whoever_went_silent_first() {
+    for (r0, r1) in [(50.6, 50.5), (50.5, 50.6)] {
+        let mut case = Case::new(vec![hung_program_rank(0, r0, 55), hung_program_rank(1, r1, 56)]);
+        case.scenario = external();
+        let (outcome, first, v) = case.judge();
+        assert_eq!((outcome, first), (OutcomeKind::Hung, Some(0)), "{r0} vs {r1}: {}", v.headline);
+        assert_eq!(v.pattern.as_deref(), Some("ranks-out-of-step"));
+        assert!(v.headline.contains("rank 0 never issued collective #56"), "{}", v.headline);
+        assert!(v.headline.contains("rank 1 issued and waits in"), "{}", v.headline);
+    }
+    let mut other = hung_program_rank(1, 50.5, 56);
+    if let Some(f) = other.observed.as_mut().and_then(|o| o.flight.as_mut()) {
+        f.entries[54].sizes = vec![vec![3]];
+    }
+    let mut case = Case::new(vec![hung_program_rank(0, 50.6, 55), other]);
+    case.scenario = external();
+    let (_, _, v) = case.judge();
+    assert!(!v.headline.contains("never issued"), "{}", v.headline);
+}
