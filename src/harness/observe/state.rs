@@ -203,6 +203,22 @@ impl RankState {
         }
     }
 
+    /// Folds in a marker written after ups-doctor began tearing the rank down: it answers the
+    /// teardown, so it is not progress, nor the program finishing by itself. A program whose
+    /// SIGTERM handler exits cleanly (Ray's workers, Lightning's) runs its exit handlers then, and
+    /// the observer's last summary says `exiting`; counted, the rank's last marker would come
+    /// after the silence that was declared, and the judge would order the hung ranks by how
+    /// fast each answered the SIGTERM.
+    pub fn apply_answering_teardown(&mut self, at: f64, marker: Marker) {
+        let last = self.last_marker_at;
+        let exiting = self.observed.as_ref().and_then(|o| o.exiting_at_s);
+        self.apply(at, marker);
+        self.last_marker_at = last;
+        if let Some(o) = self.observed.as_mut() {
+            o.exiting_at_s = exiting;
+        }
+    }
+
     /// Counts a line on the marker pipe that was not a marker.
     pub fn apply_bad(&mut self, at: f64) {
         self.bad_markers += 1;
@@ -307,6 +323,23 @@ mod tests {
         s.apply(9.1, Marker::StackEnd { threads: 1 });
         assert_eq!(s.last_marker_at, Some(1.0));
         assert_eq!(s.stacks.len(), 1);
+    }
+
+    /// Ray's workers answer ups-doctor's SIGTERM by exiting cleanly: the observer's summary then
+    /// says `exiting`. Neither it nor its time is the rank's own progress or end.
+    #[test]
+    fn a_marker_that_answers_the_teardown_is_neither_progress_nor_the_program_finishing() {
+        let exiting = || {
+            let text = r#"{"t": "observer", "steps": 50, "distributed": true, "exiting": true}"#;
+            serde_json::from_str::<Marker>(text).unwrap()
+        };
+        let mut s = RankState::default();
+        s.apply(1.0, begin("forward", Some(0)));
+        s.apply_answering_teardown(30.0, exiting());
+        assert_eq!(s.last_marker_at, Some(1.0));
+        assert_eq!(s.observed.as_ref().map(|o| (o.steps, o.exiting_at_s)), Some((50, None)));
+        s.apply(31.0, exiting());
+        assert_eq!(s.observed.as_ref().and_then(|o| o.exiting_at_s), Some(31.0), "the same marker, counted");
     }
 
     #[test]
