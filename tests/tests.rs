@@ -33,6 +33,7 @@ mod observe;
 mod oom;
 mod outcomes;
 mod patterns;
+mod ray;
 mod reliability;
 mod render;
 mod resources;

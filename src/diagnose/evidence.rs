@@ -104,6 +104,9 @@ pub enum EndedBy {
     /// Its launcher said it sent the signal (torchrun's `Sending process N closing signal
     /// SIGTERM`, after another rank failed): the rank may have been on its way out already.
     Launcher { signal: Signal },
+    /// A cluster's worker (Ray Train's) that the cluster ended as the job ended, with no error of
+    /// its own and not named by the cluster as a failed rank (see `ExitSource::Cluster`).
+    Cluster,
     /// It could not be started, or how it ended was not observed.
     Unknown,
 }
@@ -308,6 +311,11 @@ fn rank_evidence<'a>(
             }
         }
         (OutcomeKind::Exited, None, None) if r.exit_code.is_none() => EndedBy::Unknown,
+        (OutcomeKind::Exited | OutcomeKind::Signaled, None, _)
+            if r.exit_source == Some(ExitSource::Cluster) =>
+        {
+            EndedBy::Cluster
+        }
         _ => EndedBy::Itself,
     };
     RankEvidence { result: r, text, key, threads, ended_by }
@@ -352,7 +360,7 @@ pub fn stopped_by_launcher_unobserved(rank: &RankEvidence, launcher: Option<&Lau
 /// known only from the launcher's summary, read after this one's (a rank that failed at import,
 /// before ups-doctor found its process).
 pub fn stopped_by_launcher_while_running(rank: &RankEvidence) -> bool {
-    matches!(rank.ended_by, EndedBy::Launcher { .. })
+    matches!(rank.ended_by, EndedBy::Launcher { .. } | EndedBy::Cluster)
         && rank.key.is_none()
         && rank.result.error.is_none()
         && rank.result.observed.as_ref().and_then(|o| o.exiting_at_s).is_none()

@@ -117,11 +117,10 @@ fn judge_watched(o: &Observed) -> Judgement {
     // where another rank has one: the launcher stops ranks only once one has failed, whatever the
     // clocks say (mp.spawn's rank 0, stopped as its wrapper exited, ended 0.05 s after the rank
     // that raised; under load the order flipped).
-    let worded = |r: &&RankEvidence| r.key.is_some() && !matches!(r.ended_by, EndedBy::Launcher { .. });
+    let by_launcher = |r: &RankEvidence| matches!(r.ended_by, EndedBy::Launcher { .. } | EndedBy::Cluster);
+    let worded = |r: &&RankEvidence| r.key.is_some() && !by_launcher(r);
     let own: Vec<&RankEvidence> = if own.iter().any(worded) {
-        own.into_iter()
-            .filter(|r| !(matches!(r.ended_by, EndedBy::Launcher { .. }) && r.key.is_none()))
-            .collect()
+        own.into_iter().filter(|r| !(by_launcher(r) && r.key.is_none())).collect()
     } else {
         own
     };
@@ -358,8 +357,10 @@ fn same_failure(ev: &Evidence, failed: &RankEvidence) -> Vec<u32> {
     // So is one whose end its launcher reaped before ups-doctor read it (spawn's ranks): its own
     // error says it raised.
     let raised_before_stopped = |r: &RankEvidence| {
-        matches!(r.ended_by, EndedBy::Launcher { .. } | EndedBy::Teardown { .. } | EndedBy::Unknown)
-            && r.key.as_ref().is_some_and(|k| k.is_exception())
+        matches!(
+            r.ended_by,
+            EndedBy::Launcher { .. } | EndedBy::Cluster | EndedBy::Teardown { .. } | EndedBy::Unknown
+        ) && r.key.as_ref().is_some_and(|k| k.is_exception())
             && !catalog::lost_its_peer(r)
     };
     if !by_itself(failed) && !raised_before_stopped(failed) {
@@ -674,6 +675,13 @@ fn exit_source(rank: &RankResult, launcher: Option<&LauncherEnd>) -> Option<Stri
         ),
         ExitSource::LauncherStatus0 => format!("rank {} ended while the launcher exited with status 0, which torchrun does only when every rank did", rank.rank),
         ExitSource::TorchrunNotFailed => format!("rank {}'s exit status was not read (torchrun reaped it first); torchrun's failure summary does not list it and torchrun sent it no signal: it exited with status 0 by itself", rank.rank),
+        ExitSource::Cluster => format!(
+            "rank {}'s process {} is a cluster's worker, which the cluster ends as the job ends: {}, and the cluster did not name rank {} as failed",
+            rank.rank,
+            rank.pid.map_or("?".into(), |p| p.to_string()),
+            launcher_ended(launcher),
+            rank.rank
+        ),
         ExitSource::Unknown => format!("rank {}'s exit status was not observed (it was reaped by its launcher before ups-doctor saw it)", rank.rank),
     })
 }

@@ -146,6 +146,7 @@ fn waited_for(ev: &Evidence, waiter: &RankEvidence, reached: Option<u64>) -> Wai
             (EndedBy::Teardown { signal }, Some(t)) => {
                 format!("; ups-doctor then stopped it with {} at {t:.2} s", signal.name())
             }
+            (EndedBy::Cluster, Some(t)) => format!("; its cluster then ended its worker at {t:.2} s"),
             _ => String::new(),
         };
         evidence.push(format!(
@@ -193,7 +194,9 @@ fn name_the_others(
         // Stopped after it gave up: not collateral of a cause nobody can name.
         Some(_) => (ev.ranks.iter())
             .filter(|r| r.rank() != waiter && r.failed())
-            .filter(|r| matches!(r.ended_by, EndedBy::Launcher { .. } | EndedBy::Teardown { .. }))
+            .filter(|r| {
+                matches!(r.ended_by, EndedBy::Launcher { .. } | EndedBy::Cluster | EndedBy::Teardown { .. })
+            })
             .map(RankEvidence::rank)
             .collect(),
     };

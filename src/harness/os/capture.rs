@@ -42,10 +42,25 @@ impl Captured {
 #[derive(Default)]
 pub struct Watch {
     /// Called when output arrives, at most every [`ACTIVITY_EVERY`] (output counts as a sign of
-    /// life for programs without markers).
-    pub on_output: Option<Box<dyn FnMut() + Send>>,
+    /// life for programs without markers): with the process a line came from where
+    /// [`Watch::origin`] is given, and then only for lines it names a process for.
+    pub on_output: Option<Box<dyn FnMut(Option<u32>) + Send>>,
     /// A line matching this sets [`Captured::matched`] (`expect.completes_when.stdout`).
     pub pattern: Option<regex::Regex>,
+    /// Which process a line of the stream is from, where the stream relays several (a cluster's
+    /// launcher prefixes each worker's line with the worker's pid); a line it names none for is
+    /// nobody's sign of life.
+    pub origin: Option<Origin>,
+}
+
+/// Which process a line of a stream came from.
+#[derive(Clone)]
+pub struct Origin(pub std::sync::Arc<dyn Fn(&str) -> Option<u32> + Send + Sync>);
+
+impl std::fmt::Debug for Origin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Origin(…)")
+    }
 }
 
 /// The least time between two activity reports of one stream.
@@ -71,6 +86,7 @@ fn drain_blocking_watching(mut stream: impl Read, path: PathBuf, mut watch: Watc
     let mut matched = false;
     let mut line: Vec<u8> = Vec::new();
     let mut reported: Option<std::time::Instant> = None;
+    let mut reported_from: std::collections::HashMap<u32, std::time::Instant> = Default::default();
     let mut log = Log::create(path);
     let mut tail: VecDeque<u8> = VecDeque::with_capacity(TAIL_LIMIT);
     let mut total = 0u64;
@@ -83,20 +99,34 @@ fn drain_blocking_watching(mut stream: impl Read, path: PathBuf, mut watch: Watc
             Err(_) => break,
         };
         let chunk = &buf[..n];
-        if let Some(report) = watch.on_output.as_mut()
+        if let Some(report) = watch.on_output.as_mut().filter(|_| watch.origin.is_none())
             && reported.is_none_or(|at| at.elapsed() >= ACTIVITY_EVERY)
         {
-            report();
+            report(None);
             reported = Some(std::time::Instant::now());
         }
-        if let Some(pattern) = watch.pattern.as_ref().filter(|_| !matched) {
+        let by_line = watch.origin.is_some() && watch.on_output.is_some();
+        if by_line || (watch.pattern.is_some() && !matched) {
             for &byte in chunk {
-                if byte == b'\n' {
-                    matched |= pattern.is_match(String::from_utf8_lossy(&line).trim_end_matches('\r'));
-                    line.clear();
-                } else if line.len() < MAX_WATCHED_LINE {
-                    line.push(byte);
+                if byte != b'\n' {
+                    if line.len() < MAX_WATCHED_LINE {
+                        line.push(byte);
+                    }
+                    continue;
                 }
+                let text = String::from_utf8_lossy(&line);
+                let text = text.trim_end_matches('\r');
+                if let Some(pattern) = watch.pattern.as_ref().filter(|_| !matched) {
+                    matched |= pattern.is_match(text);
+                }
+                if let (Some(origin), Some(report)) = (watch.origin.as_ref(), watch.on_output.as_mut())
+                    && let Some(pid) = (origin.0)(text)
+                    && reported_from.get(&pid).is_none_or(|at| at.elapsed() >= ACTIVITY_EVERY)
+                {
+                    report(Some(pid));
+                    reported_from.insert(pid, std::time::Instant::now());
+                }
+                line.clear();
             }
         }
         if total < HEAD_LIMIT {
@@ -320,22 +350,14 @@ mod tests {
 
     #[test]
     fn a_watched_pattern_matches_whole_lines_across_reads_and_activity_is_reported() {
-        struct Chunks(Vec<&'static [u8]>);
-        impl Read for Chunks {
-            fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-                if self.0.is_empty() {
-                    return Ok(0);
-                }
-                let chunk = self.0.remove(0);
-                buf[..chunk.len()].copy_from_slice(chunk);
-                Ok(chunk.len())
-            }
-        }
         let dir = tempfile::tempdir().unwrap();
         let seen = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
         let counter = seen.clone();
-        let watch =
-            |pattern: &str| Watch { on_output: None, pattern: Some(regex::Regex::new(pattern).unwrap()) };
+        let watch = |pattern: &str| Watch {
+            on_output: None,
+            pattern: Some(regex::Regex::new(pattern).unwrap()),
+            origin: None,
+        };
         let input = || Chunks(vec![b"step 1\ntraining fin", b"ished in 3 s\r\n", b"tail without newline"]);
         let path = dir.path().join("a.log");
         assert!(
@@ -344,13 +366,50 @@ mod tests {
         assert!(drain_blocking_watching(input(), path.clone(), watch("^tail without")).matched);
         assert!(!drain_blocking_watching(input(), path.clone(), watch("^finished")).matched);
         let activity = Watch {
-            on_output: Some(Box::new(move || {
+            on_output: Some(Box::new(move |_| {
                 counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             })),
             pattern: None,
+            origin: None,
         };
         drain_blocking_watching(input(), path, activity);
         assert_eq!(seen.load(std::sync::atomic::Ordering::SeqCst), 1, "throttled to one report");
+    }
+
+    /// A stream that yields these chunks, one a read.
+    struct Chunks(Vec<&'static [u8]>);
+
+    impl Read for Chunks {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            if self.0.is_empty() {
+                return Ok(0);
+            }
+            let chunk = self.0.remove(0);
+            buf[..chunk.len()].copy_from_slice(chunk);
+            Ok(chunk.len())
+        }
+    }
+
+    /// A stream that relays several processes' lines (a cluster's launcher) is each named
+    /// process's sign of life, once per line and process within the throttle; a line that names
+    /// none is nobody's.
+    #[test]
+    fn a_relayed_line_is_the_sign_of_life_of_the_process_it_names_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let said = seen.clone();
+        let origin = Origin(std::sync::Arc::new(|line: &str| {
+            line.strip_prefix("pid=")?.split(' ').next()?.parse().ok()
+        }));
+        let watch = Watch {
+            on_output: Some(Box::new(move |from| said.lock().unwrap().push(from))),
+            pattern: None,
+            origin: Some(origin),
+        };
+        let input =
+            Chunks(vec![&b"daemon line\npid=7 step"[..], b" 1\npid=9 x\npid=7 y\n", b"daemon again\n"]);
+        drain_blocking_watching(input, dir.path().join("a.log"), watch);
+        assert_eq!(*seen.lock().unwrap(), [Some(7), Some(9)]);
     }
 
     #[test]

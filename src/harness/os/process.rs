@@ -40,6 +40,9 @@ pub struct RankSpec {
     pub env_remove: Vec<String>,
     /// Report output as activity ([`Event::Output`]); for programs that may send no markers.
     pub report_output: bool,
+    /// Which process a line of its output came from, where it relays several's (a cluster's
+    /// launcher): a line is then that process's sign of life alone.
+    pub output_origin: Option<capture::Origin>,
     /// A stdout line matching this sets the capture's `matched`.
     pub stdout_pattern: Option<regex::Regex>,
     /// The same for stderr (`completes_when.output`).
@@ -78,6 +81,9 @@ pub enum Event {
     Output {
         rank: u32,
         at: Instant,
+        /// The process the line came from, where the stream relays several (a cluster's
+        /// launcher's): then the output is that process's alone.
+        from: Option<u32>,
     },
     /// A process a launcher started (a rank, or one that looked like one) has ended, seen by the
     /// `/proc` watcher: its status as read while it was a zombie (`None` when it was gone before
@@ -349,11 +355,12 @@ pub fn spawn_rank(spec: &RankSpec, events: Sink) -> io::Result<RankProcess> {
     let watch = |pattern: Option<regex::Regex>| capture::Watch {
         on_output: spec.report_output.then(|| {
             let events = events_for_output.clone();
-            Box::new(move || {
-                events.send(Event::Output { rank, at: Instant::now() });
-            }) as Box<dyn FnMut() + Send>
+            Box::new(move |from| {
+                events.send(Event::Output { rank, at: Instant::now(), from });
+            }) as Box<dyn FnMut(Option<u32>) + Send>
         }),
         pattern,
+        origin: spec.output_origin.clone(),
     };
     let stdout = child
         .stdout
@@ -935,7 +942,7 @@ mod tests {
         let at = Instant::now();
         let step = Marker::Step { step: 3, loss: 0.5, data_ms: 1.0, compute_ms: 2.0, samples: 8 };
         assert!(sink.send(Event::Marker { rank: 0, at, marker: step }));
-        assert!(sink.send(Event::Output { rank: 0, at }));
+        assert!(sink.send(Event::Output { rank: 0, at, from: None }));
         assert!(wakes.try_recv().is_err(), "a step only moves the hang deadline later");
         assert_eq!(queue.try_iter().count(), 2, "but it is queued, with its arrival time");
         sink.send(Event::Exited { rank: 0, at });

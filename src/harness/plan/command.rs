@@ -72,17 +72,14 @@ pub fn auto_style(argv: &[String], cwd: Option<&Path>) -> (bool, String) {
         );
     }
     if program.starts_with("python") {
-        let mut args =
-            argv.iter().skip(1).skip_while(|a| a.starts_with('-') && !matches!(a.as_str(), "-m" | "-c"));
-        match args.next().map(String::as_str) {
-            Some("-c") => {
-                let code = args.next().map(String::as_str).unwrap_or_default();
+        match python_program(argv) {
+            Some(PythonProgram::Code(code)) => {
                 if let Some(why) = starts_own_ranks(code) {
                     return (true, format!("`python -c` starts its own ranks ({why})"));
                 }
             }
-            Some("-m") => {}
-            Some(script) => {
+            Some(PythonProgram::Module) | None => {}
+            Some(PythonProgram::Script(script)) => {
                 let path = in_cwd(cwd, script);
                 let source = match std::fs::read_to_string(&path) {
                     Ok(source) => source,
@@ -104,7 +101,6 @@ pub fn auto_style(argv: &[String], cwd: Option<&Path>) -> (bool, String) {
                     return (true, format!("`{}` starts its own ranks ({why})", name(script)));
                 }
             }
-            None => {}
         }
     }
     if let Some((what, source)) = shell_source(argv, &program, cwd)
@@ -113,6 +109,42 @@ pub fn auto_style(argv: &[String], cwd: Option<&Path>) -> (bool, String) {
         return (true, format!("`{what}` runs `{launcher}` (line {line}), a launcher: it starts the ranks"));
     }
     (false, format!("`{program}` is not a known launcher: one copy per rank, each with torchrun's variables"))
+}
+
+/// What `python …` runs: code given with `-c`, a module (`-m`), or a script.
+enum PythonProgram<'a> {
+    Code(&'a str),
+    Module,
+    Script(&'a str),
+}
+
+fn python_program(argv: &[String]) -> Option<PythonProgram<'_>> {
+    let mut args =
+        argv.iter().skip(1).skip_while(|a| a.starts_with('-') && !matches!(a.as_str(), "-m" | "-c"));
+    Some(match args.next()?.as_str() {
+        "-c" => PythonProgram::Code(args.next().map(String::as_str).unwrap_or_default()),
+        "-m" => PythonProgram::Module,
+        script => PythonProgram::Script(script),
+    })
+}
+
+/// The launcher of the table that starts `argv`'s ranks: its program, or what its Python
+/// program's source says (read from `cwd`, as [`auto_style`] reads it). `None` for a shell
+/// script that runs one, or a command that names none.
+pub fn launcher_of(argv: &[String], cwd: Option<&Path>) -> Option<&'static launcher::Launcher> {
+    if let Some(l) = launcher::of_command(argv) {
+        return Some(l);
+    }
+    let program = Path::new(argv.first()?).file_name()?.to_string_lossy().into_owned();
+    if !program.starts_with("python") {
+        return None;
+    }
+    let source = match python_program(argv)? {
+        PythonProgram::Code(code) => code.to_string(),
+        PythonProgram::Module => return None,
+        PythonProgram::Script(script) => std::fs::read_to_string(in_cwd(cwd, script)).ok()?,
+    };
+    launcher::in_program_source(&source).map(|(l, _)| l)
 }
 
 /// What in a Python program's source says that it starts its own ranks (the launcher table's

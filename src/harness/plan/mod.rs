@@ -233,6 +233,9 @@ pub struct Plan {
     /// The external command, rendered; empty for the built-in trainer.
     pub argv: Vec<String>,
     pub style: Style,
+    /// The launcher of the table whose ranks these are, where the command names one (its program,
+    /// or its Python program's source): how its workers' output and relayed errors read.
+    pub launcher: Option<&'static crate::scenario::launcher::Launcher>,
     /// Why `auto` chose [`Plan::style`] (`None` when the scenario named it, or for the built-in
     /// trainer).
     pub style_chosen: Option<String>,
@@ -377,6 +380,9 @@ pub fn plan(scenario: &Scenario, facts: &Facts) -> Result<Plan, PlanError> {
         grow_to: (style == Style::Launcher && facts.node.is_none() && scenario.launch.nodes <= 1)
             .then_some(MAX_GROWN_WORLD.max(world)),
         master_port: facts.master_port,
+        launcher: (style == Style::Launcher)
+            .then(|| crate::harness::plan::command::launcher_of(&argv, cwd.as_deref()))
+            .flatten(),
         argv,
         style,
         style_chosen,

@@ -31,6 +31,7 @@ use crate::harness::plan::{Completion, Plan, ProcessPlan, Style};
 use crate::probe::shm;
 use crate::protocol::signal_name;
 use crate::scenario::Scenario;
+use crate::scenario::launcher::{ClusterWorkers, RankProcesses};
 use crate::schema::{
     CgroupReport, ExitSource, ExternalRun, GpuReport, IdentifiedBy, LauncherEnd, LeftoverProcess, Leftovers,
     MemoryReport, OomKill, ProcessRole, RestartedRank, Signal,
@@ -493,6 +494,50 @@ fn spawns_account(
     }
 }
 
+/// A cluster's account of its workers (Ray Train's): a rank's own lines are those the launcher's
+/// output prefixes with its worker's pid, and an error the launcher relays for a rank
+/// (`[Rank 1 Error Snippet]:`) is that rank's. The cluster ends every worker as the job ends, so
+/// a worker's exit status is the rank's own end only where the cluster named the rank as failed;
+/// the others' is the cluster's ([`ExitSource::Cluster`]): 0 where the job's driver exited 0.
+/// Ranks ups-doctor stopped (a hang, the time limit) keep that end.
+fn cluster_account(
+    slots: &mut [Slot],
+    workers: &ClusterWorkers,
+    (err, out): (&[String], &[String]),
+    driver: Option<process::Exit>,
+    offset: u32,
+) {
+    let relayed = workers.relayed(&[err, out].concat());
+    for slot in slots.iter_mut() {
+        let Some(pid) = slot.found else { continue };
+        let own = |lines: &[String]| -> Vec<String> {
+            let of_worker = lines.iter().filter_map(|l| workers.worker_line(l));
+            of_worker.filter(|(p, _)| *p == pid).map(|(_, text)| text.to_string()).collect()
+        };
+        let relay = relayed.iter().find(|(rank, _)| *rank == slot.end.rank + offset).map(|(_, block)| block);
+        let mut tail = own(err);
+        tail.extend(relay.into_iter().flatten().cloned());
+        slot.end.quotes = quotes::output_quotes(&tail, &own(out));
+        slot.end.stderr_tail = tail;
+        if slot.end.intervention.is_some() {
+            continue;
+        }
+        match driver {
+            Some(process::Exit::Code(0)) => {
+                slot.end.exit = Some(process::Exit::Code(0));
+                slot.end.exit_source = Some(ExitSource::Cluster);
+            }
+            // Named by the cluster: its own end, as read (or not read: the relayed error says it).
+            Some(_) if relay.is_some() => {}
+            Some(e) => {
+                slot.end.exit.get_or_insert(e);
+                slot.end.exit_source = Some(ExitSource::Cluster);
+            }
+            None => {}
+        }
+    }
+}
+
 /// srun's own account of how each task ended, for a found rank whose exit was not read: slurmstepd
 /// reaps its tasks at once, and on a busy machine before ups-doctor reads the zombie. Task numbers
 /// are `SLURM_PROCID`, the global rank.
@@ -584,6 +629,14 @@ fn spec(p: &ProcessPlan, plan: &Plan, res: &Resources) -> RankSpec {
         marker_pipe: p.marker_pipe,
         env_remove: p.env_remove.clone(),
         report_output: p.report_output,
+        output_origin: match plan.launcher.map(|l| &l.ranks) {
+            Some(RankProcesses::ClusterWorkers(workers)) if p.rank == process::LAUNCHER_NUMBER => {
+                Some(crate::harness::os::capture::Origin(Arc::new(|line: &str| {
+                    workers.worker_line(line).map(|(pid, _)| pid)
+                })))
+            }
+            _ => None,
+        },
         stdout_pattern: plan.completion.patterns().0.filter(|_| p.watch_stdout).cloned(),
         stderr_pattern: plan.completion.patterns().1.filter(|_| p.watch_stdout).cloned(),
         cwd: p.cwd.as_ref().map(|c| std::path::absolute(c).unwrap_or_else(|_| c.clone())),
@@ -634,6 +687,9 @@ struct Supervisor<'p, 'l> {
     cpu: CpuWatch,
     /// The ranks the run watched before the program's process group grew it (see [`Self::grow`]).
     grown_from: Option<u32>,
+    /// When ups-doctor began to tear the ranks down (its SIGTERM), in seconds since the start:
+    /// a marker written after it answers the teardown (see [`RankState::apply_answering_teardown`]).
+    tearing_down_at: Option<f64>,
 }
 
 /// A listener of the run's event stream, and when it is next due a [`RunEvent::Tick`].
@@ -689,6 +745,7 @@ pub fn supervise<'p, 'l>(
             .collect(),
         ended_told: vec![false; plan.world as usize],
         grown_from: None,
+        tearing_down_at: None,
         remote_failed: false,
         cpu: CpuWatch::new(plan.world as usize, start),
     };
@@ -1000,7 +1057,10 @@ impl Supervisor<'_, '_> {
                     self.settle_steps -= 1;
                     self.settle_due = true;
                 }
-                slot.end.state.apply(t, marker);
+                match self.tearing_down_at {
+                    Some(term) if t >= term => slot.end.state.apply_answering_teardown(t, marker),
+                    _ => slot.end.state.apply(t, marker),
+                }
             }
             Event::BadMarker { rank, at } => {
                 let t = self.since(at);
@@ -1031,12 +1091,15 @@ impl Supervisor<'_, '_> {
             // Not a rank's once ups-doctor declared it hung or out of time: what the launcher prints
             // then answers the teardown (torchrun's `SignalException` traceback), and as the rank's
             // "last output" it would come after the silence the verdict reports.
-            Event::Output { rank, at } => {
+            // A cluster's launcher relays its workers' lines, each named by the worker's pid: a line
+            // is then that worker's rank's alone, and the cluster's daemons' lines are no rank's.
+            Event::Output { rank, at, from } => {
                 let t = self.since(at);
                 match self.slots.get_mut(rank as usize) {
                     Some(slot) => slot.end.last_output_at = Some(t),
                     None => (self.slots.iter_mut())
                         .filter(|slot| slot.end.intervention.is_none())
+                        .filter(|slot| from.is_none_or(|pid| slot.found == Some(pid)))
                         .for_each(|slot| slot.end.last_output_at = Some(t)),
                 }
             }
@@ -1385,6 +1448,7 @@ impl Supervisor<'_, '_> {
                 }
             }
             Action::Signal(Teardown::Term) => {
+                self.tearing_down_at.get_or_insert(self.start.elapsed().as_secs_f64());
                 let answered = self.stacks_answered();
                 self.signal_ranks(libc::SIGTERM);
                 self.signal_launcher(libc::SIGTERM);
@@ -1630,6 +1694,9 @@ impl Supervisor<'_, '_> {
         srun_account(&mut self.slots, &l, &lines);
         confirm_by_markers(&l, &mut self.slots);
         claim_by_markers(&mut self.slots, &l, self.start);
+        if let Some(RankProcesses::ClusterWorkers(workers)) = self.plan.launcher.map(|l| &l.ranks) {
+            cluster_account(&mut self.slots, workers, (&err, &out), exit.map(|(_, e)| e), offset);
+        }
         settle_unidentified(&mut self.slots, &l, exit, &launcher_name, self.start, offset);
         let _ = std::fs::remove_file(&l.fifo);
         let end = LauncherEnd {

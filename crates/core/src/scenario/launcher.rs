@@ -31,6 +31,108 @@ pub struct Launcher {
     /// Whether the launcher is itself a Python program (`torchrun`, `accelerate`): its command
     /// runs Python whatever it starts.
     pub is_python: bool,
+    /// Whose processes its ranks are: started for the job below the launcher, or a cluster's.
+    pub ranks: RankProcesses,
+}
+
+/// Whose processes a launcher's ranks are.
+#[derive(Debug, PartialEq, Eq)]
+pub enum RankProcesses {
+    /// Processes started for the job (by the launcher, or by the program itself): each ends when
+    /// its rank does, and how it ended is the rank's end.
+    Started,
+    /// A cluster's pooled worker processes, started by its daemon and handed the job's training
+    /// function: the cluster ends them as the job ends, so a worker's exit status is the
+    /// cluster's, not the rank's (Ray Train's `RayTrainWorker`s).
+    ClusterWorkers(&'static ClusterWorkers),
+}
+
+/// What a cluster's launcher says of its workers, in its own output.
+#[derive(Debug, PartialEq, Eq)]
+pub struct ClusterWorkers {
+    /// The word before a worker's pid in the prefix the launcher gives each line a worker
+    /// printed: Ray's `(RayTrainWorker pid=4242)`, `(RayTrainWorker pid=4242, ip=10.0.0.2)`.
+    pub pid_word: &'static str,
+    /// How the launcher heads the error it relays for one rank, around the rank's number: Ray
+    /// Train's `[Rank 1 Error Snippet]:`.
+    pub relay: (&'static str, &'static str),
+}
+
+const STARTED: RankProcesses = RankProcesses::Started;
+
+impl ClusterWorkers {
+    /// The worker a line of the launcher's output came from, by the pid its prefix names, and
+    /// the line as the worker printed it (`\x1b[36m(RayTrainWorker pid=4242)\x1b[0m Error in
+    /// training function:` is worker 4242's `Error in training function:`). `None` for a line
+    /// without such a prefix: the launcher's own.
+    pub fn worker_line<'a>(&self, line: &'a str) -> Option<(u32, &'a str)> {
+        let line = skip_colours(line);
+        let close = line.strip_prefix('(')?.find(')')? + 1;
+        let head = &line[1..close];
+        let word = head.find(self.pid_word)?;
+        // One name, then the pid: `RayTrainWorker pid=4242` (an `, ip=…` may follow).
+        if word == 0 || head[..word].trim_end().contains([' ', '(']) || !head[..word].ends_with(' ') {
+            return None;
+        }
+        let digits = head[word + self.pid_word.len()..].split(|c: char| !c.is_ascii_digit()).next()?;
+        let pid = digits.parse().ok()?;
+        let rest = skip_colours(&line[close + 1..]);
+        Some((pid, rest.strip_prefix(' ').unwrap_or(rest)))
+    }
+
+    /// The errors the launcher relays for ranks, by rank: each header (`[Rank 1 Error Snippet]:`)
+    /// and the lines after it from the same origin (the launcher's own lines, or one process's),
+    /// up to the next header; the longest block where one rank's is relayed more than once (Ray
+    /// prints it from its controller and again in the driver's traceback).
+    pub fn relayed(&self, lines: &[String]) -> Vec<(u32, Vec<String>)> {
+        let (open, close) = self.relay;
+        let mut blocks: Vec<(u32, Vec<String>)> = Vec::new();
+        let mut current: Option<(u32, Option<u32>, Vec<String>)> = None;
+        let mut finish = |block: Option<(u32, Option<u32>, Vec<String>)>| {
+            let Some((rank, _, lines)) = block else { return };
+            match blocks.iter_mut().find(|(r, _)| *r == rank) {
+                Some((_, kept)) if kept.len() >= lines.len() => {}
+                Some((_, kept)) => *kept = lines,
+                None => blocks.push((rank, lines)),
+            }
+        };
+        for line in lines {
+            let (origin, text) = match self.worker_line(line) {
+                Some((pid, text)) => (Some(pid), text),
+                None => (None, skip_colours(line)),
+            };
+            let header = text.trim().strip_prefix(open).and_then(|t| t.strip_suffix(close));
+            if let Some(rank) = header.and_then(|n| n.trim().parse::<u32>().ok()) {
+                finish(current.take());
+                current = Some((rank, origin, Vec::new()));
+                continue;
+            }
+            match &mut current {
+                Some((_, from, block)) if *from == origin && block.len() < RELAY_LINES => {
+                    block.push(text.trim_end().to_string())
+                }
+                Some((_, from, _)) if *from != origin => finish(current.take()),
+                _ => {}
+            }
+        }
+        finish(current);
+        blocks.sort_by_key(|(rank, _)| *rank);
+        blocks
+    }
+}
+
+/// The most lines of one relayed error kept.
+const RELAY_LINES: usize = 80;
+
+/// `line` without the terminal colour codes at its start (`\x1b[36m`).
+fn skip_colours(mut line: &str) -> &str {
+    while let Some(rest) = line.strip_prefix("\x1b[") {
+        match rest.find(|c: char| !(c.is_ascii_digit() || c == ';')) {
+            Some(end) if rest[end..].starts_with('m') => line = &rest[end + 1..],
+            _ => break,
+        }
+    }
+    line
 }
 
 pub const TORCHRUN: Launcher = Launcher {
@@ -44,6 +146,7 @@ pub const TORCHRUN: Launcher = Launcher {
     node_flags: &["--nnodes"],
     is_python: true,
     torchrun_form: true,
+    ranks: STARTED,
 };
 
 pub const ACCELERATE: Launcher = Launcher {
@@ -57,6 +160,7 @@ pub const ACCELERATE: Launcher = Launcher {
     node_flags: &[],
     is_python: true,
     torchrun_form: false,
+    ranks: STARTED,
 };
 
 pub const DEEPSPEED: Launcher = Launcher {
@@ -70,6 +174,7 @@ pub const DEEPSPEED: Launcher = Launcher {
     node_flags: &["--num_nodes", "--num-nodes"],
     is_python: true,
     torchrun_form: false,
+    ranks: STARTED,
 };
 
 pub const SRUN: Launcher = Launcher {
@@ -83,6 +188,7 @@ pub const SRUN: Launcher = Launcher {
     node_flags: &[],
     is_python: false,
     torchrun_form: false,
+    ranks: STARTED,
 };
 
 pub const MPIRUN: Launcher = Launcher {
@@ -96,6 +202,7 @@ pub const MPIRUN: Launcher = Launcher {
     node_flags: &[],
     is_python: false,
     torchrun_form: false,
+    ranks: STARTED,
 };
 
 pub const LIGHTNING: Launcher = Launcher {
@@ -113,6 +220,28 @@ pub const LIGHTNING: Launcher = Launcher {
     node_flags: &[],
     is_python: true,
     torchrun_form: false,
+    ranks: STARTED,
+};
+
+/// Ray Train: the program (Ray's "driver") starts or joins a Ray cluster and hands a training
+/// function to `TorchTrainer`, which runs it in pooled worker processes (`ray::RayTrainWorker`)
+/// that the cluster's daemon (the raylet) starts, not the program: they are found by the process
+/// group each forms, and the cluster's daemons and idle workers are never ranks.
+pub const RAY_TRAIN: Launcher = Launcher {
+    name: "Ray Train",
+    programs: &[],
+    subcommand: None,
+    modules: &[],
+    in_shell: &[],
+    in_source: &[("TorchTrainer(", "it starts Ray Train's `TorchTrainer`, whose workers are the ranks")],
+    rank_flags: &[],
+    node_flags: &[],
+    is_python: true,
+    torchrun_form: false,
+    ranks: RankProcesses::ClusterWorkers(&ClusterWorkers {
+        pid_word: "pid=",
+        relay: ("[Rank ", " Error Snippet]:"),
+    }),
 };
 
 /// `torch.multiprocessing`'s `spawn` and `start_processes`, called by the program itself.
@@ -133,6 +262,7 @@ pub const MP_SPAWN: Launcher = Launcher {
     node_flags: &[],
     is_python: true,
     torchrun_form: false,
+    ranks: STARTED,
 };
 
 /// A library's launcher called by the program, known by the word every such launcher takes for
@@ -157,13 +287,16 @@ pub const PROCESS_COUNT: Launcher = Launcher {
     node_flags: &[],
     is_python: true,
     torchrun_form: false,
+    ranks: STARTED,
 };
 
-/// Every launcher, in the order a command is matched against them (`torch.multiprocessing`
+/// Every launcher, in the order a command is matched against them (Ray Train first of the
+/// programs that start their own ranks: Ray runs Lightning or Accelerate inside its workers, where
+/// they start none; `torch.multiprocessing`
 /// before Lightning: a program that calls `mp.spawn` itself says so even where it also imports
 /// Lightning; a process count last, as the least specific).
 pub const LAUNCHERS: &[&Launcher] =
-    &[&TORCHRUN, &ACCELERATE, &DEEPSPEED, &SRUN, &MPIRUN, &MP_SPAWN, &LIGHTNING, &PROCESS_COUNT];
+    &[&TORCHRUN, &ACCELERATE, &DEEPSPEED, &SRUN, &MPIRUN, &RAY_TRAIN, &MP_SPAWN, &LIGHTNING, &PROCESS_COUNT];
 
 fn file_name(a: &str) -> String {
     Path::new(a).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
@@ -293,6 +426,62 @@ mod tests {
 
     fn words(line: &str) -> Vec<String> {
         line.split(' ').map(String::from).collect()
+    }
+
+    /// Lines as Ray 2.60 prints them (a local cluster, `TorchTrainer` with two workers, rank 1's
+    /// training function raised; copied from a run's driver output here, colours included).
+    const RAY: &str = "\x1b[36m(RayTrainWorker pid=13708)\x1b[0m Setting up process group for: env:// [rank=0, world_size=2]
+\x1b[36m(RayTrainWorker pid=13790)\x1b[0m Error in training function:
+\x1b[36m(RayTrainWorker pid=13790)\x1b[0m Traceback (most recent call last):
+\x1b[36m(RayTrainWorker pid=13790)\x1b[0m ValueError: injected: bad batch at step 50
+\x1b[36m(TrainController pid=13608)\x1b[0m Error: Training failed due to worker errors:
+\x1b[36m(TrainController pid=13608)\x1b[0m [Rank 1 Error Snippet]:
+\x1b[36m(TrainController pid=13608)\x1b[0m ray.train.WorkerGroupError: Training failed due to worker errors:
+(PlacementGroupCleaner pid=13678) Failed to query Ray Train Controller actor state.
+Traceback (most recent call last):
+ray.train.WorkerGroupError: Training failed due to worker errors:
+[Rank 1 Error Snippet]:
+Traceback (most recent call last):
+  File \"/tmp/t/torch_linear_example.py\", line 41, in train_epoch
+ValueError: injected: bad batch at step 50
+\x1b[36m(RayTrainWorker pid=15621, ip=10.0.0.2)\x1b[0m Reporting training result 3";
+
+    fn ray() -> &'static ClusterWorkers {
+        match RAY_TRAIN.ranks {
+            RankProcesses::ClusterWorkers(w) => w,
+            RankProcesses::Started => unreachable!("Ray Train's workers are a cluster's"),
+        }
+    }
+
+    #[test]
+    fn a_cluster_launchers_line_is_the_worker_its_prefix_names() {
+        let lines = words_of_lines(RAY);
+        let said: Vec<Option<(u32, &str)>> = lines.iter().map(|l| ray().worker_line(l)).collect();
+        assert_eq!(said[1], Some((13790, "Error in training function:")));
+        assert_eq!(said[3], Some((13790, "ValueError: injected: bad batch at step 50")));
+        assert_eq!(said[7], Some((13678, "Failed to query Ray Train Controller actor state.")));
+        assert_eq!(said[8], None, "the driver's own line");
+        assert_eq!(said[14], Some((15621, "Reporting training result 3")), "another host's worker");
+        for not in ["(pid=12) x", "(a b pid=12) x", "(Worker pid=) x", "ValueError: (Worker pid=3) x"] {
+            assert_eq!(ray().worker_line(not), None, "{not}");
+        }
+    }
+
+    #[test]
+    fn a_cluster_launchers_relayed_error_is_its_ranks_with_the_lines_after_it() {
+        let relayed = ray().relayed(&words_of_lines(RAY));
+        assert_eq!(relayed.len(), 1);
+        let (rank, block) = &relayed[0];
+        assert_eq!(*rank, 1);
+        // The driver's copy (four lines) is longer than the controller's (one): it is the one kept,
+        // and it ends where another origin's line begins.
+        assert_eq!(block.first().map(String::as_str), Some("Traceback (most recent call last):"));
+        assert_eq!(block.last().map(String::as_str), Some("ValueError: injected: bad batch at step 50"));
+        assert_eq!(block.len(), 3);
+    }
+
+    fn words_of_lines(text: &str) -> Vec<String> {
+        text.lines().map(String::from).collect()
     }
 
     #[test]

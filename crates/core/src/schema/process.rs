@@ -485,6 +485,10 @@ pub enum ExitSource {
     /// and that failed: it takes an unidentified rank's place in the order the failed processes
     /// started; its exit status was read from `/proc/PID/stat` while it was a zombie.
     ProcfsRankUnknown,
+    /// A cluster's worker (Ray Train's): the cluster ends its workers as the job ends, so the
+    /// status is the job's driver's where it exited 0, and otherwise the worker's as read (or the
+    /// driver's, where it was not read) for a rank the cluster did not name as failed.
+    Cluster,
     /// Not observed: its launcher reaped it before ups-doctor saw it.
     Unknown,
 }
@@ -505,11 +509,12 @@ impl TryFrom<String> for ExitSource {
             old if old.starts_with("launcher status 0, rank not identified") => ExitSource::NotIdentified,
             "launcher_status" => ExitSource::LauncherStatus,
             "procfs_rank_unknown" => ExitSource::ProcfsRankUnknown,
+            "cluster" => ExitSource::Cluster,
             "unknown" => ExitSource::Unknown,
             _ => {
                 return Err(format!(
                     "unknown exit source `{text}` (expected `procfs`, `torchrun`, `spawn`, `srun`, `launcher`, `launcher_status_0`, \
-                     `torchrun_not_failed`, `not_identified`, `launcher_status`, `procfs_rank_unknown` or `unknown`)"
+                     `torchrun_not_failed`, `not_identified`, `launcher_status`, `procfs_rank_unknown`, `cluster` or `unknown`)"
                 ));
             }
         })
