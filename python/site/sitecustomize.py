@@ -141,7 +141,7 @@ class _Observer:
         self.summarised = None
         self.helper_steps = False
         self.workers_sent = 0
-        # The step marker still in the queue (`send_step`), which `_take` lets go of.
+        # The step marker still in the queue (`on_step`), which `_take` lets go of.
         self.step_marker = None
         # The default group's own count of the collectives issued on it (its sequence number),
         # which counts those issued from C++ too (DDP's gradient reductions), read once a step
@@ -180,25 +180,6 @@ class _Observer:
         if urgent:
             self.wake.set()
         return True
-
-    def send_step(self, step, data_ms, compute_ms, samples):
-        """A step's marker; while the one of an earlier step still waits in the queue, that one
-        says this step too (its number, stamp and summed times), so a program stepping faster than
-        the queue is sent (every 0.25 s) sends one step marker per batch, not one a step (each
-        costs encoding here and reading in ups-doctor)."""
-        with self.lock:  # `_take` takes it from the queue under this lock
-            marker = self.step_marker
-            if marker is not None:
-                marker["step"] = step
-                marker["data_ms"] += data_ms
-                marker["compute_ms"] += compute_ms
-                marker["samples"] += samples
-                marker["mono_ns"] = time.monotonic_ns()
-                return
-            marker = {"t": "step", "step": step, "loss": None, "data_ms": data_ms, "compute_ms": compute_ms,
-                      "samples": samples}
-            if self.send(marker):
-                self.step_marker = marker
 
     def returned(self, entry, ms, span=None):
         """A collective queued by `send` returned after `ms` (having issued `span` of the group's
@@ -540,42 +521,82 @@ class _Observer:
         n = self.steps - base[0]
         return round((now[0] - base[1]) / n / 1e6, 3), round((now[1] - base[2]) / n / 1e6, 3)
 
-    def on_step(self, optimizer):
+    def on_step(self, optimizer, args=None, kwargs=None):
+        """The optimizer's step post hook (registered as it is: `optimizer, args, kwargs`). It runs
+        once a training step in the program's thread, so what it does is written out here, not
+        called (each Python call costs a few hundred instructions), with one clock read: the
+        step's time, its marker's stamp and the step counter's are the same `CLOCK_MONOTONIC`
+        reading (`perf_counter` is that clock too). The once-a-second summary is the sending
+        thread's (`_run`)."""
         if self.optimizer != id(optimizer):
             if self.optimizer is not None:
                 return
             self.optimizer = id(optimizer)
-        now = time.perf_counter()
+        now = time.monotonic_ns()
         step = self.steps
         self.steps = step + 1
         data, forward, collective, samples = self.data_ms, self.forward_ms, self.collective_ms, self.samples
         backward = self.backward_ms
         self.data_ms = self.forward_ms = self.collective_ms = self.backward_ms = 0.0
         self.samples = 0
-        # Collectives of this step issued other than through the Python functions: DDP's.
-        issued, spans, unseen = self.issued(), self.spans, None
-        if issued is not None and self.issued_at_step is not None:
-            unseen = issued - self.issued_at_step - (spans - self.spans_at_step)
+        # Collectives of this step issued other than through the Python functions: DDP's. The
+        # group's count read without `pg_lock` (`issued`), as the collective's own hooks read it:
+        # a thread of the program's, which never runs while the program exits (`forget_group`).
+        issued, spans, unseen = None, self.spans, None
+        read = self.read_count
+        if read is not None:
+            try:
+                issued = read()
+            except Exception:
+                with self.pg_lock:
+                    self.pg = self.read_count = None
+            if issued is not None and self.issued_at_step is not None:
+                unseen = issued - self.issued_at_step - (spans - self.spans_at_step)
         self.issued_at_step, self.spans_at_step = issued, spans
         last, self.last_step_at = self.last_step_at, now
         step_ms = 0.0
         if last is not None:
-            step_ms = (now - last) * 1000.0
+            step_ms = (now - last) / 1e6
             self.history.append((step_ms, data, forward, collective, unseen, backward))
             if self.sched_base is None:
-                now = self._schedstat()
-                if now is not None:
-                    self.sched_base = (self.steps, *now)
-        if not self.helper_steps:
-            if "ups_doctor" in sys.modules:
-                self.helper_steps = True
+                base = self._schedstat()
+                if base is not None:
+                    self.sched_base = (self.steps, *base)
+        if self.helper_steps:
+            return
+        if "ups_doctor" in sys.modules:
+            self.helper_steps = True
+            return
+        # The step's marker; while the one of an earlier step still waits in the queue, that one
+        # says this step too (its number, stamp and summed times), so a program stepping faster
+        # than the queue is sent (every 0.25 s) sends one step marker per batch, not one a step
+        # (each costs encoding here and reading in ups-doctor). Under `lock`: `_take` takes it
+        # from the queue under it.
+        compute = step_ms - data
+        if compute < 0.0:
+            compute = 0.0
+        with self.lock:
+            marker = self.step_marker
+            if marker is not None:
+                marker["step"] = step
+                marker["data_ms"] += data
+                marker["compute_ms"] += compute
+                marker["samples"] += samples
+                marker["mono_ns"] = now
+            elif len(self.queue) >= _QUEUE_MAX:  # `send`, written out
+                self.dropped += 1
             else:
-                self.send_step(step, data, max(step_ms - data, 0.0), samples)
-                count = self.count_steps
-                if count is None:
-                    count = self._step_counter()
-                if count:
-                    count(step + 1, time.monotonic_ns())
+                marker = {"t": "step", "step": step, "loss": None, "data_ms": data, "compute_ms": compute,
+                          "samples": samples, "mono_ns": now}
+                self.queue.append(marker)
+                self.step_marker = marker
+                if self.thread is None:
+                    self._start()
+        count = self.count_steps
+        if count is None:
+            count = self._step_counter()
+        if count:
+            count(step + 1, now)
 
     def _step_counter(self):
         """The steps done and when the last ended, kept in a 16-byte file this process maps in
@@ -1245,7 +1266,7 @@ def _patch():
         if "optim" not in obs.patched and "torch.optim.optimizer" in sys.modules:
             from torch.optim.optimizer import register_optimizer_step_post_hook
 
-            register_optimizer_step_post_hook(lambda optimizer, args, kwargs: obs.on_step(optimizer))
+            register_optimizer_step_post_hook(obs.on_step)
             obs.patched.add("optim")
     except Exception:
         pass
