@@ -160,7 +160,7 @@ class _Observer:
         # first step, False where there is none.
         self.count_steps = None
         self.counter = None
-        # The newest collectives, kept in a file this process maps (`tail_issued`): None until
+        # The newest collectives, kept in a file this process maps (`_open_tail`): None until
         # the first, False where there is none; `tail_count` those written.
         self.tail = None
         self.tail_count = 0
@@ -181,19 +181,10 @@ class _Observer:
             self.wake.set()
         return True
 
-    def returned(self, entry, ms, span=None):
-        """A collective queued by `send` returned after `ms` (having issued `span` of the group's
-        collectives): still queued, it goes out once with them; already sent (`_take` marks it),
-        it goes again with them."""
-        with self.lock:
-            if entry.pop("_sent", False):
-                entry = dict(entry)
-                entry["mono_ns"] = time.monotonic_ns()
-                entry["_again"] = True
-                self.send(entry)
-            entry["ms"] = ms
-            if span is not None:
-                entry["span"] = span
+    def lost_group(self):
+        """The group's count could not be read (a hook's read, without `pg_lock`): read no more."""
+        with self.pg_lock:
+            self.pg = self.read_count = None
 
     def _start(self):
         import threading
@@ -328,7 +319,7 @@ class _Observer:
                 if line is None or len(line) > _PIPE_BUF:
                     skipped += carried
                 elif "ms" not in marker:
-                    marker["_sent"] = True  # still running: `returned` sends its duration
+                    marker["_sent"] = True  # still running: its wrapper sends its duration
             if line is None:
                 continue
             if len(line) > _PIPE_BUF:
@@ -548,8 +539,7 @@ class _Observer:
             try:
                 issued = read()
             except Exception:
-                with self.pg_lock:
-                    self.pg = self.read_count = None
+                self.lost_group()
             if issued is not None and self.issued_at_step is not None:
                 unseen = issued - self.issued_at_step - (spans - self.spans_at_step)
         self.issued_at_step, self.spans_at_step = issued, spans
@@ -624,42 +614,15 @@ class _Observer:
             pass
         return self.count_steps
 
-    def tail_issued(self, entry):
-        """Keeps a collective the program issued in the file this process maps
-        (`$UPS_DOCTOR_STOP_STACKS/PID.colls`, `_TAIL_*` below): the page outlives the process, so
-        a rank that gloo aborts, a segfault or a SIGKILL stops in a collective before its ledger
-        entries are sent (the sending thread waits 0.25 s) still says which it was in and which it
-        issued before. Returns the entry's number, for `tail_returned`; None where none is kept.
-        Before `send`: the sending thread makes the entry's sizes text in place."""
-        tail = self.tail
-        if tail is None:
-            tail = self._open_tail()
-        if not tail:
-            return None
-        n = self.tail_count
-        self.tail_count = n + 1
-        # The entry's text, worked out once for each call site, op, group, dtype and sizes.
-        key = (entry["site"], entry["op"], entry["group"], entry["dtype"], *entry["shapes"])
-        text = _TAIL_TEXTS.get(key)
-        if text is None:
-            text = "\x1f".join((entry["op"], entry["group"], _shapes_text(entry["shapes"]),
-                                _dtype_text(entry["dtype"]), entry["site"])).encode()[:_TAIL_TEXT]
-            if len(_TAIL_TEXTS) < _CACHE_MAX:
-                _TAIL_TEXTS[key] = text
-        _TAIL_SLOT_PACK(tail, (n % _TAIL_SLOTS) * _TAIL_SLOT, 1, time.monotonic_ns(), entry["seq"], entry.get("pos", 0),
-                        0.0, text)
-        return n
-
-    def tail_returned(self, n, ms):
-        """The kept collective number `n` returned after `ms`: its slot says so, unless newer ones
-        took it since."""
-        tail = self.tail
-        if tail and self.tail_count - n <= _TAIL_SLOTS:
-            at = (n % _TAIL_SLOTS) * _TAIL_SLOT
-            _TAIL_MS_PACK(tail, at + 32, ms)
-            tail[at] = 2
-
     def _open_tail(self):
+        """The file this process keeps the collectives the program issued in
+        (`$UPS_DOCTOR_STOP_STACKS/PID.colls`, `_TAIL_*` below), mapped, or False where there is
+        none: the page outlives the process, so a rank that gloo aborts, a segfault or a SIGKILL
+        stops in a collective before its ledger entries are sent (the sending thread waits 0.25 s)
+        still says which it was in and which it issued before. The collective's wrapper
+        (`_wrap_collective`) writes an entry's slot as it is issued, before it is queued (the
+        sending thread makes the entry's sizes text in place), and marks it returned, unless newer
+        ones took the slot since."""
         self.tail = False
         folder = os.environ.get(_STOP_STACKS)
         if not folder:
@@ -681,7 +644,7 @@ class _Observer:
         return self.tail
 
 
-# The file a rank's newest collectives are kept in (`_Observer.tail_issued`; read by
+# The file a rank's newest collectives are kept in (`_Observer._open_tail`; read by
 # `collective_tail` in src/harness/os/stacks.rs): `_TAIL_SLOTS` slots of `_TAIL_SLOT` bytes, the
 # n-th entry in slot n % _TAIL_SLOTS, so their order is their stamps'. A slot: its state (u8: 0
 # never written, 1 issued, 2 returned), 7 unused bytes, then little-endian u64s: the
@@ -695,6 +658,14 @@ _TAIL_TEXT = _TAIL_SLOT - 40
 _TAIL_TEXTS = {}
 _TAIL_SLOT_PACK = None
 _TAIL_MS_PACK = None
+
+
+def _tail_text(site, op, group, dtype, shapes):
+    """A slot's text, worked out once for each call site, op, group, dtype and sizes."""
+    text = "\x1f".join((op, group, _shapes_text(shapes), _dtype_text(dtype), site)).encode()[:_TAIL_TEXT]
+    if len(_TAIL_TEXTS) < _CACHE_MAX:
+        _TAIL_TEXTS[(site, op, group, dtype, *shapes)] = text
+    return text
 
 
 def _tail_structs():
@@ -868,10 +839,10 @@ _SITES, _SHAPES, _DTYPES = {}, {}, {}
 _CACHE_MAX = 4096
 
 
-def _call_site():
-    """The innermost frame outside torch and this file: `train.py:40`; a frame of the user's own
-    code (not in site-packages) is preferred."""
-    frame = sys._getframe(2)
+def _call_site(frame):
+    """The innermost frame outside torch and this file from `frame` (the collective's caller)
+    out: `train.py:40`; a frame of the user's own code (not in site-packages) is preferred. (The
+    collective's wrapper looks a known calling instruction up in `_SITES` itself.)"""
     # Known by the calling instruction: a frame's line number is worked out from its code's
     # line table each time it is read, which for a long training function cost more than the
     # rest of the wrapper (about 12,000 instructions a call, counted with callgrind).
@@ -967,6 +938,13 @@ def _wrap_collective(dist, op, original):
     tensor = sys.modules["torch"].Tensor
     data_at = [i for i, name in enumerate(names) if name not in _NOT_DATA]
 
+    perf, mono, frame_at, sites = time.perf_counter, time.monotonic_ns, sys._getframe, _SITES
+
+    # Runs for every collective the program issues, in its thread: what the observer does is
+    # written out here, not called (each Python call costs a few hundred instructions), and one
+    # clock read stamps both the queued entry and its slot in the `.colls` file. The group's
+    # count is read without `pg_lock` (`issued`): a thread of the program's, which never runs
+    # while the program exits (`forget_group`).
     @functools.wraps(original)
     def collective(*args, **kwargs):
         obs = _observer
@@ -985,42 +963,109 @@ def _wrap_collective(dist, op, original):
                 value = args[i]
                 if isinstance(value, tensor):
                     tensors.append(value)
-                else:
-                    _tensors(value, tensors, tensor)
+                elif isinstance(value, (list, tuple)):
+                    # `_tensors`, its first level written out (a list of tensors, most often).
+                    if len(tensors) < 4:
+                        for v in value[:4]:
+                            if len(tensors) >= 4:
+                                break
+                            if isinstance(v, tensor):
+                                tensors.append(v)
+                            elif isinstance(v, (list, tuple)):
+                                _tensors(v, tensors, tensor)
             if kwargs:
                 for key, value in kwargs.items():
                     if key not in _NOT_DATA:
                         _tensors(value, tensors, tensor)
             # Sizes and dtype as torch gives them: made text only for the entries sent (`_take`).
-            entry = {"t": "collective", "op": op, "group": name, "seq": seq,
-                     "shapes": [t.shape for t in tensors[:4]], "dtype": tensors[0].dtype if tensors else "",
-                     "site": _call_site()}
+            k = len(tensors)
+            if k == 1:
+                shapes = [tensors[0].shape]
+            elif k == 2:
+                shapes = [tensors[0].shape, tensors[1].shape]
+            else:
+                shapes = [t.shape for t in tensors[:4]]
+            dtype = tensors[0].dtype if k else ""
+            # The call site (`_call_site`), known by the calling instruction.
+            frame = frame_at(1)
+            hit = sites.get((id(frame.f_code), frame.f_lasti))
+            site = hit[1] if hit is not None else _call_site(frame)
+            entry = {"t": "collective", "op": op, "group": name, "seq": seq, "shapes": shapes, "dtype": dtype,
+                     "site": site}
             # Its place in the default group's own count (which DDP's collectives move too).
-            before = obs.issued() if name == "default" or group is obs.pg else None
-            if before is not None:
-                entry["pos"] = before + 1
-                # Counted as one while it runs (a rank may hang in it), as many as it issued after.
-                obs.spans += 1
-            kept = obs.tail_issued(entry)
-            obs.send(entry)
+            before = pos = None
+            if name == "default" or group is obs.pg:
+                read = obs.read_count
+                if read is not None:
+                    try:
+                        before = read()
+                    except Exception:
+                        obs.lost_group()
+                if before is not None:
+                    pos = entry["pos"] = before + 1
+                    # Counted as one while it runs (a rank may hang in it), as many as it issued after.
+                    obs.spans += 1
+            now = mono()
+            # Kept in the file this process maps (`_open_tail`), before it is queued: the
+            # sending thread makes the entry's sizes text in place.
+            tail = obs.tail
+            if tail is None:
+                tail = obs._open_tail()
+            kept = None
+            if tail:
+                kept = obs.tail_count
+                obs.tail_count = kept + 1
+                text = _TAIL_TEXTS.get((site, op, name, dtype, *shapes))
+                if text is None:
+                    text = _tail_text(site, op, name, dtype, shapes)
+                _TAIL_SLOT_PACK(tail, (kept % _TAIL_SLOTS) * _TAIL_SLOT, 1, now, seq, pos or 0, 0.0, text)
+            # `send`, written out: queued without the lock (a deque's append is atomic).
+            if len(obs.queue) >= _QUEUE_MAX:
+                obs.dropped += 1
+            else:
+                entry["mono_ns"] = now
+                obs.queue.append(entry)
+                if obs.thread is None:
+                    obs._start()
         except Exception:
             entry = before = kept = None
-        started = time.perf_counter()
+        started = perf()
         result = original(*args, **kwargs)
         if entry is not None:
-            ms = (time.perf_counter() - started) * 1000.0
+            ms = (perf() - started) * 1000.0
             obs.collective_ms += ms
             obs.collective_total_ms += ms
             span = None
             if before is not None:
-                after = obs.issued()
-                if after is not None:
-                    # `all_gather_object` and the like issue more than one.
-                    span = after - before
-                    obs.spans += span - 1
-            obs.returned(entry, ms, span)
+                read = obs.read_count
+                if read is not None:
+                    after = None
+                    try:
+                        after = read()
+                    except Exception:
+                        obs.lost_group()
+                    if after is not None:
+                        # `all_gather_object` and the like issue more than one.
+                        span = after - before
+                        obs.spans += span - 1
+            # `returned`, written out: still queued, it goes out once with its duration; already
+            # sent (`_take` marks it), it goes again with it.
+            with obs.lock:
+                if entry.pop("_sent", False):
+                    entry = dict(entry)
+                    entry["mono_ns"] = mono()
+                    entry["_again"] = True
+                    obs.send(entry)
+                entry["ms"] = ms
+                if span is not None:
+                    entry["span"] = span
             if kept is not None:
-                obs.tail_returned(kept, ms)
+                # Its slot says it returned.
+                tail = obs.tail
+                if tail and obs.tail_count - kept <= _TAIL_SLOTS:
+                    at = (kept % _TAIL_SLOTS) * _TAIL_SLOT
+                    _TAIL_MS_PACK(tail, at + 32, ms)
+                    tail[at] = 2
         return result
 
     setattr(dist, op, collective)
