@@ -565,7 +565,9 @@ class _Observer:
         compute = step_ms - data
         if compute < 0.0:
             compute = 0.0
-        with self.lock:
+        lock = self.lock
+        lock.acquire()  # not `with`: its look-up of `__enter__` and `__exit__` costs more
+        try:
             marker = self.step_marker
             if marker is not None:
                 marker["step"] = step
@@ -582,11 +584,13 @@ class _Observer:
                 self.step_marker = marker
                 if self.thread is None:
                     self._start()
+        finally:
+            lock.release()
         count = self.count_steps
         if count is None:
             count = self._step_counter()
         if count:
-            count(step + 1, now)
+            count(self.counter, 0, step + 1, now)
 
     def _step_counter(self):
         """The steps done and when the last ended, kept in a 16-byte file this process maps in
@@ -599,7 +603,6 @@ class _Observer:
         if not folder:
             return False
         try:
-            import functools
             import mmap
             import struct
 
@@ -609,7 +612,8 @@ class _Observer:
                 self.counter = mmap.mmap(fd, 16)
             finally:
                 os.close(fd)
-            self.count_steps = functools.partial(struct.Struct("<QQ").pack_into, self.counter, 0)
+            # Called as `count(counter, 0, steps, stamp)`: a `functools.partial` costs more.
+            self.count_steps = struct.Struct("<QQ").pack_into
         except Exception:
             pass
         return self.count_steps
@@ -938,11 +942,12 @@ def _wrap_collective(dist, op, original):
     tensor = sys.modules["torch"].Tensor
     data_at = [i for i, name in enumerate(names) if name not in _NOT_DATA]
 
-    perf, mono, frame_at, sites = time.perf_counter, time.monotonic_ns, sys._getframe, _SITES
+    mono, frame_at, sites = time.monotonic_ns, sys._getframe, _SITES
 
     # Runs for every collective the program issues, in its thread: what the observer does is
     # written out here, not called (each Python call costs a few hundred instructions), and one
-    # clock read stamps both the queued entry and its slot in the `.colls` file. The group's
+    # clock read stamps the queued entry and its slot in the `.colls` file and starts its time
+    # (`CLOCK_MONOTONIC`, `perf_counter`'s clock too, in ns: two reads a collective). The group's
     # count is read without `pg_lock` (`issued`): a thread of the program's, which never runs
     # while the program exits (`forget_group`).
     @functools.wraps(original)
@@ -1029,10 +1034,10 @@ def _wrap_collective(dist, op, original):
                     obs._start()
         except Exception:
             entry = before = kept = None
-        started = perf()
         result = original(*args, **kwargs)
         if entry is not None:
-            ms = (perf() - started) * 1000.0
+            # From its stamp: the entry's slot and queueing come before (a microsecond or two).
+            ms = (mono() - now) / 1e6
             obs.collective_ms += ms
             obs.collective_total_ms += ms
             span = None
@@ -1050,7 +1055,9 @@ def _wrap_collective(dist, op, original):
                         obs.spans += span - 1
             # `returned`, written out: still queued, it goes out once with its duration; already
             # sent (`_take` marks it), it goes again with it.
-            with obs.lock:
+            lock = obs.lock
+            lock.acquire()
+            try:
                 if entry.pop("_sent", False):
                     entry = dict(entry)
                     entry["mono_ns"] = mono()
@@ -1059,6 +1066,8 @@ def _wrap_collective(dist, op, original):
                 entry["ms"] = ms
                 if span is not None:
                     entry["span"] = span
+            finally:
+                lock.release()
             if kept is not None:
                 # Its slot says it returned.
                 tail = obs.tail
@@ -1219,26 +1228,50 @@ def _batch_size(batch):
     return 0
 
 
-def _timed(cls, name, field, count_samples=False):
+def _timed(cls, name, field):
+    """`cls.name` timed into the observer's `field`: `data_ms` (a DataLoader's `__next__`, whose
+    batch's samples are counted too: `_batch_size`, its most frequent case written out) or
+    `forward_ms`. One `perf_counter` on each side; the attribute read and written as such (a call
+    of `getattr` and `setattr` costs more), as this runs in every step."""
     import functools
 
     original = getattr(cls, name)
+    perf = time.perf_counter
+    tensor = sys.modules["torch"].Tensor
 
-    @functools.wraps(original)
-    def timed(self, *args, **kwargs):
-        started = time.perf_counter()
-        batch = None
-        try:
-            batch = original(self, *args, **kwargs)
-            return batch
-        finally:
-            obs = _observer
-            setattr(obs, field, getattr(obs, field) + (time.perf_counter() - started) * 1000.0)
-            if count_samples and batch is not None:
-                try:
-                    obs.samples += _batch_size(batch)
-                except Exception:
-                    pass
+    if field == "data_ms":
+
+        @functools.wraps(original)
+        def timed(self, *args, **kwargs):
+            started = perf()
+            batch = None
+            try:
+                batch = original(self, *args, **kwargs)
+                return batch
+            finally:
+                obs = _observer
+                obs.data_ms += (perf() - started) * 1000.0
+                if batch is not None:
+                    try:
+                        if (batch.__class__ is tuple or batch.__class__ is list) and batch \
+                                and batch[0].__class__ is tensor:
+                            shape = batch[0].shape
+                            obs.samples += int(shape[0]) if len(shape) else 1
+                        else:
+                            obs.samples += _batch_size(batch)
+                    except Exception:
+                        pass
+
+    else:
+
+        @functools.wraps(original)
+        def timed(self, *args, **kwargs):
+            started = perf()
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                obs = _observer
+                obs.forward_ms += (perf() - started) * 1000.0
 
     setattr(cls, name, timed)
 
@@ -1251,18 +1284,19 @@ def _timed_backward(autograd):
 
     original = autograd.backward
     obs = _observer
+    perf = time.perf_counter
 
     @functools.wraps(original)
     def backward(*args, **kwargs):
         if obs.in_backward:
             return original(*args, **kwargs)
         obs.in_backward = True
-        started = time.perf_counter()
+        started = perf()
         try:
             return original(*args, **kwargs)
         finally:
             obs.in_backward = False
-            obs.backward_ms += (time.perf_counter() - started) * 1000.0
+            obs.backward_ms += (perf() - started) * 1000.0
 
     autograd.backward = backward
 
@@ -1335,7 +1369,7 @@ def _patch():
         loader = sys.modules.get("torch.utils.data.dataloader")
         if "data" not in obs.patched and hasattr(loader, "_BaseDataLoaderIter"):
             obs.patched.add("data")
-            _timed(loader._BaseDataLoaderIter, "__next__", "data_ms", count_samples=True)
+            _timed(loader._BaseDataLoaderIter, "__next__", "data_ms")
     except Exception:
         pass
     try:
