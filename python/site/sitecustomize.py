@@ -289,20 +289,22 @@ class _Observer:
         # older ones that have returned are counted (`skipped`, on the next one sent), not sent.
         # A program issuing hundreds a second spent more on encoding them than on the wrapper.
         # (Returns of ones sent before, `_again`, are always sent: they add no entry.)
-        over = sum(1 for m in self.queue if m.get("t") == "collective" and "_again" not in m) - _LEDGER_KEPT
+        # A collective's entry is queued as a list (`_COLL_*`, made into its marker here).
+        over = sum(1 for m in self.queue if m.__class__ is list and m[_COLL_STATE] != _AGAIN) - _LEDGER_KEPT
         skipped, self.skipped = self.skipped, 0
         while self.queue:
             marker = self.queue.popleft()
             if marker is self.step_marker:
                 self.step_marker = None
-            collective = marker.get("t") == "collective"
+            collective = marker.__class__ is list
             if collective:
-                again = marker.pop("_again", False)
-                if over > 0 and not again:
+                entry = marker
+                if over > 0 and entry[_COLL_STATE] != _AGAIN:
                     over -= 1
-                    if "ms" in marker:
+                    if entry[_COLL_MS] is not None:
                         skipped += 1
                         continue
+                marker = _collective_marker(entry)
                 if skipped:
                     marker["skipped"], skipped = skipped, 0
                 _describe(marker)
@@ -319,7 +321,7 @@ class _Observer:
                 if line is None or len(line) > _PIPE_BUF:
                     skipped += carried
                 elif "ms" not in marker:
-                    marker["_sent"] = True  # still running: its wrapper sends its duration
+                    entry[_COLL_STATE] = _SENT  # still running: its wrapper sends its duration
             if line is None:
                 continue
             if len(line) > _PIPE_BUF:
@@ -919,6 +921,31 @@ def _tensors(value, out, tensor):
             _tensors(v, out, tensor)
 
 
+# A collective's entry as its wrapper queues it: a list of its op, group, sequence number in its
+# group, tensors' sizes (a list of `torch.Size`) and dtype, call site, place in the default
+# group's count (None: not known), stamp, milliseconds and span (None until it returns), and
+# state: queued, sent without its duration (which its wrapper then queues again, as a copy in
+# the state `_AGAIN`). `_take` makes its marker (`_collective_marker`).
+_COLL_MS, _COLL_STATE = 8, 10
+_QUEUED, _SENT, _AGAIN = 0, 1, 2
+
+
+def _collective_marker(entry):
+    """A collective's queued entry (`_COLL_*`) as its marker, the fields in the order the wrapper
+    has always given them."""
+    op, group, seq, shapes, dtype, site, pos, stamp, ms, span, _ = entry
+    marker = {"t": "collective", "op": op, "group": group, "seq": seq, "shapes": shapes, "dtype": dtype,
+              "site": site}
+    if pos is not None:
+        marker["pos"] = pos
+    marker["mono_ns"] = stamp
+    if ms is not None:
+        marker["ms"] = ms
+        if span is not None:
+            marker["span"] = span
+    return marker
+
+
 _NOT_DATA = frozenset(("group", "async_op", "op", "src", "dst", "timeout", "group_src", "group_dst"))
 
 
@@ -995,8 +1022,6 @@ def _wrap_collective(dist, op, original):
             frame = frame_at(1)
             hit = sites.get((id(frame.f_code), frame.f_lasti))
             site = hit[1] if hit is not None else _call_site(frame)
-            entry = {"t": "collective", "op": op, "group": name, "seq": seq, "shapes": shapes, "dtype": dtype,
-                     "site": site}
             # Its place in the default group's own count (which DDP's collectives move too).
             before = pos = None
             if name == "default" or group is obs.pg:
@@ -1007,7 +1032,7 @@ def _wrap_collective(dist, op, original):
                     except Exception:
                         obs.lost_group()
                 if before is not None:
-                    pos = entry["pos"] = before + 1
+                    pos = before + 1
                     # Counted as one while it runs (a rank may hang in it), as many as it issued after.
                     obs.spans += 1
             now = mono()
@@ -1024,11 +1049,12 @@ def _wrap_collective(dist, op, original):
                 if text is None:
                     text = _tail_text(site, op, name, dtype, shapes)
                 _TAIL_SLOT_PACK(tail, (kept % _TAIL_SLOTS) * _TAIL_SLOT, 1, now, seq, pos or 0, 0.0, text)
-            # `send`, written out: queued without the lock (a deque's append is atomic).
+            # `send`, written out: queued without the lock (a deque's append is atomic), as a
+            # list (`_COLL_*`), which costs less to make here than its marker's dict.
+            entry = [op, name, seq, shapes, dtype, site, pos, now, None, None, _QUEUED]
             if len(obs.queue) >= _QUEUE_MAX:
                 obs.dropped += 1
             else:
-                entry["mono_ns"] = now
                 obs.queue.append(entry)
                 if obs.thread is None:
                     obs._start()
@@ -1058,14 +1084,14 @@ def _wrap_collective(dist, op, original):
             lock = obs.lock
             lock.acquire()
             try:
-                if entry.pop("_sent", False):
-                    entry = dict(entry)
-                    entry["mono_ns"] = mono()
-                    entry["_again"] = True
-                    obs.send(entry)
-                entry["ms"] = ms
-                if span is not None:
-                    entry["span"] = span
+                if entry[10] == _SENT:  # `_COLL_STATE`: sent, without its duration
+                    entry = [*entry[:7], mono(), ms, span, _AGAIN]
+                    if len(obs.queue) >= _QUEUE_MAX:
+                        obs.dropped += 1
+                    else:
+                        obs.queue.append(entry)
+                else:
+                    entry[8], entry[9] = ms, span  # `_COLL_MS`, and its span
             finally:
                 lock.release()
             if kept is not None:
