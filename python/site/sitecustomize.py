@@ -93,6 +93,16 @@ def _writable(fd, deadline):
 
 
 class _Observer:
+    # Its attributes as slots, which the hooks read and write every step: an instance of more than
+    # 30 attributes keeps them in a dict of its own, slower to read and write.
+    __slots__ = ("fd", "fifo", "tagged", "lock", "write_lock", "pg_lock", "queue", "dropped", "skipped",
+        "wake", "thread", "stopping", "forked", "rank", "world_size", "seq", "patched", "optimizer", "steps",
+        "last_step_at", "data_ms", "forward_ms", "collective_ms", "backward_ms", "collective_total_ms",
+        "in_backward", "samples", "history", "sched_base", "summary_sent_at", "summarised", "helper_steps",
+        "workers_sent", "step_marker", "pg", "read_count", "issued_at_step", "issued_sent", "spans",
+        "spans_at_step", "issued_base", "stop_stacks", "count_steps", "counter", "tail", "tail_count",
+        "tail_ms", "flight_answered")
+
     def __init__(self, fd, fifo):
         import collections
         import threading
@@ -164,6 +174,7 @@ class _Observer:
         # the first, False where there is none; `tail_count` those written.
         self.tail = None
         self.tail_count = 0
+        self.tail_ms = None
         # This process answered ups-doctor's request for its Flight Recorder entries
         # (`answer_flight`), or has none to give.
         self.flight_answered = False
@@ -401,7 +412,7 @@ class _Observer:
         # The parent's step counter is mapped here too: the child never writes it, and makes its
         # own if it steps (a rank forked by its launcher; a DataLoader worker does not step).
         self.count_steps = self.counter = None
-        self.tail, self.tail_count = None, 0
+        self.tail, self.tail_count, self.tail_ms = None, 0, None
 
         # A forked child (a DataLoader worker) issues no collective; the parent's group may have
         # been mid-call at the fork, so the child never touches it.
@@ -459,11 +470,16 @@ class _Observer:
             return
         self.summary_sent_at, self.summarised = now, state
 
-        # A copy, taken whole (the main thread appends to the history as it steps).
+        # A copy, taken whole (the main thread appends to the history as it steps), by column
+        # (in C: at exit this runs in the program's thread).
         history = list(self.history)
+        columns = list(zip(*history)) if history else [()] * 6
 
         def median(i):
-            values = sorted(h[i] for h in history if h[i] is not None)
+            values = columns[i]
+            if None in values:
+                values = [v for v in values if v is not None]
+            values = sorted(values)
             return round(values[len(values) // 2], 3) if values else None
 
         marker = {"t": "observer", "steps": self.steps, "timed_steps": len(history),
@@ -592,21 +608,21 @@ class _Observer:
         if count is None:
             count = self._step_counter()
         if count:
-            count(self.counter, 0, step + 1, now)
+            count[0] = step + 1
+            count[1] = now
 
     def _step_counter(self):
         """The steps done and when the last ended, kept in a 16-byte file this process maps in
         ups-doctor's folder for it (`$UPS_DOCTOR_STOP_STACKS/PID.steps`): the page outlives the
         process, so a rank that dies before its last step markers are sent (a segfault, the OOM
         killer's SIGKILL, within the 0.25 s the sending thread waits) still says how far it got.
-        One `pack_into` a step, into this process's own file (a forked child makes its own)."""
+        Two writes a step, into this process's own file (a forked child makes its own)."""
         self.count_steps = False
         folder = os.environ.get(_STOP_STACKS)
         if not folder:
             return False
         try:
             import mmap
-            import struct
 
             fd = os.open(os.path.join(folder, f"{os.getpid()}.steps"), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
             try:
@@ -614,8 +630,8 @@ class _Observer:
                 self.counter = mmap.mmap(fd, 16)
             finally:
                 os.close(fd)
-            # Called as `count(counter, 0, steps, stamp)`: a `functools.partial` costs more.
-            self.count_steps = struct.Struct("<QQ").pack_into
+            # Its two u64s, written one by one (a `pack_into` costs more).
+            self.count_steps = _words(self.counter, "Q")
         except Exception:
             pass
         return self.count_steps
@@ -643,6 +659,8 @@ class _Observer:
             try:
                 os.ftruncate(fd, size)
                 self.tail = mmap.mmap(fd, size)
+                # Each slot's milliseconds, written as one f64 (a `pack_into` costs more).
+                self.tail_ms = _words(self.tail, "d")
             finally:
                 os.close(fd)
         except Exception:
@@ -663,7 +681,6 @@ _TAIL_SLOT = 256
 _TAIL_TEXT = _TAIL_SLOT - 40
 _TAIL_TEXTS = {}
 _TAIL_SLOT_PACK = None
-_TAIL_MS_PACK = None
 
 
 def _tail_text(site, op, group, dtype, shapes):
@@ -675,11 +692,28 @@ def _tail_text(site, op, group, dtype, shapes):
 
 
 def _tail_structs():
-    global _TAIL_SLOT_PACK, _TAIL_MS_PACK
+    global _TAIL_SLOT_PACK
     import struct
 
     _TAIL_SLOT_PACK = struct.Struct(f"<B7xQQQd{_TAIL_TEXT}s").pack_into
-    _TAIL_MS_PACK = struct.Struct("<d").pack_into
+
+
+class _Packed:
+    """`memoryview(buf).cast(code)`'s item assignment, little-endian whatever the machine's order."""
+
+    def __init__(self, buf, code):
+        import struct
+
+        self.buf, self.pack = buf, struct.Struct("<" + code).pack_into
+
+    def __setitem__(self, i, value):
+        self.pack(self.buf, i * 8, value)
+
+
+def _words(buf, code):
+    """`buf` (a mapped file) as little-endian 8-byte words that an item assignment writes, `code`
+    `Q` (u64) or `d` (f64): a memoryview's is much cheaper than a `pack_into`."""
+    return memoryview(buf).cast(code) if sys.byteorder == "little" else _Packed(buf, code)
 
 
 _observer = None
@@ -1099,7 +1133,7 @@ def _wrap_collective(dist, op, original):
                 tail = obs.tail
                 if tail and obs.tail_count - kept <= _TAIL_SLOTS:
                     at = (kept % _TAIL_SLOTS) * _TAIL_SLOT
-                    _TAIL_MS_PACK(tail, at + 32, ms)
+                    obs.tail_ms[(at + 32) >> 3] = ms
                     tail[at] = 2
         return result
 
