@@ -93,6 +93,16 @@ def _writable(fd, deadline):
 
 
 class _Observer:
+    # Its attributes as slots, which the hooks read and write every step: an instance of more than
+    # 30 attributes keeps them in a dict of its own, slower to read and write.
+    __slots__ = ("fd", "fifo", "tagged", "lock", "write_lock", "pg_lock", "queue", "dropped", "skipped",
+        "wake", "thread", "stopping", "forked", "rank", "world_size", "seq", "patched", "optimizer", "steps",
+        "last_step_at", "data_ms", "forward_ms", "collective_ms", "backward_ms", "collective_total_ms",
+        "in_backward", "samples", "history", "sched_base", "summary_sent_at", "summarised", "helper_steps",
+        "workers_sent", "step_marker", "pg", "read_count", "issued_at_step", "issued_sent", "spans",
+        "spans_at_step", "issued_base", "stop_stacks", "count_steps", "counter", "tail", "tail_count",
+        "tail_ms", "flight_answered")
+
     def __init__(self, fd, fifo):
         import collections
         import threading
@@ -141,7 +151,7 @@ class _Observer:
         self.summarised = None
         self.helper_steps = False
         self.workers_sent = 0
-        # The step marker still in the queue (`send_step`), which `_take` lets go of.
+        # The step marker still in the queue (`on_step`), which `_take` lets go of.
         self.step_marker = None
         # The default group's own count of the collectives issued on it (its sequence number),
         # which counts those issued from C++ too (DDP's gradient reductions), read once a step
@@ -160,10 +170,11 @@ class _Observer:
         # first step, False where there is none.
         self.count_steps = None
         self.counter = None
-        # The newest collectives, kept in a file this process maps (`tail_issued`): None until
+        # The newest collectives, kept in a file this process maps (`_open_tail`): None until
         # the first, False where there is none; `tail_count` those written.
         self.tail = None
         self.tail_count = 0
+        self.tail_ms = None
         # This process answered ups-doctor's request for its Flight Recorder entries
         # (`answer_flight`), or has none to give.
         self.flight_answered = False
@@ -181,38 +192,10 @@ class _Observer:
             self.wake.set()
         return True
 
-    def send_step(self, step, data_ms, compute_ms, samples):
-        """A step's marker; while the one of an earlier step still waits in the queue, that one
-        says this step too (its number, stamp and summed times), so a program stepping faster than
-        the queue is sent (every 0.25 s) sends one step marker per batch, not one a step (each
-        costs encoding here and reading in ups-doctor)."""
-        with self.lock:  # `_take` takes it from the queue under this lock
-            marker = self.step_marker
-            if marker is not None:
-                marker["step"] = step
-                marker["data_ms"] += data_ms
-                marker["compute_ms"] += compute_ms
-                marker["samples"] += samples
-                marker["mono_ns"] = time.monotonic_ns()
-                return
-            marker = {"t": "step", "step": step, "loss": None, "data_ms": data_ms, "compute_ms": compute_ms,
-                      "samples": samples}
-            if self.send(marker):
-                self.step_marker = marker
-
-    def returned(self, entry, ms, span=None):
-        """A collective queued by `send` returned after `ms` (having issued `span` of the group's
-        collectives): still queued, it goes out once with them; already sent (`_take` marks it),
-        it goes again with them."""
-        with self.lock:
-            if entry.pop("_sent", False):
-                entry = dict(entry)
-                entry["mono_ns"] = time.monotonic_ns()
-                entry["_again"] = True
-                self.send(entry)
-            entry["ms"] = ms
-            if span is not None:
-                entry["span"] = span
+    def lost_group(self):
+        """The group's count could not be read (a hook's read, without `pg_lock`): read no more."""
+        with self.pg_lock:
+            self.pg = self.read_count = None
 
     def _start(self):
         import threading
@@ -226,6 +209,8 @@ class _Observer:
             self.wake.clear()
             if self.stopping:
                 return
+            # The once-a-second summary is made here only, never in the program's step hook (its
+            # medians cost that hook about 17,000 instructions a step, counted with callgrind).
             try:
                 self.summary()
             except RuntimeError:  # the history changed while it was read: next time
@@ -315,20 +300,22 @@ class _Observer:
         # older ones that have returned are counted (`skipped`, on the next one sent), not sent.
         # A program issuing hundreds a second spent more on encoding them than on the wrapper.
         # (Returns of ones sent before, `_again`, are always sent: they add no entry.)
-        over = sum(1 for m in self.queue if m.get("t") == "collective" and "_again" not in m) - _LEDGER_KEPT
+        # A collective's entry is queued as a list (`_COLL_*`, made into its marker here).
+        over = sum(1 for m in self.queue if m.__class__ is list and m[_COLL_STATE] != _AGAIN) - _LEDGER_KEPT
         skipped, self.skipped = self.skipped, 0
         while self.queue:
             marker = self.queue.popleft()
             if marker is self.step_marker:
                 self.step_marker = None
-            collective = marker.get("t") == "collective"
+            collective = marker.__class__ is list
             if collective:
-                again = marker.pop("_again", False)
-                if over > 0 and not again:
+                entry = marker
+                if over > 0 and entry[_COLL_STATE] != _AGAIN:
                     over -= 1
-                    if "ms" in marker:
+                    if entry[_COLL_MS] is not None:
                         skipped += 1
                         continue
+                marker = _collective_marker(entry)
                 if skipped:
                     marker["skipped"], skipped = skipped, 0
                 _describe(marker)
@@ -345,7 +332,7 @@ class _Observer:
                 if line is None or len(line) > _PIPE_BUF:
                     skipped += carried
                 elif "ms" not in marker:
-                    marker["_sent"] = True  # still running: `returned` sends its duration
+                    entry[_COLL_STATE] = _SENT  # still running: its wrapper sends its duration
             if line is None:
                 continue
             if len(line) > _PIPE_BUF:
@@ -425,7 +412,7 @@ class _Observer:
         # The parent's step counter is mapped here too: the child never writes it, and makes its
         # own if it steps (a rank forked by its launcher; a DataLoader worker does not step).
         self.count_steps = self.counter = None
-        self.tail, self.tail_count = None, 0
+        self.tail, self.tail_count, self.tail_ms = None, 0, None
 
         # A forked child (a DataLoader worker) issues no collective; the parent's group may have
         # been mid-call at the fork, so the child never touches it.
@@ -483,11 +470,19 @@ class _Observer:
             return
         self.summary_sent_at, self.summarised = now, state
 
+        # A copy, taken whole (the main thread appends to the history as it steps), by column
+        # (in C: at exit this runs in the program's thread).
+        history = list(self.history)
+        columns = list(zip(*history)) if history else [()] * 6
+
         def median(i):
-            values = sorted(h[i] for h in self.history if h[i] is not None)
+            values = columns[i]
+            if None in values:
+                values = [v for v in values if v is not None]
+            values = sorted(values)
             return round(values[len(values) // 2], 3) if values else None
 
-        marker = {"t": "observer", "steps": self.steps, "timed_steps": len(self.history),
+        marker = {"t": "observer", "steps": self.steps, "timed_steps": len(history),
                   "step_ms": median(0) or 0.0, "data_ms": median(1) or 0.0, "forward_ms": median(2) or 0.0,
                   "collective_ms": median(3) or 0.0, "distributed": self.world_size is not None,
                   "dropped": self.dropped}
@@ -535,58 +530,99 @@ class _Observer:
         n = self.steps - base[0]
         return round((now[0] - base[1]) / n / 1e6, 3), round((now[1] - base[2]) / n / 1e6, 3)
 
-    def on_step(self, optimizer):
+    def on_step(self, optimizer, args=None, kwargs=None):
+        """The optimizer's step post hook (registered as it is: `optimizer, args, kwargs`). It runs
+        once a training step in the program's thread, so what it does is written out here, not
+        called (each Python call costs a few hundred instructions), with one clock read: the
+        step's time, its marker's stamp and the step counter's are the same `CLOCK_MONOTONIC`
+        reading (`perf_counter` is that clock too). The once-a-second summary is the sending
+        thread's (`_run`)."""
         if self.optimizer != id(optimizer):
             if self.optimizer is not None:
                 return
             self.optimizer = id(optimizer)
-        now = time.perf_counter()
+        now = time.monotonic_ns()
         step = self.steps
         self.steps = step + 1
         data, forward, collective, samples = self.data_ms, self.forward_ms, self.collective_ms, self.samples
         backward = self.backward_ms
         self.data_ms = self.forward_ms = self.collective_ms = self.backward_ms = 0.0
         self.samples = 0
-        # Collectives of this step issued other than through the Python functions: DDP's.
-        issued, spans, unseen = self.issued(), self.spans, None
-        if issued is not None and self.issued_at_step is not None:
-            unseen = issued - self.issued_at_step - (spans - self.spans_at_step)
+        # Collectives of this step issued other than through the Python functions: DDP's. The
+        # group's count read without `pg_lock` (`issued`), as the collective's own hooks read it:
+        # a thread of the program's, which never runs while the program exits (`forget_group`).
+        issued, spans, unseen = None, self.spans, None
+        read = self.read_count
+        if read is not None:
+            try:
+                issued = read()
+            except Exception:
+                self.lost_group()
+            if issued is not None and self.issued_at_step is not None:
+                unseen = issued - self.issued_at_step - (spans - self.spans_at_step)
         self.issued_at_step, self.spans_at_step = issued, spans
         last, self.last_step_at = self.last_step_at, now
         step_ms = 0.0
         if last is not None:
-            step_ms = (now - last) * 1000.0
+            step_ms = (now - last) / 1e6
             self.history.append((step_ms, data, forward, collective, unseen, backward))
             if self.sched_base is None:
-                now = self._schedstat()
-                if now is not None:
-                    self.sched_base = (self.steps, *now)
-        if not self.helper_steps:
-            if "ups_doctor" in sys.modules:
-                self.helper_steps = True
+                base = self._schedstat()
+                if base is not None:
+                    self.sched_base = (self.steps, *base)
+        if self.helper_steps:
+            return
+        if "ups_doctor" in sys.modules:
+            self.helper_steps = True
+            return
+        # The step's marker; while the one of an earlier step still waits in the queue, that one
+        # says this step too (its number, stamp and summed times), so a program stepping faster
+        # than the queue is sent (every 0.25 s) sends one step marker per batch, not one a step
+        # (each costs encoding here and reading in ups-doctor). Under `lock`: `_take` takes it
+        # from the queue under it.
+        compute = step_ms - data
+        if compute < 0.0:
+            compute = 0.0
+        lock = self.lock
+        lock.acquire()  # not `with`: its look-up of `__enter__` and `__exit__` costs more
+        try:
+            marker = self.step_marker
+            if marker is not None:
+                marker["step"] = step
+                marker["data_ms"] += data
+                marker["compute_ms"] += compute
+                marker["samples"] += samples
+                marker["mono_ns"] = now
+            elif len(self.queue) >= _QUEUE_MAX:  # `send`, written out
+                self.dropped += 1
             else:
-                self.send_step(step, data, max(step_ms - data, 0.0), samples)
-                count = self.count_steps
-                if count is None:
-                    count = self._step_counter()
-                if count:
-                    count(step + 1, time.monotonic_ns())
-        self.summary()
+                marker = {"t": "step", "step": step, "loss": None, "data_ms": data, "compute_ms": compute,
+                          "samples": samples, "mono_ns": now}
+                self.queue.append(marker)
+                self.step_marker = marker
+                if self.thread is None:
+                    self._start()
+        finally:
+            lock.release()
+        count = self.count_steps
+        if count is None:
+            count = self._step_counter()
+        if count:
+            count[0] = step + 1
+            count[1] = now
 
     def _step_counter(self):
         """The steps done and when the last ended, kept in a 16-byte file this process maps in
         ups-doctor's folder for it (`$UPS_DOCTOR_STOP_STACKS/PID.steps`): the page outlives the
         process, so a rank that dies before its last step markers are sent (a segfault, the OOM
         killer's SIGKILL, within the 0.25 s the sending thread waits) still says how far it got.
-        One `pack_into` a step, into this process's own file (a forked child makes its own)."""
+        Two writes a step, into this process's own file (a forked child makes its own)."""
         self.count_steps = False
         folder = os.environ.get(_STOP_STACKS)
         if not folder:
             return False
         try:
-            import functools
             import mmap
-            import struct
 
             fd = os.open(os.path.join(folder, f"{os.getpid()}.steps"), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
             try:
@@ -594,47 +630,21 @@ class _Observer:
                 self.counter = mmap.mmap(fd, 16)
             finally:
                 os.close(fd)
-            self.count_steps = functools.partial(struct.Struct("<QQ").pack_into, self.counter, 0)
+            # Its two u64s, written one by one (a `pack_into` costs more).
+            self.count_steps = _words(self.counter, "Q")
         except Exception:
             pass
         return self.count_steps
 
-    def tail_issued(self, entry):
-        """Keeps a collective the program issued in the file this process maps
-        (`$UPS_DOCTOR_STOP_STACKS/PID.colls`, `_TAIL_*` below): the page outlives the process, so
-        a rank that gloo aborts, a segfault or a SIGKILL stops in a collective before its ledger
-        entries are sent (the sending thread waits 0.25 s) still says which it was in and which it
-        issued before. Returns the entry's number, for `tail_returned`; None where none is kept.
-        Before `send`: the sending thread makes the entry's sizes text in place."""
-        tail = self.tail
-        if tail is None:
-            tail = self._open_tail()
-        if not tail:
-            return None
-        n = self.tail_count
-        self.tail_count = n + 1
-        # The entry's text, worked out once for each call site, op, group, dtype and sizes.
-        key = (entry["site"], entry["op"], entry["group"], entry["dtype"], *entry["shapes"])
-        text = _TAIL_TEXTS.get(key)
-        if text is None:
-            text = "\x1f".join((entry["op"], entry["group"], _shapes_text(entry["shapes"]),
-                                _dtype_text(entry["dtype"]), entry["site"])).encode()[:_TAIL_TEXT]
-            if len(_TAIL_TEXTS) < _CACHE_MAX:
-                _TAIL_TEXTS[key] = text
-        _TAIL_SLOT_PACK(tail, (n % _TAIL_SLOTS) * _TAIL_SLOT, 1, time.monotonic_ns(), entry["seq"], entry.get("pos", 0),
-                        0.0, text)
-        return n
-
-    def tail_returned(self, n, ms):
-        """The kept collective number `n` returned after `ms`: its slot says so, unless newer ones
-        took it since."""
-        tail = self.tail
-        if tail and self.tail_count - n <= _TAIL_SLOTS:
-            at = (n % _TAIL_SLOTS) * _TAIL_SLOT
-            _TAIL_MS_PACK(tail, at + 32, ms)
-            tail[at] = 2
-
     def _open_tail(self):
+        """The file this process keeps the collectives the program issued in
+        (`$UPS_DOCTOR_STOP_STACKS/PID.colls`, `_TAIL_*` below), mapped, or False where there is
+        none: the page outlives the process, so a rank that gloo aborts, a segfault or a SIGKILL
+        stops in a collective before its ledger entries are sent (the sending thread waits 0.25 s)
+        still says which it was in and which it issued before. The collective's wrapper
+        (`_wrap_collective`) writes an entry's slot as it is issued, before it is queued (the
+        sending thread makes the entry's sizes text in place), and marks it returned, unless newer
+        ones took the slot since."""
         self.tail = False
         folder = os.environ.get(_STOP_STACKS)
         if not folder:
@@ -649,6 +659,8 @@ class _Observer:
             try:
                 os.ftruncate(fd, size)
                 self.tail = mmap.mmap(fd, size)
+                # Each slot's milliseconds, written as one f64 (a `pack_into` costs more).
+                self.tail_ms = _words(self.tail, "d")
             finally:
                 os.close(fd)
         except Exception:
@@ -656,7 +668,7 @@ class _Observer:
         return self.tail
 
 
-# The file a rank's newest collectives are kept in (`_Observer.tail_issued`; read by
+# The file a rank's newest collectives are kept in (`_Observer._open_tail`; read by
 # `collective_tail` in src/harness/os/stacks.rs): `_TAIL_SLOTS` slots of `_TAIL_SLOT` bytes, the
 # n-th entry in slot n % _TAIL_SLOTS, so their order is their stamps'. A slot: its state (u8: 0
 # never written, 1 issued, 2 returned), 7 unused bytes, then little-endian u64s: the
@@ -669,15 +681,39 @@ _TAIL_SLOT = 256
 _TAIL_TEXT = _TAIL_SLOT - 40
 _TAIL_TEXTS = {}
 _TAIL_SLOT_PACK = None
-_TAIL_MS_PACK = None
+
+
+def _tail_text(site, op, group, dtype, shapes):
+    """A slot's text, worked out once for each call site, op, group, dtype and sizes."""
+    text = "\x1f".join((op, group, _shapes_text(shapes), _dtype_text(dtype), site)).encode()[:_TAIL_TEXT]
+    if len(_TAIL_TEXTS) < _CACHE_MAX:
+        _TAIL_TEXTS[(site, op, group, dtype, *shapes)] = text
+    return text
 
 
 def _tail_structs():
-    global _TAIL_SLOT_PACK, _TAIL_MS_PACK
+    global _TAIL_SLOT_PACK
     import struct
 
     _TAIL_SLOT_PACK = struct.Struct(f"<B7xQQQd{_TAIL_TEXT}s").pack_into
-    _TAIL_MS_PACK = struct.Struct("<d").pack_into
+
+
+class _Packed:
+    """`memoryview(buf).cast(code)`'s item assignment, little-endian whatever the machine's order."""
+
+    def __init__(self, buf, code):
+        import struct
+
+        self.buf, self.pack = buf, struct.Struct("<" + code).pack_into
+
+    def __setitem__(self, i, value):
+        self.pack(self.buf, i * 8, value)
+
+
+def _words(buf, code):
+    """`buf` (a mapped file) as little-endian 8-byte words that an item assignment writes, `code`
+    `Q` (u64) or `d` (f64): a memoryview's is much cheaper than a `pack_into`."""
+    return memoryview(buf).cast(code) if sys.byteorder == "little" else _Packed(buf, code)
 
 
 _observer = None
@@ -843,10 +879,10 @@ _SITES, _SHAPES, _DTYPES = {}, {}, {}
 _CACHE_MAX = 4096
 
 
-def _call_site():
-    """The innermost frame outside torch and this file: `train.py:40`; a frame of the user's own
-    code (not in site-packages) is preferred."""
-    frame = sys._getframe(2)
+def _call_site(frame):
+    """The innermost frame outside torch and this file from `frame` (the collective's caller)
+    out: `train.py:40`; a frame of the user's own code (not in site-packages) is preferred. (The
+    collective's wrapper looks a known calling instruction up in `_SITES` itself.)"""
     # Known by the calling instruction: a frame's line number is worked out from its code's
     # line table each time it is read, which for a long training function cost more than the
     # rest of the wrapper (about 12,000 instructions a call, counted with callgrind).
@@ -919,6 +955,31 @@ def _tensors(value, out, tensor):
             _tensors(v, out, tensor)
 
 
+# A collective's entry as its wrapper queues it: a list of its op, group, sequence number in its
+# group, tensors' sizes (a list of `torch.Size`) and dtype, call site, place in the default
+# group's count (None: not known), stamp, milliseconds and span (None until it returns), and
+# state: queued, sent without its duration (which its wrapper then queues again, as a copy in
+# the state `_AGAIN`). `_take` makes its marker (`_collective_marker`).
+_COLL_MS, _COLL_STATE = 8, 10
+_QUEUED, _SENT, _AGAIN = 0, 1, 2
+
+
+def _collective_marker(entry):
+    """A collective's queued entry (`_COLL_*`) as its marker, the fields in the order the wrapper
+    has always given them."""
+    op, group, seq, shapes, dtype, site, pos, stamp, ms, span, _ = entry
+    marker = {"t": "collective", "op": op, "group": group, "seq": seq, "shapes": shapes, "dtype": dtype,
+              "site": site}
+    if pos is not None:
+        marker["pos"] = pos
+    marker["mono_ns"] = stamp
+    if ms is not None:
+        marker["ms"] = ms
+        if span is not None:
+            marker["span"] = span
+    return marker
+
+
 _NOT_DATA = frozenset(("group", "async_op", "op", "src", "dst", "timeout", "group_src", "group_dst"))
 
 
@@ -942,6 +1003,14 @@ def _wrap_collective(dist, op, original):
     tensor = sys.modules["torch"].Tensor
     data_at = [i for i, name in enumerate(names) if name not in _NOT_DATA]
 
+    mono, frame_at, sites = time.monotonic_ns, sys._getframe, _SITES
+
+    # Runs for every collective the program issues, in its thread: what the observer does is
+    # written out here, not called (each Python call costs a few hundred instructions), and one
+    # clock read stamps the queued entry and its slot in the `.colls` file and starts its time
+    # (`CLOCK_MONOTONIC`, `perf_counter`'s clock too, in ns: two reads a collective). The group's
+    # count is read without `pg_lock` (`issued`): a thread of the program's, which never runs
+    # while the program exits (`forget_group`).
     @functools.wraps(original)
     def collective(*args, **kwargs):
         obs = _observer
@@ -960,42 +1029,112 @@ def _wrap_collective(dist, op, original):
                 value = args[i]
                 if isinstance(value, tensor):
                     tensors.append(value)
-                else:
-                    _tensors(value, tensors, tensor)
+                elif isinstance(value, (list, tuple)):
+                    # `_tensors`, its first level written out (a list of tensors, most often).
+                    if len(tensors) < 4:
+                        for v in value[:4]:
+                            if len(tensors) >= 4:
+                                break
+                            if isinstance(v, tensor):
+                                tensors.append(v)
+                            elif isinstance(v, (list, tuple)):
+                                _tensors(v, tensors, tensor)
             if kwargs:
                 for key, value in kwargs.items():
                     if key not in _NOT_DATA:
                         _tensors(value, tensors, tensor)
             # Sizes and dtype as torch gives them: made text only for the entries sent (`_take`).
-            entry = {"t": "collective", "op": op, "group": name, "seq": seq,
-                     "shapes": [t.shape for t in tensors[:4]], "dtype": tensors[0].dtype if tensors else "",
-                     "site": _call_site()}
+            k = len(tensors)
+            if k == 1:
+                shapes = [tensors[0].shape]
+            elif k == 2:
+                shapes = [tensors[0].shape, tensors[1].shape]
+            else:
+                shapes = [t.shape for t in tensors[:4]]
+            dtype = tensors[0].dtype if k else ""
+            # The call site (`_call_site`), known by the calling instruction.
+            frame = frame_at(1)
+            hit = sites.get((id(frame.f_code), frame.f_lasti))
+            site = hit[1] if hit is not None else _call_site(frame)
             # Its place in the default group's own count (which DDP's collectives move too).
-            before = obs.issued() if name == "default" or group is obs.pg else None
-            if before is not None:
-                entry["pos"] = before + 1
-                # Counted as one while it runs (a rank may hang in it), as many as it issued after.
-                obs.spans += 1
-            kept = obs.tail_issued(entry)
-            obs.send(entry)
+            before = pos = None
+            if name == "default" or group is obs.pg:
+                read = obs.read_count
+                if read is not None:
+                    try:
+                        before = read()
+                    except Exception:
+                        obs.lost_group()
+                if before is not None:
+                    pos = before + 1
+                    # Counted as one while it runs (a rank may hang in it), as many as it issued after.
+                    obs.spans += 1
+            now = mono()
+            # Kept in the file this process maps (`_open_tail`), before it is queued: the
+            # sending thread makes the entry's sizes text in place.
+            tail = obs.tail
+            if tail is None:
+                tail = obs._open_tail()
+            kept = None
+            if tail:
+                kept = obs.tail_count
+                obs.tail_count = kept + 1
+                text = _TAIL_TEXTS.get((site, op, name, dtype, *shapes))
+                if text is None:
+                    text = _tail_text(site, op, name, dtype, shapes)
+                _TAIL_SLOT_PACK(tail, (kept % _TAIL_SLOTS) * _TAIL_SLOT, 1, now, seq, pos or 0, 0.0, text)
+            # `send`, written out: queued without the lock (a deque's append is atomic), as a
+            # list (`_COLL_*`), which costs less to make here than its marker's dict.
+            entry = [op, name, seq, shapes, dtype, site, pos, now, None, None, _QUEUED]
+            if len(obs.queue) >= _QUEUE_MAX:
+                obs.dropped += 1
+            else:
+                obs.queue.append(entry)
+                if obs.thread is None:
+                    obs._start()
         except Exception:
             entry = before = kept = None
-        started = time.perf_counter()
         result = original(*args, **kwargs)
         if entry is not None:
-            ms = (time.perf_counter() - started) * 1000.0
+            # From its stamp: the entry's slot and queueing come before (a microsecond or two).
+            ms = (mono() - now) / 1e6
             obs.collective_ms += ms
             obs.collective_total_ms += ms
             span = None
             if before is not None:
-                after = obs.issued()
-                if after is not None:
-                    # `all_gather_object` and the like issue more than one.
-                    span = after - before
-                    obs.spans += span - 1
-            obs.returned(entry, ms, span)
+                read = obs.read_count
+                if read is not None:
+                    after = None
+                    try:
+                        after = read()
+                    except Exception:
+                        obs.lost_group()
+                    if after is not None:
+                        # `all_gather_object` and the like issue more than one.
+                        span = after - before
+                        obs.spans += span - 1
+            # `returned`, written out: still queued, it goes out once with its duration; already
+            # sent (`_take` marks it), it goes again with it.
+            lock = obs.lock
+            lock.acquire()
+            try:
+                if entry[10] == _SENT:  # `_COLL_STATE`: sent, without its duration
+                    entry = [*entry[:7], mono(), ms, span, _AGAIN]
+                    if len(obs.queue) >= _QUEUE_MAX:
+                        obs.dropped += 1
+                    else:
+                        obs.queue.append(entry)
+                else:
+                    entry[8], entry[9] = ms, span  # `_COLL_MS`, and its span
+            finally:
+                lock.release()
             if kept is not None:
-                obs.tail_returned(kept, ms)
+                # Its slot says it returned.
+                tail = obs.tail
+                if tail and obs.tail_count - kept <= _TAIL_SLOTS:
+                    at = (kept % _TAIL_SLOTS) * _TAIL_SLOT
+                    obs.tail_ms[(at + 32) >> 3] = ms
+                    tail[at] = 2
         return result
 
     setattr(dist, op, collective)
@@ -1149,26 +1288,50 @@ def _batch_size(batch):
     return 0
 
 
-def _timed(cls, name, field, count_samples=False):
+def _timed(cls, name, field):
+    """`cls.name` timed into the observer's `field`: `data_ms` (a DataLoader's `__next__`, whose
+    batch's samples are counted too: `_batch_size`, its most frequent case written out) or
+    `forward_ms`. One `perf_counter` on each side; the attribute read and written as such (a call
+    of `getattr` and `setattr` costs more), as this runs in every step."""
     import functools
 
     original = getattr(cls, name)
+    perf = time.perf_counter
+    tensor = sys.modules["torch"].Tensor
 
-    @functools.wraps(original)
-    def timed(self, *args, **kwargs):
-        started = time.perf_counter()
-        batch = None
-        try:
-            batch = original(self, *args, **kwargs)
-            return batch
-        finally:
-            obs = _observer
-            setattr(obs, field, getattr(obs, field) + (time.perf_counter() - started) * 1000.0)
-            if count_samples and batch is not None:
-                try:
-                    obs.samples += _batch_size(batch)
-                except Exception:
-                    pass
+    if field == "data_ms":
+
+        @functools.wraps(original)
+        def timed(self, *args, **kwargs):
+            started = perf()
+            batch = None
+            try:
+                batch = original(self, *args, **kwargs)
+                return batch
+            finally:
+                obs = _observer
+                obs.data_ms += (perf() - started) * 1000.0
+                if batch is not None:
+                    try:
+                        if (batch.__class__ is tuple or batch.__class__ is list) and batch \
+                                and batch[0].__class__ is tensor:
+                            shape = batch[0].shape
+                            obs.samples += int(shape[0]) if len(shape) else 1
+                        else:
+                            obs.samples += _batch_size(batch)
+                    except Exception:
+                        pass
+
+    else:
+
+        @functools.wraps(original)
+        def timed(self, *args, **kwargs):
+            started = perf()
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                obs = _observer
+                obs.forward_ms += (perf() - started) * 1000.0
 
     setattr(cls, name, timed)
 
@@ -1181,18 +1344,19 @@ def _timed_backward(autograd):
 
     original = autograd.backward
     obs = _observer
+    perf = time.perf_counter
 
     @functools.wraps(original)
     def backward(*args, **kwargs):
         if obs.in_backward:
             return original(*args, **kwargs)
         obs.in_backward = True
-        started = time.perf_counter()
+        started = perf()
         try:
             return original(*args, **kwargs)
         finally:
             obs.in_backward = False
-            obs.backward_ms += (time.perf_counter() - started) * 1000.0
+            obs.backward_ms += (perf() - started) * 1000.0
 
     autograd.backward = backward
 
@@ -1241,7 +1405,7 @@ def _patch():
         if "optim" not in obs.patched and "torch.optim.optimizer" in sys.modules:
             from torch.optim.optimizer import register_optimizer_step_post_hook
 
-            register_optimizer_step_post_hook(lambda optimizer, args, kwargs: obs.on_step(optimizer))
+            register_optimizer_step_post_hook(obs.on_step)
             obs.patched.add("optim")
     except Exception:
         pass
@@ -1265,7 +1429,7 @@ def _patch():
         loader = sys.modules.get("torch.utils.data.dataloader")
         if "data" not in obs.patched and hasattr(loader, "_BaseDataLoaderIter"):
             obs.patched.add("data")
-            _timed(loader._BaseDataLoaderIter, "__next__", "data_ms", count_samples=True)
+            _timed(loader._BaseDataLoaderIter, "__next__", "data_ms")
     except Exception:
         pass
     try:

@@ -223,7 +223,7 @@ pub fn step_counter(folder: &Path, pid: u32) -> Option<(u64, u64)> {
     Some((word(0)?, word(8)?)).filter(|(steps, _)| *steps > 0)
 }
 
-/// The file a rank's observer keeps its newest collectives in (`_Observer.tail_issued` in
+/// The file a rank's observer keeps its newest collectives in (`_Observer._open_tail` in
 /// `python/site/sitecustomize.py`, where its layout is written down): `folder/PID.colls`, slots
 /// of 256 bytes.
 const TAIL_SLOT: usize = 256;
@@ -271,7 +271,7 @@ mod tests {
     use super::*;
     use crate::harness::os::found::{FoundState, FoundWatch};
 
-    /// The file a rank's observer keeps its newest collectives in, as `_Observer.tail_issued`
+    /// The file a rank's observer keeps its newest collectives in, as `_Observer._open_tail`
     /// lays it out: 34 entries in 32 slots let go of the oldest two, the rest come oldest first
     /// whichever slot holds them, a returned one carries its time, an unwritten, garbled or cut
     /// slot is left out.
