@@ -18,6 +18,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import sys
 import time
 import uuid
@@ -194,6 +195,24 @@ ACCEL = ["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_m
 TORCHRUN = ["torchrun", "--nproc_per_node", "2", "--master_port", "{port}"]
 
 
+# The Ray Train venv of `./x ray` (on top of the torch venv), for the programs with `ray=True`.
+RAY_VENV = os.path.join(CACHE, "ray-2.60.0")
+
+
+def ray_python():
+    python = os.environ.get("UPS_DOCTOR_RAY_PYTHON") or os.path.join(RAY_VENV, "bin", "python")
+    if not os.path.exists(python):
+        log("installing the Ray Train venv (./x ray)")
+        subprocess.run([os.path.join(REPO, "x"), "ray"], check=True, cwd=REPO, stdout=subprocess.DEVNULL)
+    return python
+
+
+def ray_example(python):
+    venv = os.path.dirname(os.path.dirname(python))
+    return os.path.join(venv, "lib", PY, "site-packages", "ray", "train", "examples", "pytorch",
+                        "torch_linear_example.py")
+
+
 def accel_script(name):
     return os.path.join(site_packages(), "accelerate", "test_utils", "scripts", name)
 
@@ -251,6 +270,10 @@ PROGRAMS = [
          entry="python ignite_trainer.py: idist.Parallel(nproc_per_node=2) spawns the ranks; supervised trainer, "
                "RunningAverage (an all_reduce a step), 2 DataLoader workers a rank",
          argv=["python", "{wrap}/ignite_trainer.py"], port_env=True, workers=True),
+    dict(name="ray-train-linear", ray=True, package="ray[train]==2.60.0",
+         entry="python torch_linear_example.py --smoke-test (Ray Train's own example: ray.init of a local cluster, "
+               "a TorchTrainer of 2 CPU workers, DDP over gloo; the ranks are the cluster's RayTrainWorker processes)",
+         argv=["{raypy}", "{raylinear}", "--smoke-test"], workers=False),
     dict(name="accelerate-test-script-1rank", package="accelerate==1.11.0",
          entry="accelerate launch --num_processes 1 --cpu test_script.py (one rank, no process group)",
          argv=["accelerate", "launch", "--cpu", "--num_processes", "1", "--num_machines", "1", "--mixed_precision",
@@ -502,6 +525,12 @@ def run_cell(args, program, fault, rep, calib, out_dir, data_dir):
     port = free_port()
     repl = {"{port}": str(port), "{wrap}": os.path.join(out_dir, "wrappers"), "{accel}": accel_script("")[:-1],
             "{data}": data_dir, "{tmp}": tmp}
+    ray_tmp = None
+    if program.get("ray"):
+        python = ray_python()
+        repl.update({"{raypy}": python, "{raylinear}": ray_example(python)})
+        # Ray's Unix sockets live in its session folder: a short one (108 bytes at most).
+        ray_tmp = tempfile.mkdtemp(prefix="udr", dir="/tmp")
 
     def fill(a):
         for k, val in repl.items():
@@ -529,6 +558,9 @@ def run_cell(args, program, fault, rep, calib, out_dir, data_dir):
         env["ACC_CALL"] = str(max(1, (n + 1) // 2))
     if program.get("port_env"):
         env["MASTER_PORT"] = str(port)
+    if ray_tmp:
+        # Ray's files (`~/.ray`, `~/ray_results`, its sessions) in the cell's own folders.
+        env.update(HOME=tmp, RAY_TMPDIR=ray_tmp)
     cmd = [args.binary, "run", "--quiet", "--out", os.path.join(cell_dir, "run"), "--timeout", str(args.timeout),
            "--hang-after", str(args.hang_after), *fault.get("limits", []), "--", *argv]
     with open(os.path.join(cell_dir, "command.txt"), "w") as f:
@@ -548,6 +580,8 @@ def run_cell(args, program, fault, rep, calib, out_dir, data_dir):
     t1 = time.time()
     if holder:
         holder.close()
+    if ray_tmp:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
     # Leftovers: processes that carry this cell's tag (ours), /dev/shm files of its processes.
     left = procs_with(tag)
     for pid in left:

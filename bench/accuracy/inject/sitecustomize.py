@@ -11,7 +11,7 @@ happens unless ACC_FAULT names a fault. Variables:
   (outermost calls only). ACC_MS: the delay of a straggler (default 300).
 - ACC_STAMP: a file; one JSON line is appended when the fault fires (`fault`, `rank`, `pid`,
   `t` = time.time()), so the runner knows it fired and when.
-- ACC_COUNT_FILE: a file; at a normal exit each process that trained appends its counts
+- ACC_COUNT_FILE: a file; at a normal exit (and as it destroys its process group) each process that trained appends its counts
   (optimizer steps, collectives, tensor collectives, DataLoader fetches): the runner calibrates
   ACC_CALL and ACC_STEP from the uninjected run.
 
@@ -219,6 +219,19 @@ def _wrap_init(dist):
 
     init_process_group.__wrapped__ = original
     dist.init_process_group = init_process_group
+    destroy = getattr(dist, "destroy_process_group", None)
+    if destroy is None:
+        return
+
+    def destroy_process_group(*args, **kwargs):
+        # The counts also as the group ends: a cluster's worker (Ray Train's) is ended by its
+        # cluster, not by returning, and never reaches its exit handlers. The runner keeps the
+        # larger of the two a process writes.
+        _write_counts()
+        return destroy(*args, **kwargs)
+
+    destroy_process_group.__wrapped__ = destroy
+    dist.destroy_process_group = destroy_process_group
 
 
 def _joining(rank):

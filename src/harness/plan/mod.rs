@@ -348,6 +348,17 @@ pub fn plan(scenario: &Scenario, facts: &Facts) -> Result<Plan, PlanError> {
     });
     let user_env: Vec<(String, String)> = user_env.collect();
     let mut processes = processes;
+    let launcher = (style == Style::Launcher)
+        .then(|| crate::harness::plan::command::launcher_of(&argv, cwd.as_deref()))
+        .flatten();
+    // The variables a launcher of the table runs best under, unless the user set them (theirs,
+    // from the scenario, come next and win).
+    if let Some(l) = launcher {
+        for p in &mut processes {
+            let unset = l.env().iter().filter(|(k, _)| !(facts.env_has)(k));
+            p.env.extend(unset.map(|(k, v)| (k.to_string(), v.to_string())));
+        }
+    }
     for p in &mut processes {
         for (k, v) in &user_env {
             match p.env.iter_mut().find(|(name, _)| name == k) {
@@ -380,9 +391,7 @@ pub fn plan(scenario: &Scenario, facts: &Facts) -> Result<Plan, PlanError> {
         grow_to: (style == Style::Launcher && facts.node.is_none() && scenario.launch.nodes <= 1)
             .then_some(MAX_GROWN_WORLD.max(world)),
         master_port: facts.master_port,
-        launcher: (style == Style::Launcher)
-            .then(|| crate::harness::plan::command::launcher_of(&argv, cwd.as_deref()))
-            .flatten(),
+        launcher,
         argv,
         style,
         style_chosen,
@@ -577,6 +586,24 @@ mod tests {
 
     fn env<'a>(p: &'a ProcessPlan, name: &str) -> Option<&'a str> {
         p.env.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+    }
+
+    /// A Ray Train program's launcher runs with Ray's line deduplication off (each worker's lines
+    /// whole and its own), unless the user set it; other launchers get nothing of it.
+    #[test]
+    fn a_cluster_launcher_gets_its_variables_unless_the_user_set_them() {
+        let ray = scenario(
+            r#"{"command": ["python", "-c", "from ray.train.torch import TorchTrainer; TorchTrainer(f).fit()"]}"#,
+        );
+        let p = planned(&ray, &[], true).unwrap();
+        assert_eq!(p.launcher.map(|l| l.name), Some("Ray Train"));
+        assert_eq!(env(&p.processes[0], "RAY_DEDUP_LOGS"), Some("0"));
+        let theirs = planned(&ray, &["RAY_DEDUP_LOGS"], true).unwrap();
+        assert_eq!(env(&theirs.processes[0], "RAY_DEDUP_LOGS"), None, "the user's own value is left alone");
+        let torchrun = scenario(r#"{"command": ["torchrun", "--nproc_per_node", "2", "t.py"]}"#);
+        let p = planned(&torchrun, &[], true).unwrap();
+        assert_eq!(p.launcher.map(|l| l.name), Some("torchrun"));
+        assert_eq!(env(&p.processes[0], "RAY_DEDUP_LOGS"), None);
     }
 
     #[test]

@@ -56,6 +56,21 @@ pub struct ClusterWorkers {
     /// How the launcher heads the error it relays for one rank, around the rank's number: Ray
     /// Train's `[Rank 1 Error Snippet]:`.
     pub relay: (&'static str, &'static str),
+    /// Variables the launcher gets unless the user set them: those that keep each worker's lines
+    /// whole, in order and its own (Ray prints a line that several workers printed alike once,
+    /// later, marked `[repeated 2x across cluster]`, and so moved one rank's traceback after
+    /// another's and cut its error off the block).
+    pub env: &'static [(&'static str, &'static str)],
+}
+
+impl Launcher {
+    /// The variables it runs under unless the user set them (see [`ClusterWorkers::env`]).
+    pub fn env(&self) -> &'static [(&'static str, &'static str)] {
+        match self.ranks {
+            RankProcesses::ClusterWorkers(w) => w.env,
+            RankProcesses::Started => &[],
+        }
+    }
 }
 
 const STARTED: RankProcesses = RankProcesses::Started;
@@ -241,6 +256,7 @@ pub const RAY_TRAIN: Launcher = Launcher {
     ranks: RankProcesses::ClusterWorkers(&ClusterWorkers {
         pid_word: "pid=",
         relay: ("[Rank ", " Error Snippet]:"),
+        env: &[("RAY_DEDUP_LOGS", "0")],
     }),
 };
 
