@@ -102,6 +102,7 @@ const FAILURE_DETECTORS: &[Detector] = &[
     observed::size_mismatch,
     observed::collective_mismatch,
     timeout::collective_timeout,
+    observed::straggler_at_time_limit,
     distributed::ranks_out_of_step,
     crash::native_crash,
     crash::false_success,

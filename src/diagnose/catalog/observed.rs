@@ -203,7 +203,8 @@ pub const STRAGGLER: Pattern = Pattern {
               waited for at least half the gap, in its steps or, over the whole run, in collectives between them; \
               not where the kernel's account (`observed.cpu_per_step`) says the rank's main thread waited for a \
               CPU at least half the gap a step longer than every other rank's with no more time on a CPU than \
-              theirs (within a quarter of it, or an eighth of the gap): a crowded machine, not the rank",
+              theirs (within a quarter of it, or an eighth of the gap): a crowded machine, not the rank; in a \
+              run that passed, or one the time limit ended while every rank still made progress",
     explanation: "Synchronous data parallelism runs at the pace of its slowest rank: the others wait for it in \
                   every collective (DDP's gradient all-reduce), so the whole job is as slow as this rank.",
     next_step: "Find why this rank is slower in that phase: its data (uneven shards, a slow disk or worker), its \
@@ -809,6 +810,23 @@ const TIMED_STEPS: u64 = 5;
 const SHORT_RUN_STEPS: u64 = 2;
 const SHORT_RUN_RATIO: f64 = 10.0;
 const SHORT_RUN_GAP_MS: f64 = 50.0;
+
+/// A run the time limit ended while every rank still made progress (none silent at the limit):
+/// where one rank is a straggler by the account a passed run gets, the others waited for it and
+/// it is the rank to look at; otherwise nothing (which rank the limit met first is no cause).
+/// Seen with Ray Train's example, one rank 300 ms a batch slower in its DataLoader: both ranks
+/// trained to their last step as the limit came, and rank 0 was named for ending first.
+pub fn straggler_at_time_limit(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Finding> {
+    let failing: Vec<&RankEvidence> = ev.ranks.iter().filter(|r| r.failed()).collect();
+    let progressing = |r: &&RankEvidence| {
+        r.result.outcome == OutcomeKind::TimedOut
+            && crate::diagnose::evidence::silent_at_limit(r.result, ev.scenario).is_none()
+    };
+    if failing.len() < 2 || failing.len() != ev.ranks.len() || !failing.iter().all(progressing) {
+        return None;
+    }
+    straggler(ev, first)
+}
 
 pub fn straggler(ev: &Evidence, _first: Option<&RankEvidence>) -> Option<Finding> {
     let all: Vec<(u32, &ObservedProgram)> = ev
@@ -1653,6 +1671,36 @@ mod tests {
         // One rank's account missing: nothing is discounted.
         let ranks = [passed(0, 8.8, 30.0, None), passed(1, 22.9, 9.0, Some((26.0, 15.0)))];
         assert_eq!(named(&ranks), Some(1));
+    }
+
+    /// Ray Train's example with rank 1 300 ms a batch slower in its DataLoader (the accuracy
+    /// matrix): the time limit came while both still trained. The straggler is named, as in a run
+    /// that passed; with a rank silent at the limit, or none slower, nothing is.
+    #[test]
+    fn a_straggler_is_named_when_the_time_limit_ends_ranks_that_all_still_made_progress() {
+        let timed_out = |rank: u32, data_ms: f64, backward_ms: f64| {
+            let mut r = crate::report::fixtures::rank(rank, 375);
+            r.outcome = OutcomeKind::TimedOut;
+            r.observed = Some(ObservedProgram {
+                distributed: true,
+                steps: 375,
+                timed_steps: 374,
+                step_ms: 310.0,
+                data_ms,
+                backward_ms,
+                ..Default::default()
+            });
+            r
+        };
+        let s = scenario(2);
+        let named = |ranks: &[RankResult]| {
+            with_evidence(ranks, &s, |ev| straggler_at_time_limit(ev, None)).and_then(|f| f.culprit)
+        };
+        assert_eq!(named(&[timed_out(0, 0.2, 305.0), timed_out(1, 300.5, 2.0)]), Some(1));
+        assert_eq!(named(&[timed_out(0, 0.2, 3.0), timed_out(1, 0.3, 2.0)]), None, "none slower");
+        let mut silent = timed_out(0, 0.2, 305.0);
+        silent.silent_cpu = Some(crate::schema::SilentCpu { silent_s: 60.0, cpu_s: 40.0 });
+        assert_eq!(named(&[silent, timed_out(1, 300.5, 2.0)]), None, "a rank silent at the limit");
     }
 
     #[test]
