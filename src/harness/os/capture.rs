@@ -43,13 +43,12 @@ impl Captured {
 pub struct Watch {
     /// Called when output arrives, at most every [`ACTIVITY_EVERY`] (output counts as a sign of
     /// life for programs without markers): with the process a line came from where
-    /// [`Watch::origin`] is given, and then only for lines it names a process for.
+    /// [`Watch::origin`] is given (`None` for a line that names none), per line.
     pub on_output: Option<Box<dyn FnMut(Option<u32>) + Send>>,
     /// A line matching this sets [`Captured::matched`] (`expect.completes_when.stdout`).
     pub pattern: Option<regex::Regex>,
     /// Which process a line of the stream is from, where the stream relays several (a cluster's
-    /// launcher prefixes each worker's line with the worker's pid); a line it names none for is
-    /// nobody's sign of life.
+    /// launcher prefixes each worker's line with the worker's pid).
     pub origin: Option<Origin>,
 }
 
@@ -119,12 +118,14 @@ fn drain_blocking_watching(mut stream: impl Read, path: PathBuf, mut watch: Watc
                 if let Some(pattern) = watch.pattern.as_ref().filter(|_| !matched) {
                     matched |= pattern.is_match(text);
                 }
-                if let (Some(origin), Some(report)) = (watch.origin.as_ref(), watch.on_output.as_mut())
-                    && let Some(pid) = (origin.0)(text)
-                    && reported_from.get(&pid).is_none_or(|at| at.elapsed() >= ACTIVITY_EVERY)
-                {
-                    report(Some(pid));
-                    reported_from.insert(pid, std::time::Instant::now());
+                if let (Some(origin), Some(report)) = (watch.origin.as_ref(), watch.on_output.as_mut()) {
+                    let from = (origin.0)(text);
+                    // A line that names no process is the stream's own (`u32::MAX` in the throttle).
+                    let key = from.unwrap_or(u32::MAX);
+                    if reported_from.get(&key).is_none_or(|at| at.elapsed() >= ACTIVITY_EVERY) {
+                        report(from);
+                        reported_from.insert(key, std::time::Instant::now());
+                    }
                 }
                 line.clear();
             }
@@ -392,7 +393,7 @@ mod tests {
 
     /// A stream that relays several processes' lines (a cluster's launcher) is each named
     /// process's sign of life, once per line and process within the throttle; a line that names
-    /// none is nobody's.
+    /// none is reported as the stream's own.
     #[test]
     fn a_relayed_line_is_the_sign_of_life_of_the_process_it_names_only() {
         let dir = tempfile::tempdir().unwrap();
@@ -409,7 +410,7 @@ mod tests {
         let input =
             Chunks(vec![&b"daemon line\npid=7 step"[..], b" 1\npid=9 x\npid=7 y\n", b"daemon again\n"]);
         drain_blocking_watching(input, dir.path().join("a.log"), watch);
-        assert_eq!(*seen.lock().unwrap(), [Some(7), Some(9)]);
+        assert_eq!(*seen.lock().unwrap(), [None, Some(7), Some(9)], "each once within the throttle");
     }
 
     #[test]

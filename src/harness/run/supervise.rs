@@ -1092,14 +1092,20 @@ impl Supervisor<'_, '_> {
             // then answers the teardown (torchrun's `SignalException` traceback), and as the rank's
             // "last output" it would come after the silence the verdict reports.
             // A cluster's launcher relays its workers' lines, each named by the worker's pid: a line
-            // is then that worker's rank's alone, and the cluster's daemons' lines are no rank's.
+            // is then that worker's rank's alone, and the cluster's daemons' and the driver's own
+            // lines are no found rank's (before a rank is found, the launcher is all there is to
+            // hear from: every line counts for the ranks not found yet).
             Event::Output { rank, at, from } => {
                 let t = self.since(at);
+                let cluster =
+                    matches!(self.plan.launcher.map(|l| &l.ranks), Some(RankProcesses::ClusterWorkers(_)));
                 match self.slots.get_mut(rank as usize) {
                     Some(slot) => slot.end.last_output_at = Some(t),
                     None => (self.slots.iter_mut())
                         .filter(|slot| slot.end.intervention.is_none())
-                        .filter(|slot| from.is_none_or(|pid| slot.found == Some(pid)))
+                        .filter(|slot| {
+                            !cluster || slot.found.is_none() || from.is_some_and(|p| slot.found == Some(p))
+                        })
                         .for_each(|slot| slot.end.last_output_at = Some(t)),
                 }
             }
@@ -1359,6 +1365,12 @@ impl Supervisor<'_, '_> {
         let external = self.plan.is_external();
         let needs_done = self.plan.completion.needs_done();
         let launcher = self.plan.style == Style::Launcher;
+        // A cluster's worker that ended is no failure by itself: the cluster ends its workers as
+        // the job ends, and where one failed its driver says so and ends (the run ends with it).
+        // Counted as one, a clean job's first worker to be shut down started the others' grace,
+        // and on a loaded machine ups-doctor stopped the driver while it was still shutting down
+        // its cluster (a clean Ray Train run judged failed, in the suite under load).
+        let cluster = matches!(self.plan.launcher.map(|l| &l.ranks), Some(RankProcesses::ClusterWorkers(_)));
         self.slots
             .iter()
             .map(|s| {
@@ -1370,7 +1382,7 @@ impl Supervisor<'_, '_> {
                     rank: s.end.rank,
                     live: s.live(),
                     unfound: launcher && s.found.is_none(),
-                    failed: failed_on_its_own(s, needs_done),
+                    failed: !cluster && failed_on_its_own(s, needs_done),
                     last_activity: Duration::from_secs_f64(last.max(0.0)),
                 }
             })
