@@ -264,6 +264,15 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// What its launcher's output says of its ranks, where they are a cluster's workers (Ray
+    /// Train's): see [`crate::scenario::launcher::RankProcesses`].
+    pub fn cluster_workers(&self) -> Option<&'static crate::scenario::launcher::ClusterWorkers> {
+        match self.launcher.map(|l| &l.ranks) {
+            Some(crate::scenario::launcher::RankProcesses::ClusterWorkers(w)) => Some(w),
+            _ => None,
+        }
+    }
+
     pub fn is_external(&self) -> bool {
         !self.argv.is_empty()
     }

@@ -31,7 +31,7 @@ use crate::harness::plan::{Completion, Plan, ProcessPlan, Style};
 use crate::probe::shm;
 use crate::protocol::signal_name;
 use crate::scenario::Scenario;
-use crate::scenario::launcher::{ClusterWorkers, RankProcesses};
+use crate::scenario::launcher::ClusterWorkers;
 use crate::schema::{
     CgroupReport, ExitSource, ExternalRun, GpuReport, IdentifiedBy, LauncherEnd, LeftoverProcess, Leftovers,
     MemoryReport, OomKill, ProcessRole, RestartedRank, Signal,
@@ -629,8 +629,8 @@ fn spec(p: &ProcessPlan, plan: &Plan, res: &Resources) -> RankSpec {
         marker_pipe: p.marker_pipe,
         env_remove: p.env_remove.clone(),
         report_output: p.report_output,
-        output_origin: match plan.launcher.map(|l| &l.ranks) {
-            Some(RankProcesses::ClusterWorkers(workers)) if p.rank == process::LAUNCHER_NUMBER => {
+        output_origin: match plan.cluster_workers() {
+            Some(workers) if p.rank == process::LAUNCHER_NUMBER => {
                 Some(crate::harness::os::capture::Origin(Arc::new(|line: &str| {
                     workers.worker_line(line).map(|(pid, _)| pid)
                 })))
@@ -1097,8 +1097,7 @@ impl Supervisor<'_, '_> {
             // hear from: every line counts for the ranks not found yet).
             Event::Output { rank, at, from } => {
                 let t = self.since(at);
-                let cluster =
-                    matches!(self.plan.launcher.map(|l| &l.ranks), Some(RankProcesses::ClusterWorkers(_)));
+                let cluster = self.plan.cluster_workers().is_some();
                 match self.slots.get_mut(rank as usize) {
                     Some(slot) => slot.end.last_output_at = Some(t),
                     None => (self.slots.iter_mut())
@@ -1370,7 +1369,7 @@ impl Supervisor<'_, '_> {
         // Counted as one, a clean job's first worker to be shut down started the others' grace,
         // and on a loaded machine ups-doctor stopped the driver while it was still shutting down
         // its cluster (a clean Ray Train run judged failed, in the suite under load).
-        let cluster = matches!(self.plan.launcher.map(|l| &l.ranks), Some(RankProcesses::ClusterWorkers(_)));
+        let cluster = self.plan.cluster_workers().is_some();
         self.slots
             .iter()
             .map(|s| {
@@ -1706,7 +1705,7 @@ impl Supervisor<'_, '_> {
         srun_account(&mut self.slots, &l, &lines);
         confirm_by_markers(&l, &mut self.slots);
         claim_by_markers(&mut self.slots, &l, self.start);
-        if let Some(RankProcesses::ClusterWorkers(workers)) = self.plan.launcher.map(|l| &l.ranks) {
+        if let Some(workers) = self.plan.cluster_workers() {
             cluster_account(&mut self.slots, workers, (&err, &out), exit.map(|(_, e)| e), offset);
         }
         settle_unidentified(&mut self.slots, &l, exit, &launcher_name, self.start, offset);
