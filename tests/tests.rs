@@ -22,6 +22,7 @@ mod fuzz;
 mod generalise;
 mod gpu;
 mod hostile;
+mod hosts;
 mod kept;
 mod killed;
 mod launchers;

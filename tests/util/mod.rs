@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+pub mod hosts;
 pub mod slurm;
 
 /// The binary under test.
@@ -44,6 +45,13 @@ impl Drop for Sandbox {
 impl Sandbox {
     pub fn new() -> Sandbox {
         Sandbox { dir: tempfile::tempdir().expect("temp dir") }
+    }
+
+    /// A sandbox outside `/tmp`, under cargo's temporary folder for tests: on every host of
+    /// [`hosts::Hosts`] (each has a `/tmp` of its own) it is the same folder, as a cluster's shared
+    /// file system is.
+    pub fn shared() -> Sandbox {
+        Sandbox { dir: tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("temp dir") }
     }
 
     pub fn path(&self) -> &Path {

@@ -1,0 +1,293 @@
+//! Across hosts of their own (scripts/hosts.sh, issue 59): each node agent runs on a host with its
+//! own network namespace (an address on a private bridge), host name, PID namespace, `/dev/shm`
+//! and `/tmp`, so that an agent sees its own host's processes only and reaches the others over
+//! the network, as on a real cluster. The scenario and the report folders are on the shared file
+//! system (a folder under cargo's target directory, the same on every host).
+//!
+//! Slurm across the hosts: slurmctld on node1, one slurmd per host; `srun -N 2 --ntasks-per-node 1
+//! ups-doctor run …` places one agent on each host, and the agents find their places from Slurm's
+//! variables (node 0 the coordinator at `SLURM_JOB_NODELIST`'s first host, resolved by the hosts'
+//! `/etc/hosts`). Without root the tests say why and pass without running.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Output, Stdio};
+use std::time::Duration;
+
+use crate::util::hosts::Hosts;
+use crate::util::{Sandbox, bin, eventually, repo, venv_path};
+use serde_json::Value;
+
+/// One run across hosts at a time: each starts 4 ranks and 2 agents on 2 cores.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// DDP of the built-in trainer over 4 CPU ranks, 2 per host, 8 steps.
+fn ddp(sb: &Sandbox, name: &str, extra: &str) -> PathBuf {
+    let sep = if extra.is_empty() { "" } else { "," };
+    sb.scenario(
+        name,
+        &format!(
+            r#"{{
+  "launch": {{ "mode": "ddp", "world_size": 4 }},
+  "model": {{ "depths": [1], "hidden": 32, "heads": 2, "latent_tokens": 8, "window": 2 }},
+  "data": {{ "samples": 16, "grid": 64, "timesteps": 4, "queries": 32, "batch_size": 8 }},
+  "train": {{ "steps": 8 }},
+  "limits": {{ "timeout_s": 240, "hang_after_s": 30 }}{sep}
+  {extra}
+}}"#
+        ),
+    )
+}
+
+/// `srun -N 2 --ntasks-per-node 1` on node1 of the hosts, each task `ups-doctor run FILE --out
+/// nodeN` (N = `SLURM_NODEID`) in the sandbox.
+fn srun_agents(hosts: &Hosts, sb: &Sandbox, file: &Path, job: &str) -> Output {
+    let agent = format!(
+        "exec {} run {} --out node$SLURM_NODEID --quiet --join-timeout 90",
+        bin().display(),
+        file.display()
+    );
+    hosts
+        .on("node1", "srun")
+        .args(["-N", "2", "--ntasks-per-node", "1", "-J", job, "sh", "-c", &agent])
+        .current_dir(sb.path())
+        .env("SLURM_CONF", hosts.slurm_conf.as_ref().unwrap())
+        .env("NO_COLOR", "1")
+        .env_remove("PYTHONUNBUFFERED")
+        .output()
+        .expect("srun starts on node1")
+}
+
+fn merged(sb: &Sandbox, out: &Output) -> Value {
+    let text = std::fs::read_to_string(sb.path().join("node0/result.json")).unwrap_or_else(|e| {
+        panic!(
+            "no result.json from node 0 ({e}); srun {:?}\n{}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    let v: Value = serde_json::from_str(&text).unwrap();
+    let found = crate::consistency::check_run_dir(&sb.path().join("node0"));
+    assert!(found.is_empty(), "the report contradicts its result.json:\n{}", found.join("\n"));
+    v["scenarios"][0].clone()
+}
+
+fn per_node(s: &Value) -> &Vec<Value> {
+    s["nodes"]["per_node"].as_array().unwrap()
+}
+
+fn ranks(s: &Value) -> &Vec<Value> {
+    s["ranks"].as_array().unwrap()
+}
+
+/// Nothing of the run is left on any host but Slurm's own daemons.
+fn assert_nothing_left(hosts: &Hosts) {
+    let daemons = ["slurmd", "slurmctld", "slurmscriptd", "munged"];
+    for i in 1..=hosts.count {
+        let host = format!("node{i}");
+        let left = || {
+            hosts
+                .processes(&host)
+                .into_iter()
+                .filter(|(_, c)| !daemons.contains(&c.as_str()))
+                .collect::<Vec<_>>()
+        };
+        assert!(eventually(Duration::from_secs(60), || left().is_empty()), "left on {host}: {:?}", left());
+    }
+}
+
+/// The clock offset a node measured against the coordinator, and its uncertainty, at both ends.
+fn offsets(s: &Value, node: usize) -> Vec<(f64, f64)> {
+    let clock = &per_node(s)[node]["clock"];
+    ["start", "end"]
+        .iter()
+        .map(|at| (clock[at]["offset_ms"].as_f64().unwrap(), clock[at]["uncertainty_ms"].as_f64().unwrap()))
+        .collect()
+}
+
+#[test]
+fn ddp_across_two_hosts_under_srun_passes_with_each_hosts_name_and_a_clock_offset_that_contains_zero() {
+    let Some(hosts) = Hosts::up("srun across hosts", 2, true) else { return };
+    let _one = serial();
+    let sb = Sandbox::shared();
+    let file = ddp(&sb, "hosts-pass", "");
+    let out = srun_agents(&hosts, &sb, &file, "hosts-pass");
+    assert!(out.status.success(), "srun: {:?}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
+    let s = merged(&sb, &out);
+    assert_eq!(s["outcome"], "passed", "{}", s["verdict"]);
+    let sum = &ranks(&s)[0]["params_checksum"];
+    assert!(sum.is_string() && ranks(&s).iter().all(|r| &r["params_checksum"] == sum), "{s}");
+    let nodes = per_node(&s);
+    assert_eq!(nodes[0]["host"], "node1", "{}", s["nodes"]);
+    assert_eq!(nodes[1]["host"], "node2", "{}", s["nodes"]);
+    assert_eq!(nodes[1]["ranks"], serde_json::json!([2, 3]));
+    // The coordinator is the first host of the job's node list, reached at its own address.
+    assert!(s["nodes"]["coordinator"].as_str().unwrap().starts_with("10.251.0.11:"), "{}", s["nodes"]);
+    // Both hosts read one kernel clock: the true offset is 0, inside the calibration's uncertainty.
+    for (offset, u) in offsets(&s, 1) {
+        assert!(offset.abs() <= u + 1e-3, "offset {offset} ms ± {u} ms does not contain 0");
+    }
+    let report = std::fs::read_to_string(sb.path().join("node0/report.md")).unwrap();
+    assert!(report.contains("`node2`"), "the report names the second host:\n{report}");
+    assert_nothing_left(&hosts);
+}
+
+/// Rank 3 (local rank 1 of the second host) crashes in forward at step 3 while the other ranks
+/// are stuck in that step: the first failure is on node2, the first host's ranks are collateral
+/// and were looked at (stacks) by their own host's agent before teardown.
+#[test]
+fn a_segfault_on_the_second_host_is_the_first_failure_and_the_first_hosts_ranks_are_collateral_with_stacks() {
+    let Some(hosts) = Hosts::up("srun crash across hosts", 2, true) else { return };
+    let _one = serial();
+    let sb = Sandbox::shared();
+    let file = ddp(
+        &sb,
+        "hosts-segv",
+        r#""inject": [
+    { "fault": "segv", "phase": "forward", "step": 3, "rank": 3 },
+    { "fault": "hang", "phase": "forward", "step": 3, "rank": 0 },
+    { "fault": "hang", "phase": "forward", "step": 3, "rank": 1 },
+    { "fault": "hang", "phase": "forward", "step": 3, "rank": 2 }
+  ],
+  "expect": { "outcome": "signaled", "signal": "SIGSEGV", "rank": 3, "phase": "forward", "step": 3 }"#,
+    );
+    let out = srun_agents(&hosts, &sb, &file, "hosts-segv");
+    assert!(
+        out.status.success(),
+        "the expectation is met: {:?}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let s = merged(&sb, &out);
+    let first = &s["nodes"]["first_failure"];
+    assert_eq!(
+        (
+            first["node"].as_u64(),
+            first["rank"].as_u64(),
+            first["local_rank"].as_u64(),
+            first["host"].as_str()
+        ),
+        (Some(1), Some(3), Some(1), Some("node2")),
+        "{first}"
+    );
+    let r = ranks(&s);
+    assert_eq!(r[3]["signal"], "SIGSEGV");
+    for rank in &r[..3] {
+        assert_eq!(rank["collateral"], true, "{rank}");
+        let threads = rank["stacks"].as_array().map_or(0, Vec::len);
+        assert!(threads > 0, "rank {} has its stacks: {rank}", rank["rank"]);
+    }
+    let report = std::fs::read_to_string(sb.path().join("node0/report.md")).unwrap();
+    assert!(report.contains("**First failure across nodes:** node 1"), "{report}");
+    assert_nothing_left(&hosts);
+}
+
+/// Rank 2 (the second host) hangs in forward at step 3; the others wait for it in the gradient
+/// all-reduce. The run is hung, rank 2 the culprit, and every rank on both hosts has its stacks.
+#[test]
+fn a_hang_across_two_hosts_is_named_with_stacks_taken_on_both() {
+    let Some(hosts) = Hosts::up("srun hang across hosts", 2, true) else { return };
+    let _one = serial();
+    let sb = Sandbox::shared();
+    let file = ddp(
+        &sb,
+        "hosts-hang",
+        r#""inject": [{ "fault": "hang", "phase": "forward", "step": 3, "rank": 2 }],
+  "expect": { "outcome": "hung" }"#,
+    );
+    let out = srun_agents(&hosts, &sb, &file, "hosts-hang");
+    assert!(
+        out.status.success(),
+        "the expectation is met: {:?}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let s = merged(&sb, &out);
+    assert_eq!(s["outcome"], "hung", "{}", s["verdict"]);
+    assert_eq!(s["first_failure"], 2, "{}", s["verdict"]);
+    for rank in ranks(&s) {
+        let threads = rank["stacks"].as_array().map_or(0, Vec::len);
+        assert!(threads > 0, "rank {} was looked at on its own host: {rank}", rank["rank"]);
+    }
+    assert_eq!(per_node(&s)[1]["host"], "node2");
+    assert_nothing_left(&hosts);
+}
+
+/// The user's own DDP program under torchrun across two hosts (an agent on each, `--nodes 2
+/// --node-rank R --coordinator node1:PORT`; ups-doctor gives torchrun node 0's c10d rendezvous);
+/// rank 3 segfaults. The second host's agent runs with its clock shifted by a minute
+/// (`UPS_DOCTOR_NODE_CLOCK_SKEW_MS`): the calibration finds exactly that shift.
+#[test]
+fn torchrun_on_two_hosts_by_two_ranks_names_the_crashing_rank_its_host_and_the_collateral() {
+    let Some(hosts) = Hosts::up("torchrun across hosts", 2, false) else { return };
+    let _one = serial();
+    let sb = Sandbox::shared();
+    let program = repo().join("tests/programs/ddp.py");
+    let file = sb.scenario(
+        "torchrun-hosts",
+        &format!(
+            r#"{{"command": ["torchrun", "--nproc_per_node", "{{world_size}}", "{}", "--steps", "8", "--segv-rank", "3", "--segv-step", "3"],
+                "launch": {{"world_size": 4, "style": "launcher"}},
+                "limits": {{"timeout_s": 300, "hang_after_s": 150}},
+                "expect": {{"outcome": "signaled", "signal": "SIGSEGV", "rank": 3}}}}"#,
+            program.display()
+        ),
+    );
+    let agent = |node: u32| -> Child {
+        let mut cmd = hosts.on(&format!("node{}", node + 1), bin());
+        cmd.arg("run")
+            .arg(&file)
+            .args(["--nodes", "2", "--node-rank", &node.to_string(), "--coordinator", "node1:29411"])
+            .args(["--out", &format!("node{node}"), "--join-timeout", "90", "--json", "--quiet"])
+            .current_dir(sb.path())
+            .env("PATH", venv_path())
+            .env("NO_COLOR", "1")
+            .env_remove("PYTHONUNBUFFERED")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        if node == 1 {
+            cmd.env("UPS_DOCTOR_NODE_CLOCK_SKEW_MS", "60000");
+        }
+        cmd.spawn().expect("ups-doctor starts on its host")
+    };
+    let second = agent(1);
+    let first = agent(0);
+    let outs = [first.wait_with_output().unwrap(), second.wait_with_output().unwrap()];
+    for (node, out) in outs.iter().enumerate() {
+        assert!(
+            out.status.success(),
+            "node {node}: {:?}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let s = merged(&sb, &outs[0]);
+    assert_eq!(s["first_failure"], 3, "{}", s["verdict"]);
+    // Which host ran rank 3 is the rendezvous's choice; that host's torchrun names it in its
+    // failure summary.
+    let hosted = (0..2usize)
+        .find(|n| {
+            let log = sb.path().join(format!("node{n}/1-torchrun-hosts/launcher.stderr.log"));
+            std::fs::read_to_string(log).unwrap_or_default().contains("rank      : 3 (local_rank: 1)")
+        })
+        .expect("one host's torchrun names rank 3 in its failure summary");
+    let first_failure = &s["nodes"]["first_failure"];
+    assert_eq!(first_failure["node"], hosted, "{first_failure}");
+    assert_eq!(first_failure["host"], format!("node{}", hosted + 1), "{first_failure}");
+    assert_eq!(per_node(&s)[hosted]["ranks"], serde_json::json!([2, 3]), "{}", s["nodes"]["per_node"]);
+    let r = ranks(&s);
+    assert_eq!(r[3]["signal"], "SIGSEGV");
+    for rank in &r[..3] {
+        assert_eq!(rank["collateral"], true, "{rank}");
+        assert_eq!(rank["identified_by"], "RANK", "{rank}");
+    }
+    // The true offset of the shifted agent is exactly −60 000 ms: inside the uncertainty.
+    for (offset, u) in offsets(&s, 1) {
+        assert!((offset + 60_000.0).abs() <= u + 1e-3, "offset {offset} ms ± {u} ms");
+    }
+    assert_nothing_left(&hosts);
+}
