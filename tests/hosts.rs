@@ -291,3 +291,139 @@ fn torchrun_on_two_hosts_by_two_ranks_names_the_crashing_rank_its_host_and_the_c
     }
     assert_nothing_left(&hosts);
 }
+
+/// `attach --slurm JOBID` from the first host (where `squeue` works, as on a login node) of a hung
+/// two-host Slurm job that ups-doctor did not start: `srun -N 2 --ntasks-per-node 1 python
+/// srun_ddp.py` whose rank 0 takes a barrier where rank 1 runs its backward. A probe on each host
+/// (`srun --overlap`) reads its host's rank; node 0 judges both: hung, rank 0 out of step, the stack
+/// of each rank read on its own host. The job runs on, untouched.
+#[test]
+fn attach_slurm_reads_every_rank_of_a_hung_job_on_both_hosts_and_leaves_it_running() {
+    let Some(hosts) = Hosts::up("attach --slurm across hosts", 2, true) else { return };
+    let _one = serial();
+    let sb = Sandbox::shared();
+    let conf = hosts.slurm_conf.clone().unwrap();
+    let job_name = "hung-across-hosts";
+    let program = repo().join("tests/programs/srun_ddp.py");
+    let mut job = hosts
+        .on("node1", "srun")
+        .args(["-N", "2", "--ntasks-per-node", "1", "-J", job_name, "python"])
+        .arg(&program)
+        .args([
+            "--port",
+            "29500",
+            "--master-addr",
+            "node1",
+            "--steps",
+            "1000",
+            "--skip-rank",
+            "0",
+            "--skip-step",
+            "3",
+        ])
+        .current_dir(sb.path())
+        .env("SLURM_CONF", &conf)
+        .env("PATH", venv_path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("srun starts the job");
+    // Each host's rank, as this test sees it (pid and start time), once it waits where it hangs.
+    let rank_on = |host: &str| {
+        hosts.processes(host).into_iter().find_map(|(pid, comm)| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            (comm.starts_with("python") && String::from_utf8_lossy(&cmdline).contains("srun_ddp.py"))
+                .then_some(pid)
+        })
+    };
+    let py_spy = crate::util::venv_python().with_file_name("py-spy");
+    let stack = |pid: u32| {
+        std::process::Command::new(&py_spy)
+            .args(["dump", "--nonblocking", "--pid", &pid.to_string()])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default()
+    };
+    let waiting = || {
+        let (Some(a), Some(b)) = (rank_on("node1"), rank_on("node2")) else { return false };
+        stack(a).contains("barrier") && stack(b).contains("backward")
+    };
+    assert!(eventually(Duration::from_secs(180), waiting), "the job's two ranks reach their hang");
+    let ranks = [rank_on("node1").unwrap(), rank_on("node2").unwrap()];
+    let started = |pid: u32| {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        stat.rsplit_once(") ").map(|(_, rest)| rest.split_whitespace().nth(19).unwrap_or("").to_string())
+    };
+    let before: Vec<_> = ranks.iter().map(|&p| started(p)).collect();
+    let squeue = || {
+        let out = hosts
+            .on("node1", "squeue")
+            .args(["-h", "-n", job_name, "-o", "%i %T"])
+            .env("SLURM_CONF", &conf)
+            .output();
+        String::from_utf8_lossy(&out.unwrap().stdout).trim().to_string()
+    };
+    let queued = squeue();
+    let (id, state) = queued.split_once(' ').unwrap_or_else(|| panic!("squeue: {queued:?}"));
+    assert_eq!(state, "RUNNING");
+    let out_dir = sb.path().join("attach");
+    let attach = hosts
+        .on("node1", bin())
+        .args(["attach", "--slurm", id, "--out"])
+        .arg(&out_dir)
+        .args(["--watch", "3", "--join-timeout", "90"])
+        .current_dir(sb.path())
+        .env("SLURM_CONF", &conf)
+        .env("PATH", venv_path())
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("ups-doctor attach starts");
+    let stderr = String::from_utf8_lossy(&attach.stderr);
+    assert_eq!(attach.status.code(), Some(1), "hung is exit 1:\n{stderr}");
+    let read = |p: &str| -> Value {
+        serde_json::from_str(
+            &std::fs::read_to_string(out_dir.join(p)).unwrap_or_else(|e| panic!("{p}: {e}\n{stderr}")),
+        )
+        .unwrap()
+    };
+    let a = read("node0/attach.json");
+    assert_eq!(a["state"], "hung", "{a:#}");
+    assert_eq!(a["ranks_found"], serde_json::json!([0, 1]), "{a:#}");
+    assert_eq!(a["culprit"], 0, "rank 0 took a barrier where rank 1 runs its backward: {a:#}");
+    let s = &read("node0/result.json")["scenarios"][0];
+    let hosts_of: Vec<(String, Value)> = per_node(s)
+        .iter()
+        .map(|n| (n["host"].as_str().unwrap_or("").to_string(), n["ranks"].clone()))
+        .collect();
+    assert_eq!(
+        hosts_of,
+        [("node1".to_string(), serde_json::json!([0])), ("node2".to_string(), serde_json::json!([1]))],
+        "{}",
+        s["nodes"]
+    );
+    let stacks = |rank: usize| s["ranks"][rank]["dumps"][0]["py_spy"].as_str().unwrap_or("").to_string();
+    assert!(stacks(0).contains("barrier") && stacks(0).contains("ddp.py"), "rank 0 on node1:\n{}", stacks(0));
+    assert!(
+        stacks(1).contains("backward") && stacks(1).contains("ddp.py"),
+        "rank 1 on node2:\n{}",
+        stacks(1)
+    );
+    let found = crate::consistency::check_run_dir(&out_dir.join("node0"));
+    assert!(found.is_empty(), "the report contradicts its result.json:\n{}", found.join("\n"));
+    // Untouched: the same processes, the job still running, its srun still waiting.
+    let after: Vec<_> = ranks.iter().map(|&p| started(p)).collect();
+    assert_eq!(before, after, "the job's ranks are the same processes");
+    for pid in ranks {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        assert!(
+            status.contains("TracerPid:\t0") && !status.contains("State:\tT"),
+            "rank pid {pid}: {status}"
+        );
+    }
+    assert_eq!(squeue(), format!("{id} RUNNING"));
+    assert!(job.try_wait().unwrap().is_none(), "the job's srun still runs");
+    // The test ends the job itself.
+    let _ = hosts.on("node1", "scancel").arg(id).env("SLURM_CONF", &conf).status();
+    let _ = job.wait();
+    assert_nothing_left(&hosts);
+}

@@ -87,6 +87,7 @@ mod tests {
             group: (None, None),
             master: None,
             run_id: None,
+            slurm_step: None,
             unreadable: Vec::new(),
         };
         use crate::harness::gpu_h200;

@@ -40,6 +40,8 @@ pub struct Job {
     /// `MASTER_ADDR:MASTER_PORT`.
     pub master: Option<String>,
     pub run_id: Option<String>,
+    /// `SLURM_JOB_ID` and `SLURM_STEP_ID` of a Slurm step's tasks.
+    pub slurm_step: Option<(String, Option<String>)>,
     /// Processes whose environment could not be read (another user's): named, not skipped.
     pub unreadable: Vec<u32>,
 }
@@ -73,6 +75,15 @@ impl Job {
             _ => return None,
         };
         let node = self.group.0.map_or("R".to_string(), |g| g.to_string());
+        if let Some((job, step)) = &self.slurm_step {
+            let step = step.as_ref().map(|s| format!(".{s}")).unwrap_or_default();
+            return Some(format!(
+                "this machine holds {} of the job's {world} ranks, on node {node} of {nodes} of Slurm job {job}: for one \
+                 verdict on every rank, run `ups-doctor attach --slurm {job}{step}` where `squeue` works (a probe on \
+                 each node through `srun --overlap`)",
+                self.ranks.len()
+            ));
+        }
         Some(format!(
             "this machine holds {} of the job's {world} ranks, on node {node} of {nodes}: for one verdict on every rank, \
              run `ups-doctor attach {pid} --nodes {nodes} --node-rank {node} --coordinator NODE0:29411` here and the same \
@@ -278,8 +289,15 @@ pub fn find(pid: u32) -> Result<Job, NoJob> {
         )
         .collect();
     let first_with = |key: &str| envs.iter().find_map(|(_, e)| var(e, key));
-    let world_size = first_with("WORLD_SIZE").and_then(|w| w.parse().ok());
-    let local_world_size = first_with("LOCAL_WORLD_SIZE").and_then(|w| w.parse().ok());
+    // Slurm's tasks carry their world as `SLURM_NTASKS` (a program sets `WORLD_SIZE` from it in
+    // its own memory, which `/proc/PID/environ` does not show).
+    let world_size =
+        first_with("WORLD_SIZE").or_else(|| first_with("SLURM_NTASKS")).and_then(|w| w.parse().ok());
+    // And their node's share as `SLURM_STEP_TASKS_PER_NODE` (`2(x3),1`: per node, in node order).
+    let local_world_size = first_with("LOCAL_WORLD_SIZE").and_then(|w| w.parse().ok()).or_else(|| {
+        let node = first_with("SLURM_NODEID")?.parse().ok()?;
+        slurm_tasks_on(&first_with("SLURM_STEP_TASKS_PER_NODE")?, node)
+    });
     let master = match (first_with("MASTER_ADDR"), first_with("MASTER_PORT")) {
         (Some(a), Some(p)) => Some(format!("{a}:{p}")),
         (None, Some(p)) => Some(format!(":{p}")),
@@ -357,8 +375,11 @@ pub fn find(pid: u32) -> Result<Job, NoJob> {
     let command = argv(root.unwrap_or(me));
     let world_size = world_size.or_else(|| root.map(|_| found.len() as u32));
     let group = (
-        first_with("GROUP_RANK").and_then(|g| g.parse().ok()),
-        first_with("GROUP_WORLD_SIZE").and_then(|g| g.parse().ok()),
+        first_with("GROUP_RANK").or_else(|| first_with("SLURM_NODEID")).and_then(|g| g.parse().ok()),
+        first_with("GROUP_WORLD_SIZE")
+            .or_else(|| first_with("SLURM_STEP_NUM_NODES"))
+            .or_else(|| first_with("SLURM_NNODES"))
+            .and_then(|g| g.parse().ok()),
     );
     Ok(Job {
         launcher: root,
@@ -369,6 +390,7 @@ pub fn find(pid: u32) -> Result<Job, NoJob> {
         group,
         master,
         run_id,
+        slurm_step: first_with("SLURM_JOB_ID").map(|j| (j, first_with("SLURM_STEP_ID"))),
         unreadable,
     })
 }
@@ -414,6 +436,62 @@ pub fn all() -> (Vec<Job>, Vec<u32>) {
     (jobs, unreadable)
 }
 
+/// How many tasks of a step run on node `node`, from Slurm's per-node counts (`2(x3),1`: two on
+/// each of the first three nodes, one on the fourth).
+fn slurm_tasks_on(counts: &str, node: u32) -> Option<u32> {
+    let mut seen = 0u32;
+    for entry in counts.split(',') {
+        let (tasks, times) = match entry.trim().split_once("(x") {
+            Some((t, n)) => (t.parse::<u32>().ok()?, n.strip_suffix(')')?.parse::<u32>().ok()?),
+            None => (entry.trim().parse::<u32>().ok()?, 1),
+        };
+        if node < seen + times {
+            return Some(tasks);
+        }
+        seen += times;
+    }
+    None
+}
+
+/// The task of a Slurm job's step on this machine to attach to: the lowest pid among the topmost
+/// processes that carry `SLURM_JOB_ID=job`, the step's `SLURM_STEP_ID` (when no step is given,
+/// any step but `not_step`, the caller's own) and a rank variable. Says why where there is none,
+/// or where several steps run here and none was named.
+pub fn slurm_task(job: &str, step: Option<&str>, not_step: Option<&str>) -> Result<u32, String> {
+    let table = memory::processes();
+    let mut tasks: Vec<(u32, u32, String)> = Vec::new();
+    for p in table.iter().filter(|p| !p.zombie() && p.pid != std::process::id()) {
+        let Some(env) = memory::environ(p.pid) else { continue };
+        let Some(its) = var(&env, "SLURM_STEP_ID") else { continue };
+        let theirs = var(&env, "SLURM_JOB_ID").as_deref() == Some(job)
+            && step.is_none_or(|s| s == its)
+            && not_step != Some(its.as_str())
+            && rank_of(&env).is_some();
+        if theirs {
+            tasks.push((p.pid, p.ppid, its));
+        }
+    }
+    let mut steps: Vec<&str> = tasks.iter().map(|t| t.2.as_str()).collect();
+    steps.sort_unstable();
+    steps.dedup();
+    match steps[..] {
+        [] => Err(match step {
+            Some(s) => format!(
+                "no task of step {s} runs on this host (a process with SLURM_JOB_ID={job}, SLURM_STEP_ID={s} and a rank variable)"
+            ),
+            None => format!(
+                "no task of this job runs on this host (a process with SLURM_JOB_ID={job}, a SLURM_STEP_ID and a rank variable)"
+            ),
+        }),
+        [_] => {
+            let pids: Vec<u32> = tasks.iter().map(|t| t.0).collect();
+            let top = tasks.iter().filter(|t| !pids.contains(&t.1)).map(|t| t.0).min();
+            top.ok_or_else(|| "its tasks here form a cycle of parents".to_string())
+        }
+        _ => Err(format!("steps {} of this job run here: give JOBID.STEP", steps.join(", "))),
+    }
+}
+
 /// Whether `pid` has libtorch mapped (a PyTorch process), from `/proc/PID/maps`.
 fn has_torch(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/maps")).is_ok_and(|m| m.contains("libtorch"))
@@ -422,6 +500,16 @@ fn has_torch(pid: u32) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn slurms_tasks_per_node_give_each_nodes_share() {
+        assert_eq!(slurm_tasks_on("1(x2)", 1), Some(1));
+        assert_eq!(slurm_tasks_on("2(x3),1", 2), Some(2));
+        assert_eq!(slurm_tasks_on("2(x3),1", 3), Some(1));
+        assert_eq!(slurm_tasks_on("4", 0), Some(4));
+        assert_eq!(slurm_tasks_on("2(x3),1", 4), None);
+        assert_eq!(slurm_tasks_on("two", 0), None);
+    }
 
     #[test]
     fn a_pid_with_no_job_says_why_and_which_pid_to_give() {

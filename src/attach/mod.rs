@@ -15,6 +15,7 @@ pub mod job;
 pub mod judge;
 mod machine;
 pub mod nodes;
+pub mod slurm;
 pub mod stop;
 pub mod tcp;
 pub mod watch;
@@ -32,7 +33,7 @@ use machine::{Judging, Local, stop_and_record, tell, write_attach};
 pub struct AttachArgs {
     /// The job's launcher (torchrun, `python -m torch.distributed.run`, the `mp.spawn` parent) or
     /// any of its ranks; several pids: one report each.
-    #[arg(value_name = "PID", required_unless_present = "all")]
+    #[arg(value_name = "PID", required_unless_present_any = ["all", "slurm", "slurm_probe"])]
     pub pids: Vec<u32>,
     /// List the PyTorch jobs on this machine, each with the pid to attach to.
     #[arg(long, conflicts_with_all = ["out", "watch"])]
@@ -75,6 +76,19 @@ pub struct AttachArgs {
     /// How long node 0 waits for the others to join, and they for it.
     #[arg(long, value_name = "SECS", default_value_t = 120.0, help_heading = "Across nodes")]
     pub join_timeout: f64,
+    /// A whole Slurm job (or one step of it), from a login or batch host: a read-only probe on each
+    /// of its nodes through `srun --jobid JOBID --overlap`, node 0's report under `--out`/node0
+    /// (a folder the nodes share). Nothing is signalled.
+    #[arg(
+        long,
+        value_name = "JOBID[.STEP]",
+        help_heading = "Across nodes",
+        conflicts_with_all = ["pids", "all", "nodes", "node_rank", "coordinator", "listen"]
+    )]
+    pub slurm: Option<String>,
+    /// One probe of `--slurm`, started on each node by its srun.
+    #[arg(long, value_name = "JOBID[.STEP]", hide = true, conflicts_with_all = ["pids", "all", "slurm", "nodes"])]
+    pub slurm_probe: Option<String>,
 }
 
 /// Runs `ups-doctor attach`.
@@ -87,6 +101,12 @@ pub fn command(args: AttachArgs) -> Result<u8, Error> {
             "--watch {} is not between 0.5 and 3600 seconds; e.g. `--watch 3`",
             args.watch
         )));
+    }
+    if let Some(job) = &args.slurm {
+        return slurm::command(job, &args);
+    }
+    if let Some(job) = &args.slurm_probe {
+        return slurm::probe(job, &args);
     }
     // Only the flags place a node: an attach started inside a Slurm allocation or beside
     // torchrun's variables is still on this machine alone unless it says otherwise.

@@ -1,7 +1,8 @@
 """ddp.py started by Slurm's `srun`, for ups-doctor's srun tests (tests/slurm.rs). Each task reads
 its rank from SLURM_PROCID, the world size from SLURM_NTASKS and its local rank from
 SLURM_LOCALID, exports them as RANK/WORLD_SIZE/LOCAL_RANK (as users' Slurm programs do) with
-MASTER_ADDR=127.0.0.1 and MASTER_PORT from `--port` (or the environment), then runs ddp.py with
+MASTER_ADDR from `--master-addr` (127.0.0.1 unless given: the first host of a job across hosts)
+and MASTER_PORT from `--port` (or the environment), then runs ddp.py with
 the other arguments (`--steps`, `--segv-rank/--segv-step`, `--skip-rank/--skip-step`).
 
     srun -N1 -n2 python srun_ddp.py --port 29731 --steps 6
@@ -14,6 +15,7 @@ import sys
 
 parser = argparse.ArgumentParser(add_help=False)
 parser.add_argument("--port", type=int, default=None)
+parser.add_argument("--master-addr", default="127.0.0.1")
 args, rest = parser.parse_known_args()
 
 for need in ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"):
@@ -22,7 +24,7 @@ for need in ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"):
 os.environ["RANK"] = os.environ["SLURM_PROCID"]
 os.environ["WORLD_SIZE"] = os.environ["SLURM_NTASKS"]
 os.environ["LOCAL_RANK"] = os.environ["SLURM_LOCALID"]
-os.environ["MASTER_ADDR"] = "127.0.0.1"
+os.environ["MASTER_ADDR"] = args.master_addr
 if args.port is not None:
     os.environ["MASTER_PORT"] = str(args.port)
 if "MASTER_PORT" not in os.environ:
