@@ -182,6 +182,8 @@ fn judge_watched(o: &Observed) -> Judgement {
     let mut verdict = Verdict { headline, evidence, likely_cause, next_step, ..Default::default() };
     let stopped_alone = finding.is_none() && stopped_by_its_launcher_alone(&ev, failed, &mut verdict);
     let together = if finding.is_none() { hung_together(&ev, failed) } else { Vec::new() };
+    let at_limit =
+        if finding.is_none() && together.is_empty() { progressing_at_limit(&ev, failed) } else { Vec::new() };
     // Ranks the finding names for what they were (those a timed-out collective waited for).
     let mut named = finding.as_ref().map(|f| f.named.clone()).unwrap_or_default();
     // A finding that cannot tell which rank caused it: none is the first failure, none collateral.
@@ -197,6 +199,10 @@ fn judge_watched(o: &Observed) -> Judgement {
     if !together.is_empty() {
         say_hung_together(failed, &together, &mut verdict);
     }
+    if !at_limit.is_empty() {
+        say_progressing_at_limit(&ev, failed, &at_limit, &mut verdict);
+    }
+    let together = [together, at_limit].concat();
     let mut same = same_failure(&ev, failed);
     same.retain(|r| !named.contains(r));
     named.extend(&together);
@@ -290,6 +296,47 @@ fn hung_together(ev: &Evidence, failed: &RankEvidence) -> Vec<u32> {
         .filter(|r| r.rank() != failed.rank() && silent_alike(r.result))
         .map(RankEvidence::rank)
         .collect()
+}
+
+/// At the time limit, every rank still making progress: each timed out with its last marker or
+/// line less than `limits.hang_after_s` before its end, and none silent past it. The order in which
+/// ups-doctor's teardown ended them is no cause: none is the first failure, none collateral. (A
+/// straggler, or one rank silent while the others progressed, is named by a finding or the
+/// silence before this is asked.)
+fn progressing_at_limit(ev: &Evidence, failed: &RankEvidence) -> Vec<u32> {
+    let hang_after = ev.scenario.limits.hang_after_s;
+    let progressing = |r: &RankResult| {
+        let last = r
+            .last_marker_at_s
+            .into_iter()
+            .chain(r.last_output_at_s)
+            .fold(None, |m: Option<f64>, t| Some(m.map_or(t, |m| m.max(t))));
+        r.outcome == OutcomeKind::TimedOut
+            && silent_at_limit(r, ev.scenario).is_none()
+            && last.zip(r.ended_at_s).is_some_and(|(last, end)| end - last < hang_after)
+    };
+    if ev.ranks.len() < 2 || !ev.ranks.iter().all(|r| progressing(r.result)) {
+        return Vec::new();
+    }
+    ev.ranks.iter().filter(|r| r.rank() != failed.rank()).map(RankEvidence::rank).collect()
+}
+
+/// The headline and evidence of ranks [`progressing_at_limit`]: named together, none first.
+fn say_progressing_at_limit(ev: &Evidence, failed: &RankEvidence, others: &[u32], verdict: &mut Verdict) {
+    let mut all = vec![failed.rank()];
+    all.extend(others);
+    all.sort_unstable();
+    verdict.headline = format!(
+        "Ranks {} were all still making progress at the run's time limit of {} s: the run is slower than the \
+         limit allows, and no rank is behind the others.",
+        rank_ranges(&all),
+        ev.scenario.limits.timeout_s
+    );
+    verdict.evidence.push(format!(
+        "every rank's last marker or line came less than `limits.hang_after_s` = {} s before ups-doctor ended it at \
+         the limit: none is named first and none collateral (the teardown's order is no cause)",
+        ev.scenario.limits.hang_after_s
+    ));
 }
 
 /// The headline and evidence of ranks [`hung_together`]: named together, none first.

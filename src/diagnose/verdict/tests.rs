@@ -437,12 +437,35 @@ fn a_silent_rank_that_keeps_a_core_busy_to_the_time_limit_is_named_busy_not_maki
     );
     assert!(!v.headline.contains("collateral"), "{}", v.headline);
 
-    // Silent for less than `hang_after_s` (it was still printing): the old account stands.
+    // Silent for less than `hang_after_s` (both were still printing): not busy-silent; the ranks
+    // were progressing (see the test below: none named).
     let (_, _, v) =
         time_limited(vec![timed_out(0, 38.0, Some((1.5, 1.4))), timed_out(1, 38.0, Some((1.5, 1.4)))])
             .judge();
-    assert!(v.headline.contains("ran past the time limit of 40 s"), "{}", v.headline);
+    assert!(v.headline.contains("still making progress at the run's time limit of 40 s"), "{}", v.headline);
     assert!(v.likely_cause.as_deref().is_some_and(|c| c.contains("kept making progress")), "{v:#?}");
+}
+
+#[test]
+fn ranks_all_still_making_progress_at_the_time_limit_name_no_culprit_and_no_collateral() {
+    // Both ranks printed until 38 s of a 40 s limit, and the teardown ended rank 0 a moment before
+    // rank 1: a tie at teardown is no cause. No straggler stands out (no step times to compare).
+    let (outcome, first, v) =
+        time_limited(vec![timed_out(0, 38.0, Some((1.5, 1.4))), timed_out(1, 38.0, Some((1.5, 1.4)))])
+            .judge();
+    assert_eq!((outcome, first), (OutcomeKind::TimedOut, None), "{v:#?}");
+    assert!(
+        v.headline.starts_with("Ranks 0, 1 were all still making progress at the run's time limit of 40 s"),
+        "{}",
+        v.headline
+    );
+    assert!(!v.headline.contains("collateral"), "{}", v.headline);
+    // One rank silent and idle since long before the limit while the other still printed: not a
+    // tie; a rank is named (the silence accounts decide which).
+    let (_, first, v) =
+        time_limited(vec![timed_out(0, 38.0, Some((1.5, 1.4))), timed_out(1, 12.0, Some((28.0, 0.1)))])
+            .judge();
+    assert!(first.is_some() && !v.headline.contains("all still making progress"), "{v:#?}");
 }
 
 #[test]
