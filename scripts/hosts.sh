@@ -31,6 +31,9 @@ SLURM_PORT=6917
 
 die() { echo "hosts: $*" >&2; exit 1; }
 
+# shellcheck source=scripts/slurm-conf.sh
+. "$(dirname "$0")/slurm-conf.sh"
+
 check_group() {
   [[ "$1" =~ ^[a-z0-9]{1,8}$ ]] || die "group '$1': use 1-8 lower-case letters or digits"
 }
@@ -105,35 +108,7 @@ write_slurm_conf() { # GROUP N
     echo "SlurmctldHost=node1($NET.11)"
     echo "SlurmctldPort=$SLURM_PORT"
     echo "SlurmdPort=$((SLURM_PORT + 1))"
-    cat <<EOF
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-AuthInfo=socket=$sdir/munge.socket
-CredType=cred/munge
-StateSaveLocation=$sdir/state
-SlurmdSpoolDir=$sdir/spool/%n
-SlurmctldPidFile=$sdir/slurmctld.pid
-SlurmdPidFile=$sdir/slurmd-%n.pid
-SlurmctldLogFile=$sdir/log/slurmctld.log
-SlurmdLogFile=$sdir/log/slurmd-%n.log
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-JobCompType=jobcomp/none
-MpiDefault=none
-MailProg=/bin/true
-SwitchType=switch/none
-SchedulerType=sched/builtin
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-ReturnToService=2
-SlurmdTimeout=30
-InactiveLimit=0
-KillWait=5
-MinJobAge=10
-EOF
+    slurm_conf_common "$sdir" "slurmd-%n"
     for i in $(seq 1 "$n"); do
       echo "NodeName=node$i NodeAddr=$NET.$((10 + i)) CPUs=$cpus RealMemory=$mem State=UNKNOWN"
       nodes="${nodes:+$nodes,}node$i"

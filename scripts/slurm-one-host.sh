@@ -27,6 +27,9 @@ export SLURM_CONF=$CONF
 
 die() { echo "slurm-one-host: $*" >&2; exit 1; }
 
+# shellcheck source=scripts/slurm-conf.sh
+. "$(dirname "$0")/slurm-conf.sh"
+
 # A pid from a pid file, only when that process is alive and is the program we started.
 running() { # NAME PIDFILE
   local pid
@@ -63,33 +66,7 @@ ClusterName=ups-doctor-test
 SlurmctldHost=$host(127.0.0.1)
 SlurmctldPort=$PORT
 SlurmdPort=$((PORT + 1))
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-AuthInfo=socket=$DIR/munge.socket
-CredType=cred/munge
-StateSaveLocation=$DIR/state
-SlurmdSpoolDir=$DIR/spool/%n
-SlurmctldPidFile=$DIR/slurmctld.pid
-SlurmdPidFile=$DIR/slurmd.pid
-SlurmctldLogFile=$DIR/log/slurmctld.log
-SlurmdLogFile=$DIR/log/slurmd.log
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-JobCompType=jobcomp/none
-MpiDefault=none
-MailProg=/bin/true
-SwitchType=switch/none
-SchedulerType=sched/builtin
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-ReturnToService=2
-SlurmdTimeout=30
-InactiveLimit=0
-KillWait=5
-MinJobAge=10
+$(slurm_conf_common "$DIR" slurmd)
 NodeName=$host NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$mem State=UNKNOWN
 PartitionName=debug Nodes=$host Default=YES MaxTime=60 State=UP OverSubscribe=FORCE:8
 EOF

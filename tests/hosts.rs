@@ -26,20 +26,7 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 
 /// DDP of the built-in trainer over 4 CPU ranks, 2 per host, 8 steps.
 fn ddp(sb: &Sandbox, name: &str, extra: &str) -> PathBuf {
-    let sep = if extra.is_empty() { "" } else { "," };
-    sb.scenario(
-        name,
-        &format!(
-            r#"{{
-  "launch": {{ "mode": "ddp", "world_size": 4 }},
-  "model": {{ "depths": [1], "hidden": 32, "heads": 2, "latent_tokens": 8, "window": 2 }},
-  "data": {{ "samples": 16, "grid": 64, "timesteps": 4, "queries": 32, "batch_size": 8 }},
-  "train": {{ "steps": 8 }},
-  "limits": {{ "timeout_s": 240, "hang_after_s": 30 }}{sep}
-  {extra}
-}}"#
-        ),
-    )
+    crate::util::ddp_four_ranks(sb, name, 240, 30, extra)
 }
 
 /// `srun -N 2 --ntasks-per-node 1` on node1 of the hosts, each task `ups-doctor run FILE --out
@@ -425,5 +412,78 @@ fn attach_slurm_reads_every_rank_of_a_hung_job_on_both_hosts_and_leaves_it_runni
     // The test ends the job itself.
     let _ = hosts.on("node1", "scancel").arg(id).env("SLURM_CONF", &conf).status();
     let _ = job.wait();
+    assert_nothing_left(&hosts);
+}
+
+/// The sbatch script of docs/slurm-and-nodes.md ("On Slurm, one agent per node"), as it is there
+/// but for the venv (this machine's, on `PATH`), the cores (2 here, not 16) and the folders: `sbatch
+/// --wait` of two hosts, one agent per node started by the script's `srun`, each starting torchrun
+/// on its node for the user's DDP program (`tests/programs/ddp.py`, 2 ranks a node). Node 0's
+/// report in `reports/runs/slurm-JOBID/node0` judges all four ranks on both hosts.
+#[test]
+fn the_documented_sbatch_script_runs_one_agent_per_host_and_node_0_reports_every_rank() {
+    let Some(hosts) = Hosts::up("sbatch across hosts", 2, true) else { return };
+    let _one = serial();
+    let sb = Sandbox::shared();
+    let program = repo().join("tests/programs/ddp.py");
+    std::fs::write(
+        sb.path().join("scenario.json"),
+        format!(
+            r#"{{"command": ["torchrun", "--nproc_per_node", "2", "{}", "--steps", "6"],
+                "launch": {{"world_size": 4, "style": "launcher"}},
+                "limits": {{"timeout_s": 300, "hang_after_s": 150}}}}"#,
+            program.display()
+        ),
+    )
+    .unwrap();
+    let venv_bin = crate::util::venv_python().parent().unwrap().display().to_string();
+    let script = format!(
+        r#"#!/bin/bash
+#SBATCH --job-name=ups-doctor
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=1
+#SBATCH --cpus-per-task=2
+#SBATCH --time=00:10:00
+#SBATCH --output=ups-doctor-%j.out
+export PATH="{venv_bin}:{bin_dir}:$PATH"
+export UPS_DOCTOR_COORDINATOR_PORT=29411
+srun bash -c 'exec ups-doctor run scenario.json --out "reports/runs/slurm-$SLURM_JOB_ID/node$SLURM_NODEID"'
+"#,
+        bin_dir = bin().parent().unwrap().display()
+    );
+    std::fs::write(sb.path().join("job.sh"), script).unwrap();
+    let out = hosts
+        .on("node1", "sbatch")
+        .args(["--wait", "--parsable", "job.sh"])
+        .current_dir(sb.path())
+        .env("SLURM_CONF", hosts.slurm_conf.as_ref().unwrap())
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("sbatch runs");
+    let id = String::from_utf8_lossy(&out.stdout).trim().split(';').next().unwrap_or("").to_string();
+    let log = std::fs::read_to_string(sb.path().join(format!("ups-doctor-{id}.out"))).unwrap_or_default();
+    assert!(
+        out.status.success(),
+        "sbatch --wait: {:?}\n{}\n{log}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let folder = sb.path().join(format!("reports/runs/slurm-{id}/node0"));
+    let v: Value = serde_json::from_str(
+        &std::fs::read_to_string(folder.join("result.json"))
+            .unwrap_or_else(|e| panic!("node 0's result: {e}\n{log}")),
+    )
+    .unwrap();
+    let s = &v["scenarios"][0];
+    assert_eq!(s["outcome"], "passed", "{}\n{log}", s["verdict"]);
+    assert_eq!(ranks(s).len(), 4, "{}", s["ranks"]);
+    let hosts_seen: Vec<&str> = per_node(s).iter().map(|n| n["host"].as_str().unwrap_or("")).collect();
+    assert_eq!(hosts_seen, ["node1", "node2"], "{}", s["nodes"]);
+    let found = crate::consistency::check_run_dir(&folder);
+    assert!(found.is_empty(), "the report contradicts its result.json:\n{}", found.join("\n"));
+    assert!(
+        sb.path().join(format!("reports/runs/slurm-{id}/node1/report.md")).is_file(),
+        "node 1's own view"
+    );
     assert_nothing_left(&hosts);
 }

@@ -82,20 +82,7 @@ fn run_nodes(sb: &Sandbox, file: &Path, nodes: u32, extra: &[&str], env: &[(u32,
 
 /// DDP over 4 CPU ranks, 2 per node, 8 steps.
 fn ddp(sb: &Sandbox, name: &str, extra: &str) -> PathBuf {
-    let sep = if extra.is_empty() { "" } else { "," };
-    sb.scenario(
-        name,
-        &format!(
-            r#"{{
-  "launch": {{ "mode": "ddp", "world_size": 4 }},
-  "model": {{ "depths": [1], "hidden": 32, "heads": 2, "latent_tokens": 8, "window": 2 }},
-  "data": {{ "samples": 16, "grid": 64, "timesteps": 4, "queries": 32, "batch_size": 8 }},
-  "train": {{ "steps": 8 }},
-  "limits": {{ "timeout_s": 180, "hang_after_s": 90 }}{sep}
-  {extra}
-}}"#
-        ),
-    )
+    crate::util::ddp_four_ranks(sb, name, 180, 90, extra)
 }
 
 fn ranks(s: &Value) -> &Vec<Value> {

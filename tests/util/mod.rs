@@ -202,6 +202,25 @@ pub fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
     cond()
 }
 
+/// DDP of the built-in trainer over 4 CPU ranks (2 per node where run on two), 8 steps, a tiny
+/// model; `extra`: more top-level fields (`"inject": …, "expect": …`).
+pub fn ddp_four_ranks(sb: &Sandbox, name: &str, timeout_s: u32, hang_after_s: u32, extra: &str) -> PathBuf {
+    let sep = if extra.is_empty() { "" } else { "," };
+    sb.scenario(
+        name,
+        &format!(
+            r#"{{
+  "launch": {{ "mode": "ddp", "world_size": 4 }},
+  "model": {{ "depths": [1], "hidden": 32, "heads": 2, "latent_tokens": 8, "window": 2 }},
+  "data": {{ "samples": 16, "grid": 64, "timesteps": 4, "queries": 32, "batch_size": 8 }},
+  "train": {{ "steps": 8 }},
+  "limits": {{ "timeout_s": {timeout_s}, "hang_after_s": {hang_after_s} }}{sep}
+  {extra}
+}}"#
+        ),
+    )
+}
+
 /// The Python of the PyTorch 2.11 venv the tests of external programs run in: `UPS_DOCTOR_PYTHON`,
 /// else the cache's default. Never skipped: a missing venv fails the test with the fix.
 pub fn venv_python() -> PathBuf {
