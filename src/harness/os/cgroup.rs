@@ -211,18 +211,38 @@ impl ScenarioCgroup {
         let start = start_time(me).ok_or(CgroupError::OwnStartTime)?;
         let name = format!("{PREFIX}{me}.{start}.{tag}");
         let dir = parent.dir.join(&name);
-        // Taken before the group exists, rounded down: nothing spawned in it can be older.
-        let created_ticks = now_ticks().ok_or(CgroupError::Uptime)?.saturating_sub(1);
-        if let Err(source) = std::fs::create_dir(&dir) {
-            return Err(CgroupError::Create { dir, source });
-        }
-        // Only a sweep in another PID namespace, between the mkdir and this lock, can make it fail
-        // (it holds the lock while it removes the empty group it took for a dead run's).
-        let alive = match super::life::hold(&dir) {
-            Ok(held) => held,
-            Err(source) => {
-                let _ = std::fs::remove_dir(&dir);
-                return Err(CgroupError::Lock { dir, source });
+        // Between the mkdir and the lock, a sweep of a run in another PID namespace (where our pid
+        // means nothing) can take the unlocked group for a dead run's: it then either holds it
+        // (our lock is refused) or has removed it (our lock is on a directory with no name, and
+        // the ranks could not enter it). Made again when so; a sweep spares it once locked.
+        let mut attempt = 0;
+        let (created_ticks, alive) = loop {
+            attempt += 1;
+            // Taken before the group exists, rounded down: nothing spawned in it can be older.
+            let created_ticks = now_ticks().ok_or(CgroupError::Uptime)?.saturating_sub(1);
+            match std::fs::create_dir(&dir) {
+                Ok(()) => {}
+                Err(e) if attempt > 1 && e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(source) => return Err(CgroupError::Create { dir, source }),
+            }
+            match super::life::hold(&dir) {
+                Ok(held) if held.still_at(&dir) => break (created_ticks, held),
+                Ok(_) if attempt < 3 => continue,
+                Err(e) if attempt < 3 && e.kind() == std::io::ErrorKind::WouldBlock => {
+                    // The sweep holds it while it removes it: give it the moment that takes.
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                    continue;
+                }
+                Ok(_) => {
+                    let source = std::io::Error::other(
+                        "a sweep of another run removed it as it was made, three times",
+                    );
+                    return Err(CgroupError::Lock { dir, source });
+                }
+                Err(source) => {
+                    let _ = std::fs::remove_dir(&dir);
+                    return Err(CgroupError::Lock { dir, source });
+                }
             }
         };
         let procs = CString::new(dir.join("cgroup.procs").as_os_str().as_bytes())?;

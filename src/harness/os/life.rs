@@ -52,6 +52,19 @@ pub fn hold(path: &Path) -> io::Result<Held> {
     Ok(Held { _lock: lock(file, FlockArg::LockSharedNonblock).map_err(io::Error::from)? })
 }
 
+impl Held {
+    /// Whether `path` still names what is locked: a sweep of another run (in another PID
+    /// namespace) may have taken the object for a dead run's and removed it between our open and
+    /// our lock, leaving the lock on a directory that no longer has a name.
+    pub fn still_at(&self, path: &Path) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        let (Ok(locked), Ok(named)) = (self._lock.metadata(), std::fs::symlink_metadata(path)) else {
+            return false;
+        };
+        (locked.dev(), locked.ino()) == (named.dev(), named.ino())
+    }
+}
+
 /// Whether the owner of `path` still holds it.
 pub fn owner(path: &Path) -> Owner {
     let file = match open(path) {
@@ -107,6 +120,19 @@ impl Drop for LockFile {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_lock_on_a_directory_removed_or_replaced_under_it_is_known_not_to_name_it_any_more() {
+        let base = tempfile::tempdir().unwrap();
+        let dir = base.path().join("group");
+        std::fs::create_dir(&dir).unwrap();
+        let held = hold(&dir).unwrap();
+        assert!(held.still_at(&dir));
+        std::fs::remove_dir(&dir).unwrap();
+        assert!(!held.still_at(&dir), "removed");
+        std::fs::create_dir(&dir).unwrap();
+        assert!(!held.still_at(&dir), "another directory of the same name");
+    }
 
     #[test]
     fn a_held_directory_is_alive_for_another_opener_and_gone_once_released() {
