@@ -453,11 +453,25 @@ fn slurm_tasks_on(counts: &str, node: u32) -> Option<u32> {
     None
 }
 
+/// Why no task of a Slurm job's step was found on this machine.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NoSlurmTask {
+    #[error(
+        "no task of {} runs on this host (a process with SLURM_JOB_ID={job}, {} and a rank variable)",
+        step.as_ref().map_or("this job".to_string(), |s| format!("step {s}")),
+        step.as_ref().map_or("a SLURM_STEP_ID".to_string(), |s| format!("SLURM_STEP_ID={s}"))
+    )]
+    None { job: String, step: Option<String> },
+    #[error("steps {} of this job run here: give JOBID.STEP", .0.join(", "))]
+    SeveralSteps(Vec<String>),
+    #[error("its tasks here form a cycle of parents")]
+    Cycle,
+}
+
 /// The task of a Slurm job's step on this machine to attach to: the lowest pid among the topmost
 /// processes that carry `SLURM_JOB_ID=job`, the step's `SLURM_STEP_ID` (when no step is given,
-/// any step but `not_step`, the caller's own) and a rank variable. Says why where there is none,
-/// or where several steps run here and none was named.
-pub fn slurm_task(job: &str, step: Option<&str>, not_step: Option<&str>) -> Result<u32, String> {
+/// any step but `not_step`, the caller's own) and a rank variable.
+pub fn slurm_task(job: &str, step: Option<&str>, not_step: Option<&str>) -> Result<u32, NoSlurmTask> {
     let table = memory::processes();
     let mut tasks: Vec<(u32, u32, String)> = Vec::new();
     for p in table.iter().filter(|p| !p.zombie() && p.pid != std::process::id()) {
@@ -471,24 +485,16 @@ pub fn slurm_task(job: &str, step: Option<&str>, not_step: Option<&str>) -> Resu
             tasks.push((p.pid, p.ppid, its));
         }
     }
-    let mut steps: Vec<&str> = tasks.iter().map(|t| t.2.as_str()).collect();
+    let mut steps: Vec<String> = tasks.iter().map(|t| t.2.clone()).collect();
     steps.sort_unstable();
     steps.dedup();
-    match steps[..] {
-        [] => Err(match step {
-            Some(s) => format!(
-                "no task of step {s} runs on this host (a process with SLURM_JOB_ID={job}, SLURM_STEP_ID={s} and a rank variable)"
-            ),
-            None => format!(
-                "no task of this job runs on this host (a process with SLURM_JOB_ID={job}, a SLURM_STEP_ID and a rank variable)"
-            ),
-        }),
-        [_] => {
+    match steps.len() {
+        0 => Err(NoSlurmTask::None { job: job.to_string(), step: step.map(str::to_string) }),
+        1 => {
             let pids: Vec<u32> = tasks.iter().map(|t| t.0).collect();
-            let top = tasks.iter().filter(|t| !pids.contains(&t.1)).map(|t| t.0).min();
-            top.ok_or_else(|| "its tasks here form a cycle of parents".to_string())
+            tasks.iter().filter(|t| !pids.contains(&t.1)).map(|t| t.0).min().ok_or(NoSlurmTask::Cycle)
         }
-        _ => Err(format!("steps {} of this job run here: give JOBID.STEP", steps.join(", "))),
+        _ => Err(NoSlurmTask::SeveralSteps(steps)),
     }
 }
 

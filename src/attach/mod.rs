@@ -102,11 +102,30 @@ pub fn command(args: AttachArgs) -> Result<u8, Error> {
             args.watch
         )));
     }
+    let slurm_options = || slurm::Options {
+        out: args.out.clone(),
+        watch: args.watch,
+        native: args.native,
+        join_timeout: args.join_timeout,
+        stop: args.then.is_some(),
+    };
     if let Some(job) = &args.slurm {
-        return slurm::command(job, &args);
+        return slurm::command(job, &slurm_options());
     }
     if let Some(job) = &args.slurm_probe {
-        return slurm::probe(job, &args);
+        let placed = slurm::probe(job, &slurm_options())?;
+        let part = nodes::Part {
+            pid: placed.pid,
+            out: &placed.out,
+            window: placed.window,
+            native: args.native,
+            stop: false,
+        };
+        return match placed.config {
+            Some(config) => Ok(if nodes::attach(part, config)? { exit::MET } else { exit::NOT_MET }),
+            None => attach_one(placed.pid, &placed.out, placed.window, args.native, false)
+                .map(|state| if state == State::Running { exit::MET } else { exit::NOT_MET }),
+        };
     }
     // Only the flags place a node: an attach started inside a Slurm allocation or beside
     // torchrun's variables is still on this machine alone unless it says otherwise.

@@ -11,10 +11,37 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use crate::nodes::NodeConfig;
 use crate::nodes::config::{DEFAULT_PORT, NodeFlags, PORT_ENV, first_host};
+use crate::scenario::launcher::SRUN;
 use crate::{Error, exit};
 
-use super::{AttachArgs, job, nodes};
+use super::job;
+
+/// What `attach --slurm` passes on to each probe (its own flags).
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub out: Option<PathBuf>,
+    pub watch: f64,
+    pub native: bool,
+    pub join_timeout: f64,
+    /// `--then stop` was given (refused here).
+    pub stop: bool,
+}
+
+/// Where one probe attaches: the task it found, its node's folder, and its place among the
+/// probes (`None` on a job of one node).
+pub struct Probe {
+    pub pid: u32,
+    pub out: PathBuf,
+    pub window: Duration,
+    pub config: Option<NodeConfig>,
+}
+
+/// Slurm's launcher of steps, as the launcher table names it.
+fn srun() -> &'static str {
+    SRUN.programs[0]
+}
 
 /// A Slurm job, and one of its steps where given (`1234`, `1234.0`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -77,9 +104,9 @@ fn slurm_tool(name: &str) -> Error {
 
 /// The login side: asks Slurm where the job runs, starts the probes there with `srun --overlap`
 /// and waits for them; node 0's folder holds the report.
-pub fn command(spec: &str, args: &AttachArgs) -> Result<u8, Error> {
+pub fn command(spec: &str, args: &Options) -> Result<u8, Error> {
     let target = JobStep::parse("--slurm", spec)?;
-    if args.then.is_some() {
+    if args.stop {
         return Err(Error::BadInput(
             "`--then stop` with `--slurm`: end a Slurm job with `scancel JOBID`; attach only reads it".into(),
         ));
@@ -91,10 +118,10 @@ pub fn command(spec: &str, args: &AttachArgs) -> Result<u8, Error> {
     let said = String::from_utf8_lossy(&shown.stdout);
     if !shown.status.success() {
         return Err(Error::BadInput(format!(
-            "Slurm knows no job {} (`scontrol show job {}`: {}); `squeue --me` lists yours",
+            "`scontrol show job {}` failed: {} (is {} a job of this cluster? `squeue --me` lists yours)",
             target.job,
-            target.job,
-            String::from_utf8_lossy(&shown.stderr).trim()
+            String::from_utf8_lossy(&shown.stderr).trim(),
+            target.job
         )));
     }
     let Some(job) = said.lines().find_map(placed) else {
@@ -132,7 +159,7 @@ pub fn command(spec: &str, args: &AttachArgs) -> Result<u8, Error> {
         path: PathBuf::from("/proc/self/exe"),
         source,
     })?;
-    let mut probes = Command::new("srun");
+    let mut probes = Command::new(srun());
     probes
         .arg(format!("--jobid={}", target.job))
         .args(["--overlap", "--ntasks-per-node=1", "--job-name=ups-doctor-attach"])
@@ -152,7 +179,7 @@ pub fn command(spec: &str, args: &AttachArgs) -> Result<u8, Error> {
         job.node_list,
         target.job
     );
-    let status = probes.status().map_err(|_| slurm_tool("srun"))?;
+    let status = probes.status().map_err(|_| slurm_tool(srun()))?;
     let report = node_out(&out, 0).join("report.md");
     if report.is_file() {
         eprintln!("the job's report (node 0): {}", report.display());
@@ -176,8 +203,8 @@ fn node_out(out: &Path, n: u32) -> PathBuf {
 }
 
 /// One probe, started by [`command`]'s srun on one node of the job: finds the step's tasks on this
-/// host and attaches to them as node `SLURM_NODEID` of `SLURM_STEP_NUM_NODES`.
-pub fn probe(spec: &str, args: &AttachArgs) -> Result<u8, Error> {
+/// host and says where it attaches, as node `SLURM_NODEID` of `SLURM_STEP_NUM_NODES`.
+pub fn probe(spec: &str, args: &Options) -> Result<Probe, Error> {
     let target = JobStep::parse("--slurm-probe", spec)?;
     let env = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
     let need = |k: &str| {
@@ -196,14 +223,6 @@ pub fn probe(spec: &str, args: &AttachArgs) -> Result<u8, Error> {
     let pid = job::slurm_task(&target.job, target.step.as_deref(), own_step.as_deref())
         .map_err(|why| Error::BadInput(format!("Slurm job {} on {host}: {why}", target.text())))?;
     let base = args.out.clone().unwrap_or_else(|| PathBuf::from("."));
-    let out = node_out(&base, node);
-    let part = nodes::Part {
-        pid,
-        out: &out,
-        window: Duration::from_secs_f64(args.watch),
-        native: args.native,
-        stop: false,
-    };
     let port = env(PORT_ENV).and_then(|p| p.parse::<u16>().ok()).unwrap_or(DEFAULT_PORT);
     let first = first_host(&list)
         .ok_or_else(|| Error::BadInput(format!("`SLURM_STEP_NODELIST={list}` names no host")))?;
@@ -214,12 +233,13 @@ pub fn probe(spec: &str, args: &AttachArgs) -> Result<u8, Error> {
         listen: None,
         join_timeout_s: Some(args.join_timeout),
     };
-    let config = crate::nodes::NodeConfig::resolve(&flags, &|_| None).map_err(|e| Error::BadInput(e.0))?;
-    match config.filter(|c| c.nodes > 1) {
-        Some(config) => Ok(if nodes::attach(part, config)? { exit::MET } else { exit::NOT_MET }),
-        None => super::attach_one(pid, &out, part.window, part.native, false)
-            .map(|state| if state == super::judge::State::Running { exit::MET } else { exit::NOT_MET }),
-    }
+    let config = NodeConfig::resolve(&flags, &|_| None).map_err(|e| Error::BadInput(e.0))?;
+    Ok(Probe {
+        pid,
+        out: node_out(&base, node),
+        window: Duration::from_secs_f64(args.watch),
+        config: config.filter(|c| c.nodes > 1),
+    })
 }
 
 #[cfg(test)]

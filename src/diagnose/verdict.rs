@@ -181,9 +181,7 @@ fn judge_watched(o: &Observed) -> Judgement {
     let (headline, evidence, likely_cause, next_step) = failure(&ev, failed);
     let mut verdict = Verdict { headline, evidence, likely_cause, next_step, ..Default::default() };
     let stopped_alone = finding.is_none() && stopped_by_its_launcher_alone(&ev, failed, &mut verdict);
-    let together = if finding.is_none() { hung_together(&ev, failed) } else { Vec::new() };
-    let at_limit =
-        if finding.is_none() && together.is_empty() { progressing_at_limit(&ev, failed) } else { Vec::new() };
+    let together = none_first(&ev, failed, finding.as_ref(), &mut verdict);
     // Ranks the finding names for what they were (those a timed-out collective waited for).
     let mut named = finding.as_ref().map(|f| f.named.clone()).unwrap_or_default();
     // A finding that cannot tell which rank caused it: none is the first failure, none collateral.
@@ -196,13 +194,6 @@ fn judge_watched(o: &Observed) -> Judgement {
     if let Some(f) = finding {
         apply(&mut verdict, f);
     }
-    if !together.is_empty() {
-        say_hung_together(failed, &together, &mut verdict);
-    }
-    if !at_limit.is_empty() {
-        say_progressing_at_limit(&ev, failed, &at_limit, &mut verdict);
-    }
-    let together = [together, at_limit].concat();
     let mut same = same_failure(&ev, failed);
     same.retain(|r| !named.contains(r));
     named.extend(&together);
@@ -296,6 +287,29 @@ fn hung_together(ev: &Evidence, failed: &RankEvidence) -> Vec<u32> {
         .filter(|r| r.rank() != failed.rank() && silent_alike(r.result))
         .map(RankEvidence::rank)
         .collect()
+}
+
+/// Ranks of which none failed first, the verdict saying so: hung together, or every rank still
+/// progressing at the time limit. Empty where a finding, or the evidence, names one.
+fn none_first(
+    ev: &Evidence,
+    failed: &RankEvidence,
+    finding: Option<&Finding>,
+    verdict: &mut Verdict,
+) -> Vec<u32> {
+    if finding.is_some() {
+        return Vec::new();
+    }
+    let together = hung_together(ev, failed);
+    if !together.is_empty() {
+        say_hung_together(failed, &together, verdict);
+        return together;
+    }
+    let at_limit = progressing_at_limit(ev, failed);
+    if !at_limit.is_empty() {
+        say_progressing_at_limit(ev, failed, &at_limit, verdict);
+    }
+    at_limit
 }
 
 /// At the time limit, every rank still making progress: each timed out with its last marker or
