@@ -16,7 +16,9 @@
 # other, so every group uses the same addresses. Its files are under $UPS_DOCTOR_HOSTS_DIR
 # (/run/ups-doctor-hosts)/GROUP: the hosts file, each host's init pid, the Slurm config, munge key,
 # socket, state and logs. What is outside /tmp and /dev/shm (the repository, the cache, a test's
-# folder under the target directory) is the hosts' shared file system, as a cluster's is.
+# folder under the target directory) is the hosts' shared file system, as a cluster's is; folders
+# under /tmp that must be shared too (a checkout in /tmp) are named, colon-separated, in
+# UPS_DOCTOR_HOSTS_SHARE: each host's own /tmp has them at the same path.
 #
 # Each host's first process (its PID 1, a few lines of Python that reap) holds the namespaces;
 # `stop` kills it, and the kernel then kills every process left in that PID namespace: nothing a
@@ -49,10 +51,25 @@ init_of() { # GROUP HOST
 # ready, then reaps whatever is orphaned to it until it is killed.
 INIT='
 import os, signal, socket, subprocess, sys
-host, hosts, ready = sys.argv[1], sys.argv[2], sys.argv[3]
+host, hosts, ready, stage, shared = sys.argv[1:6]
 socket.sethostname(host)
-for what in (["-t", "tmpfs", "-o", "mode=1777", "tmpfs", "/dev/shm"], ["-t", "tmpfs", "-o", "mode=1777", "tmpfs", "/tmp"], ["--bind", hosts, "/etc/hosts"]):
+def mount(*what):
     subprocess.run(["mount", *what], check=True)
+# The shared file system under /tmp (a checkout or target folder there): set aside before the
+# host gets a /tmp of its own, then put back at the same path in it.
+kept = []
+for path in sorted(p for p in shared.split(":") if p == "/tmp" or p.startswith("/tmp/")):
+    if os.path.isdir(path) and not any(path == k or path.startswith(k + "/") for _, k in kept):
+        spot = os.path.join(stage, str(len(kept)))
+        os.makedirs(spot, exist_ok=True)
+        mount("--bind", path, spot)
+        kept.append((spot, path))
+mount("-t", "tmpfs", "-o", "mode=1777", "tmpfs", "/dev/shm")
+mount("-t", "tmpfs", "-o", "mode=1777", "tmpfs", "/tmp")
+for spot, path in kept:
+    os.makedirs(path, exist_ok=True)
+    mount("--move", spot, path)
+mount("--bind", hosts, "/etc/hosts")
 signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
 open(ready, "w").close()
 while True:
@@ -76,7 +93,8 @@ start_host() { # GROUP I
   # nsenter, not `ip netns exec`: that one mounts a /sys of its own, without the cgroup file systems
   # that slurmd and ups-doctor's scenario cgroups need.
   setsid nsenter --net="/run/netns/$ns" unshare --uts --pid --ipc --mount --fork --mount-proc --propagation private \
-    /usr/bin/python3 -c "$INIT" "$host" "$gdir/hosts" "$gdir/$host.ready" ups-doctor-host-init \
+    /usr/bin/python3 -c "$INIT" "$host" "$gdir/hosts" "$gdir/$host.ready" "$gdir/$host.stage" \
+    "${UPS_DOCTOR_HOSTS_SHARE:-}" ups-doctor-host-init \
     </dev/null >>"$gdir/$host.log" 2>&1 &
   local outer=$! child=""
   for _ in $(seq 1 100); do

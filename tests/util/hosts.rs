@@ -47,8 +47,22 @@ impl Hosts {
         if slurm {
             cmd.arg("--slurm");
         }
+        // What the hosts share with this machine when it lies under /tmp (each host has its own):
+        // the checkout, the binaries, the tests' shared folders, the cache of venvs and libtorch
+        // (`…/ups-doctor`, three folders above the venv's python).
+        let python = super::venv_python();
+        let cache = python.ancestors().nth(3).map(std::path::Path::to_path_buf).unwrap_or_default();
+        let share = [
+            super::repo(),
+            super::bin().parent().map(std::path::Path::to_path_buf).unwrap_or_default(),
+            PathBuf::from(env!("CARGO_TARGET_TMPDIR")),
+            cache,
+        ];
+        let share =
+            std::env::join_paths(share.iter().filter(|p| !p.as_os_str().is_empty())).expect("paths join");
         let out = cmd
             .env("UPS_DOCTOR_HOSTS_OWNER", std::process::id().to_string())
+            .env("UPS_DOCTOR_HOSTS_SHARE", share)
             .output()
             .expect("hosts.sh runs");
         let mut hosts = Hosts { group, count, slurm_conf: None };
