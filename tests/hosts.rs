@@ -17,7 +17,8 @@ use crate::util::hosts::Hosts;
 use crate::util::{Sandbox, bin, eventually, repo, venv_path};
 use serde_json::Value;
 
-/// One run across hosts at a time: each starts 4 ranks and 2 agents on 2 cores.
+/// One run across hosts at a time: each starts 4 ranks and 2 agents on 2 cores. Taken before its
+/// hosts are made, so that no group of hosts waits, made, for another test to end.
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn serial() -> std::sync::MutexGuard<'static, ()> {
@@ -98,8 +99,8 @@ fn offsets(s: &Value, node: usize) -> Vec<(f64, f64)> {
 
 #[test]
 fn ddp_across_two_hosts_under_srun_passes_with_each_hosts_name_and_a_clock_offset_that_contains_zero() {
-    let Some(hosts) = Hosts::up("srun across hosts", 2, true) else { return };
     let _one = serial();
+    let Some(hosts) = Hosts::up("srun across hosts", 2, true) else { return };
     let sb = Sandbox::shared();
     let file = ddp(&sb, "hosts-pass", "");
     let out = srun_agents(&hosts, &sb, &file, "hosts-pass");
@@ -128,8 +129,8 @@ fn ddp_across_two_hosts_under_srun_passes_with_each_hosts_name_and_a_clock_offse
 /// and were looked at (stacks) by their own host's agent before teardown.
 #[test]
 fn a_segfault_on_the_second_host_is_the_first_failure_and_the_first_hosts_ranks_are_collateral_with_stacks() {
-    let Some(hosts) = Hosts::up("srun crash across hosts", 2, true) else { return };
     let _one = serial();
+    let Some(hosts) = Hosts::up("srun crash across hosts", 2, true) else { return };
     let sb = Sandbox::shared();
     let file = ddp(
         &sb,
@@ -177,8 +178,8 @@ fn a_segfault_on_the_second_host_is_the_first_failure_and_the_first_hosts_ranks_
 /// all-reduce. The run is hung, rank 2 the culprit, and every rank on both hosts has its stacks.
 #[test]
 fn a_hang_across_two_hosts_is_named_with_stacks_taken_on_both() {
-    let Some(hosts) = Hosts::up("srun hang across hosts", 2, true) else { return };
     let _one = serial();
+    let Some(hosts) = Hosts::up("srun hang across hosts", 2, true) else { return };
     let sb = Sandbox::shared();
     let file = ddp(
         &sb,
@@ -210,8 +211,8 @@ fn a_hang_across_two_hosts_is_named_with_stacks_taken_on_both() {
 /// (`UPS_DOCTOR_NODE_CLOCK_SKEW_MS`): the calibration finds exactly that shift.
 #[test]
 fn torchrun_on_two_hosts_by_two_ranks_names_the_crashing_rank_its_host_and_the_collateral() {
-    let Some(hosts) = Hosts::up("torchrun across hosts", 2, false) else { return };
     let _one = serial();
+    let Some(hosts) = Hosts::up("torchrun across hosts", 2, false) else { return };
     let sb = Sandbox::shared();
     let program = repo().join("tests/programs/ddp.py");
     let file = sb.scenario(
@@ -286,8 +287,8 @@ fn torchrun_on_two_hosts_by_two_ranks_names_the_crashing_rank_its_host_and_the_c
 /// of each rank read on its own host. The job runs on, untouched.
 #[test]
 fn attach_slurm_reads_every_rank_of_a_hung_job_on_both_hosts_and_leaves_it_running() {
-    let Some(hosts) = Hosts::up("attach --slurm across hosts", 2, true) else { return };
     let _one = serial();
+    let Some(hosts) = Hosts::up("attach --slurm across hosts", 2, true) else { return };
     let sb = Sandbox::shared();
     let conf = hosts.slurm_conf.clone().unwrap();
     let job_name = "hung-across-hosts";
@@ -422,8 +423,8 @@ fn attach_slurm_reads_every_rank_of_a_hung_job_on_both_hosts_and_leaves_it_runni
 /// report in `reports/runs/slurm-JOBID/node0` judges all four ranks on both hosts.
 #[test]
 fn the_documented_sbatch_script_runs_one_agent_per_host_and_node_0_reports_every_rank() {
-    let Some(hosts) = Hosts::up("sbatch across hosts", 2, true) else { return };
     let _one = serial();
+    let Some(hosts) = Hosts::up("sbatch across hosts", 2, true) else { return };
     let sb = Sandbox::shared();
     let program = repo().join("tests/programs/ddp.py");
     std::fs::write(
