@@ -214,17 +214,7 @@ fn torchrun_on_two_hosts_by_two_ranks_names_the_crashing_rank_its_host_and_the_c
     let _one = serial();
     let Some(hosts) = Hosts::up("torchrun across hosts", 2, false) else { return };
     let sb = Sandbox::shared();
-    let program = repo().join("tests/programs/ddp.py");
-    let file = sb.scenario(
-        "torchrun-hosts",
-        &format!(
-            r#"{{"command": ["torchrun", "--nproc_per_node", "{{world_size}}", "{}", "--steps", "8", "--segv-rank", "3", "--segv-step", "3"],
-                "launch": {{"world_size": 4, "style": "launcher"}},
-                "limits": {{"timeout_s": 300, "hang_after_s": 150}},
-                "expect": {{"outcome": "signaled", "signal": "SIGSEGV", "rank": 3}}}}"#,
-            program.display()
-        ),
-    );
+    let file = crate::util::torchrun_rank_3_segfaults(&sb, "torchrun-hosts");
     let agent = |node: u32| -> Child {
         let mut cmd = hosts.on(&format!("node{}", node + 1), bin());
         cmd.arg("run")
@@ -257,12 +247,7 @@ fn torchrun_on_two_hosts_by_two_ranks_names_the_crashing_rank_its_host_and_the_c
     assert_eq!(s["first_failure"], 3, "{}", s["verdict"]);
     // Which host ran rank 3 is the rendezvous's choice; that host's torchrun names it in its
     // failure summary.
-    let hosted = (0..2usize)
-        .find(|n| {
-            let log = sb.path().join(format!("node{n}/1-torchrun-hosts/launcher.stderr.log"));
-            std::fs::read_to_string(log).unwrap_or_default().contains("rank      : 3 (local_rank: 1)")
-        })
-        .expect("one host's torchrun names rank 3 in its failure summary");
+    let hosted = crate::util::node_of_rank_3(|n| sb.path().join(format!("node{n}")), "torchrun-hosts");
     let first_failure = &s["nodes"]["first_failure"];
     assert_eq!(first_failure["node"], hosted, "{first_failure}");
     assert_eq!(first_failure["host"], format!("node{}", hosted + 1), "{first_failure}");

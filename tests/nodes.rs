@@ -429,17 +429,7 @@ fn an_agent_that_cannot_reach_the_coordinator_says_so() {
 #[test]
 fn a_two_node_torchrun_program_with_a_crashing_rank_is_attributed_the_same_way() {
     let sb = Sandbox::new();
-    let program = crate::util::repo().join("tests/programs/ddp.py");
-    let file = sb.scenario(
-        "torchrun-2x2",
-        &format!(
-            r#"{{"command": ["torchrun", "--nproc_per_node", "{{world_size}}", "{}", "--steps", "8", "--segv-rank", "3", "--segv-step", "3"],
-                "launch": {{"world_size": 4, "style": "launcher"}},
-                "limits": {{"timeout_s": 300, "hang_after_s": 150}},
-                "expect": {{"outcome": "signaled", "signal": "SIGSEGV", "rank": 3}}}}"#,
-            program.display()
-        ),
-    );
+    let file = crate::util::torchrun_rank_3_segfaults(&sb, "torchrun-2x2");
     let path = crate::util::venv_path().to_string_lossy().into_owned();
     let run = run_nodes(&sb, &file, 2, &[], &[(0, "PATH", &path), (1, "PATH", &path)]);
     assert_eq!(run.code(0), 0, "node 0:\n{}", run.stderr(0));
@@ -464,12 +454,7 @@ fn a_two_node_torchrun_program_with_a_crashing_rank_is_attributed_the_same_way()
     // Which node ran rank 3 is the rendezvous's choice: torchrun's `c10d` orders the nodes by host
     // and agent pid, not by `--node-rank`, so on one host node 0 runs ranks 2-3 whenever node 1's
     // torchrun got the lower pid. torchrun's own failure summary on that node names it.
-    let hosted = (0..2)
-        .find(|n| {
-            let log = out_of(&sb, *n).join("1-torchrun-2x2/launcher.stderr.log");
-            std::fs::read_to_string(&log).unwrap_or_default().contains("rank      : 3 (local_rank: 1)")
-        })
-        .expect("one node's torchrun names rank 3 in its failure summary");
+    let hosted = crate::util::node_of_rank_3(|n| out_of(&sb, n as u32), "torchrun-2x2") as u64;
     assert_eq!(s["nodes"]["first_failure"]["node"], hosted, "{}", s["nodes"]["first_failure"]);
     assert_eq!(s["nodes"]["first_failure"]["local_rank"], 1);
     let ran = &s["nodes"]["per_node"][hosted as usize]["ranks"];

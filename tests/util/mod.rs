@@ -221,6 +221,33 @@ pub fn ddp_four_ranks(sb: &Sandbox, name: &str, timeout_s: u32, hang_after_s: u3
     )
 }
 
+/// The user's DDP program (`tests/programs/ddp.py`) under torchrun, 4 ranks, rank 3 segfaulting at
+/// step 3: the scenario `name` of a run across two nodes (each node's torchrun runs 2).
+pub fn torchrun_rank_3_segfaults(sb: &Sandbox, name: &str) -> PathBuf {
+    sb.scenario(
+        name,
+        &format!(
+            r#"{{"command": ["torchrun", "--nproc_per_node", "{{world_size}}", "{}", "--steps", "8", "--segv-rank", "3", "--segv-step", "3"],
+                "launch": {{"world_size": 4, "style": "launcher"}},
+                "limits": {{"timeout_s": 300, "hang_after_s": 150}},
+                "expect": {{"outcome": "signaled", "signal": "SIGSEGV", "rank": 3}}}}"#,
+            repo().join("tests/programs/ddp.py").display()
+        ),
+    )
+}
+
+/// Which of two nodes ran rank 3 of [`torchrun_rank_3_segfaults`]: the one whose torchrun names it
+/// in its failure summary (`node_out(n)`: node `n`'s `--out`). torchrun's c10d rendezvous, not
+/// `--node-rank`, decides which node runs which ranks.
+pub fn node_of_rank_3(node_out: impl Fn(usize) -> PathBuf, name: &str) -> usize {
+    (0..2)
+        .find(|&n| {
+            let log = node_out(n).join(format!("1-{name}/launcher.stderr.log"));
+            std::fs::read_to_string(log).unwrap_or_default().contains("rank      : 3 (local_rank: 1)")
+        })
+        .expect("one node's torchrun names rank 3 in its failure summary")
+}
+
 /// The Python of the PyTorch 2.11 venv the tests of external programs run in: `UPS_DOCTOR_PYTHON`,
 /// else the cache's default. Never skipped: a missing venv fails the test with the fix.
 pub fn venv_python() -> PathBuf {
