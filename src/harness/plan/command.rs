@@ -129,15 +129,16 @@ fn python_program(argv: &[String]) -> Option<PythonProgram<'_>> {
 }
 
 /// The launcher of the table that starts `argv`'s ranks: its program, or what its Python
-/// program's source says (read from `cwd`, as [`auto_style`] reads it). `None` for a shell
-/// script that runs one, or a command that names none.
+/// program's source says, or the first launcher a shell script runs (each read from `cwd`, as
+/// [`auto_style`] reads it). `None` for a command that names none.
 pub fn launcher_of(argv: &[String], cwd: Option<&Path>) -> Option<&'static launcher::Launcher> {
     if let Some(l) = launcher::of_command(argv) {
         return Some(l);
     }
     let program = Path::new(argv.first()?).file_name()?.to_string_lossy().into_owned();
     if !program.starts_with("python") {
-        return None;
+        let (_, source) = shell_source(argv, &program, cwd)?;
+        return launcher::of_shell_word(launcher_in(&source)?.0);
     }
     let source = match python_program(argv)? {
         PythonProgram::Code(code) => code.to_string(),

@@ -613,6 +613,19 @@ mod tests {
         let p = planned(&torchrun, &[], true).unwrap();
         assert_eq!(p.launcher.map(|l| l.name), Some("torchrun"));
         assert_eq!(env(&p.processes[0], "RAY_DEDUP_LOGS"), None);
+        // A node of a Ray cluster of several hosts: `ray start` itself, or the job script that
+        // starts the head and then the driver; `ray status` starts no node.
+        for command in [
+            r#"["ray", "start", "--address", "node1:6379", "--block"]"#,
+            r#"["bash", "-c", "ray start --head --port 6379 && python train.py"]"#,
+        ] {
+            let node = scenario(&format!(r#"{{"command": {command}, "launch": {{"style": "launcher"}}}}"#));
+            let p = planned(&node, &[], true).unwrap();
+            assert_eq!(p.launcher.map(|l| l.name), Some("Ray Train"), "{command}");
+            assert_eq!(env(&p.processes[0], "RAY_DEDUP_LOGS"), Some("0"), "{command}");
+        }
+        let status = scenario(r#"{"command": ["ray", "status"], "launch": {"style": "launcher"}}"#);
+        assert_eq!(planned(&status, &[], true).unwrap().launcher, None);
     }
 
     #[test]

@@ -53,6 +53,9 @@ pub struct ClusterWorkers {
     /// The word before a worker's pid in the prefix the launcher gives each line a worker
     /// printed: Ray's `(RayTrainWorker pid=4242)`, `(RayTrainWorker pid=4242, ip=10.0.0.2)`.
     pub pid_word: &'static str,
+    /// The word before the host's address in that prefix, for a worker on another host than the
+    /// launcher's: Ray's `ip=` (its own host's workers have none).
+    pub host_word: &'static str,
     /// How the launcher heads the error it relays for one rank, around the rank's number: Ray
     /// Train's `[Rank 1 Error Snippet]:`.
     pub relay: (&'static str, &'static str),
@@ -93,6 +96,18 @@ impl ClusterWorkers {
         let pid = digits.parse().ok()?;
         let rest = skip_colours(&line[close + 1..]);
         Some((pid, rest.strip_prefix(' ').unwrap_or(rest)))
+    }
+
+    /// The host a worker's line names in its prefix (`10.0.0.2` of `(RayTrainWorker pid=4242,
+    /// ip=10.0.0.2)`): a worker on another host than the launcher's. `None` for the launcher's own
+    /// lines and its own host's workers'.
+    pub fn host_of_line<'a>(&self, line: &'a str) -> Option<&'a str> {
+        self.worker_line(line)?;
+        let line = skip_colours(line);
+        let head = &line[1..line.find(')')?];
+        let at = head.find(&format!(" {}", self.host_word))? + 1 + self.host_word.len();
+        let host = head[at..].split([',', ' ']).next()?;
+        (!host.is_empty()).then_some(host)
     }
 
     /// The errors the launcher relays for ranks, by rank: each header (`[Rank 1 Error Snippet]:`)
@@ -241,13 +256,15 @@ pub const LIGHTNING: Launcher = Launcher {
 /// Ray Train: the program (Ray's "driver") starts or joins a Ray cluster and hands a training
 /// function to `TorchTrainer`, which runs it in pooled worker processes (`ray::RayTrainWorker`)
 /// that the cluster's daemon (the raylet) starts, not the program: they are found by the process
-/// group each forms, and the cluster's daemons and idle workers are never ranks.
+/// group each forms, and the cluster's daemons and idle workers are never ranks. A node of a
+/// cluster of several (`ray start`, alone or in the job script that also runs the driver on the
+/// head) is the same launcher: its raylet's workers are that node's ranks.
 pub const RAY_TRAIN: Launcher = Launcher {
     name: "Ray Train",
-    programs: &[],
-    subcommand: None,
+    programs: &["ray"],
+    subcommand: Some("start"),
     modules: &[],
-    in_shell: &[],
+    in_shell: &["ray start"],
     in_source: &[("TorchTrainer(", "it starts Ray Train's `TorchTrainer`, whose workers are the ranks")],
     rank_flags: &[],
     node_flags: &[],
@@ -255,6 +272,7 @@ pub const RAY_TRAIN: Launcher = Launcher {
     torchrun_form: false,
     ranks: RankProcesses::ClusterWorkers(&ClusterWorkers {
         pid_word: "pid=",
+        host_word: "ip=",
         relay: ("[Rank ", " Error Snippet]:"),
         env: &[("RAY_DEDUP_LOGS", "0")],
     }),
@@ -327,15 +345,22 @@ fn python_module(argv: &[String]) -> Option<&str> {
     (args.next()?.as_str() == "-m").then(|| args.next().map(String::as_str)).flatten()
 }
 
-/// The launcher `argv` starts with: its program (`torchrun`, `/venv/bin/accelerate`), or
-/// `python -m` one of its modules.
+/// The launcher `argv` starts with: its program (`torchrun`, `/venv/bin/accelerate`) followed
+/// by its subcommand where it has one (`ray start`, not `ray status`), or `python -m` one of its
+/// modules.
 pub fn of_command(argv: &[String]) -> Option<&'static Launcher> {
     let program = file_name(argv.first()?);
     let module = python_module(argv);
-    LAUNCHERS
-        .iter()
-        .copied()
-        .find(|l| l.programs.contains(&program.as_str()) || module.is_some_and(|m| l.modules.contains(&m)))
+    let runs = |l: &Launcher| {
+        l.programs.contains(&program.as_str())
+            && l.subcommand.is_none_or(|sub| argv.get(1).is_some_and(|a| a == sub))
+    };
+    LAUNCHERS.iter().copied().find(|l| runs(l) || module.is_some_and(|m| l.modules.contains(&m)))
+}
+
+/// The launcher a shell script runs by `word` (one of [`shell_words`]).
+pub fn of_shell_word(word: &str) -> Option<&'static Launcher> {
+    LAUNCHERS.iter().copied().find(|l| l.in_shell.contains(&word))
 }
 
 /// The launcher whose program is `name` (a process's command name), if any.
@@ -478,6 +503,9 @@ ValueError: injected: bad batch at step 50
         assert_eq!(said[7], Some((13678, "Failed to query Ray Train Controller actor state.")));
         assert_eq!(said[8], None, "the driver's own line");
         assert_eq!(said[14], Some((15621, "Reporting training result 3")), "another host's worker");
+        let hosts: Vec<Option<&str>> = lines.iter().map(|l| ray().host_of_line(l)).collect();
+        assert_eq!(hosts[14], Some("10.0.0.2"), "another host's worker");
+        assert!(hosts[..14].iter().all(Option::is_none), "{hosts:?}");
         for not in ["(pid=12) x", "(a b pid=12) x", "(Worker pid=) x", "ValueError: (Worker pid=3) x"] {
             assert_eq!(ray().worker_line(not), None, "{not}");
         }
