@@ -1245,8 +1245,14 @@ def _wrap_init(dist):
                 store = "env://{}:{}".format(os.environ.get("MASTER_ADDR", "?"), os.environ.get("MASTER_PORT", "?"))
             if kwargs.get("store") is not None:
                 store = type(kwargs["store"]).__name__
-            obs.send({"t": "group", "backend": backend, "rank": obs.rank, "world_size": obs.world_size,
-                      "store": str(store)}, urgent=True)
+            group = {"t": "group", "backend": backend, "rank": obs.rank, "world_size": obs.world_size,
+                     "store": str(store)}
+            # Where this process sits on its node (what a launcher of several nodes says:
+            # torchrun, Ray Train): the node's first rank is `rank - local_rank`.
+            local = os.environ.get("LOCAL_RANK", "")
+            if local.isdigit() and int(local) <= obs.rank:
+                group["local_rank"] = int(local)
+            obs.send(group, urgent=True)
         except Exception:
             pass
         return result

@@ -104,8 +104,9 @@ pub enum EndedBy {
     /// Its launcher said it sent the signal (torchrun's `Sending process N closing signal
     /// SIGTERM`, after another rank failed): the rank may have been on its way out already.
     Launcher { signal: Signal },
-    /// A cluster's worker (Ray Train's) that the cluster ended as the job ended, with no error of
-    /// its own and not named by the cluster as a failed rank (see `ExitSource::Cluster`).
+    /// A cluster's worker (Ray Train's) that the cluster ended as the job ended (see
+    /// `ExitSource::Cluster`): with no error of its own and not named by the cluster as a failed
+    /// rank, or named with the error it relayed, then ended by the cluster's SIGKILL or SIGTERM.
     Cluster,
     /// It could not be started, or how it ended was not observed.
     Unknown,
@@ -296,6 +297,12 @@ fn rank_evidence<'a>(
         (_, Some(sent), _) => EndedBy::Teardown { signal: sent },
         (OutcomeKind::Signaled, None, Some(sig)) if launcher_sent(launcher, r.pid, sig) => {
             EndedBy::Launcher { signal: sig }
+        }
+        // The cluster's SIGKILL or SIGTERM to its worker, not a stranger's.
+        (OutcomeKind::Signaled, None, Some(Signal::KILL | Signal::TERM))
+            if r.exit_source == Some(ExitSource::Cluster) =>
+        {
+            EndedBy::Cluster
         }
         (
             OutcomeKind::Signaled,

@@ -121,7 +121,7 @@ impl<'a> Clocks<'a> {
             .map(|s| format!("node {} ({}) ran ranks {}", s.node, s.host, ranks_text(&s.ranks)))
             .collect();
         Some(format!(
-            "The launcher's rendezvous numbered the nodes its own way: {} (torchrun's `c10d` rendezvous orders nodes by host and agent pid, not by `--node-rank`; ups-doctor followed the ranks' `RANK` and `LOCAL_RANK`)",
+            "The launcher numbered the nodes its own way: {} (torchrun's `c10d` rendezvous orders nodes by host and agent pid, Ray Train its workers' nodes in an order of its own, neither by `--node-rank`; ups-doctor followed the ranks' `RANK` and `LOCAL_RANK`)",
             placed.join(", ")
         ))
     }

@@ -26,6 +26,7 @@ pub use discover::{FoundRank, Known, discover_ranks, rank_members_in};
 #[cfg(test)]
 pub(crate) use observe::gpu::h200 as gpu_h200;
 pub use observe::gpu::{GpuRecorder, GpuSample, Label as GpuLabel, clock_reason_names};
+pub use observe::quotes::output_quotes;
 pub use observe::state::RankState;
 pub use os::capture::{logs_cut, make_room};
 use os::namespace;
@@ -120,6 +121,22 @@ fn scenario_cgroup(input: &ScenarioInput, bytes: Option<u64>) -> Result<Containm
         Ok(cg) => Ok(Containment { cgroup: Some(cg), unavailable: None, orphans }),
         Err(why) if bytes.is_none() => Ok(Containment { cgroup: None, unavailable: Some(why), orphans }),
         Err(why) => Err(refuse(why)),
+    }
+}
+
+/// What a cluster's launcher says of its workers, where the command `argv` (as it ran, for
+/// `input`, from this folder) is one whose ranks are a cluster's (Ray Train's driver, a node's
+/// `ray start`), as its plan found it.
+pub fn cluster_workers(
+    input: &ScenarioInput,
+    argv: &[String],
+) -> Option<&'static crate::scenario::launcher::ClusterWorkers> {
+    let here = std::env::current_dir().ok()?;
+    let scenario_dir = here.join(input.file.parent().unwrap_or(Path::new(".")));
+    let cwd = plan::command::cwd(&input.scenario, &scenario_dir);
+    match &plan::command::launcher_of(argv, cwd.as_deref())?.ranks {
+        crate::scenario::launcher::RankProcesses::ClusterWorkers(w) => Some(w),
+        crate::scenario::launcher::RankProcesses::Started => None,
     }
 }
 

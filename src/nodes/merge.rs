@@ -2,6 +2,7 @@
 //! rank`), every time placed on node 0's timeline through each node's clock calibration, judged
 //! once over all ranks, and each node's own evidence kept in its section. Pure: no IO.
 
+use crate::scenario::launcher::ClusterWorkers;
 use crate::scenario::{OutcomeKind, Scenario};
 use crate::schema::{GpuXid, Leftovers, MemoryReport, OomKill, RankResult, ScenarioResult, Verdict};
 
@@ -36,6 +37,9 @@ pub struct MergeInput<'a> {
     pub ranks_per_node: u32,
     /// Every node; node 0 (the coordinator's own) must be reported.
     pub nodes: Vec<NodeOutcome>,
+    /// Where the ranks are a cluster's workers (Ray Train): what the cluster says of them, and the
+    /// job's driver on node 0, which says what the other nodes' workers printed and how they ended.
+    pub cluster: Option<(&'static ClusterWorkers, super::cluster::DriverOutput)>,
 }
 
 /// A time on a node's clock (seconds since its start) moved onto the run's timeline.
@@ -194,6 +198,10 @@ pub fn merge(input: MergeInput) -> ScenarioResult {
     let Gathered { mut ranks, oom_kills, xids, leftovers, sections, wall_s, interrupted } =
         gather(&nodes, base_ns, lw, &first_of);
     ranks.sort_by_key(|r| r.rank);
+    if let Some((workers, driver)) = &input.cluster {
+        let own = first_of(0)..first_of(0) + lw;
+        super::cluster::account(&mut ranks, |rank| !own.contains(&rank), workers, driver);
+    }
 
     let scenario = input.scenario;
     let b = &base.result;
@@ -343,6 +351,7 @@ mod tests {
 
     fn merged(nodes: Vec<NodeOutcome>) -> ScenarioResult {
         merge(MergeInput {
+            cluster: None,
             scenario: &scenario(4),
             file: "ddp-2x2.json".into(),
             overrides: Vec::new(),

@@ -6,12 +6,13 @@
 //! coordinator merges them into one result and one report ([`merge`]).
 //!
 //! Layout: [`config`] finds who this node is (flags, Slurm, torchrun variables); [`wire`],
-//! [`clock`] and [`merge`] are pure (torchrun's per-node command is planned in
+//! [`clock`], [`merge`] and [`cluster`] (a cluster's workers' ends, told by node 0's driver) are pure (torchrun's per-node command is planned in
 //! `harness::plan::torchrun`); [`net`] is the sockets; [`simulate`] makes a job of
 //! thousands of ranks from one node's recorded result (the scale benchmark); [`run`] drives one
 //! node's run; [`local`] plays every node of a `launch.nodes` scenario on this machine.
 
 pub mod clock;
+pub mod cluster;
 pub mod config;
 pub mod local;
 pub mod merge;

@@ -8,9 +8,11 @@ use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use crate::harness::{self, HarnessError, ScenarioInput};
+use crate::scenario::launcher::ClusterWorkers;
 use crate::schema::{ProcessDump, ProcessRole, ScenarioResult};
 
 use super::clock::{self, Calibration};
+use super::cluster;
 use super::merge::{self, MergeInput, NodeOutcome};
 use super::net::{Agent, Coordinator, Inbound, JoinTerms, NodeError};
 use super::wire::{self, Message, NodeEvent};
@@ -372,6 +374,10 @@ fn coordinate(mut req: NodeRequest, local_world: u32) -> Result<Finished, NodeEr
     if local.interrupted {
         link.relay("node 0 was interrupted (Ctrl-C or SIGTERM)", None);
     }
+    let cluster = cluster_driver(req.input, &local, &req.out_dir.join(req.rel));
+    if let Some((_, driver)) = &cluster {
+        coordinator.broadcast(&job_ended(driver, &link.host), None);
+    }
     // The others' results: they end soon after a failure was relayed, else when their ranks do.
     let wait = RESULT_WAIT + Duration::from_secs_f64(req.input.scenario.limits.timeout_s);
     let deadline = Instant::now() + wait;
@@ -433,9 +439,75 @@ fn coordinate(mut req: NodeRequest, local_world: u32) -> Result<Finished, NodeEr
         coordinator: coordinator.address.clone(),
         ranks_per_node: local_world,
         nodes,
+        cluster,
     });
     drop(link);
     Ok(Finished::Coordinator { result, coordinator })
+}
+
+/// Where node 0's launcher is a cluster's (Ray Train's driver): what the cluster says of its
+/// workers, and how the driver ended with what it printed (the last [`DRIVER_BYTES`] of each of
+/// its logs), for the other nodes' ranks.
+/// Its logs are named relative to `dir`, the scenario's folder of the run.
+fn cluster_driver(
+    input: &ScenarioInput,
+    local: &ScenarioResult,
+    dir: &Path,
+) -> Option<(&'static ClusterWorkers, cluster::DriverOutput)> {
+    let external = local.external.as_ref()?;
+    let workers = harness::cluster_workers(input, &external.argv)?;
+    let launcher = external.launcher.as_ref()?;
+    let lines = |path: &str| {
+        let bytes = tail_of(&dir.join(path), DRIVER_BYTES).unwrap_or_default();
+        String::from_utf8_lossy(&bytes).lines().map(str::to_string).collect::<Vec<_>>()
+    };
+    let driver = cluster::DriverOutput {
+        exit_code: launcher.exit_code,
+        signal: launcher.signal,
+        stderr: lines(&launcher.stderr_log),
+        stdout: lines(&launcher.stdout_log),
+    };
+    Some((workers, driver))
+}
+
+/// What node 0 tells the other agents as the job's driver (a cluster's, on `host`) ended.
+fn job_ended(driver: &cluster::DriverOutput, host: &str) -> Message {
+    let how = match (driver.exit_code, driver.signal) {
+        (Some(code), _) => format!("exited with status {code}"),
+        (None, Some(signal)) => format!("was killed by {signal}"),
+        (None, None) => "ended".to_string(),
+    };
+    let how = format!("the job's driver on node 0 ({host}) {how}");
+    Message::JobEnded { how, exit_code: driver.exit_code, signal: driver.signal }
+}
+
+/// A node whose ranks are a cluster's workers, ended because the job's driver on node 0 did: its
+/// own view judged by how the driver ended (its workers end with the job, and its own launcher,
+/// the node's `ray start`, was ended by ups-doctor because the job was over), as node 0 judges
+/// them in the merged result.
+fn judge_as_the_job_ended(input: &ScenarioInput, local: &mut ScenarioResult, driver: &cluster::DriverOutput) {
+    let argv = local.external.as_ref().map(|e| e.argv.clone()).unwrap_or_default();
+    let Some(workers) = harness::cluster_workers(input, &argv) else { return };
+    cluster::account(&mut local.ranks, |_| true, workers, driver);
+    crate::diagnose::conclude(local, crate::diagnose::Seen::Ran);
+}
+
+/// How much of the end of each of the driver's logs node 0 reads for the other nodes' workers.
+const DRIVER_BYTES: u64 = 4 << 20;
+
+/// The last `bytes` of a file, from the start of a line.
+fn tail_of(path: &Path, bytes: u64) -> std::io::Result<Vec<u8>> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut file = std::fs::File::open(path)?;
+    let len = file.metadata()?.len();
+    file.seek(SeekFrom::Start(len.saturating_sub(bytes)))?;
+    let mut text = Vec::new();
+    file.read_to_end(&mut text)?;
+    if len > bytes {
+        let line = text.iter().position(|b| *b == b'\n').map_or(text.len(), |i| i + 1);
+        text.drain(..line);
+    }
+    Ok(text)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -446,6 +518,9 @@ struct AgentLink<'a> {
     placement: NodePlacement,
     host: String,
     peer_failed: Option<String>,
+    /// The job ended on node 0 (a cluster's workers): this node's part ends too. How it ended,
+    /// and whether that was told to the run here yet.
+    job_ended: Option<(String, cluster::DriverOutput, bool)>,
     gone: bool,
     done: Option<(bool, String)>,
     last_progress: Option<Instant>,
@@ -457,6 +532,10 @@ impl AgentLink<'_> {
         match m {
             Some(Message::PeerFailed { what }) => {
                 self.peer_failed.get_or_insert(what);
+            }
+            Some(Message::JobEnded { how, exit_code, signal }) => {
+                let driver = cluster::DriverOutput { exit_code, signal, ..Default::default() };
+                self.job_ended.get_or_insert((how, driver, false));
             }
             Some(Message::Done { met, report }) => self.done = Some((met, report)),
             Some(_) => {}
@@ -490,7 +569,12 @@ impl Listener for AgentLink<'_> {
         }
         let what = self.peer_failed.clone().or_else(|| {
             self.gone.then(|| "node 0's agent (the coordinator) went away: its connection closed".to_string())
-        })?;
+        });
+        let Some(what) = what else {
+            // Not a failure here or elsewhere: the job is over, and its end is told by node 0.
+            let (how, _, told) = self.job_ended.as_mut()?;
+            return (!std::mem::replace(told, true)).then(|| how.clone());
+        };
         self.record.learn(&what, &self.placement);
         Some(what)
     }
@@ -542,6 +626,7 @@ fn take_part(mut req: NodeRequest, local_world: u32) -> Result<Finished, NodeErr
         placement: placement.clone(),
         host: host.clone(),
         peer_failed: None,
+        job_ended: None,
         gone: false,
         done: None,
         last_progress: None,
@@ -551,6 +636,12 @@ fn take_part(mut req: NodeRequest, local_world: u32) -> Result<Finished, NodeErr
         link.take(m);
     }
     let local = run_here(&mut req, &placement, &mut link)?;
+    // Node 0 is sent what this node saw, and judges it with the driver's output; this node's own
+    // view is judged by how the driver ended.
+    let mut own_view = local.clone();
+    if let Some((_, driver, _)) = link.job_ended.take() {
+        judge_as_the_job_ended(req.input, &mut own_view, &driver);
+    }
     let (mut record, mut gone, mut done) = (std::mem::take(&mut link.record), link.gone, link.done.take());
     let first_rank = link.placement.first_rank;
     drop(link);
@@ -575,7 +666,7 @@ fn take_part(mut req: NodeRequest, local_world: u32) -> Result<Finished, NodeErr
         snapshots: std::mem::take(&mut record.snapshots),
         snapshot_ns: record.snapshot_ns,
         out_dir: req.out_dir.display().to_string(),
-        result: local.clone(),
+        result: local,
     };
     if !gone && agent.send(&Message::Result { run: Box::new(run) }).is_err() {
         gone = true;
@@ -591,5 +682,5 @@ fn take_part(mut req: NodeRequest, local_world: u32) -> Result<Finished, NodeErr
         }
     }
     let (met, report) = done.map_or((None, None), |(m, r)| (Some(m), Some(r)));
-    Ok(Finished::Agent { result: local, met, report })
+    Ok(Finished::Agent { result: own_view, met, report })
 }

@@ -104,6 +104,7 @@ mod tests {
         let mut scenario = template.scenario.clone();
         scenario.launch.world_size = job.world();
         let merged = merge(MergeInput {
+            cluster: None,
             scenario: &scenario,
             file: template.file.clone(),
             overrides: Vec::new(),

@@ -40,6 +40,17 @@ pub enum Message {
     /// Coordinator → agent: a rank on another node failed (or a node was lost): take stacks of
     /// your ranks, then tear them down.
     PeerFailed { what: String },
+    /// Coordinator → agent: the job's driver ended on node 0 (`how`), where the ranks are a
+    /// cluster's workers (Ray Train): the other nodes' cluster daemons never end on their own, so
+    /// each agent ends its node's part (stacks of any rank still running first), as Ray's own
+    /// job end leaves its workers.
+    JobEnded {
+        how: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        exit_code: Option<i32>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        signal: Option<crate::schema::Signal>,
+    },
     /// Agent → coordinator, every 2 s from a thread of its own: alive (a host that vanished
     /// closes no connection; silence does the telling).
     Heartbeat,

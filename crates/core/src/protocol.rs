@@ -174,6 +174,10 @@ pub enum Marker {
         world_size: u32,
         #[serde(default)]
         store: String,
+        /// The process's `LOCAL_RANK` when it formed the group (its place on its node), where
+        /// its launcher set one.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        local_rank: Option<u32>,
     },
     /// From the observer in a process ups-doctor started as one rank of a per-rank run: the
     /// process starts `nprocs` processes of its own through `torch.multiprocessing`

@@ -441,6 +441,11 @@ pub struct PidRanks {
     /// A world larger than the one watched, declared by a found rank's environment (its
     /// `WORLD_SIZE`) before any group was formed: the router routes that many ranks from then on.
     pub declared_world: u32,
+    /// This node's first global rank as the first rank to form its process group said it
+    /// (`rank - local_rank` of its `group` marker): the place a cluster gave the node (Ray Train
+    /// numbers its workers node after node, in an order of its own), read where nothing in the
+    /// ranks' starting environment says it.
+    pub said_first: Option<u32>,
 }
 
 /// How often at most a marker reader reads its pipe while markers keep coming.
@@ -584,6 +589,14 @@ impl TaggedRouter {
             // A `worker` line's writer is a DataLoader worker (the helper's `worker_init_fn`): it
             // goes to the rank it names, and claims no rank for its pid, which is not the rank's.
             let worker = v.get("t").and_then(|t| t.as_str()) == Some("worker");
+            let local = v.get("local_rank").and_then(|r| u32::try_from(r.as_u64()?).ok());
+            if v.get("t").and_then(|t| t.as_str()) == Some("group")
+                && let (Some(rank), Some(local)) = (said, local)
+                && known.found.is_empty()
+            {
+                let first = rank.checked_sub(local).filter(|f| f + self.local <= self.world);
+                known.said_first = known.said_first.or(first);
+            }
             let global = match (said, pid) {
                 (Some(rank), Some(pid)) if worker => Some(known.claimed.get(&pid).copied().unwrap_or(rank)),
                 (Some(rank), Some(pid)) => Some(*known.claimed.entry(pid).or_insert(rank)),
@@ -934,6 +947,33 @@ mod tests {
         // Beyond the world it is no rank at all.
         assert!(router.route(r#"{"t":"begin","phase":"x","pid":600,"rank":4}"#, at, &ranks, none).is_empty());
         assert!(!ranks.lock().unwrap().claimed.contains_key(&600));
+    }
+
+    #[test]
+    fn a_group_marker_says_where_a_cluster_placed_the_node_until_a_rank_is_found() {
+        // Node 0 of two, one rank each; Ray placed this node's worker at world rank 1.
+        let ranks = std::sync::Mutex::new(PidRanks::default());
+        let mut router = TaggedRouter { world: 2, local: 1, grow_to: None, pending: Default::default() };
+        let (at, none) = (Instant::now(), |_: u32| None);
+        let group = r#"{"t":"group","backend":"gloo","rank":1,"world_size":2,"local_rank":0,"pid":900}"#;
+        assert!(router.route(group, at, &ranks, none).is_empty(), "not yet this node's");
+        assert_eq!(ranks.lock().unwrap().said_first, Some(1));
+        // A second word does not move it; neither does one once a rank was found, nor one that
+        // leaves no room for the node's ranks.
+        let other = r#"{"t":"group","backend":"gloo","rank":0,"world_size":2,"local_rank":0,"pid":901}"#;
+        router.route(other, at, &ranks, none);
+        assert_eq!(ranks.lock().unwrap().said_first, Some(1));
+        for (found, line) in [
+            (true, r#"{"t":"group","backend":"gloo","rank":0,"world_size":2,"local_rank":0,"pid":902}"#),
+            (false, r#"{"t":"group","backend":"gloo","rank":1,"world_size":2,"local_rank":2,"pid":903}"#),
+        ] {
+            let ranks = std::sync::Mutex::new(PidRanks::default());
+            if found {
+                ranks.lock().unwrap().found.insert(1, 0);
+            }
+            router.route(line, at, &ranks, none);
+            assert_eq!(ranks.lock().unwrap().said_first, None, "{line}");
+        }
     }
 
     #[test]

@@ -527,8 +527,14 @@ fn cluster_account(
                 slot.end.exit = Some(process::Exit::Code(0));
                 slot.end.exit_source = Some(ExitSource::Cluster);
             }
-            // Named by the cluster: its own end, as read (or not read: the relayed error says it).
-            Some(_) if relay.is_some() => {}
+            // Named by the cluster: its own end, as read (or not read: the relayed error says it),
+            // unless it is the signal the cluster ends a worker with after its error.
+            Some(_) if relay.is_some() => {
+                let by_cluster = |s: i32| s == libc::SIGKILL || s == libc::SIGTERM;
+                if matches!(slot.end.exit, Some(process::Exit::Signal { signal, .. }) if by_cluster(signal)) {
+                    slot.end.exit_source = Some(ExitSource::Cluster);
+                }
+            }
             Some(e) => {
                 slot.end.exit.get_or_insert(e);
                 slot.end.exit_source = Some(ExitSource::Cluster);
@@ -876,6 +882,9 @@ impl Supervisor<'_, '_> {
     /// failed on its own).
     fn tell_ended(&mut self, now: Instant) {
         let needs_done = self.plan.completion.needs_done();
+        // A cluster's worker that ended is no failure by itself (see `rank_views`): on a node of
+        // several, where the job's driver runs elsewhere, each worker ends as the job does.
+        let cluster = self.plan.cluster_workers().is_some();
         let at_s = self.since(now);
         let mut ended = Vec::new();
         for s in self.slots.iter().filter(|s| s.end.exit.is_some() || s.end.launch_error.is_some()) {
@@ -884,7 +893,7 @@ impl Supervisor<'_, '_> {
                 ended.push((
                     s.end.rank,
                     s.end.ended_at_s.unwrap_or(at_s),
-                    failed_on_its_own(s, needs_done),
+                    !cluster && failed_on_its_own(s, needs_done),
                     how,
                 ));
             }
@@ -1258,8 +1267,10 @@ impl Supervisor<'_, '_> {
         l.rounds += 1;
         let world = self.slots.len() as u32;
         if !l.placed && self.slots.iter().all(|s| s.found.is_none()) {
+            let said = || l.pid_ranks.lock().ok().and_then(|r| r.said_first);
             if let Some(first) =
                 crate::harness::discover::node_first_rank(&table, root, world, self.plan.global_world)
+                    .or_else(said)
             {
                 l.placed = true;
                 l.pid_ranks.lock().unwrap_or_else(|e| e.into_inner()).first = first;

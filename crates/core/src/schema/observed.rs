@@ -381,7 +381,7 @@ impl ObservedProgram {
             Marker::Joining { .. } => {
                 this.get_or_insert_with(Default::default).joining = true;
             }
-            Marker::Group { backend, rank, world_size, store } => {
+            Marker::Group { backend, rank, world_size, store, .. } => {
                 let o = this.get_or_insert_with(Default::default);
                 o.distributed = true;
                 o.group = Some(GroupFormed {
