@@ -473,3 +473,154 @@ srun bash -c 'exec ups-doctor run scenario.json --out "reports/runs/slurm-$SLURM
     );
     assert_nothing_left(&hosts);
 }
+
+/// A Ray cluster across the two hosts, started the way a job script of several nodes starts one
+/// (Ray's own guide for Slurm): the head and then the driver on node1, a worker node on node2,
+/// one CPU each so that Ray Train's two workers land one on each host. The driver is Ray's own
+/// `torch_linear_example.py` (the pinned `ray[train]`), one epoch (125 steps a worker).
+const RAY_JOB: &str = r#"# One Ray node per host; node1 is the head and runs the driver.
+HEAD=$(getent hosts node1 | cut -d' ' -f1)
+if [ "$(hostname)" = node1 ]; then
+  ray start --head --port 6379 --num-cpus 1 --node-ip-address "$HEAD" --include-dashboard=false --disable-usage-stats
+  exec python "$EXAMPLE" --address "$HEAD:6379" --epochs 1
+else
+  exec ray start --address "$HEAD:6379" --num-cpus 1 --node-ip-address "$(hostname -i)" --block --disable-usage-stats
+fi
+"#;
+
+/// One `ups-doctor run -- bash ray-job.sh` agent per host, with `fault` (the accuracy matrix's
+/// injector's `ACC_*` variables) in their environment: node 0's merged result, and the host
+/// (`node1`, `node2`) of each world rank as Ray's controller announced it in the driver's output.
+fn ray_across_hosts(
+    hosts: &Hosts,
+    sb: &Sandbox,
+    fault: &[(&str, &str)],
+) -> (Value, [Output; 2], Vec<String>) {
+    let python = crate::ray::ray_python();
+    let example = crate::ray::example(&python);
+    std::fs::write(sb.path().join("ray-job.sh"), RAY_JOB).unwrap();
+    let home = sb.path().join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    let bin_of = |p: &Path| p.parent().expect("a bin folder").to_path_buf();
+    let path = std::env::join_paths(
+        [bin_of(&python), bin_of(&crate::util::venv_python())]
+            .into_iter()
+            .chain(std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())),
+    )
+    .unwrap();
+    let agent = |node: u32| -> Child {
+        let mut cmd = hosts.on(&format!("node{}", node + 1), bin());
+        cmd.arg("run")
+            .args(["--nodes", "2", "--node-rank", &node.to_string(), "--coordinator", "node1:29411"])
+            .args(["--ranks", "2", "--hang-after", "20", "--timeout", "300", "--join-timeout", "90"])
+            .args(["--out", &format!("node{node}"), "--quiet", "--", "bash", "ray-job.sh"])
+            .current_dir(sb.path())
+            .env("PATH", &path)
+            .env("HOME", &home)
+            .env("EXAMPLE", &example)
+            .env("PYTHONPATH", repo().join("bench/accuracy/inject"))
+            .env("NO_COLOR", "1")
+            .env_remove("PYTHONUNBUFFERED")
+            .envs(fault.iter().copied())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        cmd.spawn().expect("ups-doctor starts on its host")
+    };
+    let first = agent(0);
+    let second = agent(1);
+    let outs = [first.wait_with_output().unwrap(), second.wait_with_output().unwrap()];
+    let s = merged(&sb, &outs[0]);
+    // `- (ip=10.251.0.12, pid=96) world_rank=0, local_rank=0, node_rank=0`: hosts' addresses are
+    // 10.251.0.1N for nodeN.
+    let driver =
+        std::fs::read_to_string(sb.path().join("node0/1-bash/launcher.stderr.log")).unwrap_or_default();
+    let mut hosted = vec![String::new(); 2];
+    for line in driver.lines() {
+        let Some((ip, rest)) =
+            line.split_once("(ip=10.251.0.1").map(|(_, r)| r).and_then(|r| r.split_once(','))
+        else {
+            continue;
+        };
+        let rank =
+            rest.split_once("world_rank=").and_then(|(_, r)| r.split(',').next()?.parse::<usize>().ok());
+        if let Some(slot) = rank.and_then(|r| hosted.get_mut(r)) {
+            *slot = format!("node{ip}");
+        }
+    }
+    assert!(hosted.iter().all(|h| !h.is_empty()), "Ray's controller placed no worker:\n{driver}");
+    (s, outs, hosted)
+}
+
+/// The host a rank ran on, as the merged result's Nodes section says.
+fn host_of_rank(s: &Value, rank: u64) -> String {
+    let node = per_node(s).iter().find(|n| n["ranks"].as_array().is_some_and(|r| r.contains(&rank.into())));
+    node.and_then(|n| n["host"].as_str()).unwrap_or_default().to_string()
+}
+
+#[test]
+fn ray_train_across_two_hosts_passes_with_each_worker_a_rank_on_its_own_host() {
+    let _one = serial();
+    let Some(hosts) = Hosts::up("ray across hosts", 2, false) else { return };
+    let sb = Sandbox::shared();
+    let (s, outs, hosted) = ray_across_hosts(&hosts, &sb, &[]);
+    for (node, out) in outs.iter().enumerate() {
+        assert!(
+            out.status.success(),
+            "node {node}: {:?}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    assert_eq!(s["outcome"], "passed", "{}", s["verdict"]["headline"]);
+    assert_eq!(ranks(&s).len(), 2, "two workers, not the driver nor Ray's daemons: {:#?}", ranks(&s));
+    for (rank, r) in ranks(&s).iter().enumerate() {
+        assert_eq!(r["identified_by"], "process_group", "{r:#}");
+        assert_eq!(
+            (r["outcome"].as_str(), r["exit_source"].as_str()),
+            (Some("passed"), Some("cluster")),
+            "{r:#}"
+        );
+        assert!(r["steps_done"].as_u64().unwrap_or(0) >= 100, "{r:#}");
+        // Where Ray placed each rank (it numbers the nodes its own way), the report says.
+        assert_eq!(host_of_rank(&s, rank as u64), hosted[rank], "{}", s["nodes"]["per_node"]);
+    }
+    assert_nothing_left(&hosts);
+}
+
+/// World rank 1's training function raises at its 50th step, on whichever host Ray placed it:
+/// the culprit with its own error (Ray prints a remote worker's lines, and relays its error, in
+/// the driver's output on node1), rank 0 collateral.
+#[test]
+fn a_ray_worker_that_raised_on_either_host_is_the_culprit_with_its_error_and_its_host() {
+    let _one = serial();
+    let Some(hosts) = Hosts::up("ray raise across hosts", 2, false) else { return };
+    let sb = Sandbox::shared();
+    let (s, _, hosted) =
+        ray_across_hosts(&hosts, &sb, &[("ACC_FAULT", "exception"), ("ACC_RANK", "1"), ("ACC_STEP", "50")]);
+    let headline = s["verdict"]["headline"].as_str().unwrap_or_default();
+    assert_eq!(s["first_failure"], 1, "{headline}");
+    assert!(headline.contains("accuracy-bench injected fault on rank 1"), "{headline}");
+    assert_eq!(s["nodes"]["first_failure"]["host"], hosted[1].as_str(), "{}", s["nodes"]["first_failure"]);
+    assert_eq!(ranks(&s)[0]["collateral"], true, "{:#}", ranks(&s)[0]);
+    assert_nothing_left(&hosts);
+}
+
+/// World rank 0 sleeps at its 50th step outside any collective; rank 1, on the other host, waits
+/// in the next gradient all-reduce: rank 0 is named from the Flight Recorder of both, with the
+/// stacks its own host's agent took.
+#[test]
+fn a_ray_worker_that_stopped_on_either_host_is_named_in_the_hang_with_its_stacks() {
+    let _one = serial();
+    let Some(hosts) = Hosts::up("ray hang across hosts", 2, false) else { return };
+    let sb = Sandbox::shared();
+    let (s, _, hosted) =
+        ray_across_hosts(&hosts, &sb, &[("ACC_FAULT", "hang"), ("ACC_RANK", "0"), ("ACC_STEP", "50")]);
+    let headline = s["verdict"]["headline"].as_str().unwrap_or_default();
+    assert_eq!(s["outcome"], "hung", "{headline}");
+    assert_eq!(s["first_failure"], 0, "{headline}");
+    assert_eq!(s["verdict"]["pattern"], "ranks-out-of-step", "{headline}");
+    assert_eq!(s["nodes"]["first_failure"]["host"], hosted[0].as_str(), "{}", s["nodes"]["first_failure"]);
+    let dumps = ranks(&s)[0]["dumps"].as_array().cloned().unwrap_or_default();
+    assert!(dumps.iter().any(|d| d["py_spy"].as_str().is_some_and(|t| t.contains("_on_step"))), "{dumps:#?}");
+    assert_nothing_left(&hosts);
+}

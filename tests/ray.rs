@@ -14,7 +14,7 @@ use serde_json::Value;
 
 /// The Python of the Ray Train venv (`./x ray`, which `./x test` runs): `UPS_DOCTOR_RAY_PYTHON`,
 /// else the cache's. Never skipped: a missing venv fails the test with the fix.
-fn ray_python() -> PathBuf {
+pub(crate) fn ray_python() -> PathBuf {
     if let Some(python) = std::env::var_os("UPS_DOCTOR_RAY_PYTHON") {
         return PathBuf::from(python);
     }
@@ -30,7 +30,7 @@ fn ray_python() -> PathBuf {
 }
 
 /// The example as the package ships it.
-fn example(python: &Path) -> PathBuf {
+pub(crate) fn example(python: &Path) -> PathBuf {
     let venv = python.parent().and_then(Path::parent).expect("python is in the venv's bin");
     let lib = std::fs::read_dir(venv.join("lib")).expect("the venv has a lib folder");
     let site =
