@@ -401,6 +401,57 @@ fn attach_slurm_reads_every_rank_of_a_hung_job_on_both_hosts_and_leaves_it_runni
     assert_nothing_left(&hosts);
 }
 
+/// A job of both hosts whose batch script runs its program on one of them (`srun -N 1`): `attach
+/// --slurm JOBID` places its probe where that step runs, and node 0 reports at once, not after
+/// waiting `--join-timeout` for a probe on the host where the job has no task (which, before,
+/// exited saying so and was then reported lost).
+#[test]
+fn attach_slurm_of_a_job_whose_step_runs_on_one_of_its_hosts_probes_only_there() {
+    let _one = serial();
+    let Some(hosts) = Hosts::up("attach --slurm of a one-host step", 2, true) else { return };
+    let sb = Sandbox::shared();
+    let conf = hosts.slurm_conf.clone().unwrap();
+    let job_name = "step-on-one-host";
+    let program = "import time\nfor _ in range(600): time.sleep(1)";
+    let wrap = format!("srun -N 1 -n 1 python -c '{program}'");
+    let submitted = hosts
+        .on("node1", "sbatch")
+        .args(["-N", "2", "-J", job_name, "--parsable", "-o", "/dev/null", "--wrap", &wrap])
+        .current_dir(sb.path())
+        .env("SLURM_CONF", &conf)
+        .env("PATH", venv_path())
+        .output()
+        .expect("sbatch runs");
+    let id = String::from_utf8_lossy(&submitted.stdout).trim().to_string();
+    assert!(submitted.status.success() && !id.is_empty(), "sbatch: {submitted:?}");
+    let running =
+        || (1..=2).any(|i| hosts.processes(&format!("node{i}")).iter().any(|(_, c)| c.starts_with("python")));
+    assert!(eventually(Duration::from_secs(120), running), "the job's step starts");
+    let out_dir = sb.path().join("attach");
+    let attach = hosts
+        .on("node1", bin())
+        .args(["attach", "--slurm", &id, "--out"])
+        .arg(&out_dir)
+        .args(["--watch", "3", "--join-timeout", "90"])
+        .current_dir(sb.path())
+        .env("SLURM_CONF", &conf)
+        .env("PATH", venv_path())
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("ups-doctor attach starts");
+    let stderr = String::from_utf8_lossy(&attach.stderr);
+    assert!(stderr.contains("runs on 1 node(s) (node1)"), "{stderr}");
+    let a: Value = serde_json::from_str(
+        &std::fs::read_to_string(out_dir.join("node0/attach.json"))
+            .unwrap_or_else(|e| panic!("{e}\n{stderr}")),
+    )
+    .unwrap();
+    assert_eq!(a["ranks_found"], serde_json::json!([0]), "{a:#}");
+    assert!(!out_dir.join("node1").exists(), "no probe on the host where the job has no task:\n{stderr}");
+    let _ = hosts.on("node1", "scancel").arg(&id).env("SLURM_CONF", &conf).status();
+    assert_nothing_left(&hosts);
+}
+
 /// The sbatch script of docs/slurm-and-nodes.md ("On Slurm, one agent per node"), as it is there
 /// but for the venv (this machine's, on `PATH`), the cores (2 here, not 16) and the folders: `sbatch
 /// --wait` of two hosts, one agent per node started by the script's `srun`, each starting torchrun

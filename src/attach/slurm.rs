@@ -96,6 +96,33 @@ fn placed(line: &str) -> Option<Placed> {
     })
 }
 
+/// Where the step to attach runs, from `scontrol show step -o JOB[.STEP]`'s lines: the step given,
+/// else the job's one step started by srun (`JOB.0`), else its batch step where it has no other
+/// (a script that runs the program itself); `None` where it has several steps (or Slurm said
+/// none): then the job's nodes. A job step on fewer nodes than the job's left probes on nodes where
+/// it has no task, which node 0 then waited for until `--join-timeout`.
+fn step_nodes(lines: &str, step: Option<&str>) -> Option<(String, u32)> {
+    let steps: Vec<(String, String, u32)> = lines
+        .lines()
+        .filter_map(|line| {
+            let field = |key: &str| {
+                line.split_whitespace().find_map(|f| f.strip_prefix(key).and_then(|v| v.strip_prefix('=')))
+            };
+            let id = field("StepId")?.split_once('.')?.1.to_string();
+            Some((id, field("NodeList")?.to_string(), field("Nodes")?.parse().ok()?))
+        })
+        .collect();
+    let numbered: Vec<&(String, String, u32)> =
+        steps.iter().filter(|(id, _, _)| id.bytes().all(|b| b.is_ascii_digit())).collect();
+    let chosen = match step {
+        Some(s) => steps.iter().find(|(id, _, _)| id == s),
+        None if numbered.len() == 1 => numbered.first().copied(),
+        None if numbered.is_empty() => steps.iter().find(|(id, _, _)| id == "batch"),
+        None => None,
+    };
+    chosen.map(|(_, list, nodes)| (list.clone(), *nodes))
+}
+
 fn slurm_tool(name: &str) -> Error {
     Error::BadInput(format!(
         "`attach --slurm` runs Slurm's `{name}`, which is not on PATH here: run it on a host of the cluster where `squeue` works (a login node or the job's batch host)"
@@ -137,6 +164,9 @@ pub fn command(spec: &str, args: &Options) -> Result<u8, Error> {
             target.job, job.state
         )));
     }
+    let shown = Command::new("scontrol").args(["show", "step", "-o", &target.text()]).output();
+    let said = shown.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default();
+    let (node_list, nodes) = step_nodes(&said, target.step.as_deref()).unwrap_or((job.node_list, job.nodes));
     let out = match &args.out {
         Some(dir) => dir.clone(),
         None => crate::session::fresh_run_dir(
@@ -163,8 +193,8 @@ pub fn command(spec: &str, args: &Options) -> Result<u8, Error> {
     probes
         .arg(format!("--jobid={}", target.job))
         .args(["--overlap", "--ntasks-per-node=1", "--job-name=ups-doctor-attach"])
-        .arg(format!("--nodes={}", job.nodes))
-        .arg(format!("--nodelist={}", job.node_list))
+        .arg(format!("--nodes={nodes}"))
+        .arg(format!("--nodelist={node_list}"))
         .arg(&me)
         .args(["attach", "--slurm-probe", &target.text(), "--out"])
         .arg(&out)
@@ -175,8 +205,8 @@ pub fn command(spec: &str, args: &Options) -> Result<u8, Error> {
     eprintln!(
         "attach: Slurm job {} runs on {} node(s) ({}): a probe on each through `srun --jobid={} --overlap`",
         target.text(),
-        job.nodes,
-        job.node_list,
+        nodes,
+        node_list,
         target.job
     );
     let status = probes.status().map_err(|_| slurm_tool(srun()))?;
@@ -271,5 +301,22 @@ mod tests {
         let pending = "JobId=8 JobState=PENDING Reason=Resources NodeList=(null) NumNodes=2-2";
         assert_eq!(placed(pending).map(|p| (p.state, p.nodes)), Some(("PENDING".into(), 2)));
         assert_eq!(placed("nothing here"), None);
+    }
+
+    #[test]
+    fn the_probes_go_where_the_step_runs() {
+        // As `scontrol show step -o 1` of slurm-wlm 22.05 prints it for a job of two nodes whose
+        // batch script ran `srun -N 1 -n 1 sleep 60` (shortened: fields in its order).
+        let two = "StepId=1.batch UserId=0 State=RUNNING Partition=debug NodeList=node1 Nodes=1 CPUs=0 Tasks=1 Name=batch\n\
+                   StepId=1.0 UserId=0 State=RUNNING Partition=debug NodeList=node1 Nodes=1 CPUs=1 Tasks=1 Name=sleep\n";
+        assert_eq!(step_nodes(two, None), Some(("node1".into(), 1)));
+        assert_eq!(step_nodes(two, Some("0")), Some(("node1".into(), 1)));
+        assert_eq!(step_nodes(two, Some("3")), None);
+        let batch_only = "StepId=2.batch UserId=0 State=RUNNING NodeList=node2 Nodes=1 Tasks=1 Name=batch\n\
+                          StepId=2.extern UserId=0 State=RUNNING NodeList=node[1-2] Nodes=2 Tasks=2 Name=extern";
+        assert_eq!(step_nodes(batch_only, None), Some(("node2".into(), 1)));
+        let several = "StepId=3.0 NodeList=node1 Nodes=1\nStepId=3.1 NodeList=node2 Nodes=1";
+        assert_eq!(step_nodes(several, None), None, "the job's nodes, each probe finding its step");
+        assert_eq!(step_nodes("", None), None);
     }
 }
