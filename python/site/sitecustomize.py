@@ -481,7 +481,7 @@ class _Observer:
 
         def median(i):
             values = columns[i]
-            if None in values:
+            if i == 4:  # `unseen`, None where the count was not read; the times are never None
                 values = [v for v in values if v is not None]
             values = sorted(values)
             return round(values[len(values) // 2], 3) if values else None
