@@ -1124,7 +1124,7 @@ def _wrap_collective(dist, op, original):
                     obs._start()
         except Exception:
             entry = before = kept = None
-        result = original(*args, **kwargs)
+        result = original(*args, **kwargs) if kwargs else original(*args)
         if entry is not None:
             # From its stamp: the entry's slot and queueing come before (a microsecond or two).
             ms = (mono() - now) / 1e6
@@ -1339,7 +1339,8 @@ def _timed(cls, name, field):
             started = perf()
             batch = None
             try:
-                batch = original(self, *args, **kwargs)
+                # Without keywords (`next(it)`: most often) no dict of them is made for the call.
+                batch = original(self, *args, **kwargs) if kwargs else original(self, *args)
                 return batch
             finally:
                 obs = _observer
@@ -1361,7 +1362,7 @@ def _timed(cls, name, field):
         def timed(self, *args, **kwargs):
             started = perf()
             try:
-                return original(self, *args, **kwargs)
+                return original(self, *args, **kwargs) if kwargs else original(self, *args)
             finally:
                 obs = _observer
                 obs.forward_ms += (perf() - started) * 1000.0
