@@ -1050,18 +1050,25 @@ def _wrap_collective(dist, op, original):
                 if i >= n:
                     break
                 value = args[i]
-                if isinstance(value, tensor):
-                    tensors.append(value)
-                elif isinstance(value, (list, tuple)):
-                    # `_tensors`, its first level written out (a list of tensors, most often).
-                    if len(tensors) < 4:
-                        for v in value[:4]:
-                            if len(tensors) >= 4:
-                                break
-                            if isinstance(v, tensor):
-                                tensors.append(v)
-                            elif isinstance(v, (list, tuple)):
-                                _tensors(v, tensors, tensor)
+                # Told by its class first: `isinstance` of a list against torch's `Tensor` (through
+                # its metaclass) costs about 200 ns, three times a tensor's; a subclass of either
+                # still goes by `isinstance`.
+                cls = value.__class__
+                if cls is not list and cls is not tuple:
+                    if cls is tensor or isinstance(value, tensor):
+                        tensors.append(value)
+                    elif isinstance(value, (list, tuple)):
+                        _tensors(value, tensors, tensor)
+                elif len(tensors) < 4:
+                    # `_tensors`, its first level written out (a list of tensors, most often), not
+                    # sliced where it holds no more than 4 (a slice is a new list).
+                    for v in value if len(value) <= 4 else value[:4]:
+                        if len(tensors) >= 4:
+                            break
+                        if v.__class__ is tensor or isinstance(v, tensor):
+                            tensors.append(v)
+                        elif isinstance(v, (list, tuple)):
+                            _tensors(v, tensors, tensor)
             if kwargs:
                 for key, value in kwargs.items():
                     if key not in _NOT_DATA:
