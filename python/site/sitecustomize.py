@@ -1020,7 +1020,7 @@ def _wrap_collective(dist, op, original):
     # every collective (`one_count`), outside a coalescing manager (whose collectives are counted as
     # one at its end: 0 each inside), and not taken elsewhere by a torch function (a mode or a
     # tensor subclass: an export's tracing issues none). Anything else reads the count again.
-    dispatched = getattr(sys.modules["torch"]._C, "_has_torch_function_unary", None)
+    dispatched = getattr(getattr(sys.modules["torch"], "_C", None), "_has_torch_function_unary", None)
     coalescing = getattr(getattr(getattr(dist, "distributed_c10d", None), "_world", None), "pg_coalesce_state", None)
     one = op in _ONE_ISSUE and dispatched is not None and coalescing.__class__ is dict
     relevant = next((name for name in _DISPATCHED_BY if name in names), None)
