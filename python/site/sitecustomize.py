@@ -99,7 +99,7 @@ class _Observer:
         "wake", "thread", "stopping", "forked", "rank", "world_size", "seq", "patched", "optimizer", "steps",
         "last_step_at", "data_ms", "forward_ms", "collective_ms", "backward_ms", "collective_total_ms",
         "in_backward", "samples", "history", "sched_base", "summary_sent_at", "summarised", "helper_steps",
-        "workers_sent", "step_marker", "pg", "read_count", "issued_at_step", "issued_sent", "spans",
+        "workers_sent", "step_marker", "pg", "read_count", "one_count", "issued_at_step", "issued_sent", "spans",
         "spans_at_step", "issued_base", "stop_stacks", "count_steps", "counter", "tail", "tail_count",
         "tail_ms", "flight_answered")
 
@@ -159,6 +159,10 @@ class _Observer:
         self.pg = None
         # Its count's reader (`issued`), looked up once.
         self.read_count = None
+        # Its one backend is gloo or NCCL, whose count moves by one with each collective of
+        # `_ONE_ISSUE` (`_wrap_collective`); not a group of several backends, whose count is its
+        # default one's (a CPU collective on a CUDA default does not move it).
+        self.one_count = False
         self.issued_at_step = None
         self.issued_sent = None
         self.spans = 0
@@ -477,7 +481,7 @@ class _Observer:
 
         def median(i):
             values = columns[i]
-            if None in values:
+            if i == 4:  # `unseen`, None where the count was not read; the times are never None
                 values = [v for v in values if v is not None]
             values = sorted(values)
             return round(values[len(values) // 2], 3) if values else None
@@ -981,6 +985,15 @@ def _collective_marker(entry):
 
 
 _NOT_DATA = frozenset(("group", "async_op", "op", "src", "dst", "timeout", "group_src", "group_dst"))
+# The collectives that issue exactly one on their group, so that its count moves by one: counted
+# on torch 2.11's gloo, each alone in a 1-rank group (an uneven `all_gather` too); NCCL counts a
+# call once as well, a coalesced one included (not counted here: no GPU). Not the `_object` ones
+# (several: their sizes first), nor `monitored_barrier` (point-to-point, not counted).
+_ONE_ISSUE = frozenset(("all_reduce", "all_gather", "all_gather_into_tensor", "broadcast", "reduce", "reduce_scatter",
+    "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "barrier", "gather", "scatter"))
+# The argument whose `__torch_function__` (or a torch function mode) takes a collective elsewhere:
+# `relevant_args` in torch.distributed's functions.
+_DISPATCHED_BY = ("tensor", "input_tensor", "input")
 
 
 def _wrap_collective(dist, op, original):
@@ -1002,6 +1015,16 @@ def _wrap_collective(dist, op, original):
     group_at = names.index("group") if "group" in names else None
     tensor = sys.modules["torch"].Tensor
     data_at = [i for i, name in enumerate(names) if name not in _NOT_DATA]
+    # Its span known without a second read of the group's count (a pybind11 call that lets go of
+    # the GIL: about 3,000 instructions): one of `_ONE_ISSUE`, on a group whose one backend counts
+    # every collective (`one_count`), outside a coalescing manager (whose collectives are counted as
+    # one at its end: 0 each inside), and not taken elsewhere by a torch function (a mode or a
+    # tensor subclass: an export's tracing issues none). Anything else reads the count again.
+    dispatched = getattr(getattr(sys.modules["torch"], "_C", None), "_has_torch_function_unary", None)
+    coalescing = getattr(getattr(getattr(dist, "distributed_c10d", None), "_world", None), "pg_coalesce_state", None)
+    one = op in _ONE_ISSUE and dispatched is not None and coalescing.__class__ is dict
+    relevant = next((name for name in _DISPATCHED_BY if name in names), None)
+    relevant_at = names.index(relevant) if relevant is not None else None
 
     mono, frame_at, sites = time.monotonic_ns, sys._getframe, _SITES
 
@@ -1027,18 +1050,25 @@ def _wrap_collective(dist, op, original):
                 if i >= n:
                     break
                 value = args[i]
-                if isinstance(value, tensor):
-                    tensors.append(value)
-                elif isinstance(value, (list, tuple)):
-                    # `_tensors`, its first level written out (a list of tensors, most often).
-                    if len(tensors) < 4:
-                        for v in value[:4]:
-                            if len(tensors) >= 4:
-                                break
-                            if isinstance(v, tensor):
-                                tensors.append(v)
-                            elif isinstance(v, (list, tuple)):
-                                _tensors(v, tensors, tensor)
+                # Told by its class first: `isinstance` of a list against torch's `Tensor` (through
+                # its metaclass) costs about 200 ns, three times a tensor's; a subclass of either
+                # still goes by `isinstance`.
+                cls = value.__class__
+                if cls is not list and cls is not tuple:
+                    if cls is tensor or isinstance(value, tensor):
+                        tensors.append(value)
+                    elif isinstance(value, (list, tuple)):
+                        _tensors(value, tensors, tensor)
+                elif len(tensors) < 4:
+                    # `_tensors`, its first level written out (a list of tensors, most often), not
+                    # sliced where it holds no more than 4 (a slice is a new list).
+                    for v in value if len(value) <= 4 else value[:4]:
+                        if len(tensors) >= 4:
+                            break
+                        if v.__class__ is tensor or isinstance(v, tensor):
+                            tensors.append(v)
+                        elif isinstance(v, (list, tuple)):
+                            _tensors(v, tensors, tensor)
             if kwargs:
                 for key, value in kwargs.items():
                     if key not in _NOT_DATA:
@@ -1058,6 +1088,7 @@ def _wrap_collective(dist, op, original):
             site = hit[1] if hit is not None else _call_site(frame)
             # Its place in the default group's own count (which DDP's collectives move too).
             before = pos = None
+            sure = False
             if name == "default" or group is obs.pg:
                 read = obs.read_count
                 if read is not None:
@@ -1069,6 +1100,12 @@ def _wrap_collective(dist, op, original):
                     pos = before + 1
                     # Counted as one while it runs (a rank may hang in it), as many as it issued after.
                     obs.spans += 1
+                    if one and obs.one_count and not coalescing:
+                        if relevant_at is None:
+                            sure = True
+                        else:
+                            value = args[relevant_at] if relevant_at < n else kwargs.get(relevant) if kwargs else None
+                            sure = value is not None and not dispatched(value)
             now = mono()
             # Kept in the file this process maps (`_open_tail`), before it is queued: the
             # sending thread makes the entry's sizes text in place.
@@ -1094,14 +1131,16 @@ def _wrap_collective(dist, op, original):
                     obs._start()
         except Exception:
             entry = before = kept = None
-        result = original(*args, **kwargs)
+        result = original(*args, **kwargs) if kwargs else original(*args)
         if entry is not None:
             # From its stamp: the entry's slot and queueing come before (a microsecond or two).
             ms = (mono() - now) / 1e6
             obs.collective_ms += ms
             obs.collective_total_ms += ms
             span = None
-            if before is not None:
+            if sure:
+                span = 1
+            elif before is not None:
                 read = obs.read_count
                 if read is not None:
                     after = None
@@ -1240,6 +1279,7 @@ def _wrap_init(dist):
             obs.use_group(dist.distributed_c10d._get_default_group())
             obs.issued_base = obs.issued() or 0
             backend = str(dist.get_backend())
+            obs.one_count = backend in ("gloo", "nccl")
             store = kwargs.get("init_method") or (args[1] if len(args) > 1 else None)
             if not store:
                 store = "env://{}:{}".format(os.environ.get("MASTER_ADDR", "?"), os.environ.get("MASTER_PORT", "?"))
@@ -1312,7 +1352,8 @@ def _timed(cls, name, field):
             started = perf()
             batch = None
             try:
-                batch = original(self, *args, **kwargs)
+                # Without keywords (`next(it)`: most often) no dict of them is made for the call.
+                batch = original(self, *args, **kwargs) if kwargs else original(self, *args)
                 return batch
             finally:
                 obs = _observer
@@ -1334,7 +1375,7 @@ def _timed(cls, name, field):
         def timed(self, *args, **kwargs):
             started = perf()
             try:
-                return original(self, *args, **kwargs)
+                return original(self, *args, **kwargs) if kwargs else original(self, *args)
             finally:
                 obs = _observer
                 obs.forward_ms += (perf() - started) * 1000.0
