@@ -239,7 +239,32 @@ fn stack_dump_loop() {
         if unsafe { libc::sigwait(&set, &mut sig) } != 0 {
             continue;
         }
+        DUMPING.store(true, Ordering::SeqCst);
         dump_all_threads();
+        DUMPING.store(false, Ordering::SeqCst);
+    }
+}
+
+/// A stack dump the harness asked for is under way.
+static DUMPING: AtomicBool = AtomicBool::new(false);
+
+/// Waits, up to `limit`, for a stack dump the harness asked of this process (under way, or asked
+/// and not yet begun) to be sent, so that a rank that fails while it is asked for its stacks (a
+/// peer torn down on another node closed its connection) exits with them sent, not in the middle
+/// of symbolising them (seen across two hosts: both nodes found the hang, one tore its ranks down
+/// while the other's ranks were still dumping, and they exited without their stacks).
+pub fn wait_for_stack_dump(limit: Duration) {
+    let pending = || {
+        // SAFETY: plain sigset queries on a local set.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigpending(&mut set) == 0 && libc::sigismember(&set, STACK_DUMP_SIGNAL) == 1
+        }
+    };
+    let deadline = Instant::now() + limit;
+    while (DUMPING.load(Ordering::SeqCst) || pending()) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
 

@@ -62,6 +62,8 @@ pub fn run_rank(scenario: &Scenario) -> i32 {
         Err(e) => {
             markers::emit(&Marker::Error { message: e.to_string() });
             eprintln!("error: {e}");
+            // Stacks asked of this rank as it failed are sent before it exits.
+            crash::wait_for_stack_dump(std::time::Duration::from_secs(20));
             1
         }
     }
