@@ -552,13 +552,7 @@ fn ray_across_hosts(
     std::fs::write(sb.path().join("ray-job.sh"), RAY_JOB).unwrap();
     let home = sb.path().join("home");
     std::fs::create_dir_all(&home).unwrap();
-    let bin_of = |p: &Path| p.parent().expect("a bin folder").to_path_buf();
-    let path = std::env::join_paths(
-        [bin_of(&python), bin_of(&crate::util::venv_python())]
-            .into_iter()
-            .chain(std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())),
-    )
-    .unwrap();
+    let path = crate::ray::ray_path(&python);
     let agent = |node: u32| -> Child {
         let mut cmd = hosts.on(&format!("node{}", node + 1), bin());
         cmd.arg("run")

@@ -40,6 +40,17 @@ pub(crate) fn example(python: &Path) -> PathBuf {
     file
 }
 
+/// `PATH` for a Ray run: the Ray venv's `bin` (`ray`, `python`), then the torch venv's (py-spy, as a
+/// user's would be on `PATH`), then this one's.
+pub(crate) fn ray_path(python: &Path) -> std::ffi::OsString {
+    let bin_of = |p: &Path| p.parent().expect("a bin folder").to_path_buf();
+    let rest = std::env::var_os("PATH").unwrap_or_default();
+    std::env::join_paths(
+        [bin_of(python), bin_of(&venv_python())].into_iter().chain(std::env::split_paths(&rest)),
+    )
+    .unwrap()
+}
+
 /// The live (not zombie) processes whose command line names `folder`: a Ray cluster's daemons
 /// and workers name their session folder, which is under the run's own `RAY_TMPDIR`.
 fn live_processes_naming(folder: &Path) -> Vec<String> {
@@ -67,13 +78,7 @@ fn run_example(fault: &[(&str, &str)]) -> (RunOutput, Value, Sandbox) {
     let ray_tmp = tempfile::Builder::new().prefix("udr").tempdir_in("/tmp").expect("temp dir");
     let home = sb.path().join("home");
     std::fs::create_dir_all(&home).unwrap();
-    let bin_of = |p: &Path| p.parent().expect("a bin folder").to_path_buf();
-    // py-spy is the torch venv's, as a user's would be on PATH.
-    let rest = std::env::var_os("PATH").unwrap_or_default();
-    let path = std::env::join_paths(
-        [bin_of(&python), bin_of(&venv_python())].into_iter().chain(std::env::split_paths(&rest)),
-    )
-    .unwrap();
+    let path = ray_path(&python);
     let mut cmd = sb.cmd();
     cmd.env("PATH", path)
         .env("HOME", &home)
