@@ -195,7 +195,9 @@ pub fn odd_rank_by_markers(ranks: &[RankResult]) -> Option<&RankResult> {
 /// What the stacks of hung ranks show: the odd rank, each rank's collective, and where the
 /// kernel has each main thread.
 struct StackWaits {
-    odd: u32,
+    /// `None` where every rank waits in a collective of its own (two ranks, each in another):
+    /// the stacks show that they parted ways, not which of them left the program's order.
+    odd: Option<u32>,
     waits: Vec<(u32, Option<&'static str>)>,
     kernel: Vec<String>,
 }
@@ -226,12 +228,19 @@ fn odd_rank_by_stacks(ev: &Evidence) -> Option<StackWaits> {
     }
     let count = |c: Option<&str>| waits.iter().filter(|(_, o)| *o == c).count();
     let unique: Vec<&(u32, Option<&str>)> = waits.iter().filter(|(_, c)| count(*c) == 1).collect();
-    let odd = unique
+    let outside_or_barrier = unique
         .iter()
         .find(|(_, c)| c.is_none())
-        .or_else(|| unique.iter().find(|(_, c)| *c == Some("`dist.barrier()`")))
-        .or(unique.first())?;
-    Some(StackWaits { odd: odd.0, waits: waits.clone(), kernel })
+        .or_else(|| unique.iter().find(|(_, c)| *c == Some("`dist.barrier()`")));
+    // The odd one is the rank whose wait no other shares; where every rank's is its own (no two
+    // alike), the one listed first is no odder than the others (a rank that skipped a collective
+    // and one that waits in it look the same).
+    let odd = match outside_or_barrier {
+        Some(o) => Some(o.0),
+        None if unique.len() < waits.len() => Some(unique.first()?.0),
+        None => None,
+    };
+    Some(StackWaits { odd, waits: waits.clone(), kernel })
 }
 
 pub fn ranks_out_of_step(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Finding> {
@@ -263,6 +272,9 @@ pub fn ranks_out_of_step(ev: &Evidence, first: Option<&RankEvidence>) -> Option<
             None => format!("rank {r} waits in no collective"),
         })
         .collect();
+    let Some(odd) = odd else {
+        return behind_by_recorder(ev, f.clone()).or_else(|| Some(parted_ways(ev, f, &places, &kernel)));
+    };
     f.culprit = Some(odd);
     f.headline = Some(format!(
         "Ranks out of step: {}. Rank {odd} is the odd one: it {}.",
@@ -299,6 +311,34 @@ pub fn ranks_out_of_step(ev: &Evidence, first: Option<&RankEvidence>) -> Option<
         format!("The ranks are out of step: {}. {}", places.join("; "), RANKS_OUT_OF_STEP.explanation)
     });
     Some(f)
+}
+
+/// Every stuck rank waits in a collective no other rank is in: they parted ways, and nothing here
+/// says which rank left the program's order (one that skipped a collective waits in the next one,
+/// as one that added a collective waits in that). No rank is named first.
+fn parted_ways(ev: &Evidence, mut f: Finding, places: &[String], kernel: &[String]) -> Finding {
+    f.undecided = true;
+    f.headline = Some(format!(
+        "Ranks out of step: {}. Each waits in a collective no other rank is in; which of them left the program's \
+         order the stacks cannot tell.",
+        places.join(", ")
+    ));
+    f.evidence.push(format!("from py-spy stacks of each rank's main thread: {}", places.join("; ")));
+    f.evidence.extend(super::group_count::group_count_evidence(ev));
+    if !kernel.is_empty() {
+        f.evidence.push(format!("the kernel: {}", kernel.join("; ")));
+    }
+    f.cause = Some(format!(
+        "The ranks are out of step: {}. One of them skipped a collective the others issued, or issued one they did \
+         not: a condition that differs between ranks (a rank-dependent `if`, an early `continue`, uneven data).",
+        places.join("; ")
+    ));
+    f.next_step = Some(
+        "Run again with `TORCH_DISTRIBUTED_DEBUG=DETAIL`, which checks the collectives' order and shapes across ranks \
+         and names the call where they differ; then look for the condition that differs between ranks on that path."
+            .to_string(),
+    );
+    f
 }
 
 /// From the Flight Recorder, where neither markers nor stacks single a rank out: every failing

@@ -320,6 +320,31 @@ fn ranks_out_of_step_are_named_from_py_spy_stacks_without_markers() {
     );
 }
 
+/// Two ranks, each waiting in a collective the other is not in (seen in TRL's DPO script under
+/// Accelerate: rank 1 skipped an `all_gather` and went on to DDP's `broadcast`; rank 0 waits in the
+/// `all_gather`): a rank that skipped one and a rank that added one look the same, so no rank is
+/// named, where before the one listed first was called "the odd one".
+#[test]
+fn two_ranks_each_in_a_collective_of_its_own_name_no_rank() {
+    let gather = "    pthread_cond_wait (libc.so.6)\n    all_gather (torch/distributed/distributed_c10d.py:3813)\n    \
+                  gather (accelerate/utils/operations.py:349)\n    <module> (t.py:12)\n";
+    let broadcast = "    pthread_cond_wait (libc.so.6)\n    broadcast (torch/distributed/distributed_c10d.py:2730)\n    \
+                     _sync_buffers (torch/nn/parallel/distributed.py:1600)\n    <module> (t.py:9)\n";
+    for ranks in [[(0, gather), (1, broadcast)], [(0, broadcast), (1, gather)]] {
+        let mut case = Case::new(ranks.iter().map(|(r, f)| hung_with_stack(*r, f)).collect());
+        case.scenario = external();
+        let (outcome, first, v) = case.judge();
+        assert_eq!((outcome, first), (OutcomeKind::Hung, None), "{}", v.headline);
+        assert_eq!(v.pattern.as_deref(), Some("ranks-out-of-step"), "{}", v.headline);
+        assert!(
+            v.headline.contains("which of them left the program's order the stacks cannot tell"),
+            "{}",
+            v.headline
+        );
+        assert!(!v.headline.contains("odd one") && !v.headline.contains("collateral"), "{}", v.headline);
+    }
+}
+
 /// Under a launcher, ranks without markers share its output: two hung ranks whose stacks are alike
 /// (both in `DataLoader.__next__`) went silent at the same moment as far as can be seen, so
 /// neither is first and neither collateral. Stacks that tell them apart still name the odd one;
