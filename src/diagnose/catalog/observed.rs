@@ -842,24 +842,30 @@ pub fn straggler(ev: &Evidence, _first: Option<&RankEvidence>) -> Option<Finding
     }
     let obs = all;
     let with_collectives = obs.iter().any(|(_, o)| o.collective_ms > 0.0);
-    // A phase, how long a step spent in it, and whether the others must be seen waiting for it.
-    type Phase = (&'static str, fn(&ObservedProgram) -> f64, bool);
+    // A phase, how long a step spent in it, whether the others must be seen waiting for it, and
+    // whether a rank can itself wait there for the others (DDP's forward broadcasts buffers).
+    type Phase = (&'static str, fn(&ObservedProgram) -> f64, bool, bool);
     let mut phases: Vec<Phase> = vec![
-        ("data loading (`DataLoader.__next__`)", |o| o.data_ms, false),
-        ("DDP's forward", |o| o.forward_ms, false),
+        ("data loading (`DataLoader.__next__`)", |o| o.data_ms, false, false),
+        ("DDP's forward", |o| o.forward_ms, false, true),
     ];
     if with_collectives {
-        phases.push(("work outside collectives", |o| (o.step_ms - o.collective_ms).max(0.0), false));
+        phases.push(("work outside collectives", |o| (o.step_ms - o.collective_ms).max(0.0), false, false));
     }
     // Where a rank can wait for the others: its collectives, DDP's forward (buffers broadcast)
     // and backward (the gradients' all-reduce, from C++, which the ledger does not time). Work
     // outside them that one rank does more of is that rank's own only where every other rank
     // waited in them for at least half of it (not where each rank ran at its own pace).
     if obs.iter().all(|(_, o)| o.backward_ms > 0.0) {
-        phases.push(("work outside backward and collectives", |o| (o.step_ms - waiting(o)).max(0.0), true));
+        phases.push((
+            "work outside backward and collectives",
+            |o| (o.step_ms - waiting(o)).max(0.0),
+            true,
+            false,
+        ));
     }
     let mut best: Option<(f64, u32, &str, f64, f64, bool)> = None;
-    for (name, of, must_wait) in phases {
+    for (name, of, must_wait, can_wait) in phases {
         let (rank, slow) = obs.iter().map(|(r, o)| (*r, of(o))).max_by(|a, b| a.1.total_cmp(&b.1))?;
         let others = obs.iter().filter(|(r, _)| *r != rank).map(|(_, o)| of(o)).fold(0.0, f64::max);
         let mine = obs.iter().find(|(r, _)| *r == rank).map_or(0.0, |(_, o)| waiting(o));
@@ -874,7 +880,8 @@ pub fn straggler(ev: &Evidence, _first: Option<&RankEvidence>) -> Option<Finding
         // A gap that is a sliver of the step is noise on a shared machine, not a rank to act on.
         let step = obs.iter().find(|(r, _)| *r == rank).map_or(0.0, |(_, o)| o.step_ms);
         let felt = slow - others >= MIN_STEP_SHARE * step;
-        if waited && felt && slow >= 2.0 * others && slow - others >= 5.0 && better {
+        let waited_there = can_wait && another_worked(&obs, rank, slow - others);
+        if waited && felt && !waited_there && slow >= 2.0 * others && slow - others >= 5.0 && better {
             best = Some((slow - others, rank, name, slow, others, must_wait));
         }
     }
@@ -930,6 +937,21 @@ fn starved(obs: &[(u32, &ObservedProgram)], rank: u32, gap: f64) -> bool {
     // noise: within a quarter of the others' time on a CPU, or an eighth of the gap.
     let own_work = mine.run_ms - ran > (gap / 8.0).max(0.25 * ran);
     gap > 0.0 && mine.wait_ms - waited >= gap / 2.0 && !own_work
+}
+
+/// Whether rank `rank`'s extra time a step (`gap` ms) in a phase where it can wait for the others
+/// was such a wait: by the kernel's account another rank ran on a CPU at least half of `gap` a step
+/// longer than it. Seen with TRL's DPO script, rank 1 computing 300 ms more before each optimizer
+/// step: rank 0 spent 309 ms a step in DDP's forward, in its buffers' broadcast, waiting for rank 1
+/// (rank 0 on a CPU 40 ms a step, rank 1 337 ms), and was named the straggler. Nothing is said where
+/// a rank's account is missing.
+fn another_worked(obs: &[(u32, &ObservedProgram)], rank: u32, gap: f64) -> bool {
+    let cpu = |r: u32| obs.iter().find(|(x, _)| *x == r).and_then(|(_, o)| o.cpu_per_step);
+    let Some(mine) = cpu(rank) else { return false };
+    obs.iter()
+        .filter(|(r, _)| *r != rank)
+        .filter_map(|(r, _)| cpu(*r))
+        .any(|o| gap > 0.0 && o.run_ms - mine.run_ms >= gap / 2.0)
 }
 
 /// The evidence of [`waited_between_steps`], where every rank measured it.
@@ -1623,6 +1645,44 @@ mod tests {
         // Not measured (an older observer): nothing said.
         let ranks = [passed(0, 0.208, 0.049, 0.0), passed(1, 301.8, 0.284, 0.0)];
         assert!(with_evidence(&ranks, &s, |ev| straggler(ev, None)).is_none());
+    }
+
+    /// TRL's DPO script under Accelerate, rank 1 computing 300 ms more before each optimizer step (the
+    /// accuracy matrix's held-out programs, 2026-12-07): rank 0 waited 309 ms a step in DDP's
+    /// forward (its buffers' broadcast) for rank 1, on a CPU 40 ms a step against rank 1's 337 ms.
+    /// The rank that worked is the straggler, not the one that waited in forward.
+    #[test]
+    fn a_rank_waiting_in_ddps_forward_for_a_rank_that_computes_is_not_the_straggler() {
+        use crate::schema::CpuPerStep;
+        let passed = |rank: u32, forward_ms: f64, cpu: Option<(f64, f64)>| {
+            let mut r = crate::report::fixtures::rank(rank, 20);
+            r.outcome = OutcomeKind::Passed;
+            r.observed = Some(ObservedProgram {
+                distributed: true,
+                steps: 20,
+                timed_steps: 19,
+                step_ms: 352.8,
+                forward_ms,
+                backward_ms: 19.0,
+                collective_ms: 7.8,
+                cpu_per_step: cpu.map(|(run_ms, wait_ms)| CpuPerStep { run_ms, wait_ms }),
+                ..Default::default()
+            });
+            r
+        };
+        let s = scenario(2);
+        let ranks = [passed(0, 308.9, Some((39.6, 6.9))), passed(1, 8.3, Some((336.7, 4.7)))];
+        let f = with_evidence(&ranks, &s, |ev| straggler(ev, None)).expect("a straggler");
+        assert_eq!(f.culprit, Some(1), "{:?}", f.appendix);
+        assert!(
+            f.appendix.as_deref().is_some_and(|a| a.contains("work outside backward and collectives")),
+            "{:?}",
+            f.appendix
+        );
+        // Rank 0's forward its own work (it ran as long on a CPU): rank 0, as before.
+        let ranks = [passed(0, 308.9, Some((339.6, 6.9))), passed(1, 8.3, Some((36.7, 4.7)))];
+        let f = with_evidence(&ranks, &s, |ev| straggler(ev, None)).expect("a straggler");
+        assert_eq!(f.culprit, Some(0), "{:?}", f.appendix);
     }
 
     /// Hugging Face's Trainer with nothing injected on two cores shared with other jobs (the
