@@ -573,7 +573,7 @@ pub fn shm_exhausted(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Find
                 first.rank()
             ));
             f.evidence.push(format!(
-                "rank {}'s traceback ends in multiprocessing's {object}, which lives in /dev/shm, with `{error}`",
+                "rank {}'s traceback ends in {object}, which lives in /dev/shm, with `{error}`",
                 first.rank()
             ));
         }

@@ -80,7 +80,12 @@ pub fn size_mismatch(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Find
         .iter()
         .filter_map(|r| {
             let ledger = &observed(r)?.ledger;
-            let at = ledger.iter().rposition(|e| e.group == "default")?;
+            // The call it was in when the library aborted it (it never returned), in whichever group
+            // (Lightning's first `all_reduce` goes to a group of its own); else the default group's last.
+            let at = ledger
+                .iter()
+                .rposition(|e| e.ms.is_none())
+                .or_else(|| ledger.iter().rposition(|e| e.group == "default"))?;
             let e = &ledger[at];
             let before =
                 ledger[..at].iter().rfind(|p| p.group == e.group && p.op == e.op && p.site == e.site);
