@@ -799,20 +799,32 @@ def _send_uncaught(observer, kind, value, tb, spawned=False):
     try:
         by_env = _env_int("RANK") is not None and os.environ.get(_RANK_PID) == str(os.getpid())
         if "ups_doctor" not in sys.modules and (observer.rank is not None or by_env or spawned):
-            lines = [line for line in str(value).strip().splitlines() if line.strip()]
-            text = lines[0] if len(lines) == 1 else f"{lines[0]} … {lines[-1].strip()}" if lines else ""
-            message = f"{kind.__name__}: {text}" if text else kind.__name__
+            # Raised while another was handled (clean-up code that failed too: no `from`, the
+            # context kept): the first of the chain is where it began, said first.
+            root = value
+            while root.__cause__ is None and not root.__suppress_context__ and root.__context__ is not None:
+                root = root.__context__
+            message = _exception_words(type(root), root)
+            if root is not value:
+                message = f"{message}; while handling it: {_exception_words(kind, value)}"
             # A worker's error re-raised in the rank: where the worker's code failed, not
             # the rank's `for batch in loader` line.
-            where = _frame_in_text(str(value)) if "Original Traceback" in str(value) else None
-            where = where or _user_frame(tb)
-            passing = _tensor_passing_frame(tb)
+            where = _frame_in_text(str(root)) if "Original Traceback" in str(root) else None
+            where = where or _user_frame(root.__traceback__) or _user_frame(tb)
+            passing = _tensor_passing_frame(root.__traceback__) or _tensor_passing_frame(tb)
             if passing:
                 where = f"{where}; raised in torch's `{passing}`" if where else f"raised in torch's `{passing}`"
             observer.send({"t": "error", "message": f"{message} ({where})" if where else message}, urgent=True)
             observer.flush(wait_s=_SAY_WAIT_S)
     except Exception:  # the observer never changes how the program ends
         pass
+
+
+def _exception_words(kind, value):
+    """`RuntimeError: its message` (a message of several lines: its first … its last)."""
+    lines = [line for line in str(value).strip().splitlines() if line.strip()]
+    text = lines[0] if len(lines) == 1 else f"{lines[0]} … {lines[-1].strip()}" if lines else ""
+    return f"{kind.__name__}: {text}" if text else kind.__name__
 
 
 def _report_spawned_errors(observer, spawn):

@@ -517,7 +517,39 @@ pub fn key_line(lines: &[String]) -> Option<KeyLine> {
 }
 
 fn python_exception(lines: &[String]) -> Option<KeyLine> {
-    let start = lines.iter().rposition(|l| l.trim_start().ends_with("Traceback (most recent call last):"))?;
+    let is_start = |l: &String| l.trim_start().ends_with("Traceback (most recent call last):");
+    let start = lines.iter().rposition(is_start)?;
+    let last = exception_at(lines, start)?;
+    // An exception raised while another was handled (`During handling of the above exception,
+    // another exception occurred:`: clean-up code that failed too, as Lightning's teardown does
+    // when a DataLoader could not start): the first of the chain is where it began, said first.
+    let mut root = None;
+    let mut from = start;
+    while let Some(before) = lines[..from].iter().rposition(|l| !l.trim().is_empty())
+        && lines[before].trim() == HANDLING
+        && let Some(earlier) = lines[..before].iter().rposition(is_start)
+    {
+        root = exception_at(lines, earlier).or(root);
+        from = earlier;
+    }
+    Some(match root {
+        // The user's frame of the first where it shows one (Python prints the first traceback from
+        // where it was caught: often library frames only), else the last's.
+        Some(root) => KeyLine {
+            text: format!("{}; while handling it: {}", root.text, last.text),
+            at: root.at.or(last.at),
+            fatal: root.fatal,
+        },
+        None => last,
+    })
+}
+
+/// Python's line between two tracebacks of an exception raised while another was handled.
+pub const HANDLING: &str = "During handling of the above exception, another exception occurred:";
+
+/// The exception of the traceback whose first line is `lines[start]`, with its innermost frame in
+/// the user's code.
+fn exception_at(lines: &[String], start: usize) -> Option<KeyLine> {
     let mut at = None;
     for line in &lines[start + 1..] {
         let trimmed = line.trim_start();
@@ -776,6 +808,28 @@ mod tests {
             key.render(),
             "RuntimeError: Expected to have finished reduction in the prior iteration before starting a new one. … \
              (patterns.py:53 in train)"
+        );
+    }
+
+    /// Lightning's Transformer demo under its own launcher with a 16 KiB `/dev/shm` (the accuracy
+    /// matrix's held-out `lightning-transformer` × small-shm, 2026-12-07; rank 1's lines of the
+    /// launcher's output, `[rank1]: ` cut): the DataLoader could not make its semaphore (`ENOSPC`),
+    /// then Lightning's teardown raised while handling that. The first is where it began.
+    #[test]
+    fn an_exception_raised_while_another_was_handled_gives_the_first_then_the_last() {
+        let key = key_line(&lines(include_str!("fixtures/handling_chain.txt"))).unwrap();
+        assert_eq!(
+            key.text,
+            "OSError: [Errno 28] No space left on device; while handling it: RuntimeError: Please call \
+             `iter(combined_loader)` first."
+        );
+        assert_eq!(key.at.as_deref(), Some("lightning_transformer.py:9 in <module>"));
+        // The second traceback alone (the first cut off): the last exception, as before.
+        let text = lines(include_str!("fixtures/handling_chain.txt"));
+        let second = text.iter().position(|l| l.trim() == HANDLING).unwrap() + 1;
+        assert_eq!(
+            key_line(&text[second..]).unwrap().text,
+            "RuntimeError: Please call `iter(combined_loader)` first."
         );
     }
 

