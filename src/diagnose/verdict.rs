@@ -521,16 +521,30 @@ fn launcher_waited(
                  node on this machine with `--set launch.nodes={count}`."
             ),
         ),
-        None => (
-            format!("`{name}` waits before it starts its ranks: for its rendezvous store (`--rdzv-endpoint`, `MASTER_ADDR:MASTER_PORT`) or for other nodes of its rendezvous."),
-            "Read the launcher's output above; check that its rendezvous endpoint is reachable from this machine and that every node it waits for was started.".to_string(),
-        ),
+        // What the launcher of the table waits on (torchrun: its rendezvous; srun: its allocation;
+        // Ray: its cluster's head); a command of none the table knows, in its own words only.
+        None => match launcher.kind.as_deref().and_then(crate::scenario::launcher::named) {
+            Some(l) => {
+                let runs = if l.name == name { String::new() } else { format!(" (it runs {})", l.name) };
+                (
+                    format!("`{name}`{runs} waits before it starts its ranks: {}.", l.waits_for.0),
+                    format!("Read the launcher's output above. {}", l.waits_for.1),
+                )
+            }
+            None => (
+                format!("`{name}` waits before it starts its ranks; what for, its output above may say."),
+                "Read the launcher's output above; a stack of it (`py-spy dump --pid PID`) shows where it waits."
+                    .to_string(),
+            ),
+        },
     };
+    let key = super::evidence::key_line(&launcher.log_tail);
     let mut verdict = Verdict {
         headline,
         evidence,
         likely_cause: Some(likely_cause),
         next_step: Some(next_step),
+        key_line: key.map(|k| k.render()),
         ..Default::default()
     };
     if let Some(f) = finding {

@@ -75,6 +75,7 @@ fn program_rank(rank: u32, exit: Exit, ended_at: f64, stderr: &str) -> RankResul
 /// A launcher (pid 77) that exited with `code`, its output ending in `tail`.
 fn torchrun_end(code: i32, tail: &[&str]) -> LauncherEnd {
     LauncherEnd {
+        kind: Some("torchrun".into()),
         pid: Some(77),
         exit_code: Some(code),
         signal: None,
@@ -1454,6 +1455,52 @@ fn a_launcher_that_waited_for_its_other_nodes_started_no_rank_and_none_is_blamed
     let j = judged(&scenario(&["torchrun", "--nproc_per_node", "4", "train.py"]));
     assert!(!j.verdict.headline.contains("--nnodes"), "{}", j.verdict.headline);
     assert!(j.verdict.likely_cause.as_deref().is_some_and(|c| c.contains("rendezvous store")));
+    // What it waits for is the launcher's own, from the table (srun's line: its words for a job
+    // that waits, Slurm's `allocate.c`): srun for its allocation, a job
+    // script that runs `ray start` for its cluster's head; a command the table does not know, in
+    // no launcher's words (before: torchrun's rendezvous store for each of them).
+    let waits = |kind: Option<&str>, argv: &[&str], line: &str| {
+        let mut l = launcher.clone();
+        l.kind = kind.map(String::from);
+        l.log_tail = vec![line.to_string()];
+        let s = scenario(argv);
+        let j = judge(&Observed {
+            scenario: &s,
+            ranks: &ranks,
+            wall_s: 9.0,
+            memory: None,
+            leftovers: &Leftovers::default(),
+            oom_kills: &[],
+            xids: &[],
+            cgroup: None,
+            launcher: Some(&l),
+        });
+        assert_eq!((j.outcome, j.first_failure), (OutcomeKind::Hung, None));
+        (
+            j.verdict.likely_cause.unwrap_or_default(),
+            j.verdict.next_step.unwrap_or_default(),
+            j.verdict.evidence,
+        )
+    };
+    let (cause, next, _) = waits(
+        Some("srun"),
+        &["srun", "-n", "4", "python", "train.py"],
+        "srun: job 7 queued and waiting for resources",
+    );
+    assert!(cause.starts_with("`srun` waits before it starts its ranks: for its allocation"), "{cause}");
+    assert!(next.contains("squeue -j JOBID") && !cause.contains("rendezvous"), "{next}");
+    // Ray 2.60's `ray start --address` to a port nothing listens on (run here, 2026-12-07).
+    let gcs = "[2026-12-07 12:46:41,780 W 5153 5153] gcs_client.cc:210: Failed to get cluster ID from GCS server: \
+               TimedOut: Timed out while waiting for GCS to become available.";
+    let (cause, next, evidence) = waits(Some("Ray Train"), &["bash", "ray-job.sh"], gcs);
+    assert!(
+        cause.starts_with("`bash` (it runs Ray Train) waits before it starts its ranks: for its Ray cluster"),
+        "{cause}"
+    );
+    assert!(next.contains("ray status --address") && !cause.contains("rendezvous"), "{next}");
+    assert!(evidence.iter().any(|e| e.contains("Failed to get cluster ID from GCS server")), "{evidence:?}");
+    let (cause, _, _) = waits(None, &["bash", "job.sh"], "starting");
+    assert_eq!(cause, "`bash` waits before it starts its ranks; what for, its output above may say.");
 }
 
 /// torchrun's agent SIGTERMs a rank that had already raised (it was exiting when rank 0, which

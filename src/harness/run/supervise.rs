@@ -1722,6 +1722,7 @@ impl Supervisor<'_, '_> {
         settle_unidentified(&mut self.slots, &l, exit, &launcher_name, self.start, offset);
         let _ = std::fs::remove_file(&l.fifo);
         let end = LauncherEnd {
+            kind: self.plan.launcher.map(|l| l.name.to_string()),
             pid: exit.map(|(pid, _)| pid),
             exit_code: exit.and_then(|(_, e)| match e {
                 process::Exit::Code(c) => Some(c),

@@ -33,7 +33,14 @@ pub struct Launcher {
     pub is_python: bool,
     /// Whose processes its ranks are: started for the job below the launcher, or a cluster's.
     pub ranks: RankProcesses,
+    /// What it waits for before it starts any rank (said where it never did: "… waits before it
+    /// starts its ranks: {0}."), and what to check.
+    pub waits_for: (&'static str, &'static str),
 }
+
+/// What a launcher that runs the program's own code before its ranks start waits on.
+const OWN_CODE_CHECK: &str =
+    "Read its output above; a stack of the program (`py-spy dump --pid PID`) shows where it waits.";
 
 /// Whose processes a launcher's ranks are.
 #[derive(Debug, PartialEq, Eq)]
@@ -177,6 +184,10 @@ pub const TORCHRUN: Launcher = Launcher {
     is_python: true,
     torchrun_form: true,
     ranks: STARTED,
+    waits_for: (
+        "for its rendezvous store (`--rdzv-endpoint`, `--master_addr`, `--master_port`) or for the other nodes of its rendezvous (`--nnodes`)",
+        "Check that its rendezvous endpoint is reachable from this machine and that every node it waits for was started.",
+    ),
 };
 
 pub const ACCELERATE: Launcher = Launcher {
@@ -191,6 +202,10 @@ pub const ACCELERATE: Launcher = Launcher {
     is_python: true,
     torchrun_form: false,
     ranks: STARTED,
+    waits_for: (
+        "for its rendezvous store (`--main_process_ip`, `--main_process_port`) or for the other machines of its rendezvous (`--num_machines`)",
+        "Check that the main process's address and port are reachable from this machine and that every machine it waits for was started.",
+    ),
 };
 
 pub const DEEPSPEED: Launcher = Launcher {
@@ -205,6 +220,10 @@ pub const DEEPSPEED: Launcher = Launcher {
     is_python: true,
     torchrun_form: false,
     ranks: STARTED,
+    waits_for: (
+        "for its rendezvous store (`--master_addr`, `--master_port`), or, with a hostfile, for the hosts it starts through ssh or pdsh",
+        "Check that the master address is reachable from this machine and, with a hostfile, that each host answers ssh without a prompt (`ssh HOST true`).",
+    ),
 };
 
 pub const SRUN: Launcher = Launcher {
@@ -219,6 +238,10 @@ pub const SRUN: Launcher = Launcher {
     is_python: false,
     torchrun_form: false,
     ranks: STARTED,
+    waits_for: (
+        "for its allocation: a step starts once Slurm gives it the nodes and CPUs it asks for (`srun: job N queued and waiting for resources`)",
+        "Look at the job with `squeue -j JOBID` (its reason: Resources, Priority, a node down) and compare what the step asks for (`-N`, `-n`, `--gres`) with the partition (`sinfo`).",
+    ),
 };
 
 pub const MPIRUN: Launcher = Launcher {
@@ -233,6 +256,10 @@ pub const MPIRUN: Launcher = Launcher {
     is_python: false,
     torchrun_form: false,
     ranks: STARTED,
+    waits_for: (
+        "for its daemons on the other hosts (`--host`, a hostfile), which it starts through ssh",
+        "Check that each host answers ssh without a prompt (`ssh HOST true`) and runs the same MPI.",
+    ),
 };
 
 pub const LIGHTNING: Launcher = Launcher {
@@ -251,6 +278,10 @@ pub const LIGHTNING: Launcher = Launcher {
     is_python: true,
     torchrun_form: false,
     ranks: STARTED,
+    waits_for: (
+        "in the program's own code, before the `Trainer` starts the other ranks (imports, data preparation, `prepare_data`)",
+        OWN_CODE_CHECK,
+    ),
 };
 
 /// Ray Train: the program (Ray's "driver") starts or joins a Ray cluster and hands a training
@@ -276,6 +307,10 @@ pub const RAY_TRAIN: Launcher = Launcher {
         relay: ("[Rank ", " Error Snippet]:"),
         env: &[("RAY_DEDUP_LOGS", "0")],
     }),
+    waits_for: (
+        "for its Ray cluster: the head's GCS server (`ray start --address`, `ray.init(address=…)`), or free CPUs and GPUs for the workers its `ScalingConfig` asks for",
+        "Check that the head at that address is up and reachable from this host (`ray status --address HOST:6379`) and that the cluster has the CPUs and GPUs the `ScalingConfig` asks for.",
+    ),
 };
 
 /// `torch.multiprocessing`'s `spawn` and `start_processes`, called by the program itself.
@@ -297,6 +332,10 @@ pub const MP_SPAWN: Launcher = Launcher {
     is_python: true,
     torchrun_form: false,
     ranks: STARTED,
+    waits_for: (
+        "in the program's own code, before it calls `torch.multiprocessing`'s `spawn`",
+        OWN_CODE_CHECK,
+    ),
 };
 
 /// A library's launcher called by the program, known by the word every such launcher takes for
@@ -322,6 +361,7 @@ pub const PROCESS_COUNT: Launcher = Launcher {
     is_python: true,
     torchrun_form: false,
     ranks: STARTED,
+    waits_for: ("in the program's own code, before its library's launcher starts the ranks", OWN_CODE_CHECK),
 };
 
 /// Every launcher, in the order a command is matched against them (Ray Train first of the
@@ -359,6 +399,11 @@ pub fn of_command(argv: &[String]) -> Option<&'static Launcher> {
 }
 
 /// The launcher a shell script runs by `word` (one of [`shell_words`]).
+/// The launcher of the table named `name` ([`Launcher::name`]), as a result records it.
+pub fn named(name: &str) -> Option<&'static Launcher> {
+    LAUNCHERS.iter().copied().find(|l| l.name == name)
+}
+
 pub fn of_shell_word(word: &str) -> Option<&'static Launcher> {
     LAUNCHERS.iter().copied().find(|l| l.in_shell.contains(&word))
 }

@@ -42,6 +42,10 @@ pub struct ExternalRun {
 /// The launcher process (torchrun) of a `launcher` run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LauncherEnd {
+    /// The launcher of ups-doctor's table it was run as (`torchrun`, `Ray Train`: the table's
+    /// name), where the command named one, directly or in the script or program it runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
     pub pid: Option<u32>,
     pub exit_code: Option<i32>,
     pub signal: Option<Signal>,
