@@ -232,13 +232,13 @@ fn odd_rank_by_stacks(ev: &Evidence) -> Option<StackWaits> {
         .iter()
         .find(|(_, c)| c.is_none())
         .or_else(|| unique.iter().find(|(_, c)| *c == Some("`dist.barrier()`")));
-    // The odd one is the rank whose wait no other shares; where every rank's is its own (no two
-    // alike), the one listed first is no odder than the others (a rank that skipped a collective
-    // and one that waits in it look the same).
-    let odd = match outside_or_barrier {
-        Some(o) => Some(o.0),
-        None if unique.len() < waits.len() => Some(unique.first()?.0),
-        None => None,
+    // The odd one is the only rank whose wait no other shares; where two or more waits are each
+    // their own (two ranks, each in another collective), the one listed first is no odder than
+    // the others (a rank that skipped a collective and one that waits in it look the same).
+    let odd = match (outside_or_barrier, unique.as_slice()) {
+        (Some(o), _) => Some(o.0),
+        (None, [only]) => Some(only.0),
+        _ => None,
     };
     Some(StackWaits { odd, waits: waits.clone(), kernel })
 }

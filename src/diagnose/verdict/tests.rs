@@ -326,7 +326,7 @@ fn ranks_out_of_step_are_named_from_py_spy_stacks_without_markers() {
 /// `all_gather`): a rank that skipped one and a rank that added one look the same, so no rank is
 /// named, where before the one listed first was called "the odd one".
 #[test]
-fn two_ranks_each_in_a_collective_of_its_own_name_no_rank() {
+fn ranks_each_in_a_collective_of_its_own_name_no_rank() {
     let gather = "    pthread_cond_wait (libc.so.6)\n    all_gather (torch/distributed/distributed_c10d.py:3813)\n    \
                   gather (accelerate/utils/operations.py:349)\n    <module> (t.py:12)\n";
     let broadcast = "    pthread_cond_wait (libc.so.6)\n    broadcast (torch/distributed/distributed_c10d.py:2730)\n    \
@@ -344,6 +344,20 @@ fn two_ranks_each_in_a_collective_of_its_own_name_no_rank() {
         );
         assert!(!v.headline.contains("odd one") && !v.headline.contains("collateral"), "{}", v.headline);
     }
+    // Of four, two in `all_reduce` and the two others each in a collective of its own: neither of
+    // those two is odder than the other. One alone in its own, the two others alike: it is.
+    let reduce = "    pthread_cond_wait (libc.so.6)\n    all_reduce (torch/distributed/distributed_c10d.py:2950)\n    \
+                  <module> (t.py:11)\n";
+    let judge_four = |frames: [&str; 4]| {
+        let mut case =
+            Case::new(frames.iter().enumerate().map(|(r, f)| hung_with_stack(r as u32, f)).collect());
+        case.scenario = external();
+        case.judge()
+    };
+    let (_, first, v) = judge_four([reduce, reduce, gather, broadcast]);
+    assert_eq!(first, None, "{}", v.headline);
+    let (_, first, v) = judge_four([reduce, reduce, reduce, broadcast]);
+    assert_eq!(first, Some(3), "{}", v.headline);
 }
 
 /// Under a launcher, ranks without markers share its output: two hung ranks whose stacks are alike
