@@ -13,7 +13,10 @@ pub const RANKS_OUT_OF_STEP: Pattern = Pattern {
               `dist.barrier` after its last step, another in step N's all-reduce) or from stacks (`barrier`, \
               `all_reduce`, `broadcast`, DDP's `Reducer::finalize_backward`, NCCL/gloo waits); from stacks \
               also when the time limit ended ranks that had all been silent past `limits.hang_after_s` (not \
-              called hung because one kept using CPU: it spins or computes outside any collective)",
+              called hung because one kept using CPU: it spins or computes outside any collective); the rank \
+              named is the one stuck outside any collective, else in `dist.barrier`, else the only one whose \
+              collective no other rank is in, else the one the Flight Recorder shows never issued what every \
+              other rank issued alike; none where two or more ranks each wait in a collective of their own",
     explanation: "Each rank waits for a collective the others will never join, so all block until a timeout \
                   (NCCL's watchdog fires after 10 minutes, gloo's after 30). A rank ran fewer steps or skipped \
                   a collective: uneven data shards, an early `break`/`continue` on one rank, or a condition that \

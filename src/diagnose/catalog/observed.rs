@@ -208,8 +208,10 @@ pub const STRAGGLER: Pattern = Pattern {
               waited for at least half the gap, in its steps or, over the whole run, in collectives between them; \
               not where the kernel's account (`observed.cpu_per_step`) says the rank's main thread waited for a \
               CPU at least half the gap a step longer than every other rank's with no more time on a CPU than \
-              theirs (within a quarter of it, or an eighth of the gap): a crowded machine, not the rank; in a \
-              run that passed, or one the time limit ended while every rank still made progress",
+              theirs (within a quarter of it, or an eighth of the gap): a crowded machine, not the rank; DDP's \
+              forward not where another rank was on a CPU at least half the gap a step longer (the rank waited \
+              there for it, in the buffers' broadcast); in a run that passed, or one the time limit ended while \
+              every rank still made progress",
     explanation: "Synchronous data parallelism runs at the pace of its slowest rank: the others wait for it in \
                   every collective (DDP's gradient all-reduce), so the whole job is as slow as this rank.",
     next_step: "Find why this rank is slower in that phase: its data (uneven shards, a slow disk or worker), its \
