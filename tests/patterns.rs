@@ -59,8 +59,25 @@ fn errors_of_real_programs_are_named_by_pattern_with_culprit_and_key_line() {
         case(&sb, "worker_kill", 1, "exited", 120),
         case(&sb, "rank_kill", 2, "signaled", 120),
         case(&sb, "worker_exit", 1, "exited", 120),
+        case(&sb, "reentrant_checkpoint", 2, "exited", 120),
     ];
     let run = run(&sb, &files);
+
+    // DDP over a block under the reentrant checkpoint: every rank raises `Expected to mark a
+    // variable ready only once` in its first backward, naming the parameter; the next step is
+    // the non-reentrant checkpoint.
+    let s = by_name(&run, "reentrant_checkpoint");
+    assert_eq!(text(s, "pattern"), "ddp-ready-twice", "{:#}", s["verdict"]);
+    let culprit = s["first_failure"].as_u64().unwrap();
+    let headline = text(s, "headline");
+    assert!(
+        headline.starts_with(&format!(
+            "DDP saw a gradient twice in one backward: rank {culprit} raised `Expected to mark a variable ready only once` (parameter `first."
+        )),
+        "{headline}"
+    );
+    assert!(headline.contains("reentrant activation checkpointing"), "{headline}");
+    assert!(text(s, "next_step").contains("use_reentrant=False"), "{}", text(s, "next_step"));
 
     // DDP with a parameter that never takes part in the loss: both ranks raise on the next
     // forward; whichever exits first is the culprit, and the key line is the exception, not

@@ -23,6 +23,9 @@ what any program leaves (exit status, output, py-spy stacks). `--case`:
   `FloatingPointError`; rank 0 loses its peer.
 - `fsdp_inplace_view`: real FSDP on CPU (`device_id=cpu`, gloo); rank 1's forward scales a
   parameter in place, which FSDP has made a view of its flat parameter: autograd refuses.
+- `reentrant_checkpoint`: DDP (`find_unused_parameters=True`) over a model whose first layer runs
+  under `torch.utils.checkpoint(use_reentrant=True)`: the nested backward marks its parameters
+  ready twice ("Expected to mark a variable ready only once"), on every rank.
 - `input_bound`: a dataset that takes 0.2 s per sample and a tiny model; the loop reports its
   `data.next` waits and its steps through python/ups_doctor.py, then finishes normally.
 """
@@ -100,6 +103,21 @@ if args.case == "out_of_step":
 elif args.case == "unused":
     dist.init_process_group("gloo")
     train(ddp_model(unused=True), args.steps)
+elif args.case == "reentrant_checkpoint":
+    from torch.utils.checkpoint import checkpoint
+
+    class Checkpointed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.first = torch.nn.Linear(8, 8)
+            self.last = torch.nn.Linear(8, 1)
+
+        def forward(self, x):
+            return self.last(checkpoint(self.first, x.requires_grad_(), use_reentrant=True))
+
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    train(torch.nn.parallel.DistributedDataParallel(Checkpointed(), find_unused_parameters=True), args.steps)
 elif args.case == "fork_threads":
     torch.set_num_threads(2)
     a = torch.randn(1024, 1024)

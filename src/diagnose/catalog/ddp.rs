@@ -33,6 +33,26 @@ pub const DDP_MODEL_MISMATCH: Pattern = Pattern {
     reference: "https://pytorch.org/docs/stable/notes/ddp.html",
 };
 
+pub const DDP_READY_TWICE: Pattern = Pattern {
+    id: "ddp-ready-twice",
+    title: "DDP: a gradient ready twice in one backward",
+    matches: "`Expected to mark a variable ready only once` (DDP's reducer saw one parameter's gradient twice in \
+              one iteration), with `Parameter at index N with name NAME has been marked as ready twice` where \
+              PyTorch names it; told as reentrant activation checkpointing where the traceback passes through \
+              `torch/utils/checkpoint.py`'s `backward`",
+    explanation: "DDP reduces each parameter's gradient once per backward. Activation checkpointing in its \
+                  reentrant form (`use_reentrant=True`, the long-standing default of `torch.utils.checkpoint` and \
+                  of Hugging Face's `gradient_checkpointing_enable()`) runs a second, nested backward per \
+                  checkpointed block, in which the block's parameters are marked ready again (with \
+                  `find_unused_parameters=True`, or adapters such as PEFT's LoRA); so does a parameter used \
+                  outside `forward` or by two passes before one backward.",
+    next_step: "Use the non-reentrant checkpoint: `checkpoint(fn, x, use_reentrant=False)`; with Hugging Face's \
+                Trainer or TRL, `gradient_checkpointing_kwargs={\"use_reentrant\": False}` (on their command line \
+                `--gradient_checkpointing_kwargs '{\"use_reentrant\": false}'`). Where the graph is the same every \
+                step, `model._set_static_graph()` on the DDP model also lets it through.",
+    reference: "https://pytorch.org/docs/stable/checkpoint.html",
+};
+
 pub const FSDP_INPLACE_VIEW: Pattern = Pattern {
     id: "fsdp-inplace-view",
     title: "FSDP: in-place update of a view",
@@ -99,6 +119,47 @@ pub fn unused_parameters(ev: &Evidence, first: Option<&RankEvidence>) -> Option<
              `DistributedDataParallel`), or make every parameter take part in the loss."
                 .into(),
         );
+    }
+    Some(f)
+}
+
+/// `Expected to mark a variable ready only once`: the parameter PyTorch names, and whether the
+/// rank's traceback passes through the reentrant checkpoint's nested backward.
+pub fn ready_twice(ev: &Evidence, first: Option<&RankEvidence>) -> Option<Finding> {
+    first?;
+    let r = first_saying(ev, "Expected to mark a variable ready only once")?;
+    let mut f = Finding::of(&DDP_READY_TWICE);
+    f.culprit = Some(r.rank());
+    let name = r.text.iter().find_map(|l| {
+        let rest = &l[l.find("Parameter at index ")?..];
+        let name = rest.split(" with name ").nth(1)?.split(" has been marked as ready twice").next()?;
+        Some(name.trim().to_string())
+    });
+    let reentrant = r
+        .text
+        .iter()
+        .any(|l| l.contains("torch/utils/checkpoint.py") && l.trim_end().ends_with("in backward"));
+    let which = name.as_ref().map(|n| format!(" (parameter `{n}`)")).unwrap_or_default();
+    let why = if reentrant {
+        "; its traceback passes through reentrant activation checkpointing (`torch/utils/checkpoint.py`'s \
+         `backward`), whose nested backward marks the block's parameters ready again"
+    } else {
+        ""
+    };
+    f.headline = Some(format!(
+        "DDP saw a gradient twice in one backward: rank {} raised `Expected to mark a variable ready only \
+         once`{which}{why}.",
+        r.rank()
+    ));
+    if let Some(n) = &name {
+        f.evidence
+            .push(format!("rank {}: `Parameter … with name {n} has been marked as ready twice`", r.rank()));
+    }
+    if reentrant {
+        f.cause = Some(format!(
+            "Activation checkpointing in its reentrant form under DDP: {}",
+            DDP_READY_TWICE.explanation
+        ));
     }
     Some(f)
 }
