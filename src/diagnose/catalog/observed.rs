@@ -209,8 +209,9 @@ pub const STRAGGLER: Pattern = Pattern {
               not where the kernel's account (`observed.cpu_per_step`) says the rank's main thread waited for a \
               CPU at least half the gap a step longer than every other rank's with no more time on a CPU than \
               theirs (within a quarter of it, or an eighth of the gap): a crowded machine, not the rank; DDP's \
-              forward not where another rank was on a CPU at least half the gap a step longer (the rank waited \
-              there for it, in the buffers' broadcast); in a run that passed, or one the time limit ended while \
+              forward not where another rank was on a CPU, or outside where ranks wait (its data loading, its own \
+              work), at least half the gap a step longer (the rank waited there for it, in the buffers' \
+              broadcast); in a run that passed, or one the time limit ended while \
               every rank still made progress",
     explanation: "Synchronous data parallelism runs at the pace of its slowest rank: the others wait for it in \
                   every collective (DDP's gradient all-reduce), so the whole job is as slow as this rank.",
@@ -887,7 +888,9 @@ pub fn straggler(ev: &Evidence, _first: Option<&RankEvidence>) -> Option<Finding
         // A gap that is a sliver of the step is noise on a shared machine, not a rank to act on.
         let step = obs.iter().find(|(r, _)| *r == rank).map_or(0.0, |(_, o)| o.step_ms);
         let felt = slow - others >= MIN_STEP_SHARE * step;
-        let waited_there = can_wait && another_worked(&obs, rank, slow - others);
+        let waited_there = can_wait
+            && (another_worked(&obs, rank, slow - others)
+                || another_slower_on_its_own(&obs, rank, slow - others));
         if waited && felt && !waited_there && slow >= 2.0 * others && slow - others >= 5.0 && better {
             best = Some((slow - others, rank, name, slow, others, must_wait));
         }
@@ -959,6 +962,18 @@ fn another_worked(obs: &[(u32, &ObservedProgram)], rank: u32, gap: f64) -> bool 
         .filter(|(r, _)| *r != rank)
         .filter_map(|(r, _)| cpu(*r))
         .any(|o| gap > 0.0 && o.run_ms - mine.run_ms >= gap / 2.0)
+}
+
+/// Whether another rank than `rank` spent at least half of `gap` a step longer than it outside every
+/// place where ranks wait for each other (its data loading, its own work): what `rank` waited for
+/// in a phase where it can wait. TRL's DPO script with rank 1's DataLoader 300 ms a fetch slower
+/// (2026-12-07, the accuracy matrix): rank 1 132 ms a step in data loading, rank 0 143 ms in DDP's
+/// forward waiting for it, and the larger of the two gaps named rank 0 (both asleep: the kernel's
+/// account could not tell).
+fn another_slower_on_its_own(obs: &[(u32, &ObservedProgram)], rank: u32, gap: f64) -> bool {
+    let own = |o: &ObservedProgram| (o.step_ms - waiting(o)).max(0.0);
+    let Some(mine) = obs.iter().find(|(r, _)| *r == rank).map(|(_, o)| own(o)) else { return false };
+    gap > 0.0 && obs.iter().filter(|(r, _)| *r != rank).any(|(_, o)| own(o) - mine >= gap / 2.0)
 }
 
 /// The evidence of [`waited_between_steps`], where every rank measured it.
@@ -1686,8 +1701,23 @@ mod tests {
             "{:?}",
             f.appendix
         );
-        // Rank 0's forward its own work (it ran as long on a CPU): rank 0, as before.
-        let ranks = [passed(0, 308.9, Some((339.6, 6.9))), passed(1, 8.3, Some((36.7, 4.7)))];
+        // Rank 1 asleep in its DataLoader (132 ms a step), rank 0 waiting for it in DDP's forward
+        // (143 ms), neither on a CPU longer (the same program, slow data): rank 1, by its data.
+        let slow_data = |rank: u32, forward_ms: f64, data_ms: f64, backward_ms: f64, run_ms: f64| {
+            let mut r = passed(rank, forward_ms, Some((run_ms, 20.0)));
+            let o = r.observed.as_mut().unwrap();
+            (o.step_ms, o.data_ms, o.backward_ms, o.collective_ms) = (196.0, data_ms, backward_ms, 21.5);
+            r
+        };
+        let ranks = [slow_data(0, 142.8, 2.7, 23.0, 30.1), slow_data(1, 10.0, 131.8, 25.9, 29.4)];
+        let f = with_evidence(&ranks, &s, |ev| straggler(ev, None)).expect("a straggler");
+        assert_eq!(f.culprit, Some(1), "{:?}", f.appendix);
+        assert!(f.appendix.as_deref().is_some_and(|a| a.contains("data loading")), "{:?}", f.appendix);
+        // Rank 0's forward its own work (it ran as long on a CPU, rank 1 waited for it in backward):
+        // rank 0, as before.
+        let mut waiter = passed(1, 8.3, Some((36.7, 4.7)));
+        waiter.observed.as_mut().unwrap().backward_ms = 317.7;
+        let ranks = [passed(0, 308.9, Some((339.6, 6.9))), waiter];
         let f = with_evidence(&ranks, &s, |ev| straggler(ev, None)).expect("a straggler");
         assert_eq!(f.culprit, Some(0), "{:?}", f.appendix);
     }
