@@ -207,12 +207,17 @@ fn hangs_of_real_programs_are_named_from_py_spy_stacks() {
     assert_eq!(s["first_failure"], 0);
     let headline = text(s, "headline");
     assert!(headline.contains("rank 0 waits in `dist.barrier()`"), "{headline}");
+    // The line of the program's `dist.barrier()` (the first: the `out_of_step` case's).
+    let source = std::fs::read_to_string(repo().join("tests/programs/patterns.py")).unwrap();
+    let barrier = source.lines().position(|l| l.trim() == "dist.barrier()").unwrap() + 1;
     // Both ranks had done 3 steps (rank 1 waits inside its 4th): the counts cannot tell a loop
     // left early from a barrier issued inside a step, so the headline says where rank 0 waits.
     assert!(
         headline.contains(
-            "Rank 0 is the odd one: it waits in a `dist.barrier()` at `<module> (patterns.py:99)` that no other \
-             rank is in, with as many steps done as they (3)"
+            &format!(
+                "Rank 0 is the odd one: it waits in a `dist.barrier()` at `<module> (patterns.py:{barrier})` that no \
+                 other rank is in, with as many steps done as they (3)"
+            )
         ),
         "{headline}"
     );
@@ -234,7 +239,7 @@ fn hangs_of_real_programs_are_named_from_py_spy_stacks() {
         said("waits in `barrier`"),
         Some(
             format!(
-                "at the group's collective #{pos}, rank 0 waits in `barrier` #1 (patterns.py:99); rank 1 issued it \
+                "at the group's collective #{pos}, rank 0 waits in `barrier` #1 (patterns.py:{barrier}); rank 1 issued it \
                  from C++ (as DDP issues its gradient reductions)"
             )
             .as_str()
