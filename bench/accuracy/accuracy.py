@@ -234,6 +234,15 @@ ACCEL = ["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_m
 TORCHRUN = ["torchrun", "--nproc_per_node", "2", "--master_port", "{port}"]
 
 
+def trl_args(script, data):
+    """TRL's shipped `script` (`trl.scripts.sft`, …) on the tiny local model and `{data}/trl/DATA`,
+    20 steps on CPU over gloo, 2 DataLoader workers, as every TRL program of the matrix runs it."""
+    return ["-m", script, "--model_name_or_path", "{data}/trl/model", "--dataset_name", "{data}/trl/" + data,
+            "--output_dir", "{tmp}/trl-out", "--max_steps", "20", "--per_device_train_batch_size", "4",
+            "--use_cpu", "--report_to", "none", "--save_strategy", "no", "--logging_steps", "5",
+            "--max_length", "32", "--ddp_backend", "gloo", "--dataloader_num_workers", "2", "--disable_tqdm", "true"]
+
+
 # The Ray Train venv of `./x ray` (on top of the torch venv), for the programs with `ray=True`.
 RAY_VENV = os.path.join(CACHE, "ray-2.60.0")
 
@@ -299,11 +308,7 @@ PROGRAMS = [
                "{wrap}/ds_config.json"], workers=True),
     dict(name="trl-sft", venv=True, package="trl==0.24.0, transformers==4.57.1, datasets==4.4.1",
          entry="torchrun -m trl.scripts.sft (TRL's shipped SFT script) on a local tiny model and JSON lines",
-         argv=TORCHRUN + ["-m", "trl.scripts.sft", "--model_name_or_path", "{data}/trl/model",
-                          "--dataset_name", "{data}/trl/data", "--output_dir", "{tmp}/trl-out", "--max_steps", "20",
-                          "--per_device_train_batch_size", "4", "--use_cpu", "--report_to", "none",
-                          "--save_strategy", "no", "--logging_steps", "5", "--max_length", "32",
-                          "--ddp_backend", "gloo", "--dataloader_num_workers", "2", "--disable_tqdm", "true"],
+         argv=TORCHRUN + trl_args("trl.scripts.sft", "data"),
          workers=True),
     dict(name="ignite-parallel", package="pytorch-ignite==0.5.3",
          entry="python ignite_trainer.py: idist.Parallel(nproc_per_node=2) spawns the ranks; supervised trainer, "
@@ -325,20 +330,12 @@ PROGRAMS = [
     dict(name="trl-dpo-accelerate", venv=True, held_out="stop74", package="trl==0.24.0, transformers==4.57.1, accelerate==1.11.0",
          entry="accelerate launch -m trl.scripts.dpo (TRL's shipped DPO script: policy and reference model) "
                "on the local tiny model and a preference JSON lines",
-         argv=ACCEL + ["-m", "trl.scripts.dpo", "--model_name_or_path", "{data}/trl/model",
-                       "--dataset_name", "{data}/trl/pref", "--output_dir", "{tmp}/trl-out", "--max_steps", "20",
-                       "--per_device_train_batch_size", "4", "--use_cpu", "--report_to", "none",
-                       "--save_strategy", "no", "--logging_steps", "5", "--max_length", "32",
-                       "--ddp_backend", "gloo", "--dataloader_num_workers", "2", "--disable_tqdm", "true"],
+         argv=ACCEL + trl_args("trl.scripts.dpo", "pref"),
          workers=True),
     dict(name="trl-reward-torchrun", venv=True, held_out="stop74", package="trl==0.24.0, transformers==4.57.1",
          entry="torchrun -m trl.scripts.reward (TRL's shipped reward-model script: a sequence-classification head) "
                "on the local tiny model and a preference JSON lines",
-         argv=TORCHRUN + ["-m", "trl.scripts.reward", "--model_name_or_path", "{data}/trl/model",
-                          "--dataset_name", "{data}/trl/pref", "--output_dir", "{tmp}/trl-out", "--max_steps", "20",
-                          "--per_device_train_batch_size", "4", "--use_cpu", "--report_to", "none",
-                          "--save_strategy", "no", "--logging_steps", "5", "--max_length", "32",
-                          "--ddp_backend", "gloo", "--dataloader_num_workers", "2", "--disable_tqdm", "true"],
+         argv=TORCHRUN + trl_args("trl.scripts.reward", "pref"),
          workers=True),
     # TRL's SFT script with LoRA adapters (`--use_peft`) as its docs run it: TRL turns gradient
     # checkpointing on by default, and its reentrant form under DDP fails on every rank in the
@@ -346,12 +343,7 @@ PROGRAMS = [
     # 'none' cell (found while choosing the second held-out round; the pattern came from it).
     dict(name="trl-sft-peft", venv=True, package="trl==0.24.0, transformers==4.57.1, peft==0.17.1",
          entry="torchrun -m trl.scripts.sft --use_peft (LoRA): fails under DDP by itself (reentrant gradient checkpointing)",
-         argv=TORCHRUN + ["-m", "trl.scripts.sft", "--model_name_or_path", "{data}/trl/model",
-                          "--dataset_name", "{data}/trl/data", "--output_dir", "{tmp}/trl-out", "--max_steps", "20",
-                          "--per_device_train_batch_size", "4", "--use_cpu", "--report_to", "none",
-                          "--save_strategy", "no", "--logging_steps", "5", "--max_length", "32",
-                          "--ddp_backend", "gloo", "--dataloader_num_workers", "2", "--disable_tqdm", "true",
-                          "--use_peft", "--lora_r", "8", "--lora_alpha", "16"],
+         argv=TORCHRUN + trl_args("trl.scripts.sft", "data") + ["--use_peft", "--lora_r", "8", "--lora_alpha", "16"],
          workers=True,
          real_failure=dict(outcome={"crashed"}, culprit="any", patterns=["ddp-ready-twice"],
                            keywords=["Expected to mark a variable ready only once", "use_reentrant"],

@@ -1441,7 +1441,7 @@ fn a_launcher_that_waited_for_its_other_nodes_started_no_rank_and_none_is_blamed
     };
     let mut launcher = torchrun_end(0, &["W1127 torch/distributed/run.py:851] *****"]);
     (launcher.exit_code, launcher.signal) = (None, Some(Signal::TERM));
-    let judged = |s: &Scenario| {
+    let judged_with = |s: &Scenario, launcher: &LauncherEnd| {
         judge(&Observed {
             scenario: s,
             ranks: &ranks,
@@ -1451,9 +1451,10 @@ fn a_launcher_that_waited_for_its_other_nodes_started_no_rank_and_none_is_blamed
             oom_kills: &[],
             xids: &[],
             cgroup: None,
-            launcher: Some(&launcher),
+            launcher: Some(launcher),
         })
     };
+    let judged = |s: &Scenario| judged_with(s, &launcher);
     let two = scenario(&["torchrun", "--nnodes", "2", "--nproc_per_node", "2", "train.py"]);
     let j = judged(&two);
     assert_eq!((j.outcome, j.first_failure), (OutcomeKind::Hung, None));
@@ -1477,18 +1478,7 @@ fn a_launcher_that_waited_for_its_other_nodes_started_no_rank_and_none_is_blamed
         let mut l = launcher.clone();
         l.kind = kind.map(String::from);
         l.log_tail = vec![line.to_string()];
-        let s = scenario(argv);
-        let j = judge(&Observed {
-            scenario: &s,
-            ranks: &ranks,
-            wall_s: 9.0,
-            memory: None,
-            leftovers: &Leftovers::default(),
-            oom_kills: &[],
-            xids: &[],
-            cgroup: None,
-            launcher: Some(&l),
-        });
+        let j = judged_with(&scenario(argv), &l);
         assert_eq!((j.outcome, j.first_failure), (OutcomeKind::Hung, None));
         (
             j.verdict.likely_cause.unwrap_or_default(),
