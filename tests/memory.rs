@@ -156,6 +156,54 @@ fn no_segment_of_a_crashed_run_survives_it() {
     );
 }
 
+/// A program's own `/dev/shm` files that its own cleanup removes must be gone after a crash under
+/// ups-doctor as they are without it. Spawned DataLoader workers' queues are named semaphores
+/// (`sem.mp-…`), which Python's resource tracker unlinks once no process that uses them is left;
+/// ups-doctor SIGKILLed the launcher's whole process group as it ended, the tracker with the
+/// crashed rank's orphaned workers, before it had: each such run left every one of them (28 here,
+/// and 28 from each of Ignite's `idist.Parallel` runs with a crashed rank in the accuracy matrix).
+/// The names are the ones this run's ranks registered (the program prints them), so other runs on
+/// the machine play no part.
+#[test]
+fn a_crashed_spawn_runs_semaphores_are_unlinked_by_its_resource_tracker() {
+    let sb = Sandbox::new();
+    let program = crate::util::program("launchers.py");
+    let run = crate::util::run_command(
+        &sb,
+        &[
+            "--",
+            "python",
+            &program,
+            "--launcher",
+            "spawn",
+            "--workers",
+            "2",
+            "--worker-start",
+            "spawn",
+            "--show-semaphores",
+            "--segv-rank",
+            "1",
+            "--segv-step",
+            "2",
+        ],
+    );
+    let s = run.scenario();
+    assert_eq!(s["outcome"], "signaled", "{}\n{:#}", run.stderr(), s["verdict"]);
+    let printed: String = std::fs::read_dir(sb.out())
+        .unwrap()
+        .filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("launcher.stdout.log")).ok())
+        .collect();
+    let names: Vec<&str> = printed.lines().filter_map(|l| l.split(" semaphore ").nth(1)).collect();
+    // Each rank's DataLoader iterator made its queues (3 semaphores each) and its done event.
+    for rank in 0..2 {
+        assert!(printed.contains(&format!("rank {rank} semaphore sem.mp-")), "{printed}");
+    }
+    let left: Vec<&&str> = names.iter().filter(|n| Path::new("/dev/shm").join(n).exists()).collect();
+    assert!(left.is_empty(), "{} of {} semaphores left in /dev/shm: {left:?}", left.len(), names.len());
+    let listed = s["leftovers"]["shm"].to_string();
+    assert!(!names.iter().any(|n| listed.contains(n)), "{listed}");
+}
+
 #[test]
 fn an_invalid_shm_size_is_bad_input_naming_the_field() {
     let sb = Sandbox::new();

@@ -18,6 +18,11 @@ gets only as an argument: nothing outside the program knows it.
 
 `--helper`: the program imports python/ups_doctor.py and reports its steps (`ups_doctor.step`).
 `--workers N`: each rank reads its batches through a DataLoader with N (forked) workers.
+`--worker-start spawn`: the workers are spawned instead (`multiprocessing_context="spawn"`, as
+programs that use CUDA in workers must): their queues' semaphores are then named files in
+`/dev/shm` that Python's resource tracker unlinks once no process that uses them is left.
+`--show-semaphores`: each rank prints the name of every semaphore it registers with the resource
+tracker (`rank R semaphore sem.mp-…`, the file's name in `/dev/shm`).
 
 `--segv-rank R --segv-step S`: rank R reads address 0 (a real SIGSEGV) at step S.
 `--segv-wait PATH`: before that, rank R creates `PATH.waiting` and waits for `PATH.go` (a test
@@ -55,6 +60,8 @@ parser.add_argument("--hang-step", type=int, default=-1)
 parser.add_argument("--local_rank", type=int, default=-1, help="set by the deepspeed launcher (RANK is set too)")
 parser.add_argument("--helper", action="store_true")
 parser.add_argument("--workers", type=int, default=0)
+parser.add_argument("--worker-start", choices=["fork", "spawn"], default="fork")
+parser.add_argument("--show-semaphores", action="store_true")
 parser.add_argument("--port-from", choices=["env", "own"], default="env")
 parser.add_argument("--quiet-launcher", action="store_true")
 parser.add_argument("--rank", type=int, default=-1, help="a popen child's rank")
@@ -83,6 +90,20 @@ def faults(rank, step):
         dist.barrier()
 
 
+def show_semaphores(rank):
+    from multiprocessing import resource_tracker
+
+    register = resource_tracker.register
+
+    def shown(name, rtype):
+        if rtype == "semaphore":
+            # sem_open's "/mp-…" is /dev/shm/sem.mp-….
+            print(f"rank {rank} semaphore sem.{name.lstrip('/')}", flush=True)
+        register(name, rtype)
+
+    resource_tracker.register = shown
+
+
 def train(rank):
     torch.manual_seed(0)
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 1))
@@ -94,9 +115,11 @@ def train(rank):
         batch_size=16,
         num_workers=args.workers,
         # Forked as on Linux by default (under mp.spawn the default would be spawn: slower).
-        multiprocessing_context="fork" if args.workers else None,
+        multiprocessing_context=args.worker_start if args.workers else None,
         worker_init_fn=ups_doctor.worker_init_fn if ups_doctor else None,
     )
+    if args.show_semaphores:
+        show_semaphores(rank)
     for step, (x,) in enumerate(loader):
         if ups_doctor:
             ups_doctor.mark("forward", step)

@@ -147,10 +147,16 @@ pub fn signal_found(run: &owner::Run, who: owner::Identity, others: &[u32], sign
     let members = rank_members(who.pid, others);
     let sent = run.signal(who, signal).is_ok();
     if sent {
-        for pid in members.into_iter().filter(|&p| p != who.pid) {
-            if let Some(member) = owner::identify(pid) {
-                let _ = run.signal(member, signal);
-            }
+        let below: Vec<u32> = members.into_iter().filter(|&p| p != who.pid).collect();
+        let send = |pid: u32| owner::identify(pid).is_some_and(|member| run.signal(member, signal).is_ok());
+        if signal == libc::SIGKILL {
+            // Cleanup helpers last (see `super::cleanup`).
+            let alive = |pid: u32| owner::identify(pid).is_some_and(|member| run.check(member).is_ok());
+            super::cleanup::kill_helpers_last(&below, send, alive);
+        } else {
+            below.into_iter().for_each(|pid| {
+                send(pid);
+            });
         }
     }
     sent

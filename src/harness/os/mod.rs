@@ -6,6 +6,7 @@
 
 pub mod capture;
 pub mod cgroup;
+pub(crate) mod cleanup;
 pub(crate) mod found;
 pub mod kmsg;
 pub mod life;

@@ -755,9 +755,34 @@ impl RankProcess {
     /// leader is our child, never reaped before this is last called (`peek_exit` and the exit
     /// thread wait with `WNOWAIT`), so the group id cannot have been recycled; only processes of
     /// ups-doctor's own session can join it.
+    /// A SIGKILL goes to the cleanup helpers last ([`super::cleanup`]), each member proven in the
+    /// group through a pidfd, and then to the whole group again (whatever started meanwhile).
     pub fn signal_group(&self, signal: i32) -> bool {
-        // SAFETY: kill(2) on our own child's process group.
-        unsafe { libc::kill(-(self.pid as i32), signal) == 0 }
+        let group = || {
+            // SAFETY: kill(2) on our own child's process group.
+            unsafe { libc::kill(-(self.pid as i32), signal) == 0 }
+        };
+        if signal != libc::SIGKILL {
+            return group();
+        }
+        let members = self.live_group_members();
+        let sent = super::cleanup::kill_helpers_last(
+            &members,
+            |pid| self.signal_member(pid, signal),
+            |pid| self.in_group(pid),
+        );
+        group() || sent
+    }
+
+    /// Whether `pid` is a live (not zombie) member of the rank's process group.
+    fn in_group(&self, pid: u32) -> bool {
+        crate::probe::memory::read_stat(pid).is_some_and(|s| !s.zombie() && s.pgid == self.pid)
+    }
+
+    /// Sends `signal` to `pid` only if the process its pidfd names is in the rank's group.
+    fn signal_member(&self, pid: u32, signal: i32) -> bool {
+        let Ok(fd) = super::sys::pidfd_open(pid) else { return false };
+        self.in_group(pid) && super::sys::pidfd_send_signal(&fd, signal).is_ok()
     }
 
     /// The live (not zombie) processes of the rank's process group: the rank and the data-loader

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use crate::harness::observe::memory::{new_segments, orphaned_segments};
 use crate::harness::os::cgroup::ScenarioCgroup;
+use crate::harness::os::cleanup;
 use crate::harness::os::life;
 use crate::harness::os::owner::{self, Identity};
 use crate::probe::{memory, shm};
@@ -138,9 +139,15 @@ pub fn kill_leftover_processes(
         .map(|(p, _)| p.pid)
         .filter(|&pid| !run.groups.contains(&pid) && memory::read_stat(pid).is_some_and(|s| s.ppid == me))
         .collect();
-    for (_, who) in &found {
-        let _ = run.signal(*who, libc::SIGKILL);
-    }
+    // Cleanup helpers last (see `cleanup`): a resource tracker that outlived its rank unlinks
+    // what the killed processes registered.
+    let pids: Vec<u32> = found.iter().map(|(p, _)| p.pid).collect();
+    let who_is = |pid: u32| found.iter().find(|(p, _)| p.pid == pid).map(|(_, who)| *who);
+    cleanup::kill_helpers_last(
+        &pids,
+        |pid| who_is(pid).is_some_and(|who| run.signal(who, libc::SIGKILL).is_ok()),
+        |pid| who_is(pid).is_some_and(|who| owner::identify(pid) == Some(who)),
+    );
     let deadline = Instant::now() + LEFTOVER_KILL_WAIT;
     loop {
         for (p, who) in &mut found {
