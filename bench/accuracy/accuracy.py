@@ -207,6 +207,60 @@ if __name__ == "__main__":
     print("training finished")
 """
 
+# Lightning's shipped LSTM demo (`lightning.pytorch.demos.lstm`: `SimpleLSTM`, its stateful hidden
+# state carried across batches, and `SequenceSampler` as the batch sampler) in the user's own Fabric
+# loop, started by Fabric's CLI (`fabric run --devices 2`, which runs torchrun in its own process):
+# the accelerator, devices and strategy come from the command line, not the script.
+LIGHTNING_LSTM_FABRIC = """import os, sys, torch, lightning as L
+import torch.nn.functional as F
+from lightning.pytorch.demos.lstm import SimpleLSTM, SequenceSampler
+from lightning.pytorch.demos.transformer import WikiText2
+if __name__ == "__main__":
+    os.chdir(sys.argv[1])
+    fabric = L.Fabric()
+    data = WikiText2(block_size=8, download=False)
+    model = SimpleLSTM(vocab_size=data.vocab_size, ninp=64, nhid=64, nlayers=2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=20.0)
+    model, optimizer = fabric.setup(model, optimizer)
+    loader = fabric.setup_dataloaders(
+        torch.utils.data.DataLoader(data, batch_sampler=SequenceSampler(data, batch_size=20), num_workers=2),
+        use_distributed_sampler=False)
+    step, hidden = 0, None
+    while step < 20:
+        for inputs, target in loader:
+            if hidden is None:
+                hidden = model.init_hidden(inputs.size(0))
+            hidden = (hidden[0].detach(), hidden[1].detach())
+            output, hidden = model(inputs, hidden)
+            loss = F.nll_loss(output, target.view(-1))
+            fabric.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+            step += 1
+            if step == 20:
+                break
+        hidden = None
+    fabric.print("training finished")
+"""
+
+# `accelerate config`'s answer for two processes, as `~/.cache/huggingface/accelerate/default_config.yaml`
+# (here in the cell's own HF_HOME): what TRL's CLI (`trl grpo …`) launches with, since it passes
+# no process count of its own.
+ACCELERATE_DEFAULT_CONFIG = """compute_environment: LOCAL_MACHINE
+debug: false
+distributed_type: MULTI_GPU
+downcast_bf16: 'no'
+machine_rank: 0
+main_training_function: main
+mixed_precision: 'no'
+num_machines: 1
+num_processes: 2
+main_process_port: {port}
+rdzv_backend: static
+same_network: true
+use_cpu: false
+"""
+
 # A preference dataset (prompt / chosen / rejected) for TRL's DPO and reward scripts, a text for
 # the Transformer demo, and labelled completions (prompt / completion / label) for TRL's KTO script,
 # made once from the same ten words as the SFT data.
@@ -372,6 +426,38 @@ PROGRAMS = [
                "--use_cpu", "--report_to", "none", "--save_strategy", "no", "--logging_steps", "5",
                "--max_length", "32", "--ddp_backend", "gloo", "--dataloader_num_workers", "2",
                "--disable_tqdm", "true"],
+         workers=True),
+    # Held out, third round (stop 75, scored before any change made for them): TRL's GRPO
+    # (generation, rewards, then the policy step) through TRL's own CLI, whose process count comes
+    # from the user's accelerate config file; TRL's SFT under DeepSpeed ZeRO-2 through accelerate's
+    # DeepSpeed plugin (not the deepspeed launcher); Lightning's LSTM demo in a Fabric loop under
+    # Fabric's CLI.
+    dict(name="trl-grpo-cli", venv=True, held_out="stop75",
+         package="trl==0.24.0, transformers==4.57.1, accelerate==1.11.0",
+         entry="trl grpo (TRL's CLI: accelerate launch in its own process, 2 processes from the accelerate "
+               "config file in HF_HOME) with a reward function, on the local tiny model and prompts",
+         argv=["trl", "grpo", "--model_name_or_path", "{data}/trl/model", "--dataset_name", "{data}/trl/kto",
+               "--output_dir", "{tmp}/trl-out", "--max_steps", "20", "--per_device_train_batch_size", "4",
+               "--num_generations", "4", "--max_prompt_length", "32", "--max_completion_length", "16",
+               "--use_cpu", "--report_to", "none", "--save_strategy", "no", "--logging_steps", "5",
+               "--ddp_backend", "gloo", "--dataloader_num_workers", "2", "--disable_tqdm", "true",
+               "--reward_funcs", "get_soft_overlong_punishment"],
+         env={"HF_HOME": "{tmp}/hf-home"},
+         files={"{tmp}/hf-home/accelerate/default_config.yaml": ACCELERATE_DEFAULT_CONFIG},
+         workers=True),
+    dict(name="trl-sft-zero2-accelerate", venv=True, held_out="stop75",
+         package="trl==0.24.0, transformers==4.57.1, accelerate==1.11.0, deepspeed==0.18.2",
+         entry="accelerate launch --use_deepspeed --zero_stage 2 -m trl.scripts.sft (DeepSpeed ZeRO-2 through "
+               "accelerate's plugin, CPU accelerator)",
+         argv=["accelerate", "launch", "--use_deepspeed", "--zero_stage", "2", "--num_processes", "2",
+               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+               "--main_process_port", "{port}"] + trl_args("trl.scripts.sft", "data"),
+         workers=True),
+    dict(name="lightning-lstm-fabric-cli", held_out="stop75", package="lightning==2.5.6",
+         entry="fabric run --devices 2 --strategy ddp lightning_lstm_fabric.py: Lightning's LSTM demo (stateful "
+               "hidden state, its SequenceSampler) in a Fabric loop, 2 DataLoader workers a rank",
+         argv=["fabric", "run", "--accelerator", "cpu", "--devices", "2", "--strategy", "ddp", "--main-port", "{port}",
+               "{wrap}/lightning_lstm_fabric.py", "{data}/wikitext"],
          workers=True),
     dict(name="accelerate-test-script-1rank", package="accelerate==1.11.0",
          entry="accelerate launch --num_processes 1 --cpu test_script.py (one rank, no process group)",
@@ -657,6 +743,12 @@ def run_cell(args, program, fault, rep, calib, out_dir, data_dir):
         env["ACC_CALL"] = str(max(1, (n + 1) // 2))
     if program.get("port_env"):
         env["MASTER_PORT"] = str(port)
+    # A program's own variables and files (its config where the user's machine keeps it).
+    env.update({k: fill(v) for k, v in program.get("env", {}).items()})
+    for path, text in program.get("files", {}).items():
+        os.makedirs(os.path.dirname(fill(path)), exist_ok=True)
+        with open(fill(path), "w") as f:
+            f.write(fill(text))
     if ray_tmp:
         # Ray's files (`~/.ray`, `~/ray_results`, its sessions) in the cell's own folders.
         env.update(HOME=tmp, RAY_TMPDIR=ray_tmp)
@@ -766,6 +858,7 @@ def prepare(out_dir, data_dir, progs):
              "lightning_spawn.py": LIGHTNING_TRAINER.format(strategy="ddp_spawn"),
              "lightning_fabric.py": LIGHTNING_FABRIC, "lightning_cli.py": LIGHTNING_CLI, "hf_trainer.py": HF_TRAINER,
              "ignite_trainer.py": IGNITE, "lightning_transformer.py": LIGHTNING_TRANSFORMER,
+             "lightning_lstm_fabric.py": LIGHTNING_LSTM_FABRIC,
              "ds_config.json": json.dumps(DS_CONFIG)}
     for name, text in files.items():
         with open(os.path.join(wrap, name), "w") as f:
@@ -791,7 +884,8 @@ def prepare(out_dir, data_dir, progs):
                         "assert build_shm_op() is not None; from deepspeed.ops.op_builder import FusedAdamBuilder; "
                         "FusedAdamBuilder().load()"], check=True, env=env)
         open(ds_stamp, "w").close()
-    held_out_data = {"trl-dpo-accelerate", "trl-reward-torchrun", "lightning-transformer", "trl-kto-deepspeed-launcher"}
+    held_out_data = {"trl-dpo-accelerate", "trl-reward-torchrun", "lightning-transformer", "trl-kto-deepspeed-launcher",
+                     "trl-grpo-cli", "lightning-lstm-fabric-cli"}
     if names & held_out_data and not os.path.exists(os.path.join(data_dir, "trl", "kto", "train.jsonl")):
         log("making the preference data and the demo text for the held-out programs")
         subprocess.run([sys.executable, "-c", HELD_OUT_PREP, data_dir], check=True)
