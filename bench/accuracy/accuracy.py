@@ -804,7 +804,12 @@ def run_cell(args, program, fault, rep, calib, out_dir, data_dir):
     # cell. Not a file ups-doctor listed as another's: a second run on the machine (another cell
     # by hand) had its live semaphores removed, and its ranks failed to start.
     listed = {x.get("name") for x in (s.get("leftovers") or {}).get("shm") or [] if x.get("ours")}
-    ours = [n for n in new_shm if ((m := re.match(r"torch_(\d+)_", n)) and int(m.group(1)) in pids) or n in listed]
+    # And what is named after the cell's own rendezvous port: DeepSpeed's CPU all-reduce buffer
+    # (`deepspeed_allreduce_buffer_<n>_<addr>_<port>_<rank>`, 66 MB a rank), which DeepSpeed never
+    # unlinks, in every run, passed or not (ups-doctor reports it as the program's and leaves it).
+    own_port = re.compile(rf"_{port}_\d+$")
+    ours = [n for n in new_shm if ((m := re.match(r"torch_(\d+)_", n)) and int(m.group(1)) in pids) or n in listed
+            or own_port.search(n)]
     for n in ours:
         try:
             os.unlink(os.path.join("/dev/shm", n))
