@@ -4,6 +4,7 @@
 
 use std::path::Path;
 
+use super::entry;
 use crate::scenario::{Scenario, launcher, render_with};
 
 /// The command's argv with every placeholder filled in; `master_port` is the run's free port.
@@ -71,34 +72,12 @@ pub fn auto_style(argv: &[String], cwd: Option<&Path>) -> (bool, String) {
             },
         );
     }
-    if program.starts_with("python") {
-        match python_program(argv) {
-            Some(PythonProgram::Code(code)) => {
-                if let Some(why) = starts_own_ranks(code) {
-                    return (true, format!("`python -c` starts its own ranks ({why})"));
-                }
-            }
-            Some(PythonProgram::Module) | None => {}
-            Some(PythonProgram::Script(script)) => {
-                let path = in_cwd(cwd, script);
-                let source = match std::fs::read_to_string(&path) {
-                    Ok(source) => source,
-                    Err(e) => {
-                        return (
-                            false,
-                            format!(
-                                "`{}` could not be read to see whether it starts its own ranks ({}: {e}): \
-                                 taken for a plain script, one copy per rank; name the style with `--style launcher` \
-                                 (`launch.style`) if it starts its ranks itself",
-                                name(script),
-                                path.display(),
-                                e = e.to_string().split(" (os error").next().unwrap_or_default(),
-                            ),
-                        );
-                    }
-                };
-                if let Some(why) = starts_own_ranks(&source) {
-                    return (true, format!("`{}` starts its own ranks ({why})", name(script)));
+    for (what, source) in python_sources(argv, &program, cwd) {
+        match source {
+            Err(unreadable) => return (false, unreadable),
+            Ok(text) => {
+                if let Some(why) = starts_own_ranks(&text) {
+                    return (true, format!("{what} starts its own ranks ({why})"));
                 }
             }
         }
@@ -114,7 +93,7 @@ pub fn auto_style(argv: &[String], cwd: Option<&Path>) -> (bool, String) {
 /// What `python …` runs: code given with `-c`, a module (`-m`), or a script.
 enum PythonProgram<'a> {
     Code(&'a str),
-    Module,
+    Module(&'a str),
     Script(&'a str),
 }
 
@@ -123,7 +102,7 @@ fn python_program(argv: &[String]) -> Option<PythonProgram<'_>> {
         argv.iter().skip(1).skip_while(|a| a.starts_with('-') && !matches!(a.as_str(), "-m" | "-c"));
     Some(match args.next()?.as_str() {
         "-c" => PythonProgram::Code(args.next().map(String::as_str).unwrap_or_default()),
-        "-m" => PythonProgram::Module,
+        "-m" => PythonProgram::Module(args.next().map(String::as_str).unwrap_or_default()),
         script => PythonProgram::Script(script),
     })
 }
@@ -136,16 +115,62 @@ pub fn launcher_of(argv: &[String], cwd: Option<&Path>) -> Option<&'static launc
         return Some(l);
     }
     let program = Path::new(argv.first()?).file_name()?.to_string_lossy().into_owned();
-    if !program.starts_with("python") {
-        let (_, source) = shell_source(argv, &program, cwd)?;
+    if let Some((_, source)) = shell_source(argv, &program, cwd) {
         return launcher::of_shell_word(launcher_in(&source)?.0);
     }
-    let source = match python_program(argv)? {
-        PythonProgram::Code(code) => code.to_string(),
-        PythonProgram::Module => return None,
-        PythonProgram::Script(script) => std::fs::read_to_string(in_cwd(cwd, script)).ok()?,
-    };
-    launcher::in_program_source(&source).map(|(l, _)| l)
+    python_sources(argv, &program, cwd)
+        .into_iter()
+        .find_map(|(_, source)| launcher::in_program_source(&source.ok()?).map(|(l, _)| l))
+}
+
+/// The Python code `argv` runs, to read for how it starts its ranks, each with what to call it:
+/// `python -c`'s code, `python script.py`'s script (or, where it cannot be read, why, in words
+/// that say the style is then a guess), `python -m MODULE`'s module, or a Python console script
+/// (`trl`) and then each module it takes its entry point from ([`entry`]).
+fn python_sources(
+    argv: &[String],
+    program: &str,
+    cwd: Option<&Path>,
+) -> Vec<(String, Result<String, String>)> {
+    let name =
+        |s: &str| Path::new(s).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    if !program.starts_with("python") {
+        let Some(text) = argv.first().and_then(|p| entry::locate(p, cwd)).and_then(|p| entry::read_head(&p))
+        else {
+            return Vec::new();
+        };
+        let Some(python) = entry::python_of_shebang(&text) else { return Vec::new() };
+        let modules: Vec<(String, Result<String, String>)> = entry::entry_modules(&text)
+            .into_iter()
+            .filter_map(|m| {
+                let file = entry::module_file(&python, m, cwd, false)?;
+                Some((format!("`{program}` (its entry point `{m}`)"), Ok(entry::read_head(&file)?)))
+            })
+            .collect();
+        return std::iter::once((format!("`{program}`"), Ok(text))).chain(modules).collect();
+    }
+    match python_program(argv) {
+        None => Vec::new(),
+        Some(PythonProgram::Code(code)) => vec![("`python -c`".into(), Ok(code.to_string()))],
+        Some(PythonProgram::Module(module)) => entry::module_file(&argv[0], module, cwd, true)
+            .and_then(|file| entry::read_head(&file))
+            .map(|text| vec![(format!("`python -m {module}`"), Ok(text))])
+            .unwrap_or_default(),
+        Some(PythonProgram::Script(script)) => {
+            let path = in_cwd(cwd, script);
+            let source = std::fs::read_to_string(&path).map_err(|e| {
+                format!(
+                    "`{}` could not be read to see whether it starts its own ranks ({}: {e}): \
+                     taken for a plain script, one copy per rank; name the style with `--style launcher` \
+                     (`launch.style`) if it starts its ranks itself",
+                    name(script),
+                    path.display(),
+                    e = e.to_string().split(" (os error").next().unwrap_or_default(),
+                )
+            });
+            vec![(format!("`{}`", name(script)), source)]
+        }
+    }
 }
 
 /// What in a Python program's source says that it starts its own ranks (the launcher table's
@@ -300,6 +325,37 @@ mod tests {
             text,
             "`ignite_trainer.py` starts its own ranks (a call in it says how many processes to start: `nproc_per_node=`)"
         );
+        // A Python console script (as pip writes one for an entry point) whose entry module starts
+        // the ranks through `accelerate launch` in its own process, as TRL's CLI (`trl.cli`) does;
+        // and the same module run with `python -m`.
+        std::fs::create_dir_all(dir.join("tool")).unwrap();
+        std::fs::write(dir.join("tool/__init__.py"), "").unwrap();
+        std::fs::write(
+            dir.join("tool/cli.py"),
+            "from accelerate.commands.launch import launch_command, launch_command_parser\n\n\
+             def main():\n    launch_command(launch_command_parser().parse_args([SCRIPT]))\n",
+        )
+        .unwrap();
+        std::fs::write(
+            dir.join("tool-cli"),
+            "#!/usr/bin/env python3\n# -*- coding: utf-8 -*-\nimport re\nimport sys\nfrom tool.cli import main\n\
+             if __name__ == '__main__':\n    sys.exit(main())\n",
+        )
+        .unwrap();
+        let (is_launcher, text) = auto_style(&args(&["./tool-cli", "grpo"]), Some(&dir));
+        assert!(is_launcher, "{text}");
+        assert_eq!(
+            text,
+            "`tool-cli` (its entry point `tool.cli`) starts its own ranks (it runs `accelerate launch` in its own \
+             process (`launch_command`), which starts the ranks)"
+        );
+        assert_eq!(launcher_of(&args(&["./tool-cli"]), Some(&dir)).map(|l| l.name), Some("accelerate"));
+        let (is_launcher, text) = auto_style(&args(&["python3", "-m", "tool.cli"]), Some(&dir));
+        assert!(is_launcher, "{text}");
+        assert!(text.starts_with("`python -m tool.cli` starts its own ranks"), "{text}");
+        // Its module not found (another folder): taken for a plain command, as before.
+        let (is_launcher, text) = auto_style(&args(&["python3", "-m", "tool.cli"]), Some(&dir.join("tool")));
+        assert!(!is_launcher, "{text}");
         for (shell, interactive) in [
             (&["bash"][..], true),
             (&["-bash"], true),

@@ -8,6 +8,7 @@
 //! [`Plan`]; nothing is parsed twice.
 
 pub mod command;
+mod entry;
 mod placement;
 pub mod torchrun;
 

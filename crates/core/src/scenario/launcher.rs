@@ -178,7 +178,16 @@ pub const TORCHRUN: Launcher = Launcher {
     subcommand: None,
     modules: &["torch.distributed.run", "torch.distributed.launch"],
     in_shell: &["torchrun", "torch.distributed.run", "torch.distributed.launch"],
-    in_source: &[],
+    in_source: &[
+        (
+            "elastic_launch(",
+            "it runs torchrun's agent in its own process (`elastic_launch`), which starts the ranks",
+        ),
+        (
+            "from torch.distributed.run import",
+            "it runs torchrun in its own process (`torch.distributed.run`)",
+        ),
+    ],
     rank_flags: &["--nproc_per_node", "--nproc-per-node"],
     node_flags: &["--nnodes"],
     is_python: true,
@@ -196,7 +205,10 @@ pub const ACCELERATE: Launcher = Launcher {
     subcommand: Some("launch"),
     modules: &[],
     in_shell: &["accelerate launch"],
-    in_source: &[],
+    in_source: &[(
+        "launch_command(",
+        "it runs `accelerate launch` in its own process (`launch_command`), which starts the ranks",
+    )],
     rank_flags: &["--num_processes", "--num-processes"],
     node_flags: &[],
     is_python: true,
