@@ -353,6 +353,18 @@ mod tests {
         let (is_launcher, text) = auto_style(&args(&["python3", "-m", "tool.cli"]), Some(&dir));
         assert!(is_launcher, "{text}");
         assert!(text.starts_with("`python -m tool.cli` starts its own ranks"), "{text}");
+        // torchrun run in-process by a module that imports it (Fabric's CLI, `fabric run`).
+        std::fs::write(
+            dir.join("tool/fab.py"),
+            "import torch.distributed.run as torchrun\n\ntorchrun.main(ARGS)\n",
+        )
+        .unwrap();
+        let (is_launcher, text) = auto_style(&args(&["python3", "-m", "tool.fab"]), Some(&dir));
+        assert!(is_launcher, "{text}");
+        assert_eq!(
+            launcher_of(&args(&["python3", "-m", "tool.fab"]), Some(&dir)).map(|l| l.name),
+            Some("torchrun")
+        );
         // Its module not found (another folder): taken for a plain command, as before.
         let (is_launcher, text) = auto_style(&args(&["python3", "-m", "tool.cli"]), Some(&dir.join("tool")));
         assert!(!is_launcher, "{text}");

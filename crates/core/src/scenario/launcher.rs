@@ -187,6 +187,11 @@ pub const TORCHRUN: Launcher = Launcher {
             "from torch.distributed.run import",
             "it runs torchrun in its own process (`torch.distributed.run`)",
         ),
+        ("import torch.distributed.run", "it runs torchrun in its own process (`torch.distributed.run`)"),
+        (
+            "from torch.distributed import run",
+            "it runs torchrun in its own process (`torch.distributed.run`)",
+        ),
     ],
     rank_flags: &["--nproc_per_node", "--nproc-per-node"],
     node_flags: &["--nnodes"],
