@@ -196,6 +196,29 @@ fn a_rank_slow_to_load_its_data_is_named_a_straggler_with_its_phase() {
     }
 }
 
+/// A program whose optimizer is stepped once per parameter group each training step, as DeepSpeed's
+/// ZeRO-1/2 optimizer steps the one it wraps: each training step is one step, not one per group
+/// (TRL's SFT script under ZeRO-2 was counted 40 steps for 20, each "step" half of one, and rank 1's
+/// 300 ms a step of its own work was not named), and a rank slow to load its data is still named.
+#[test]
+fn an_optimizer_stepped_once_per_parameter_group_counts_one_step_a_training_step() {
+    let sb = Sandbox::new();
+    let args = ["--steps", "20", "--step-per-group"];
+    let file = torchrun_scenario(&sb, "per-group", 2, "tests/programs/observed_ddp.py", &args, 10, "passed");
+    let s = run_injected(&sb, &file, &[("INJECT_SLOW_RANK", "1"), ("INJECT_SLOW_MS", "40")]);
+    for r in s["ranks"].as_array().unwrap() {
+        assert_eq!(r["steps_done"], 20, "{r}");
+        assert_eq!(r["observed"]["steps"], 20, "{r}");
+    }
+    assert_eq!(verdict(&s, "pattern"), "straggler", "{:#}", s["verdict"]);
+    let headline = verdict(&s, "headline");
+    assert!(
+        headline.contains("Rank 1 is a straggler: its steps spend")
+            && headline.contains("in data loading (`DataLoader.__next__`)"),
+        "{headline}"
+    );
+}
+
 /// A program stepping faster than the observer sends (every 0.25 s) sends one step marker per
 /// batch, each saying the steps since the last: every step is still counted, its samples too, and
 /// the trace draws a batch as `steps a–b`.

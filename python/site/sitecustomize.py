@@ -101,7 +101,7 @@ class _Observer:
         "in_backward", "samples", "history", "sched_base", "summary_sent_at", "summarised", "helper_steps",
         "workers_sent", "step_marker", "pg", "read_count", "one_count", "issued_at_step", "issued_sent", "spans",
         "spans_at_step", "issued_base", "stop_stacks", "count_steps", "counter", "tail", "tail_count",
-        "tail_ms", "flight_answered")
+        "tail_ms", "flight_answered", "backward_in_step")
 
     def __init__(self, fd, fifo):
         import collections
@@ -133,6 +133,8 @@ class _Observer:
         self.patched = set()
         self.optimizer = None
         self.steps = 0
+        # Whether the last step counted had a backward in it (see `on_step`).
+        self.backward_in_step = False
         self.last_step_at = None
         self.data_ms = self.forward_ms = self.collective_ms = self.backward_ms = 0.0
         # Every timed collective's time over the whole run, in steps or between them (a
@@ -545,11 +547,18 @@ class _Observer:
             if self.optimizer is not None:
                 return
             self.optimizer = id(optimizer)
+        # The same optimizer stepped again with no backward and no batch since, where the step
+        # before had a backward: the same training step. DeepSpeed's ZeRO-1/2 optimizer steps the
+        # optimizer it wraps once per parameter group (TRL's SFT script under ZeRO-2: two calls a
+        # step, 40 "steps" for 20, each half a step).
+        backward = self.backward_ms
+        if backward == 0.0 and self.data_ms == 0.0 and self.backward_in_step:
+            return
+        self.backward_in_step = backward > 0.0
         now = time.monotonic_ns()
         step = self.steps
         self.steps = step + 1
         data, forward, collective, samples = self.data_ms, self.forward_ms, self.collective_ms, self.samples
-        backward = self.backward_ms
         self.data_ms = self.forward_ms = self.collective_ms = self.backward_ms = 0.0
         self.samples = 0
         # Collectives of this step issued other than through the Python functions: DDP's. The
