@@ -954,7 +954,23 @@ fn failure(ev: &Evidence, failed: &RankEvidence) -> (String, Vec<String>, Option
                         None => format!("{who} was ended by its launcher `{launcher}` with {signal}{at}."),
                     }
                 }
+                // A cluster's worker (Ray Train's) that failed with the error the cluster relayed,
+                // then ended by the cluster's teardown of its workers (under load Ray's SIGKILL can
+                // reach it before it has exited by itself).
+                EndedBy::Cluster => match &failed.key {
+                    Some(k) => {
+                        format!("{who} failed{at}: {}; its cluster then ended its worker with {sig}.", k.text)
+                    }
+                    None => format!("{who}'s worker was ended by its cluster with {sig}{at}."),
+                },
                 _ => format!("{who} was killed by {sig}{at}."),
+            };
+            let cause = match (&failed.ended_by, &failed.key) {
+                (EndedBy::Cluster, Some(_)) => format!(
+                    "The rank's own error (quoted below), which its cluster relayed; the {sig} is how the \
+                     cluster ends a failed job's workers, not a cause."
+                ),
+                _ => signal_cause(ev, num),
             };
             let next = if ev.foreign {
                 format!(
@@ -967,7 +983,7 @@ fn failure(ev: &Evidence, failed: &RankEvidence) -> (String, Vec<String>, Option
                  find the one the crash needs."
                     .to_string()
             };
-            (headline, evidence, Some(signal_cause(ev, num)), Some(next))
+            (headline, evidence, Some(cause), Some(next))
         }
         OutcomeKind::FalseSuccess => {
             evidence.push(if ev.foreign {

@@ -2559,3 +2559,38 @@ fn the_rank_the_flight_recorder_shows_behind_is_named_whoever_went_silent_first(
     let (_, _, v) = case.judge();
     assert!(!v.headline.contains("never issued"), "{}", v.headline);
 }
+
+/// Ray Train across two hosts, rank 1's training function raised at step 50 (a fresh-clone test
+/// run under load, 2026-12-07): Ray relayed its error, then ended its worker group with SIGKILL
+/// before rank 1's worker had exited by itself. The verdict is the error, not "killed by SIGKILL
+/// by something other than ups-doctor".
+#[test]
+fn a_cluster_worker_that_failed_and_was_then_ended_by_its_cluster_is_named_by_its_error() {
+    let error = "RuntimeError: accuracy-bench injected fault on rank 1 at step 50";
+    let mut killed = program_rank(
+        1,
+        Exit::Signal { signal: Signal::KILL.number(), core_dumped: false },
+        34.9,
+        &format!("Traceback (most recent call last):\n  File \"train.py\", line 41, in train_epoch\n{error}"),
+    );
+    killed.exit_source = Some(ExitSource::Cluster);
+    let mut other = program_rank(0, Exit::Code(1), 34.8, "");
+    other.exit_source = Some(ExitSource::Cluster);
+    let mut launcher =
+        torchrun_end(1, &["ray.train.WorkerGroupError: Training failed due to worker errors:"]);
+    launcher.kind = Some("Ray Train".into());
+    let j = judge_under(&external(), &[other, killed], &launcher);
+    assert_eq!(j.first_failure, Some(1), "{:#?}", j.verdict);
+    assert!(
+        j.verdict
+            .headline
+            .starts_with(&format!("Rank 1 failed: {error}; its cluster then ended its worker with SIGKILL.")),
+        "{}",
+        j.verdict.headline
+    );
+    assert!(
+        !j.verdict.likely_cause.as_deref().unwrap_or_default().contains("something other than"),
+        "{:#?}",
+        j.verdict
+    );
+}
