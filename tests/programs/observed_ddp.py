@@ -23,16 +23,6 @@ from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
 
-def step_per_group(optimizer):
-    kept = [group["params"] for group in optimizer.param_groups]
-    for i in range(len(kept)):
-        for j, group in enumerate(optimizer.param_groups):
-            group["params"] = kept[j] if j == i else []
-        optimizer.step()
-    for group, params in zip(optimizer.param_groups, kept):
-        group["params"] = params
-
-
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=30)
@@ -82,6 +72,17 @@ def main():
     if rank == 0:
         print("training finished", flush=True)
     dist.destroy_process_group()
+
+
+# Below `main`: tests read the line of main's own optimizer step as the first such line in the file.
+def step_per_group(optimizer):
+    kept = [group["params"] for group in optimizer.param_groups]
+    for i in range(len(kept)):
+        for j, group in enumerate(optimizer.param_groups):
+            group["params"] = kept[j] if j == i else []
+        optimizer.step()
+    for group, params in zip(optimizer.param_groups, kept):
+        group["params"] = params
 
 
 if __name__ == "__main__":
