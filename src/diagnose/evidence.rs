@@ -300,7 +300,7 @@ fn rank_evidence<'a>(
         }
         // The cluster's SIGKILL or SIGTERM to its worker, not a stranger's.
         (OutcomeKind::Signaled, None, Some(Signal::KILL | Signal::TERM))
-            if r.exit_source == Some(ExitSource::Cluster) =>
+            if matches!(r.exit_source, Some(ExitSource::Cluster | ExitSource::ClusterAfterError)) =>
         {
             EndedBy::Cluster
         }

@@ -757,6 +757,13 @@ fn exit_source(rank: &RankResult, launcher: Option<&LauncherEnd>) -> Option<Stri
             launcher_ended(launcher),
             rank.rank
         ),
+        ExitSource::ClusterAfterError => format!(
+            "rank {}'s process {} is a cluster's worker: the cluster relayed its error as the rank's, then ended the \
+             worker{} as it ends a failed job's workers",
+            rank.rank,
+            rank.pid.map_or("?".into(), |p| p.to_string()),
+            rank.signal.map(|s| format!(" with {s}")).unwrap_or_default()
+        ),
         ExitSource::Unknown => format!("rank {}'s exit status was not observed (it was reaped by its launcher before ups-doctor saw it)", rank.rank),
     })
 }

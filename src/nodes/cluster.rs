@@ -70,7 +70,7 @@ pub fn account(
             // a worker with after its error (Ray's SIGKILL of the worker group).
             _ if relay.is_some() => {
                 if matches!(r.signal, Some(Signal::KILL | Signal::TERM)) {
-                    r.exit_source = Some(ExitSource::Cluster);
+                    r.exit_source = Some(ExitSource::ClusterAfterError);
                 }
             }
             (code, signal) => {
@@ -141,9 +141,11 @@ mod tests {
 
     #[test]
     fn a_remote_worker_the_cluster_named_failed_keeps_its_end_and_gets_the_relayed_error() {
-        for (signal, source) in
-            [(None, None), (Some(Signal::KILL), Some(ExitSource::Cluster)), (Some(Signal::SEGV), None)]
-        {
+        for (signal, source) in [
+            (None, None),
+            (Some(Signal::KILL), Some(ExitSource::ClusterAfterError)),
+            (Some(Signal::SEGV), None),
+        ] {
             let code = signal.is_none().then_some(1);
             let mut ranks = [rank(0, 50, Some(1), None), rank(1, 96, code, signal)];
             account(&mut ranks, |r| r == 1, ray(), &driver(1, true));

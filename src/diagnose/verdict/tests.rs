@@ -2573,7 +2573,7 @@ fn a_cluster_worker_that_failed_and_was_then_ended_by_its_cluster_is_named_by_it
         34.9,
         &format!("Traceback (most recent call last):\n  File \"train.py\", line 41, in train_epoch\n{error}"),
     );
-    killed.exit_source = Some(ExitSource::Cluster);
+    killed.exit_source = Some(ExitSource::ClusterAfterError);
     let mut other = program_rank(0, Exit::Code(1), 34.8, "");
     other.exit_source = Some(ExitSource::Cluster);
     let mut launcher =
@@ -2593,4 +2593,11 @@ fn a_cluster_worker_that_failed_and_was_then_ended_by_its_cluster_is_named_by_it
         "{:#?}",
         j.verdict
     );
+    // Its evidence says the cluster named it, not the opposite.
+    assert!(
+        !j.verdict.evidence.iter().any(|e| e.contains("did not name rank 1")),
+        "{:#?}",
+        j.verdict.evidence
+    );
+    assert!(j.verdict.evidence.iter().any(|e| e.contains("relayed its error")), "{:#?}", j.verdict.evidence);
 }

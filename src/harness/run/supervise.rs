@@ -532,7 +532,7 @@ fn cluster_account(
             Some(_) if relay.is_some() => {
                 let by_cluster = |s: i32| s == libc::SIGKILL || s == libc::SIGTERM;
                 if matches!(slot.end.exit, Some(process::Exit::Signal { signal, .. }) if by_cluster(signal)) {
-                    slot.end.exit_source = Some(ExitSource::Cluster);
+                    slot.end.exit_source = Some(ExitSource::ClusterAfterError);
                 }
             }
             Some(e) => {

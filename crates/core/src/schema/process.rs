@@ -493,6 +493,10 @@ pub enum ExitSource {
     /// status is the job's driver's where it exited 0, and otherwise the worker's as read (or the
     /// driver's, where it was not read) for a rank the cluster did not name as failed.
     Cluster,
+    /// A cluster's worker the cluster named as failed (it relayed the rank's error), then ended
+    /// with SIGKILL or SIGTERM as it ends a failed job's workers: the signal is the cluster's,
+    /// the error the rank's.
+    ClusterAfterError,
     /// Not observed: its launcher reaped it before ups-doctor saw it.
     Unknown,
 }
@@ -514,11 +518,12 @@ impl TryFrom<String> for ExitSource {
             "launcher_status" => ExitSource::LauncherStatus,
             "procfs_rank_unknown" => ExitSource::ProcfsRankUnknown,
             "cluster" => ExitSource::Cluster,
+            "cluster_after_error" => ExitSource::ClusterAfterError,
             "unknown" => ExitSource::Unknown,
             _ => {
                 return Err(format!(
                     "unknown exit source `{text}` (expected `procfs`, `torchrun`, `spawn`, `srun`, `launcher`, `launcher_status_0`, \
-                     `torchrun_not_failed`, `not_identified`, `launcher_status`, `procfs_rank_unknown`, `cluster` or `unknown`)"
+                     `torchrun_not_failed`, `not_identified`, `launcher_status`, `procfs_rank_unknown`, `cluster`, `cluster_after_error` or `unknown`)"
                 ));
             }
         })
