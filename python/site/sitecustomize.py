@@ -502,7 +502,19 @@ class _Observer:
             marker["unseen_per_step"] = unseen
         cpu = self.cpu_per_step()
         if cpu is not None:
-            marker["cpu_run_ms"], marker["cpu_wait_ms"] = cpu
+            marker["cpu_run_ms"], marker["cpu_wait_ms"], threads = cpu
+            if threads is not None:
+                marker["threads_run_ms"], marker["threads_wait_ms"] = threads
+        # The intra-op threads its PyTorch computes with and the CPUs it may run on: ranks whose
+        # threads together outnumber the CPUs wait for each other's (torchrun sets one a rank for it).
+        torch = sys.modules.get("torch")
+        get_num_threads = getattr(torch, "get_num_threads", None)
+        if get_num_threads is not None:
+            try:
+                marker["intra_op_threads"] = int(get_num_threads())
+                marker["cpus"] = len(os.sched_getaffinity(0))
+            except Exception:
+                pass
         if exiting:
             marker["exiting"] = True
         if self.forked:
@@ -523,10 +535,32 @@ class _Observer:
             return None
         return run, wait, pid
 
+    @staticmethod
+    def _threads_schedstat(pid):
+        """Every other thread's time on a CPU and waiting for one so far, in ns, by thread id
+        (PyTorch's intra-op threads, gloo's, DataLoader's pin-memory thread, this observer's)."""
+        times = {}
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            return times
+        for tid in tids:
+            if tid == str(pid):
+                continue
+            try:
+                with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as f:
+                    run, wait = (int(v) for v in f.read().split()[:2])
+            except (OSError, ValueError):
+                continue
+            times[tid] = (run, wait)
+        return times
+
     def cpu_per_step(self):
         """The main thread's mean time a step on a CPU and runnable but waiting for one, in ms,
         since the first timed step (`on_step` reads the base then: a run of a few dozen fast
-        steps is over within one summary); None before, or where the kernel keeps none."""
+        steps is over within one summary), and the same summed over the process's other threads
+        (those started since counted whole; None where they were not read); None before, or
+        where the kernel keeps none."""
         base = self.sched_base
         if not base:
             return None
@@ -534,7 +568,14 @@ class _Observer:
         if now is None or now[2] != base[3] or self.steps <= base[0]:
             return None
         n = self.steps - base[0]
-        return round((now[0] - base[1]) / n / 1e6, 3), round((now[1] - base[2]) / n / 1e6, 3)
+        threads = None
+        if base[4] is not None:
+            run = wait = 0
+            for tid, (r, w) in self._threads_schedstat(now[2]).items():
+                r0, w0 = base[4].get(tid, (0, 0))
+                run, wait = run + max(r - r0, 0), wait + max(w - w0, 0)
+            threads = round(run / n / 1e6, 3), round(wait / n / 1e6, 3)
+        return round((now[0] - base[1]) / n / 1e6, 3), round((now[1] - base[2]) / n / 1e6, 3), threads
 
     def on_step(self, optimizer, args=None, kwargs=None):
         """The optimizer's step post hook (registered as it is: `optimizer, args, kwargs`). It runs
@@ -582,7 +623,7 @@ class _Observer:
             if self.sched_base is None:
                 base = self._schedstat()
                 if base is not None:
-                    self.sched_base = (self.steps, *base)
+                    self.sched_base = (self.steps, *base, self._threads_schedstat(base[2]))
         if self.helper_steps:
             return
         if "ups_doctor" in sys.modules:

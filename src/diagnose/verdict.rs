@@ -646,7 +646,7 @@ fn passed(ev: &Evidence, wall_s: f64, finding: Option<Finding>) -> Verdict {
         verdict.likely_cause = f.cause;
         verdict.next_step = Some(f.next_step.unwrap_or_else(|| f.pattern.next_step.to_string()));
     }
-    for line in catalog::shm_evidence(ev, None) {
+    for line in catalog::shm_evidence(ev, None).into_iter().chain(catalog::threads_evidence(ev)) {
         push_new(&mut verdict.evidence, line);
     }
     verdict

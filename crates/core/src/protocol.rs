@@ -265,6 +265,18 @@ pub enum Marker {
         cpu_run_ms: Option<f64>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         cpu_wait_ms: Option<f64>,
+        /// The same summed over the process's other threads (PyTorch's intra-op threads, gloo's,
+        /// the observer's own).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        threads_run_ms: Option<f64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        threads_wait_ms: Option<f64>,
+        /// `torch.get_num_threads()`: the intra-op threads PyTorch computes with on the CPU.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        intra_op_threads: Option<u32>,
+        /// The CPUs the process may run on (its affinity mask).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cpus: Option<u32>,
         /// Sent from the process's exit handlers (`atexit`): the program's own code had finished
         /// (returned, or called `sys.exit`) and Python was about to shut down.
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]

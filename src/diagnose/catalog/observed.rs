@@ -208,7 +208,10 @@ pub const STRAGGLER: Pattern = Pattern {
               waited for at least half the gap, in its steps or, over the whole run, in collectives between them; \
               not where the kernel's account (`observed.cpu_per_step`) says the rank's main thread waited for a \
               CPU at least half the gap a step longer than every other rank's with no more time on a CPU than \
-              theirs (within a quarter of it, or an eighth of the gap): a crowded machine, not the rank; DDP's \
+              theirs (within a quarter of it, or an eighth of the gap): a crowded machine, not the rank; nor, \
+              for time its main thread spent on a CPU, where the rank computes with several intra-op threads and \
+              its other threads waited for a CPU longer than they ran and at least half the gap (OpenMP's threads \
+              spinning for each other); DDP's \
               forward not where another rank was on a CPU, or outside where ranks wait (its data loading, its own \
               work), at least half the gap a step longer (the rank waited there for it, in the buffers' \
               broadcast); in a run that passed, or one the time limit ended while \
@@ -896,7 +899,7 @@ pub fn straggler(ev: &Evidence, _first: Option<&RankEvidence>) -> Option<Finding
         }
     }
     let (_, rank, phase, slow, others, must_wait) = best?;
-    if starved(&obs, rank, slow - others) {
+    if starved(&obs, rank, slow - others) || spun(&obs, rank, slow - others) {
         return None;
     }
     let mut f = Finding::of(&STRAGGLER);
@@ -945,7 +948,7 @@ fn starved(obs: &[(u32, &ObservedProgram)], rank: u32, gap: f64) -> bool {
     // Ignite's rank 1 with 300 ms of matrix products a step beside three busy loops: 79 ms on a
     // CPU, 244 ms waiting, the others 3.4 ms and 4 ms). Ranks doing the same work differ by
     // noise: within a quarter of the others' time on a CPU, or an eighth of the gap.
-    let own_work = mine.run_ms - ran > (gap / 8.0).max(0.25 * ran);
+    let own_work = ran_more(mine.run_ms, ran, gap);
     // Where every rank, this one too, waited for a CPU more than half of its step and at least the
     // gap, which phase each rank's waits fell in is the scheduler's: Lightning's LSTM demo under
     // Fabric's CLI with rank 1's fetches slowed, beside a test suite (2026-12-07, the accuracy
@@ -958,6 +961,76 @@ fn starved(obs: &[(u32, &ObservedProgram)], rank: u32, gap: f64) -> bool {
     let crowded =
         obs.iter().all(|(r, _)| cpu(*r).is_some_and(|c| c.wait_ms >= gap && 2.0 * c.wait_ms > step(*r)));
     gap > 0.0 && (mine.wait_ms - waited >= gap / 2.0 || crowded) && !own_work
+}
+
+/// Whether a rank's main thread, `mine` ms a step on a CPU, did more work there than the others'
+/// (at most `ran`) by enough to account for some of a `gap` ms longer step: ranks doing the same
+/// work differ by noise, within a quarter of the others' time on a CPU or an eighth of the gap.
+fn ran_more(mine: f64, ran: f64, gap: f64) -> bool {
+    mine - ran > (gap / 8.0).max(0.25 * ran)
+}
+
+/// Whether rank `rank`'s extra time a step (`gap` ms), which by the kernel's account its main
+/// thread spent on a CPU, may be PyTorch's intra-op threads waiting for each other rather than
+/// work: the rank computes with several (OpenMP's), and its threads other than the main one
+/// waited for a CPU longer than they ran and at least half of `gap` a step. OpenMP's threads spin
+/// at each parallel region's barrier until the last one arrives; one waiting for a CPU keeps the
+/// others spinning, and that spinning is time on a CPU the kernel cannot tell from work. Seen with
+/// Lightning's LSTM demo under Fabric's CLI with nothing injected, beside a test suite (2026-12-07,
+/// the accuracy matrix): two ranks of 2 intra-op threads each on 2 CPUs, rank 1 132 ms a step longer
+/// in DDP's forward with 105 ms more on a CPU, its other threads waiting 412 ms a step and running
+/// 181 — and rank 1 waited in backward for rank 0 636 ms a step. Nothing is said where a rank's
+/// account is missing.
+fn spun(obs: &[(u32, &ObservedProgram)], rank: u32, gap: f64) -> bool {
+    let Some((_, o)) = obs.iter().find(|(r, _)| *r == rank) else { return false };
+    let Some(mine) = o.cpu_per_step else { return false };
+    let (Some(run), Some(wait)) = (mine.others_run_ms, mine.others_wait_ms) else { return false };
+    let ran = obs.iter().filter(|(r, _)| *r != rank).filter_map(|(_, o)| o.cpu_per_step.map(|c| c.run_ms));
+    let ran = ran.fold(f64::MIN, f64::max);
+    gap > 0.0
+        && o.intra_op_threads.is_some_and(|n| n >= 2)
+        && ran > f64::MIN
+        && ran_more(mine.run_ms, ran, gap)
+        && wait > run
+        && wait >= gap / 2.0
+}
+
+/// The evidence, in any run that passed, that its ranks' PyTorch threads waited for CPUs: where a
+/// rank computing with several intra-op threads had its other threads wait for a CPU longer than
+/// they ran and over a quarter of its step. Ranks whose threads together outnumber the CPUs they
+/// share crowd each other out (torchrun sets `OMP_NUM_THREADS=1` a rank for it where it is unset),
+/// and OpenMP's spinning then shows as work.
+pub fn threads_waited(ev: &Evidence) -> Option<String> {
+    let obs: Vec<(u32, &ObservedProgram)> =
+        ev.ranks.iter().filter_map(|r| Some((r.rank(), observed(r)?))).collect();
+    let waited = |o: &ObservedProgram| {
+        let c = o.cpu_per_step?;
+        let (run, wait) = (c.others_run_ms?, c.others_wait_ms?);
+        (o.intra_op_threads? >= 2 && wait > run && 4.0 * wait > o.step_ms).then_some((run, wait))
+    };
+    if !obs.iter().any(|(_, o)| waited(o).is_some()) {
+        return None;
+    }
+    let ranks: Vec<String> = obs
+        .iter()
+        .filter_map(|(r, o)| {
+            let c = o.cpu_per_step?;
+            Some(format!(
+                "rank {r} {} threads on {} CPUs, its other threads waiting {:.1} ms a step and running {:.1} ms",
+                o.intra_op_threads?,
+                o.cpus?,
+                c.others_wait_ms?,
+                c.others_run_ms?
+            ))
+        })
+        .collect();
+    Some(format!(
+        "from the observer and the kernel's account: the ranks' PyTorch threads waited for CPUs longer than they \
+         ran ({}; intra-op threads are `torch.get_num_threads()`, set by `OMP_NUM_THREADS`): where the ranks' threads \
+         outnumber the CPUs they share, OpenMP's threads spin waiting for each other, a rank's time on a CPU is not \
+         its work alone, and no rank is named a straggler for time it spent on a CPU",
+        ranks.join("; ")
+    ))
 }
 
 /// Whether rank `rank`'s extra time a step (`gap` ms) in a phase where it can wait for the others
@@ -1698,7 +1771,12 @@ mod tests {
                 forward_ms,
                 backward_ms: 19.0,
                 collective_ms: 7.8,
-                cpu_per_step: cpu.map(|(run_ms, wait_ms)| CpuPerStep { run_ms, wait_ms }),
+                cpu_per_step: cpu.map(|(run_ms, wait_ms)| CpuPerStep {
+                    run_ms,
+                    wait_ms,
+                    others_run_ms: None,
+                    others_wait_ms: None,
+                }),
                 ..Default::default()
             });
             r
@@ -1733,6 +1811,67 @@ mod tests {
         assert_eq!(f.culprit, Some(0), "{:?}", f.appendix);
     }
 
+    /// Lightning's LSTM demo under Fabric's CLI, two ranks of 2 intra-op threads each on 2 CPUs
+    /// beside a test suite (the accuracy matrix, 2026-12-07; figures of its result.json). Nothing
+    /// injected: rank 1 132 ms a step longer in DDP's forward and 105 ms more on a CPU, while its
+    /// other threads waited for a CPU 412 ms a step and ran 181 — OpenMP's spinning cannot be told
+    /// from work, and nobody is named; the run's evidence says the threads waited. Rank 1 computing
+    /// 300 ms more a step (the same program, the same machine), its extra time mostly not on a CPU:
+    /// rank 1.
+    #[test]
+    fn a_rank_whose_intra_op_threads_waited_for_cpus_is_not_named_for_time_on_a_cpu() {
+        use crate::schema::CpuPerStep;
+        type Cpu = (f64, f64, f64, f64);
+        let passed = |rank: u32, step: (f64, f64, f64), cpu: Cpu, threads: u32| {
+            let mut r = crate::report::fixtures::rank(rank, 20);
+            r.outcome = OutcomeKind::Passed;
+            r.observed = Some(ObservedProgram {
+                distributed: true,
+                steps: 20,
+                timed_steps: 19,
+                step_ms: step.0,
+                data_ms: 2.0,
+                forward_ms: step.1,
+                backward_ms: step.2,
+                cpu_per_step: Some(CpuPerStep {
+                    run_ms: cpu.0,
+                    wait_ms: cpu.1,
+                    others_run_ms: Some(cpu.2),
+                    others_wait_ms: Some(cpu.3),
+                }),
+                intra_op_threads: Some(threads),
+                cpus: Some(2),
+                ..Default::default()
+            });
+            r
+        };
+        let s = scenario(2);
+        let none = |threads: u32| {
+            [
+                passed(0, (967.0, 2.6, 740.5), (75.1, 154.2, 77.9, 176.3), threads),
+                passed(1, (963.5, 135.1, 635.9), (179.9, 322.9, 181.5, 411.7), threads),
+            ]
+        };
+        let ranks = none(2);
+        assert!(with_evidence(&ranks, &s, |ev| straggler(ev, None)).is_none());
+        let line = with_evidence(&ranks, &s, threads_waited).expect("the threads' wait said");
+        assert!(
+            line.contains("rank 1 2 threads on 2 CPUs, its other threads waiting 411.7 ms a step"),
+            "{line}"
+        );
+        // One intra-op thread a rank: nothing spins for it, and its time on a CPU is its work.
+        let ranks = none(1);
+        assert_eq!(with_evidence(&ranks, &s, |ev| straggler(ev, None)).and_then(|f| f.culprit), Some(1));
+        assert!(with_evidence(&ranks, &s, threads_waited).is_none());
+        // The compute straggler: 418 ms a step outside backward, only 36 ms more on a CPU.
+        let ranks = [
+            passed(0, (1036.8, 354.0, 600.8), (189.6, 383.6, 191.8, 419.4), 2),
+            passed(1, (1021.1, 11.8, 591.0), (226.2, 411.6, 225.8, 534.9), 2),
+        ];
+        let f = with_evidence(&ranks, &s, |ev| straggler(ev, None));
+        assert_eq!(f.and_then(|f| f.culprit), Some(1));
+    }
+
     /// Hugging Face's Trainer with nothing injected on two cores shared with other jobs (the
     /// accuracy matrix, 2026-12-06): rank 1 22.9 ms a step in DDP's forward, rank 0 8.8 ms, rank 0
     /// waiting for it in backward. The kernel's account says whose time it was: a rank that waited
@@ -1751,7 +1890,12 @@ mod tests {
                 step_ms: 60.0,
                 forward_ms,
                 backward_ms,
-                cpu_per_step: cpu.map(|(run_ms, wait_ms)| CpuPerStep { run_ms, wait_ms }),
+                cpu_per_step: cpu.map(|(run_ms, wait_ms)| CpuPerStep {
+                    run_ms,
+                    wait_ms,
+                    others_run_ms: None,
+                    others_wait_ms: None,
+                }),
                 ..Default::default()
             });
             r

@@ -46,6 +46,12 @@ pub struct TorchFacts {
 pub struct CpuPerStep {
     pub run_ms: f64,
     pub wait_ms: f64,
+    /// The same summed over the process's other threads (PyTorch's intra-op threads among them),
+    /// those started since counted whole; `None` where they were not read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub others_run_ms: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub others_wait_ms: Option<f64>,
 }
 
 /// One collective the rank issued.
@@ -340,6 +346,12 @@ pub struct ObservedProgram {
     /// `None` before the observer's second summary of timed steps, or where the kernel keeps none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_per_step: Option<CpuPerStep>,
+    /// The intra-op threads its PyTorch computed with (`torch.get_num_threads()`) and the CPUs
+    /// it could run on (its affinity mask), from its observer's last summary.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub intra_op_threads: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpus: Option<u32>,
     /// When the program's own code had finished and its exit handlers (`atexit`) ran, in seconds
     /// since the scenario started: anything after it happened while Python shut down.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -446,6 +458,10 @@ impl ObservedProgram {
                 unseen_per_step,
                 cpu_run_ms,
                 cpu_wait_ms,
+                threads_run_ms,
+                threads_wait_ms,
+                intra_op_threads,
+                cpus,
                 exiting,
                 forked,
             } => {
@@ -469,8 +485,15 @@ impl ObservedProgram {
                     o.dropped = *dropped;
                     o.unseen_per_step = unseen_per_step.or(o.unseen_per_step);
                     if let (Some(run_ms), Some(wait_ms)) = (cpu_run_ms, cpu_wait_ms) {
-                        o.cpu_per_step = Some(CpuPerStep { run_ms: *run_ms, wait_ms: *wait_ms });
+                        o.cpu_per_step = Some(CpuPerStep {
+                            run_ms: *run_ms,
+                            wait_ms: *wait_ms,
+                            others_run_ms: *threads_run_ms,
+                            others_wait_ms: *threads_wait_ms,
+                        });
                     }
+                    o.intra_op_threads = intra_op_threads.or(o.intra_op_threads);
+                    o.cpus = cpus.or(o.cpus);
                     o.distributed = *distributed || o.group.is_some();
                 }
                 if *exiting {
@@ -641,6 +664,10 @@ mod tests {
             unseen_per_step: None,
             cpu_run_ms: None,
             cpu_wait_ms: None,
+            threads_run_ms: None,
+            threads_wait_ms: None,
+            intra_op_threads: None,
+            cpus: None,
             exiting: !forked,
             forked,
         };
