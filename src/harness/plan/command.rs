@@ -140,13 +140,29 @@ fn python_sources(
             return Vec::new();
         };
         let Some(python) = entry::python_of_shebang(&text) else { return Vec::new() };
-        let modules: Vec<(String, Result<String, String>)> = entry::entry_modules(&text)
+        let mut modules: Vec<(String, Result<String, String>)> = entry::entry_modules(&text)
             .into_iter()
             .filter_map(|m| {
                 let file = entry::module_file(&python, m, cwd, false)?;
                 Some((format!("`{program}` (its entry point `{m}`)"), Ok(entry::read_head(&file)?)))
             })
             .collect();
+        // Its subcommand's own module, where the entry module imports it (a CLI's table).
+        if let Some(sub) = argv.get(1).filter(|a| !a.starts_with('-')) {
+            let mut of_sub = Vec::new();
+            for (_, source) in &modules {
+                let Ok(source) = source else { continue };
+                for m in entry::subcommand_modules(source, sub) {
+                    let Some(text) =
+                        entry::module_file(&python, m, cwd, false).and_then(|f| entry::read_head(&f))
+                    else {
+                        continue;
+                    };
+                    of_sub.push((format!("`{program} {sub}` (its module `{m}`)"), Ok(text)));
+                }
+            }
+            modules.extend(of_sub);
+        }
         return std::iter::once((format!("`{program}`"), Ok(text))).chain(modules).collect();
     }
     match python_program(argv) {
@@ -367,6 +383,34 @@ mod tests {
         );
         // Its module not found (another folder): taken for a plain command, as before.
         let (is_launcher, text) = auto_style(&args(&["python3", "-m", "tool.cli"]), Some(&dir.join("tool")));
+        assert!(!is_launcher, "{text}");
+        // A CLI dispatching by a table (litgpt's): the subcommand's own module says it starts its
+        // ranks (Fabric), the others' do not.
+        std::fs::create_dir_all(dir.join("tool/train")).unwrap();
+        std::fs::write(dir.join("tool/train/__init__.py"), "").unwrap();
+        std::fs::write(
+            dir.join("tool/train/lora.py"),
+            "import lightning as L\n\nfabric = L.Fabric(devices=2)\n",
+        )
+        .unwrap();
+        std::fs::write(dir.join("tool/chat.py"), "def main():\n    print('hi')\n").unwrap();
+        std::fs::write(
+            dir.join("tool/table.py"),
+            "from tool.chat import main as chat_fn\nfrom tool.train.lora import setup as train_lora_fn\n",
+        )
+        .unwrap();
+        std::fs::write(
+            dir.join("tool-table"),
+            "#!/usr/bin/env python3\nimport sys\nfrom tool.table import main\n",
+        )
+        .unwrap();
+        let (is_launcher, text) = auto_style(&args(&["./tool-table", "train_lora", "ckpt"]), Some(&dir));
+        assert!(is_launcher, "{text}");
+        assert!(
+            text.starts_with("`tool-table train_lora` (its module `tool.train.lora`) starts its own ranks"),
+            "{text}"
+        );
+        let (is_launcher, text) = auto_style(&args(&["./tool-table", "chat"]), Some(&dir));
         assert!(!is_launcher, "{text}");
         for (shell, interactive) in [
             (&["bash"][..], true),

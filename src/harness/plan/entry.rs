@@ -60,6 +60,41 @@ pub fn entry_modules(text: &str) -> Vec<&str> {
         .collect()
 }
 
+/// The modules an entry module imports the code of its subcommand `sub` from: a CLI that
+/// dispatches by a table (`litgpt finetune_lora …`: `from litgpt.finetune.lora import setup as
+/// finetune_lora_fn`) runs what those modules say, not what its own module does. A module matches
+/// where its last part (`…grpo`) or last two joined by `_` (`finetune.lora`) is the subcommand, or
+/// where what it imports is named for it (`finetune_lora_fn`); `-` in the subcommand reads as `_`.
+pub fn subcommand_modules<'a>(text: &'a str, sub: &str) -> Vec<&'a str> {
+    let sub = sub.replace('-', "_");
+    if sub.is_empty() || !sub.chars().all(|c| c.is_alphanumeric() || c == '_') {
+        return Vec::new();
+    }
+    let named = |n: &str| n == sub || n.strip_prefix(sub.as_str()).is_some_and(|rest| rest.starts_with('_'));
+    let mut found: Vec<&str> = Vec::new();
+    for line in text.lines() {
+        let Some((module, names)) =
+            line.trim_start().strip_prefix("from ").and_then(|l| l.split_once(" import "))
+        else {
+            continue;
+        };
+        let module = module.trim();
+        if module.is_empty() || module.starts_with('.') {
+            continue;
+        }
+        let parts: Vec<&str> = module.split('.').collect();
+        let tail_two = (parts.len() >= 2).then(|| parts[parts.len() - 2..].join("_"));
+        let imported = names.trim_matches(|c: char| c == '(' || c == ')' || c.is_whitespace());
+        let by_name = imported.split(',').flat_map(|n| n.split(" as ")).map(str::trim).any(named);
+        if (parts.last() == Some(&sub.as_str()) || tail_two.as_deref() == Some(sub.as_str()) || by_name)
+            && !found.contains(&module)
+        {
+            found.push(module);
+        }
+    }
+    found
+}
+
 /// The file of `module` as `python` would find it along its `sys.path` (a package's
 /// `__init__.py`, or with `main`, its `__main__.py`, as `python -m` runs it), run from `cwd`.
 pub fn module_file(python: &str, module: &str, cwd: Option<&Path>, main: bool) -> Option<PathBuf> {
@@ -133,6 +168,28 @@ mod tests {
         assert_eq!(python_of_shebang("#!/bin/bash\ntorchrun t.py\n"), None);
         assert_eq!(python_of_shebang("\x7fELF"), None);
         assert!(entry_modules("from __future__ import annotations\nfrom . import x\n").is_empty());
+    }
+
+    #[test]
+    fn a_clis_subcommand_is_read_from_the_module_its_entry_module_imports_it_from() {
+        // litgpt 0.5.12's `litgpt/__main__.py`, as it imports its subcommands.
+        let main = "import torch\nfrom jsonargparse import CLI, set_config_read_mode\n\
+                    from litgpt.chat.base import main as chat_fn\n\
+                    from litgpt.finetune.full import setup as finetune_full_fn\n\
+                    from litgpt.finetune.lora import setup as finetune_lora_fn\n\
+                    from litgpt.pretrain import setup as pretrain_fn\n\
+                    from litgpt.scripts.convert_pretrained_checkpoint import (\n\
+                    from litgpt.parser_config import parser_commands\n";
+        assert_eq!(subcommand_modules(main, "finetune_lora"), ["litgpt.finetune.lora"]);
+        assert_eq!(subcommand_modules(main, "pretrain"), ["litgpt.pretrain"]);
+        assert_eq!(subcommand_modules(main, "chat"), ["litgpt.chat.base"]);
+        assert_eq!(subcommand_modules(main, "finetune"), ["litgpt.finetune.full", "litgpt.finetune.lora"]);
+        assert!(subcommand_modules(main, "serve").is_empty());
+        assert!(subcommand_modules(main, "../x").is_empty());
+        assert_eq!(
+            subcommand_modules("from tool.cmds.run_job import main\n", "run-job"),
+            ["tool.cmds.run_job"]
+        );
     }
 
     #[test]
