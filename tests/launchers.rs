@@ -573,3 +573,43 @@ fn a_per_rank_process_that_starts_the_ranks_itself_is_named_a_launcher_and_no_ra
     );
     assert!(verdict["next_step"].as_str().unwrap().contains("--style launcher"), "{verdict}");
 }
+
+/// A program that starts its own ranks (Lightning's launcher: `devices=2`), run as one copy with
+/// torchrun's variables (style `per_rank`, as `auto` takes a command it finds no launcher in:
+/// litgpt's CLI, 2026-12-07, before `auto` read a subcommand's module): Lightning takes
+/// `LOCAL_RANK` for a launcher's, starts no rank 1, and rank 0 waits for it in
+/// `init_process_group`. The hang is ups-doctor's doing, and the verdict says so, names nobody
+/// and gives the style that runs it; with that style the same command passes.
+#[test]
+fn a_program_that_starts_its_own_ranks_run_as_copies_is_said_to_hang_by_ups_doctors_doing() {
+    let sb = Sandbox::new();
+    let program = repo().join("tests/programs/launchers.py").display().to_string();
+    let scenario = |name: &str, style: &str| {
+        sb.scenario(
+            name,
+            &format!(
+                r#"{{"command": ["python", "{program}", "--launcher", "lightning", "--steps", "4"],
+                    "launch": {{"world_size": 1, "style": "{style}"}},
+                    "limits": {{"timeout_s": 300, "hang_after_s": 30}}}}"#
+            ),
+        )
+    };
+    let copies = scenario("copies", "per_rank");
+    let launcher = scenario("launcher", "launcher");
+    let run = sb.run_in_venv(&[&copies, &launcher]);
+    let s = &scenarios(&run)[0];
+    assert_eq!(s["outcome"], "hung", "{s}");
+    assert_eq!(s["ranks"][0]["observed"]["joining_world_size"], 2, "{s}");
+    assert!(s["first_failure"].is_null(), "no rank is named first: {}", s["first_failure"]);
+    let verdict = &s["verdict"];
+    let headline = verdict["headline"].as_str().unwrap();
+    assert!(
+        headline.starts_with(
+            "The rendezvous never completed because of how ups-doctor ran `python`: it started one copy itself"
+        ),
+        "{headline}"
+    );
+    assert!(verdict["likely_cause"].as_str().unwrap().contains("named the style `per_rank`"), "{verdict}");
+    assert!(verdict["next_step"].as_str().unwrap().contains("--style launcher"), "{verdict}");
+    assert_eq!(scenarios(&run)[1]["outcome"], "passed", "{}", scenarios(&run)[1]);
+}

@@ -38,6 +38,10 @@ PY = "python3.11"
 # accelerate 1.11.0, deepspeed 0.18.2, pytorch-ignite 0.5.3, which the accuracy venv sees through
 # a .pth file).
 PINNED = ["transformers==4.57.1", "trl==0.24.0", "datasets==4.4.1", "jsonargparse[signatures]==4.42.0", "peft==0.17.1"]
+# Installed without their dependencies: litgpt 0.5.12 pins older psutil, huggingface-hub (<0.35) and
+# jsonargparse (<=4.41) than the packages above, and runs with these (its own finetuning CLI; nothing
+# else it needs is missing). 0.5.13 wants lightning 2.6, earlier ones torch < 2.6.
+PINNED_NO_DEPS = ["litgpt==0.5.12"]
 
 
 def log(msg):
@@ -50,7 +54,7 @@ def ensure_venv():
     """The venv for third-party programs: torch's venv seen through a .pth (no torch reinstalled),
     the pinned packages on top, console scripts for torchrun/accelerate that run its python."""
     stamp = os.path.join(VENV, ".accuracy-complete")
-    want = "\n".join(PINNED)
+    want = "\n".join(PINNED + PINNED_NO_DEPS)
     if os.path.exists(stamp) and open(stamp).read() == want:
         return
     site = os.path.join(TORCH_VENV, "lib", PY, "site-packages")
@@ -66,6 +70,8 @@ def ensure_venv():
     if "Version: 2.11.0" not in shown.stdout:
         sys.exit(f"accuracy: pip in {VENV} does not see torch 2.11.0 through the .pth:\n{shown.stdout}{shown.stderr}")
     subprocess.run([py, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *PINNED], check=True)
+    subprocess.run([py, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps",
+                    *PINNED_NO_DEPS], check=True)
     for name, module in (("torchrun", "torch.distributed.run"), ("accelerate", "accelerate.commands.accelerate_cli"),
                          ("deepspeed", "deepspeed.launcher.runner")):
         path = os.path.join(VENV, "bin", name)
@@ -283,6 +289,36 @@ with open(os.path.join(out, "trl", "kto", "train.jsonl"), "w") as f:
         f.write(json.dumps({"prompt": line(8), "completion": line(8), "label": i % 2 == 0}) + "\\n")
 """
 
+# For litgpt's finetuning CLI: a checkpoint folder as litgpt's own `convert`/`download` leave it
+# (`model_config.yaml` of a Pythia config shrunk to 2 layers, random `lit_model.pth`, the tiny
+# word-level tokenizer) and instruction data in its JSON form, made once from the preference data;
+# for TRL's RLOO CLI a reward model (a sequence-classification head on the tiny GPT-2). Run by the
+# accuracy venv's python, whose litgpt and transformers build them.
+LITGPT_RLOO_PREP = """import dataclasses, json, os, shutil, sys, torch, yaml
+from litgpt.config import Config
+from litgpt.model import GPT
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
+data = sys.argv[1]
+model = os.path.join(data, "trl", "model")
+ckpt = os.path.join(data, "litgpt", "ckpt")
+os.makedirs(ckpt, exist_ok=True)
+for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+    shutil.copy(os.path.join(model, name), ckpt)
+cfg = Config.from_name("pythia-14m", n_layer=2, n_head=2, n_embd=64, block_size=64, vocab_size=13,
+                       padded_vocab_size=16, padding_multiple=16)
+with open(os.path.join(ckpt, "model_config.yaml"), "w") as f:
+    yaml.safe_dump(dataclasses.asdict(cfg), f)
+torch.manual_seed(0)
+torch.save(GPT(cfg).state_dict(), os.path.join(ckpt, "lit_model.pth"))
+rows = [json.loads(line) for line in open(os.path.join(data, "trl", "pref", "train.jsonl"))]
+with open(os.path.join(data, "litgpt", "train.json"), "w") as f:
+    json.dump([{"instruction": r["prompt"], "input": "", "output": r["chosen"]} for r in rows], f)
+reward = AutoModelForSequenceClassification.from_pretrained(model, num_labels=1)
+reward.config.pad_token_id = 0
+reward.save_pretrained(os.path.join(data, "trl", "reward"))
+AutoTokenizer.from_pretrained(model).save_pretrained(os.path.join(data, "trl", "reward"))
+"""
+
 ACCEL = ["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
          "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "{port}"]
 TORCHRUN = ["torchrun", "--nproc_per_node", "2", "--master_port", "{port}"]
@@ -458,6 +494,41 @@ PROGRAMS = [
                "hidden state, its SequenceSampler) in a Fabric loop, 2 DataLoader workers a rank",
          argv=["fabric", "run", "--accelerator", "cpu", "--devices", "2", "--strategy", "ddp", "--main-port", "{port}",
                "{wrap}/lightning_lstm_fabric.py", "{data}/wikitext"],
+         workers=True),
+    # Held out, fourth round (stop 76, scored before any change made for them): litgpt's own
+    # finetuning CLI (a Fabric program whose ranks shard the model with FSDP2, rank 1 started by
+    # Lightning's launcher running the `litgpt` console script again), TRL's RLOO through TRL's CLI
+    # (the process count from the accelerate config file, as for GRPO), and TRL's SFT script by its
+    # path under the deprecated `python -m torch.distributed.launch`, which adds `--local-rank=N`.
+    dict(name="litgpt-lora", venv=True, held_out="stop76", package="litgpt==0.5.12, lightning==2.5.6",
+         entry="litgpt finetune_lora ckpt --devices 2 (litgpt's CLI: Fabric's ModelParallelStrategy, FSDP2 over gloo; "
+               "rank 0 the litgpt process, rank 1 started by Lightning's launcher), a tiny Pythia, 4 DataLoader workers a rank",
+         argv=["litgpt", "finetune_lora", "{data}/litgpt/ckpt", "--devices", "2", "--precision", "32-true",
+               "--out_dir", "{tmp}/out", "--data", "JSON", "--data.json_path", "{data}/litgpt/train.json",
+               "--data.val_split_fraction", "0.1", "--train.micro_batch_size", "4", "--train.global_batch_size", "8",
+               "--train.max_steps", "20", "--train.lr_warmup_steps", "2", "--train.max_seq_length", "64",
+               "--train.save_interval", "1000", "--eval.interval", "1000", "--eval.initial_validation", "false",
+               "--eval.final_validation", "false"],
+         port_env=True, workers=True),
+    dict(name="trl-rloo-cli", venv=True, held_out="stop76",
+         package="trl==0.24.0, transformers==4.57.1, accelerate==1.11.0",
+         entry="trl rloo (TRL's CLI: accelerate launch in its own process, 2 processes from the accelerate config "
+               "file in HF_HOME) with a reward model, on the local tiny model and prompts",
+         argv=["trl", "rloo", "--model_name_or_path", "{data}/trl/model", "--dataset_name", "{data}/trl/pref",
+               "--reward_model_name_or_path", "{data}/trl/reward", "--output_dir", "{tmp}/trl-out",
+               "--max_steps", "20", "--per_device_train_batch_size", "4", "--num_generations", "4",
+               "--max_prompt_length", "32", "--max_completion_length", "16", "--use_cpu", "--report_to", "none",
+               "--save_strategy", "no", "--logging_steps", "5", "--ddp_backend", "gloo",
+               "--dataloader_num_workers", "2", "--disable_tqdm", "true"],
+         env={"HF_HOME": "{tmp}/hf-home"},
+         files={"{tmp}/hf-home/accelerate/default_config.yaml": ACCELERATE_DEFAULT_CONFIG},
+         workers=True),
+    dict(name="trl-sft-legacy-launch", venv=True, held_out="stop76",
+         package="trl==0.24.0, transformers==4.57.1, datasets==4.4.1",
+         entry="python -m torch.distributed.launch SITE/trl/scripts/sft.py (the deprecated launcher, which adds "
+               "--local-rank=N; TRL's SFT script by its path)",
+         argv=["python", "-m", "torch.distributed.launch", "--nproc_per_node", "2", "--master_port", "{port}",
+               "{venvsite}/trl/scripts/sft.py"] + trl_args("trl.scripts.sft", "data")[2:],
          workers=True),
     dict(name="accelerate-test-script-1rank", package="accelerate==1.11.0",
          entry="accelerate launch --num_processes 1 --cpu test_script.py (one rank, no process group)",
@@ -709,7 +780,7 @@ def run_cell(args, program, fault, rep, calib, out_dir, data_dir):
     os.makedirs(tmp)
     port = free_port()
     repl = {"{port}": str(port), "{wrap}": os.path.join(out_dir, "wrappers"), "{accel}": accel_script("")[:-1],
-            "{data}": data_dir, "{tmp}": tmp}
+            "{data}": data_dir, "{tmp}": tmp, "{venvsite}": os.path.join(VENV, "lib", PY, "site-packages")}
     ray_tmp = None
     if program.get("ray"):
         python = ray_python()
@@ -890,18 +961,24 @@ def prepare(out_dir, data_dir, progs):
                         "FusedAdamBuilder().load()"], check=True, env=env)
         open(ds_stamp, "w").close()
     held_out_data = {"trl-dpo-accelerate", "trl-reward-torchrun", "lightning-transformer", "trl-kto-deepspeed-launcher",
-                     "trl-grpo-cli", "lightning-lstm-fabric-cli"}
+                     "trl-grpo-cli", "lightning-lstm-fabric-cli", "litgpt-lora", "trl-rloo-cli"}
     if names & held_out_data and not os.path.exists(os.path.join(data_dir, "trl", "kto", "train.jsonl")):
         log("making the preference data and the demo text for the held-out programs")
         subprocess.run([sys.executable, "-c", HELD_OUT_PREP, data_dir], check=True)
     trl = {"trl-sft", "trl-dpo-accelerate", "trl-reward-torchrun", "trl-sft-peft", "trl-sft-lora-module-launcher",
-           "trl-kto-deepspeed-launcher"}
+           "trl-kto-deepspeed-launcher", "litgpt-lora", "trl-rloo-cli", "trl-sft-legacy-launch"}
     if names & trl and not os.path.exists(
             os.path.join(data_dir, "trl", "data", "train.jsonl")):
         log("making the tiny model and data for trl-sft")
         env = dict(os.environ, HF_HUB_OFFLINE="1")
         subprocess.run([os.path.join(VENV, "bin", "python"), "-c", TRL_PREP, os.path.join(data_dir, "trl")],
                        check=True, env=env)
+    if names & {"litgpt-lora", "trl-rloo-cli"} and not (
+            os.path.exists(os.path.join(data_dir, "litgpt", "train.json"))
+            and os.path.exists(os.path.join(data_dir, "trl", "reward", "config.json"))):
+        log("making litgpt's checkpoint folder and data, and the reward model for trl-rloo-cli")
+        env = dict(os.environ, HF_HUB_OFFLINE="1")
+        subprocess.run([os.path.join(VENV, "bin", "python"), "-c", LITGPT_RLOO_PREP, data_dir], check=True, env=env)
 
 
 def md_cell(x):

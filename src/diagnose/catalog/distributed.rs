@@ -607,6 +607,9 @@ pub fn rendezvous_incomplete(ev: &Evidence, first: Option<&RankEvidence>) -> Opt
         f.evidence.push(format!("the store saw {n} of {m} ranks join"));
     }
     let said = waiting.key.as_ref().map(|k| format!(": `{}`", k.text)).unwrap_or_default();
+    if let Some(f) = copies_that_start_their_own_ranks(ev, waiting) {
+        return Some(f);
+    }
     let why = if !gone.is_empty() {
         gone.join("; ")
     } else if stopped_in_init(waiting) && joined.is_none() {
@@ -651,6 +654,59 @@ pub fn rendezvous_incomplete(ev: &Evidence, first: Option<&RankEvidence>) -> Opt
             "gave up"
         },
     ));
+    Some(f)
+}
+
+/// A rendezvous that could not complete because of how ups-doctor ran the command: it started one
+/// copy per rank itself, each with torchrun's variables (`LOCAL_RANK`, `WORLD_SIZE`), and a copy
+/// entered `init_process_group` for a larger world than the copies started. The program starts
+/// its own ranks (ups-doctor found no launcher in what it read of it), and those variables told it
+/// they had been started already: it waited for ranks nobody started. Seen with litgpt's CLI
+/// (`litgpt finetune_lora … --devices 2`, Fabric inside a subcommand's module), which under
+/// ups-doctor waited forever and alone trains: the run's hang is ups-doctor's, said as such.
+fn copies_that_start_their_own_ranks(ev: &Evidence, waiting: &RankEvidence) -> Option<Finding> {
+    let started = ev.ranks.len() as u32;
+    let wanted = waiting.result.observed.as_ref()?.joining_world_size?;
+    if !ev.foreign || ev.launcher.is_some() || wanted <= started {
+        return None;
+    }
+    let program = ev
+        .scenario
+        .command
+        .as_deref()
+        .and_then(|c| c.first())
+        .map_or("the command", |c| c.rsplit('/').next().unwrap_or(c));
+    let copies = if started == 1 { "one copy".to_string() } else { format!("{started} copies") };
+    let mut f = Finding::of(&RENDEZVOUS_INCOMPLETE);
+    f.undecided = true;
+    f.headline = Some(format!(
+        "The rendezvous never completed because of how ups-doctor ran `{program}`: it started {copies} itself, \
+         each with torchrun's variables (`LOCAL_RANK`, `WORLD_SIZE`), and rank {} entered `init_process_group` \
+         for a world of {wanted}: the program starts its own ranks, and those variables told it they were \
+         started already.",
+        waiting.rank()
+    ));
+    f.evidence.push(format!(
+        "from the observer: rank {} entered `init_process_group` for a world of {wanted}; ups-doctor started \
+         {copies} of the command (style `per_rank`)",
+        waiting.rank()
+    ));
+    let chosen = match ev.scenario.launch.style {
+        crate::scenario::LaunchStyle::Auto => {
+            "`launch.style: auto` found no launcher in what it read of the command (its script, or a console \
+             script, its entry module and its subcommand's module), so it ran the command as one copy per rank"
+        }
+        _ => "the run named the style `per_rank`, one copy of the command per rank",
+    };
+    f.cause = Some(format!(
+        "ups-doctor's doing, not the program's: {chosen}; a program that starts its ranks itself (Lightning's and \
+         Fabric's launcher) then takes those variables for a launcher's and starts none."
+    ));
+    f.next_step = Some(
+        "Run it again with `--style launcher` (`launch.style: launcher`): ups-doctor then starts the command once \
+         and finds the ranks it starts."
+            .into(),
+    );
     Some(f)
 }
 

@@ -286,6 +286,10 @@ pub struct ObservedProgram {
     /// `group`, it never returned from it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub joining: bool,
+    /// The world size it entered `init_process_group` for (its argument, else `WORLD_SIZE`),
+    /// where known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub joining_world_size: Option<u32>,
     /// The Python and PyTorch the process ran.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub torch: Option<TorchFacts>,
@@ -390,8 +394,10 @@ impl ObservedProgram {
     /// `false` for any other marker.
     pub fn apply(this: &mut Option<Self>, at: f64, marker: &Marker) -> bool {
         match marker {
-            Marker::Joining { .. } => {
-                this.get_or_insert_with(Default::default).joining = true;
+            Marker::Joining { world_size, .. } => {
+                let o = this.get_or_insert_with(Default::default);
+                o.joining = true;
+                o.joining_world_size = world_size.or(o.joining_world_size);
             }
             Marker::Group { backend, rank, world_size, store, .. } => {
                 let o = this.get_or_insert_with(Default::default);
@@ -484,13 +490,9 @@ impl ObservedProgram {
                     o.collective_total_ms = *collective_total_ms;
                     o.dropped = *dropped;
                     o.unseen_per_step = unseen_per_step.or(o.unseen_per_step);
-                    if let (Some(run_ms), Some(wait_ms)) = (cpu_run_ms, cpu_wait_ms) {
-                        o.cpu_per_step = Some(CpuPerStep {
-                            run_ms: *run_ms,
-                            wait_ms: *wait_ms,
-                            others_run_ms: *threads_run_ms,
-                            others_wait_ms: *threads_wait_ms,
-                        });
+                    let (others_run_ms, others_wait_ms) = (*threads_run_ms, *threads_wait_ms);
+                    if let (Some(&run_ms), Some(&wait_ms)) = (cpu_run_ms.as_ref(), cpu_wait_ms.as_ref()) {
+                        o.cpu_per_step = Some(CpuPerStep { run_ms, wait_ms, others_run_ms, others_wait_ms });
                     }
                     o.intra_op_threads = intra_op_threads.or(o.intra_op_threads);
                     o.cpus = cpus.or(o.cpus);
