@@ -211,7 +211,8 @@ pub const STRAGGLER: Pattern = Pattern {
               theirs (within a quarter of it, or an eighth of the gap): a crowded machine, not the rank; nor, \
               for time its main thread spent on a CPU, where the rank computes with several intra-op threads and \
               its other threads waited for a CPU longer than they ran and at least half the gap (OpenMP's threads \
-              spinning for each other); DDP's \
+              spinning for each other) while it waited for the others in backward and collectives at least half \
+              the gap itself; DDP's \
               forward not where another rank was on a CPU, or outside where ranks wait (its data loading, its own \
               work), at least half the gap a step longer (the rank waited there for it, in the buffers' \
               broadcast); in a run that passed, or one the time limit ended while \
@@ -979,8 +980,12 @@ fn ran_more(mine: f64, ran: f64, gap: f64) -> bool {
 /// Lightning's LSTM demo under Fabric's CLI with nothing injected, beside a test suite (2026-12-07,
 /// the accuracy matrix): two ranks of 2 intra-op threads each on 2 CPUs, rank 1 132 ms a step longer
 /// in DDP's forward with 105 ms more on a CPU, its other threads waiting 412 ms a step and running
-/// 181 — and rank 1 waited in backward for rank 0 636 ms a step. Nothing is said where a rank's
-/// account is missing.
+/// 181 — and rank 1 waited in backward for rank 0 636 ms a step. Spinning, like any crowding, makes
+/// the ranks take turns being slow: a rank that itself waited for the others (in backward and
+/// collectives) at least half of `gap` a step was as much held up as holding up. A rank with more
+/// work of its own waits for nobody: the same program with rank 1 computing 300 ms more a step had
+/// its other threads wait too (401 ms a step, running 228), but rank 1 waited 25 ms a step in
+/// backward, rank 0 328 ms — rank 1 is named. Nothing is said where a rank's account is missing.
 fn spun(obs: &[(u32, &ObservedProgram)], rank: u32, gap: f64) -> bool {
     let Some((_, o)) = obs.iter().find(|(r, _)| *r == rank) else { return false };
     let Some(mine) = o.cpu_per_step else { return false };
@@ -993,6 +998,7 @@ fn spun(obs: &[(u32, &ObservedProgram)], rank: u32, gap: f64) -> bool {
         && ran_more(mine.run_ms, ran, gap)
         && wait > run
         && wait >= gap / 2.0
+        && o.backward_ms + o.collective_ms >= gap / 2.0
 }
 
 /// The evidence, in any run that passed, that its ranks' PyTorch threads waited for CPUs: where a
@@ -1863,6 +1869,14 @@ mod tests {
         let ranks = none(1);
         assert_eq!(with_evidence(&ranks, &s, |ev| straggler(ev, None)).and_then(|f| f.culprit), Some(1));
         assert!(with_evidence(&ranks, &s, threads_waited).is_none());
+        // Rank 1 computing 300 ms more a step, 168 ms of it on a CPU, its other threads waiting 401
+        // ms a step and running 228: it waited 25 ms a step in backward, rank 0 328 ms. Rank 1.
+        let ranks = [
+            passed(0, (337.8, 3.4, 327.9), (53.4, 116.3, 55.2, 155.2), 2),
+            passed(1, (338.1, 2.3, 24.8), (221.4, 331.5, 227.7, 400.8), 2),
+        ];
+        let f = with_evidence(&ranks, &s, |ev| straggler(ev, None));
+        assert_eq!(f.and_then(|f| f.culprit), Some(1));
         // The compute straggler: 418 ms a step outside backward, only 36 ms more on a CPU.
         let ranks = [
             passed(0, (1036.8, 354.0, 600.8), (189.6, 383.6, 191.8, 419.4), 2),
