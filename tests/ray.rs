@@ -12,6 +12,12 @@ use std::path::{Path, PathBuf};
 use crate::util::{RunOutput, Sandbox, venv_python};
 use serde_json::Value;
 
+/// How long Ray Train's controller waits for its worker group to start (its own default: 60 s).
+/// A fresh-clone test run on 2 loaded cores (2026-12-07, twice) had the second host's worker start
+/// later than that, and Ray gave up before any training ("The worker group startup timed out after
+/// 60.0 seconds waiting for 2 workers"): the machine's slowness, not what the tests judge.
+pub const WORKER_START: (&str, &str) = ("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "240");
+
 /// The Python of the Ray Train venv (`./x ray`, which `./x test` runs): `UPS_DOCTOR_RAY_PYTHON`,
 /// else the cache's. Never skipped: a missing venv fails the test with the fix.
 pub(crate) fn ray_python() -> PathBuf {
@@ -83,6 +89,7 @@ fn run_example(fault: &[(&str, &str)]) -> (RunOutput, Value, Sandbox) {
     cmd.env("PATH", path)
         .env("HOME", &home)
         .env("RAY_TMPDIR", ray_tmp.path())
+        .env(WORKER_START.0, WORKER_START.1)
         .env("PYTHONPATH", crate::util::repo().join("bench/accuracy/inject"))
         .envs(fault.iter().copied());
     let example = example(&python).display().to_string();
