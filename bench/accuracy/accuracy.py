@@ -823,6 +823,10 @@ def run_cell(args, program, fault, rep, calib, out_dir, data_dir):
     if ray_tmp:
         # Ray's files (`~/.ray`, `~/ray_results`, its sessions) in the cell's own folders.
         env.update(HOME=tmp, RAY_TMPDIR=ray_tmp)
+        # Ray Train's controller gives its worker group 60 s to start, which 2 loaded cores can
+        # take (the suite's Ray tests failed so, before any training): a cell would score Ray's
+        # start-up, not the fault.
+        env.setdefault("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "240")
     # A program's own limit where the matrix's is too short for it (never shorter).
     limit = max(args.timeout, program.get("timeout", 0))
     cmd = [args.binary, "run", "--quiet", "--out", os.path.join(cell_dir, "run"), "--timeout", str(limit),
