@@ -207,13 +207,25 @@ fn judge_watched(o: &Observed) -> Judgement {
     let key = failed.key.clone().or_else(|| catalog::fatal_key(&ev, failed));
     verdict.key_line = key.map(|k| k.render());
     Judgement {
-        outcome: failed.result.outcome,
+        outcome: outcome_of(failed),
         // Ranks hung together, or a finding that cannot tell: none failed first.
         first_failure: (together.is_empty() && !undecided && !stopped_alone)
             .then_some(departed.unwrap_or(failed).rank()),
         verdict,
         same_failure: same,
     }
+}
+
+/// The run's outcome from its first failure: how that rank ended, except for a rank that failed
+/// with an exception of its own and that its launcher or cluster then signalled as it exited. It
+/// ended by its error: whether it had exited by then is the launcher's race (Lightning under
+/// torchrun, rank 1 raising at step 3, 1 run in 5 beside a fresh-clone test run: torchrun saw rank
+/// 0's lost peer first and sent rank 1 SIGTERM), so the outcome is `exited` every time, as the
+/// headline names the error every time.
+fn outcome_of(failed: &RankEvidence) -> OutcomeKind {
+    let by_its_error = matches!(failed.ended_by, EndedBy::Launcher { .. } | EndedBy::Cluster)
+        && failed.key.as_ref().is_some_and(|k| k.is_exception());
+    if by_its_error { OutcomeKind::Exited } else { failed.result.outcome }
 }
 
 /// The only failed rank is one its launcher stopped with no error of its own (torchrun and

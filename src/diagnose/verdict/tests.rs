@@ -1555,6 +1555,8 @@ fn a_rank_the_launcher_says_it_sigtermed_after_its_own_error_is_named_with_that_
         j.verdict.headline
     );
     assert!(!j.verdict.headline.contains("from outside"), "{}", j.verdict.headline);
+    // Its end is its error, as when it exits with status 1 before the SIGTERM comes.
+    assert_eq!(j.outcome, OutcomeKind::Exited);
 }
 
 /// Seen in `tests/resources.rs` under load: both ranks raised the same error; rank 1 exited first
@@ -2593,6 +2595,7 @@ fn a_cluster_worker_that_failed_and_was_then_ended_by_its_cluster_is_named_by_it
         "{:#?}",
         j.verdict
     );
+    assert_eq!(j.outcome, OutcomeKind::Exited);
     // Its evidence says the cluster named it, not the opposite.
     assert!(
         !j.verdict.evidence.iter().any(|e| e.contains("did not name rank 1")),
