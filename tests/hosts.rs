@@ -564,6 +564,7 @@ fn ray_across_hosts(
             .env("HOME", &home)
             .env("EXAMPLE", &example)
             .env(crate::ray::WORKER_START.0, crate::ray::WORKER_START.1)
+            .env(crate::ray::NICENESS.0, crate::ray::NICENESS.1)
             .env("PYTHONPATH", repo().join("bench/accuracy/inject"))
             .env("NO_COLOR", "1")
             .env_remove("PYTHONUNBUFFERED")

@@ -827,6 +827,9 @@ def run_cell(args, program, fault, rep, calib, out_dir, data_dir):
         # take (the suite's Ray tests failed so, before any training): a cell would score Ray's
         # start-up, not the fault.
         env.setdefault("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "240")
+        # Ray runs its workers at nice 15: beside other work at nice 0 they get about 1/30 of a
+        # CPU, and the controller had not asked for its workers 60 s on (tests/ray.rs, NICENESS).
+        env.setdefault("RAY_worker_niceness", "0")
     # A program's own limit where the matrix's is too short for it (never shorter).
     limit = max(args.timeout, program.get("timeout", 0))
     cmd = [args.binary, "run", "--quiet", "--out", os.path.join(cell_dir, "run"), "--timeout", str(limit),

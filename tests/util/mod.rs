@@ -33,11 +33,12 @@ pub struct Sandbox {
 
 /// A failing test's sandbox (its scenario, reports, logs, `result.json`) is kept and its path
 /// printed: the evidence of a failure that happens once in several runs is otherwise gone.
+/// `UPS_DOCTOR_KEEP_SANDBOX=1` keeps a passing test's too (to compare a pass with a failure).
 impl Drop for Sandbox {
     fn drop(&mut self) {
-        if std::thread::panicking() {
+        if std::thread::panicking() || std::env::var_os("UPS_DOCTOR_KEEP_SANDBOX").is_some_and(|v| v == "1") {
             let kept = std::mem::replace(&mut self.dir, tempfile::tempdir().expect("temp dir")).keep();
-            eprintln!("sandbox of the failed test kept: {}", kept.display());
+            eprintln!("sandbox of the test kept: {}", kept.display());
         }
     }
 }
