@@ -313,6 +313,31 @@ fn ranks_no_signal_identifies_are_judged_by_the_launchers_exit_status() {
     );
 }
 
+/// A launcher with a rank 0 (by `RANK`) and a child no signal identifies, silent until the hang
+/// is declared: the child ups-doctor's teardown ends is no rank that failed by itself. (Ray's driver
+/// with its daemons as children: a daemon killed in the teardown of a hang was taken for rank 1,
+/// "killed by SIGKILL", the culprit of a run where no rank was seen to fail.)
+#[test]
+fn children_of_a_launcher_that_its_teardown_ended_are_no_ranks_that_failed() {
+    let sb = Sandbox::new();
+    let hung = sb.scenario(
+        "unidentified-hung",
+        r#"{"command": ["sh", "-c", "RANK=0 sleep 600 & sleep 600 & wait"],
+            "launch": {"world_size": 2, "style": "launcher", "observe": false},
+            "limits": {"timeout_s": 300, "hang_after_s": 5}}"#,
+    );
+    let run = sb.run(&[&hung], &[]);
+    let [hung] = &scenarios(&run)[..] else { panic!("one scenario: {}", run.stderr()) };
+    assert_eq!(hung["outcome"], "hung", "{}", hung["verdict"]);
+    assert_eq!(hung["external"]["launcher"]["unidentified_processes"], 1, "{}", hung["external"]);
+    assert_eq!(hung["ranks"][0]["identified_by"], "RANK", "{}", hung["ranks"][0]);
+    let unfound = &hung["ranks"][1];
+    assert_ne!(unfound["exit_source"], "procfs_rank_unknown", "{unfound}");
+    assert!(unfound["pid"].is_null(), "{unfound}");
+    let headline = hung["verdict"]["headline"].as_str().unwrap_or_default();
+    assert!(!headline.contains("SIGKILL") && !headline.contains("SIGTERM"), "{headline}");
+}
+
 /// A home-made launcher whose ranks meet at a port of their own (nothing outside knows it), the
 /// observer off: no signal gives a rank number. Rank 1 segfaulting at step 4 makes the launcher SIGTERM the other
 /// and exit 1: the processes are judged as processes, the one killed by SIGSEGV first, named by

@@ -1719,7 +1719,8 @@ impl Supervisor<'_, '_> {
         if let Some(workers) = self.plan.cluster_workers() {
             cluster_account(&mut self.slots, workers, (&err, &out), exit.map(|(_, e)| e), offset);
         }
-        settle_unidentified(&mut self.slots, &l, exit, &launcher_name, self.start, offset);
+        let torn_down = self.tearing_down_at.map(|t| self.start + Duration::from_secs_f64(t));
+        settle_unidentified(&mut self.slots, &l, exit, &launcher_name, (self.start, torn_down), offset);
         let _ = std::fs::remove_file(&l.fifo);
         let end = LauncherEnd {
             kind: self.plan.launcher.map(|l| l.name.to_string()),
@@ -1841,13 +1842,15 @@ impl Supervisor<'_, '_> {
 /// - else the processes below it that looked like ranks are judged as processes: those that
 ///   failed (a signal, a non-zero status) take the unidentified ranks' places in the order the
 ///   processes started, each with its own exit (`rank number unknown`), so first failure and
-///   collateral come from what they did; the other ranks take the launcher's status.
+///   collateral come from what they did; the other ranks take the launcher's status. A process
+///   that ended once ups-doctor began its teardown (`torn_down`) ended by its doing, not its own:
+///   a Ray daemon killed as the run was torn down for a hang was taken for a rank that failed.
 fn settle_unidentified(
     slots: &mut [Slot],
     l: &Launcher,
     exit: Option<(u32, process::Exit)>,
     launcher_name: &str,
-    start: Instant,
+    (start, torn_down): (Instant, Option<Instant>),
     offset: u32,
 ) {
     let found: Vec<u32> = slots.iter().filter_map(|s| s.found).collect();
@@ -1859,7 +1862,7 @@ fn settle_unidentified(
             Some(&(Some(e), at)) => Some((u.pid, e, at)),
             _ => None,
         })
-        .filter(|(_, e, _)| *e != process::Exit::Code(0));
+        .filter(|(_, e, at)| *e != process::Exit::Code(0) && torn_down.is_none_or(|t| *at < t));
     let launcher_exit = exit.map(|(_, e)| e);
     for slot in slots.iter_mut().filter(|s| s.found.is_none()) {
         // What the launcher's output prefixes with `[rankN]:` is rank N's by PyTorch's numbering,
