@@ -945,3 +945,65 @@ fn with_the_observer_module(script: &str) -> String {
     assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
     stdout
 }
+
+/// Holds `lock` with `flock` (another job's), released when dropped.
+struct HeldLock(std::process::Child);
+
+impl HeldLock {
+    fn take(lock: &std::path::Path) -> HeldLock {
+        let holder =
+            std::process::Command::new("flock").arg(lock).args(["sleep", "600"]).spawn().expect("flock");
+        // Held once a try to take it fails (`flock -n` exits 1).
+        let free =
+            || std::process::Command::new("flock").args(["-n"]).arg(lock).arg("true").status().unwrap();
+        while free().success() {
+            std::thread::yield_now();
+        }
+        HeldLock(holder)
+    }
+}
+
+impl Drop for HeldLock {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Rank 1 of `observed_ddp.py` (each rank a copy ups-doctor starts) waits for a lock another job
+/// holds before it starts (`flock`, as ranks that share a dataset's or a cache's lock do) and never
+/// reaches `init_process_group`, where rank 0 waits. Rank 1 is named with where it was: not "the
+/// one that did not come ended before it was found" (it was alive, and its stack taken) — seen of
+/// a rank started at nice 19 beside a busy loop, still importing torch a minute on.
+#[test]
+fn a_rank_that_never_reached_the_rendezvous_is_named_with_where_it_was() {
+    let sb = Sandbox::new();
+    let lock = sb.path().join("dataset.lock");
+    std::fs::write(&lock, "").unwrap();
+    let _held = HeldLock::take(&lock);
+    let program = repo().join("tests/programs/observed_ddp.py").display().to_string();
+    let script = format!(
+        r#"if [ "$RANK" = 1 ]; then exec flock {} python {program} --steps 20; fi; exec python {program} --steps 20"#,
+        lock.display()
+    );
+    let scenario = serde_json::json!({
+        "command": ["sh", "-c", script],
+        "launch": {"world_size": 2, "style": "per_rank"},
+        "limits": {"timeout_s": 180, "hang_after_s": 15},
+        "expect": {"outcome": "hung"},
+    });
+    let file = sb.scenario("late-rank", &scenario.to_string());
+    let run = sb.run_in_venv(&[&file]);
+    let s = &run.result["scenarios"][0];
+    assert_eq!(run.code(), 0, "hung, as expected: {:#}", s["verdict"]);
+    let headline = verdict(s, "headline");
+    assert_eq!(verdict(s, "pattern"), "rendezvous-incomplete", "{headline}");
+    assert_eq!(s["first_failure"], 1, "{headline}");
+    assert!(
+        headline.contains(
+            "rank 1 had not entered `init_process_group` when the hang was declared: it was still in the system call"
+        ) && headline.contains("(its process `flock`)"),
+        "{headline}"
+    );
+    assert!(!headline.contains("ended before it was found"), "{headline}");
+}

@@ -60,7 +60,8 @@ pub const RENDEZVOUS_INCOMPLETE: Pattern = Pattern {
               seconds waiting for clients. 1/2 clients joined.`, `DistStoreError`, `The client socket has timed \
               out`, stacks in the rendezvous, the built-in trainer's `dist.init` phase, or its own stack, written \
               as its launcher stopped it, inside `init_process_group`) while another rank had exited or never \
-              started",
+              started, or was still alive outside it (a rank that never reached it: still importing, waiting for a \
+              lock, starved of a CPU; named with where its stack had it)",
     explanation: "`init_process_group` waits until all `WORLD_SIZE` ranks have joined the store; a rank that \
                   exited before it, never started, or was given another world size or address leaves the \
                   others waiting until the store's timeout (30 minutes by default).",
@@ -587,8 +588,23 @@ pub fn rendezvous_incomplete(ev: &Evidence, first: Option<&RankEvidence>) -> Opt
                     || (r.result.ended_at_s.is_some_and(|t| t <= waited_until) && !at_rendezvous(r)))
         })
         .collect();
+    // Ranks alive when the hang was declared that never entered `init_process_group`: they hold
+    // the rendezvous up, still starting (a slow import, a lock another job holds, a download, a
+    // CPU they wait for). Seen: a rank started at nice 19 beside a busy loop on its CPU was still
+    // importing torch 60 s on, and the verdict said "the one that did not come ended before it
+    // was found" of a rank whose stack it held.
+    let late: Vec<&RankEvidence> = ev
+        .ranks
+        .iter()
+        .filter(|r| {
+            r.rank() != waiting.rank()
+                && r.result.outcome == OutcomeKind::Hung
+                && !at_rendezvous(r)
+                && r.result.observed.as_ref().is_none_or(|o| !o.joining && o.group.is_none())
+        })
+        .collect();
     let mut f = Finding::of(&RENDEZVOUS_INCOMPLETE);
-    let gone: Vec<String> = absent
+    let mut gone: Vec<String> = absent
         .iter()
         .map(|r| {
             let res = r.result;
@@ -602,6 +618,13 @@ pub fn rendezvous_incomplete(ev: &Evidence, first: Option<&RankEvidence>) -> Opt
             format!("rank {} {how}{at} without joining", r.rank())
         })
         .collect();
+    gone.extend(late.iter().map(|r| {
+        format!(
+            "rank {} had not entered `init_process_group` when the hang was declared: it was still {}",
+            r.rank(),
+            where_it_was(r)
+        )
+    }));
     let joined = waiting.key.as_ref().and_then(|k| clients_joined(&k.text));
     if let Some((n, m)) = joined {
         f.evidence.push(format!("the store saw {n} of {m} ranks join"));
@@ -623,6 +646,11 @@ pub fn rendezvous_incomplete(ev: &Evidence, first: Option<&RankEvidence>) -> Opt
         "no other rank is known to have left: check `WORLD_SIZE`, `MASTER_ADDR` and `MASTER_PORT` on every rank".to_string()
     };
     f.culprit = absent.iter().find(|r| r.failed()).map(|r| r.rank());
+    if f.culprit.is_none()
+        && let [one] = late[..]
+    {
+        f.culprit = Some(one.rank());
+    }
     // A rank that left raising an exception of its own (a module missing on its node, a bad
     // config) failed for that reason: its error is the verdict, not the rendezvous it never
     // reached (the generic failure headline leads with it, and the waiting rank is collateral).
@@ -655,6 +683,36 @@ pub fn rendezvous_incomplete(ev: &Evidence, first: Option<&RankEvidence>) -> Opt
         },
     ));
     Some(f)
+}
+
+/// Where a rank that never reached `init_process_group` was, by its main thread's stack: the
+/// program's own line (`in <module> (train.py:16)`), else its innermost Python frame, else the
+/// system call the kernel had it in (a program that is not Python: `flock` waiting for a lock).
+fn where_it_was(rank: &RankEvidence) -> String {
+    let frames = main_thread(rank).map(|t| t.frames.as_slice()).unwrap_or_default();
+    let python = frames.iter().find(|f| f.place.as_deref().is_some_and(|p| p.contains(".py:")));
+    let inner = python.map(|f| format!("`{}` ({})", f.function, f.place.as_deref().unwrap_or_default()));
+    // Its main thread as the kernel had it, where no Python stack was read (a program that is
+    // not Python): its system call and wait channel.
+    let kernel = || {
+        let dump = rank.result.dumps.iter().find(|d| d.role == crate::schema::ProcessRole::Rank)?;
+        let t = dump.threads.iter().find(|t| t.tid == dump.pid)?;
+        let wait = match (&t.syscall, &t.wchan) {
+            (Some(call), Some(chan)) => format!("system call {call}, waiting in `{chan}`"),
+            (Some(call), None) => format!("system call {call}"),
+            (None, Some(chan)) => format!("kernel, waiting in `{chan}`"),
+            (None, None) => return None,
+        };
+        Some(format!("in the {wait} (its process `{}`)", t.name))
+    };
+    match (program_frame(frames), inner) {
+        (Some(own), Some(inner)) if !inner.contains(own.split_once(" (").map_or("", |(_, p)| p)) => {
+            format!("in {own}, inside {inner}")
+        }
+        (Some(own), _) => format!("in {own}"),
+        (None, Some(inner)) => format!("in {inner}"),
+        (None, None) => kernel().unwrap_or_else(|| "starting (no stack of it was taken)".to_string()),
+    }
 }
 
 /// A rendezvous that could not complete because of how ups-doctor ran the command: it started one
