@@ -515,6 +515,12 @@ class _Observer:
                 marker["cpus"] = len(os.sched_getaffinity(0))
             except Exception:
                 pass
+        # The main thread's nice value (`renice`, `nice`, Ray's workers at 15): where the CPUs are
+        # shared, any process at a lower one runs first.
+        try:
+            marker["nice"] = os.getpriority(os.PRIO_PROCESS, os.getpid())
+        except (AttributeError, OSError):
+            pass
         if exiting:
             marker["exiting"] = True
         if self.forked:

@@ -277,6 +277,9 @@ pub enum Marker {
         /// The CPUs the process may run on (its affinity mask).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         cpus: Option<u32>,
+        /// The main thread's nice value.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        nice: Option<i32>,
         /// Sent from the process's exit handlers (`atexit`): the program's own code had finished
         /// (returned, or called `sys.exit`) and Python was about to shut down.
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]

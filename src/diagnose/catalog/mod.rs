@@ -138,9 +138,10 @@ pub fn shm_evidence(ev: &Evidence, failed: Option<&RankEvidence>) -> Vec<String>
     loader::shm_lines(ev, failed)
 }
 
-/// The evidence line, in a run that passed, that its ranks' PyTorch threads waited for CPUs.
-pub fn threads_evidence(ev: &Evidence) -> Option<String> {
-    observed::threads_waited(ev)
+/// The evidence lines, in a run that passed, that its ranks' PyTorch threads waited for CPUs,
+/// and that ranks at a raised nice value did.
+pub fn threads_evidence(ev: &Evidence) -> Vec<String> {
+    observed::threads_waited(ev).into_iter().chain(observed::niced_ranks(ev)).collect()
 }
 
 #[cfg(test)]

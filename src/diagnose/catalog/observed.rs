@@ -208,7 +208,9 @@ pub const STRAGGLER: Pattern = Pattern {
               waited for at least half the gap, in its steps or, over the whole run, in collectives between them; \
               not where the kernel's account (`observed.cpu_per_step`) says the rank's main thread waited for a \
               CPU at least half the gap a step longer than every other rank's with no more time on a CPU than \
-              theirs (within a quarter of it, or an eighth of the gap): a crowded machine, not the rank; nor, \
+              theirs (within a quarter of it, or an eighth of the gap): a crowded machine, not the rank (unless \
+              its main thread runs at a higher nice value than every other rank's, `observed.nice`: then it is \
+              named, with its nice value); nor, \
               for time its main thread spent on a CPU, where the rank computes with several intra-op threads and \
               its other threads waited for a CPU longer than they ran and at least half the gap (OpenMP's threads \
               spinning for each other) while it waited for the others in backward and collectives at least half \
@@ -900,11 +902,21 @@ pub fn straggler(ev: &Evidence, _first: Option<&RankEvidence>) -> Option<Finding
         }
     }
     let (_, rank, phase, slow, others, must_wait) = best?;
-    if starved(&obs, rank, slow - others) || spun(&obs, rank, slow - others) {
+    let starved = starved(&obs, rank, slow - others);
+    let niced = niced_above(&obs, rank).filter(|_| starved);
+    if (starved && niced.is_none()) || spun(&obs, rank, slow - others) {
         return None;
     }
     let mut f = Finding::of(&STRAGGLER);
     f.culprit = Some(rank);
+    if let Some(line) = niced {
+        f.evidence.push(line);
+        f.next_step = Some(format!(
+            "Run rank {rank} at the others' priority: no `nice` in the command that starts it, or `renice -n 0 -p \
+             PID` for each of its threads (`ps -L -o tid= -p PID`; root to lower it); Ray sets its workers' with \
+             `RAY_worker_niceness`."
+        ));
+    }
     let steps: Vec<String> = obs.iter().map(|(r, o)| format!("rank {r} {:.1} ms", o.step_ms)).collect();
     f.appendix = Some(format!(
         " Rank {rank} is a straggler: its steps spend {slow:.1} ms (median) in {phase}, the other ranks' at most \
@@ -962,6 +974,59 @@ fn starved(obs: &[(u32, &ObservedProgram)], rank: u32, gap: f64) -> bool {
     let crowded =
         obs.iter().all(|(r, _)| cpu(*r).is_some_and(|c| c.wait_ms >= gap && 2.0 * c.wait_ms > step(*r)));
     gap > 0.0 && (mine.wait_ms - waited >= gap / 2.0 || crowded) && !own_work
+}
+
+/// Where rank `rank` waited for a CPU because the kernel ranks it below the others: its main
+/// thread runs at a higher nice value than every other rank's (all known). A rank that waited for
+/// a CPU longer than the others with no more work of its own ([`starved`]) is the machine's doing
+/// where the ranks are alike; one started with `nice` (or reniced by a scheduler) is its own:
+/// every process at a lower nice value on its CPUs runs first. The evidence line, else `None`.
+fn niced_above(obs: &[(u32, &ObservedProgram)], rank: u32) -> Option<String> {
+    let of = |r: u32| obs.iter().find(|(x, _)| *x == r).and_then(|(_, o)| o.nice);
+    let mine = of(rank)?;
+    let others: Option<Vec<i32>> = obs.iter().filter(|(r, _)| *r != rank).map(|(r, _)| of(*r)).collect();
+    let theirs = others?.into_iter().max()?;
+    let wait =
+        |r: u32| obs.iter().find(|(x, _)| *x == r).and_then(|(_, o)| o.cpu_per_step).map(|c| c.wait_ms);
+    let others_wait =
+        obs.iter().filter(|(r, _)| *r != rank).filter_map(|(r, _)| wait(*r)).fold(0.0, f64::max);
+    (mine > theirs).then(|| {
+        format!(
+            "from the observer and the kernel's account: rank {rank}'s main thread runs at nice {mine}, the other \
+             ranks' at {theirs} at most, and it waited for a CPU {:.1} ms a step, the others at most {others_wait:.1} \
+             ms: where the CPUs are shared, every process at a lower nice value runs before it",
+            wait(rank).unwrap_or(0.0)
+        )
+    })
+}
+
+/// The evidence, in any run that passed, that its ranks ran at a raised nice value and waited for
+/// CPUs: ranks whose main thread runs above nice 0 and waited for a CPU at least a quarter of its
+/// step. Every process on their CPUs at a lower nice value runs first; Ray starts its workers at
+/// 15 (`RAY_worker_niceness`), so a Ray Train job beside any other work waits.
+pub fn niced_ranks(ev: &Evidence) -> Option<String> {
+    let obs: Vec<(u32, &ObservedProgram)> =
+        ev.ranks.iter().filter_map(|r| Some((r.rank(), observed(r)?))).collect();
+    let waited = |o: &ObservedProgram| {
+        let c = o.cpu_per_step?;
+        (o.nice? > 0 && 4.0 * c.wait_ms >= o.step_ms && c.wait_ms > 0.0)
+            .then_some((o.nice?, c.wait_ms, o.step_ms))
+    };
+    let ranks: Vec<String> = obs
+        .iter()
+        .filter_map(|(r, o)| {
+            let (nice, wait, step) = waited(o)?;
+            Some(format!("rank {r} at nice {nice}, waiting {wait:.1} ms of a {step:.1} ms step"))
+        })
+        .collect();
+    (!ranks.is_empty()).then(|| {
+        format!(
+            "from the observer and the kernel's account: ranks ran at a raised nice value and waited for a CPU ({}): \
+             every process on their CPUs at a lower nice value runs first (Ray starts its workers at nice 15 unless \
+             `RAY_worker_niceness` says otherwise)",
+            ranks.join("; ")
+        )
+    })
 }
 
 /// Whether a rank's main thread, `mine` ms a step on a CPU, did more work there than the others'
@@ -1884,6 +1949,60 @@ mod tests {
         ];
         let f = with_evidence(&ranks, &s, |ev| straggler(ev, None));
         assert_eq!(f.and_then(|f| f.culprit), Some(1));
+    }
+
+    /// The shape above of a rank that waited for a CPU with no more work of its own (Hugging Face's
+    /// Trainer beside other jobs), now with each rank's nice value: where rank 1's main thread runs
+    /// at a higher one than rank 0's (started with `nice`, reniced), the kernel ranks it below the
+    /// others on the CPUs they share, and it is named, with its nice value and the next step; where
+    /// the ranks run at the same one (Ray starts every worker at 15), it is the machine's, as
+    /// before, and a passed run's evidence says the ranks ran niced and waited.
+    #[test]
+    fn a_rank_that_waited_for_a_cpu_at_a_higher_nice_value_than_the_others_is_named() {
+        use crate::schema::CpuPerStep;
+        let passed = |rank: u32, forward_ms: f64, backward_ms: f64, cpu: (f64, f64), nice: i32| {
+            let mut r = crate::report::fixtures::rank(rank, 40);
+            r.outcome = OutcomeKind::Passed;
+            r.observed = Some(ObservedProgram {
+                distributed: true,
+                steps: 40,
+                timed_steps: 39,
+                step_ms: 60.0,
+                forward_ms,
+                backward_ms,
+                cpu_per_step: Some(CpuPerStep {
+                    run_ms: cpu.0,
+                    wait_ms: cpu.1,
+                    others_run_ms: None,
+                    others_wait_ms: None,
+                }),
+                nice: Some(nice),
+                ..Default::default()
+            });
+            r
+        };
+        let s = scenario(2);
+        let ranks = [passed(0, 8.8, 30.0, (25.0, 3.0), 0), passed(1, 22.9, 9.0, (26.0, 15.0), 19)];
+        let f = with_evidence(&ranks, &s, |ev| straggler(ev, None)).expect("rank 1 named");
+        assert_eq!(f.culprit, Some(1));
+        assert!(
+            f.evidence.iter().any(|e| e.contains(
+                "rank 1's main thread runs at nice 19, the other ranks' at 0 at most, and it waited for a CPU 15.0 ms a \
+                 step, the others at most 3.0 ms"
+            )),
+            "{:#?}",
+            f.evidence
+        );
+        assert!(f.next_step.as_deref().is_some_and(|n| n.starts_with("Run rank 1 at the others' priority")));
+        // The same nice value on every rank: the machine's.
+        let ranks = [passed(0, 8.8, 30.0, (25.0, 3.0), 15), passed(1, 22.9, 9.0, (26.0, 15.0), 15)];
+        assert!(with_evidence(&ranks, &s, |ev| straggler(ev, None)).is_none());
+        // Waiting a quarter of its step and more at nice 15: said in a passed run.
+        let line = with_evidence(&ranks, &s, niced_ranks).expect("the nice value said");
+        assert!(line.contains("rank 1 at nice 15, waiting 15.0 ms of a 60.0 ms step"), "{line}");
+        assert!(!line.contains("rank 0 at"), "rank 0 waited 3 ms of 60: {line}");
+        let ranks = [passed(0, 8.8, 30.0, (25.0, 3.0), 0), passed(1, 22.9, 9.0, (26.0, 15.0), 0)];
+        assert!(with_evidence(&ranks, &s, niced_ranks).is_none());
     }
 
     /// Hugging Face's Trainer with nothing injected on two cores shared with other jobs (the

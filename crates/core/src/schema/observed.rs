@@ -356,6 +356,10 @@ pub struct ObservedProgram {
     pub intra_op_threads: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpus: Option<u32>,
+    /// Its main thread's nice value at its last summary (`renice`, `nice`, a launcher's: Ray runs
+    /// its workers at 15).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nice: Option<i32>,
     /// When the program's own code had finished and its exit handlers (`atexit`) ran, in seconds
     /// since the scenario started: anything after it happened while Python shut down.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -468,6 +472,7 @@ impl ObservedProgram {
                 threads_wait_ms,
                 intra_op_threads,
                 cpus,
+                nice,
                 exiting,
                 forked,
             } => {
@@ -496,6 +501,7 @@ impl ObservedProgram {
                     }
                     o.intra_op_threads = intra_op_threads.or(o.intra_op_threads);
                     o.cpus = cpus.or(o.cpus);
+                    o.nice = nice.or(o.nice);
                     o.distributed = *distributed || o.group.is_some();
                 }
                 if *exiting {
@@ -670,6 +676,7 @@ mod tests {
             threads_wait_ms: None,
             intra_op_threads: None,
             cpus: None,
+            nice: None,
             exiting: !forked,
             forked,
         };
