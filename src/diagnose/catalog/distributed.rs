@@ -588,9 +588,9 @@ pub fn rendezvous_incomplete(ev: &Evidence, first: Option<&RankEvidence>) -> Opt
                     || (r.result.ended_at_s.is_some_and(|t| t <= waited_until) && !at_rendezvous(r)))
         })
         .collect();
-    // Ranks alive when the hang was declared that never entered `init_process_group`: they hold
-    // the rendezvous up, still starting (a slow import, a lock another job holds, a download, a
-    // CPU they wait for). Seen: a rank started at nice 19 beside a busy loop on its CPU was still
+    // Ranks alive when the hang was declared (their process known) that never entered
+    // `init_process_group`: they hold the rendezvous up, still starting (a slow import, a lock
+    // another job holds, a download, a CPU they wait for). Seen: a rank started at nice 19 beside a busy loop on its CPU was still
     // importing torch 60 s on, and the verdict said "the one that did not come ended before it
     // was found" of a rank whose stack it held.
     let late: Vec<&RankEvidence> = ev
@@ -599,6 +599,7 @@ pub fn rendezvous_incomplete(ev: &Evidence, first: Option<&RankEvidence>) -> Opt
         .filter(|r| {
             r.rank() != waiting.rank()
                 && r.result.outcome == OutcomeKind::Hung
+                && r.result.pid.is_some()
                 && !at_rendezvous(r)
                 && r.result.observed.as_ref().is_none_or(|o| !o.joining && o.group.is_none())
         })
