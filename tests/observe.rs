@@ -1007,3 +1007,29 @@ fn a_rank_that_never_reached_the_rendezvous_is_named_with_where_it_was() {
     );
     assert!(!headline.contains("ended before it was found"), "{headline}");
 }
+
+/// Each rank's nice value, as the kernel has its main thread, in its `observed`: rank 1 of
+/// `observed_ddp.py` started with `nice -n 5` (each rank a copy ups-doctor starts).
+#[test]
+fn each_ranks_nice_value_is_observed() {
+    let sb = Sandbox::new();
+    let program = repo().join("tests/programs/observed_ddp.py").display().to_string();
+    let script = format!(
+        r#"if [ "$RANK" = 1 ]; then exec nice -n 5 python {program} --steps 10; fi; exec python {program} --steps 10"#
+    );
+    let scenario = serde_json::json!({
+        "command": ["sh", "-c", script],
+        "launch": {"world_size": 2, "style": "per_rank"},
+        "limits": {"timeout_s": 180, "hang_after_s": 60},
+        "expect": {"outcome": "passed"},
+    });
+    let file = sb.scenario("niced", &scenario.to_string());
+    let run = sb.run_in_venv(&[&file]);
+    let s = &run.result["scenarios"][0];
+    assert_eq!(run.code(), 0, "passed: {:#}", s["verdict"]);
+    let nice: Vec<Option<i64>> =
+        s["ranks"].as_array().unwrap().iter().map(|r| r["observed"]["nice"].as_i64()).collect();
+    // Relative to rank 0's: the tests may themselves run niced.
+    let [Some(zero), Some(one)] = nice[..] else { panic!("both ranks' nice values: {nice:?}") };
+    assert_eq!(one - zero, 5, "{nice:?}");
+}
