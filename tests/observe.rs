@@ -946,6 +946,29 @@ fn with_the_observer_module(script: &str) -> String {
     stdout
 }
 
+/// `observed_ddp.py` as 2 copies ups-doctor starts (`per_rank`), rank 1's behind `rank1_prefix` (a
+/// command that then runs it: `flock LOCK`, `nice -n 5`), `steps` steps, `hang_after_s`,
+/// expecting `outcome`.
+fn per_rank_ddp(
+    sb: &Sandbox,
+    name: &str,
+    rank1_prefix: &str,
+    (steps, hang_after_s): (u32, u32),
+    outcome: &str,
+) -> crate::util::RunOutput {
+    let program = repo().join("tests/programs/observed_ddp.py").display().to_string();
+    let run = format!("python {program} --steps {steps}");
+    let script = format!(r#"if [ "$RANK" = 1 ]; then exec {rank1_prefix} {run}; fi; exec {run}"#);
+    let scenario = serde_json::json!({
+        "command": ["sh", "-c", script],
+        "launch": {"world_size": 2, "style": "per_rank"},
+        "limits": {"timeout_s": 180, "hang_after_s": hang_after_s},
+        "expect": {"outcome": outcome},
+    });
+    let file = sb.scenario(name, &scenario.to_string());
+    sb.run_in_venv(&[&file])
+}
+
 /// Holds `lock` with `flock` (another job's), released when dropped.
 struct HeldLock(std::process::Child);
 
@@ -981,19 +1004,7 @@ fn a_rank_that_never_reached_the_rendezvous_is_named_with_where_it_was() {
     let lock = sb.path().join("dataset.lock");
     std::fs::write(&lock, "").unwrap();
     let _held = HeldLock::take(&lock);
-    let program = repo().join("tests/programs/observed_ddp.py").display().to_string();
-    let script = format!(
-        r#"if [ "$RANK" = 1 ]; then exec flock {} python {program} --steps 20; fi; exec python {program} --steps 20"#,
-        lock.display()
-    );
-    let scenario = serde_json::json!({
-        "command": ["sh", "-c", script],
-        "launch": {"world_size": 2, "style": "per_rank"},
-        "limits": {"timeout_s": 180, "hang_after_s": 15},
-        "expect": {"outcome": "hung"},
-    });
-    let file = sb.scenario("late-rank", &scenario.to_string());
-    let run = sb.run_in_venv(&[&file]);
+    let run = per_rank_ddp(&sb, "late-rank", &format!("flock {}", lock.display()), (20, 15), "hung");
     let s = &run.result["scenarios"][0];
     assert_eq!(run.code(), 0, "hung, as expected: {:#}", s["verdict"]);
     let headline = verdict(s, "headline");
@@ -1013,18 +1024,7 @@ fn a_rank_that_never_reached_the_rendezvous_is_named_with_where_it_was() {
 #[test]
 fn each_ranks_nice_value_is_observed() {
     let sb = Sandbox::new();
-    let program = repo().join("tests/programs/observed_ddp.py").display().to_string();
-    let script = format!(
-        r#"if [ "$RANK" = 1 ]; then exec nice -n 5 python {program} --steps 10; fi; exec python {program} --steps 10"#
-    );
-    let scenario = serde_json::json!({
-        "command": ["sh", "-c", script],
-        "launch": {"world_size": 2, "style": "per_rank"},
-        "limits": {"timeout_s": 180, "hang_after_s": 60},
-        "expect": {"outcome": "passed"},
-    });
-    let file = sb.scenario("niced", &scenario.to_string());
-    let run = sb.run_in_venv(&[&file]);
+    let run = per_rank_ddp(&sb, "niced", "nice -n 5", (10, 60), "passed");
     let s = &run.result["scenarios"][0];
     assert_eq!(run.code(), 0, "passed: {:#}", s["verdict"]);
     let nice: Vec<Option<i64>> =
